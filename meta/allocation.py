@@ -1,0 +1,71 @@
+"""Pure placement decisions: which broker hosts which logic queue, which slots map to which queue.
+
+Deterministic by construction (sorted inputs, ties broken by name) because the state machine calls it inside apply.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+
+
+def balanced_assignment(queues: Iterable[int], brokers: Iterable[str], load: Mapping[str, int]) -> dict[int, str]:
+    """Assign each queue to the broker with the least load so far (existing load counted), ties by name."""
+    heap = [(load.get(b, 0), b) for b in sorted(set(brokers))]
+    heapq.heapify(heap)
+    out: dict[int, str] = {}
+    for q in sorted(queues):
+        n, b = heapq.heappop(heap)
+        out[q] = b
+        heapq.heappush(heap, (n + 1, b))
+    return out
+
+
+def rebalance(current: Mapping[int, str], targets: Iterable[str]) -> dict[int, str]:
+    """Spread the given queues over the target brokers with as few moves as possible.
+
+    A queue stays where it is when its broker is a target with room under the fair share; the others go to the
+    least-loaded targets. Returns only the queues that move: {queue: new broker}.
+    """
+    targets = sorted(set(targets))
+    share = -(-len(current) // len(targets))  # ceil
+    kept: dict[str, int] = {b: 0 for b in targets}
+    moving: list[int] = []
+    for q in sorted(current):
+        b = current[q]
+        if b in kept and kept[b] < share:
+            kept[b] += 1
+        else:
+            moving.append(q)
+    return balanced_assignment(moving, targets, kept)
+
+
+def initial_slot_table(slots: int, queues: int) -> list[list[int]]:
+    """Queue i gets slots [i*slots//queues, (i+1)*slots//queues): every slot exactly once, sizes differ by at most 1."""
+    return [[i * slots // queues, (i + 1) * slots // queues, i] for i in range(queues)]
+
+
+def grow_slot_table(table: list[list[int]], new_queue_ids: Iterable[int]) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Give each new queue the upper half of the currently largest range (ties: lowest queue id, then lowest lo).
+
+    Returns the new table (sorted by lo) and the (new queue, split queue) pairs, which become barriers.
+    Ranges of one slot cannot split; the caller guarantees queues <= slots so a splittable range always exists.
+    """
+    ranges = [list(r) for r in table]
+    splits: list[tuple[int, int]] = []
+    for nq in sorted(new_queue_ids):
+        victim = max(ranges, key=lambda r: (r[1] - r[0], -r[2], -r[0]))
+        lo, hi, q = victim
+        if hi - lo < 2:
+            raise ValueError("no slot range left to split")
+        mid = lo + (hi - lo) // 2
+        victim[1] = mid
+        ranges.append([mid, hi, nq])
+        splits.append((nq, q))
+    ranges.sort(key=lambda r: r[0])
+    return ranges, splits
+
+
+def physical_queue_name(topic: str, incarnation: int, queue: int, gen: int) -> str:
+    """Unique on a broker across remaps and across a topic deleted and created again (incarnation)."""
+    return f"{topic}.q{queue}.g{gen}.i{incarnation}"

@@ -1,0 +1,1 @@
+"""The meta node's HTTP API (API.md, meta section): handlers parse, validate, submit, await, answer."""

@@ -1,0 +1,67 @@
+"""Broker sessions: registration, heartbeats (leader only), seal reports, listing."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .. import limits, views
+from ..commands import validate
+from ..errors import MetaError, invalid
+from .http import body_object, requires, respond, service, submit
+
+
+@requires("broker")
+async def register(request: web.Request) -> web.Response:
+    body = await body_object(request)
+    cmd = {"type": "RegisterBroker", "broker": request.match_info["broker"], "address": body.get("address"),
+           "zone": body.get("zone")}
+    return await submit(request, cmd)
+
+
+@requires("broker")
+async def seal(request: web.Request) -> web.Response:
+    body = await body_object(request)
+    cmd = {"type": "SealSegment", "broker": request.match_info["broker"],
+           **{k: body.get(k) for k in ("epoch", "topic", "queue", "gen", "end_offset")}}
+    return await submit(request, cmd)
+
+
+@requires("broker")
+async def heartbeat(request: web.Request) -> web.Response:
+    svc = service(request)
+    body = await body_object(request)
+    broker = request.match_info["broker"]
+    queues = body.get("queues", {})
+    validate({"type": "UnfenceBroker", "broker": broker, "epoch": body.get("epoch")})
+    if not isinstance(queues, dict) or len(queues) > limits.HEARTBEAT_QUEUES_MAX:
+        raise invalid(f"queues must be an object of at most {limits.HEARTBEAT_QUEUES_MAX} physical queues")
+    for pq, off in queues.items():
+        if isinstance(off, bool) or not isinstance(off, int) or off < 0:
+            raise invalid("each queue's max offset must be a non-negative integer", queue=pq)
+    if svc.sync.is_leader():
+        return respond(await svc.heartbeat(broker, body["epoch"], queues))
+    if "X-Forwarded-By" in request.headers:
+        raise MetaError("this node is no longer the leader", code="NO_LEADER", status=503)
+    url = svc.leader_url()
+    if url is None:
+        raise MetaError("the meta cluster has no leader right now", code="NO_LEADER", status=503)
+    headers = {"Authorization": request.headers.get("Authorization", ""), "Content-Type": "application/json",
+               "X-Forwarded-By": svc.config.node}
+    status, data, _ = await svc.forward_http(url, "POST", request.path_qs, await request.read(), headers)
+    return respond(data, status)
+
+
+@requires("client", "broker")
+async def list_brokers(request: web.Request) -> web.Response:
+    svc = service(request)
+    await svc.before_read(request.query)
+    brokers = svc.read(lambda im: [views.broker_view(im.brokers[b], svc.sessions.last_heartbeat_ms(b))
+                                   for b in sorted(im.brokers)])
+    return respond({"brokers": brokers})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_put("/v1/brokers/{broker}", register)
+    app.router.add_post("/v1/brokers/{broker}/heartbeat", heartbeat)
+    app.router.add_post("/v1/brokers/{broker}/seal", seal)
+    app.router.add_get("/v1/brokers", list_brokers)

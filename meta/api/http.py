@@ -1,0 +1,86 @@
+"""Shared request/response helpers: JSON in and out, the error shape, role checks."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from ..errors import MetaError, invalid
+from ..service import MetaService
+from .keys import SERVICE
+
+JSON = "application/json"
+
+
+def requires(*roles: str):
+    """Mark a handler with the roles allowed to call it (admin is allowed everywhere)."""
+    def mark(handler):
+        handler.roles = frozenset(roles) | {"admin"}
+        return handler
+    return mark
+
+
+def public(handler):
+    handler.roles = None
+    return handler
+
+
+def service(request: web.Request) -> MetaService:
+    return request.app[SERVICE]
+
+
+def respond(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status, content_type=JSON)
+
+
+def error_response(err: MetaError) -> web.Response:
+    return respond(err.to_dict(), err.status)
+
+
+async def body_object(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw:
+        raise invalid("request body must be a JSON object")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise invalid("request body must be a JSON object")
+    return data
+
+
+async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200) -> web.Response:
+    """Hand a command to the log (here or on the leader) and answer with its outcome."""
+    svc = service(request)
+    body = await request.read()
+
+    async def forward(url: str, rid: str):
+        headers = {"Content-Type": JSON, "X-Request-Id": rid, "X-Forwarded-By": svc.config.node}
+        for h in ("Authorization", "Idempotency-Key"):
+            if h in request.headers:
+                headers[h] = request.headers[h]
+        return await svc.forward_http(url, request.method, request.path_qs, body, headers)
+
+    if "X-Forwarded-By" in request.headers and not svc.sync.is_leader():
+        raise MetaError("this node is no longer the leader", code="NO_LEADER", status=503)
+    status, data = await svc.submit(cmd, actor=request["role"], idempotency_key=request.headers.get("Idempotency-Key"),
+                                    request_id=request.headers.get("X-Request-Id"), forward=forward)
+    if status == 200 and ok_status != 200:
+        status = ok_status
+    return respond(data, status)
+
+
+def expected_version(request: web.Request) -> int | None:
+    raw = request.query.get("expected_version")
+    if raw is None:
+        return None
+    try:
+        v = int(raw)
+    except ValueError:
+        raise invalid("expected_version must be an integer", field="expected_version") from None
+    if v < 0:
+        raise invalid("expected_version must be >= 0", field="expected_version")
+    return v

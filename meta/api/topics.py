@@ -1,0 +1,94 @@
+"""Topic admin: create, describe, grow, configure, remap, delete."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .. import views
+from ..errors import invalid, rejection
+from .http import body_object, expected_version, requires, respond, service, submit
+
+
+def _topic_not_found(name: str):
+    return rejection(404, "TOPIC_NOT_FOUND", f"topic {name!r} does not exist", topic=name)
+
+
+@requires("admin")
+async def create_topic(request: web.Request) -> web.Response:
+    body = await body_object(request)
+    unknown = set(body) - {"topic", "queues", "brokers", "slots", "order", "config"}
+    if unknown:
+        raise invalid(f"unknown fields: {sorted(unknown)}")
+    cmd = {"type": "CreateTopic", **body}
+    ev = expected_version(request)
+    if ev is not None:
+        cmd["expected_version"] = ev
+    return await submit(request, cmd, 201)
+
+
+@requires("client", "broker")
+async def list_topics(request: web.Request) -> web.Response:
+    svc = service(request)
+    await svc.before_read(request.query)
+    topics = svc.read(lambda im: [views.topic_summary(im.topics[n]) for n in sorted(im.topics)])
+    return respond({"topics": topics})
+
+
+@requires("client", "broker")
+async def get_topic(request: web.Request) -> web.Response:
+    svc = service(request)
+    await svc.before_read(request.query)
+    name = request.match_info["topic"]
+    detail = svc.read(lambda im: views.topic_detail(im.topics[name]) if name in im.topics else None)
+    if detail is None:
+        raise _topic_not_found(name)
+    return respond(detail)
+
+
+def _topic_cmd(request: web.Request, type_: str, **fields) -> dict:
+    cmd = {"type": type_, "topic": request.match_info["topic"], **fields}
+    ev = expected_version(request)
+    if ev is not None:
+        cmd["expected_version"] = ev
+    return cmd
+
+
+@requires("admin")
+async def grow_topic(request: web.Request) -> web.Response:
+    body = await body_object(request)
+    if set(body) != {"queues"}:
+        raise invalid("PATCH takes exactly {\"queues\": N}; a static topic only grows")
+    return await submit(request, _topic_cmd(request, "GrowTopic", queues=body["queues"]))
+
+
+@requires("admin")
+async def set_config(request: web.Request) -> web.Response:
+    body = await body_object(request)
+    return await submit(request, _topic_cmd(request, "SetTopicConfig", config=body))
+
+
+@requires("admin")
+async def remap_topic(request: web.Request) -> web.Response:
+    body = await body_object(request)
+    unknown = set(body) - {"brokers", "queues"}
+    if unknown:
+        raise invalid(f"unknown fields: {sorted(unknown)}")
+    fields = {"brokers": body.get("brokers")}
+    if body.get("queues") is not None:
+        fields["queues"] = body["queues"]
+    return await submit(request, _topic_cmd(request, "RemapTopic", **fields))
+
+
+@requires("admin")
+async def delete_topic(request: web.Request) -> web.Response:
+    return await submit(request, _topic_cmd(request, "DeleteTopic"))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/topics", create_topic)
+    app.router.add_get("/v1/topics", list_topics)
+    app.router.add_get("/v1/topics/{topic}", get_topic)
+    app.router.add_patch("/v1/topics/{topic}", grow_topic)
+    app.router.add_put("/v1/topics/{topic}/config", set_config)
+    app.router.add_post("/v1/topics/{topic}/remap", remap_topic)
+    app.router.add_delete("/v1/topics/{topic}", delete_topic)

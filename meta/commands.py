@@ -1,0 +1,162 @@
+"""Commands: what a caller asks the log to do, and their static validation.
+
+A command is a dict ``{"type": <name>, ...fields}`` carried in an envelope
+``{"rid": request id, "ts": leader time ms, "actor": role:name, "cmd": command}``.
+``validate`` checks only what needs no state (types, ranges, names); the state machine calls it again inside apply
+so a command that bypassed the HTTP layer is still rejected cleanly, then checks everything that needs the image.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from . import limits
+from .errors import invalid
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+ORDERS = ("best_tried", "strict")
+
+
+def _name(value: Any, what: str, max_chars: int) -> str:
+    if not isinstance(value, str) or not value or len(value) > max_chars or not NAME_RE.match(value):
+        raise invalid(f"{what} must be 1-{max_chars} characters of A-Z a-z 0-9 _ -", field=what)
+    return value
+
+
+def _int(value: Any, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise invalid(f"{what} must be an integer in [{lo}, {hi}]", field=what)
+    return value
+
+
+def _optional_version(cmd: dict[str, Any]) -> None:
+    if cmd.get("expected_version") is not None:
+        _int(cmd["expected_version"], "expected_version", 0, 2**62)
+
+
+def _broker_list(value: Any, what: str = "brokers") -> list[str]:
+    if not isinstance(value, list) or not value or len(value) > limits.BROKERS_MAX:
+        raise invalid(f"{what} must be a non-empty list of broker names", field=what)
+    names = [_name(b, "broker", limits.BROKER_NAME_CHARS_MAX) for b in value]
+    if len(set(names)) != len(names):
+        raise invalid(f"{what} has duplicates", field=what)
+    return names
+
+
+def _config(value: Any) -> dict[str, str | None]:
+    if not isinstance(value, dict) or len(value) > limits.CONFIG_KEYS_MAX:
+        raise invalid(f"config must be an object of at most {limits.CONFIG_KEYS_MAX} keys", field="config")
+    for k, v in value.items():
+        if not k or len(k) > limits.CONFIG_KEY_CHARS_MAX:
+            raise invalid(f"config keys must be 1-{limits.CONFIG_KEY_CHARS_MAX} characters", field=k)
+        if v is not None and (not isinstance(v, str) or len(v) > limits.CONFIG_VALUE_CHARS_MAX):
+            raise invalid(f"config value of {k!r} must be a string of at most {limits.CONFIG_VALUE_CHARS_MAX} "
+                          "characters, or null to remove it", field=k)
+    return value
+
+
+def _v_register_broker(c):
+    _name(c.get("broker"), "broker", limits.BROKER_NAME_CHARS_MAX)
+    addr = c.get("address")
+    if not isinstance(addr, str) or not addr or len(addr) > limits.ADDRESS_CHARS_MAX:
+        raise invalid("address must be a non-empty string (the broker's base URL)", field="address")
+    if c.get("zone") is not None and (not isinstance(c["zone"], str) or len(c["zone"]) > 64):
+        raise invalid("zone must be a string of at most 64 characters", field="zone")
+
+
+def _v_broker_epoch(c):
+    _name(c.get("broker"), "broker", limits.BROKER_NAME_CHARS_MAX)
+    _int(c.get("epoch"), "epoch", 1, 2**62)
+
+
+def _v_fence_broker(c):
+    _v_broker_epoch(c)
+    if c.get("reason") not in ("session_expired",):
+        raise invalid("reason must be 'session_expired'", field="reason")
+
+
+def _v_grant_budget(c):
+    _v_broker_epoch(c)
+    grants = c.get("grants")
+    if not isinstance(grants, list) or len(grants) > limits.HEARTBEAT_QUEUES_MAX:
+        raise invalid("grants must be a list", field="grants")
+    for g in grants:
+        if not isinstance(g, dict):
+            raise invalid("each grant must be an object", field="grants")
+        _name(g.get("topic"), "topic", limits.TOPIC_NAME_CHARS_MAX)
+        _int(g.get("queue"), "queue", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
+        _int(g.get("gen"), "gen", 0, 2**62)
+        _int(g.get("budget_end"), "budget_end", 0, 2**62)
+
+
+def _v_create_topic(c):
+    _name(c.get("topic"), "topic", limits.TOPIC_NAME_CHARS_MAX)
+    slots = _int(c.get("slots", limits.SLOTS_DEFAULT), "slots", 1, limits.SLOTS_PER_TOPIC_MAX)
+    _int(c.get("queues"), "queues", 1, min(slots, limits.QUEUES_PER_TOPIC_MAX))
+    if c.get("brokers") is not None:
+        _broker_list(c["brokers"])
+    if c.get("order", "best_tried") not in ORDERS:
+        raise invalid("order must be 'best_tried' or 'strict'", field="order")
+    _config(c.get("config", {}))
+    _optional_version(c)
+
+
+def _v_grow_topic(c):
+    _name(c.get("topic"), "topic", limits.TOPIC_NAME_CHARS_MAX)
+    _int(c.get("queues"), "queues", 1, limits.QUEUES_PER_TOPIC_MAX)
+    _optional_version(c)
+
+
+def _v_set_config(c):
+    _name(c.get("topic"), "topic", limits.TOPIC_NAME_CHARS_MAX)
+    _config(c.get("config"))
+    _optional_version(c)
+
+
+def _v_topic(c):
+    _name(c.get("topic"), "topic", limits.TOPIC_NAME_CHARS_MAX)
+    _optional_version(c)
+
+
+def _v_remap(c):
+    _v_topic(c)
+    _broker_list(c.get("brokers"))
+    qs = c.get("queues")
+    if qs is not None:
+        if not isinstance(qs, list) or not qs or len(qs) > limits.QUEUES_PER_TOPIC_MAX:
+            raise invalid("queues must be a non-empty list of queue ids", field="queues")
+        for q in qs:
+            _int(q, "queues[]", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
+        if len(set(qs)) != len(qs):
+            raise invalid("queues has duplicates", field="queues")
+
+
+def _v_seal(c):
+    _v_broker_epoch(c)
+    _name(c.get("topic"), "topic", limits.TOPIC_NAME_CHARS_MAX)
+    _int(c.get("queue"), "queue", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
+    _int(c.get("gen"), "gen", 0, 2**62)
+    _int(c.get("end_offset"), "end_offset", 0, 2**62)
+
+
+VALIDATORS = {
+    "RegisterBroker": _v_register_broker,
+    "FenceBroker": _v_fence_broker,
+    "UnfenceBroker": _v_broker_epoch,
+    "GrantOffsetBudget": _v_grant_budget,
+    "CreateTopic": _v_create_topic,
+    "GrowTopic": _v_grow_topic,
+    "SetTopicConfig": _v_set_config,
+    "DeleteTopic": _v_topic,
+    "RemapTopic": _v_remap,
+    "SealSegment": _v_seal,
+    "Barrier": lambda c: None,
+}
+
+
+def validate(cmd: Any) -> dict[str, Any]:
+    if not isinstance(cmd, dict) or cmd.get("type") not in VALIDATORS:
+        raise invalid("unknown command", type=cmd.get("type") if isinstance(cmd, dict) else None)
+    VALIDATORS[cmd["type"]](cmd)
+    return cmd

@@ -1,0 +1,105 @@
+"""Every event the meta log can yield, as plain data with a schema version.
+
+An event is a dict ``{"type": <name>, "v": <schema version>, ...fields}``. Events are what the state machine
+decides; the image (meta/image.py) changes only by replaying them, on the leader and on followers alike.
+When an event is stored (history, SQL projection, export) it is wrapped as
+``{"version": <metadata version>, "ts": <leader ms>, "type": <name>, "topic": <topic or null>, "data": <fields>}``.
+
+Changing a field's meaning needs a new schema version here and a branch in the replay for the old one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# name -> (schema version, {field: documentation})
+EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
+    "BrokerRegistered": (1, {
+        "broker": "broker name",
+        "address": "base URL of the broker's data API",
+        "zone": "availability zone or null",
+        "epoch": "session epoch; grows with every registration of this broker",
+    }),
+    "BrokerFenced": (1, {
+        "broker": "broker name",
+        "epoch": "the session epoch that was fenced",
+        "reason": "'session_expired' or 'registered_again'",
+    }),
+    "BrokerUnfenced": (1, {
+        "broker": "broker name",
+        "epoch": "the session epoch that heartbeats again",
+    }),
+    "OffsetBudgetGranted": (1, {
+        "topic": "topic name", "queue": "logic queue id", "gen": "segment generation",
+        "broker": "broker hosting the segment",
+        "budget_end": "physical offset (exclusive) the broker may write up to in this segment",
+    }),
+    "TopicCreated": (1, {
+        "topic": "topic name",
+        "incarnation": "metadata version that created it; part of every physical queue name",
+        "queues": "number of logic queues",
+        "slots": "number of key slots",
+        "order": "'best_tried' or 'strict'",
+        "config": "initial config map",
+        "slot_table": "[[lo, hi, queue]] covering every slot exactly once",
+        "segments": "[{queue, broker, physical_queue, budget_end}]: gen 0 of each queue, logic_start 0",
+    }),
+    "TopicGrown": (1, {
+        "topic": "topic name",
+        "queues": "the new number of logic queues",
+        "slot_table": "the new slot table",
+        "barriers": "[{queue, after_queue, after_gen}]: new queue waits for after_queue's segment after_gen to start",
+        "segments": "[{queue, broker, physical_queue, budget_end}]: gen 0 of each new queue",
+    }),
+    "TopicConfigChanged": (1, {
+        "topic": "topic name",
+        "config": "the whole config after the change",
+        "changed": "keys set by this change",
+    }),
+    "TopicDeleted": (1, {"topic": "topic name"}),
+    "SegmentSealing": (1, {
+        "topic": "topic name", "queue": "logic queue id", "gen": "generation being sealed",
+        "broker": "broker that must stop writes and report the end",
+    }),
+    "SegmentSealed": (1, {
+        "topic": "topic name", "queue": "logic queue id", "gen": "sealed generation",
+        "broker": "broker hosting it",
+        "physical_end": "physical offset (exclusive) of the last message + 1",
+        "logic_end": "logic offset (exclusive) the segment ends at",
+        "by": "'broker' (reported end) or 'session_expired' (end of the granted budget)",
+    }),
+    "SegmentOpened": (1, {
+        "topic": "topic name", "queue": "logic queue id", "gen": "new generation",
+        "broker": "broker hosting the new segment",
+        "from_broker": "broker of the previous generation",
+        "physical_queue": "name of the physical queue on the broker",
+        "physical_start": "first physical offset of this segment",
+        "budget_end": "initial write budget (physical, exclusive)",
+        "cause": "'remap' or 'grow'",
+    }),
+    "LogicStartDecided": (1, {
+        "topic": "topic name", "queue": "logic queue id", "gen": "generation",
+        "logic_start": "logic offset of the segment's first message",
+    }),
+}
+
+
+class UnknownEvent(ValueError):
+    pass
+
+
+def make(event_type: str, **fields: Any) -> dict[str, Any]:
+    """Build an event, checking that its fields are exactly the schema's (a typo must fail loudly)."""
+    try:
+        version, schema = EVENT_SCHEMAS[event_type]
+    except KeyError:
+        raise UnknownEvent(event_type) from None
+    if set(fields) != set(schema):
+        raise ValueError(f"{event_type} fields {sorted(fields)} != schema {sorted(schema)}")
+    return {"type": event_type, "v": version, **fields}
+
+
+def stored(version: int, ts: int, event: dict[str, Any]) -> dict[str, Any]:
+    """The stored form of an event (history API, projection, export)."""
+    data = {k: v for k, v in event.items() if k not in ("type", "v")}
+    return {"version": version, "ts": ts, "type": event["type"], "topic": event.get("topic"), "data": data}

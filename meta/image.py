@@ -1,0 +1,200 @@
+"""The in-memory image of all metadata, changed only by replaying events (Kafka's MetadataImage + MetadataDelta).
+
+The image is plain data (dicts, lists, ints, strings) so that a snapshot is the data itself, never a pickle of live
+objects, and so that two replicas that replayed the same events compare byte for byte (``canonical_bytes``).
+Replay does no I/O and reads no clock: times come from the leader's stamp on the command (``ts``).
+
+Layout of ``Image.data``::
+
+    version        last applied event's version (the metadata version)
+    last_ts        leader time of the last applied command (ms)
+    brokers        {name: {broker, address, zone, epoch, state, registered_ms, last_seen_ms}}
+    load           {broker: number of logic queues whose newest segment it hosts}
+    topics         {name: {topic, incarnation, queues, slots, order, config, version, created_ms,
+                           slot_table, barriers, logic_queues: [[segment, ...] per queue]}}
+    requests       {request id: [fingerprint, ts, outcome]} in arrival order (idempotency)
+    history        [stored event as canonical JSON] newest last, bounded; history_start = version of history[0]
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import limits
+from .events import UnknownEvent, stored
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def empty_data() -> dict[str, Any]:
+    return {"version": 0, "last_ts": 0, "brokers": {}, "load": {}, "topics": {}, "requests": {},
+            "history": [], "history_start": 1}
+
+
+class Image:
+    def __init__(self, data: dict[str, Any] | None = None):
+        self.data = data if data is not None else empty_data()
+
+    # -- reads -------------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self.data["version"]
+
+    @property
+    def topics(self) -> dict[str, dict[str, Any]]:
+        return self.data["topics"]
+
+    @property
+    def brokers(self) -> dict[str, dict[str, Any]]:
+        return self.data["brokers"]
+
+    def topic(self, name: str) -> dict[str, Any] | None:
+        return self.data["topics"].get(name)
+
+    def segment(self, topic: str, queue: int, gen: int) -> dict[str, Any] | None:
+        t = self.topic(topic)
+        if t is None or not 0 <= queue < t["queues"]:
+            return None
+        for seg in reversed(t["logic_queues"][queue]):
+            if seg["gen"] == gen:
+                return seg
+        return None
+
+    def history_after(self, after: int, limit: int) -> list[str]:
+        start = max(after + 1, self.data["history_start"])
+        i = start - self.data["history_start"]
+        return self.data["history"][i:i + limit]
+
+    def canonical_bytes(self) -> bytes:
+        return canonical_json(self.data).encode()
+
+    # -- replay ------------------------------------------------------------------------------------------------
+    def replay(self, event: dict[str, Any], ts: int) -> set[str]:
+        """Fold one event in; returns the topics whose route changed."""
+        handler = getattr(self, "_on_" + event["type"], None)
+        if handler is None:
+            raise UnknownEvent(event["type"])
+        self.data["version"] += 1
+        version = self.data["version"]
+        changed = handler(event, ts) or set()
+        if event.get("topic") is not None:
+            changed.add(event["topic"])
+        for name in changed:
+            t = self.data["topics"].get(name)
+            if t is not None:
+                t["version"] = version
+        self._record(stored(version, ts, event))
+        return changed
+
+    def _record(self, stored_event: dict[str, Any]) -> None:
+        history = self.data["history"]
+        history.append(canonical_json(stored_event))
+        # Trim in chunks so that trimming is amortised O(1) yet deterministic.
+        excess = len(history) - limits.HISTORY_EVENTS_MAX
+        if excess >= limits.HISTORY_EVENTS_MAX // 10:
+            del history[:excess]
+            self.data["history_start"] += excess
+
+    def _load(self, broker: str, delta: int) -> None:
+        load = self.data["load"]
+        n = load.get(broker, 0) + delta
+        if n:
+            load[broker] = n
+        else:
+            load.pop(broker, None)
+
+    def _topics_on(self, broker: str) -> set[str]:
+        return {name for name, t in self.data["topics"].items()
+                if any(seg["broker"] == broker for segs in t["logic_queues"] for seg in segs)}
+
+    # brokers
+    def _on_BrokerRegistered(self, e, ts):
+        old = self.data["brokers"].get(e["broker"])
+        self.data["brokers"][e["broker"]] = {
+            "broker": e["broker"], "address": e["address"], "zone": e["zone"], "epoch": e["epoch"],
+            "state": "active", "registered_ms": ts, "last_seen_ms": ts}
+        if old is not None and (old["address"] != e["address"] or old["state"] != "active"):
+            return self._topics_on(e["broker"])
+        return None
+
+    def _on_BrokerFenced(self, e, ts):
+        b = self.data["brokers"][e["broker"]]
+        b["state"] = "fenced"
+        return self._topics_on(e["broker"])
+
+    def _on_BrokerUnfenced(self, e, ts):
+        b = self.data["brokers"][e["broker"]]
+        b["state"] = "active"
+        b["last_seen_ms"] = ts
+        return self._topics_on(e["broker"])
+
+    # topics
+    def _on_TopicCreated(self, e, ts):
+        queues: list[list[dict[str, Any]]] = [[] for _ in range(e["queues"])]
+        for s in e["segments"]:
+            queues[s["queue"]].append(_segment(0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts))
+            self._load(s["broker"], 1)
+        self.data["topics"][e["topic"]] = {
+            "topic": e["topic"], "incarnation": e["incarnation"], "queues": e["queues"], "slots": e["slots"],
+            "order": e["order"], "config": dict(e["config"]), "version": 0, "created_ms": ts,
+            "slot_table": [list(r) for r in e["slot_table"]], "barriers": [], "logic_queues": queues}
+
+    def _on_TopicGrown(self, e, ts):
+        t = self.data["topics"][e["topic"]]
+        t["logic_queues"].extend([] for _ in range(e["queues"] - t["queues"]))
+        t["queues"] = e["queues"]
+        t["slot_table"] = [list(r) for r in e["slot_table"]]
+        for b in e["barriers"]:
+            t["barriers"].append({"queue": b["queue"], "after_queue": b["after_queue"], "after_gen": b["after_gen"],
+                                  "after_offset": None})
+        for s in e["segments"]:
+            t["logic_queues"][s["queue"]].append(
+                _segment(0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts))
+            self._load(s["broker"], 1)
+
+    def _on_TopicConfigChanged(self, e, ts):
+        self.data["topics"][e["topic"]]["config"] = dict(e["config"])
+
+    def _on_TopicDeleted(self, e, ts):
+        t = self.data["topics"].pop(e["topic"])
+        for segs in t["logic_queues"]:
+            self._load(segs[-1]["broker"], -1)
+
+    def _on_OffsetBudgetGranted(self, e, ts):
+        self.segment(e["topic"], e["queue"], e["gen"])["budget_end"] = e["budget_end"]
+
+    # segments
+    def _on_SegmentSealing(self, e, ts):
+        self.segment(e["topic"], e["queue"], e["gen"])["state"] = "sealing"
+
+    def _on_SegmentSealed(self, e, ts):
+        seg = self.segment(e["topic"], e["queue"], e["gen"])
+        seg["state"] = "sealed"
+        seg["logic_end"] = e["logic_end"]
+        seg["physical_end"] = e["physical_end"]
+        seg["sealed_ms"] = ts
+
+    def _on_SegmentOpened(self, e, ts):
+        t = self.data["topics"][e["topic"]]
+        segs = t["logic_queues"][e["queue"]]
+        self._load(segs[-1]["broker"], -1)
+        segs.append(_segment(e["gen"], e["broker"], e["physical_queue"], e["physical_start"], None,
+                             e["budget_end"], ts))
+        self._load(e["broker"], 1)
+
+    def _on_LogicStartDecided(self, e, ts):
+        t = self.data["topics"][e["topic"]]
+        self.segment(e["topic"], e["queue"], e["gen"])["logic_start"] = e["logic_start"]
+        for b in t["barriers"]:
+            if b["after_queue"] == e["queue"] and b["after_gen"] == e["gen"]:
+                b["after_offset"] = e["logic_start"]
+
+
+def _segment(gen: int, broker: str, pq: str, physical_start: int, logic_start: int | None, budget_end: int,
+             ts: int) -> dict[str, Any]:
+    return {"gen": gen, "broker": broker, "physical_queue": pq, "physical_start": physical_start,
+            "logic_start": logic_start, "logic_end": None, "physical_end": None, "budget_end": budget_end,
+            "state": "active", "opened_ms": ts, "sealed_ms": None}

@@ -1,0 +1,41 @@
+"""Every bound of the meta service in one place, each with its unit last (DESIGN.md invariant 9)."""
+
+REQUEST_BODY_BYTES_MAX = 1 * 1024 * 1024
+TOPIC_NAME_CHARS_MAX = 127
+BROKER_NAME_CHARS_MAX = 64
+ADDRESS_CHARS_MAX = 256
+QUEUES_PER_TOPIC_MAX = 16_384
+SLOTS_PER_TOPIC_MAX = 65_536
+SLOTS_DEFAULT = 1024
+TOPICS_MAX = 100_000
+BROKERS_MAX = 1024
+CONFIG_KEYS_MAX = 64
+CONFIG_KEY_CHARS_MAX = 128
+CONFIG_VALUE_CHARS_MAX = 1024
+HEARTBEAT_QUEUES_MAX = 100_000
+
+# Idempotency: outcomes of the last requests are kept in the image (replicated), bounded by count and age.
+REQUEST_OUTCOMES_MAX = 100_000
+REQUEST_OUTCOME_AGE_MS_MAX = 3_600_000
+REQUEST_ID_CHARS_MAX = 200
+
+# History kept in the image for watch catch-up and projection rebuilds; older events live only in the projection.
+HISTORY_EVENTS_MAX = 200_000
+HISTORY_PAGE_MAX = 10_000
+
+# Offset budget: how far a broker may write into a segment before meta renews it (DESIGN.md invariant 5).
+OFFSET_BUDGET_DEFAULT = 1_000_000
+
+# Broker sessions (KRaft's defaults).
+BROKER_HEARTBEAT_INTERVAL_MS = 2_000
+BROKER_SESSION_TIMEOUT_MS = 9_000
+
+# Waits.
+READ_WAIT_S_DEFAULT = 5.0
+READ_WAIT_S_MAX = 60.0
+LONG_POLL_WAIT_S_MAX = 300.0
+PROPOSE_TIMEOUT_S = 5.0
+FORWARD_TIMEOUT_S = 10.0
+LONG_POLL_WAITERS_MAX = 20_000
+WATCH_STREAMS_MAX = 20_000
+WATCH_TOPICS_PER_STREAM_MAX = 1_000

@@ -1,0 +1,66 @@
+"""Feeds applied events from the image's bounded history into the SQL projection, in batches, off the event loop.
+
+The projection stores its position with its rows (meta/projection), so this loop may replay a batch it already
+wrote (after a crash, say) without harm. It serves history older than the image keeps, never decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING
+
+import structlog
+
+from .changefeed import ANY
+
+if TYPE_CHECKING:
+    from .service import MetaService
+
+log = structlog.get_logger("meta.projection")
+
+BATCH_EVENTS_MAX = 2_000
+IDLE_WAIT_S = 1.0
+
+
+class ProjectionFollower:
+    def __init__(self, url: str, service: "MetaService"):
+        self.url = url
+        self.service = service
+        self.store = None
+        self.position = 0
+        self.gaps = 0
+
+    def _open(self):
+        from .projection import SqlProjection  # imported lazily: SQLAlchemy start-up stays off the import path
+        store = SqlProjection(self.url)
+        store.migrate()
+        return store
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.store = await loop.run_in_executor(None, self._open)
+        self.position = await loop.run_in_executor(None, self.store.position)
+        while True:
+            batch, start = self.service.read(lambda im: (im.history_after(self.position, BATCH_EVENTS_MAX),
+                                                         im.data["history_start"]))
+            if start > self.position + 1:
+                # The image no longer holds these events (this node was restored from a snapshot past them).
+                self.gaps += 1
+                log.warning("projection_gap", position=self.position, history_start=start)
+            if not batch:
+                await self.service.feed.wait(ANY, IDLE_WAIT_S)
+                continue
+            events = [json.loads(e) for e in batch]
+            try:
+                self.position = await loop.run_in_executor(None, self.store.apply, events)
+            except Exception:
+                log.exception("projection_apply_failed", position=self.position)
+                await asyncio.sleep(IDLE_WAIT_S)
+
+    def history(self, after: int, topic: str | None, limit: int) -> list[dict]:
+        return self.store.history(after=after, topic=topic, limit=limit) if self.store else []
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()

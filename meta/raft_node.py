@@ -1,0 +1,186 @@
+"""The thin pysyncobj adapter: propose, commit, apply, answer.
+
+The driver loop, as pysyncobj runs it on its own tick thread:
+  1. ``propose`` (asyncio) stamps the leader's time into an envelope and hands it to pysyncobj as JSON text
+     (never a pickled object: the envelope is data the state machine validates).
+  2. pysyncobj replicates the entry; once a majority has it, the tick thread calls ``apply_envelope`` on every node.
+  3. ``apply_envelope`` runs the pure state machine under ``image_lock`` (readers on the asyncio thread take the
+     same lock, so they never see half of a command) and posts the changed topics to the event loop.
+  4. The proposer's callback fires on the tick thread and is hopped to the event loop with ``call_soon_threadsafe``.
+
+The replicated state is one attribute, ``image_data`` (plain data): pysyncobj snapshots every attribute set after
+``SyncObj.__init__``, so everything else is set before it and stays local.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+
+from . import limits
+from .errors import MetaError, rejection
+from .image import Image
+from .state_machine import StateMachine
+
+log = structlog.get_logger("meta.raft")
+
+# Fail reasons after which the command was certainly not applied: safe to retry as is.
+NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED, FAIL_REASON.NOT_LEADER,
+               FAIL_REASON.REQUEST_DENIED}
+# After these the command may or may not have been applied: retry with the same request id (idempotent).
+MAYBE_APPLIED = {FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME}
+
+
+@dataclass(frozen=True)
+class RaftTuning:
+    """Timeouts for a metadata service on a LAN: fail over well under a second, step down fast when cut off."""
+    election_timeout_min_s: float = 0.3
+    election_timeout_max_s: float = 0.6
+    append_entries_period_s: float = 0.05
+    leader_fallback_timeout_s: float = 1.0
+    connection_timeout_s: float = 1.0
+    connection_retry_s: float = 0.3
+    compaction_min_entries: int = 20_000
+    compaction_min_time_s: int = 300
+    commands_queue_max: int = 50_000
+
+
+class ProposeFailed(MetaError):
+    status = 503
+
+
+class MetaSyncObj(SyncObj):
+    def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
+                 offset_budget: int, on_applied: Callable[[int, set[str] | None], None]):
+        # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
+        self.image_lock = threading.RLock()
+        self._machine = StateMachine(Image(), offset_budget)
+        self._on_applied = on_applied
+        os.makedirs(data_dir, exist_ok=True)
+        conf = SyncObjConf(
+            password=secret,
+            journalFile=os.path.join(data_dir, "raft.journal"),
+            fullDumpFile=os.path.join(data_dir, "raft.snapshot"),
+            raftMinTimeout=tuning.election_timeout_min_s,
+            raftMaxTimeout=tuning.election_timeout_max_s,
+            appendEntriesPeriod=tuning.append_entries_period_s,
+            leaderFallbackTimeout=tuning.leader_fallback_timeout_s,
+            connectionTimeout=tuning.connection_timeout_s,
+            connectionRetryTime=tuning.connection_retry_s,
+            logCompactionMinEntries=tuning.compaction_min_entries,
+            logCompactionMinTime=tuning.compaction_min_time_s,
+            commandsQueueSize=tuning.commands_queue_max,
+            appendEntriesUseBatch=False,  # p50 of one write ~2 ms instead of ~100 ms (DEPENDENCIES.md)
+            dynamicMembershipChange=False,
+            bindRetryTime=0.2,
+            autoTick=False,  # our own tick thread starts only once image_data exists (see start())
+        )
+        self._stop = threading.Event()
+        self._tick_thread: threading.Thread | None = None
+        self._tick_period_s = 0.05
+        super().__init__(self_raft, partners, conf)
+        # Replicated state: the only attribute a snapshot holds.
+        self.image_data = self._machine.image.data
+
+    def start(self) -> None:
+        self._tick_thread = threading.Thread(target=self._tick_loop, name="raft-tick", daemon=True)
+        self._tick_thread.start()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.doTick(self._tick_period_s)
+            except Exception:  # a bug in a tick must not silently stop the node's Raft: log it loudly and go on
+                log.exception("raft_tick_failed")
+                time.sleep(self._tick_period_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._tick_thread is not None:
+            self._tick_thread.join(timeout_s)
+        self.destroy()
+
+    def current_image(self) -> Image:
+        """The current image; rebinds after pysyncobj replaced ``image_data`` from a snapshot."""
+        if self._machine.image.data is not self.image_data:
+            with self.image_lock:
+                self._machine.image = Image(self.image_data)
+            self._on_applied(self.image_data["version"], None)
+        return self._machine.image
+
+    @replicated
+    def apply_envelope(self, payload: str) -> dict[str, Any]:
+        with self.image_lock:
+            image = self.current_image()
+            try:
+                envelope = json.loads(payload)
+            except ValueError:
+                envelope = {}
+            if not isinstance(envelope, dict):
+                envelope = {}
+            try:
+                outcome, changed = self._machine.apply(envelope)
+            except Exception:
+                # Replay failed half-way: this replica's image can no longer be trusted. Stop rather than diverge;
+                # on restart the journal replays the same entry, so the bug must be fixed, not skipped.
+                log.critical("apply_failed", payload=payload[:2000], exc_info=True)
+                os._exit(70)
+            version = image.version
+        if changed or outcome.get("ok"):
+            self._on_applied(version, changed)
+        return outcome
+
+    # -- status -----------------------------------------------------------------------------------------------
+    def leader_address(self) -> str | None:
+        leader = self._getLeader()
+        return leader.address if leader is not None else None
+
+    def is_leader(self) -> bool:
+        return self._isLeader()
+
+    def term(self) -> int:
+        return self._getTerm()
+
+
+class RaftNode:
+    """Asyncio face of the log: ``propose`` and ``barrier`` return when the command is applied on this node."""
+
+    def __init__(self, sync: MetaSyncObj, loop: asyncio.AbstractEventLoop):
+        self.sync = sync
+        self.loop = loop
+
+    async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
+                      timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
+        envelope = {"rid": rid, "ts": int(time.time() * 1000), "actor": actor, "cmd": cmd}
+        payload = json.dumps(envelope, separators=(",", ":"))
+        fut: asyncio.Future = self.loop.create_future()
+
+        def done(result: Any, err: int) -> None:  # tick thread
+            self.loop.call_soon_threadsafe(_resolve, fut, result, err)
+
+        self.sync.apply_envelope(payload, callback=done)
+        try:
+            result, err = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            raise rejection(503, "UNKNOWN_OUTCOME", "the log did not answer in time; retry with the same "
+                            "Idempotency-Key to learn the outcome", request_id=rid) from None
+        if err == FAIL_REASON.SUCCESS:
+            return result
+        if err in MAYBE_APPLIED:
+            raise ProposeFailed("leadership changed while the command was in flight", {"request_id": rid},
+                                code="LEADER_CHANGED")
+        raise ProposeFailed("no leader could take the command", {"reason": int(err)}, code="NO_LEADER")
+
+
+def _resolve(fut: asyncio.Future, result: Any, err: int) -> None:
+    if not fut.done():
+        fut.set_result((result, err))

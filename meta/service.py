@@ -1,0 +1,306 @@
+"""One meta node as a service: the Raft node, leader duties (sessions, budgets), forwarding, reads with barriers.
+
+HTTP handlers (meta/api/) parse and answer; everything they ask of the node goes through this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import structlog
+
+from . import limits
+from .changefeed import ChangeFeed
+from .commands import validate
+from .config import MetaConfig
+from .errors import MetaError, invalid, rejection
+from .image import Image
+from .projection_follower import ProjectionFollower
+from .raft_node import MetaSyncObj, ProposeFailed, RaftNode
+from .sessions import SessionTracker
+from . import views
+from ops.logging import set_position_provider
+
+log = structlog.get_logger("meta.service")
+
+SESSION_CHECK_INTERVAL_S = 0.25
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class MetaService:
+    def __init__(self, config: MetaConfig):
+        self.config = config
+        self.feed = ChangeFeed()
+        self.sessions = SessionTracker(config.session_timeout_ms)
+        self.sync: MetaSyncObj | None = None
+        self.raft: RaftNode | None = None
+        self.projection = ProjectionFollower(config.projection_url, self)
+        self._http: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._led_term: int | None = None
+        self._route_cache: dict[str, tuple[int, bytes]] = {}
+        self.started_at = time.time()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_applied(version: int, changed: set[str] | None) -> None:  # tick thread
+            loop.call_soon_threadsafe(self.feed.publish, version, changed)
+
+        self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
+                                self.config.raft_tuning, self.config.offset_budget, on_applied)
+        self.sync.start()
+        set_position_provider(lambda: {"term": self.sync.term(), "version": self.sync.image_data["version"]})
+        self.raft = RaftNode(self.sync, loop)
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.FORWARD_TIMEOUT_S))
+        self._tasks = [asyncio.create_task(self._leader_duties(), name="leader-duties"),
+                       asyncio.create_task(self.projection.run(), name="projection")]
+        log.info("meta_started", node=self.config.node, raft=self.config.raft)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.feed.close()
+        if self._http is not None:
+            await self._http.close()
+        if self.sync is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.sync.stop)
+        self.projection.close()
+
+    # -- state -------------------------------------------------------------------------------------------------
+    @property
+    def image(self) -> Image:
+        return self.sync.current_image()
+
+    @property
+    def applied_version(self) -> int:
+        return self.image.version
+
+    def read(self, fn):
+        """Run ``fn(image)`` under the image lock so it never sees half of an applied command."""
+        with self.sync.image_lock:
+            return fn(self.image)
+
+    def leader_url(self) -> str | None:
+        m = self.config.member_by_raft(self.sync.leader_address())
+        return m.url if m else None
+
+    def role(self) -> str:
+        if self.sync.is_leader():
+            return "leader"
+        return "follower" if self.sync.leader_address() else "candidate"
+
+    def ready(self) -> bool:
+        return self.sync.isReady() and self.sync.leader_address() is not None
+
+    def route_bytes(self, topic: str) -> tuple[int, bytes] | None:
+        """The topic's route as JSON, rendered once per version and shared by every subscriber."""
+        def render(image: Image):
+            t = image.topic(topic)
+            if t is None:
+                return None
+            cached = self._route_cache.get(topic)
+            if cached is None or cached[0] != t["version"]:
+                cached = (t["version"], json.dumps(views.route(image, t), separators=(",", ":")).encode())
+                self._route_cache[topic] = cached
+            return cached
+        out = self.read(render)
+        if out is None:
+            self._route_cache.pop(topic, None)
+        return out
+
+    # -- reads -------------------------------------------------------------------------------------------------
+    async def before_read(self, query: dict[str, str]) -> None:
+        """``min_version`` waits (bounded) for this node to apply V; ``consistency=linearizable`` goes through the log."""
+        wait_s = _float(query.get("wait"), "wait", limits.READ_WAIT_S_DEFAULT, limits.READ_WAIT_S_MAX)
+        if query.get("consistency") == "linearizable":
+            await self._barrier(wait_s)
+        elif query.get("consistency") not in (None, "", "serializable"):
+            raise invalid("consistency must be 'linearizable' or 'serializable'")
+        if query.get("min_version") is not None:
+            v = _int(query["min_version"], "min_version")
+            if not await self.feed.wait_version(v, wait_s):
+                raise rejection(503, "VERSION_NOT_REACHED", f"this node has applied {self.applied_version}, not {v}, "
+                                f"within {wait_s} s", applied_version=self.applied_version, min_version=v)
+
+    async def _barrier(self, timeout_s: float) -> None:
+        # A no-op command through the log: once it is applied here, every write acknowledged before the read is too.
+        # A follower submits it through pysyncobj's own forwarding; the callback fires when this node applies it.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.raft.propose({"type": "Barrier"}, None, "system", max(0.1, deadline - time.monotonic()))
+                return
+            except ProposeFailed:
+                if time.monotonic() > deadline:
+                    raise rejection(503, "NO_LEADER", "no leader to confirm a linearizable read") from None
+                await asyncio.sleep(0.05)
+
+    # -- writes ------------------------------------------------------------------------------------------------
+    async def submit(self, cmd: dict[str, Any], *, actor: str, idempotency_key: str | None,
+                     request_id: str | None, forward) -> tuple[int, dict[str, Any]]:
+        """Validate, then propose on the leader or forward the raw request to it. Returns (status, body).
+
+        ``forward(url)`` replays the HTTP request against another node and returns (status, body, version).
+        Retries after LEADER_CHANGED / UNKNOWN_OUTCOME reuse the request id, so nothing applies twice.
+        """
+        validate(cmd)
+        if idempotency_key is not None:
+            if not idempotency_key or len(idempotency_key) > limits.REQUEST_ID_CHARS_MAX:
+                raise invalid(f"Idempotency-Key must be 1-{limits.REQUEST_ID_CHARS_MAX} characters")
+            rid = f"{actor}:{idempotency_key}"
+        else:
+            rid = request_id or f"auto:{uuid.uuid4().hex}"
+        deadline = time.monotonic() + limits.PROPOSE_TIMEOUT_S
+        while True:
+            try:
+                if self.sync.is_leader():
+                    outcome = await self.raft.propose(cmd, rid, actor, max(0.1, deadline - time.monotonic()))
+                    return _answer(outcome)
+                url = await self._await_leader_url(deadline)
+                status, body, version = await forward(url, rid)
+                code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+                if status == 503 and code in ("NO_LEADER", "LEADER_CHANGED"):
+                    raise ProposeFailed("the leader moved while forwarding", code=code)
+                if version is not None:
+                    await self.feed.wait_version(version, 1.0)  # read-your-writes on the node the client talks to
+                return status, body
+            except (ProposeFailed, aiohttp.ClientError, asyncio.TimeoutError) as e:
+                if time.monotonic() > deadline:
+                    if isinstance(e, MetaError):
+                        raise
+                    raise rejection(503, "NO_LEADER", f"could not reach the leader: {type(e).__name__}") from None
+                await asyncio.sleep(0.05)
+
+    async def _await_leader_url(self, deadline: float) -> str:
+        while True:
+            url = self.leader_url()
+            if url is not None and url != self._my_url():
+                return url
+            if self.sync.is_leader():
+                raise ProposeFailed("became leader", code="NO_LEADER")  # loop back and propose locally
+            if time.monotonic() > deadline:
+                raise rejection(503, "NO_LEADER", "the meta cluster has no leader right now")
+            await asyncio.sleep(0.02)
+
+    def _my_url(self) -> str:
+        return next(m.url for m in self.config.members if m.node == self.config.node)
+
+    async def forward_http(self, url: str, method: str, path_qs: str, body: bytes,
+                           headers: dict[str, str]) -> tuple[int, dict[str, Any], int | None]:
+        async with self._http.request(method, url + path_qs, data=body, headers=headers) as resp:
+            data = await resp.json(content_type=None)
+            v = resp.headers.get("X-Meta-Version")
+            return resp.status, data, int(v) if v and v.isdigit() else None
+
+    # -- broker sessions (leader duties) -----------------------------------------------------------------------
+    async def heartbeat(self, broker: str, epoch: int, queues: dict[str, int]) -> dict[str, Any]:
+        """Leader only. Refreshes the session, unfences a returning broker, renews offset budgets."""
+        def look(image: Image):
+            b = image.brokers.get(broker)
+            if b is None:
+                raise rejection(404, "BROKER_NOT_FOUND", f"broker {broker!r} is not registered; register first")
+            if b["epoch"] != epoch:
+                raise rejection(409, "STALE_EPOCH", f"epoch {epoch} is not current ({b['epoch']}); register again",
+                                epoch=b["epoch"])
+            budgets, grants = {}, []
+            for pq, max_offset in queues.items():
+                seg = _segment_by_pq(image, pq)
+                if seg is None or seg["broker"] != broker or seg["state"] == "sealed":
+                    continue
+                budget = seg["budget_end"]
+                if seg["state"] == "active" and max_offset + self.config.offset_budget // 2 > budget:
+                    topic, q, gen = _parse_pq(pq)
+                    budget = max_offset + self.config.offset_budget
+                    grants.append({"topic": topic, "queue": q, "gen": gen, "budget_end": budget})
+                budgets[pq] = budget
+            return b["state"], budgets, grants
+        state, budgets, grants = self.read(look)
+        self.sessions.heartbeat(broker, epoch, _monotonic_ms(), int(time.time() * 1000))
+        if state == "fenced":
+            out = await self.raft.propose({"type": "UnfenceBroker", "broker": broker, "epoch": epoch}, None,
+                                          f"broker:{broker}")
+            _answer(out)
+        if grants:
+            out = await self.raft.propose({"type": "GrantOffsetBudget", "broker": broker, "epoch": epoch,
+                                           "grants": grants}, None, f"broker:{broker}")
+            _answer(out)
+        return {"state": "active", "version": self.applied_version, "budgets": budgets,
+                "heartbeat_interval_ms": self.config.heartbeat_interval_ms,
+                "session_timeout_ms": self.config.session_timeout_ms}
+
+    async def _leader_duties(self) -> None:
+        while True:
+            await asyncio.sleep(SESSION_CHECK_INTERVAL_S)
+            try:
+                if not self.sync.is_leader():
+                    self._led_term = None
+                    continue
+                active = self.read(lambda im: [(b, v["epoch"]) for b, v in im.brokers.items()
+                                               if v["state"] == "active"])
+                term = self.sync.term()
+                if self._led_term != term:
+                    self._led_term = term
+                    self.sessions.reset(active, _monotonic_ms())
+                    continue
+                for broker, epoch in self.sessions.expired(active, _monotonic_ms()):
+                    log.warning("broker_session_expired", broker=broker, epoch=epoch)
+                    await self.raft.propose({"type": "FenceBroker", "broker": broker, "epoch": epoch,
+                                             "reason": "session_expired"}, None, "system")
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("leader_duties_failed")
+
+
+def _answer(outcome: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    if outcome.get("ok"):
+        return 200, outcome["result"]
+    e = outcome["error"]
+    raise MetaError(e["message"], e["details"], code=e["code"], status=e["status"])
+
+
+def _parse_pq(pq: str) -> tuple[str, int, int]:
+    topic, q, g, _ = pq.rsplit(".", 3)
+    return topic, int(q[1:]), int(g[1:])
+
+
+def _segment_by_pq(image: Image, pq: str) -> dict[str, Any] | None:
+    try:
+        topic, q, gen = _parse_pq(pq)
+    except ValueError:
+        return None
+    seg = image.segment(topic, q, gen)
+    return seg if seg is not None and seg["physical_queue"] == pq else None
+
+
+def _int(raw: str, name: str) -> int:
+    try:
+        v = int(raw)
+    except (TypeError, ValueError):
+        raise invalid(f"{name} must be an integer", field=name) from None
+    if v < 0:
+        raise invalid(f"{name} must be >= 0", field=name)
+    return v
+
+
+def _float(raw: str | None, name: str, default: float, hi: float) -> float:
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise invalid(f"{name} must be a number of seconds", field=name) from None
+    if not 0 <= v <= hi:
+        raise invalid(f"{name} must be within [0, {hi}] seconds", field=name)
+    return v

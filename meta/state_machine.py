@@ -1,0 +1,305 @@
+"""The pure, deterministic state machine: a command envelope in, events out, folded into the image.
+
+``apply(envelope)`` is the only entry point the Raft adapter calls. It
+1. answers a repeated request id with the first outcome (idempotency survives LEADER_CHANGED / UNKNOWN_OUTCOME retries),
+2. validates and decides against the image, producing events or a rejection (a rejection changes nothing),
+3. replays the events into the image, each event taking the next version,
+4. remembers the outcome under the request id.
+No clock, randomness or I/O: the leader's time arrives in ``envelope["ts"]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from . import allocation, limits
+from .commands import validate
+from .errors import MetaError, invalid, rejection
+from .events import make
+from .image import Image, canonical_json
+
+Outcome = dict[str, Any]
+
+
+class StateMachine:
+    def __init__(self, image: Image | None = None, offset_budget: int = limits.OFFSET_BUDGET_DEFAULT):
+        self.image = image or Image()
+        self.offset_budget = offset_budget
+
+    # -- the entry point ---------------------------------------------------------------------------------------
+    def apply(self, envelope: dict[str, Any]) -> tuple[Outcome, set[str]]:
+        """Returns (outcome, topics whose route changed). An outcome is {"ok", "result"|"error", "version"}."""
+        rid = envelope.get("rid")
+        ts = envelope.get("ts")
+        if not isinstance(ts, int):
+            return _failed(invalid("command envelope without a leader timestamp"), self.image.version), set()
+        ts = max(ts, self.image.data["last_ts"])  # leader clocks may step back across elections; time in the log never does
+        self.image.data["last_ts"] = ts
+        cmd = envelope.get("cmd")
+        fingerprint = hashlib.sha256(canonical_json(cmd).encode()).hexdigest()[:32] if rid else None
+        if rid:
+            seen = self.image.data["requests"].get(rid)
+            if seen is not None:
+                if seen[0] != fingerprint:
+                    return _failed(rejection(409, "IDEMPOTENCY_KEY_REUSED",
+                                             "this Idempotency-Key was used for a different request"),
+                                   self.image.version), set()
+                return seen[2], set()
+        try:
+            validate(cmd)
+            events, result = getattr(self, "_" + cmd["type"])(cmd, ts)
+        except MetaError as e:
+            outcome = _failed(e, self.image.version)
+            changed: set[str] = set()
+        except Exception as e:  # a bug in a decision: nothing was changed yet, so reject (the same way on every node)
+            outcome = _failed(invalid(f"command could not be decided: {type(e).__name__}: {e}"), self.image.version)
+            changed = set()
+        else:
+            changed = set()
+            for ev in events:
+                changed |= self.image.replay(ev, ts)
+            outcome = {"ok": True, "result": {**result, "version": self.image.version}, "version": self.image.version}
+        if rid:
+            self._remember(rid, fingerprint, ts, outcome)
+        return outcome, changed
+
+    def _remember(self, rid: str, fingerprint: str, ts: int, outcome: Outcome) -> None:
+        requests = self.image.data["requests"]
+        requests[rid] = [fingerprint, ts, outcome]
+        # Dicts keep insertion order, so the oldest request is first: evict by count and by age, deterministically.
+        while requests:
+            oldest = next(iter(requests))
+            if len(requests) > limits.REQUEST_OUTCOMES_MAX or ts - requests[oldest][1] > limits.REQUEST_OUTCOME_AGE_MS_MAX:
+                del requests[oldest]
+            else:
+                break
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+    def _topic(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        t = self.image.topic(cmd["topic"])
+        if t is None:
+            raise rejection(404, "TOPIC_NOT_FOUND", f"topic {cmd['topic']!r} does not exist", topic=cmd["topic"])
+        self._expect(cmd, t["version"])
+        return t
+
+    @staticmethod
+    def _expect(cmd: dict[str, Any], current: int) -> None:
+        ev = cmd.get("expected_version")
+        if ev is not None and ev != current:
+            raise rejection(409, "VERSION_MISMATCH", f"expected version {ev}, current is {current}",
+                            current_version=current, expected_version=ev)
+
+    def _broker(self, name: str, epoch: int | None = None) -> dict[str, Any]:
+        b = self.image.brokers.get(name)
+        if b is None:
+            raise rejection(404, "BROKER_NOT_FOUND", f"broker {name!r} is not registered", broker=name)
+        if epoch is not None and epoch != b["epoch"]:
+            raise rejection(409, "STALE_EPOCH", f"broker {name!r} has epoch {b['epoch']}, not {epoch}; register again",
+                            broker=name, epoch=b["epoch"])
+        return b
+
+    def _active_brokers(self, names: list[str]) -> list[str]:
+        for n in names:
+            if self._broker(n)["state"] != "active":
+                raise rejection(409, "BROKER_NOT_ACTIVE", f"broker {n!r} is fenced (its session expired)", broker=n)
+        return names
+
+    def _writable_head(self, t: dict[str, Any], queue: int) -> dict[str, Any]:
+        head = t["logic_queues"][queue][-1]
+        if head["state"] != "active" or head["logic_start"] is None:
+            raise rejection(503, "SEALING", f"queue {queue} of {t['topic']!r} is still being remapped; retry shortly",
+                            topic=t["topic"], queue=queue, gen=head["gen"])
+        return head
+
+    def _move(self, t: dict[str, Any], queue: int, to: str, cause: str) -> list[dict[str, Any]]:
+        """Seal-then-switch of one queue (DESIGN.md, the flow of one remap). Returns the events."""
+        old = t["logic_queues"][queue][-1]
+        gen = old["gen"] + 1
+        topic = t["topic"]
+        opened = make("SegmentOpened", topic=topic, queue=queue, gen=gen, broker=to, from_broker=old["broker"],
+                      physical_queue=allocation.physical_queue_name(topic, t["incarnation"], queue, gen),
+                      physical_start=0, budget_end=self.offset_budget, cause=cause)
+        if self.image.brokers[old["broker"]]["state"] == "active":
+            return [make("SegmentSealing", topic=topic, queue=queue, gen=old["gen"], broker=old["broker"]), opened]
+        # The old broker's session has expired: it can write nothing beyond its budget, so the budget end is a safe end.
+        return [*self._seal_at_budget(topic, queue, old), opened,
+                make("LogicStartDecided", topic=topic, queue=queue, gen=gen,
+                     logic_start=_logic_end(old, old["budget_end"]))]
+
+    @staticmethod
+    def _seal_at_budget(topic: str, queue: int, seg: dict[str, Any]) -> list[dict[str, Any]]:
+        return [make("SegmentSealed", topic=topic, queue=queue, gen=seg["gen"], broker=seg["broker"],
+                     physical_end=seg["budget_end"], logic_end=_logic_end(seg, seg["budget_end"]),
+                     by="session_expired")]
+
+    # -- brokers -----------------------------------------------------------------------------------------------
+    def _RegisterBroker(self, c, ts):
+        old = self.image.brokers.get(c["broker"])
+        if old is None and len(self.image.brokers) >= limits.BROKERS_MAX:
+            raise rejection(409, "TOO_MANY_BROKERS", f"at most {limits.BROKERS_MAX} brokers")
+        epoch = (old["epoch"] if old else 0) + 1
+        ev = make("BrokerRegistered", broker=c["broker"], address=c["address"], zone=c.get("zone"), epoch=epoch)
+        return [ev], {"broker": c["broker"], "epoch": epoch}
+
+    def _FenceBroker(self, c, ts):
+        b = self._broker(c["broker"])
+        if b["epoch"] != c["epoch"] or b["state"] == "fenced":
+            return [], {"state": b["state"]}  # a later registration or an earlier fence already decided
+        events = [make("BrokerFenced", broker=c["broker"], epoch=c["epoch"], reason=c["reason"])]
+        for name in sorted(self.image.topics):
+            t = self.image.topics[name]
+            for q, segs in enumerate(t["logic_queues"]):
+                if len(segs) >= 2 and segs[-2]["broker"] == c["broker"] and segs[-2]["state"] == "sealing":
+                    events += self._seal_at_budget(name, q, segs[-2])
+                    events.append(make("LogicStartDecided", topic=name, queue=q, gen=segs[-1]["gen"],
+                                       logic_start=_logic_end(segs[-2], segs[-2]["budget_end"])))
+        return events, {"state": "fenced"}
+
+    def _UnfenceBroker(self, c, ts):
+        b = self._broker(c["broker"], c["epoch"])
+        if b["state"] == "active":
+            return [], {"state": "active"}
+        return [make("BrokerUnfenced", broker=c["broker"], epoch=c["epoch"])], {"state": "active"}
+
+    def _GrantOffsetBudget(self, c, ts):
+        self._broker(c["broker"], c["epoch"])
+        events = []
+        for g in c["grants"]:
+            seg = self.image.segment(g["topic"], g["queue"], g["gen"])
+            # Grants race with remaps: a segment that moved on or is sealing gets nothing more, silently.
+            if seg is None or seg["broker"] != c["broker"] or seg["state"] != "active" or g["budget_end"] <= seg["budget_end"]:
+                continue
+            events.append(make("OffsetBudgetGranted", topic=g["topic"], queue=g["queue"], gen=g["gen"],
+                               broker=c["broker"], budget_end=g["budget_end"]))
+        return events, {"granted": len(events)}
+
+    def _SealSegment(self, c, ts):
+        self._broker(c["broker"], c["epoch"])
+        t = self._topic({"topic": c["topic"]})
+        seg = self.image.segment(c["topic"], c["queue"], c["gen"])
+        if seg is None or seg["broker"] != c["broker"]:
+            raise rejection(404, "SEGMENT_NOT_FOUND", "no such segment on this broker",
+                            topic=c["topic"], queue=c["queue"], gen=c["gen"])
+        if seg["state"] == "sealed":
+            if seg["physical_end"] == c["end_offset"]:
+                return [], {"logic_end": seg["logic_end"]}
+            raise rejection(409, "ALREADY_SEALED", "the segment was already sealed at another offset",
+                            physical_end=seg["physical_end"], by="session_expired")
+        if seg["state"] != "sealing":
+            raise rejection(409, "NOT_SEALING", "the segment is not being sealed", state=seg["state"])
+        if not seg["physical_start"] <= c["end_offset"] <= seg["budget_end"]:
+            raise invalid("end_offset is outside the segment's granted budget",
+                          physical_start=seg["physical_start"], budget_end=seg["budget_end"])
+        logic_end = _logic_end(seg, c["end_offset"])
+        events = [make("SegmentSealed", topic=c["topic"], queue=c["queue"], gen=c["gen"], broker=c["broker"],
+                       physical_end=c["end_offset"], logic_end=logic_end, by="broker")]
+        nxt = t["logic_queues"][c["queue"]][-1]
+        if nxt["gen"] == c["gen"] + 1 and nxt["logic_start"] is None:
+            events.append(make("LogicStartDecided", topic=c["topic"], queue=c["queue"], gen=nxt["gen"],
+                               logic_start=logic_end))
+        return events, {"logic_end": logic_end}
+
+    # -- topics ------------------------------------------------------------------------------------------------
+    def _CreateTopic(self, c, ts):
+        name = c["topic"]
+        if name in self.image.topics:
+            raise rejection(409, "TOPIC_EXISTS", f"topic {name!r} already exists", topic=name,
+                            current_version=self.image.topics[name]["version"])
+        self._expect(c, 0)
+        if len(self.image.topics) >= limits.TOPICS_MAX:
+            raise rejection(409, "TOO_MANY_TOPICS", f"at most {limits.TOPICS_MAX} topics")
+        if c.get("brokers"):
+            brokers = self._active_brokers(c["brokers"])
+        else:
+            brokers = sorted(b for b, v in self.image.brokers.items() if v["state"] == "active")
+            if not brokers:
+                raise rejection(409, "NO_BROKERS", "no active broker to place the topic on")
+        slots = c.get("slots", limits.SLOTS_DEFAULT)
+        incarnation = self.image.version + 1
+        placement = allocation.balanced_assignment(range(c["queues"]), brokers, self.image.data["load"])
+        segments = [{"queue": q, "broker": b, "physical_queue": allocation.physical_queue_name(name, incarnation, q, 0),
+                     "budget_end": self.offset_budget} for q, b in sorted(placement.items())]
+        config = {k: v for k, v in sorted(c.get("config", {}).items()) if v is not None}
+        ev = make("TopicCreated", topic=name, incarnation=incarnation, queues=c["queues"], slots=slots,
+                  order=c.get("order", "best_tried"), config=config,
+                  slot_table=allocation.initial_slot_table(slots, c["queues"]), segments=segments)
+        return [ev], {"topic": name, "queues": c["queues"]}
+
+    def _GrowTopic(self, c, ts):
+        t = self._topic(c)
+        new_count = c["queues"]
+        if new_count < t["queues"]:
+            raise invalid(f"a static topic only grows: it has {t['queues']} queues", queues=t["queues"])
+        if new_count > t["slots"]:
+            raise invalid(f"queues cannot exceed slots ({t['slots']})", slots=t["slots"])
+        if new_count == t["queues"]:
+            return [], {"topic": t["topic"], "queues": new_count}
+        table, splits = allocation.grow_slot_table(t["slot_table"], range(t["queues"], new_count))
+        split_queues = sorted({old for _, old in splits})
+        heads = {q: self._writable_head(t, q) for q in split_queues}
+        hosts = sorted({segs[-1]["broker"] for segs in t["logic_queues"]
+                        if self.image.brokers[segs[-1]["broker"]]["state"] == "active"})
+        if not hosts:
+            hosts = sorted(b for b, v in self.image.brokers.items() if v["state"] == "active")
+        if not hosts:
+            raise rejection(409, "NO_BROKERS", "no active broker to place the new queues on")
+        placement = allocation.balanced_assignment(range(t["queues"], new_count), hosts, self.image.data["load"])
+        segments = [{"queue": q, "broker": b,
+                     "physical_queue": allocation.physical_queue_name(t["topic"], t["incarnation"], q, 0),
+                     "budget_end": self.offset_budget} for q, b in sorted(placement.items())]
+        barriers = [{"queue": nq, "after_queue": old, "after_gen": heads[old]["gen"] + 1} for nq, old in splits]
+        events = [make("TopicGrown", topic=t["topic"], queues=new_count, slot_table=table, barriers=barriers,
+                       segments=segments)]
+        # The split point must be exact, so each split queue is sealed and continues in a new generation on the
+        # same broker: the barrier offset is that generation's logic start.
+        for q in split_queues:
+            events += self._move(t, q, heads[q]["broker"], "grow")
+        return events, {"topic": t["topic"], "queues": new_count}
+
+    def _SetTopicConfig(self, c, ts):
+        t = self._topic(c)
+        config = dict(t["config"])
+        for k, v in c["config"].items():
+            if v is None:
+                config.pop(k, None)
+            else:
+                config[k] = v
+        if len(config) > limits.CONFIG_KEYS_MAX:
+            raise invalid(f"a topic has at most {limits.CONFIG_KEYS_MAX} config keys")
+        if config == t["config"]:
+            return [], {"topic": t["topic"], "config": config}
+        config = dict(sorted(config.items()))
+        ev = make("TopicConfigChanged", topic=t["topic"], config=config, changed=sorted(c["config"]))
+        return [ev], {"topic": t["topic"], "config": config}
+
+    def _DeleteTopic(self, c, ts):
+        t = self._topic(c)
+        return [make("TopicDeleted", topic=t["topic"])], {"topic": t["topic"]}
+
+    def _RemapTopic(self, c, ts):
+        t = self._topic(c)
+        targets = self._active_brokers(c["brokers"])
+        queues = c.get("queues") or list(range(t["queues"]))
+        for q in queues:
+            if q >= t["queues"]:
+                raise invalid(f"queue {q} does not exist; the topic has {t['queues']} queues", queue=q)
+        heads = {q: self._writable_head(t, q) for q in queues}
+        moves = allocation.rebalance({q: h["broker"] for q, h in heads.items()}, targets)
+        events, moved = [], []
+        for q, to in sorted(moves.items()):
+            events += self._move(t, q, to, "remap")
+            moved.append({"queue": q, "from": heads[q]["broker"], "to": to, "gen": heads[q]["gen"] + 1})
+        return events, {"topic": t["topic"], "moved": moved}
+
+    def _Barrier(self, c, ts):
+        return [], {}
+
+
+def _logic_end(seg: dict[str, Any], physical_end: int) -> int:
+    return seg["logic_start"] + (physical_end - seg["physical_start"])
+
+
+def _failed(err: MetaError, version: int) -> Outcome:
+    return {"ok": False, "error": {"status": err.status, "code": err.code, "message": err.message,
+                                   "details": err.details}, "version": version}

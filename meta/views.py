@@ -1,0 +1,58 @@
+"""Read models rendered from the image for the API: a topic's route and its admin description (API.md shapes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .image import Image
+
+
+def _address(image: Image, broker: str) -> str | None:
+    b = image.brokers.get(broker)
+    return b["address"] if b else None
+
+
+def route(image: Image, t: dict[str, Any]) -> dict[str, Any]:
+    """What producers and consumers need: slot table, barriers, and per queue its writable head and segment chain."""
+    queues = []
+    for q, segs in enumerate(t["logic_queues"]):
+        head = segs[-1]
+        broker = image.brokers.get(head["broker"])
+        writable = (head["state"] == "active" and head["logic_start"] is not None
+                    and broker is not None and broker["state"] == "active")
+        queues.append({
+            "queue": q, "broker": head["broker"], "address": _address(image, head["broker"]),
+            "physical_queue": head["physical_queue"], "gen": head["gen"], "writable": writable,
+            "segments": [{"gen": s["gen"], "broker": s["broker"], "address": _address(image, s["broker"]),
+                          "physical_queue": s["physical_queue"], "physical_start": s["physical_start"],
+                          "logic_start": s["logic_start"], "logic_end": s["logic_end"], "state": s["state"]}
+                         for s in segs],
+        })
+    return {"topic": t["topic"], "version": t["version"], "slots": t["slots"], "order": t["order"],
+            "config": t["config"], "slot_table": t["slot_table"],
+            "barriers": [{"queue": b["queue"], "after_queue": b["after_queue"], "after_offset": b["after_offset"]}
+                         for b in t["barriers"]],
+            "queues": queues}
+
+
+def topic_detail(t: dict[str, Any]) -> dict[str, Any]:
+    ranges: dict[int, list[list[int]]] = {}
+    for lo, hi, q in t["slot_table"]:
+        ranges.setdefault(q, []).append([lo, hi])
+    return {"topic": t["topic"], "queues": t["queues"], "slots": t["slots"], "order": t["order"],
+            "version": t["version"], "incarnation": t["incarnation"], "created_ms": t["created_ms"],
+            "config": t["config"],
+            "logic_queues": [{"queue": q, "slot_ranges": ranges.get(q, []),
+                              "segments": [{k: s[k] for k in ("gen", "broker", "physical_queue", "physical_start",
+                                                               "logic_start", "logic_end", "state", "budget_end")}
+                                           for s in segs]}
+                             for q, segs in enumerate(t["logic_queues"])]}
+
+
+def topic_summary(t: dict[str, Any]) -> dict[str, Any]:
+    return {"topic": t["topic"], "queues": t["queues"], "version": t["version"]}
+
+
+def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, Any]:
+    return {"broker": b["broker"], "address": b["address"], "zone": b["zone"], "epoch": b["epoch"],
+            "state": b["state"], "last_heartbeat_ms": last_heartbeat_ms if last_heartbeat_ms else b["last_seen_ms"]}

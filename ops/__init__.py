@@ -1,0 +1,1 @@
+"""Operations: the `stator` CLI, the local cluster tool, logging, benchmarks."""

@@ -1,0 +1,199 @@
+"""`stator dev up / start / down`: a local cluster of real processes on loopback (API.md, local cluster tool).
+
+Layout of DIR: ``cluster.json`` (API.md shape, plus each member's config path), ``NAME/`` data and config of each
+member, ``logs/NAME.log``. Processes run in their own session so `down` can signal the whole group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+
+def _meta_ports(base: int, i: int) -> tuple[int, int]:
+    return base + 2 * i, base + 2 * i + 1
+
+
+def _broker_port(base: int, i: int) -> int:
+    return base + 50 + i
+
+
+def _spawn(dir_: str, name: str, argv: list[str]) -> int:
+    os.makedirs(os.path.join(dir_, "logs"), exist_ok=True)
+    log = open(os.path.join(dir_, "logs", f"{name}.log"), "ab")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, cwd=dir_)
+    log.close()
+    return proc.pid
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=1.0) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_ready(urls: list[str], timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(urls)
+    while pending:
+        pending = [u for u in pending if not _ready(u)]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not ready after {timeout_s} s: {pending}")
+        time.sleep(0.1)
+
+
+def _meta_argv(config_path: str) -> list[str]:
+    return [sys.executable, "-m", "ops.cli", "meta", "serve", "--config", config_path]
+
+
+def _broker_argv(config_path: str) -> list[str]:
+    return [sys.executable, "-m", "ops.cli", "broker", "serve", "--config", config_path]
+
+
+def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra_meta: dict | None = None,
+       extra_broker: dict | None = None) -> dict[str, Any]:
+    dir_ = os.path.abspath(dir_)
+    os.makedirs(dir_, exist_ok=True)
+    if os.path.exists(os.path.join(dir_, "cluster.json")):
+        return restart_all(dir_)
+    tokens = {r: secrets.token_hex(16) for r in ("admin", "broker", "client")}
+    secret = secrets.token_hex(24)
+    members = []
+    for i in range(metas):
+        http, raft = _meta_ports(base_port, i)
+        members.append({"node": f"m{i + 1}", "raft": f"127.0.0.1:{raft}", "url": f"http://127.0.0.1:{http}"})
+    cluster: dict[str, Any] = {"meta": [], "brokers": [], "admin_token": tokens["admin"],
+                               "broker_token": tokens["broker"], "client_token": tokens["client"]}
+    for m in members:
+        cfg = {"node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("http://"), "secret": secret,
+               "tokens": tokens, "members": members, **(extra_meta or {})}
+        path = _write_config(dir_, m["node"], cfg)
+        pid = _spawn(dir_, m["node"], _meta_argv(path))
+        cluster["meta"].append({"node": m["node"], "url": m["url"], "pid": pid, "config": path})
+    _save(dir_, cluster)
+    wait_ready([m["url"] for m in members])
+    for i in range(brokers):
+        name = f"b{i + 1}"
+        port = _broker_port(base_port, i)
+        cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}", "token": tokens["broker"],
+               "client_token": tokens["client"], "meta": [m["url"] for m in members], **(extra_broker or {})}
+        path = _write_config(dir_, name, cfg)
+        pid = _spawn(dir_, name, _broker_argv(path))
+        cluster["brokers"].append({"broker": name, "url": f"http://127.0.0.1:{port}", "pid": pid, "config": path})
+        _save(dir_, cluster)
+    wait_ready([b["url"] for b in cluster["brokers"]])
+    return cluster
+
+
+def _write_config(dir_: str, name: str, cfg: dict[str, Any]) -> str:
+    os.makedirs(os.path.join(dir_, name), exist_ok=True)
+    path = os.path.join(dir_, name, "config.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    return path
+
+
+def _save(dir_: str, cluster: dict[str, Any]) -> None:
+    tmp = os.path.join(dir_, "cluster.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(cluster, f, indent=2)
+    os.replace(tmp, os.path.join(dir_, "cluster.json"))
+
+
+def load(dir_: str) -> dict[str, Any]:
+    with open(os.path.join(os.path.abspath(dir_), "cluster.json")) as f:
+        return json.load(f)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as dead
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def restart_all(dir_: str) -> dict[str, Any]:
+    """`dev up` on a DIR that already holds a stopped cluster starts every member again on its own data."""
+    cluster = load(dir_)
+    members = cluster["meta"] + cluster["brokers"]
+    running = [m.get("node", m.get("broker")) for m in members if _alive(m["pid"])]
+    if running:
+        raise RuntimeError(f"{dir_} holds a running cluster ({', '.join(running)}); `stator dev down --dir {dir_}` first")
+    for kind, argv in (("meta", _meta_argv), ("brokers", _broker_argv)):
+        for m in cluster[kind]:
+            m["pid"] = _spawn(dir_, m.get("node", m.get("broker")), argv(m["config"]))
+        _save(dir_, cluster)
+        wait_ready([m["url"] for m in cluster[kind]])
+    return cluster
+
+
+def start(dir_: str, name: str) -> dict[str, Any]:
+    dir_ = os.path.abspath(dir_)
+    cluster = load(dir_)
+    for kind, argv in (("meta", _meta_argv), ("brokers", _broker_argv)):
+        for m in cluster[kind]:
+            if m.get("node", m.get("broker")) == name:
+                if _alive(m["pid"]):
+                    raise RuntimeError(f"{name} is already running (pid {m['pid']})")
+                m["pid"] = _spawn(dir_, name, argv(m["config"]))
+                _save(dir_, cluster)
+                wait_ready([m["url"]])
+                return m
+    raise KeyError(f"no member named {name!r} in {dir_}/cluster.json")
+
+
+def stop_member(dir_: str, name: str, sig: int = signal.SIGTERM) -> None:
+    cluster = load(dir_)
+    for m in cluster["meta"] + cluster["brokers"]:
+        if m.get("node", m.get("broker")) == name:
+            _signal_and_wait([m["pid"]], sig)
+            return
+    raise KeyError(name)
+
+
+def _signal_and_wait(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            for pid in pids:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            break
+        time.sleep(0.05)
+
+
+def down(dir_: str) -> None:
+    dir_ = os.path.abspath(dir_)
+    cluster = load(dir_)
+    _signal_and_wait([m["pid"] for m in cluster["brokers"]], signal.SIGTERM)
+    _signal_and_wait([m["pid"] for m in cluster["meta"]], signal.SIGTERM)

@@ -1,0 +1,33 @@
+"""Running a meta node in the foreground until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from aiohttp import web
+
+
+async def serve_app(app: web.Application, host: str, port: int) -> None:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=2048)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run_meta(config_path: str) -> None:
+    from meta.api.app import make_app
+    from meta.config import load
+    from ops.logging import configure
+
+    config = load(config_path)
+    configure(config.log_level, node=config.node)
+    asyncio.run(serve_app(make_app(config), config.http_host, config.http_port))
