@@ -91,8 +91,7 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
     for i in range(brokers):
         name = f"b{i + 1}"
         port = _broker_port(base_port, i)
-        cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}", "token": tokens["broker"],
-               "client_token": tokens["client"], "meta": [m["url"] for m in members], **(extra_broker or {})}
+        cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}", "tokens": tokens, "meta": [m["url"] for m in members], **(extra_broker or {})}
         path = _write_config(dir_, name, cfg)
         pid = _spawn(dir_, name, _broker_argv(path))
         cluster["brokers"].append({"broker": name, "url": f"http://127.0.0.1:{port}", "pid": pid, "config": path})

@@ -1,0 +1,1 @@
+"""The broker's HTTP data API (API.md, broker section)."""

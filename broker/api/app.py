@@ -1,0 +1,190 @@
+"""The broker's aiohttp application: data API handlers, auth, errors, X-Route-Version on every answer."""
+
+from __future__ import annotations
+
+import json
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+from meta.errors import MetaError, invalid
+
+from ..config import BrokerConfig
+from ..node import BrokerNode
+
+log = structlog.get_logger("broker.http")
+NODE = web.AppKey("node", BrokerNode)
+REQUEST_BODY_BYTES_MAX = 32 * 1024 * 1024
+NAME_CHARS_MAX = 255
+
+
+def _respond(data, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status,
+                        content_type="application/json")
+
+
+def _role(request: web.Request) -> str:
+    cfg = request.app[NODE].config
+    auth = request.headers.get("Authorization", "")
+    if not auth.startswith("Bearer "):
+        raise MetaError("missing bearer token", code="UNAUTHENTICATED", status=401)
+    token = auth[7:].strip()
+    for role, value in (("admin", cfg.admin_token), ("broker", cfg.token), ("client", cfg.client_token)):
+        if value and token == value:
+            return role
+    raise MetaError("unknown token", code="UNAUTHENTICATED", status=401)
+
+
+def _int(raw, name: str, default: int | None = None, lo: int = 0, hi: int = 2**62) -> int:
+    if raw is None:
+        if default is None:
+            raise invalid(f"{name} is required", field=name)
+        return default
+    try:
+        v = int(raw)
+    except (TypeError, ValueError):
+        raise invalid(f"{name} must be an integer", field=name) from None
+    if isinstance(raw, bool) or not lo <= v <= hi:
+        raise invalid(f"{name} must be within [{lo}, {hi}]", field=name)
+    return v
+
+
+def _name(raw: str, what: str) -> str:
+    if not raw or len(raw) > NAME_CHARS_MAX:
+        raise invalid(f"{what} must be 1-{NAME_CHARS_MAX} characters", field=what)
+    return raw
+
+
+async def _json(request: web.Request) -> dict:
+    try:
+        body = json.loads(await request.read() or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid("request body must be a JSON object")
+    return body
+
+
+@web.middleware
+async def middleware(request: web.Request, handler):
+    node = request.app[NODE]
+    try:
+        if request.path not in ("/healthz", "/readyz", "/metrics", "/v1/openapi.json"):
+            request["role"] = _role(request)
+        resp = await handler(request)
+    except MetaError as e:
+        resp = _respond(e.to_dict(), e.status)
+    except web.HTTPRequestEntityTooLarge:
+        resp = _respond(MetaError("request body too large", code="TOO_LARGE", status=413).to_dict(), 413)
+    except web.HTTPException as e:
+        if e.status not in (404, 405):
+            raise
+        resp = _respond(MetaError(f"{request.method} {request.path}: {e.reason}",
+                                  code="NOT_FOUND" if e.status == 404 else "METHOD_NOT_ALLOWED",
+                                  status=e.status).to_dict(), e.status)
+    except Exception:
+        log.exception("handler_failed", path=request.path)
+        resp = _respond(MetaError("internal error; see the broker's log", code="INTERNAL", status=500).to_dict(), 500)
+    node.metrics_requests.labels(str(resp.status)).inc()
+    return resp
+
+
+async def _route_version(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["X-Route-Version"] = str(request.app[NODE].routes.version)
+
+
+async def send(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    topic = _name(request.match_info["topic"], "topic")
+    queue = _int(request.match_info["queue"], "queue")
+    body = await _json(request)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise invalid("messages must be a list", field="messages")
+    offsets = await node.data.send(topic, queue, messages)
+    return _respond({"queue": queue, "offsets": offsets})
+
+
+async def pull(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    q = request.query
+    topic = _name(request.match_info["topic"], "topic")
+    queue = _int(request.match_info["queue"], "queue")
+    offset = _int(q.get("offset"), "offset", 0)
+    max_n = _int(q.get("max"), "max", 32, 1, 1000)
+    return _respond(await node.data.pull(topic, queue, offset, max_n))
+
+
+async def commit_offset(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _json(request)
+    offset = _int(body.get("offset"), "offset", None, -1)
+    group = _name(request.match_info["group"], "group")
+    topic = _name(request.match_info["topic"], "topic")
+    queue = _int(request.match_info["queue"], "queue")
+    return _respond({"offset": node.data.commit_offset(group, topic, queue, offset)})
+
+
+async def read_offset(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    group = _name(request.match_info["group"], "group")
+    topic = _name(request.match_info["topic"], "topic")
+    queue = _int(request.match_info["queue"], "queue")
+    local = request.query.get("local") == "1"
+    return _respond({"offset": await node.data.read_offset(group, topic, queue, local)})
+
+
+async def queues(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    return _respond({"queues": node.data.queue_stats(_name(request.match_info["topic"], "topic"))})
+
+
+async def physical(request: web.Request) -> web.Response:
+    if request["role"] not in ("broker", "admin"):
+        raise MetaError("physical reads are for brokers", code="PERMISSION_DENIED", status=403)
+    node = request.app[NODE]
+    offset = _int(request.query.get("offset"), "offset", 0)
+    max_n = _int(request.query.get("max"), "max", 32, 0, 1000)
+    return _respond(node.data.physical_read(request.match_info["pq"], offset, max_n))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _respond({"status": "ok", "broker": request.app[NODE].config.broker})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    ok = node.link.session_active()
+    return _respond({"ready": ok, "state": node.link.state, "epoch": node.link.epoch,
+                     "route_version": node.routes.version}, 200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(request.app[NODE].registry),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_app(config: BrokerConfig) -> web.Application:
+    app = web.Application(middlewares=[middleware], client_max_size=REQUEST_BODY_BYTES_MAX)
+    node = BrokerNode(config)
+    app[NODE] = node
+
+    async def node_ctx(app):
+        await node.start()
+        yield
+        await node.stop()
+
+    app.cleanup_ctx.append(node_ctx)
+    app.on_response_prepare.append(_route_version)
+    r = app.router
+    r.add_post("/v1/messages/{topic}/{queue}", send)
+    r.add_get("/v1/messages/{topic}/{queue}", pull)
+    r.add_put("/v1/offsets/{group}/{topic}/{queue}", commit_offset)
+    r.add_get("/v1/offsets/{group}/{topic}/{queue}", read_offset)
+    r.add_get("/v1/queues/{topic}", queues)
+    r.add_get("/v1/physical/{pq}", physical)
+    r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)
+    r.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,131 @@
+"""A real local cluster for integration tests: processes started by `ops.devcluster` on loopback, plus small HTTP helpers.
+
+Each test cluster gets its own directory and a free port range, so tests never collide with one another or with a
+developer's `stator dev up`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ops import devcluster
+
+PORT_SPAN = 100
+
+
+def free_base_port() -> int:
+    """A base port whose whole span looks free (meta at base+2i/+1, brokers at base+50+i)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        base = base - base % PORT_SPAN
+        if base + PORT_SPAN >= 65000 or base < 20000:
+            continue
+        if all(_port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+@dataclass
+class Cluster:
+    dir: str
+    info: dict[str, Any]
+    session: aiohttp.ClientSession | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def reload(self) -> None:
+        self.info = devcluster.load(self.dir)
+
+    @property
+    def meta_urls(self) -> list[str]:
+        return [m["url"] for m in self.info["meta"]]
+
+    @property
+    def broker_urls(self) -> list[str]:
+        return [b["url"] for b in self.info["brokers"]]
+
+    def token(self, role: str) -> str:
+        return self.info[f"{role}_token"]
+
+    def headers(self, role: str = "admin", **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token(role)}", **extra}
+
+    def pid(self, name: str) -> int:
+        self.reload()
+        for m in self.info["meta"] + self.info["brokers"]:
+            if m.get("node", m.get("broker")) == name:
+                return m["pid"]
+        raise KeyError(name)
+
+    def url(self, name: str) -> str:
+        for m in self.info["meta"] + self.info["brokers"]:
+            if m.get("node", m.get("broker")) == name:
+                return m["url"]
+        raise KeyError(name)
+
+    def kill9(self, name: str) -> None:
+        devcluster.stop_member(self.dir, name, signal.SIGKILL)
+
+    def start(self, name: str) -> None:
+        devcluster.start(self.dir, name)
+        self.reload()
+
+    async def call(self, method: str, url: str, role: str = "admin", json: Any = None, data: bytes | None = None,
+                   headers: dict[str, str] | None = None, timeout_s: float = 15.0) -> tuple[int, Any, dict]:
+        h = self.headers(role) if role else {}
+        h.update(headers or {})
+        async with self.session.request(method, url, json=json, data=data, headers=h,
+                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            text = await r.text()
+            try:
+                import json as _json
+                body = _json.loads(text) if text else None
+            except ValueError:
+                body = text
+            return r.status, body, dict(r.headers)
+
+    async def leader(self, timeout_s: float = 10.0) -> str:
+        """Name of the node every live node agrees leads."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            seen = set()
+            for u in self.meta_urls:
+                try:
+                    s, b, _ = await self.call("GET", u + "/v1/cluster", timeout_s=1.0)
+                    if s == 200 and b["leader"]:
+                        seen.add(b["leader"])
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    continue
+            if len(seen) == 1:
+                return seen.pop()
+            await _sleep(0.05)
+        raise TimeoutError("no agreed leader")
+
+
+async def _sleep(s: float) -> None:
+    import asyncio
+    await asyncio.sleep(s)
+
+
+def up(tmp_dir: str, metas: int = 3, brokers: int = 0, **extra) -> Cluster:
+    base = free_base_port()
+    info = devcluster.up(os.path.join(tmp_dir, "cluster"), metas, brokers, base,
+                         extra_meta=extra.get("meta"), extra_broker=extra.get("broker"))
+    return Cluster(os.path.join(tmp_dir, "cluster"), info)

@@ -1,0 +1,22 @@
+"""Fixtures shared by the integration tests: real clusters of processes on loopback."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from ops import devcluster
+from tests import cluster as cluster_mod
+from tests.pg import pg_url  # noqa: F401  (session-scoped PostgreSQL for the projection tests)
+
+
+@pytest.fixture
+async def meta_cluster(tmp_path):
+    """Three meta nodes, no brokers; short broker sessions so expiry tests stay quick."""
+    c = cluster_mod.up(str(tmp_path), 3, 0, meta={"session_timeout_ms": 3000})
+    c.session = aiohttp.ClientSession()
+    try:
+        yield c
+    finally:
+        await c.session.close()
+        devcluster.down(c.dir)
