@@ -7,7 +7,6 @@ import pytest
 
 from ops import devcluster
 from tests import cluster as cluster_mod
-from tests.pg import pg_url  # noqa: F401  (session-scoped PostgreSQL for the projection tests)
 
 
 @pytest.fixture

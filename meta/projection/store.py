@@ -1,0 +1,121 @@
+"""The SQL projection of the meta log: stored events in, rows and a position out, both in one transaction.
+
+The position is the version of the last event applied. Writing it with the rows is what makes apply idempotent:
+an event at or below the position is already in, whatever happened between two calls (eventsourcing's followers).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from itertools import islice
+from typing import Any
+
+from sqlalchemy import Connection, select, text
+
+from meta.projection import engine as engines
+from meta.projection import fold, migrate, schema, statements
+
+log = logging.getLogger(__name__)
+
+APPLY_BATCH_MAX = 10_000    # events per apply() call: one transaction, held in memory while it is planned
+HISTORY_LIMIT_MAX = 10_000  # events per history() call
+
+
+def _check_ascending(events: list[dict[str, Any]]) -> None:
+    for before, after in zip(events, events[1:]):
+        if after["version"] <= before["version"]:
+            raise ValueError(f"events must have ascending versions: {before['version']} then {after['version']}")
+
+
+def _event_row(e: dict[str, Any]) -> dict[str, Any]:
+    return {"version": e["version"], "ts": e["ts"], "type": e["type"], "topic": e["topic"], "data": e["data"]}
+
+
+class SqlProjection:
+    def __init__(self, url: str):
+        self._engine = engines.create(url)
+        self._writer = self._engine.execution_options(**{engines.WRITE: True})
+        self._stmts = statements.build(self._engine.dialect.name)
+        self._warned: set[str] = set()
+
+    def migrate(self) -> None:
+        """Create or upgrade the tables (alembic upgrade head), atomically on both backends."""
+        with self._writer.begin() as conn:
+            migrate.upgrade(conn)
+
+    def position(self) -> int:
+        """Version of the last event applied; 0 when none is."""
+        with self._engine.connect() as conn:
+            return self._position(conn)
+
+    def apply(self, events: list[dict[str, Any]]) -> int:
+        """Apply stored events (ascending versions), skipping those at or below the position; return the new position."""
+        if len(events) > APPLY_BATCH_MAX:
+            raise ValueError(f"{len(events)} events in one apply; at most APPLY_BATCH_MAX={APPLY_BATCH_MAX}")
+        _check_ascending(events)
+        with self._writer.begin() as conn:
+            position = self._position(conn, for_update=True)
+            new = [e for e in events if e["version"] > position]
+            if not new:
+                return position
+            plan = fold.plan(new)
+            conn.execute(self._stmts["event_insert"], [_event_row(e) for e in new])
+            for name, params in fold.runs(plan.ops):
+                conn.execute(self._stmts[name], params)
+            if plan.topic_versions:
+                conn.execute(self._stmts["topic_version"],
+                             [{"k_topic": t, "version": v} for t, v in plan.topic_versions.items()])
+            position = new[-1]["version"]
+            conn.execute(self._stmts["position_set"], {"version": position})
+        self._warn_unknown(plan.unknown)
+        return position
+
+    def history(self, after: int = 0, topic: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """Stored events with version > after, ascending, optionally of one topic only."""
+        if not 1 <= limit <= HISTORY_LIMIT_MAX:
+            raise ValueError(f"history limit {limit} outside 1..HISTORY_LIMIT_MAX={HISTORY_LIMIT_MAX}")
+        e = schema.events.c
+        query = select(e.version, e.ts, e.type, e.topic, e.data).where(e.version > after)
+        if topic is not None:
+            query = query.where(e.topic == topic)
+        query = query.order_by(e.version).limit(limit)
+        with self._engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(query)]
+
+    def drop(self) -> None:
+        """Drop every projection table, alembic's included, so that migrate() starts from nothing."""
+        with self._writer.begin() as conn:
+            schema.metadata.drop_all(conn, checkfirst=True)
+            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def _position(self, conn: Connection, for_update: bool = False) -> int:
+        p = schema.projection_position
+        query = select(p.c.version).where(p.c.id == 1)
+        if for_update:
+            # PostgreSQL: a second writer waits here instead of inserting the same versions and failing.
+            query = query.with_for_update()
+        return conn.execute(query).scalar_one_or_none() or 0
+
+    def _warn_unknown(self, types: set[str]) -> None:
+        # Once per type and process: a newer node's event type can come by the thousand, the log must not.
+        for t in sorted(types - self._warned):
+            log.warning("projection: unknown event type %r stored in history, not folded into state", t)
+        self._warned |= types
+
+
+def rebuild(url: str, events: Iterable[dict[str, Any]]) -> int:
+    """Drop the projection at url, recreate it and apply events (ascending) in batches; return the position."""
+    projection = SqlProjection(url)
+    try:
+        projection.drop()
+        projection.migrate()
+        it = iter(events)
+        while batch := list(islice(it, APPLY_BATCH_MAX)):
+            projection.apply(batch)
+        return projection.position()
+    finally:
+        projection.close()

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The main job: install, start a local cluster (3 meta nodes, 3 brokers, SQLite projection) and run the demo.
+# The cluster keeps running afterwards; stop it with: .venv/bin/stator dev down --dir demo-cluster
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ops/setup-env.sh dev
+exec .venv/bin/python -m ops.demo --dir demo-cluster "$@"
