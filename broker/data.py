@@ -19,7 +19,7 @@ from meta.errors import MetaError, invalid, rejection
 from .meta_link import MetaLink
 from .offsets import OffsetStore
 from .routing import RouteTable, Segment
-from .storage import OffsetOutOfRange, QueueStore, StorageError
+from .storage import OffsetOutOfRange, QueueStore, Record, StorageError
 
 MESSAGES_PER_SEND_MAX = 10_000
 PULL_MAX = 1_000
@@ -133,38 +133,44 @@ class DataPlane:
         if offset >= max_offset:
             out["next_offset"] = max_offset if offset > max_offset else offset
             return out
+        msgs: list[dict[str, Any]] = []
+        cursor = offset
         for i, seg in enumerate(decided):
             end = seg.logic_end if seg.logic_end is not None else (
                 decided[i + 1].logic_start if i + 1 < len(decided) else None)
-            if end is not None and offset >= end:
+            if end is not None and cursor >= end:
                 continue
-            records = await self._read(seg, seg.physical(offset), max_n)
-            msgs = []
+            records, physical_max = await self._read(seg, seg.physical(cursor), max_n - len(msgs))
             for r in records:
                 lo = seg.logic(r.offset)
                 if end is not None and lo >= end:
                     break
                 msgs.append(_decode(lo, r.ts_ms, r.payload))
-            out["messages"] = msgs
-            if msgs:
-                out["next_offset"] = msgs[-1]["offset"] + 1
-            elif end is not None:
-                out["next_offset"] = end   # the rest of this segment is a bounded gap (its broker died): skip it
-            return out
+                cursor = lo + 1
+            if len(msgs) >= max_n or end is None:
+                break
+            if cursor < seg.logic(physical_max):
+                break  # the read stopped at its byte budget inside this segment
+            # This segment is exhausted; anything between its last message and its end is the bounded gap of a
+            # broker that died before sealing: move on to the next segment's start.
+            cursor = end
+        out["messages"] = msgs
+        out["next_offset"] = cursor
         return out
 
-    async def _read(self, seg: Segment, physical: int, max_n: int) -> list:
+    async def _read(self, seg: Segment, physical: int, max_n: int) -> tuple[list, int]:
+        """Records from ``physical`` on, and the segment's physical end as far as its broker knows."""
         if seg.broker == self.me:
             pq = self._queue(seg, create=False)
             if pq is None:
-                return []
+                return [], seg.physical_start
             try:
-                return pq.read(max(physical, pq.min_offset), max_records=max_n, max_bytes=PULL_BYTES_MAX)
+                return pq.read(max(physical, pq.min_offset), max_records=max_n, max_bytes=PULL_BYTES_MAX), pq.max_offset
             except OffsetOutOfRange:
-                return []
+                return [], pq.max_offset
         body = await self._remote(seg, f"/v1/physical/{seg.physical_queue}?offset={physical}&max={max_n}")
-        from .storage import Record
-        return [Record(r["offset"], r["ts"], json.dumps(r["payload"]).encode()) for r in body["records"]]
+        return ([Record(r["offset"], r["ts"], json.dumps(r["payload"]).encode()) for r in body["records"]],
+                body["max_offset"])
 
     async def _remote(self, seg: Segment, path: str) -> dict[str, Any]:
         if not seg.address:
