@@ -28,12 +28,20 @@ def rebalance(current: Mapping[int, str], targets: Iterable[str]) -> dict[int, s
     least-loaded targets. Returns only the queues that move: {queue: new broker}.
     """
     targets = sorted(set(targets))
-    share = -(-len(current) // len(targets))  # ceil
+    base, extra = divmod(len(current), len(targets))
+    # Balanced means every target ends with `base` or `base + 1` queues, `extra` of them with the larger count.
+    # Those already holding the most keep the larger caps, so the fewest queues move.
+    held = {b: 0 for b in targets}
+    for b in current.values():
+        if b in held:
+            held[b] += 1
+    by_held = sorted(targets, key=lambda b: (-held[b], b))
+    cap = {b: base + (1 if i < extra else 0) for i, b in enumerate(by_held)}
     kept: dict[str, int] = {b: 0 for b in targets}
     moving: list[int] = []
     for q in sorted(current):
         b = current[q]
-        if b in kept and kept[b] < share:
+        if b in kept and kept[b] < cap[b]:
             kept[b] += 1
         else:
             moving.append(q)
@@ -51,19 +59,21 @@ def grow_slot_table(table: list[list[int]], new_queue_ids: Iterable[int]) -> tup
     Returns the new table (sorted by lo) and the (new queue, split queue) pairs, which become barriers.
     Ranges of one slot cannot split; the caller guarantees queues <= slots so a splittable range always exists.
     """
-    ranges = [list(r) for r in table]
+    # Each range carries the queue that owned its slots before this growth: a range split off a queue created in
+    # this same growth still inherits from the old owner, and the barrier must name that one.
+    ranges = [[lo, hi, q, q] for lo, hi, q in table]
     splits: list[tuple[int, int]] = []
     for nq in sorted(new_queue_ids):
         victim = max(ranges, key=lambda r: (r[1] - r[0], -r[2], -r[0]))
-        lo, hi, q = victim
+        lo, hi, _q, origin = victim
         if hi - lo < 2:
             raise ValueError("no slot range left to split")
         mid = lo + (hi - lo) // 2
         victim[1] = mid
-        ranges.append([mid, hi, nq])
-        splits.append((nq, q))
+        ranges.append([mid, hi, nq, origin])
+        splits.append((nq, origin))
     ranges.sort(key=lambda r: r[0])
-    return ranges, splits
+    return [[lo, hi, q] for lo, hi, q, _ in ranges], splits
 
 
 def physical_queue_name(topic: str, incarnation: int, queue: int, gen: int) -> str:
