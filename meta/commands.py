@@ -19,7 +19,7 @@ ORDERS = ("best_tried", "strict")
 
 
 def _name(value: Any, what: str, max_chars: int) -> str:
-    if not isinstance(value, str) or not value or len(value) > max_chars or not NAME_RE.match(value):
+    if not isinstance(value, str) or not value or len(value) > max_chars or not NAME_RE.fullmatch(value):
         raise invalid(f"{what} must be 1-{max_chars} characters of A-Z a-z 0-9 _ -", field=what)
     return value
 
@@ -156,7 +156,7 @@ VALIDATORS = {
 
 
 def validate(cmd: Any) -> dict[str, Any]:
-    if not isinstance(cmd, dict) or cmd.get("type") not in VALIDATORS:
-        raise invalid("unknown command", type=cmd.get("type") if isinstance(cmd, dict) else None)
+    if not isinstance(cmd, dict) or not isinstance(cmd.get("type"), str) or cmd["type"] not in VALIDATORS:
+        raise invalid("unknown command", type=str(cmd.get("type"))[:100] if isinstance(cmd, dict) else None)
     VALIDATORS[cmd["type"]](cmd)
     return cmd

@@ -69,7 +69,9 @@ class Image:
         return self.data["history"][i:i + limit]
 
     def canonical_bytes(self) -> bytes:
-        return canonical_json(self.data).encode()
+        """The image as bytes, keys in insertion order: the order is itself state (the oldest remembered request
+        is evicted first) and replaying the same log inserts in the same order on every replica."""
+        return json.dumps(self.data, separators=(",", ":"), ensure_ascii=False).encode()
 
     # -- replay ------------------------------------------------------------------------------------------------
     def replay(self, event: dict[str, Any], ts: int) -> set[str]:

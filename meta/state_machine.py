@@ -165,11 +165,16 @@ class StateMachine:
     def _GrantOffsetBudget(self, c, ts):
         self._broker(c["broker"], c["epoch"])
         events = []
+        granted: dict[tuple[str, int, int], int] = {}  # a budget never shrinks, even within one command
         for g in c["grants"]:
-            seg = self.image.segment(g["topic"], g["queue"], g["gen"])
+            key = (g["topic"], g["queue"], g["gen"])
+            seg = self.image.segment(*key)
             # Grants race with remaps: a segment that moved on or is sealing gets nothing more, silently.
-            if seg is None or seg["broker"] != c["broker"] or seg["state"] != "active" or g["budget_end"] <= seg["budget_end"]:
+            if seg is None or seg["broker"] != c["broker"] or seg["state"] != "active":
                 continue
+            if g["budget_end"] <= granted.get(key, seg["budget_end"]):
+                continue
+            granted[key] = g["budget_end"]
             events.append(make("OffsetBudgetGranted", topic=g["topic"], queue=g["queue"], gen=g["gen"],
                                broker=c["broker"], budget_end=g["budget_end"]))
         return events, {"granted": len(events)}
