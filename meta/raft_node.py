@@ -107,6 +107,9 @@ class MetaSyncObj(SyncObj):
         self._stop.set()
         if self._tick_thread is not None:
             self._tick_thread.join(timeout_s)
+        # pysyncobj saves the commit index lazily (once a second); save it now so that the offline tools
+        # (rebuild-projection) see every entry this node knew to be committed.
+        self._SyncObj__raftLog.onOneSecondTimer()
         self.destroy()
 
     def current_image(self) -> Image:
