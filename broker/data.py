@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -133,7 +133,7 @@ class DataPlane:
         if offset >= max_offset:
             out["next_offset"] = max_offset if offset > max_offset else offset
             return out
-        msgs: list[dict[str, Any]] = []
+        msgs: list[RawMessage] = []
         cursor = offset
         for i, seg in enumerate(decided):
             end = seg.logic_end if seg.logic_end is not None else (
@@ -145,7 +145,7 @@ class DataPlane:
                 lo = seg.logic(r.offset)
                 if end is not None and lo >= end:
                     break
-                msgs.append(_decode(lo, r.ts_ms, r.payload))
+                msgs.append(RawMessage(lo, r.ts_ms, r.payload))
                 cursor = lo + 1
             if len(msgs) >= max_n or end is None:
                 break
@@ -169,8 +169,8 @@ class DataPlane:
             except OffsetOutOfRange:
                 return [], pq.max_offset
         body = await self._remote(seg, f"/v1/physical/{seg.physical_queue}?offset={physical}&max={max_n}")
-        return ([Record(r["offset"], r["ts"], json.dumps(r["payload"]).encode()) for r in body["records"]],
-                body["max_offset"])
+        return ([Record(r["offset"], r["ts"], json.dumps(r["payload"], separators=(",", ":")).encode())
+                 for r in body["records"]], body["max_offset"])
 
     async def _remote(self, seg: Segment, path: str) -> dict[str, Any]:
         if not seg.address:
@@ -210,7 +210,7 @@ class DataPlane:
             return {"records": [], "min_offset": seg.physical_start, "max_offset": seg.physical_start}
         records = []
         if max_n > 0 and offset < pq.max_offset:
-            records = [{"offset": r.offset, "ts": r.ts_ms, "payload": json.loads(r.payload)}
+            records = [RawRecord(r.offset, r.ts_ms, r.payload)
                        for r in pq.read(max(offset, pq.min_offset), max_records=max_n, max_bytes=PULL_BYTES_MAX)]
         return {"records": records, "min_offset": pq.min_offset, "max_offset": pq.max_offset}
 
@@ -277,6 +277,33 @@ def _encode(m: Any) -> bytes:
     return json.dumps(rec, separators=(",", ":")).encode()
 
 
-def _decode(offset: int, ts: int, payload: bytes) -> dict[str, Any]:
-    rec = json.loads(payload)
-    return {"offset": offset, "ts": ts, **rec}
+class RawMessage(NamedTuple):
+    """A stored message with its logic offset. Its payload is already a JSON object (written by ``_encode``), so
+    answers splice it into the response instead of parsing and re-encoding every message."""
+    offset: int
+    ts: int
+    payload: bytes
+
+    def to_json(self) -> bytes:
+        return b'{"offset":%d,"ts":%d,' % (self.offset, self.ts) + self.payload[1:]
+
+
+class RawRecord(NamedTuple):
+    """A physical record for another broker: the same splice, with the stored object under "payload"."""
+    offset: int
+    ts: int
+    payload: bytes
+
+    def to_json(self) -> bytes:
+        return b'{"offset":%d,"ts":%d,"payload":' % (self.offset, self.ts) + self.payload + b"}"
+
+
+def dumps_with_raw(value: Any) -> bytes:
+    """json.dumps that writes RawMessage / RawRecord items of lists as their spliced bytes."""
+    if isinstance(value, dict):
+        return b"{" + b",".join(json.dumps(k).encode() + b":" + dumps_with_raw(v) for k, v in value.items()) + b"}"
+    if isinstance(value, list):
+        return b"[" + b",".join(dumps_with_raw(v) for v in value) + b"]"
+    if isinstance(value, (RawMessage, RawRecord)):
+        return value.to_json()
+    return json.dumps(value, separators=(",", ":")).encode()

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from meta.errors import MetaError, invalid
 
 from ..config import BrokerConfig
+from ..data import dumps_with_raw
 from ..node import BrokerNode
 
 log = structlog.get_logger("broker.http")
@@ -20,8 +21,7 @@ NAME_CHARS_MAX = 255
 
 
 def _respond(data, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status,
-                        content_type="application/json")
+    return web.Response(body=dumps_with_raw(data), status=status, content_type="application/json")
 
 
 def _role(request: web.Request) -> str:
