@@ -95,8 +95,8 @@ class DataPlane:
         async with self._lock(self.routes.head(topic, queue).physical_queue):
             head = self._writable_head(topic, queue)  # the route may have changed while waiting for the lock
             pq = self._queue(head, create=True)
-            budget = self.link.budgets.get(head.physical_queue)
-            if budget is None or pq.max_offset + len(payloads) > budget:
+            budget = max(self.link.budgets.get(head.physical_queue, 0), head.budget_end)
+            if pq.max_offset + len(payloads) > budget:
                 self.link.beat_soon()
                 raise rejection(503, "BUDGET_EXHAUSTED", "waiting for meta to renew this queue's offset budget",
                                 topic=topic, queue=queue)

@@ -22,6 +22,7 @@ class Segment:
     logic_start: int | None
     logic_end: int | None
     state: str
+    budget_end: int   # as of this route; heartbeats renew it faster than routes change
 
     def physical(self, logic: int) -> int:
         return logic - self.logic_start + self.physical_start
@@ -46,7 +47,8 @@ class RouteTable:
         self.version = max(self.version, route["version"])
         for q in route["queues"]:
             segs = [Segment(route["topic"], q["queue"], s["gen"], s["broker"], s.get("address"), s["physical_queue"],
-                            s["physical_start"], s["logic_start"], s["logic_end"], s.get("state", "active"))
+                            s["physical_start"], s["logic_start"], s["logic_end"], s.get("state", "active"),
+                            s.get("budget_end", 0))
                     for s in q["segments"]]
             self._segments[(route["topic"], q["queue"])] = segs
             for s in segs:

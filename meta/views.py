@@ -25,7 +25,8 @@ def route(image: Image, t: dict[str, Any]) -> dict[str, Any]:
             "physical_queue": head["physical_queue"], "gen": head["gen"], "writable": writable,
             "segments": [{"gen": s["gen"], "broker": s["broker"], "address": _address(image, s["broker"]),
                           "physical_queue": s["physical_queue"], "physical_start": s["physical_start"],
-                          "logic_start": s["logic_start"], "logic_end": s["logic_end"], "state": s["state"]}
+                          "logic_start": s["logic_start"], "logic_end": s["logic_end"], "state": s["state"],
+                          "budget_end": s["budget_end"]}
                          for s in segs],
         })
     return {"topic": t["topic"], "version": t["version"], "slots": t["slots"], "order": t["order"],
