@@ -196,6 +196,28 @@ class MetaService:
     def _my_url(self) -> str:
         return next(m.url for m in self.config.members if m.node == self.config.node)
 
+    async def forward_to_leader(self, method: str, path_qs: str, body: bytes,
+                                headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """Replay a request on the leader, waiting out an election; 503 NO_LEADER when none comes in time.
+
+        Only for calls that are safe to repeat (heartbeats): commands go through ``submit`` with a request id.
+        """
+        deadline = time.monotonic() + limits.PROPOSE_TIMEOUT_S
+        while True:
+            try:
+                url = await self._await_leader_url(deadline)
+                status, data, _ = await self.forward_http(url, method, path_qs, body, headers)
+                code = data.get("error", {}).get("code") if isinstance(data, dict) else None
+                if status == 503 and code in ("NO_LEADER", "LEADER_CHANGED"):
+                    raise ProposeFailed("the leader moved while forwarding", code=code)
+                return status, data
+            except (ProposeFailed, aiohttp.ClientError, asyncio.TimeoutError) as e:
+                if self.sync.is_leader() and isinstance(e, ProposeFailed) and e.message == "became leader":
+                    raise
+                if time.monotonic() > deadline:
+                    raise rejection(503, "NO_LEADER", f"could not reach the leader: {type(e).__name__}") from None
+                await asyncio.sleep(0.05)
+
     async def forward_http(self, url: str, method: str, path_qs: str, body: bytes,
                            headers: dict[str, str]) -> tuple[int, dict[str, Any], int | None]:
         async with self._http.request(method, url + path_qs, data=body, headers=headers) as resp:

@@ -7,12 +7,20 @@ from aiohttp import web
 from .. import limits, views
 from ..commands import validate
 from ..errors import MetaError, invalid
+from ..raft_node import ProposeFailed
 from .http import body_object, requires, respond, service, submit
+
+
+def _only(body: dict, allowed: set[str]) -> None:
+    unknown = set(body) - allowed
+    if unknown:
+        raise invalid(f"unknown fields: {sorted(unknown)}", allowed=sorted(allowed))
 
 
 @requires("broker")
 async def register(request: web.Request) -> web.Response:
     body = await body_object(request)
+    _only(body, {"address", "zone"})
     cmd = {"type": "RegisterBroker", "broker": request.match_info["broker"], "address": body.get("address"),
            "zone": body.get("zone")}
     return await submit(request, cmd)
@@ -21,6 +29,7 @@ async def register(request: web.Request) -> web.Response:
 @requires("broker")
 async def seal(request: web.Request) -> web.Response:
     body = await body_object(request)
+    _only(body, {"epoch", "topic", "queue", "gen", "end_offset"})
     cmd = {"type": "SealSegment", "broker": request.match_info["broker"],
            **{k: body.get(k) for k in ("epoch", "topic", "queue", "gen", "end_offset")}}
     return await submit(request, cmd)
@@ -31,6 +40,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     svc = service(request)
     body = await body_object(request)
     broker = request.match_info["broker"]
+    _only(body, {"epoch", "queues"})
     queues = body.get("queues", {})
     validate({"type": "UnfenceBroker", "broker": broker, "epoch": body.get("epoch")})
     if not isinstance(queues, dict) or len(queues) > limits.HEARTBEAT_QUEUES_MAX:
@@ -38,17 +48,18 @@ async def heartbeat(request: web.Request) -> web.Response:
     for pq, off in queues.items():
         if isinstance(off, bool) or not isinstance(off, int) or off < 0:
             raise invalid("each queue's max offset must be a non-negative integer", queue=pq)
-    if svc.sync.is_leader():
-        return respond(await svc.heartbeat(broker, body["epoch"], queues))
-    if "X-Forwarded-By" in request.headers:
+    if "X-Forwarded-By" in request.headers and not svc.sync.is_leader():
         raise MetaError("this node is no longer the leader", code="NO_LEADER", status=503)
-    url = svc.leader_url()
-    if url is None:
-        raise MetaError("the meta cluster has no leader right now", code="NO_LEADER", status=503)
-    headers = {"Authorization": request.headers.get("Authorization", ""), "Content-Type": "application/json",
-               "X-Forwarded-By": svc.config.node}
-    status, data, _ = await svc.forward_http(url, "POST", request.path_qs, await request.read(), headers)
-    return respond(data, status)
+    while True:
+        if svc.sync.is_leader():
+            return respond(await svc.heartbeat(broker, body["epoch"], queues))
+        headers = {"Authorization": request.headers.get("Authorization", ""), "Content-Type": "application/json",
+                   "X-Forwarded-By": svc.config.node}
+        try:
+            status, data = await svc.forward_to_leader("POST", request.path_qs, await request.read(), headers)
+        except ProposeFailed:
+            continue  # this node became the leader while waiting: answer here
+        return respond(data, status)
 
 
 @requires("client", "broker")

@@ -1,0 +1,250 @@
+"""Helpers for the meta-cluster integration tests: calls that survive a dead node, simulated brokers, checks.
+
+A simulated broker is nothing but HTTP calls with the broker token (API.md): register, heartbeat every 0.5 s in the
+background so its 3 s session stays alive, and seal reports on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+from tests.cluster import Cluster
+
+NET_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+SIM_ADDRESS = "http://127.0.0.1:1"
+
+
+async def call_any(c: Cluster, method: str, path: str, role: str | None = "admin", json: Any = None,
+                   headers: dict[str, str] | None = None, start: int = 0, timeout_s: float = 30.0,
+                   per_try_s: float = 10.0, urls: list[str] | None = None) -> tuple[int, Any, dict]:
+    """The first answer other than 503 / a network error, trying the nodes in turn (same request each time)."""
+    urls = urls or c.meta_urls
+    deadline = time.monotonic() + timeout_s
+    i = start
+    last: Any = None
+    while True:
+        url = urls[i % len(urls)]
+        try:
+            s, b, h = await c.call(method, url + path, role, json=json, headers=headers, timeout_s=per_try_s)
+            if s != 503:
+                return s, b, h
+            last = (s, b)
+        except NET_ERRORS as e:
+            last = repr(e)
+        i += 1
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{method} {path}: no usable answer within {timeout_s} s; last: {last}")
+        await asyncio.sleep(0.1)
+
+
+async def ok(c: Cluster, method: str, path: str, role: str | None = "admin", json: Any = None,
+             headers: dict[str, str] | None = None, url: str | None = None, expect: tuple[int, ...] = (200,),
+             timeout_s: float = 15.0) -> dict:
+    """One call that must succeed (on ``url`` if given, else on any node); returns the body."""
+    if url is not None:
+        s, b, _ = await c.call(method, url + path, role, json=json, headers=headers, timeout_s=timeout_s)
+    else:
+        s, b, _ = await call_any(c, method, path, role, json=json, headers=headers)
+    assert s in expect, f"{method} {url or ''}{path} {json!r}: expected {expect}, got {s} {b!r}"
+    return b
+
+
+async def cluster_status(c: Cluster, url: str) -> dict:
+    return await ok(c, "GET", "/v1/cluster", url=url)
+
+
+async def node_urls(c: Cluster) -> tuple[str, str, list[str]]:
+    """(leader name, leader url, follower urls)."""
+    leader = await c.leader()
+    lurl = c.url(leader)
+    return leader, lurl, [u for u in c.meta_urls if u != lurl]
+
+
+def name_of(c: Cluster, url: str) -> str:
+    return next(m["node"] for m in c.info["meta"] if m["url"] == url)
+
+
+def assert_error_shape(body: Any, where: str) -> None:
+    assert isinstance(body, dict) and set(body) == {"error"}, f"{where}: error body is not {{'error': ...}}: {body!r}"
+    err = body["error"]
+    assert isinstance(err, dict) and {"code", "message", "details"} <= set(err), f"{where}: bad error: {body!r}"
+    assert isinstance(err["code"], str) and err["code"] and err["code"] == err["code"].upper(), f"{where}: {body!r}"
+    assert isinstance(err["message"], str) and err["message"], f"{where}: empty message: {body!r}"
+    assert isinstance(err["details"], dict), f"{where}: details not an object: {body!r}"
+
+
+async def wait_until(pred, timeout_s: float, what: str, interval_s: float = 0.1):
+    """Poll an async predicate until it returns a truthy value; returns that value."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        try:
+            last = await pred()
+        except NET_ERRORS as e:
+            last = repr(e)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last: {last}") from None
+            await asyncio.sleep(interval_s)
+            continue
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last: {last!r}")
+        await asyncio.sleep(interval_s)
+
+
+async def history(c: Cluster, url: str, min_version: int) -> list[dict]:
+    """Every event the node holds, in version order, once it has applied ``min_version``."""
+    events: list[dict] = []
+    after = 0
+    while True:
+        s, d, _ = await c.call("GET", f"{url}/v1/history?after={after}&limit=10000&min_version={min_version}&wait=10",
+                               "client")
+        assert s == 200, (url, s, d)
+        events += d["events"]
+        if not d["events"] or d["next_after"] <= after:
+            return events
+        after = d["next_after"]
+
+
+def log_tail(c: Cluster, name: str, lines: int = 40, grep: str | None = None) -> str:
+    import os
+    path = os.path.join(c.dir, "logs", f"{name}.log")
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError as e:
+        return f"<no log {path}: {e}>"
+    if grep:
+        text = [t for t in text if grep in t]
+    return "\n".join(text[-lines:])
+
+
+class BrokerSim:
+    """Simulated brokers: register, keep their sessions alive with background heartbeats, report seals."""
+
+    def __init__(self, c: Cluster, interval_s: float = 0.5):
+        self.c = c
+        self.interval_s = interval_s
+        self.epochs: dict[str, int] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.bad_answers: list[tuple[str, str, int, Any]] = []  # (broker, url, status, body) of 5xx other than 503
+        self.beats = 0
+        self.last_ok: dict[str, float] = {}  # broker -> monotonic time of its last acknowledged heartbeat
+
+    async def register(self, name: str, address: str = SIM_ADDRESS, heartbeat: bool = True) -> int:
+        b = await ok(self.c, "PUT", f"/v1/brokers/{name}", role="broker", json={"address": address})
+        assert b["broker"] == name and isinstance(b["epoch"], int) and isinstance(b["version"], int), b
+        self.epochs[name] = b["epoch"]
+        if heartbeat:
+            await self.heartbeat(name)
+            self.start(name)
+        return b["epoch"]
+
+    def start(self, name: str) -> None:
+        if name not in self.tasks or self.tasks[name].done():
+            self.tasks[name] = asyncio.create_task(self._loop(name), name=f"heartbeat-{name}")
+
+    async def heartbeat(self, name: str, start: int = 0) -> dict | None:
+        urls = self.c.meta_urls
+        for k in range(len(urls)):
+            url = urls[(start + k) % len(urls)]
+            try:
+                s, b, _ = await self.c.call("POST", f"{url}/v1/brokers/{name}/heartbeat", "broker",
+                                            json={"epoch": self.epochs[name], "queues": {}}, timeout_s=2.0)
+            except NET_ERRORS:
+                continue
+            if s == 200:
+                self.beats += 1
+                self.last_ok[name] = time.monotonic()
+                return b
+            if s >= 500 and s != 503:
+                self.bad_answers.append((name, url, s, b))
+        return None
+
+    async def heartbeat_at(self, name: str, url: str) -> tuple[int | None, Any]:
+        """One heartbeat sent to one node, whatever it answers."""
+        try:
+            s, b, _ = await self.c.call("POST", f"{url}/v1/brokers/{name}/heartbeat", "broker",
+                                        json={"epoch": self.epochs[name], "queues": {}}, timeout_s=10.0)
+        except NET_ERRORS as e:
+            return None, repr(e)
+        return s, b
+
+    async def _loop(self, name: str) -> None:
+        i = 0
+        while True:
+            await self.heartbeat(name, i)
+            i += 1
+            await asyncio.sleep(self.interval_s)
+
+    async def stop(self, name: str) -> None:
+        t = self.tasks.pop(name, None)
+        if t is not None:
+            t.cancel()
+            await asyncio.gather(t, return_exceptions=True)
+
+    async def close(self) -> None:
+        for name in list(self.tasks):
+            await self.stop(name)
+
+    async def seal(self, name: str, topic: str, queue: int, gen: int, end_offset: int,
+                   url: str | None = None) -> tuple[int, Any]:
+        body = {"epoch": self.epochs[name], "topic": topic, "queue": queue, "gen": gen, "end_offset": end_offset}
+        if url is not None:
+            s, b, _ = await self.c.call("POST", f"{url}/v1/brokers/{name}/seal", "broker", json=body)
+        else:
+            s, b, _ = await call_any(self.c, "POST", f"/v1/brokers/{name}/seal", role="broker", json=body)
+        return s, b
+
+
+def parse_sse_block(lines: list[str]) -> dict[str, str]:
+    ev: dict[str, str] = {}
+    for line in lines:
+        if line.startswith(":") or ":" not in line:
+            continue
+        k, _, v = line.partition(":")
+        v = v[1:] if v.startswith(" ") else v
+        ev[k] = ev[k] + "\n" + v if k in ev and k == "data" else v
+    return ev
+
+
+class SseReader:
+    """Reads ``event``/``id``/``data`` blocks from an open SSE response."""
+
+    def __init__(self, resp: aiohttp.ClientResponse):
+        self.resp = resp
+
+    async def next_event(self, timeout_s: float) -> dict[str, Any] | None:
+        deadline = time.monotonic() + timeout_s
+        block: list[str] = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                raw = await asyncio.wait_for(self.resp.content.readline(), left)
+            except asyncio.TimeoutError:
+                return None
+            if not raw:
+                raise AssertionError("SSE stream closed by the server")
+            line = raw.decode().rstrip("\r\n")
+            if line == "":
+                if not block:
+                    continue
+                ev = parse_sse_block(block)
+                block = []
+                if "event" not in ev and "data" not in ev:
+                    continue  # comment-only block (keepalive)
+                if "data" in ev:
+                    try:
+                        ev["json"] = json.loads(ev["data"])
+                    except ValueError:
+                        pass
+                return ev
+            block.append(line)
