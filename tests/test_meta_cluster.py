@@ -932,3 +932,26 @@ async def test_every_response_has_meta_version_and_service_endpoints_are_public(
         assert s == 304 and "X-Meta-Version" in h, (who, s, h)
         async with c.session.get(f"{u}/v1/watch?topics=hv", headers=c.headers("client")) as resp:
             assert resp.status == 200 and "X-Meta-Version" in resp.headers, (who, resp.headers)
+
+
+async def test_replicas_hold_byte_identical_images(meta_cluster):
+    """DESIGN.md invariant 1 across real processes: after the same log, every node's image bytes are the same."""
+    c = meta_cluster
+    m = c.meta_urls
+    s, b, _ = await c.call("PUT", m[0] + "/v1/brokers/bd", "broker", json={"address": "http://127.0.0.1:1"})
+    assert s == 200, b
+    s, b, _ = await c.call("POST", m[1] + "/v1/topics", json={"topic": "det", "queues": 8})
+    assert s == 201, b
+    s, b, _ = await c.call("PUT", m[2] + "/v1/topics/det/config", json={"a": "1", "b": "2"},
+                           headers={"Idempotency-Key": "det-1"})
+    assert s == 200, b
+    s, b, _ = await c.call("POST", m[0] + "/v1/topics/det/remap", json={"brokers": ["bd"], "queues": [0]})
+    assert s == 200, b
+    version = b["version"]
+    digests = []
+    for url in m:
+        s, b, _ = await c.call("GET", url + f"/v1/admin/image-digest?min_version={version}")
+        assert s == 200, b
+        digests.append(b)
+    assert {d["version"] for d in digests} == {version}, digests
+    assert len({d["sha256"] for d in digests}) == 1, digests

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 
 from aiohttp import web
@@ -25,6 +26,17 @@ async def cluster(request: web.Request) -> web.Response:
         "term": svc.sync.term(), "commit_index": svc.sync.raftCommitIndex, "applied_version": svc.applied_version,
         "members": [{"node": m.node, "raft": m.raft, "url": m.url} for m in svc.config.members],
     })
+
+
+@requires("admin")
+async def image_digest(request: web.Request) -> web.Response:
+    """SHA-256 of this node's image bytes at its applied version: replicas at one version must agree
+    (DESIGN.md invariant 1). Costs a full serialisation of the image: an operator's check, not a hot path."""
+    svc = service(request)
+    await svc.before_read(request.query)
+    version, raw = svc.read(lambda im: (im.version, im.canonical_bytes()))
+    digest = await asyncio.get_running_loop().run_in_executor(None, lambda: hashlib.sha256(raw).hexdigest())
+    return respond({"node": svc.config.node, "version": version, "sha256": digest, "bytes": len(raw)})
 
 
 @public
@@ -94,3 +106,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/v1/history", history)
+    app.router.add_get("/v1/admin/image-digest", image_digest)

@@ -88,6 +88,8 @@ SPEC: dict[str, Any] = {
                               "responses": {"200": {"description": "event stream",
                                                     "content": {"text/event-stream": {"schema": {"type": "string"}}}}}}},
         "/v1/history": {"get": _op("Events in version order", params=[_q("after"), _q("limit"), _q("topic", "string"), *_READ])},
+        "/v1/admin/image-digest": {"get": _op("SHA-256 of this node's image at its applied version", roles="admin",
+                                              params=_READ)},
         "/healthz": {"get": _op("Alive", roles="none")},
         "/readyz": {"get": _op("Has a leader and caught up", roles="none")},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},

@@ -1,0 +1,81 @@
+"""File names inside a queue directory and the few durable file-system steps storage needs."""
+
+from __future__ import annotations
+
+import os
+import re
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TMP_SUFFIX = ".tmp"
+CLEAN_MARKER = "clean-shutdown.json"
+_LOG_NAME = re.compile(r"^(\d{20})\.log$")
+_INDEX_NAME = re.compile(r"^(\d{20})\.index$")
+
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def log_name(base: int) -> str:
+    return f"{base:020d}{LOG_SUFFIX}"
+
+
+def index_name(base: int) -> str:
+    return f"{base:020d}{INDEX_SUFFIX}"
+
+
+def parse_log_name(name: str) -> int | None:
+    match = _LOG_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_index_name(name: str) -> int | None:
+    match = _INDEX_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def sync_data(fd: int) -> None:
+    # fdatasync skips metadata that reading the data back does not need (mtime); the size is still flushed.
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:
+        os.fsync(fd)
+
+
+def sync_dir(path: str) -> None:
+    """Makes creations, renames and deletions of entries in `path` durable."""
+    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replaces `path` with `data`; a crash leaves the old or the new content. The caller syncs the directory."""
+    tmp = path + TMP_SUFFIX
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_file(path: str) -> bytes | None:
+    """The file's content, or None when there is no such file (a directory in its place counts as none)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def remove_if_exists(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False

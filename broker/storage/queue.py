@@ -1,0 +1,362 @@
+"""A physical queue: one directory of segment files holding records at contiguous physical offsets.
+
+Not thread-safe: one owner calls it (the broker's event loop, or a worker thread holding the queue's lock).
+Nothing here runs in the background; the owner drives flushing and retention with maybe_flush and apply_retention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from bisect import bisect_right
+from typing import Sequence
+
+from . import files, limits
+from .config import FLUSH_FSYNC, QueueConfig
+from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, OffsetOutOfRange, QueueClosed,
+                     QueueExists, QueueFailed, RecordTooLarge)
+from .handles import HandlePool
+from .record import Record, encode_batch
+from .segment import Segment
+
+CREATING_PREFIX = ".creating-"
+# Handles for a queue opened on its own, without a store's shared pool.
+OWN_READ_HANDLES_MAX = 16
+
+
+class PhysicalQueue:
+    def __init__(self, path: str, config: QueueConfig, pool: HandlePool, own_pool: bool, segments: list[Segment]):
+        """Use create() or open()."""
+        self.path = path
+        self.config = config
+        self._pool = pool
+        self._own_pool = own_pool
+        self._segments = segments
+        self._bases = [s.base for s in segments]
+        self._last_ts = next((s.last_ts for s in reversed(segments) if s.last_ts is not None), 0)
+        self._fsync_each = config.flush_policy == FLUSH_FSYNC
+        self._dirty_since_ms: int | None = None
+        self._flushed_offset = segments[-1].end_offset
+        self._closed = False
+        self._failed = False
+
+    # Lifecycle.
+
+    @classmethod
+    def create(cls, path: str, start_offset: int = 0, config: QueueConfig | None = None,
+               pool: HandlePool | None = None) -> "PhysicalQueue":
+        """Creates the directory with its first, empty segment, atomically: a crash leaves no half-made queue."""
+        _check_int("start_offset", start_offset, 0, limits.OFFSET_MAX)
+        path = os.path.abspath(path)
+        if os.path.lexists(path):
+            raise QueueExists("queue directory already exists", path=path)
+        parent = os.path.dirname(path)
+        tmp = os.path.join(parent, CREATING_PREFIX + secrets.token_hex(8))
+        os.mkdir(tmp)
+        try:
+            os.close(os.open(os.path.join(tmp, files.log_name(start_offset)),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | files.O_CLOEXEC, 0o644))
+            files.sync_dir(tmp)
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        files.sync_dir(parent)
+        return cls.open(path, config, pool)
+
+    @classmethod
+    def open(cls, path: str, config: QueueConfig | None = None, pool: HandlePool | None = None) -> "PhysicalQueue":
+        """Opens a queue directory, recovering its last file unless the queue was closed cleanly."""
+        config = QueueConfig() if config is None else config
+        path = os.path.abspath(path)
+        bases = _tidy(path)
+        clean_bytes = _take_clean_marker(path, bases[-1])
+        handles = HandlePool(OWN_READ_HANDLES_MAX) if pool is None else pool
+        segments: list[Segment] = []
+        try:
+            for base, next_base in zip(bases, bases[1:]):
+                segments.append(Segment.open_sealed(path, base, next_base, config, handles))
+            segments.append(Segment.open_active(path, bases[-1], config, handles, clean_bytes))
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            if pool is None:
+                handles.close_all()
+            raise
+        return cls(path, config, handles, pool is None, segments)
+
+    def close(self) -> None:
+        """Syncs, stores the active index and marks the queue clean, so the next open skips the recovery scan."""
+        if self._closed:
+            return
+        self._closed = True
+        active = self._segments[-1]
+        try:
+            if not self._failed:
+                active.sync()
+                active.write_index()
+                marker = {"base": active.base, "file_bytes": active.file_bytes}
+                files.write_atomic(os.path.join(self.path, files.CLEAN_MARKER), json.dumps(marker).encode())
+                files.sync_dir(self.path)
+        finally:
+            for segment in self._segments:
+                segment.close()
+            if self._own_pool:
+                self._pool.close_all()
+
+    def __enter__(self) -> "PhysicalQueue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # State.
+
+    @property
+    def min_offset(self) -> int:
+        return self._bases[0]
+
+    @property
+    def max_offset(self) -> int:
+        """The offset the next record will get: the exclusive end of the queue."""
+        return self._segments[-1].end_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        """Records below this offset are on disk (fsynced); with flush policy "fsync" it equals max_offset."""
+        return self._flushed_offset
+
+    @property
+    def last_ts_ms(self) -> int:
+        return self._last_ts
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.file_bytes for s in self._segments)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    # Writing.
+
+    def append(self, payloads: Sequence[bytes], ts_ms: int) -> int:
+        """Appends a batch at offsets first, first + 1, ... and returns first. With flush policy "fsync" the batch
+        is on disk when this returns. Timestamps are kept non-decreasing: a ts_ms below the last one is stored as
+        the last one, so that lookups by time stay binary searches when the clock steps back."""
+        self._check_writable()
+        if not isinstance(payloads, (list, tuple)):
+            raise InvalidArgument("payloads must be a list of bytes", type=type(payloads).__name__)
+        count = len(payloads)
+        if not 0 < count <= limits.BATCH_RECORDS_MAX:
+            raise BatchTooLarge(f"a batch holds 1 to {limits.BATCH_RECORDS_MAX} records", records=count)
+        _check_int("ts_ms", ts_ms, 0, limits.TS_MS_MAX)
+        try:
+            longest, total = max(map(len, payloads)), sum(map(len, payloads))
+        except TypeError:
+            raise InvalidArgument("payloads must be a list of bytes") from None
+        if longest > limits.RECORD_BYTES_MAX:
+            raise RecordTooLarge(f"a record holds at most {limits.RECORD_BYTES_MAX} bytes", record_bytes=longest)
+        if total > limits.BATCH_BYTES_MAX:
+            raise BatchTooLarge(f"a batch holds at most {limits.BATCH_BYTES_MAX} bytes", batch_bytes=total)
+        active = self._segments[-1]
+        first = active.end_offset
+        if first + count > limits.OFFSET_MAX:
+            raise InvalidArgument("the queue has run out of offsets", max_offset=first)
+        ts = ts_ms if ts_ms > self._last_ts else self._last_ts
+        buf, starts = encode_batch(payloads, first, ts)
+        if active.end_pos and active.end_pos + len(buf) > self.config.segment_bytes_max:
+            active = self._roll()
+        try:
+            active.append(buf, starts, ts, count)
+        except QueueFailed:
+            self._failed = True
+            raise
+        self._last_ts = ts
+        if self._fsync_each:
+            self._sync()
+        elif self._dirty_since_ms is None:
+            self._dirty_since_ms = ts_ms
+        return first
+
+    def maybe_flush(self, now_ms: int) -> bool:
+        """With flush policy "interval": fsyncs once the oldest unflushed append has waited flush_interval_ms
+        (or the clock stepped back). Returns whether it synced."""
+        since = self._dirty_since_ms
+        if since is None or since <= now_ms < since + self.config.flush_interval_ms:
+            return False
+        self.flush()
+        return True
+
+    def flush(self) -> None:
+        self._check_writable()
+        if self._dirty_since_ms is not None:
+            self._sync()
+
+    def _sync(self) -> None:
+        active = self._segments[-1]
+        try:
+            active.sync()
+        except OSError as err:
+            # After a failed fsync the kernel may have dropped the dirty pages: nothing unflushed can be trusted.
+            self._failed = True
+            raise QueueFailed("fsync failed; reopen the queue to recover", path=active.path) from err
+        self._flushed_offset = active.end_offset
+        self._dirty_since_ms = None
+
+    def _roll(self) -> Segment:
+        old = self._segments[-1]
+        try:
+            old.seal()
+            new = Segment.create(self.path, old.end_offset, self.config, self._pool)
+            files.sync_dir(self.path)
+        except OSError as err:
+            self._failed = True
+            raise QueueFailed("rolling to a new segment file failed; reopen the queue", path=self.path) from err
+        self._segments.append(new)
+        self._bases.append(new.base)
+        self._flushed_offset = old.end_offset
+        return new
+
+    # Reading.
+
+    def read(self, offset: int, max_records: int = limits.READ_RECORDS_DEFAULT,
+             max_bytes: int = limits.READ_BYTES_DEFAULT) -> list[Record]:
+        """Records from `offset` on, at most max_records of them and max_bytes of payload (but at least one record
+        when offset < max_offset). Empty at or past max_offset; OffsetOutOfRange below min_offset."""
+        self._check_open()
+        _check_int("offset", offset, 0, limits.OFFSET_MAX)
+        _check_int("max_records", max_records, 1, limits.READ_RECORDS_MAX)
+        _check_int("max_bytes", max_bytes, 1, limits.READ_BYTES_MAX)
+        if offset < self._bases[0]:
+            raise OffsetOutOfRange("offset is below the first kept record", offset=offset,
+                                   min_offset=self._bases[0], max_offset=self.max_offset)
+        if offset >= self.max_offset:
+            return []
+        out: list[Record] = []
+        i = bisect_right(self._bases, offset) - 1
+        budget = max_bytes
+        while True:
+            segment = self._segments[i]
+            if offset >= segment.end_offset:
+                # Only a damaged sealed file ends before the next file begins; the active one ends at max_offset.
+                if out:
+                    return out
+                raise CorruptData("records are missing from a damaged segment file", offset=offset,
+                                  next_offset=self._bases[i + 1])
+            budget = segment.read(offset, max_records, budget, out)
+            offset = out[-1].offset + 1
+            if (len(out) >= max_records or offset < segment.end_offset or i + 1 == len(self._segments)
+                    or self._bases[i + 1] != offset):
+                return out
+            i += 1
+
+    def offset_for_time(self, ts_ms: int) -> int:
+        """The first offset stamped at or after ts_ms; max_offset when every record is older."""
+        self._check_open()
+        _check_int("ts_ms", ts_ms, -limits.TS_MS_MAX, limits.TS_MS_MAX)
+        for segment in self._segments:
+            found = segment.offset_for_time(ts_ms)
+            if found is not None:
+                return found
+        return self.max_offset
+
+    # Deleting.
+
+    def truncate_before(self, offset: int) -> int:
+        """Deletes every file whose records all lie below `offset` and returns how many; min_offset moves to the
+        first kept file. The active file counts too: when offset == max_offset it is sealed first and deleted."""
+        self._check_writable()
+        _check_int("offset", offset, 0, limits.OFFSET_MAX)
+        if offset > self.max_offset:
+            raise OffsetOutOfRange("cannot truncate past the end of the queue", offset=offset,
+                                   min_offset=self.min_offset, max_offset=self.max_offset)
+        if offset == self.max_offset and self._segments[-1].end_pos:
+            self._roll()
+        count = 0
+        while count < len(self._segments) - 1 and self._bases[count + 1] <= offset:
+            count += 1
+        if count:
+            doomed = self._segments[:count]
+            del self._segments[:count]
+            del self._bases[:count]
+            for segment in doomed:
+                segment.delete()
+            files.sync_dir(self.path)
+        return count
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Deletes whole files past retention_ms (every record older) or beyond retention_bytes (oldest first)."""
+        deleted = 0
+        if self.config.retention_ms is not None:
+            deleted += self.truncate_before(self.offset_for_time(now_ms - self.config.retention_ms))
+        if self.config.retention_bytes is not None:
+            total, count = self.size_bytes, 0
+            while count < len(self._segments) - 1 and total > self.config.retention_bytes:
+                total -= self._segments[count].file_bytes
+                count += 1
+            if count:
+                deleted += self.truncate_before(self._bases[count])
+        return deleted
+
+    # Guards.
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosed("queue is closed", path=self.path)
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed:
+            raise QueueFailed("a write or fsync failed earlier; reopen the queue to recover", path=self.path)
+
+
+def _tidy(path: str) -> list[int]:
+    """The bases of the segment files, oldest first, after removing leftovers of interrupted steps."""
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError) as err:
+        raise CorruptQueue("queue directory is missing or not a directory", path=path) from err
+    bases = sorted(b for b in map(files.parse_log_name, names) if b is not None and b <= limits.OFFSET_MAX)
+    if not bases:
+        raise CorruptQueue("queue directory holds no segment file", path=path)
+    kept = set(bases)
+    for name in names:
+        index_base = files.parse_index_name(name)
+        if name.endswith(files.TMP_SUFFIX) or (index_base is not None and index_base not in kept):
+            files.remove_if_exists(os.path.join(path, name))
+    return bases
+
+
+def _take_clean_marker(path: str, active_base: int) -> int | None:
+    """The active file's size at a clean close, if the marker says so. The marker is removed, durably, before
+    anything is written, so a crash from here on can never be mistaken for a clean close."""
+    marker_path = os.path.join(path, files.CLEAN_MARKER)
+    data = files.read_file(marker_path)
+    if data is None:
+        return None
+    files.remove_if_exists(marker_path)
+    files.sync_dir(path)
+    try:
+        marker = json.loads(data)
+        base, file_bytes = marker["base"], marker["file_bytes"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if type(base) is not int or type(file_bytes) is not int or base != active_base:
+        return None
+    return file_bytes
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be an integer in [{low}, {high}]", **{name: value})

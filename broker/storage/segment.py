@@ -1,0 +1,257 @@
+"""One segment: a data file of framed records named by its first offset, and its sparse index file.
+
+The last segment of a queue is active: it holds a read-write descriptor and is appended to; its index lives in
+memory and is written out when it is sealed or the queue closes cleanly. Every other segment is sealed: read-only,
+read through the shared HandlePool, its index file written once and rebuilt from the data whenever it looks wrong.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from bisect import bisect_right
+
+from . import files, limits
+from .config import QueueConfig
+from .errors import CorruptData, QueueFailed
+from .handles import HandlePool
+from .index import ENTRY_BYTES, TRAILER, SparseIndex
+from .record import HEADER_BYTES, STOP_BAD, STOP_LIMIT, Record, frame_bytes_at, parse
+from .scan import ScanResult, scan
+
+
+class Segment:
+    __slots__ = ("base", "path", "index_path", "index", "end_offset", "end_pos", "file_bytes", "last_ts",
+                 "fd", "_pool", "_hint_offset", "_hint_pos")
+
+    def __init__(self, directory: str, base: int, index: SparseIndex, pool: HandlePool):
+        self.base = base
+        self.path = os.path.join(directory, files.log_name(base))
+        self.index_path = os.path.join(directory, files.index_name(base))
+        self.index = index
+        self.end_offset = base      # offset after the last readable record
+        self.end_pos = 0            # file position after the last readable record
+        self.file_bytes = 0         # size of the data file, counted by retention
+        self.last_ts: int | None = None
+        self.fd: int | None = None  # read-write descriptor while active
+        self._pool = pool
+        # Where the previous read stopped, so that a consumer reading on sequentially skips the index lookup.
+        self._hint_offset = -1
+        self._hint_pos = 0
+
+    @property
+    def first_ts(self) -> int | None:
+        return self.index.times[0] if len(self.index) else None
+
+    # Opening.
+
+    @classmethod
+    def create(cls, directory: str, base: int, config: QueueConfig, pool: HandlePool) -> "Segment":
+        """A new, empty, active segment; the caller syncs the directory."""
+        segment = cls(directory, base, _new_index(config), pool)
+        segment.fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | files.O_CLOEXEC, 0o644)
+        return segment
+
+    @classmethod
+    def open_active(cls, directory: str, base: int, config: QueueConfig, pool: HandlePool,
+                    clean_bytes: int | None) -> "Segment":
+        """The last file of a queue. Unless it was closed cleanly at `clean_bytes` and its index still fits, every
+        record is checked and the file is cut after the last whole valid one: a torn or corrupt tail is dropped."""
+        segment = cls(directory, base, _new_index(config), pool)
+        segment.fd = os.open(segment.path, os.O_RDWR | files.O_CLOEXEC)
+        try:
+            file_bytes = os.fstat(segment.fd).st_size
+            result = segment._load_index(config, file_bytes) if clean_bytes == file_bytes else None
+            if result is None:
+                segment.index = _new_index(config)
+                result = scan(segment.fd, file_bytes, segment.index, base)
+                if not result.whole:
+                    os.ftruncate(segment.fd, result.end_pos)
+            if result.end_pos:
+                # Whatever a crashed predecessor left in the page cache becomes durable before it is served.
+                files.sync_data(segment.fd)
+        except BaseException:
+            os.close(segment.fd)
+            raise
+        segment._take(result, result.end_pos)
+        return segment
+
+    @classmethod
+    def open_sealed(cls, directory: str, base: int, next_base: int, config: QueueConfig,
+                    pool: HandlePool) -> "Segment":
+        """A file before the last one. Sealed files were synced with their index, so a bad index is rebuilt from
+        the data, and damaged data is never cut: its unreadable range is reported to readers as CorruptData."""
+        segment = cls(directory, base, _new_index(config), pool)
+        fd = pool.fd(segment.path)
+        file_bytes = os.fstat(fd).st_size
+        result = segment._load_index(config, file_bytes)
+        if result is None:
+            segment.index = _new_index(config)
+            result = scan(fd, file_bytes, segment.index, base)
+            segment._write_index_quietly()
+        segment._take(result, file_bytes)
+        # Offsets belong to the next file from its base on, whatever this one holds past it.
+        segment.end_offset = min(segment.end_offset, next_base)
+        return segment
+
+    def _load_index(self, config: QueueConfig, file_bytes: int) -> ScanResult | None:
+        """Loads the index file and checks the data after its last entry. None when a full scan is needed."""
+        try:
+            if os.stat(self.index_path).st_size > (file_bytes // HEADER_BYTES + 1) * ENTRY_BYTES + TRAILER.size:
+                return None
+        except FileNotFoundError:
+            return None
+        data = files.read_file(self.index_path)
+        index = None if data is None else SparseIndex.from_bytes(
+            data, config.index_interval_bytes, config.index_interval_records, file_bytes)
+        if index is None:
+            return None
+        if not len(index):
+            return ScanResult(0, self.base, None, True)
+        entries = len(index)
+        fd = self.fd if self.fd is not None else self._pool.fd(self.path)
+        result = scan(fd, file_bytes, index, self.base, index.positions[-1], self.base + index.rels[-1])
+        if not result.whole:
+            return None
+        self.index = index
+        if len(index) != entries:
+            self._write_index_quietly()  # the stored index was short: keep the extended one
+        return result
+
+    def _take(self, result: ScanResult, file_bytes: int) -> None:
+        self.end_offset = result.end_offset
+        self.end_pos = result.end_pos
+        self.file_bytes = file_bytes
+        self.last_ts = result.last_ts
+
+    # Writing (active segment only).
+
+    def append(self, buf: bytearray, starts: list[int], ts_ms: int, count: int) -> None:
+        """Writes one framed batch at the end. On failure the file is cut back, so a failed append leaves nothing."""
+        pos = self.end_pos
+        view = memoryview(buf)
+        try:
+            done = 0
+            while done < len(view):
+                written = os.pwrite(self.fd, view[done:], pos + done)
+                if not written:
+                    raise OSError(errno.ENOSPC, "write made no progress", self.path)
+                done += written
+        except OSError:
+            self._undo(pos)
+            raise
+        finally:
+            view.release()
+        self.index.add_batch(self.end_offset - self.base, starts, pos, ts_ms)
+        self.end_pos = self.file_bytes = pos + len(buf)
+        self.end_offset += count
+        self.last_ts = ts_ms
+
+    def _undo(self, pos: int) -> None:
+        try:
+            os.ftruncate(self.fd, pos)
+        except OSError as err:
+            raise QueueFailed("a failed write could not be undone", path=self.path, position=pos) from err
+
+    def sync(self) -> None:
+        files.sync_data(self.fd)
+
+    def write_index(self) -> None:
+        files.write_atomic(self.index_path, self.index.to_bytes())
+
+    def _write_index_quietly(self) -> None:
+        # A sealed index is only a cache of the data: failing to store it costs a rescan next time, nothing more.
+        try:
+            self.write_index()
+        except OSError:
+            pass
+
+    def seal(self) -> None:
+        """Makes the data and the index durable and gives up the write descriptor."""
+        self.sync()
+        self.write_index()
+        os.close(self.fd)
+        self.fd = None
+
+    # Reading.
+
+    def read(self, offset: int, records_max: int, bytes_budget: int, out: list[Record]) -> int:
+        """Appends records from `offset` on (base <= offset < end_offset) to `out`; returns the remaining budget.
+
+        A record that fails its check ends the read; it raises CorruptData only when it is the first one wanted,
+        so a reader always gets every good record before the damage and then learns where to resume."""
+        if offset == self._hint_offset:
+            cursor, pos = offset, self._hint_pos
+        else:
+            rel, pos = self.index.floor_offset(offset - self.base)
+            cursor = self.base + rel
+        records_max = min(records_max, len(out) + self.end_offset - offset)
+        fd = self.fd if self.fd is not None else self._pool.fd(self.path)
+        need = 0
+        while pos < self.end_pos and len(out) < records_max:
+            want = self._chunk_bytes(pos, need, records_max - len(out), bytes_budget, cursor < offset)
+            buf = os.pread(fd, want, pos)
+            if len(buf) < want:
+                raise CorruptData("segment file shrank under the reader", offset=cursor, next_offset=None)
+            used, cursor, bytes_budget, stop = parse(buf, 0, cursor, offset, records_max, bytes_budget, out)
+            pos += used
+            if stop == STOP_LIMIT:
+                break
+            need = frame_bytes_at(buf, used) if used < len(buf) else 0
+            if stop == STOP_BAD or pos + need > self.end_pos:
+                if out:
+                    break
+                raise CorruptData("a record failed its check on read", offset=cursor,
+                                  next_offset=self._resume_after(cursor))
+        self._hint_offset, self._hint_pos = cursor, pos
+        return bytes_budget
+
+    def _chunk_bytes(self, pos: int, need: int, records_left: int, bytes_budget: int, skipping: bool) -> int:
+        """How much to pread: the records and bytes still wanted, guessed from this file's mean record size (a short
+        guess costs one more pread, a long one a useless copy), plus one index interval when the read starts at an
+        index entry before the wanted offset; bounded both ways, and never less than the next whole record."""
+        mean_frame = self.end_pos // max(1, self.end_offset - self.base) + 1
+        ahead = min(records_left * HEADER_BYTES + bytes_budget, (records_left + 1) * mean_frame)
+        if skipping:
+            ahead += self.index.interval_bytes
+        ahead = min(max(ahead, limits.READ_CHUNK_BYTES_MIN), limits.READ_CHUNK_BYTES_MAX)
+        return min(self.end_pos - pos, max(need, ahead))
+
+    def _resume_after(self, offset: int) -> int:
+        """Where reading can go on past a bad record: the next indexed record, which starts a whole frame."""
+        i = bisect_right(self.index.rels, offset - self.base)
+        return self.base + self.index.rels[i] if i < len(self.index) else self.end_offset
+
+    def offset_for_time(self, ts_ms: int) -> int | None:
+        """First offset in this segment stamped at or after ts_ms; None when every record is older."""
+        if self.last_ts is None or self.last_ts < ts_ms:
+            return None
+        i, pos, next_rel, next_pos = self.index.span_before_time(ts_ms)
+        if i < 0:
+            return self.base
+        fd = self.fd if self.fd is not None else self._pool.fd(self.path)
+        stop = self.end_pos if next_pos is None else next_pos
+        records: list[Record] = []
+        parse(os.pread(fd, stop - pos, pos), 0, self.base + self.index.rels[i], 0, 2**63, 2**63, records)
+        for record in records:
+            if record.ts_ms >= ts_ms:
+                return record.offset
+        return None if next_rel is None else self.base + next_rel
+
+    # Closing.
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self._pool.release(self.path)
+
+    def delete(self) -> None:
+        """Removes the data file first: a crash in between leaves an orphan index, which opening removes."""
+        self.close()
+        files.remove_if_exists(self.path)
+        files.remove_if_exists(self.index_path)
+
+
+def _new_index(config: QueueConfig) -> SparseIndex:
+    return SparseIndex(config.index_interval_bytes, config.index_interval_records)

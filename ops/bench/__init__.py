@@ -1,0 +1,1 @@
+"""Benchmarks, each runnable as `python -m ops.bench.<name>` and printing one JSON object."""

@@ -1,0 +1,650 @@
+"""Physical queue storage: framing, rolls, recovery after torn writes and kill -9, indexes, time lookup, retention,
+the queue store, and a model-based test of the whole queue against a plain list."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from broker.storage import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, InvalidQueueName,
+                            OffsetOutOfRange, PhysicalQueue, QueueClosed, QueueConfig, QueueExists, QueueNotFound,
+                            QueueStore, Record, RecordTooLarge, dir_name, queue_name)
+from broker.storage import files, limits
+from broker.storage.index import ENTRY_BYTES
+from broker.storage.record import HEADER_BYTES
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Small files and a dense index, so that a few records exercise rolls and index lookups.
+SMALL = QueueConfig(segment_bytes_max=1024, index_interval_bytes=64, index_interval_records=3)
+
+
+def payload(offset: int) -> bytes:
+    return f"record-{offset}|".encode() * (1 + offset % 5)
+
+
+def fill(queue: PhysicalQueue, count: int, ts_ms: int = 1_000, batch: int = 3) -> list[int]:
+    """Appends records whose payload depends only on their offset; returns the first offset of each batch."""
+    firsts = []
+    while count > 0:
+        n = min(batch, count)
+        start = queue.max_offset
+        firsts.append(queue.append([payload(start + i) for i in range(n)], ts_ms))
+        count -= n
+    return firsts
+
+
+def read_all(queue: PhysicalQueue, offset: int | None = None, max_records: int = 7) -> list[Record]:
+    out: list[Record] = []
+    offset = queue.min_offset if offset is None else offset
+    while offset < queue.max_offset:
+        records = queue.read(offset, max_records)
+        assert records, f"no progress at {offset}"
+        out.extend(records)
+        offset = records[-1].offset + 1
+    return out
+
+
+def logs(path: Path) -> list[Path]:
+    return sorted(path.glob("*.log"))
+
+
+def check_records(records: list[Record], first: int, last: int) -> None:
+    assert [r.offset for r in records] == list(range(first, last))
+    assert all(r.payload == payload(r.offset) for r in records)
+
+
+# Appending and reading.
+
+def test_round_trip_across_rolls(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, SMALL)
+    firsts = fill(q, 200, batch=4)
+    assert firsts == list(range(0, 200, 4))
+    assert q.segment_count >= 5 and len(logs(tmp_path / "q")) == q.segment_count
+    assert all(p.stat().st_size <= SMALL.segment_bytes_max for p in logs(tmp_path / "q"))
+    check_records(read_all(q), 0, 200)
+    check_records(q.read(0, 1000, 1 << 20), 0, 200)
+    for start in (0, 1, 17, 63, 150, 199):
+        check_records(q.read(start, 11), start, min(start + 11, 200))
+    q.close()
+    with PhysicalQueue.open(str(tmp_path / "q"), SMALL) as q:
+        check_records(read_all(q, max_records=13), 0, 200)
+        assert q.append([b"next"], 2_000) == 200
+
+
+def test_offsets_contiguous_and_batches_never_split(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, SMALL)
+    expected = 0
+    for n in (1, 5, 2, 9, 1, 3, 30):
+        assert q.append([b"x" * 40] * n, 1) == expected
+        expected += n
+    assert q.max_offset == expected
+    assert [r.offset for r in read_all(q)] == list(range(expected))
+    # A batch larger than the segment limit goes whole into a fresh file.
+    base = q.max_offset
+    q.append([b"y" * 100] * 20, 1)
+    assert (tmp_path / "q" / files.log_name(base)).stat().st_size == 20 * (HEADER_BYTES + 100)
+    q.close()
+
+
+def test_start_offset_above_zero(tmp_path):
+    start = 1_000_000
+    q = PhysicalQueue.create(str(tmp_path / "q"), start, SMALL)
+    assert q.min_offset == q.max_offset == start
+    assert q.read(start) == []
+    assert [p.name for p in logs(tmp_path / "q")] == [files.log_name(start)]
+    assert fill(q, 5, batch=5) == [start]
+    with pytest.raises(OffsetOutOfRange) as err:
+        q.read(start - 1)
+    assert err.value.min_offset == start and err.value.max_offset == start + 5
+    q.close()
+    with PhysicalQueue.open(str(tmp_path / "q"), SMALL) as q:
+        check_records(q.read(start), start, start + 5)
+        assert q.append([b"z"], 1) == start + 5
+
+
+def test_reading_at_or_beyond_max_returns_empty(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, SMALL)
+    fill(q, 10)
+    assert q.read(10) == []
+    assert q.read(11) == []
+    assert q.read(limits.OFFSET_MAX) == []
+    q.close()
+
+
+def test_byte_budget_returns_at_least_one_record(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, SMALL)
+    q.append([b"a" * 300, b"b" * 10, b"c" * 10], 1)
+    assert [r.payload for r in q.read(0, 10, 1)] == [b"a" * 300]
+    assert [r.payload for r in q.read(1, 10, 20)] == [b"b" * 10, b"c" * 10]
+    assert [r.payload for r in q.read(1, 10, 19)] == [b"b" * 10]
+    q.close()
+
+
+def test_limits_are_checked_and_leave_nothing_behind(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, SMALL)
+    fill(q, 3)
+    size = q.size_bytes
+    with pytest.raises(RecordTooLarge):
+        q.append([b"x" * (limits.RECORD_BYTES_MAX + 1)], 1)
+    with pytest.raises(BatchTooLarge):
+        q.append([], 1)
+    with pytest.raises(BatchTooLarge):
+        q.append([b""] * (limits.BATCH_RECORDS_MAX + 1), 1)
+    with pytest.raises(BatchTooLarge):
+        q.append([b"x" * limits.RECORD_BYTES_MAX] * 5, 1)
+    for bad in (["text"], [b"ok", 7], [None], b"bytes", None):
+        with pytest.raises(InvalidArgument):
+            q.append(bad, 1)
+    for ts in (-1, 1.5, "1", limits.TS_MS_MAX + 1):
+        with pytest.raises(InvalidArgument):
+            q.append([b"x"], ts)
+    for kwargs in ({"max_records": 0}, {"max_records": limits.READ_RECORDS_MAX + 1}, {"max_bytes": 0}):
+        with pytest.raises(InvalidArgument):
+            q.read(0, **kwargs)
+    with pytest.raises(InvalidArgument):
+        q.read(-1)
+    with pytest.raises(InvalidArgument):
+        QueueConfig(segment_bytes_max=10)
+    with pytest.raises(InvalidArgument):
+        QueueConfig(flush_policy="sometimes")
+    assert q.size_bytes == size and q.max_offset == 3
+    assert q.append([b""], 1) == 3  # an empty payload is a record like any other
+    assert q.read(3) == [Record(3, 1_000, b"")]
+    q.close()
+    with pytest.raises(QueueClosed):
+        q.read(0)
+    with pytest.raises(QueueClosed):
+        q.append([b"x"], 1)
+
+
+# Recovery.
+
+def _valid_frame(offset: int) -> bytes:
+    from broker.storage.record import encode_batch
+    return bytes(encode_batch([payload(offset)], offset, 5_000)[0])
+
+
+TORN_TAILS = {
+    "cut header": lambda off: _valid_frame(off)[:10],
+    "cut payload": lambda off: _valid_frame(off)[:-5],
+    "random bytes": lambda off: os.urandom(777),
+    "zero page": lambda off: bytes(4096),
+    "bad crc": lambda off: _valid_frame(off)[:-1] + b"\xff",
+    "wrong offset": lambda off: _valid_frame(off + 1),
+    "huge length": lambda off: b"\xff\xff\xff\x7f" + bytes(40),
+}
+
+
+@pytest.mark.parametrize("clean_close", [True, False], ids=["closed", "crashed"])
+@pytest.mark.parametrize("tail", sorted(TORN_TAILS))
+def test_recovery_after_torn_write(tmp_path, tail, clean_close):
+    path = tmp_path / "q"
+    q = PhysicalQueue.create(str(path), 0, SMALL)
+    fill(q, 40)
+    q.close()
+    if not clean_close:
+        (path / files.CLEAN_MARKER).unlink()
+    last = logs(path)[-1]
+    good_size = last.stat().st_size
+    with open(last, "ab") as f:
+        f.write(TORN_TAILS[tail](40))
+    with PhysicalQueue.open(str(path), SMALL) as q:
+        assert q.max_offset == 40
+        assert last.stat().st_size == good_size
+        check_records(read_all(q), 0, 40)
+        assert q.append([payload(40)], 6_000) == 40
+        check_records(read_all(q), 0, 41)
+    with PhysicalQueue.open(str(path), SMALL) as q:
+        check_records(read_all(q), 0, 41)
+
+
+@pytest.mark.parametrize("field", ["payload", "offset", "length"])
+def test_corruption_in_middle_of_last_file_truncates_there(tmp_path, field):
+    path = tmp_path / "q"
+    config = QueueConfig(segment_bytes_max=1 << 20, index_interval_bytes=64, index_interval_records=3)
+    q = PhysicalQueue.create(str(path), 0, config)
+    fill(q, 30)
+    q.close()
+    (path / files.CLEAN_MARKER).unlink()
+    position = sum(HEADER_BYTES + len(payload(o)) for o in range(12))
+    position += {"payload": HEADER_BYTES + 3, "offset": 8, "length": 0}[field]
+    data = bytearray((path / files.log_name(0)).read_bytes())
+    data[position] ^= 0x5A
+    (path / files.log_name(0)).write_bytes(bytes(data))
+    with PhysicalQueue.open(str(path), config) as q:
+        assert q.max_offset == 12
+        check_records(read_all(q), 0, 12)
+        assert fill(q, 3) == [12]
+        check_records(read_all(q), 0, 15)
+
+
+def test_garbage_last_file_and_stray_files_never_crash(tmp_path):
+    path = tmp_path / "q"
+    q = PhysicalQueue.create(str(path), 0, SMALL)
+    fill(q, 30)
+    q.close()
+    last = logs(path)[-1]
+    base = int(last.stem)
+    last.write_bytes(os.urandom(3000))
+    (path / files.CLEAN_MARKER).write_bytes(b"{not json")
+    (path / "notes.txt").write_text("hello")
+    (path / "123.log").write_bytes(b"junk")
+    (path / (files.index_name(10**15))).write_bytes(b"orphan")
+    (path / (files.index_name(base) + ".tmp")).write_bytes(b"half")
+    with PhysicalQueue.open(str(path), SMALL) as q:
+        assert q.max_offset == base
+        check_records(read_all(q), 0, base)
+        assert q.append([payload(base)], 1) == base
+    assert not (path / files.index_name(10**15)).exists()
+    assert not (path / (files.index_name(base) + ".tmp")).exists()
+    assert (path / "notes.txt").exists()
+
+
+def test_unopenable_directories_raise_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorruptQueue):
+        PhysicalQueue.open(str(tmp_path / "empty"))
+    with pytest.raises(CorruptQueue):
+        PhysicalQueue.open(str(tmp_path / "missing"))
+    PhysicalQueue.create(str(tmp_path / "q")).close()
+    with pytest.raises(QueueExists):
+        PhysicalQueue.create(str(tmp_path / "q"))
+
+
+def test_damaged_sealed_file_reports_its_gap(tmp_path):
+    path = tmp_path / "q"
+    q = PhysicalQueue.create(str(path), 0, SMALL)
+    fill(q, 60)
+    q.close()
+    sealed = logs(path)[1]
+    base, next_base = int(sealed.stem), int(logs(path)[2].stem)
+    data = bytearray(sealed.read_bytes())
+    cut = HEADER_BYTES + len(payload(base)) + 5  # inside the second record's header
+    data[cut] ^= 0xFF
+    sealed.write_bytes(bytes(data))
+    (path / files.index_name(base)).unlink()
+    with PhysicalQueue.open(str(path), SMALL) as q:
+        assert q.max_offset == 60
+        check_records(q.read(0, 1000), 0, base + 1)  # stops at the damage
+        with pytest.raises(CorruptData) as err:
+            q.read(base + 1)
+        assert err.value.next_offset == next_base
+        check_records(read_all(q, next_base), next_base, 60)
+        assert q.append([payload(60)], 1) == 60
+
+
+def test_damage_found_on_read_names_where_to_resume(tmp_path):
+    path = tmp_path / "q"
+    config = QueueConfig(segment_bytes_max=1 << 20, index_interval_bytes=200, index_interval_records=1000)
+    q = PhysicalQueue.create(str(path), 0, config)
+    fill(q, 50)
+    q.close()
+    data = bytearray((path / files.log_name(0)).read_bytes())
+    data[sum(HEADER_BYTES + len(payload(o)) for o in range(10)) + HEADER_BYTES] ^= 1  # payload of record 10
+    (path / files.log_name(0)).write_bytes(bytes(data))
+    # The clean marker and the index still match the file, so opening trusts them and the read finds the damage.
+    with PhysicalQueue.open(str(path), config) as q:
+        check_records(q.read(0, 20), 0, 10)  # every good record before the damage
+        with pytest.raises(CorruptData) as err:
+            q.read(10, 20)
+        assert err.value.offset == 10 and 10 < err.value.next_offset < 20
+        check_records(read_all(q, err.value.next_offset), err.value.next_offset, 50)
+
+
+def test_index_rebuilt_when_missing_short_or_garbage(tmp_path):
+    path = tmp_path / "q"
+    q = PhysicalQueue.create(str(path), 0, SMALL)
+    fill(q, 120)
+    q.close()
+    indexes = sorted(path.glob("*.index"))
+    assert len(indexes) >= 5
+    originals = {p: p.read_bytes() for p in indexes}
+    assert all(len(data) >= 2 * ENTRY_BYTES for data in originals.values())
+    indexes[0].unlink()
+    indexes[1].write_bytes(os.urandom(len(originals[indexes[1]])))
+    indexes[2].write_bytes(originals[indexes[2]][:ENTRY_BYTES])  # short: only the first entry
+    flipped = bytearray(originals[indexes[3]])
+    flipped[ENTRY_BYTES + 4] ^= 0x10  # the second entry's position: well-formed, but pointing inside a record
+    indexes[3].write_bytes(bytes(flipped))
+    indexes[-1].unlink()  # the active file's, with the clean marker gone too
+    (path / files.CLEAN_MARKER).unlink()
+    with PhysicalQueue.open(str(path), SMALL) as q:
+        for p in indexes[:4]:
+            assert p.read_bytes() == originals[p]
+        check_records(read_all(q, max_records=2), 0, 120)
+        for start in range(120):
+            check_records(q.read(start, 2), start, min(start + 2, 120))
+    assert indexes[-1].read_bytes() == originals[indexes[-1]]
+
+
+def test_index_lookup_matches_after_clean_and_unclean_reopen(tmp_path):
+    path = tmp_path / "q"
+    config = QueueConfig(segment_bytes_max=1 << 20, index_interval_bytes=100, index_interval_records=1000)
+    q = PhysicalQueue.create(str(path), 0, config)
+    fill(q, 500, batch=7)
+    q.close()
+    built = (path / files.index_name(0)).read_bytes()
+    assert len(built) // ENTRY_BYTES > 50  # sparse, yet many entries
+    (path / files.CLEAN_MARKER).unlink()
+    (path / files.index_name(0)).unlink()
+    with PhysicalQueue.open(str(path), config) as q:
+        for start in (0, 1, 99, 250, 499):
+            check_records(q.read(start, 5), start, min(start + 5, 500))
+    assert (path / files.index_name(0)).read_bytes() == built
+
+
+# Time, truncation, retention, flushing.
+
+def test_offset_for_time(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 100, SMALL)
+    assert q.offset_for_time(0) == 100  # empty queue: max_offset
+    stamps = {}
+    for i in range(30):
+        first = q.append([payload(q.max_offset + j) for j in range(3)], 1_000 + 10 * i)
+        for j in range(3):
+            stamps[first + j] = 1_000 + 10 * i
+    assert q.segment_count > 3
+    for t in list(range(990, 1_300, 5)) + [0, 10**12]:
+        expected = next((o for o in sorted(stamps) if stamps[o] >= t), q.max_offset)
+        assert q.offset_for_time(t) == expected, t
+    # The clock stepping back never makes time go backwards in the queue.
+    first = q.append([b"late"], 5)
+    assert q.read(first)[0].ts_ms == 1_290
+    assert q.offset_for_time(1_290) == 187
+    q.close()
+    with PhysicalQueue.open(str(tmp_path / "q"), SMALL) as q:
+        assert q.offset_for_time(1_095) == 130
+        assert q.append([b"later"], 7) == 191
+        assert q.read(q.max_offset - 1)[0].ts_ms == 1_290
+
+
+def test_truncate_before(tmp_path):
+    path = tmp_path / "q"
+    q = PhysicalQueue.create(str(path), 0, SMALL)
+    fill(q, 100)
+    bases = [int(p.stem) for p in logs(path)]
+    target = bases[3] + 2
+    assert q.truncate_before(target) == 3
+    assert q.min_offset == bases[3]
+    assert [int(p.stem) for p in logs(path)] == bases[3:]
+    assert not (path / files.index_name(bases[0])).exists()
+    with pytest.raises(OffsetOutOfRange):
+        q.read(bases[3] - 1)
+    check_records(read_all(q), bases[3], 100)
+    assert q.truncate_before(0) == 0
+    with pytest.raises(OffsetOutOfRange):
+        q.truncate_before(101)
+    q.close()
+    with PhysicalQueue.open(str(path), SMALL) as q:
+        assert q.min_offset == bases[3]
+        q.truncate_before(100)  # everything, the active file included
+        assert q.min_offset == q.max_offset == 100
+        assert q.read(100) == []
+        assert q.append([payload(100)], 1) == 100
+        check_records(read_all(q), 100, 101)
+
+
+def test_retention_by_age_and_size(tmp_path):
+    config = QueueConfig(segment_bytes_max=1024, index_interval_bytes=64, retention_ms=1_000)
+    q = PhysicalQueue.create(str(tmp_path / "age"), 0, config)
+    for i in range(20):
+        q.append([payload(q.max_offset + j) for j in range(4)], 10_000 + 100 * i)
+    assert q.apply_retention(10_000 + 500) == 0
+    deleted = q.apply_retention(10_000 + 100 * 10 + 1_000)  # everything stamped before 11,000 may go
+    assert deleted > 0 and len(logs(tmp_path / "age")) == q.segment_count
+    assert 0 < q.min_offset <= 40  # offset 40 is the first stamped 11,000: its file stays
+    check_records(read_all(q), q.min_offset, 80)
+    assert q.apply_retention(10**9) > 0  # all expired: the active file is sealed and goes too
+    assert q.min_offset == q.max_offset == 80
+    assert q.append([payload(80)], 10**9) == 80
+    q.close()
+
+    config = QueueConfig(segment_bytes_max=1024, index_interval_bytes=64, retention_bytes=3_000)
+    q = PhysicalQueue.create(str(tmp_path / "size"), 0, config)
+    fill(q, 200)
+    assert q.size_bytes > 3_000
+    assert q.apply_retention(0) > 0
+    assert q.size_bytes <= 3_000 and q.segment_count > 1
+    check_records(read_all(q), q.min_offset, 200)
+    q.close()
+
+
+def test_interval_flush_is_driven_by_the_owner(tmp_path):
+    config = QueueConfig(flush_policy="interval", flush_interval_ms=100)
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, config)
+    assert q.maybe_flush(10_000) is False
+    q.append([b"a", b"b"], 1_000)
+    q.append([b"c"], 1_020)
+    assert q.flushed_offset == 0 and q.max_offset == 3
+    assert q.maybe_flush(1_099) is False
+    assert q.maybe_flush(1_100) is True
+    assert q.flushed_offset == 3
+    assert q.maybe_flush(5_000) is False
+    q.append([b"d"], 6_000)
+    assert q.maybe_flush(10) is True  # the clock stepped back: flush rather than wait
+    q.close()
+    fsync = PhysicalQueue.create(str(tmp_path / "f"), 0, QueueConfig())
+    fsync.append([b"a"], 1)
+    assert fsync.flushed_offset == fsync.max_offset == 1
+    assert fsync.maybe_flush(10**6) is False
+    fsync.close()
+
+
+# The store.
+
+def test_queue_store(tmp_path):
+    names = ["orders.q3.g1.i7", "../escape", ".", "..", ".hidden", "a/b\\c", "ünïcødé", "%41", "A", "a", "x" * 60]
+    with QueueStore(str(tmp_path / "root"), SMALL) as store:
+        for i, name in enumerate(names):
+            q = store.create(name, start_offset=i * 10)
+            q.append([name.encode()], 1)
+            assert store.get(name) is q
+        assert store.names() == sorted(names)
+        with pytest.raises(QueueExists):
+            store.create("A")
+        with pytest.raises(QueueNotFound):
+            store.get("nope")
+        for bad in ("", "x" * (limits.QUEUE_NAME_BYTES_MAX + 1), "\ud800", None, "é" * 90):
+            with pytest.raises(InvalidQueueName):
+                store.create(bad)
+    entries = sorted(os.listdir(tmp_path / "root"))
+    assert len(entries) == len(names)
+    assert all("/" not in e and e not in (".", "..") and not e.startswith(".") for e in entries)
+    (tmp_path / "root" / ".creating-0123").mkdir()
+    (tmp_path / "root" / ".deleting-4567").mkdir()
+    (tmp_path / "root" / "not%zzvalid").mkdir()
+    with QueueStore(str(tmp_path / "root"), SMALL) as store:
+        assert store.names() == sorted(names)
+        assert not (tmp_path / "root" / ".creating-0123").exists()
+        assert not (tmp_path / "root" / ".deleting-4567").exists()
+        for i, name in enumerate(names):
+            assert store.get(name).read(i * 10) == [Record(i * 10, 1, name.encode())]
+        store.delete("../escape")
+        assert "../escape" not in store and not (tmp_path / "root" / dir_name("../escape")).exists()
+        with pytest.raises(QueueNotFound):
+            store.delete("../escape")
+        assert store.create("../escape").max_offset == 0
+        assert store.open_all() == len(names)
+
+
+def test_store_bounds_read_handles(tmp_path):
+    fd_dir = Path("/proc/self/fd")
+    if not fd_dir.exists():
+        pytest.skip("needs /proc")
+    with QueueStore(str(tmp_path), SMALL, read_handles_max=2) as store:
+        queues = [store.create(f"q{i}") for i in range(3)]
+        for q in queues:
+            fill(q, 150)
+        assert all(q.segment_count > 5 for q in queues)
+        before = len(list(fd_dir.iterdir()))
+        for q in queues:
+            check_records(read_all(q, max_records=50), 0, 150)
+        assert len(list(fd_dir.iterdir())) <= before + 2
+
+
+@given(st.text(min_size=1, max_size=60))
+def test_queue_names_map_to_single_safe_directories(name):
+    try:
+        encoded = dir_name(name)
+    except InvalidQueueName:
+        return
+    assert queue_name(encoded) == name
+    assert "/" not in encoded and "\0" not in encoded and not encoded.startswith(".")
+    assert len(encoded.encode()) <= limits.DIR_NAME_BYTES_MAX
+
+
+# The queue against a list model.
+
+class QueueAgainstModel(RuleBasedStateMachine):
+    config = QueueConfig(segment_bytes_max=1024, index_interval_bytes=64, index_interval_records=3,
+                         flush_policy="interval", flush_interval_ms=50)
+
+    def __init__(self):
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="stator-storage-")
+        self.path = os.path.join(self.dir, "q")
+        self.records: list[tuple[int, bytes]] = []  # (ts_ms, payload) at offset start + i
+        self.start = 0
+        self.last_ts = 0
+        self.min_seen = 0
+        self.queue: PhysicalQueue | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.records)
+
+    @initialize(start=st.sampled_from([0, 1, 7, 10**6, 2**40]))
+    def create(self, start):
+        self.start = self.min_seen = start
+        self.queue = PhysicalQueue.create(self.path, start, self.config)
+
+    @rule(payloads=st.lists(st.binary(max_size=120), min_size=1, max_size=6), ts=st.integers(0, 10_000))
+    def append(self, payloads, ts):
+        assert self.queue.append(payloads, ts) == self.end
+        self.last_ts = max(self.last_ts, ts)
+        self.records.extend((self.last_ts, p) for p in payloads)
+
+    @rule(data=st.data(), max_records=st.integers(1, 12), max_bytes=st.integers(1, 400))
+    def read(self, data, max_records, max_bytes):
+        offset = data.draw(st.integers(max(0, self.start - 2), self.end + 2))
+        if offset < self.queue.min_offset:
+            with pytest.raises(OffsetOutOfRange):
+                self.queue.read(offset, max_records, max_bytes)
+            return
+        expected, budget = [], max_bytes
+        for i in range(offset - self.start, len(self.records)):
+            ts, body = self.records[i]
+            if len(expected) >= max_records or (expected and len(body) > budget):
+                break
+            expected.append(Record(self.start + i, ts, body))
+            budget -= len(body)
+        assert self.queue.read(offset, max_records, max_bytes) == expected
+
+    @rule(ts=st.integers(-5, 10_005))
+    def offset_for_time(self, ts):
+        kept = range(self.queue.min_offset - self.start, len(self.records))
+        expected = next((self.start + i for i in kept if self.records[i][0] >= ts), self.end)
+        assert self.queue.offset_for_time(ts) == expected
+
+    @rule(data=st.data())
+    def truncate_before(self, data):
+        offset = data.draw(st.integers(self.queue.min_offset, self.end))
+        self.queue.truncate_before(offset)
+        assert self.queue.min_offset <= offset
+
+    @rule(now=st.integers(0, 10_100))
+    def maybe_flush(self, now):
+        self.queue.maybe_flush(now)
+
+    @rule(crash=st.booleans())
+    def reopen(self, crash):
+        self.queue.close()
+        if crash:  # without the clean-shutdown marker, opening scans and re-indexes the last file
+            os.unlink(os.path.join(self.path, files.CLEAN_MARKER))
+        self.queue = PhysicalQueue.open(self.path, self.config)
+        kept = self.queue.min_offset < self.end
+        self.last_ts = self.records[-1][0] if kept else 0
+        assert self.queue.last_ts_ms == self.last_ts
+
+    @precondition(lambda self: self.queue is not None)
+    @invariant()
+    def bounds_agree(self):
+        assert self.queue.max_offset == self.end
+        assert self.min_seen <= self.queue.min_offset <= self.end
+        self.min_seen = self.queue.min_offset
+
+    def teardown(self):
+        if self.queue is not None:
+            self.queue.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+QueueAgainstModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
+                                               suppress_health_check=[HealthCheck.too_slow])
+TestQueueAgainstModel = QueueAgainstModel.TestCase
+
+
+# A real crash.
+
+CHILD = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from broker.storage import PhysicalQueue, QueueConfig
+from tests.test_storage import payload
+queue = PhysicalQueue.create(sys.argv[1], 7, QueueConfig(segment_bytes_max=8192, index_interval_bytes=256))
+i = 0
+while True:
+    first = queue.max_offset
+    count = 1 + i % 4
+    assert queue.append([payload(first + j) for j in range(count)], 1_000 + i) == first
+    sys.stdout.write(f"{first} {count}\\n")
+    sys.stdout.flush()
+    i += 1
+"""
+
+
+@pytest.mark.timeout(60)
+def test_kill_9_keeps_every_acknowledged_record(tmp_path):
+    path = tmp_path / "q"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(REPO_ROOT)], stdout=subprocess.PIPE,
+                             cwd=str(REPO_ROOT))
+    acked: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 20
+    try:
+        while len(acked) < 400 and time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                break
+            first, count = map(int, line.split())
+            acked.append((first, count))
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    rest = child.stdout.read().decode()
+    child.stdout.close()
+    for line in rest.split("\n")[:-1]:  # acknowledgements printed before the kill; the last line may be cut
+        first, count = map(int, line.split())
+        acked.append((first, count))
+    assert len(acked) >= 400, "the child did not get going"
+    assert acked[0][0] == 7
+    last_acked = acked[-1][0] + acked[-1][1]
+    with PhysicalQueue.open(str(path), QueueConfig(segment_bytes_max=8192, index_interval_bytes=256)) as q:
+        assert q.max_offset >= last_acked
+        records = read_all(q, max_records=100)
+        check_records(records, 7, q.max_offset)
+        for first, count in acked:
+            assert {records[first - 7 + j].ts_ms for j in range(count)} == {records[first - 7].ts_ms}
+        assert q.append([payload(q.max_offset)], 10**6) == records[-1].offset + 1
+    assert len(logs(path)) > 3
