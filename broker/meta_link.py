@@ -192,7 +192,8 @@ class MetaLink:
                     return
                 try:
                     status, body = await self._call("POST", f"/v1/brokers/{self.broker}/seal", {
-                        "epoch": self.epoch, "topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "end_offset": end})
+                        "epoch": self.epoch, "topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "end_offset": end,
+                        "physical_queue": seg.physical_queue})
                     code = body.get("error", {}).get("code") if isinstance(body, dict) else None
                     if status == 200 or code in ("ALREADY_SEALED", "SEGMENT_NOT_FOUND", "TOPIC_NOT_FOUND"):
                         log.info("segment_sealed", pq=seg.physical_queue, end=end, status=status, code=code)

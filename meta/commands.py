@@ -138,6 +138,8 @@ def _v_seal(c):
     _int(c.get("queue"), "queue", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
     _int(c.get("gen"), "gen", 0, 2**62)
     _int(c.get("end_offset"), "end_offset", 0, 2**62)
+    if c.get("physical_queue") is not None and (not isinstance(c["physical_queue"], str) or len(c["physical_queue"]) > 300):
+        raise invalid("physical_queue must be a string", field="physical_queue")
 
 
 VALIDATORS = {

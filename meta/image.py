@@ -178,6 +178,7 @@ class Image:
         seg["logic_end"] = e["logic_end"]
         seg["physical_end"] = e["physical_end"]
         seg["sealed_ms"] = ts
+        seg["sealed_by"] = e["by"]
 
     def _on_SegmentOpened(self, e, ts):
         t = self.data["topics"][e["topic"]]
@@ -199,4 +200,4 @@ def _segment(gen: int, broker: str, pq: str, physical_start: int, logic_start: i
              ts: int) -> dict[str, Any]:
     return {"gen": gen, "broker": broker, "physical_queue": pq, "physical_start": physical_start,
             "logic_start": logic_start, "logic_end": None, "physical_end": None, "budget_end": budget_end,
-            "state": "active", "opened_ms": ts, "sealed_ms": None}
+            "state": "active", "opened_ms": ts, "sealed_ms": None, "sealed_by": None}

@@ -151,16 +151,21 @@ class MetaService:
                      request_id: str | None, forward) -> tuple[int, dict[str, Any]]:
         """Validate, then propose on the leader or forward the raw request to it. Returns (status, body).
 
-        ``forward(url)`` replays the HTTP request against another node and returns (status, body, version).
+        ``forward(url, request_id)`` replays the HTTP request on another node and returns (status, body, version).
         Retries after LEADER_CHANGED / UNKNOWN_OUTCOME reuse the request id, so nothing applies twice.
         """
         validate(cmd)
         if idempotency_key is not None:
             if not idempotency_key or len(idempotency_key) > limits.REQUEST_ID_CHARS_MAX:
                 raise invalid(f"Idempotency-Key must be 1-{limits.REQUEST_ID_CHARS_MAX} characters")
-            rid = f"{actor}:{idempotency_key}"
+            rid = f"{actor}:key:{idempotency_key}"
         else:
-            rid = request_id or f"auto:{uuid.uuid4().hex}"
+            # Without a key the request still gets an id, passed on when forwarding (X-Request-Id), so the retries of
+            # this node, and a proposal here after it became leader itself, can never apply twice.
+            request_id = request_id or uuid.uuid4().hex
+            if len(request_id) > limits.REQUEST_ID_CHARS_MAX:
+                raise invalid(f"X-Request-Id must be at most {limits.REQUEST_ID_CHARS_MAX} characters")
+            rid = f"{actor}:rid:{request_id}"
         deadline = time.monotonic() + limits.PROPOSE_TIMEOUT_S
         while True:
             try:
@@ -168,7 +173,7 @@ class MetaService:
                     outcome = await self.raft.propose(cmd, rid, actor, max(0.1, deadline - time.monotonic()))
                     return _answer(outcome)
                 url = await self._await_leader_url(deadline)
-                status, body, version = await forward(url, rid)
+                status, body, version = await forward(url, request_id)
                 code = body.get("error", {}).get("code") if isinstance(body, dict) else None
                 if status == 503 and code in ("NO_LEADER", "LEADER_CHANGED"):
                     raise ProposeFailed("the leader moved while forwarding", code=code)

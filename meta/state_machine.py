@@ -10,6 +10,7 @@ No clock, randomness or I/O: the leader's time arrives in ``envelope["ts"]``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from typing import Any
 
@@ -32,8 +33,10 @@ class StateMachine:
         """Returns (outcome, topics whose route changed). An outcome is {"ok", "result"|"error", "version"}."""
         rid = envelope.get("rid")
         ts = envelope.get("ts")
-        if not isinstance(ts, int):
+        if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
             return _failed(invalid("command envelope without a leader timestamp"), self.image.version), set()
+        if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 2 * limits.REQUEST_ID_CHARS_MAX):
+            return _failed(invalid("request id must be a non-empty string"), self.image.version), set()
         ts = max(ts, self.image.data["last_ts"])  # leader clocks may step back across elections; time in the log never does
         self.image.data["last_ts"] = ts
         cmd = envelope.get("cmd")
@@ -45,7 +48,7 @@ class StateMachine:
                     return _failed(rejection(409, "IDEMPOTENCY_KEY_REUSED",
                                              "this Idempotency-Key was used for a different request"),
                                    self.image.version), set()
-                return seen[2], set()
+                return copy.deepcopy(seen[2]), set()
         try:
             validate(cmd)
             events, result = getattr(self, "_" + cmd["type"])(cmd, ts)
@@ -61,7 +64,7 @@ class StateMachine:
                 changed |= self.image.replay(ev, ts)
             outcome = {"ok": True, "result": {**result, "version": self.image.version}, "version": self.image.version}
         if rid:
-            self._remember(rid, fingerprint, ts, outcome)
+            self._remember(rid, fingerprint, ts, copy.deepcopy(outcome))  # the caller may not change the image
         return outcome, changed
 
     def _remember(self, rid: str, fingerprint: str, ts: int, outcome: Outcome) -> None:
@@ -183,14 +186,16 @@ class StateMachine:
         self._broker(c["broker"], c["epoch"])
         t = self._topic({"topic": c["topic"]})
         seg = self.image.segment(c["topic"], c["queue"], c["gen"])
-        if seg is None or seg["broker"] != c["broker"]:
+        # physical_queue names the topic's incarnation too: a late report about a deleted topic's segment must not
+        # seal the same (topic, queue, gen) of a topic created again under that name.
+        if seg is None or seg["broker"] != c["broker"] or c.get("physical_queue", seg["physical_queue"]) != seg["physical_queue"]:
             raise rejection(404, "SEGMENT_NOT_FOUND", "no such segment on this broker",
                             topic=c["topic"], queue=c["queue"], gen=c["gen"])
         if seg["state"] == "sealed":
             if seg["physical_end"] == c["end_offset"]:
                 return [], {"logic_end": seg["logic_end"]}
             raise rejection(409, "ALREADY_SEALED", "the segment was already sealed at another offset",
-                            physical_end=seg["physical_end"], by="session_expired")
+                            physical_end=seg["physical_end"], by=seg["sealed_by"])
         if seg["state"] != "sealing":
             raise rejection(409, "NOT_SEALING", "the segment is not being sealed", state=seg["state"])
         if not seg["physical_start"] <= c["end_offset"] <= seg["budget_end"]:

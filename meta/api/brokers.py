@@ -29,9 +29,11 @@ async def register(request: web.Request) -> web.Response:
 @requires("broker")
 async def seal(request: web.Request) -> web.Response:
     body = await body_object(request)
-    _only(body, {"epoch", "topic", "queue", "gen", "end_offset"})
+    _only(body, {"epoch", "topic", "queue", "gen", "end_offset", "physical_queue"})
     cmd = {"type": "SealSegment", "broker": request.match_info["broker"],
            **{k: body.get(k) for k in ("epoch", "topic", "queue", "gen", "end_offset")}}
+    if body.get("physical_queue") is not None:
+        cmd["physical_queue"] = body["physical_queue"]
     return await submit(request, cmd)
 
 

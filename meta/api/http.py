@@ -57,8 +57,10 @@ async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200
     svc = service(request)
     body = await request.read()
 
-    async def forward(url: str, rid: str):
-        headers = {"Content-Type": JSON, "X-Request-Id": rid, "X-Forwarded-By": svc.config.node}
+    async def forward(url: str, request_id: str | None):
+        headers = {"Content-Type": JSON, "X-Forwarded-By": svc.config.node}
+        if request_id:
+            headers["X-Request-Id"] = request_id
         for h in ("Authorization", "Idempotency-Key"):
             if h in request.headers:
                 headers[h] = request.headers[h]

@@ -1,0 +1,480 @@
+"""The state machine against a small independent model, driven by random command sequences (STYLE.md, Hypothesis
+stateful tests).
+
+The model knows brokers (epoch, state) and, per topic, each logic queue's chain of segments as
+(gen, broker, logic_start, logic_end, physical_end, budget, state), updated from what each command must do
+(DESIGN.md, the flow of one remap) rather than from the image. Placement is the one decision the model leaves to the
+machine: it reads which broker got a queue and checks only that the choice was allowed.
+After every step: versions only grow; segments chain without gap or overlap; at most one writable head per queue;
+the slot table partitions [0, slots); load counters equal a recount; the image equals the model; a replica fed the
+same envelopes (sometimes restored from a snapshot of the canonical bytes on the way) is byte-identical.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from meta.image import Image
+from meta.state_machine import StateMachine
+from tests.test_allocation import minimal_moves
+from tests.test_state_machine import CATCH_ALL, STATUS, check_image_invariants, slot_owners, stable
+
+BUDGET = 1000
+BROKERS = ["b0", "b1", "b2", "b3"]
+TOPICS = ["t0", "t1", "t2"]
+SLOTS = [None, 3, 5, 6, 7, 12]  # None: the default (1024); small odd counts make uneven splits
+GROW_BY_MAX = 3
+
+brokers_st = st.lists(st.sampled_from(BROKERS), min_size=1, max_size=3, unique=True)
+
+
+class StateMachineVsModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sm = StateMachine(offset_budget=BUDGET)
+        self.replica = StateMachine(offset_budget=BUDGET)
+        self.ts = 1_000_000
+        self.step = 0
+        self.n_rid = 0
+        self.sent: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (envelope with a rid, its first outcome)
+        self.last_version = 0
+        self.last_ts = 0
+        # the model
+        self.brokers: dict[str, dict[str, Any]] = {}  # name -> {"epoch", "state"}
+        self.topics: dict[str, dict[str, Any]] = {}  # name -> {"queues", "slots", "config", "segs": [[seg]]}
+
+    # -- plumbing ------------------------------------------------------------------------------------------------
+    def submit(self, cmd: dict[str, Any], rid: bool = True, expect: set[str] | None = None,
+               may_reject: set[str] | None = None) -> dict[str, Any]:
+        """Apply to the machine and the replica. ``expect``: the rejections that apply (none: must succeed).
+        ``may_reject``: rejections the model cannot rule out (the command may also succeed)."""
+        self.step += 1
+        self.ts += 1000 if self.step % 7 else -5000  # now and then the leader's clock steps back
+        rid_value = None
+        if rid:
+            self.n_rid += 1
+            rid_value = f"req-{self.n_rid}"
+        env = {"rid": rid_value, "ts": self.ts, "actor": "admin", "cmd": cmd}
+        before, version, n_hist = stable(self.sm), self.sm.image.version, len(self.sm.image.data["history"])
+        topic_versions = {n: t["version"] for n, t in self.sm.image.topics.items()}
+        outcome, changed = self.sm.apply(copy.deepcopy(env))
+        self.replica.apply(copy.deepcopy(env))
+        if rid_value:
+            self.sent.append((env, copy.deepcopy(outcome)))
+        n_events = len(self.sm.image.data["history"]) - n_hist
+        assert self.sm.image.version == version + n_events
+        assert outcome["version"] == self.sm.image.version
+        if outcome["ok"]:
+            assert outcome["result"]["version"] == outcome["version"]
+            stored = [json.loads(s) for s in self.sm.image.data["history"][n_hist:]]
+            touched = {e["topic"] for e in stored if e["topic"] is not None}
+            assert touched <= changed
+            for name, t in self.sm.image.topics.items():  # a topic's version is that of the last event touching it
+                if name in changed:
+                    assert t["version"] > version
+                    assert t["version"] >= max([e["version"] for e in stored if e["topic"] == name], default=0)
+                else:
+                    assert t["version"] == topic_versions[name]
+        else:
+            err = outcome["error"]
+            assert not err["message"].startswith(CATCH_ALL), err["message"]
+            assert err["status"] == STATUS[err["code"]], err
+            assert n_events == 0 and changed == set()
+            assert stable(self.sm) == before, "a rejection changed the image"
+        allowed = (expect or set()) | (may_reject or set())
+        if expect:
+            assert not outcome["ok"] and outcome["error"]["code"] in allowed, (cmd, expect, outcome)
+        elif not outcome["ok"]:
+            assert outcome["error"]["code"] in allowed, (cmd, outcome)
+        return outcome
+
+    def model_topic(self, name: str) -> dict[str, Any] | None:
+        return self.topics.get(name)
+
+    def pending(self, mt: dict[str, Any], q: int) -> bool:
+        return mt["segs"][q][-1]["start"] is None
+
+    def move(self, name: str, q: int, to: str) -> None:
+        """Seal-then-switch in the model: the old head seals now when its broker is fenced, later otherwise."""
+        segs = self.topics[name]["segs"][q]
+        head = segs[-1]
+        new = {"gen": head["gen"] + 1, "broker": to, "start": None, "end": None, "pend": None, "budget": BUDGET,
+               "state": "active"}
+        if self.brokers[head["broker"]]["state"] == "fenced":
+            self.seal_model(head, head["budget"])
+            new["start"] = head["end"]
+        else:
+            head["state"] = "sealing"
+        segs.append(new)
+
+    @staticmethod
+    def seal_model(seg: dict[str, Any], physical_end: int) -> None:
+        seg["state"] = "sealed"
+        seg["pend"] = physical_end
+        seg["end"] = seg["start"] + physical_end  # every segment starts at physical offset 0
+
+    def segments(self, pred) -> list[tuple[str, int, dict[str, Any]]]:
+        return [(name, q, s) for name in sorted(self.topics) for q, segs in enumerate(self.topics[name]["segs"])
+                for s in segs if pred(s)]
+
+    def broker_codes(self, names: list[str]) -> set[str]:
+        codes = set()
+        for n in names:
+            if n not in self.brokers:
+                codes.add("BROKER_NOT_FOUND")
+            elif self.brokers[n]["state"] != "active":
+                codes.add("BROKER_NOT_ACTIVE")
+        return codes
+
+    def pick_topic(self, data) -> str:
+        """Mostly an existing topic, sometimes any name (which may not exist)."""
+        if self.topics and data.draw(st.integers(0, 5), label="existing topic?"):
+            return data.draw(st.sampled_from(sorted(self.topics)), label="topic")
+        return data.draw(st.sampled_from(TOPICS), label="topic")
+
+    def pick_brokers(self, data) -> list[str]:
+        """Mostly registered brokers, sometimes any names (which may be unknown)."""
+        pool = sorted(self.brokers) if self.brokers and data.draw(st.integers(0, 5), label="known?") else BROKERS
+        return data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True), label="brokers")
+
+    @initialize(n=st.integers(1, 3), topics=st.lists(st.tuples(st.integers(1, 3), st.sampled_from(SLOTS)),
+                                                      max_size=2))
+    def some_brokers_and_topics(self, n, topics):
+        for name in BROKERS[:n]:
+            self.register(name, "http://first")
+        for name, (queues, slots) in zip(TOPICS, topics):
+            self.create(name, queues, slots, None, "best_tried")
+
+    # -- brokers -------------------------------------------------------------------------------------------------
+    @rule(name=st.sampled_from(BROKERS), address=st.sampled_from(["http://first", "http://second"]))
+    def register(self, name, address):
+        out = self.submit({"type": "RegisterBroker", "broker": name, "address": address})
+        epoch = self.brokers.get(name, {"epoch": 0})["epoch"] + 1
+        assert out["result"]["epoch"] == epoch
+        self.brokers[name] = {"epoch": epoch, "state": "active"}
+
+    @rule(name=st.sampled_from(BROKERS), stale=st.booleans())
+    def fence(self, name, stale):
+        b = self.brokers.get(name)
+        if b is None:
+            self.submit({"type": "FenceBroker", "broker": name, "epoch": 1, "reason": "session_expired"},
+                        expect={"BROKER_NOT_FOUND"})
+            return
+        epoch = b["epoch"] + 1 if stale else b["epoch"]
+        self.submit({"type": "FenceBroker", "broker": name, "epoch": epoch, "reason": "session_expired"})
+        if stale or b["state"] == "fenced":
+            return
+        b["state"] = "fenced"
+        for tname in sorted(self.topics):
+            for segs in self.topics[tname]["segs"]:
+                if len(segs) >= 2 and segs[-2]["broker"] == name and segs[-2]["state"] == "sealing":
+                    self.seal_model(segs[-2], segs[-2]["budget"])
+                    segs[-1]["start"] = segs[-2]["end"]
+
+    @rule(name=st.sampled_from(BROKERS), stale=st.booleans())
+    def unfence(self, name, stale):
+        b = self.brokers.get(name)
+        if b is None:
+            self.submit({"type": "UnfenceBroker", "broker": name, "epoch": 1}, expect={"BROKER_NOT_FOUND"})
+            return
+        if stale:
+            if b["epoch"] > 1:
+                self.submit({"type": "UnfenceBroker", "broker": name, "epoch": b["epoch"] - 1},
+                            expect={"STALE_EPOCH"})
+            return
+        self.submit({"type": "UnfenceBroker", "broker": name, "epoch": b["epoch"]})
+        b["state"] = "active"
+
+    @precondition(lambda self: self.topics)
+    @rule(data=st.data())
+    def grant(self, data):
+        name, q, seg = data.draw(st.sampled_from(self.segments(lambda s: True)))
+        budget_end = data.draw(st.integers(0, 4 * BUDGET))
+        broker = seg["broker"]
+        out = self.submit({"type": "GrantOffsetBudget", "broker": broker, "epoch": self.brokers[broker]["epoch"],
+                           "grants": [{"topic": name, "queue": q, "gen": seg["gen"], "budget_end": budget_end}]})
+        grows = seg["state"] == "active" and budget_end > seg["budget"]
+        assert out["result"]["granted"] == (1 if grows else 0)
+        if grows:
+            seg["budget"] = budget_end
+
+    # -- topics --------------------------------------------------------------------------------------------------
+    @rule(name=st.sampled_from(TOPICS), queues=st.integers(1, 3), slots=st.sampled_from(SLOTS),
+          brokers=st.none() | brokers_st, order=st.sampled_from(["best_tried", "strict"]))
+    def create(self, name, queues, slots, brokers, order):
+        if brokers is not None and self.brokers and len(brokers) > 1:  # mostly registered ones
+            brokers = [b for b in brokers if b in self.brokers] or brokers
+        cmd: dict[str, Any] = {"type": "CreateTopic", "topic": name, "queues": queues, "order": order}
+        if slots is not None:
+            cmd["slots"] = slots
+        if brokers is not None:
+            cmd["brokers"] = brokers
+        expect = set()
+        if name in self.topics:
+            expect.add("TOPIC_EXISTS")
+        if brokers is not None:
+            expect |= self.broker_codes(brokers)
+        elif not any(b["state"] == "active" for b in self.brokers.values()):
+            expect.add("NO_BROKERS")
+        out = self.submit(cmd, expect=expect)
+        if expect:
+            return
+        allowed = set(brokers) if brokers else {n for n, b in self.brokers.items() if b["state"] == "active"}
+        t = self.sm.image.topics[name]
+        segs = []
+        for q in range(queues):
+            [seg] = t["logic_queues"][q]
+            assert seg["broker"] in allowed
+            segs.append([{"gen": 0, "broker": seg["broker"], "start": 0, "end": None, "pend": None,
+                          "budget": BUDGET, "state": "active"}])
+        self.topics[name] = {"queues": queues, "slots": slots or 1024, "config": {}, "order": order, "segs": segs}
+        assert out["result"]["queues"] == queues
+
+    @rule(data=st.data(), add=st.integers(0, GROW_BY_MAX))
+    def grow(self, data, add):
+        name = self.pick_topic(data)
+        mt = self.model_topic(name)
+        if mt is None:
+            self.submit({"type": "GrowTopic", "topic": name, "queues": 1 + add}, expect={"TOPIC_NOT_FOUND"})
+            return
+        old, new = mt["queues"], mt["queues"] + add
+        if new > mt["slots"]:
+            self.submit({"type": "GrowTopic", "topic": name, "queues": new}, expect={"INVALID_ARGUMENT"})
+            return
+        may = set()
+        if any(self.pending(mt, q) for q in range(old)):
+            may.add("SEALING")
+        if not any(b["state"] == "active" for b in self.brokers.values()):
+            may.add("NO_BROKERS")
+        before = slot_owners(self.sm.image.topics[name]["slot_table"], mt["slots"])
+        n_barriers = len(self.sm.image.topics[name]["barriers"])
+        out = self.submit({"type": "GrowTopic", "topic": name, "queues": new}, may_reject=may)
+        if not out["ok"]:
+            if out["error"]["code"] == "SEALING":
+                assert self.pending(mt, out["error"]["details"]["queue"])
+            return
+        assert out["result"]["queues"] == new
+        if add == 0:
+            return
+        t = self.sm.image.topics[name]
+        after = slot_owners(t["slot_table"], mt["slots"])
+        barriers = t["barriers"][n_barriers:]
+        assert sorted(b["queue"] for b in barriers) == list(range(old, new))
+        split = sorted({b["after_queue"] for b in barriers})
+        for b in barriers:
+            assert b["after_queue"] < old, f"barrier {b} names a queue created by this growth"
+            assert all(before[s] == b["after_queue"] for s in range(mt["slots"]) if after[s] == b["queue"])
+            assert b["after_gen"] == mt["segs"][b["after_queue"]][-1]["gen"] + 1
+        for q in split:
+            assert not self.pending(mt, q)
+            self.move(name, q, mt["segs"][q][-1]["broker"])
+        active = {n for n, b in self.brokers.items() if b["state"] == "active"}
+        for q in range(old, new):
+            [seg] = t["logic_queues"][q]
+            assert seg["broker"] in active, "a new queue was placed on a fenced broker"
+            mt["segs"].append([{"gen": 0, "broker": seg["broker"], "start": 0, "end": None, "pend": None,
+                                "budget": BUDGET, "state": "active"}])
+        mt["queues"] = new
+
+    @rule(data=st.data(), ev=st.sampled_from([None, None, "right", "wrong"]))
+    def remap(self, data, ev):
+        name = self.pick_topic(data)
+        onto = self.pick_brokers(data)
+        mt = self.model_topic(name)
+        n = mt["queues"] if mt else 3
+        queues = data.draw(st.none() | st.lists(st.integers(0, n if data.draw(st.integers(0, 5)) else n - 1),
+                                                min_size=1, max_size=3, unique=True), label="queues")
+        cmd: dict[str, Any] = {"type": "RemapTopic", "topic": name, "brokers": onto}
+        if queues is not None:
+            cmd["queues"] = queues
+        if mt is None:
+            self.submit(cmd, expect={"TOPIC_NOT_FOUND"})
+            return
+        if ev is not None:
+            current = self.sm.image.topics[name]["version"]
+            cmd["expected_version"] = current if ev == "right" else current + 1
+        expect = self.broker_codes(onto)
+        if ev == "wrong":
+            expect.add("VERSION_MISMATCH")
+        chosen = queues if queues is not None else list(range(mt["queues"]))
+        if any(q >= mt["queues"] for q in chosen):
+            expect.add("INVALID_ARGUMENT")
+        if any(self.pending(mt, q) for q in chosen if q < mt["queues"]):
+            expect.add("SEALING")
+        out = self.submit(cmd, expect=expect)
+        if expect:
+            if out["error"]["code"] == "VERSION_MISMATCH":
+                assert out["error"]["details"]["current_version"] == self.sm.image.topics[name]["version"]
+            return
+        moved = out["result"]["moved"]
+        before = {q: mt["segs"][q][-1]["broker"] for q in chosen}
+        assert sorted(m["queue"] for m in moved) == sorted({m["queue"] for m in moved})
+        for m in moved:
+            head = mt["segs"][m["queue"]][-1]
+            assert m["queue"] in chosen and m["from"] == head["broker"] and m["gen"] == head["gen"] + 1
+            assert m["to"] in onto and m["to"] != m["from"]
+            self.move(name, m["queue"], m["to"])
+        for q in chosen:
+            assert mt["segs"][q][-1]["broker"] in onto, f"queue {q} left outside the target brokers"
+        # the chosen queues end up balanced over the targets, with the fewest moves that achieve it
+        counts = [sum(1 for q in chosen if mt["segs"][q][-1]["broker"] == b) for b in onto]
+        assert max(counts) - min(counts) <= 1, (before, onto, moved)
+        assert len(moved) == minimal_moves(before, onto), (before, onto, moved)
+
+    @precondition(lambda self: any(s["state"] == "sealing" for t in self.topics.values()
+                                   for segs in t["segs"] for s in segs))
+    @rule(data=st.data())
+    def seal(self, data):
+        name, q, seg = data.draw(st.sampled_from(self.segments(lambda s: s["state"] == "sealing")))
+        beyond = data.draw(st.integers(0, 9)) == 0
+        end = seg["budget"] + data.draw(st.integers(1, 10)) if beyond else data.draw(st.integers(0, seg["budget"]))
+        cmd = {"type": "SealSegment", "broker": seg["broker"], "epoch": self.brokers[seg["broker"]]["epoch"],
+               "topic": name, "queue": q, "gen": seg["gen"], "end_offset": end}
+        if beyond:
+            self.submit(cmd, expect={"INVALID_ARGUMENT"})
+            return
+        out = self.submit(cmd)
+        self.seal_model(seg, end)
+        assert out["result"]["logic_end"] == seg["end"]
+        nxt = self.topics[name]["segs"][q][-1]
+        assert nxt["gen"] == seg["gen"] + 1 and nxt["start"] is None
+        nxt["start"] = seg["end"]
+
+    @precondition(lambda self: any(s["state"] == "sealed" for t in self.topics.values()
+                                   for segs in t["segs"] for s in segs))
+    @rule(data=st.data(), same=st.booleans())
+    def seal_again(self, data, same):
+        name, q, seg = data.draw(st.sampled_from(self.segments(lambda s: s["state"] == "sealed")))
+        end = seg["pend"] if same else (seg["pend"] + 1) % (seg["budget"] + 1)
+        cmd = {"type": "SealSegment", "broker": seg["broker"], "epoch": self.brokers[seg["broker"]]["epoch"],
+               "topic": name, "queue": q, "gen": seg["gen"], "end_offset": end}
+        v = self.sm.image.version
+        out = self.submit(cmd, expect=None if same or end == seg["pend"] else {"ALREADY_SEALED"})
+        if out["ok"]:
+            assert out["result"]["logic_end"] == seg["end"] and self.sm.image.version == v
+
+    @precondition(lambda self: self.topics)
+    @rule(data=st.data())
+    def seal_active(self, data):
+        name, q, seg = data.draw(st.sampled_from(self.segments(lambda s: s["state"] == "active")))
+        self.submit({"type": "SealSegment", "broker": seg["broker"], "epoch": self.brokers[seg["broker"]]["epoch"],
+                     "topic": name, "queue": q, "gen": seg["gen"], "end_offset": 0}, expect={"NOT_SEALING"})
+
+    @rule(data=st.data(), key=st.sampled_from(["k1", "k2"]),
+          value=st.none() | st.sampled_from(["x", "y"]), ev=st.sampled_from([None, "right", "wrong"]))
+    def set_config(self, data, key, value, ev):
+        name = self.pick_topic(data)
+        mt = self.model_topic(name)
+        cmd: dict[str, Any] = {"type": "SetTopicConfig", "topic": name, "config": {key: value}}
+        if mt is None:
+            self.submit(cmd, expect={"TOPIC_NOT_FOUND"})
+            return
+        if ev is not None:
+            current = self.sm.image.topics[name]["version"]
+            cmd["expected_version"] = current if ev == "right" else current - 1
+        if ev == "wrong":
+            err = self.submit(cmd, expect={"VERSION_MISMATCH"})["error"]
+            assert err["details"]["current_version"] == self.sm.image.topics[name]["version"]
+            return
+        v = self.sm.image.version
+        out = self.submit(cmd)
+        config = dict(mt["config"])
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+        assert out["result"]["config"] == config
+        assert self.sm.image.version == v + (0 if config == mt["config"] else 1)
+        mt["config"] = config
+
+    @rule(name=st.sampled_from(TOPICS), ev=st.sampled_from([None, "right", "wrong"]))
+    def delete(self, name, ev):
+        cmd: dict[str, Any] = {"type": "DeleteTopic", "topic": name}
+        if name not in self.topics:
+            self.submit(cmd, expect={"TOPIC_NOT_FOUND"})
+            return
+        if ev is not None:
+            current = self.sm.image.topics[name]["version"]
+            cmd["expected_version"] = current if ev == "right" else current + 7
+        if ev == "wrong":
+            self.submit(cmd, expect={"VERSION_MISMATCH"})
+            return
+        self.submit(cmd)
+        del self.topics[name]
+
+    @rule(snapshot=st.booleans())
+    def barrier_or_snapshot(self, snapshot):
+        if snapshot:  # the replica continues from a snapshot of the canonical bytes
+            self.replica = StateMachine(Image(json.loads(self.sm.image.canonical_bytes())), offset_budget=BUDGET)
+            return
+        v = self.sm.image.version
+        self.submit({"type": "Barrier"}, rid=False)
+        assert self.sm.image.version == v
+
+    @precondition(lambda self: self.sent)
+    @rule(data=st.data(), other=st.booleans())
+    def repeat_request(self, data, other):
+        env, first = data.draw(st.sampled_from(self.sent))
+        self.ts += 10
+        cmd = {"type": "Barrier", "nonce": 1} if other else copy.deepcopy(env["cmd"])
+        again = {"rid": env["rid"], "ts": self.ts, "actor": "admin", "cmd": cmd}
+        v, before = self.sm.image.version, self.sm.image.data["history"][-1:]
+        outcome, changed = self.sm.apply(copy.deepcopy(again))
+        self.replica.apply(copy.deepcopy(again))
+        assert self.sm.image.version == v and self.sm.image.data["history"][-1:] == before and changed == set()
+        if other:
+            assert outcome["ok"] is False and outcome["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+        else:
+            assert outcome == first
+
+    # -- invariants ----------------------------------------------------------------------------------------------
+    @invariant()
+    def versions_and_time_only_grow(self):
+        assert self.sm.image.version >= self.last_version
+        assert self.sm.image.data["last_ts"] >= self.last_ts
+        self.last_version = self.sm.image.version
+        self.last_ts = self.sm.image.data["last_ts"]
+
+    @invariant()
+    def image_structure(self):
+        check_image_invariants(self.sm.image)
+
+    @invariant()
+    def replica_is_byte_identical(self):
+        assert self.replica.image.canonical_bytes() == self.sm.image.canonical_bytes()
+
+    @invariant()
+    def image_equals_model(self):
+        image = self.sm.image
+        assert {n: (b["epoch"], b["state"]) for n, b in image.brokers.items()} == {
+            n: (b["epoch"], b["state"]) for n, b in self.brokers.items()}
+        assert set(image.topics) == set(self.topics)
+        for name, mt in self.topics.items():
+            t = image.topics[name]
+            assert (t["queues"], t["slots"], t["config"], t["order"]) == (mt["queues"], mt["slots"], mt["config"],
+                                                                          mt["order"])
+            for q, msegs in enumerate(mt["segs"]):
+                got = [(s["gen"], s["broker"], s["logic_start"], s["logic_end"], s["physical_end"], s["budget_end"],
+                        s["state"]) for s in t["logic_queues"][q]]
+                want = [(s["gen"], s["broker"], s["start"], s["end"], s["pend"], s["budget"], s["state"])
+                        for s in msegs]
+                assert got == want, f"{name}/{q}"
+            # model continuity: each decided start is the previous end, the first start is 0
+            for msegs in mt["segs"]:
+                assert msegs[0]["start"] == 0
+                for prev, nxt in zip(msegs, msegs[1:]):
+                    assert nxt["start"] is None or nxt["start"] == prev["end"]
+                assert sum(1 for s in msegs if s["state"] != "sealed") <= 2
+                assert sum(1 for s in msegs if s["state"] == "active" and s["start"] is not None) <= 1
+
+
+StateMachineVsModel.TestCase.settings = settings(max_examples=75, stateful_step_count=40, deadline=None,
+                                                 suppress_health_check=[HealthCheck.too_slow,
+                                                                        HealthCheck.filter_too_much])
+TestStateMachineVsModel = StateMachineVsModel.TestCase
