@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +19,37 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+PORT_SPAN = 100           # a cluster uses base..base+13 (meta) and base+50.. (brokers)
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+
+
+def free_base_port() -> int:
+    """A base port whose whole span is free, below the ephemeral range: a port in that range can be handed to an
+    outgoing connection, and a connect to a node not yet listening can then connect to itself (TCP self-connect)."""
+    low, high = 20000, _ephemeral_low() - PORT_SPAN
+    for _ in range(500):
+        base = random.randrange(low, high) // PORT_SPAN * PORT_SPAN
+        if all(_port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def _meta_ports(base: int, i: int) -> tuple[int, int]:

@@ -9,7 +9,10 @@ from aiohttp import web
 
 
 async def serve_app(app: web.Application, host: str, port: int) -> None:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    # handler_cancellation: a long poll or watch whose client went away stops at once instead of holding its
+    # waiter slot until its wait ends.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
+                           handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True, backlog=2048)
     await site.start()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,30 +16,7 @@ import aiohttp
 
 from ops import devcluster
 
-PORT_SPAN = 100
-
-
-def free_base_port() -> int:
-    """A base port whose whole span looks free (meta at base+2i/+1, brokers at base+50+i)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        base = base - base % PORT_SPAN
-        if base + PORT_SPAN >= 65000 or base < 20000:
-            continue
-        if all(_port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
-            return base
-    raise RuntimeError("no free port range")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+free_base_port = devcluster.free_base_port
 
 
 @dataclass

@@ -1,0 +1,36 @@
+"""The Stator Python client: admin calls, route subscriptions, a producer and a pull consumer (asyncio), plus blocking
+wrappers for scripts (``client.sync``).
+
+    async with AdminClient(meta_urls, admin_token) as admin:
+        await admin.create_topic("orders", queues=8, order="strict")
+    async with Producer(meta_urls, client_token, "orders") as producer:
+        result = await producer.send("paid", key="order-17")
+    async with PullConsumer(meta_urls, client_token, "orders", "billing") as consumer:
+        for m in await consumer.poll(timeout_s=1.0):
+            ...
+        await consumer.commit_positions()
+"""
+
+from .admin import AdminClient
+from .consumer import PullConsumer, PullResult, ReceivedMessage
+from .errors import (Closed, Fenced, NoLeader, NotLeader, Sealing, StaleToken, StatorError, TopicExists,
+                     TopicNotFound, Unavailable, VersionMismatch)
+from .fault import LatencyFaultAvoidance, avoidance_ms
+from .http import Backoff, MetaCaller
+from .producer import Producer, SendResult
+from .routes import RouteSubscription
+from .selection import (CallableSelector, KeySelector, Message, QueueSelector, RandomSelector, RoundRobinSelector,
+                        as_selector)
+from .slots import SlotTable, queue_for_key, queue_for_slot, slot_of
+from .sse import SseEvent, SseParser
+from .sync import SyncAdminClient, SyncProducer, SyncPullConsumer
+
+__all__ = [
+    "AdminClient", "RouteSubscription", "Producer", "SendResult", "PullConsumer", "PullResult", "ReceivedMessage",
+    "Message", "QueueSelector", "KeySelector", "RoundRobinSelector", "RandomSelector", "CallableSelector",
+    "as_selector", "LatencyFaultAvoidance", "avoidance_ms", "slot_of", "queue_for_slot", "queue_for_key", "SlotTable",
+    "MetaCaller", "Backoff", "SseParser", "SseEvent",
+    "StatorError", "Unavailable", "Closed", "NotLeader", "Sealing", "Fenced", "NoLeader", "VersionMismatch",
+    "StaleToken", "TopicNotFound", "TopicExists",
+    "SyncAdminClient", "SyncProducer", "SyncPullConsumer",
+]

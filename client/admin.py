@@ -1,0 +1,141 @@
+"""``AdminClient``: the meta service's admin and read calls (API.md, meta section), through any meta node.
+
+Every mutation carries an ``Idempotency-Key`` made once per logical call and sent unchanged on every retry, so a retry
+after a lost answer returns the first outcome and appends nothing. ``expected_version`` is passed through for optimistic
+concurrency (409 ``VERSION_MISMATCH`` -> ``errors.VersionMismatch`` with ``current_version``).
+
+Reads ask for ``min_version`` = the newest version this client has written, so a client reads its own writes whichever
+node answers (a node that has not caught up within its wait answers 503 and the call moves to another node).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from .http import META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQUEST_TIMEOUT_S_DEFAULT, Backoff, MetaCaller
+
+
+def _seg(name: str) -> str:
+    """A path segment; names are validated by the server, quoting only keeps a bad one from changing the path."""
+    return quote(str(name), safe="")
+
+
+def new_idempotency_key() -> str:
+    return uuid.uuid4().hex
+
+
+class AdminClient:
+    """Admin and read calls to the meta service through any of ``meta_urls`` (failing over between them)."""
+
+    def __init__(self, meta_urls: Sequence[str] | str, token: str, *, session: aiohttp.ClientSession | None = None,
+                 timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT, attempts_max: int = META_ATTEMPTS_MAX_DEFAULT,
+                 deadline_s: float = META_DEADLINE_S_DEFAULT, backoff: Backoff | None = None,
+                 read_your_writes: bool = True):
+        self.meta = MetaCaller(meta_urls, token, session=session, timeout_s=timeout_s, attempts_max=attempts_max,
+                               deadline_s=deadline_s, backoff=backoff)
+        self.read_your_writes = read_your_writes
+        self.written_version = 0  # newest metadata version a write of this client produced
+
+    # -- plumbing ----------------------------------------------------------------------------------------------
+    async def _write(self, method: str, path: str, body: Any = None, *, expected_version: int | None = None,
+                     idempotency_key: str | None = None) -> dict[str, Any]:
+        key = idempotency_key or new_idempotency_key()  # once per logical call: every retry below reuses it
+        answer = await self.meta.call(method, path, json=body, params={"expected_version": expected_version},
+                                      headers={"Idempotency-Key": key})
+        v = answer.body.get("version") if isinstance(answer.body, dict) else None
+        if isinstance(v, int) and v > self.written_version:
+            self.written_version = v
+        return answer.body
+
+    async def _read(self, path: str, params: dict[str, Any] | None = None, *,
+                    consistency: str | None = None) -> dict[str, Any]:
+        q = dict(params or {})
+        if consistency is not None:
+            q["consistency"] = consistency
+        if self.read_your_writes and self.written_version > 0:
+            q["min_version"] = self.written_version
+        return (await self.meta.call("GET", path, params=q)).body
+
+    # -- topics ------------------------------------------------------------------------------------------------
+    async def create_topic(self, topic: str, queues: int, *, brokers: Sequence[str] | None = None,
+                           slots: int | None = None, order: str | None = None, config: dict[str, str] | None = None,
+                           expected_version: int | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+        """``{"topic","queues","version"}``. ``order`` is ``"best_tried"`` (default) or ``"strict"``."""
+        body: dict[str, Any] = {"topic": topic, "queues": queues}
+        for k, v in (("brokers", list(brokers) if brokers is not None else None), ("slots", slots),
+                     ("order", order), ("config", config)):
+            if v is not None:
+                body[k] = v
+        return await self._write("POST", "/v1/topics", body, expected_version=expected_version,
+                                 idempotency_key=idempotency_key)
+
+    async def describe_topic(self, topic: str, *, consistency: str | None = None) -> dict[str, Any]:
+        """The admin view: queues, slots, order, version, config and every logic queue's segment chain."""
+        return await self._read(f"/v1/topics/{_seg(topic)}", consistency=consistency)
+
+    async def list_topics(self, *, consistency: str | None = None) -> list[dict[str, Any]]:
+        return (await self._read("/v1/topics", consistency=consistency))["topics"]
+
+    async def grow_topic(self, topic: str, queues: int, *, expected_version: int | None = None,
+                         idempotency_key: str | None = None) -> dict[str, Any]:
+        """Raise the number of logic queues (a static topic only grows)."""
+        return await self._write("PATCH", f"/v1/topics/{_seg(topic)}", {"queues": queues},
+                                 expected_version=expected_version, idempotency_key=idempotency_key)
+
+    async def set_config(self, topic: str, config: dict[str, str | None], *, expected_version: int | None = None,
+                         idempotency_key: str | None = None) -> dict[str, Any]:
+        """Merge ``config`` into the topic's config; a ``None`` value removes the key."""
+        return await self._write("PUT", f"/v1/topics/{_seg(topic)}/config", dict(config),
+                                 expected_version=expected_version, idempotency_key=idempotency_key)
+
+    async def remap(self, topic: str, brokers: Sequence[str], *, queues: Sequence[int] | None = None,
+                    expected_version: int | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Move the topic's queues (all, or ``queues``) onto ``brokers``: ``{"version","moved":[...]}``."""
+        body: dict[str, Any] = {"brokers": list(brokers)}
+        if queues is not None:
+            body["queues"] = list(queues)
+        return await self._write("POST", f"/v1/topics/{_seg(topic)}/remap", body,
+                                 expected_version=expected_version, idempotency_key=idempotency_key)
+
+    async def delete_topic(self, topic: str, *, expected_version: int | None = None,
+                           idempotency_key: str | None = None) -> dict[str, Any]:
+        return await self._write("DELETE", f"/v1/topics/{_seg(topic)}", expected_version=expected_version,
+                                 idempotency_key=idempotency_key)
+
+    # -- cluster -----------------------------------------------------------------------------------------------
+    async def brokers(self) -> list[dict[str, Any]]:
+        return (await self._read("/v1/brokers"))["brokers"]
+
+    async def cluster(self) -> dict[str, Any]:
+        """The answering node's view: node, role, leader, term, commit_index, applied_version, members."""
+        return await self._read("/v1/cluster")
+
+    async def history(self, *, topic: str | None = None, after: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """One page of events after version ``after``: ``{"events":[...],"next_after"}``."""
+        return await self._read("/v1/history", {"topic": topic, "after": after, "limit": limit})
+
+    async def iter_history(self, *, topic: str | None = None, after: int = 0,
+                           page: int = 1000) -> AsyncIterator[dict[str, Any]]:
+        """Every event after ``after`` up to the version applied when the last page was read."""
+        while True:
+            answer = await self.history(topic=topic, after=after, limit=page)
+            for e in answer["events"]:
+                yield e
+            if not answer["events"] or answer["next_after"] <= after:
+                return
+            after = answer["next_after"]
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    async def close(self) -> None:
+        await self.meta.close()
+
+    async def __aenter__(self) -> AdminClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,318 @@
+"""``PullConsumer``: reads logic queues of one topic for one consumer group, in offset order, and commits offsets.
+
+Each logic queue is pulled from the broker that holds its newest segment (the route's ``address``); that broker serves
+the whole history of the queue, and ``next_offset`` always moves forward, across segment boundaries too.
+A committed offset is the next offset to read (the last processed offset + 1), as in Kafka; -1 means the group never
+committed, and reading then starts at the queue's ``min_offset`` (as a pull reports it).
+
+A pull or commit answered ``NOT_LEADER`` re-reads the route (the queue moved) and tries again; no answer or a 5xx is
+retried with backoff within ``attempts_max`` and ``deadline_s``; ``STALE_TOKEN`` (a newer exclusive owner) is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from .errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
+from .http import Backoff, Deadline, new_session, request_once
+from .routes import Route, RouteSubscription
+
+log = logging.getLogger("stator.client.consumer")
+
+PULL_MESSAGES_MAX_DEFAULT = 32
+PULL_MESSAGES_MAX = 1024
+REQUEST_TIMEOUT_S_DEFAULT = 10.0
+ATTEMPTS_MAX_DEFAULT = 6
+DEADLINE_S_DEFAULT = 20.0
+IDLE_PAUSE_S = 0.2           # between rounds of a poll that found nothing
+PULLS_IN_FLIGHT_MAX = 8      # concurrent pulls of one poll round
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    topic: str
+    queue: int
+    offset: int
+    body: str | bytes
+    key: str | None = None
+    props: Mapping[str, str] = field(default_factory=dict)
+    ts: int | None = None
+
+
+@dataclass(frozen=True)
+class PullResult:
+    queue: int
+    messages: list[ReceivedMessage]
+    next_offset: int
+    min_offset: int | None
+    max_offset: int | None
+
+
+def _decode(topic: str, queue: int, m: Mapping[str, Any]) -> ReceivedMessage:
+    body: str | bytes
+    if m.get("body_b64") is not None:
+        body = base64.b64decode(m["body_b64"])
+    else:
+        body = m.get("body", "")
+    return ReceivedMessage(topic, queue, int(m["offset"]), body, m.get("key"), m.get("props") or {}, m.get("ts"))
+
+
+class PullConsumer:
+    """Reads ``queues`` (default: every queue of the topic, growth included) of ``topic`` for ``group``.
+    ``routes`` may be a shared ``RouteSubscription`` (then not closed with the consumer)."""
+
+    def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, group: str,
+                 queues: Iterable[int] | None = None, *, routes: RouteSubscription | None = None,
+                 route_mode: str = "sse", session: aiohttp.ClientSession | None = None,
+                 max_messages: int = PULL_MESSAGES_MAX_DEFAULT, request_timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
+                 attempts_max: int = ATTEMPTS_MAX_DEFAULT, deadline_s: float = DEADLINE_S_DEFAULT,
+                 backoff: Backoff | None = None, idle_pause_s: float = IDLE_PAUSE_S):
+        if not 1 <= max_messages <= PULL_MESSAGES_MAX:
+            raise ValueError(f"max_messages must be within [1, {PULL_MESSAGES_MAX}]")
+        self.topic = topic
+        self.group = group
+        self.token = token
+        self._queues = sorted(set(queues)) if queues is not None else None
+        self._owns_routes = routes is None
+        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session)
+        self._session = session
+        self._owns_session = session is None
+        self.max_messages = max_messages
+        self.request_timeout_s = request_timeout_s
+        self.attempts_max = attempts_max
+        self.deadline_s = deadline_s
+        self.backoff = backoff or Backoff()
+        self.idle_pause_s = idle_pause_s
+        self._positions: dict[int, int] = {}     # queue -> next offset to read
+        self._lock_tokens: dict[int, int] = {}   # queue -> exclusive lock token, when the group is exclusive
+        self._closed = False
+
+    # -- positions ---------------------------------------------------------------------------------------------
+    async def queues(self) -> list[int]:
+        """The queues this consumer reads: the ones given, else every queue of the topic now."""
+        if self._queues is not None:
+            return list(self._queues)
+        route = await self.routes.get(self.topic)
+        return [q["queue"] for q in route["queues"]]
+
+    def set_lock_token(self, queue: int, token: int | None) -> None:
+        """The exclusive lock token to send with pulls and commits of ``queue`` (None: none)."""
+        if token is None:
+            self._lock_tokens.pop(queue, None)
+        else:
+            self._lock_tokens[queue] = token
+
+    def seek(self, queue: int, offset: int) -> None:
+        if offset < 0:
+            raise ValueError("offset must be >= 0")
+        self._positions[queue] = offset
+
+    async def position(self, queue: int) -> int:
+        """The next offset to read: the group's committed offset, or the queue's min_offset if it never committed."""
+        if queue not in self._positions:
+            committed = await self.committed(queue)
+            self._positions[queue] = committed if committed >= 0 else await self.min_offset(queue)
+        return self._positions[queue]
+
+    async def committed(self, queue: int) -> int:
+        """The group's committed offset of ``queue`` (-1 when never committed)."""
+        answer = await self._broker_call("GET", queue, self._offsets_path(queue))
+        return int(answer["offset"])
+
+    async def min_offset(self, queue: int) -> int:
+        """The oldest offset the logic queue still has, across all its segments: the ``min_offset`` of a pull from 0
+        (the head broker serves the whole history; ``GET /v1/queues`` may describe only the segments it holds)."""
+        r = await self.pull(queue, offset=0, max_messages=1)
+        if r.min_offset is not None:
+            return r.min_offset
+        return r.messages[0].offset if r.messages else r.next_offset
+
+    async def commit(self, queue: int, offset: int) -> int:
+        """Commit ``offset`` (the next offset to read) for the group. Raises ``StaleToken`` for a superseded owner."""
+        if offset < 0:
+            raise ValueError("offset must be >= 0")
+        body: dict[str, Any] = {"offset": offset}
+        if queue in self._lock_tokens:
+            body["token"] = self._lock_tokens[queue]
+        answer = await self._broker_call("PUT", queue, self._offsets_path(queue), json=body)
+        return int(answer.get("offset", offset))
+
+    async def commit_positions(self) -> dict[int, int]:
+        """Commit the current position of every queue this consumer has read."""
+        done = {}
+        for q, off in sorted(self._positions.items()):
+            done[q] = await self.commit(q, off)
+        return done
+
+    def _offsets_path(self, queue: int) -> str:
+        return f"/v1/offsets/{quote(self.group, safe='')}/{quote(self.topic, safe='')}/{queue}"
+
+    # -- pulling -----------------------------------------------------------------------------------------------
+    async def pull(self, queue: int, offset: int | None = None, max_messages: int | None = None) -> PullResult:
+        """One pull of ``queue`` from ``offset`` (default: the position). Does not move the position."""
+        if offset is None:
+            offset = await self.position(queue)
+        n = max_messages or self.max_messages
+        params: dict[str, Any] = {"offset": offset, "max": n, "group": self.group}
+        if queue in self._lock_tokens:
+            params["token"] = self._lock_tokens[queue]
+        path = f"/v1/messages/{quote(self.topic, safe='')}/{queue}"
+        answer = await self._broker_call("GET", queue, path, params=params)
+        msgs = sorted((_decode(self.topic, queue, m) for m in answer.get("messages", [])), key=lambda m: m.offset)
+        msgs = [m for m in msgs if m.offset >= offset]
+        next_offset = int(answer.get("next_offset", msgs[-1].offset + 1 if msgs else offset))
+        min_offset, max_offset = answer.get("min_offset"), answer.get("max_offset")
+        if not msgs and isinstance(min_offset, int) and min_offset > max(offset, next_offset):
+            next_offset = min_offset  # the data before min_offset is gone: continue from the oldest kept
+        return PullResult(queue, msgs, max(next_offset, offset), min_offset, max_offset)
+
+    async def poll(self, timeout_s: float = 0.0) -> list[ReceivedMessage]:
+        """Pull every queue once (repeating until ``timeout_s`` while nothing arrives) and move the positions past
+        what is returned. Messages are in offset order within each queue."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            self._check_open()
+            out = await self._poll_round()
+            if out or loop.time() + self.idle_pause_s > deadline:
+                return out
+            await asyncio.sleep(self.idle_pause_s)
+
+    async def _poll_round(self) -> list[ReceivedMessage]:
+        queues = await self.queues()
+        gate = asyncio.Semaphore(PULLS_IN_FLIGHT_MAX)
+
+        async def one(q: int) -> PullResult | StatorError:
+            async with gate:
+                try:
+                    return await self.pull(q)
+                except (NotLeader, Unavailable) as e:  # retried inside pull already; the next round tries again
+                    return e
+                except StatorError as e:
+                    if e.status >= 500:
+                        return e
+                    raise
+        results = await asyncio.gather(*(one(q) for q in queues))
+        out: list[ReceivedMessage] = []
+        errors = [r for r in results if isinstance(r, StatorError)]
+        for r in results:
+            if isinstance(r, PullResult):
+                out.extend(r.messages)
+                self._positions[r.queue] = r.next_offset
+        if errors and len(errors) == len(results):
+            raise errors[0]
+        for e in errors:
+            log.warning("pull_failed", extra={"topic": self.topic, "error": repr(e)})
+        return out
+
+    async def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
+        """Every message from the positions on, until ``close()``; commit with ``commit(m.queue, m.offset + 1)``."""
+        while not self._closed:
+            try:
+                batch = await self.poll(timeout_s=1.0)
+            except (Closed, StatorError, RuntimeError):
+                if self._closed:  # closed while polling: the iteration simply ends
+                    return
+                raise
+            for m in batch:
+                yield m
+
+    # -- one broker call with route refresh and retries --------------------------------------------------------
+    async def _broker_call(self, method: str, queue: int, path: str, *, params: Mapping[str, Any] | None = None,
+                           json: Any = None) -> dict[str, Any]:
+        deadline = Deadline(self.deadline_s)
+        last: StatorError | None = None
+        for attempt in range(self.attempts_max):
+            if deadline.expired:
+                break
+            try:
+                route = await self._route(deadline)
+                address = _address(route, queue)
+                answer = await request_once(self.session(), method, address + path, token=self.token,
+                                            params=params, json=json,
+                                            timeout_s=max(0.001, min(self.request_timeout_s, deadline.left_s())))
+                return answer.body if isinstance(answer.body, dict) else {}
+            except StatorError as e:
+                last = e
+                if isinstance(e, TopicNotFound):
+                    await self._refresh(None, deadline)  # raises when meta agrees the topic is gone
+                elif isinstance(e, NotLeader) or e.status == 0 or e.status >= 500:
+                    await self._refresh(e.route_version, deadline)
+                else:
+                    raise
+            if attempt + 1 < self.attempts_max:
+                pause = self.backoff.delay_s(attempt)
+                if pause >= deadline.left_s():
+                    break
+                await asyncio.sleep(pause)
+        raise last or Unavailable(f"{method} {path}: no attempt within {self.deadline_s} s")
+
+    async def _route(self, deadline: Deadline) -> Route:
+        held = self.routes.route(self.topic)
+        if held is not None:
+            return held
+        try:
+            return await asyncio.wait_for(self.routes.get(self.topic), max(0.001, deadline.left_s()))
+        except TimeoutError:
+            raise Unavailable(f"no route of {self.topic!r} from meta within {self.deadline_s} s") from None
+
+    async def _refresh(self, min_version: int | None, deadline: Deadline) -> None:
+        """Re-read the route, within the call's deadline. Raises only ``TopicNotFound``."""
+        try:
+            await asyncio.wait_for(self.routes.refresh(self.topic, min_version), max(0.001, deadline.left_s()))
+        except TopicNotFound:
+            raise
+        except (StatorError, TimeoutError) as e:
+            log.info("route_refresh_failed", extra={"topic": self.topic, "error": repr(e)})
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed("this consumer is closed")
+
+    def session(self) -> aiohttp.ClientSession:
+        self._check_open()
+        if self._session is None:
+            self._session = new_session()
+        return self._session
+
+    async def start(self) -> None:
+        await self.routes.get(self.topic)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_routes:
+            await self.routes.close()
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> PullConsumer:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def _address(route: Route, queue: int) -> str:
+    queues = route["queues"]
+    if not 0 <= queue < len(queues):
+        raise ValueError(f"queue {queue} does not exist; topic {route['topic']!r} has {len(queues)} queues")
+    address = queues[queue].get("address")
+    if not address:
+        raise Unavailable(f"queue {queue} of {route['topic']!r}: its broker has no address in the route")
+    return address.rstrip("/")

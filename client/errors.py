@@ -1,0 +1,155 @@
+"""Errors the client raises: the API's error shape (API.md, Conventions) as exceptions, one subclass per code we act on.
+
+Every service answers an error with an HTTP status plus ``{"error": {"code", "message", "details"}}``.
+``StatorError.from_response`` turns that into the most specific subclass so callers can ``except NotLeader:``;
+codes without a subclass stay plain ``StatorError`` with ``.code`` set. Transport failures (refused, reset,
+timed out) are ``Unavailable`` with status 0: the request may or may not have reached the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Codes API.md fixes, plus the ones the meta service adds (meta/errors.py, meta/service.py).
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+UNAUTHENTICATED = "UNAUTHENTICATED"
+PERMISSION_DENIED = "PERMISSION_DENIED"
+TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
+TOPIC_EXISTS = "TOPIC_EXISTS"
+VERSION_MISMATCH = "VERSION_MISMATCH"
+NOT_LEADER = "NOT_LEADER"
+STALE_TOKEN = "STALE_TOKEN"
+TOO_LARGE = "TOO_LARGE"
+NO_LEADER = "NO_LEADER"
+FENCED = "FENCED"
+SEALING = "SEALING"
+VERSION_NOT_REACHED = "VERSION_NOT_REACHED"
+TOO_MANY_WAITERS = "TOO_MANY_WAITERS"
+LEADER_CHANGED = "LEADER_CHANGED"
+IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+UNAVAILABLE = "UNAVAILABLE"  # client-side: no answer (connection refused, reset, timed out)
+INTERNAL = "INTERNAL"
+
+# A meta node answering one of these cannot serve the call right now, but another node (or the same one a moment
+# later) can: the caller fails over and retries. Mutations are safe to retry because they carry an Idempotency-Key.
+META_RETRIABLE_CODES = frozenset({NO_LEADER, VERSION_NOT_REACHED, TOO_MANY_WAITERS, LEADER_CHANGED, UNAVAILABLE})
+
+
+class StatorError(Exception):
+    """An error answer of a Stator service (or ``Unavailable`` when there was no answer)."""
+
+    code: str = INTERNAL
+
+    def __init__(self, status: int, code: str | None, message: str, details: dict[str, Any] | None = None,
+                 *, url: str | None = None):
+        super().__init__(f"{code or self.code} ({status}): {message}")
+        self.status = status
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.details = details or {}
+        self.url = url
+        self.headers: Mapping[str, str] = {}  # of the answer, when there was one
+
+    def _int_header(self, name: str) -> int | None:
+        raw = self.headers.get(name)
+        try:
+            return int(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+    @property
+    def meta_version(self) -> int | None:
+        """``X-Meta-Version`` of the meta node that refused: its applied version when it answered."""
+        return self._int_header("X-Meta-Version")
+
+    @property
+    def route_version(self) -> int | None:
+        """``X-Route-Version`` of the broker that refused: the route version it knows."""
+        return self._int_header("X-Route-Version")
+
+    @classmethod
+    def from_response(cls, status: int, body: Any, *, url: str | None = None) -> StatorError:
+        """Build the most specific error for an answer; tolerates bodies that are not the API error shape."""
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict):
+            code = err.get("code") if isinstance(err.get("code"), str) else None
+            message = str(err.get("message", ""))
+            details = err.get("details") if isinstance(err.get("details"), dict) else {}
+        else:
+            code, message, details = None, (body if isinstance(body, str) else repr(body))[:500], {}
+        if code is None:
+            code = _code_for_status(status)
+        kind = _BY_CODE.get(code, StatorError)
+        return kind(status, code, message, details, url=url)
+
+    @property
+    def retriable_on_meta(self) -> bool:
+        """True when another try (on another meta node, after a pause) may succeed."""
+        return self.code in META_RETRIABLE_CODES or self.status in (502, 504)
+
+
+class Closed(RuntimeError):
+    """The client (or subscription) was closed while a call was using it."""
+
+
+class Unavailable(StatorError):
+    """No answer: connection refused or reset, or the per-request timeout passed. The request may have been applied."""
+    code = UNAVAILABLE
+
+    def __init__(self, message: str, *, url: str | None = None, cause: BaseException | None = None):
+        super().__init__(0, UNAVAILABLE, message, {}, url=url)
+        self.cause = cause
+
+
+class NotLeader(StatorError):
+    """409 from a broker that does not hold the queue's writable (or newest) segment: the client's route is stale."""
+    code = NOT_LEADER
+
+
+class Sealing(StatorError):
+    """503: the queue is being remapped (its head segment is sealing); retry on the same queue shortly."""
+    code = SEALING
+
+
+class Fenced(StatorError):
+    """503: the broker lost its meta session and refuses writes until it is active again."""
+    code = FENCED
+
+
+class NoLeader(StatorError):
+    """503 from meta: no Raft leader right now (an election is running)."""
+    code = NO_LEADER
+
+
+class VersionMismatch(StatorError):
+    """409: ``expected_version`` did not match; ``current_version`` is the topic's (or group's) version now."""
+    code = VERSION_MISMATCH
+
+    @property
+    def current_version(self) -> int | None:
+        v = self.details.get("current_version")
+        return v if isinstance(v, int) else None
+
+
+class StaleToken(StatorError):
+    """409: a newer exclusive lock grant exists; this consumer must stop using the queue."""
+    code = STALE_TOKEN
+
+
+class TopicNotFound(StatorError):
+    code = TOPIC_NOT_FOUND
+
+
+class TopicExists(StatorError):
+    code = TOPIC_EXISTS
+
+
+_BY_CODE: dict[str, type[StatorError]] = {
+    c.code: c for c in (NotLeader, Sealing, Fenced, NoLeader, VersionMismatch, StaleToken, TopicNotFound, TopicExists)
+}
+
+
+def _code_for_status(status: int) -> str:
+    return {400: INVALID_ARGUMENT, 401: UNAUTHENTICATED, 403: PERMISSION_DENIED, 413: TOO_LARGE}.get(status, INTERNAL)

@@ -1,0 +1,265 @@
+"""``Producer``: sends messages of one topic to the broker holding each logic queue's writable segment.
+
+Choosing the queue: the selector (by key, round robin, random, custom; see ``selection``) picks; an unpinned pick
+(no key, round robin or random) is then moved by fault avoidance to a queue on an available broker.
+
+Retrying, within ``attempts_max`` attempts and ``deadline_s`` seconds, with backoff and jitter between attempts:
+- 409 ``NOT_LEADER``: the route is stale. Re-read it at once (``min_version`` = the broker's ``X-Route-Version``)
+  and send again.
+- 503 ``SEALING``: the queue is being remapped. Wait (bounded) for the route that shows it writable again.
+- 503 ``FENCED``, no answer, 5xx: the broker is unhealthy. It is avoided for a while (a failure counts as 10 s of
+  latency) and the route re-read, since the queue may have moved.
+- Anything else (400, 401, 403, 404 of a deleted topic, 413) is raised at once.
+A topic with ``order=strict`` and a pinned message (a key, an explicit queue, a custom selector) are only ever retried
+on the same queue. A ``best_tried`` message without a key may move to another queue between attempts.
+
+Delivery is at least once: when a send gets no answer it may have been stored, and the retry may store it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from .errors import Closed, Fenced, NotLeader, Sealing, StatorError, TopicNotFound, Unavailable
+from .fault import LatencyFaultAvoidance
+from .http import Backoff, Deadline, new_session, request_once
+from .routes import Route, RouteSubscription
+from .selection import KeySelector, Message, QueueSelector, as_selector
+
+log = logging.getLogger("stator.client.producer")
+
+SEND_TIMEOUT_S_DEFAULT = 5.0
+SEND_ATTEMPTS_MAX_DEFAULT = 6
+SEND_DEADLINE_S_DEFAULT = 20.0
+SEALING_WAIT_S_MAX = 2.0     # how long one attempt waits for the route of a sealing queue to change
+BATCH_MESSAGES_MAX = 1024
+
+
+@dataclass(frozen=True)
+class SendResult:
+    topic: str
+    queue: int
+    offsets: list[int]
+    broker: str
+    attempts: int = 1
+
+
+def as_message(m: Message | Mapping[str, Any] | str | bytes) -> Message:
+    if isinstance(m, Message):
+        return m
+    if isinstance(m, (str, bytes, bytearray)):
+        return Message(m)
+    if isinstance(m, Mapping):
+        return Message(m["body"], m.get("key"), m.get("props"))
+    raise TypeError(f"cannot send a {type(m).__name__}; use Message, a dict, str or bytes")
+
+
+class Producer:
+    """Sends to one topic. ``selector``: ``None``/``"key"`` (by key, else round robin), ``"round_robin"``, ``"random"``,
+    a ``QueueSelector`` or a callable ``(route, message) -> queue``. ``fault_avoidance``: on/off, or a shared
+    ``LatencyFaultAvoidance``. ``routes``: a ``RouteSubscription`` to share between producers and consumers (it is then
+    not closed with the producer); without it the producer opens its own (``route_mode`` "sse" or "long_poll")."""
+
+    def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, *,
+                 selector: QueueSelector | Any = None, fault_avoidance: bool | LatencyFaultAvoidance = True,
+                 routes: RouteSubscription | None = None, route_mode: str = "sse",
+                 session: aiohttp.ClientSession | None = None, send_timeout_s: float = SEND_TIMEOUT_S_DEFAULT,
+                 attempts_max: int = SEND_ATTEMPTS_MAX_DEFAULT, deadline_s: float = SEND_DEADLINE_S_DEFAULT,
+                 backoff: Backoff | None = None, sealing_wait_s: float = SEALING_WAIT_S_MAX):
+        assert attempts_max >= 1 and send_timeout_s > 0 and deadline_s > 0
+        self.topic = topic
+        self.token = token
+        self.selector = as_selector(selector)
+        if isinstance(fault_avoidance, LatencyFaultAvoidance):
+            self.fault = fault_avoidance
+        else:
+            self.fault = LatencyFaultAvoidance(enabled=bool(fault_avoidance))
+        self._owns_routes = routes is None
+        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session)
+        self._session = session
+        self._owns_session = session is None
+        self.send_timeout_s = send_timeout_s
+        self.attempts_max = attempts_max
+        self.deadline_s = deadline_s
+        self.backoff = backoff or Backoff()
+        self.sealing_wait_s = sealing_wait_s
+        self._closed = False
+
+    # -- sending -----------------------------------------------------------------------------------------------
+    async def send(self, body: str | bytes, key: str | None = None, props: Mapping[str, str] | None = None, *,
+                   queue: int | None = None) -> SendResult:
+        """Send one message. ``key`` keeps per-key order (same key, same queue); ``queue`` forces a queue."""
+        return await self.send_batch([Message(body, key, props)], queue=queue)
+
+    async def send_batch(self, messages: Iterable[Message | Mapping[str, Any] | str | bytes], *,
+                         queue: int | None = None) -> SendResult:
+        """Send messages to one queue in one request (all stored or none). Without ``queue`` the first message
+        decides; keyed messages of one batch must all belong to that queue."""
+        msgs = [as_message(m) for m in messages]
+        if not msgs or len(msgs) > BATCH_MESSAGES_MAX:
+            raise ValueError(f"a batch has 1-{BATCH_MESSAGES_MAX} messages")
+        payload = {"messages": [m.to_json() for m in msgs]}
+        deadline = Deadline(self.deadline_s)
+        route = await self._route(deadline)
+        q, movable = self._first_choice(route, msgs, queue)
+        failed_broker: str | None = None
+        last: StatorError | None = None
+        for attempt in range(self.attempts_max):
+            if deadline.expired:
+                break
+            route = await self._route(deadline)
+            if movable:
+                q = self.fault.pick(route["queues"], q, avoid_broker=failed_broker)
+            elif not _writable(route, q):
+                route = await self._wait_writable(q, min(self.sealing_wait_s, deadline.left_s()), deadline)
+            entry = _queue_entry(route, q)
+            failed_broker = None
+            try:
+                return await self._send_once(entry, q, payload, deadline, attempt + 1)
+            except StatorError as e:
+                last = e
+                if not await self._after_failure(e, entry, q, deadline):
+                    raise
+                if e.status == 0 or (e.status >= 500 and not isinstance(e, Sealing)):
+                    failed_broker = entry.get("broker")
+            if attempt + 1 < self.attempts_max:
+                pause = self.backoff.delay_s(attempt)
+                if pause >= deadline.left_s():
+                    break
+                await asyncio.sleep(pause)
+        if last is None:
+            raise Unavailable(f"send to {self.topic!r}: no attempt within {self.deadline_s} s")
+        raise last
+
+    def _first_choice(self, route: Route, msgs: list[Message], queue: int | None) -> tuple[int, bool]:
+        """(queue, whether later attempts may move the batch to another queue)."""
+        strict = route.get("order") == "strict"
+        if queue is not None:
+            _queue_entry(route, queue)
+            return queue, False
+        first = msgs[0]
+        q = self.selector.select(route, first)
+        if isinstance(self.selector, KeySelector):
+            other = {self.selector.select(route, m) for m in msgs[1:] if m.key is not None}
+            if other - {q} or (first.key is None and other):
+                raise ValueError("keyed messages of one batch must all map to one queue; split the batch by queue")
+        pinned = self.selector.pins(first)
+        if not pinned:
+            q = self.fault.pick(route["queues"], q)
+        return q, not (pinned or strict)
+
+    async def _send_once(self, entry: Mapping[str, Any], q: int, payload: dict, deadline: Deadline,
+                         attempts: int) -> SendResult:
+        address, broker = entry.get("address"), entry.get("broker")
+        if not address:
+            raise Unavailable(f"queue {q} of {self.topic!r}: broker {broker!r} has no address in the route")
+        url = f"{address.rstrip('/')}/v1/messages/{quote(self.topic, safe='')}/{q}"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        answer = await request_once(self.session(), "POST", url, token=self.token, json=payload,
+                                    timeout_s=max(0.001, min(self.send_timeout_s, deadline.left_s())))
+        self.fault.update(broker, (loop.time() - started) * 1000.0)
+        body = answer.body if isinstance(answer.body, dict) else {}
+        return SendResult(self.topic, body.get("queue", q), list(body.get("offsets", [])), broker, attempts)
+
+    async def _after_failure(self, e: StatorError, entry: Mapping[str, Any], q: int, deadline: Deadline) -> bool:
+        """Act on a failed attempt; False when the error is final (raise it)."""
+        broker = entry.get("broker")
+        if isinstance(e, NotLeader):
+            await self._refresh(e.route_version, deadline)
+        elif isinstance(e, Sealing):
+            await self._wait_changed(min(self.sealing_wait_s, deadline.left_s()))
+        elif isinstance(e, Fenced) or e.status == 0 or e.status >= 500:
+            self.fault.update(broker, 0, failed=True)
+            await self._refresh(e.route_version, deadline)
+        elif isinstance(e, TopicNotFound):
+            await self._refresh(None, deadline)  # raises TopicNotFound when meta agrees it is gone
+        else:
+            return False
+        log.info("send_retry", extra={"topic": self.topic, "queue": q, "broker": broker, "code": e.code})
+        return True
+
+    async def _route(self, deadline: Deadline) -> Route:
+        held = self.routes.route(self.topic)
+        if held is not None:
+            return held
+        try:
+            return await asyncio.wait_for(self.routes.get(self.topic), max(0.001, deadline.left_s()))
+        except TimeoutError:
+            raise Unavailable(f"no route of {self.topic!r} from meta within {self.deadline_s} s") from None
+
+    async def _refresh(self, min_version: int | None, deadline: Deadline) -> None:
+        """Re-read the route, within the send's deadline. Raises only ``TopicNotFound``."""
+        try:
+            await asyncio.wait_for(self.routes.refresh(self.topic, min_version), max(0.001, deadline.left_s()))
+        except TopicNotFound:
+            raise
+        except (StatorError, TimeoutError) as e:  # meta unreachable: keep the route held; the next attempt decides
+            log.info("route_refresh_failed", extra={"topic": self.topic, "error": repr(e)})
+
+    async def _wait_writable(self, q: int, timeout_s: float, deadline: Deadline) -> Route:
+        try:
+            return await self.routes.wait_for(self.topic, lambda r: _writable(r, q), timeout_s)
+        except TimeoutError:
+            return await self._route(deadline)
+
+    async def _wait_changed(self, timeout_s: float) -> None:
+        """Wait (bounded) for the next route: a sealing queue's route changes when its new segment opens."""
+        held = self.routes.version(self.topic)
+        try:
+            await self.routes.wait_for(self.topic, lambda r: r["version"] > held, timeout_s)
+        except TimeoutError:
+            pass
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise Closed("this producer is closed")
+        if self._session is None:
+            self._session = new_session()
+        return self._session
+
+    async def start(self) -> None:
+        """Fetch the route now (else the first send does)."""
+        await self.routes.get(self.topic)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_routes:
+            await self.routes.close()
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> Producer:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def _queue_entry(route: Route, q: int) -> Mapping[str, Any]:
+    queues = route["queues"]
+    if not 0 <= q < len(queues):
+        raise ValueError(f"queue {q} does not exist; topic {route['topic']!r} has {len(queues)} queues")
+    entry = queues[q]
+    assert entry["queue"] == q, "route queues are listed in queue order"
+    return entry
+
+
+def _writable(route: Route, q: int) -> bool:
+    queues = route["queues"]
+    return 0 <= q < len(queues) and bool(queues[q].get("writable")) and bool(queues[q].get("address"))

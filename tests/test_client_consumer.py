@@ -1,0 +1,122 @@
+"""client/consumer.py against fake brokers and a fake meta: start position, offset order, commits, NOT_LEADER."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from client import PullConsumer, StaleToken, SyncPullConsumer
+from client.http import Backoff
+from tests.test_client_fakes import DEAD_ADDRESS, TOKEN, Fakes, fakes_in_thread, make_route
+
+FAST = Backoff(0.01, 0.05)
+
+
+@pytest.fixture
+async def fakes():
+    async with Fakes() as f:
+        yield f
+
+
+def consumer(f: Fakes, **kw) -> PullConsumer:
+    kw.setdefault("backoff", FAST)
+    return PullConsumer([f.meta.url], TOKEN, "t", kw.pop("group", "g"), **kw)
+
+
+async def test_reads_from_min_offset_in_order_commits_and_resumes(fakes):
+    fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url), ("b2", fakes.b2.url)]))
+    fakes.b1.load("t", 0, [f"a{i}" for i in range(10)], start=5)   # older offsets are gone
+    fakes.b2.load("t", 1, ["b0", "b1", "b2"])
+    async with consumer(fakes, max_messages=4) as c:
+        assert await c.committed(0) == -1
+        assert await c.position(0) == 5
+        got = []
+        while True:
+            batch = await c.poll()
+            if not batch:
+                break
+            got += batch
+        by_queue = {q: [(m.offset, m.body) for m in got if m.queue == q] for q in (0, 1)}
+        assert by_queue[0] == [(5 + i, f"a{i}") for i in range(10)]
+        assert by_queue[1] == [(0, "b0"), (1, "b1"), (2, "b2")]
+        assert await c.commit_positions() == {0: 15, 1: 3}
+    assert fakes.b1.committed[("g", "t", 0)] == 15
+    fakes.b1.load("t", 0, [f"a{i}" for i in range(12)], start=5)
+    async with consumer(fakes, queues=[0]) as c:
+        assert await c.position(0) == 15
+        assert [m.body for m in await c.poll()] == ["a10", "a11"]
+        assert await c.queues() == [0]
+
+
+async def test_not_leader_on_pull_refreshes_the_route(fakes):
+    fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url)]))
+    async with consumer(fakes) as c:
+        await c.start()
+        v = fakes.meta.set_route(make_route("t", [("b2", fakes.b2.url)]), publish=False)  # moved; not pushed yet
+        fakes.b1.route_version = v
+        fakes.b1.fail("GET", 0, 409, "NOT_LEADER")
+        fakes.b2.load("t", 0, ["x", "y"])
+        r = await c.pull(0, offset=0)
+    assert [m.body for m in r.messages] == ["x", "y"] and r.next_offset == 2
+    assert ("t", {"min_version": str(v)}) in fakes.meta.requests
+
+
+async def test_a_dead_broker_does_not_stop_the_other_queues(fakes):
+    fakes.meta.set_route(make_route("t", [("dead", DEAD_ADDRESS), ("b2", fakes.b2.url)]))
+    fakes.b2.load("t", 1, ["ok"])
+    async with consumer(fakes, attempts_max=2) as c:
+        c.seek(0, 0)
+        assert [m.body for m in await c.poll()] == ["ok"]
+
+
+async def test_stale_token_is_raised_and_tokens_are_sent(fakes):
+    fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url)]))
+    fakes.b1.load("t", 0, ["x"])
+    async with consumer(fakes) as c:
+        c.set_lock_token(0, 41)
+        c.seek(0, 0)
+        await c.poll()
+        assert fakes.b1.requests[-1][3]["token"] == "41"
+        fakes.b1.fail("PUT", 0, 409, "STALE_TOKEN")
+        with pytest.raises(StaleToken):
+            await c.commit(0, 1)
+        assert fakes.b1.requests[-1][3] == {"offset": 1, "token": 41}
+
+
+async def test_binary_bodies_and_iteration(fakes):
+    fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url)]))
+    async with consumer(fakes) as c:
+        from client import Producer
+        async with Producer([fakes.meta.url], TOKEN, "t") as p:
+            await p.send(b"\x00bin")
+            await p.send("text")
+        got = []
+        async for m in c:
+            got.append(m.body)
+            if len(got) == 2:
+                break
+    assert got == [b"\x00bin", "text"]
+
+
+async def test_poll_waits_at_most_its_timeout(fakes):
+    fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url)]))
+    async with consumer(fakes, idle_pause_s=0.05) as c:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await c.poll(timeout_s=0.3) == []
+        assert 0.2 <= loop.time() - t0 < 2.0
+
+
+def test_blocking_consumer():
+    with fakes_in_thread() as (f, loop):
+        async def setup():
+            f.meta.set_route(make_route("t", [("b1", f.b1.url)]))
+            f.b1.load("t", 0, ["a", "b"])
+        asyncio.run_coroutine_threadsafe(setup(), loop).result(5)
+        with SyncPullConsumer([f.meta.url], TOKEN, "t", "g", backoff=FAST) as c:
+            assert [m.body for m in c.poll(timeout_s=1.0)] == ["a", "b"]
+            assert c.commit(0, 2) == 2
+            assert c.committed(0) == 2
+            c.seek(0, 1)
+            assert c.position(0) == 1
