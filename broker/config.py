@@ -22,6 +22,8 @@ class BrokerConfig:
     zone: str | None = None
     flush: str = "fsync"        # "fsync" per batch or "interval"
     flush_interval_ms: int = 200
+    retention_ms: int | None = None      # delete whole segment files older than this (None keeps everything)
+    retention_bytes: int | None = None   # ... or beyond this size per physical queue
     log_level: str = "info"
 
     @property
@@ -51,7 +53,8 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
             http_port=int(port), meta_urls=tuple(u.rstrip("/") for u in raw["meta"]),
             token=raw.get("token") or tokens["broker"], client_token=raw.get("client_token") or tokens["client"],
             admin_token=tokens.get("admin"), zone=raw.get("zone"), flush=flush,
-            flush_interval_ms=int(raw.get("flush_interval_ms", 200)), log_level=raw.get("log_level", "info"))
+            flush_interval_ms=int(raw.get("flush_interval_ms", 200)), log_level=raw.get("log_level", "info"),
+            retention_ms=raw.get("retention_ms"), retention_bytes=raw.get("retention_bytes"))
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise

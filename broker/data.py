@@ -200,19 +200,23 @@ class DataPlane:
         body = await self._remote(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0")
         return seg.logic(body["max_offset"])
 
-    def physical_read(self, pq_name: str, offset: int, max_n: int) -> dict[str, Any]:
+    def physical_read(self, pq_name: str, offset: int, max_n: int, ts_ms: int | None = None) -> dict[str, Any]:
         """Records of a physical queue this broker hosts, for the broker holding the queue's head."""
         seg = self.routes.hosted.get(pq_name)
         if seg is None:
             raise rejection(404, "QUEUE_NOT_FOUND", f"no physical queue {pq_name!r} here")
         pq = self._queue(seg, create=False)
         if pq is None:
-            return {"records": [], "min_offset": seg.physical_start, "max_offset": seg.physical_start}
+            return {"records": [], "min_offset": seg.physical_start, "max_offset": seg.physical_start,
+                    "offset_for_time": seg.physical_start}
         records = []
         if max_n > 0 and offset < pq.max_offset:
             records = [RawRecord(r.offset, r.ts_ms, r.payload)
                        for r in pq.read(max(offset, pq.min_offset), max_records=max_n, max_bytes=PULL_BYTES_MAX)]
-        return {"records": records, "min_offset": pq.min_offset, "max_offset": pq.max_offset}
+        out = {"records": records, "min_offset": pq.min_offset, "max_offset": pq.max_offset}
+        if ts_ms is not None:
+            out["offset_for_time"] = pq.offset_for_time(ts_ms)
+        return out
 
     # -- consumer offsets --------------------------------------------------------------------------------------
     def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> int:
@@ -243,19 +247,38 @@ class DataPlane:
                 return body["offset"]
         return -1
 
-    def queue_stats(self, topic: str) -> list[dict[str, Any]]:
+    async def offset_for_time(self, topic: str, queue: int, ts_ms: int) -> int:
+        """The first logic offset stored at or after ``ts_ms`` (max_offset when none), across the queue's segments."""
+        segs = self.routes.segments(topic, queue)
+        if topic not in self.routes.routes or segs is None:
+            raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker")
+        if segs[-1].broker != self.me:
+            raise not_leader(topic, queue, segs[-1])
+        decided = [s for s in segs if s.logic_start is not None]
+        for seg in decided:
+            if seg.broker == self.me:
+                pq = self._queue(seg, create=False)
+                found, end = (pq.offset_for_time(ts_ms), pq.max_offset) if pq else (seg.physical_start,) * 2
+            else:
+                body = await self._remote(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0&ts={ts_ms}")
+                found, end = body["offset_for_time"], body["max_offset"]
+            if found < end:
+                return seg.logic(found)
+        return await self._max_offset(decided[-1])
+
+    async def queue_stats(self, topic: str) -> list[dict[str, Any]]:
+        """Logic min and max of the queues whose head this broker holds, over their whole history."""
         route = self.routes.routes.get(topic)
         if route is None:
             raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} is unknown to this broker", topic=topic)
         out = []
         for q in route["queues"]:
-            head = self.routes.head(topic, q["queue"])
-            if head is None or head.broker != self.me or head.logic_start is None:
+            segs = self.routes.segments(topic, q["queue"]) or []
+            decided = [s for s in segs if s.logic_start is not None]
+            if not segs or segs[-1].broker != self.me or not decided:
                 continue
-            pq = self._queue(head, create=False)
-            lo = head.logic(pq.min_offset) if pq else head.logic_start
-            hi = head.logic(pq.max_offset) if pq else head.logic_start
-            out.append({"queue": q["queue"], "min_offset": lo, "max_offset": hi})
+            out.append({"queue": q["queue"], "min_offset": await self._min_offset(decided[0]),
+                        "max_offset": await self._max_offset(decided[-1])})
         return out
 
 

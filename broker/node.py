@@ -18,6 +18,7 @@ from .storage import FLUSH_FSYNC, FLUSH_INTERVAL, QueueConfig, QueueStore
 
 log = structlog.get_logger("broker")
 FLUSH_TICK_S = 0.05
+RETENTION_CHECK_S = 30.0
 
 
 class BrokerNode:
@@ -28,7 +29,8 @@ class BrokerNode:
                                         registry=self.registry)
         os.makedirs(config.data_dir, exist_ok=True)
         qcfg = QueueConfig(flush_policy=FLUSH_FSYNC if config.flush == "fsync" else FLUSH_INTERVAL,
-                           flush_interval_ms=config.flush_interval_ms)
+                           flush_interval_ms=config.flush_interval_ms, retention_ms=config.retention_ms,
+                           retention_bytes=config.retention_bytes)
         self.store = QueueStore(os.path.join(config.data_dir, "queues"), qcfg)
         self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"))
         self.routes = RouteTable(config.broker)
@@ -36,22 +38,35 @@ class BrokerNode:
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.data.max_offsets, self.data.seal)
         self.data.link = self.link
-        self._flusher: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
         await self.data.start()
         await self.link.start()
         if self.config.flush == "interval":
-            self._flusher = asyncio.create_task(self._flush_loop())
+            self._tasks.append(asyncio.create_task(self._flush_loop()))
+        if self.config.retention_ms is not None or self.config.retention_bytes is not None:
+            self._tasks.append(asyncio.create_task(self._retention_loop()))
 
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_TICK_S)
             self.store.maybe_flush(int(time.time() * 1000))
 
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RETENTION_CHECK_S)
+            try:
+                deleted = self.store.apply_retention(int(time.time() * 1000))
+                if deleted:
+                    log.info("retention_deleted_files", files=deleted)
+            except Exception:
+                log.exception("retention_failed")
+
     async def stop(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.link.stop()
         await self.data.stop()
         self.store.close()

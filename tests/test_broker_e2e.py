@@ -268,3 +268,28 @@ async def test_bad_broker_requests_get_clear_4xx(full_cluster):
     assert s == 400 and b["error"]["code"] == "INVALID_ARGUMENT"
     got = await read_all(c, "bad", 0)
     assert got == [], "no bad request may have written anything"
+
+
+async def test_lookup_by_time_and_queue_bounds_span_the_whole_history(full_cluster):
+    c = full_cluster
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": "tm", "queues": 1, "brokers": ["b1"]})
+    assert s == 201, b
+    await wait_route(c, "tm", all_writable)
+    assert await send(c, "tm", 0, ["a", "b", "c"]) == [0, 1, 2]
+    await asyncio.sleep(0.05)
+    t_mid = int(time.time() * 1000)
+    await asyncio.sleep(0.05)
+    assert await send(c, "tm", 0, ["d", "e"]) == [3, 4]
+    s, b = await admin(c, "POST", 1, "/v1/topics/tm/remap", json={"brokers": ["b2"]})
+    assert s == 200, b
+    await asyncio.sleep(0.05)
+    t_late = int(time.time() * 1000)
+    await asyncio.sleep(0.05)
+    assert await send(c, "tm", 0, ["f"]) == [5]
+    r = await wait_route(c, "tm", all_writable)
+    addr = r["queues"][0]["address"]
+    for ts, want in ((0, 0), (t_mid, 3), (t_late, 5), (t_late + 3_600_000, 6)):
+        s, b, _ = await c.call("GET", f"{addr}/v1/queues/tm/0/offset?ts={ts}", "client")
+        assert (s, b) == (200, {"queue": 0, "offset": want}), (ts, s, b)
+    s, b, _ = await c.call("GET", f"{addr}/v1/queues/tm", "client")
+    assert (s, b) == (200, {"queues": [{"queue": 0, "min_offset": 0, "max_offset": 6}]})

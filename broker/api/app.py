@@ -137,7 +137,7 @@ async def read_offset(request: web.Request) -> web.Response:
 
 async def queues(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    return _respond({"queues": node.data.queue_stats(_name(request.match_info["topic"], "topic"))})
+    return _respond({"queues": await node.data.queue_stats(_name(request.match_info["topic"], "topic"))})
 
 
 async def physical(request: web.Request) -> web.Response:
@@ -146,7 +146,17 @@ async def physical(request: web.Request) -> web.Response:
     node = request.app[NODE]
     offset = _int(request.query.get("offset"), "offset", 0)
     max_n = _int(request.query.get("max"), "max", 32, 0, 1000)
-    return _respond(node.data.physical_read(request.match_info["pq"], offset, max_n))
+    ts = request.query.get("ts")
+    return _respond(node.data.physical_read(request.match_info["pq"], offset, max_n,
+                                            None if ts is None else _int(ts, "ts")))
+
+
+async def offset_for_time(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    topic = _name(request.match_info["topic"], "topic")
+    queue = _int(request.match_info["queue"], "queue")
+    ts = _int(request.query.get("ts"), "ts")
+    return _respond({"queue": queue, "offset": await node.data.offset_for_time(topic, queue, ts)})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -183,6 +193,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_put("/v1/offsets/{group}/{topic}/{queue}", commit_offset)
     r.add_get("/v1/offsets/{group}/{topic}/{queue}", read_offset)
     r.add_get("/v1/queues/{topic}", queues)
+    r.add_get("/v1/queues/{topic}/{queue}/offset", offset_for_time)
     r.add_get("/v1/physical/{pq}", physical)
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
