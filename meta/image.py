@@ -7,6 +7,8 @@ Replay does no I/O and reads no clock: times come from the leader's stamp on the
 Layout of ``Image.data``::
 
     version        last applied event's version (the metadata version)
+    commands       commands applied, rejected ones included: two replicas agree byte for byte at equal counts
+                   (the version alone does not pin the image: a rejection or a repeat changes last_ts and requests)
     last_ts        leader time of the last applied command (ms)
     brokers        {name: {broker, address, zone, epoch, state, registered_ms, last_seen_ms}}
     load           {broker: number of logic queues whose newest segment it hosts}
@@ -30,7 +32,7 @@ def canonical_json(value: Any) -> str:
 
 
 def empty_data() -> dict[str, Any]:
-    return {"version": 0, "last_ts": 0, "brokers": {}, "load": {}, "topics": {}, "requests": {},
+    return {"version": 0, "commands": 0, "last_ts": 0, "brokers": {}, "load": {}, "topics": {}, "requests": {},
             "history": [], "history_start": 1}
 
 

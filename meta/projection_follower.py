@@ -21,6 +21,9 @@ log = structlog.get_logger("meta.projection")
 
 BATCH_EVENTS_MAX = 2_000
 IDLE_WAIT_S = 1.0
+# Wait this long after a batch before the next: under a write load each transaction then carries hundreds of
+# events instead of one (a transaction per event cost the leader ~15% of its CPU).
+BATCH_PAUSE_S = 0.2
 
 
 class ProjectionFollower:
@@ -51,12 +54,17 @@ class ProjectionFollower:
             if not batch:
                 await self.service.feed.wait(ANY, IDLE_WAIT_S)
                 continue
-            events = [json.loads(e) for e in batch]
             try:
-                self.position = await loop.run_in_executor(None, self.store.apply, events)
+                self.position = await loop.run_in_executor(None, self._apply, batch)
             except Exception:
                 log.exception("projection_apply_failed", position=self.position)
                 await asyncio.sleep(IDLE_WAIT_S)
+            await asyncio.sleep(BATCH_PAUSE_S)
+
+    def _apply(self, batch: list[str]) -> int:
+        # Parsing happens here, in the worker thread, not on the event loop: a topic of a thousand queues is an
+        # event of ~130 KB.
+        return self.store.apply([json.loads(e) for e in batch])
 
     def history(self, after: int, topic: str | None, limit: int) -> list[dict]:
         return self.store.history(after=after, topic=topic, limit=limit) if self.store else []

@@ -6,7 +6,8 @@ The driver loop, as pysyncobj runs it on its own tick thread:
   2. pysyncobj replicates the entry; once a majority has it, the tick thread calls ``apply_envelope`` on every node.
   3. ``apply_envelope`` runs the pure state machine under ``image_lock`` (readers on the asyncio thread take the
      same lock, so they never see half of a command) and posts the changed topics to the event loop.
-  4. The proposer's callback fires on the tick thread and is hopped to the event loop with ``call_soon_threadsafe``.
+  4. The proposer's callback fires on the tick thread and is hopped to the event loop, batched once per tick
+     (``LoopBridge``).
 
 The replicated state is one attribute, ``image_data`` (plain data): pysyncobj snapshots every attribute set after
 ``SyncObj.__init__``, so everything else is set before it and stays local.
@@ -54,17 +55,50 @@ class RaftTuning:
     commands_queue_max: int = 50_000
 
 
+class LoopBridge:
+    """Hops work from the tick thread to the event loop, once per tick rather than once per callback.
+
+    Every ``call_soon_threadsafe`` writes to the loop's self-pipe; under load a tick resolves dozens of proposals
+    and notifications, so they are queued here and run in one hop at the end of the tick (``flush``).
+    """
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._lock = threading.Lock()
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            self._pending.append((fn, args))
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._pending or self.loop is None:
+                return
+            batch, self._pending = self._pending, []
+        try:
+            self.loop.call_soon_threadsafe(_run_all, batch)
+        except RuntimeError:  # the loop is closed: the node is stopping
+            pass
+
+
+def _run_all(batch: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    for fn, args in batch:
+        fn(*args)
+
+
 class ProposeFailed(MetaError):
     status = 503
 
 
 class MetaSyncObj(SyncObj):
     def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
-                 offset_budget: int, on_applied: Callable[[int, set[str] | None], None]):
+                 offset_budget: int, on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge):
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
         self.image_lock = threading.RLock()
         self._machine = StateMachine(Image(), offset_budget)
         self._on_applied = on_applied
+        self.bridge = bridge
         os.makedirs(data_dir, exist_ok=True)
         conf = SyncObjConf(
             password=secret,
@@ -90,6 +124,42 @@ class MetaSyncObj(SyncObj):
         super().__init__(self_raft, partners, conf)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
+        self._batch_appends()
+
+    # -- one append message per tick ---------------------------------------------------------------------------
+    # pysyncobj offers two modes: batching (entries wait for the next 50 ms period: slow single writes) or one
+    # append message per command to every follower (each pickled and encrypted: CPU-bound under load). We take
+    # the middle: a command wakes the tick thread at once (pipe notifier), the tick appends every queued command
+    # to the log, and one message per follower carries them all. This reaches into pysyncobj 0.3.17's private
+    # attributes (the version is pinned in pyproject.toml).
+    def _batch_appends(self) -> None:
+        self._pipe = getattr(self, "_SyncObj__pipeNotifier", None)  # created only with appendEntriesUseBatch=False
+        self._SyncObj__conf.appendEntriesUseBatch = True              # no send per command inside the tick...
+        self._sent_index = 0
+        self._wake_pending = False
+        self.addOnTickCallback(self._send_new_entries)                # ...one send per tick instead
+        self.addOnTickCallback(self.bridge.flush)
+
+    def _applyCommand(self, command, callback, commandType=None):
+        super()._applyCommand(command, callback, commandType)
+        # One wake-up per tick is enough: the tick drains the whole queue. The flag is cleared before draining,
+        # so a command queued after that point always wakes the next tick.
+        if self._pipe is not None and not self._wake_pending:
+            self._wake_pending = True
+            self._pipe.notify()
+
+    def _checkCommandsToApply(self):
+        self._wake_pending = False
+        super()._checkCommandsToApply()
+
+    def _send_new_entries(self) -> None:
+        if not self._isLeader():
+            self._sent_index = 0
+            return
+        last = self._SyncObj__getCurrentLogIndex()
+        if last > self._sent_index:
+            self._sent_index = last
+            self._SyncObj__sendAppendEntries()
 
     def start(self) -> None:
         self._tick_thread = threading.Thread(target=self._tick_loop, name="raft-tick", daemon=True)
@@ -168,7 +238,7 @@ class RaftNode:
         fut: asyncio.Future = self.loop.create_future()
 
         def done(result: Any, err: int) -> None:  # tick thread
-            self.loop.call_soon_threadsafe(_resolve, fut, result, err)
+            self.sync.bridge.post(_resolve, fut, result, err)
 
         self.sync.apply_envelope(payload, callback=done)
         try:

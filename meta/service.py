@@ -21,7 +21,7 @@ from .config import MetaConfig
 from .errors import MetaError, invalid, rejection
 from .image import Image
 from .projection_follower import ProjectionFollower
-from .raft_node import MetaSyncObj, ProposeFailed, RaftNode
+from .raft_node import LoopBridge, MetaSyncObj, ProposeFailed, RaftNode
 from .sessions import SessionTracker
 from . import views
 from ops.logging import set_position_provider
@@ -48,16 +48,26 @@ class MetaService:
         self._led_term: int | None = None
         self._route_cache: dict[str, tuple[int, bytes]] = {}
         self.started_at = time.time()
+        self._request_prefix = f"{config.node}.{uuid.uuid4().hex[:12]}."
+        self._request_seq = 0
+
+    def _next_request_id(self) -> str:
+        # Unique across nodes and restarts without a syscall per request (uuid4 reads os.urandom).
+        self._request_seq += 1
+        return f"{self._request_prefix}{self._request_seq}"
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
 
+        bridge = LoopBridge()
+        bridge.loop = loop
+
         def on_applied(version: int, changed: set[str] | None) -> None:  # tick thread
-            loop.call_soon_threadsafe(self.feed.publish, version, changed)
+            bridge.post(self.feed.publish, version, changed)
 
         self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
-                                self.config.raft_tuning, self.config.offset_budget, on_applied)
+                                self.config.raft_tuning, self.config.offset_budget, on_applied, bridge)
         self.sync.start()
         set_position_provider(lambda: {"term": self.sync.term(), "version": self.sync.image_data["version"]})
         self.raft = RaftNode(self.sync, loop)
@@ -162,7 +172,7 @@ class MetaService:
         else:
             # Without a key the request still gets an id, passed on when forwarding (X-Request-Id), so the retries of
             # this node, and a proposal here after it became leader itself, can never apply twice.
-            request_id = request_id or uuid.uuid4().hex
+            request_id = request_id or self._next_request_id()
             if len(request_id) > limits.REQUEST_ID_CHARS_MAX:
                 raise invalid(f"X-Request-Id must be at most {limits.REQUEST_ID_CHARS_MAX} characters")
             rid = f"{actor}:rid:{request_id}"

@@ -37,6 +37,9 @@ class StateMachine:
             return _failed(invalid("command envelope without a leader timestamp"), self.image.version), set()
         if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 2 * limits.REQUEST_ID_CHARS_MAX):
             return _failed(invalid("request id must be a non-empty string"), self.image.version), set()
+        # An envelope that passed the checks above changes the image (at least last_ts): count it, so replicas
+        # can be compared at equal counts. One that failed them changes nothing at all.
+        self.image.data["commands"] += 1
         ts = max(ts, self.image.data["last_ts"])  # leader clocks may step back across elections; time in the log never does
         self.image.data["last_ts"] = ts
         cmd = envelope.get("cmd")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 
 from aiohttp import web
+
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 async def serve_app(app: web.Application, host: str, port: int) -> None:
@@ -33,4 +36,7 @@ def run_meta(config_path: str) -> None:
 
     config = load(config_path)
     configure(config.log_level, node=config.node)
+    # The Raft tick thread must get the interpreter promptly while the event loop is busy (heartbeats, commits):
+    # hand the GIL over every 1 ms instead of every 5 ms.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     asyncio.run(serve_app(make_app(config), config.http_host, config.http_port))

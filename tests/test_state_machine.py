@@ -40,8 +40,10 @@ CATCH_ALL = "command could not be decided"
 
 # -- helpers -------------------------------------------------------------------------------------------------------
 def stable(sm: StateMachine) -> dict[str, Any]:
-    """The image as data, without the two keys a rejection may touch (leader time and remembered outcomes)."""
+    """The image as data, without the keys every command touches, rejected or not: the count of applied commands,
+    the leader time, and the remembered outcomes."""
     data = json.loads(sm.image.canonical_bytes())
+    data.pop("commands")
     data.pop("last_ts")
     data.pop("requests")
     return data

@@ -34,9 +34,10 @@ async def image_digest(request: web.Request) -> web.Response:
     (DESIGN.md invariant 1). Costs a full serialisation of the image: an operator's check, not a hot path."""
     svc = service(request)
     await svc.before_read(request.query)
-    version, raw = svc.read(lambda im: (im.version, im.canonical_bytes()))
+    version, commands, raw = svc.read(lambda im: (im.version, im.data["commands"], im.canonical_bytes()))
     digest = await asyncio.get_running_loop().run_in_executor(None, lambda: hashlib.sha256(raw).hexdigest())
-    return respond({"node": svc.config.node, "version": version, "sha256": digest, "bytes": len(raw)})
+    return respond({"node": svc.config.node, "version": version, "commands": commands, "sha256": digest,
+                    "bytes": len(raw)})
 
 
 @public

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 
@@ -13,6 +14,9 @@ from .http import error_response
 from .keys import METRICS, SERVICE
 
 log = structlog.get_logger("meta.http")
+# Log correlation ids for requests that bring none: a counter under a per-process prefix, no syscall per request.
+_LOG_ID_PREFIX = uuid.uuid4().hex[:8]
+_log_ids = (f"{_LOG_ID_PREFIX}-{i}" for i in itertools.count(1))
 
 
 def _route_name(request: web.Request) -> str:
@@ -24,7 +28,7 @@ def _route_name(request: web.Request) -> str:
 async def errors_and_auth(request: web.Request, handler) -> web.StreamResponse:
     started = time.perf_counter()
     route = _route_name(request)
-    rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
+    rid = request.headers.get("X-Request-Id") or next(_log_ids)
     structlog.contextvars.bind_contextvars(request_id=rid)
     status = 500
     try:

@@ -1,0 +1,268 @@
+"""Route change fan-out: how long a config change takes to reach 1,000 long-poll and 1,000 SSE subscribers.
+
+    python -m ops.bench.fanout [--subscribers 1000] [--rounds 5] [--modes longpoll,sse]
+
+All subscribers live in this one client process (one aiohttp event loop), spread round robin over the three
+nodes. Long-poll subscribers loop on `GET /v1/routes/{t}?after=V&wait=30`; SSE subscribers hold
+`GET /v1/watch?topics=t`. Once every subscriber is waiting (the nodes' own gauges
+`stator_meta_long_poll_waiters` / `stator_meta_watch_streams` add up to the count), the benchmark sends
+`PUT /v1/topics/{t}/config` to the leader and measures, for each subscriber, the time from just before the send
+to the moment the subscriber has read the new route. Each mode uses its own topic. Prints one JSON object.
+Target (issue 2): median < 50 ms. etcd here: 77 ms to 1,000 watchers (median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import statistics
+import time
+from typing import Any
+
+import aiohttp
+
+from . import common
+from .common import say
+
+LONG_POLL_WAIT_S = 30
+ROUND_TIMEOUT_S = 30.0
+SETTLE_TIMEOUT_S = 60.0
+CONNECT_PARALLEL = 100
+
+
+async def _gauge_sum(s: aiohttp.ClientSession, c: common.BenchCluster, name: str) -> dict[str, float]:
+    out = {}
+    for n in c.nodes:
+        try:
+            async with s.get(c.url(n) + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                text = await r.text()
+            out[n] = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+            out[n] = -1
+    return out
+
+
+async def _settle(s, c, gauge: str, want: int, what: str) -> dict[str, float]:
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        g = await _gauge_sum(s, c, gauge)
+        if sum(g.values()) >= want:
+            return g
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: only {g} of {want} subscribers waiting after {SETTLE_TIMEOUT_S} s")
+        await asyncio.sleep(0.1)
+
+
+class Subscribers:
+    def __init__(self, s: aiohttp.ClientSession, c: common.BenchCluster, topic: str, n: int, start_version: int):
+        self.s, self.c, self.topic, self.n = s, c, topic, n
+        self.start_version = start_version
+        self.received: list[dict[int, float]] = [dict() for _ in range(n)]  # per subscriber: version -> time read
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.tasks: list[asyncio.Task] = []
+        self._connect = asyncio.Semaphore(CONNECT_PARALLEL)
+        self.changed = asyncio.Event()
+        # long poll: wait for the round to end before polling again, so that this one client process's own
+        # re-poll work does not delay the receipt of the other subscribers (--repoll immediate turns it off)
+        self.hold_repoll = False
+        self.resume = asyncio.Event()
+
+    def node_of(self, i: int) -> str:
+        return self.c.nodes[i % len(self.c.nodes)]
+
+    def start(self, fn) -> None:
+        self.tasks = [asyncio.create_task(fn(i)) for i in range(self.n)]
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def _got(self, i: int, version: int, t: float) -> None:
+        self.received[i].setdefault(version, t)
+        self.changed.set()
+
+    async def long_poll(self, i: int) -> None:
+        url = f"{self.c.url(self.node_of(i))}/v1/routes/{self.topic}"
+        headers = self.c.headers("client")
+        after = self.start_version
+        timeout = aiohttp.ClientTimeout(total=LONG_POLL_WAIT_S + 10)
+        while True:
+            try:
+                async with self.s.get(url, params={"after": str(after), "wait": str(LONG_POLL_WAIT_S)},
+                                      headers=headers, timeout=timeout) as r:
+                    raw = await r.read()
+                    t = time.perf_counter()
+                    status = r.status
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                self.errors[type(e).__name__] += 1
+                await asyncio.sleep(0.2)
+                continue
+            if status == 200:
+                v = json.loads(raw)["version"]
+                self._got(i, v, t)
+                after = max(after, v)
+                if self.hold_repoll:
+                    await self.resume.wait()
+            elif status != 304:
+                self.errors[str(status)] += 1
+                await asyncio.sleep(0.2)
+
+    async def sse(self, i: int) -> None:
+        url = f"{self.c.url(self.node_of(i))}/v1/watch"
+        headers = self.c.headers("client")
+        after = self.start_version
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        while True:
+            try:
+                async with self._connect:
+                    r = await self.s.get(url, params={"topics": self.topic, "after": str(after)}, headers=headers,
+                                         timeout=timeout)
+                try:
+                    if r.status != 200:
+                        self.errors[str(r.status)] += 1
+                        await asyncio.sleep(0.2)
+                        continue
+                    version = None
+                    while True:
+                        line = await r.content.readline()
+                        if not line:
+                            break  # stream closed by the server
+                        if line.startswith(b"id:"):
+                            version = int(line[3:].strip())
+                        elif line in (b"\n", b"\r\n") and version is not None:
+                            self._got(i, version, time.perf_counter())
+                            after = max(after, version)
+                            version = None
+                finally:
+                    r.release()
+                self.errors["stream_closed"] += 1
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                self.errors[type(e).__name__] += 1
+                await asyncio.sleep(0.2)
+
+
+async def _mode(s: aiohttp.ClientSession, c: common.BenchCluster, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    topic = f"bench-fanout-{mode}"
+    created = await common.create_topic(s, c, topic, 8)
+    start_version = created["version"]
+    gauge = "stator_meta_long_poll_waiters" if mode == "longpoll" else "stator_meta_watch_streams"
+    base = sum(v for v in (await _gauge_sum(s, c, gauge)).values() if v > 0)
+    subs = Subscribers(s, c, topic, args.subscribers, start_version)
+    subs.hold_repoll = args.repoll == "after-round"
+    subs.start(subs.long_poll if mode == "longpoll" else subs.sse)
+    t0 = time.perf_counter()
+    per_node = await _settle(s, c, gauge, base + args.subscribers, f"{mode} connect")
+    connect_s = time.perf_counter() - t0
+    say(f"fanout {mode}: {args.subscribers} subscribers waiting after {connect_s:.1f} s ({per_node})")
+    rounds = []
+    samples: list[float] = []
+    by_node: dict[str, list[float]] = collections.defaultdict(list)
+    missing_total = 0
+    lead = await common.leader(s, c)
+    headers = c.headers("admin")
+    for k in range(args.rounds):
+        subs.resume.set()
+        await _settle(s, c, gauge, base + args.subscribers, f"{mode} round {k + 1}")
+        subs.resume.clear()
+        await asyncio.sleep(args.pause)
+        load0 = common.loadavg()
+        cpu0 = time.process_time()
+        t_send = time.perf_counter()
+        st, body = await common.call(s, "PUT", f"{c.url(lead)}/v1/topics/{topic}/config", headers,
+                                     {"round": f"{mode}-{k}-{time.time()}"}, timeout_s=10)
+        t_ack = time.perf_counter()
+        if st != 200:
+            raise RuntimeError(f"config change failed: {st} {body}")
+        v = body["version"]
+        deadline = t_send + ROUND_TIMEOUT_S
+        while time.perf_counter() < deadline:
+            if all(any(ver >= v for ver in r) for r in subs.received):
+                break
+            subs.changed.clear()
+            try:
+                await asyncio.wait_for(subs.changed.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+        t_all = time.perf_counter()
+        lat = []
+        missing = 0
+        for i, r in enumerate(subs.received):
+            ts = [t for ver, t in r.items() if ver >= v]
+            if not ts:
+                missing += 1
+                continue
+            d = min(ts) - t_send
+            lat.append(d)
+            by_node[subs.node_of(i)].append(d)
+        missing_total += missing
+        samples.extend(lat)
+        rs = common.latency_summary(lat)
+        rounds.append({"round": k + 1, "version": v, "write_ack_ms": round((t_ack - t_send) * 1000, 2),
+                       "first_ms": round(min(lat) * 1000, 2) if lat else None, "median_ms": rs["p50_ms"], "p99_ms": rs["p99_ms"], "max_ms": rs["max_ms"],
+                       "last_subscriber_ms": round((t_all - t_send) * 1000, 1), "missing": missing,
+                       "client_cpu_s": round(time.process_time() - cpu0, 3), "loadavg": load0})
+        say(f"  round {k + 1}: median {rs['p50_ms']} ms p99 {rs['p99_ms']} ms max {rs['max_ms']} ms "
+            f"(write ack {rounds[-1]['write_ack_ms']} ms, missing {missing}, load {load0})")
+    await subs.stop()
+    summary = common.latency_summary(samples)
+    return {
+        "mode": mode, "subscribers": args.subscribers, "subscribers_per_node": per_node, "connect_s": round(connect_s, 2),
+        "rounds": len(rounds), "samples": len(samples),
+        "first_ms": round(min(samples) * 1000, 2) if samples else None, "median_ms": summary["p50_ms"], "p90_ms": summary["p90_ms"],
+        "p99_ms": summary["p99_ms"], "max_ms": summary["max_ms"],
+        "median_ms_by_node": {n: round(statistics.median(v) * 1000, 2) for n, v in sorted(by_node.items())},
+        "leader": lead, "missing_receipts": missing_total, "subscriber_errors": dict(subs.errors),
+        # CPU this one client process spent per round reading the change (and re-polling): a share of the spread
+        "client_cpu_s_per_round_median": statistics.median(r["client_cpu_s"] for r in rounds) if rounds else None,
+        "per_round": rounds,
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    fd_limit = common.raise_fd_limit(max(65536, args.subscribers * 4))  # the nodes inherit it too
+    modes = [m for m in args.modes.split(",") if m]
+    results = []
+    with common.temp_cluster() as c:
+        async with common.session(limit=args.subscribers + 100) as s:
+            brokers = common.SimBrokers(s, c)
+            await brokers.register()
+            watcher = common.TermWatcher(s, c, every_s=1.0)
+            watcher.start()
+            try:
+                for mode in modes:
+                    watcher.phase = mode
+                    results.append(await _mode(s, c, mode, args))
+            finally:
+                await watcher.stop()
+                await brokers.stop()
+            warnings = common.log_warnings(c)
+    return {
+        "benchmark": "fanout",
+        "setup": {"subscribers": args.subscribers, "rounds": args.rounds, "client": "one process, one aiohttp loop",
+                  "spread": "round robin over the 3 nodes", "change": "PUT /v1/topics/{t}/config on the leader",
+                  "latency": "from just before the write is sent to the subscriber having read the new route",
+                  "long_poll_repoll": args.repoll, "fd_limit": fd_limit},
+        "results": results, "leader_changes": watcher.summary(), "node_log_warning_lines": warnings,
+        "target": {"median_ms_max": 50}, "etcd_anchor_median_ms": 77,
+        "checks": {f"{r['mode']}_median_lt_50ms": r["median_ms"] is not None and r["median_ms"] < 50 for r in results},
+        "loadavg_end": common.loadavg(),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--subscribers", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--modes", default="longpoll,sse")
+    p.add_argument("--repoll", choices=("after-round", "immediate"), default="after-round",
+                   help="long poll: poll again once every subscriber got the change, or at once")
+    p.add_argument("--pause", type=float, default=0.5, help="seconds between all waiting and the next change")
+    args = p.parse_args()
+    common.emit(asyncio.run(run(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""A meta cluster holding a million logic queues: memory, snapshot, restart time and route reads.
+
+    python -m ops.bench.scale [--queues 1000000] [--queues-per-topic 1000] [--create-concurrency 8]
+                              [--read-seconds 10] [--read-concurrency 16]
+
+Creates ``queues / queues-per-topic`` topics of ``queues-per-topic`` queues (slots 1024) over HTTP with bounded
+concurrency (each create carries an Idempotency-Key, so a retried create is safe), with
+``raft_tuning.compaction_min_entries = 500`` so pysyncobj compacts (writes raft.snapshot) during the run, and
+``compaction_min_time_s = 60`` so that a snapshot holding everything is written soon after the last create. Then:
+per-node RSS (VmRSS) and the peak RSS of the forked snapshot writers, snapshot and journal sizes, the restart time
+of one follower (kill -9, start, until /readyz is 200 and its applied_version equals the leader's), and
+`GET /v1/routes/{t}` of random topics at concurrency 16 over the three nodes for 10 s. Prints one JSON object,
+which names the size that ran. Targets (issue 2): < 2 GiB RSS per node, restart < 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import aiohttp
+
+from ops import devcluster
+
+from . import common
+from .common import say
+
+SLOTS = 1024
+CREATE_TIMEOUT_S = 60.0
+CREATE_ATTEMPTS = 5
+CATCH_UP_TIMEOUT_S = 900.0
+RESTART_TIMEOUT_S = 900.0
+SNAPSHOT_WAIT_S = 600.0
+SAMPLE_EVERY_S = 2.0
+GIB = 1024 ** 3
+
+
+def _children(pid: int) -> list[int]:
+    """Child processes of ``pid``, whichever of its threads forked them (pysyncobj forks from its tick thread)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+class MemorySampler:
+    """Every few seconds: each node's RSS and the RSS of its forked children (pysyncobj's snapshot writers)."""
+
+    def __init__(self, c: common.BenchCluster):
+        self.c = c
+        self.peak_rss: dict[str, float] = collections.defaultdict(float)
+        self.peak_child_rss: dict[str, float] = collections.defaultdict(float)
+        self.fork_seen: dict[str, int] = collections.defaultdict(int)
+        self._task: asyncio.Task | None = None
+        self._seen_children: dict[str, set[int]] = collections.defaultdict(set)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+    def sample(self) -> None:
+        for m in self.c.info["meta"]:
+            n, pid = m["node"], m["pid"]
+            rss = common.node_rss_mib(pid)
+            if rss is not None:
+                self.peak_rss[n] = max(self.peak_rss[n], rss)
+            kids = _children(pid)
+            child_rss = sum(common.node_rss_mib(k) or 0 for k in kids)
+            self.peak_child_rss[n] = max(self.peak_child_rss[n], child_rss)
+            for k in kids:
+                if k not in self._seen_children[n]:
+                    self._seen_children[n].add(k)
+                    self.fork_seen[n] += 1
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _files(c: common.BenchCluster, node: str) -> dict[str, Any]:
+    d = os.path.join(c.dir, node, "data")
+    out: dict[str, Any] = {}
+    for name in ("raft.snapshot", "raft.journal", "projection.db"):
+        p = os.path.join(d, name)
+        try:
+            st = os.stat(p)
+            out[name] = {"mib": round(st.st_size / 2 ** 20, 1), "mtime": st.st_mtime}
+        except OSError:
+            out[name] = None
+    return out
+
+
+async def _create_all(s: aiohttp.ClientSession, c: common.BenchCluster, topics: list[str], per_topic: int,
+                      concurrency: int, max_s: float, mem: MemorySampler) -> dict[str, Any]:
+    lead = await common.leader(s, c)
+    headers = {**c.headers("admin")}
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for t in topics:
+        queue.put_nowait(t)
+    lat: list[float] = []
+    errors: collections.Counter[str] = collections.Counter()
+    created = [0]
+    t0 = time.perf_counter()
+    deadline = t0 + max_s
+    last_report = [t0]
+
+    async def worker() -> None:
+        nonlocal lead
+        while time.perf_counter() < deadline:
+            try:
+                topic = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            for attempt in range(CREATE_ATTEMPTS):
+                ts = time.perf_counter()
+                try:
+                    st, body = await common.call(
+                        s, "POST", c.url(lead) + "/v1/topics", {**headers, "Idempotency-Key": f"create-{topic}"},
+                        {"topic": topic, "queues": per_topic, "slots": SLOTS}, timeout_s=CREATE_TIMEOUT_S)
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                    st, body = 0, type(e).__name__
+                if st in (200, 201) or (st == 409 and isinstance(body, dict)
+                                        and body.get("error", {}).get("code") == "TOPIC_EXISTS"):
+                    lat.append(time.perf_counter() - ts)
+                    created[0] += 1
+                    break
+                code = body.get("error", {}).get("code") if isinstance(body, dict) else body
+                errors[f"{st} {code}"] += 1
+                await asyncio.sleep(0.5 * (attempt + 1))
+                try:
+                    lead = await common.leader(s, c, timeout_s=10)
+                except TimeoutError:
+                    pass
+            now = time.perf_counter()
+            if now - last_report[0] >= 15:
+                last_report[0] = now
+                mem.sample()
+                say(f"scale: {created[0]}/{len(topics)} topics in {now - t0:.0f} s "
+                    f"({created[0] / (now - t0):.1f}/s), rss MiB {dict(mem.peak_rss)}, load {common.loadavg()}")
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    return {"topics_created": created[0], "queues_created": created[0] * per_topic, "seconds": round(wall, 1),
+            "topics_per_s": round(created[0] / wall, 2), "logic_queues_per_s": round(created[0] * per_topic / wall, 1),
+            "create_latency": common.latency_summary(lat), "errors_by_code": dict(errors),
+            "timed_out": created[0] < len(topics)}
+
+
+async def _applied(s, c) -> dict[str, int | None]:
+    return {n: (v["applied_version"] if v else None) for n, v in (await common.views(s, c)).items()}
+
+
+async def _wait_all_caught_up(s, c, timeout_s: float) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        a = await _applied(s, c)
+        if None not in a.values() and len(set(a.values())) == 1:
+            return time.perf_counter() - t0
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"nodes did not converge within {timeout_s} s: {await _applied(s, c)}")
+
+
+async def _wait_snapshots(c: common.BenchCluster, since: float, timeout_s: float) -> dict[str, Any]:
+    """Wait until every node has written a raft.snapshot after ``since`` (wall time) and no snapshot writer is
+    running. pysyncobj compacts when its log holds > compaction_min_entries or compaction_min_time_s passed."""
+    t0 = time.perf_counter()
+    fresh = False
+    while time.perf_counter() - t0 < timeout_s:
+        files = {n: _files(c, n) for n in c.nodes}
+        busy = any(_children(c.pid(n)) for n in c.nodes)
+        fresh = all(f["raft.snapshot"] and f["raft.snapshot"]["mtime"] > since for f in files.values())
+        if fresh and not busy:
+            break
+        await asyncio.sleep(1.0)
+    return {"waited_s": round(time.perf_counter() - t0, 1), "snapshot_written_after_last_create": fresh}
+
+
+async def _restart(s, c, node: str) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    lead = await common.leader(s, c)
+    target = (await common.cluster_view(s, c, lead))["applied_version"]
+    await loop.run_in_executor(None, devcluster.stop_member, c.dir, node, signal.SIGKILL)
+    t0 = time.perf_counter()
+    start_task = loop.run_in_executor(None, devcluster.start, c.dir, node)
+    ready_at = None
+    caught_at = None
+    url = c.url(node)
+    while time.perf_counter() - t0 < RESTART_TIMEOUT_S:
+        try:
+            st, body = await common.call(s, "GET", url + "/readyz", timeout_s=2)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            st, body = 0, None
+        now = time.perf_counter()
+        if st == 200:
+            ready_at = ready_at or now
+            if body.get("applied_version", -1) >= target:
+                caught_at = now
+                break
+        await asyncio.sleep(0.05)
+    try:
+        await start_task  # devcluster.start's own readiness wait; it gives up after 60 s, we go on measuring
+    except (TimeoutError, RuntimeError) as e:
+        say(f"scale: devcluster.start: {e}")
+    c.reload()
+    return {"node": node, "leader": lead, "leader_applied_version": target,
+            "ready_s": round(ready_at - t0, 2) if ready_at else None,
+            "ready_and_caught_up_s": round(caught_at - t0, 2) if caught_at else None,
+            "rss_mib_after_restart": common.node_rss_mib(c.pid(node))}
+
+
+async def _reads(s, c, topics: list[str], seconds: float, concurrency: int) -> dict[str, Any]:
+    headers = c.headers("client")
+    lat: list[float] = []
+    lat_by_node: dict[str, list[float]] = collections.defaultdict(list)
+    errors: collections.Counter[str] = collections.Counter()
+    sizes: list[int] = []
+    rng = random.Random(42)
+    t0 = time.perf_counter()
+    end = t0 + seconds
+
+    async def worker(i: int) -> None:
+        node = c.nodes[i % len(c.nodes)]
+        for _ in range(10_000_000):
+            ts = time.perf_counter()
+            if ts >= end:
+                return
+            topic = rng.choice(topics)
+            try:
+                async with s.get(f"{c.url(node)}/v1/routes/{topic}", headers=headers,
+                                 timeout=aiohttp.ClientTimeout(total=30)) as r:
+                    raw = await r.read()
+                    st = r.status
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                errors[type(e).__name__] += 1
+                continue
+            d = time.perf_counter() - ts
+            if st == 200:
+                lat.append(d)
+                lat_by_node[node].append(d)
+                sizes.append(len(raw))
+            else:
+                errors[str(st)] += 1
+
+    load0 = common.loadavg()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    wall = time.perf_counter() - t0
+    return {"seconds": seconds, "concurrency": concurrency, "reads_ok": len(lat), "reads_per_s": round(len(lat) / wall, 1),
+            **common.latency_summary(lat), "errors_by_code": dict(errors),
+            "p99_ms_by_node": {n: common.latency_summary(v)["p99_ms"] for n, v in sorted(lat_by_node.items())},
+            "route_bytes_median": sorted(sizes)[len(sizes) // 2] if sizes else None,
+            "distinct_topics": len(topics), "loadavg_before": load0, "loadavg_after": common.loadavg()}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    per_topic = args.queues_per_topic
+    n_topics = max(1, args.queues // per_topic)
+    topics = [f"scale-{i:05d}" for i in range(n_topics)]
+    extra = {"raft_tuning": {"compaction_min_entries": args.compaction_min_entries,
+                             "compaction_min_time_s": args.compaction_min_time_s}}
+    out: dict[str, Any] = {"benchmark": "scale",
+                           "size": {"queues_requested": args.queues, "topics": n_topics, "queues_per_topic": per_topic,
+                                    "slots": SLOTS, "logic_queues": n_topics * per_topic},
+                           "setup": {"extra_meta": extra, "create_concurrency": args.create_concurrency}}
+    t_all = time.perf_counter()
+    with common.temp_cluster(extra_meta=extra) as c:
+        async with common.session(limit=64) as s:
+            brokers = common.SimBrokers(s, c)
+            await brokers.register()
+            mem = MemorySampler(c)
+            mem.start()
+            terms = common.TermWatcher(s, c)
+            terms.start()
+            try:
+                out["rss_mib_empty"] = {m["node"]: common.node_rss_mib(m["pid"]) for m in c.info["meta"]}
+                say(f"scale: creating {n_topics} topics x {per_topic} queues (load {common.loadavg()})")
+                load0 = common.loadavg()
+                terms.phase = "create"
+                out["create"] = await _create_all(s, c, topics, per_topic, args.create_concurrency,
+                                                  args.max_create_s, mem)
+                out["create"]["loadavg_before"], out["create"]["loadavg_after"] = load0, common.loadavg()
+                t_created = time.time()
+                say(f"scale: created {out['create']['topics_created']} topics in {out['create']['seconds']} s; "
+                    f"waiting for all nodes to apply everything")
+                terms.phase = "catch_up_and_snapshot"
+                out["catch_up_after_create_s"] = round(await _wait_all_caught_up(s, c, CATCH_UP_TIMEOUT_S), 1)
+                out["applied_versions"] = await _applied(s, c)
+                out["snapshot_wait"] = await _wait_snapshots(c, t_created, SNAPSHOT_WAIT_S)
+                mem.sample()
+                out["rss_mib_after_create"] = {m["node"]: common.node_rss_mib(m["pid"]) for m in c.info["meta"]}
+                out["files_after_create"] = {n: _files(c, n) for n in c.nodes}
+                for f in out["files_after_create"].values():
+                    for v in f.values():
+                        if v:
+                            v["age_s"] = round(time.time() - v.pop("mtime"), 1)
+                out["snapshot_mib"] = {n: (f["raft.snapshot"] or {}).get("mib") for n, f in out["files_after_create"].items()}
+                out["loadavg_after_create"] = common.loadavg()
+                say(f"scale: rss MiB {out['rss_mib_after_create']}, snapshot MiB {out['snapshot_mib']}")
+
+                lead = await common.leader(s, c)
+                victim = next(n for n in c.nodes if n != lead)
+                say(f"scale: restarting follower {victim} (kill -9) (load {common.loadavg()})")
+                load0 = common.loadavg()
+                terms.phase = "restart"
+                out["restart"] = await _restart(s, c, victim)
+                out["restart"]["loadavg_before"], out["restart"]["loadavg_after"] = load0, common.loadavg()
+                say(f"scale: restart {out['restart']}")
+                mem.c = c
+
+                say(f"scale: route reads for {args.read_seconds} s at concurrency {args.read_concurrency}")
+                terms.phase = "route_reads"
+                created_topics = topics[:out["create"]["topics_created"]] or topics[:1]
+                out["route_reads"] = await _reads(s, c, created_topics, args.read_seconds, args.read_concurrency)
+                say(f"scale: reads {out['route_reads']}")
+                mem.sample()
+                out["rss_mib_after_reads"] = {m["node"]: common.node_rss_mib(m["pid"]) for m in c.info["meta"]}
+                out["rss_mib_peak"] = dict(mem.peak_rss)
+                out["snapshot_writer_rss_mib_peak"] = dict(mem.peak_child_rss)
+                out["snapshot_writers_seen"] = dict(mem.fork_seen)
+                out["raft_terms"] = await common.terms(s, c)
+            finally:
+                await terms.stop()
+                out["elections"] = terms.summary()
+                await mem.stop()
+                await brokers.stop()
+            out["node_log_warning_lines"] = common.log_warnings(c)
+    out["total_s"] = round(time.perf_counter() - t_all, 1)
+    peak = max(out.get("rss_mib_peak", {}).values(), default=0)
+    out["targets"] = {"rss_gib_per_node_max": 2, "restart_s_max": 30}
+    out["checks"] = {
+        "rss_lt_2gib_per_node": peak * 2 ** 20 < 2 * GIB,
+        "restart_lt_30s": (out.get("restart", {}).get("ready_and_caught_up_s") or 1e9) < 30,
+        "full_size": n_topics * per_topic >= 1_000_000 and not out.get("create", {}).get("timed_out", True),
+    }
+    out["loadavg_end"] = common.loadavg()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--queues", type=int, default=1_000_000, help="logic queues in total")
+    p.add_argument("--queues-per-topic", type=int, default=1000)
+    p.add_argument("--create-concurrency", type=int, default=8)
+    p.add_argument("--max-create-s", type=float, default=3600.0, help="stop creating after this long")
+    p.add_argument("--compaction-min-entries", type=int, default=500)
+    p.add_argument("--compaction-min-time-s", type=int, default=60,
+                   help="so that a snapshot covering the last creates is written soon after them")
+    p.add_argument("--read-seconds", type=float, default=10.0)
+    p.add_argument("--read-concurrency", type=int, default=16)
+    args = p.parse_args()
+    common.emit(asyncio.run(run(args)))
+
+
+if __name__ == "__main__":
+    main()
