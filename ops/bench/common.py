@@ -12,7 +12,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -23,7 +22,6 @@ import aiohttp
 
 from ops import devcluster
 
-PORT_SPAN = 100
 META_NODES = 3
 SIM_BROKERS = ("b1", "b2", "b3")
 SIM_BROKER_ADDRESS = "http://127.0.0.1:1"
@@ -55,28 +53,7 @@ def raise_fd_limit(want: int = 65536) -> int:
 
 
 # -- ports and the cluster --------------------------------------------------------------------------------------
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_base_port() -> int:
-    """A base port whose whole span looks free (meta at base+2i/+1, brokers at base+50+i): the idea of
-    tests/cluster.py, copied so the benchmarks do not import the tests."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        base -= base % PORT_SPAN
-        if base + PORT_SPAN >= 65000 or base < 20000:
-            continue
-        if all(_port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
-            return base
-    raise RuntimeError("no free port range")
+free_base_port = devcluster.free_base_port  # below the ephemeral range, see ops/devcluster.py
 
 
 @contextlib.contextmanager
