@@ -1,7 +1,7 @@
 """Wakes asyncio waiters when applied versions advance: per topic (long polls, watch streams) and for any change.
 
-Published from the event loop only (the Raft tick thread hops here with call_soon_threadsafe). One future per key
-per change: a change costs one wake-up per interested waiter, never a scan of all waiters.
+Published from the event loop only (the Raft tick thread hops here through raft_node.LoopBridge). Waiters are kept per
+key: a change costs one wake-up per interested waiter, never a scan of all waiters.
 """
 
 from __future__ import annotations
@@ -14,30 +14,37 @@ ANY = "*"
 class ChangeFeed:
     def __init__(self) -> None:
         self.version = 0
-        self._futures: dict[str, asyncio.Future] = {}
+        self._waiters: dict[str, set[asyncio.Future]] = {}
 
     def publish(self, version: int, changed: set[str] | None) -> None:
         """``changed=None`` means everything may have changed (a snapshot was installed)."""
         self.version = max(self.version, version)
-        keys = list(self._futures) if changed is None else [ANY, *changed]
+        keys = list(self._waiters) if changed is None else [ANY, *changed]
         for key in keys:
-            fut = self._futures.pop(key, None)
-            if fut is not None and not fut.done():
-                fut.set_result(self.version)
-
-    def _future(self, key: str) -> asyncio.Future:
-        fut = self._futures.get(key)
-        if fut is None or fut.done():
-            fut = self._futures[key] = asyncio.get_running_loop().create_future()
-        return fut
+            for fut in self._waiters.pop(key, ()):
+                if not fut.done():
+                    fut.set_result(True)
 
     async def wait(self, key: str, timeout_s: float) -> bool:
-        """Wait for the next change of ``key`` (a topic or ANY). False on timeout."""
+        """Wait for the next change of ``key`` (a topic or ANY). False on timeout.
+
+        Each waiter owns a plain future and a timer: no shield or wait_for wrappers, which cost more than the
+        wake-up itself when a thousand subscribers wait on one topic.
+        """
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        waiters = self._waiters.get(key)
+        if waiters is None:
+            waiters = self._waiters[key] = set()
+        waiters.add(fut)
+        timer = loop.call_later(timeout_s, _expire, fut)
         try:
-            await asyncio.wait_for(asyncio.shield(self._future(key)), timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            return await fut
+        finally:
+            timer.cancel()
+            waiters.discard(fut)
+            if not waiters and self._waiters.get(key) is waiters:
+                del self._waiters[key]
 
     async def wait_version(self, version: int, timeout_s: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -48,8 +55,17 @@ class ChangeFeed:
                 return self.version >= version
         return True
 
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._waiters.values())
+
     def close(self) -> None:
-        for fut in self._futures.values():
-            if not fut.done():
-                fut.cancel()
-        self._futures.clear()
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.cancel()
+        self._waiters.clear()
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(False)
