@@ -45,8 +45,8 @@ MAYBE_APPLIED = {FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME}
 @dataclass(frozen=True)
 class RaftTuning:
     """Timeouts for a metadata service on a LAN: fail over well under a second, step down fast when cut off."""
-    election_timeout_min_s: float = 0.3
-    election_timeout_max_s: float = 0.6
+    election_timeout_min_s: float = 0.25
+    election_timeout_max_s: float = 0.5
     append_entries_period_s: float = 0.05
     leader_fallback_timeout_s: float = 1.0
     connection_timeout_s: float = 1.0
@@ -154,7 +154,7 @@ class MetaSyncObj(SyncObj):
     def _batch_appends(self) -> None:
         self._pipe = getattr(self, "_SyncObj__pipeNotifier", None)  # created only with appendEntriesUseBatch=False
         self._SyncObj__conf.appendEntriesUseBatch = True              # no send per command inside the tick...
-        self._sent_index = 0
+        self._sent_index = self._sent_commit = 0
         self._wake_pending = False
         self._freeze_pending = True  # the image restored from a snapshot or journal at start-up
         self.addOnTickCallback(self._send_new_entries)                # ...one send per tick instead
@@ -192,11 +192,14 @@ class MetaSyncObj(SyncObj):
 
     def _send_new_entries(self) -> None:
         if not self._isLeader():
-            self._sent_index = 0
+            self._sent_index = self._sent_commit = 0
             return
         last = self._SyncObj__getCurrentLogIndex()
-        if last > self._sent_index:
-            self._sent_index = last
+        commit = self._SyncObj__raftCommitIndex
+        # New entries, or a commit index the followers have not heard of yet: without the latter a follower would
+        # apply (and answer a read-your-write) only at the next heartbeat, up to a period later.
+        if last > self._sent_index or commit > self._sent_commit:
+            self._sent_index, self._sent_commit = last, commit
             self._SyncObj__sendAppendEntries()
 
     def start(self) -> None:
