@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -25,6 +26,7 @@ MESSAGES_PER_SEND_MAX = 10_000
 PULL_MAX = 1_000
 PULL_BYTES_MAX = 8 * 1024 * 1024
 REMOTE_TIMEOUT_S = 5.0
+WRITER_THREADS = 16
 
 
 def not_leader(topic: str, queue: int, head: Segment | None) -> MetaError:
@@ -43,6 +45,8 @@ class DataPlane:
         self._locks: dict[str, asyncio.Lock] = {}
         self._sealed_here: set[str] = set()
         self._http: aiohttp.ClientSession | None = None
+        # Appends block in fsync; queues are independent files, so they may sync in parallel.
+        self._writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="append")
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REMOTE_TIMEOUT_S))
@@ -50,6 +54,7 @@ class DataPlane:
     async def stop(self) -> None:
         if self._http is not None:
             await self._http.close()
+        self._writers.shutdown(wait=True)
 
     def _lock(self, pq: str) -> asyncio.Lock:
         lock = self._locks.get(pq)
@@ -104,7 +109,7 @@ class DataPlane:
                 self.link.beat_soon()  # renew early so writers never wait for the budget
             try:
                 first = await asyncio.get_running_loop().run_in_executor(
-                    None, pq.append, payloads, int(time.time() * 1000))
+                    self._writers, pq.append, payloads, int(time.time() * 1000))
             except StorageError as e:
                 raise invalid(str(e)) from None
         return [head.logic(first + i) for i in range(len(payloads))]
