@@ -36,7 +36,30 @@ INTERNAL = "INTERNAL"
 META_RETRIABLE_CODES = frozenset({NO_LEADER, VERSION_NOT_REACHED, TOO_MANY_WAITERS, LEADER_CHANGED, UNAVAILABLE})
 
 
-class StatorError(Exception):
+class VersionHeaders:
+    """The version headers of an answer (``self.headers``), as numbers."""
+
+    headers: Mapping[str, str]
+
+    def _int_header(self, name: str) -> int | None:
+        raw = self.headers.get(name)
+        try:
+            return int(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+    @property
+    def meta_version(self) -> int | None:
+        """``X-Meta-Version``: the applied metadata version of the meta node that answered (or refused)."""
+        return self._int_header("X-Meta-Version")
+
+    @property
+    def route_version(self) -> int | None:
+        """``X-Route-Version``: the route version the broker that answered (or refused) knows."""
+        return self._int_header("X-Route-Version")
+
+
+class StatorError(VersionHeaders, Exception):
     """An error answer of a Stator service (or ``Unavailable`` when there was no answer)."""
 
     code: str = INTERNAL
@@ -52,22 +75,6 @@ class StatorError(Exception):
         self.url = url
         self.headers: Mapping[str, str] = {}  # of the answer, when there was one
 
-    def _int_header(self, name: str) -> int | None:
-        raw = self.headers.get(name)
-        try:
-            return int(raw) if raw is not None else None
-        except ValueError:
-            return None
-
-    @property
-    def meta_version(self) -> int | None:
-        """``X-Meta-Version`` of the meta node that refused: its applied version when it answered."""
-        return self._int_header("X-Meta-Version")
-
-    @property
-    def route_version(self) -> int | None:
-        """``X-Route-Version`` of the broker that refused: the route version it knows."""
-        return self._int_header("X-Route-Version")
 
     @classmethod
     def from_response(cls, status: int, body: Any, *, url: str | None = None) -> StatorError:

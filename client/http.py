@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from .errors import Closed, StatorError, Unavailable
+from .errors import Closed, StatorError, Unavailable, VersionHeaders
 
 REQUEST_TIMEOUT_S_DEFAULT = 12.0    # a meta write may wait up to 5 s for a proposal, plus forwarding to the leader
 CONNECT_TIMEOUT_S_DEFAULT = 3.0
@@ -33,29 +33,13 @@ TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, a
 
 
 @dataclass(frozen=True)
-class Answer:
+class Answer(VersionHeaders):
     """One HTTP answer: status, parsed JSON body (None when empty), headers, and the URL that answered."""
     status: int
     body: Any
     headers: Mapping[str, str]
     url: str
 
-    def _int_header(self, name: str) -> int | None:
-        raw = self.headers.get(name)
-        try:
-            return int(raw) if raw is not None else None
-        except ValueError:
-            return None
-
-    @property
-    def meta_version(self) -> int | None:
-        """``X-Meta-Version``: the applied metadata version of the meta node that answered."""
-        return self._int_header("X-Meta-Version")
-
-    @property
-    def route_version(self) -> int | None:
-        """``X-Route-Version``: the route version the broker that answered knows."""
-        return self._int_header("X-Route-Version")
 
 
 class Backoff:

@@ -20,6 +20,7 @@ from .commands import validate
 from .config import MetaConfig
 from .errors import MetaError, invalid, rejection
 from .image import Image
+from .params import nonneg_int, seconds
 from .projection_follower import ProjectionFollower
 from .raft_node import LoopBridge, MetaSyncObj, ProposeFailed, RaftNode
 from .sessions import SessionTracker
@@ -132,13 +133,13 @@ class MetaService:
     # -- reads -------------------------------------------------------------------------------------------------
     async def before_read(self, query: dict[str, str]) -> None:
         """``min_version`` waits (bounded) for this node to apply V; ``consistency=linearizable`` goes through the log."""
-        wait_s = _float(query.get("wait"), "wait", limits.READ_WAIT_S_DEFAULT, limits.READ_WAIT_S_MAX)
+        wait_s = seconds(query.get("wait"), "wait", limits.READ_WAIT_S_DEFAULT, limits.READ_WAIT_S_MAX)
         if query.get("consistency") == "linearizable":
             await self._barrier(wait_s)
         elif query.get("consistency") not in (None, "", "serializable"):
             raise invalid("consistency must be 'linearizable' or 'serializable'")
         if query.get("min_version") is not None:
-            v = _int(query["min_version"], "min_version")
+            v = nonneg_int(query["min_version"], "min_version")
             if not await self.feed.wait_version(v, wait_s):
                 raise rejection(503, "VERSION_NOT_REACHED", f"this node has applied {self.applied_version}, not {v}, "
                                 f"within {wait_s} s", applied_version=self.applied_version, min_version=v)
@@ -319,25 +320,3 @@ def _segment_by_pq(image: Image, pq: str) -> dict[str, Any] | None:
         return None
     seg = image.segment(topic, q, gen)
     return seg if seg is not None and seg["physical_queue"] == pq else None
-
-
-def _int(raw: str, name: str) -> int:
-    try:
-        v = int(raw)
-    except (TypeError, ValueError):
-        raise invalid(f"{name} must be an integer", field=name) from None
-    if v < 0:
-        raise invalid(f"{name} must be >= 0", field=name)
-    return v
-
-
-def _float(raw: str | None, name: str, default: float, hi: float) -> float:
-    if raw is None:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise invalid(f"{name} must be a number of seconds", field=name) from None
-    if not 0 <= v <= hi:
-        raise invalid(f"{name} must be within [0, {hi}] seconds", field=name)
-    return v

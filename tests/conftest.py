@@ -19,3 +19,15 @@ async def meta_cluster(tmp_path):
     finally:
         await c.session.close()
         devcluster.down(c.dir)
+
+
+@pytest.fixture
+async def full_cluster(tmp_path):
+    """Three meta nodes and three brokers; 3 s broker sessions with 0.5 s heartbeats so expiry tests stay quick."""
+    c = cluster_mod.up(str(tmp_path), 3, 3, meta={"session_timeout_ms": 3000, "heartbeat_interval_ms": 500})
+    c.session = aiohttp.ClientSession()
+    try:
+        yield c
+    finally:
+        await c.session.close()
+        devcluster.down(c.dir)

@@ -3,7 +3,6 @@ never a 5xx (bar the documented 503s of an honest wait), always carries X-Meta-V
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import requests

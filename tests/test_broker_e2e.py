@@ -10,23 +10,9 @@ import collections
 import time
 
 import aiohttp
-import pytest
-
-from ops import devcluster
-from tests import cluster as cluster_mod
-
-SESSION_MS = 3000
 
 
-@pytest.fixture
-async def full_cluster(tmp_path):
-    c = cluster_mod.up(str(tmp_path), 3, 3, meta={"session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": 500})
-    c.session = aiohttp.ClientSession()
-    try:
-        yield c
-    finally:
-        await c.session.close()
-        devcluster.down(c.dir)
+SESSION_MS = 3000  # the full_cluster fixture's broker session (tests/conftest.py)
 
 
 async def admin(c, method: str, node: int, path: str, json=None) -> tuple[int, dict]:

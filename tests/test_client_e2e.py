@@ -7,27 +7,12 @@ from __future__ import annotations
 import asyncio
 import collections
 
-import aiohttp
-import pytest
 
 from client import AdminClient, KeySelector, Producer, PullConsumer, Sealing, queue_for_key
-from ops import devcluster
-from tests import cluster as cluster_mod
 
 
-@pytest.fixture
-async def brokers_cluster(tmp_path):
-    c = cluster_mod.up(str(tmp_path), 3, 3, meta={"session_timeout_ms": 3000, "heartbeat_interval_ms": 500})
-    c.session = aiohttp.ClientSession()
-    try:
-        yield c
-    finally:
-        await c.session.close()
-        devcluster.down(c.dir)
-
-
-async def test_keys_keep_queue_and_order_across_remaps_and_the_consumer_resumes(brokers_cluster):
-    c = brokers_cluster
+async def test_keys_keep_queue_and_order_across_remaps_and_the_consumer_resumes(full_cluster):
+    c = full_cluster
     async with AdminClient(c.meta_urls, c.token("admin")) as admin:
         await admin.create_topic("keyed", queues=4)
         route = await admin.describe_topic("keyed")

@@ -6,7 +6,7 @@ import json
 
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from meta.errors import MetaError, invalid
 

@@ -10,10 +10,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import limits
+from ..params import nonneg_int
 from .http import public, requires, respond, service
 from .keys import METRICS
 from .openapi import SPEC
-from .watch import _nonneg_int
 
 
 @requires("client", "broker")
@@ -74,8 +74,8 @@ async def history(request: web.Request) -> web.Response:
     """Events in version order: from the image while it still holds them, else from the SQL projection."""
     svc = service(request)
     await svc.before_read(request.query)
-    after = _nonneg_int(request.query.get("after"), "after", 0)
-    limit = _nonneg_int(request.query.get("limit"), "limit", 1000)
+    after = nonneg_int(request.query.get("after"), "after", 0)
+    limit = nonneg_int(request.query.get("limit"), "limit", 1000)
     limit = max(1, min(limit, limits.HISTORY_PAGE_MAX))
     topic = request.query.get("topic") or None
     start, version = svc.read(lambda im: (im.data["history_start"], im.version))

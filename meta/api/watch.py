@@ -14,22 +14,11 @@ from aiohttp import web
 from .. import limits
 from ..changefeed import ANY
 from ..errors import invalid, rejection
+from ..params import nonneg_int, seconds
 from .http import JSON, requires, service
 from .keys import METRICS
 
 SSE_KEEPALIVE_S = 15.0
-
-
-def _nonneg_int(raw: str | None, name: str, default: int) -> int:
-    if raw is None:
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise invalid(f"{name} must be an integer", field=name) from None
-    if v < 0:
-        raise invalid(f"{name} must be >= 0", field=name)
-    return v
 
 
 @requires("client", "broker")
@@ -37,13 +26,8 @@ async def long_poll_route(request: web.Request) -> web.Response:
     svc = service(request)
     metrics = request.app[METRICS]
     topic = request.match_info["topic"]
-    after = _nonneg_int(request.query.get("after"), "after", -1)
-    try:
-        wait_s = float(request.query.get("wait", "0"))
-    except ValueError:
-        raise invalid("wait must be a number of seconds", field="wait") from None
-    if not 0 <= wait_s <= limits.LONG_POLL_WAIT_S_MAX:
-        raise invalid(f"wait must be within [0, {limits.LONG_POLL_WAIT_S_MAX}] seconds", field="wait")
+    after = nonneg_int(request.query.get("after"), "after", -1)
+    wait_s = seconds(request.query.get("wait"), "wait", 0.0, limits.LONG_POLL_WAIT_S_MAX)
     await svc.before_read({k: v for k, v in request.query.items() if k in ("min_version", "consistency")})
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
@@ -78,7 +62,7 @@ async def watch(request: web.Request) -> web.StreamResponse:
     topics = sorted({t for t in raw_topics.split(",") if t})
     if len(topics) > limits.WATCH_TOPICS_PER_STREAM_MAX:
         raise invalid(f"at most {limits.WATCH_TOPICS_PER_STREAM_MAX} topics per watch stream")
-    after = _nonneg_int(request.query.get("after") or request.headers.get("Last-Event-ID"), "after", -1)
+    after = nonneg_int(request.query.get("after") or request.headers.get("Last-Event-ID"), "after", -1)
     if metrics.watch_streams._value.get() >= limits.WATCH_STREAMS_MAX:
         metrics.rejections.labels("watch_streams").inc()
         raise rejection(503, "TOO_MANY_WAITERS", "too many watch streams on this node")

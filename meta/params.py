@@ -1,0 +1,33 @@
+"""Query parameters shared by the service's reads and the HTTP handlers: parsed once, bad ones are 400s."""
+
+from __future__ import annotations
+
+from .errors import invalid
+
+
+def nonneg_int(raw: str | None, name: str, default: int | None = None) -> int:
+    """A non-negative integer; ``default`` when absent (absent and no default is an error)."""
+    if raw is None:
+        if default is None:
+            raise invalid(f"{name} is required", field=name)
+        return default
+    try:
+        v = int(raw)
+    except (TypeError, ValueError):
+        raise invalid(f"{name} must be an integer", field=name) from None
+    if v < 0:
+        raise invalid(f"{name} must be >= 0", field=name)
+    return v
+
+
+def seconds(raw: str | None, name: str, default: float, hi: float) -> float:
+    """A duration in seconds within [0, hi]; ``default`` when absent."""
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise invalid(f"{name} must be a number of seconds", field=name) from None
+    if not 0 <= v <= hi:  # also refuses nan
+        raise invalid(f"{name} must be within [0, {hi}] seconds", field=name)
+    return v
