@@ -180,7 +180,7 @@ def restart_all(dir_: str) -> dict[str, Any]:
     return cluster
 
 
-def start(dir_: str, name: str) -> dict[str, Any]:
+def start(dir_: str, name: str, wait: bool = True) -> dict[str, Any]:
     dir_ = os.path.abspath(dir_)
     cluster = load(dir_)
     for kind, argv in (("meta", _meta_argv), ("brokers", _broker_argv)):
@@ -190,7 +190,8 @@ def start(dir_: str, name: str) -> dict[str, Any]:
                     raise RuntimeError(f"{name} is already running (pid {m['pid']})")
                 m["pid"] = _spawn(dir_, name, argv(m["config"]))
                 _save(dir_, cluster)
-                wait_ready([m["url"]])
+                if wait:  # a lone meta node is ready only once a majority is back: start it without waiting
+                    wait_ready([m["url"]])
                 return m
     raise KeyError(f"no member named {name!r} in {dir_}/cluster.json")
 

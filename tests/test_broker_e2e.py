@@ -11,6 +11,8 @@ import time
 
 import aiohttp
 
+from ops import devcluster
+
 
 SESSION_MS = 3000  # the full_cluster fixture's broker session (tests/conftest.py)
 
@@ -279,3 +281,36 @@ async def test_lookup_by_time_and_queue_bounds_span_the_whole_history(full_clust
         assert (s, b) == (200, {"queue": 0, "offset": want}), (ts, s, b)
     s, b, _ = await c.call("GET", f"{addr}/v1/queues/tm", "client")
     assert (s, b) == (200, {"queues": [{"queue": 0, "min_offset": 0, "max_offset": 6}]})
+
+
+async def test_a_broker_cut_off_from_meta_stops_taking_writes_until_it_renews(full_cluster):
+    """DESIGN.md invariant 4: with no meta session for longer than the session timeout, a broker refuses writes."""
+    c = full_cluster
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": "cut", "queues": 1, "brokers": ["b1"]})
+    assert s == 201, b
+    r = await wait_route(c, "cut", all_writable)
+    addr = r["queues"][0]["address"]
+    assert await send(c, "cut", 0, ["before"]) == [0]
+    for m in ("m1", "m2", "m3"):
+        c.kill9(m)
+    deadline = time.monotonic() + SESSION_MS / 1000 + 10
+    while True:
+        s, b, _ = await c.call("POST", f"{addr}/v1/messages/cut/0", "client", json={"messages": [{"body": "x"}]})
+        if s == 503 and b["error"]["code"] == "FENCED":
+            break
+        assert s == 200, b  # until the session lapses the broker still takes writes
+        assert time.monotonic() < deadline, "the broker kept taking writes without a meta session"
+        await asyncio.sleep(0.2)
+    s, b, _ = await c.call("GET", f"{addr}/readyz", None)
+    assert s == 503
+    for m in ("m1", "m2", "m3"):  # b1 renews its session with the restarted meta cluster
+        devcluster.start(c.dir, m, wait=False)
+    devcluster.wait_ready(c.meta_urls)
+    c.reload()
+    deadline = time.monotonic() + 30
+    while True:
+        s, b, _ = await c.call("POST", f"{addr}/v1/messages/cut/0", "client", json={"messages": [{"body": "after"}]})
+        if s == 200:
+            break
+        assert time.monotonic() < deadline, (s, b)
+        await asyncio.sleep(0.2)
