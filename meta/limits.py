@@ -39,3 +39,6 @@ FORWARD_TIMEOUT_S = 10.0
 LONG_POLL_WAITERS_MAX = 20_000
 WATCH_STREAMS_MAX = 20_000
 WATCH_TOPICS_PER_STREAM_MAX = 1_000
+
+# Rendered routes kept per node (least recently used evicted first): a 1,000-queue route is ~340 KB.
+ROUTE_CACHE_BYTES_MAX = 128 * 1024 * 1024

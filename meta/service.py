@@ -22,6 +22,7 @@ from .errors import MetaError, invalid, rejection
 from .image import Image
 from .params import nonneg_int, seconds
 from .projection_follower import ProjectionFollower
+from .route_cache import RouteCache
 from .raft_node import LoopBridge, MetaSyncObj, ProposeFailed, RaftNode
 from .sessions import SessionTracker
 from . import views
@@ -47,7 +48,7 @@ class MetaService:
         self._http: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._led_term: int | None = None
-        self._route_cache: dict[str, tuple[int, bytes]] = {}
+        self._route_cache = RouteCache(limits.ROUTE_CACHE_BYTES_MAX)
         self.started_at = time.time()
         self._request_prefix = f"{config.node}.{uuid.uuid4().hex[:12]}."
         self._request_seq = 0
@@ -119,16 +120,14 @@ class MetaService:
         def render(image: Image):
             t = image.topic(topic)
             if t is None:
+                self._route_cache.drop(topic)
                 return None
-            cached = self._route_cache.get(topic)
-            if cached is None or cached[0] != t["version"]:
-                cached = (t["version"], json.dumps(views.route(image, t), separators=(",", ":")).encode())
-                self._route_cache[topic] = cached
-            return cached
-        out = self.read(render)
-        if out is None:
-            self._route_cache.pop(topic, None)
-        return out
+            body = self._route_cache.get(topic, t["version"])
+            if body is None:
+                body = json.dumps(views.route(image, t), separators=(",", ":")).encode()
+                self._route_cache.put(topic, t["version"], body)
+            return t["version"], body
+        return self.read(render)
 
     # -- reads -------------------------------------------------------------------------------------------------
     async def before_read(self, query: dict[str, str]) -> None:

@@ -8,7 +8,8 @@ from .. import limits
 from ..config import MetaConfig
 from ..service import MetaService
 from . import brokers, cluster, topics, watch
-from .keys import METRICS, SERVICE
+from .admission import Admission
+from .keys import ADMISSIONS, METRICS, SERVICE
 from .metrics import MetaMetrics
 from .middleware import add_version_header, errors_and_auth
 
@@ -16,7 +17,13 @@ from .middleware import add_version_header, errors_and_auth
 def make_app(config: MetaConfig) -> web.Application:
     app = web.Application(middlewares=[errors_and_auth], client_max_size=limits.REQUEST_BODY_BYTES_MAX)
     app[SERVICE] = MetaService(config)
-    app[METRICS] = MetaMetrics()
+    metrics = app[METRICS] = MetaMetrics()
+    app[ADMISSIONS] = {
+        "long_polls": Admission("long_poll_waiters", limits.LONG_POLL_WAITERS_MAX, metrics.long_polls,
+                                metrics.rejections, "too many long polls wait on this node; use another node or SSE"),
+        "watch_streams": Admission("watch_streams", limits.WATCH_STREAMS_MAX, metrics.watch_streams,
+                                   metrics.rejections, "too many watch streams on this node"),
+    }
 
     async def service_ctx(app: web.Application):
         await app[SERVICE].start()

@@ -7,3 +7,4 @@ from .metrics import MetaMetrics
 
 SERVICE = web.AppKey("service", MetaService)
 METRICS = web.AppKey("metrics", MetaMetrics)
+ADMISSIONS = web.AppKey("admissions", dict)  # name -> admission.Admission

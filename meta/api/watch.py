@@ -16,15 +16,15 @@ from ..changefeed import ANY
 from ..errors import invalid, rejection
 from ..params import nonneg_int, seconds
 from .http import JSON, requires, service
-from .keys import METRICS
+from .keys import ADMISSIONS
 
 SSE_KEEPALIVE_S = 15.0
+
 
 
 @requires("client", "broker")
 async def long_poll_route(request: web.Request) -> web.Response:
     svc = service(request)
-    metrics = request.app[METRICS]
     topic = request.match_info["topic"]
     after = nonneg_int(request.query.get("after"), "after", -1)
     wait_s = seconds(request.query.get("wait"), "wait", 0.0, limits.LONG_POLL_WAIT_S_MAX)
@@ -43,40 +43,32 @@ async def long_poll_route(request: web.Request) -> web.Response:
             if left <= 0:
                 return web.Response(status=304)
             if not waiting:
-                if metrics.long_polls._value.get() >= limits.LONG_POLL_WAITERS_MAX:
-                    metrics.rejections.labels("long_poll_waiters").inc()
-                    raise rejection(503, "TOO_MANY_WAITERS", "too many long polls waiting on this node; use another node or SSE")
+                request.app[ADMISSIONS]["long_polls"].enter()
                 waiting = True
-                metrics.long_polls.inc()
             await svc.feed.wait(topic, left)
     finally:
         if waiting:
-            metrics.long_polls.dec()
+            request.app[ADMISSIONS]["long_polls"].leave()
 
 
 @requires("client", "broker")
 async def watch(request: web.Request) -> web.StreamResponse:
     svc = service(request)
-    metrics = request.app[METRICS]
     raw_topics = request.query.get("topics", "")
     topics = sorted({t for t in raw_topics.split(",") if t})
     if len(topics) > limits.WATCH_TOPICS_PER_STREAM_MAX:
         raise invalid(f"at most {limits.WATCH_TOPICS_PER_STREAM_MAX} topics per watch stream")
     after = nonneg_int(request.query.get("after") or request.headers.get("Last-Event-ID"), "after", -1)
-    if metrics.watch_streams._value.get() >= limits.WATCH_STREAMS_MAX:
-        metrics.rejections.labels("watch_streams").inc()
-        raise rejection(503, "TOO_MANY_WAITERS", "too many watch streams on this node")
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Accel-Buffering": "no"})
-    await resp.prepare(request)
-    metrics.watch_streams.inc()
-    sent: dict[str, int] = {}
+    request.app[ADMISSIONS]["watch_streams"].enter()
     try:
-        await _watch_loop(svc, resp, topics, after, sent)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+        await resp.prepare(request)
+        await _watch_loop(svc, resp, topics, after, {})
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
-        metrics.watch_streams.dec()
+        request.app[ADMISSIONS]["watch_streams"].leave()
     return resp
 
 
