@@ -18,7 +18,14 @@ def set_position_provider(fn: Callable[[], dict[str, Any]]) -> None:
     _position[:] = [fn]
 
 
+_identity: dict[str, str] = {}
+
+
 def _add_position(logger, method, event_dict):
+    # The process's identity is a module value, not a context variable: threads (the Raft tick thread) start with
+    # an empty context and would log without it.
+    for k, v in _identity.items():
+        event_dict.setdefault(k, v)
     if _position:
         try:
             event_dict.update(_position[0]())
@@ -28,18 +35,26 @@ def _add_position(logger, method, event_dict):
 
 
 def configure(level: str = "info", **identity: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper(), logging.INFO), format="%(message)s")
+    """Our structlog loggers and every stdlib logger (pysyncobj, aiohttp, SQLAlchemy) write the same JSON lines."""
+    numeric = getattr(logging, level.upper(), logging.INFO)
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        _add_position,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(numeric)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            _add_position,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
-        ],
+        processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
     )
-    structlog.contextvars.bind_contextvars(**identity)
+    _identity.update(identity)
