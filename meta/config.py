@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import tomllib
@@ -26,10 +27,11 @@ class Tokens:
     client: str
 
     def role_of(self, token: str) -> str | None:
-        for role in ("admin", "broker", "client"):
-            if token == getattr(self, role):
-                return role
-        return None
+        found = None
+        for role in ("admin", "broker", "client"):  # constant time: no early exit, no short-circuit compare
+            if hmac.compare_digest(token.encode(), getattr(self, role).encode()):
+                found = found or role
+        return found
 
 
 @dataclass(frozen=True)

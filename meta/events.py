@@ -3,7 +3,8 @@
 An event is a dict ``{"type": <name>, "v": <schema version>, ...fields}``. Events are what the state machine
 decides; the image (meta/image.py) changes only by replaying them, on the leader and on followers alike.
 When an event is stored (history, SQL projection, export) it is wrapped as
-``{"version": <metadata version>, "ts": <leader ms>, "type": <name>, "topic": <topic or null>, "data": <fields>}``.
+``{"version": <metadata version>, "ts": <leader ms>, "type": <name>, "v": <schema version>, "topic": <topic or null>,
+"data": <fields>}``, so that readers of stored history (projection, export) can tell schema versions apart.
 
 Changing a field's meaning needs a new schema version here and a branch in the replay for the old one.
 """
@@ -102,4 +103,5 @@ def make(event_type: str, **fields: Any) -> dict[str, Any]:
 def stored(version: int, ts: int, event: dict[str, Any]) -> dict[str, Any]:
     """The stored form of an event (history API, projection, export)."""
     data = {k: v for k, v in event.items() if k not in ("type", "v")}
-    return {"version": version, "ts": ts, "type": event["type"], "topic": event.get("topic"), "data": data}
+    return {"version": version, "ts": ts, "type": event["type"], "v": event["v"], "topic": event.get("topic"),
+            "data": data}

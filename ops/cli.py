@@ -22,8 +22,12 @@ def meta() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 def meta_serve(config_path: str) -> None:
     """Run a meta node in the foreground."""
+    from meta.config import ConfigError
     from ops.serve import run_meta
-    run_meta(config_path)
+    try:
+        run_meta(config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
 
 
 @meta.command("rebuild-projection")
@@ -45,8 +49,12 @@ def broker() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 def broker_serve(config_path: str) -> None:
     """Run a broker in the foreground."""
+    from broker.config import ConfigError
     from broker.serve import run_broker
-    run_broker(config_path)
+    try:
+        run_broker(config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
 
 
 @main.group()

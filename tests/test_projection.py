@@ -305,7 +305,7 @@ class TestProjection:
 
     def test_unknown_event_type_is_stored_not_folded(self, projection, url, caplog):
         events = scenario()[:BEFORE_DELETE]
-        future = [{"version": v, "ts": 1_000 + v, "type": "TopicRenamed", "topic": "orders", "data": {"to": "x"}}
+        future = [{"version": v, "ts": 1_000 + v, "type": "TopicRenamed", "v": 1, "topic": "orders", "data": {"to": "x"}}
                   for v in (22, 23)]
         projection.apply(events)
         state = snapshot(url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 
 import structlog
@@ -29,11 +30,14 @@ def _role(request: web.Request) -> str:
     auth = request.headers.get("Authorization", "")
     if not auth.startswith("Bearer "):
         raise MetaError("missing bearer token", code="UNAUTHENTICATED", status=401)
-    token = auth[7:].strip()
+    token = auth[7:].strip().encode()
+    found = None
     for role, value in (("admin", cfg.admin_token), ("broker", cfg.token), ("client", cfg.client_token)):
-        if value and token == value:
-            return role
-    raise MetaError("unknown token", code="UNAUTHENTICATED", status=401)
+        if value and hmac.compare_digest(token, value.encode()):
+            found = found or role
+    if found is None:
+        raise MetaError("unknown token", code="UNAUTHENTICATED", status=401)
+    return found
 
 
 def _int(raw, name: str, default: int | None = None, lo: int = 0, hi: int = 2**62) -> int:

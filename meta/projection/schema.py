@@ -25,6 +25,7 @@ events = Table(
     Column("version", EventVersion, primary_key=True, autoincrement=False),
     Column("ts", BigInteger, nullable=False),
     Column("type", String, nullable=False),
+    Column("v", Integer, nullable=False, server_default="1"),  # the event's schema version (meta/events.py)
     Column("topic", String, nullable=True),
     Column("data", Json, nullable=False),
     # history(topic=...) reads one topic's events in version order: this index answers it without a sort.

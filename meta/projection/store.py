@@ -29,7 +29,8 @@ def _check_ascending(events: list[dict[str, Any]]) -> None:
 
 
 def _event_row(e: dict[str, Any]) -> dict[str, Any]:
-    return {"version": e["version"], "ts": e["ts"], "type": e["type"], "topic": e["topic"], "data": e["data"]}
+    return {"version": e["version"], "ts": e["ts"], "type": e["type"], "v": e.get("v", 1), "topic": e["topic"],
+            "data": e["data"]}
 
 
 class SqlProjection:
@@ -76,7 +77,7 @@ class SqlProjection:
         if not 1 <= limit <= HISTORY_LIMIT_MAX:
             raise ValueError(f"history limit {limit} outside 1..HISTORY_LIMIT_MAX={HISTORY_LIMIT_MAX}")
         e = schema.events.c
-        query = select(e.version, e.ts, e.type, e.topic, e.data).where(e.version > after)
+        query = select(e.version, e.ts, e.type, e.v, e.topic, e.data).where(e.version > after)
         if topic is not None:
             query = query.where(e.topic == topic)
         query = query.order_by(e.version).limit(limit)
