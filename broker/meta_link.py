@@ -141,6 +141,7 @@ class MetaLink:
                     if r.status != 200:
                         raise RuntimeError(f"watch refused: {r.status}")
                     backoff = 0.05
+                    await self._forget_deleted_topics()
                     await self._read_events(r)
             except asyncio.CancelledError:
                 raise
@@ -149,6 +150,17 @@ class MetaLink:
                 self._next_meta()
                 await asyncio.sleep(backoff + random.random() * backoff)
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+
+    async def _forget_deleted_topics(self) -> None:
+        """A stream opened with ``after=V`` sends what changed since V, but cannot name topics deleted while this
+        broker was not listening: drop every route whose topic meta no longer lists (it must not take writes)."""
+        async with self._http.get(f"{self._meta()}/v1/topics", headers=self._headers) as r:
+            if r.status != 200:
+                raise RuntimeError(f"topic list refused: {r.status}")
+            listed = {t["topic"] for t in (await r.json())["topics"]}
+        for topic in [t for t in self.routes.routes if t not in listed]:
+            self.routes.delete(topic, self.routes.version)
+            self.route_changed.set()
 
     async def _read_events(self, resp: aiohttp.ClientResponse) -> None:
         event, data = None, []

@@ -203,7 +203,7 @@ class MetaService:
             if url is not None and url != self._my_url():
                 return url
             if self.sync.is_leader():
-                raise ProposeFailed("became leader", code="NO_LEADER")  # loop back and propose locally
+                raise BecameLeader("this node became the leader", code="NO_LEADER")  # loop back, propose locally
             if time.monotonic() > deadline:
                 raise rejection(503, "NO_LEADER", "the meta cluster has no leader right now")
             await asyncio.sleep(0.02)
@@ -226,9 +226,9 @@ class MetaService:
                 if status == 503 and code in ("NO_LEADER", "LEADER_CHANGED"):
                     raise ProposeFailed("the leader moved while forwarding", code=code)
                 return status, data
+            except BecameLeader:
+                raise
             except (ProposeFailed, aiohttp.ClientError, asyncio.TimeoutError) as e:
-                if self.sync.is_leader() and isinstance(e, ProposeFailed) and e.message == "became leader":
-                    raise
                 if time.monotonic() > deadline:
                     raise rejection(503, "NO_LEADER", f"could not reach the leader: {type(e).__name__}") from None
                 await asyncio.sleep(0.05)
@@ -298,6 +298,10 @@ class MetaService:
                 raise
             except Exception:
                 log.exception("leader_duties_failed")
+
+
+class BecameLeader(ProposeFailed):
+    """Raised while waiting for a leader to forward to, when that leader turns out to be this node."""
 
 
 def _answer(outcome: dict[str, Any]) -> tuple[int, dict[str, Any]]:

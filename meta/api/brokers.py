@@ -7,7 +7,7 @@ from aiohttp import web
 from .. import limits, views
 from ..commands import validate
 from ..errors import MetaError, invalid
-from ..raft_node import ProposeFailed
+from ..service import BecameLeader
 from .http import body_object, requires, respond, service, submit
 
 
@@ -59,7 +59,7 @@ async def heartbeat(request: web.Request) -> web.Response:
                    "X-Forwarded-By": svc.config.node}
         try:
             status, data = await svc.forward_to_leader("POST", request.path_qs, await request.read(), headers)
-        except ProposeFailed:
+        except BecameLeader:
             continue  # this node became the leader while waiting: answer here
         return respond(data, status)
 
