@@ -116,6 +116,7 @@ class MetaSyncObj(SyncObj):
         self._machine = StateMachine(Image(), offset_budget)
         self._on_applied = on_applied
         self.bridge = bridge
+        self.commands_queue_max = tuning.commands_queue_max
         os.makedirs(data_dir, exist_ok=True)
         conf = SyncObjConf(
             password=secret,
@@ -165,7 +166,9 @@ class MetaSyncObj(SyncObj):
         # A million logic queues are millions of long-lived dicts; a full cyclic GC over them holds the interpreter
         # for hundreds of milliseconds, long enough to miss heartbeats and trigger elections. The image is acyclic
         # (freed by reference counting alone), so after a command that added many objects we move everything
-        # alive to the permanent generation, out of the collector's reach.
+        # alive to the permanent generation, out of the collector's reach. Whatever else is alive at that instant
+        # (a few request objects of the event loop) is frozen too; topic creations are rare admin calls, so the
+        # cyclic garbage this can pin stays small and bounded.
         if self._freeze_pending:
             self._freeze_pending = False
             gc.freeze()
@@ -294,6 +297,9 @@ class RaftNode:
         if err in MAYBE_APPLIED:
             raise ProposeFailed("leadership changed while the command was in flight", {"request_id": rid},
                                 code="LEADER_CHANGED")
+        if err == FAIL_REASON.QUEUE_FULL:
+            raise ProposeFailed(f"the log's command queue is full ({self.sync.commands_queue_max} commands); retry",
+                                code="OVERLOADED")
         raise ProposeFailed("no leader could take the command", {"reason": int(err)}, code="NO_LEADER")
 
 
