@@ -22,7 +22,8 @@ from urllib.parse import quote
 import aiohttp
 
 from .errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
-from .http import Backoff, Deadline, new_session, request_once
+from .http import Backoff, Deadline, request_once
+from .lifecycle import TopicClient
 from .routes import Route, RouteSubscription
 
 log = logging.getLogger("stator.client.consumer")
@@ -65,9 +66,11 @@ def _decode(topic: str, queue: int, m: Mapping[str, Any]) -> ReceivedMessage:
     return ReceivedMessage(topic, queue, int(m["offset"]), body, m.get("key"), m.get("props") or {}, m.get("ts"))
 
 
-class PullConsumer:
+class PullConsumer(TopicClient):
     """Reads ``queues`` (default: every queue of the topic, growth included) of ``topic`` for ``group``.
     ``routes`` may be a shared ``RouteSubscription`` (then not closed with the consumer)."""
+
+    _kind = "consumer"
 
     def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, group: str,
                  queues: Iterable[int] | None = None, *, routes: RouteSubscription | None = None,
@@ -272,40 +275,6 @@ class PullConsumer:
             raise
         except (StatorError, TimeoutError) as e:
             log.info("route_refresh_failed", extra={"topic": self.topic, "error": repr(e)})
-
-    # -- lifecycle ---------------------------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise Closed("this consumer is closed")
-
-    def session(self) -> aiohttp.ClientSession:
-        self._check_open()
-        if self._session is None:
-            self._session = new_session()
-        return self._session
-
-    async def start(self) -> None:
-        await self.routes.get(self.topic)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_routes:
-            await self.routes.close()
-        if self._owns_session and self._session is not None:
-            await self._session.close()
-
-    async def __aenter__(self) -> PullConsumer:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
 
 def _address(route: Route, queue: int) -> str:

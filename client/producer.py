@@ -27,9 +27,10 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .errors import Closed, Fenced, NotLeader, Sealing, StatorError, TopicNotFound, Unavailable
+from .errors import Fenced, NotLeader, Sealing, StatorError, TopicNotFound, Unavailable
 from .fault import LatencyFaultAvoidance
-from .http import Backoff, Deadline, new_session, request_once
+from .http import Backoff, Deadline, request_once
+from .lifecycle import TopicClient
 from .routes import Route, RouteSubscription
 from .selection import KeySelector, Message, QueueSelector, as_selector
 
@@ -61,11 +62,13 @@ def as_message(m: Message | Mapping[str, Any] | str | bytes) -> Message:
     raise TypeError(f"cannot send a {type(m).__name__}; use Message, a dict, str or bytes")
 
 
-class Producer:
+class Producer(TopicClient):
     """Sends to one topic. ``selector``: ``None``/``"key"`` (by key, else round robin), ``"round_robin"``, ``"random"``,
     a ``QueueSelector`` or a callable ``(route, message) -> queue``. ``fault_avoidance``: on/off, or a shared
     ``LatencyFaultAvoidance``. ``routes``: a ``RouteSubscription`` to share between producers and consumers (it is then
     not closed with the producer); without it the producer opens its own (``route_mode`` "sse" or "long_poll")."""
+
+    _kind = "producer"
 
     def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, *,
                  selector: QueueSelector | Any = None, fault_avoidance: bool | LatencyFaultAvoidance = True,
@@ -217,38 +220,6 @@ class Producer:
             await self.routes.wait_for(self.topic, lambda r: r["version"] > held, timeout_s)
         except TimeoutError:
             pass
-
-    # -- lifecycle ---------------------------------------------------------------------------------------------
-    def session(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise Closed("this producer is closed")
-        if self._session is None:
-            self._session = new_session()
-        return self._session
-
-    async def start(self) -> None:
-        """Fetch the route now (else the first send does)."""
-        await self.routes.get(self.topic)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_routes:
-            await self.routes.close()
-        if self._owns_session and self._session is not None:
-            await self._session.close()
-
-    async def __aenter__(self) -> Producer:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
 
 def _queue_entry(route: Route, q: int) -> Mapping[str, Any]:

@@ -1,12 +1,13 @@
-"""Query parameters shared by the service's reads and the HTTP handlers: parsed once, bad ones are 400s."""
+"""Request parameters shared by the meta service, its HTTP handlers and the broker's: bad ones are 400s."""
 
 from __future__ import annotations
 
 from .errors import invalid
 
 
-def nonneg_int(raw: str | None, name: str, default: int | None = None) -> int:
-    """A non-negative integer; ``default`` when absent (absent and no default is an error)."""
+def int_in(raw: object, name: str, default: int | None = None, lo: int = 0, hi: int = 2**62) -> int:
+    """An integer within [lo, hi] from a query string or a JSON value (not a bool); ``default`` when absent
+    (absent and no default is an error)."""
     if raw is None:
         if default is None:
             raise invalid(f"{name} is required", field=name)
@@ -15,9 +16,14 @@ def nonneg_int(raw: str | None, name: str, default: int | None = None) -> int:
         v = int(raw)
     except (TypeError, ValueError):
         raise invalid(f"{name} must be an integer", field=name) from None
-    if v < 0:
-        raise invalid(f"{name} must be >= 0", field=name)
+    if isinstance(raw, (bool, float)) or not lo <= v <= hi:
+        raise invalid(f"{name} must be within [{lo}, {hi}]", field=name)
     return v
+
+
+def nonneg_int(raw: str | None, name: str, default: int | None = None) -> int:
+    """A non-negative integer; ``default`` when absent (absent and no default is an error)."""
+    return int_in(raw, name, default)
 
 
 def seconds(raw: str | None, name: str, default: float, hi: float) -> float:

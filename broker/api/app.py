@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from meta.errors import MetaError, invalid
+from meta.params import int_in
 
 from ..config import BrokerConfig
 from ..data import dumps_with_raw
@@ -38,20 +39,6 @@ def _role(request: web.Request) -> str:
     if found is None:
         raise MetaError("unknown token", code="UNAUTHENTICATED", status=401)
     return found
-
-
-def _int(raw, name: str, default: int | None = None, lo: int = 0, hi: int = 2**62) -> int:
-    if raw is None:
-        if default is None:
-            raise invalid(f"{name} is required", field=name)
-        return default
-    try:
-        v = int(raw)
-    except (TypeError, ValueError):
-        raise invalid(f"{name} must be an integer", field=name) from None
-    if isinstance(raw, bool) or not lo <= v <= hi:
-        raise invalid(f"{name} must be within [{lo}, {hi}]", field=name)
-    return v
 
 
 def _name(raw: str, what: str) -> str:
@@ -101,7 +88,7 @@ async def _route_version(request: web.Request, response: web.StreamResponse) -> 
 async def send(request: web.Request) -> web.Response:
     node = request.app[NODE]
     topic = _name(request.match_info["topic"], "topic")
-    queue = _int(request.match_info["queue"], "queue")
+    queue = int_in(request.match_info["queue"], "queue")
     body = await _json(request)
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -114,19 +101,19 @@ async def pull(request: web.Request) -> web.Response:
     node = request.app[NODE]
     q = request.query
     topic = _name(request.match_info["topic"], "topic")
-    queue = _int(request.match_info["queue"], "queue")
-    offset = _int(q.get("offset"), "offset", 0)
-    max_n = _int(q.get("max"), "max", 32, 1, 1000)
+    queue = int_in(request.match_info["queue"], "queue")
+    offset = int_in(q.get("offset"), "offset", 0)
+    max_n = int_in(q.get("max"), "max", 32, 1, 1000)
     return _respond(await node.data.pull(topic, queue, offset, max_n))
 
 
 async def commit_offset(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await _json(request)
-    offset = _int(body.get("offset"), "offset", None, -1)
+    offset = int_in(body.get("offset"), "offset", None, -1)
     group = _name(request.match_info["group"], "group")
     topic = _name(request.match_info["topic"], "topic")
-    queue = _int(request.match_info["queue"], "queue")
+    queue = int_in(request.match_info["queue"], "queue")
     return _respond({"offset": node.data.commit_offset(group, topic, queue, offset)})
 
 
@@ -134,7 +121,7 @@ async def read_offset(request: web.Request) -> web.Response:
     node = request.app[NODE]
     group = _name(request.match_info["group"], "group")
     topic = _name(request.match_info["topic"], "topic")
-    queue = _int(request.match_info["queue"], "queue")
+    queue = int_in(request.match_info["queue"], "queue")
     local = request.query.get("local") == "1"
     return _respond({"offset": await node.data.read_offset(group, topic, queue, local)})
 
@@ -148,18 +135,18 @@ async def physical(request: web.Request) -> web.Response:
     if request["role"] not in ("broker", "admin"):
         raise MetaError("physical reads are for brokers", code="PERMISSION_DENIED", status=403)
     node = request.app[NODE]
-    offset = _int(request.query.get("offset"), "offset", 0)
-    max_n = _int(request.query.get("max"), "max", 32, 0, 1000)
+    offset = int_in(request.query.get("offset"), "offset", 0)
+    max_n = int_in(request.query.get("max"), "max", 32, 0, 1000)
     ts = request.query.get("ts")
     return _respond(node.data.physical_read(request.match_info["pq"], offset, max_n,
-                                            None if ts is None else _int(ts, "ts")))
+                                            None if ts is None else int_in(ts, "ts")))
 
 
 async def offset_for_time(request: web.Request) -> web.Response:
     node = request.app[NODE]
     topic = _name(request.match_info["topic"], "topic")
-    queue = _int(request.match_info["queue"], "queue")
-    ts = _int(request.query.get("ts"), "ts")
+    queue = int_in(request.match_info["queue"], "queue")
+    ts = int_in(request.query.get("ts"), "ts")
     return _respond({"queue": queue, "offset": await node.data.offset_for_time(topic, queue, ts)})
 
 
