@@ -49,7 +49,7 @@ class RaftTuning:
     election_timeout_max_s: float = 0.5
     append_entries_period_s: float = 0.05
     leader_fallback_timeout_s: float = 1.0
-    connection_timeout_s: float = 1.0
+    connection_timeout_s: float = 5.0
     connection_retry_s: float = 0.3
     compaction_min_entries: int = 20_000
     compaction_min_time_s: int = 300
@@ -105,6 +105,9 @@ def _lower_priority_in_child() -> None:
 
 
 SNAPSHOT_WRITER_NICE = 19
+KEEPALIVE = {"type": "keepalive"}   # any message type pysyncobj does not handle is read and ignored
+KEEPALIVE_INTERVAL_S = 0.5
+_ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
 os.register_at_fork(after_in_child=_lower_priority_in_child)
 
 
@@ -137,6 +140,7 @@ class MetaSyncObj(SyncObj):
             dynamicMembershipChange=False,
             bindRetryTime=0.2,
             autoTick=False,  # our own tick thread starts only once image_data exists (see start())
+            onStateChanged=self._log_state_change,
         )
         self._stop = threading.Event()
         self._tick_thread: threading.Thread | None = None
@@ -161,6 +165,26 @@ class MetaSyncObj(SyncObj):
         self.addOnTickCallback(self._send_new_entries)                # ...one send per tick instead
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
+        self.addOnTickCallback(self._keep_links_alive)
+        self._last_keepalive = 0.0
+
+    def _keep_links_alive(self) -> None:
+        # pysyncobj drops a connection that has read nothing for connectionTimeout, and two followers never talk
+        # until an election: their link was down much of the time, so the first candidate's vote request was lost
+        # and every failover took a second election. A small message now and then keeps every link up.
+        now = time.monotonic()
+        if now - self._last_keepalive < KEEPALIVE_INTERVAL_S:
+            return
+        self._last_keepalive = now
+        leader = self._getLeader()
+        for node in self._SyncObj__otherNodes:
+            if node != leader or not self._isLeader():
+                self._SyncObj__transport.send(node, KEEPALIVE)
+
+    def _log_state_change(self, old: int, new: int) -> None:
+        # Elections are the first thing to look at when latency jumps: every change of role is a log line.
+        log.info("raft_role_changed", old=_ROLES.get(old, old), new=_ROLES.get(new, new),
+                 leader=self.leader_address())
 
     def _freeze_image(self) -> None:
         # A million logic queues are millions of long-lived dicts; a full cyclic GC over them holds the interpreter
