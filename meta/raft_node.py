@@ -107,6 +107,7 @@ def _lower_priority_in_child() -> None:
 SNAPSHOT_WRITER_NICE = 19
 KEEPALIVE = {"type": "keepalive"}   # any message type pysyncobj does not handle is read and ignored
 KEEPALIVE_INTERVAL_S = 0.5
+RESTART_ELECTION_GRACE_S = 1.5
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
 os.register_at_fork(after_in_child=_lower_priority_in_child)
 
@@ -167,6 +168,10 @@ class MetaSyncObj(SyncObj):
         self.addOnTickCallback(self._freeze_image)
         self.addOnTickCallback(self._keep_links_alive)
         self._last_keepalive = 0.0
+        if self._getTerm() > 0:
+            # A node restarting on its own data must not stand for election before it could hear the leader:
+            # pysyncobj has no pre-vote, so its higher term would depose a healthy leader (one more election).
+            self._SyncObj__raftElectionDeadline = time.monotonic() + RESTART_ELECTION_GRACE_S
 
     def _keep_links_alive(self) -> None:
         # pysyncobj drops a connection that has read nothing for connectionTimeout, and two followers never talk
