@@ -154,7 +154,10 @@ class MetaLink:
     async def _forget_deleted_topics(self) -> None:
         """A stream opened with ``after=V`` sends what changed since V, but cannot name topics deleted while this
         broker was not listening: drop every route whose topic meta no longer lists (it must not take writes)."""
-        async with self._http.get(f"{self._meta()}/v1/topics", headers=self._headers) as r:
+        # Read at least at the version this broker already knows: a meta node still replaying its log after a
+        # restart would otherwise list too few topics, and live routes would be dropped.
+        url = f"{self._meta()}/v1/topics?min_version={self.routes.version}"
+        async with self._http.get(url, headers=self._headers) as r:
             if r.status != 200:
                 raise RuntimeError(f"topic list refused: {r.status}")
             listed = {t["topic"] for t in (await r.json())["topics"]}
