@@ -258,24 +258,6 @@ class PullConsumer(TopicClient):
                 await asyncio.sleep(pause)
         raise last or Unavailable(f"{method} {path}: no attempt within {self.deadline_s} s")
 
-    async def _route(self, deadline: Deadline) -> Route:
-        held = self.routes.route(self.topic)
-        if held is not None:
-            return held
-        try:
-            return await asyncio.wait_for(self.routes.get(self.topic), max(0.001, deadline.left_s()))
-        except TimeoutError:
-            raise Unavailable(f"no route of {self.topic!r} from meta within {self.deadline_s} s") from None
-
-    async def _refresh(self, min_version: int | None, deadline: Deadline) -> None:
-        """Re-read the route, within the call's deadline. Raises only ``TopicNotFound``."""
-        try:
-            await asyncio.wait_for(self.routes.refresh(self.topic, min_version), max(0.001, deadline.left_s()))
-        except TopicNotFound:
-            raise
-        except (StatorError, TimeoutError) as e:
-            log.info("route_refresh_failed", extra={"topic": self.topic, "error": repr(e)})
-
 
 def _address(route: Route, queue: int) -> str:
     queues = route["queues"]

@@ -3,11 +3,16 @@ opened on ``start`` (or entry) and closed once."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import aiohttp
 
-from .errors import Closed
-from .http import new_session
-from .routes import RouteSubscription
+from .errors import Closed, StatorError, TopicNotFound, Unavailable
+from .http import Deadline, new_session
+from .routes import Route, RouteSubscription
+
+log = logging.getLogger("stator.client")
 
 
 class TopicClient:
@@ -17,6 +22,7 @@ class TopicClient:
     _session: aiohttp.ClientSession | None
     _owns_session: bool
     _closed: bool
+    deadline_s: float
     _kind = "client"
 
     def _check_open(self) -> None:
@@ -28,6 +34,25 @@ class TopicClient:
         if self._session is None:
             self._session = new_session()
         return self._session
+
+    async def _route(self, deadline: Deadline) -> Route:
+        """The held route, else the first one from meta within the call's deadline."""
+        held = self.routes.route(self.topic)
+        if held is not None:
+            return held
+        try:
+            return await asyncio.wait_for(self.routes.get(self.topic), max(0.001, deadline.left_s()))
+        except TimeoutError:
+            raise Unavailable(f"no route of {self.topic!r} from meta within {self.deadline_s} s") from None
+
+    async def _refresh(self, min_version: int | None, deadline: Deadline) -> None:
+        """Re-read the route, within the call's deadline. Raises only ``TopicNotFound``."""
+        try:
+            await asyncio.wait_for(self.routes.refresh(self.topic, min_version), max(0.001, deadline.left_s()))
+        except TopicNotFound:
+            raise
+        except (StatorError, TimeoutError) as e:  # meta unreachable: keep the route held; the next attempt decides
+            log.info("route_refresh_failed", extra={"topic": self.topic, "kind": self._kind, "error": repr(e)})
 
     async def start(self) -> None:
         """Fetch the route now (else the first call does)."""

@@ -189,24 +189,6 @@ class Producer(TopicClient):
         log.info("send_retry", extra={"topic": self.topic, "queue": q, "broker": broker, "code": e.code})
         return True
 
-    async def _route(self, deadline: Deadline) -> Route:
-        held = self.routes.route(self.topic)
-        if held is not None:
-            return held
-        try:
-            return await asyncio.wait_for(self.routes.get(self.topic), max(0.001, deadline.left_s()))
-        except TimeoutError:
-            raise Unavailable(f"no route of {self.topic!r} from meta within {self.deadline_s} s") from None
-
-    async def _refresh(self, min_version: int | None, deadline: Deadline) -> None:
-        """Re-read the route, within the send's deadline. Raises only ``TopicNotFound``."""
-        try:
-            await asyncio.wait_for(self.routes.refresh(self.topic, min_version), max(0.001, deadline.left_s()))
-        except TopicNotFound:
-            raise
-        except (StatorError, TimeoutError) as e:  # meta unreachable: keep the route held; the next attempt decides
-            log.info("route_refresh_failed", extra={"topic": self.topic, "error": repr(e)})
-
     async def _wait_writable(self, q: int, timeout_s: float, deadline: Deadline) -> Route:
         try:
             return await self.routes.wait_for(self.topic, lambda r: _writable(r, q), timeout_s)
