@@ -6,6 +6,7 @@ developer's `stator dev up`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -98,6 +99,18 @@ class Cluster:
 async def _sleep(s: float) -> None:
     import asyncio
     await asyncio.sleep(s)
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_dir: str, metas: int = 3, brokers: int = 0, **extra):
+    """A cluster with an open HTTP session for the test, stopped (every process) however the test ends."""
+    c = up(tmp_dir, metas, brokers, **extra)
+    c.session = aiohttp.ClientSession()
+    try:
+        yield c
+    finally:
+        await c.session.close()
+        devcluster.down(c.dir)
 
 
 def up(tmp_dir: str, metas: int = 3, brokers: int = 0, **extra) -> Cluster:

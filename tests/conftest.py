@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
-from ops import devcluster
 from tests import cluster as cluster_mod
 
 
 @pytest.fixture
 async def meta_cluster(tmp_path):
     """Three meta nodes, no brokers; short broker sessions so expiry tests stay quick."""
-    c = cluster_mod.up(str(tmp_path), 3, 0, meta={"session_timeout_ms": 3000})
-    c.session = aiohttp.ClientSession()
-    try:
+    async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 3000}) as c:
         yield c
-    finally:
-        await c.session.close()
-        devcluster.down(c.dir)
 
 
 @pytest.fixture
 async def full_cluster(tmp_path):
     """Three meta nodes and three brokers; 3 s broker sessions with 0.5 s heartbeats so expiry tests stay quick."""
-    c = cluster_mod.up(str(tmp_path), 3, 3, meta={"session_timeout_ms": 3000, "heartbeat_interval_ms": 500})
-    c.session = aiohttp.ClientSession()
-    try:
+    async with cluster_mod.running(str(tmp_path), 3, 3,
+                                   meta={"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}) as c:
         yield c
-    finally:
-        await c.session.close()
-        devcluster.down(c.dir)

@@ -15,10 +15,7 @@ from tests import cluster as cluster_mod
 
 
 async def test_rebuild_projection_from_the_log_equals_the_live_projection(tmp_path):
-    c = cluster_mod.up(str(tmp_path), 3, 0, meta={"session_timeout_ms": 600_000})
-    import aiohttp
-    c.session = aiohttp.ClientSession()
-    try:
+    async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 600_000}) as c:
         m1 = c.meta_urls[0]
         s, b, _ = await c.call("PUT", m1 + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
         assert s == 200, b
@@ -46,9 +43,6 @@ async def test_rebuild_projection_from_the_log_equals_the_live_projection(tmp_pa
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rebuilt": True, "position": version}
         assert _dump(db) == live
-    finally:
-        await c.session.close()
-        devcluster.down(c.dir)
 
 
 def _position(db: str) -> int:
