@@ -25,7 +25,7 @@ from .projection_follower import ProjectionFollower
 from .route_cache import RouteCache
 from .raft_node import LoopBridge, MetaSyncObj, ProposeFailed, RaftNode
 from .sessions import SessionTracker
-from . import views
+from . import allocation, views
 from ops.logging import set_position_provider
 
 log = structlog.get_logger("meta.service")
@@ -257,7 +257,7 @@ class MetaService:
                     continue
                 budget = seg["budget_end"]
                 if seg["state"] == "active" and max_offset + self.config.offset_budget // 2 > budget:
-                    topic, q, gen = _parse_pq(pq)
+                    topic, q, gen = allocation.parse_physical_queue_name(pq)
                     budget = max_offset + self.config.offset_budget
                     grants.append({"topic": topic, "queue": q, "gen": gen, "budget_end": budget})
                 budgets[pq] = budget
@@ -311,15 +311,9 @@ def _answer(outcome: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     raise MetaError(e["message"], e["details"], code=e["code"], status=e["status"])
 
 
-def _parse_pq(pq: str) -> tuple[str, int, int]:
-    topic, q, g, _ = pq.rsplit(".", 3)
-    return topic, int(q[1:]), int(g[1:])
-
-
 def _segment_by_pq(image: Image, pq: str) -> dict[str, Any] | None:
-    try:
-        topic, q, gen = _parse_pq(pq)
-    except ValueError:
+    parsed = allocation.parse_physical_queue_name(pq)
+    if parsed is None:
         return None
-    seg = image.segment(topic, q, gen)
+    seg = image.segment(*parsed)
     return seg if seg is not None and seg["physical_queue"] == pq else None

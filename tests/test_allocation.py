@@ -212,3 +212,10 @@ def test_physical_queue_names_are_unique():
              for t in ("t", "t1", "u") for i in (1, 12) for q in (0, 1, 11) for g in (0, 1, 2)}
     assert len(names) == 3 * 2 * 3 * 3
     assert allocation.physical_queue_name("orders", 7, 3, 2) == "orders.q3.g2.i7"
+
+
+def test_physical_queue_names_parse_back_and_nothing_else_does():
+    name = allocation.physical_queue_name("orders-eu_1", 7, 12, 3)
+    assert allocation.parse_physical_queue_name(name) == ("orders-eu_1", 12, 3)
+    for bad in ("", "orders", "a.b.c", "t.q1.g2", "t.qx.g2.i3", "t.q1.gy.i3", "t.1.2.3", "t.q1.g2.x3"):
+        assert allocation.parse_physical_queue_name(bad) is None, bad
