@@ -22,6 +22,7 @@ REQUEST_ID_CHARS_MAX = 200
 # History kept in the image for watch catch-up and projection rebuilds; older events live only in the projection.
 HISTORY_EVENTS_MAX = 200_000
 HISTORY_PAGE_MAX = 10_000
+HISTORY_SCAN_EVENTS_MAX = 50_000  # events one /v1/history call may read past while filtering by topic
 
 # Offset budget: how far a broker may write into a segment before meta renews it (DESIGN.md invariant 5).
 OFFSET_BUDGET_DEFAULT = 1_000_000

@@ -82,8 +82,11 @@ async def history(request: web.Request) -> web.Response:
     if after + 1 >= start:
         events = []
         cursor = after
-        while len(events) < limit and cursor < version:
-            raw = svc.read(lambda im: im.history_after(cursor, limits.HISTORY_PAGE_MAX))
+        # A topic filter may skip many events: scan a bounded stretch per call (next_after says where to go on),
+        # so one request never parses the whole retained history on the event loop.
+        scan_end = after + limits.HISTORY_SCAN_EVENTS_MAX
+        while len(events) < limit and cursor < min(version, scan_end):
+            raw = svc.read(lambda im: im.history_after(cursor, min(limits.HISTORY_PAGE_MAX, scan_end - cursor)))
             if not raw:
                 break
             for line in raw:

@@ -13,13 +13,14 @@ from typing import Any
 
 from sqlalchemy import Connection, select, text
 
+from meta import limits
 from meta.projection import engine as engines
 from meta.projection import fold, migrate, schema, statements
 
 log = logging.getLogger(__name__)
 
 APPLY_BATCH_MAX = 10_000    # events per apply() call: one transaction, held in memory while it is planned
-HISTORY_LIMIT_MAX = 10_000  # events per history() call
+HISTORY_LIMIT_MAX = limits.HISTORY_PAGE_MAX  # events per history() call: the API's page bound
 
 
 def _check_ascending(events: list[dict[str, Any]]) -> None:
