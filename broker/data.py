@@ -20,7 +20,7 @@ from meta.errors import MetaError, invalid, rejection
 from .meta_link import MetaLink
 from .offsets import OffsetStore
 from .routing import RouteTable, Segment
-from .storage import OffsetOutOfRange, QueueStore, Record, StorageError
+from .storage import InvalidArgument, OffsetOutOfRange, QueueStore, Record, StorageError
 
 MESSAGES_PER_SEND_MAX = 10_000
 PULL_MAX = 1_000
@@ -95,24 +95,34 @@ class DataPlane:
         if not messages or len(messages) > MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
         payloads = [_encode(m) for m in messages]
-        self._writable_head(topic, queue)
-        head = None
-        async with self._lock(self.routes.head(topic, queue).physical_queue):
-            head = self._writable_head(topic, queue)  # the route may have changed while waiting for the lock
-            pq = self._queue(head, create=True)
-            budget = max(self.link.budgets.get(head.physical_queue, 0), head.budget_end)
-            if pq.max_offset + len(payloads) > budget:
-                self.link.beat_soon()
-                raise rejection(503, "BUDGET_EXHAUSTED", "waiting for meta to renew this queue's offset budget",
-                                topic=topic, queue=queue)
-            if budget - (pq.max_offset + len(payloads)) < (budget - head.physical_start) // 4:
-                self.link.beat_soon()  # renew early so writers never wait for the budget
-            try:
-                first = await asyncio.get_running_loop().run_in_executor(
-                    self._writers, pq.append, payloads, int(time.time() * 1000))
-            except StorageError as e:
-                raise invalid(str(e)) from None
+        while True:
+            head = self._writable_head(topic, queue)
+            async with self._lock(head.physical_queue):
+                # The route may have moved on while this send waited for the lock: the lock held must be that of
+                # the segment written, or a seal of the new head could read its end while this append runs.
+                if self._writable_head(topic, queue).physical_queue == head.physical_queue:
+                    first = await self._append(head, payloads)
+                    break
         return [head.logic(first + i) for i in range(len(payloads))]
+
+    async def _append(self, head: Segment, payloads: list[bytes]) -> int:
+        """Append within the segment's offset budget; the caller holds the segment's lock."""
+        pq = self._queue(head, create=True)
+        budget = max(self.link.budgets.get(head.physical_queue, 0), head.budget_end)
+        if pq.max_offset + len(payloads) > budget:
+            self.link.beat_soon()
+            raise rejection(503, "BUDGET_EXHAUSTED", "waiting for meta to renew this queue's offset budget",
+                            topic=head.topic, queue=head.queue)
+        if budget - (pq.max_offset + len(payloads)) < (budget - head.physical_start) // 4:
+            self.link.beat_soon()  # renew early so writers never wait for the budget
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._writers, pq.append, payloads, int(time.time() * 1000))
+        except InvalidArgument as e:  # too large a record or batch, in storage's terms
+            raise MetaError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
+        except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
+            raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
+                            topic=head.topic, queue=head.queue) from None
 
     async def seal(self, seg: Segment) -> int:
         """Stop writes to a sealing segment and return its exact physical end."""

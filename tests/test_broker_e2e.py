@@ -314,3 +314,15 @@ async def test_a_broker_cut_off_from_meta_stops_taking_writes_until_it_renews(fu
             break
         assert time.monotonic() < deadline, (s, b)
         await asyncio.sleep(0.2)
+
+
+async def test_a_record_over_the_storage_limit_is_413_and_stores_nothing(full_cluster):
+    c = full_cluster
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": "big", "queues": 1, "brokers": ["b2"]})
+    assert s == 201, b
+    r = await wait_route(c, "big", all_writable)
+    addr = r["queues"][0]["address"]
+    huge = "x" * (5 * 1024 * 1024)  # over storage's 4 MiB per record, under the broker's 32 MiB body limit
+    s, b, _ = await c.call("POST", f"{addr}/v1/messages/big/0", "client", json={"messages": [{"body": huge}]})
+    assert (s, b["error"]["code"]) == (413, "TOO_LARGE"), (s, b)
+    assert await send(c, "big", 0, ["small"]) == [0]
