@@ -12,6 +12,8 @@ Layout of ``Image.data``::
     last_ts        leader time of the last applied command (ms)
     brokers        {name: {broker, address, zone, epoch, state, registered_ms, last_seen_ms}}
     load           {broker: number of logic queues whose newest segment it hosts}
+    hosting        {broker: {topic: number of its segments, of any generation, on that broker}}: which topics a
+                   broker event touches, without a scan of every segment
     topics         {name: {topic, incarnation, queues, slots, order, config, version, created_ms,
                            slot_table, barriers, logic_queues: [[segment, ...] per queue]}}
     requests       {request id: [fingerprint, ts, outcome]} in arrival order (idempotency)
@@ -32,7 +34,7 @@ def canonical_json(value: Any) -> str:
 
 
 def empty_data() -> dict[str, Any]:
-    return {"version": 0, "commands": 0, "last_ts": 0, "brokers": {}, "load": {}, "topics": {}, "requests": {},
+    return {"version": 0, "commands": 0, "last_ts": 0, "brokers": {}, "load": {}, "hosting": {}, "topics": {}, "requests": {},
             "history": [], "history_start": 1}
 
 
@@ -110,9 +112,18 @@ class Image:
         else:
             load.pop(broker, None)
 
-    def _topics_on(self, broker: str) -> set[str]:
-        return {name for name, t in self.data["topics"].items()
-                if any(seg["broker"] == broker for segs in t["logic_queues"] for seg in segs)}
+    def topics_on(self, broker: str) -> list[str]:
+        return sorted(self.data["hosting"].get(broker, ()))
+
+    def _host(self, broker: str, topic: str, delta: int) -> None:
+        topics = self.data["hosting"].setdefault(broker, {})
+        n = topics.get(topic, 0) + delta
+        if n:
+            topics[topic] = n
+        else:
+            topics.pop(topic, None)
+            if not topics:
+                del self.data["hosting"][broker]
 
     # brokers
     def _on_BrokerRegistered(self, e, ts):
@@ -121,19 +132,19 @@ class Image:
             "broker": e["broker"], "address": e["address"], "zone": e["zone"], "epoch": e["epoch"],
             "state": "active", "registered_ms": ts, "last_seen_ms": ts}
         if old is not None and (old["address"] != e["address"] or old["state"] != "active"):
-            return self._topics_on(e["broker"])
+            return set(self.topics_on(e["broker"]))
         return None
 
     def _on_BrokerFenced(self, e, ts):
         b = self.data["brokers"][e["broker"]]
         b["state"] = "fenced"
-        return self._topics_on(e["broker"])
+        return set(self.topics_on(e["broker"]))
 
     def _on_BrokerUnfenced(self, e, ts):
         b = self.data["brokers"][e["broker"]]
         b["state"] = "active"
         b["last_seen_ms"] = ts
-        return self._topics_on(e["broker"])
+        return set(self.topics_on(e["broker"]))
 
     # topics
     def _on_TopicCreated(self, e, ts):
@@ -141,6 +152,7 @@ class Image:
         for s in e["segments"]:
             queues[s["queue"]].append(_segment(0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts))
             self._load(s["broker"], 1)
+            self._host(s["broker"], e["topic"], 1)
         self.data["topics"][e["topic"]] = {
             "topic": e["topic"], "incarnation": e["incarnation"], "queues": e["queues"], "slots": e["slots"],
             "order": e["order"], "config": dict(e["config"]), "version": 0, "created_ms": ts,
@@ -158,6 +170,7 @@ class Image:
             t["logic_queues"][s["queue"]].append(
                 _segment(0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts))
             self._load(s["broker"], 1)
+            self._host(s["broker"], e["topic"], 1)
 
     def _on_TopicConfigChanged(self, e, ts):
         self.data["topics"][e["topic"]]["config"] = dict(e["config"])
@@ -166,6 +179,8 @@ class Image:
         t = self.data["topics"].pop(e["topic"])
         for segs in t["logic_queues"]:
             self._load(segs[-1]["broker"], -1)
+            for seg in segs:
+                self._host(seg["broker"], e["topic"], -1)
 
     def _on_OffsetBudgetGranted(self, e, ts):
         self.segment(e["topic"], e["queue"], e["gen"])["budget_end"] = e["budget_end"]
@@ -189,6 +204,7 @@ class Image:
         segs.append(_segment(e["gen"], e["broker"], e["physical_queue"], e["physical_start"], None,
                              e["budget_end"], ts))
         self._load(e["broker"], 1)
+        self._host(e["broker"], e["topic"], 1)
 
     def _on_LogicStartDecided(self, e, ts):
         t = self.data["topics"][e["topic"]]

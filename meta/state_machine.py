@@ -153,7 +153,7 @@ class StateMachine:
         if b["epoch"] != c["epoch"] or b["state"] == "fenced":
             return [], {"state": b["state"]}  # a later registration or an earlier fence already decided
         events = [make("BrokerFenced", broker=c["broker"], epoch=c["epoch"], reason=c["reason"])]
-        for name in sorted(self.image.topics):
+        for name in self.image.topics_on(c["broker"]):
             t = self.image.topics[name]
             for q, segs in enumerate(t["logic_queues"]):
                 if len(segs) >= 2 and segs[-2]["broker"] == c["broker"] and segs[-2]["state"] == "sealing":

@@ -112,6 +112,12 @@ def check_image_invariants(image: Image) -> None:
             assert seg is not None, f"barrier {b} names a segment that does not exist"
             assert b["after_offset"] == seg["logic_start"]
     assert data["load"] == dict(recount), "load counters differ from a recount of the topics"
+    hosting: dict[str, Counter[str]] = {}
+    for name, t in data["topics"].items():
+        for segs in t["logic_queues"]:
+            for seg in segs:
+                hosting.setdefault(seg["broker"], Counter())[name] += 1
+    assert data["hosting"] == {b: dict(c) for b, c in hosting.items()}, "hosting index differs from a recount"
     assert data["history_start"] + len(data["history"]) - 1 == data["version"]
 
 
