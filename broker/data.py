@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import aiohttp
 
-from meta.errors import MetaError, invalid, rejection
+from client.wire.errors import ApiError, invalid, rejection
 
 from .meta_link import MetaLink
 from .offsets import OffsetStore
@@ -29,7 +29,7 @@ REMOTE_TIMEOUT_S = 5.0
 WRITER_THREADS = 16
 
 
-def not_leader(topic: str, queue: int, head: Segment | None) -> MetaError:
+def not_leader(topic: str, queue: int, head: Segment | None) -> ApiError:
     return rejection(409, "NOT_LEADER", "this broker does not hold the queue's writable segment", topic=topic,
                      queue=queue, broker=head.broker if head else None, address=head.address if head else None)
 
@@ -119,7 +119,7 @@ class DataPlane:
             return await asyncio.get_running_loop().run_in_executor(
                 self._writers, pq.append, payloads, int(time.time() * 1000))
         except InvalidArgument as e:  # too large a record or batch, in storage's terms
-            raise MetaError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
+            raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
         except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
             raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
                             topic=head.topic, queue=head.queue) from None
@@ -194,7 +194,7 @@ class DataPlane:
             async with self._http.get(seg.address + path, headers={"Authorization": f"Bearer {self._token}"}) as r:
                 body = await r.json(content_type=None)
                 if r.status != 200:
-                    raise MetaError.from_dict(r.status, body)
+                    raise ApiError.from_dict(r.status, body)
                 return body
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise rejection(503, "BROKER_UNAVAILABLE", f"broker {seg.broker} holding an older segment is unreachable",
@@ -256,7 +256,7 @@ class DataPlane:
             asked.add(seg.broker)
             try:
                 body = await self._remote(seg, f"/v1/offsets/{group}/{topic}/{queue}?local=1")
-            except MetaError:
+            except ApiError:
                 continue
             if body.get("offset", -1) >= 0:
                 return body["offset"]

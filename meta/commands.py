@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from . import limits
-from .errors import invalid
+from client.wire.errors import invalid
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 ORDERS = ("best_tried", "strict")

@@ -1,5 +1,7 @@
 """Every bound of the meta service in one place, each with its unit last (DESIGN.md invariant 9)."""
 
+from client.wire import headers as _headers
+
 REQUEST_BODY_BYTES_MAX = 1 * 1024 * 1024
 TOPIC_NAME_CHARS_MAX = 127
 BROKER_NAME_CHARS_MAX = 64
@@ -17,7 +19,11 @@ HEARTBEAT_QUEUES_MAX = 100_000
 # Idempotency: outcomes of the last requests are kept in the image (replicated), bounded by count and age.
 REQUEST_OUTCOMES_MAX = 100_000
 REQUEST_OUTCOME_AGE_MS_MAX = 3_600_000
-REQUEST_ID_CHARS_MAX = 200
+REQUEST_ID_CHARS_MAX = _headers.REQUEST_ID_CHARS_MAX  # checked at the edge (client/wire/headers.py)
+
+# One command as stored in the log (JSON text of its envelope). A heartbeat's budget grants are the largest command:
+# at most HEARTBEAT_QUEUES_MAX grants of well under 80 bytes each.
+COMMAND_BYTES_MAX = 8 * 1024 * 1024
 
 # History kept in the image for watch catch-up and projection rebuilds; older events live only in the projection.
 HISTORY_EVENTS_MAX = 200_000
@@ -25,7 +31,9 @@ HISTORY_PAGE_MAX = 10_000
 HISTORY_SCAN_EVENTS_MAX = 50_000  # events one /v1/history call may read past while filtering by topic
 
 # Offset budget: how far a broker may write into a segment before meta renews it (DESIGN.md invariant 5).
+# The leader stamps its configured grant into every command envelope (apply reads nothing from a node's own config).
 OFFSET_BUDGET_DEFAULT = 1_000_000
+OFFSET_BUDGET_MAX = 2**40
 
 # Broker sessions (KRaft's defaults).
 BROKER_HEARTBEAT_INTERVAL_MS = 2_000

@@ -16,6 +16,7 @@ from pysyncobj.journal import FileJournal
 
 from .config import MetaConfig
 from .image import Image
+from .raft_node import decode_entry
 from .state_machine import StateMachine
 
 REGULAR_COMMAND = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: the first byte of a journal entry
@@ -34,7 +35,7 @@ def load_image(config: MetaConfig) -> Image:
         journal = FileJournal(journal_path)
         try:
             commit = journal.getRaftCommitIndex()
-            machine = StateMachine(image, config.offset_budget)
+            machine = StateMachine(image)
             for i in range(len(journal)):
                 command, index, _term = journal[i]
                 if index <= last_index or index > commit or not command or command[0] != REGULAR_COMMAND:
@@ -42,7 +43,7 @@ def load_image(config: MetaConfig) -> Image:
                 decoded = pickle.loads(command[1:])
                 args = decoded[1] if isinstance(decoded, tuple) and len(decoded) > 1 else ()
                 if len(args) == 1 and isinstance(args[0], str):
-                    machine.apply(json.loads(args[0]))
+                    machine.apply(decode_entry(args[0]))
         finally:
             journal._destroy()
     return image

@@ -29,7 +29,7 @@ import structlog
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from . import limits
-from .errors import MetaError, rejection
+from client.wire.errors import ApiError, rejection
 from .image import Image
 from .state_machine import StateMachine
 
@@ -92,7 +92,7 @@ def _run_all(batch: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
         fn(*args)
 
 
-class ProposeFailed(MetaError):
+class ProposeFailed(ApiError):
     status = 503
 
 
@@ -114,10 +114,10 @@ os.register_at_fork(after_in_child=_lower_priority_in_child)
 
 class MetaSyncObj(SyncObj):
     def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
-                 offset_budget: int, on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge):
+                 on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge):
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
         self.image_lock = threading.RLock()
-        self._machine = StateMachine(Image(), offset_budget)
+        self._machine = StateMachine(Image())
         self._on_applied = on_applied
         self.bridge = bridge
         self.commands_queue_max = tuning.commands_queue_max
@@ -267,12 +267,7 @@ class MetaSyncObj(SyncObj):
     def apply_envelope(self, payload: str) -> dict[str, Any]:
         with self.image_lock:
             image = self.current_image()
-            try:
-                envelope = json.loads(payload)
-            except ValueError:
-                envelope = {}
-            if not isinstance(envelope, dict):
-                envelope = {}
+            envelope = decode_entry(payload)
             try:
                 outcome, changed = self._machine.apply(envelope)
             except Exception:
@@ -281,7 +276,7 @@ class MetaSyncObj(SyncObj):
                 log.critical("apply_failed", payload=payload[:2000], exc_info=True)
                 os._exit(70)
             version = image.version
-            if outcome.get("ok") and envelope.get("cmd", {}).get("type") in LARGE_COMMANDS:
+            if outcome.get("ok") and envelope["cmd"]["type"] in LARGE_COMMANDS:
                 self._freeze_pending = True
         if changed or outcome.get("ok"):
             self._on_applied(version, changed)
@@ -299,17 +294,37 @@ class MetaSyncObj(SyncObj):
         return self._getTerm()
 
 
+def decode_entry(payload: Any) -> Any:
+    """The envelope of a log entry; anything undecodable becomes None, which apply rejects like any bad envelope."""
+    if not isinstance(payload, str) or len(payload) > limits.COMMAND_BYTES_MAX + ENVELOPE_OVERHEAD_BYTES_MAX:
+        return None
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+
+
+ENVELOPE_OVERHEAD_BYTES_MAX = 4096  # rid, ts, budget and actor around the command
+
+
 class RaftNode:
     """Asyncio face of the log: ``propose`` and ``barrier`` return when the command is applied on this node."""
 
-    def __init__(self, sync: MetaSyncObj, loop: asyncio.AbstractEventLoop):
+    def __init__(self, sync: MetaSyncObj, loop: asyncio.AbstractEventLoop, offset_budget: int):
         self.sync = sync
         self.loop = loop
+        self.offset_budget = offset_budget
 
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
-        envelope = {"rid": rid, "ts": int(time.time() * 1000), "actor": actor, "cmd": cmd}
+        # Only the leader's clock and settings enter the log (apply reads nothing of a node's own): a follower's
+        # proposal (a read barrier) carries ts 0, which the state machine's max(ts, last_ts) turns into log time.
+        leader = self.sync.is_leader()
+        envelope = {"rid": rid, "ts": int(time.time() * 1000) if leader else 0, "budget": self.offset_budget,
+                    "actor": actor, "cmd": cmd}
         payload = json.dumps(envelope, separators=(",", ":"))
+        if len(payload) > limits.COMMAND_BYTES_MAX:
+            raise rejection(413, "TOO_LARGE", f"the command exceeds {limits.COMMAND_BYTES_MAX} bytes")
         fut: asyncio.Future = self.loop.create_future()
 
         def done(result: Any, err: int) -> None:  # tick thread

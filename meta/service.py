@@ -18,9 +18,9 @@ from . import limits
 from .changefeed import ChangeFeed
 from .commands import validate
 from .config import MetaConfig
-from .errors import MetaError, invalid, rejection
+from client.wire.errors import ApiError, invalid, rejection
 from .image import Image
-from .params import nonneg_int, seconds
+from client.wire.params import nonneg_int, seconds
 from .projection_follower import ProjectionFollower
 from .route_cache import RouteCache
 from .raft_node import LoopBridge, MetaSyncObj, ProposeFailed, RaftNode
@@ -69,10 +69,10 @@ class MetaService:
             bridge.post(self.feed.publish, version, changed)
 
         self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
-                                self.config.raft_tuning, self.config.offset_budget, on_applied, bridge)
+                                self.config.raft_tuning, on_applied, bridge)
         self.sync.start()
         set_position_provider(lambda: {"term": self.sync.term(), "version": self.sync.image_data["version"]})
-        self.raft = RaftNode(self.sync, loop)
+        self.raft = RaftNode(self.sync, loop, self.config.offset_budget)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.FORWARD_TIMEOUT_S))
         self._tasks = [asyncio.create_task(self._leader_duties(), name="leader-duties"),
                        asyncio.create_task(self.projection.run(), name="projection")]
@@ -192,7 +192,7 @@ class MetaService:
                 return status, body
             except (ProposeFailed, aiohttp.ClientError, asyncio.TimeoutError) as e:
                 if time.monotonic() > deadline:
-                    if isinstance(e, MetaError):
+                    if isinstance(e, ApiError):
                         raise
                     raise rejection(503, "NO_LEADER", f"could not reach the leader: {type(e).__name__}") from None
                 await asyncio.sleep(0.05)
@@ -308,7 +308,7 @@ def _answer(outcome: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     if outcome.get("ok"):
         return 200, outcome["result"]
     e = outcome["error"]
-    raise MetaError(e["message"], e["details"], code=e["code"], status=e["status"])
+    raise ApiError(e["message"], e["details"], code=e["code"], status=e["status"])
 
 
 def _segment_by_pq(image: Image, pq: str) -> dict[str, Any] | None:

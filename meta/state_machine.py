@@ -16,7 +16,8 @@ from typing import Any
 
 from . import allocation, limits
 from .commands import validate
-from .errors import MetaError, invalid, rejection
+from client.wire import json_body
+from client.wire.errors import ApiError, invalid, rejection
 from .events import make
 from .image import Image, canonical_json
 
@@ -24,26 +25,27 @@ Outcome = dict[str, Any]
 
 
 class StateMachine:
-    def __init__(self, image: Image | None = None, offset_budget: int = limits.OFFSET_BUDGET_DEFAULT):
+    def __init__(self, image: Image | None = None):
         self.image = image or Image()
-        self.offset_budget = offset_budget
+        self._budget = limits.OFFSET_BUDGET_DEFAULT  # the grant stamped into the envelope being applied
 
     # -- the entry point ---------------------------------------------------------------------------------------
-    def apply(self, envelope: dict[str, Any]) -> tuple[Outcome, set[str]]:
-        """Returns (outcome, topics whose route changed). An outcome is {"ok", "result"|"error", "version"}."""
-        rid = envelope.get("rid")
-        ts = envelope.get("ts")
-        if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-            return _failed(invalid("command envelope without a leader timestamp"), self.image.version), set()
-        if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 2 * limits.REQUEST_ID_CHARS_MAX):
-            return _failed(invalid("request id must be a non-empty string"), self.image.version), set()
+    def apply(self, envelope: Any) -> tuple[Outcome, set[str]]:
+        """Returns (outcome, topics whose route changed). An outcome is {"ok", "result"|"error", "version"}.
+
+        Total: whatever an entry holds, the answer is an outcome, the same on every replica. Only a failure while
+        replaying events (a broken invariant of the image) escapes, and the Raft adapter stops the node for it.
+        """
+        try:
+            rid, ts, budget, fingerprint = _check_envelope(envelope)
+        except ApiError as e:  # a malformed entry changes nothing at all, not even the command count
+            return _failed(e, self.image.version), set()
         # An envelope that passed the checks above changes the image (at least last_ts): count it, so replicas
-        # can be compared at equal counts. One that failed them changes nothing at all.
+        # can be compared at equal counts.
         self.image.data["commands"] += 1
         ts = max(ts, self.image.data["last_ts"])  # leader clocks may step back across elections; time in the log never does
         self.image.data["last_ts"] = ts
         cmd = envelope.get("cmd")
-        fingerprint = hashlib.sha256(canonical_json(cmd).encode()).hexdigest()[:32] if rid else None
         if rid:
             seen = self.image.data["requests"].get(rid)
             if seen is not None:
@@ -52,14 +54,15 @@ class StateMachine:
                                              "this Idempotency-Key was used for a different request"),
                                    self.image.version), set()
                 return copy.deepcopy(seen[2]), set()
+        self._budget = budget
         try:
             validate(cmd)
             events, result = getattr(self, "_" + cmd["type"])(cmd, ts)
-        except MetaError as e:
+        except ApiError as e:
             outcome = _failed(e, self.image.version)
             changed: set[str] = set()
         except Exception as e:  # a bug in a decision: nothing was changed yet, so reject (the same way on every node)
-            outcome = _failed(invalid(f"command could not be decided: {type(e).__name__}: {e}"), self.image.version)
+            outcome = _failed(invalid(f"command could not be decided: {type(e).__name__}"), self.image.version)
             changed = set()
         else:
             changed = set()
@@ -125,7 +128,7 @@ class StateMachine:
         topic = t["topic"]
         opened = make("SegmentOpened", topic=topic, queue=queue, gen=gen, broker=to, from_broker=old["broker"],
                       physical_queue=allocation.physical_queue_name(topic, t["incarnation"], queue, gen),
-                      physical_start=0, budget_end=self.offset_budget, cause=cause)
+                      physical_start=0, budget_end=self._budget, cause=cause)
         if self.image.brokers[old["broker"]]["state"] == "active":
             return [make("SegmentSealing", topic=topic, queue=queue, gen=old["gen"], broker=old["broker"]), opened]
         # The old broker's session has expired: it can write nothing beyond its budget, so the budget end is a safe end.
@@ -232,7 +235,7 @@ class StateMachine:
         incarnation = self.image.version + 1
         placement = allocation.balanced_assignment(range(c["queues"]), brokers, self.image.data["load"])
         segments = [{"queue": q, "broker": b, "physical_queue": allocation.physical_queue_name(name, incarnation, q, 0),
-                     "budget_end": self.offset_budget} for q, b in sorted(placement.items())]
+                     "budget_end": self._budget} for q, b in sorted(placement.items())]
         config = {k: v for k, v in sorted(c.get("config", {}).items()) if v is not None}
         ev = make("TopicCreated", topic=name, incarnation=incarnation, queues=c["queues"], slots=slots,
                   order=c.get("order", "best_tried"), config=config,
@@ -260,7 +263,7 @@ class StateMachine:
         placement = allocation.balanced_assignment(range(t["queues"], new_count), hosts, self.image.data["load"])
         segments = [{"queue": q, "broker": b,
                      "physical_queue": allocation.physical_queue_name(t["topic"], t["incarnation"], q, 0),
-                     "budget_end": self.offset_budget} for q, b in sorted(placement.items())]
+                     "budget_end": self._budget} for q, b in sorted(placement.items())]
         barriers = [{"queue": nq, "after_queue": old, "after_gen": heads[old]["gen"] + 1} for nq, old in splits]
         events = [make("TopicGrown", topic=t["topic"], queues=new_count, slot_table=table, barriers=barriers,
                        segments=segments)]
@@ -313,6 +316,35 @@ def _logic_end(seg: dict[str, Any], physical_end: int) -> int:
     return seg["logic_start"] + (physical_end - seg["physical_start"])
 
 
-def _failed(err: MetaError, version: int) -> Outcome:
+def _check_envelope(envelope: Any) -> tuple[str | None, int, int, str | None]:
+    """(rid, ts, budget, fingerprint) of a well-formed envelope; anything else is a rejection that changes nothing.
+
+    What an outside caller controls reaches apply inside the command: its text must encode (no lone surrogates), its
+    nesting must be shallow, its size bounded. One encode of the canonical text checks the first two in C.
+    """
+    if not isinstance(envelope, dict):
+        raise invalid("a command envelope must be an object")
+    rid, ts, budget = envelope.get("rid"), envelope.get("ts"), envelope.get("budget", limits.OFFSET_BUDGET_DEFAULT)
+    if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= 2**62:
+        raise invalid("command envelope without a leader timestamp")
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= limits.OFFSET_BUDGET_MAX:
+        raise invalid("command envelope with a bad offset budget")
+    if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 2 * limits.REQUEST_ID_CHARS_MAX):
+        raise invalid("request id must be a non-empty string")
+    try:
+        text = canonical_json(envelope.get("cmd")).encode("utf-8")
+        json_body.check(envelope, "command", strings=False)
+    except (ValueError, RecursionError, UnicodeError, TypeError, ApiError):
+        raise invalid("the command is not encodable JSON text (a lone surrogate, a non-finite number or too deep)") \
+            from None
+    if len(text) > limits.COMMAND_BYTES_MAX:
+        raise invalid(f"the command exceeds {limits.COMMAND_BYTES_MAX} bytes")
+    if rid is not None and not json_body.is_scalar_text(rid):
+        raise invalid("request id is not valid Unicode")
+    fingerprint = hashlib.sha256(text).hexdigest()[:32] if rid else None
+    return rid, ts, budget, fingerprint
+
+
+def _failed(err: ApiError, version: int) -> Outcome:
     return {"ok": False, "error": {"status": err.status, "code": err.code, "message": err.message,
                                    "details": err.details}, "version": version}

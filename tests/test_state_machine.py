@@ -125,7 +125,8 @@ class Log:
     """A state machine plus the envelopes fed to it, with assertions on every outcome."""
 
     def __init__(self, budget: int = BUDGET, sm: StateMachine | None = None):
-        self.sm = sm or StateMachine(offset_budget=budget)
+        self.sm = sm or StateMachine()
+        self.budget = budget  # the leader's grant, stamped into every envelope as the Raft adapter does
         self.envelopes: list[dict[str, Any]] = []
         self.outcomes: list[dict[str, Any]] = []
         self.ts = 1_000_000
@@ -139,7 +140,7 @@ class Log:
         if ts is None:
             self.ts += 10
             ts = self.ts
-        env = {"rid": rid, "ts": ts, "actor": "admin", "cmd": copy.deepcopy(cmd)}
+        env = {"rid": rid, "ts": ts, "budget": self.budget, "actor": "admin", "cmd": copy.deepcopy(cmd)}
         self.envelopes.append(copy.deepcopy(env))
         before = self.version
         n_history = self.sm.image.data["history_start"] + len(self.sm.image.data["history"])
@@ -1158,7 +1159,7 @@ def test_same_request_id_for_another_command_is_rejected(log):
 def test_request_id_is_remembered_in_a_replica_and_across_a_snapshot(log):
     cmd = {"type": "CreateTopic", "topic": "t", "queues": 2}
     first = log.send(cmd, rid="k1")
-    restored = StateMachine(Image(json.loads(log.sm.image.canonical_bytes())), offset_budget=BUDGET)
+    restored = StateMachine(Image(json.loads(log.sm.image.canonical_bytes())))
     again, changed = restored.apply({"rid": "k1", "ts": log.ts + 1, "actor": "admin", "cmd": cmd})
     assert again == first and changed == set()
     assert restored.image.version == log.version
@@ -1270,7 +1271,7 @@ def test_leader_time_never_steps_back(log):
 def test_two_replicas_fed_the_same_log_are_byte_identical():
     lg = Log()
     _scenario(lg)
-    replica = StateMachine(offset_budget=BUDGET)
+    replica = StateMachine()
     outcomes = [replica.apply(copy.deepcopy(env))[0] for env in lg.envelopes]
     assert outcomes == lg.outcomes
     assert replica.image.canonical_bytes() == lg.sm.image.canonical_bytes()
@@ -1283,7 +1284,7 @@ def test_apply_reads_no_clock_and_no_randomness(monkeypatch):
     def forbidden(*a, **kw):
         raise AssertionError("apply read a clock or a random source")
 
-    replica = StateMachine(offset_budget=BUDGET)
+    replica = StateMachine()
     with monkeypatch.context() as m:
         for name in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "localtime", "gmtime"):
             m.setattr(time, name, forbidden)
@@ -1299,10 +1300,10 @@ def test_snapshot_round_trip_at_every_point_of_the_log():
     _scenario(lg)
     final = lg.sm.image.canonical_bytes()
     for k in range(0, len(lg.envelopes) + 1, 3):
-        sm = StateMachine(offset_budget=BUDGET)
+        sm = StateMachine()
         for env in lg.envelopes[:k]:
             sm.apply(copy.deepcopy(env))
-        restored = StateMachine(Image(json.loads(sm.image.canonical_bytes())), offset_budget=BUDGET)
+        restored = StateMachine(Image(json.loads(sm.image.canonical_bytes())))
         outcomes = [restored.apply(copy.deepcopy(env))[0] for env in lg.envelopes[k:]]
         assert outcomes == lg.outcomes[k:], f"outcomes differ after a snapshot at entry {k}"
         assert restored.image.canonical_bytes() == final, f"state differs after a snapshot at entry {k}"
@@ -1317,7 +1318,7 @@ def test_snapshot_round_trip_keeps_the_eviction_order_of_request_ids():
     t0 = lg.ts + 10
     lg.ok({"type": "Barrier"}, rid="zzz-old", ts=t0)
     lg.ok({"type": "Barrier"}, rid="aaa-new", ts=t0 + limits.REQUEST_OUTCOME_AGE_MS_MAX // 2)
-    restored = StateMachine(Image(json.loads(lg.sm.image.canonical_bytes())), offset_budget=BUDGET)
+    restored = StateMachine(Image(json.loads(lg.sm.image.canonical_bytes())))
     env = {"rid": "later", "ts": t0 + limits.REQUEST_OUTCOME_AGE_MS_MAX + 10, "actor": "admin",
            "cmd": {"type": "Barrier"}}
     lg.sm.apply(copy.deepcopy(env))
@@ -1325,3 +1326,92 @@ def test_snapshot_round_trip_keeps_the_eviction_order_of_request_ids():
     assert sorted(lg.sm.image.data["requests"]) == ["aaa-new", "later"]
     assert restored.image.canonical_bytes() == lg.sm.image.canonical_bytes()
 
+
+
+# -- apply is total: nothing an outside caller sends may stop a replica (DESIGN.md invariant 1) ----------------------
+LONE = "\ud800"
+NESTED = [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]
+
+
+def _deep(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("cmd,rid", [
+    ({"type": "SetTopicConfig", "topic": "t", "config": {"k": LONE}}, None),
+    ({"type": "SetTopicConfig", "topic": "t", "config": {LONE: "v"}}, None),
+    ({"type": "RegisterBroker", "broker": "x", "address": LONE}, None),
+    ({"type": "RegisterBroker", "broker": "x", "address": "http://x", "zone": "z" + LONE}, None),
+    ({"type": "CreateTopic", "topic": "u", "queues": 1, "config": {"k": "v"}}, "r" + LONE),
+    ({"type": "SetTopicConfig", "topic": "t", "config": {"k": float("nan")}}, None),
+    ({"type": "SetTopicConfig", "topic": "t", "config": {"k": float("inf")}}, "r1"),
+    ({"type": "RemapTopic", "topic": "t", "brokers": NESTED * 3}, None),
+    ({"type": "Barrier", "deep": _deep(5000)}, None),
+    ({"type": "SetTopicConfig", "topic": "t", "config": {"k": "v" * (limits.COMMAND_BYTES_MAX + 1)}}, None),
+], ids=["config-value", "config-key", "address", "zone", "rid", "nan", "inf-with-rid", "nested-list",
+        "nesting-past-the-stack", "oversized"])
+def test_unencodable_or_oversized_commands_are_rejected_the_same_on_every_replica(cmd, rid):
+    """A lone surrogate once stopped every replica in apply (and again on every restart): encoding the history or
+    the request fingerprint raised. Now the entry is a rejection that changes nothing, and the image still encodes."""
+    lg = _malformed_log()
+    replica = StateMachine(Image(json.loads(lg.sm.image.canonical_bytes())))
+    before = lg.sm.image.canonical_bytes()
+    env = {"rid": rid, "ts": lg.ts + 10, "budget": BUDGET, "actor": "admin", "cmd": cmd}
+    outcome, changed = lg.sm.apply(copy.deepcopy(env) if "deep" not in cmd else env)
+    assert outcome["ok"] is False and outcome["error"]["code"] == "INVALID_ARGUMENT", outcome
+    assert changed == set()
+    assert lg.sm.image.canonical_bytes() == before  # not even counted: the envelope itself is malformed
+    again, _ = replica.apply(env)
+    assert again == outcome
+    json.dumps(outcome, ensure_ascii=False).encode()  # the answer itself encodes
+
+
+@pytest.mark.parametrize("budget", [0, -1, True, 1.5, "1000", limits.OFFSET_BUDGET_MAX + 1])
+def test_envelope_with_a_bad_budget_is_rejected(budget):
+    lg = _malformed_log()
+    before = lg.sm.image.canonical_bytes()
+    outcome, _ = lg.sm.apply({"rid": None, "ts": lg.ts + 10, "budget": budget, "actor": "admin",
+                              "cmd": {"type": "Barrier"}})
+    assert outcome["ok"] is False and outcome["error"]["code"] == "INVALID_ARGUMENT"
+    assert lg.sm.image.canonical_bytes() == before
+
+
+def test_offset_budget_comes_from_the_log_not_from_the_replica():
+    """Two replicas built with nothing but the log agree on every budget: the leader's grant travels in the envelope."""
+    lg = Log(budget=777)
+    lg.register("a")
+    lg.create("t", 2, brokers=["a"])
+    assert {segs[0]["budget_end"] for segs in lg.topic("t")["logic_queues"]} == {777}
+    replica = StateMachine()
+    for env in lg.envelopes:
+        replica.apply(copy.deepcopy(env))
+    assert replica.image.canonical_bytes() == lg.sm.image.canonical_bytes()
+
+
+def test_a_barrier_without_leader_time_does_not_move_log_time(log):
+    """A follower's read barrier carries ts 0 (its own clock must not enter the log, nor evict request outcomes)."""
+    log.send({"type": "Barrier"}, ts=5_000_000)
+    log.send({"type": "Barrier"}, ts=0)
+    assert log.sm.image.data["last_ts"] == 5_000_000
+
+
+any_text = st.text(alphabet=st.characters(codec=None, categories=None), max_size=6)  # lone surrogates included
+any_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), any_text)
+any_value = st.recursive(any_leaf, lambda kids: st.lists(kids, max_size=3) |
+                         st.dictionaries(any_text, kids, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ctype=st.sampled_from(COMMAND_TYPES), fields=st.dictionaries(st.sampled_from(FIELDS), any_value, max_size=6),
+       rid=st.one_of(st.none(), any_text))
+def test_fuzzed_commands_with_any_text_never_raise_and_leave_an_encodable_image(ctype, fields, rid):
+    lg = _malformed_log()
+    outcome, _ = lg.sm.apply({"rid": rid or None, "ts": 2_000_000, "budget": BUDGET, "actor": "admin",
+                              "cmd": {"type": ctype, **fields}})
+    assert outcome["version"] == lg.version
+    lg.sm.image.canonical_bytes()  # raises if anything unencodable got in
+    for line in lg.sm.image.data["history"]:
+        line.encode()

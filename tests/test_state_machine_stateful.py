@@ -37,8 +37,8 @@ brokers_st = st.lists(st.sampled_from(BROKERS), min_size=1, max_size=3, unique=T
 class StateMachineVsModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.sm = StateMachine(offset_budget=BUDGET)
-        self.replica = StateMachine(offset_budget=BUDGET)
+        self.sm = StateMachine()
+        self.replica = StateMachine()
         self.ts = 1_000_000
         self.step = 0
         self.n_rid = 0
@@ -60,7 +60,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
         if rid:
             self.n_rid += 1
             rid_value = f"req-{self.n_rid}"
-        env = {"rid": rid_value, "ts": self.ts, "actor": "admin", "cmd": cmd}
+        env = {"rid": rid_value, "ts": self.ts, "budget": BUDGET, "actor": "admin", "cmd": cmd}
         before, version, n_hist = stable(self.sm), self.sm.image.version, len(self.sm.image.data["history"])
         topic_versions = {n: t["version"] for n, t in self.sm.image.topics.items()}
         outcome, changed = self.sm.apply(copy.deepcopy(env))
@@ -411,7 +411,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
     @rule(snapshot=st.booleans())
     def barrier_or_snapshot(self, snapshot):
         if snapshot:  # the replica continues from a snapshot of the canonical bytes
-            self.replica = StateMachine(Image(json.loads(self.sm.image.canonical_bytes())), offset_budget=BUDGET)
+            self.replica = StateMachine(Image(json.loads(self.sm.image.canonical_bytes())))
             return
         v = self.sm.image.version
         self.submit({"type": "Barrier"}, rid=False)
@@ -423,7 +423,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
         env, first = data.draw(st.sampled_from(self.sent))
         self.ts += 10
         cmd = {"type": "Barrier", "nonce": 1} if other else copy.deepcopy(env["cmd"])
-        again = {"rid": env["rid"], "ts": self.ts, "actor": "admin", "cmd": cmd}
+        again = {"rid": env["rid"], "ts": self.ts, "budget": BUDGET, "actor": "admin", "cmd": cmd}
         v, before = self.sm.image.version, self.sm.image.data["history"][-1:]
         outcome, changed = self.sm.apply(copy.deepcopy(again))
         self.replica.apply(copy.deepcopy(again))

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import hmac
-import json
 
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from meta.errors import MetaError, invalid
-from meta.params import int_in
+from client.wire import json_body
+from client.wire.errors import ApiError, invalid
+from client.wire.params import int_in
 
 from ..config import BrokerConfig
 from ..data import dumps_with_raw
@@ -30,31 +30,25 @@ def _role(request: web.Request) -> str:
     cfg = request.app[NODE].config
     auth = request.headers.get("Authorization", "")
     if not auth.startswith("Bearer "):
-        raise MetaError("missing bearer token", code="UNAUTHENTICATED", status=401)
+        raise ApiError("missing bearer token", code="UNAUTHENTICATED", status=401)
     token = auth[7:].strip().encode()
     found = None
     for role, value in (("admin", cfg.admin_token), ("broker", cfg.token), ("client", cfg.client_token)):
         if value and hmac.compare_digest(token, value.encode()):
             found = found or role
     if found is None:
-        raise MetaError("unknown token", code="UNAUTHENTICATED", status=401)
+        raise ApiError("unknown token", code="UNAUTHENTICATED", status=401)
     return found
 
 
 def _name(raw: str, what: str) -> str:
-    if not raw or len(raw) > NAME_CHARS_MAX:
-        raise invalid(f"{what} must be 1-{NAME_CHARS_MAX} characters", field=what)
+    if not raw or len(raw) > NAME_CHARS_MAX or not json_body.is_scalar_text(raw):
+        raise invalid(f"{what} must be 1-{NAME_CHARS_MAX} characters of valid Unicode", field=what)
     return raw
 
 
 async def _json(request: web.Request) -> dict:
-    try:
-        body = json.loads(await request.read() or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise invalid("request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise invalid("request body must be a JSON object")
-    return body
+    return json_body.parse_object(await request.read())
 
 
 @web.middleware
@@ -64,19 +58,19 @@ async def middleware(request: web.Request, handler):
         if request.path not in ("/healthz", "/readyz", "/metrics", "/v1/openapi.json"):
             request["role"] = _role(request)
         resp = await handler(request)
-    except MetaError as e:
+    except ApiError as e:
         resp = _respond(e.to_dict(), e.status)
     except web.HTTPRequestEntityTooLarge:
-        resp = _respond(MetaError("request body too large", code="TOO_LARGE", status=413).to_dict(), 413)
+        resp = _respond(ApiError("request body too large", code="TOO_LARGE", status=413).to_dict(), 413)
     except web.HTTPException as e:
         if e.status not in (404, 405):
             raise
-        resp = _respond(MetaError(f"{request.method} {request.path}: {e.reason}",
+        resp = _respond(ApiError(f"{request.method} {request.path}: {e.reason}",
                                   code="NOT_FOUND" if e.status == 404 else "METHOD_NOT_ALLOWED",
                                   status=e.status).to_dict(), e.status)
     except Exception:
         log.exception("handler_failed", path=request.path)
-        resp = _respond(MetaError("internal error; see the broker's log", code="INTERNAL", status=500).to_dict(), 500)
+        resp = _respond(ApiError("internal error; see the broker's log", code="INTERNAL", status=500).to_dict(), 500)
     node.metrics_requests.labels(str(resp.status)).inc()
     return resp
 
@@ -133,7 +127,7 @@ async def queues(request: web.Request) -> web.Response:
 
 async def physical(request: web.Request) -> web.Response:
     if request["role"] not in ("broker", "admin"):
-        raise MetaError("physical reads are for brokers", code="PERMISSION_DENIED", status=403)
+        raise ApiError("physical reads are for brokers", code="PERMISSION_DENIED", status=403)
     node = request.app[NODE]
     offset = int_in(request.query.get("offset"), "offset", 0)
     max_n = int_in(request.query.get("max"), "max", 32, 0, 1000)

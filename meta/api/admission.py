@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from ..errors import rejection
+from client.wire.errors import rejection
 
 
 class Admission:

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from .. import limits, views
 from ..commands import validate
-from ..errors import MetaError, invalid
+from client.wire.errors import ApiError, invalid
 from ..service import BecameLeader
 from .http import body_object, requires, respond, service, submit
 
@@ -51,7 +51,7 @@ async def heartbeat(request: web.Request) -> web.Response:
         if isinstance(off, bool) or not isinstance(off, int) or off < 0:
             raise invalid("each queue's max offset must be a non-negative integer", queue=pq)
     if "X-Forwarded-By" in request.headers and not svc.sync.is_leader():
-        raise MetaError("this node is no longer the leader", code="NO_LEADER", status=503)
+        raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
     while True:
         if svc.sync.is_leader():
             return respond(await svc.heartbeat(broker, body["epoch"], queues))

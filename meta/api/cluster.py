@@ -10,7 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import limits
-from ..params import nonneg_int
+from client.wire.params import nonneg_int
 from .http import public, requires, respond, service
 from .keys import METRICS
 from .openapi import SPEC

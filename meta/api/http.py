@@ -7,7 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import MetaError, invalid
+from client.wire import json_body
+from client.wire.errors import ApiError, invalid
+from client.wire.headers import request_id_header
 from ..service import MetaService
 from .keys import SERVICE
 
@@ -35,21 +37,12 @@ def respond(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status, content_type=JSON)
 
 
-def error_response(err: MetaError) -> web.Response:
+def error_response(err: ApiError) -> web.Response:
     return respond(err.to_dict(), err.status)
 
 
 async def body_object(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw:
-        raise invalid("request body must be a JSON object")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise invalid("request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise invalid("request body must be a JSON object")
-    return data
+    return json_body.parse_object(await request.read())
 
 
 async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200) -> web.Response:
@@ -67,9 +60,10 @@ async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200
         return await svc.forward_http(url, request.method, request.path_qs, body, headers)
 
     if "X-Forwarded-By" in request.headers and not svc.sync.is_leader():
-        raise MetaError("this node is no longer the leader", code="NO_LEADER", status=503)
-    status, data = await svc.submit(cmd, actor=request["role"], idempotency_key=request.headers.get("Idempotency-Key"),
-                                    request_id=request.headers.get("X-Request-Id"), forward=forward)
+        raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
+    status, data = await svc.submit(cmd, actor=request["role"],
+                                    idempotency_key=request_id_header(request.headers, "Idempotency-Key"),
+                                    request_id=request_id_header(request.headers, "X-Request-Id"), forward=forward)
     if status == 200 and ok_status != 200:
         status = ok_status
     return respond(data, status)

@@ -9,7 +9,7 @@ import uuid
 import structlog
 from aiohttp import web
 
-from ..errors import MetaError
+from client.wire.errors import ApiError
 from .http import error_response
 from .keys import METRICS, SERVICE
 
@@ -38,21 +38,21 @@ async def errors_and_auth(request: web.Request, handler) -> web.StreamResponse:
         resp = await handler(request)
         status = resp.status
         return resp
-    except MetaError as e:
+    except ApiError as e:
         status = e.status
         return error_response(e)
     except web.HTTPRequestEntityTooLarge as e:
         status = 413
-        return error_response(MetaError(f"request body exceeds {e.text or 'the limit'}", code="TOO_LARGE", status=413))
+        return error_response(ApiError(f"request body exceeds {e.text or 'the limit'}", code="TOO_LARGE", status=413))
     except web.HTTPException as e:
         status = e.status
         if e.status in (404, 405):
             code = "NOT_FOUND" if e.status == 404 else "METHOD_NOT_ALLOWED"
-            return error_response(MetaError(f"{request.method} {request.path}: {e.reason}", code=code, status=e.status))
+            return error_response(ApiError(f"{request.method} {request.path}: {e.reason}", code=code, status=e.status))
         raise
     except Exception:
         log.exception("handler_failed", path=request.path)
-        return error_response(MetaError("internal error; see the node's log", code="INTERNAL", status=500))
+        return error_response(ApiError("internal error; see the node's log", code="INTERNAL", status=500))
     finally:
         m = request.app[METRICS]
         m.requests.labels(route, str(status)).inc()
@@ -63,12 +63,12 @@ async def errors_and_auth(request: web.Request, handler) -> web.StreamResponse:
 def _authenticate(request: web.Request, roles: frozenset[str]) -> str:
     auth = request.headers.get("Authorization", "")
     if not auth.startswith("Bearer "):
-        raise MetaError("missing bearer token", code="UNAUTHENTICATED", status=401)
+        raise ApiError("missing bearer token", code="UNAUTHENTICATED", status=401)
     role = request.app[SERVICE].config.tokens.role_of(auth[7:].strip())
     if role is None:
-        raise MetaError("unknown token", code="UNAUTHENTICATED", status=401)
+        raise ApiError("unknown token", code="UNAUTHENTICATED", status=401)
     if role not in roles:
-        raise MetaError(f"role {role!r} may not call this", code="PERMISSION_DENIED", status=403)
+        raise ApiError(f"role {role!r} may not call this", code="PERMISSION_DENIED", status=403)
     return role
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from .. import views
-from ..errors import invalid, rejection
+from client.wire.errors import invalid, rejection
 from .http import body_object, expected_version, requires, respond, service, submit
 
 

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from .. import limits
 from ..changefeed import ANY
-from ..errors import invalid, rejection
-from ..params import nonneg_int, seconds
+from client.wire.errors import invalid, rejection
+from client.wire.params import nonneg_int, seconds
 from .http import JSON, requires, service
 from .keys import ADMISSIONS
 
