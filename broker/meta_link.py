@@ -1,7 +1,10 @@
 """Everything a broker says to and hears from meta: registration, heartbeats, the watch stream, seal reports.
 
-Session rule (DESIGN.md invariant 4): the broker counts its session from the *send* time of its last acknowledged
-heartbeat; once that is older than the session timeout it refuses writes, before meta can have fenced it.
+The session itself (epoch, budgets, whether writes are allowed) lives in broker/session.py, shared with the writer.
+The watch stream is read with the client's bounded SSE parser (one parser for every reader of meta's streams); its
+ids are safe resume points (meta/api/watch.py), so reconnecting with ``after=<route version>`` misses nothing.
+A route that cannot be applied is logged and fetched again on its own; it never stops the broker from following
+every other topic.
 """
 
 from __future__ import annotations
@@ -10,42 +13,44 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import structlog
+from prometheus_client import Counter
 
-from .routing import RouteTable, Segment
+from client.sse import SseEvent, SseParser
+from client.wire.errors import ApiError
+
+from .routing import RouteTable, Segment, segment_of
+from .session import MetaSession
+from .writes import Writer
 
 log = structlog.get_logger("broker.meta")
 
 REQUEST_TIMEOUT_S = 5.0
 RETRY_BACKOFF_MAX_S = 2.0
-SSE_LINE_BYTES_MAX = 64 * 1024 * 1024
 SEAL_RETRY_S = 0.2
+WATCH_READ_TIMEOUT_S = 60.0      # four of meta's 15 s keepalives: a silent stream is dead
+REFETCHES_MAX = 1_024            # topics whose route is being fetched again after a failed event
 
 
 class MetaLink:
     def __init__(self, broker: str, address: str, zone: str | None, meta_urls: tuple[str, ...], token: str,
-                 routes: RouteTable, max_offsets: Callable[[list[Segment]], dict[str, int]],
-                 seal: Callable[[Segment], Awaitable[int]]):
+                 routes: RouteTable, session: MetaSession, writer: Writer, heartbeats: Counter):
         self.broker = broker
         self.address = address
         self.zone = zone
         self.meta_urls = list(meta_urls)
         self.routes = routes
-        self._max_offsets = max_offsets
-        self._seal = seal
+        self.session = session
+        self.writer = writer
         self._headers = {"Authorization": f"Bearer {token}"}
-        self.epoch: int | None = None
-        self.state = "unregistered"
-        self.session_timeout_ms = 9_000
-        self.heartbeat_interval_ms = 2_000
-        self.last_ack_sent = 0.0           # monotonic send time of the last acknowledged heartbeat
-        self.budgets: dict[str, int] = {}
         self.route_changed = asyncio.Event()
-        self._beat_now = asyncio.Event()
+        self._heartbeats = heartbeats
         self._sealing: dict[str, asyncio.Task] = {}
+        self._refetching: dict[str, asyncio.Task] = {}
         self._http: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._meta_i = 0
@@ -57,19 +62,12 @@ class MetaLink:
                        asyncio.create_task(self._watch_loop(), name="watch")]
 
     async def stop(self) -> None:
-        for t in [*self._tasks, *self._sealing.values()]:
+        tasks = [*self._tasks, *self._sealing.values(), *self._refetching.values()]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, *self._sealing.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._http is not None:
             await self._http.close()
-
-    # -- session -----------------------------------------------------------------------------------------------
-    def session_active(self) -> bool:
-        return (self.state == "active" and self.epoch is not None
-                and (time.monotonic() - self.last_ack_sent) * 1000 < self.session_timeout_ms)
-
-    def beat_soon(self) -> None:
-        self._beat_now.set()
 
     def _meta(self) -> str:
         return self.meta_urls[self._meta_i % len(self.meta_urls)]
@@ -77,36 +75,43 @@ class MetaLink:
     def _next_meta(self) -> None:
         self._meta_i += 1
 
-    async def _call(self, method: str, path: str, body: dict) -> tuple[int, dict]:
+    async def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
         async with self._http.request(method, self._meta() + path, json=body, headers=self._headers) as r:
             return r.status, await r.json(content_type=None)
 
+    # -- session -----------------------------------------------------------------------------------------------
     async def _register(self) -> None:
         status, body = await self._call("PUT", f"/v1/brokers/{self.broker}", {"address": self.address, "zone": self.zone})
         if status != 200:
             raise RuntimeError(f"registration refused: {status} {body}")
-        self.epoch = body["epoch"]
-        self.state = "active"
-        self.last_ack_sent = time.monotonic()
-        log.info("broker_registered", epoch=self.epoch)
+        s = self.session
+        s.epoch, s.state, s.last_ack_sent = body["epoch"], "active", time.monotonic()
+        s.routes_needed = max(s.routes_needed, body["version"])
+        log.info("broker_registered", epoch=s.epoch, routes_needed=s.routes_needed)
 
     async def _heartbeat(self) -> None:
-        if self.epoch is None:
+        s = self.session
+        if s.epoch is None:
             await self._register()
         sent = time.monotonic()
-        queues = self._max_offsets(self.routes.live_hosted())
-        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/heartbeat",
-                                        {"epoch": self.epoch, "queues": queues})
+        was_active = s.active()
+        queues = self.writer.max_offsets(self.routes.live_hosted())
+        self._heartbeats.inc()
+        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/heartbeat", {"epoch": s.epoch, "queues": queues})
         code = body.get("error", {}).get("code") if isinstance(body, dict) else None
         if status == 200:
-            self.state = body["state"]
-            self.last_ack_sent = sent
-            self.budgets.update(body.get("budgets", {}))
-            self.session_timeout_ms = body.get("session_timeout_ms", self.session_timeout_ms)
-            self.heartbeat_interval_ms = body.get("heartbeat_interval_ms", self.heartbeat_interval_ms)
+            if not was_active:
+                # Meta may have fenced and sealed while this session lapsed: write only with routes that new.
+                s.routes_needed = max(s.routes_needed, body["version"])
+            s.state = body["state"]
+            s.last_ack_sent = sent
+            s.budgets.update(body.get("budgets", {}))
+            s.budget_grant = body.get("budget_grant", s.budget_grant)
+            s.session_timeout_ms = body.get("session_timeout_ms", s.session_timeout_ms)
+            s.heartbeat_interval_ms = body.get("heartbeat_interval_ms", s.heartbeat_interval_ms)
         elif code in ("STALE_EPOCH", "BROKER_NOT_FOUND"):
-            self.epoch = None  # register again with a new epoch on the next beat
-            self._beat_now.set()
+            s.epoch = None  # register again with a new epoch on the next beat
+            s.beat_soon()
         else:
             raise RuntimeError(f"heartbeat refused: {status} {code}")
 
@@ -116,7 +121,7 @@ class MetaLink:
             try:
                 await self._heartbeat()
                 backoff = 0.05
-                wait = self.heartbeat_interval_ms / 1000
+                wait = self.session.heartbeat_interval_ms / 1000
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -124,9 +129,9 @@ class MetaLink:
                 self._next_meta()
                 wait = backoff
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
-            self._beat_now.clear()
+            self.session.beat_requested.clear()
             try:
-                await asyncio.wait_for(self._beat_now.wait(), wait)
+                await asyncio.wait_for(self.session.beat_requested.wait(), wait)
             except asyncio.TimeoutError:
                 pass
 
@@ -136,13 +141,18 @@ class MetaLink:
         while True:
             url = f"{self._meta()}/v1/watch?after={self.routes.version}"
             try:
-                timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT_S, sock_read=60)
+                timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT_S,
+                                                sock_read=WATCH_READ_TIMEOUT_S)
                 async with self._http.get(url, headers=self._headers, timeout=timeout) as r:
                     if r.status != 200:
                         raise RuntimeError(f"watch refused: {r.status}")
                     backoff = 0.05
                     await self._forget_deleted_topics()
-                    await self._read_events(r)
+                    parser = SseParser()
+                    async for chunk in r.content.iter_any():
+                        for event in parser.feed(chunk):
+                            self._on_event(event)
+                raise RuntimeError("watch stream ended")
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -152,72 +162,109 @@ class MetaLink:
                 backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
 
     async def _forget_deleted_topics(self) -> None:
-        """A stream opened with ``after=V`` sends what changed since V, but cannot name topics deleted while this
-        broker was not listening: drop every route whose topic meta no longer lists (it must not take writes)."""
+        """A stream opened with ``after=V`` on a node whose change log no longer reaches V cannot name topics deleted
+        while this broker was not listening: drop every route whose topic meta no longer lists."""
         # Read at least at the version this broker already knows: a meta node still replaying its log after a
         # restart would otherwise list too few topics, and live routes would be dropped.
-        url = f"{self._meta()}/v1/topics?min_version={self.routes.version}"
-        async with self._http.get(url, headers=self._headers) as r:
-            if r.status != 200:
-                raise RuntimeError(f"topic list refused: {r.status}")
-            listed = {t["topic"] for t in (await r.json())["topics"]}
+        status, body = await self._call("GET", f"/v1/topics?min_version={self.routes.version}")
+        if status != 200:
+            raise RuntimeError(f"topic list refused: {status}")
+        listed = {t["topic"] for t in body["topics"]}
         for topic in [t for t in self.routes.routes if t not in listed]:
-            self.routes.delete(topic, self.routes.version)
-            self.route_changed.set()
+            self._dropped(self.routes.delete(topic, self.routes.version))
 
-    async def _read_events(self, resp: aiohttp.ClientResponse) -> None:
-        event, data = None, []
-        while True:
-            line = await resp.content.readline()
-            if not line:
-                return
-            line = line.rstrip(b"\r\n")
-            if not line:
-                if event and data:
-                    self._on_event(event, b"\n".join(data))
-                event, data = None, []
-            elif line.startswith(b"event:"):
-                event = line[6:].strip().decode()
-            elif line.startswith(b"data:"):
-                data.append(line[5:].lstrip())
+    def _on_event(self, event: SseEvent) -> None:
+        if event.event == "unavailable":
+            raise RuntimeError("the meta node stopped following the leader")
+        body: Any = None
+        try:
+            body = json.loads(event.data)
+            if event.event == "route":
+                self._apply_route(body)
+            elif event.event == "deleted":
+                self._dropped(self.routes.delete(body["topic"], body["version"]))
+            elif event.event == "caught_up":
+                self.routes.caught_up(body["version"])
+        except Exception as e:  # one bad topic must never stop the broker from following every other one
+            topic = body.get("topic") if isinstance(body, dict) else None
+            log.error("route_event_failed", event_type=event.event, id=event.id, topic=topic,
+                      error=f"{type(e).__name__}: {e}")
+            if isinstance(topic, str):
+                self._refetch_later(topic)
 
-    def _on_event(self, event: str, data: bytes) -> None:
-        body = json.loads(data)
-        if event == "route":
-            if self.routes.update(body):
-                self._after_route_change(body["topic"])
-        elif event == "deleted":
-            self.routes.delete(body["topic"], body["version"])
-            self.route_changed.set()
-
-    def _after_route_change(self, topic: str) -> None:
-        self.route_changed.set()
+    def _apply_route(self, route: dict[str, Any]) -> None:
+        dropped = self.routes.update(route)
+        if dropped is None:
+            return
+        self._dropped(dropped)
         for seg in self.routes.live_hosted():
-            if seg.topic == topic and seg.state == "sealing" and seg.physical_queue not in self._sealing:
+            if seg.topic == route["topic"] and seg.state == "sealing" and seg.physical_queue not in self._sealing:
                 self._sealing[seg.physical_queue] = asyncio.create_task(self._report_seal(seg))
-        self.beat_soon()  # new segments want their budgets now, not in two seconds
+        self.session.beat_soon()  # new segments want their budgets now, not in two seconds
 
+    def _dropped(self, physical_queues: set[str]) -> None:
+        self.writer.forget(physical_queues)
+        self.route_changed.set()
+
+    def _refetch_later(self, topic: str) -> None:
+        if topic in self._refetching or len(self._refetching) >= REFETCHES_MAX:
+            return
+        self._refetching[topic] = asyncio.create_task(self._refetch(topic))
+
+    async def _refetch(self, topic: str) -> None:
+        """Fetch one topic's route by itself until it applies (or the topic is gone)."""
+        backoff = 0.2
+        try:
+            while True:
+                try:
+                    status, body = await self._call("GET", f"/v1/routes/{quote(topic, safe='')}")
+                    if status == 404:
+                        self._dropped(self.routes.delete(topic, self.routes.version))
+                        return
+                    if status == 200:
+                        self._apply_route(body)
+                        log.info("route_refetched", topic=topic, version=body["version"])
+                        return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    log.warning("route_refetch_failed", topic=topic, error=f"{type(e).__name__}: {e}")
+                    self._next_meta()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+        finally:
+            self._refetching.pop(topic, None)
+
+    async def queue_segments(self, topic: str, queue: int, min_version: int) -> list[Segment]:
+        """Every segment of one queue, older ones included (a route carries only the newest)."""
+        status, body = await self._call(
+            "GET", f"/v1/topics/{quote(topic, safe='')}/queues/{queue}/segments?min_version={min_version}")
+        if status != 200:
+            raise ApiError.from_dict(status, body)
+        return [segment_of(topic, queue, s) for s in body["segments"]]
+
+    # -- seals -------------------------------------------------------------------------------------------------
     async def _report_seal(self, seg: Segment) -> None:
         """Stop writes to the segment at once, then tell meta its exact end until meta has recorded it."""
         try:
-            end = await self._seal(seg)
+            end = await self.writer.seal(seg)
             while True:
                 current = self.routes.hosted.get(seg.physical_queue)
                 if current is None or current.state == "sealed":
                     return
                 try:
                     status, body = await self._call("POST", f"/v1/brokers/{self.broker}/seal", {
-                        "epoch": self.epoch, "topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "end_offset": end,
-                        "physical_queue": seg.physical_queue})
+                        "epoch": self.session.epoch, "topic": seg.topic, "queue": seg.queue, "gen": seg.gen,
+                        "end_offset": end, "physical_queue": seg.physical_queue})
                     code = body.get("error", {}).get("code") if isinstance(body, dict) else None
                     if status == 200 or code in ("ALREADY_SEALED", "SEGMENT_NOT_FOUND", "TOPIC_NOT_FOUND"):
                         log.info("segment_sealed", pq=seg.physical_queue, end=end, status=status, code=code)
                         return
                     if code == "STALE_EPOCH":
-                        self.epoch = None
-                        self._beat_now.set()
+                        self.session.epoch = None
+                        self.session.beat_soon()
                     log.warning("seal_refused", pq=seg.physical_queue, status=status, code=code)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
                     log.warning("seal_report_failed", error=type(e).__name__)
                     self._next_meta()
                 await asyncio.sleep(SEAL_RETRY_S)

@@ -1,4 +1,6 @@
-"""One broker: storage, route table, meta link and data plane wired together, started and stopped as one."""
+"""One broker: storage, routes, the meta session and link, writes, reads and peers wired together, started and
+stopped as one. Dependencies point one way: reads -> writes, meta link -> writes; the session is the one object the
+link keeps and the writer obeys."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from .config import BrokerConfig
-from .data import DataPlane
 from .meta_link import MetaLink
 from .offsets import OffsetStore
+from .peers import Peers
+from .reads import Reader
 from .routing import RouteTable
+from .session import MetaSession
+from .writes import Writer
 from .storage import FLUSH_FSYNC, FLUSH_INTERVAL, QueueConfig, QueueStore
 
 log = structlog.get_logger("broker")
@@ -34,14 +39,17 @@ class BrokerNode:
         self.store = QueueStore(os.path.join(config.data_dir, "queues"), qcfg)
         self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"))
         self.routes = RouteTable(config.broker)
-        self.data = DataPlane(config.broker, self.store, self.routes, self.offsets, config.token)
+        self.session = MetaSession()
+        self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets)
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
-                             self.data.max_offsets, self.data.seal)
-        self.data.link = self.link
+                             self.session, self.writer,
+                             Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry))
+        self.peers = Peers(config.token)
+        self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link)
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
-        await self.data.start()
+        await self.peers.start()
         await self.link.start()
         if self.config.flush == "interval":
             self._tasks.append(asyncio.create_task(self._flush_loop()))
@@ -68,6 +76,7 @@ class BrokerNode:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.link.stop()
-        await self.data.stop()
+        await self.peers.stop()
+        self.writer.stop()
         self.store.close()
         self.offsets.close()

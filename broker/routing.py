@@ -2,6 +2,9 @@
 
 A route only replaces an older one (versions only grow). From the routes the broker derives which physical queues it
 hosts and in which state, and which segment holds a given logic offset of a queue.
+
+A route carries the newest segments of each queue (meta bounds how many, so a route's size does not grow with the
+history); a queue whose first carried segment has gen > 0 has older ones, which the reader asks meta for.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ class Segment:
         return physical - self.physical_start + self.logic_start
 
 
+def segment_of(topic: str, queue: int, s: dict[str, Any]) -> Segment:
+    return Segment(topic, queue, s["gen"], s["broker"], s.get("address"), s["physical_queue"], s["physical_start"],
+                   s["logic_start"], s["logic_end"], s.get("state", "active"), s.get("budget_end", 0))
+
+
 class RouteTable:
     def __init__(self, me: str):
         self.me = me
@@ -39,31 +47,53 @@ class RouteTable:
         self._segments: dict[tuple[str, int], list[Segment]] = {}
         self.hosted: dict[str, Segment] = {}   # physical queue -> newest view of a segment this broker hosts
 
-    def update(self, route: dict[str, Any]) -> bool:
-        old = self.routes.get(route["topic"])
+    def update(self, route: dict[str, Any]) -> set[str] | None:
+        """Take a newer route. None if it is not newer; else the physical queues this broker no longer hosts live
+        (their per-queue state can go). Parses everything before changing anything: a bad route changes nothing."""
+        topic = route["topic"]
+        old = self.routes.get(topic)
         if old is not None and old["version"] >= route["version"]:
-            return False
-        self.routes[route["topic"]] = route
+            return None
+        parsed = {(topic, q["queue"]): [segment_of(topic, q["queue"], s) for s in q["segments"]]
+                  for q in route["queues"]}
+        before = self._hosted_of(topic)
+        self.routes[topic] = route
         self.version = max(self.version, route["version"])
-        for q in route["queues"]:
-            segs = [Segment(route["topic"], q["queue"], s["gen"], s["broker"], s.get("address"), s["physical_queue"],
-                            s["physical_start"], s["logic_start"], s["logic_end"], s.get("state", "active"),
-                            s.get("budget_end", 0))
-                    for s in q["segments"]]
-            self._segments[(route["topic"], q["queue"])] = segs
+        self._segments.update(parsed)  # a static topic never loses queues: every old key is replaced
+        now = set()
+        for segs in parsed.values():
             for s in segs:
                 if s.broker == self.me:
                     self.hosted[s.physical_queue] = s
-        return True
+                    now.add(s.physical_queue)
+        dropped = before - now
+        for pq in dropped:
+            self.hosted.pop(pq, None)
+        return dropped
 
-    def delete(self, topic: str, version: int) -> None:
+    def delete(self, topic: str, version: int) -> set[str]:
+        """Forget a deleted topic; returns the physical queues it hosted here."""
         route = self.routes.pop(topic, None)
         self.version = max(self.version, version)
         if route is None:
-            return
+            return set()
+        dropped = self._hosted_of(topic)
         for q in route["queues"]:
-            for s in self._segments.pop((topic, q["queue"]), []):
-                self.hosted.pop(s.physical_queue, None)
+            self._segments.pop((topic, q["queue"]), None)
+        for pq in dropped:
+            self.hosted.pop(pq, None)
+        return dropped
+
+    def caught_up(self, version: int) -> None:
+        """The watch stream has sent every change up to ``version``."""
+        self.version = max(self.version, version)
+
+    def _hosted_of(self, topic: str) -> set[str]:
+        route = self.routes.get(topic)
+        if route is None:
+            return set()
+        return {s.physical_queue for q in route["queues"] for s in self._segments.get((topic, q["queue"]), ())
+                if s.broker == self.me}
 
     def segments(self, topic: str, queue: int) -> list[Segment] | None:
         return self._segments.get((topic, queue))

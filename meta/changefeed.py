@@ -1,32 +1,60 @@
-"""Wakes asyncio waiters when applied versions advance: per topic (long polls, watch streams) and for any change.
+"""Wakes asyncio waiters when applied versions advance, and remembers recently changed topics in version order.
 
 Published from the event loop only (the Raft tick thread hops here through raft_node.LoopBridge). Waiters are kept per
-key: a change costs one wake-up per interested waiter, never a scan of all waiters.
+key: a change costs one wake-up per interested waiter, never a scan of all waiters. Keys: a topic name, TOPICS (any
+topic changed: all-topic watch streams) and ANY (any applied version: ``min_version`` reads, the projection).
+
+The change log (``changed_since``) lets an all-topic watch stream look only at the topics that changed since it last
+looked, instead of rescanning every topic on every applied command.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 ANY = "*"
+TOPICS = "*topics"
+CHANGE_LOG_ENTRIES_MAX = 100_000
 
 
 class ChangeFeed:
-    def __init__(self) -> None:
+    def __init__(self, change_log_entries_max: int = CHANGE_LOG_ENTRIES_MAX) -> None:
         self.version = 0
         self._waiters: dict[str, set[asyncio.Future]] = {}
+        self._log: deque[tuple[int, str]] = deque(maxlen=change_log_entries_max)
+        self._log_complete_after = 0   # every topic change with a version above this is in the log
 
     def publish(self, version: int, changed: set[str] | None) -> None:
         """``changed=None`` means everything may have changed (a snapshot was installed)."""
         self.version = max(self.version, version)
-        keys = list(self._waiters) if changed is None else [ANY, *changed]
+        if changed is None:
+            self._log.clear()
+            self._log_complete_after = self.version
+            keys = list(self._waiters)
+        else:
+            if len(self._log) == self._log.maxlen and changed:
+                self._log_complete_after = self._log[0][0]  # the oldest entry is about to fall out
+            self._log.extend((version, name) for name in sorted(changed))
+            keys = [ANY, TOPICS, *changed] if changed else [ANY]
         for key in keys:
             for fut in self._waiters.pop(key, ()):
                 if not fut.done():
                     fut.set_result(True)
 
+    def changed_since(self, version: int) -> set[str] | None:
+        """Topics changed (or deleted) after ``version``; None when the log no longer reaches back that far."""
+        if version < self._log_complete_after:
+            return None
+        out: set[str] = set()
+        for v, name in reversed(self._log):
+            if v <= version:
+                break
+            out.add(name)
+        return out
+
     async def wait(self, key: str, timeout_s: float) -> bool:
-        """Wait for the next change of ``key`` (a topic or ANY). False on timeout.
+        """Wait for the next change of ``key``. False on timeout.
 
         Each waiter owns a plain future and a timer: no shield or wait_for wrappers, which cost more than the
         wake-up itself when a thousand subscribers wait on one topic.

@@ -15,6 +15,7 @@ from . import limits
 from client.wire.errors import invalid
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+ADDRESS_RE = re.compile(r"^[\x21-\x7e]+$")  # a URL: routes carry it, and their size bound counts it as ASCII
 ORDERS = ("best_tried", "strict")
 
 
@@ -59,8 +60,9 @@ def _config(value: Any) -> dict[str, str | None]:
 def _v_register_broker(c):
     _name(c.get("broker"), "broker", limits.BROKER_NAME_CHARS_MAX)
     addr = c.get("address")
-    if not isinstance(addr, str) or not addr or len(addr) > limits.ADDRESS_CHARS_MAX:
-        raise invalid("address must be a non-empty string (the broker's base URL)", field="address")
+    if not isinstance(addr, str) or not ADDRESS_RE.fullmatch(addr) or len(addr) > limits.ADDRESS_CHARS_MAX:
+        raise invalid(f"address must be the broker's base URL: 1-{limits.ADDRESS_CHARS_MAX} printable ASCII "
+                      "characters", field="address")
     if c.get("zone") is not None and (not isinstance(c["zone"], str) or len(c["zone"]) > 64):
         raise invalid("zone must be a string of at most 64 characters", field="zone")
 

@@ -1,5 +1,6 @@
 """Every bound of the meta service in one place, each with its unit last (DESIGN.md invariant 9)."""
 
+from client import sse as _sse
 from client.wire import headers as _headers
 
 REQUEST_BODY_BYTES_MAX = 1 * 1024 * 1024
@@ -48,6 +49,23 @@ FORWARD_TIMEOUT_S = 10.0
 LONG_POLL_WAITERS_MAX = 20_000
 WATCH_STREAMS_MAX = 20_000
 WATCH_TOPICS_PER_STREAM_MAX = 1_000
+# A node without a leader this long (elections take well under a second), or this far behind its leader's commit
+# index, ends its watch streams so that brokers and clients move to a node that follows the log.
+WATCH_LEADERLESS_S_MAX = 2.0
+WATCH_LAG_ENTRIES_MAX = 10_000
+
+# A route carries the newest segments of each queue, so its size never grows with the history: a 1,000-queue topic
+# remapped twice once passed the brokers' line bound and blinded every broker. Older segments are served by
+# GET /v1/topics/{topic}/queues/{queue}/segments. Bytes below are generous upper bounds of the JSON (names and
+# addresses are ASCII; numbers at most 19 digits), so that the largest route the limits allow fits the SSE parser.
+ROUTE_SEGMENTS_PER_QUEUE_MAX = 3   # the head, the one it continues (maybe sealing) and one more
+_NAME_BYTES = max(TOPIC_NAME_CHARS_MAX, BROKER_NAME_CHARS_MAX) + 64   # a physical queue name: topic + suffix
+_ROUTE_SEGMENT_BYTES_MAX = 200 + BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + _NAME_BYTES + 6 * 20
+_ROUTE_QUEUE_BYTES_MAX = (150 + BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + _NAME_BYTES + 2 * 20
+                          + ROUTE_SEGMENTS_PER_QUEUE_MAX * _ROUTE_SEGMENT_BYTES_MAX)
+ROUTE_BYTES_MAX = (QUEUES_PER_TOPIC_MAX * (_ROUTE_QUEUE_BYTES_MAX + 3 * 20 + 80)   # queue, slot range, barrier
+                   + CONFIG_KEYS_MAX * 6 * (CONFIG_KEY_CHARS_MAX + CONFIG_VALUE_CHARS_MAX) + 64 * 1024)
+assert ROUTE_BYTES_MAX <= _sse.LINE_BYTES_MAX, (ROUTE_BYTES_MAX, _sse.LINE_BYTES_MAX)
 
 # Rendered routes kept per node (least recently used evicted first): a 1,000-queue route is ~340 KB.
 ROUTE_CACHE_BYTES_MAX = 128 * 1024 * 1024

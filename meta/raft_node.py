@@ -290,6 +290,10 @@ class MetaSyncObj(SyncObj):
     def is_leader(self) -> bool:
         return self._isLeader()
 
+    def commit_lag(self) -> int:
+        """Entries this node knows to be committed but has not applied yet."""
+        return max(0, self._SyncObj__raftCommitIndex - self._SyncObj__raftLastApplied)
+
     def term(self) -> int:
         return self._getTerm()
 

@@ -52,6 +52,7 @@ class MetaService:
         self.started_at = time.time()
         self._request_prefix = f"{config.node}.{uuid.uuid4().hex[:12]}."
         self._request_seq = 0
+        self._leaderless_since: float | None = None
 
     def _next_request_id(self) -> str:
         # Unique across nodes and restarts without a syscall per request (uuid4 reads os.urandom).
@@ -111,6 +112,16 @@ class MetaService:
         if self.sync.is_leader():
             return "leader"
         return "follower" if self.sync.leader_address() else "candidate"
+
+    def follows_log(self) -> bool:
+        """Whether this node follows a leader closely enough to serve watch streams (see api/watch.py)."""
+        now = time.monotonic()
+        if self.sync.leader_address() is None:
+            if self._leaderless_since is None:
+                self._leaderless_since = now
+            return now - self._leaderless_since < limits.WATCH_LEADERLESS_S_MAX
+        self._leaderless_since = None
+        return self.sync.commit_lag() <= limits.WATCH_LAG_ENTRIES_MAX
 
     def ready(self) -> bool:
         return self.sync.isReady() and self.sync.leader_address() is not None
@@ -242,7 +253,13 @@ class MetaService:
 
     # -- broker sessions (leader duties) -----------------------------------------------------------------------
     async def heartbeat(self, broker: str, epoch: int, queues: dict[str, int]) -> dict[str, Any]:
-        """Leader only. Refreshes the session, unfences a returning broker, renews offset budgets."""
+        """Leader only. Refreshes the session, unfences a returning broker, renews offset budgets.
+
+        The budgets in the answer are read from the image after the grant was applied: a broker may use only what
+        the log granted (a segment that started sealing meanwhile got nothing, and its old budget stands).
+        """
+        grant = self.config.offset_budget
+
         def look(image: Image):
             b = image.brokers.get(broker)
             if b is None:
@@ -250,29 +267,32 @@ class MetaService:
             if b["epoch"] != epoch:
                 raise rejection(409, "STALE_EPOCH", f"epoch {epoch} is not current ({b['epoch']}); register again",
                                 epoch=b["epoch"])
-            budgets, grants = {}, []
+            grants = []
             for pq, max_offset in queues.items():
                 seg = _segment_by_pq(image, pq)
-                if seg is None or seg["broker"] != broker or seg["state"] == "sealed":
-                    continue
-                budget = seg["budget_end"]
-                if seg["state"] == "active" and max_offset + self.config.offset_budget // 2 > budget:
+                if seg is not None and seg["broker"] == broker and seg["state"] == "active" \
+                        and max_offset + grant // 2 > seg["budget_end"]:
                     topic, q, gen = allocation.parse_physical_queue_name(pq)
-                    budget = max_offset + self.config.offset_budget
-                    grants.append({"topic": topic, "queue": q, "gen": gen, "budget_end": budget})
-                budgets[pq] = budget
-            return b["state"], budgets, grants
-        state, budgets, grants = self.read(look)
+                    grants.append({"topic": topic, "queue": q, "gen": gen, "budget_end": max_offset + grant})
+            return b["state"], grants
+        state, grants = self.read(look)
         self.sessions.heartbeat(broker, epoch, _monotonic_ms(), int(time.time() * 1000))
         if state == "fenced":
-            out = await self.raft.propose({"type": "UnfenceBroker", "broker": broker, "epoch": epoch}, None,
-                                          f"broker:{broker}")
-            _answer(out)
+            _answer(await self.raft.propose({"type": "UnfenceBroker", "broker": broker, "epoch": epoch}, None,
+                                            f"broker:{broker}"))
         if grants:
-            out = await self.raft.propose({"type": "GrantOffsetBudget", "broker": broker, "epoch": epoch,
-                                           "grants": grants}, None, f"broker:{broker}")
-            _answer(out)
-        return {"state": "active", "version": self.applied_version, "budgets": budgets,
+            _answer(await self.raft.propose({"type": "GrantOffsetBudget", "broker": broker, "epoch": epoch,
+                                             "grants": grants}, None, f"broker:{broker}"))
+
+        def granted(image: Image):
+            out = {}
+            for pq in queues:
+                seg = _segment_by_pq(image, pq)
+                if seg is not None and seg["broker"] == broker and seg["state"] != "sealed":
+                    out[pq] = seg["budget_end"]
+            return image.version, out
+        version, budgets = self.read(granted)
+        return {"state": "active", "version": version, "budgets": budgets, "budget_grant": grant,
                 "heartbeat_interval_ms": self.config.heartbeat_interval_ms,
                 "session_timeout_ms": self.config.session_timeout_ms}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import limits
 from .image import Image
 
 
@@ -12,8 +13,17 @@ def _address(image: Image, broker: str) -> str | None:
     return b["address"] if b else None
 
 
+def segment_ref(image: Image, s: dict[str, Any]) -> dict[str, Any]:
+    """A segment as routes and segment chains carry it: where it lives and which logic range it holds."""
+    return {"gen": s["gen"], "broker": s["broker"], "address": _address(image, s["broker"]),
+            "physical_queue": s["physical_queue"], "physical_start": s["physical_start"],
+            "logic_start": s["logic_start"], "logic_end": s["logic_end"], "state": s["state"],
+            "budget_end": s["budget_end"]}
+
+
 def route(image: Image, t: dict[str, Any]) -> dict[str, Any]:
-    """What producers and consumers need: slot table, barriers, and per queue its writable head and segment chain."""
+    """What producers and consumers need: slot table, barriers, and per queue its writable head and its newest
+    segments (at most ROUTE_SEGMENTS_PER_QUEUE_MAX: a route's size must not grow with the history)."""
     queues = []
     for q, segs in enumerate(t["logic_queues"]):
         head = segs[-1]
@@ -23,11 +33,7 @@ def route(image: Image, t: dict[str, Any]) -> dict[str, Any]:
         queues.append({
             "queue": q, "broker": head["broker"], "address": _address(image, head["broker"]),
             "physical_queue": head["physical_queue"], "gen": head["gen"], "writable": writable,
-            "segments": [{"gen": s["gen"], "broker": s["broker"], "address": _address(image, s["broker"]),
-                          "physical_queue": s["physical_queue"], "physical_start": s["physical_start"],
-                          "logic_start": s["logic_start"], "logic_end": s["logic_end"], "state": s["state"],
-                          "budget_end": s["budget_end"]}
-                         for s in segs],
+            "segments": [segment_ref(image, s) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]],
         })
     return {"topic": t["topic"], "version": t["version"], "slots": t["slots"], "order": t["order"],
             "config": t["config"], "slot_table": t["slot_table"],

@@ -13,7 +13,7 @@ from client.wire.errors import ApiError, invalid
 from client.wire.params import int_in
 
 from ..config import BrokerConfig
-from ..data import dumps_with_raw
+from ..codec import dumps_with_raw
 from ..node import BrokerNode
 
 log = structlog.get_logger("broker.http")
@@ -87,7 +87,7 @@ async def send(request: web.Request) -> web.Response:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise invalid("messages must be a list", field="messages")
-    offsets = await node.data.send(topic, queue, messages)
+    offsets = await node.writer.send(topic, queue, messages)
     return _respond({"queue": queue, "offsets": offsets})
 
 
@@ -98,7 +98,7 @@ async def pull(request: web.Request) -> web.Response:
     queue = int_in(request.match_info["queue"], "queue")
     offset = int_in(q.get("offset"), "offset", 0)
     max_n = int_in(q.get("max"), "max", 32, 1, 1000)
-    return _respond(await node.data.pull(topic, queue, offset, max_n))
+    return _respond(await node.reader.pull(topic, queue, offset, max_n))
 
 
 async def commit_offset(request: web.Request) -> web.Response:
@@ -108,7 +108,7 @@ async def commit_offset(request: web.Request) -> web.Response:
     group = _name(request.match_info["group"], "group")
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
-    return _respond({"offset": node.data.commit_offset(group, topic, queue, offset)})
+    return _respond({"offset": node.writer.commit_offset(group, topic, queue, offset)})
 
 
 async def read_offset(request: web.Request) -> web.Response:
@@ -117,12 +117,12 @@ async def read_offset(request: web.Request) -> web.Response:
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
     local = request.query.get("local") == "1"
-    return _respond({"offset": await node.data.read_offset(group, topic, queue, local)})
+    return _respond({"offset": await node.reader.read_offset(group, topic, queue, local)})
 
 
 async def queues(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    return _respond({"queues": await node.data.queue_stats(_name(request.match_info["topic"], "topic"))})
+    return _respond({"queues": await node.reader.queue_stats(_name(request.match_info["topic"], "topic"))})
 
 
 async def physical(request: web.Request) -> web.Response:
@@ -132,7 +132,7 @@ async def physical(request: web.Request) -> web.Response:
     offset = int_in(request.query.get("offset"), "offset", 0)
     max_n = int_in(request.query.get("max"), "max", 32, 0, 1000)
     ts = request.query.get("ts")
-    return _respond(node.data.physical_read(request.match_info["pq"], offset, max_n,
+    return _respond(node.reader.physical_read(request.match_info["pq"], offset, max_n,
                                             None if ts is None else int_in(ts, "ts")))
 
 
@@ -141,7 +141,7 @@ async def offset_for_time(request: web.Request) -> web.Response:
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
     ts = int_in(request.query.get("ts"), "ts")
-    return _respond({"queue": queue, "offset": await node.data.offset_for_time(topic, queue, ts)})
+    return _respond({"queue": queue, "offset": await node.reader.offset_for_time(topic, queue, ts)})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -150,8 +150,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    ok = node.link.session_active()
-    return _respond({"ready": ok, "state": node.link.state, "epoch": node.link.epoch,
+    ok = node.session.writable(node.routes.version)
+    return _respond({"ready": ok, "state": node.session.state, "epoch": node.session.epoch,
                      "route_version": node.routes.version}, 200 if ok else 503)
 
 

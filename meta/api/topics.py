@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .. import views
+from .. import limits, views
+from client.wire.params import int_in
 from client.wire.errors import invalid, rejection
 from .http import body_object, expected_version, requires, respond, service, submit
 
@@ -79,6 +80,25 @@ async def remap_topic(request: web.Request) -> web.Response:
     return await submit(request, _topic_cmd(request, "RemapTopic", **fields))
 
 
+@requires("client", "broker")
+async def queue_segments(request: web.Request) -> web.Response:
+    """Every segment of one logic queue, oldest first (a route carries only the newest ones)."""
+    svc = service(request)
+    await svc.before_read(request.query)
+    name = request.match_info["topic"]
+    queue = int_in(request.match_info["queue"], "queue", None, 0, limits.QUEUES_PER_TOPIC_MAX - 1)
+
+    def look(im):
+        t = im.topics.get(name)
+        if t is None:
+            raise _topic_not_found(name)
+        if queue >= t["queues"]:
+            raise rejection(404, "QUEUE_NOT_FOUND", f"topic {name!r} has {t['queues']} queues", topic=name, queue=queue)
+        return {"topic": name, "queue": queue, "version": t["version"],
+                "segments": [views.segment_ref(im, s) for s in t["logic_queues"][queue]]}
+    return respond(svc.read(look))
+
+
 @requires("admin")
 async def delete_topic(request: web.Request) -> web.Response:
     return await submit(request, _topic_cmd(request, "DeleteTopic"))
@@ -92,3 +112,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_put("/v1/topics/{topic}/config", set_config)
     app.router.add_post("/v1/topics/{topic}/remap", remap_topic)
     app.router.add_delete("/v1/topics/{topic}", delete_topic)
+    app.router.add_get("/v1/topics/{topic}/queues/{queue}/segments", queue_segments)

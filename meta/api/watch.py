@@ -12,13 +12,14 @@ import json
 from aiohttp import web
 
 from .. import limits
-from ..changefeed import ANY
+from ..changefeed import TOPICS
 from client.wire.errors import invalid, rejection
 from client.wire.params import nonneg_int, seconds
 from .http import JSON, requires, service
 from .keys import ADMISSIONS
 
 SSE_KEEPALIVE_S = 15.0
+WATCH_HEALTH_CHECK_S = 1.0   # how often an idle stream checks that its node still follows the leader
 
 
 
@@ -64,7 +65,7 @@ async def watch(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(request)
-        await _watch_loop(svc, resp, topics, after, {})
+        await WatchStream(svc, resp, topics, after).run()
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
@@ -72,29 +73,88 @@ async def watch(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _watch_loop(svc, resp: web.StreamResponse, topics: list[str], after: int, sent: dict[str, int]) -> None:
-    """Send each watched topic's route whenever its version passes what this stream last sent."""
-    all_topics = not topics
-    while True:
-        names = svc.read(lambda im: sorted(im.topics)) if all_topics else topics
-        wrote = False
-        for name in names:
-            route = svc.route_bytes(name)
-            if route is None:
-                if sent.get(name, -1) >= 0:  # it existed and is gone
-                    v = svc.applied_version
-                    await resp.write(_sse("deleted", v, json.dumps({"topic": name, "version": v}).encode()))
-                    sent[name] = -1
-                    wrote = True
+class WatchStream:
+    """One SSE stream. Its ids are a safe resume point: when it sends ``id: V``, every change of a watched topic up to
+    V has been sent. So a reader that reconnects with ``after=<last id>`` misses nothing, whatever node it reaches.
+
+    Each pass takes the version P this node has published and sends the changed topics in version order, only those
+    at or below P (a topic applied past P waits for the next pass, so an older change can never follow a newer id).
+    A topic that changed again while the pass was writing ends the pass early; the next pass sends it in order.
+    Deletes go last, with id P, and a pass that sent nothing else ends with ``caught_up`` (id P) so readers learn
+    how far the log has been followed even when no watched topic changed.
+
+    A node that has no leader, or lags its leader's commit by more than WATCH_LAG_ENTRIES_MAX, ends its streams so
+    readers move to a node that follows the log (a cut-off node would otherwise keep streams alive with keepalives).
+    """
+
+    def __init__(self, svc, resp: web.StreamResponse, topics: list[str], after: int):
+        self.svc = svc
+        self.resp = resp
+        self.topics = topics
+        self.after = after
+        self.sent: dict[str, int] = {}     # topic -> version sent (-1: deleted)
+        self.scanned_to = after            # every change up to here has been sent
+        self.last_id = after
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
+        key = TOPICS if not self.topics or len(self.topics) > 1 else self.topics[0]
+        while True:
+            if not self.svc.follows_log():
+                await self.resp.write(_sse("unavailable", self.svc.feed.version,
+                                           b'{"reason":"this meta node does not follow the leader; reconnect elsewhere"}'))
+                return
+            if await self._pass():
+                quiet_since = loop.time()
                 continue
-            if route[0] > max(after, sent.get(name, -1)):
-                await resp.write(_sse("route", route[0], route[1]))
-                sent[name] = route[0]
-                wrote = True
-        if not wrote:
-            key = ANY if all_topics or len(topics) > 1 else topics[0]
-            if not await svc.feed.wait(key, SSE_KEEPALIVE_S):
-                await resp.write(b": keepalive\n\n")
+            if not await self.svc.feed.wait(key, WATCH_HEALTH_CHECK_S) and loop.time() - quiet_since >= SSE_KEEPALIVE_S:
+                await self.resp.write(b": keepalive\n\n")
+                quiet_since = loop.time()
+
+    def _candidates(self, im) -> tuple[list[str], bool]:
+        """Names to look at, and whether they come from the change log (then a missing one was deleted since)."""
+        if self.topics:
+            return self.topics, False
+        changed = self.svc.feed.changed_since(self.scanned_to)
+        if changed is not None:
+            return sorted(changed), True
+        return sorted(im.topics) + [n for n, v in self.sent.items() if v >= 0 and n not in im.topics], False
+
+    async def _pass(self) -> bool:
+        published = self.svc.feed.version
+
+        def look(im):
+            listed, gone = [], []
+            names, from_log = self._candidates(im)
+            for name in names:
+                t = im.topics.get(name)
+                if t is None:
+                    if self.sent.get(name) != -1 and (from_log or self.sent.get(name, -1) >= 0):
+                        gone.append(name)
+                elif max(self.after, self.sent.get(name, -1)) < t["version"] <= published:
+                    listed.append((t["version"], name))
+            return sorted(listed), gone
+        listed, gone = self.svc.read(look)
+        wrote = False
+        for version, name in listed:
+            route = self.svc.route_bytes(name)
+            if route is None or route[0] != version:
+                return True  # it changed again meanwhile: list again, so ids stay in version order
+            await self.resp.write(_sse("route", version, route[1]))
+            self.sent[name] = self.last_id = version
+            wrote = True
+        for name in gone:
+            await self.resp.write(_sse("deleted", published, json.dumps({"topic": name, "version": published}).encode()))
+            self.sent[name] = -1
+            self.last_id = published
+            wrote = True
+        self.scanned_to = max(self.scanned_to, published)
+        if not self.topics and published > self.last_id:
+            await self.resp.write(_sse("caught_up", published, b'{"version":%d}' % published))
+            self.last_id = published
+            wrote = True
+        return wrote
 
 
 def _sse(event: str, version: int, data: bytes) -> bytes:

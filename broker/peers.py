@@ -1,0 +1,69 @@
+"""Reads from other brokers: the physical records and offsets of older segments of a queue.
+
+A peer that failed is remembered as down for PEER_DOWN_S, so a pull never waits on a dead broker twice in a row: it
+fails at once for the ranges that broker holds, and the data on live brokers keeps flowing (DESIGN.md invariant 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+
+from client.wire.errors import ApiError, rejection
+
+from .routing import Segment
+
+PEER_CONNECT_TIMEOUT_S = 1.0
+PEER_REQUEST_TIMEOUT_S = 5.0
+PEER_DOWN_S = 2.0
+
+
+def unavailable(seg: Segment, reason: str) -> ApiError:
+    """The answer for data that sits on an unreachable broker: which broker, and which logic range it holds."""
+    return rejection(503, "BROKER_UNAVAILABLE",
+                     f"broker {seg.broker} holding offsets [{seg.logic_start}, {seg.logic_end}) of this queue is "
+                     f"unreachable", broker=seg.broker, queue=seg.queue, unavailable_from=seg.logic_start,
+                     unavailable_to=seg.logic_end, reason=reason)
+
+
+class Peers:
+    def __init__(self, token: str):
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._http: aiohttp.ClientSession | None = None
+        self._down_until: dict[str, float] = {}   # broker -> monotonic time until which it is not asked
+
+    async def start(self) -> None:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+            total=PEER_REQUEST_TIMEOUT_S, sock_connect=PEER_CONNECT_TIMEOUT_S))
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    def is_down(self, broker: str) -> bool:
+        until = self._down_until.get(broker)
+        if until is None:
+            return False
+        if time.monotonic() >= until:
+            del self._down_until[broker]
+            return False
+        return True
+
+    async def get(self, seg: Segment, path: str) -> dict[str, Any]:
+        """GET ``path`` on the broker holding ``seg``; a 503 BROKER_UNAVAILABLE naming the range when it cannot."""
+        if not seg.address:
+            raise unavailable(seg, "no address")
+        if self.is_down(seg.broker):
+            raise unavailable(seg, "recently unreachable")
+        try:
+            async with self._http.get(seg.address + path, headers=self._headers) as r:
+                body = await r.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            self._down_until[seg.broker] = time.monotonic() + PEER_DOWN_S
+            raise unavailable(seg, type(e).__name__) from None
+        if r.status != 200:
+            raise ApiError.from_dict(r.status, body)
+        return body

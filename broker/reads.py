@@ -1,0 +1,223 @@
+"""The broker's reads: a pull over a queue's whole history, across segments on this and other brokers.
+
+A pull addressed to the broker that holds the queue's newest segment serves every older segment too (API.md). Data
+on live brokers never waits on a dead one: the oldest segment's min offset is cached and, when its broker is down,
+reported as that segment's start with the unreachable range named; a read that reaches a range on a down broker
+answers what it has, or 503 BROKER_UNAVAILABLE naming the range when it has nothing yet (broker/peers.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
+
+from client.wire.errors import ApiError, rejection
+
+from .codec import RawMessage, RawRecord, stored_record
+from .meta_link import MetaLink
+from .offsets import OffsetStore
+from .peers import Peers
+from .routing import RouteTable, Segment
+from .storage import OffsetOutOfRange, Record
+from .writes import Writer, not_leader
+
+PULL_MAX = 1_000
+PULL_BYTES_MAX = 8 * 1024 * 1024
+MIN_OFFSET_CACHE_S = 1.0          # how long another broker's min offset of an older segment is trusted
+REMOTE_MIN_OFFSETS_CACHED_MAX = 100_000
+OLDER_CHAINS_CACHED_MAX = 1_024   # queues whose segments older than their route's are kept from meta
+
+
+class Reader:
+    def __init__(self, me: str, routes: RouteTable, writer: Writer, offsets: OffsetStore, peers: Peers,
+                 link: MetaLink):
+        self.me = me
+        self.routes = routes
+        self.writer = writer
+        self.offsets = offsets
+        self.peers = peers
+        self.link = link
+        self._remote_min: dict[str, tuple[int, float]] = {}        # physical queue -> (min offset, expires)
+        self._older: OrderedDict[str, list[Segment]] = OrderedDict()  # first carried pq -> older segments (LRU)
+
+    # -- the segment chain -------------------------------------------------------------------------------------
+    def _carried(self, topic: str, queue: int) -> list[Segment]:
+        segs = self.routes.segments(topic, queue)
+        if topic not in self.routes.routes or not segs:
+            raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker")
+        if segs[-1].broker != self.me:
+            raise not_leader(topic, queue, segs[-1])
+        return segs
+
+    async def _chain(self, topic: str, queue: int) -> list[Segment]:
+        """Every segment of the queue with a decided logic start, oldest first."""
+        segs = self._carried(topic, queue)
+        if segs[0].gen > 0:  # the route carries only the newest segments: older ones are sealed, so cacheable
+            key = segs[0].physical_queue
+            older = self._older.get(key)
+            if older is None:
+                full = await self.link.queue_segments(topic, queue, self.routes.version)
+                older = [s for s in full if s.gen < segs[0].gen]
+                self._older[key] = older
+                while len(self._older) > OLDER_CHAINS_CACHED_MAX:
+                    self._older.popitem(last=False)
+            else:
+                self._older.move_to_end(key)
+            segs = older + segs
+        return [s for s in segs if s.logic_start is not None]
+
+    # -- pull --------------------------------------------------------------------------------------------------
+    async def pull(self, topic: str, queue: int, offset: int, max_n: int) -> dict[str, Any]:
+        decided = await self._chain(topic, queue)
+        min_offset, gaps = await self._min_offset(decided[0])
+        max_offset = await self._max_offset(decided[-1])
+        out: dict[str, Any] = {"messages": [], "next_offset": offset, "min_offset": min_offset,
+                               "max_offset": max_offset}
+        if gaps:
+            out["unavailable"] = gaps
+        if offset < min_offset:
+            out["next_offset"] = min_offset        # below the oldest kept message: move forward, never back
+            return out
+        if offset >= max_offset:
+            out["next_offset"] = max_offset if offset > max_offset else offset
+            return out
+        msgs: list[RawMessage] = []
+        cursor = offset
+        for i, seg in enumerate(decided):
+            end = seg.logic_end if seg.logic_end is not None else (
+                decided[i + 1].logic_start if i + 1 < len(decided) else None)
+            if end is not None and cursor >= end:
+                continue
+            try:
+                records, physical_max = await self._read(seg, seg.physical(cursor), max_n - len(msgs))
+            except ApiError as e:
+                if e.code != "BROKER_UNAVAILABLE" or not msgs:
+                    raise
+                break  # answer what the live brokers gave; the next pull names the unreachable range
+            for r in records:
+                lo = seg.logic(r.offset)
+                if end is not None and lo >= end:
+                    break
+                msgs.append(RawMessage(lo, r.ts_ms, r.payload))
+                cursor = lo + 1
+            if len(msgs) >= max_n or end is None:
+                break
+            if cursor < seg.logic(physical_max):
+                break  # the read stopped at its byte budget inside this segment
+            # This segment is exhausted; anything between its last message and its end is the bounded gap of a
+            # broker that died before sealing: move on to the next segment's start.
+            cursor = end
+        out["messages"] = msgs
+        out["next_offset"] = cursor
+        return out
+
+    async def _read(self, seg: Segment, physical: int, max_n: int) -> tuple[list[Record], int]:
+        """Records from ``physical`` on, and the segment's physical end as far as its broker knows."""
+        if seg.broker == self.me:
+            pq = self.writer.local_queue(seg)
+            if pq is None:
+                return [], seg.physical_start
+            try:
+                return pq.read(max(physical, pq.min_offset), max_records=max_n, max_bytes=PULL_BYTES_MAX), pq.max_offset
+            except OffsetOutOfRange:
+                return [], pq.max_offset
+        body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset={physical}&max={max_n}")
+        return [stored_record(r) for r in body["records"]], body["max_offset"]
+
+    async def _min_offset(self, seg: Segment) -> tuple[int, list[dict[str, Any]]]:
+        """The queue's min offset and, when the broker holding it is down, the range that cannot be read now."""
+        if seg.broker == self.me:
+            pq = self.writer.local_queue(seg)
+            return (seg.logic(pq.min_offset) if pq is not None else seg.logic_start), []
+        cached = self._remote_min.get(seg.physical_queue)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0], []
+        try:
+            body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0")
+        except ApiError as e:
+            if e.code != "BROKER_UNAVAILABLE":
+                raise
+            return seg.logic_start, [{"broker": seg.broker, "from": seg.logic_start, "to": seg.logic_end}]
+        low = seg.logic(body["min_offset"])
+        if len(self._remote_min) >= REMOTE_MIN_OFFSETS_CACHED_MAX:
+            self._remote_min.clear()  # entries live a second: dropping them all costs one more ask each
+        self._remote_min[seg.physical_queue] = (low, time.monotonic() + MIN_OFFSET_CACHE_S)
+        return low, []
+
+    async def _max_offset(self, seg: Segment) -> int:
+        if seg.logic_end is not None:
+            return seg.logic_end
+        if seg.broker == self.me:
+            return seg.logic(self.writer.max_physical(seg))
+        body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0")
+        return seg.logic(body["max_offset"])
+
+    # -- answers for other brokers -----------------------------------------------------------------------------
+    def physical_read(self, pq_name: str, offset: int, max_n: int, ts_ms: int | None = None) -> dict[str, Any]:
+        """Records of a physical queue stored here, for the broker holding the queue's head. Older segments may have
+        left this broker's routes (a route carries only the newest), so the store, not the routes, decides."""
+        seg = self.routes.hosted.get(pq_name)
+        if pq_name in self.writer.store:
+            pq = self.writer.store.get(pq_name)
+        elif seg is not None:
+            return {"records": [], "min_offset": seg.physical_start, "max_offset": seg.physical_start,
+                    "offset_for_time": seg.physical_start}
+        else:
+            raise rejection(404, "QUEUE_NOT_FOUND", f"no physical queue {pq_name!r} here")
+        records = []
+        if max_n > 0 and offset < pq.max_offset:
+            records = [RawRecord(r.offset, r.ts_ms, r.payload)
+                       for r in pq.read(max(offset, pq.min_offset), max_records=max_n, max_bytes=PULL_BYTES_MAX)]
+        out = {"records": records, "min_offset": pq.min_offset, "max_offset": pq.max_offset}
+        if ts_ms is not None:
+            out["offset_for_time"] = pq.offset_for_time(ts_ms)
+        return out
+
+    # -- offsets and stats -------------------------------------------------------------------------------------
+    async def read_offset(self, group: str, topic: str, queue: int, local_only: bool) -> int:
+        """Newest segment first, then the brokers of older segments (RocketMQ's double-read check)."""
+        own = self.offsets.get(group, topic, queue)
+        if own is not None or local_only:
+            return -1 if own is None else own
+        asked = {self.me}
+        for seg in reversed(self.routes.segments(topic, queue) or []):
+            if seg.broker in asked:
+                continue
+            asked.add(seg.broker)
+            try:
+                body = await self.peers.get(seg, f"/v1/offsets/{group}/{topic}/{queue}?local=1")
+            except ApiError:
+                continue
+            if body.get("offset", -1) >= 0:
+                return body["offset"]
+        return -1
+
+    async def offset_for_time(self, topic: str, queue: int, ts_ms: int) -> int:
+        """The first logic offset stored at or after ``ts_ms`` (max_offset when none), across the queue's segments."""
+        decided = await self._chain(topic, queue)
+        for seg in decided:
+            if seg.broker == self.me:
+                pq = self.writer.local_queue(seg)
+                found, end = (pq.offset_for_time(ts_ms), pq.max_offset) if pq else (seg.physical_start,) * 2
+            else:
+                body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0&ts={ts_ms}")
+                found, end = body["offset_for_time"], body["max_offset"]
+            if found < end:
+                return seg.logic(found)
+        return await self._max_offset(decided[-1])
+
+    async def queue_stats(self, topic: str) -> list[dict[str, Any]]:
+        """Logic min and max of the queues whose head this broker holds, over their whole history."""
+        route = self.routes.routes.get(topic)
+        if route is None:
+            raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} is unknown to this broker", topic=topic)
+        out = []
+        for q in route["queues"]:
+            segs = self.routes.segments(topic, q["queue"]) or []
+            if not segs or segs[-1].broker != self.me or all(s.logic_start is None for s in segs):
+                continue
+            decided = await self._chain(topic, q["queue"])
+            out.append({"queue": q["queue"], "min_offset": (await self._min_offset(decided[0]))[0],
+                        "max_offset": await self._max_offset(decided[-1])})
+        return out

@@ -1,0 +1,142 @@
+"""The broker's writes: sends into the queue's head segment, seals, and consumer offset commits.
+
+A physical queue is written only while the route says this broker holds the queue's head, the head's logic start is
+decided, the broker's session is live with routes as new as its last registration, and the write stays within the
+offset budget the log granted (DESIGN.md invariants 4 and 5). Offsets in and out are logic offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from client.wire.errors import ApiError, invalid, rejection
+
+from .codec import encode_message
+from .offsets import OffsetStore
+from .routing import RouteTable, Segment
+from .session import MetaSession
+from .storage import InvalidArgument, PhysicalQueue, QueueStore, StorageError
+
+MESSAGES_PER_SEND_MAX = 10_000
+WRITER_THREADS = 16
+
+
+def not_leader(topic: str, queue: int, head: Segment | None) -> ApiError:
+    return rejection(409, "NOT_LEADER", "this broker does not hold the queue's writable segment", topic=topic,
+                     queue=queue, broker=head.broker if head else None, address=head.address if head else None)
+
+
+def unknown_topic(topic: str) -> ApiError:
+    return rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} is unknown to this broker", topic=topic)
+
+
+class Writer:
+    def __init__(self, me: str, store: QueueStore, routes: RouteTable, session: MetaSession, offsets: OffsetStore):
+        self.me = me
+        self.store = store
+        self.routes = routes
+        self.session = session
+        self.offsets = offsets
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._sealed_here: set[str] = set()
+        # Appends block in fsync; queues are independent files, so they may sync in parallel.
+        self._threads = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="append")
+
+    def stop(self) -> None:
+        self._threads.shutdown(wait=True)
+
+    def forget(self, physical_queues: set[str]) -> None:
+        """Drop per-queue state of physical queues the routes no longer host here."""
+        for pq in physical_queues:
+            lock = self._locks.get(pq)
+            if lock is not None and not lock.locked():
+                del self._locks[pq]
+            self._sealed_here.discard(pq)
+        self.session.forget(physical_queues)
+
+    def _lock(self, pq: str) -> asyncio.Lock:
+        lock = self._locks.get(pq)
+        if lock is None:
+            lock = self._locks[pq] = asyncio.Lock()
+        return lock
+
+    def local_queue(self, seg: Segment, create: bool = False) -> PhysicalQueue | None:
+        if seg.physical_queue in self.store:
+            return self.store.get(seg.physical_queue)
+        return self.store.create(seg.physical_queue, seg.physical_start) if create else None
+
+    def max_physical(self, seg: Segment) -> int:
+        q = self.local_queue(seg)
+        return q.max_offset if q is not None else seg.physical_start
+
+    def max_offsets(self, segs: list[Segment]) -> dict[str, int]:
+        return {s.physical_queue: self.max_physical(s) for s in segs}
+
+    # -- send --------------------------------------------------------------------------------------------------
+    def _writable_head(self, topic: str, queue: int) -> Segment:
+        if topic not in self.routes.routes:
+            raise unknown_topic(topic)
+        head = self.routes.head(topic, queue)
+        if head is None:
+            raise rejection(404, "QUEUE_NOT_FOUND", f"queue {queue} does not exist", topic=topic, queue=queue)
+        if head.broker != self.me:
+            raise not_leader(topic, queue, head)
+        if head.state != "active" or head.logic_start is None or head.physical_queue in self._sealed_here:
+            raise rejection(503, "SEALING", "the queue is being remapped; retry shortly", topic=topic, queue=queue)
+        if not self.session.writable(self.routes.version):
+            raise rejection(503, "FENCED", "this broker's meta session has lapsed or its routes are behind the log; "
+                            "it takes no writes until both are current")
+        return head
+
+    async def send(self, topic: str, queue: int, messages: list[Any]) -> list[int]:
+        if not messages or len(messages) > MESSAGES_PER_SEND_MAX:
+            raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
+        payloads = [encode_message(m) for m in messages]
+        while True:
+            head = self._writable_head(topic, queue)
+            async with self._lock(head.physical_queue):
+                # The route may have moved on while this send waited for the lock: the lock held must be that of
+                # the segment written, or a seal of the new head could read its end while this append runs.
+                if self._writable_head(topic, queue).physical_queue == head.physical_queue:
+                    first = await self._append(head, payloads)
+                    break
+        return [head.logic(first + i) for i in range(len(payloads))]
+
+    async def _append(self, head: Segment, payloads: list[bytes]) -> int:
+        """Append within the segment's offset budget; the caller holds the segment's lock."""
+        pq = self.local_queue(head, create=True)
+        budget = max(self.session.budgets.get(head.physical_queue, 0), head.budget_end)
+        end = pq.max_offset + len(payloads)
+        if end > budget:
+            self.session.beat_soon()
+            raise rejection(503, "BUDGET_EXHAUSTED", "waiting for meta to renew this queue's offset budget",
+                            topic=head.topic, queue=head.queue)
+        if self.session.renewal_due(budget, end):
+            self.session.beat_soon()  # renew early so writers never wait for the budget
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._threads, pq.append, payloads, int(time.time() * 1000))
+        except InvalidArgument as e:  # too large a record or batch, in storage's terms
+            raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
+        except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
+            raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
+                            topic=head.topic, queue=head.queue) from None
+
+    async def seal(self, seg: Segment) -> int:
+        """Stop writes to a sealing segment and return its exact physical end."""
+        async with self._lock(seg.physical_queue):
+            self._sealed_here.add(seg.physical_queue)
+            return self.max_physical(seg)
+
+    # -- consumer offsets --------------------------------------------------------------------------------------
+    def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> int:
+        head = self.routes.head(topic, queue)
+        if head is None:
+            raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker")
+        if head.broker != self.me:
+            raise not_leader(topic, queue, head)
+        self.offsets.commit(group, topic, queue, offset)
+        return offset
