@@ -126,12 +126,16 @@ class AdminClient:
 
     async def iter_history(self, *, topic: str | None = None, after: int = 0,
                            page: int = 1000) -> AsyncIterator[dict[str, Any]]:
-        """Every event after ``after`` up to the version applied when the last page was read."""
+        """Every event after ``after`` up to the version applied when the last page was read.
+
+        A topic-filtered page reads a bounded stretch of events past ``after`` (the server's
+        HISTORY_SCAN_EVENTS_MAX), so an empty page whose ``next_after`` moved on means "keep going"; only a
+        ``next_after`` that no longer advances marks the end."""
         while True:
             answer = await self.history(topic=topic, after=after, limit=page)
             for e in answer["events"]:
                 yield e
-            if not answer["events"] or answer["next_after"] <= after:
+            if answer["next_after"] <= after:
                 return
             after = answer["next_after"]
 
