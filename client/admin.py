@@ -4,8 +4,10 @@ Every mutation carries an ``Idempotency-Key`` made once per logical call and sen
 after a lost answer returns the first outcome and appends nothing. ``expected_version`` is passed through for optimistic
 concurrency (409 ``VERSION_MISMATCH`` -> ``errors.VersionMismatch`` with ``current_version``).
 
-Reads ask for ``min_version`` = the newest version this client has written, so a client reads its own writes whichever
-node answers (a node that has not caught up within its wait answers 503 and the call moves to another node).
+Reads ask for ``min_version`` = the newest metadata version this client has seen on any answer (the ``X-Meta-Version``
+of every read and write, and the version a write returned), so whichever node answers, a read never shows state older
+than what the client already saw or wrote (DESIGN.md invariant 3): a lagging node waits (bounded, server-side) and one
+that has not caught up within its wait answers 503, and the call moves to another node.
 """
 
 from __future__ import annotations
@@ -35,11 +37,15 @@ class AdminClient:
     def __init__(self, meta_urls: Sequence[str] | str, token: str, *, session: aiohttp.ClientSession | None = None,
                  timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT, attempts_max: int = META_ATTEMPTS_MAX_DEFAULT,
                  deadline_s: float = META_DEADLINE_S_DEFAULT, backoff: Backoff | None = None,
-                 read_your_writes: bool = True):
+                 monotonic_reads: bool = True):
         self.meta = MetaCaller(meta_urls, token, session=session, timeout_s=timeout_s, attempts_max=attempts_max,
                                deadline_s=deadline_s, backoff=backoff)
-        self.read_your_writes = read_your_writes
-        self.written_version = 0  # newest metadata version a write of this client produced
+        self.monotonic_reads = monotonic_reads
+
+    @property
+    def seen_version(self) -> int:
+        """The newest metadata version this client has seen (its reads ask for at least this one)."""
+        return self.meta.max_version_seen
 
     # -- plumbing ----------------------------------------------------------------------------------------------
     async def _write(self, method: str, path: str, body: Any = None, *, expected_version: int | None = None,
@@ -47,9 +53,8 @@ class AdminClient:
         key = idempotency_key or new_idempotency_key()  # once per logical call: every retry below reuses it
         answer = await self.meta.call(method, path, json=body, params={"expected_version": expected_version},
                                       headers={"Idempotency-Key": key})
-        v = answer.body.get("version") if isinstance(answer.body, dict) else None
-        if isinstance(v, int) and v > self.written_version:
-            self.written_version = v
+        # A follower that forwarded the write may answer before it applied it: its header can be older than the write.
+        self.meta.note_version(answer.body.get("version") if isinstance(answer.body, dict) else None)
         return answer.body
 
     async def _read(self, path: str, params: dict[str, Any] | None = None, *,
@@ -57,8 +62,8 @@ class AdminClient:
         q = dict(params or {})
         if consistency is not None:
             q["consistency"] = consistency
-        if self.read_your_writes and self.written_version > 0:
-            q["min_version"] = self.written_version
+        if self.monotonic_reads and self.seen_version > 0:
+            q["min_version"] = self.seen_version
         return (await self.meta.call("GET", path, params=q)).body
 
     # -- topics ------------------------------------------------------------------------------------------------
@@ -121,12 +126,16 @@ class AdminClient:
 
     async def iter_history(self, *, topic: str | None = None, after: int = 0,
                            page: int = 1000) -> AsyncIterator[dict[str, Any]]:
-        """Every event after ``after`` up to the version applied when the last page was read."""
+        """Every event after ``after`` up to the version applied when the last page was read.
+
+        A topic-filtered page reads a bounded stretch of events past ``after`` (the server's
+        HISTORY_SCAN_EVENTS_MAX), so an empty page whose ``next_after`` moved on means "keep going"; only a
+        ``next_after`` that no longer advances marks the end."""
         while True:
             answer = await self.history(topic=topic, after=after, limit=page)
             for e in answer["events"]:
                 yield e
-            if not answer["events"] or answer["next_after"] <= after:
+            if answer["next_after"] <= after:
                 return
             after = answer["next_after"]
 

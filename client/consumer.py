@@ -6,7 +6,7 @@ A committed offset is the next offset to read (the last processed offset + 1), a
 committed, and reading then starts at the queue's ``min_offset`` (as a pull reports it).
 
 A pull or commit answered ``NOT_LEADER`` re-reads the route (the queue moved) and tries again; no answer or a 5xx is
-retried with backoff within ``attempts_max`` and ``deadline_s``; ``STALE_TOKEN`` (a newer exclusive owner) is raised.
+retried with backoff within ``attempts_max`` and ``deadline_s``; any other error is raised at once.
 """
 
 from __future__ import annotations
@@ -95,7 +95,6 @@ class PullConsumer(TopicClient):
         self.backoff = backoff or Backoff()
         self.idle_pause_s = idle_pause_s
         self._positions: dict[int, int] = {}     # queue -> next offset to read
-        self._lock_tokens: dict[int, int] = {}   # queue -> exclusive lock token, when the group is exclusive
         self._closed = False
 
     # -- positions ---------------------------------------------------------------------------------------------
@@ -105,13 +104,6 @@ class PullConsumer(TopicClient):
             return list(self._queues)
         route = await self.routes.get(self.topic)
         return [q["queue"] for q in route["queues"]]
-
-    def set_lock_token(self, queue: int, token: int | None) -> None:
-        """The exclusive lock token to send with pulls and commits of ``queue`` (None: none)."""
-        if token is None:
-            self._lock_tokens.pop(queue, None)
-        else:
-            self._lock_tokens[queue] = token
 
     def seek(self, queue: int, offset: int) -> None:
         if offset < 0:
@@ -139,13 +131,10 @@ class PullConsumer(TopicClient):
         return r.messages[0].offset if r.messages else r.next_offset
 
     async def commit(self, queue: int, offset: int) -> int:
-        """Commit ``offset`` (the next offset to read) for the group. Raises ``StaleToken`` for a superseded owner."""
+        """Commit ``offset`` (the next offset to read) for the group."""
         if offset < 0:
             raise ValueError("offset must be >= 0")
-        body: dict[str, Any] = {"offset": offset}
-        if queue in self._lock_tokens:
-            body["token"] = self._lock_tokens[queue]
-        answer = await self._broker_call("PUT", queue, self._offsets_path(queue), json=body)
+        answer = await self._broker_call("PUT", queue, self._offsets_path(queue), json={"offset": offset})
         return int(answer.get("offset", offset))
 
     async def commit_positions(self) -> dict[int, int]:
@@ -165,8 +154,6 @@ class PullConsumer(TopicClient):
             offset = await self.position(queue)
         n = max_messages or self.max_messages
         params: dict[str, Any] = {"offset": offset, "max": n, "group": self.group}
-        if queue in self._lock_tokens:
-            params["token"] = self._lock_tokens[queue]
         path = f"/v1/messages/{quote(self.topic, safe='')}/{queue}"
         answer = await self._broker_call("GET", queue, path, params=params)
         msgs = sorted((_decode(self.topic, queue, m) for m in answer.get("messages", [])), key=lambda m: m.offset)

@@ -144,7 +144,13 @@ class MetaCaller:
         self._session = session
         self._owns_session = session is None
         self._closed = False
-        self.max_version_seen = 0
+        self.max_version_seen = 0  # newest X-Meta-Version (or written version) of any answer, error or not
+
+    def note_version(self, version: int | None) -> None:
+        """Remember ``version`` if it is the newest metadata version seen. Versions only grow (DESIGN.md invariant 3),
+        so a read asking for at least this one never shows state older than something this caller already saw."""
+        if isinstance(version, int) and not isinstance(version, bool) and version > self.max_version_seen:
+            self.max_version_seen = version
 
     @property
     def url(self) -> str:
@@ -181,14 +187,13 @@ class MetaCaller:
                 answer = await request_once(self.session(), method, url + path, token=self.token, json=json,
                                             params=params, headers=headers, timeout_s=min(per_try_s, left), ok=ok)
             except StatorError as e:
+                self.note_version(e.meta_version)  # a refusal states its node's version too
                 if not e.retriable_on_meta:
                     raise
                 last = e
                 self.fail_over(url)
             else:
-                v = answer.meta_version
-                if v is not None and v > self.max_version_seen:
-                    self.max_version_seen = v
+                self.note_version(answer.meta_version)
                 return answer
             if attempt + 1 < attempts:
                 pause = self.backoff.delay_s(attempt)

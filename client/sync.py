@@ -147,7 +147,6 @@ class SyncPullConsumer(_Blocking):
     commit = _blocking(PullConsumer.commit)
     commit_positions = _blocking(PullConsumer.commit_positions)
     seek = _in_loop(PullConsumer.seek)
-    set_lock_token = _in_loop(PullConsumer.set_lock_token)
 
     def poll(self, timeout_s: float = 0.0) -> list[ReceivedMessage]:
         return self._run(self._client.poll(timeout_s), extra_s=timeout_s)

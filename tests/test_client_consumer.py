@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from client import PullConsumer, StaleToken, SyncPullConsumer
+from client import PullConsumer, SyncPullConsumer
 from client.http import Backoff
 from tests.test_client_fakes import DEAD_ADDRESS, TOKEN, Fakes, fakes_in_thread, make_route
 
@@ -70,18 +70,18 @@ async def test_a_dead_broker_does_not_stop_the_other_queues(fakes):
         assert [m.body for m in await c.poll()] == ["ok"]
 
 
-async def test_stale_token_is_raised_and_tokens_are_sent(fakes):
+async def test_no_lock_token_api_until_a_server_enforces_tokens(fakes):
+    # Exclusive lock tokens come with the server side (ordered consumption); until then the client must not offer
+    # a stub that claims to send them, and it sends none.
+    assert not hasattr(PullConsumer, "set_lock_token") and not hasattr(SyncPullConsumer, "set_lock_token")
     fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url)]))
     fakes.b1.load("t", 0, ["x"])
     async with consumer(fakes) as c:
-        c.set_lock_token(0, 41)
         c.seek(0, 0)
-        await c.poll()
-        assert fakes.b1.requests[-1][3]["token"] == "41"
-        fakes.b1.fail("PUT", 0, 409, "STALE_TOKEN")
-        with pytest.raises(StaleToken):
-            await c.commit(0, 1)
-        assert fakes.b1.requests[-1][3] == {"offset": 1, "token": 41}
+        assert [m.body for m in await c.poll()] == ["x"]
+        assert "token" not in fakes.b1.requests[-1][3]
+        await c.commit(0, 1)
+        assert fakes.b1.requests[-1][3] == {"offset": 1}
 
 
 async def test_binary_bodies_and_iteration(fakes):

@@ -120,3 +120,14 @@ async def test_per_request_timeout():
             assert time.monotonic() - t0 < 2.0
     finally:
         await server.close()
+
+
+async def test_the_version_of_a_refusal_counts_as_seen(nodes):
+    # A 404 states its node's version as well as a 200 does; a later read must not show anything older.
+    node = await nodes([(404, {"error": {"code": "TOPIC_NOT_FOUND", "message": "gone"}})])
+    async with MetaCaller([node.url], "tok", backoff=FAST) as m:
+        with pytest.raises(StatorError):
+            await m.call("GET", "/v1/topics/t")
+        assert m.max_version_seen == 42
+        m.note_version(7)
+        assert m.max_version_seen == 42

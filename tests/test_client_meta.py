@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import signal
 import time
 
 import aiohttp
@@ -117,16 +120,22 @@ async def test_admin_calls(meta_cluster):
             await admin.describe_topic("orders")
 
 
-class DroppingProxy:
-    """Forwards to one meta node and loses the first answer (the write is applied, the client never hears)."""
+class Proxy:
+    """Forwards to one meta node; with ``drop_first_answer`` it loses the first answer (the write is applied, the
+    client never hears). Closing it makes the node look gone to a client that talks through it."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, *, drop_first_answer: bool = False):
         self.upstream = upstream
+        self.drop_first_answer = drop_first_answer
         self.seen_keys: list[str] = []
         self.dropped_answer: dict | None = None
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self.server = TestServer(app, host="127.0.0.1")
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
 
     async def _forward(self, request: web.Request) -> web.Response:
         self.seen_keys.append(request.headers.get("Idempotency-Key", ""))
@@ -137,12 +146,13 @@ class DroppingProxy:
                                  headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
                 body = await r.read()
                 status = r.status
-        if self.dropped_answer is None:
-            import json
+                meta_version = r.headers.get("X-Meta-Version")
+        if self.drop_first_answer and self.dropped_answer is None:
             self.dropped_answer = json.loads(body)
             request.transport.close()
             raise ConnectionResetError("answer lost on purpose")
-        return web.Response(body=body, status=status, content_type="application/json")
+        return web.Response(body=body, status=status, content_type="application/json",
+                            headers={"X-Meta-Version": meta_version} if meta_version else None)
 
 
 async def test_retries_never_apply_twice(meta_cluster):
@@ -155,10 +165,10 @@ async def test_retries_never_apply_twice(meta_cluster):
             assert again == first
             # A lost answer: the first try reaches m1 through the proxy and is applied, its answer is lost; the
             # retry goes to m2 with the same key and gets the first outcome.
-            proxy = DroppingProxy(c.meta_urls[0])
+            proxy = Proxy(c.meta_urls[0], drop_first_answer=True)
             await proxy.server.start_server()
             try:
-                proxied = AdminClient([str(proxy.server.make_url("")).rstrip("/"), c.meta_urls[1]], c.token("admin"))
+                proxied = AdminClient([proxy.url, c.meta_urls[1]], c.token("admin"))
                 async with proxied:
                     created = await proxied.create_topic("lost-answer", 3)
             finally:
@@ -168,6 +178,43 @@ async def test_retries_never_apply_twice(meta_cluster):
             events = [e async for e in admin.iter_history()]
             created_events = [(e["topic"], e["version"]) for e in events if e["type"] == "TopicCreated"]
             assert created_events == [("once", first["version"]), ("lost-answer", created["version"])]
+
+
+LAGGING_WRITES = 5
+IN_FLIGHT_S = 0.3  # long enough for a request to sit in a stopped node's socket before the node runs again
+
+
+async def test_reads_never_go_back_after_failing_over_to_a_lagging_node(meta_cluster):
+    """A read after failover to a node that missed writes shows at least the state the client saw before (invariant
+    3): the client sends the newest version it has seen, read or written, and the lagging node waits for it."""
+    c = meta_cluster
+    leader = await c.leader()
+    lagging = next(m["node"] for m in c.info["meta"] if m["node"] != leader)
+    lagging_pid = c.pid(lagging)
+    async with SimBrokers(c), AdminClient([c.url(leader)], c.token("admin")) as writer:
+        created = await writer.create_topic("mono", 2)
+        s, _, _ = await c.call("GET", f"{c.url(lagging)}/v1/topics/mono?min_version={created['version']}")
+        assert s == 200
+        proxy = Proxy(c.url(leader))
+        await proxy.server.start_server()
+        os.kill(lagging_pid, signal.SIGSTOP)
+        try:
+            for i in range(LAGGING_WRITES):
+                await writer.set_config("mono", {"n": str(i)})
+            # The reader only ever read: it learns the newest version from the answer's header, not from a write.
+            async with AdminClient([proxy.url, c.url(lagging)], c.token("admin")) as reader:
+                seen = await reader.describe_topic("mono")
+                assert seen["config"] == {"n": str(LAGGING_WRITES - 1)}
+                await proxy.server.close()  # the node it talked to is gone: the next read fails over
+                read = asyncio.create_task(reader.describe_topic("mono"))
+                await asyncio.sleep(IN_FLIGHT_S)
+                os.kill(lagging_pid, signal.SIGCONT)
+                after = await asyncio.wait_for(read, 30)
+                assert reader.meta.url == c.url(lagging)
+        finally:
+            os.kill(lagging_pid, signal.SIGCONT)
+            await proxy.server.close()
+    assert after["config"] == seen["config"] and after["version"] >= seen["version"], (seen, after)
 
 
 @pytest.mark.parametrize("mode", ["sse", "long_poll"])
