@@ -1,12 +1,25 @@
-"""A broker's configuration file (JSON or TOML)."""
+"""A broker's configuration file (JSON or TOML), checked against a schema once, then kept as a frozen dataclass."""
 
 from __future__ import annotations
 
-import json
 import os
-import tomllib
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from ops import config_file
+from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
+                             split_host_port)
+
+from .storage.config import FLUSH_FSYNC, FLUSH_POLICIES
+from .storage.limits import FLUSH_INTERVAL_MS_MAX, TS_MS_MAX
+
+__all__ = ["BrokerConfig", "ConfigError", "load", "parse"]
+
+FLUSH_INTERVAL_MS_DEFAULT = 200
+ZONE_CHARS_MAX = 64               # what meta accepts for a broker's zone at registration
+RETENTION_BYTES_MAX = 2**63 - 1   # file sizes are signed 64-bit everywhere
 
 
 @dataclass(frozen=True)
@@ -20,8 +33,8 @@ class BrokerConfig:
     client_token: str           # accepted from clients
     admin_token: str | None = None
     zone: str | None = None
-    flush: str = "fsync"        # "fsync" per batch or "interval"
-    flush_interval_ms: int = 200
+    flush: str = FLUSH_FSYNC    # "fsync" per batch or "interval"
+    flush_interval_ms: int = FLUSH_INTERVAL_MS_DEFAULT
     retention_ms: int | None = None      # delete whole segment files older than this (None keeps everything)
     retention_bytes: int | None = None   # ... or beyond this size per physical queue
     log_level: str = "info"
@@ -31,31 +44,56 @@ class BrokerConfig:
         return f"http://{self.http_host}:{self.http_port}"
 
 
-class ConfigError(ValueError):
-    pass
+class _TokensSchema(Schema):
+    broker: Secret | None = None
+    client: Secret | None = None
+    admin: Secret | None = None
+
+
+class _BrokerSchema(Schema):
+    broker: Name
+    data_dir: Path
+    http: HostPort
+    meta: list[HttpUrl] = Field(min_length=1, max_length=META_MEMBERS_MAX)
+    # The tokens come either as {"tokens": {...}} (the shape meta's config uses) or one by one; one-by-one wins.
+    tokens: _TokensSchema = Field(default_factory=_TokensSchema)
+    token: Secret | None = None
+    client_token: Secret | None = None
+    zone: Annotated[str, Field(min_length=1, max_length=ZONE_CHARS_MAX)] | None = None
+    flush: Literal[FLUSH_POLICIES] = FLUSH_FSYNC  # type: ignore[valid-type]
+    flush_interval_ms: int = Field(FLUSH_INTERVAL_MS_DEFAULT, ge=1, le=FLUSH_INTERVAL_MS_MAX)
+    retention_ms: int | None = Field(None, ge=1, le=TS_MS_MAX)
+    retention_bytes: int | None = Field(None, ge=1, le=RETENTION_BYTES_MAX)
+    log_level: LogLevel = "info"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _BrokerSchema:
+        if self.effective_broker_token is None:
+            raise ValueError("missing the broker token: give tokens.broker (or token)")
+        if self.effective_client_token is None:
+            raise ValueError("missing the client token: give tokens.client (or client_token)")
+        if len(set(self.meta)) < len(self.meta):
+            raise ValueError("meta: each URL must be unique")
+        return self
+
+    @property
+    def effective_broker_token(self) -> str | None:
+        return self.token or self.tokens.broker
+
+    @property
+    def effective_client_token(self) -> str | None:
+        return self.client_token or self.tokens.client
 
 
 def load(path: str) -> BrokerConfig:
-    with open(path, "rb") as f:
-        raw = tomllib.load(f) if path.endswith(".toml") else json.load(f)
-    return parse(raw, os.path.dirname(os.path.abspath(path)))
+    return config_file.load(path, parse)
 
 
 def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
-    try:
-        host, port = raw["http"].rsplit(":", 1)
-        tokens = raw.get("tokens", {})
-        flush = raw.get("flush", "fsync")
-        if flush not in ("fsync", "interval"):
-            raise ConfigError("flush must be 'fsync' or 'interval'")
-        return BrokerConfig(
-            broker=raw["broker"], data_dir=os.path.join(base_dir, raw["data_dir"]), http_host=host,
-            http_port=int(port), meta_urls=tuple(u.rstrip("/") for u in raw["meta"]),
-            token=raw.get("token") or tokens["broker"], client_token=raw.get("client_token") or tokens["client"],
-            admin_token=tokens.get("admin"), zone=raw.get("zone"), flush=flush,
-            flush_interval_ms=int(raw.get("flush_interval_ms", 200)), log_level=raw.get("log_level", "info"),
-            retention_ms=raw.get("retention_ms"), retention_bytes=raw.get("retention_bytes"))
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"bad broker config: {type(e).__name__}: {e}") from e
+    s = config_file.check(_BrokerSchema, raw)
+    host, port = split_host_port(s.http)
+    return BrokerConfig(
+        broker=s.broker, data_dir=os.path.join(base_dir, s.data_dir), http_host=host, http_port=port,
+        meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
+        admin_token=s.tokens.admin, zone=s.zone, flush=s.flush, flush_interval_ms=s.flush_interval_ms,
+        retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, log_level=s.log_level)

@@ -1,16 +1,24 @@
-"""A meta node's configuration file (TOML or JSON), parsed once into frozen dataclasses."""
+"""A meta node's configuration file (TOML or JSON), checked against a schema once, then kept as frozen dataclasses."""
 
 from __future__ import annotations
 
 import hmac
-import json
 import os
-import tomllib
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, model_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from ops import config_file
+from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
+                             split_host_port)
 
 from . import limits
 from .raft_node import RaftTuning
+
+__all__ = ["ConfigError", "MetaConfig", "Member", "Tokens", "load", "parse"]
 
 
 @dataclass(frozen=True)
@@ -59,40 +67,115 @@ class MetaConfig:
         return next((m for m in self.members if m.raft == raft), None)
 
 
-class ConfigError(ValueError):
-    pass
+def _database_url(value: str) -> str:
+    try:
+        make_url(value)
+    except ArgumentError:
+        raise ValueError("must be a SQLAlchemy database URL such as postgresql+psycopg://host/db") from None
+    return value
+
+
+# Bounds of the file's settings, each with its unit last.
+OFFSET_BUDGET_MAX = 1_000_000_000                # a crashed broker's next segment starts a whole budget later
+SESSION_TIMEOUT_MS_MAX = 24 * 3_600_000          # a broker gone this long is long gone
+HEARTBEAT_INTERVAL_MS_MAX = 60_000
+RAFT_TIMEOUT_S_MAX = 60.0                        # election, leader fallback and connection timeouts
+RAFT_PERIOD_S_MAX = 10.0                         # heartbeat period and reconnect delay
+RAFT_COMPACTION_MIN_ENTRIES_MAX = 10_000_000
+RAFT_COMPACTION_MIN_TIME_S_MAX = 86_400
+RAFT_COMMANDS_QUEUE_MAX = 10_000_000
+RAFT_HEARTBEATS_PER_ELECTION_TIMEOUT_MIN = 3     # pysyncobj refuses a shorter election timeout (SyncObjConf.validate)
+
+
+class _RaftTuningSchema(Schema):
+    election_timeout_min_s: float = Field(RaftTuning.election_timeout_min_s, gt=0, le=RAFT_TIMEOUT_S_MAX)
+    election_timeout_max_s: float = Field(RaftTuning.election_timeout_max_s, gt=0, le=RAFT_TIMEOUT_S_MAX)
+    append_entries_period_s: float = Field(RaftTuning.append_entries_period_s, gt=0, le=RAFT_PERIOD_S_MAX)
+    leader_fallback_timeout_s: float = Field(RaftTuning.leader_fallback_timeout_s, gt=0, le=RAFT_TIMEOUT_S_MAX)
+    connection_timeout_s: float = Field(RaftTuning.connection_timeout_s, gt=0, le=RAFT_TIMEOUT_S_MAX)
+    connection_retry_s: float = Field(RaftTuning.connection_retry_s, gt=0, le=RAFT_PERIOD_S_MAX)
+    compaction_min_entries: int = Field(RaftTuning.compaction_min_entries, ge=2, le=RAFT_COMPACTION_MIN_ENTRIES_MAX)
+    compaction_min_time_s: int = Field(RaftTuning.compaction_min_time_s, ge=1, le=RAFT_COMPACTION_MIN_TIME_S_MAX)
+    commands_queue_max: int = Field(RaftTuning.commands_queue_max, ge=1, le=RAFT_COMMANDS_QUEUE_MAX)
+
+    @model_validator(mode="after")
+    def _timeouts_in_order(self) -> _RaftTuningSchema:
+        # The relations pysyncobj asserts at start-up, refused here with the keys' names instead of a traceback.
+        period = self.append_entries_period_s
+        if self.election_timeout_min_s <= period * RAFT_HEARTBEATS_PER_ELECTION_TIMEOUT_MIN:
+            raise ValueError(f"raft_tuning.election_timeout_min_s must exceed "
+                             f"{RAFT_HEARTBEATS_PER_ELECTION_TIMEOUT_MIN} x append_entries_period_s")
+        if self.election_timeout_max_s <= self.election_timeout_min_s:
+            raise ValueError("raft_tuning.election_timeout_max_s must exceed election_timeout_min_s")
+        if self.leader_fallback_timeout_s <= period:
+            raise ValueError("raft_tuning.leader_fallback_timeout_s must exceed append_entries_period_s")
+        if self.connection_timeout_s < self.election_timeout_max_s:
+            raise ValueError("raft_tuning.connection_timeout_s must be at least election_timeout_max_s")
+        return self
+
+
+class _MemberSchema(Schema):
+    node: Name
+    raft: HostPort
+    url: HttpUrl
+
+
+class _TokensSchema(Schema):
+    admin: Secret
+    broker: Secret
+    client: Secret
+
+    @model_validator(mode="after")
+    def _distinct(self) -> _TokensSchema:
+        # Tokens.role_of takes the first role whose token matches: a shared token would grant the higher role.
+        if len({self.admin, self.broker, self.client}) < 3:
+            raise ValueError("tokens.admin, tokens.broker and tokens.client must differ")
+        return self
+
+
+class _MetaSchema(Schema):
+    node: Name
+    data_dir: Path
+    http: HostPort
+    secret: Secret
+    tokens: _TokensSchema
+    members: list[_MemberSchema] = Field(min_length=1, max_length=META_MEMBERS_MAX)
+    projection_url: Annotated[str, Field(min_length=1), AfterValidator(_database_url)] | None = None
+    offset_budget: int = Field(limits.OFFSET_BUDGET_DEFAULT, ge=1, le=OFFSET_BUDGET_MAX)
+    session_timeout_ms: int = Field(limits.BROKER_SESSION_TIMEOUT_MS, ge=1, le=SESSION_TIMEOUT_MS_MAX)
+    heartbeat_interval_ms: int = Field(limits.BROKER_HEARTBEAT_INTERVAL_MS, ge=1, le=HEARTBEAT_INTERVAL_MS_MAX)
+    raft_tuning: _RaftTuningSchema = Field(default_factory=_RaftTuningSchema)
+    log_level: LogLevel = "info"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _MetaSchema:
+        for key in ("node", "raft", "url"):
+            values = [getattr(m, key) for m in self.members]
+            if len(set(values)) < len(values):
+                raise ValueError(f"members: each {key} must be unique")
+        if self.node not in {m.node for m in self.members}:
+            raise ValueError(f"node {self.node!r} is not among members")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be shorter than session_timeout_ms: "
+                             "every broker session would lapse between two heartbeats")
+        return self
 
 
 def load(path: str) -> MetaConfig:
-    with open(path, "rb") as f:
-        raw = tomllib.load(f) if path.endswith(".toml") else json.load(f)
-    return parse(raw, base_dir=os.path.dirname(os.path.abspath(path)))
+    return config_file.load(path, parse)
 
 
 def parse(raw: dict[str, Any], base_dir: str = ".") -> MetaConfig:
-    try:
-        data_dir = os.path.join(base_dir, raw["data_dir"])
-        host, port = raw["http"].rsplit(":", 1)
-        members = tuple(Member(m["node"], m["raft"], m["url"].rstrip("/")) for m in raw["members"])
-        me = next(m for m in members if m.node == raw["node"])
-        tuning_raw = raw.get("raft_tuning", {})
-        known = {f.name for f in fields(RaftTuning)}
-        unknown = set(tuning_raw) - known
-        if unknown:
-            raise ConfigError(f"unknown raft_tuning keys: {sorted(unknown)}")
-        secret = raw["secret"]
-        if len(secret) < 16:
-            raise ConfigError("secret must be at least 16 characters")
-        return MetaConfig(
-            node=raw["node"], data_dir=data_dir, http_host=host, http_port=int(port), raft=me.raft, secret=secret,
-            tokens=Tokens(**raw["tokens"]), members=members,
-            projection_url=raw.get("projection_url") or f"sqlite:///{os.path.join(data_dir, 'projection.db')}",
-            offset_budget=int(raw.get("offset_budget", limits.OFFSET_BUDGET_DEFAULT)),
-            session_timeout_ms=int(raw.get("session_timeout_ms", limits.BROKER_SESSION_TIMEOUT_MS)),
-            heartbeat_interval_ms=int(raw.get("heartbeat_interval_ms", limits.BROKER_HEARTBEAT_INTERVAL_MS)),
-            raft_tuning=RaftTuning(**tuning_raw), log_level=raw.get("log_level", "info"),
-        )
-    except (KeyError, StopIteration, TypeError, ValueError) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"bad meta config: {type(e).__name__}: {e}") from e
+    s = config_file.check(_MetaSchema, raw)
+    data_dir = os.path.join(base_dir, s.data_dir)
+    host, port = split_host_port(s.http)
+    members = tuple(Member(m.node, m.raft, m.url) for m in s.members)
+    return MetaConfig(
+        node=s.node, data_dir=data_dir, http_host=host, http_port=port,
+        raft=next(m.raft for m in members if m.node == s.node), secret=s.secret,
+        tokens=Tokens(**s.tokens.model_dump()), members=members,
+        projection_url=s.projection_url or f"sqlite:///{os.path.join(data_dir, 'projection.db')}",
+        offset_budget=s.offset_budget, session_timeout_ms=s.session_timeout_ms,
+        heartbeat_interval_ms=s.heartbeat_interval_ms, raft_tuning=RaftTuning(**s.raft_tuning.model_dump()),
+        log_level=s.log_level,
+    )

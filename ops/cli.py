@@ -2,10 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 
 import click
+
+EXIT_FAILED = 1   # the command could not do its work (an address in use, a member that did not start)
+EXIT_CONFIG = 2   # like a usage error: the config file must be fixed before anything can run
+
+
+# What `stator dev` raises for a member that failed, a cluster already running or a name it does not know.
+DEV_ERRORS = (RuntimeError, TimeoutError, KeyError)
+
+
+@contextlib.contextmanager
+def one_line_errors(*also: type[Exception]) -> Iterator[None]:
+    """Errors the operator must act on become `error: <message>` on stderr and an exit code, never a traceback.
+
+    Only the errors named here: anything else is a bug and keeps its traceback."""
+    from ops.config_file import ConfigError
+    from ops.serve import StartupError
+    try:
+        yield
+    except ConfigError as e:
+        _fail(str(e), EXIT_CONFIG)
+    except (StartupError, *also) as e:
+        # str() of a KeyError is the repr of its argument: show the argument itself.
+        _fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e), EXIT_FAILED)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
 
 
 @click.group()
@@ -22,12 +52,9 @@ def meta() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 def meta_serve(config_path: str) -> None:
     """Run a meta node in the foreground."""
-    from meta.config import ConfigError
     from ops.serve import run_meta
-    try:
+    with one_line_errors():
         run_meta(config_path)
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from None
 
 
 @meta.command("rebuild-projection")
@@ -36,7 +63,8 @@ def meta_rebuild_projection(config_path: str) -> None:
     """Drop the node's SQL projection and rebuild it from the node's log (the node must be stopped)."""
     from meta.config import load
     from meta.offline_log import rebuild_projection
-    position = rebuild_projection(load(config_path))
+    with one_line_errors():
+        position = rebuild_projection(load(config_path))
     click.echo(json.dumps({"rebuilt": True, "position": position}))
 
 
@@ -49,12 +77,9 @@ def broker() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 def broker_serve(config_path: str) -> None:
     """Run a broker in the foreground."""
-    from broker.config import ConfigError
     from broker.serve import run_broker
-    try:
+    with one_line_errors():
         run_broker(config_path)
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from None
 
 
 @main.group()
@@ -70,10 +95,8 @@ def dev() -> None:
 def dev_up(dir_: str, metas: int, brokers: int, base_port: int) -> None:
     """Start meta nodes and brokers in the background; return once all are ready."""
     from ops import devcluster
-    try:
+    with one_line_errors(*DEV_ERRORS):
         cluster = devcluster.up(dir_, metas, brokers, base_port)
-    except (RuntimeError, TimeoutError) as e:
-        raise click.ClickException(str(e)) from None
     click.echo(json.dumps({"meta": [m["url"] for m in cluster["meta"]],
                            "brokers": [b["url"] for b in cluster["brokers"]]}))
 
@@ -84,10 +107,8 @@ def dev_up(dir_: str, metas: int, brokers: int, base_port: int) -> None:
 def dev_start(dir_: str, name: str) -> None:
     """Start a stopped member again on its own data."""
     from ops import devcluster
-    try:
+    with one_line_errors(*DEV_ERRORS):
         m = devcluster.start(dir_, name)
-    except (RuntimeError, KeyError, TimeoutError) as e:
-        raise click.ClickException(str(e)) from None
     click.echo(json.dumps({"started": name, "pid": m["pid"]}))
 
 

@@ -6,10 +6,12 @@ member, ``logs/NAME.log``. Processes run in their own session so `down` can sign
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,11 +19,21 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PORT_SPAN = 100           # a cluster uses base..base+13 (meta) and base+50.. (brokers)
 READY_TIMEOUT_S = 60.0
+READY_POLL_INTERVAL_S = 0.1
 STOP_TIMEOUT_S = 10.0
+STOP_POLL_INTERVAL_S = 0.05
+KILL_TIMEOUT_S = 5.0      # a SIGKILLed process is gone within this, or something is badly wrong with the machine
+LOG_TAIL_BYTES = 4096     # read from the end of a failed member's log, for its last line
+
+
+class MemberFailed(RuntimeError):
+    """A member exited or was not ready in time; the message names it and its log file (if it exited, the log's
+    last line too)."""
 
 
 def free_base_port() -> int:
@@ -62,7 +74,7 @@ def _broker_port(base: int, i: int) -> int:
 
 def _spawn(dir_: str, name: str, argv: list[str]) -> int:
     os.makedirs(os.path.join(dir_, "logs"), exist_ok=True)
-    log = open(os.path.join(dir_, "logs", f"{name}.log"), "ab")
+    log = open(_log_path(dir_, name), "ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, cwd=dir_)
     log.close()
@@ -86,7 +98,83 @@ def wait_ready(urls: list[str], timeout_s: float = READY_TIMEOUT_S) -> None:
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"not ready after {timeout_s} s: {pending}")
-        time.sleep(0.1)
+        time.sleep(READY_POLL_INTERVAL_S)
+
+
+def _wait_members(dir_: str, members: list[dict[str, Any]], timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Until every member answers /readyz. A member whose process exits fails the wait at once, not at the
+    deadline: a config error or a port in use would otherwise cost the whole timeout."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(members)
+    while pending:
+        pending = [m for m in pending if not _ready(m["url"])]
+        if not pending:
+            return
+        dead = [m for m in pending if not _alive(m["pid"])]
+        if dead:
+            raise MemberFailed(_exit_report(dir_, dead[0]))
+        if time.monotonic() > deadline:
+            raise MemberFailed("; ".join(_failure(dir_, m, f"was not ready after {timeout_s} s") for m in pending))
+        time.sleep(READY_POLL_INTERVAL_S)
+
+
+def _name(member: dict[str, Any]) -> str:
+    return member.get("node", member.get("broker"))
+
+
+def _log_path(dir_: str, name: str) -> str:
+    return os.path.join(dir_, "logs", f"{name}.log")
+
+
+def _failure(dir_: str, member: dict[str, Any], what: str) -> str:
+    return f"{_name(member)} (pid {member['pid']}) {what}, log: {_log_path(dir_, _name(member))}"
+
+
+def _exit_report(dir_: str, member: dict[str, Any]) -> str:
+    # The last line of a node that failed to start is its `error: ...` line: show it, no need to open the log.
+    last = _last_line(_log_path(dir_, _name(member)))
+    return _failure(dir_, member, "exited before it was ready") + (f"; its last line: {last}" if last else "")
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - LOG_TAIL_BYTES))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+@contextlib.contextmanager
+def _stopped_on_failure(members: Callable[[], list[dict[str, Any]]]) -> Iterator[None]:
+    """Whatever goes wrong (Ctrl-C too), no process started inside the block outlives the failed command.
+
+    ``members()`` is called when the failure happens, so it sees every member spawned until then."""
+    try:
+        yield
+    except BaseException:
+        _signal_and_wait([m["pid"] for m in members()], signal.SIGTERM)
+        raise
+
+
+@contextlib.contextmanager
+def _undone_on_failure(dir_: str, cluster: dict[str, Any], names: list[str]) -> Iterator[None]:
+    """A new cluster that failed to come up leaves no process and no half-made cluster behind: were cluster.json
+    kept, the next `dev up` in DIR would restart it without the members never spawned. What this call wrote
+    (configs, data) goes too; the logs stay, as the error points at them."""
+    try:
+        with _stopped_on_failure(lambda: cluster["meta"] + cluster["brokers"]):
+            yield
+    except BaseException:
+        for name in names:
+            shutil.rmtree(os.path.join(dir_, name, "data"), ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(dir_, name, "config.json"))
+                os.rmdir(os.path.join(dir_, name))
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(dir_, "cluster.json"))
+        raise
 
 
 def _meta_argv(config_path: str) -> list[str]:
@@ -98,11 +186,13 @@ def _broker_argv(config_path: str) -> list[str]:
 
 
 def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra_meta: dict | None = None,
-       extra_broker: dict | None = None) -> dict[str, Any]:
+       extra_broker: dict | None = None, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+    """Start the cluster and return once every member is ready; if any is not, stop every member, undo the new
+    cluster (see _undone_on_failure) and raise MemberFailed naming the member and its log."""
     dir_ = os.path.abspath(dir_)
     os.makedirs(dir_, exist_ok=True)
     if os.path.exists(os.path.join(dir_, "cluster.json")):
-        return restart_all(dir_)
+        return restart_all(dir_, ready_timeout_s)
     tokens = {r: secrets.token_hex(16) for r in ("admin", "broker", "client")}
     secret = secrets.token_hex(24)
     members = []
@@ -111,23 +201,25 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
         members.append({"node": f"m{i + 1}", "raft": f"127.0.0.1:{raft}", "url": f"http://127.0.0.1:{http}"})
     cluster: dict[str, Any] = {"meta": [], "brokers": [], "admin_token": tokens["admin"],
                                "broker_token": tokens["broker"], "client_token": tokens["client"]}
-    for m in members:
-        cfg = {"node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("http://"), "secret": secret,
-               "tokens": tokens, "members": members, **(extra_meta or {})}
-        path = _write_config(dir_, m["node"], cfg)
-        pid = _spawn(dir_, m["node"], _meta_argv(path))
-        cluster["meta"].append({"node": m["node"], "url": m["url"], "pid": pid, "config": path})
-    _save(dir_, cluster)
-    wait_ready([m["url"] for m in members])
-    for i in range(brokers):
-        name = f"b{i + 1}"
-        port = _broker_port(base_port, i)
-        cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}", "tokens": tokens, "meta": [m["url"] for m in members], **(extra_broker or {})}
-        path = _write_config(dir_, name, cfg)
-        pid = _spawn(dir_, name, _broker_argv(path))
-        cluster["brokers"].append({"broker": name, "url": f"http://127.0.0.1:{port}", "pid": pid, "config": path})
+    broker_names = [f"b{i + 1}" for i in range(brokers)]
+    with _undone_on_failure(dir_, cluster, [m["node"] for m in members] + broker_names):
+        for m in members:
+            cfg = {"node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("http://"), "secret": secret,
+                   "tokens": tokens, "members": members, **(extra_meta or {})}
+            path = _write_config(dir_, m["node"], cfg)
+            pid = _spawn(dir_, m["node"], _meta_argv(path))
+            cluster["meta"].append({"node": m["node"], "url": m["url"], "pid": pid, "config": path})
         _save(dir_, cluster)
-    wait_ready([b["url"] for b in cluster["brokers"]])
+        _wait_members(dir_, cluster["meta"], ready_timeout_s)
+        for i, name in enumerate(broker_names):
+            port = _broker_port(base_port, i)
+            cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}", "tokens": tokens,
+                   "meta": [m["url"] for m in members], **(extra_broker or {})}
+            path = _write_config(dir_, name, cfg)
+            pid = _spawn(dir_, name, _broker_argv(path))
+            cluster["brokers"].append({"broker": name, "url": f"http://127.0.0.1:{port}", "pid": pid, "config": path})
+            _save(dir_, cluster)
+        _wait_members(dir_, cluster["brokers"], ready_timeout_s)
     return cluster
 
 
@@ -165,18 +257,21 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def restart_all(dir_: str) -> dict[str, Any]:
+def restart_all(dir_: str, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
     """`dev up` on a DIR that already holds a stopped cluster starts every member again on its own data."""
     cluster = load(dir_)
     members = cluster["meta"] + cluster["brokers"]
-    running = [m.get("node", m.get("broker")) for m in members if _alive(m["pid"])]
+    running = [_name(m) for m in members if _alive(m["pid"])]
     if running:
         raise RuntimeError(f"{dir_} holds a running cluster ({', '.join(running)}); `stator dev down --dir {dir_}` first")
-    for kind, argv in (("meta", _meta_argv), ("brokers", _broker_argv)):
-        for m in cluster[kind]:
-            m["pid"] = _spawn(dir_, m.get("node", m.get("broker")), argv(m["config"]))
-        _save(dir_, cluster)
-        wait_ready([m["url"] for m in cluster[kind]])
+    started: list[dict[str, Any]] = []
+    with _stopped_on_failure(lambda: started):
+        for kind, argv in (("meta", _meta_argv), ("brokers", _broker_argv)):
+            for m in cluster[kind]:
+                m["pid"] = _spawn(dir_, _name(m), argv(m["config"]))
+                started.append(m)
+            _save(dir_, cluster)
+            _wait_members(dir_, cluster[kind], ready_timeout_s)
     return cluster
 
 
@@ -185,13 +280,15 @@ def start(dir_: str, name: str, wait: bool = True) -> dict[str, Any]:
     cluster = load(dir_)
     for kind, argv in (("meta", _meta_argv), ("brokers", _broker_argv)):
         for m in cluster[kind]:
-            if m.get("node", m.get("broker")) == name:
+            if _name(m) == name:
                 if _alive(m["pid"]):
                     raise RuntimeError(f"{name} is already running (pid {m['pid']})")
                 m["pid"] = _spawn(dir_, name, argv(m["config"]))
                 _save(dir_, cluster)
-                if wait:  # a lone meta node is ready only once a majority is back: start it without waiting
-                    wait_ready([m["url"]])
+                # A lone meta node is ready only once a majority is back: start it without waiting. A member that is
+                # slow to get ready is left running (a bench measures how long it takes); one that exited is named.
+                if wait:
+                    _wait_members(dir_, [m])
                 return m
     raise KeyError(f"no member named {name!r} in {dir_}/cluster.json")
 
@@ -199,7 +296,7 @@ def start(dir_: str, name: str, wait: bool = True) -> dict[str, Any]:
 def stop_member(dir_: str, name: str, sig: int = signal.SIGTERM) -> None:
     cluster = load(dir_)
     for m in cluster["meta"] + cluster["brokers"]:
-        if m.get("node", m.get("broker")) == name:
+        if _name(m) == name:
             _signal_and_wait([m["pid"]], sig)
             return
     raise KeyError(name)
@@ -211,16 +308,22 @@ def _signal_and_wait(pids: list[int], sig: int) -> None:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    if not _wait_gone(pids, STOP_TIMEOUT_S):
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        _wait_gone(pids, KILL_TIMEOUT_S)
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
     while any(_alive(p) for p in pids):
         if time.monotonic() > deadline:
-            for pid in pids:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            break
-        time.sleep(0.05)
+            return False
+        time.sleep(STOP_POLL_INTERVAL_S)
+    return True
 
 
 def down(dir_: str) -> None:

@@ -4,32 +4,79 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 
 from aiohttp import web
 
 GIL_SWITCH_INTERVAL_S = 0.001
+HTTP_BACKLOG = 2048
+HTTP_SHUTDOWN_TIMEOUT_S = 2.0
+
+
+class StartupError(RuntimeError):
+    """The node cannot start where its config says (an address in use, a host that does not resolve).
+
+    The message is one line that names the address."""
+
+
+def listening_socket(host: str, port: int, label: str) -> socket.socket:
+    """A TCP socket bound to host:port and listening, or a StartupError that starts with ``label``."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise StartupError(f"{label}: cannot resolve {host!r}: {e.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # SO_REUSEADDR: a port left in TIME_WAIT by this node's previous run is free to use; a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(HTTP_BACKLOG)
+    except OSError as e:
+        sock.close()
+        raise StartupError(f"{label} is not available: {e.strerror}") from None
+    return sock
 
 
 async def serve_app(app: web.Application, host: str, port: int) -> None:
+    # The HTTP port is taken before the app starts (and so before a meta node joins Raft): a port in use fails at
+    # once with its address, and nothing else can take the port while the app starts. Requests that arrive
+    # meanwhile wait in the listen backlog instead of being refused.
+    sock = listening_socket(host, port, f"HTTP address {host}:{port}")
     # handler_cancellation: a long poll or watch whose client went away stops at once instead of holding its
     # waiter slot until its wait ends.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S,
                            handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=2048)
-    await site.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
+        await runner.setup()
+        await web.SockSite(runner, sock, backlog=HTTP_BACKLOG).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         await runner.cleanup()
+        sock.close()
+
+
+def check_raft_address(raft: str) -> None:
+    """A StartupError naming ``raft`` if pysyncobj could not bind it.
+
+    pysyncobj binds its own socket inside SyncObj.__init__ and, with its default maxBindRetries=0, retries a failed
+    bind in a busy loop forever: a taken raft port would spin at 100% CPU and log nothing. So we bind the same
+    address the same way (all interfaces, SO_REUSEADDR, as its TcpTransport does when no bindAddress is set) and let
+    it go just before the service starts. A port taken in between is still caught if MetaSyncObj passes
+    maxBindRetries (see run_meta)."""
+    from ops.config_file import split_host_port
+
+    host, port = split_host_port(raft)
+    listening_socket("::" if ":" in host else "0.0.0.0", port, f"raft address {raft}").close()
 
 
 def run_meta(config_path: str) -> None:
+    from pysyncobj import SyncObjException
+
     from meta.api.app import make_app
     from meta.config import load
     from ops.logging import configure
@@ -39,4 +86,11 @@ def run_meta(config_path: str) -> None:
     # The Raft tick thread must get the interpreter promptly while the event loop is busy (heartbeats, commits):
     # hand the GIL over every 1 ms instead of every 5 ms.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    asyncio.run(serve_app(make_app(config), config.http_host, config.http_port))
+    check_raft_address(config.raft)
+    try:
+        asyncio.run(serve_app(make_app(config), config.http_host, config.http_port))
+    except SyncObjException as e:
+        # pysyncobj gave up binding after conf.maxBindRetries attempts (the port was taken after the check above).
+        if e.errorCode != "BindError":
+            raise
+        raise StartupError(f"raft address {config.raft} is not available: pysyncobj could not bind it") from None

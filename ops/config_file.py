@@ -1,0 +1,175 @@
+"""Reading a node's configuration file (JSON or TOML) against a schema that refuses unknown keys by name.
+
+Shared by the meta node (meta/config.py) and the broker (broker/config.py). Every problem becomes one
+``ConfigError`` whose message is a single line for the operator: the node must not start on a guess.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from meta.commands import NAME_RE
+from meta.limits import BROKER_NAME_CHARS_MAX
+
+META_MEMBERS_MAX = 7           # a larger Raft group only slows every commit
+PORT_MIN = 1
+PORT_MAX = 65_535
+HOST_CHARS_MAX = 253           # longest DNS name
+URL_CHARS_MAX = 2_048
+PATH_CHARS_MAX = 4_096
+SECRET_CHARS_MIN = 16          # a token or cluster secret shorter than this is guessable
+SECRET_CHARS_MAX = 1_024
+ECHOED_VALUE_CHARS_MAX = 80    # a bad value is quoted in the message, cut to this length
+SUGGESTIONS_CUTOFF = 0.6       # difflib similarity above which an unknown key is taken for a misspelling
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# Keys whose values are never quoted back in an error message: it goes to a terminal and to logs.
+SECRET_KEYS = frozenset({"secret", "tokens", "token", "client_token", "admin_token"})
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration the node must not start with; the message is one line meant for the operator."""
+
+
+class Schema(BaseModel):
+    # extra="forbid": a misspelt key is an error, never a silently used default.
+    # strict: "9000" is not 9000 and true is not 1; a config file says what it means.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or any(c.isspace() for c in host) or len(host) > HOST_CHARS_MAX:
+        raise ValueError("must be host:port")
+    if not port.isdigit() or not PORT_MIN <= int(port) <= PORT_MAX:
+        raise ValueError(f"port must be an integer in [{PORT_MIN}, {PORT_MAX}]")
+    return host, int(port)
+
+
+def _host_port(value: str) -> str:
+    split_host_port(value)
+    return value
+
+
+def _http_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # raises ValueError when out of range or not a number
+    except ValueError:
+        raise ValueError("must be an http:// or https:// URL with a valid port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or (port is not None and port < PORT_MIN):
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return value.rstrip("/")
+
+
+# Node and broker names: what meta accepts for a broker name, so a config meta would refuse fails at start.
+Name = Annotated[str, Field(min_length=1, max_length=BROKER_NAME_CHARS_MAX, pattern=NAME_RE.pattern)]
+HostPort = Annotated[str, Field(max_length=HOST_CHARS_MAX + 6), AfterValidator(_host_port)]
+HttpUrl = Annotated[str, Field(max_length=URL_CHARS_MAX), AfterValidator(_http_url)]
+Path = Annotated[str, Field(min_length=1, max_length=PATH_CHARS_MAX)]
+Secret = Annotated[str, Field(min_length=SECRET_CHARS_MIN, max_length=SECRET_CHARS_MAX)]
+LogLevel = typing.Literal[LOG_LEVELS]  # type: ignore[valid-type]
+
+
+def read(path: str) -> dict[str, Any]:
+    """The file's top-level object: TOML if the name ends in .toml, else JSON (a key given twice is refused)."""
+    kind = "TOML" if path.endswith(".toml") else "JSON"
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f) if kind == "TOML" else json.load(f, object_pairs_hook=_no_duplicate_keys)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except ValueError as e:  # JSONDecodeError, TOMLDecodeError and UnicodeDecodeError are all ValueErrors
+        raise ConfigError(f"{path}: not valid {kind}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must hold an object of settings, not a {type(raw).__name__}")
+    return raw
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise ValueError(f"key {dupes[0]!r} given twice")
+    return dict(pairs)
+
+
+def load(path: str, parse: Callable[[dict[str, Any], str], T]) -> T:
+    """``parse(raw, base_dir)`` of the file at ``path``; relative paths inside it are taken from its directory."""
+    raw = read(path)
+    try:
+        return parse(raw, os.path.dirname(os.path.abspath(path)))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def check(schema: type[M], raw: Any) -> M:
+    """``raw`` validated against ``schema``, or a ConfigError naming every offending key on one line."""
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError("; ".join(_describe(schema, err) for err in e.errors())) from None
+
+
+def _describe(schema: type[BaseModel], err: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"unknown key {where!r}{_suggestion(schema, err['loc'])}"
+    if err["type"] == "missing":
+        return f"missing key {where!r}"
+    message = err["msg"].removeprefix("Value error, ")
+    if not where:  # a check across several keys
+        return message
+    if SECRET_KEYS.isdisjoint(str(p) for p in err["loc"]):
+        message += f" (got {_short(err['input'])})"
+    return f"{where}: {message}"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= ECHOED_VALUE_CHARS_MAX else text[:ECHOED_VALUE_CHARS_MAX] + "..."
+
+
+def _suggestion(schema: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    model = _model_at(schema, loc[:-1])
+    if model is None:
+        return ""
+    known = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=SUGGESTIONS_CUTOFF)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(known)})"
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The schema of the object at ``loc`` (list indexes skipped), to name the keys it knows."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        inner = _inner_model(field.annotation) if field is not None else None
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
+        for arg in typing.get_args(annotation):
+            found = _inner_model(arg)
+            if found is not None:
+                return found
+    return None
