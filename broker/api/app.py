@@ -114,7 +114,7 @@ async def commit_offset(request: web.Request) -> web.Response:
     group = _name(request.match_info["group"], "group")
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
-    return _respond({"offset": node.data.commit_offset(group, topic, queue, offset)})
+    return _respond({"offset": await node.data.commit_offset(group, topic, queue, offset)})
 
 
 async def read_offset(request: web.Request) -> web.Response:
