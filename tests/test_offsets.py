@@ -159,7 +159,7 @@ async def test_directory_is_synced_after_create_and_after_compaction(tmp_path, m
     syncs = DirSyncs(monkeypatch, path)
     store = OffsetStore(path)
     assert syncs.seen == [0], "the new file's directory entry must be made durable"
-    OffsetStore.close(OffsetStore(path))  # reopening an existing file creates nothing
+    OffsetStore(path).close()  # reopening an existing file creates nothing
     assert syncs.seen == [0]
     monkeypatch.setattr(offsets, "COMPACT_AFTER_LINES", 5)
     for i in range(8):
