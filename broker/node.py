@@ -56,16 +56,21 @@ class BrokerNode:
         if self.config.retention_ms is not None or self.config.retention_bytes is not None:
             self._tasks.append(asyncio.create_task(self._retention_loop()))
 
+    # Both ticks fsync and delete files, so they run in a thread: the store is thread-safe, and on the event loop
+    # they would stall every request, now also while waiting for a queue's lock held by an append's roll.
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_TICK_S)
-            self.store.maybe_flush(int(time.time() * 1000))
+            try:
+                await asyncio.to_thread(self.store.maybe_flush, int(time.time() * 1000))
+            except Exception:
+                log.exception("flush_failed")  # that queue is marked failed and refuses writes; others go on
 
     async def _retention_loop(self) -> None:
         while True:
             await asyncio.sleep(RETENTION_CHECK_S)
             try:
-                deleted = self.store.apply_retention(int(time.time() * 1000))
+                deleted = await asyncio.to_thread(self.store.apply_retention, int(time.time() * 1000))
                 if deleted:
                     log.info("retention_deleted_files", files=deleted)
             except Exception:

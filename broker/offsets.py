@@ -1,60 +1,251 @@
 """Consumer offsets kept beside the data: one small append-only file per broker, replayed into a dict on start.
 
-Each commit is one JSON line, flushed and fsynced before it is acknowledged; the file is rewritten compactly when it
-grows past a bound, so its size stays proportional to the number of (group, topic, queue) keys.
+Each commit is one JSON line, acknowledged only once an fsync covering it has returned. One syncer thread owns the
+file: each round it takes every commit queued since the last one, writes their lines in one write and covers them
+with one fsync (group commit), so the event loop never waits for the disk and concurrent commits share an fsync.
+The file is rewritten compactly when it grows past a bound, so its size stays proportional to the number of
+(group, topic, queue) keys. Its directory is fsynced after the file is created and after each compaction's rename:
+until then a power loss could take the file's name, and every commit in it, with it.
+
+Refusals, as coded ApiErrors the HTTP layer answers directly:
+- 409 TOO_MANY_OFFSETS: the commit would add a key beyond KEYS_MAX, the broker's capacity, like TOO_MANY_TOPICS;
+  commits to keys it already holds still succeed.
+- 503 TOO_MANY_WAITERS: COMMITS_WAITING_MAX commits already wait for their fsync; retry after a short back-off.
+- 503 STORAGE_UNAVAILABLE: a write or fsync of the file failed (the kernel may have dropped the written pages, so
+  nothing after can be trusted until a restart replays the file), the store is closed, or no fsync confirmed the
+  commit within COMMIT_WAIT_S. The commit may or may not have been stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
+from typing import Callable, NamedTuple
+
+import structlog
+
+from client.wire.errors import ApiError, rejection
+
+from .storage import files
+
+log = structlog.get_logger("broker.offsets")
 
 COMPACT_AFTER_LINES = 100_000
 KEYS_MAX = 1_000_000
+COMMITS_WAITING_MAX = 10_000  # queued or being synced; each holds a request open
+COMMIT_WAIT_S = 30.0          # a disk that stops answering fails the commit instead of hanging the request
+CLOSE_TIMEOUT_S = 10.0        # how long close() waits for queued commits to be synced
+IDLE_WAKE_S = 1.0             # the syncer's idle wait is bounded; waking with nothing queued just waits again
+
+Key = tuple[str, str, int]
+Refusal = Callable[[], ApiError]
+
+
+class _Commit(NamedTuple):
+    key: Key
+    offset: int
+    future: asyncio.Future
+
+
+def _too_many_offsets() -> ApiError:
+    return rejection(409, "TOO_MANY_OFFSETS", f"this broker keeps at most {KEYS_MAX} committed offsets",
+                     keys_max=KEYS_MAX)
+
+
+def _unavailable() -> ApiError:
+    return rejection(503, "STORAGE_UNAVAILABLE", "the broker could not store the offset: its offsets file failed "
+                     "or is closed, or the disk did not confirm in time")
 
 
 class OffsetStore:
     def __init__(self, path: str):
-        self.path = path
-        self._offsets: dict[tuple[str, str, int], int] = {}
+        self.path = os.path.abspath(path)
+        self._offsets: dict[Key, int] = {}  # durable commits only; written by the syncer thread alone
         self._lines = 0
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                for line in f:
-                    try:
-                        g, t, q, o = json.loads(line)
-                    except (ValueError, TypeError):
-                        continue  # a torn last line after a crash: its commit was never acknowledged
-                    self._offsets[(g, t, q)] = o
-                    self._lines += 1
-        self._file = open(path, "ab")
+        self._fd = self._open_file()
+        self._cond = threading.Condition()
+        self._queue: list[_Commit] = []
+        self._waiting = 0
+        self._closing = False
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="offsets-sync", daemon=True)
+        self._thread.start()
+
+    # Opening.
+
+    def _open_file(self) -> int:
+        kept = self._replay()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | files.O_CLOEXEC, 0o644)
+        try:
+            if kept is None:
+                files.sync_dir(os.path.dirname(self.path))
+            elif kept < os.fstat(fd).st_size:
+                os.ftruncate(fd, kept)
+                files.sync_data(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _replay(self) -> int | None:
+        """Loads the file and returns the length of its whole lines (None when there is no file). A last line
+        without its newline was torn by a crash and never acknowledged; the caller cuts it off, or the next
+        commit's line would be glued to it and lost with it on the following replay."""
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return None
+        whole = 0
+        with f:
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break
+                whole += len(line)
+                self._replay_line(line)
+        return whole
+
+    def _replay_line(self, line: bytes) -> None:
+        try:
+            g, t, q, o = json.loads(line)
+            self._offsets[(g, t, q)] = o
+        except (ValueError, TypeError):
+            return  # a garbled line: its commit was never acknowledged
+        self._lines += 1
+
+    # Committing.
 
     def get(self, group: str, topic: str, queue: int) -> int | None:
         return self._offsets.get((group, topic, queue))
 
-    def commit(self, group: str, topic: str, queue: int, offset: int) -> None:
-        key = (group, topic, queue)
-        if key not in self._offsets and len(self._offsets) >= KEYS_MAX:
-            raise OverflowError(f"at most {KEYS_MAX} committed offsets per broker")
-        self._file.write(json.dumps([group, topic, queue, offset]).encode() + b"\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._offsets[key] = offset
-        self._lines += 1
-        if self._lines > COMPACT_AFTER_LINES and self._lines > 2 * len(self._offsets):
-            self._compact()
+    async def commit(self, group: str, topic: str, queue: int, offset: int) -> None:
+        """Returns once an fsync covering this commit's line has returned; raises the ApiErrors listed above."""
+        future = asyncio.get_running_loop().create_future()
+        with self._cond:
+            if self._closing or self._failed:
+                raise _unavailable()
+            if self._waiting >= COMMITS_WAITING_MAX:
+                raise rejection(503, "TOO_MANY_WAITERS", "too many offset commits wait for the disk; retry shortly",
+                                limit=COMMITS_WAITING_MAX)
+            self._queue.append(_Commit((group, topic, queue), offset, future))
+            self._waiting += 1
+            self._cond.notify()
+        try:
+            await asyncio.wait_for(future, COMMIT_WAIT_S)
+        except asyncio.TimeoutError:
+            raise _unavailable() from None
 
-    def _compact(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "wb") as f:
-            for (g, t, q), o in self._offsets.items():
-                f.write(json.dumps([g, t, q, o]).encode() + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self._file.close()
-        os.replace(tmp, self.path)
-        self._file = open(self.path, "ab")
+    # The syncer thread.
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait(IDLE_WAKE_S)
+                batch, self._queue = self._queue, []
+            if not batch:
+                return  # closing, and every queued commit has been answered
+            refusals = self._store(batch)
+            with self._cond:
+                self._waiting -= len(batch)
+            _answer(batch, refusals)
+            self._maybe_compact()
+
+    def _store(self, batch: list[_Commit]) -> list[Refusal | None]:
+        """Writes the batch's admitted lines and fsyncs them once; returns each commit's refusal, or None."""
+        if self._failed:
+            return [_unavailable] * len(batch)
+        refusals: list[Refusal | None] = []
+        lines: list[bytes] = []
+        new_keys: set[Key] = set()
+        for c in batch:
+            if c.key not in self._offsets and c.key not in new_keys:
+                if len(self._offsets) + len(new_keys) >= KEYS_MAX:
+                    refusals.append(_too_many_offsets)
+                    continue
+                new_keys.add(c.key)
+            lines.append(json.dumps([*c.key, c.offset]).encode() + b"\n")
+            refusals.append(None)
+        if not lines:
+            return refusals
+        try:
+            _write_all(self._fd, b"".join(lines))
+            files.sync_data(self._fd)
+        except OSError:
+            log.exception("offsets_write_failed", path=self.path)
+            self._failed = True
+            return [r or _unavailable for r in refusals]
+        for c, refusal in zip(batch, refusals):
+            if refusal is None:
+                self._offsets[c.key] = c.offset
+        self._lines += len(lines)
+        return refusals
+
+    def _maybe_compact(self) -> None:
+        if self._failed or not (self._lines > COMPACT_AFTER_LINES and self._lines > 2 * len(self._offsets)):
+            return
+        tmp = self.path + files.TMP_SUFFIX
+        body = b"".join(json.dumps([g, t, q, o]).encode() + b"\n" for (g, t, q), o in self._offsets.items())
+        try:
+            files.write_atomic(self.path, body)
+        except OSError:
+            log.exception("offsets_compaction_failed", path=self.path)  # the old file still holds every commit
+            files.remove_if_exists(tmp)
+            return
+        try:
+            # Until the rename is durable, a power loss could bring back the old file without the lines that are
+            # about to be appended to the new one.
+            files.sync_dir(os.path.dirname(self.path))
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | files.O_CLOEXEC)
+        except OSError:
+            log.exception("offsets_compaction_failed", path=self.path)
+            self._failed = True
+            return
+        os.close(self._fd)
+        self._fd = fd
         self._lines = len(self._offsets)
 
+    # Closing.
+
     def close(self) -> None:
-        self._file.close()
+        """Refuses new commits and waits up to CLOSE_TIMEOUT_S for the queued ones to be synced and answered."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(CLOSE_TIMEOUT_S)
+        if self._thread.is_alive():
+            # Stuck in a write or fsync: closing the descriptor under it could let a reused number take its writes.
+            log.warning("offsets_close_timed_out", path=self.path, timeout_s=CLOSE_TIMEOUT_S)
+            return
+        os.close(self._fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _answer(batch: list[_Commit], refusals: list[Refusal | None]) -> None:
+    """Hands each waiter its outcome on its own event loop, one callback per loop and round."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Refusal | None]]] = {}
+    for c, refusal in zip(batch, refusals):
+        by_loop.setdefault(c.future.get_loop(), []).append((c.future, refusal))
+    for loop, outcomes in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, outcomes)
+        except RuntimeError:
+            pass  # that loop has closed: nobody waits for these answers any more
+
+
+def _settle(outcomes: list[tuple[asyncio.Future, Refusal | None]]) -> None:
+    for future, refusal in outcomes:
+        if future.done():
+            continue  # its waiter timed out or went away; the commit stands
+        if refusal is None:
+            future.set_result(None)
+        else:
+            future.set_exception(refusal())

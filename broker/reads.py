@@ -8,6 +8,7 @@ answers what it has, or 503 BROKER_UNAVAILABLE naming the range when it has noth
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from typing import Any
@@ -118,8 +119,10 @@ class Reader:
             pq = self.writer.local_queue(seg)
             if pq is None:
                 return [], seg.physical_start
-            try:
-                return pq.read(max(physical, pq.min_offset), max_records=max_n, max_bytes=PULL_BYTES_MAX), pq.max_offset
+            try:  # in a thread: the queue's lock may be held by an append's fsync
+                records = await asyncio.to_thread(pq.read, max(physical, pq.min_offset), max_records=max_n,
+                                                  max_bytes=PULL_BYTES_MAX)
+                return records, pq.max_offset
             except OffsetOutOfRange:
                 return [], pq.max_offset
         body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset={physical}&max={max_n}")
@@ -154,7 +157,7 @@ class Reader:
         return seg.logic(body["max_offset"])
 
     # -- answers for other brokers -----------------------------------------------------------------------------
-    def physical_read(self, pq_name: str, offset: int, max_n: int, ts_ms: int | None = None) -> dict[str, Any]:
+    async def physical_read(self, pq_name: str, offset: int, max_n: int, ts_ms: int | None = None) -> dict[str, Any]:
         """Records of a physical queue stored here, for the broker holding the queue's head. Older segments may have
         left this broker's routes (a route carries only the newest), so the store, not the routes, decides."""
         seg = self.routes.hosted.get(pq_name)
@@ -167,11 +170,12 @@ class Reader:
             raise rejection(404, "QUEUE_NOT_FOUND", f"no physical queue {pq_name!r} here")
         records = []
         if max_n > 0 and offset < pq.max_offset:
-            records = [RawRecord(r.offset, r.ts_ms, r.payload)
-                       for r in pq.read(max(offset, pq.min_offset), max_records=max_n, max_bytes=PULL_BYTES_MAX)]
+            read = await asyncio.to_thread(pq.read, max(offset, pq.min_offset), max_records=max_n,
+                                           max_bytes=PULL_BYTES_MAX)
+            records = [RawRecord(r.offset, r.ts_ms, r.payload) for r in read]
         out = {"records": records, "min_offset": pq.min_offset, "max_offset": pq.max_offset}
         if ts_ms is not None:
-            out["offset_for_time"] = pq.offset_for_time(ts_ms)
+            out["offset_for_time"] = await asyncio.to_thread(pq.offset_for_time, ts_ms)
         return out
 
     # -- offsets and stats -------------------------------------------------------------------------------------
@@ -199,7 +203,8 @@ class Reader:
         for seg in decided:
             if seg.broker == self.me:
                 pq = self.writer.local_queue(seg)
-                found, end = (pq.offset_for_time(ts_ms), pq.max_offset) if pq else (seg.physical_start,) * 2
+                found, end = ((await asyncio.to_thread(pq.offset_for_time, ts_ms), pq.max_offset) if pq
+                              else (seg.physical_start,) * 2)
             else:
                 body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0&ts={ts_ms}")
                 found, end = body["offset_for_time"], body["max_offset"]

@@ -132,11 +132,11 @@ class Writer:
             return self.max_physical(seg)
 
     # -- consumer offsets --------------------------------------------------------------------------------------
-    def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> int:
+    async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> int:
         head = self.routes.head(topic, queue)
         if head is None:
             raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker")
         if head.broker != self.me:
             raise not_leader(topic, queue, head)
-        self.offsets.commit(group, topic, queue, offset)
+        await self.offsets.commit(group, topic, queue, offset)
         return offset

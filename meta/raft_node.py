@@ -105,6 +105,7 @@ def _lower_priority_in_child() -> None:
 
 
 SNAPSHOT_WRITER_NICE = 19
+RAFT_BIND_ATTEMPTS_MAX = 10   # x bindRetryTime 0.2 s: a taken raft port stops the node in ~2 s, not a busy loop forever
 KEEPALIVE = {"type": "keepalive"}   # any message type pysyncobj does not handle is read and ignored
 KEEPALIVE_INTERVAL_S = 0.5
 RESTART_ELECTION_GRACE_S = 1.5
@@ -140,6 +141,7 @@ class MetaSyncObj(SyncObj):
             appendEntriesUseBatch=False,  # p50 of one write ~2 ms instead of ~100 ms (DEPENDENCIES.md)
             dynamicMembershipChange=False,
             bindRetryTime=0.2,
+            maxBindRetries=RAFT_BIND_ATTEMPTS_MAX,  # then pysyncobj raises and the node exits naming the address
             autoTick=False,  # our own tick thread starts only once image_data exists (see start())
             onStateChanged=self._log_state_change,
         )

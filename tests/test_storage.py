@@ -4,11 +4,13 @@ the queue store, and a model-based test of the whole queue against a plain list.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from broker.storage import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, InvalidQueueName,
                             OffsetOutOfRange, PhysicalQueue, QueueClosed, QueueConfig, QueueExists, QueueNotFound,
                             QueueStore, Record, RecordTooLarge, dir_name, queue_name)
-from broker.storage import files, limits
+from broker.storage import HandlePool, files, limits
 from broker.storage.index import ENTRY_BYTES
 from broker.storage.record import HEADER_BYTES
 
@@ -501,6 +503,119 @@ def test_queue_names_map_to_single_safe_directories(name):
     assert queue_name(encoded) == name
     assert "/" not in encoded and "\0" not in encoded and not encoded.startswith(".")
     assert len(encoded.encode()) <= limits.DIR_NAME_BYTES_MAX
+
+
+# Concurrency: appends run in worker threads while reads, retention and flushes come from elsewhere.
+
+RACE_WAIT_S = 0.2       # how long the racing append gets to slip into a flush's fsync; only the old code lets it
+STRESS_RECORDS = 2_000  # per writer: enough for dozens of rolls and retention deletions at 1 KiB files
+THREAD_JOIN_S = 30
+
+
+def test_flush_marks_clean_only_what_its_fsync_covered(tmp_path, monkeypatch):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, QueueConfig(flush_policy="interval", flush_interval_ms=0))
+    q.append([b"before"], 1)
+    racer = threading.Thread(target=q.append, args=([b"during"], 2))
+    real_sync = files.sync_data
+
+    def sync_while_an_append_races(fd: int) -> None:
+        if racer.ident is None:  # the first fsync, the flush's: an append arrives while it runs
+            racer.start()
+            racer.join(RACE_WAIT_S)
+        real_sync(fd)
+
+    monkeypatch.setattr(files, "sync_data", sync_while_an_append_races)
+    assert q.maybe_flush(10) is True
+    racer.join(THREAD_JOIN_S)
+    assert q.max_offset == 2
+    assert q.flushed_offset == 1, "the flush marked clean a record its fsync may not have covered"
+    assert q.maybe_flush(10) is True, "the late record must still be due for a flush"
+    assert q.flushed_offset == 2
+    q.close()
+
+
+def test_pool_never_closes_a_leased_descriptor(tmp_path):
+    paths = []
+    for name in "abc":
+        (tmp_path / name).write_bytes(name.encode())
+        paths.append(str(tmp_path / name))
+    pool = HandlePool(1)
+    with pool.lease(paths[0]) as fd_a:
+        with pool.lease(paths[1]) as fd_b:  # over the bound: evicting a would close a descriptor in use
+            assert os.pread(fd_a, 1, 0) == b"a" and os.pread(fd_b, 1, 0) == b"b"
+        assert os.pread(fd_a, 1, 0) == b"a"
+    with pool.lease(paths[2]) as fd_c:
+        assert os.pread(fd_c, 1, 0) == b"c"
+    assert len(pool) == 1, "idle descriptors are evicted back to the bound"
+    pool.close_all()
+
+
+def test_appends_rolls_reads_retention_and_flushes_run_concurrently(tmp_path):
+    """Writers roll 1 KiB files while readers, retention and flushes run on the same queues from other threads,
+    through a one-descriptor pool shared by both queues. No thread may see an error or a wrong record."""
+    config = QueueConfig(segment_bytes_max=1024, index_interval_bytes=64, index_interval_records=3,
+                         flush_policy="interval", flush_interval_ms=0, retention_bytes=4096, retention_ms=10**9)
+    store = QueueStore(str(tmp_path), config, read_handles_max=1)
+    queues = [store.create(f"q{i}") for i in range(2)]
+    writing = threading.Event()
+    writing.set()
+    errors: list[BaseException] = []
+
+    def guarded(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as err:  # a thread's failure must fail the test, not vanish
+                errors.append(err)
+                writing.clear()
+        return run
+
+    def write(q: PhysicalQueue) -> None:
+        while q.max_offset < STRESS_RECORDS:
+            start = q.max_offset
+            assert q.append([payload(start + i) for i in range(3)], int(time.time() * 1000)) == start
+
+    def read(q: PhysicalQueue) -> None:
+        while writing.is_set():
+            low = q.min_offset
+            offset = random.randrange(low, q.max_offset + 1)
+            try:
+                records = q.read(offset, max_records=20)
+            except OffsetOutOfRange:
+                continue  # retention moved past the offset between the calls: a legal answer
+            check_records(records, offset, offset + len(records))
+            assert low <= q.offset_for_time(0) <= q.max_offset
+
+    def maintain() -> None:
+        while writing.is_set():
+            store.apply_retention(int(time.time() * 1000))
+            store.maybe_flush(int(time.time() * 1000))
+            for q in queues:
+                assert q.flushed_offset <= q.max_offset and q.size_bytes >= 0
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, so the interleavings a race needs actually happen
+    try:
+        writers = [threading.Thread(target=guarded(lambda q=q: write(q))) for q in queues]
+        others = [threading.Thread(target=guarded(lambda q=q: read(q))) for q in queues * 2]
+        others += [threading.Thread(target=guarded(maintain)) for _ in range(2)]
+        for t in writers + others:
+            t.start()
+        for t in writers:
+            t.join(THREAD_JOIN_S)
+        writing.clear()
+        for t in others:
+            t.join(THREAD_JOIN_S)
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert not errors, errors
+    for q in queues:
+        assert not q.failed and q.max_offset >= STRESS_RECORDS
+        assert q.min_offset > 0, "retention never ran against the writers"
+        check_records(read_all(q), q.min_offset, q.max_offset)
+        q.flush()
+        assert q.flushed_offset == q.max_offset
+    store.close()
 
 
 # The queue against a list model.

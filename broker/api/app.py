@@ -108,7 +108,7 @@ async def commit_offset(request: web.Request) -> web.Response:
     group = _name(request.match_info["group"], "group")
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
-    return _respond({"offset": node.writer.commit_offset(group, topic, queue, offset)})
+    return _respond({"offset": await node.writer.commit_offset(group, topic, queue, offset)})
 
 
 async def read_offset(request: web.Request) -> web.Response:
@@ -132,7 +132,7 @@ async def physical(request: web.Request) -> web.Response:
     offset = int_in(request.query.get("offset"), "offset", 0)
     max_n = int_in(request.query.get("max"), "max", 32, 0, 1000)
     ts = request.query.get("ts")
-    return _respond(node.reader.physical_read(request.match_info["pq"], offset, max_n,
+    return _respond(await node.reader.physical_read(request.match_info["pq"], offset, max_n,
                                             None if ts is None else int_in(ts, "ts")))
 
 

@@ -1,6 +1,9 @@
 """A physical queue: one directory of segment files holding records at contiguous physical offsets.
 
-Not thread-safe: one owner calls it (the broker's event loop, or a worker thread holding the queue's lock).
+Thread-safe: appends run in worker threads while reads, retention and flushes come from the event loop or other
+threads, so every public method holds the queue's own lock while it touches files, the index or the dirty state.
+Without it a read could pread a descriptor a roll or retention just closed, and a flush could mark clean records
+appended while it fsynced. The lock is per queue, so different queues still write and fsync in parallel.
 Nothing here runs in the background; the owner drives flushing and retention with maybe_flush and apply_retention.
 """
 
@@ -10,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+import threading
 from bisect import bisect_right
 from typing import Sequence
 
@@ -41,6 +45,7 @@ class PhysicalQueue:
         self._flushed_offset = segments[-1].end_offset
         self._closed = False
         self._failed = False
+        self._lock = threading.Lock()
 
     # Lifecycle.
 
@@ -89,6 +94,10 @@ class PhysicalQueue:
 
     def close(self) -> None:
         """Syncs, stores the active index and marks the queue clean, so the next open skips the recovery scan."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         self._closed = True
@@ -114,6 +123,9 @@ class PhysicalQueue:
 
     # State.
 
+    # The two bounds are read without the lock: an append holds it through its fsync, and the event loop asks for
+    # them on every heartbeat and pull. Each is one read of a list item and an int, atomic under the GIL, and both
+    # only move forward (a roll appends a segment starting at the old end; retention drops the first base).
     @property
     def min_offset(self) -> int:
         return self._bases[0]
@@ -121,25 +133,37 @@ class PhysicalQueue:
     @property
     def max_offset(self) -> int:
         """The offset the next record will get: the exclusive end of the queue."""
+        return self._max_offset()
+
+    def _max_offset(self) -> int:
         return self._segments[-1].end_offset
 
     @property
     def flushed_offset(self) -> int:
         """Records below this offset are on disk (fsynced); with flush policy "fsync" it equals max_offset."""
-        return self._flushed_offset
+        with self._lock:
+            return self._flushed_offset
 
     @property
     def last_ts_ms(self) -> int:
-        return self._last_ts
+        with self._lock:
+            return self._last_ts
 
     @property
     def size_bytes(self) -> int:
+        with self._lock:
+            return self._size_bytes()
+
+    def _size_bytes(self) -> int:
         return sum(s.file_bytes for s in self._segments)
 
     @property
     def segment_count(self) -> int:
-        return len(self._segments)
+        with self._lock:
+            return len(self._segments)
 
+    # Lock-free on purpose: one flag read is atomic, and callers use these as hints (the methods check them under
+    # the lock), so a health probe never waits behind an fsync.
     @property
     def closed(self) -> bool:
         return self._closed
@@ -154,7 +178,6 @@ class PhysicalQueue:
         """Appends a batch at offsets first, first + 1, ... and returns first. With flush policy "fsync" the batch
         is on disk when this returns. Timestamps are kept non-decreasing: a ts_ms below the last one is stored as
         the last one, so that lookups by time stay binary searches when the clock steps back."""
-        self._check_writable()
         if not isinstance(payloads, (list, tuple)):
             raise InvalidArgument("payloads must be a list of bytes", type=type(payloads).__name__)
         count = len(payloads)
@@ -169,6 +192,11 @@ class PhysicalQueue:
             raise RecordTooLarge(f"a record holds at most {limits.RECORD_BYTES_MAX} bytes", record_bytes=longest)
         if total > limits.BATCH_BYTES_MAX:
             raise BatchTooLarge(f"a batch holds at most {limits.BATCH_BYTES_MAX} bytes", batch_bytes=total)
+        with self._lock:
+            return self._append(payloads, count, ts_ms)
+
+    def _append(self, payloads: Sequence[bytes], count: int, ts_ms: int) -> int:
+        self._check_writable()
         active = self._segments[-1]
         first = active.end_offset
         if first + count > limits.OFFSET_MAX:
@@ -191,28 +219,35 @@ class PhysicalQueue:
 
     def maybe_flush(self, now_ms: int) -> bool:
         """With flush policy "interval": fsyncs once the oldest unflushed append has waited flush_interval_ms
-        (or the clock stepped back). Returns whether it synced."""
-        since = self._dirty_since_ms
-        if since is None or since <= now_ms < since + self.config.flush_interval_ms:
-            return False
-        self.flush()
-        return True
+        (or the clock stepped back). Returns whether it synced. A periodic tick: a closed or failed queue has
+        nothing to flush, so it returns False rather than raising (the tick may race a delete or a failure)."""
+        with self._lock:
+            since = self._dirty_since_ms
+            if (self._closed or self._failed or since is None
+                    or since <= now_ms < since + self.config.flush_interval_ms):
+                return False
+            self._sync()
+            return True
 
     def flush(self) -> None:
-        self._check_writable()
-        if self._dirty_since_ms is not None:
-            self._sync()
+        with self._lock:
+            self._check_writable()
+            if self._dirty_since_ms is not None:
+                self._sync()
 
     def _sync(self) -> None:
         active = self._segments[-1]
+        # An fsync covers what was written before it started, so that is all it may mark clean.
+        end = active.end_offset
         try:
             active.sync()
         except OSError as err:
             # After a failed fsync the kernel may have dropped the dirty pages: nothing unflushed can be trusted.
             self._failed = True
             raise QueueFailed("fsync failed; reopen the queue to recover", path=active.path) from err
-        self._flushed_offset = active.end_offset
-        self._dirty_since_ms = None
+        self._flushed_offset = end
+        if end == active.end_offset:
+            self._dirty_since_ms = None
 
     def _roll(self) -> Segment:
         old = self._segments[-1]
@@ -234,14 +269,18 @@ class PhysicalQueue:
              max_bytes: int = limits.READ_BYTES_DEFAULT) -> list[Record]:
         """Records from `offset` on, at most max_records of them and max_bytes of payload (but at least one record
         when offset < max_offset). Empty at or past max_offset; OffsetOutOfRange below min_offset."""
-        self._check_open()
         _check_int("offset", offset, 0, limits.OFFSET_MAX)
         _check_int("max_records", max_records, 1, limits.READ_RECORDS_MAX)
         _check_int("max_bytes", max_bytes, 1, limits.READ_BYTES_MAX)
+        with self._lock:
+            return self._read(offset, max_records, max_bytes)
+
+    def _read(self, offset: int, max_records: int, max_bytes: int) -> list[Record]:
+        self._check_open()
         if offset < self._bases[0]:
             raise OffsetOutOfRange("offset is below the first kept record", offset=offset,
-                                   min_offset=self._bases[0], max_offset=self.max_offset)
-        if offset >= self.max_offset:
+                                   min_offset=self._bases[0], max_offset=self._max_offset())
+        if offset >= self._max_offset():
             return []
         out: list[Record] = []
         i = bisect_right(self._bases, offset) - 1
@@ -263,25 +302,34 @@ class PhysicalQueue:
 
     def offset_for_time(self, ts_ms: int) -> int:
         """The first offset stamped at or after ts_ms; max_offset when every record is older."""
-        self._check_open()
         _check_int("ts_ms", ts_ms, -limits.TS_MS_MAX, limits.TS_MS_MAX)
+        with self._lock:
+            self._check_open()
+            return self._offset_for_time(ts_ms)
+
+    def _offset_for_time(self, ts_ms: int) -> int:
         for segment in self._segments:
             found = segment.offset_for_time(ts_ms)
             if found is not None:
                 return found
-        return self.max_offset
+        return self._max_offset()
 
     # Deleting.
 
     def truncate_before(self, offset: int) -> int:
         """Deletes every file whose records all lie below `offset` and returns how many; min_offset moves to the
         first kept file. The active file counts too: when offset == max_offset it is sealed first and deleted."""
-        self._check_writable()
         _check_int("offset", offset, 0, limits.OFFSET_MAX)
-        if offset > self.max_offset:
+        with self._lock:
+            self._check_writable()
+            return self._truncate_before(offset)
+
+    def _truncate_before(self, offset: int) -> int:
+        end = self._max_offset()
+        if offset > end:
             raise OffsetOutOfRange("cannot truncate past the end of the queue", offset=offset,
-                                   min_offset=self.min_offset, max_offset=self.max_offset)
-        if offset == self.max_offset and self._segments[-1].end_pos:
+                                   min_offset=self._bases[0], max_offset=end)
+        if offset == end and self._segments[-1].end_pos:
             self._roll()
         count = 0
         while count < len(self._segments) - 1 and self._bases[count + 1] <= offset:
@@ -296,18 +344,22 @@ class PhysicalQueue:
         return count
 
     def apply_retention(self, now_ms: int) -> int:
-        """Deletes whole files past retention_ms (every record older) or beyond retention_bytes (oldest first)."""
-        deleted = 0
-        if self.config.retention_ms is not None:
-            deleted += self.truncate_before(self.offset_for_time(now_ms - self.config.retention_ms))
-        if self.config.retention_bytes is not None:
-            total, count = self.size_bytes, 0
-            while count < len(self._segments) - 1 and total > self.config.retention_bytes:
-                total -= self._segments[count].file_bytes
-                count += 1
-            if count:
-                deleted += self.truncate_before(self._bases[count])
-        return deleted
+        """Deletes whole files past retention_ms (every record older) or beyond retention_bytes (oldest first).
+        A periodic tick: a closed or failed queue is left alone and counts 0 (the tick may race a delete)."""
+        with self._lock:
+            if self._closed or self._failed:
+                return 0
+            deleted = 0
+            if self.config.retention_ms is not None:
+                deleted += self._truncate_before(self._offset_for_time(now_ms - self.config.retention_ms))
+            if self.config.retention_bytes is not None:
+                total, count = self._size_bytes(), 0
+                while count < len(self._segments) - 1 and total > self.config.retention_bytes:
+                    total -= self._segments[count].file_bytes
+                    count += 1
+                if count:
+                    deleted += self._truncate_before(self._bases[count])
+            return deleted
 
     # Guards.
 

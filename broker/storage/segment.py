@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import os
 from bisect import bisect_right
+from contextlib import contextmanager
+from typing import Iterator
 
 from . import files, limits
 from .config import QueueConfig
@@ -82,13 +84,13 @@ class Segment:
         """A file before the last one. Sealed files were synced with their index, so a bad index is rebuilt from
         the data, and damaged data is never cut: its unreadable range is reported to readers as CorruptData."""
         segment = cls(directory, base, _new_index(config), pool)
-        fd = pool.fd(segment.path)
-        file_bytes = os.fstat(fd).st_size
-        result = segment._load_index(config, file_bytes)
-        if result is None:
-            segment.index = _new_index(config)
-            result = scan(fd, file_bytes, segment.index, base)
-            segment._write_index_quietly()
+        with segment._reading() as fd:
+            file_bytes = os.fstat(fd).st_size
+            result = segment._load_index(config, file_bytes)
+            if result is None:
+                segment.index = _new_index(config)
+                result = scan(fd, file_bytes, segment.index, base)
+                segment._write_index_quietly()
         segment._take(result, file_bytes)
         # Offsets belong to the next file from its base on, whatever this one holds past it.
         segment.end_offset = min(segment.end_offset, next_base)
@@ -109,8 +111,8 @@ class Segment:
         if not len(index):
             return ScanResult(0, self.base, None, True)
         entries = len(index)
-        fd = self.fd if self.fd is not None else self._pool.fd(self.path)
-        result = scan(fd, file_bytes, index, self.base, index.positions[-1], self.base + index.rels[-1])
+        with self._reading() as fd:
+            result = scan(fd, file_bytes, index, self.base, index.positions[-1], self.base + index.rels[-1])
         if not result.whole:
             return None
         self.index = index
@@ -186,7 +188,11 @@ class Segment:
             rel, pos = self.index.floor_offset(offset - self.base)
             cursor = self.base + rel
         records_max = min(records_max, len(out) + self.end_offset - offset)
-        fd = self.fd if self.fd is not None else self._pool.fd(self.path)
+        with self._reading() as fd:
+            return self._read_from(fd, offset, cursor, pos, records_max, bytes_budget, out)
+
+    def _read_from(self, fd: int, offset: int, cursor: int, pos: int, records_max: int, bytes_budget: int,
+                   out: list[Record]) -> int:
         need = 0
         while pos < self.end_pos and len(out) < records_max:
             want = self._chunk_bytes(pos, need, records_max - len(out), bytes_budget, cursor < offset)
@@ -205,6 +211,15 @@ class Segment:
                                   next_offset=self._resume_after(cursor))
         self._hint_offset, self._hint_pos = cursor, pos
         return bytes_budget
+
+    @contextmanager
+    def _reading(self) -> Iterator[int]:
+        """The active file's own descriptor, or a sealed file's descriptor leased from the shared pool."""
+        if self.fd is not None:
+            yield self.fd
+        else:
+            with self._pool.lease(self.path) as fd:
+                yield fd
 
     def _chunk_bytes(self, pos: int, need: int, records_left: int, bytes_budget: int, skipping: bool) -> int:
         """How much to pread: the records and bytes still wanted, guessed from this file's mean record size (a short
@@ -229,10 +244,11 @@ class Segment:
         i, pos, next_rel, next_pos = self.index.span_before_time(ts_ms)
         if i < 0:
             return self.base
-        fd = self.fd if self.fd is not None else self._pool.fd(self.path)
         stop = self.end_pos if next_pos is None else next_pos
         records: list[Record] = []
-        parse(os.pread(fd, stop - pos, pos), 0, self.base + self.index.rels[i], 0, 2**63, 2**63, records)
+        with self._reading() as fd:
+            buf = os.pread(fd, stop - pos, pos)
+        parse(buf, 0, self.base + self.index.rels[i], 0, 2**63, 2**63, records)
         for record in records:
             if record.ts_ms >= ts_ms:
                 return record.offset

@@ -2,6 +2,9 @@
 
 Queues open lazily on first use and stay open until deleted or the store closes; each open queue holds one
 descriptor for its active file, and sealed files share the pool's `read_handles_max` descriptors.
+
+Thread-safe: the store's lock guards which queues exist and are open (held across an open or create, which are
+rare), and each queue guards itself, so the periodic flush and retention ticks may run in a thread of their own.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import threading
+from typing import Callable, TypeVar
 
 from . import files, limits
 from .config import QueueConfig
@@ -18,6 +23,7 @@ from .names import dir_name, queue_name
 from .queue import CREATING_PREFIX, PhysicalQueue
 
 DELETING_PREFIX = ".deleting-"
+T = TypeVar("T")
 
 
 class QueueStore:
@@ -27,6 +33,7 @@ class QueueStore:
         self.config = QueueConfig() if config is None else config
         self._pool = HandlePool(read_handles_max)
         self._open: dict[str, PhysicalQueue] = {}
+        self._lock = threading.Lock()
         os.makedirs(self.root, exist_ok=True)
         self._names = self._scan_root()
 
@@ -46,7 +53,8 @@ class QueueStore:
         return os.path.join(self.root, dir_name(name))
 
     def names(self) -> list[str]:
-        return sorted(self._names)
+        with self._lock:
+            return sorted(self._names)
 
     def __contains__(self, name: str) -> bool:
         return name in self._names
@@ -56,6 +64,10 @@ class QueueStore:
 
     def create(self, name: str, start_offset: int = 0) -> PhysicalQueue:
         path = self._path(name)
+        with self._lock:
+            return self._create(name, path, start_offset)
+
+    def _create(self, name: str, path: str, start_offset: int) -> PhysicalQueue:
         if name in self._names:
             raise QueueExists("queue already exists", name=name)
         if len(self._names) >= limits.QUEUES_MAX:
@@ -67,6 +79,13 @@ class QueueStore:
 
     def get(self, name: str) -> PhysicalQueue:
         """The open queue of that name, opening (and if need be recovering) it on first use."""
+        queue = self._open.get(name)  # one dict lookup is atomic: the hot path skips the lock
+        if queue is not None:
+            return queue
+        with self._lock:
+            return self._get(name)
+
+    def _get(self, name: str) -> PhysicalQueue:
         queue = self._open.get(name)
         if queue is not None:
             return queue
@@ -79,43 +98,61 @@ class QueueStore:
 
     def open_all(self) -> int:
         """Opens every queue on disk (recovering those that did not close cleanly); returns how many."""
-        for name in self.names():
-            self.get(name)
-        return len(self._open)
+        with self._lock:
+            for name in sorted(self._names):
+                self._get(name)
+            return len(self._open)
 
     def delete(self, name: str) -> None:
         """Removes a queue. It is renamed out of sight first, so a crash mid-way never leaves half a queue."""
-        if name not in self._names:
-            raise QueueNotFound("no such queue", name=name)
-        queue = self._open.pop(name, None)
-        if queue is not None:
-            queue.close()
-        doomed = os.path.join(self.root, DELETING_PREFIX + secrets.token_hex(8))
-        os.rename(self._path(name), doomed)
-        files.sync_dir(self.root)
-        self._names.discard(name)
+        with self._lock:
+            if name not in self._names:
+                raise QueueNotFound("no such queue", name=name)
+            queue = self._open.pop(name, None)
+            if queue is not None:
+                queue.close()
+            doomed = os.path.join(self.root, DELETING_PREFIX + secrets.token_hex(8))
+            os.rename(self._path(name), doomed)
+            files.sync_dir(self.root)
+            self._names.discard(name)
         shutil.rmtree(doomed, ignore_errors=True)
 
     def maybe_flush(self, now_ms: int) -> int:
-        """Runs maybe_flush on every open, healthy queue; returns how many synced."""
-        return sum(q.maybe_flush(now_ms) for q in self._open.values() if not q.failed)
+        """Runs maybe_flush on every open queue (closed and failed ones skip themselves); returns how many synced.
+        One queue's failed fsync does not stop the others: the first such error is raised at the end."""
+        return sum(self._each_open(lambda q: q.maybe_flush(now_ms)))
 
     def apply_retention(self, now_ms: int) -> int:
-        """Runs retention on every open, healthy queue; returns how many files were deleted."""
-        return sum(q.apply_retention(now_ms) for q in self._open.values() if not q.failed)
+        """Runs retention on every open queue, like maybe_flush; returns how many files were deleted."""
+        return sum(self._each_open(lambda q: q.apply_retention(now_ms)))
 
     def close(self) -> None:
         """Closes every queue, even when one fails to close cleanly; the first such error is raised at the end."""
-        first_error: BaseException | None = None
-        for queue in self._open.values():
+        with self._lock:
+            queues = list(self._open.values())
+            self._open.clear()
+        try:
+            self._each(queues, PhysicalQueue.close)
+        finally:
+            self._pool.close_all()
+
+    def _each_open(self, fn: Callable[[PhysicalQueue], T]) -> list[T]:
+        # Iterates a copy: the event loop may open or delete queues meanwhile.
+        with self._lock:
+            queues = list(self._open.values())
+        return self._each(queues, fn)
+
+    @staticmethod
+    def _each(queues: list[PhysicalQueue], fn: Callable[[PhysicalQueue], T]) -> list[T]:
+        results, first_error = [], None
+        for queue in queues:
             try:
-                queue.close()
+                results.append(fn(queue))
             except Exception as err:
                 first_error = first_error or err
-        self._open.clear()
-        self._pool.close_all()
         if first_error is not None:
             raise first_error
+        return results
 
     def __enter__(self) -> "QueueStore":
         return self

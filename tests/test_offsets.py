@@ -1,0 +1,199 @@
+"""The consumer offset store: group commit off the event loop, durability across reopen, its coded refusals,
+directory fsyncs after create and compaction, and torn tails after a crash. Real files; the fsync functions of
+broker.storage.files are wrapped (never replaced) to observe or hold them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from broker import offsets
+from broker.offsets import OffsetStore
+from broker.storage import files
+from client.wire.errors import ApiError
+
+WAIT_S = 10.0  # bound on every wait for the syncer thread; the tests need far less
+
+
+class HeldSync:
+    """Wraps files.sync_data: counts fsyncs, and holds each one until released while `holding` is set."""
+
+    def __init__(self, monkeypatch):
+        self.real = files.sync_data
+        self.calls = 0
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.holding = True
+        monkeypatch.setattr(files, "sync_data", self)
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        self.entered.set()
+        if self.holding:
+            assert self.release.wait(WAIT_S), "the test never released the fsync"
+        self.real(fd)
+
+    async def wait_entered(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, WAIT_S), "no fsync started"
+
+
+def lines(path) -> list[bytes]:
+    with open(path, "rb") as f:
+        return f.read().splitlines(keepends=True)
+
+
+async def test_commit_is_acknowledged_only_after_the_fsync_covering_it(tmp_path, monkeypatch):
+    store = OffsetStore(str(tmp_path / "offsets.log"))
+    held = HeldSync(monkeypatch)
+    task = asyncio.create_task(store.commit("g", "t", 0, 42))
+    await held.wait_entered()
+    await asyncio.sleep(0)  # give the loop every chance to run an early acknowledgement
+    assert not task.done(), "acknowledged before its fsync returned"
+    assert store.get("g", "t", 0) is None, "readable before it is durable"
+    assert lines(tmp_path / "offsets.log") == [b'["g", "t", 0, 42]\n']  # written, not yet synced
+    held.release.set()
+    await asyncio.wait_for(task, WAIT_S)
+    assert store.get("g", "t", 0) == 42
+    store.close()
+
+
+async def test_concurrent_commits_share_fsyncs_and_all_survive_reopen(tmp_path, monkeypatch):
+    path = str(tmp_path / "offsets.log")
+    store = OffsetStore(path)
+    held = HeldSync(monkeypatch)
+    commits = 200
+    first = asyncio.create_task(store.commit("g", "t", 0, 0))
+    await held.wait_entered()  # the first fsync is under way: every later commit queues behind it
+    rest = [asyncio.create_task(store.commit("g", f"t{i % 7}", i, i)) for i in range(1, commits)]
+    await asyncio.sleep(0)  # each task runs up to its await, so every commit is queued
+    held.holding = False
+    held.release.set()
+    await asyncio.wait_for(asyncio.gather(first, *rest), WAIT_S)
+    assert held.calls == 2, "the queued commits should have shared one fsync"
+    store.close()
+    reopened = OffsetStore(path)
+    assert reopened.get("g", "t", 0) == 0
+    assert all(reopened.get("g", f"t{i % 7}", i) == i for i in range(1, commits))
+    reopened.close()
+
+
+async def test_commits_do_not_block_the_event_loop(tmp_path, monkeypatch):
+    store = OffsetStore(str(tmp_path / "offsets.log"))
+    held = HeldSync(monkeypatch)
+    task = asyncio.create_task(store.commit("g", "t", 0, 1))
+    await held.wait_entered()
+    # The fsync is held; the loop must still serve other work meanwhile.
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: "served"), WAIT_S) == "served"
+    held.release.set()
+    await asyncio.wait_for(task, WAIT_S)
+    store.close()
+
+
+async def test_key_limit_is_a_coded_refusal(tmp_path, monkeypatch):
+    monkeypatch.setattr(offsets, "KEYS_MAX", 3)
+    store = OffsetStore(str(tmp_path / "offsets.log"))
+    for q in range(3):
+        await store.commit("g", "t", q, q)
+    # Two new keys in one round must not slip past the bound together.
+    results = await asyncio.gather(store.commit("g", "t", 3, 3), store.commit("g", "t", 4, 4),
+                                   return_exceptions=True)
+    for err in results:
+        assert isinstance(err, ApiError), err
+        assert (err.status, err.code) == (409, "TOO_MANY_OFFSETS")
+    await store.commit("g", "t", 1, 100)  # keys already held still move
+    assert store.get("g", "t", 1) == 100 and store.get("g", "t", 3) is None
+    store.close()
+
+
+async def test_waiting_commits_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(offsets, "COMMITS_WAITING_MAX", 2)
+    store = OffsetStore(str(tmp_path / "offsets.log"))
+    held = HeldSync(monkeypatch)
+    waiting = [asyncio.create_task(store.commit("g", "t", q, q)) for q in range(2)]
+    await held.wait_entered()
+    with pytest.raises(ApiError) as refused:
+        await store.commit("g", "t", 2, 2)
+    assert (refused.value.status, refused.value.code) == (503, "TOO_MANY_WAITERS")
+    held.holding = False
+    held.release.set()
+    await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
+    await store.commit("g", "t", 2, 2)  # room again once the others are answered
+    store.close()
+
+
+async def test_failed_fsync_refuses_that_commit_and_every_later_one(tmp_path, monkeypatch):
+    store = OffsetStore(str(tmp_path / "offsets.log"))
+
+    def failing_sync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(files, "sync_data", failing_sync)
+    for _ in range(2):
+        with pytest.raises(ApiError) as refused:
+            await store.commit("g", "t", 0, 1)
+        assert (refused.value.status, refused.value.code) == (503, "STORAGE_UNAVAILABLE")
+    assert store.get("g", "t", 0) is None
+    store.close()
+
+
+class DirSyncs:
+    """Wraps files.sync_dir, noting for each call how many lines the offsets file then had."""
+
+    def __init__(self, monkeypatch, path):
+        self.real = files.sync_dir
+        self.path = path
+        self.seen: list[int] = []
+        monkeypatch.setattr(files, "sync_dir", self)
+
+    def __call__(self, directory: str) -> None:
+        assert directory == os.path.dirname(self.path)
+        self.seen.append(len(lines(self.path)))
+        self.real(directory)
+
+
+async def test_directory_is_synced_after_create_and_after_compaction(tmp_path, monkeypatch):
+    path = str(tmp_path / "offsets.log")
+    syncs = DirSyncs(monkeypatch, path)
+    store = OffsetStore(path)
+    assert syncs.seen == [0], "the new file's directory entry must be made durable"
+    OffsetStore(path).close()  # reopening an existing file creates nothing
+    assert syncs.seen == [0]
+    monkeypatch.setattr(offsets, "COMPACT_AFTER_LINES", 5)
+    for i in range(8):
+        await store.commit("g", "t", i % 2, i)
+    await asyncio.to_thread(store.close)
+    assert syncs.seen[1:], "the compaction's rename must be made durable"
+    assert syncs.seen[1] == 2, "synced after the compacted file took the name: two keys, two lines"
+    reopened = OffsetStore(path)
+    assert (reopened.get("g", "t", 0), reopened.get("g", "t", 1)) == (6, 7)
+    reopened.close()
+
+
+async def test_close_waits_for_queued_commits(tmp_path):
+    path = str(tmp_path / "offsets.log")
+    store = OffsetStore(path)
+    tasks = [asyncio.create_task(store.commit("g", "t", q, q)) for q in range(5)]
+    await asyncio.sleep(0)  # queued, not yet answered
+    store.close()
+    await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
+    with pytest.raises(ApiError) as refused:
+        await store.commit("g", "t", 9, 9)
+    assert refused.value.code == "STORAGE_UNAVAILABLE"
+    reopened = OffsetStore(path)
+    assert [reopened.get("g", "t", q) for q in range(5)] == list(range(5))
+    reopened.close()
+
+
+async def test_torn_last_line_is_ignored_and_cut_before_new_commits(tmp_path):
+    path = tmp_path / "offsets.log"
+    path.write_bytes(b'["g", "t", 0, 5]\n["g", "t", 1, 6]\n["g", "t", 0, 9')  # a crash mid-write
+    store = OffsetStore(str(path))
+    assert (store.get("g", "t", 0), store.get("g", "t", 1)) == (5, 6)
+    await store.commit("g", "t", 2, 7)
+    store.close()
+    reopened = OffsetStore(str(path))
+    assert [reopened.get("g", "t", q) for q in range(3)] == [5, 6, 7], "the new line was glued to the torn one"
+    reopened.close()
