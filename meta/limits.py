@@ -48,6 +48,7 @@ PROPOSE_TIMEOUT_S = 5.0
 FORWARD_TIMEOUT_S = 10.0
 LONG_POLL_WAITERS_MAX = 20_000
 WATCH_STREAMS_MAX = 20_000
+VERSION_WAITERS_MAX = 20_000   # reads waiting for ?min_version (each holds a request and a timer)
 WATCH_TOPICS_PER_STREAM_MAX = 1_000
 # A node without a leader this long (elections take well under a second), or this far behind its leader's commit
 # index, ends its watch streams so that brokers and clients move to a node that follows the log.

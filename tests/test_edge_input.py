@@ -68,3 +68,31 @@ async def _all_serve_and_write(c) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"not every replica applied version {version}: {await _agreed_versions(c)}")
+
+
+async def test_a_token_with_bytes_outside_ascii_is_401_not_500(full_cluster):
+    """aiohttp decodes header bytes with surrogateescape; encoding the token strictly for the compare was a 500."""
+    c = full_cluster
+    for url in (c.meta_urls[0] + "/v1/topics", c.broker_urls[0] + "/v1/queues/t"):
+        s, b, _ = await c.call("GET", url, role=None, headers={"Authorization": "Bearer tok\xff\xfe"})
+        assert s == 401 and b["error"]["code"] == "UNAUTHENTICATED", (url, s, b)
+
+
+async def test_reads_waiting_for_a_min_version_are_counted(meta_cluster):
+    """min_version waits hold a request and a timer each: they are bounded (VERSION_WAITERS_MAX) and visible."""
+    c = meta_cluster
+    url = c.meta_urls[1]
+    waits = [asyncio.create_task(c.call("GET", f"{url}/v1/topics?min_version=999999&wait=3")) for _ in range(5)]
+    try:
+        for _ in range(50):
+            async with c.session.get(url + "/metrics") as r:
+                text = await r.text()
+            gauge = [line for line in text.splitlines() if line.startswith("stator_meta_version_waiters ")]
+            if gauge and float(gauge[0].split()[-1]) == 5:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"the waiters were not counted: {gauge}")
+    finally:
+        answers = await asyncio.gather(*waits)
+    assert {(s, b["error"]["code"]) for s, b, _ in answers} == {(503, "VERSION_NOT_REACHED")}

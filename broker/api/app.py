@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import hmac
 
-import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from client.wire import json_body
-from client.wire.errors import ApiError, invalid
+from client.wire.errors import invalid
+from client.wire.server import error_middleware, public, requires
 from client.wire.params import int_in
 
 from ..config import BrokerConfig
 from ..codec import dumps_with_raw
 from ..node import BrokerNode
 
-log = structlog.get_logger("broker.http")
 NODE = web.AppKey("node", BrokerNode)
 REQUEST_BODY_BYTES_MAX = 32 * 1024 * 1024
 NAME_CHARS_MAX = 255
@@ -24,21 +22,6 @@ NAME_CHARS_MAX = 255
 
 def _respond(data, status: int = 200) -> web.Response:
     return web.Response(body=dumps_with_raw(data), status=status, content_type="application/json")
-
-
-def _role(request: web.Request) -> str:
-    cfg = request.app[NODE].config
-    auth = request.headers.get("Authorization", "")
-    if not auth.startswith("Bearer "):
-        raise ApiError("missing bearer token", code="UNAUTHENTICATED", status=401)
-    token = auth[7:].strip().encode()
-    found = None
-    for role, value in (("admin", cfg.admin_token), ("broker", cfg.token), ("client", cfg.client_token)):
-        if value and hmac.compare_digest(token, value.encode()):
-            found = found or role
-    if found is None:
-        raise ApiError("unknown token", code="UNAUTHENTICATED", status=401)
-    return found
 
 
 def _name(raw: str, what: str) -> str:
@@ -51,34 +34,23 @@ async def _json(request: web.Request) -> dict:
     return json_body.parse_object(await request.read())
 
 
-@web.middleware
-async def middleware(request: web.Request, handler):
-    node = request.app[NODE]
-    try:
-        if request.path not in ("/healthz", "/readyz", "/metrics", "/v1/openapi.json"):
-            request["role"] = _role(request)
-        resp = await handler(request)
-    except ApiError as e:
-        resp = _respond(e.to_dict(), e.status)
-    except web.HTTPRequestEntityTooLarge:
-        resp = _respond(ApiError("request body too large", code="TOO_LARGE", status=413).to_dict(), 413)
-    except web.HTTPException as e:
-        if e.status not in (404, 405):
-            raise
-        resp = _respond(ApiError(f"{request.method} {request.path}: {e.reason}",
-                                  code="NOT_FOUND" if e.status == 404 else "METHOD_NOT_ALLOWED",
-                                  status=e.status).to_dict(), e.status)
-    except Exception:
-        log.exception("handler_failed", path=request.path)
-        resp = _respond(ApiError("internal error; see the broker's log", code="INTERNAL", status=500).to_dict(), 500)
-    node.metrics_requests.labels(str(resp.status)).inc()
-    return resp
+def _tokens(app: web.Application) -> dict[str, str | None]:
+    cfg = app[NODE].config
+    return {"admin": cfg.admin_token, "broker": cfg.token, "client": cfg.client_token}
+
+
+def _observe(request: web.Request, status: int, seconds: float) -> None:
+    request.app[NODE].metrics_requests.labels(str(status)).inc()
+
+
+middleware = error_middleware(_tokens, "broker", _observe)
 
 
 async def _route_version(request: web.Request, response: web.StreamResponse) -> None:
     response.headers["X-Route-Version"] = str(request.app[NODE].routes.version)
 
 
+@requires("client", "broker")
 async def send(request: web.Request) -> web.Response:
     node = request.app[NODE]
     topic = _name(request.match_info["topic"], "topic")
@@ -91,6 +63,7 @@ async def send(request: web.Request) -> web.Response:
     return _respond({"queue": queue, "offsets": offsets})
 
 
+@requires("client", "broker")
 async def pull(request: web.Request) -> web.Response:
     node = request.app[NODE]
     q = request.query
@@ -101,6 +74,7 @@ async def pull(request: web.Request) -> web.Response:
     return _respond(await node.reader.pull(topic, queue, offset, max_n))
 
 
+@requires("client", "broker")
 async def commit_offset(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await _json(request)
@@ -111,6 +85,7 @@ async def commit_offset(request: web.Request) -> web.Response:
     return _respond({"offset": await node.writer.commit_offset(group, topic, queue, offset)})
 
 
+@requires("client", "broker")
 async def read_offset(request: web.Request) -> web.Response:
     node = request.app[NODE]
     group = _name(request.match_info["group"], "group")
@@ -120,14 +95,14 @@ async def read_offset(request: web.Request) -> web.Response:
     return _respond({"offset": await node.reader.read_offset(group, topic, queue, local)})
 
 
+@requires("client", "broker")
 async def queues(request: web.Request) -> web.Response:
     node = request.app[NODE]
     return _respond({"queues": await node.reader.queue_stats(_name(request.match_info["topic"], "topic"))})
 
 
+@requires("broker")
 async def physical(request: web.Request) -> web.Response:
-    if request["role"] not in ("broker", "admin"):
-        raise ApiError("physical reads are for brokers", code="PERMISSION_DENIED", status=403)
     node = request.app[NODE]
     offset = int_in(request.query.get("offset"), "offset", 0)
     max_n = int_in(request.query.get("max"), "max", 32, 0, 1000)
@@ -136,6 +111,7 @@ async def physical(request: web.Request) -> web.Response:
                                             None if ts is None else int_in(ts, "ts")))
 
 
+@requires("client", "broker")
 async def offset_for_time(request: web.Request) -> web.Response:
     node = request.app[NODE]
     topic = _name(request.match_info["topic"], "topic")
@@ -144,10 +120,12 @@ async def offset_for_time(request: web.Request) -> web.Response:
     return _respond({"queue": queue, "offset": await node.reader.offset_for_time(topic, queue, ts)})
 
 
+@public
 async def healthz(request: web.Request) -> web.Response:
     return _respond({"status": "ok", "broker": request.app[NODE].config.broker})
 
 
+@public
 async def readyz(request: web.Request) -> web.Response:
     node = request.app[NODE]
     ok = node.session.writable(node.routes.version)
@@ -155,6 +133,7 @@ async def readyz(request: web.Request) -> web.Response:
                      "route_version": node.routes.version}, 200 if ok else 503)
 
 
+@public
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(request.app[NODE].registry),
                         headers={"Content-Type": CONTENT_TYPE_LATEST})

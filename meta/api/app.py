@@ -8,7 +8,7 @@ from .. import limits
 from ..config import MetaConfig
 from ..service import MetaService
 from . import brokers, cluster, topics, watch
-from .admission import Admission
+from ..admission import Admission
 from .keys import ADMISSIONS, METRICS, SERVICE
 from .metrics import MetaMetrics
 from .middleware import add_version_header, errors_and_auth
@@ -16,8 +16,10 @@ from .middleware import add_version_header, errors_and_auth
 
 def make_app(config: MetaConfig) -> web.Application:
     app = web.Application(middlewares=[errors_and_auth], client_max_size=limits.REQUEST_BODY_BYTES_MAX)
-    app[SERVICE] = MetaService(config)
     metrics = app[METRICS] = MetaMetrics()
+    app[SERVICE] = MetaService(config, Admission(
+        "version_waiters", limits.VERSION_WAITERS_MAX, metrics.version_waiters, metrics.rejections,
+        "too many reads wait for a min_version on this node; use another node or retry"))
     app[ADMISSIONS] = {
         "long_polls": Admission("long_poll_waiters", limits.LONG_POLL_WAITERS_MAX, metrics.long_polls,
                                 metrics.rejections, "too many long polls wait on this node; use another node or SSE"),

@@ -7,7 +7,6 @@ from aiohttp import web
 from .. import limits, views
 from ..commands import validate
 from client.wire.errors import ApiError, invalid
-from ..service import BecameLeader
 from .http import body_object, requires, respond, service, submit
 
 
@@ -50,25 +49,27 @@ async def heartbeat(request: web.Request) -> web.Response:
     for pq, off in queues.items():
         if isinstance(off, bool) or not isinstance(off, int) or off < 0:
             raise invalid("each queue's max offset must be a non-negative integer", queue=pq)
-    if "X-Forwarded-By" in request.headers and not svc.sync.is_leader():
+    if "X-Forwarded-By" in request.headers and not svc.is_leader():
         raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
-    while True:
-        if svc.sync.is_leader():
-            return respond(await svc.heartbeat(broker, body["epoch"], queues))
-        headers = {"Authorization": request.headers.get("Authorization", ""), "Content-Type": "application/json",
-                   "X-Forwarded-By": svc.config.node}
-        try:
-            status, data = await svc.forward_to_leader("POST", request.path_qs, await request.read(), headers)
-        except BecameLeader:
-            continue  # this node became the leader while waiting: answer here
-        return respond(data, status)
+    raw = await request.read()
+    headers = {"Authorization": request.headers.get("Authorization", ""), "Content-Type": "application/json",
+               "X-Forwarded-By": svc.config.node}
+
+    async def here(_left_s: float):
+        return 200, await svc.brokers.heartbeat(broker, body["epoch"], queues), None
+
+    async def forward(url: str):
+        return await svc.forwarder.http(url, "POST", request.path_qs, raw, headers)
+
+    status, data, _ = await svc.forwarder.to_leader(here, forward)
+    return respond(data, status)
 
 
 @requires("client", "broker")
 async def list_brokers(request: web.Request) -> web.Response:
     svc = service(request)
-    await svc.before_read(request.query)
-    brokers = svc.read(lambda im: [views.broker_view(im.brokers[b], svc.sessions.last_heartbeat_ms(b))
+    await svc.reads.before_read(request.query)
+    brokers = svc.read(lambda im: [views.broker_view(im.brokers[b], svc.brokers.last_heartbeat_ms(b))
                                    for b in sorted(im.brokers)])
     return respond({"brokers": brokers})
 

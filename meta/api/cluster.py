@@ -19,11 +19,11 @@ from .openapi import SPEC
 @requires("client", "broker")
 async def cluster(request: web.Request) -> web.Response:
     svc = service(request)
-    await svc.before_read(request.query)
-    leader = svc.config.member_by_raft(svc.sync.leader_address())
+    await svc.reads.before_read(request.query)
+    leader = svc.leader()
     return respond({
         "node": svc.config.node, "role": svc.role(), "leader": leader.node if leader else None,
-        "term": svc.sync.term(), "commit_index": svc.sync.raftCommitIndex, "applied_version": svc.applied_version,
+        "term": svc.term(), "commit_index": svc.commit_index(), "applied_version": svc.applied_version,
         "members": [{"node": m.node, "raft": m.raft, "url": m.url} for m in svc.config.members],
     })
 
@@ -33,7 +33,7 @@ async def image_digest(request: web.Request) -> web.Response:
     """SHA-256 of this node's image bytes at its applied version: replicas at one version must agree
     (DESIGN.md invariant 1). Costs a full serialisation of the image: an operator's check, not a hot path."""
     svc = service(request)
-    await svc.before_read(request.query)
+    await svc.reads.before_read(request.query)
     version, commands, raw = svc.read(lambda im: (im.version, im.data["commands"], im.canonical_bytes()))
     digest = await asyncio.get_running_loop().run_in_executor(None, lambda: hashlib.sha256(raw).hexdigest())
     return respond({"node": svc.config.node, "version": version, "commands": commands, "sha256": digest,
@@ -57,9 +57,9 @@ async def metrics(request: web.Request) -> web.Response:
     svc = service(request)
     m = request.app[METRICS]
     m.applied_version.set(svc.applied_version)
-    m.term.set(svc.sync.term())
-    m.is_leader.set(1 if svc.sync.is_leader() else 0)
-    m.topics.set(len(svc.image.topics))
+    m.term.set(svc.term())
+    m.is_leader.set(1 if svc.is_leader() else 0)
+    m.topics.set(len(svc.reads.image.topics))
     m.projection_position.set(svc.projection.position)
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -73,7 +73,7 @@ async def openapi(request: web.Request) -> web.Response:
 async def history(request: web.Request) -> web.Response:
     """Events in version order: from the image while it still holds them, else from the SQL projection."""
     svc = service(request)
-    await svc.before_read(request.query)
+    await svc.reads.before_read(request.query)
     after = nonneg_int(request.query.get("after"), "after", 0)
     limit = nonneg_int(request.query.get("limit"), "limit", 1000)
     limit = max(1, min(limit, limits.HISTORY_PAGE_MAX))

@@ -10,23 +10,11 @@ from aiohttp import web
 from client.wire import json_body
 from client.wire.errors import ApiError, invalid
 from client.wire.headers import request_id_header
+from client.wire.server import public, requires  # noqa: F401 - the handlers' markers, re-exported
 from ..service import MetaService
 from .keys import SERVICE
 
 JSON = "application/json"
-
-
-def requires(*roles: str):
-    """Mark a handler with the roles allowed to call it (admin is allowed everywhere)."""
-    def mark(handler):
-        handler.roles = frozenset(roles) | {"admin"}
-        return handler
-    return mark
-
-
-def public(handler):
-    handler.roles = None
-    return handler
 
 
 def service(request: web.Request) -> MetaService:
@@ -35,10 +23,6 @@ def service(request: web.Request) -> MetaService:
 
 def respond(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status, content_type=JSON)
-
-
-def error_response(err: ApiError) -> web.Response:
-    return respond(err.to_dict(), err.status)
 
 
 async def body_object(request: web.Request) -> dict[str, Any]:
@@ -57,9 +41,9 @@ async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200
         for h in ("Authorization", "Idempotency-Key"):
             if h in request.headers:
                 headers[h] = request.headers[h]
-        return await svc.forward_http(url, request.method, request.path_qs, body, headers)
+        return await svc.forwarder.http(url, request.method, request.path_qs, body, headers)
 
-    if "X-Forwarded-By" in request.headers and not svc.sync.is_leader():
+    if "X-Forwarded-By" in request.headers and not svc.is_leader():
         raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
     status, data = await svc.submit(cmd, actor=request["role"],
                                     idempotency_key=request_id_header(request.headers, "Idempotency-Key"),

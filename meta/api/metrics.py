@@ -16,6 +16,7 @@ class MetaMetrics:
         self.is_leader = Gauge("stator_meta_is_leader", "1 when this node leads", registry=r)
         self.long_polls = Gauge("stator_meta_long_poll_waiters", "Long-poll requests waiting", registry=r)
         self.watch_streams = Gauge("stator_meta_watch_streams", "Open SSE watch streams", registry=r)
+        self.version_waiters = Gauge("stator_meta_version_waiters", "Reads waiting for a min_version", registry=r)
         self.topics = Gauge("stator_meta_topics", "Topics in the image", registry=r)
         self.rejections = Counter("stator_meta_limit_rejections_total", "Requests refused by a limit", ["limit"],
                                   registry=r)

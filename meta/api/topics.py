@@ -30,7 +30,7 @@ async def create_topic(request: web.Request) -> web.Response:
 @requires("client", "broker")
 async def list_topics(request: web.Request) -> web.Response:
     svc = service(request)
-    await svc.before_read(request.query)
+    await svc.reads.before_read(request.query)
     topics = svc.read(lambda im: [views.topic_summary(im.topics[n]) for n in sorted(im.topics)])
     return respond({"topics": topics})
 
@@ -38,7 +38,7 @@ async def list_topics(request: web.Request) -> web.Response:
 @requires("client", "broker")
 async def get_topic(request: web.Request) -> web.Response:
     svc = service(request)
-    await svc.before_read(request.query)
+    await svc.reads.before_read(request.query)
     name = request.match_info["topic"]
     detail = svc.read(lambda im: views.topic_detail(im.topics[name]) if name in im.topics else None)
     if detail is None:
@@ -84,7 +84,7 @@ async def remap_topic(request: web.Request) -> web.Response:
 async def queue_segments(request: web.Request) -> web.Response:
     """Every segment of one logic queue, oldest first (a route carries only the newest ones)."""
     svc = service(request)
-    await svc.before_read(request.query)
+    await svc.reads.before_read(request.query)
     name = request.match_info["topic"]
     queue = int_in(request.match_info["queue"], "queue", None, 0, limits.QUEUES_PER_TOPIC_MAX - 1)
 

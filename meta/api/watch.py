@@ -29,13 +29,13 @@ async def long_poll_route(request: web.Request) -> web.Response:
     topic = request.match_info["topic"]
     after = nonneg_int(request.query.get("after"), "after", -1)
     wait_s = seconds(request.query.get("wait"), "wait", 0.0, limits.LONG_POLL_WAIT_S_MAX)
-    await svc.before_read({k: v for k, v in request.query.items() if k in ("min_version", "consistency")})
+    await svc.reads.before_read({k: v for k, v in request.query.items() if k in ("min_version", "consistency")})
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     waiting = False
     try:
         while True:
-            route = svc.route_bytes(topic)
+            route = svc.reads.route_bytes(topic)
             if route is None:
                 raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} does not exist", topic=topic)
             if route[0] > after:
@@ -101,7 +101,7 @@ class WatchStream:
         quiet_since = loop.time()
         key = TOPICS if not self.topics or len(self.topics) > 1 else self.topics[0]
         while True:
-            if not self.svc.follows_log():
+            if not self.svc.reads.follows_log():
                 await self.resp.write(_sse("unavailable", self.svc.feed.version,
                                            b'{"reason":"this meta node does not follow the leader; reconnect elsewhere"}'))
                 return
@@ -138,7 +138,7 @@ class WatchStream:
         listed, gone = self.svc.read(look)
         wrote = False
         for version, name in listed:
-            route = self.svc.route_bytes(name)
+            route = self.svc.reads.route_bytes(name)
             if route is None or route[0] != version:
                 return True  # it changed again meanwhile: list again, so ids stay in version order
             await self.resp.write(_sse("route", version, route[1]))

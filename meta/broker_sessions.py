@@ -1,0 +1,163 @@
+"""Broker sessions as the leader sees them (KRaft's BrokerHeartbeatManager): in memory, never in the log.
+
+Heartbeats only refresh this table; a decision (fence, unfence, budget) is a command in the log. A node that becomes
+leader starts every active broker's session afresh (grace), because it cannot know when the old leader last heard it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+
+from client.wire.errors import ApiError, rejection
+
+from . import allocation
+from .config import MetaConfig
+from .image import Image
+from .raft_node import MetaSyncObj, RaftNode
+from .reads import ReadFacade
+
+log = structlog.get_logger("meta.sessions")
+SESSION_CHECK_INTERVAL_S = 0.25
+
+
+class SessionTracker:
+    def __init__(self, timeout_ms: int):
+        self.timeout_ms = timeout_ms
+        self._last: dict[str, tuple[int, int]] = {}   # broker -> (epoch, monotonic ms of last heartbeat)
+        self._wall: dict[str, int] = {}               # broker -> wall ms of last heartbeat (for display)
+
+    def reset(self, active: Iterable[tuple[str, int]], now_ms: int) -> None:
+        self._last = {b: (epoch, now_ms) for b, epoch in active}
+        self._wall = {}
+
+    def heartbeat(self, broker: str, epoch: int, now_ms: int, wall_ms: int) -> None:
+        self._last[broker] = (epoch, now_ms)
+        self._wall[broker] = wall_ms
+
+    def expired(self, active: Iterable[tuple[str, int]], now_ms: int) -> list[tuple[str, int]]:
+        """Active brokers whose current epoch has not been heard from within the timeout."""
+        out = []
+        for broker, epoch in active:
+            seen = self._last.get(broker)
+            if seen is None:
+                self._last[broker] = (epoch, now_ms)  # first sight (e.g. just registered): its session starts now
+            elif seen[0] != epoch:
+                self._last[broker] = (epoch, now_ms)
+            elif now_ms - seen[1] > self.timeout_ms:
+                out.append((broker, epoch))
+        return out
+
+    def last_heartbeat_ms(self, broker: str) -> int | None:
+        return self._wall.get(broker)
+
+
+class BrokerSessions:
+    """The leader's duties towards brokers: heartbeats refresh the tracker above; fencing, unfencing and budget grants
+    are commands in the log, decided from the image and proposed here."""
+
+    def __init__(self, config: MetaConfig, reads: ReadFacade, raft: RaftNode, sync: MetaSyncObj):
+        self.config = config
+        self.reads = reads
+        self.raft = raft
+        self.sync = sync
+        self.tracker = SessionTracker(config.session_timeout_ms)
+        self._led_term: int | None = None
+
+    def last_heartbeat_ms(self, broker: str) -> int | None:
+        return self.tracker.last_heartbeat_ms(broker)
+
+    async def heartbeat(self, broker: str, epoch: int, queues: dict[str, int]) -> dict[str, Any]:
+        """Leader only. Refreshes the session, unfences a returning broker, renews offset budgets.
+
+        The budgets in the answer are read from the image after the grant was applied: a broker may use only what
+        the log granted (a segment that started sealing meanwhile got nothing, and its old budget stands).
+        """
+        grant = self.config.offset_budget
+
+        def look(image: Image):
+            b = image.brokers.get(broker)
+            if b is None:
+                raise rejection(404, "BROKER_NOT_FOUND", f"broker {broker!r} is not registered; register first")
+            if b["epoch"] != epoch:
+                raise rejection(409, "STALE_EPOCH", f"epoch {epoch} is not current ({b['epoch']}); register again",
+                                epoch=b["epoch"])
+            grants = []
+            for pq, max_offset in queues.items():
+                seg = _segment_by_pq(image, pq)
+                if seg is not None and seg["broker"] == broker and seg["state"] == "active" \
+                        and max_offset + grant // 2 > seg["budget_end"]:
+                    topic, q, gen = allocation.parse_physical_queue_name(pq)
+                    grants.append({"topic": topic, "queue": q, "gen": gen, "budget_end": max_offset + grant})
+            return b["state"], grants
+        state, grants = self.reads.read(look)
+        self.tracker.heartbeat(broker, epoch, _monotonic_ms(), int(time.time() * 1000))
+        if state == "fenced":
+            answer(await self.raft.propose({"type": "UnfenceBroker", "broker": broker, "epoch": epoch}, None,
+                                           f"broker:{broker}"))
+        if grants:
+            answer(await self.raft.propose({"type": "GrantOffsetBudget", "broker": broker, "epoch": epoch,
+                                            "grants": grants}, None, f"broker:{broker}"))
+
+        def granted(image: Image):
+            out = {}
+            for pq in queues:
+                seg = _segment_by_pq(image, pq)
+                if seg is not None and seg["broker"] == broker and seg["state"] != "sealed":
+                    out[pq] = seg["budget_end"]
+            return image.version, out
+        version, budgets = self.reads.read(granted)
+        return {"state": "active", "version": version, "budgets": budgets, "budget_grant": grant,
+                "heartbeat_interval_ms": self.config.heartbeat_interval_ms,
+                "session_timeout_ms": self.config.session_timeout_ms}
+
+    async def run(self) -> None:
+        """Fence brokers whose session expired, while this node leads. A task: cancelled on stop."""
+        while True:
+            await asyncio.sleep(SESSION_CHECK_INTERVAL_S)
+            try:
+                await self._check_sessions()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("broker_sessions_failed")
+
+    async def _check_sessions(self) -> None:
+        if not self.sync.is_leader():
+            self._led_term = None
+            return
+        active = self.reads.read(lambda im: [(b, v["epoch"]) for b, v in im.brokers.items() if v["state"] == "active"])
+        term = self.sync.term()
+        if self._led_term != term:
+            # A new leader cannot know when the old one last heard each broker: every session starts afresh.
+            self._led_term = term
+            self.tracker.reset(active, _monotonic_ms())
+            return
+        for broker, epoch in self.tracker.expired(active, _monotonic_ms()):
+            log.warning("broker_session_expired", broker=broker, epoch=epoch)
+            await self.raft.propose({"type": "FenceBroker", "broker": broker, "epoch": epoch,
+                                     "reason": "session_expired"}, None, "system")
+
+
+def answer(outcome: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The HTTP answer of a command's outcome; a rejection is raised as the ApiError it carries."""
+    if outcome.get("ok"):
+        return 200, outcome["result"]
+    e = outcome["error"]
+    raise ApiError(e["message"], e["details"], code=e["code"], status=e["status"])
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _segment_by_pq(image: Image, pq: str) -> dict[str, Any] | None:
+    parsed = allocation.parse_physical_queue_name(pq)
+    if parsed is None:
+        return None
+    seg = image.segment(*parsed)
+    return seg if seg is not None and seg["physical_queue"] == pq else None

@@ -1,0 +1,89 @@
+"""Getting a request to the leader: one retry loop, for command submits and broker heartbeats alike.
+
+On the leader the work runs here; on a follower the raw HTTP request is replayed on the leader (with the same
+request id, so a retry after LEADER_CHANGED / UNKNOWN_OUTCOME never applies twice). An election in between is waited
+out until the deadline; a node that becomes the leader while waiting serves the request itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+
+from client.wire.errors import ApiError, rejection
+
+from . import limits
+from .config import MetaConfig
+from .raft_node import MetaSyncObj, ProposeFailed
+
+RETRY_PAUSE_S = 0.05
+LEADER_POLL_S = 0.02
+
+Answer = tuple[int, Any, "int | None"]   # (HTTP status, body, X-Meta-Version of the answering node)
+
+
+class BecameLeader(ProposeFailed):
+    """Raised while waiting for a leader to forward to, when that leader turns out to be this node."""
+
+
+class LeaderForwarder:
+    def __init__(self, config: MetaConfig, sync: MetaSyncObj):
+        self.config = config
+        self.sync = sync
+        self._http: aiohttp.ClientSession | None = None
+        self._my_url = next(m.url for m in config.members if m.node == config.node)
+
+    async def start(self) -> None:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.FORWARD_TIMEOUT_S))
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    def leader_url(self) -> str | None:
+        m = self.config.member_by_raft(self.sync.leader_address())
+        return m.url if m else None
+
+    async def to_leader(self, on_leader: Callable[[float], Awaitable[Answer]],
+                        forward: Callable[[str], Awaitable[Answer]]) -> Answer:
+        """``on_leader(seconds left)`` when this node leads, else ``forward(leader url)``; retried until
+        PROPOSE_TIMEOUT_S. A forwarded answer of NO_LEADER / LEADER_CHANGED means the leader moved: retry."""
+        deadline = time.monotonic() + limits.PROPOSE_TIMEOUT_S
+        while True:
+            try:
+                if self.sync.is_leader():
+                    return await on_leader(max(0.1, deadline - time.monotonic()))
+                answer = await forward(await self._await_leader_url(deadline))
+                body = answer[1]
+                code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+                if answer[0] == 503 and code in ("NO_LEADER", "LEADER_CHANGED"):
+                    raise ProposeFailed("the leader moved while forwarding", code=code)
+                return answer
+            except (ProposeFailed, aiohttp.ClientError, asyncio.TimeoutError) as e:
+                if time.monotonic() > deadline:
+                    if isinstance(e, ApiError) and not isinstance(e, BecameLeader):
+                        raise
+                    raise rejection(503, "NO_LEADER", f"could not reach the leader: {type(e).__name__}") from None
+                await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def _await_leader_url(self, deadline: float) -> str:
+        while True:
+            url = self.leader_url()
+            if url is not None and url != self._my_url:
+                return url
+            if self.sync.is_leader():
+                raise BecameLeader("this node became the leader", code="NO_LEADER")  # loop back, serve here
+            if time.monotonic() > deadline:
+                raise rejection(503, "NO_LEADER", "the meta cluster has no leader right now")
+            await asyncio.sleep(LEADER_POLL_S)
+
+    async def http(self, url: str, method: str, path_qs: str, body: bytes, headers: dict[str, str]) -> Answer:
+        """Replay one HTTP request on another node."""
+        async with self._http.request(method, url + path_qs, data=body, headers=headers) as resp:
+            data = await resp.json(content_type=None)
+            v = resp.headers.get("X-Meta-Version")
+            return resp.status, data, int(v) if v and v.isdigit() else None

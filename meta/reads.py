@@ -1,0 +1,104 @@
+"""Reads of a meta node: the applied image under its lock, rendered routes, and the waits a read may ask for.
+
+``min_version`` waits (bounded, and counted against VERSION_WAITERS_MAX) until this node applied V;
+``consistency=linearizable`` first passes a barrier through the log. Everything is served from this node's image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from client.wire.errors import invalid, rejection
+from client.wire.params import nonneg_int, seconds
+
+from . import limits, views
+from .admission import Admission
+from .changefeed import ChangeFeed
+from .image import Image
+from .raft_node import MetaSyncObj, ProposeFailed, RaftNode
+from .route_cache import RouteCache
+
+T = TypeVar("T")
+BARRIER_RETRY_S = 0.05
+
+
+class ReadFacade:
+    def __init__(self, sync: MetaSyncObj, raft: RaftNode, feed: ChangeFeed, version_waiters: Admission):
+        self.sync = sync
+        self.raft = raft
+        self.feed = feed
+        self.version_waiters = version_waiters
+        self._route_cache = RouteCache(limits.ROUTE_CACHE_BYTES_MAX)
+        self._leaderless_since: float | None = None
+
+    @property
+    def image(self) -> Image:
+        return self.sync.current_image()
+
+    @property
+    def applied_version(self) -> int:
+        return self.image.version
+
+    def read(self, fn: Callable[[Image], T]) -> T:
+        """Run ``fn(image)`` under the image lock so it never sees half of an applied command."""
+        with self.sync.image_lock:
+            return fn(self.image)
+
+    def route_bytes(self, topic: str) -> tuple[int, bytes] | None:
+        """The topic's route as JSON, rendered once per version and shared by every subscriber."""
+        def render(image: Image):
+            t = image.topic(topic)
+            if t is None:
+                self._route_cache.drop(topic)
+                return None
+            body = self._route_cache.get(topic, t["version"])
+            if body is None:
+                body = json.dumps(views.route(image, t), separators=(",", ":")).encode()
+                self._route_cache.put(topic, t["version"], body)
+            return t["version"], body
+        return self.read(render)
+
+    async def before_read(self, query: Mapping[str, str]) -> None:
+        wait_s = seconds(query.get("wait"), "wait", limits.READ_WAIT_S_DEFAULT, limits.READ_WAIT_S_MAX)
+        if query.get("consistency") == "linearizable":
+            await self._barrier(wait_s)
+        elif query.get("consistency") not in (None, "", "serializable"):
+            raise invalid("consistency must be 'linearizable' or 'serializable'")
+        if query.get("min_version") is not None:
+            v = nonneg_int(query["min_version"], "min_version")
+            if self.feed.version < v:
+                self.version_waiters.enter()
+                try:
+                    reached = await self.feed.wait_version(v, wait_s)
+                finally:
+                    self.version_waiters.leave()
+                if not reached:
+                    raise rejection(503, "VERSION_NOT_REACHED", f"this node has applied {self.applied_version}, "
+                                    f"not {v}, within {wait_s} s", applied_version=self.applied_version, min_version=v)
+
+    async def _barrier(self, timeout_s: float) -> None:
+        # A no-op command through the log: once it is applied here, every write acknowledged before the read is too.
+        # A follower submits it through pysyncobj's own forwarding; the callback fires when this node applies it.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.raft.propose({"type": "Barrier"}, None, "system", max(0.1, deadline - time.monotonic()))
+                return
+            except ProposeFailed:
+                if time.monotonic() > deadline:
+                    raise rejection(503, "NO_LEADER", "no leader to confirm a linearizable read") from None
+                await asyncio.sleep(BARRIER_RETRY_S)
+
+    def follows_log(self) -> bool:
+        """Whether this node follows a leader closely enough to serve watch streams (see api/watch.py)."""
+        now = time.monotonic()
+        if self.sync.leader_address() is None:
+            if self._leaderless_since is None:
+                self._leaderless_since = now
+            return now - self._leaderless_since < limits.WATCH_LEADERLESS_S_MAX
+        self._leaderless_since = None
+        return self.sync.commit_lag() <= limits.WATCH_LAG_ENTRIES_MAX
