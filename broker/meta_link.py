@@ -20,7 +20,7 @@ import aiohttp
 import structlog
 from prometheus_client import Counter
 
-from client.sse import SseEvent, SseParser
+from client.wire.sse import SseEvent, SseParser
 from client.wire.errors import ApiError
 
 from .routing import RouteTable, Segment, segment_of
@@ -31,7 +31,9 @@ log = structlog.get_logger("broker.meta")
 
 REQUEST_TIMEOUT_S = 5.0
 RETRY_BACKOFF_MAX_S = 2.0
-SEAL_RETRY_S = 0.2
+SEAL_RETRY_S = 0.2               # the first pause after a failed seal report; it doubles up to SEAL_RETRY_S_MAX
+SEAL_RETRY_S_MAX = 5.0
+SEAL_REPORTS_IN_FLIGHT_MAX = 16  # a remap of thousands of queues must not flood meta (or starve the heartbeats)
 WATCH_READ_TIMEOUT_S = 60.0      # four of meta's 15 s keepalives: a silent stream is dead
 REFETCHES_MAX = 1_024            # topics whose route is being fetched again after a failed event
 
@@ -51,23 +53,28 @@ class MetaLink:
         self._heartbeats = heartbeats
         self._sealing: dict[str, asyncio.Task] = {}
         self._refetching: dict[str, asyncio.Task] = {}
+        self._chores: set[asyncio.Task] = set()
         self._http: aiohttp.ClientSession | None = None
+        self._beat_http: aiohttp.ClientSession | None = None  # its own connections: never queued behind others
+        self._seal_slots = asyncio.Semaphore(SEAL_REPORTS_IN_FLIGHT_MAX)
         self._tasks: list[asyncio.Task] = []
         self._meta_i = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+        self._beat_http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
         self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="heartbeats"),
                        asyncio.create_task(self._watch_loop(), name="watch")]
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._sealing.values(), *self._refetching.values()]
+        tasks = [*self._tasks, *self._sealing.values(), *self._refetching.values(), *self._chores]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._http is not None:
-            await self._http.close()
+        for http in (self._http, self._beat_http):
+            if http is not None:
+                await http.close()
 
     def _meta(self) -> str:
         return self.meta_urls[self._meta_i % len(self.meta_urls)]
@@ -75,13 +82,15 @@ class MetaLink:
     def _next_meta(self) -> None:
         self._meta_i += 1
 
-    async def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
-        async with self._http.request(method, self._meta() + path, json=body, headers=self._headers) as r:
+    async def _call(self, method: str, path: str, body: dict | None = None,
+                    http: aiohttp.ClientSession | None = None) -> tuple[int, Any]:
+        async with (http or self._http).request(method, self._meta() + path, json=body, headers=self._headers) as r:
             return r.status, await r.json(content_type=None)
 
     # -- session -----------------------------------------------------------------------------------------------
     async def _register(self) -> None:
-        status, body = await self._call("PUT", f"/v1/brokers/{self.broker}", {"address": self.address, "zone": self.zone})
+        status, body = await self._call("PUT", f"/v1/brokers/{self.broker}", {"address": self.address, "zone": self.zone},
+                                        self._beat_http)
         if status != 200:
             raise RuntimeError(f"registration refused: {status} {body}")
         s = self.session
@@ -97,7 +106,8 @@ class MetaLink:
         was_active = s.active()
         queues = self.writer.max_offsets(self.routes.live_hosted())
         self._heartbeats.inc()
-        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/heartbeat", {"epoch": s.epoch, "queues": queues})
+        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/heartbeat",
+                                        {"epoch": s.epoch, "queues": queues}, self._beat_http)
         code = body.get("error", {}).get("code") if isinstance(body, dict) else None
         if status == 200:
             if not was_active:
@@ -198,9 +208,24 @@ class MetaLink:
             return
         self._dropped(dropped)
         for seg in self.routes.live_hosted():
-            if seg.topic == route["topic"] and seg.state == "sealing" and seg.physical_queue not in self._sealing:
+            if seg.topic != route["topic"]:
+                continue
+            if seg.state == "sealing" and seg.physical_queue not in self._sealing:
                 self._sealing[seg.physical_queue] = asyncio.create_task(self._report_seal(seg))
+            elif seg.state == "active" and seg.physical_queue not in self.writer.store:
+                self._background(self.writer.prepare(seg), f"prepare {seg.physical_queue}")
         self.session.beat_soon()  # new segments want their budgets now, not in two seconds
+
+    def _background(self, work, what: str) -> None:
+        """A short task of this link that stop() cancels; its failure is logged, never lost."""
+        task = asyncio.create_task(work, name=what)
+        self._chores.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._chores.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("broker_chore_failed", what=what, error=repr(t.exception()))
+        task.add_done_callback(done)
 
     def _dropped(self, physical_queues: set[str]) -> None:
         self.writer.forget(physical_queues)
@@ -248,14 +273,16 @@ class MetaLink:
         """Stop writes to the segment at once, then tell meta its exact end until meta has recorded it."""
         try:
             end = await self.writer.seal(seg)
+            pause = SEAL_RETRY_S
             while True:
                 current = self.routes.hosted.get(seg.physical_queue)
                 if current is None or current.state == "sealed":
                     return
                 try:
-                    status, body = await self._call("POST", f"/v1/brokers/{self.broker}/seal", {
-                        "epoch": self.session.epoch, "topic": seg.topic, "queue": seg.queue, "gen": seg.gen,
-                        "end_offset": end, "physical_queue": seg.physical_queue})
+                    async with self._seal_slots:
+                        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/seal", {
+                            "epoch": self.session.epoch, "topic": seg.topic, "queue": seg.queue, "gen": seg.gen,
+                            "end_offset": end, "physical_queue": seg.physical_queue})
                     code = body.get("error", {}).get("code") if isinstance(body, dict) else None
                     if status == 200 or code in ("ALREADY_SEALED", "SEGMENT_NOT_FOUND", "TOPIC_NOT_FOUND"):
                         log.info("segment_sealed", pq=seg.physical_queue, end=end, status=status, code=code)
@@ -267,6 +294,7 @@ class MetaLink:
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
                     log.warning("seal_report_failed", error=type(e).__name__)
                     self._next_meta()
-                await asyncio.sleep(SEAL_RETRY_S)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, SEAL_RETRY_S_MAX)
         finally:
             self._sealing.pop(seg.physical_queue, None)

@@ -9,34 +9,13 @@ history); a queue whose first carried segment has gen > 0 has older ones, which 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from client.wire import route as route_model
+from client.wire.route import Segment
+from client.wire.route import segment as segment_of
 
-@dataclass(frozen=True)
-class Segment:
-    topic: str
-    queue: int
-    gen: int
-    broker: str
-    address: str | None
-    physical_queue: str
-    physical_start: int
-    logic_start: int | None
-    logic_end: int | None
-    state: str
-    budget_end: int   # as of this route; heartbeats renew it faster than routes change
-
-    def physical(self, logic: int) -> int:
-        return logic - self.logic_start + self.physical_start
-
-    def logic(self, physical: int) -> int:
-        return physical - self.physical_start + self.logic_start
-
-
-def segment_of(topic: str, queue: int, s: dict[str, Any]) -> Segment:
-    return Segment(topic, queue, s["gen"], s["broker"], s.get("address"), s["physical_queue"], s["physical_start"],
-                   s["logic_start"], s["logic_end"], s.get("state", "active"), s.get("budget_end", 0))
+__all__ = ["RouteTable", "Segment", "segment_of"]
 
 
 class RouteTable:
@@ -50,6 +29,7 @@ class RouteTable:
     def update(self, route: dict[str, Any]) -> set[str] | None:
         """Take a newer route. None if it is not newer; else the physical queues this broker no longer hosts live
         (their per-queue state can go). Parses everything before changing anything: a bad route changes nothing."""
+        route_model.check(route)
         topic = route["topic"]
         old = self.routes.get(topic)
         if old is not None and old["version"] >= route["version"]:

@@ -105,9 +105,24 @@ class Writer:
                     break
         return [head.logic(first + i) for i in range(len(payloads))]
 
+    async def prepare(self, seg: Segment) -> None:
+        """Create a new segment's physical queue as soon as the route opens it, on a writer thread.
+
+        Creating one costs two directory fsyncs; done lazily on the first send, on the event loop, it stalled the
+        broker's whole loop (watch stream, heartbeats, every other queue) inside each remap's pause.
+        """
+        async with self._lock(seg.physical_queue):
+            await self._create(seg)
+
+    async def _create(self, seg: Segment) -> PhysicalQueue:
+        pq = self.local_queue(seg)
+        if pq is None:
+            pq = await asyncio.get_running_loop().run_in_executor(self._threads, self.local_queue, seg, True)
+        return pq
+
     async def _append(self, head: Segment, payloads: list[bytes]) -> int:
         """Append within the segment's offset budget; the caller holds the segment's lock."""
-        pq = self.local_queue(head, create=True)
+        pq = await self._create(head)
         budget = max(self.session.budgets.get(head.physical_queue, 0), head.budget_end)
         end = pq.max_offset + len(payloads)
         if end > budget:

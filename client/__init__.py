@@ -22,7 +22,7 @@ from .routes import RouteSubscription
 from .selection import (CallableSelector, KeySelector, Message, QueueSelector, RandomSelector, RoundRobinSelector,
                         as_selector)
 from .slots import SlotTable, queue_for_key, queue_for_slot, slot_of
-from .sse import SseEvent, SseParser
+from .wire.sse import SseEvent, SseParser
 from .sync import SyncAdminClient, SyncProducer, SyncPullConsumer
 
 __all__ = [

@@ -27,7 +27,9 @@ import aiohttp
 from .errors import Closed, StatorError, TopicNotFound
 from .http import (META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQUEST_TIMEOUT_S_DEFAULT, TRANSPORT_ERRORS,
                    Backoff, MetaCaller, auth_headers, client_timeout)
-from .sse import SseEvent, SseParser, SseProtocolError
+from .wire import route as route_model
+from .wire.route import RouteError
+from .wire.sse import SseEvent, SseParser, SseProtocolError
 
 log = logging.getLogger("stator.client.routes")
 
@@ -170,9 +172,10 @@ class RouteSubscription:
     # -- accepting routes (the only place state changes) -------------------------------------------------------
     def _offer(self, route: Any) -> bool:
         """Hold ``route`` if it is newer than what is held for its topic. Returns whether it was taken."""
-        if not isinstance(route, dict) or not isinstance(route.get("topic"), str) \
-                or not isinstance(route.get("version"), int):
-            log.warning("route_ignored_malformed", extra={"route": str(route)[:200]})
+        try:
+            route_model.check(route)
+        except RouteError as e:
+            log.warning("route_ignored_malformed", extra={"route": str(route)[:200], "error": str(e)})
             return False
         topic, v = route["topic"], route["version"]
         if v <= self.version(topic):

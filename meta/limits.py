@@ -1,6 +1,6 @@
 """Every bound of the meta service in one place, each with its unit last (DESIGN.md invariant 9)."""
 
-from client import sse as _sse
+from client.wire import sse as _sse
 from client.wire import headers as _headers
 
 REQUEST_BODY_BYTES_MAX = 1 * 1024 * 1024

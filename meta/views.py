@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from client.wire import route as route_model
+
 from . import limits
 from .image import Image
 
@@ -13,15 +15,15 @@ def _address(image: Image, broker: str) -> str | None:
     return b["address"] if b else None
 
 
-def segment_ref(image: Image, s: dict[str, Any]) -> dict[str, Any]:
+def segment_ref(image: Image, s: dict[str, Any]) -> route_model.SegmentJson:
     """A segment as routes and segment chains carry it: where it lives and which logic range it holds."""
-    return {"gen": s["gen"], "broker": s["broker"], "address": _address(image, s["broker"]),
-            "physical_queue": s["physical_queue"], "physical_start": s["physical_start"],
-            "logic_start": s["logic_start"], "logic_end": s["logic_end"], "state": s["state"],
-            "budget_end": s["budget_end"]}
+    return route_model.segment_json(
+        gen=s["gen"], broker=s["broker"], address=_address(image, s["broker"]), physical_queue=s["physical_queue"],
+        physical_start=s["physical_start"], logic_start=s["logic_start"], logic_end=s["logic_end"],
+        state=s["state"], budget_end=s["budget_end"])
 
 
-def route(image: Image, t: dict[str, Any]) -> dict[str, Any]:
+def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
     """What producers and consumers need: slot table, barriers, and per queue its writable head and its newest
     segments (at most ROUTE_SEGMENTS_PER_QUEUE_MAX: a route's size must not grow with the history)."""
     queues = []
@@ -30,16 +32,13 @@ def route(image: Image, t: dict[str, Any]) -> dict[str, Any]:
         broker = image.brokers.get(head["broker"])
         writable = (head["state"] == "active" and head["logic_start"] is not None
                     and broker is not None and broker["state"] == "active")
-        queues.append({
-            "queue": q, "broker": head["broker"], "address": _address(image, head["broker"]),
-            "physical_queue": head["physical_queue"], "gen": head["gen"], "writable": writable,
-            "segments": [segment_ref(image, s) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]],
-        })
-    return {"topic": t["topic"], "version": t["version"], "slots": t["slots"], "order": t["order"],
-            "config": t["config"], "slot_table": t["slot_table"],
-            "barriers": [{"queue": b["queue"], "after_queue": b["after_queue"], "after_offset": b["after_offset"]}
-                         for b in t["barriers"]],
-            "queues": queues}
+        carried = [segment_ref(image, s) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]]
+        queues.append(route_model.queue_json(q, writable, carried))
+    return route_model.route_json(
+        topic=t["topic"], version=t["version"], slots=t["slots"], order=t["order"], config=t["config"],
+        slot_table=t["slot_table"], queues=queues,
+        barriers=[{"queue": b["queue"], "after_queue": b["after_queue"], "after_offset": b["after_offset"]}
+                  for b in t["barriers"]])
 
 
 def topic_detail(t: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from client.wire import route as route_model
 from meta import allocation, limits
 
 TOKEN = "client-token"
@@ -34,15 +35,17 @@ def error(status: int, code: str, message: str = "", headers: dict | None = None
 
 
 def make_route(topic: str, placement: list[tuple[str, str]], *, order: str = "best_tried", slots: int = 64,
-               unwritable: tuple[int, ...] = ()) -> dict[str, Any]:
-    """A route in meta/views.py's shape: ``placement[q] = (broker, address)`` of queue q's head segment."""
-    return {"topic": topic, "version": 0, "slots": slots, "order": order, "config": {},
-            "slot_table": allocation.initial_slot_table(slots, len(placement)), "barriers": [],
-            "queues": [{"queue": q, "broker": b, "address": a, "physical_queue": f"{topic}.q{q}.g0.i1", "gen": 0,
-                        "writable": q not in unwritable,
-                        "segments": [{"gen": 0, "broker": b, "address": a, "physical_queue": f"{topic}.q{q}.g0.i1",
-                                      "physical_start": 0, "logic_start": 0, "logic_end": None, "state": "active"}]}
-                       for q, (b, a) in enumerate(placement)]}
+               unwritable: tuple[int, ...] = ()) -> route_model.RouteJson:
+    """A route built by the same functions meta renders with: ``placement[q] = (broker, address)`` of queue q's
+    head segment."""
+    def head(q: int, broker: str, address: str) -> route_model.SegmentJson:
+        return route_model.segment_json(gen=0, broker=broker, address=address,
+                                        physical_queue=f"{topic}.q{q}.g0.i1", physical_start=0, logic_start=0,
+                                        logic_end=None, state="active", budget_end=1_000_000)
+    return route_model.route_json(
+        topic=topic, version=0, slots=slots, order=order, config={}, barriers=[],
+        slot_table=allocation.initial_slot_table(slots, len(placement)),
+        queues=[route_model.queue_json(q, q not in unwritable, [head(q, b, a)]) for q, (b, a) in enumerate(placement)])
 
 
 def _authenticated(request: web.Request) -> bool:
