@@ -140,7 +140,7 @@ class Phases:
         self.t = now
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("queues", QUEUE_COUNTS)
 async def test_a_topic_at_the_queue_limit_survives_three_remaps_under_load(tmp_path, queues):
     # KRaft's session defaults, not the short ones of tests/conftest.py: a lapse would fence a broker and turn the
