@@ -1,0 +1,243 @@
+"""Raft snapshots hold the image as plain data, restore in another process, and reach a follower that fell behind.
+
+A real MetaSyncObj in this process (one node, so it leads at once) writes a snapshot that must parse as gzip'd JSON
+holding nothing but the image and pysyncobj's two log entries; a new process restores it to the same image bytes.
+Then a real three-node cluster compacts its log while a follower is down, and that follower must end on the same
+image as the leader: it can only get there by installing the leader's snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from meta import pysyncobj_shim as shim
+from meta import snapshot_file
+from meta.image import Image
+from meta.raft_node import SNAPSHOT_FILE, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from ops import devcluster
+from tests import cluster as cluster_mod
+from tests.meta_helpers import cluster_status, name_of, node_urls, ok, wait_until
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SECRET = "snapshot-test-secret"
+# Compact at most once a second: a single node's compaction window is the first 30 % of every period.
+FAST_COMPACTION = RaftTuning(compaction_min_entries=10_000, compaction_min_time_s=1)
+WAIT_S = 15.0
+
+
+def _sha(image: Image) -> str:
+    return hashlib.sha256(image.canonical_bytes()).hexdigest()
+
+
+def _start_single_node(data_dir: str) -> MetaSyncObj:
+    node = MetaSyncObj(f"127.0.0.1:{devcluster.free_base_port()}", [], data_dir, SECRET, FAST_COMPACTION,
+                       lambda version, changed: None, LoopBridge())
+    node.start()
+    return node
+
+
+async def _until(pred, what: str, timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _write_some(node: MetaSyncObj) -> None:
+    loop = asyncio.get_running_loop()
+    node.bridge.loop = loop
+    raft = RaftNode(node, loop, offset_budget=1000)
+    await _until(node.is_leader, "the single node to lead")
+    for i in range(3):
+        r = await raft.propose({"type": "RegisterBroker", "broker": f"b{i}", "address": "http://127.0.0.1:1"},
+                               f"rid-{i}", "broker")
+        assert r["ok"], r
+    r = await raft.propose({"type": "CreateTopic", "topic": "snap", "queues": 4, "brokers": ["b0", "b1"],
+                            "config": {"retention": "7d", "note": "é✓"}}, "rid-topic", "admin")
+    assert r["ok"], r
+
+
+def _compacted(node: MetaSyncObj, path: str) -> snapshot_file.Snapshot | None:
+    """The snapshot once it covers every applied entry and the log was cut down to the two entries it keeps."""
+    try:
+        snap = snapshot_file.read(path)
+    except FileNotFoundError:
+        return None
+    if snap.last_applied.index != node.raftLastApplied or node.getStatus()["log_len"] != 2:
+        return None
+    return snap
+
+
+async def _compact(node: MetaSyncObj, data_dir: str) -> snapshot_file.Snapshot:
+    node.forceLogCompaction()
+    return await _until(lambda: _compacted(node, os.path.join(data_dir, SNAPSHOT_FILE)), "a compacted log")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def test_the_shim_refuses_any_other_pysyncobj():
+    shim.require_version(shim.PYSYNCOBJ_VERSION)
+    with pytest.raises(ImportError, match=r"written against pysyncobj 0\.3\.17 .* pysyncobj 0\.3\.18 is installed"):
+        shim.require_version("0.3.18")
+
+
+def test_only_the_shim_names_pysyncobj_private_attributes():
+    private = "_SyncObj" + "__"
+    offenders = [str(p.relative_to(REPO)) for top in ("meta", "ops", "tests", "broker", "client")
+                 for p in (REPO / top).rglob("*.py")
+                 if private in p.read_text() and p != REPO / "meta" / "pysyncobj_shim.py"]
+    assert offenders == [], f"reach pysyncobj's internals through meta/pysyncobj_shim.py: {offenders}"
+
+
+async def test_a_snapshot_is_gzipped_json_of_the_image_and_nothing_local(tmp_path):
+    data_dir = str(tmp_path / "data")
+    node = _start_single_node(data_dir)
+    try:
+        await _write_some(node)
+        # Every attribute set after SyncObj.__init__ would be replicated state: only the image may be.
+        assert shim.replicated_attribute_names(node) == {"image_data"}
+        snap = await _compact(node, data_dir)
+        live = node.current_image()
+        last_applied = node.raftLastApplied
+    finally:
+        node.stop()
+
+    # Read with nothing but gzip and json: plain data, not a pickle and not our parser's interpretation of one.
+    with gzip.open(os.path.join(data_dir, SNAPSHOT_FILE), "rb") as f:
+        doc = json.loads(f.read())
+    assert set(doc) == {"format", "version", "image", "raft"}
+    assert (doc["format"], doc["version"]) == ("stator-raft-snapshot", 1)
+    assert set(doc["raft"]) == {"last_applied", "previous", "cluster"}
+    assert doc["raft"]["last_applied"]["index"] == last_applied
+    assert doc["raft"]["previous"]["index"] == last_applied - 1
+    assert Image(doc["image"]).canonical_bytes() == live.canonical_bytes()
+    assert live.topic("snap")["config"]["note"] == "é✓"
+    assert Image(snap.image).canonical_bytes() == live.canonical_bytes()
+    assert not os.path.exists(os.path.join(data_dir, SNAPSHOT_FILE + ".tmp"))
+    assert not os.path.exists(os.path.join(data_dir, SNAPSHOT_FILE + snapshot_file.WRITING_SUFFIX))
+
+
+RESTORE = """
+import hashlib, json, sys, time
+from meta.offline_log import image_from_data_dir
+from meta.raft_node import LoopBridge, MetaSyncObj, RaftTuning
+data_dir, raft, secret, commands = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+offline = image_from_data_dir(data_dir)
+node = MetaSyncObj(raft, [], data_dir, secret, RaftTuning(), lambda v, c: None, LoopBridge())
+node.start()
+deadline = time.monotonic() + 10
+while node.current_image().data["commands"] < commands and time.monotonic() < deadline:
+    time.sleep(0.05)
+image = node.current_image()
+node.stop()
+print(json.dumps({"node": hashlib.sha256(image.canonical_bytes()).hexdigest(),
+                  "offline": hashlib.sha256(offline.canonical_bytes()).hexdigest()}))
+"""
+
+
+async def test_a_snapshot_restores_in_a_new_process_to_the_same_image_bytes(tmp_path):
+    data_dir = str(tmp_path / "data")
+    node = _start_single_node(data_dir)
+    try:
+        await _write_some(node)
+        await _compact(node, data_dir)
+        live = node.current_image()
+    finally:
+        node.stop()
+    # After the compaction the journal keeps only the snapshot's own two entries: the image can come from the
+    # snapshot alone, both in a restarted node and in the offline reader that rebuild-projection uses.
+    out = subprocess.run([sys.executable, "-c", RESTORE, data_dir, f"127.0.0.1:{devcluster.free_base_port()}", SECRET,
+                          str(live.data["commands"])], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    restored = json.loads(out.stdout.strip().splitlines()[-1])
+    assert restored == {"node": _sha(live), "offline": _sha(live)}
+
+
+def test_a_damaged_snapshot_is_refused_not_half_loaded(tmp_path):
+    path = str(tmp_path / SNAPSHOT_FILE)
+    with gzip.open(path, "wb") as f:
+        f.write(b"\x80\x04\x95 not json at all")  # what an old pickled snapshot starts with
+    with pytest.raises(snapshot_file.SnapshotFormatError, match="not JSON"):
+        snapshot_file.read(path)
+    good = snapshot_file.Snapshot(Image().data, snapshot_file.LogEntry(7, 2, b"\x00abc"),
+                                  snapshot_file.LogEntry(6, 2, b"\x01"), ("127.0.0.1:1",))
+    doc = json.loads(snapshot_file.encode(good))
+    assert snapshot_file.decode(snapshot_file.encode(good)) == good
+    for broken, message in (({**doc, "extra": 1}, "exactly"),
+                            ({**doc, "version": 2}, "version 1"),
+                            ({**doc, "image": []}, "image must be an object"),
+                            ({**doc, "raft": {**doc["raft"], "previous": {"index": 5, "term": 2, "command": ""}}},
+                             "directly precede"),
+                            ({**doc, "raft": {**doc["raft"], "last_applied": {"index": 7, "term": 2,
+                                                                              "command": "%%"}}}, "not base64")):
+        with pytest.raises(snapshot_file.SnapshotFormatError, match=message):
+            snapshot_file.decode(json.dumps(broken).encode())
+    with open(path, "wb") as f:
+        f.write(gzip.compress(snapshot_file.encode(good))[:-10])  # a write cut short
+    with pytest.raises(snapshot_file.SnapshotFormatError, match="not a complete gzip file"):
+        snapshot_file.read(path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+CLUSTER_COMPACTION = {"raft_tuning": {"compaction_min_entries": 20, "compaction_min_time_s": 1},
+                      "session_timeout_ms": 600_000}
+
+
+async def _digest(c, url: str, version: int) -> dict:
+    return await ok(c, "GET", f"/v1/admin/image-digest?min_version={version}", url=url)
+
+
+@pytest.mark.slow
+async def test_a_follower_behind_the_compacted_log_installs_the_leaders_snapshot(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 3, 0, meta=CLUSTER_COMPACTION) as c:
+        leader, lurl, followers = await node_urls(c)
+        await ok(c, "PUT", "/v1/brokers/b0", "broker", json={"address": "http://127.0.0.1:1"}, url=lurl)
+        behind = name_of(c, followers[0])
+        await asyncio.to_thread(devcluster.stop_member, c.dir, behind)
+        # Quiet now, so the leader's log ends at its commit index: the stopped follower holds nothing beyond it.
+        stopped_at = (await cluster_status(c, lurl))["commit_index"]
+        await ok(c, "POST", "/v1/topics", url=lurl, expect=(201,), json={"topic": "x", "queues": 2, "brokers": ["b0"]})
+        for i in range(60):
+            b = await ok(c, "PUT", "/v1/topics/x/config", url=lurl, json={"a": str(i)})
+        version = b["version"]
+        leader_snapshot = os.path.join(c.dir, leader, "data", SNAPSHOT_FILE)
+
+        async def log_cut_past_the_follower():
+            # The leader's log now starts after the follower's last entry: replaying the log cannot catch it up.
+            try:
+                snap = snapshot_file.read(leader_snapshot)
+            except FileNotFoundError:
+                return None
+            return snap if snap.previous.index > stopped_at + 1 else None
+        cut = await wait_until(log_cut_past_the_follower, WAIT_S, "the leader to compact past the stopped follower")
+
+        await asyncio.to_thread(c.start, behind)
+        furl = c.url(behind)
+
+        async def same_image(at: int):
+            mine, theirs = await _digest(c, furl, at), await _digest(c, lurl, at)
+            return (mine, theirs) if mine["commands"] == theirs["commands"] else None
+        mine, theirs = await wait_until(lambda: same_image(version), WAIT_S,
+                                        f"{behind} to apply as many commands as the leader")
+        assert mine["sha256"] == theirs["sha256"], (mine, theirs)
+        installed = snapshot_file.read(os.path.join(c.dir, behind, "data", SNAPSHOT_FILE))
+        assert installed.last_applied.index >= cut.last_applied.index
+
+        # The installed image goes on to apply new commands exactly like the leader's.
+        b = await ok(c, "PUT", "/v1/topics/x/config", url=furl, json={"after": "install"})
+        mine, theirs = await wait_until(lambda: same_image(b["version"]), WAIT_S,
+                                        "both nodes to apply the write after the install")
+        assert mine["version"] >= b["version"] and mine["sha256"] == theirs["sha256"], (mine, theirs)
