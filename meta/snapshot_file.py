@@ -34,6 +34,7 @@ GZIP_LEVEL = 6                # most of level 9's saving for a fraction of its C
 SNAPSHOT_WRITER_NICE = 19     # the writer must never compete with Raft for the CPU
 WRITING_SUFFIX = ".writing"   # the file being written; renamed over the snapshot only once complete and synced
 EXIT_WRITE_FAILED = 1
+PICKLE_PROTOCOL_OPCODE = b"\x80"  # how pysyncobj's own (pickled) snapshots begin
 
 
 class SnapshotFormatError(ValueError):
@@ -64,6 +65,10 @@ def encode(snapshot: Snapshot) -> bytes:
 
 
 def decode(raw: bytes) -> Snapshot:
+    if raw[:1] == PICKLE_PROTOCOL_OPCODE:
+        raise SnapshotFormatError("a pickled snapshot, the format of older versions, which is never unpickled: stop "
+                                  "the node, move its raft.snapshot and raft.journal aside and restart it, so that it "
+                                  "installs the leader's snapshot")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -162,6 +167,11 @@ class BackgroundWriter:
         self.path = path
         self._pid: int | None = None
         self._fork_failed = False
+
+    @property
+    def pid(self) -> int | None:
+        """The writing child's process id, while there is one."""
+        return self._pid
 
     def start(self, snapshot: Snapshot) -> bool:
         """Starts a write; False if one is still running or no child could be forked (``poll`` reports FAILED)."""

@@ -9,6 +9,7 @@ image as the leader: it can only get there by installing the leader's snapshot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import hashlib
 import json
@@ -24,7 +25,7 @@ import pytest
 from meta import pysyncobj_shim as shim
 from meta import snapshot_file
 from meta.image import Image
-from meta.raft_node import SNAPSHOT_FILE, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.raft_node import EXIT_REPLICA_UNTRUSTED, SNAPSHOT_FILE, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
 from tests import cluster as cluster_mod
 from tests.meta_helpers import cluster_status, name_of, node_urls, ok, wait_until
@@ -34,6 +35,7 @@ SECRET = "snapshot-test-secret"
 # Compact at most once a second: a single node's compaction window is the first 30 % of every period.
 FAST_COMPACTION = RaftTuning(compaction_min_entries=10_000, compaction_min_time_s=1)
 WAIT_S = 15.0
+QUEUES_BIG = 20_000
 
 
 def _sha(image: Image) -> str:
@@ -169,7 +171,11 @@ async def test_a_snapshot_restores_in_a_new_process_to_the_same_image_bytes(tmp_
 def test_a_damaged_snapshot_is_refused_not_half_loaded(tmp_path):
     path = str(tmp_path / SNAPSHOT_FILE)
     with gzip.open(path, "wb") as f:
-        f.write(b"\x80\x04\x95 not json at all")  # what an old pickled snapshot starts with
+        f.write(b"\x80\x04\x95 a pickle")  # how the snapshots of older versions begin
+    with pytest.raises(snapshot_file.SnapshotFormatError, match="a pickled snapshot.*never unpickled"):
+        snapshot_file.read(path)
+    with gzip.open(path, "wb") as f:
+        f.write(b"{not json")
     with pytest.raises(snapshot_file.SnapshotFormatError, match="not JSON"):
         snapshot_file.read(path)
     good = snapshot_file.Snapshot(Image().data, snapshot_file.LogEntry(7, 2, b"\x00abc"),
@@ -189,6 +195,54 @@ def test_a_damaged_snapshot_is_refused_not_half_loaded(tmp_path):
         f.write(gzip.compress(snapshot_file.encode(good))[:-10])  # a write cut short
     with pytest.raises(snapshot_file.SnapshotFormatError, match="not a complete gzip file"):
         snapshot_file.read(path)
+
+
+UNREADABLE = """
+import sys
+from meta.raft_node import LoopBridge, MetaSyncObj, RaftTuning
+node = MetaSyncObj(sys.argv[2], [], sys.argv[1], "secret", RaftTuning(), lambda v, c: None, LoopBridge())
+node.start()
+node._tick_thread.join(10)
+"""
+
+
+def test_a_node_whose_snapshot_cannot_be_read_stops_instead_of_starting_empty(tmp_path):
+    # pysyncobj alone would log the failure and go on with an empty image while its log resumes after the
+    # snapshot: a replica that silently diverged.
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / SNAPSHOT_FILE).write_bytes(gzip.compress(b'{"format": "something else"}'))
+    out = subprocess.run([sys.executable, "-c", UNREADABLE, str(data_dir), f"127.0.0.1:{devcluster.free_base_port()}"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == EXIT_REPLICA_UNTRUSTED, (out.returncode, out.stderr[-2000:])
+    assert "raft_snapshot_unreadable" in out.stdout + out.stderr
+
+
+def test_the_writer_encodes_in_a_low_priority_child_while_the_caller_goes_on(tmp_path):
+    data = Image().data
+    # Big enough that encoding it takes a while: the caller must get control back long before the file exists.
+    data["topics"]["big"] = {"topic": "big", "logic_queues": [[{"gen": 0, "broker": f"b{q % 7}", "pq": f"big-{q}",
+                                                                 "physical_start": 0, "logic_start": q}]
+                                                               for q in range(QUEUES_BIG)]}
+    snap = snapshot_file.Snapshot(data, snapshot_file.LogEntry(2, 1, b"\x00x"), snapshot_file.LogEntry(1, 1, b"\x01"),
+                                  ("127.0.0.1:1",))
+    path = str(tmp_path / SNAPSHOT_FILE)
+    writer = snapshot_file.BackgroundWriter(path)
+    assert writer.poll() is snapshot_file.WriterState.IDLE
+    assert writer.start(snap)
+    assert writer.pid is not None and writer.pid != os.getpid()
+    assert not writer.start(snap), "a second write must wait for the first"
+    niceness = []
+    deadline = time.monotonic() + WAIT_S
+    while (state := writer.poll()) is snapshot_file.WriterState.WRITING:
+        with contextlib.suppress(ProcessLookupError):
+            niceness.append(os.getpriority(os.PRIO_PROCESS, writer.pid))
+        assert time.monotonic() < deadline, "the snapshot writer did not finish"
+        time.sleep(0.01)
+    assert state is snapshot_file.WriterState.DONE
+    assert writer.poll() is snapshot_file.WriterState.IDLE
+    assert niceness and niceness[-1] == snapshot_file.SNAPSHOT_WRITER_NICE, niceness
+    assert snapshot_file.read(path) == snap
 
 
 # ---------------------------------------------------------------------------------------------------------------
