@@ -22,9 +22,11 @@ import contextlib
 import enum
 import gc
 import gzip
+import io
 import json
 import os
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -34,6 +36,8 @@ GZIP_LEVEL = 6                # most of level 9's saving for a fraction of its C
 SNAPSHOT_WRITER_NICE = 19     # the writer must never compete with Raft for the CPU
 WRITING_SUFFIX = ".writing"   # the file being written; renamed over the snapshot only once complete and synced
 EXIT_WRITE_FAILED = 1
+ENCODE_SPLIT_DEPTH = 4        # objects above this depth (document > image > topics > topic) go key by key
+ENCODE_SLICE_ITEMS = 1024     # a longer list is encoded this many items at a time
 PICKLE_PROTOCOL_OPCODE = b"\x80"  # how pysyncobj's own (pickled) snapshots begin
 
 
@@ -58,10 +62,37 @@ class Snapshot:
 
 # -- format ----------------------------------------------------------------------------------------------------
 def encode(snapshot: Snapshot) -> bytes:
-    doc = {"format": FORMAT, "version": FORMAT_VERSION, "image": snapshot.image,
-           "raft": {"last_applied": _entry_doc(snapshot.last_applied), "previous": _entry_doc(snapshot.previous),
-                    "cluster": list(snapshot.cluster)}}
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return "".join(_chunks(_document(snapshot))).encode()
+
+
+def _document(snapshot: Snapshot) -> dict[str, Any]:
+    return {"format": FORMAT, "version": FORMAT_VERSION, "image": snapshot.image,
+            "raft": {"last_applied": _entry_doc(snapshot.last_applied), "previous": _entry_doc(snapshot.previous),
+                     "cluster": list(snapshot.cluster)}}
+
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def _chunks(value: Any, depth: int = 0) -> Iterator[str]:
+    """The JSON text of ``value`` in pieces of bounded size: one piece per key of the outer objects (the document,
+    the image, its maps, each topic) and per slice of a long list (a topic's queues, the history). Encoding a
+    million-queue image in one piece would hold its whole text twice (str and bytes) in the writer's memory."""
+    if isinstance(value, dict) and depth < ENCODE_SPLIT_DEPTH:
+        yield "{"
+        separator = ""
+        for key, item in value.items():
+            yield separator + _dumps(key) + ":"
+            separator = ","
+            yield from _chunks(item, depth + 1)
+        yield "}"
+    elif isinstance(value, list) and len(value) > ENCODE_SLICE_ITEMS:
+        yield "["
+        for start in range(0, len(value), ENCODE_SLICE_ITEMS):
+            yield ("," if start else "") + _dumps(value[start:start + ENCODE_SLICE_ITEMS])[1:-1]
+        yield "]"
+    else:
+        yield _dumps(value)
 
 
 def decode(raw: bytes) -> Snapshot:
@@ -126,17 +157,32 @@ def read(path: str) -> Snapshot:
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise SnapshotFormatError(f"{path} is not a complete gzip file: {e}") from None
     try:
-        return decode(raw)
+        with _cyclic_gc_paused():
+            return decode(raw)
     except SnapshotFormatError as e:
         raise SnapshotFormatError(f"{path}: {e}") from None
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    # Parsing a large image allocates millions of containers, and every burst of allocations starts a collection
+    # that walks all of them again: about half the load time. What JSON builds is acyclic, so nothing is missed.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def write(path: str, snapshot: Snapshot) -> None:
     """Replaces ``path`` atomically: a crash leaves the old snapshot or the new one, never a part."""
     tmp = path + WRITING_SUFFIX
     with open(tmp, "wb") as f:
-        with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as g:
-            g.write(encode(snapshot))
+        with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as g, \
+                io.TextIOWrapper(g, encoding="utf-8", newline="") as text:
+            text.writelines(_chunks(_document(snapshot)))
         f.flush()
         # pysyncobj drops the log entries the snapshot covers once the write reports success: the file must be
         # on disk by then, not in the page cache.

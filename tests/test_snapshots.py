@@ -28,7 +28,7 @@ from meta.image import Image
 from meta.raft_node import EXIT_REPLICA_UNTRUSTED, SNAPSHOT_FILE, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
 from tests import cluster as cluster_mod
-from tests.meta_helpers import cluster_status, name_of, node_urls, ok, wait_until
+from tests.meta_helpers import call_any, cluster_status, name_of, node_urls, wait_until
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SECRET = "snapshot-test-secret"
@@ -250,48 +250,60 @@ CLUSTER_COMPACTION = {"raft_tuning": {"compaction_min_entries": 20, "compaction_
                       "session_timeout_ms": 600_000}
 
 
-async def _digest(c, url: str, version: int) -> dict:
-    return await ok(c, "GET", f"/v1/admin/image-digest?min_version={version}", url=url)
+async def _digest(c, url: str, version: int) -> dict | None:
+    """The node's image digest once it applied ``version``; None while it cannot answer yet (restarting, electing)."""
+    s, b, _ = await c.call("GET", f"{url}/v1/admin/image-digest?min_version={version}")
+    return b if s == 200 else None
+
+
+async def _write(c, urls: list[str], method: str, path: str, body: dict, role: str = "admin") -> dict:
+    s, b, _ = await call_any(c, method, path, role, json=body, urls=urls)
+    assert s in (200, 201), (method, path, s, b)
+    return b
+
+
+def _snapshot_or_none(path: str) -> snapshot_file.Snapshot | None:
+    try:
+        return snapshot_file.read(path)
+    except FileNotFoundError:
+        return None
 
 
 @pytest.mark.slow
 async def test_a_follower_behind_the_compacted_log_installs_the_leaders_snapshot(tmp_path):
     async with cluster_mod.running(str(tmp_path), 3, 0, meta=CLUSTER_COMPACTION) as c:
-        leader, lurl, followers = await node_urls(c)
-        await ok(c, "PUT", "/v1/brokers/b0", "broker", json={"address": "http://127.0.0.1:1"}, url=lurl)
+        _leader, _lurl, followers = await node_urls(c)
+        await _write(c, c.meta_urls, "PUT", "/v1/brokers/b0", {"address": "http://127.0.0.1:1"}, role="broker")
         behind = name_of(c, followers[0])
+        furl = c.url(behind)
+        live = [u for u in c.meta_urls if u != furl]
         await asyncio.to_thread(devcluster.stop_member, c.dir, behind)
-        # Quiet now, so the leader's log ends at its commit index: the stopped follower holds nothing beyond it.
-        stopped_at = (await cluster_status(c, lurl))["commit_index"]
-        await ok(c, "POST", "/v1/topics", url=lurl, expect=(201,), json={"topic": "x", "queues": 2, "brokers": ["b0"]})
+        # Nothing is being written now, so no log holds more than the live nodes have committed.
+        stopped_at = max([(await cluster_status(c, u))["commit_index"] for u in live])
+        await _write(c, live, "POST", "/v1/topics", {"topic": "x", "queues": 2, "brokers": ["b0"]})
         for i in range(60):
-            b = await ok(c, "PUT", "/v1/topics/x/config", url=lurl, json={"a": str(i)})
+            b = await _write(c, live, "PUT", "/v1/topics/x/config", {"a": str(i)})
         version = b["version"]
-        leader_snapshot = os.path.join(c.dir, leader, "data", SNAPSHOT_FILE)
 
-        async def log_cut_past_the_follower():
-            # The leader's log now starts after the follower's last entry: replaying the log cannot catch it up.
-            try:
-                snap = snapshot_file.read(leader_snapshot)
-            except FileNotFoundError:
-                return None
-            return snap if snap.previous.index > stopped_at + 1 else None
-        cut = await wait_until(log_cut_past_the_follower, WAIT_S, "the leader to compact past the stopped follower")
+        async def logs_cut_past_the_follower():
+            # Both live logs now start after the follower's last entry: whichever node leads when it returns, replaying
+            # the log cannot catch it up, only the snapshot can.
+            snaps = [_snapshot_or_none(os.path.join(c.dir, name_of(c, u), "data", SNAPSHOT_FILE)) for u in live]
+            return snaps if all(s is not None and s.previous.index > stopped_at + 1 for s in snaps) else None
+        cut = await wait_until(logs_cut_past_the_follower, WAIT_S, "the live nodes to compact past the stopped one")
 
         await asyncio.to_thread(c.start, behind)
-        furl = c.url(behind)
 
         async def same_image(at: int):
-            mine, theirs = await _digest(c, furl, at), await _digest(c, lurl, at)
-            return (mine, theirs) if mine["commands"] == theirs["commands"] else None
-        mine, theirs = await wait_until(lambda: same_image(version), WAIT_S,
-                                        f"{behind} to apply as many commands as the leader")
-        assert mine["sha256"] == theirs["sha256"], (mine, theirs)
+            digests = [await _digest(c, u, at) for u in c.meta_urls]
+            return digests if None not in digests and len({d["commands"] for d in digests}) == 1 else None
+        digests = await wait_until(lambda: same_image(version), WAIT_S,
+                                   f"{behind} to apply as many commands as the live nodes")
+        assert len({d["sha256"] for d in digests}) == 1, digests
         installed = snapshot_file.read(os.path.join(c.dir, behind, "data", SNAPSHOT_FILE))
-        assert installed.last_applied.index >= cut.last_applied.index
+        assert installed.last_applied.index >= min(s.last_applied.index for s in cut)
 
-        # The installed image goes on to apply new commands exactly like the leader's.
-        b = await ok(c, "PUT", "/v1/topics/x/config", url=furl, json={"after": "install"})
-        mine, theirs = await wait_until(lambda: same_image(b["version"]), WAIT_S,
-                                        "both nodes to apply the write after the install")
-        assert mine["version"] >= b["version"] and mine["sha256"] == theirs["sha256"], (mine, theirs)
+        # The installed image goes on to apply new commands exactly like the others.
+        b = await _write(c, [furl], "PUT", "/v1/topics/x/config", {"after": "install"})
+        digests = await wait_until(lambda: same_image(b["version"]), WAIT_S, "every node to apply the next write")
+        assert len({d["sha256"] for d in digests}) == 1, digests
