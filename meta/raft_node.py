@@ -9,13 +9,16 @@ The driver loop, as pysyncobj runs it on its own tick thread:
   4. The proposer's callback fires on the tick thread and is hopped to the event loop, batched once per tick
      (``LoopBridge``).
 
-The replicated state is one attribute, ``image_data`` (plain data): pysyncobj snapshots every attribute set after
-``SyncObj.__init__``, so everything else is set before it and stays local.
+The replicated state is one attribute, ``image_data`` (plain data). A snapshot is that image written as JSON by
+``snapshot_file`` (never pysyncobj's pickle of the object's attributes); every other attribute is set before
+``SyncObj.__init__`` so that pysyncobj counts it as local, and what changes later lives in ``_LocalState``.
+Everything that reaches into pysyncobj's internals goes through ``pysyncobj_shim``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -29,8 +32,11 @@ import structlog
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from . import limits
+from . import pysyncobj_shim as shim
 from client.wire.errors import ApiError, rejection
 from .image import Image
+from .snapshot_file import BackgroundWriter, SnapshotFormatError
+from .snapshot_file import read as read_snapshot
 from .state_machine import StateMachine
 
 log = structlog.get_logger("meta.raft")
@@ -96,21 +102,26 @@ class ProposeFailed(ApiError):
     status = 503
 
 
-def _lower_priority_in_child() -> None:
-    """pysyncobj writes snapshots from a forked child; it must never compete with Raft for the CPU."""
-    try:
-        os.nice(SNAPSHOT_WRITER_NICE)
-    except OSError:
-        pass
-
-
-SNAPSHOT_WRITER_NICE = 19
+SNAPSHOT_FILE = "raft.snapshot"
+JOURNAL_FILE = "raft.journal"
 RAFT_BIND_ATTEMPTS_MAX = 10   # x bindRetryTime 0.2 s: a taken raft port stops the node in ~2 s, not a busy loop forever
 KEEPALIVE = {"type": "keepalive"}   # any message type pysyncobj does not handle is read and ignored
 KEEPALIVE_INTERVAL_S = 0.5
 RESTART_ELECTION_GRACE_S = 1.5
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
-os.register_at_fork(after_in_child=_lower_priority_in_child)
+EXIT_REPLICA_UNTRUSTED = 70  # this replica's image cannot be trusted: stop rather than serve or spread it
+
+
+@dataclass
+class _LocalState:
+    """What a node changes while it runs, besides the image. One object, created before ``SyncObj.__init__``:
+    pysyncobj counts it as local, whatever fields change later."""
+    pipe: Any = None              # pysyncobj's pipe notifier: wakes the tick thread
+    sent_index: int = 0           # last log index and commit index sent to the followers
+    sent_commit: int = 0
+    wake_pending: bool = False
+    freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
+    last_keepalive: float = 0.0   # monotonic
 
 
 class MetaSyncObj(SyncObj):
@@ -122,11 +133,17 @@ class MetaSyncObj(SyncObj):
         self._on_applied = on_applied
         self.bridge = bridge
         self.commands_queue_max = tuning.commands_queue_max
+        self._local = _LocalState()
         os.makedirs(data_dir, exist_ok=True)
+        snapshot_path = os.path.join(data_dir, SNAPSHOT_FILE)
+        self._snapshots = BackgroundWriter(snapshot_path)
         conf = SyncObjConf(
             password=secret,
-            journalFile=os.path.join(data_dir, "raft.journal"),
-            fullDumpFile=os.path.join(data_dir, "raft.snapshot"),
+            journalFile=os.path.join(data_dir, JOURNAL_FILE),
+            fullDumpFile=snapshot_path,
+            serializer=self._write_snapshot,
+            serializeChecker=self._snapshot_progress,
+            deserializer=self._read_snapshot,
             raftMinTimeout=tuning.election_timeout_min_s,
             raftMaxTimeout=tuning.election_timeout_max_s,
             appendEntriesPeriod=tuning.append_entries_period_s,
@@ -151,42 +168,38 @@ class MetaSyncObj(SyncObj):
         super().__init__(self_raft, partners, conf)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
-        self._batch_appends()
+        self._batch_appends(conf)
 
     # -- one append message per tick ---------------------------------------------------------------------------
     # pysyncobj offers two modes: batching (entries wait for the next 50 ms period: slow single writes) or one
     # append message per command to every follower (each pickled and encrypted: CPU-bound under load). We take
     # the middle: a command wakes the tick thread at once (pipe notifier), the tick appends every queued command
-    # to the log, and one message per follower carries them all. This reaches into pysyncobj 0.3.17's private
-    # attributes (the version is pinned in pyproject.toml).
-    def _batch_appends(self) -> None:
-        self._pipe = getattr(self, "_SyncObj__pipeNotifier", None)  # created only with appendEntriesUseBatch=False
-        self._SyncObj__conf.appendEntriesUseBatch = True              # no send per command inside the tick...
-        self._sent_index = self._sent_commit = 0
-        self._wake_pending = False
-        self._freeze_pending = True  # the image restored from a snapshot or journal at start-up
-        self.addOnTickCallback(self._send_new_entries)                # ...one send per tick instead
+    # to the log, and one message per follower carries them all. This relies on pysyncobj's internals (through
+    # the shim, pinned to one version).
+    def _batch_appends(self, conf: SyncObjConf) -> None:
+        self._local.pipe = shim.pipe_notifier(self)  # created only with appendEntriesUseBatch=False
+        conf.appendEntriesUseBatch = True             # no send per command inside the tick...
+        self.addOnTickCallback(self._send_new_entries)  # ...one send per tick instead
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
         self.addOnTickCallback(self._keep_links_alive)
-        self._last_keepalive = 0.0
-        if self._getTerm() > 0:
+        if self.raftCurrentTerm > 0:
             # A node restarting on its own data must not stand for election before it could hear the leader:
             # pysyncobj has no pre-vote, so its higher term would depose a healthy leader (one more election).
-            self._SyncObj__raftElectionDeadline = time.monotonic() + RESTART_ELECTION_GRACE_S
+            shim.postpone_election(self, RESTART_ELECTION_GRACE_S)
 
     def _keep_links_alive(self) -> None:
         # pysyncobj drops a connection that has read nothing for connectionTimeout, and two followers never talk
         # until an election: their link was down much of the time, so the first candidate's vote request was lost
         # and every failover took a second election. A small message now and then keeps every link up.
         now = time.monotonic()
-        if now - self._last_keepalive < KEEPALIVE_INTERVAL_S:
+        if now - self._local.last_keepalive < KEEPALIVE_INTERVAL_S:
             return
-        self._last_keepalive = now
-        leader = self._getLeader()
-        for node in self._SyncObj__otherNodes:
-            if node != leader or not self._isLeader():
-                self._SyncObj__transport.send(node, KEEPALIVE)
+        self._local.last_keepalive = now
+        leader = shim.leader(self)
+        for node in self.otherNodes:
+            if node != leader or not shim.is_leader(self):
+                shim.send_message(self, node, KEEPALIVE)
 
     def _log_state_change(self, old: int, new: int) -> None:
         # Elections are the first thing to look at when latency jumps: every change of role is a log line.
@@ -200,41 +213,67 @@ class MetaSyncObj(SyncObj):
         # alive to the permanent generation, out of the collector's reach. Whatever else is alive at that instant
         # (a few request objects of the event loop) is frozen too; topic creations are rare admin calls, so the
         # cyclic garbage this can pin stays small and bounded.
-        if self._freeze_pending:
-            self._freeze_pending = False
+        if self._local.freeze_pending:
+            self._local.freeze_pending = False
             gc.freeze()
 
     def _applyCommand(self, command, callback, commandType=None):
         super()._applyCommand(command, callback, commandType)
         # One wake-up per tick is enough: the tick drains the whole queue. The flag is cleared before draining,
         # so a command queued after that point always wakes the next tick.
-        if self._pipe is not None and not self._wake_pending:
-            self._wake_pending = True
-            self._pipe.notify()
+        if self._local.pipe is not None and not self._local.wake_pending:
+            self._local.wake_pending = True
+            self._local.pipe.notify()
 
     def _onTick(self, timeToWait=0.0):
         # pysyncobj judges the leader dead at the start of a tick, before it reads the messages that arrived
         # meanwhile. After a long tick (a follower applying a batch of large entries) the leader's heartbeats are
         # already waiting in the socket: read them first, so being busy is never mistaken for a dead leader.
         if self._tick_thread is not None:
-            self._poller.poll(0)
+            shim.poll_sockets(self)
         super()._onTick(timeToWait)
 
     def _checkCommandsToApply(self):
-        self._wake_pending = False
+        self._local.wake_pending = False
         super()._checkCommandsToApply()
 
     def _send_new_entries(self) -> None:
-        if not self._isLeader():
-            self._sent_index = self._sent_commit = 0
+        local = self._local
+        if not shim.is_leader(self):
+            local.sent_index = local.sent_commit = 0
             return
-        last = self._SyncObj__getCurrentLogIndex()
-        commit = self._SyncObj__raftCommitIndex
+        last = shim.current_log_index(self)
+        commit = self.raftCommitIndex
         # New entries, or a commit index the followers have not heard of yet: without the latter a follower would
         # apply (and answer a read-your-write) only at the next heartbeat, up to a period later.
-        if last > self._sent_index or commit > self._sent_commit:
-            self._sent_index, self._sent_commit = last, commit
-            self._SyncObj__sendAppendEntries()
+        if last > local.sent_index or commit > local.sent_commit:
+            local.sent_index, local.sent_commit = last, commit
+            shim.send_append_entries(self)
+
+    # -- snapshots: pysyncobj's serializer hooks, all called on the tick thread ------------------------------------
+    def _write_snapshot(self, rename_source: str, raft: tuple[Any, ...]) -> None:
+        # pysyncobj renames rename_source over the snapshot as soon as this returns (see the shim); a stale file
+        # of that name from an older run would be taken for the new snapshot, so it must not exist.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(rename_source)
+        # The tick thread also applies entries, so the image is exactly the one at the last applied entry.
+        if not self._snapshots.start(shim.snapshot_of(self.image_data, raft)):
+            log.warning("raft_snapshot_not_started", path=self._snapshots.path)
+
+    def _snapshot_progress(self) -> int:
+        return shim.serializer_state(self._snapshots.poll())
+
+    def _read_snapshot(self, path: str) -> tuple[Any, ...]:
+        try:
+            snapshot = read_snapshot(path)
+        except (OSError, SnapshotFormatError):
+            # Going on would leave the image empty while the log resumes after the snapshot: a diverged replica.
+            log.critical("raft_snapshot_unreadable", path=path, exc_info=True)
+            os._exit(EXIT_REPLICA_UNTRUSTED)
+        with self.image_lock:
+            self.image_data = snapshot.image
+        self._local.freeze_pending = True
+        return shim.raft_state_of(snapshot)
 
     def start(self) -> None:
         self._tick_thread = threading.Thread(target=self._tick_loop, name="raft-tick", daemon=True)
@@ -254,7 +293,7 @@ class MetaSyncObj(SyncObj):
             self._tick_thread.join(timeout_s)
         # pysyncobj saves the commit index lazily (once a second); save it now so that the offline tools
         # (rebuild-projection) see every entry this node knew to be committed.
-        self._SyncObj__raftLog.onOneSecondTimer()
+        shim.save_commit_index(self)
         self.destroy()
 
     def current_image(self) -> Image:
@@ -276,28 +315,28 @@ class MetaSyncObj(SyncObj):
                 # Replay failed half-way: this replica's image can no longer be trusted. Stop rather than diverge;
                 # on restart the journal replays the same entry, so the bug must be fixed, not skipped.
                 log.critical("apply_failed", payload=payload[:2000], exc_info=True)
-                os._exit(70)
+                os._exit(EXIT_REPLICA_UNTRUSTED)
             version = image.version
             if outcome.get("ok") and envelope["cmd"]["type"] in LARGE_COMMANDS:
-                self._freeze_pending = True
+                self._local.freeze_pending = True
         if changed or outcome.get("ok"):
             self._on_applied(version, changed)
         return outcome
 
     # -- status -----------------------------------------------------------------------------------------------
     def leader_address(self) -> str | None:
-        leader = self._getLeader()
+        leader = shim.leader(self)
         return leader.address if leader is not None else None
 
     def is_leader(self) -> bool:
-        return self._isLeader()
+        return shim.is_leader(self)
 
     def commit_lag(self) -> int:
         """Entries this node knows to be committed but has not applied yet."""
-        return max(0, self._SyncObj__raftCommitIndex - self._SyncObj__raftLastApplied)
+        return max(0, self.raftCommitIndex - self.raftLastApplied)
 
     def term(self) -> int:
-        return self._getTerm()
+        return self.raftCurrentTerm
 
 
 def decode_entry(payload: Any) -> Any:
