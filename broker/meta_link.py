@@ -33,7 +33,8 @@ REQUEST_TIMEOUT_S = 5.0
 RETRY_BACKOFF_MAX_S = 2.0
 SEAL_RETRY_S = 0.2               # the first pause after a failed seal report; it doubles up to SEAL_RETRY_S_MAX
 SEAL_RETRY_S_MAX = 5.0
-SEAL_REPORTS_IN_FLIGHT_MAX = 16  # a remap of thousands of queues must not flood meta (or starve the heartbeats)
+SEALS_PER_REPORT_MAX = 512       # within meta's SEALS_PER_REPORT_MAX (1,024)
+SEAL_SETTLED_CODES = ("ALREADY_SEALED", "SEGMENT_NOT_FOUND", "TOPIC_NOT_FOUND")  # nothing more to report
 WATCH_READ_TIMEOUT_S = 60.0      # four of meta's 15 s keepalives: a silent stream is dead
 REFETCHES_MAX = 1_024            # topics whose route is being fetched again after a failed event
 
@@ -51,12 +52,12 @@ class MetaLink:
         self._headers = {"Authorization": f"Bearer {token}"}
         self.route_changed = asyncio.Event()
         self._heartbeats = heartbeats
-        self._sealing: dict[str, asyncio.Task] = {}
+        self._to_seal: dict[str, Segment] = {}   # physical queue -> a sealing segment whose end meta has not recorded
+        self._seal_wanted = asyncio.Event()
         self._refetching: dict[str, asyncio.Task] = {}
         self._chores: set[asyncio.Task] = set()
         self._http: aiohttp.ClientSession | None = None
         self._beat_http: aiohttp.ClientSession | None = None  # its own connections: never queued behind others
-        self._seal_slots = asyncio.Semaphore(SEAL_REPORTS_IN_FLIGHT_MAX)
         self._tasks: list[asyncio.Task] = []
         self._meta_i = 0
 
@@ -65,10 +66,11 @@ class MetaLink:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
         self._beat_http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
         self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="heartbeats"),
-                       asyncio.create_task(self._watch_loop(), name="watch")]
+                       asyncio.create_task(self._watch_loop(), name="watch"),
+                       asyncio.create_task(self._seal_loop(), name="seal-reports")]
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._sealing.values(), *self._refetching.values(), *self._chores]
+        tasks = [*self._tasks, *self._refetching.values(), *self._chores]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -210,8 +212,9 @@ class MetaLink:
         for seg in self.routes.live_hosted():
             if seg.topic != route["topic"]:
                 continue
-            if seg.state == "sealing" and seg.physical_queue not in self._sealing:
-                self._sealing[seg.physical_queue] = asyncio.create_task(self._report_seal(seg))
+            if seg.state == "sealing" and seg.physical_queue not in self._to_seal:
+                self._to_seal[seg.physical_queue] = seg
+                self._seal_wanted.set()
             elif seg.state == "active" and seg.physical_queue not in self.writer.store:
                 self._background(self.writer.prepare(seg), f"prepare {seg.physical_queue}")
         self.session.beat_soon()  # new segments want their budgets now, not in two seconds
@@ -268,33 +271,55 @@ class MetaLink:
             raise ApiError.from_dict(status, body)
         return [segment_of(topic, queue, s) for s in body["segments"]]
 
-    # -- seals -------------------------------------------------------------------------------------------------
-    async def _report_seal(self, seg: Segment) -> None:
-        """Stop writes to the segment at once, then tell meta its exact end until meta has recorded it."""
-        try:
-            end = await self.writer.seal(seg)
-            pause = SEAL_RETRY_S
-            while True:
-                current = self.routes.hosted.get(seg.physical_queue)
-                if current is None or current.state == "sealed":
-                    return
-                try:
-                    async with self._seal_slots:
-                        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/seal", {
-                            "epoch": self.session.epoch, "topic": seg.topic, "queue": seg.queue, "gen": seg.gen,
-                            "end_offset": end, "physical_queue": seg.physical_queue})
-                    code = body.get("error", {}).get("code") if isinstance(body, dict) else None
-                    if status == 200 or code in ("ALREADY_SEALED", "SEGMENT_NOT_FOUND", "TOPIC_NOT_FOUND"):
-                        log.info("segment_sealed", pq=seg.physical_queue, end=end, status=status, code=code)
-                        return
-                    if code == "STALE_EPOCH":
-                        self.session.epoch = None
-                        self.session.beat_soon()
-                    log.warning("seal_refused", pq=seg.physical_queue, status=status, code=code)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-                    log.warning("seal_report_failed", error=type(e).__name__)
-                    self._next_meta()
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, SEAL_RETRY_S_MAX)
-        finally:
-            self._sealing.pop(seg.physical_queue, None)
+    # -- seals -----------------------------------------------------------------------------------------------
+    async def _seal_loop(self) -> None:
+        """Report the ends of this broker's sealing segments, many per request (POST /v1/brokers/{b}/seals).
+
+        A remap of thousands of queues seals thousands of segments here; one report each made one command, one
+        route version and one route rendering on every meta node each, and flooded meta. Writes to a segment stop
+        (``writer.seal``) before its end is read, so a report retried later carries the same end.
+        """
+        pause = SEAL_RETRY_S
+        while True:
+            if not self._to_seal:
+                self._seal_wanted.clear()
+                await self._seal_wanted.wait()
+            for pq in [pq for pq in self._to_seal if self._seal_done(pq)]:
+                del self._to_seal[pq]
+            batch = list(self._to_seal.values())[:SEALS_PER_REPORT_MAX]
+            if not batch:
+                continue
+            try:
+                if await self._report_seals(batch):
+                    pause = SEAL_RETRY_S
+                    continue
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                log.warning("seal_report_failed", segments=len(batch), error=type(e).__name__)
+                self._next_meta()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, SEAL_RETRY_S_MAX)
+
+    def _seal_done(self, pq: str) -> bool:
+        current = self.routes.hosted.get(pq)
+        return current is None or current.state == "sealed"
+
+    async def _report_seals(self, batch: list[Segment]) -> bool:
+        """One report of many segments; returns whether any of them is now settled."""
+        reports = [{"topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "end_offset": await self.writer.seal(seg),
+                    "physical_queue": seg.physical_queue} for seg in batch]
+        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/seals",
+                                        {"epoch": self.session.epoch, "seals": reports})
+        if status != 200:
+            code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+            if code == "STALE_EPOCH":
+                self.session.epoch = None
+                self.session.beat_soon()
+            log.warning("seal_refused", segments=len(batch), status=status, code=code)
+            return False
+        settled = 0
+        for seg, report, result in zip(batch, reports, body["results"]):
+            if result.get("ok") or result.get("code") in SEAL_SETTLED_CODES:
+                self._to_seal.pop(seg.physical_queue, None)
+                settled += 1
+                log.info("segment_sealed", pq=seg.physical_queue, end=report["end_offset"], code=result.get("code"))
+        return settled > 0

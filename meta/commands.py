@@ -136,6 +136,26 @@ def _v_remap(c):
 
 def _v_seal(c):
     _v_broker_epoch(c)
+    _v_seal_report(c)
+
+
+def _v_seal_many(c):
+    _v_broker_epoch(c)
+    seals = c.get("seals")
+    if not isinstance(seals, list) or not 1 <= len(seals) <= limits.SEALS_PER_REPORT_MAX:
+        raise invalid(f"seals must be a list of 1 to {limits.SEALS_PER_REPORT_MAX} reports", field="seals")
+    seen = set()
+    for r in seals:
+        if not isinstance(r, dict):
+            raise invalid("each seal report must be an object", field="seals")
+        _v_seal_report(r)
+        key = (r["topic"], r["queue"], r["gen"])
+        if key in seen:  # two reports of one segment in one command would both be decided on the same image
+            raise invalid("seals reports one segment twice", field="seals", topic=r["topic"], queue=r["queue"])
+        seen.add(key)
+
+
+def _v_seal_report(c):
     _name(c.get("topic"), "topic", limits.TOPIC_NAME_CHARS_MAX)
     _int(c.get("queue"), "queue", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
     _int(c.get("gen"), "gen", 0, 2**62)
@@ -155,6 +175,7 @@ VALIDATORS = {
     "DeleteTopic": _v_topic,
     "RemapTopic": _v_remap,
     "SealSegment": _v_seal,
+    "SealSegments": _v_seal_many,
     "Barrier": lambda c: None,
 }
 

@@ -19,6 +19,7 @@ CONFIG_KEYS_MAX = 64
 CONFIG_KEY_CHARS_MAX = 128
 CONFIG_VALUE_CHARS_MAX = 1024
 HEARTBEAT_QUEUES_MAX = 100_000
+SEALS_PER_REPORT_MAX = 1_024     # seal reports one POST /v1/brokers/{b}/seals (one command) carries
 
 # Idempotency: outcomes of the last requests are kept in the image (replicated), bounded by count and age.
 REQUEST_OUTCOMES_MAX = 100_000

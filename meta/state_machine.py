@@ -190,11 +190,30 @@ class StateMachine:
 
     def _SealSegment(self, c, ts):
         self._broker(c["broker"], c["epoch"])
+        return self._seal_one(c["broker"], c)
+
+    def _SealSegments(self, c, ts):
+        """Many seal reports of one broker in one command (a remap of thousands of queues seals thousands of
+        segments: one command each made a route version, and a route rendering, each). Each report is decided on
+        its own: a refused one is an item of the result and changes nothing; the others apply."""
+        self._broker(c["broker"], c["epoch"])
+        events, results = [], []
+        for report in c["seals"]:
+            try:
+                seal_events, result = self._seal_one(c["broker"], report)
+            except ApiError as e:
+                results.append({"ok": False, "code": e.code, "status": e.status})
+            else:
+                events += seal_events
+                results.append({"ok": True, **result})
+        return events, {"results": results}
+
+    def _seal_one(self, broker: str, c: dict[str, Any]):
         t = self._topic({"topic": c["topic"]})
         seg = self.image.segment(c["topic"], c["queue"], c["gen"])
         # physical_queue names the topic's incarnation too: a late report about a deleted topic's segment must not
         # seal the same (topic, queue, gen) of a topic created again under that name.
-        if seg is None or seg["broker"] != c["broker"] or c.get("physical_queue", seg["physical_queue"]) != seg["physical_queue"]:
+        if seg is None or seg["broker"] != broker or c.get("physical_queue", seg["physical_queue"]) != seg["physical_queue"]:
             raise rejection(404, "SEGMENT_NOT_FOUND", "no such segment on this broker",
                             topic=c["topic"], queue=c["queue"], gen=c["gen"])
         if seg["state"] == "sealed":
@@ -208,7 +227,7 @@ class StateMachine:
             raise invalid("end_offset is outside the segment's granted budget",
                           physical_start=seg["physical_start"], budget_end=seg["budget_end"])
         logic_end = _logic_end(seg, c["end_offset"])
-        events = [make("SegmentSealed", topic=c["topic"], queue=c["queue"], gen=c["gen"], broker=c["broker"],
+        events = [make("SegmentSealed", topic=c["topic"], queue=c["queue"], gen=c["gen"], broker=broker,
                        physical_end=c["end_offset"], logic_end=logic_end, by="broker")]
         nxt = t["logic_queues"][c["queue"]][-1]
         if nxt["gen"] == c["gen"] + 1 and nxt["logic_start"] is None:

@@ -1415,3 +1415,35 @@ def test_fuzzed_commands_with_any_text_never_raise_and_leave_an_encodable_image(
     lg.sm.image.canonical_bytes()  # raises if anything unencodable got in
     for line in lg.sm.image.data["history"]:
         line.encode()
+
+
+def test_many_seal_reports_in_one_command_decide_each_on_its_own(log):
+    """SealSegments: one command (one route version) for many reports; a refused report changes nothing and the
+    others apply exactly as separate SealSegment commands would."""
+    log.register("a")
+    log.register("b")
+    log.create("t", 3, brokers=["a"])
+    log.remap("t", ["b"])
+    reports = [{k: v for k, v in log.seal_cmd("t", q, 0, 5 + q).items() if k not in ("type", "broker", "epoch")}
+               for q in range(3)]
+    reports[1]["end_offset"] = BUDGET + 1  # beyond the granted budget: refused, alone
+    before = log.version
+    out = log.ok({"type": "SealSegments", "broker": "a", "epoch": log.epoch("a"), "seals": reports})
+    results = out["results"]
+    assert [r["ok"] for r in results] == [True, False, True]
+    assert results[1]["code"] == "INVALID_ARGUMENT"
+    assert log.version == before + 4  # SegmentSealed + LogicStartDecided for queues 0 and 2
+    queues = log.topic("t")["logic_queues"]
+    assert [queues[q][0]["state"] for q in range(3)] == ["sealed", "sealing", "sealed"]
+    assert queues[2][1]["logic_start"] == 7
+    again = log.ok({"type": "SealSegments", "broker": "a", "epoch": log.epoch("a"), "seals": [reports[0]]})
+    assert again["results"] == [{"ok": True, "logic_end": 5}] and log.version == before + 4
+
+
+@pytest.mark.parametrize("seals", [[], "x", [1], [{"topic": "t", "queue": 0, "gen": 0, "end_offset": 1}] * 2,
+                                   [{"topic": "t", "queue": 0, "gen": 0, "end_offset": 1}] * (limits.SEALS_PER_REPORT_MAX + 1)],
+                         ids=["empty", "not-a-list", "not-objects", "one-segment-twice", "too-many"])
+def test_malformed_seal_batches_are_rejected_whole(log, seals):
+    log.register("a")
+    out = log.send({"type": "SealSegments", "broker": "a", "epoch": log.epoch("a"), "seals": seals})
+    assert out["ok"] is False and out["error"]["code"] == "INVALID_ARGUMENT"

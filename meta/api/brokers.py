@@ -37,6 +37,17 @@ async def seal(request: web.Request) -> web.Response:
 
 
 @requires("broker")
+async def seal_many(request: web.Request) -> web.Response:
+    """Many seal reports in one command: ``{"epoch", "seals": [{topic, queue, gen, end_offset, physical_queue}]}``
+    answers ``{"results": [{"ok", "logic_end"} | {"ok": false, "code", "status"}], "version"}`` in order."""
+    body = await body_object(request)
+    _only(body, {"epoch", "seals"})
+    cmd = {"type": "SealSegments", "broker": request.match_info["broker"], "epoch": body.get("epoch"),
+           "seals": body.get("seals")}
+    return await submit(request, cmd)
+
+
+@requires("broker")
 async def heartbeat(request: web.Request) -> web.Response:
     svc = service(request)
     body = await body_object(request)
@@ -78,4 +89,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_put("/v1/brokers/{broker}", register)
     app.router.add_post("/v1/brokers/{broker}/heartbeat", heartbeat)
     app.router.add_post("/v1/brokers/{broker}/seal", seal)
+    app.router.add_post("/v1/brokers/{broker}/seals", seal_many)
     app.router.add_get("/v1/brokers", list_brokers)

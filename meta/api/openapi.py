@@ -58,6 +58,15 @@ SPEC: dict[str, Any] = {
             body={"type": "object", "required": ["epoch", "topic", "queue", "gen", "end_offset"], "properties": {
                 "epoch": {"type": "integer"}, "topic": _NAME, "queue": {"type": "integer"},
                 "gen": {"type": "integer"}, "end_offset": {"type": "integer"}}})},
+        "/v1/brokers/{broker}/seals": {"post": _op(
+            "Report many sealed segments' ends in one command", roles="broker", params=[_p("broker")],
+            body={"type": "object", "required": ["epoch", "seals"], "properties": {
+                "epoch": {"type": "integer"}, "seals": {"type": "array", "items": {
+                    "type": "object", "required": ["topic", "queue", "gen", "end_offset"], "properties": {
+                        "topic": _NAME, "queue": {"type": "integer"}, "gen": {"type": "integer"},
+                        "end_offset": {"type": "integer"}, "physical_queue": {"type": "string"}}}}}})},
+        "/v1/topics/{topic}/queues/{queue}/segments": {"get": _op(
+            "Every segment of one logic queue, oldest first", params=[_p("topic"), _p("queue")] + _READ)},
         "/v1/topics": {
             "get": _op("List topics", params=_READ),
             "post": _op("Create a static topic", ok="201", roles="admin", params=_WRITE[:],
