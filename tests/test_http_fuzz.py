@@ -408,8 +408,8 @@ async def ensure_topic(c) -> None:
 
 
 async def prepare(c) -> None:
-    """A topic whose queue 0 moved from b1 to b2 (so reads cross brokers), a message in it, a committed offset,
-    and a registered fake broker for the broker calls."""
+    """A topic whose queue 0 moved from b1 to b2 (so reads cross brokers), a message in it, an offset committed on
+    each broker, and a registered fake broker for the broker calls."""
     m = c.meta_urls[0]
     await ensure_topic(c)
     s, b, _ = await c.call("PUT", m + f"/v1/brokers/{FAKE_BROKER}", role="broker",
@@ -417,6 +417,9 @@ async def prepare(c) -> None:
     assert s == 200, b
     s, b, _ = await c.call("POST", c.broker_urls[0] + f"/v1/messages/{TOPIC}/0", role="client",
                            json={"messages": [{"body": "before the move", "key": "k"}]})
+    assert s == 200, b
+    s, b, _ = await c.call("PUT", c.broker_urls[0] + f"/v1/offsets/{GROUP}/{TOPIC}/0", role="client",
+                           json={"offset": 0})
     assert s == 200, b
     s, b, _ = await c.call("POST", m + f"/v1/topics/{TOPIC}/remap", json={"brokers": ["b2"], "queues": [0]})
     assert s == 200, b
@@ -651,3 +654,15 @@ async def test_raw_header_and_path_bytes_keep_the_contract(full_cluster):
             violations.append(f"{what}: {_short(str(e) or repr(e), 500)}")
     await assert_cluster_healthy(c)
     assert not violations, f"{len(violations)} violations:\n" + "\n".join(violations)
+
+
+async def test_a_group_name_with_url_characters_reads_only_its_own_offset(full_cluster):
+    """A broker asks the brokers of older segments for a group's offset it does not hold; the group name went into
+    that request's path unescaped, so a group named "fzg/fz/0?" read group fzg's offset from the older broker."""
+    c = full_cluster
+    await prepare(c)
+    for group in (f"{GROUP}/{TOPIC}/0?", f"{GROUP}/{TOPIC}/0#", "never-committed"):
+        a = await send(c, Request(op=op_named("GET", "/v1/offsets/{group}/{topic}/{queue}"), target=1,
+                                  params={"group": group, "topic": TOPIC, "queue": "0"}, query=[], role="client",
+                                  headers={}))
+        assert a.status == 200 and json.loads(a.body) == {"offset": -1}, (group, a.status, a.body)
