@@ -23,7 +23,7 @@ import json
 import re
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -199,7 +199,6 @@ class Request:
     headers: dict[str, str]
     body: bytes | None = None
     content_type: str | None = "application/json"
-    notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         return (f"{self.op.method} {self.op.path} node#{self.target} params={_short(self.params)} "
