@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import quote
 
 from client.wire.errors import ApiError, rejection
 
@@ -190,7 +191,8 @@ class Reader:
                 continue
             asked.add(seg.broker)
             try:
-                body = await self.peers.get(seg, f"/v1/offsets/{group}/{topic}/{queue}?local=1")
+                body = await self.peers.get(seg, f"/v1/offsets/{quote(group, safe='')}/{quote(topic, safe='')}/"
+                                                 f"{queue}?local=1")
             except ApiError:
                 continue
             if body.get("offset", -1) >= 0:

@@ -12,6 +12,8 @@ from aiohttp import web
 GIL_SWITCH_INTERVAL_S = 0.001
 HTTP_BACKLOG = 2048
 HTTP_SHUTDOWN_TIMEOUT_S = 2.0
+HTTP_REQUEST_LINE_BYTES_MAX = 256 * 1024   # 1,000 topic names of 127 characters, with room
+HTTP_HEADER_BYTES_MAX = 64 * 1024
 
 
 class StartupError(RuntimeError):
@@ -45,8 +47,11 @@ async def serve_app(app: web.Application, host: str, port: int) -> None:
     sock = listening_socket(host, port, f"HTTP address {host}:{port}")
     # handler_cancellation: a long poll or watch whose client went away stops at once instead of holding its
     # waiter slot until its wait ends.
+    # The request line and header bounds are raised from aiohttp's 8,190 bytes: a watch of the 1,000 topics allowed
+    # per stream needs a long query, and an over-long request id should reach the app and get its coded 400.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S,
-                           handler_cancellation=True)
+                           handler_cancellation=True, max_line_size=HTTP_REQUEST_LINE_BYTES_MAX,
+                           max_field_size=HTTP_HEADER_BYTES_MAX)
     try:
         await runner.setup()
         await web.SockSite(runner, sock, backlog=HTTP_BACKLOG).start()

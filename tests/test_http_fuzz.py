@@ -91,6 +91,7 @@ META_OPS = [
     Op("meta", "POST", "/v1/brokers/{broker}/heartbeat", (), ("epoch", "queues"), mutating=True),
     Op("meta", "POST", "/v1/brokers/{broker}/seal", (),
        ("epoch", "topic", "queue", "gen", "end_offset", "physical_queue"), mutating=True),
+    Op("meta", "POST", "/v1/brokers/{broker}/seals", (), ("epoch", "seals"), mutating=True),
     Op("meta", "GET", "/v1/brokers", READ_QUERY),
 ]
 BROKER_OPS = [
@@ -116,7 +117,7 @@ def test_the_catalogue_names_every_route_of_both_apps(tmp_path, monkeypatch):
     from broker.api.app import make_app as make_broker_app
     from broker.config import BrokerConfig
     from meta.api import app as meta_app
-    monkeypatch.setattr(meta_app, "MetaService", lambda config: None)  # the router only: no node to start
+    monkeypatch.setattr(meta_app, "MetaService", lambda *a, **kw: None)  # the router only: no node to start
     broker_app = make_broker_app(BrokerConfig(broker="x", data_dir=str(tmp_path), http_host="127.0.0.1", http_port=1,
                                               meta_urls=(), token="t", client_token="c"))
     served = set()
@@ -340,14 +341,23 @@ def check_answer(op: Op, a: Answer, what: str) -> None:
 
 
 async def meta_state(c, node: int) -> dict[str, Any]:
-    """What a refused meta write must leave as it was, read from the node that answered it."""
+    """What a refused meta write must leave as it was, read from the node that answered it: a consistent read, the
+    applied version the same before and after the reads (the live brokers' budget grants move it meanwhile)."""
     m = c.meta_urls[node]
-    out = {}
-    for path in ("/v1/cluster", "/v1/topics", f"/v1/topics/{TOPIC}", "/v1/brokers"):
+
+    async def get(path: str) -> Any:
         s, b, _ = await c.call("GET", m + path, timeout_s=REQUEST_TIMEOUT_S)
         assert s in (200, 404), (path, s, b)
-        out[path] = b
-    out["version"] = out.pop("/v1/cluster")["applied_version"]
+        return b
+
+    for _ in range(20):
+        first = (await get("/v1/cluster"))["applied_version"]
+        out = {path: await get(path) for path in ("/v1/topics", f"/v1/topics/{TOPIC}", "/v1/brokers")}
+        if (await get("/v1/cluster"))["applied_version"] == first:
+            break
+    else:
+        raise AssertionError("the applied version never held still for one read of the state")
+    out["version"] = first
     for b in out["/v1/brokers"]["brokers"]:
         b.pop("last_heartbeat_ms", None)   # moves with every heartbeat of the live brokers
     return out
@@ -377,7 +387,8 @@ async def assert_unchanged_meta(c, node: int, before: dict[str, Any], what: str)
                and e["type"] != "BrokerFenced"]
         assert not own, f"a refused request changed the log: {own}: {what}"
         return   # the cluster's own events (fencing, budgets) moved the version: compare what they cannot touch
-    assert after == before, f"a refused request changed the state: {before} -> {after}: {what}"
+    changed = {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    assert not changed, f"a refused request changed the state: {changed}: {what}"
 
 
 async def fuzz_one(c, req: Request) -> None:
@@ -643,7 +654,12 @@ async def test_raw_header_and_path_bytes_keep_the_contract(full_cluster):
         body = b'{"k": "v"}' if op.service == "meta" else b'{"offset": 1}'
         try:
             a = await raw_request(url, method, target, headers, body if method == b"PUT" else b"")
-            check_answer(op, a, what)
+            if any(byte >= 0x80 for byte in target):
+                # Not HTTP: a request line holds no byte a URL may not (RFC 9112). aiohttp's parser refuses it with a
+                # plain 400 before any code of the service runs, so there is no service answer to keep a shape for.
+                assert a.status == 400, f"a request line with raw non-ASCII bytes got HTTP {a.status}: {what}"
+            else:
+                check_answer(op, a, what)
             if 400 <= a.status < 500 and method == b"PUT":
                 if op.service == "meta":
                     await assert_unchanged_meta(c, 1, before, what)

@@ -14,7 +14,7 @@ def int_in(raw: object, name: str, default: int | None = None, lo: int = 0, hi: 
         return default
     try:
         v = int(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf")) from a JSON 1e400
         raise invalid(f"{name} must be an integer", field=name) from None
     if isinstance(raw, (bool, float)) or not lo <= v <= hi:
         raise invalid(f"{name} must be within [{lo}, {hi}]", field=name)
