@@ -77,11 +77,11 @@ class WatchStream:
     """One SSE stream. Its ids are a safe resume point: when it sends ``id: V``, every change of a watched topic up to
     V has been sent. So a reader that reconnects with ``after=<last id>`` misses nothing, whatever node it reaches.
 
-    Each pass takes the version P this node has published and sends the changed topics in version order, only those
-    at or below P (a topic applied past P waits for the next pass, so an older change can never follow a newer id).
-    A topic that changed again while the pass was writing ends the pass early; the next pass sends it in order.
-    Deletes go last, with id P, and a pass that sent nothing else ends with ``caught_up`` (id P) so readers learn
-    how far the log has been followed even when no watched topic changed.
+    Each pass takes the version P this node has published, reads each changed topic's route (version and bytes of one
+    moment) and sends those at or below P in version order; a topic already applied past P waits for the next pass,
+    so an older change never follows a newer id, and whatever a reader resumes after, the newest state of every
+    topic reaches it. Deletes go last, with id P, and an all-topic pass that sent nothing else ends with
+    ``caught_up`` (id P) so readers learn how far the log has been followed even when no watched topic changed.
 
     A node that has no leader, or lags its leader's commit by more than WATCH_LAG_ENTRIES_MAX, ends its streams so
     readers move to a node that follows the log (a cut-off node would otherwise keep streams alive with keepalives).
@@ -112,36 +112,31 @@ class WatchStream:
                 await self.resp.write(b": keepalive\n\n")
                 quiet_since = loop.time()
 
-    def _candidates(self, im) -> tuple[list[str], bool]:
+    def _candidates(self) -> tuple[list[str], bool]:
         """Names to look at, and whether they come from the change log (then a missing one was deleted since)."""
         if self.topics:
             return self.topics, False
         changed = self.svc.feed.changed_since(self.scanned_to)
         if changed is not None:
             return sorted(changed), True
-        return sorted(im.topics) + [n for n, v in self.sent.items() if v >= 0 and n not in im.topics], False
+        names = self.svc.read(lambda im: sorted(im.topics))
+        return names + [n for n, v in self.sent.items() if v >= 0 and n not in names], False
 
     async def _pass(self) -> bool:
         published = self.svc.feed.version
-
-        def look(im):
-            listed, gone = [], []
-            names, from_log = self._candidates(im)
-            for name in names:
-                t = im.topics.get(name)
-                if t is None:
-                    if self.sent.get(name) != -1 and (from_log or self.sent.get(name, -1) >= 0):
-                        gone.append(name)
-                elif max(self.after, self.sent.get(name, -1)) < t["version"] <= published:
-                    listed.append((t["version"], name))
-            return sorted(listed), gone
-        listed, gone = self.svc.read(look)
+        names, from_log = self._candidates()
+        listed, gone = [], []
+        for name in names:
+            route = self.svc.reads.route_bytes(name)   # version and bytes of one moment: sent as they are
+            if route is None:
+                if self.sent.get(name) != -1 and (from_log or self.sent.get(name, -1) >= 0):
+                    gone.append(name)
+            elif max(self.after, self.sent.get(name, -1)) < route[0] <= published:
+                listed.append((route[0], name, route[1]))
+        listed.sort()
         wrote = False
-        for version, name in listed:
-            route = self.svc.reads.route_bytes(name)
-            if route is None or route[0] != version:
-                return True  # it changed again meanwhile: list again, so ids stay in version order
-            await self.resp.write(_sse("route", version, route[1]))
+        for version, name, body in listed:
+            await self.resp.write(_sse("route", version, body))
             self.sent[name] = self.last_id = version
             wrote = True
         for name in gone:
