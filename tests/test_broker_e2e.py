@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -46,11 +47,18 @@ def all_writable(r: dict) -> bool:
     return all(q["writable"] for q in r["queues"])
 
 
-async def send(c, topic: str, queue: int, bodies: list[str], deadline_s: float = 30.0) -> list[int]:
-    """Send to the queue's writable head, following the route on NOT_LEADER / SEALING / FENCED / connection errors."""
+async def send(c, topic: str, queue: int, bodies: list[str], deadline_s: float = 30.0,
+               next_route: Callable[[dict | None], Awaitable[dict]] | None = None) -> list[int]:
+    """Send to the queue's writable head, following the route on NOT_LEADER / SEALING / FENCED / connection errors.
+    ``next_route(held)`` gives a newer route than the one held (default: read it again after a short pause)."""
+    async def poll(held: dict | None) -> dict:
+        if held is not None:
+            await asyncio.sleep(0.05)
+        return await route(c, topic)
+    next_route = next_route or poll
     deadline = time.monotonic() + deadline_s
+    r = await next_route(None)
     while True:
-        r = await route(c, topic)
         q = r["queues"][queue]
         if q["writable"]:
             try:
@@ -61,8 +69,8 @@ async def send(c, topic: str, queue: int, bodies: list[str], deadline_s: float =
                 assert s in (409, 503), (s, b)
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 pass
-        assert time.monotonic() < deadline, f"could not send to {topic}/{queue}"
-        await asyncio.sleep(0.05)
+        assert time.monotonic() < deadline, f"could not send to {topic}/{queue} (route version {r['version']})"
+        r = await next_route(r)
 
 
 async def read_all(c, topic: str, queue: int, start: int = 0) -> list[dict]:
