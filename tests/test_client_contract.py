@@ -6,6 +6,8 @@ send / pull / commit answers, NOT_LEADER from a broker that does not hold the qu
 
 from __future__ import annotations
 
+import abc
+
 import asyncio
 import time
 from typing import Any
@@ -27,19 +29,20 @@ BROKER_CATCH_UP_S = 10.0     # a real broker learns a new route from meta's watc
 CALL_TIMEOUT_S = 15.0
 
 
-class Target:
+class Target(abc.ABC):
     """A meta URL and broker URLs behind one interface; every queue of a topic made here lives on broker_urls[0]."""
 
     meta_url: str
     broker_urls: list[str]
     token: str
 
+    @abc.abstractmethod
     async def create_topic(self, topic: str, queues: int) -> int:
-        raise NotImplementedError
+        """Create the topic with every queue on broker_urls[0]; returns the route's version."""
 
+    @abc.abstractmethod
     async def change_topic(self, topic: str) -> int:
         """A new version of the topic's route; returns it."""
-        raise NotImplementedError
 
 
 class FakeTarget(Target):
