@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from client.wire.errors import invalid, rejection
 from client.wire.params import nonneg_int, seconds

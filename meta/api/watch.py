@@ -102,7 +102,7 @@ class WatchStream:
         key = TOPICS if not self.topics or len(self.topics) > 1 else self.topics[0]
         while True:
             if not self.svc.reads.follows_log():
-                await self.resp.write(_sse("unavailable", self.svc.feed.version,
+                await self.resp.write(_sse("unavailable", self.last_id,  # an id that promises nothing new
                                            b'{"reason":"this meta node does not follow the leader; reconnect elsewhere"}'))
                 return
             if await self._pass():
@@ -120,7 +120,8 @@ class WatchStream:
         if changed is not None:
             return sorted(changed), True
         names = self.svc.read(lambda im: sorted(im.topics))
-        return names + [n for n, v in self.sent.items() if v >= 0 and n not in names], False
+        present = set(names)
+        return names + [n for n, v in self.sent.items() if v >= 0 and n not in present], False
 
     async def _pass(self) -> bool:
         published = self.svc.feed.version
