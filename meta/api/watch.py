@@ -12,7 +12,7 @@ import json
 from aiohttp import web
 
 from .. import limits
-from ..changefeed import TOPICS
+from ..changefeed import ANY, TOPICS
 from client.wire.errors import invalid, rejection
 from client.wire.params import nonneg_int, seconds
 from .http import JSON, requires, service
@@ -99,7 +99,9 @@ class WatchStream:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()
-        key = TOPICS if not self.topics or len(self.topics) > 1 else self.topics[0]
+        # All-topic streams (brokers) wake for any applied version: their caught_up is what lets a broker write again
+        # after a registration or an unfence, which need not change any topic. A pass looks only at changed topics.
+        key = ANY if not self.topics else TOPICS if len(self.topics) > 1 else self.topics[0]
         while True:
             if not self.svc.reads.follows_log():
                 await self.resp.write(_sse("unavailable", self.last_id,  # an id that promises nothing new
