@@ -33,9 +33,11 @@ class ChangeFeed:
             self._log_complete_after = self.version
             keys = list(self._waiters)
         else:
-            if len(self._log) == self._log.maxlen and changed:
-                self._log_complete_after = self._log[0][0]  # the oldest entry is about to fall out
-            self._log.extend((version, name) for name in sorted(changed))
+            for name in sorted(changed):
+                if len(self._log) == self._log.maxlen:
+                    # The oldest entry falls out: from now on the log is complete only after its version.
+                    self._log_complete_after = max(self._log_complete_after, self._log[0][0])
+                self._log.append((version, name))
             keys = [ANY, TOPICS, *changed] if changed else [ANY]
         for key in keys:
             for fut in self._waiters.pop(key, ()):

@@ -39,3 +39,16 @@ async def test_topic_waiters_wake_only_for_topic_changes():
     assert anything.done() and not topics.done()
     feed.publish(2, {"a"})
     assert await topics is True
+
+
+def test_a_change_of_many_topics_into_a_full_log_never_claims_what_fell_out():
+    """One command can change many topics (a broker fenced, a topic grown): every entry it pushes out of a full log
+    moves the point from which the log is complete, not only the first. Claiming too much made an all-topic watch
+    stream skip a topic's change."""
+    feed = ChangeFeed(change_log_entries_max=3)
+    feed.publish(1, {"a"})
+    feed.publish(2, {"b"})
+    feed.publish(3, {"c"})
+    feed.publish(4, {"d", "e"})     # pushes out a (v1) and b (v2)
+    assert feed.changed_since(1) is None, "b's change at version 2 is gone from the log"
+    assert feed.changed_since(2) == {"c", "d", "e"}
