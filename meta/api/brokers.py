@@ -6,8 +6,9 @@ from aiohttp import web
 
 from .. import limits, views
 from ..commands import validate
-from client.wire.errors import ApiError, invalid
-from .http import body_object, requires, respond, service, submit
+from client.wire.errors import invalid
+from .http import (body_object, refuse_if_no_longer_leader, replay_on_leader, requires, respond, service,
+                   submit)
 
 
 def _only(body: dict, allowed: set[str]) -> None:
@@ -60,19 +61,12 @@ async def heartbeat(request: web.Request) -> web.Response:
     for pq, off in queues.items():
         if isinstance(off, bool) or not isinstance(off, int) or off < 0:
             raise invalid("each queue's max offset must be a non-negative integer", queue=pq)
-    if "X-Forwarded-By" in request.headers and not svc.is_leader():
-        raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
-    raw = await request.read()
-    headers = {"Authorization": request.headers.get("Authorization", ""), "Content-Type": "application/json",
-               "X-Forwarded-By": svc.config.node}
+    refuse_if_no_longer_leader(request)
 
     async def here(_left_s: float):
         return 200, await svc.brokers.heartbeat(broker, body["epoch"], queues), None
 
-    async def forward(url: str):
-        return await svc.forwarder.http(url, "POST", request.path_qs, raw, headers)
-
-    status, data, _ = await svc.forwarder.to_leader(here, forward)
+    status, data, _ = await svc.forwarder.to_leader(here, replay_on_leader(request, await request.read()))
     return respond(data, status)
 
 

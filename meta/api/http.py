@@ -8,7 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from client.wire import json_body
-from client.wire.errors import ApiError, invalid
+from client.wire.errors import ApiError
+from client.wire.params import int_in
 from client.wire.headers import request_id_header
 from client.wire.server import public, requires  # noqa: F401 - the handlers' markers, re-exported
 from ..service import MetaService
@@ -29,25 +30,38 @@ async def body_object(request: web.Request) -> dict[str, Any]:
     return json_body.parse_object(await request.read())
 
 
+def refuse_if_no_longer_leader(request: web.Request) -> None:
+    """A request another node forwarded here because this node led: if it no longer does, the sender must retry
+    (its forwarder reads NO_LEADER as "the leader moved") rather than this node forwarding it on."""
+    if "X-Forwarded-By" in request.headers and not service(request).is_leader():
+        raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
+
+
+def replay_on_leader(request: web.Request, body: bytes, request_id: str | None = None):
+    """``forward(url)``: this request, replayed as it came (with its credentials and idempotency key) on the node at
+    ``url``, marked as forwarded by this node."""
+    svc = service(request)
+    headers = {"Content-Type": JSON, "X-Forwarded-By": svc.config.node}
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    for h in ("Authorization", "Idempotency-Key"):
+        if h in request.headers:
+            headers[h] = request.headers[h]
+
+    async def forward(url: str):
+        return await svc.forwarder.http(url, request.method, request.path_qs, body, headers)
+    return forward
+
+
 async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200) -> web.Response:
     """Hand a command to the log (here or on the leader) and answer with its outcome."""
     svc = service(request)
     body = await request.read()
-
-    async def forward(url: str, request_id: str | None):
-        headers = {"Content-Type": JSON, "X-Forwarded-By": svc.config.node}
-        if request_id:
-            headers["X-Request-Id"] = request_id
-        for h in ("Authorization", "Idempotency-Key"):
-            if h in request.headers:
-                headers[h] = request.headers[h]
-        return await svc.forwarder.http(url, request.method, request.path_qs, body, headers)
-
-    if "X-Forwarded-By" in request.headers and not svc.is_leader():
-        raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
-    status, data = await svc.submit(cmd, actor=request["role"],
-                                    idempotency_key=request_id_header(request.headers, "Idempotency-Key"),
-                                    request_id=request_id_header(request.headers, "X-Request-Id"), forward=forward)
+    refuse_if_no_longer_leader(request)
+    status, data = await svc.submit(
+        cmd, actor=request["role"], idempotency_key=request_id_header(request.headers, "Idempotency-Key"),
+        request_id=request_id_header(request.headers, "X-Request-Id"),
+        forward=lambda url, request_id: replay_on_leader(request, body, request_id)(url))
     if status == 200 and ok_status != 200:
         status = ok_status
     return respond(data, status)
@@ -55,12 +69,4 @@ async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200
 
 def expected_version(request: web.Request) -> int | None:
     raw = request.query.get("expected_version")
-    if raw is None:
-        return None
-    try:
-        v = int(raw)
-    except ValueError:
-        raise invalid("expected_version must be an integer", field="expected_version") from None
-    if v < 0:
-        raise invalid("expected_version must be >= 0", field="expected_version")
-    return v
+    return None if raw is None else int_in(raw, "expected_version")
