@@ -63,7 +63,8 @@ def meta_rebuild_projection(config_path: str) -> None:
     """Drop the node's SQL projection and rebuild it from the node's log (the node must be stopped)."""
     from meta.config import load
     from meta.offline_log import rebuild_projection
-    with one_line_errors():
+    from meta.snapshot_file import SnapshotFormatError
+    with one_line_errors(SnapshotFormatError):
         position = rebuild_projection(load(config_path))
     click.echo(json.dumps({"rebuilt": True, "position": position}))
 

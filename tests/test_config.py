@@ -190,3 +190,13 @@ def test_the_cli_prints_a_config_error_as_one_line_and_exits_2(tmp_path, kind, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], r.stderr
     assert not os.path.exists(os.path.join(tmp_path, "data")), "the node started before its config was checked"
+
+
+def test_rebuild_projection_names_an_unreadable_snapshot_in_one_line(tmp_path):
+    """An operator's rebuild on a data dir with a damaged (or old pickled) snapshot gets the reason, not a traceback."""
+    os.makedirs(tmp_path / "data")
+    (tmp_path / "data" / "raft.snapshot").write_bytes(b"\x80\x04not a snapshot")
+    out = run_cli("meta", "rebuild-projection", "--config", write(tmp_path, "m1.json", meta_raw()))
+    assert out.returncode == 1, out
+    assert out.stderr.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
