@@ -7,8 +7,9 @@ from aiohttp import web
 from .. import limits, views
 from ..commands import validate
 from client.wire.errors import invalid
-from .http import (body_object, refuse_if_no_longer_leader, replay_on_leader, requires, respond, service,
-                   submit)
+from client.wire.server import requires
+
+from .http import body_object, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
 
 
 def _only(body: dict, allowed: set[str]) -> None:

@@ -11,7 +11,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import limits
 from client.wire.params import nonneg_int
-from .http import public, requires, respond, service
+from client.wire.server import public, requires
+
+from .http import respond, service
 from .keys import METRICS
 from .openapi import SPEC
 

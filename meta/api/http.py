@@ -11,7 +11,6 @@ from client.wire import json_body
 from client.wire.errors import ApiError
 from client.wire.params import int_in
 from client.wire.headers import request_id_header
-from client.wire.server import public, requires  # noqa: F401 - the handlers' markers, re-exported
 from ..service import MetaService
 from .keys import SERVICE
 

@@ -7,7 +7,9 @@ from aiohttp import web
 from .. import limits, views
 from client.wire.params import int_in
 from client.wire.errors import invalid, rejection
-from .http import body_object, expected_version, requires, respond, service, submit
+from client.wire.server import requires
+
+from .http import body_object, expected_version, respond, service, submit
 
 
 def _topic_not_found(name: str):

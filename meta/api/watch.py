@@ -15,7 +15,9 @@ from .. import limits
 from ..changefeed import ANY, TOPICS
 from client.wire.errors import invalid, rejection
 from client.wire.params import nonneg_int, seconds
-from .http import JSON, requires, service
+from client.wire.server import requires
+
+from .http import JSON, service
 from .keys import ADMISSIONS
 
 SSE_KEEPALIVE_S = 15.0
