@@ -164,6 +164,92 @@ def _v_seal_report(c):
         raise invalid("physical_queue must be a string", field="physical_queue")
 
 
+GROUP_MODES = ("exclusive", "shared")
+# Group settings: key -> (type, low, high). Values are JSON numbers or strings; null removes a key (default again).
+GROUP_CONFIG_INTS = {
+    "lease_ms": (limits.LEASE_MS_MIN, limits.LEASE_MS_MAX),
+    "heartbeat_interval_ms": (limits.GROUP_HEARTBEAT_INTERVAL_MS_MIN, limits.GROUP_HEARTBEAT_INTERVAL_MS_MAX),
+    "max_attempts": (1, limits.MAX_ATTEMPTS_MAX),
+}
+GROUP_CONFIG_KEYS = (*GROUP_CONFIG_INTS, "retry_topic", "mode")
+
+
+def _group(c):
+    _name(c.get("group"), "group", limits.GROUP_NAME_CHARS_MAX)
+    _optional_version(c)
+
+
+def _member(value: Any) -> str:
+    return _name(value, "member", limits.MEMBER_NAME_CHARS_MAX)
+
+
+def _lock_refs(value: Any, what: str, most: int) -> None:
+    if not isinstance(value, list) or len(value) > most:
+        raise invalid(f"{what} must be a list of at most {most} locks", field=what)
+    for r in value:
+        if not isinstance(r, dict) or set(r) != {"topic", "queue", "token"}:
+            raise invalid(f"each of {what} must be {{topic, queue, token}}", field=what)
+        _name(r["topic"], "topic", limits.TOPIC_NAME_CHARS_MAX)
+        _int(r["queue"], "queue", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
+        _int(r["token"], "token", 1, 2**62)
+
+
+def _v_join_group(c):
+    _group(c)
+    _member(c.get("member"))
+    topics = c.get("topics")
+    if not isinstance(topics, list) or not 1 <= len(topics) <= limits.GROUP_TOPICS_MAX:
+        raise invalid(f"topics must be a list of 1 to {limits.GROUP_TOPICS_MAX} topic names", field="topics")
+    for t in topics:
+        _name(t, "topic", limits.TOPIC_NAME_CHARS_MAX)
+    if len(set(topics)) != len(topics):
+        raise invalid("topics has duplicates", field="topics")
+    if c.get("mode") not in GROUP_MODES:
+        raise invalid("mode must be 'exclusive' or 'shared'", field="mode")
+
+
+def _v_leave_group(c):
+    _group(c)
+    _member(c.get("member"))
+
+
+def _v_release_locks(c):
+    _v_leave_group(c)
+    _lock_refs(c.get("locks"), "released", limits.RELEASES_PER_HEARTBEAT_MAX)
+
+
+def _v_expire_members(c):
+    _group(c)
+    members = c.get("members")
+    if not isinstance(members, list) or not 1 <= len(members) <= limits.EXPIRIES_PER_COMMAND_MAX:
+        raise invalid("members must be a non-empty list", field="members")
+    for m in members:
+        _member(m)
+
+
+def _v_expire_locks(c):
+    _group(c)
+    _lock_refs(c.get("locks"), "locks", limits.EXPIRIES_PER_COMMAND_MAX)
+
+
+def _v_group_config(c):
+    _group(c)
+    config = c.get("config")
+    if not isinstance(config, dict) or not config:
+        raise invalid(f"config must be a non-empty object of {', '.join(GROUP_CONFIG_KEYS)}", field="config")
+    for k, v in config.items():
+        if k not in GROUP_CONFIG_KEYS:
+            raise invalid(f"unknown group setting {k[:64]!r}; known: {', '.join(GROUP_CONFIG_KEYS)}", field="config")
+        if v is None:
+            continue
+        if k in GROUP_CONFIG_INTS:
+            _int(v, k, *GROUP_CONFIG_INTS[k])
+        elif k == "retry_topic":
+            _name(v, k, limits.TOPIC_NAME_CHARS_MAX)
+        elif v not in GROUP_MODES:
+            raise invalid("mode must be 'exclusive' or 'shared'", field=k)
+
+
 VALIDATORS = {
     "RegisterBroker": _v_register_broker,
     "FenceBroker": _v_fence_broker,
@@ -177,6 +263,12 @@ VALIDATORS = {
     "SealSegment": _v_seal,
     "SealSegments": _v_seal_many,
     "Barrier": lambda c: None,
+    "JoinGroup": _v_join_group,
+    "LeaveGroup": _v_leave_group,
+    "ReleaseLocks": _v_release_locks,
+    "ExpireMembers": _v_expire_members,
+    "ExpireLocks": _v_expire_locks,
+    "SetGroupConfig": _v_group_config,
 }
 
 

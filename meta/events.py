@@ -82,7 +82,37 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "topic": "topic name", "queue": "logic queue id", "gen": "generation",
         "logic_start": "logic offset of the segment's first message",
     }),
+    # Consumer groups. Lock events name their topic too (history filters by it), but they change the group, never the
+    # topic's route: image.replay keys them by group (GROUP_EVENTS).
+    "GroupMemberJoined": (1, {
+        "group": "group name", "member": "member id chosen by the client",
+        "topics": "topics the member consumes", "mode": "'exclusive' (ordered, locks) or 'shared' (pop)",
+    }),
+    "GroupMemberLeft": (1, {
+        "group": "group name", "member": "member id",
+        "reason": "'left' (it asked) or 'lease_expired' (no heartbeat for the group's lease_ms)",
+    }),
+    "GroupConfigChanged": (1, {
+        "group": "group name", "config": "the group's settings after the change (only the keys set)",
+        "changed": "keys set or removed by this change",
+    }),
+    "LockGranted": (1, {
+        "group": "group name", "topic": "topic name", "queue": "logic queue id", "member": "new owner",
+        "token": "fencing token: larger than every earlier grant of any lock",
+    }),
+    "LockTargetChanged": (1, {
+        "group": "group name", "topic": "topic name", "queue": "logic queue id", "member": "current owner",
+        "token": "the owner's token (still current until released)",
+        "target": "member the queue should go to (null: nobody); != owner means the owner is asked to release it",
+    }),
+    "LockReleased": (1, {
+        "group": "group name", "topic": "topic name", "queue": "logic queue id", "member": "owner until now",
+        "token": "the token that stops being current",
+        "reason": "'released' (the owner gave it up), 'left', 'lease_expired' or 'topic_deleted'",
+    }),
 }
+
+GROUP_EVENTS = frozenset(name for name, (_, fields) in EVENT_SCHEMAS.items() if "group" in fields)
 
 
 class UnknownEvent(ValueError):

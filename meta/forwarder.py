@@ -44,6 +44,10 @@ class LeaderForwarder:
         if self._http is not None:
             await self._http.close()
 
+    def http_session(self) -> aiohttp.ClientSession:
+        """The node's outgoing HTTP session (also used to ask brokers); callers pass their own timeouts."""
+        return self._http
+
     def leader_url(self) -> str | None:
         m = self.config.member_by_raft(self.sync.leader_address())
         return m.url if m else None

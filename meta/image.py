@@ -16,6 +16,13 @@ Layout of ``Image.data``::
                    broker event touches, without a scan of every segment
     topics         {name: {topic, incarnation, queues, slots, order, config, version, created_ms,
                            slot_table, barriers, logic_queues: [[segment, ...] per queue]}}
+    groups         {name: {group, mode, config, version, created_ms, members: {member: {member, topics, mode,
+                           joined_ms}}, locks: {topic: {"<queue>": {member, token, target, granted_ms}}}}}
+                   (meta/groups.py says what a lock entry means)
+    lock_token     the last fencing token handed out (one counter for every lock)
+    member_count   members of all groups
+    subscriptions  {topic: {group: members of that group naming the topic}}: the groups a topic change concerns
+    revoking       {group: locks of it being revoked}: where the leader looks for revocations whose lease ended
     requests       {request id: [fingerprint, ts, outcome]} in arrival order (idempotency)
     history        [stored event as canonical JSON] newest last, bounded; history_start = version of history[0]
 """
@@ -26,7 +33,13 @@ import json
 from typing import Any
 
 from . import limits
-from .events import UnknownEvent, stored
+from .events import GROUP_EVENTS, UnknownEvent, stored
+
+GROUP_KEY_PREFIX = "@"  # change-feed key of a group: never a topic name (commands.NAME_RE has no "@")
+
+
+def group_key(name: str) -> str:
+    return GROUP_KEY_PREFIX + name
 
 
 def canonical_json(value: Any) -> str:
@@ -35,12 +48,15 @@ def canonical_json(value: Any) -> str:
 
 def empty_data() -> dict[str, Any]:
     return {"version": 0, "commands": 0, "last_ts": 0, "brokers": {}, "load": {}, "hosting": {}, "topics": {}, "requests": {},
-            "history": [], "history_start": 1}
+            "history": [], "history_start": 1, "groups": {}, "lock_token": 0, "member_count": 0,
+            "subscriptions": {}, "revoking": {}}
 
 
 class Image:
     def __init__(self, data: dict[str, Any] | None = None):
         self.data = data if data is not None else empty_data()
+        for key, value in empty_data().items():  # a snapshot written before a part of the image existed
+            self.data.setdefault(key, value)
 
     # -- reads -------------------------------------------------------------------------------------------------
     @property
@@ -55,8 +71,16 @@ class Image:
     def brokers(self) -> dict[str, dict[str, Any]]:
         return self.data["brokers"]
 
+    @property
+    def groups(self) -> dict[str, dict[str, Any]]:
+        return self.data["groups"]
+
     def topic(self, name: str) -> dict[str, Any] | None:
         return self.data["topics"].get(name)
+
+    def queue_count(self, topic: str) -> int | None:
+        t = self.data["topics"].get(topic)
+        return t["queues"] if t is not None else None
 
     def segment(self, topic: str, queue: int, gen: int) -> dict[str, Any] | None:
         t = self.topic(topic)
@@ -86,7 +110,11 @@ class Image:
         self.data["version"] += 1
         version = self.data["version"]
         changed = handler(event, ts) or set()
-        if event.get("topic") is not None:
+        if event["type"] in GROUP_EVENTS:
+            # A lock event names its topic for history, but changes the group, never the topic's route.
+            self.data["groups"][event["group"]]["version"] = version
+            changed.add(group_key(event["group"]))
+        elif event.get("topic") is not None:
             changed.add(event["topic"])
         for name in changed:
             t = self.data["topics"].get(name)
@@ -212,6 +240,76 @@ class Image:
         for b in t["barriers"]:
             if b["after_queue"] == e["queue"] and b["after_gen"] == e["gen"]:
                 b["after_offset"] = e["logic_start"]
+
+
+    # groups
+    def _on_GroupMemberJoined(self, e, ts):
+        g = self._group(e["group"], ts)
+        if g["mode"] is None:
+            g["mode"] = e["mode"]
+        old = g["members"].get(e["member"])
+        if old is None:
+            self.data["member_count"] += 1
+        else:
+            self._subscribe(e["group"], old["topics"], -1)
+        g["members"][e["member"]] = {"member": e["member"], "topics": list(e["topics"]), "mode": e["mode"],
+                                     "joined_ms": old["joined_ms"] if old else ts}
+        self._subscribe(e["group"], e["topics"], 1)
+
+    def _on_GroupMemberLeft(self, e, ts):
+        old = self.data["groups"][e["group"]]["members"].pop(e["member"])
+        self.data["member_count"] -= 1
+        self._subscribe(e["group"], old["topics"], -1)
+
+    def _on_GroupConfigChanged(self, e, ts):
+        g = self._group(e["group"], ts)
+        g["config"] = dict(e["config"])
+        if "mode" in g["config"]:
+            g["mode"] = g["config"]["mode"]
+
+    def _on_LockGranted(self, e, ts):
+        locks = self.data["groups"][e["group"]]["locks"].setdefault(e["topic"], {})
+        locks[str(e["queue"])] = {"member": e["member"], "token": e["token"], "target": e["member"], "granted_ms": ts}
+        self.data["lock_token"] = max(self.data["lock_token"], e["token"])
+
+    def _on_LockTargetChanged(self, e, ts):
+        lk = self.data["groups"][e["group"]]["locks"][e["topic"]][str(e["queue"])]
+        before = lk["target"] != lk["member"]
+        lk["target"] = e["target"]
+        self._revoking(e["group"], (lk["target"] != lk["member"]) - before)
+
+    def _on_LockReleased(self, e, ts):
+        locks = self.data["groups"][e["group"]]["locks"]
+        lk = locks[e["topic"]].pop(str(e["queue"]))
+        if not locks[e["topic"]]:
+            del locks[e["topic"]]
+        self._revoking(e["group"], -(lk["target"] != lk["member"]))
+
+    def _group(self, name: str, ts: int) -> dict[str, Any]:
+        g = self.data["groups"].get(name)
+        if g is None:
+            g = self.data["groups"][name] = {"group": name, "mode": None, "config": {}, "version": 0,
+                                             "created_ms": ts, "members": {}, "locks": {}}
+        return g
+
+    def _subscribe(self, group: str, topics: list[str], delta: int) -> None:
+        subs = self.data["subscriptions"]
+        for t in topics:
+            n = subs.setdefault(t, {}).get(group, 0) + delta
+            if n:
+                subs[t][group] = n
+            else:
+                del subs[t][group]
+                if not subs[t]:
+                    del subs[t]
+
+    def _revoking(self, group: str, delta: int) -> None:
+        if delta:
+            n = self.data["revoking"].get(group, 0) + delta
+            if n:
+                self.data["revoking"][group] = n
+            else:
+                del self.data["revoking"][group]
 
 
 def _segment(gen: int, broker: str, pq: str, physical_start: int, logic_start: int | None, budget_end: int,

@@ -74,3 +74,23 @@ assert ROUTE_BYTES_MAX <= _sse.LINE_BYTES_MAX, (ROUTE_BYTES_MAX, _sse.LINE_BYTES
 
 # Rendered routes kept per node (least recently used evicted first): a 1,000-queue route is ~340 KB.
 ROUTE_CACHE_BYTES_MAX = 128 * 1024 * 1024
+
+# Consumer groups (exclusive locks and shared members). A group's lock table goes to brokers as one watch event, so
+# its size is bounded by the topics a member may name times the queues of a topic.
+GROUP_NAME_CHARS_MAX = 128
+MEMBER_NAME_CHARS_MAX = 128
+GROUPS_MAX = 10_000
+MEMBERS_PER_GROUP_MAX = 1_000
+MEMBERS_MAX = 100_000
+GROUP_TOPICS_MAX = 32              # topics one member may subscribe to
+RELEASES_PER_HEARTBEAT_MAX = 4_096
+EXPIRIES_PER_COMMAND_MAX = 1_000   # members or locks one expiry command names
+# Group settings (PUT /v1/groups/{group}/config): defaults and bounds. A lease outlives several heartbeats.
+LEASE_MS_DEFAULT = 15_000
+LEASE_MS_MIN = 1_000
+LEASE_MS_MAX = 600_000
+GROUP_HEARTBEAT_INTERVAL_MS_DEFAULT = 3_000
+GROUP_HEARTBEAT_INTERVAL_MS_MIN = 100
+GROUP_HEARTBEAT_INTERVAL_MS_MAX = 60_000
+MAX_ATTEMPTS_DEFAULT = 16
+MAX_ATTEMPTS_MAX = 1_000

@@ -18,7 +18,7 @@ from client.wire.params import nonneg_int, seconds
 from . import limits, views
 from .admission import Admission
 from .changefeed import ChangeFeed
-from .image import Image
+from .image import GROUP_KEY_PREFIX, Image
 from .raft_node import MetaSyncObj, ProposeFailed, RaftNode
 from .route_cache import RouteCache
 
@@ -60,6 +60,20 @@ class ReadFacade:
                 body = json.dumps(views.route(image, t), separators=(",", ":")).encode()
                 self._route_cache.put(topic, t["version"], body)
             return t["version"], body
+        return self.read(render)
+
+    def group_bytes(self, key: str) -> tuple[int, bytes] | None:
+        """A group's ``group`` watch event (``key`` is its change-feed key), rendered once per group version."""
+        def render(image: Image):
+            g = image.groups.get(key[len(GROUP_KEY_PREFIX):])
+            if g is None:
+                self._route_cache.drop(key)
+                return None
+            body = self._route_cache.get(key, g["version"])
+            if body is None:
+                body = json.dumps(views.group_event(image, g), separators=(",", ":")).encode()
+                self._route_cache.put(key, g["version"], body)
+            return g["version"], body
         return self.read(render)
 
     async def before_read(self, query: Mapping[str, str]) -> None:

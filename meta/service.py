@@ -3,6 +3,7 @@
 - ``reads`` (meta/reads.py): the applied image, rendered routes, min_version and linearizable waits;
 - ``forwarder`` (meta/forwarder.py): the one retry loop that gets a request to the leader;
 - ``brokers`` (meta/broker_sessions.py): the leader's duties towards brokers, decided through the log;
+- ``groups`` (meta/group_sessions.py): the leader's duties towards group members: leases, expiry;
 - ``projection`` (meta/projection_follower.py): the SQL projection following the applied log.
 Handlers (meta/api/) parse and answer; they ask this class and never touch the pysyncobj object.
 """
@@ -26,6 +27,7 @@ from .changefeed import ChangeFeed
 from .commands import validate
 from .config import Member, MetaConfig
 from .forwarder import Answer, LeaderForwarder
+from .group_sessions import GroupSessions
 from .projection_follower import ProjectionFollower
 from .raft_node import LoopBridge, MetaSyncObj, RaftNode
 from .reads import ReadFacade
@@ -44,6 +46,7 @@ class MetaService:
         self.reads: ReadFacade | None = None
         self.forwarder: LeaderForwarder | None = None
         self.brokers: BrokerSessions | None = None
+        self.groups: GroupSessions | None = None
         self.projection = ProjectionFollower(config.projection_url, self)
         self._tasks: list[asyncio.Task] = []
         self.started_at = time.time()
@@ -73,7 +76,9 @@ class MetaService:
         self.forwarder = LeaderForwarder(self.config, self.sync)
         await self.forwarder.start()
         self.brokers = BrokerSessions(self.config, self.reads, self.raft, self.sync)
+        self.groups = GroupSessions(self.reads, self.raft, self.sync)
         self._tasks = [asyncio.create_task(self.brokers.run(), name="broker-sessions"),
+                       asyncio.create_task(self.groups.run(), name="group-leases"),
                        asyncio.create_task(self.projection.run(), name="projection")]
         log.info("meta_started", node=self.config.node, raft=self.config.raft)
 

@@ -14,7 +14,7 @@ import copy
 import hashlib
 from typing import Any
 
-from . import allocation, limits
+from . import allocation, groups, limits
 from .commands import validate
 from client.wire import json_body
 from client.wire.errors import ApiError, invalid, rejection
@@ -259,7 +259,7 @@ class StateMachine:
         ev = make("TopicCreated", topic=name, incarnation=incarnation, queues=c["queues"], slots=slots,
                   order=c.get("order", "best_tried"), config=config,
                   slot_table=allocation.initial_slot_table(slots, c["queues"]), segments=segments)
-        return [ev], {"topic": name, "queues": c["queues"]}
+        return [ev, *self._topic_changed_for_groups(name, c["queues"])], {"topic": name, "queues": c["queues"]}
 
     def _GrowTopic(self, c, ts):
         t = self._topic(c)
@@ -290,6 +290,7 @@ class StateMachine:
         # same broker: the barrier offset is that generation's logic start.
         for q in split_queues:
             events += self._move(t, q, heads[q]["broker"], "grow")
+        events += self._topic_changed_for_groups(t["topic"], new_count)
         return events, {"topic": t["topic"], "queues": new_count}
 
     def _SetTopicConfig(self, c, ts):
@@ -310,7 +311,8 @@ class StateMachine:
 
     def _DeleteTopic(self, c, ts):
         t = self._topic(c)
-        return [make("TopicDeleted", topic=t["topic"])], {"topic": t["topic"]}
+        return ([make("TopicDeleted", topic=t["topic"]), *self._topic_changed_for_groups(t["topic"], None)],
+                {"topic": t["topic"]})
 
     def _RemapTopic(self, c, ts):
         t = self._topic(c)
@@ -329,6 +331,134 @@ class StateMachine:
 
     def _Barrier(self, c, ts):
         return [], {}
+
+    # -- consumer groups (meta/groups.py decides who owns which queue) -----------------------------------------
+    def _existing_group(self, c) -> dict[str, Any]:
+        g = self.image.groups.get(c["group"])
+        if g is None:
+            raise rejection(404, "GROUP_NOT_FOUND", f"group {c['group']!r} does not exist", group=c["group"])
+        self._expect(c, g["version"])
+        return g
+
+    def _rebalanced(self, name: str, g: dict[str, Any] | None, mode: str | None, members, freed=frozenset(),
+                    queue_counts=None, planner: groups.LockPlanner | None = None) -> list[dict[str, Any]]:
+        planner = planner or groups.LockPlanner(self.image.data["lock_token"])
+        return planner.rebalance(name, g, mode, members, queue_counts or self.image.queue_count, set(freed))
+
+    def _JoinGroup(self, c, ts):
+        name, member = c["group"], c["member"]
+        g = self.image.groups.get(name)
+        self._expect(c, g["version"] if g else 0)
+        if g is None and len(self.image.groups) >= limits.GROUPS_MAX:
+            raise rejection(409, "TOO_MANY_GROUPS", f"at most {limits.GROUPS_MAX} groups")
+        mode = g["mode"] if g is not None and g["mode"] is not None else c["mode"]
+        if mode != c["mode"]:
+            raise rejection(409, "GROUP_MODE_MISMATCH", f"group {name!r} is {mode}; member asked for {c['mode']}",
+                            group=name, mode=mode)
+        members = dict(g["members"]) if g is not None else {}
+        old = members.get(member)
+        if old is not None and old["topics"] == c["topics"] and old["mode"] == c["mode"]:
+            return [], {"group": name, "joined": False}
+        if old is None:
+            if len(members) >= limits.MEMBERS_PER_GROUP_MAX:
+                raise rejection(409, "TOO_MANY_MEMBERS", f"a group has at most {limits.MEMBERS_PER_GROUP_MAX} members")
+            if self.image.data["member_count"] >= limits.MEMBERS_MAX:
+                raise rejection(409, "TOO_MANY_MEMBERS", f"at most {limits.MEMBERS_MAX} members in all groups")
+        members[member] = {"topics": c["topics"], "mode": c["mode"]}
+        events = [make("GroupMemberJoined", group=name, member=member, topics=c["topics"], mode=c["mode"])]
+        return events + self._rebalanced(name, g, mode, members), {"group": name, "joined": True}
+
+    def _without_members(self, c, names: list[str], reason: str):
+        g = self._existing_group(c)
+        gone = [m for m in names if m in g["members"]]
+        if not gone:
+            return [], {"group": c["group"], "removed": []}
+        planner = groups.LockPlanner(self.image.data["lock_token"])
+        freed = [lock for m in gone for lock in groups.member_locks(g, m)]
+        events = planner.release(c["group"], freed, reason)
+        events += [make("GroupMemberLeft", group=c["group"], member=m, reason=reason) for m in gone]
+        members = {m: v for m, v in g["members"].items() if m not in gone}
+        events += self._rebalanced(c["group"], g, g["mode"], members, {(t, q) for t, q, _ in freed}, planner=planner)
+        return events, {"group": c["group"], "removed": gone}
+
+    def _LeaveGroup(self, c, ts):
+        return self._without_members(c, [c["member"]], "left")
+
+    def _ExpireMembers(self, c, ts):
+        return self._without_members(c, c["members"], "lease_expired")
+
+    def _release(self, c, refs, reason: str, which):
+        """Release the named locks that are still what the caller saw (same token), and regrant."""
+        g = self._existing_group(c)
+        freed = []
+        for r in refs:
+            lk = g["locks"].get(r["topic"], {}).get(str(r["queue"]))
+            if lk is not None and lk["token"] == r["token"] and which(lk) \
+                    and (r["topic"], r["queue"]) not in {(t, q) for t, q, _ in freed}:
+                freed.append((r["topic"], r["queue"], lk))
+        if not freed:
+            return [], {"group": c["group"], "released": 0}
+        planner = groups.LockPlanner(self.image.data["lock_token"])
+        events = planner.release(c["group"], freed, reason)
+        events += self._rebalanced(c["group"], g, g["mode"], g["members"], {(t, q) for t, q, _ in freed},
+                                   planner=planner)
+        return events, {"group": c["group"], "released": len(freed)}
+
+    def _ReleaseLocks(self, c, ts):
+        return self._release(c, c["locks"], "released", lambda lk: lk["member"] == c["member"])
+
+    def _ExpireLocks(self, c, ts):
+        # Only revoked locks expire this way; an owner's own lease ends with its membership (ExpireMembers).
+        return self._release(c, c["locks"], "lease_expired", lambda lk: not groups.owned(lk))
+
+    def _SetGroupConfig(self, c, ts):
+        name = c["group"]
+        g = self.image.groups.get(name)
+        self._expect(c, g["version"] if g else 0)
+        if g is None and len(self.image.groups) >= limits.GROUPS_MAX:
+            raise rejection(409, "TOO_MANY_GROUPS", f"at most {limits.GROUPS_MAX} groups")
+        config = dict(g["config"]) if g is not None else {}
+        for k, v in c["config"].items():
+            if v is None:
+                config.pop(k, None)
+            else:
+                config[k] = v
+        config = dict(sorted(config.items()))
+        mode = config.get("mode", g["mode"] if g else None)
+        effective = groups.effective_config(name, {"mode": mode, "config": config})
+        if effective["heartbeat_interval_ms"] * 2 > effective["lease_ms"]:
+            raise invalid("heartbeat_interval_ms must be at most half of lease_ms, so a lease outlives a lost "
+                          "heartbeat", lease_ms=effective["lease_ms"],
+                          heartbeat_interval_ms=effective["heartbeat_interval_ms"])
+        if g is not None and "mode" in config:
+            other = sorted(m for m, v in g["members"].items() if v["mode"] != config["mode"])
+            if other:
+                raise rejection(409, "GROUP_MODE_MISMATCH", f"members of another mode are in the group: {other[:5]}",
+                                group=name, mode=config["mode"])
+        if g is not None and config == g["config"]:
+            return [], {"group": name, "config": groups.effective_config(name, g)}
+        events = [make("GroupConfigChanged", group=name, config=config, changed=sorted(c["config"]))]
+        if g is not None and mode != g["mode"]:
+            events += self._rebalanced(name, g, mode, g["members"])
+        return events, {"group": name, "config": effective}
+
+    def _topic_changed_for_groups(self, topic: str, queues: int | None) -> list[dict[str, Any]]:
+        """Lock events of every group naming ``topic`` after it was created, grown (``queues``) or deleted (None)."""
+        events = []
+        planner = groups.LockPlanner(self.image.data["lock_token"])
+
+        def counts(name: str) -> int | None:
+            return queues if name == topic else self.image.queue_count(name)
+        for name in sorted(set(self.image.data["subscriptions"].get(topic, ())) |
+                           {n for n, g in self.image.groups.items() if topic in g["locks"]}):
+            g = self.image.groups[name]
+            freed = []
+            if queues is None:
+                freed = [(topic, int(q), lk) for q, lk in sorted(g["locks"].get(topic, {}).items())]
+                events += planner.release(name, freed, "topic_deleted")
+            events += self._rebalanced(name, g, g["mode"], g["members"], {(t, q) for t, q, _ in freed}, counts,
+                                       planner)
+        return events
 
 
 def _logic_end(seg: dict[str, Any], physical_end: int) -> int:

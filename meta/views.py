@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from client.wire import route as route_model
 
-from . import limits
+from . import groups, limits
 from .image import Image
 
 
@@ -62,3 +63,29 @@ def topic_summary(t: dict[str, Any]) -> dict[str, Any]:
 def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, Any]:
     return {"broker": b["broker"], "address": b["address"], "zone": b["zone"], "epoch": b["epoch"],
             "state": b["state"], "last_heartbeat_ms": last_heartbeat_ms if last_heartbeat_ms else b["last_seen_ms"]}
+
+
+def group_event(image: Image, g: dict[str, Any]) -> dict[str, Any]:
+    """What brokers enforce, sent on all-topic watch streams as a ``group`` event (one per group version)."""
+    return {"group": g["group"], "version": g["version"], "mode": g["mode"],
+            "locks": groups.lock_table(g, image.queue_count)}
+
+
+def group_summary(g: dict[str, Any]) -> dict[str, Any]:
+    return {"group": g["group"], "mode": g["mode"], "members": len(g["members"]),
+            "locks": sum(len(qs) for qs in g["locks"].values()), "version": g["version"]}
+
+
+def group_detail(g: dict[str, Any], lease_end: Callable[[str, int], int | None]) -> dict[str, Any]:
+    """Members and assignments as the image has them; ``lease_end(member, lease_ms)`` is the leader's live view
+    (None elsewhere). Committed offsets and lag are filled in by the caller, which asks the brokers."""
+    config = groups.effective_config(g["group"], g)
+    lease_ms = config["lease_ms"]
+    members = [{"member": m, "topics": v["topics"], "mode": v["mode"], "joined_ms": v["joined_ms"],
+                "lease_expires_ms": lease_end(m, lease_ms)} for m, v in sorted(g["members"].items())]
+    assignments = [{"topic": topic, "queue": int(q), "member": lk["member"], "token": lk["token"],
+                    "state": "owned" if groups.owned(lk) else "revoking", "target": lk["target"],
+                    "granted_ms": lk["granted_ms"], "lease_expires_ms": lease_end(lk["member"], lease_ms)}
+                   for topic in sorted(g["locks"]) for q, lk in sorted(g["locks"][topic].items(), key=lambda i: int(i[0]))]
+    return {"group": g["group"], "mode": g["mode"], "config": config, "version": g["version"],
+            "members": members, "assignments": assignments}

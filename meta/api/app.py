@@ -7,7 +7,7 @@ from aiohttp import web
 from .. import limits
 from ..config import MetaConfig
 from ..service import MetaService
-from . import brokers, cluster, topics, watch
+from . import brokers, cluster, groups, topics, watch
 from ..admission import Admission
 from .keys import ADMISSIONS, METRICS, SERVICE
 from .metrics import MetaMetrics
@@ -34,6 +34,6 @@ def make_app(config: MetaConfig) -> web.Application:
 
     app.cleanup_ctx.append(service_ctx)
     app.on_response_prepare.append(add_version_header)
-    for module in (topics, brokers, watch, cluster):
+    for module in (topics, brokers, groups, watch, cluster):
         module.add_routes(app)
     return app

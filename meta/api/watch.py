@@ -13,6 +13,7 @@ from aiohttp import web
 
 from .. import limits
 from ..changefeed import ANY, TOPICS
+from ..image import GROUP_KEY_PREFIX, group_key
 from client.wire.errors import invalid, rejection
 from client.wire.params import nonneg_int, seconds
 from client.wire.server import requires
@@ -84,6 +85,8 @@ class WatchStream:
     so an older change never follows a newer id, and whatever a reader resumes after, the newest state of every
     topic reaches it. Deletes go last, with id P, and an all-topic pass that sent nothing else ends with
     ``caught_up`` (id P) so readers learn how far the log has been followed even when no watched topic changed.
+    All-topic streams (brokers) also carry each group's lock table as a ``group`` event (id: the group's version),
+    ordered with the routes, so a broker learns every token change from the same resumable stream.
 
     A node that has no leader, or lags its leader's commit by more than WATCH_LAG_ENTRIES_MAX, ends its streams so
     readers move to a node that follows the log (a cut-off node would otherwise keep streams alive with keepalives).
@@ -123,7 +126,7 @@ class WatchStream:
         changed = self.svc.feed.changed_since(self.scanned_to)
         if changed is not None:
             return sorted(changed), True
-        names = self.svc.read(lambda im: sorted(im.topics))
+        names = self.svc.read(lambda im: sorted(im.topics) + [group_key(g) for g in sorted(im.groups)])
         present = set(names)
         return names + [n for n, v in self.sent.items() if v >= 0 and n not in present], False
 
@@ -132,6 +135,10 @@ class WatchStream:
         names, from_log = self._candidates()
         listed, gone = [], []
         for name in names:
+            if name.startswith(GROUP_KEY_PREFIX):
+                if not self.topics:  # lock tables are for brokers, which read all-topic streams
+                    self._group(name, published, listed)
+                continue
             route = self.svc.reads.route_bytes(name)   # version and bytes of one moment: sent as they are
             if route is None:
                 if self.sent.get(name) != -1 and (from_log or self.sent.get(name, -1) >= 0):
@@ -141,7 +148,8 @@ class WatchStream:
         listed.sort()
         wrote = False
         for version, name, body in listed:
-            await self.resp.write(_sse("route", version, body))
+            kind = "group" if name.startswith(GROUP_KEY_PREFIX) else "route"
+            await self.resp.write(_sse(kind, version, body))
             self.sent[name] = self.last_id = version
             wrote = True
         for name in gone:
@@ -155,6 +163,13 @@ class WatchStream:
             self.last_id = published
             wrote = True
         return wrote
+
+
+    def _group(self, key: str, published: int, listed: list) -> None:
+        """A group's lock table joins the pass like a route (groups are never deleted)."""
+        event = self.svc.reads.group_bytes(key)
+        if event is not None and max(self.after, self.sent.get(key, -1)) < event[0] <= published:
+            listed.append((event[0], key, event[1]))
 
 
 def _sse(event: str, version: int, data: bytes) -> bytes:

@@ -1,0 +1,220 @@
+"""Group members' leases as the leader sees them: in memory, never in the log (like broker sessions).
+
+Why heartbeats stay out of the log: 10,000 members heartbeating every 3 s are 3,300 renewals a second, more than the
+log commits (about 1,300 writes/s here), and a renewal changes no decision. What does change a decision enters the
+log: a member joining or changing its topics, leaving, releasing a revoked queue, and the expiry of a lease, which
+the leader proposes (DESIGN.md invariant 2: apply reads no clock). KRaft logs broker fencing the same way, not beats.
+
+Lease safety ("a member loses its queues when its lease ends, never before"):
+- the client counts its lease from the moment it SENT a heartbeat; the leader from when it received it, later;
+- a member the leader decided to expire is held out of heartbeats until that expiry has applied, so no answer can
+  renew a lease the log is about to end;
+- a revoked queue's lease runs from when the leader first saw it revoked, after the last answer that listed it;
+- a new leader starts every lease afresh, and answers heartbeats only after a barrier of its own term has applied,
+  so every expiry an older leader committed is in its image first.
+A deposed leader that does not know it yet (pysyncobj's leaderFallbackTimeout) can still answer heartbeats from its
+stale image; the brokers' token check, not the lease, is what keeps such a member from acting (invariant 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+
+from client.wire.errors import rejection
+
+from . import groups, limits
+from .broker_sessions import answer
+from .image import Image
+from .raft_node import MetaSyncObj, ProposeFailed, RaftNode
+from .reads import ReadFacade
+
+log = structlog.get_logger("meta.groups")
+LEASE_CHECK_INTERVAL_S = 0.25
+EXPIRY_WAIT_S = 5.0          # how long a heartbeat waits for its member's pending expiry to apply
+BARRIER_WAIT_S = 5.0
+
+Key = tuple[str, str]          # (group, member)
+LockKey = tuple[str, str, int, int]  # (group, topic, queue, token)
+
+
+class GroupSessions:
+    def __init__(self, reads: ReadFacade, raft: RaftNode, sync: MetaSyncObj):
+        self.reads = reads
+        self.raft = raft
+        self.sync = sync
+        self._seen: dict[Key, float] = {}          # monotonic s of the last heartbeat received
+        self._seen_wall: dict[Key, int] = {}       # wall ms of it, for display
+        self._revoked_at: dict[LockKey, float] = {}
+        self._expiring: dict[Key, asyncio.Event] = {}
+        self._led_term: int | None = None
+        self._ready_term: int | None = None
+        self._answers: dict[str, tuple[int, dict[str, list[dict[str, Any]]], dict[str, Any]]] = {}
+
+    # -- heartbeats (leader only) ----------------------------------------------------------------------------
+    async def heartbeat(self, group: str, member: str, topics: list[str], mode: str,
+                        released: list[dict[str, Any]]) -> dict[str, Any]:
+        await self._ready()
+        key = (group, member)
+        pending = self._expiring.get(key)
+        if pending is not None:
+            try:
+                await asyncio.wait_for(pending.wait(), EXPIRY_WAIT_S)
+            except asyncio.TimeoutError:
+                raise rejection(503, "NO_LEADER", "the member's expiry is still being decided; retry") from None
+        # Renew before anything is awaited below: the expiry loop must never see this member as silent now. A
+        # heartbeat the log refuses renews nothing (the old times come back; meanwhile expiry could only be later).
+        before = self._seen.get(key), self._seen_wall.get(key)
+        self._seen[key] = time.monotonic()
+        self._seen_wall[key] = wall_ms = int(time.time() * 1000)
+        try:
+            await self._decide(group, member, topics, mode, released)
+        except BaseException:
+            if before[0] is None:
+                self.forget(group, member)
+            else:
+                self._seen[key], self._seen_wall[key] = before
+            raise
+        version, mine, config = self._assignments(group, member)
+        lease_end = wall_ms + config["lease_ms"]
+        return {"assignments": [{**a, "lease_expires_ms": lease_end} for a in mine],
+                "heartbeat_interval_ms": config["heartbeat_interval_ms"], "lease_ms": config["lease_ms"],
+                "config": config, "version": version}
+
+    async def _decide(self, group: str, member: str, topics: list[str], mode: str,
+                      released: list[dict[str, Any]]) -> None:
+        """What of a heartbeat enters the log: a join or a change of topics, and releases."""
+        def look(image: Image):
+            g = image.groups.get(group)
+            m = g["members"].get(member) if g is not None else None
+            return m is None or m["topics"] != topics or m["mode"] != mode
+        if self.reads.read(look):
+            answer(await self.raft.propose({"type": "JoinGroup", "group": group, "member": member, "topics": topics,
+                                            "mode": mode}, None, f"client:{member}"))
+        if released:
+            answer(await self.raft.propose({"type": "ReleaseLocks", "group": group, "member": member,
+                                            "locks": released}, None, f"client:{member}"))
+
+    def _assignments(self, group: str, member: str) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+        """The member's owned queues, from a per-group-version cache: a heartbeat must not scan the lock table."""
+        def look(image: Image):
+            g = image.groups.get(group)
+            if g is None:  # only after a leave raced this heartbeat
+                return image.version, {}, groups.effective_config(group, None)
+            cached = self._answers.get(group)
+            if cached is None or cached[0] != g["version"]:
+                cached = (g["version"], groups.assignments_by_member(g), groups.effective_config(group, g))
+                self._answers[group] = cached
+            return image.version, cached[1], cached[2]
+        version, by_member, config = self.reads.read(look)
+        return version, by_member.get(member, []), config
+
+    def forget(self, group: str, member: str) -> None:
+        """The member left: its lease no longer runs."""
+        self._seen.pop((group, member), None)
+        self._seen_wall.pop((group, member), None)
+
+    def lease_expires_ms(self, group: str, member: str, lease_ms: int) -> int | None:
+        wall = self._seen_wall.get((group, member))
+        return wall + lease_ms if wall is not None and self.sync.is_leader() else None
+
+    async def _ready(self) -> None:
+        """A new leader serves heartbeats once a barrier of its own term applied (see the module's docstring)."""
+        term = self.sync.term()
+        if self._ready_term == term:
+            return
+        try:
+            await self.raft.propose({"type": "Barrier"}, None, "system", BARRIER_WAIT_S)
+        except ProposeFailed:
+            raise rejection(503, "NO_LEADER", "this node is not yet ready to lead groups; retry") from None
+        self._ready_term = term
+
+    # -- expiry (leader only) ----------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Propose the expiry of silent members and of revoked queues whose lease ended. A task: cancelled on stop."""
+        while True:
+            await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
+            try:
+                await self._check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("group_lease_check_failed")
+
+    async def _check(self) -> None:
+        if not self.sync.is_leader():
+            self._led_term = None
+            return
+        term = self.sync.term()
+        now = time.monotonic()
+        if self._led_term != term:
+            self._reset(now)
+            self._led_term = term
+            return
+        members, locks = self.reads.read(lambda im: self._due(im, now))
+        for group, names in sorted(members.items()):
+            await self._expire_members(group, names)
+        for group, refs in sorted(locks.items()):
+            for i in range(0, len(refs), limits.EXPIRIES_PER_COMMAND_MAX):
+                chunk = refs[i:i + limits.EXPIRIES_PER_COMMAND_MAX]
+                log.info("group_revocations_expired", group=group, locks=len(chunk))
+                await self.raft.propose({"type": "ExpireLocks", "group": group, "locks": chunk}, None, "system")
+
+    def _reset(self, now: float) -> None:
+        """A new leader cannot know when the old one last heard each member: every lease starts afresh."""
+        def members(image: Image):
+            return [(g, m) for g, v in image.groups.items() for m in v["members"]]
+        self._seen = {k: now for k in self.reads.read(members)}
+        self._seen_wall = {}
+        self._revoked_at = {}
+        self._answers = {}
+
+    def _due(self, image: Image, now: float) -> tuple[dict[str, list[str]], dict[str, list[dict[str, Any]]]]:
+        """Members silent for their group's lease, and revoked locks whose lease ended. Under the image lock."""
+        members: dict[str, list[str]] = {}
+        for key in list(self._seen):
+            group, member = key
+            g = image.groups.get(group)
+            lease_s = groups.effective_config(group, g)["lease_ms"] / 1000
+            if now - self._seen[key] <= lease_s:
+                continue
+            if g is not None and member in g["members"]:
+                members.setdefault(group, []).append(member)
+            else:  # left, or expired already (a member whose join is still in flight is never this old)
+                self.forget(group, member)
+        for group, g in image.groups.items():   # members joined through an older leader's log and never heard here
+            for member in g["members"]:
+                self._seen.setdefault((group, member), now)
+        locks: dict[str, list[dict[str, Any]]] = {}
+        current: set[LockKey] = set()
+        for group in image.data["revoking"]:
+            g = image.groups[group]
+            lease_s = groups.effective_config(group, g)["lease_ms"] / 1000
+            for topic, qs in g["locks"].items():
+                for q, lk in qs.items():
+                    if groups.owned(lk):
+                        continue
+                    key = (group, topic, int(q), lk["token"])
+                    current.add(key)
+                    if now - self._revoked_at.setdefault(key, now) > lease_s:
+                        locks.setdefault(group, []).append({"topic": topic, "queue": int(q), "token": lk["token"]})
+        self._revoked_at = {k: v for k, v in self._revoked_at.items() if k in current}
+        return members, locks
+
+    async def _expire_members(self, group: str, names: list[str]) -> None:
+        for i in range(0, len(names), limits.EXPIRIES_PER_COMMAND_MAX):
+            chunk = sorted(names[i:i + limits.EXPIRIES_PER_COMMAND_MAX])
+            done = asyncio.Event()
+            for m in chunk:
+                self._expiring[(group, m)] = done
+                self.forget(group, m)
+            log.warning("group_members_expired", group=group, members=chunk[:20], count=len(chunk))
+            try:
+                await self.raft.propose({"type": "ExpireMembers", "group": group, "members": chunk}, None, "system")
+            finally:
+                for m in chunk:
+                    self._expiring.pop((group, m), None)
+                done.set()

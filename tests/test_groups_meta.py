@@ -1,0 +1,159 @@
+"""Consumer groups on a real three-node meta cluster (issue 7, part 1): heartbeats, leases, revocation, expiry,
+settings, the operators' views, and the lock tables brokers read from the watch stream.
+
+Leases are short (2 s) so that expiry is quick; the bounds on time are generous for a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+
+from client.wire.sse import SseParser
+from tests.meta_helpers import assert_error_shape, call_any, ok, wait_until
+
+LEASE_MS = 2000
+HEARTBEAT_MS = 500
+
+
+async def beat(c, member: str, topics=("t",), group: str = "g", mode: str = "exclusive", released=None,
+               url: str | None = None) -> dict:
+    body = {"member": member, "topics": list(topics), "mode": mode}
+    if released:
+        body["released"] = released
+    return await ok(c, "POST", f"/v1/groups/{group}/heartbeat", "client", body, url=url)
+
+
+def held(answer: dict) -> dict[int, int]:
+    return {a["queue"]: a["token"] for a in answer["assignments"]}
+
+
+async def short_leases(c, group: str = "g") -> None:
+    await ok(c, "PUT", f"/v1/groups/{group}/config", "admin", {"lease_ms": LEASE_MS, "heartbeat_interval_ms": HEARTBEAT_MS})
+
+
+async def brokerless_topic(c, name: str, queues: int) -> None:
+    """Groups need only the topic's queue count: a topic needs a broker, so register one that never heartbeats."""
+    await ok(c, "PUT", "/v1/brokers/bx", "broker", {"address": "http://127.0.0.1:9"})
+    await ok(c, "POST", "/v1/topics", "admin", {"topic": name, "queues": queues}, expect=(201,))
+
+
+async def test_members_share_the_queues_and_a_revoked_queue_moves_only_after_its_release(meta_cluster):
+    c = meta_cluster
+    await brokerless_topic(c, "t", 6)
+    await short_leases(c)
+    a = await beat(c, "a")
+    assert sorted(held(a)) == list(range(6)) and a["lease_ms"] == LEASE_MS
+    assert a["heartbeat_interval_ms"] == HEARTBEAT_MS and a["config"]["retry_topic"] == "g-retry"
+    first_tokens = held(a)
+    b = await beat(c, "b", url=c.meta_urls[2])   # any node: a follower forwards to the leader
+    assert held(b) == {}, "b gets nothing while a still owns the queues it must give up"
+    a2 = await beat(c, "a")
+    kept, revoked = held(a2), set(first_tokens) - set(held(a2))
+    assert len(kept) == 3 and len(revoked) == 3
+    assert all(kept[q] == first_tokens[q] for q in kept), "kept queues keep their tokens"
+    b2 = await beat(c, "b")
+    assert held(b2) == {}, "still not released"
+    await beat(c, "a", released=[{"topic": "t", "queue": q, "token": first_tokens[q]} for q in sorted(revoked)])
+    b3 = await beat(c, "b")
+    assert set(held(b3)) == revoked
+    assert min(held(b3).values()) > max(first_tokens.values()), "every new grant has a larger token"
+    assert not set(held(b3)) & set(held(await beat(c, "a"))), "assignments are disjoint"
+
+
+async def test_leave_releases_at_once_and_a_silent_member_loses_its_queues_when_its_lease_ends(meta_cluster):
+    c = meta_cluster
+    await brokerless_topic(c, "t", 4)
+    await short_leases(c)
+    await beat(c, "a")
+    await beat(c, "b")
+    await ok(c, "POST", "/v1/groups/g/leave", "client", {"member": "b"})
+    assert sorted(held(await beat(c, "a"))) == [0, 1, 2, 3], "b left: a owns everything again"
+    await beat(c, "b")
+    assert len(held(await beat(c, "a"))) == 2, "b is back: half of a's queues are being revoked"
+    # a goes silent now (and never releases): its queues stay its own until its lease ends, then move to b.
+    silent_since = time.monotonic()
+    await asyncio.sleep(LEASE_MS / 2000)
+    b = await beat(c, "b")
+    assert len(held(b)) < 4, "a's queues moved before its lease ended"
+
+    async def b_owns_all():
+        return len(held(await beat(c, "b"))) == 4
+    await wait_until(b_owns_all, 15, "b to own every queue after a's lease")
+    assert time.monotonic() - silent_since >= LEASE_MS / 1000
+    _, hist, _ = await call_any(c, "GET", "/v1/history?after=0&limit=1000", "client")
+    reasons = [e["data"]["reason"] for e in hist["events"] if e["type"] in ("LockReleased", "GroupMemberLeft")]
+    assert "left" in reasons and "lease_expired" in reasons
+    granted = [e for e in hist["events"] if e["type"] == "LockGranted"]
+    assert [e["data"]["token"] for e in granted] == sorted(e["data"]["token"] for e in granted)
+    assert all(e["topic"] == "t" for e in granted), "lock events name their topic, for history filters"
+
+
+async def test_operators_see_groups_and_brokers_get_lock_tables_on_the_watch_stream(meta_cluster):
+    c = meta_cluster
+    await brokerless_topic(c, "t", 3)
+    await short_leases(c)
+    a = await beat(c, "a")
+    listed = await ok(c, "GET", "/v1/groups", "client")
+    assert [(g["group"], g["mode"], g["members"], g["locks"]) for g in listed["groups"]] == [("g", "exclusive", 1, 3)]
+    for url in c.meta_urls:   # followers forward: lease ends live in the leader's memory
+        d = await ok(c, "GET", "/v1/groups/g", "client", url=url)
+        assert [m["member"] for m in d["members"]] == ["a"]
+        assert {x["queue"]: x["token"] for x in d["assignments"]} == held(a)
+        assert all(x["state"] == "owned" and x["lease_expires_ms"] for x in d["assignments"])
+        assert all(x["committed_offset"] is None for x in d["assignments"]), "no broker to ask"
+    s, body, _ = await call_any(c, "GET", "/v1/groups/nope", "client")
+    assert s == 404 and body["error"]["code"] == "GROUP_NOT_FOUND"
+    # The all-topic stream (what brokers read) carries the group's lock table; a topic stream does not.
+    events = await sse_events(c, "/v1/watch?after=0", lambda evs: any(e["event"] == "group" for e in evs))
+    group = [json.loads(e["data"]) for e in events if e["event"] == "group"][-1]
+    assert group["group"] == "g" and group["mode"] == "exclusive"
+    assert group["locks"] == {"t": [held(a)[q] for q in range(3)]}
+    topic_events = await sse_events(c, "/v1/watch?topics=t&after=0", lambda evs: len(evs) >= 1)
+    assert {e["event"] for e in topic_events} == {"route"}
+
+
+async def test_bad_group_input_is_a_clear_4xx_and_changes_nothing(meta_cluster):
+    c = meta_cluster
+    await brokerless_topic(c, "t", 2)
+    await beat(c, "a")
+    _, before, _ = await call_any(c, "GET", "/v1/groups/g", "client")
+    bad = [
+        ("POST", "/v1/groups/g/heartbeat", "client", {"member": "a", "topics": ["t"], "mode": "shared"}, 409,
+         "GROUP_MODE_MISMATCH"),
+        ("POST", "/v1/groups/g/heartbeat", "client", {"member": "", "topics": ["t"], "mode": "exclusive"}, 400, None),
+        ("POST", "/v1/groups/g/heartbeat", "client", {"member": "a", "topics": "t", "mode": "exclusive"}, 400, None),
+        ("POST", "/v1/groups/g/heartbeat", "client", {"member": "a", "topics": ["t"], "mode": "exclusive",
+                                                      "released": [{"topic": "t", "queue": -1, "token": 1}]}, 400, None),
+        ("POST", "/v1/groups/g/heartbeat", "client", {"member": "a", "topics": ["t"], "mode": "exclusive", "x": 1},
+         400, None),
+        ("POST", "/v1/groups/g/heartbeat", "broker", {"member": "a", "topics": ["t"], "mode": "exclusive"}, 403, None),
+        ("PUT", "/v1/groups/g/config", "admin", {"lease_ms": 1000, "heartbeat_interval_ms": 900}, 400, None),
+        ("PUT", "/v1/groups/g/config", "admin", {"lease_ms": "15000"}, 400, None),
+        ("PUT", "/v1/groups/g/config", "client", {"lease_ms": 15000}, 403, None),
+        ("POST", "/v1/groups/nope/leave", "client", {"member": "a"}, 404, "GROUP_NOT_FOUND"),
+    ]
+    for method, path, role, body, status, code in bad:
+        s, answer, _ = await call_any(c, method, path, role, body)
+        assert s == status, (path, body, s, answer)
+        assert_error_shape(answer, path)
+        if code:
+            assert answer["error"]["code"] == code
+    _, after, _ = await call_any(c, "GET", "/v1/groups/g", "client")
+    assert after["version"] == before["version"] and after["assignments"] == before["assignments"]
+
+
+async def sse_events(c, path: str, enough, timeout_s: float = 10.0) -> list[dict]:
+    parser = SseParser()
+    got: list[dict] = []
+    async with c.session.get(c.meta_urls[1] + path, headers=c.headers("broker"),
+                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        assert r.status == 200
+        async for chunk in r.content.iter_any():
+            got += [{"event": e.event, "id": e.id, "data": e.data} for e in parser.feed(chunk)]
+            if enough(got):
+                return got
+    raise AssertionError(f"stream ended with {got}")
