@@ -175,10 +175,13 @@ class GroupSessions:
     def _due(self, image: Image, now: float) -> tuple[dict[str, list[str]], dict[str, list[dict[str, Any]]]]:
         """Members silent for their group's lease, and revoked locks whose lease ended. Under the image lock."""
         members: dict[str, list[str]] = {}
+        lease_s_of: dict[str, float] = {}
         for key in list(self._seen):
             group, member = key
             g = image.groups.get(group)
-            lease_s = groups.effective_config(group, g)["lease_ms"] / 1000
+            lease_s = lease_s_of.get(group)
+            if lease_s is None:
+                lease_s = lease_s_of[group] = groups.effective_config(group, g)["lease_ms"] / 1000
             if now - self._seen[key] <= lease_s:
                 continue
             if g is not None and member in g["members"]:

@@ -99,6 +99,26 @@ SPEC: dict[str, Any] = {
         "/v1/history": {"get": _op("Events in version order", params=[_q("after"), _q("limit"), _q("topic", "string"), *_READ])},
         "/v1/admin/image-digest": {"get": _op("SHA-256 of this node's image at its applied version", roles="admin",
                                               params=_READ)},
+        "/v1/groups": {"get": _op("List consumer groups", params=_READ)},
+        "/v1/groups/{group}": {"get": _op("A group's members, assignments, tokens, lease ends, committed offsets and "
+                                          "lag (served by the leader)", params=[_p("group")])},
+        "/v1/groups/{group}/heartbeat": {"post": _op(
+            "Join or renew a member; answers its owned queues with tokens and lease ends", params=[_p("group")],
+            body={"type": "object", "required": ["member", "topics", "mode"], "properties": {
+                "member": _NAME, "topics": {"type": "array", "items": _NAME},
+                "mode": {"type": "string", "enum": ["exclusive", "shared"]},
+                "released": {"type": "array", "items": {"type": "object", "properties": {
+                    "topic": _NAME, "queue": {"type": "integer"}, "token": {"type": "integer"}}}}}})},
+        "/v1/groups/{group}/leave": {"post": _op("Leave: releases the member's locks at once",
+                                                 params=[_p("group"), *_WRITE],
+                                                 body={"type": "object", "required": ["member"],
+                                                       "properties": {"member": _NAME}})},
+        "/v1/groups/{group}/config": {"put": _op(
+            "Set group settings (null removes a key)", roles="admin", params=[_p("group"), *_WRITE],
+            body={"type": "object", "properties": {
+                "lease_ms": {"type": ["integer", "null"]}, "heartbeat_interval_ms": {"type": ["integer", "null"]},
+                "max_attempts": {"type": ["integer", "null"]}, "retry_topic": {"type": ["string", "null"]},
+                "mode": {"type": ["string", "null"], "enum": ["exclusive", "shared", None]}}})},
         "/healthz": {"get": _op("Alive", roles="none")},
         "/readyz": {"get": _op("Has a leader and caught up", roles="none")},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
