@@ -320,6 +320,22 @@ class TestProjection:
         for name in ("brokers", "topics", "segments", "slot_ranges", "barriers"):
             assert after[name] == state[name]
 
+    def test_lock_events_go_to_history_and_leave_the_topic_alone(self, projection, url, caplog):
+        """A lock event names its topic (history filters by it) but is a group's change: it must neither bump the
+        topic's version in the topics table nor be warned about as unknown."""
+        events = scenario()[:BEFORE_DELETE]
+        projection.apply(events)
+        state = snapshot(url)
+        lock = [{"version": 22, "ts": 1_022, "type": "LockGranted", "v": 1, "topic": "orders",
+                 "data": {"group": "g", "topic": "orders", "queue": 0, "member": "m", "token": 1}}]
+        with caplog.at_level(logging.WARNING, logger="meta.projection.store"):
+            assert projection.apply(lock) == 22
+        assert not caplog.records
+        assert projection.history(after=21, topic="orders") == lock
+        after = snapshot(url)
+        for name in ("brokers", "topics", "segments", "slot_ranges", "barriers"):
+            assert after[name] == state[name]
+
     def test_versions_must_ascend(self, projection):
         events = scenario()
         with pytest.raises(ValueError, match="ascending"):
