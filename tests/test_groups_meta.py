@@ -157,3 +157,36 @@ async def sse_events(c, path: str, enough, timeout_s: float = 10.0) -> list[dict
             if enough(got):
                 return got
     raise AssertionError(f"stream ended with {got}")
+
+
+async def test_a_leader_change_keeps_every_live_member_s_queues_and_tokens(meta_cluster):
+    """A new leader cannot know when the old one last heard each member: it starts every lease afresh, so members
+    that keep heartbeating through the election keep their queues and tokens (nothing expires, nothing moves)."""
+    c = meta_cluster
+    await brokerless_topic(c, "t", 4)
+    await ok(c, "PUT", "/v1/groups/g/config", "admin", {"lease_ms": 6000, "heartbeat_interval_ms": 500})
+    for m in ("a", "b"):
+        await beat(c, m)
+    # a never releases here: b gets its share once the revocations' lease ended.
+
+    async def settled():
+        now = {m: held(await beat(c, m)) for m in ("a", "b")}
+        return now if len(now["a"]) == 2 and len(now["b"]) == 2 else None
+    tokens = await wait_until(settled, 20, "the revoked queues to move after their lease")
+    old_leader = await c.leader()
+    _, hist, _ = await call_any(c, "GET", "/v1/history?after=0&limit=1000", "client")
+    expired_before = sum(e["type"] == "LockReleased" and e["data"]["reason"] == "lease_expired" for e in hist["events"])
+    c.kill9(old_leader)
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:   # keep both members heartbeating, through the election, for two leases
+        for m in ("a", "b"):
+            s, answer, _ = await call_any(c, "POST", "/v1/groups/g/heartbeat", "client",
+                                          {"member": m, "topics": ["t"], "mode": "exclusive"}, timeout_s=5)
+            assert s == 200, answer
+            assert held(answer) == tokens[m], f"{m} lost or changed queues across the leader change"
+        await asyncio.sleep(0.4)
+    assert await c.leader() != old_leader
+    _, hist, _ = await call_any(c, "GET", "/v1/history?after=0&limit=1000", "client")
+    assert sum(e["type"] == "LockReleased" and e["data"]["reason"] == "lease_expired"
+               for e in hist["events"]) == expired_before
+    assert not [e for e in hist["events"] if e["type"] == "GroupMemberLeft"]
