@@ -229,3 +229,165 @@ async def test_remembered_passes_are_bounded(monkeypatch):
     for g in range(5):
         assert await b.holding(f"g{g}", grown(10), 2) is None
     assert len(b._passed) == 3
+
+
+# -- real processes ------------------------------------------------------------------------------------------------
+
+from ops import devcluster                                                        # noqa: E402
+from tests import cluster as cluster_mod                                          # noqa: E402
+from tests.meta_helpers import ok, wait_until                                     # noqa: E402
+from tests.test_broker_e2e import admin, all_writable, send, wait_route          # noqa: E402
+from tests.test_groups_meta import beat, held, short_leases                       # noqa: E402
+
+SESSION = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
+STALE_OR_CATCHING_UP = {(409, "STALE_TOKEN"), (503, "LOCKS_CATCHING_UP")}
+
+
+@pytest.fixture
+async def two_brokers(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 3, 2, meta=SESSION) as c:
+        yield c
+
+
+async def topic(c, name: str, queues: int, messages: int, slots: int = 16) -> dict:
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": name, "queues": queues, "slots": slots})
+    assert s == 201, b
+    await wait_route(c, name, all_writable)
+    for q in range(queues):
+        await send(c, name, q, [f"{name}{q}-{i}" for i in range(messages)])
+    return await wait_route(c, name, all_writable)
+
+
+def head(r: dict, queue: int) -> str:
+    return r["queues"][queue]["address"]
+
+
+async def pull(c, r: dict, queue: int, token=None, group: str | None = "g", offset: int = 0) -> tuple[int, dict]:
+    query = f"offset={offset}&max=100" + (f"&group={group}" if group else "") + (
+        f"&token={token}" if token is not None else "")
+    s, b, _ = await c.call("GET", f"{head(r, queue)}/v1/messages/{r['topic']}/{queue}?{query}", "client")
+    return s, b
+
+
+async def commit(c, r: dict, queue: int, offset: int, token=None) -> tuple[int, dict]:
+    body = {"offset": offset} if token is None else {"offset": offset, "token": token}
+    s, b, _ = await c.call("PUT", f"{head(r, queue)}/v1/offsets/g/{r['topic']}/{queue}", "client", json=body)
+    return s, b
+
+
+def code(s: int, b) -> tuple[int, str | None]:
+    return s, b.get("error", {}).get("code") if isinstance(b, dict) else None
+
+
+async def owner_moves_to_b(c, queues: int, topics=("t",)) -> dict[int, int]:
+    """a leaves and b, already a member, takes every queue; returns b's tokens."""
+    await ok(c, "POST", "/v1/groups/g/leave", "client", {"member": "a"})
+
+    async def b_owns_all():
+        got = held(await beat(c, "b", topics))
+        return got if sorted(got) == list(range(queues)) else None
+    return await wait_until(b_owns_all, 10, "b to own the queues a left")
+
+
+async def test_only_the_current_owner_pulls_and_commits_and_describe_shows_its_offsets(two_brokers):
+    c = two_brokers
+    r = await topic(c, "t", 2, 5)
+    await short_leases(c)
+    a = held(await beat(c, "a"))
+    assert sorted(a) == [0, 1]
+    for q in (0, 1):
+        s, b = await pull(c, r, q, a[q])   # the broker may hear of the grant a moment later: it waits for it
+        assert s == 200 and [m["offset"] for m in b["messages"]] == list(range(5)), b
+        assert code(*await commit(c, r, q, 3, a[q])) == (200, None)
+    assert code(*await pull(c, r, 0)) == (409, "STALE_TOKEN"), "an exclusive group's pull needs its token"
+    assert code(*await commit(c, r, 0, 4)) == (409, "STALE_TOKEN")
+    assert code(*await pull(c, r, 0, a[1])) == (409, "STALE_TOKEN"), "another queue's token is no key to this one"
+    assert code(*await pull(c, r, 0, group=None)) == (200, None), "a pull without a group is as before"
+    s, b, _ = await c.call("GET", f"{head(r, 0)}/v1/offsets/g/t/0", "client")
+    assert (s, b) == (200, {"offset": 3})
+
+    await beat(c, "b")                      # b joins: half of a's queues are revoked, a leaves at once
+    b_tokens = await owner_moves_to_b(c, 2)
+    assert min(b_tokens.values()) > max(a.values())
+    for q in (0, 1):
+        assert code(*await pull(c, r, q, b_tokens[q])) == (200, None)
+        assert code(*await pull(c, r, q, a[q])) == (409, "STALE_TOKEN"), "a's grant is gone"
+        assert code(*await commit(c, r, q, 5, a[q])) == (409, "STALE_TOKEN")
+        assert code(*await commit(c, r, q, 4, b_tokens[q])) == (200, None)
+
+    seen = {}
+    for url in c.broker_urls:               # each broker answers for the queues whose head it holds
+        s, b, _ = await c.call("GET", f"{url}/v1/offsets/g/t", "client")
+        assert s == 200, b
+        seen.update({x["queue"]: (x["offset"], x["max_offset"]) for x in b["queues"]})
+    assert seen == {0: (4, 5), 1: (4, 5)}
+    described = await ok(c, "GET", "/v1/groups/g", "client")
+    assert {(x["queue"], x["committed_offset"], x["lag"]) for x in described["assignments"]} == {(0, 4, 1), (1, 4, 1)}
+
+
+async def test_a_shared_group_commits_and_pulls_without_tokens(two_brokers):
+    c = two_brokers
+    r = await topic(c, "t", 1, 2)
+    await beat(c, "a", group="g", mode="shared")
+    for _ in range(3):   # whether or not the broker heard of the group yet
+        assert code(*await pull(c, r, 0)) == (200, None)
+        assert code(*await commit(c, r, 0, 1)) == (200, None)
+
+
+async def test_a_grown_topics_new_queue_is_held_until_the_group_committed_past_the_split(two_brokers):
+    c = two_brokers
+    await topic(c, "t", 1, 4, slots=16)
+    await short_leases(c)
+    s, b = await admin(c, "PATCH", 0, "/v1/topics/t", json={"queues": 2})
+    assert s == 200, b
+    r = await wait_route(c, "t", lambda r: len(r["queues"]) == 2 and all_writable(r)
+                         and r["barriers"] and r["barriers"][0]["after_offset"] is not None)
+    assert r["barriers"] == [{"queue": 1, "after_queue": 0, "after_offset": 4}]
+    await send(c, "t", 1, ["moved-key"])
+    tokens = await wait_until(lambda: _owns(c, 2), 10, "a to own both queues")
+    s, b = await pull(c, r, 1, tokens[1])
+    assert s == 200 and b["messages"] == [] and b["next_offset"] == 0, b
+    assert b["held_by"] == {"queue": 0, "after_offset": 4}, "never committed on queue 0: it stands at its start"
+    assert code(*await commit(c, r, 0, 3, tokens[0])) == (200, None)
+    s, b = await pull(c, r, 1, tokens[1])
+    assert b["messages"] == [] and b["held_by"] == {"queue": 0, "after_offset": 4}, "one message of 0 is left"
+    s, b = await pull(c, r, 1, group=None)
+    assert [m["offset"] for m in b["messages"]] == [0] and "held_by" not in b, "only the exclusive group waits"
+    assert code(*await commit(c, r, 0, 4, tokens[0])) == (200, None)
+    s, b = await pull(c, r, 1, tokens[1])
+    assert s == 200 and [m["offset"] for m in b["messages"]] == [0] and "held_by" not in b, b
+
+
+async def _owns(c, queues: int) -> dict[int, int] | None:
+    got = held(await beat(c, "a"))
+    return got if sorted(got) == list(range(queues)) else None
+
+
+async def test_a_restarted_broker_never_takes_the_old_token_after_a_new_grant(two_brokers):
+    c = two_brokers
+    r = await topic(c, "t", 1, 3)
+    await short_leases(c)
+    old = held(await beat(c, "a"))[0]
+    assert code(*await pull(c, r, 0, old)) == (200, None)
+    name = next(b["broker"] for b in c.info["brokers"] if b["url"] == head(r, 0))
+    c.kill9(name)
+    await beat(c, "b")
+    new = (await owner_moves_to_b(c, 1))[0]
+    assert new > old
+    devcluster.start(c.dir, name, wait=False)   # polled from its first answer on, before it has followed the log
+
+    async def new_token_works():
+        for token in (old, new):
+            try:
+                s, b = await pull(c, r, 0, token)
+            except (OSError, asyncio.TimeoutError):
+                return None   # not listening yet
+            if token == old:
+                assert code(s, b) in STALE_OR_CATCHING_UP, f"the superseded token was answered {s} {b}"
+            elif s != 200:
+                assert code(s, b) in STALE_OR_CATCHING_UP, (s, b)
+                return None
+        return True
+    await wait_until(new_token_works, 20, "the restarted broker to take the new token", interval_s=0.02)
+    assert code(*await commit(c, r, 0, 1, old)) == (409, "STALE_TOKEN")
+    assert code(*await commit(c, r, 0, 1, new)) == (200, None)

@@ -99,6 +99,7 @@ BROKER_OPS = [
     Op("broker", "GET", "/v1/messages/{topic}/{queue}", ("offset", "max", "group", "token")),
     Op("broker", "PUT", "/v1/offsets/{group}/{topic}/{queue}", (), ("offset", "token"), mutating=True),
     Op("broker", "GET", "/v1/offsets/{group}/{topic}/{queue}", ("local",)),
+    Op("broker", "GET", "/v1/offsets/{group}/{topic}"),
     Op("broker", "GET", "/v1/queues/{topic}"),
     Op("broker", "GET", "/v1/queues/{topic}/{queue}/offset", ("ts",)),
     Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts")),
