@@ -44,7 +44,7 @@ DEEP_OBJECT_LEVELS = 40                   # past the parsers' 32 levels
 SHORT_WAIT_S = "0.2"                      # waits the fuzzer allows: correct long waits would only make it slow
 
 HONEST_503 = {"NO_LEADER", "FENCED", "SEALING", "BROKER_UNAVAILABLE", "TOO_MANY_WAITERS", "OVERLOADED",
-              "UNKNOWN_OUTCOME", "VERSION_NOT_REACHED"}
+              "UNKNOWN_OUTCOME", "VERSION_NOT_REACHED", "LOCKS_CATCHING_UP"}
 ERROR_CODE_RE = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$")
 REAL_BROKERS = ("b1", "b2", "b3")
 FAKE_BROKER = "fzb"                       # registered by the test; mutating broker calls never name a real broker
