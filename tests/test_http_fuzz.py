@@ -93,6 +93,11 @@ META_OPS = [
        ("epoch", "topic", "queue", "gen", "end_offset", "physical_queue"), mutating=True),
     Op("meta", "POST", "/v1/brokers/{broker}/seals", (), ("epoch", "seals"), mutating=True),
     Op("meta", "GET", "/v1/brokers", READ_QUERY),
+    Op("meta", "POST", "/v1/groups/{group}/heartbeat", (), ("member", "topics", "mode", "released"), mutating=True),
+    Op("meta", "POST", "/v1/groups/{group}/leave", ("expected_version",), ("member",), mutating=True),
+    Op("meta", "PUT", "/v1/groups/{group}/config", ("expected_version",), (), mutating=True),
+    Op("meta", "GET", "/v1/groups", READ_QUERY),
+    Op("meta", "GET", "/v1/groups/{group}"),
 ]
 BROKER_OPS = [
     Op("broker", "POST", "/v1/messages/{topic}/{queue}", (), ("messages",), mutating=True),
