@@ -109,7 +109,7 @@ async def test_operators_see_groups_and_brokers_get_lock_tables_on_the_watch_str
     assert s == 404 and body["error"]["code"] == "GROUP_NOT_FOUND"
     # The all-topic stream (what brokers read) carries the group's lock table; a topic stream does not.
     events = await sse_events(c, "/v1/watch?after=0", lambda evs: any(
-        e["event"] == "group" and json.loads(e["data"])["version"] >= a["version"] for e in evs))
+        e["event"] == "group" and json.loads(e["data"])["version"] >= d["version"] for e in evs))
     group = [json.loads(e["data"]) for e in events if e["event"] == "group"][-1]
     assert group["group"] == "g" and group["mode"] == "exclusive"
     assert group["locks"] == {"t": [held(a)[q] for q in range(3)]}
