@@ -95,7 +95,7 @@ async def test_two_members_split_the_queues_disjointly_and_a_handover_keeps_ever
             key, seq = parse(m)
             seen[key].append(seq)
             by_member[member].add(m.queue)
-            await asyncio.sleep(0.002)  # slow enough that a handover happens mid-stream
+            await asyncio.sleep(0.01)  # slow enough that revoking and closing stop a worker mid-batch
         return handle
 
     await send_keyed(c, "orders", keys=8, per_key=25)
@@ -241,3 +241,39 @@ async def test_sync_wrapper_runs_a_plain_handler_in_the_background(cluster):
     held = await asyncio.to_thread(sync_flow)
     assert sorted(held) == [0, 1]
     assert sorted(got) == sorted(f"k{k}:{i}" for k in range(2) for i in range(5))
+
+
+async def test_a_member_cut_off_from_meta_stops_within_its_lease_and_resumes_when_meta_is_back(tmp_path):
+    """Own cluster: it loses its meta quorum on purpose. The brokers keep serving pulls meanwhile, so only the
+    consumer's own lease clock can stop it."""
+    async with cluster_mod.running(str(tmp_path), 3, 2) as c:
+        await setup(c, "feed", "watchers", queues=1)
+        async with Producer(c.meta_urls, c.token("client"), "feed") as p:
+            for i in range(40):
+                await p.send(f"m{i}", queue=0)
+        loop = asyncio.get_running_loop()
+        calls: list[tuple[float, str]] = []
+
+        async def handle(m: ReceivedMessage) -> None:
+            calls.append((loop.time(), m.body))
+            await asyncio.sleep(0.1)
+
+        async with consumer(c, "feed", "watchers", handle, "w1") as ex:
+            await wait_until(lambda: _true(len(calls) >= 5), SETTLE_S, "handling under way")
+            cut = [m["node"] for m in c.info["meta"]][:2]
+            for name in cut:
+                c.kill9(name)
+            cut_at = loop.time()
+            # A surviving leader may renew for about a second more before it steps down; then lease 2 s - margin 1 s.
+            await asyncio.sleep(3.5)
+            stopped = len(calls)
+            await asyncio.sleep(1.5)
+            assert len(calls) == stopped < 40, "no message is handled once the lease ran out by the local clock"
+            assert calls[-1][0] < cut_at + 3.0
+            for name in cut:
+                c.start(name)
+            await wait_until(lambda: _true({b for _, b in calls} == {f"m{i}" for i in range(40)}), SETTLE_S * 2,
+                             "every message handled once meta is back")
+        bodies = [b for _, b in calls]
+        assert list(dict.fromkeys(bodies)) == [f"m{i}" for i in range(40)], "in order"
+        assert max(collections.Counter(bodies).values()) <= 2
