@@ -199,6 +199,32 @@ async def test_best_tried_without_a_retry_topic_retries_in_place_and_loses_nothi
     assert calls == ["v0", "v1", "v1", "v1", "v2"]
 
 
+@live
+async def test_a_member_whose_grant_ended_behind_its_back_restarts_with_its_new_token_in_order(cluster):
+    """Someone else's ``leave`` for this member ends its grant at once; its next heartbeat joins it again with a new
+    token. Meanwhile the old token is refused by the broker: the consumer drops it and goes on from the committed
+    offset with the new one."""
+    c = cluster
+    await setup(c, "stream", "mirror", queues=1)
+    async with Producer(c.meta_urls, c.token("client"), "stream") as p:
+        await p.send_batch([f"s{i}" for i in range(150)], queue=0)
+    bodies: list[str] = []
+
+    async def handle(m: ReceivedMessage) -> None:
+        bodies.append(m.body)
+        await asyncio.sleep(0.01)
+
+    async with consumer(c, "stream", "mirror", handle, "r1") as ex:
+        await wait_until(lambda: _true(len(bodies) >= 20), SETTLE_S, "handling under way")
+        old = ex.held()[0]
+        status, _, _ = await c.call("POST", c.meta_urls[0] + "/v1/groups/mirror/leave", "client", {"member": "r1"})
+        assert status == 200
+        await wait_until(lambda: _true(ex.held().get(0, old) > old), SETTLE_S, "a new grant")
+        await wait_until(lambda: _true(set(bodies) == {f"s{i}" for i in range(150)}), SETTLE_S, "all handled")
+    assert list(dict.fromkeys(bodies)) == [f"s{i}" for i in range(150)], "in order"
+    assert ex.failure is None
+
+
 class Fatal(BaseException):
     """Not an ``Exception``: a handler raising it means to stop the consumer, not to fail one message."""
 
