@@ -199,7 +199,11 @@ class ExclusiveConsumer:
 
     async def run(self) -> None:
         """Start, then run until ``close()``; raises the failure of a background task (after closing)."""
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
         await self._done.wait()
         if not self._closing:
             await self.close()  # a background task failed: clean up, then raise its failure

@@ -14,7 +14,8 @@ import time
 import pytest
 import pytest_asyncio
 
-from client import AdminClient, ExclusiveConsumer, Producer, PullConsumer, ReceivedMessage, SyncExclusiveConsumer
+from client import (AdminClient, Closed, ExclusiveConsumer, Producer, PullConsumer, ReceivedMessage, StatorError,
+                    SyncExclusiveConsumer)
 from client.exclusive import lease_margin_s, retry_props
 from client.selection import KeySelector
 from tests import cluster as cluster_mod
@@ -223,6 +224,20 @@ async def test_a_member_whose_grant_ended_behind_its_back_restarts_with_its_new_
         await wait_until(lambda: _true(set(bodies) == {f"s{i}" for i in range(150)}), SETTLE_S, "all handled")
     assert list(dict.fromkeys(bodies)) == [f"s{i}" for i in range(150)], "in order"
     assert ex.failure is None
+
+
+@live
+async def test_a_group_of_the_other_mode_refuses_the_join_and_run_raises_it_closed(cluster):
+    c = cluster
+    await setup(c, "tasks", "sharers", queues=1)
+    async with AdminClient(c.meta_urls, c.token("admin")) as admin:
+        await admin.set_group_config("sharers", {"mode": "shared"})
+    ex = consumer(c, "tasks", "sharers", lambda m: None, "x1")
+    with pytest.raises(StatorError) as refused:
+        await asyncio.wait_for(ex.run(), SETTLE_S)
+    assert refused.value.status == 409 and refused.value.code == "GROUP_MODE_MISMATCH"
+    with pytest.raises(Closed):
+        await ex.start()
 
 
 class Fatal(BaseException):
