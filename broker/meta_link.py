@@ -23,6 +23,7 @@ from prometheus_client import Counter
 from client.wire.sse import SseEvent, SseParser
 from client.wire.errors import ApiError
 
+from .locks import LockTable
 from .routing import RouteTable, Segment, segment_of
 from .session import MetaSession
 from .writes import Writer
@@ -41,7 +42,7 @@ REFETCHES_MAX = 1_024            # topics whose route is being fetched again aft
 
 class MetaLink:
     def __init__(self, broker: str, address: str, zone: str | None, meta_urls: tuple[str, ...], token: str,
-                 routes: RouteTable, session: MetaSession, writer: Writer, heartbeats: Counter):
+                 routes: RouteTable, session: MetaSession, writer: Writer, heartbeats: Counter, locks: LockTable):
         self.broker = broker
         self.address = address
         self.zone = zone
@@ -49,6 +50,7 @@ class MetaLink:
         self.routes = routes
         self.session = session
         self.writer = writer
+        self.locks = locks
         self._headers = {"Authorization": f"Bearer {token}"}
         self.route_changed = asyncio.Event()
         self._heartbeats = heartbeats
@@ -197,12 +199,25 @@ class MetaLink:
                 self._dropped(self.routes.delete(body["topic"], body["version"]))
             elif event.event == "caught_up":
                 self.routes.caught_up(body["version"])
+            elif event.event == "group":
+                self._apply_group(body)
         except Exception as e:  # one bad topic must never stop the broker from following every other one
+            if event.event == "group":
+                log.error("group_event_failed", id=event.id, group=body.get("group") if isinstance(body, dict)
+                          else None, error=f"{type(e).__name__}: {e}")
+                return
             topic = body.get("topic") if isinstance(body, dict) else None
             log.error("route_event_failed", event_type=event.event, id=event.id, topic=topic,
                       error=f"{type(e).__name__}: {e}")
             if isinstance(topic, str):
                 self._refetch_later(topic)
+
+    def _apply_group(self, body: Any) -> None:
+        """A group's lock table. Its id is a resume point like a route's (meta/api/watch.py): a pass whose last
+        change is a group's sends no ``caught_up``, so the group's version counts as followed too, or a broker
+        registered at that version would wait for an unrelated change before it writes again."""
+        self.locks.apply(body)
+        self.routes.caught_up(body["version"])
 
     def _apply_route(self, route: dict[str, Any]) -> None:
         dropped = self.routes.update(route)

@@ -12,6 +12,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from .config import BrokerConfig
+from .locks import Barriers, LockTable
 from .meta_link import MetaLink
 from .offsets import OffsetStore
 from .peers import Peers
@@ -41,11 +42,14 @@ class BrokerNode:
         self.routes = RouteTable(config.broker)
         self.session = MetaSession()
         self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets)
+        self.locks = LockTable(lambda: self.session.writable(self.routes.version))
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
-                             Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry))
+                             Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
+                             self.locks)
         self.peers = Peers(config.token)
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link)
+        self.barriers = Barriers(lambda g, t, q: self.reader.read_offset(g, t, q, False), self.reader.min_offset)
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:

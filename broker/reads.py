@@ -54,7 +54,10 @@ class Reader:
 
     async def _chain(self, topic: str, queue: int) -> list[Segment]:
         """Every segment of the queue with a decided logic start, oldest first."""
-        segs = self._carried(topic, queue)
+        return await self._history(topic, queue, self._carried(topic, queue))
+
+    async def _history(self, topic: str, queue: int, segs: list[Segment]) -> list[Segment]:
+        """The decided segments of ``segs`` (a route's newest ones) with the older ones before them."""
         if segs[0].gen > 0:  # the route carries only the newest segments: older ones are sealed, so cacheable
             key = segs[0].physical_queue
             older = self._older.get(key)
@@ -70,7 +73,9 @@ class Reader:
         return [s for s in segs if s.logic_start is not None]
 
     # -- pull --------------------------------------------------------------------------------------------------
-    async def pull(self, topic: str, queue: int, offset: int, max_n: int) -> dict[str, Any]:
+    async def pull(self, topic: str, queue: int, offset: int, max_n: int,
+                   held_by: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Messages from ``offset`` on; with ``held_by`` (a barrier the group has not passed) only the queue's bounds."""
         decided = await self._chain(topic, queue)
         min_offset, gaps = await self._min_offset(decided[0])
         max_offset = await self._max_offset(decided[-1])
@@ -78,6 +83,9 @@ class Reader:
                                "max_offset": max_offset}
         if gaps:
             out["unavailable"] = gaps
+        if held_by is not None:
+            out["held_by"] = held_by
+            return out
         if offset < min_offset:
             out["next_offset"] = min_offset        # below the oldest kept message: move forward, never back
             return out
@@ -198,6 +206,21 @@ class Reader:
             if body.get("offset", -1) >= 0:
                 return body["offset"]
         return -1
+
+    async def min_offset(self, topic: str, queue: int) -> int:
+        """A queue's min logic offset, wherever its head is (a barrier's old queue may be on another broker)."""
+        segs = self.routes.segments(topic, queue)
+        if not segs:
+            raise rejection(404, "QUEUE_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker",
+                            topic=topic, queue=queue)
+        decided = await self._history(topic, queue, segs)
+        return (await self._min_offset(decided[0]))[0] if decided else 0
+
+    async def group_offsets(self, group: str, topic: str) -> list[dict[str, Any]]:
+        """Per queue whose head is here: the group's committed offset (-1: never) and the queue's max offset."""
+        stats = await self.queue_stats(topic)
+        committed = await asyncio.gather(*(self.read_offset(group, topic, s["queue"], False) for s in stats))
+        return [{"queue": s["queue"], "offset": o, "max_offset": s["max_offset"]} for s, o in zip(stats, committed)]
 
     async def offset_for_time(self, topic: str, queue: int, ts_ms: int) -> int:
         """The first logic offset stored at or after ``ts_ms`` (max_offset when none), across the queue's segments."""

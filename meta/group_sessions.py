@@ -169,8 +169,9 @@ class GroupSessions:
         """A new leader cannot know when the old one last heard each member: every lease starts afresh."""
         def members(image: Image):
             return [(g, m) for g, v in image.groups.items() for m in v["members"]]
+        wall_ms = int(time.time() * 1000)
         self._seen = {k: now for k in self.reads.read(members)}
-        self._seen_wall = {}
+        self._seen_wall = {k: wall_ms for k in self._seen}   # the lease ends shown are this leader's
         self._revoked_at = {}
         self._answers = {}
 
@@ -190,9 +191,12 @@ class GroupSessions:
                 members.setdefault(group, []).append(member)
             else:  # left, or expired already (a member whose join is still in flight is never this old)
                 self.forget(group, member)
+        wall_ms = int(time.time() * 1000)
         for group, g in image.groups.items():   # members joined through an older leader's log and never heard here
             for member in g["members"]:
-                self._seen.setdefault((group, member), now)
+                if (group, member) not in self._seen:
+                    self._seen[(group, member)] = now
+                    self._seen_wall[(group, member)] = wall_ms
         locks: dict[str, list[dict[str, Any]]] = {}
         current: set[LockKey] = set()
         for group in image.data["revoking"]:

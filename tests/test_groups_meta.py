@@ -97,7 +97,7 @@ async def test_operators_see_groups_and_brokers_get_lock_tables_on_the_watch_str
     await brokerless_topic(c, "t", 3)
     await short_leases(c)
     a = await beat(c, "a")
-    listed = await ok(c, "GET", "/v1/groups", "client")
+    listed = await ok(c, "GET", f"/v1/groups?min_version={a['version']}", "client")   # any node: read my write
     assert [(g["group"], g["mode"], g["members"], g["locks"]) for g in listed["groups"]] == [("g", "exclusive", 1, 3)]
     for url in c.meta_urls:   # followers forward: lease ends live in the leader's memory
         d = await ok(c, "GET", "/v1/groups/g", "client", url=url)
@@ -108,7 +108,8 @@ async def test_operators_see_groups_and_brokers_get_lock_tables_on_the_watch_str
     s, body, _ = await call_any(c, "GET", "/v1/groups/nope", "client")
     assert s == 404 and body["error"]["code"] == "GROUP_NOT_FOUND"
     # The all-topic stream (what brokers read) carries the group's lock table; a topic stream does not.
-    events = await sse_events(c, "/v1/watch?after=0", lambda evs: any(e["event"] == "group" for e in evs))
+    events = await sse_events(c, "/v1/watch?after=0", lambda evs: any(
+        e["event"] == "group" and json.loads(e["data"])["version"] >= d["version"] for e in evs))
     group = [json.loads(e["data"]) for e in events if e["event"] == "group"][-1]
     assert group["group"] == "g" and group["mode"] == "exclusive"
     assert group["locks"] == {"t": [held(a)[q] for q in range(3)]}

@@ -44,7 +44,7 @@ DEEP_OBJECT_LEVELS = 40                   # past the parsers' 32 levels
 SHORT_WAIT_S = "0.2"                      # waits the fuzzer allows: correct long waits would only make it slow
 
 HONEST_503 = {"NO_LEADER", "FENCED", "SEALING", "BROKER_UNAVAILABLE", "TOO_MANY_WAITERS", "OVERLOADED",
-              "UNKNOWN_OUTCOME", "VERSION_NOT_REACHED"}
+              "UNKNOWN_OUTCOME", "VERSION_NOT_REACHED", "LOCKS_CATCHING_UP"}
 ERROR_CODE_RE = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$")
 REAL_BROKERS = ("b1", "b2", "b3")
 FAKE_BROKER = "fzb"                       # registered by the test; mutating broker calls never name a real broker
@@ -93,12 +93,18 @@ META_OPS = [
        ("epoch", "topic", "queue", "gen", "end_offset", "physical_queue"), mutating=True),
     Op("meta", "POST", "/v1/brokers/{broker}/seals", (), ("epoch", "seals"), mutating=True),
     Op("meta", "GET", "/v1/brokers", READ_QUERY),
+    Op("meta", "POST", "/v1/groups/{group}/heartbeat", (), ("member", "topics", "mode", "released"), mutating=True),
+    Op("meta", "POST", "/v1/groups/{group}/leave", ("expected_version",), ("member",), mutating=True),
+    Op("meta", "PUT", "/v1/groups/{group}/config", ("expected_version",), (), mutating=True),
+    Op("meta", "GET", "/v1/groups", READ_QUERY),
+    Op("meta", "GET", "/v1/groups/{group}"),
 ]
 BROKER_OPS = [
     Op("broker", "POST", "/v1/messages/{topic}/{queue}", (), ("messages",), mutating=True),
     Op("broker", "GET", "/v1/messages/{topic}/{queue}", ("offset", "max", "group", "token")),
     Op("broker", "PUT", "/v1/offsets/{group}/{topic}/{queue}", (), ("offset", "token"), mutating=True),
     Op("broker", "GET", "/v1/offsets/{group}/{topic}/{queue}", ("local",)),
+    Op("broker", "GET", "/v1/offsets/{group}/{topic}"),
     Op("broker", "GET", "/v1/queues/{topic}"),
     Op("broker", "GET", "/v1/queues/{topic}/{queue}/offset", ("ts",)),
     Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts")),

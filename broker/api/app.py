@@ -63,6 +63,11 @@ async def send(request: web.Request) -> web.Response:
     return _respond({"queue": queue, "offsets": offsets})
 
 
+def _token(raw: object) -> int | None:
+    """A lock token (query string or JSON); None when absent."""
+    return None if raw is None else int_in(raw, "token")
+
+
 @requires("client", "broker")
 async def pull(request: web.Request) -> web.Response:
     node = request.app[NODE]
@@ -71,7 +76,15 @@ async def pull(request: web.Request) -> web.Response:
     queue = int_in(request.match_info["queue"], "queue")
     offset = int_in(q.get("offset"), "offset", 0)
     max_n = int_in(q.get("max"), "max", 32, 1, 1000)
-    return _respond(await node.reader.pull(topic, queue, offset, max_n))
+    token = _token(q.get("token"))
+    held_by = None
+    if "group" in q:
+        group = _name(q["group"], "group")
+        await node.locks.check(group, topic, queue, token)
+        route = node.routes.routes.get(topic)
+        if node.locks.exclusive(group) and route is not None:
+            held_by = await node.barriers.holding(group, route, queue)
+    return _respond(await node.reader.pull(topic, queue, offset, max_n, held_by))
 
 
 @requires("client", "broker")
@@ -79,10 +92,21 @@ async def commit_offset(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await _json(request)
     offset = int_in(body.get("offset"), "offset", None, -1)
+    token = _token(body.get("token"))
     group = _name(request.match_info["group"], "group")
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
+    await node.locks.check(group, topic, queue, token)
     return _respond({"offset": await node.writer.commit_offset(group, topic, queue, offset)})
+
+
+@requires("client", "broker")
+async def group_offsets(request: web.Request) -> web.Response:
+    """A group's committed offsets beside the queues' ends, for the queues whose head is here (meta's describe)."""
+    node = request.app[NODE]
+    group = _name(request.match_info["group"], "group")
+    topic = _name(request.match_info["topic"], "topic")
+    return _respond({"queues": await node.reader.group_offsets(group, topic)})
 
 
 @requires("client", "broker")
@@ -156,6 +180,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/messages/{topic}/{queue}", pull)
     r.add_put("/v1/offsets/{group}/{topic}/{queue}", commit_offset)
     r.add_get("/v1/offsets/{group}/{topic}/{queue}", read_offset)
+    r.add_get("/v1/offsets/{group}/{topic}", group_offsets)
     r.add_get("/v1/queues/{topic}", queues)
     r.add_get("/v1/queues/{topic}/{queue}/offset", offset_for_time)
     r.add_get("/v1/physical/{pq}", physical)

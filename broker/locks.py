@@ -1,0 +1,189 @@
+"""Exclusive consumer locks as the broker enforces them (DESIGN.md invariants 4, 6 and 7).
+
+Meta decides the locks; the broker only learns them from the ``group`` events of its all-topic watch stream (the
+whole lock table of one group per event, a newer version replacing an older one) and fences every pull and commit of
+an exclusive group with them: only the current token of a queue may read or commit it.
+
+How the broker tells a stale token from a token it has not heard of yet: tokens come from one counter for the whole
+cluster and the stream sends changes in version order, so once the broker has seen token M, it has seen every grant
+with a smaller token (or a newer state of its group). A token at or below the largest one seen that is not the
+queue's current token is therefore superseded (409 STALE_TOKEN); a larger one means the broker is behind the log,
+and it waits a little for the stream to catch up (then 503 LOCKS_CATCHING_UP). Until the broker has followed the log
+up to its registration it knows no group at all, so every request naming a group gets 503 LOCKS_CATCHING_UP.
+
+Barriers (API.md "Route"): after a topic grew, an exclusive group reads a moved-to queue only once its committed
+offset on the queue the slots came from has reached the split point, so every key keeps its order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from client.wire.errors import ApiError, rejection
+
+log = structlog.get_logger("broker.locks")
+
+LOCK_CATCH_UP_WAIT_S = 2.0        # how long a request with a token newer than the broker's table waits for the stream
+LOCK_WAITERS_MAX = 10_000         # requests waiting for the lock table at once; more are refused at once
+PASSED_BARRIERS_MAX = 100_000     # (group, topic, queue, barrier) passes remembered; the oldest is checked again
+MODES = ("exclusive", "shared")
+
+
+class LockEventError(ValueError):
+    """A ``group`` event that does not have the contract's shape: it changes nothing."""
+
+
+@dataclass(frozen=True)
+class GroupLocks:
+    version: int
+    mode: str | None
+    locks: dict[str, list[int | None]]   # topic -> current token per queue (None: no owner)
+
+
+def _nonneg_int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise LockEventError(f"{what} must be a non-negative integer")
+    return v
+
+
+def parse_event(body: Any) -> tuple[str, GroupLocks]:
+    """The group name and its lock table from a ``group`` event's data, or LockEventError."""
+    if not isinstance(body, dict):
+        raise LockEventError("a group event must be an object")
+    group = body.get("group")
+    if not isinstance(group, str) or not group:
+        raise LockEventError("group must be a non-empty string")
+    version = _nonneg_int(body.get("version"), "version")
+    mode = body.get("mode")
+    if mode is not None and mode not in MODES:
+        raise LockEventError(f"mode must be one of {MODES} or null")
+    raw = body.get("locks")
+    if not isinstance(raw, dict):
+        raise LockEventError("locks must be an object")
+    locks: dict[str, list[int | None]] = {}
+    for topic, tokens in raw.items():
+        if not isinstance(topic, str) or not topic or not isinstance(tokens, list):
+            raise LockEventError("locks must map topic names to lists of tokens")
+        locks[topic] = [None if t is None else _nonneg_int(t, f"token of {topic}") for t in tokens]
+    return group, GroupLocks(version, mode, locks)
+
+
+def stale_token(group: str, topic: str, queue: int, token: int | None) -> ApiError:
+    return rejection(409, "STALE_TOKEN", "this token is not the current lock of the queue for this exclusive group"
+                     if token is not None else "an exclusive group's pulls and commits need the queue's lock token",
+                     group=group, topic=topic, queue=queue)
+
+
+def catching_up(group: str, why: str) -> ApiError:
+    return rejection(503, "LOCKS_CATCHING_UP", f"this broker's lock table is behind the log ({why}); retry shortly",
+                     group=group)
+
+
+class LockTable:
+    """Per group: version, mode and current tokens, from meta's watch stream. ``ready()`` says whether the broker has
+    followed the log up to its registration (before that, it cannot know which groups are exclusive)."""
+
+    def __init__(self, ready: Callable[[], bool]):
+        self._ready = ready
+        self.groups: dict[str, GroupLocks] = {}
+        self.max_token = 0                 # the largest token any event has carried: the broker's horizon
+        self._changed = asyncio.Event()
+        self._waiters = 0
+
+    def apply(self, body: Any) -> bool:
+        """Take one ``group`` event's data; False when it is not newer than what is held. Raises LockEventError
+        (before changing anything) for a malformed one."""
+        group, new = parse_event(body)
+        old = self.groups.get(group)
+        if old is not None and old.version >= new.version:
+            return False
+        self.groups[group] = new
+        self.max_token = max([self.max_token, *(t for ts in new.locks.values() for t in ts if t is not None)])
+        # Waiters hold the event they wait on; a fresh one is for the next change.
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return True
+
+    def exclusive(self, group: str) -> bool:
+        g = self.groups.get(group)
+        return g is not None and g.mode == "exclusive"
+
+    def current(self, group: str, topic: str, queue: int) -> int | None:
+        g = self.groups.get(group)
+        tokens = g.locks.get(topic, []) if g is not None else []
+        return tokens[queue] if queue < len(tokens) else None
+
+    def _verdict(self, group: str, topic: str, queue: int, token: int | None) -> str:
+        if token is not None and token > self.max_token:
+            return "behind"   # even for a group not known yet: its grants may be what the broker has not seen
+        if not self.exclusive(group):
+            return "ok"
+        return "ok" if token is not None and token == self.current(group, topic, queue) else "stale"
+
+    async def check(self, group: str, topic: str, queue: int, token: int | None) -> None:
+        """Return if a pull or commit of ``group`` on (topic, queue) with ``token`` may go ahead; else raise
+        409 STALE_TOKEN or 503 LOCKS_CATCHING_UP."""
+        if not self._ready():
+            raise catching_up(group, "it has not followed the log up to its registration yet")
+        deadline = time.monotonic() + LOCK_CATCH_UP_WAIT_S
+        while True:
+            verdict = self._verdict(group, topic, queue, token)
+            if verdict == "ok":
+                return
+            if verdict == "stale":
+                raise stale_token(group, topic, queue, token)
+            left = deadline - time.monotonic()
+            if left <= 0 or self._waiters >= LOCK_WAITERS_MAX:
+                raise catching_up(group, f"token {token} is newer than every token it has seen")
+            self._waiters += 1
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._waiters -= 1
+
+
+Committed = Callable[[str, str, int], Awaitable[int]]   # (group, topic, queue) -> committed offset or -1
+MinOffset = Callable[[str, int], Awaitable[int]]        # (topic, queue) -> the queue's min logic offset
+
+
+class Barriers:
+    """Whether an exclusive group's pull of a queue must wait for the group to pass a barrier on another queue."""
+
+    def __init__(self, committed: Committed, min_offset: MinOffset):
+        self._committed = committed
+        self._min_offset = min_offset
+        self._passed: OrderedDict[tuple, None] = OrderedDict()
+
+    async def holding(self, group: str, route: dict[str, Any], queue: int) -> dict[str, Any] | None:
+        """The first unpassed barrier of ``queue`` as ``{"queue": after_queue, "after_offset": X}``, or None."""
+        topic = route["topic"]
+        for b in route.get("barriers", ()):
+            if b["queue"] != queue:
+                continue
+            held = {"queue": b["after_queue"], "after_offset": b["after_offset"]}
+            if b["after_offset"] is None:
+                return held   # undecided: the old queue's split point is not known yet
+            key = (group, topic, queue, b["after_queue"], b["after_offset"])
+            if key in self._passed:
+                self._passed.move_to_end(key)
+                continue
+            if await self._position(group, topic, b["after_queue"]) < b["after_offset"]:
+                return held
+            self._passed[key] = None
+            while len(self._passed) > PASSED_BARRIERS_MAX:
+                self._passed.popitem(last=False)
+        return None
+
+    async def _position(self, group: str, topic: str, queue: int) -> int:
+        """Where the group stands on a queue: its committed offset, or the queue's start if it never committed."""
+        committed = await self._committed(group, topic, queue)
+        return committed if committed >= 0 else await self._min_offset(topic, queue)

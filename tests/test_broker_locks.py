@@ -1,0 +1,393 @@
+"""Exclusive consumer locks on the broker (issue 7): the lock table learnt from meta's watch stream, the fencing of
+pulls and commits with it, and barriers after a topic grew.
+
+The first part drives a real LockTable, Barriers and BrokerNode (not started) directly; the second runs real
+processes (three meta nodes, two brokers) with short leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from broker import locks as locks_mod
+from broker.config import BrokerConfig
+from broker.locks import Barriers, LockEventError, LockTable, parse_event
+from broker.node import BrokerNode
+from client.wire.errors import ApiError
+from client.wire.sse import SseEvent
+
+
+def event(group="g", version=10, mode="exclusive", locks=None) -> dict:
+    return {"group": group, "version": version, "mode": mode, "locks": {"t": [5, 6, None]} if locks is None else locks}
+
+
+def table(ready: bool = True) -> LockTable:
+    t = LockTable(lambda: ready)
+    t.apply(event())
+    return t
+
+
+async def refused(coro) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        await coro
+    return e.value
+
+
+# -- parsing -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [
+    None, [], "x", {},
+    event(group=""), event(group=7), {**event(), "group": None},
+    event(version=-1), event(version=True), event(version="3"), {k: v for k, v in event().items() if k != "version"},
+    event(mode="both"), event(mode=1),
+    event(locks=[]), event(locks={"t": 5}), event(locks={"t": [1.5]}), event(locks={"t": [True]}),
+    event(locks={"t": [-3]}), event(locks={"t": ["7"]}), event(locks={"": [1]}), {**event(), "locks": None},
+])
+def test_a_malformed_group_event_is_refused_and_changes_nothing(bad):
+    t = table()
+    before = dict(t.groups), t.max_token
+    with pytest.raises(LockEventError):
+        t.apply(bad)
+    assert (dict(t.groups), t.max_token) == before
+
+
+def test_a_group_event_parses_into_version_mode_and_tokens_per_queue():
+    group, g = parse_event(event(mode=None, locks={"t": [None, 9], "u": []}))
+    assert group == "g" and g.version == 10 and g.mode is None and g.locks == {"t": [None, 9], "u": []}
+
+
+def test_only_a_newer_version_replaces_a_groups_table():
+    t = table()
+    assert not t.apply(event(version=10, locks={"t": [1, 1, 1]}))
+    assert not t.apply(event(version=9, mode="shared", locks={"t": [1, 1, 1]}))
+    assert t.current("g", "t", 0) == 5 and t.exclusive("g")
+    assert t.apply(event(version=11, locks={"t": [7, 6, None]}))
+    assert t.current("g", "t", 0) == 7 and t.current("g", "t", 2) is None and t.current("g", "t", 9) is None
+    assert t.max_token == 7
+
+
+# -- checking ------------------------------------------------------------------------------------------------------
+
+async def test_the_current_token_passes_and_any_other_is_stale_for_an_exclusive_group():
+    t = table()
+    await t.check("g", "t", 0, 5)
+    await t.check("g", "t", 1, 6)
+    for queue, token in ((0, 6), (1, 5), (0, None), (2, 5), (2, None), (7, 5)):
+        e = await refused(t.check("g", "t", queue, token))
+        assert (e.status, e.code) == (409, "STALE_TOKEN"), (queue, token)
+        assert e.details == {"group": "g", "topic": "t", "queue": queue}
+    assert (await refused(t.check("g", "u", 0, 5))).code == "STALE_TOKEN", "a topic without locks has no owner"
+
+
+async def test_shared_and_unknown_groups_pass_as_before():
+    t = table()
+    t.apply(event(group="s", mode="shared", locks={}))
+    for group in ("s", "unknown"):
+        await t.check(group, "t", 0, None)
+        await t.check(group, "t", 0, 3)
+
+
+async def test_nothing_naming_a_group_passes_before_the_broker_followed_the_log_since_registration():
+    t = table(ready=False)
+    for group, token in (("g", 5), ("g", None), ("other", None)):
+        e = await refused(t.check(group, "t", 0, token))
+        assert (e.status, e.code) == (503, "LOCKS_CATCHING_UP")
+
+
+async def test_a_token_newer_than_the_table_waits_for_the_stream_and_passes_once_it_arrives():
+    t = table()
+    waiting = asyncio.create_task(t.check("g", "t", 0, 8))
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "a newer token waits instead of being refused as stale"
+    t.apply(event(version=12, locks={"t": [8, 6, None]}))
+    await asyncio.wait_for(waiting, 1.0)
+
+
+async def test_a_newer_token_of_a_group_the_broker_does_not_know_yet_waits_too():
+    """The broker may simply not have heard of the group yet; accepting any token then would let a stale one in."""
+    t = table()
+    waiting = asyncio.create_task(t.check("new", "t", 0, 20))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    t.apply(event(group="new", version=13, locks={"t": [21]}))   # the token was superseded meanwhile
+    e = await refused(asyncio.wait_for(waiting, 1.0))
+    assert e.code == "STALE_TOKEN"
+
+
+async def test_a_token_the_stream_never_brings_is_refused_as_catching_up_after_a_bounded_wait(monkeypatch):
+    monkeypatch.setattr(locks_mod, "LOCK_CATCH_UP_WAIT_S", 0.3)
+    t = table()
+    started = time.monotonic()
+    e = await refused(t.check("g", "t", 0, 99))
+    assert (e.status, e.code) == (503, "LOCKS_CATCHING_UP")
+    assert 0.25 <= time.monotonic() - started < 2.0
+
+
+async def test_waiters_beyond_the_limit_are_refused_at_once(monkeypatch):
+    monkeypatch.setattr(locks_mod, "LOCK_WAITERS_MAX", 2)
+    t = table()
+    waiting = [asyncio.create_task(t.check("g", "t", 0, 50)) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    e = await refused(t.check("g", "t", 0, 50))
+    assert e.code == "LOCKS_CATCHING_UP" and time.monotonic() - started < 0.5
+    t.apply(event(version=20, locks={"t": [50]}))
+    await asyncio.wait_for(asyncio.gather(*waiting), 1.0)
+
+
+# -- the watch stream feeds the table ------------------------------------------------------------------------------
+
+def node(tmp_path) -> BrokerNode:
+    return BrokerNode(BrokerConfig(broker="b1", data_dir=str(tmp_path), http_host="127.0.0.1", http_port=1,
+                                   meta_urls=("http://127.0.0.1:9",), token="bt", client_token="ct"))
+
+
+def sse(kind: str, data) -> SseEvent:
+    raw = data if isinstance(data, str) else json.dumps(data)
+    return SseEvent(event=kind, data=raw, id=str(data.get("version")) if isinstance(data, dict) else None)
+
+
+def test_group_events_of_the_watch_stream_fill_the_table_and_count_as_followed(tmp_path):
+    n = node(tmp_path)
+    try:
+        n.link._on_event(sse("group", event(version=40)))
+        assert n.locks.current("g", "t", 1) == 6
+        assert n.routes.version == 40, "a group event's id is a resume point: the broker followed the log to it"
+    finally:
+        n.offsets.close()
+        n.writer.stop()
+
+
+def test_a_bad_group_event_is_logged_and_the_stream_goes_on(tmp_path):
+    n = node(tmp_path)
+    try:
+        for bad in ("{not json", json.dumps(event(version="x")), json.dumps([1])):
+            n.link._on_event(SseEvent(event="group", data=bad, id="41"))
+        assert n.locks.groups == {} and n.routes.version == 0
+        n.link._on_event(sse("group", event(version=42)))
+        assert n.locks.exclusive("g")
+    finally:
+        n.offsets.close()
+        n.writer.stop()
+
+
+# -- barriers ------------------------------------------------------------------------------------------------------
+
+class Positions:
+    """Committed offsets and min offsets as a test sets them, counting how often the barrier asked."""
+
+    def __init__(self):
+        self.committed: dict[int, int] = {}
+        self.mins: dict[int, int] = {}
+        self.asks = 0
+
+    async def committed_of(self, group: str, topic: str, queue: int) -> int:
+        self.asks += 1
+        return self.committed.get(queue, -1)
+
+    async def min_of(self, topic: str, queue: int) -> int:
+        return self.mins.get(queue, 0)
+
+
+def grown(after_offset: int | None) -> dict:
+    return {"topic": "t", "version": 3, "barriers": [{"queue": 2, "after_queue": 0, "after_offset": after_offset}]}
+
+
+async def test_a_barrier_holds_until_the_group_committed_past_the_split_and_is_remembered_once_passed():
+    p = Positions()
+    b = Barriers(p.committed_of, p.min_of)
+    assert await b.holding("g", grown(None), 2) == {"queue": 0, "after_offset": None}, "undecided is held"
+    assert await b.holding("g", grown(10), 1) is None, "other queues have no barrier"
+    p.committed[0] = 9
+    assert await b.holding("g", grown(10), 2) == {"queue": 0, "after_offset": 10}
+    p.committed[0] = 10
+    assert await b.holding("g", grown(10), 2) is None
+    asks = p.asks
+    p.committed[0] = 3   # say a rewind: a passed barrier stays passed, and is not asked about again
+    assert await b.holding("g", grown(10), 2) is None and p.asks == asks
+    assert await b.holding("h", grown(10), 2) is not None, "another group has its own position"
+
+
+async def test_a_group_that_never_committed_stands_at_the_old_queues_min_offset():
+    p = Positions()
+    b = Barriers(p.committed_of, p.min_of)
+    p.mins[0] = 4
+    assert await b.holding("g", grown(10), 2) is not None
+    p.mins[0] = 12   # retention dropped everything before the split point
+    assert await b.holding("g", grown(10), 2) is None
+
+
+async def test_remembered_passes_are_bounded(monkeypatch):
+    monkeypatch.setattr(locks_mod, "PASSED_BARRIERS_MAX", 3)
+    p = Positions()
+    p.committed[0] = 100
+    b = Barriers(p.committed_of, p.min_of)
+    for g in range(5):
+        assert await b.holding(f"g{g}", grown(10), 2) is None
+    assert len(b._passed) == 3
+
+
+# -- real processes ------------------------------------------------------------------------------------------------
+
+from ops import devcluster                                                        # noqa: E402
+from tests import cluster as cluster_mod                                          # noqa: E402
+from tests.meta_helpers import ok, wait_until                                     # noqa: E402
+from tests.test_broker_e2e import admin, all_writable, send, wait_route          # noqa: E402
+from tests.test_groups_meta import beat, held, short_leases                       # noqa: E402
+
+SESSION = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
+STALE_OR_CATCHING_UP = {(409, "STALE_TOKEN"), (503, "LOCKS_CATCHING_UP")}
+
+
+@pytest.fixture
+async def two_brokers(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 3, 2, meta=SESSION) as c:
+        yield c
+
+
+async def topic(c, name: str, queues: int, messages: int, slots: int = 16) -> dict:
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": name, "queues": queues, "slots": slots})
+    assert s == 201, b
+    await wait_route(c, name, all_writable)
+    for q in range(queues):
+        await send(c, name, q, [f"{name}{q}-{i}" for i in range(messages)])
+    return await wait_route(c, name, all_writable)
+
+
+def head(r: dict, queue: int) -> str:
+    return r["queues"][queue]["address"]
+
+
+async def pull(c, r: dict, queue: int, token=None, group: str | None = "g", offset: int = 0) -> tuple[int, dict]:
+    query = f"offset={offset}&max=100" + (f"&group={group}" if group else "") + (
+        f"&token={token}" if token is not None else "")
+    s, b, _ = await c.call("GET", f"{head(r, queue)}/v1/messages/{r['topic']}/{queue}?{query}", "client")
+    return s, b
+
+
+async def commit(c, r: dict, queue: int, offset: int, token=None) -> tuple[int, dict]:
+    body = {"offset": offset} if token is None else {"offset": offset, "token": token}
+    s, b, _ = await c.call("PUT", f"{head(r, queue)}/v1/offsets/g/{r['topic']}/{queue}", "client", json=body)
+    return s, b
+
+
+def code(s: int, b) -> tuple[int, str | None]:
+    return s, b.get("error", {}).get("code") if isinstance(b, dict) else None
+
+
+async def owner_moves_to_b(c, queues: int, topics=("t",)) -> dict[int, int]:
+    """a leaves and b, already a member, takes every queue; returns b's tokens."""
+    await ok(c, "POST", "/v1/groups/g/leave", "client", {"member": "a"})
+
+    async def b_owns_all():
+        got = held(await beat(c, "b", topics))
+        return got if sorted(got) == list(range(queues)) else None
+    return await wait_until(b_owns_all, 10, "b to own the queues a left")
+
+
+async def test_only_the_current_owner_pulls_and_commits_and_describe_shows_its_offsets(two_brokers):
+    c = two_brokers
+    r = await topic(c, "t", 2, 5)
+    await short_leases(c)
+    a = held(await beat(c, "a"))
+    assert sorted(a) == [0, 1]
+    for q in (0, 1):
+        s, b = await pull(c, r, q, a[q])   # the broker may hear of the grant a moment later: it waits for it
+        assert s == 200 and [m["offset"] for m in b["messages"]] == list(range(5)), b
+        assert code(*await commit(c, r, q, 3, a[q])) == (200, None)
+    assert code(*await pull(c, r, 0)) == (409, "STALE_TOKEN"), "an exclusive group's pull needs its token"
+    assert code(*await commit(c, r, 0, 4)) == (409, "STALE_TOKEN")
+    assert code(*await pull(c, r, 0, a[1])) == (409, "STALE_TOKEN"), "another queue's token is no key to this one"
+    assert code(*await pull(c, r, 0, group=None)) == (200, None), "a pull without a group is as before"
+    s, b, _ = await c.call("GET", f"{head(r, 0)}/v1/offsets/g/t/0", "client")
+    assert (s, b) == (200, {"offset": 3})
+
+    await beat(c, "b")                      # b joins: half of a's queues are revoked, a leaves at once
+    b_tokens = await owner_moves_to_b(c, 2)
+    assert min(b_tokens.values()) > max(a.values())
+    for q in (0, 1):
+        assert code(*await pull(c, r, q, b_tokens[q])) == (200, None)
+        assert code(*await pull(c, r, q, a[q])) == (409, "STALE_TOKEN"), "a's grant is gone"
+        assert code(*await commit(c, r, q, 5, a[q])) == (409, "STALE_TOKEN")
+        assert code(*await commit(c, r, q, 4, b_tokens[q])) == (200, None)
+
+    seen = {}
+    for url in c.broker_urls:               # each broker answers for the queues whose head it holds
+        s, b, _ = await c.call("GET", f"{url}/v1/offsets/g/t", "client")
+        assert s == 200, b
+        seen.update({x["queue"]: (x["offset"], x["max_offset"]) for x in b["queues"]})
+    assert seen == {0: (4, 5), 1: (4, 5)}
+    described = await ok(c, "GET", "/v1/groups/g", "client")
+    assert {(x["queue"], x["committed_offset"], x["lag"]) for x in described["assignments"]} == {(0, 4, 1), (1, 4, 1)}
+
+
+async def test_a_shared_group_commits_and_pulls_without_tokens(two_brokers):
+    c = two_brokers
+    r = await topic(c, "t", 1, 2)
+    await beat(c, "a", group="g", mode="shared")
+    for _ in range(3):   # whether or not the broker heard of the group yet
+        assert code(*await pull(c, r, 0)) == (200, None)
+        assert code(*await commit(c, r, 0, 1)) == (200, None)
+
+
+async def test_a_grown_topics_new_queue_is_held_until_the_group_committed_past_the_split(two_brokers):
+    c = two_brokers
+    await topic(c, "t", 1, 4, slots=16)
+    await short_leases(c)
+    s, b = await admin(c, "PATCH", 0, "/v1/topics/t", json={"queues": 2})
+    assert s == 200, b
+    r = await wait_route(c, "t", lambda r: len(r["queues"]) == 2 and all_writable(r)
+                         and r["barriers"] and r["barriers"][0]["after_offset"] is not None)
+    assert r["barriers"] == [{"queue": 1, "after_queue": 0, "after_offset": 4}]
+    await send(c, "t", 1, ["moved-key"])
+    tokens = await wait_until(lambda: _owns(c, 2), 10, "a to own both queues")
+    s, b = await pull(c, r, 1, tokens[1])
+    assert s == 200 and b["messages"] == [] and b["next_offset"] == 0, b
+    assert b["held_by"] == {"queue": 0, "after_offset": 4}, "never committed on queue 0: it stands at its start"
+    assert code(*await commit(c, r, 0, 3, tokens[0])) == (200, None)
+    s, b = await pull(c, r, 1, tokens[1])
+    assert b["messages"] == [] and b["held_by"] == {"queue": 0, "after_offset": 4}, "one message of 0 is left"
+    s, b = await pull(c, r, 1, group=None)
+    assert [m["offset"] for m in b["messages"]] == [0] and "held_by" not in b, "only the exclusive group waits"
+    assert code(*await commit(c, r, 0, 4, tokens[0])) == (200, None)
+    s, b = await pull(c, r, 1, tokens[1])
+    assert s == 200 and [m["offset"] for m in b["messages"]] == [0] and "held_by" not in b, b
+
+
+async def _owns(c, queues: int) -> dict[int, int] | None:
+    got = held(await beat(c, "a"))
+    return got if sorted(got) == list(range(queues)) else None
+
+
+async def test_a_restarted_broker_never_takes_the_old_token_after_a_new_grant(two_brokers):
+    c = two_brokers
+    r = await topic(c, "t", 1, 3)
+    await short_leases(c)
+    old = held(await beat(c, "a"))[0]
+    assert code(*await pull(c, r, 0, old)) == (200, None)
+    name = next(b["broker"] for b in c.info["brokers"] if b["url"] == head(r, 0))
+    c.kill9(name)
+    await beat(c, "b")
+    new = (await owner_moves_to_b(c, 1))[0]
+    assert new > old
+    devcluster.start(c.dir, name, wait=False)   # polled from its first answer on, before it has followed the log
+
+    async def new_token_works():
+        for token in (old, new):
+            try:
+                s, b = await pull(c, r, 0, token)
+            except (OSError, asyncio.TimeoutError):
+                return None   # not listening yet
+            if token == old:
+                assert code(s, b) in STALE_OR_CATCHING_UP, f"the superseded token was answered {s} {b}"
+            elif s != 200:
+                assert code(s, b) in STALE_OR_CATCHING_UP, (s, b)
+                return None
+        return True
+    await wait_until(new_token_works, 20, "the restarted broker to take the new token", interval_s=0.02)
+    assert code(*await commit(c, r, 0, 1, old)) == (409, "STALE_TOKEN")
+    assert code(*await commit(c, r, 0, 1, new)) == (200, None)
