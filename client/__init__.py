@@ -9,12 +9,15 @@ wrappers for scripts (``client.sync``).
         for m in await consumer.poll(timeout_s=1.0):
             ...
         await consumer.commit_positions()
+    async with ExclusiveConsumer(meta_urls, client_token, "orders", "billing", handle) as consumer:
+        await consumer.run()   # one owner per queue at a time, in order; until close() or a failure
 """
 
 from .admin import AdminClient
 from .consumer import PullConsumer, PullResult, ReceivedMessage
-from .errors import (Closed, Fenced, NoLeader, NotLeader, Sealing, StaleToken, StatorError, TopicExists,
-                     TopicNotFound, Unavailable, VersionMismatch)
+from .errors import (Closed, Fenced, GroupNotFound, LocksCatchingUp, NoLeader, NotLeader, Sealing, StaleToken,
+                     StatorError, TopicExists, TopicNotFound, Unavailable, VersionMismatch)
+from .exclusive import ExclusiveConsumer
 from .fault import LatencyFaultAvoidance, avoidance_ms
 from .http import Backoff, MetaCaller
 from .producer import Producer, SendResult
@@ -23,14 +26,15 @@ from .selection import (CallableSelector, KeySelector, Message, QueueSelector, R
                         as_selector)
 from .slots import SlotTable, queue_for_key, queue_for_slot, slot_of
 from .wire.sse import SseEvent, SseParser
-from .sync import SyncAdminClient, SyncProducer, SyncPullConsumer
+from .sync import SyncAdminClient, SyncExclusiveConsumer, SyncProducer, SyncPullConsumer
 
 __all__ = [
     "AdminClient", "RouteSubscription", "Producer", "SendResult", "PullConsumer", "PullResult", "ReceivedMessage",
+    "ExclusiveConsumer",
     "Message", "QueueSelector", "KeySelector", "RoundRobinSelector", "RandomSelector", "CallableSelector",
     "as_selector", "LatencyFaultAvoidance", "avoidance_ms", "slot_of", "queue_for_slot", "queue_for_key", "SlotTable",
     "MetaCaller", "Backoff", "SseParser", "SseEvent",
     "StatorError", "Unavailable", "Closed", "NotLeader", "Sealing", "Fenced", "NoLeader", "VersionMismatch",
-    "StaleToken", "TopicNotFound", "TopicExists",
-    "SyncAdminClient", "SyncProducer", "SyncPullConsumer",
+    "StaleToken", "LocksCatchingUp", "GroupNotFound", "TopicNotFound", "TopicExists",
+    "SyncAdminClient", "SyncProducer", "SyncPullConsumer", "SyncExclusiveConsumer",
 ]

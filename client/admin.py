@@ -112,6 +112,24 @@ class AdminClient:
         return await self._write("DELETE", f"/v1/topics/{_seg(topic)}", expected_version=expected_version,
                                  idempotency_key=idempotency_key)
 
+    # -- consumer groups ---------------------------------------------------------------------------------------
+    async def set_group_config(self, group: str, config: dict[str, Any], *, expected_version: int | None = None,
+                               idempotency_key: str | None = None) -> dict[str, Any]:
+        """Merge ``config`` (``lease_ms``, ``heartbeat_interval_ms``, ``max_attempts``, ``retry_topic``, ``mode``) into
+        the group's settings; a ``None`` value goes back to the default. ``{"group","config","version"}``, the
+        config with defaults filled in."""
+        return await self._write("PUT", f"/v1/groups/{_seg(group)}/config", dict(config),
+                                 expected_version=expected_version, idempotency_key=idempotency_key)
+
+    async def list_groups(self, *, consistency: str | None = None) -> list[dict[str, Any]]:
+        """``[{"group","mode","members","locks","version"}]``."""
+        return (await self._read("/v1/groups", consistency=consistency))["groups"]
+
+    async def describe_group(self, group: str) -> dict[str, Any]:
+        """Members, assignments with tokens, lease ends, committed offsets and lag (the leader answers: lease ends
+        live in its memory). ``GroupNotFound`` for an unknown group."""
+        return await self._read(f"/v1/groups/{_seg(group)}")
+
     # -- cluster -----------------------------------------------------------------------------------------------
     async def brokers(self) -> list[dict[str, Any]]:
         return (await self._read("/v1/brokers"))["brokers"]

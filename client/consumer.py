@@ -122,19 +122,24 @@ class PullConsumer(TopicClient):
         answer = await self._broker_call("GET", queue, self._offsets_path(queue))
         return int(answer["offset"])
 
-    async def min_offset(self, queue: int) -> int:
+    async def min_offset(self, queue: int, *, lock_token: int | None = None) -> int:
         """The oldest offset the logic queue still has, across all its segments: the ``min_offset`` of a pull from 0
-        (the head broker serves the whole history; ``GET /v1/queues`` may describe only the segments it holds)."""
-        r = await self.pull(queue, offset=0, max_messages=1)
+        (the head broker serves the whole history; ``GET /v1/queues`` may describe only the segments it holds).
+        ``lock_token``: the exclusive lock's token, which a pull naming an exclusive group must carry."""
+        r = await self.pull(queue, offset=0, max_messages=1, lock_token=lock_token)
         if r.min_offset is not None:
             return r.min_offset
         return r.messages[0].offset if r.messages else r.next_offset
 
-    async def commit(self, queue: int, offset: int) -> int:
-        """Commit ``offset`` (the next offset to read) for the group."""
+    async def commit(self, queue: int, offset: int, *, lock_token: int | None = None) -> int:
+        """Commit ``offset`` (the next offset to read) for the group. ``lock_token``: the exclusive lock's token
+        (a superseded one gets ``StaleToken``)."""
         if offset < 0:
             raise ValueError("offset must be >= 0")
-        answer = await self._broker_call("PUT", queue, self._offsets_path(queue), json={"offset": offset})
+        body: dict[str, Any] = {"offset": offset}
+        if lock_token is not None:
+            body["token"] = lock_token
+        answer = await self._broker_call("PUT", queue, self._offsets_path(queue), json=body)
         return int(answer.get("offset", offset))
 
     async def commit_positions(self) -> dict[int, int]:
@@ -148,12 +153,14 @@ class PullConsumer(TopicClient):
         return f"/v1/offsets/{quote(self.group, safe='')}/{quote(self.topic, safe='')}/{queue}"
 
     # -- pulling -----------------------------------------------------------------------------------------------
-    async def pull(self, queue: int, offset: int | None = None, max_messages: int | None = None) -> PullResult:
-        """One pull of ``queue`` from ``offset`` (default: the position). Does not move the position."""
+    async def pull(self, queue: int, offset: int | None = None, max_messages: int | None = None, *,
+                   lock_token: int | None = None) -> PullResult:
+        """One pull of ``queue`` from ``offset`` (default: the position). Does not move the position.
+        ``lock_token``: the exclusive lock's token (a superseded one gets ``StaleToken``)."""
         if offset is None:
             offset = await self.position(queue)
         n = max_messages or self.max_messages
-        params: dict[str, Any] = {"offset": offset, "max": n, "group": self.group}
+        params: dict[str, Any] = {"offset": offset, "max": n, "group": self.group, "token": lock_token}
         path = f"/v1/messages/{quote(self.topic, safe='')}/{queue}"
         answer = await self._broker_call("GET", queue, path, params=params)
         msgs = sorted((_decode(self.topic, queue, m) for m in answer.get("messages", [])), key=lambda m: m.offset)

@@ -20,6 +20,8 @@ TOPIC_EXISTS = "TOPIC_EXISTS"
 VERSION_MISMATCH = "VERSION_MISMATCH"
 NOT_LEADER = "NOT_LEADER"
 STALE_TOKEN = "STALE_TOKEN"
+LOCKS_CATCHING_UP = "LOCKS_CATCHING_UP"
+GROUP_NOT_FOUND = "GROUP_NOT_FOUND"
 TOO_LARGE = "TOO_LARGE"
 NO_LEADER = "NO_LEADER"
 FENCED = "FENCED"
@@ -145,6 +147,16 @@ class StaleToken(StatorError):
     code = STALE_TOKEN
 
 
+class LocksCatchingUp(StatorError):
+    """503 from a broker that has not yet read the lock tables up to the token it was shown (or, after a restart, up
+    to its own registration): it cannot tell a current owner from a stale one yet. Retry shortly."""
+    code = LOCKS_CATCHING_UP
+
+
+class GroupNotFound(StatorError):
+    code = GROUP_NOT_FOUND
+
+
 class TopicNotFound(StatorError):
     code = TOPIC_NOT_FOUND
 
@@ -154,7 +166,8 @@ class TopicExists(StatorError):
 
 
 _BY_CODE: dict[str, type[StatorError]] = {
-    c.code: c for c in (NotLeader, Sealing, Fenced, NoLeader, VersionMismatch, StaleToken, TopicNotFound, TopicExists)
+    c.code: c for c in (NotLeader, Sealing, Fenced, NoLeader, VersionMismatch, StaleToken, LocksCatchingUp, GroupNotFound,
+                      TopicNotFound, TopicExists)
 }
 
 

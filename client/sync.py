@@ -21,6 +21,7 @@ from typing import Any
 
 from .admin import AdminClient
 from .consumer import PullConsumer, ReceivedMessage
+from .exclusive import ExclusiveConsumer
 from .producer import Producer
 
 CALL_TIMEOUT_S_DEFAULT = 90.0
@@ -125,6 +126,9 @@ class SyncAdminClient(_Blocking):
     brokers = _blocking(AdminClient.brokers)
     cluster = _blocking(AdminClient.cluster)
     history = _blocking(AdminClient.history)
+    set_group_config = _blocking(AdminClient.set_group_config)
+    list_groups = _blocking(AdminClient.list_groups)
+    describe_group = _blocking(AdminClient.describe_group)
 
 
 class SyncProducer(_Blocking):
@@ -154,3 +158,26 @@ class SyncPullConsumer(_Blocking):
     def __iter__(self) -> Iterator[ReceivedMessage]:
         while not self._closed:
             yield from self.poll(timeout_s=1.0)
+
+
+def _threaded_exclusive(meta_urls: Any, token: str, topic: str, group: str,
+                        handler: Callable[[ReceivedMessage], Any], **kwargs: Any) -> ExclusiveConsumer:
+    """An ``ExclusiveConsumer`` whose plain-function handler runs in a worker thread: a slow handler must not hold up
+    the heartbeats that keep the consumer's leases."""
+    async def in_thread(m: ReceivedMessage) -> Any:
+        return await asyncio.to_thread(handler, m)
+    return ExclusiveConsumer(meta_urls, token, topic, group, in_thread, **kwargs)
+
+
+class SyncExclusiveConsumer(_Blocking):
+    """``ExclusiveConsumer`` for scripts: same arguments, but ``handler`` is a plain function (run in a thread).
+    ``start()`` joins the group and consumes in the background until ``close()``, which raises a background
+    failure, as ``failure`` shows it meanwhile."""
+    _make = staticmethod(_threaded_exclusive)
+    start = _blocking(ExclusiveConsumer.start)
+    held = _in_loop(ExclusiveConsumer.held)
+    positions = _in_loop(ExclusiveConsumer.positions)
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._client.failure
