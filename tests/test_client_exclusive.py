@@ -328,7 +328,7 @@ async def test_a_member_cut_off_from_meta_stops_within_its_lease_and_resumes_whe
             calls.append((loop.time(), m.body))
             await asyncio.sleep(0.1)
 
-        async with consumer(c, "feed", "watchers", handle, "w1") as ex:
+        async with consumer(c, "feed", "watchers", handle, "w1"):
             await wait_until(lambda: _true(len(calls) >= 5), SETTLE_S, "handling under way")
             cut = [m["node"] for m in c.info["meta"]][:2]
             for name in cut:
