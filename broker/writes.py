@@ -76,6 +76,19 @@ class Writer:
         return {s.physical_queue: self.max_physical(s) for s in segs}
 
     # -- send --------------------------------------------------------------------------------------------------
+    def _refuse_stale_slot_table(self, topic: str, queue: int, messages: list[Any], sender: int | None) -> None:
+        """A keyed message chosen with a slot table older than this broker's must not land here: after a growth
+        its key may belong to a new queue, and one written to the old queue after the split point would be
+        consumed after the key's newer messages (DESIGN.md invariant 7). NOT_LEADER makes the sender re-read the
+        route (at least this broker's version) and choose again; a sender that names no version is trusted."""
+        route = self.routes.routes.get(topic)
+        if sender is None or route is None or sender >= route.get("slot_table_version", 0):
+            return
+        if any(isinstance(m, dict) and m.get("key") is not None for m in messages):
+            raise rejection(409, "NOT_LEADER", "the sender's route predates the topic's slot table: re-read the "
+                            "route and choose the queue again", topic=topic, queue=queue,
+                            slot_table_version=route.get("slot_table_version", 0))
+
     def _writable_head(self, topic: str, queue: int) -> Segment:
         if topic not in self.routes.routes:
             raise unknown_topic(topic)
@@ -91,9 +104,12 @@ class Writer:
                             "it takes no writes until both are current")
         return head
 
-    async def send(self, topic: str, queue: int, messages: list[Any]) -> list[int]:
+    async def send(self, topic: str, queue: int, messages: list[Any], sender_route_version: int | None = None
+                   ) -> list[int]:
+        """``sender_route_version``: the route version the sender chose the queue with (``X-Route-Version``)."""
         if not messages or len(messages) > MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
+        self._refuse_stale_slot_table(topic, queue, messages, sender_route_version)
         payloads = [encode_message(m) for m in messages]
         while True:
             head = self._writable_head(topic, queue)

@@ -120,12 +120,15 @@ class Producer(TopicClient):
             route = await self._route(deadline)
             if movable:
                 q = self.fault.pick(route["queues"], q, avoid_broker=failed_broker)
-            elif not _writable(route, q):
-                route = await self._wait_writable(q, min(self.sealing_wait_s, deadline.left_s()), deadline)
+            else:
+                q = self._keyed_choice(route, msgs, q, queue)
+                if not _writable(route, q):
+                    route = await self._wait_writable(q, min(self.sealing_wait_s, deadline.left_s()), deadline)
+                    q = self._keyed_choice(route, msgs, q, queue)
             entry = _queue_entry(route, q)
             failed_broker = None
             try:
-                return await self._send_once(entry, q, payload, deadline, attempt + 1)
+                return await self._send_once(entry, q, payload, deadline, attempt + 1, route["version"])
             except StatorError as e:
                 last = e
                 if not await self._after_failure(e, entry, q, deadline):
@@ -158,15 +161,25 @@ class Producer(TopicClient):
             q = self.fault.pick(route["queues"], q)
         return q, not (pinned or strict)
 
+    def _keyed_choice(self, route: Route, msgs: list[Message], q: int, queue: int | None) -> int:
+        """A keyed message's queue by this route's slot table: a growth may have moved the key to a new queue, and
+        the send carries this route's version, which the broker checks against its slot table."""
+        if queue is None and self.selector.pins(msgs[0]):
+            return self.selector.select(route, msgs[0])
+        return q
+
     async def _send_once(self, entry: Mapping[str, Any], q: int, payload: dict, deadline: Deadline,
-                         attempts: int) -> SendResult:
+                         attempts: int, route_version: int) -> SendResult:
         address, broker = entry.get("address"), entry.get("broker")
         if not address:
             raise Unavailable(f"queue {q} of {self.topic!r}: broker {broker!r} has no address in the route")
         url = f"{address.rstrip('/')}/v1/messages/{quote(self.topic, safe='')}/{q}"
         loop = asyncio.get_running_loop()
         started = loop.time()
+        # The route version the queue was chosen with: a broker whose slot table is newer refuses keyed messages
+        # (NOT_LEADER), and the retry chooses again with the fresh route (per-key order across a growth).
         answer = await request_once(self.session(), "POST", url, token=self.token, json=payload,
+                                    headers={"X-Route-Version": str(route_version)},
                                     timeout_s=max(0.001, min(self.send_timeout_s, deadline.left_s())))
         self.fault.update(broker, (loop.time() - started) * 1000.0)
         body = answer.body if isinstance(answer.body, dict) else {}

@@ -15,7 +15,8 @@ Layout of ``Image.data``::
     hosting        {broker: {topic: number of its segments, of any generation, on that broker}}: which topics a
                    broker event touches, without a scan of every segment
     topics         {name: {topic, incarnation, queues, slots, order, config, version, created_ms,
-                           slot_table, barriers, logic_queues: [[segment, ...] per queue]}}
+                           slot_table, slot_table_version (the version that last changed it), barriers,
+                           logic_queues: [[segment, ...] per queue]}}
     groups         {name: {group, mode, config, version, created_ms, members: {member: {member, topics, mode,
                            joined_ms}}, locks: {topic: {"<queue>": {member, token, target, granted_ms}}}}}
                    (meta/groups.py says what a lock entry means)
@@ -184,13 +185,15 @@ class Image:
         self.data["topics"][e["topic"]] = {
             "topic": e["topic"], "incarnation": e["incarnation"], "queues": e["queues"], "slots": e["slots"],
             "order": e["order"], "config": dict(e["config"]), "version": 0, "created_ms": ts,
-            "slot_table": [list(r) for r in e["slot_table"]], "barriers": [], "logic_queues": queues}
+            "slot_table": [list(r) for r in e["slot_table"]], "slot_table_version": self.data["version"],
+            "barriers": [], "logic_queues": queues}
 
     def _on_TopicGrown(self, e, ts):
         t = self.data["topics"][e["topic"]]
         t["logic_queues"].extend([] for _ in range(e["queues"] - t["queues"]))
         t["queues"] = e["queues"]
         t["slot_table"] = [list(r) for r in e["slot_table"]]
+        t["slot_table_version"] = self.data["version"]
         for b in e["barriers"]:
             t["barriers"].append({"queue": b["queue"], "after_queue": b["after_queue"], "after_gen": b["after_gen"],
                                   "after_offset": None})

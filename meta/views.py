@@ -37,7 +37,7 @@ def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
         queues.append(route_model.queue_json(q, writable, carried))
     return route_model.route_json(
         topic=t["topic"], version=t["version"], slots=t["slots"], order=t["order"], config=t["config"],
-        slot_table=t["slot_table"], queues=queues,
+        slot_table=t["slot_table"], slot_table_version=t.get("slot_table_version", 0), queues=queues,
         barriers=[{"queue": b["queue"], "after_queue": b["after_queue"], "after_offset": b["after_offset"]}
                   for b in t["barriers"]])
 

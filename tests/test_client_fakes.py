@@ -44,7 +44,7 @@ def make_route(topic: str, placement: list[tuple[str, str]], *, order: str = "be
                                         logic_end=None, state="active", budget_end=1_000_000)
     return route_model.route_json(
         topic=topic, version=0, slots=slots, order=order, config={}, barriers=[],
-        slot_table=allocation.initial_slot_table(slots, len(placement)),
+        slot_table=allocation.initial_slot_table(slots, len(placement)), slot_table_version=0,
         queues=[route_model.queue_json(q, q not in unwritable, [head(q, b, a)]) for q, (b, a) in enumerate(placement)])
 
 

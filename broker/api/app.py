@@ -59,7 +59,9 @@ async def send(request: web.Request) -> web.Response:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise invalid("messages must be a list", field="messages")
-    offsets = await node.writer.send(topic, queue, messages)
+    raw_version = request.headers.get("X-Route-Version")
+    sender_version = None if raw_version is None else int_in(raw_version, "X-Route-Version")
+    offsets = await node.writer.send(topic, queue, messages, sender_version)
     return _respond({"queue": queue, "offsets": offsets})
 
 

@@ -51,6 +51,7 @@ class RouteJson(TypedDict):
     order: str
     config: dict[str, str]
     slot_table: list[list[int]]   # [lo, hi, queue] ranges covering every slot once
+    slot_table_version: int       # the version that last changed the slot table (creation or growth)
     barriers: list[BarrierJson]
     queues: list[QueueJson]
 
@@ -69,9 +70,11 @@ def queue_json(queue: int, writable: bool, segments: list[SegmentJson]) -> Queue
 
 
 def route_json(*, topic: str, version: int, slots: int, order: str, config: dict[str, str],
-               slot_table: list[list[int]], barriers: list[BarrierJson], queues: list[QueueJson]) -> RouteJson:
+               slot_table: list[list[int]], slot_table_version: int, barriers: list[BarrierJson],
+               queues: list[QueueJson]) -> RouteJson:
     return {"topic": topic, "version": version, "slots": slots, "order": order, "config": config,
-            "slot_table": slot_table, "barriers": barriers, "queues": queues}
+            "slot_table": slot_table, "slot_table_version": slot_table_version, "barriers": barriers,
+            "queues": queues}
 
 
 class RouteError(ValueError):
@@ -99,6 +102,7 @@ def check(route: Any) -> RouteJson:
     _str(route.get("topic"), "topic")
     for k in ("version", "slots"):
         _int(route.get(k), k)
+    _int(route.get("slot_table_version", 0), "slot_table_version")
     if not isinstance(route.get("slot_table"), list) or not isinstance(route.get("barriers"), list):
         raise RouteError("slot_table and barriers must be lists")
     queues = route.get("queues")
