@@ -63,14 +63,19 @@ def handled(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.endswith("\n")]
 
 
+def key(k: int) -> str:
+    # Spread over the slot table: "k0".."k9" all fall in the lower half of 1,024 slots, so one queue of two.
+    return f"customer-{k * 7919}"
+
+
 async def produce(c, topic: str, keys: int, per_key: int, start: int = 0) -> list[tuple[str, int]]:
-    """Sends key-i/seq in order per key (each send awaited); returns what was sent."""
+    """Sends (key, seq) in order per key (each send awaited); returns what was sent."""
     sent = []
     async with Producer(c.meta_urls, c.token("client"), topic, selector=KeySelector()) as p:
         for seq in range(start, start + per_key):
             for k in range(keys):
-                await p.send(f"{seq}", key=f"k{k}")
-                sent.append((f"k{k}", seq))
+                await p.send(f"{seq}", key=key(k))
+                sent.append((key(k), seq))
     return sent
 
 
@@ -179,7 +184,9 @@ async def test_per_key_order_holds_across_handovers_and_growth(cluster):
     first, second = consumer("first"), consumer("second")
     await first.start()
     await second.start()
+    await wait_until(lambda: _true(bool(first.held()) and bool(second.held())), SETTLE_S, "a queue for each")
     sent = await produce(c, "k", keys=10, per_key=5)
+    await wait_until(lambda: _true(len({m for *_, m in seen}) == 2), SETTLE_S, "both members to be handling")
     await first.close()                                  # handover: first commits, then leaves
     sent += await produce(c, "k", keys=10, per_key=5, start=5)
     async with AdminClient(c.meta_urls, c.token("admin")) as admin:
