@@ -89,11 +89,9 @@ class GroupSessions:
     async def _decide(self, group: str, member: str, topics: list[str], mode: str,
                       released: list[dict[str, Any]]) -> None:
         """What of a heartbeat enters the log: a join or a change of topics, and releases."""
-        def look(image: Image):
-            g = image.groups.get(group)
-            m = g["members"].get(member) if g is not None else None
-            return m is None or m["topics"] != topics or m["mode"] != mode
-        if self.reads.read(look):
+        g = self.reads.image.groups.get(group)   # one dict lookup: a stale answer only costs a redundant JoinGroup
+        m = g["members"].get(member) if g is not None else None
+        if m is None or m["topics"] != topics or m["mode"] != mode:
             answer(await self.raft.propose({"type": "JoinGroup", "group": group, "member": member, "topics": topics,
                                             "mode": mode}, None, f"client:{member}"))
         if released:
