@@ -9,19 +9,13 @@ from ..commands import validate
 from client.wire.errors import invalid
 from client.wire.server import requires
 
-from .http import body_object, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
-
-
-def _only(body: dict, allowed: set[str]) -> None:
-    unknown = set(body) - allowed
-    if unknown:
-        raise invalid(f"unknown fields: {sorted(unknown)}", allowed=sorted(allowed))
+from .http import body_object, only_fields, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
 
 
 @requires("broker")
 async def register(request: web.Request) -> web.Response:
     body = await body_object(request)
-    _only(body, {"address", "zone"})
+    only_fields(body, {"address", "zone"})
     cmd = {"type": "RegisterBroker", "broker": request.match_info["broker"], "address": body.get("address"),
            "zone": body.get("zone")}
     return await submit(request, cmd)
@@ -30,7 +24,7 @@ async def register(request: web.Request) -> web.Response:
 @requires("broker")
 async def seal(request: web.Request) -> web.Response:
     body = await body_object(request)
-    _only(body, {"epoch", "topic", "queue", "gen", "end_offset", "physical_queue"})
+    only_fields(body, {"epoch", "topic", "queue", "gen", "end_offset", "physical_queue"})
     cmd = {"type": "SealSegment", "broker": request.match_info["broker"],
            **{k: body.get(k) for k in ("epoch", "topic", "queue", "gen", "end_offset")}}
     if body.get("physical_queue") is not None:
@@ -43,7 +37,7 @@ async def seal_many(request: web.Request) -> web.Response:
     """Many seal reports in one command: ``{"epoch", "seals": [{topic, queue, gen, end_offset, physical_queue}]}``
     answers ``{"results": [{"ok", "logic_end"} | {"ok": false, "code", "status"}], "version"}`` in order."""
     body = await body_object(request)
-    _only(body, {"epoch", "seals"})
+    only_fields(body, {"epoch", "seals"})
     cmd = {"type": "SealSegments", "broker": request.match_info["broker"], "epoch": body.get("epoch"),
            "seals": body.get("seals")}
     return await submit(request, cmd)
@@ -54,7 +48,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     svc = service(request)
     body = await body_object(request)
     broker = request.match_info["broker"]
-    _only(body, {"epoch", "queues"})
+    only_fields(body, {"epoch", "queues"})
     queues = body.get("queues", {})
     validate({"type": "UnfenceBroker", "broker": broker, "epoch": body.get("epoch")})
     if not isinstance(queues, dict) or len(queues) > limits.HEARTBEAT_QUEUES_MAX:

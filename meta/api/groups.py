@@ -6,28 +6,15 @@ from aiohttp import web
 
 from .. import group_lag, views
 from ..commands import validate
-from client.wire.errors import invalid, rejection
+from client.wire.errors import rejection
 from client.wire.server import requires
 
-from .http import (body_object, expected_version, refuse_if_no_longer_leader, replay_on_leader, respond, service,
-                   submit)
-
-
-def _only(body: dict, allowed: set[str]) -> None:
-    unknown = set(body) - allowed
-    if unknown:
-        raise invalid(f"unknown fields: {sorted(unknown)}", allowed=sorted(allowed))
+from .http import (body_object, only_fields, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit,
+                   with_expected_version)
 
 
 def _group_not_found(name: str):
     return rejection(404, "GROUP_NOT_FOUND", f"group {name!r} does not exist", group=name)
-
-
-def _with_expected_version(request: web.Request, cmd: dict) -> dict:
-    ev = expected_version(request)
-    if ev is not None:
-        cmd["expected_version"] = ev
-    return cmd
 
 
 @requires("client")
@@ -36,7 +23,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     svc = service(request)
     raw = await request.read()
     body = await body_object(request)
-    _only(body, {"member", "topics", "mode", "released"})
+    only_fields(body, {"member", "topics", "mode", "released"})
     group = request.match_info["group"]
     join = {"type": "JoinGroup", "group": group, "member": body.get("member"), "topics": body.get("topics"),
             "mode": body.get("mode")}
@@ -56,8 +43,8 @@ async def heartbeat(request: web.Request) -> web.Response:
 @requires("client")
 async def leave(request: web.Request) -> web.Response:
     body = await body_object(request)
-    _only(body, {"member"})
-    cmd = _with_expected_version(request, {"type": "LeaveGroup", "group": request.match_info["group"],
+    only_fields(body, {"member"})
+    cmd = with_expected_version(request, {"type": "LeaveGroup", "group": request.match_info["group"],
                                            "member": body.get("member")})
     return await submit(request, cmd)  # the leader's lease table drops members the image no longer has
 
@@ -65,7 +52,7 @@ async def leave(request: web.Request) -> web.Response:
 @requires("admin")
 async def set_config(request: web.Request) -> web.Response:
     body = await body_object(request)
-    cmd = _with_expected_version(request, {"type": "SetGroupConfig", "group": request.match_info["group"],
+    cmd = with_expected_version(request, {"type": "SetGroupConfig", "group": request.match_info["group"],
                                            "config": body})
     return await submit(request, cmd)
 

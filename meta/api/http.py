@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from client.wire import json_body
-from client.wire.errors import ApiError
+from client.wire.errors import ApiError, invalid
 from client.wire.params import int_in
 from client.wire.headers import request_id_header
 from ..service import MetaService
@@ -69,3 +69,17 @@ async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200
 def expected_version(request: web.Request) -> int | None:
     raw = request.query.get("expected_version")
     return None if raw is None else int_in(raw, "expected_version")
+
+
+def with_expected_version(request: web.Request, cmd: dict[str, Any]) -> dict[str, Any]:
+    """The command, carrying ``?expected_version=V`` when the request names one."""
+    ev = expected_version(request)
+    if ev is not None:
+        cmd["expected_version"] = ev
+    return cmd
+
+
+def only_fields(body: dict[str, Any], allowed: set[str]) -> None:
+    unknown = set(body) - allowed
+    if unknown:
+        raise invalid(f"unknown fields: {sorted(unknown)}", allowed=sorted(allowed))

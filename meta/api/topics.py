@@ -9,7 +9,7 @@ from client.wire.params import int_in
 from client.wire.errors import invalid, rejection
 from client.wire.server import requires
 
-from .http import body_object, expected_version, respond, service, submit
+from .http import body_object, only_fields, respond, service, submit, with_expected_version
 
 
 def _topic_not_found(name: str):
@@ -19,14 +19,8 @@ def _topic_not_found(name: str):
 @requires("admin")
 async def create_topic(request: web.Request) -> web.Response:
     body = await body_object(request)
-    unknown = set(body) - {"topic", "queues", "brokers", "slots", "order", "config"}
-    if unknown:
-        raise invalid(f"unknown fields: {sorted(unknown)}")
-    cmd = {"type": "CreateTopic", **body}
-    ev = expected_version(request)
-    if ev is not None:
-        cmd["expected_version"] = ev
-    return await submit(request, cmd, 201)
+    only_fields(body, {"topic", "queues", "brokers", "slots", "order", "config"})
+    return await submit(request, with_expected_version(request, {"type": "CreateTopic", **body}), 201)
 
 
 @requires("client", "broker")
@@ -49,11 +43,7 @@ async def get_topic(request: web.Request) -> web.Response:
 
 
 def _topic_cmd(request: web.Request, type_: str, **fields) -> dict:
-    cmd = {"type": type_, "topic": request.match_info["topic"], **fields}
-    ev = expected_version(request)
-    if ev is not None:
-        cmd["expected_version"] = ev
-    return cmd
+    return with_expected_version(request, {"type": type_, "topic": request.match_info["topic"], **fields})
 
 
 @requires("admin")
@@ -73,9 +63,7 @@ async def set_config(request: web.Request) -> web.Response:
 @requires("admin")
 async def remap_topic(request: web.Request) -> web.Response:
     body = await body_object(request)
-    unknown = set(body) - {"brokers", "queues"}
-    if unknown:
-        raise invalid(f"unknown fields: {sorted(unknown)}")
+    only_fields(body, {"brokers", "queues"})
     fields = {"brokers": body.get("brokers")}
     if body.get("queues") is not None:
         fields["queues"] = body["queues"]
