@@ -5,10 +5,11 @@ whole lock table of one group per event, a newer version replacing an older one)
 an exclusive group with them: only the current token of a queue may read or commit it.
 
 How the broker tells a stale token from a token it has not heard of yet: tokens come from one counter for the whole
-cluster and the stream sends changes in version order, so once the broker has seen token M, it has seen every grant
-with a smaller token (or a newer state of its group). A token at or below the largest one seen that is not the
-queue's current token is therefore superseded (409 STALE_TOKEN); a larger one means the broker is behind the log,
-and it waits a little for the stream to catch up (then 503 LOCKS_CATCHING_UP). Until the broker has followed the log
+cluster and grow with the log, and each event says up to which token its table is complete (``tokens_through``: the
+counter when meta rendered the group's state). A token at or below that which is not the queue's current token is
+therefore superseded (409 STALE_TOKEN); a larger one means the broker's copy of the group is behind the log, and it
+waits a little for the stream to catch up (then 503 LOCKS_CATCHING_UP). The horizon is per group: the stream sends
+each group's newest state in version order, so another group's newer table may arrive before this one's. Until the broker has followed the log
 up to its registration it knows no group at all, so every request naming a group gets 503 LOCKS_CATCHING_UP.
 
 Barriers (API.md "Route"): after a topic grew, an exclusive group reads a moved-to queue only once its committed
@@ -45,6 +46,7 @@ class GroupLocks:
     version: int
     mode: str | None
     locks: dict[str, list[int | None]]   # topic -> current token per queue (None: no owner)
+    tokens_through: int                  # every grant with a token up to here is in ``locks`` (current or gone)
 
 
 def _nonneg_int(v: Any, what: str) -> int:
@@ -72,7 +74,11 @@ def parse_event(body: Any) -> tuple[str, GroupLocks]:
         if not isinstance(topic, str) or not topic or not isinstance(tokens, list):
             raise LockEventError("locks must map topic names to lists of tokens")
         locks[topic] = [None if t is None else _nonneg_int(t, f"token of {topic}") for t in tokens]
-    return group, GroupLocks(version, mode, locks)
+    held = max((t for ts in locks.values() for t in ts if t is not None), default=0)
+    through = _nonneg_int(body.get("tokens_through", held), "tokens_through")
+    if through < held:
+        raise LockEventError("tokens_through is below a token the table holds")
+    return group, GroupLocks(version, mode, locks, through)
 
 
 def stale_token(group: str, topic: str, queue: int, token: int | None) -> ApiError:
@@ -105,7 +111,7 @@ class LockTable:
         if old is not None and old.version >= new.version:
             return False
         self.groups[group] = new
-        self.max_token = max([self.max_token, *(t for ts in new.locks.values() for t in ts if t is not None)])
+        self.max_token = max(self.max_token, new.tokens_through)
         # Waiters hold the event they wait on; a fresh one is for the next change.
         self._changed.set()
         self._changed = asyncio.Event()
@@ -121,8 +127,15 @@ class LockTable:
         return tokens[queue] if queue < len(tokens) else None
 
     def _verdict(self, group: str, topic: str, queue: int, token: int | None) -> str:
-        if token is not None and token > self.max_token:
-            return "behind"   # even for a group not known yet: its grants may be what the broker has not seen
+        # A known group's own horizon, not the largest token seen anywhere: the stream may bring another group's
+        # newer table before this group's (each key's newest state is sent, in version order), and a grant between
+        # the two must read as "behind", not as stale. A group not known yet: any token it may have is unseen.
+        g = self.groups.get(group)
+        if g is not None and g.mode != "exclusive":
+            return "ok"   # no locks to keep: a token is ignored, as for any group of another mode
+        horizon = g.tokens_through if g is not None else self.max_token
+        if token is not None and token > horizon:
+            return "behind"
         if not self.exclusive(group):
             return "ok"
         return "ok" if token is not None and token == self.current(group, topic, queue) else "stale"

@@ -67,8 +67,10 @@ def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, A
 
 def group_event(image: Image, g: dict[str, Any]) -> dict[str, Any]:
     """What brokers enforce, sent on all-topic watch streams as a ``group`` event (one per group version)."""
+    # tokens_through: every grant up to this token is in this table, superseded or current (tokens grow with the
+    # log, and the table is the group's state after all of them); a broker takes a larger token as "I am behind".
     return {"group": g["group"], "version": g["version"], "mode": g["mode"],
-            "locks": groups.lock_table(g, image.queue_count)}
+            "tokens_through": image.data["lock_token"], "locks": groups.lock_table(g, image.queue_count)}
 
 
 def group_summary(g: dict[str, Any]) -> dict[str, Any]:

@@ -391,3 +391,23 @@ async def test_a_restarted_broker_never_takes_the_old_token_after_a_new_grant(tw
     await wait_until(new_token_works, 20, "the restarted broker to take the new token", interval_s=0.02)
     assert code(*await commit(c, r, 0, 1, old)) == (409, "STALE_TOKEN")
     assert code(*await commit(c, r, 0, 1, new)) == (200, None)
+
+
+async def test_another_groups_newer_table_does_not_make_this_groups_new_grant_look_stale():
+    """The stream sends each group's newest state, in version order: g2's table (tokens up to 30) can arrive while
+    g's copy predates its grant of token 20. That grant must wait for g's table, not be refused as stale."""
+    t = LockTable(lambda: True)
+    t.apply({**event(version=10, locks={"t": [5, 6]}), "tokens_through": 6})
+    t.apply({**event(group="g2", version=30, locks={"t": [30]}), "tokens_through": 30})
+    waiting = asyncio.create_task(t.check("g", "t", 0, 20))
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "a grant newer than g's own horizon waits for g's table"
+    t.apply({**event(version=31, locks={"t": [20, 6]}), "tokens_through": 30})
+    await asyncio.wait_for(waiting, 1.0)
+    e = await refused(t.check("g", "t", 0, 5))
+    assert e.code == "STALE_TOKEN", "and the old owner's token is stale at once"
+
+
+def test_a_horizon_below_a_held_token_is_refused():
+    with pytest.raises(LockEventError):
+        parse_event({**event(locks={"t": [9]}), "tokens_through": 8})
