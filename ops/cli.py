@@ -122,5 +122,26 @@ def dev_down(dir_: str) -> None:
     click.echo(json.dumps({"stopped": True}))
 
 
+@main.command("export")
+@click.option("--meta", "meta_urls", required=True, help="meta node URL(s), comma-separated: any node serves history")
+@click.option("--out", required=True, help="a local directory or a URI pyarrow opens (s3://, hdfs://)")
+@click.option("--token", envvar="STATOR_TOKEN", help="a client token (env STATOR_TOKEN)")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="a file holding the token")
+def export_history(meta_urls: str, out: str, token: str | None, token_file: str | None) -> None:
+    """Append every event after the last exported version to Parquet under OUT (incremental, idempotent)."""
+    from meta.export.exporter import ExportError, run
+    if token_file:
+        with open(token_file) as f:
+            token = f.read().strip()
+    urls = [u for u in meta_urls.split(",") if u]
+    # A progress bar for people at a terminal; scripts get only the JSON line and, on failure, one error line.
+    bar = click.progressbar(length=0, label="events", file=sys.stderr, show_pos=True) if sys.stderr.isatty() \
+        else contextlib.nullcontext(None)
+    with one_line_errors(ExportError, OSError), bar as shown:
+        result = run(urls, token, out, progress=shown.update if shown is not None else None)
+    click.echo(json.dumps({"exported_after": result.exported_after, "last_version": result.last_version,
+                           "events": result.events, "files": result.files}))
+
+
 if __name__ == "__main__":
     sys.exit(main())

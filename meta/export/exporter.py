@@ -1,0 +1,175 @@
+"""``stator export``: the log's history, appended to Parquet for Spark (meta/export/schema.py has the layout).
+
+Incremental and idempotent, whatever interrupts it:
+- events go to files by fixed ranges of versions (CHUNK_VERSIONS each), named by the range, one file per table and
+  UTC day: ``<table>/day=YYYY-MM-DD/part-<first>-<last>.parquet``. A run starts again at the beginning of the range
+  holding the last exported version and rewrites that range's files whole, so a file is replaced, never duplicated;
+- every file is written under a temporary name and then moved into place; the state file
+  (``_stator_export.json``: the last exported version) is replaced only after the data it covers;
+- the history read must be contiguous (every version exactly once): a node whose history has a hole makes the
+  export stop with an error naming the missing versions, instead of writing an export that silently lacks them.
+
+Works against any meta node (its history is the log's); ``out`` is a local directory or any URI pyarrow's filesystem
+layer opens (``s3://``, ``hdfs://``; Spark's ``s3a://`` is the same bucket through ``s3://``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from client.errors import StatorError
+from client.http import MetaCaller
+
+from . import schema
+
+CHUNK_VERSIONS = 100_000          # versions per file range: the most a run re-reads and rewrites
+HISTORY_PAGE_EVENTS = 10_000      # meta's HISTORY_PAGE_MAX
+HISTORY_CALL_DEADLINE_S = 60.0
+STATE_FILE = "_stator_export.json"
+
+
+class ExportError(RuntimeError):
+    """The export cannot go on (a hole in the node's history, an unreadable state file, meta unreachable)."""
+
+
+@dataclass
+class ExportResult:
+    exported_after: int      # the last version exported before this run
+    last_version: int        # the last version exported now
+    files: int               # files written (the range holding exported_after is rewritten whole)
+
+    @property
+    def events(self) -> int:
+        """Events this run added to the export."""
+        return self.last_version - self.exported_after
+
+
+def chunk_first(version: int) -> int:
+    """The first version of the fixed range holding ``version`` (versions start at 1)."""
+    return (version - 1) // CHUNK_VERSIONS * CHUNK_VERSIONS + 1
+
+
+class Destination:
+    """Where an export lives: a pyarrow filesystem and a base path on it."""
+
+    def __init__(self, out: str):
+        if "://" in out:
+            self.fs, self.base = pafs.FileSystem.from_uri(out)
+        else:
+            self.fs, self.base = pafs.LocalFileSystem(), os.path.abspath(out)
+        self.fs.create_dir(self.base, recursive=True)
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.base.rstrip("/"), *parts])
+
+    def last_version(self) -> int:
+        try:
+            with self.fs.open_input_stream(self.path(STATE_FILE)) as f:
+                state = json.loads(f.read())
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError) as e:
+            raise ExportError(f"the export's state file {self.path(STATE_FILE)} is unreadable: {e}") from None
+        if not isinstance(state, dict) or not isinstance(state.get("last_version"), int):
+            raise ExportError(f"the export's state file {self.path(STATE_FILE)} has no last_version")
+        return state["last_version"]
+
+    def write_state(self, last_version: int) -> None:
+        body = json.dumps({"last_version": last_version, "schema_version": schema.SCHEMA_VERSION}).encode()
+        self._replace(self.path(STATE_FILE), lambda tmp: self._write_bytes(tmp, body))
+
+    def write_table(self, table: str, day: str, first: int, last: int, rows: list[dict[str, Any]]) -> None:
+        directory = self.path(table, f"day={day}")
+        self.fs.create_dir(directory, recursive=True)
+        data = schema.arrow_table(table, rows)
+        self._replace(f"{directory}/part-{first:012d}-{last:012d}.parquet",
+                      lambda tmp: pq.write_table(data, tmp, filesystem=self.fs))
+
+    def _write_bytes(self, path: str, body: bytes) -> None:
+        with self.fs.open_output_stream(path) as f:
+            f.write(body)
+
+    def _replace(self, final: str, write: Callable[[str], None]) -> None:
+        # Readers (Spark lists the directory) skip names starting with "_" or ".": a half-written file is invisible.
+        directory, name = final.rsplit("/", 1)
+        tmp = f"{directory}/_tmp-{uuid.uuid4().hex}-{name}"
+        try:
+            write(tmp)
+            self.fs.move(tmp, final)
+        finally:
+            try:
+                self.fs.delete_file(tmp)
+            except (FileNotFoundError, OSError):
+                pass
+
+
+async def export(meta_urls: Sequence[str], token: str | None, out: str,
+                 progress: Callable[[int], None] | None = None) -> ExportResult:
+    """Append every event after the last exported version to ``out``; returns what was done."""
+    dest = Destination(out)
+    exported_after = dest.last_version()
+    first = chunk_first(exported_after + 1)
+    result = ExportResult(exported_after, exported_after, 0)
+    async with MetaCaller(list(meta_urls), token) as meta:
+        if not await _read_range(meta, exported_after, exported_after + 1):
+            return result               # nothing new: leave every file as it is
+        cursor = first - 1
+        while True:
+            last_of_chunk = first + CHUNK_VERSIONS - 1
+            events = await _read_range(meta, cursor, last_of_chunk)
+            if not events:
+                return result
+            result.files += _write_chunk(dest, first, last_of_chunk, events)
+            if progress is not None:
+                progress(events[-1]["version"] - max(result.last_version, first - 1))
+            result.last_version = events[-1]["version"]
+            dest.write_state(result.last_version)
+            if result.last_version < last_of_chunk:
+                return result           # the log's head: the next run rewrites this range with what came since
+            first, cursor = last_of_chunk + 1, last_of_chunk
+
+
+async def _read_range(meta: MetaCaller, after: int, last: int) -> list[dict[str, Any]]:
+    """Events after ``after`` up to ``last`` (inclusive), contiguous, from the node's history pages."""
+    events: list[dict[str, Any]] = []
+    cursor = after
+    while cursor < last:
+        try:
+            answer = await meta.call("GET", "/v1/history", params={
+                "after": cursor, "limit": min(HISTORY_PAGE_EVENTS, last - cursor)}, deadline_s=HISTORY_CALL_DEADLINE_S)
+        except StatorError as e:
+            raise ExportError(f"history after version {cursor} could not be read: {e}") from None
+        page = answer.body["events"]
+        if not page:
+            break
+        for e in page:
+            if e["version"] != cursor + 1:
+                raise ExportError(f"the history has no events {cursor + 1}..{e['version'] - 1}; export from another "
+                                  "node, or fill that node's projection first")
+            cursor = e["version"]
+            events.append(e)
+    return events
+
+
+def _write_chunk(dest: Destination, first: int, last: int, events: list[dict[str, Any]]) -> int:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in events:
+        table = schema.table_of(e)
+        groups.setdefault((table, schema.day_of(e)), []).append(schema.row(table, e))
+    for (table, day), rows in sorted(groups.items()):
+        dest.write_table(table, day, first, last, rows)
+    return len(groups)
+
+
+def run(meta_urls: Sequence[str], token: str | None, out: str,
+        progress: Callable[[int], None] | None = None) -> ExportResult:
+    return asyncio.run(export(meta_urls, token, out, progress))
