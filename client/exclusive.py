@@ -336,6 +336,16 @@ class ExclusiveConsumer:
             lease = _Lease(q, token, valid_until)
             self._leases[q] = lease
             lease.task = self._spawn(self._work(lease), f"exclusive-{self.topic}-{q}")
+        # A queue granted and revoked again between two heartbeats was never worked here: release it now, or it
+        # waits out a whole lease before its new owner gets it. (A worked one is released by its retiring task.)
+        for r in answer.get("revoking", []):
+            q, token = int(r["queue"]), int(r["token"])
+            ref = {"topic": self.topic, "queue": q, "token": token}
+            if r["topic"] == self.topic and q not in self._leases and q not in self._retiring \
+                    and ref not in self._released:
+                self._given_up[q] = token
+                self._released.append(ref)
+                self._beat_now.set()
 
     def _retire(self, lease: _Lease, *, release: bool) -> None:
         del self._leases[lease.queue]

@@ -54,7 +54,7 @@ class GroupSessions:
         self._expiring: dict[Key, asyncio.Event] = {}
         self._led_term: int | None = None
         self._ready_term: int | None = None
-        self._answers: dict[str, tuple[int, dict[str, list[dict[str, Any]]], dict[str, Any]]] = {}
+        self._answers: dict[str, tuple[int, dict[str, dict[str, list[dict[str, Any]]]], dict[str, Any]]] = {}
 
     # -- heartbeats (leader only) ----------------------------------------------------------------------------
     async def heartbeat(self, group: str, member: str, topics: list[str], mode: str,
@@ -82,7 +82,8 @@ class GroupSessions:
             raise
         version, mine, config = self._assignments(group, member)
         lease_end = wall_ms + config["lease_ms"]
-        return {"assignments": [{**a, "lease_expires_ms": lease_end} for a in mine],
+        return {"assignments": [{**a, "lease_expires_ms": lease_end} for a in mine["owned"]],
+                "revoking": mine["revoking"],
                 "heartbeat_interval_ms": config["heartbeat_interval_ms"], "lease_ms": config["lease_ms"],
                 "config": config, "version": version}
 
@@ -98,8 +99,9 @@ class GroupSessions:
             answer(await self.raft.propose({"type": "ReleaseLocks", "group": group, "member": member,
                                             "locks": released}, None, f"client:{member}"))
 
-    def _assignments(self, group: str, member: str) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
-        """The member's owned queues, from a per-group-version cache: a heartbeat must not scan the lock table."""
+    def _assignments(self, group: str, member: str) -> tuple[int, dict[str, list[dict[str, Any]]], dict[str, Any]]:
+        """The member's owned and revoking queues, from a per-group-version cache (bounded by GROUPS_MAX): a heartbeat
+        must not scan the lock table."""
         def look(image: Image):
             g = image.groups.get(group)
             if g is None:  # only after a leave raced this heartbeat
@@ -110,7 +112,7 @@ class GroupSessions:
                 self._answers[group] = cached
             return image.version, cached[1], cached[2]
         version, by_member, config = self.reads.read(look)
-        return version, by_member.get(member, []), config
+        return version, by_member.get(member, {"owned": [], "revoking": []}), config
 
     def forget(self, group: str, member: str) -> None:
         """The member left: its lease no longer runs."""

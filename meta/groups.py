@@ -137,13 +137,15 @@ def lock_table(group: Mapping[str, Any], queue_counts: Callable[[str], int | Non
     return out
 
 
-def assignments_by_member(group: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Per member, the queues it owns and may process (revoked ones excluded), in (topic, queue) order."""
-    out: dict[str, list[dict[str, Any]]] = {}
+def assignments_by_member(group: Mapping[str, Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Per member, in (topic, queue) order: ``owned``, the queues it may process, and ``revoking``, the ones it must
+    give up. A member releases at once a revoked queue it never worked on: one granted and revoked again between two
+    of its heartbeats would otherwise wait out a whole lease, since no answer ever listed it."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for topic in sorted(group["locks"]):
         qs = group["locks"][topic]
         for q in sorted(qs, key=int):
             lk = qs[q]
-            if owned(lk):
-                out.setdefault(lk["member"], []).append({"topic": topic, "queue": int(q), "token": lk["token"]})
+            mine = out.setdefault(lk["member"], {"owned": [], "revoking": []})
+            mine["owned" if owned(lk) else "revoking"].append({"topic": topic, "queue": int(q), "token": lk["token"]})
     return out

@@ -54,6 +54,8 @@ async def test_members_share_the_queues_and_a_revoked_queue_moves_only_after_its
     a2 = await beat(c, "a")
     kept, revoked = held(a2), set(first_tokens) - set(held(a2))
     assert len(kept) == 3 and len(revoked) == 3
+    assert {(r["queue"], r["token"]) for r in a2["revoking"]} == {(q, first_tokens[q]) for q in revoked}, \
+        "the answer names what the member must give up"
     assert all(kept[q] == first_tokens[q] for q in kept), "kept queues keep their tokens"
     b2 = await beat(c, "b")
     assert held(b2) == {}, "still not released"

@@ -253,3 +253,21 @@ async def test_a_keyed_send_chosen_with_a_slot_table_older_than_a_growth_is_refu
 async def _writable_route(c, topic: str):
     r = await ok(c, "GET", f"/v1/routes/{topic}", "client")
     return r if all(q["writable"] for q in r["queues"]) else None
+
+
+async def test_a_queue_revoked_before_its_member_ever_worked_it_moves_without_waiting_out_the_lease(cluster):
+    """Granted to a member and revoked again before any answer listed it as owned: the member never worked it, so
+    it releases it at its first answer instead of leaving it to wait out a whole lease."""
+    c = cluster
+    await setup_topic(c, "r", 4, "g")
+    await ok(c, "PUT", "/v1/groups/g/config", "admin", {"lease_ms": 20000, "heartbeat_interval_ms": 500})
+    for member in ("a", "b"):   # a gets every queue, then b's join revokes two of them: nobody works them yet
+        await ok(c, "POST", "/v1/groups/g/heartbeat", "client", {"member": member, "topics": ["r"],
+                                                                  "mode": "exclusive"})
+
+    async def idle(m):
+        return None
+    started = time.monotonic()
+    async with ExclusiveConsumer(c.meta_urls, c.token("client"), "r", "g", idle, member="a", idle_pause_s=0.05):
+        await wait_until(lambda: _len_is(owned_by(c, "g", "b"), 2), SETTLE_S, "b to get its two queues")
+    assert time.monotonic() - started < 10, "the revoked queues waited for the 20 s lease"
