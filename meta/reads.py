@@ -50,36 +50,31 @@ class ReadFacade:
 
     def route_bytes(self, topic: str) -> tuple[int, bytes] | None:
         """The topic's route as JSON, rendered once per version and shared by every subscriber."""
-        def render(image: Image):
-            t = image.topic(topic)
-            if t is None:
-                self._route_cache.drop(topic)
-                return None
-            body = self._route_cache.get(topic, t["version"])
-            if body is None:
-                body = json.dumps(views.route(image, t), separators=(",", ":")).encode()
-                self._route_cache.put(topic, t["version"], body)
-            return t["version"], body
-        return self.read(render)
+        return self._rendered(topic, lambda image: image.topic(topic), views.route)
 
     def group_bytes(self, key: str) -> tuple[int, bytes] | None:
         """A group's ``group`` watch event (``key`` is its change-feed key), rendered once per group version."""
+        return self._rendered(key, lambda image: image.groups.get(key[len(GROUP_KEY_PREFIX):]), views.group_event)
+
+    def _rendered(self, key: str, find: Callable[[Image], dict | None],
+                  view: Callable[[Image, dict], object]) -> tuple[int, bytes] | None:
+        """(version, JSON bytes) of what ``find`` picks from the image, from the cache while its version holds."""
         def render(image: Image):
-            g = image.groups.get(key[len(GROUP_KEY_PREFIX):])
-            if g is None:
+            entry = find(image)
+            if entry is None:
                 self._route_cache.drop(key)
                 return None
-            body = self._route_cache.get(key, g["version"])
+            body = self._route_cache.get(key, entry["version"])
             if body is None:
-                body = json.dumps(views.group_event(image, g), separators=(",", ":")).encode()
-                self._route_cache.put(key, g["version"], body)
-            return g["version"], body
+                body = json.dumps(view(image, entry), separators=(",", ":")).encode()
+                self._route_cache.put(key, entry["version"], body)
+            return entry["version"], body
         return self.read(render)
 
     async def before_read(self, query: Mapping[str, str]) -> None:
         wait_s = seconds(query.get("wait"), "wait", limits.READ_WAIT_S_DEFAULT, limits.READ_WAIT_S_MAX)
         if query.get("consistency") == "linearizable":
-            await self._barrier(wait_s)
+            await self.barrier(wait_s)
         elif query.get("consistency") not in (None, "", "serializable"):
             raise invalid("consistency must be 'linearizable' or 'serializable'")
         if query.get("min_version") is not None:
@@ -94,7 +89,7 @@ class ReadFacade:
                     raise rejection(503, "VERSION_NOT_REACHED", f"this node has applied {self.applied_version}, "
                                     f"not {v}, within {wait_s} s", applied_version=self.applied_version, min_version=v)
 
-    async def _barrier(self, timeout_s: float) -> None:
+    async def barrier(self, timeout_s: float) -> None:
         # A no-op command through the log: once it is applied here, every write acknowledged before the read is too.
         # A follower submits it through pysyncobj's own forwarding; the callback fires when this node applies it.
         deadline = time.monotonic() + timeout_s
