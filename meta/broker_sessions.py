@@ -6,7 +6,6 @@ leader starts every active broker's session afresh (grace), because it cannot kn
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -18,6 +17,7 @@ from client.wire.errors import ApiError, rejection
 from . import allocation
 from .config import MetaConfig
 from .image import Image
+from .periodic import run_every
 from .raft_node import MetaSyncObj, RaftNode
 from .reads import ReadFacade
 
@@ -117,14 +117,7 @@ class BrokerSessions:
 
     async def run(self) -> None:
         """Fence brokers whose session expired, while this node leads. A task: cancelled on stop."""
-        while True:
-            await asyncio.sleep(SESSION_CHECK_INTERVAL_S)
-            try:
-                await self._check_sessions()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("broker_sessions_failed")
+        await run_every(SESSION_CHECK_INTERVAL_S, self._check_sessions, "broker_sessions_failed")
 
     async def _check_sessions(self) -> None:
         if not self.sync.is_leader():

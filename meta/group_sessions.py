@@ -31,7 +31,8 @@ from client.wire.errors import rejection
 from . import groups, limits
 from .broker_sessions import answer
 from .image import Image
-from .raft_node import MetaSyncObj, ProposeFailed, RaftNode
+from .periodic import run_every
+from .raft_node import MetaSyncObj, RaftNode
 from .reads import ReadFacade
 
 log = structlog.get_logger("meta.groups")
@@ -126,25 +127,14 @@ class GroupSessions:
     async def _ready(self) -> None:
         """A new leader serves heartbeats once a barrier of its own term applied (see the module's docstring)."""
         term = self.sync.term()
-        if self._ready_term == term:
-            return
-        try:
-            await self.raft.propose({"type": "Barrier"}, None, "system", BARRIER_WAIT_S)
-        except ProposeFailed:
-            raise rejection(503, "NO_LEADER", "this node is not yet ready to lead groups; retry") from None
-        self._ready_term = term
+        if self._ready_term != term:
+            await self.reads.barrier(BARRIER_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
+            self._ready_term = term
 
     # -- expiry (leader only) ----------------------------------------------------------------------------------
     async def run(self) -> None:
         """Propose the expiry of silent members and of revoked queues whose lease ended. A task: cancelled on stop."""
-        while True:
-            await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
-            try:
-                await self._check()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("group_lease_check_failed")
+        await run_every(LEASE_CHECK_INTERVAL_S, self._check, "group_lease_check_failed")
 
     async def _check(self) -> None:
         if not self.sync.is_leader():
