@@ -45,6 +45,7 @@ import aiohttp
 from .consumer import IDLE_PAUSE_S, PULL_MESSAGES_MAX_DEFAULT, PullConsumer, PullResult, ReceivedMessage
 from .errors import Closed, NotLeader, StaleToken, StatorError, TopicNotFound
 from .http import Backoff, MetaCaller, new_session
+from .lifecycle import StartedByWith
 from .producer import Producer
 
 log = logging.getLogger("stator.client.exclusive")
@@ -112,7 +113,7 @@ class _Lease:
     task: asyncio.Task | None = None
 
 
-class ExclusiveConsumer:
+class ExclusiveConsumer(StartedByWith):
     """Consumes ``topic`` for the exclusive ``group`` with ``handler`` (an async function of one
     ``ReceivedMessage``). ``run()`` runs until ``close()``; or ``start()`` then ``close()``; or ``async with``."""
 
@@ -254,17 +255,6 @@ class ExclusiveConsumer:
                 await part.close()
         if self._owns_session and self._session is not None:
             await self._session.close()
-
-    async def __aenter__(self) -> ExclusiveConsumer:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
 
     # -- background tasks --------------------------------------------------------------------------------------
     def _spawn(self, coro, name: str) -> asyncio.Task:

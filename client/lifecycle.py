@@ -15,7 +15,23 @@ from .routes import Route, RouteSubscription
 log = logging.getLogger("stator.client")
 
 
-class TopicClient:
+class StartedByWith:
+    """``async with`` starts the client and closes it on the way out, or at once when starting failed. The client
+    defines ``start()`` and ``close()``."""
+
+    async def __aenter__(self):
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class TopicClient(StartedByWith):
     topic: str
     routes: RouteSubscription
     _owns_routes: bool
@@ -67,13 +83,3 @@ class TopicClient:
         if self._owns_session and self._session is not None:
             await self._session.close()
 
-    async def __aenter__(self):
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
