@@ -130,14 +130,15 @@ class LockTable:
         # A known group's own horizon, not the largest token seen anywhere: the stream may bring another group's
         # newer table before this group's (each key's newest state is sent, in version order), and a grant between
         # the two must read as "behind", not as stale. A group not known yet: any token it may have is unseen.
+        # Any mode: a group's copy that says "no members yet" or "shared" may predate the grant that made it
+        # exclusive, and a token past its horizon is exactly that grant (a shared group's horizon is meta's whole
+        # counter, so a real token never exceeds it).
         g = self.groups.get(group)
-        if g is not None and g.mode != "exclusive":
-            return "ok"   # no locks to keep: a token is ignored, as for any group of another mode
         horizon = g.tokens_through if g is not None else self.max_token
         if token is not None and token > horizon:
             return "behind"
         if not self.exclusive(group):
-            return "ok"
+            return "ok"   # no locks to keep: a token at or below the horizon is ignored
         return "ok" if token is not None and token == self.current(group, topic, queue) else "stale"
 
     async def check(self, group: str, topic: str, queue: int, token: int | None) -> None:

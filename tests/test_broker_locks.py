@@ -85,7 +85,7 @@ async def test_the_current_token_passes_and_any_other_is_stale_for_an_exclusive_
 
 async def test_shared_and_unknown_groups_pass_as_before():
     t = table()
-    t.apply(event(group="s", mode="shared", locks={}))
+    t.apply({**event(group="s", mode="shared", locks={}), "tokens_through": 6})   # meta's counter, as it sends it
     for group in ("s", "unknown"):
         await t.check(group, "t", 0, None)
         await t.check(group, "t", 0, 3)
@@ -406,6 +406,26 @@ async def test_another_groups_newer_table_does_not_make_this_groups_new_grant_lo
     await asyncio.wait_for(waiting, 1.0)
     e = await refused(t.check("g", "t", 0, 5))
     assert e.code == "STALE_TOKEN", "and the old owner's token is stale at once"
+
+
+async def test_a_grant_newer_than_a_memberless_groups_table_waits_for_it_instead_of_passing_unfenced(monkeypatch):
+    """CI saw this race: the broker held g's table from its config (no members, mode null) when a's first grant
+    arrived with a pull; the pull passed as if g were not exclusive, past the barrier of a grown queue."""
+    t = LockTable(lambda: True)
+    t.apply({**event(mode=None, locks={}), "tokens_through": 4})
+    waiting = asyncio.create_task(t.check("g", "t", 0, 5))
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "token 5 is past g's horizon: the broker's copy of g is behind"
+    t.apply({**event(version=11, locks={"t": [5]}), "tokens_through": 5})
+    await asyncio.wait_for(waiting, 1.0)
+    assert t.exclusive("g")
+    monkeypatch.setattr(locks_mod, "LOCK_CATCH_UP_WAIT_S", 0.3)
+    for mode in ("shared", None):
+        t = LockTable(lambda: True)
+        t.apply({**event(mode=mode, locks={}), "tokens_through": 4})
+        with pytest.raises(ApiError) as e:
+            await t.check("g", "t", 0, 5)   # nothing arrives: it is refused as behind, not passed
+        assert e.value.code == "LOCKS_CATCHING_UP", mode
 
 
 def test_a_horizon_below_a_held_token_is_refused():
