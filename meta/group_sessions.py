@@ -125,11 +125,22 @@ class GroupSessions:
         return wall + lease_ms if wall is not None and self.sync.is_leader() else None
 
     async def _ready(self) -> None:
-        """A new leader serves heartbeats once a barrier of its own term applied (see the module's docstring)."""
+        """A new leader serves heartbeats once a barrier of its own term applied (see the module's docstring), and
+        once its leases started afresh: the expiry loop may not have run in this term yet, and a reset after a
+        heartbeat's answer would move the lease end that answer showed."""
         term = self.sync.term()
         if self._ready_term != term:
             await self.reads.barrier(BARRIER_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
+            self._begin_term(term, time.monotonic())
             self._ready_term = term
+
+    def _begin_term(self, term: int, now: float) -> bool:
+        """Start every lease afresh once per term led, whichever of the expiry loop and a heartbeat comes first."""
+        if self._led_term == term:
+            return False
+        self._reset(now)
+        self._led_term = term
+        return True
 
     # -- expiry (leader only) ----------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -140,11 +151,8 @@ class GroupSessions:
         if not self.sync.is_leader():
             self._led_term = None
             return
-        term = self.sync.term()
         now = time.monotonic()
-        if self._led_term != term:
-            self._reset(now)
-            self._led_term = term
+        if self._begin_term(self.sync.term(), now):
             return
         members, locks = self.reads.read(lambda im: self._due(im, now))
         for group, names in sorted(members.items()):
