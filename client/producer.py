@@ -135,6 +135,11 @@ class Producer(TopicClient):
                     raise
                 if e.status == 0 or (e.status >= 500 and not isinstance(e, Sealing)):
                     failed_broker = entry.get("broker")
+                # A refusal that already brought a newer route (a remap's NOT_LEADER, the end of a SEALING) is
+                # answered: the next attempt goes to where the route now points, at once. A pause here would only
+                # lengthen every remap's write pause for real producers.
+                if isinstance(e, (NotLeader, Sealing)) and self.routes.version(self.topic) > route["version"]:
+                    continue
             if attempt + 1 < self.attempts_max:
                 pause = self.backoff.delay_s(attempt)
                 if pause >= deadline.left_s():

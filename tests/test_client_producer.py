@@ -60,6 +60,20 @@ async def test_not_leader_refreshes_the_route_with_min_version_and_retries(fakes
     assert ("t", {"min_version": str(v)}) in fakes.meta.requests
 
 
+async def test_a_not_leader_that_brought_a_newer_route_is_retried_without_a_backoff_pause(fakes):
+    fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url)]))
+    async with producer(fakes, backoff=Backoff(5.0, 5.0)) as p:   # any pause would show as seconds
+        await p.send("warm-up")
+        v = fakes.meta.set_route(make_route("t", [("b2", fakes.b2.url)]), publish=False)
+        fakes.b1.route_version = v
+        fakes.b1.fail("POST", 0, 409, "NOT_LEADER")
+        started = time.monotonic()
+        r = await p.send("after-move")
+        took = time.monotonic() - started
+    assert (r.broker, r.attempts) == ("b2", 2)
+    assert took < 2.0, f"the retry waited {took:.2f} s after the route had moved"
+
+
 async def test_sealing_waits_for_the_route_and_stays_on_the_queue(fakes):
     fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url), ("b2", fakes.b2.url)]))
     fakes.b1.fail("POST", 0, 503, "SEALING", times=2)
