@@ -2,6 +2,10 @@
 
 The projection stores its position with its rows (meta/projection), so this loop may replay a batch it already
 wrote (after a crash, say) without harm. It serves history older than the image keeps, never decisions.
+
+The projection holds every version 1..position (its apply refuses a hole). When the image no longer holds the
+versions right after the position (a gap: see meta/projection_gap.py), the loop fills them from peers first and
+only then goes on from the image; ``gap_versions()`` is what /readyz and the metrics report meanwhile.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from .changefeed import ANY
+from .projection_gap import GapFiller
 
 if TYPE_CHECKING:
     from .service import MetaService
@@ -27,30 +32,56 @@ BATCH_PAUSE_S = 0.2
 
 
 class ProjectionFollower:
-    def __init__(self, url: str, service: "MetaService"):
+    def __init__(self, url: str, service: "MetaService", peers: list[str], token: str):
         self.url = url
         self.service = service
         self.store = None
-        self.position = 0
+        self.position = 0       # the store's position as last applied: versions 1..position are all in it
+        self.opened = False     # until then position is not known (0), and the gap not either
         self.gaps = 0
+        self.filler = GapFiller(peers, token)
 
     def _open(self):
         from .projection import SqlProjection  # imported lazily: SQLAlchemy start-up stays off the import path
         store = SqlProjection(self.url)
         store.migrate()
+        if not store.contiguous():
+            # Written before apply refused holes: its state tables were folded over the hole. Start it afresh; the
+            # gap filler and the image bring every version back, in order.
+            log.warning("projection_has_holes_rebuilding", position=store.position())
+            store.drop()
+            store.migrate()
         return store
+
+    def gap_versions(self) -> int:
+        """Versions in neither the image nor the projection (0 when the two together hold the whole history)."""
+        if not self.opened:
+            return 0
+        return max(0, self.service.read(lambda im: im.data["history_start"]) - 1 - self.position)
+
+    def _image_start(self) -> tuple[int, dict | None]:
+        start, line = self.service.read(lambda im: (im.data["history_start"],
+                                                    im.data["history"][0] if im.data["history"] else None))
+        return start, json.loads(line) if line is not None else None
+
+    def _applied(self, position: int) -> None:
+        self.position = position
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self.store = await loop.run_in_executor(None, self._open)
         self.position = await loop.run_in_executor(None, self.store.position)
+        self.opened = True
         while True:
             batch, start = self.service.read(lambda im: (im.history_after(self.position, BATCH_EVENTS_MAX),
                                                          im.data["history_start"]))
             if start > self.position + 1:
-                # The image no longer holds these events (this node was restored from a snapshot past them).
+                # The image no longer holds these events (a snapshot installed past them, an empty projection in an
+                # old cluster, or a window trimmed faster than the projection applied): take them from peers first.
                 self.gaps += 1
                 log.warning("projection_gap", position=self.position, history_start=start)
+                self.position = await self.filler.fill(self.store, self.position, self._image_start, self._applied)
+                continue
             if not batch:
                 await self.service.feed.wait(ANY, IDLE_WAIT_S)
                 continue
@@ -66,8 +97,8 @@ class ProjectionFollower:
         # event of ~130 KB.
         return self.store.apply([json.loads(e) for e in batch])
 
-    def history(self, after: int, topic: str | None, limit: int) -> list[dict]:
-        return self.store.history(after=after, topic=topic, limit=limit) if self.store else []
+    def history(self, after: int, topic: str | None, limit: int, through: int) -> list[dict]:
+        return self.store.history(after=after, topic=topic, limit=limit, through=through) if self.store else []
 
     def close(self) -> None:
         if self.store is not None:

@@ -2,6 +2,13 @@
 
 The position is the version of the last event applied. Writing it with the rows is what makes apply idempotent:
 an event at or below the position is already in, whatever happened between two calls (eventsourcing's followers).
+
+The position is also the projection's contiguous-through marker: apply takes only the event right after the position
+(an event past it raises ProjectionGap naming the missing versions), so the events table holds exactly versions
+1..position, every one. That is how a node knows its projection is complete, without a second marker to keep in step:
+it is complete up to where its image's history starts when position >= history_start - 1. Events are also folded
+strictly in log order, so the state tables are never built over a hole and never need a re-fold when one is filled.
+(Projections written before this rule may hold holes: ``contiguous()`` tells, and the node starts such a one afresh.)
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Connection, func, select, text
 
 from meta import limits
 from meta.projection import engine as engines
@@ -32,6 +39,20 @@ def _check_ascending(events: list[dict[str, Any]]) -> None:
 def _event_row(e: dict[str, Any]) -> dict[str, Any]:
     return {"version": e["version"], "ts": e["ts"], "type": e["type"], "v": e.get("v", 1), "topic": e["topic"],
             "data": e["data"]}
+
+
+class ProjectionGap(ValueError):
+    """Events that would leave versions out of the projection: ``first..last`` are missing before them."""
+
+    def __init__(self, first: int, last: int):
+        super().__init__(f"the projection lacks versions {first}..{last}: apply them first")
+        self.first, self.last = first, last
+
+
+def _check_contiguous(events: list[dict[str, Any]], position: int) -> None:
+    for expected, e in enumerate(events, position + 1):
+        if e["version"] != expected:
+            raise ProjectionGap(expected, e["version"] - 1)
 
 
 class SqlProjection:
@@ -61,6 +82,7 @@ class SqlProjection:
             new = [e for e in events if e["version"] > position]
             if not new:
                 return position
+            _check_contiguous(new, position)
             plan = fold.plan(new)
             conn.execute(self._stmts["event_insert"], [_event_row(e) for e in new])
             for name, params in fold.runs(plan.ops):
@@ -73,12 +95,21 @@ class SqlProjection:
         self._warn_unknown(plan.unknown)
         return position
 
-    def history(self, after: int = 0, topic: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        """Stored events with version > after, ascending, optionally of one topic only."""
+    def contiguous(self) -> bool:
+        """Whether the events table holds every version 1..position (apply keeps it so; older code did not)."""
+        with self._engine.connect() as conn:
+            position = self._position(conn)
+            return conn.execute(select(func.count()).select_from(schema.events)).scalar_one() == position
+
+    def history(self, after: int = 0, topic: str | None = None, limit: int = 1000,
+                through: int | None = None) -> list[dict[str, Any]]:
+        """Stored events with after < version (<= through), ascending, optionally of one topic only."""
         if not 1 <= limit <= HISTORY_LIMIT_MAX:
             raise ValueError(f"history limit {limit} outside 1..HISTORY_LIMIT_MAX={HISTORY_LIMIT_MAX}")
         e = schema.events.c
         query = select(e.version, e.ts, e.type, e.v, e.topic, e.data).where(e.version > after)
+        if through is not None:
+            query = query.where(e.version <= through)
         if topic is not None:
             query = query.where(e.topic == topic)
         query = query.order_by(e.version).limit(limit)
@@ -110,7 +141,10 @@ class SqlProjection:
 
 
 def rebuild(url: str, events: Iterable[dict[str, Any]]) -> int:
-    """Drop the projection at url, recreate it and apply events (ascending) in batches; return the position."""
+    """Drop the projection at url, recreate it and apply events (versions 1, 2, ...) in batches; return the position.
+
+    A missing version raises ProjectionGap: a rebuild never leaves a hole (meta/offline_log.py takes what the
+    node's image lacks from a peer or an export)."""
     projection = SqlProjection(url)
     try:
         projection.drop()
