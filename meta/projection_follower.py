@@ -54,9 +54,8 @@ class ProjectionFollower:
         return store
 
     def gap_versions(self) -> int:
-        """Versions in neither the image nor the projection (0 when the two together hold the whole history)."""
-        if not self.opened:
-            return 0
+        """Versions in neither the image nor the projection (0 when the two together hold the whole history).
+        Until the projection is opened its position counts as 0: history serves nothing from it yet either."""
         return max(0, self.service.read(lambda im: im.data["history_start"]) - 1 - self.position)
 
     def _image_start(self) -> tuple[int, dict | None]:
