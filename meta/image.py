@@ -33,6 +33,7 @@ Layout of ``Image.data``::
 from __future__ import annotations
 
 import json
+from collections import deque
 from typing import Any
 
 from . import limits
@@ -60,6 +61,10 @@ class Image:
         self.data = data if data is not None else empty_data()
         for key, value in empty_data().items():  # a snapshot written before a part of the image existed
             self.data.setdefault(key, value)
+        # Node-local, never part of ``data`` (so never replicated nor in a snapshot): where the history the window
+        # trims goes, as (version, line), for this node's projection to take before it is gone (meta/raft_node.py
+        # sets a bounded deque; None, the default, keeps nothing: offline replays and tests).
+        self.trimmed_to: deque[tuple[int, str]] | None = None
 
     # -- reads -------------------------------------------------------------------------------------------------
     @property
@@ -133,6 +138,9 @@ class Image:
         window = self.data["history_window"]
         excess = len(history) - window
         if excess >= max(1, window // 10):
+            if self.trimmed_to is not None:
+                start = self.data["history_start"]
+                self.trimmed_to.extend((start + i, line) for i, line in enumerate(history[:excess]))
             del history[:excess]
             self.data["history_start"] += excess
 

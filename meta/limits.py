@@ -47,6 +47,11 @@ PROJECTION_FILL_PAGE_EVENTS = 1_000
 PROJECTION_FILL_BACKOFF_S_MIN = 0.2
 PROJECTION_FILL_BACKOFF_S_MAX = 30.0
 PROJECTION_FILL_CALL_S_MAX = 30.0
+# Events the window trimmed that a node keeps in memory (not replicated) until its own projection has them: the
+# projection may fall this far behind the image's window (a slow start, a database away) before it needs its peers.
+# Pruned as the projection applies, so it holds nearly nothing while the projection keeps up; at most one more
+# window's worth of memory while it does not.
+HISTORY_TRIMMED_KEPT_EVENTS_MAX = 200_000
 
 # Offset budget: how far a broker may write into a segment before meta renews it (DESIGN.md invariant 5).
 # The leader stamps its configured grant into every command envelope (apply reads nothing from a node's own config).

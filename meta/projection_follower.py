@@ -11,6 +11,7 @@ only then goes on from the image; ``gap_versions()`` is what /readyz and the met
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from typing import TYPE_CHECKING
 
@@ -56,12 +57,32 @@ class ProjectionFollower:
     def gap_versions(self) -> int:
         """Versions in neither the image nor the projection (0 when the two together hold the whole history).
         Until the projection is opened its position counts as 0: history serves nothing from it yet either."""
-        return max(0, self.service.read(lambda im: im.data["history_start"]) - 1 - self.position)
+        def gap(image) -> int:
+            held = self.position
+            trimmed = image.trimmed_to
+            if trimmed and trimmed[0][0] <= held + 1:  # trimmed lines that continue the projection: about to apply
+                held = max(held, trimmed[-1][0])
+            return max(0, image.data["history_start"] - 1 - held)
+        return self.service.read(gap)
 
     def _image_start(self) -> tuple[int, dict | None]:
         start, line = self.service.read(lambda im: (im.data["history_start"],
                                                     im.data["history"][0] if im.data["history"] else None))
         return start, json.loads(line) if line is not None else None
+
+    def _next_batch(self, image) -> tuple[list[str], int]:
+        """(lines after the position, history_start), under the image lock: from the image's history, or else from
+        what its window trimmed since (kept on this node for the projection: meta/image.py trimmed_to)."""
+        start = image.data["history_start"]
+        trimmed = image.trimmed_to
+        if trimmed is not None:
+            while trimmed and trimmed[0][0] <= self.position:  # already applied: keep the memory it held free
+                trimmed.popleft()
+        if start <= self.position + 1:
+            return image.history_after(self.position, BATCH_EVENTS_MAX), start
+        if trimmed and trimmed[0][0] == self.position + 1:
+            return [line for _v, line in itertools.islice(trimmed, BATCH_EVENTS_MAX)], start
+        return [], start
 
     def _applied(self, position: int) -> None:
         self.position = position
@@ -72,9 +93,8 @@ class ProjectionFollower:
         self.position = await loop.run_in_executor(None, self.store.position)
         self.opened = True
         while True:
-            batch, start = self.service.read(lambda im: (im.history_after(self.position, BATCH_EVENTS_MAX),
-                                                         im.data["history_start"]))
-            if start > self.position + 1:
+            batch, start = self.service.read(self._next_batch)
+            if start > self.position + 1 and not batch:
                 # The image no longer holds these events (a snapshot installed past them, an empty projection in an
                 # old cluster, or a window trimmed faster than the projection applied): take them from peers first.
                 self.gaps += 1

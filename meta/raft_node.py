@@ -24,6 +24,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -129,7 +130,10 @@ class MetaSyncObj(SyncObj):
                  on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge):
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
         self.image_lock = threading.RLock()
+        # What the image's window trims, kept for this node's projection (meta/image.py, trimmed_to).
+        self.trimmed: deque[tuple[int, str]] = deque(maxlen=limits.HISTORY_TRIMMED_KEPT_EVENTS_MAX)
         self._machine = StateMachine(Image())
+        self._machine.image.trimmed_to = self.trimmed
         self._on_applied = on_applied
         self.bridge = bridge
         self.commands_queue_max = tuning.commands_queue_max
@@ -301,6 +305,7 @@ class MetaSyncObj(SyncObj):
         if self._machine.image.data is not self.image_data:
             with self.image_lock:
                 self._machine.image = Image(self.image_data)
+                self._machine.image.trimmed_to = self.trimmed
             self._on_applied(self.image_data["version"], None)
         return self._machine.image
 

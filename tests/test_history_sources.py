@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from collections import deque
 
 import pytest
 import sqlalchemy as sa
@@ -21,6 +23,7 @@ from meta.projection import ProjectionGap, schema
 from meta.projection.sources import PageChecker, SourceError, export_events
 from tests.pg import pg_url  # noqa: F401  (a fixture)
 from tests.test_projection import new_url, projection, scenario, snapshot, url  # noqa: F401  (fixtures)
+from tests.test_state_machine import Log
 
 
 def _lock_event(version: int) -> dict:
@@ -101,3 +104,22 @@ def test_pages_are_checked_for_holes_and_shape():
         PageChecker(0, "a peer").check([{"version": 1}])
     with pytest.raises(SourceError, match="time before"):
         PageChecker(0, "a peer").check([events[0], {**events[1], "ts": 0}])
+
+
+def test_what_the_window_trims_goes_to_the_node_not_into_the_image():
+    """The node keeps what its image's window trims until its projection has it (meta/raft_node.py): every trimmed
+    version exactly once, in order, and the image's bytes are the same with or without that sink."""
+    kept, plain = Log(), Log()
+    kept.sm.image.trimmed_to = deque()
+    for log in (kept, plain):
+        log.history = 10
+        log.register("a")
+        log.create("t", 1)
+        for i in range(40):
+            log.ok({"type": "SetTopicConfig", "topic": "t", "config": {"k": str(i)}})
+    data = kept.sm.image.data
+    assert data["history_start"] > 10
+    trimmed = list(kept.sm.image.trimmed_to)
+    assert [v for v, _line in trimmed] == list(range(1, data["history_start"]))
+    assert all(json.loads(line)["version"] == v for v, line in trimmed)
+    assert kept.sm.image.canonical_bytes() == plain.sm.image.canonical_bytes()

@@ -13,9 +13,12 @@ log and compaction cuts the Raft log short:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from client.admin import AdminClient
 from meta import snapshot_file
@@ -25,6 +28,7 @@ from meta.raft_node import SNAPSHOT_FILE
 from ops import devcluster
 from tests import cluster as cluster_mod
 from tests.meta_helpers import call_any, cluster_status, name_of, node_urls, wait_until
+from tests.pg import create_database, pg_url  # noqa: F401  (pg_url is a fixture)
 
 WINDOW = 50
 CONFIG = {"history_window": WINDOW, "session_timeout_ms": 600_000,
@@ -74,7 +78,8 @@ def _gap_gauge(metrics_text: str) -> float:
     return float(line.split()[1])
 
 
-async def test_a_follower_that_installs_a_snapshot_fills_its_projection_from_peers(tmp_path):
+@pytest.mark.postgres
+async def test_a_follower_that_installs_a_snapshot_fills_its_projection_from_peers(tmp_path, pg_url):
     async with cluster_mod.running(str(tmp_path), 3, 0, meta=CONFIG) as c:
         _leader, lurl, followers = await node_urls(c)
         await _write(c, c.meta_urls, "PUT", "/v1/brokers/b0", {"address": "http://127.0.0.1:1"}, role="broker")
@@ -82,6 +87,9 @@ async def test_a_follower_that_installs_a_snapshot_fills_its_projection_from_pee
         furl = c.url(behind)
         live = [u for u in c.meta_urls if u != furl]
         await asyncio.to_thread(devcluster.stop_member, c.dir, behind)
+        # It comes back on a PostgreSQL projection, empty: the whole gap, 1 up to its image, comes from its peers.
+        pg_projection = create_database(pg_url)
+        _set_projection_url(os.path.join(c.dir, behind, "config.json"), pg_projection)
         stopped_at = max([(await cluster_status(c, u))["commit_index"] for u in live])
         version = await _fill_log(c, live)
 
@@ -97,13 +105,15 @@ async def test_a_follower_that_installs_a_snapshot_fills_its_projection_from_pee
         # Its image starts well after version 1: the old versions it now serves come from its projection.
         assert installed.image["history_window"] == WINDOW
         assert installed.image["history_start"] > WINDOW, installed.image["history_start"]
-        with open(os.path.join(c.dir, "logs", f"{behind}.log")) as f:
-            log_text = f.read()
+        log_text = _log_text(c, behind)
         assert "projection_gap" in log_text and "projection_filled" in log_text
+        for name in (name_of(c, u) for u in live):
+            assert "projection_gap" not in _log_text(c, name), f"{name} lost history it had applied"
 
         reference = await _history(c, lurl)
         _assert_whole(reference, version)
         _assert_whole(await _history(c, furl), version, reference)
+        _assert_whole(_projection_events(pg_projection), version, reference)
         s, text, _ = await c.call("GET", furl + "/metrics", None)
         assert s == 200 and _gap_gauge(text) == 0
 
@@ -120,6 +130,10 @@ async def test_old_history_is_refused_by_name_until_a_peer_fills_it_and_rebuilds
         version = await _fill_log(c, c.meta_urls)
         for u in c.meta_urls:
             await wait_until(lambda u=u: _complete(c, u, version), WAIT_S, f"{u}'s projection to reach {version}")
+        # Projections open seconds after the node, while the window of 50 trims: what it trimmed meanwhile was kept
+        # on the node for its projection, so none of them had to ask a peer (no gap ever opened).
+        for name in (name_of(c, u) for u in c.meta_urls):
+            assert "projection_gap" not in _log_text(c, name), f"{name} lost history it had applied"
         reference = await _history(c, lurl)
         _assert_whole(reference, version)
         out = str(tmp_path / "export")
@@ -138,7 +152,7 @@ async def test_old_history_is_refused_by_name_until_a_peer_fills_it_and_rebuilds
             done = _rebuild(cfg, *source)
             assert done.returncode == 0, done.stderr
             assert '"rebuilt": true' in done.stdout
-            _assert_whole(_projection_events(db), version, reference)
+            _assert_whole(_projection_events(f"sqlite:///{db}"), version, reference)
 
         # The node comes back without a projection while no peer runs: old history is refused by name, never skipped.
         _drop(db)
@@ -175,6 +189,11 @@ def _snapshot_or_none(path: str) -> snapshot_file.Snapshot | None:
         return None
 
 
+def _log_text(c, name: str) -> str:
+    with open(os.path.join(c.dir, "logs", f"{name}.log")) as f:
+        return f.read()
+
+
 def _rebuild(cfg: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ops.cli", "meta", "rebuild-projection", "--config", cfg, *extra],
                           capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
@@ -186,8 +205,16 @@ def _drop(db: str) -> None:
             os.remove(db + suffix)
 
 
-def _projection_events(db: str) -> list[dict]:
-    projection = SqlProjection(f"sqlite:///{db}")
+def _set_projection_url(config_path: str, projection_url: str) -> None:
+    with open(config_path) as f:
+        cfg = json.load(f)
+    cfg["projection_url"] = projection_url
+    with open(config_path, "w") as f:
+        json.dump(cfg, f)
+
+
+def _projection_events(projection_url: str) -> list[dict]:
+    projection = SqlProjection(projection_url)
     try:
         events: list[dict] = []
         while page := projection.history(after=events[-1]["version"] if events else 0, limit=1000):
