@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from client.wire.errors import rejection
+
 from .changefeed import ANY
 from .projection_gap import GapFiller
 
@@ -117,7 +119,14 @@ class ProjectionFollower:
         return self.store.apply([json.loads(e) for e in batch])
 
     def history(self, after: int, topic: str | None, limit: int, through: int) -> list[dict]:
-        return self.store.history(after=after, topic=topic, limit=limit, through=through) if self.store else []
+        if self.store is None:
+            return []
+        try:
+            return self.store.history(after=after, topic=topic, limit=limit, through=through)
+        except Exception as e:  # noqa: BLE001 - the database away is the caller's 503, not a 500
+            log.warning("projection_history_failed", error=repr(e))
+            raise rejection(503, "HISTORY_UNAVAILABLE", "this node's projection database could not be read: "
+                            f"{type(e).__name__}; ask another node", node=self.service.config.node) from None
 
     def close(self) -> None:
         if self.store is not None:

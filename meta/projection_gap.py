@@ -65,12 +65,14 @@ class GapFiller:
                                       "only come from an export (stator meta rebuild-projection --from-export)")
                 position = await self._round(store, position, start, first, applied)
                 failures = 0
-            except (StatorError, SourceError, ProjectionGap) as e:
+            except Exception as e:  # noqa: BLE001 - peers away, a stranger's history, the database away: retry
                 self.rounds_failed += 1
                 pause = self.backoff.delay_s(failures)
                 failures += 1
-                log.warning("projection_fill_failed", position=position, history_start=start, error=str(e),
-                            retry_in_s=round(pause, 2))
+                expected = isinstance(e, (StatorError, SourceError, ProjectionGap))
+                log.warning("projection_fill_failed", position=position, history_start=start,
+                            error=str(e) if expected else repr(e), retry_in_s=round(pause, 2),
+                            exc_info=not expected)
                 await asyncio.sleep(pause)
 
     async def _round(self, store, position: int, start: int, first: dict[str, Any] | None,
