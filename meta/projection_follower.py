@@ -41,6 +41,7 @@ class ProjectionFollower:
         self.store = None
         self.position = 0       # the store's position as last applied: versions 1..position are all in it
         self.opened = False     # until then position is not known (0), and the gap not either
+        self.hole: tuple[int, int] | None = None  # versions missing below the position (written by older code)
         self.gaps = 0
         self.filler = GapFiller(peers, token)
 
@@ -48,13 +49,18 @@ class ProjectionFollower:
         from .projection import SqlProjection  # imported lazily: SQLAlchemy start-up stays off the import path
         store = SqlProjection(self.url)
         store.migrate()
-        if not store.contiguous():
-            # Written before apply refused holes: its state tables were folded over the hole. Start it afresh; the
-            # gap filler and the image bring every version back, in order.
-            log.warning("projection_has_holes_rebuilding", position=store.position())
-            store.drop()
-            store.migrate()
+        self.hole = store.first_hole()
+        if self.hole is not None:
+            # Written before apply refused holes: its state tables were folded over the hole. Nothing is dropped
+            # (its events may be the last copy somewhere); history is served from it only below the hole, and the
+            # operator rebuilds it from a peer or an export, which a running node cannot do under its own readers.
+            log.error("projection_has_holes", first=self.hole[0], last=self.hole[1], position=store.position(),
+                      fix="stop the node; stator meta rebuild-projection --from-peer URL (or --from-export DIR)")
         return store
+
+    def served_through(self) -> int:
+        """Versions 1..this are all in the projection: what /v1/history may serve from it."""
+        return self.hole[0] - 1 if self.hole is not None else self.position
 
     def gap_versions(self) -> int:
         """Versions in neither the image nor the projection (0 when the two together hold the whole history).
@@ -65,7 +71,8 @@ class ProjectionFollower:
             if trimmed and trimmed[0][0] <= held + 1:  # trimmed lines that continue the projection: about to apply
                 held = max(held, trimmed[-1][0])
             return max(0, image.data["history_start"] - 1 - held)
-        return self.service.read(gap)
+        hole = self.hole[1] - self.hole[0] + 1 if self.hole is not None else 0
+        return hole + self.service.read(gap)
 
     def _image_start(self) -> tuple[int, dict | None]:
         start, line = self.service.read(lambda im: (im.data["history_start"],

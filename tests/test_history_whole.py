@@ -19,11 +19,13 @@ import subprocess
 import sys
 
 import pytest
+import sqlalchemy as sa
 
 from client.admin import AdminClient
 from meta import snapshot_file
 from meta.export.exporter import export
 from meta.projection import SqlProjection
+from meta.projection import schema as projection_schema
 from meta.raft_node import SNAPSHOT_FILE
 from ops import devcluster
 from tests import cluster as cluster_mod
@@ -184,6 +186,23 @@ async def test_old_history_is_refused_by_name_until_a_peer_fills_it_and_rebuilds
         await wait_until(lambda: _complete(c, url, version), WAIT_S, f"{name}'s projection to fill from its peers")
         _assert_whole(await _history(c, url), version, reference)
 
+        # A hole that older code left inside a projection: served up to it, refused inside it, nothing dropped.
+        await asyncio.to_thread(devcluster.stop_member, c.dir, name)
+        _delete_events(f"sqlite:///{db}", range(10, 13))
+        await asyncio.to_thread(devcluster.start, c.dir, name)
+
+        async def projection_open():
+            _s, b, _ = await c.call("GET", url + "/readyz", None, timeout_s=2.0)
+            return b if b and b["projection_position"] >= version else None
+        ready = await wait_until(projection_open, WAIT_S, f"{name} to open its projection")
+        assert ready["projection_gap_versions"] >= 3 and not ready["projection_complete"]
+        s, b, _ = await c.call("GET", url + "/v1/history?after=0&limit=1000", "client")
+        assert s == 200 and [e["version"] for e in b["events"]] == list(range(1, 10)) and b["next_after"] == 9
+        s, b, _ = await c.call("GET", url + "/v1/history?after=9", "client")
+        assert s == 503 and b["error"]["code"] == "HISTORY_UNAVAILABLE" and b["error"]["details"]["missing_first"] == 10
+        assert "projection_has_holes" in _log_text(c, name)
+        assert len(_projection_events(f"sqlite:///{db}")) == version - 3
+
 
 def _snapshot_or_none(path: str) -> snapshot_file.Snapshot | None:
     try:
@@ -206,6 +225,15 @@ def _drop(db: str) -> None:
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(db + suffix):
             os.remove(db + suffix)
+
+
+def _delete_events(projection_url: str, versions) -> None:
+    engine = sa.create_engine(projection_url, poolclass=sa.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.delete(projection_schema.events).where(projection_schema.events.c.version.in_(versions)))
+    finally:
+        engine.dispose()
 
 
 def _set_projection_url(config_path: str, projection_url: str) -> None:

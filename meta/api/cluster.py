@@ -94,7 +94,7 @@ async def history(request: web.Request) -> web.Response:
     limit = max(1, min(limit, limits.HISTORY_PAGE_MAX))
     topic = request.query.get("topic") or None
     # The projection's position first: it only grows, and versions 1..through stay in it whatever the image does next.
-    through = svc.projection.position
+    through = svc.projection.served_through()
     start, version = svc.read(lambda im: (im.data["history_start"], im.version))
     if after + 1 >= start:
         events, next_after = _image_page(svc, after, topic, limit, version)

@@ -8,7 +8,8 @@ The position is also the projection's contiguous-through marker: apply takes onl
 1..position, every one. That is how a node knows its projection is complete, without a second marker to keep in step:
 it is complete up to where its image's history starts when position >= history_start - 1. Events are also folded
 strictly in log order, so the state tables are never built over a hole and never need a re-fold when one is filled.
-(Projections written before this rule may hold holes: ``contiguous()`` tells, and the node starts such a one afresh.)
+(Projections written before this rule may hold holes: ``first_hole()`` finds one, and the node serves history from
+such a projection only up to it, keeps every event it holds, and asks the operator to rebuild it.)
 """
 
 from __future__ import annotations
@@ -95,11 +96,22 @@ class SqlProjection:
         self._warn_unknown(plan.unknown)
         return position
 
-    def contiguous(self) -> bool:
-        """Whether the events table holds every version 1..position (apply keeps it so; older code did not)."""
+    def first_hole(self) -> tuple[int, int] | None:
+        """The first run of versions missing below the position, or None when it holds every version 1..position
+        (as apply keeps it; projections written by older code may not)."""
+        e = schema.events.c
         with self._engine.connect() as conn:
             position = self._position(conn)
-            return conn.execute(select(func.count()).select_from(schema.events)).scalar_one() == position
+            if conn.execute(select(func.count()).select_from(schema.events)).scalar_one() == position:
+                return None
+            # The end of the run starting at version 1 (0 when version 1 is missing), then the next version held.
+            nxt = schema.events.alias("nxt")
+            ends = (select(e.version.label("v"))
+                    .where(~select(nxt.c.version).where(nxt.c.version == e.version + 1).exists()).subquery())
+            has_first = conn.execute(select(e.version).where(e.version == 1)).first() is not None
+            run_end = conn.execute(select(func.min(ends.c.v))).scalar_one() if has_first else 0
+            resumes = conn.execute(select(func.min(e.version)).where(e.version > run_end)).scalar_one()
+            return run_end + 1, (resumes or position + 1) - 1
 
     def history(self, after: int = 0, topic: str | None = None, limit: int = 1000,
                 through: int | None = None) -> list[dict[str, Any]]:
