@@ -55,11 +55,16 @@ class GapFiller:
         from .projection import ProjectionGap
         from .projection.sources import SourceError
         failures = 0
+        loop = asyncio.get_running_loop()
         while True:
             start, first = image_start()
             if position >= start - 1:
                 return position
             try:
+                if failures:  # a failed round may have applied some pages before it failed
+                    position = await loop.run_in_executor(None, store.position)
+                    if position >= start - 1:
+                        continue
                 if not self.peers:
                     raise SourceError("no peer to fill the projection's gap from: a single node's lost history can "
                                       "only come from an export (stator meta rebuild-projection --from-export)")
