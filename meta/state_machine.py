@@ -469,7 +469,8 @@ def _logic_end(seg: dict[str, Any], physical_end: int) -> int:
 
 
 def _check_envelope(envelope: Any) -> tuple[str | None, int, int, int | None, str | None]:
-    """(rid, ts, budget, history window or None, fingerprint) of a well-formed envelope; anything else is a rejection that changes nothing.
+    """(rid, ts, budget, history window or None, fingerprint) of a well-formed envelope; anything else is a
+    rejection that changes nothing.
 
     What an outside caller controls reaches apply inside the command: its text must encode (no lone surrogates), its
     nesting must be shallow, its size bounded. One encode of the canonical text checks the first two in C.

@@ -65,7 +65,8 @@ async def _history(c, url: str, topic: str | None = None) -> list[dict]:
 async def _complete(c, url: str, version: int) -> dict | None:
     """The node's /readyz once it applied ``version`` and its projection reached it with no gap."""
     s, b, _ = await c.call("GET", url + "/readyz", None, timeout_s=2.0)
-    if b and b.get("applied_version", 0) >= version and b["projection_complete"] and b["projection_position"] >= version:
+    if (b and b.get("applied_version", 0) >= version and b["projection_complete"]
+            and b["projection_position"] >= version):
         return b
     return None
 
