@@ -106,7 +106,7 @@ async def history(request: web.Request) -> web.Response:
     else:
         raise rejection(503, "HISTORY_UNAVAILABLE",
                         f"this node holds versions 1..{through} and {start}..{version}, not {after + 1}..{start - 1} "
-                        "(its projection is filling the gap from peers): ask another node",
+                        "(not in its projection yet: it fills them from peers): ask another node",
                         node=svc.config.node, missing_first=after + 1, missing_last=start - 1)
     return respond({"events": events, "next_after": next_after})
 
