@@ -32,10 +32,13 @@ LEADER_CHANGED = "LEADER_CHANGED"
 IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
 UNAVAILABLE = "UNAVAILABLE"  # client-side: no answer (connection refused, reset, timed out)
 INTERNAL = "INTERNAL"
+# A node's projection still fills a gap of old history from its peers (meta/api/cluster.py).
+HISTORY_UNAVAILABLE = "HISTORY_UNAVAILABLE"
 
 # A meta node answering one of these cannot serve the call right now, but another node (or the same one a moment
 # later) can: the caller fails over and retries. Mutations are safe to retry because they carry an Idempotency-Key.
-META_RETRIABLE_CODES = frozenset({NO_LEADER, VERSION_NOT_REACHED, TOO_MANY_WAITERS, LEADER_CHANGED, UNAVAILABLE})
+META_RETRIABLE_CODES = frozenset({NO_LEADER, VERSION_NOT_REACHED, TOO_MANY_WAITERS, LEADER_CHANGED, UNAVAILABLE,
+                                  HISTORY_UNAVAILABLE})
 
 
 class VersionHeaders:

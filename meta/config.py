@@ -58,6 +58,9 @@ class MetaConfig:
     heartbeat_interval_ms: int = limits.BROKER_HEARTBEAT_INTERVAL_MS
     raft_tuning: RaftTuning = field(default_factory=RaftTuning)
     log_level: str = "info"
+    # Events the image's history keeps. The leader stamps its own into every command, so the log decides the window
+    # (replicas never diverge); give every member the same value, or the window changes with the leader.
+    history_window: int = limits.HISTORY_EVENTS_MAX
 
     @property
     def partners(self) -> list[str]:
@@ -146,6 +149,7 @@ class _MetaSchema(Schema):
     heartbeat_interval_ms: int = Field(limits.BROKER_HEARTBEAT_INTERVAL_MS, ge=1, le=HEARTBEAT_INTERVAL_MS_MAX)
     raft_tuning: _RaftTuningSchema = Field(default_factory=_RaftTuningSchema)
     log_level: LogLevel = "info"
+    history_window: int = Field(limits.HISTORY_EVENTS_MAX, ge=limits.HISTORY_WINDOW_MIN, le=limits.HISTORY_WINDOW_MAX)
 
     @model_validator(mode="after")
     def _consistent(self) -> _MetaSchema:
@@ -177,5 +181,5 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> MetaConfig:
         projection_url=s.projection_url or f"sqlite:///{os.path.join(data_dir, 'projection.db')}",
         offset_budget=s.offset_budget, session_timeout_ms=s.session_timeout_ms,
         heartbeat_interval_ms=s.heartbeat_interval_ms, raft_tuning=RaftTuning(**s.raft_tuning.model_dump()),
-        log_level=s.log_level,
+        log_level=s.log_level, history_window=s.history_window,
     )

@@ -26,11 +26,14 @@ Layout of ``Image.data``::
     revoking       {group: locks of it being revoked}: where the leader looks for revocations whose lease ended
     requests       {request id: [fingerprint, ts, outcome]} in arrival order (idempotency)
     history        [stored event as canonical JSON] newest last, bounded; history_start = version of history[0]
+    history_window events the history keeps (trimmed in chunks of a tenth past it): set by the leader's stamp on a
+                   command envelope (meta/state_machine.py), never from a node's own config, so replicas agree
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from typing import Any
 
 from . import limits
@@ -50,7 +53,7 @@ def canonical_json(value: Any) -> str:
 def empty_data() -> dict[str, Any]:
     return {"version": 0, "commands": 0, "last_ts": 0, "brokers": {}, "load": {}, "hosting": {}, "topics": {}, "requests": {},
             "history": [], "history_start": 1, "groups": {}, "lock_token": 0, "member_count": 0,
-            "subscriptions": {}, "revoking": {}}
+            "subscriptions": {}, "revoking": {}, "history_window": limits.HISTORY_EVENTS_MAX}
 
 
 class Image:
@@ -58,6 +61,10 @@ class Image:
         self.data = data if data is not None else empty_data()
         for key, value in empty_data().items():  # a snapshot written before a part of the image existed
             self.data.setdefault(key, value)
+        # Node-local, never part of ``data`` (so never replicated nor in a snapshot): where the history the window
+        # trims goes, as (version, line), for this node's projection to take before it is gone (meta/raft_node.py
+        # sets a bounded deque; None, the default, keeps nothing: offline replays and tests).
+        self.trimmed_to: deque[tuple[int, str]] | None = None
 
     # -- reads -------------------------------------------------------------------------------------------------
     @property
@@ -128,8 +135,12 @@ class Image:
         history = self.data["history"]
         history.append(canonical_json(stored_event))
         # Trim in chunks so that trimming is amortised O(1) yet deterministic.
-        excess = len(history) - limits.HISTORY_EVENTS_MAX
-        if excess >= limits.HISTORY_EVENTS_MAX // 10:
+        window = self.data["history_window"]
+        excess = len(history) - window
+        if excess >= max(1, window // 10):
+            if self.trimmed_to is not None:
+                start = self.data["history_start"]
+                self.trimmed_to.extend((start + i, line) for i, line in enumerate(history[:excess]))
             del history[:excess]
             self.data["history_start"] += excess
 

@@ -31,9 +31,27 @@ REQUEST_ID_CHARS_MAX = _headers.REQUEST_ID_CHARS_MAX  # checked at the edge (cli
 COMMAND_BYTES_MAX = 8 * 1024 * 1024
 
 # History kept in the image for watch catch-up and projection rebuilds; older events live only in the projection.
+# HISTORY_EVENTS_MAX is the default window; a node's config may set another (``history_window``) within these bounds.
+# The leader stamps its window into every command envelope, so the window is decided in the log like the offset
+# budget and every replica trims at the same entries (meta/state_machine.py).
 HISTORY_EVENTS_MAX = 200_000
+HISTORY_WINDOW_MIN = 10          # a smaller window trims on almost every event and keeps nothing for watch catch-up
+HISTORY_WINDOW_MAX = 2_000_000   # events held in every replica's memory and in every snapshot
 HISTORY_PAGE_MAX = 10_000
 HISTORY_SCAN_EVENTS_MAX = 50_000  # events one /v1/history call may read past while filtering by topic
+
+# Filling a projection's gap from peers (meta/projection_gap.py): events per page fetched and applied at once (a page
+# is held in memory: a topic of a thousand queues is an event of ~130 KB), the bounded backoff between failed
+# rounds, and the deadline of one page's call to the peers.
+PROJECTION_FILL_PAGE_EVENTS = 1_000
+PROJECTION_FILL_BACKOFF_S_MIN = 0.2
+PROJECTION_FILL_BACKOFF_S_MAX = 30.0
+PROJECTION_FILL_CALL_S_MAX = 30.0
+# Events the window trimmed that a node keeps in memory (not replicated) until its own projection has them: the
+# projection may fall this far behind the image's window (a slow start, a database away) before it needs its peers.
+# Pruned as the projection applies, so it holds nearly nothing while the projection keeps up; at most one more
+# window's worth of memory while it does not.
+HISTORY_TRIMMED_KEPT_EVENTS_MAX = 200_000
 
 # Offset budget: how far a broker may write into a segment before meta renews it (DESIGN.md invariant 5).
 # The leader stamps its configured grant into every command envelope (apply reads nothing from a node's own config).

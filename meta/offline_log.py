@@ -3,12 +3,21 @@
 Used by `stator meta rebuild-projection`: replay the committed entries through the same state machine the node runs,
 then hand the retained event history to the projection. The snapshot is read by the same parser the node restores
 from (``snapshot_file``); the journal is this node's own, written by pysyncobj (``pysyncobj_shim``).
+
+The image holds only the newest events (its history window). The versions before them come from a peer's
+``/v1/history`` or from a Parquet export (meta/projection/sources.py), checked for contiguity, and checked against
+this node's own log where the two meet: the source's event at the image's history_start must equal the image's.
+Without a source, a node whose image lacks the oldest versions is refused before anything is dropped: a rebuild
+never leaves a hole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from . import pysyncobj_shim as shim
 from . import snapshot_file
@@ -38,7 +47,79 @@ def image_from_data_dir(data_dir: str) -> Image:
     return image
 
 
-def rebuild_projection(config: MetaConfig) -> int:
-    from .projection import rebuild
+def rebuild_projection(config: MetaConfig, *, from_peer: str | None = None, token: str | None = None,
+                       from_export: str | None = None) -> dict[str, Any]:
+    """Drop the node's projection and rebuild it: versions before the image's window from the source, the rest from
+    the node's own log. Returns {"position", "from_source"}: the events taken from the source."""
+    return asyncio.run(_rebuild(config, from_peer, token, from_export))
+
+
+async def _rebuild(config: MetaConfig, from_peer: str | None, token: str | None,
+                   from_export: str | None) -> dict[str, Any]:
+    from .projection import APPLY_BATCH_MAX, SqlProjection
+    from .projection.sources import SourceError
     image = load_image(config)
-    return rebuild(config.projection_url, (json.loads(e) for e in image.data["history"]))
+    start = image.data["history_start"]
+    first = json.loads(image.data["history"][0]) if image.data["history"] else None
+    if start > 1 and from_peer is None and from_export is None:
+        raise SourceError(f"this node's log holds versions {start}..{image.version} only: give --from-peer URL or "
+                          f"--from-export DIR for versions 1..{start - 1}")
+    projection = SqlProjection(config.projection_url)
+    try:
+        projection.drop()
+        projection.migrate()
+        taken = 0
+        if start > 1:
+            source = (_peer_events(from_peer, token, start, first) if from_peer is not None
+                      else _aiter(_export_events(from_export, start, first)))
+            batch: list[dict[str, Any]] = []
+            async for e in source:
+                batch.append(e)
+                taken += 1
+                if len(batch) >= APPLY_BATCH_MAX:
+                    projection.apply(batch)
+                    batch = []
+            projection.apply(batch)
+        history = image.data["history"]
+        for i in range(0, len(history), APPLY_BATCH_MAX):
+            projection.apply([json.loads(e) for e in history[i:i + APPLY_BATCH_MAX]])
+        return {"position": projection.position(), "from_source": taken}
+    finally:
+        projection.close()
+
+
+def _anchored(events: Iterator[dict[str, Any]] | list[dict[str, Any]], start: int, first: dict[str, Any] | None,
+              source: str) -> Iterator[dict[str, Any]]:
+    """The events before ``start``; the one at ``start`` must be the image's own (the source is this log)."""
+    from .projection.sources import SourceError
+    for e in events:
+        if e["version"] < start:
+            yield e
+        elif first is not None and e["version"] == start and e != first:
+            raise SourceError(f"{source} differs from this node's log at version {start}: another cluster's history?")
+
+
+def _export_events(directory: str, start: int, first: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+    from .projection.sources import export_events
+    # The export may end right before the image's window (then there is nothing to compare) or reach into it.
+    through = start if first is not None else start - 1
+    yield from _anchored(export_events(directory, through, required=start - 1), start, first,
+                         f"the export at {directory}")
+
+
+async def _peer_events(url: str, token: str | None, start: int,
+                       first: dict[str, Any] | None) -> AsyncIterator[dict[str, Any]]:
+    from client.admin import AdminClient
+
+    from . import limits
+    from .projection.sources import peer_pages
+    async with AdminClient(url, token, monotonic_reads=False) as admin:
+        through = start if first is not None else start - 1
+        async for page in peer_pages(admin, 0, through, limits.PROJECTION_FILL_PAGE_EVENTS):
+            for e in _anchored(page, start, first, f"the history of {url}"):
+                yield e
+
+
+async def _aiter(events: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for e in events:
+        yield e

@@ -2,17 +2,25 @@
 
 The projection stores its position with its rows (meta/projection), so this loop may replay a batch it already
 wrote (after a crash, say) without harm. It serves history older than the image keeps, never decisions.
+
+The projection holds every version 1..position (its apply refuses a hole). When the image no longer holds the
+versions right after the position (a gap: see meta/projection_gap.py), the loop fills them from peers first and
+only then goes on from the image; ``gap_versions()`` is what /readyz and the metrics report meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from typing import TYPE_CHECKING
 
 import structlog
 
+from client.wire.errors import rejection
+
 from .changefeed import ANY
+from .projection_gap import GapFiller
 
 if TYPE_CHECKING:
     from .service import MetaService
@@ -27,30 +35,81 @@ BATCH_PAUSE_S = 0.2
 
 
 class ProjectionFollower:
-    def __init__(self, url: str, service: "MetaService"):
+    def __init__(self, url: str, service: "MetaService", peers: list[str], token: str):
         self.url = url
         self.service = service
         self.store = None
-        self.position = 0
+        self.position = 0       # the store's position as last applied: versions 1..position are all in it
+        self.opened = False     # until then position is not known (0), and the gap not either
+        self.hole: tuple[int, int] | None = None  # versions missing below the position (written by older code)
         self.gaps = 0
+        self.filler = GapFiller(peers, token)
 
     def _open(self):
         from .projection import SqlProjection  # imported lazily: SQLAlchemy start-up stays off the import path
         store = SqlProjection(self.url)
         store.migrate()
+        self.hole = store.first_hole()
+        if self.hole is not None:
+            # Written before apply refused holes: its state tables were folded over the hole. Nothing is dropped
+            # (its events may be the last copy somewhere); history is served from it only below the hole, and the
+            # operator rebuilds it from a peer or an export, which a running node cannot do under its own readers.
+            log.error("projection_has_holes", first=self.hole[0], last=self.hole[1], position=store.position(),
+                      fix="stop the node; stator meta rebuild-projection --from-peer URL (or --from-export DIR)")
         return store
+
+    def served_through(self) -> int:
+        """Versions 1..this are all in the projection: what /v1/history may serve from it."""
+        return self.hole[0] - 1 if self.hole is not None else self.position
+
+    def gap_versions(self) -> int:
+        """Versions in neither the image nor the projection (0 when the two together hold the whole history).
+        Until the projection is opened its position counts as 0: history serves nothing from it yet either."""
+        def gap(image) -> int:
+            held = self.position
+            trimmed = image.trimmed_to
+            if trimmed and trimmed[0][0] <= held + 1:  # trimmed lines that continue the projection: about to apply
+                held = max(held, trimmed[-1][0])
+            return max(0, image.data["history_start"] - 1 - held)
+        hole = self.hole[1] - self.hole[0] + 1 if self.hole is not None else 0
+        return hole + self.service.read(gap)
+
+    def _image_start(self) -> tuple[int, dict | None]:
+        start, line = self.service.read(lambda im: (im.data["history_start"],
+                                                    im.data["history"][0] if im.data["history"] else None))
+        return start, json.loads(line) if line is not None else None
+
+    def _next_batch(self, image) -> tuple[list[str], int]:
+        """(lines after the position, history_start), under the image lock: from the image's history, or else from
+        what its window trimmed since (kept on this node for the projection: meta/image.py trimmed_to)."""
+        start = image.data["history_start"]
+        trimmed = image.trimmed_to
+        if trimmed is not None:
+            while trimmed and trimmed[0][0] <= self.position:  # already applied: keep the memory it held free
+                trimmed.popleft()
+        if start <= self.position + 1:
+            return image.history_after(self.position, BATCH_EVENTS_MAX), start
+        if trimmed and trimmed[0][0] == self.position + 1:
+            return [line for _v, line in itertools.islice(trimmed, BATCH_EVENTS_MAX)], start
+        return [], start
+
+    def _applied(self, position: int) -> None:
+        self.position = position
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self.store = await loop.run_in_executor(None, self._open)
         self.position = await loop.run_in_executor(None, self.store.position)
+        self.opened = True
         while True:
-            batch, start = self.service.read(lambda im: (im.history_after(self.position, BATCH_EVENTS_MAX),
-                                                         im.data["history_start"]))
-            if start > self.position + 1:
-                # The image no longer holds these events (this node was restored from a snapshot past them).
+            batch, start = self.service.read(self._next_batch)
+            if start > self.position + 1 and not batch:
+                # The image no longer holds these events (a snapshot installed past them, an empty projection in an
+                # old cluster, or a window trimmed faster than the projection applied): take them from peers first.
                 self.gaps += 1
                 log.warning("projection_gap", position=self.position, history_start=start)
+                self.position = await self.filler.fill(self.store, self.position, self._image_start, self._applied)
+                continue
             if not batch:
                 await self.service.feed.wait(ANY, IDLE_WAIT_S)
                 continue
@@ -66,8 +125,15 @@ class ProjectionFollower:
         # event of ~130 KB.
         return self.store.apply([json.loads(e) for e in batch])
 
-    def history(self, after: int, topic: str | None, limit: int) -> list[dict]:
-        return self.store.history(after=after, topic=topic, limit=limit) if self.store else []
+    def history(self, after: int, topic: str | None, limit: int, through: int) -> list[dict]:
+        if self.store is None:
+            return []
+        try:
+            return self.store.history(after=after, topic=topic, limit=limit, through=through)
+        except Exception as e:  # noqa: BLE001 - the database away is the caller's 503, not a 500
+            log.warning("projection_history_failed", error=repr(e))
+            raise rejection(503, "HISTORY_UNAVAILABLE", "this node's projection database could not be read: "
+                            f"{type(e).__name__}; ask another node", node=self.service.config.node) from None
 
     def close(self) -> None:
         if self.store is not None:

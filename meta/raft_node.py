@@ -24,6 +24,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -129,7 +130,10 @@ class MetaSyncObj(SyncObj):
                  on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge):
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
         self.image_lock = threading.RLock()
+        # What the image's window trims, kept for this node's projection (meta/image.py, trimmed_to).
+        self.trimmed: deque[tuple[int, str]] = deque(maxlen=limits.HISTORY_TRIMMED_KEPT_EVENTS_MAX)
         self._machine = StateMachine(Image())
+        self._machine.image.trimmed_to = self.trimmed
         self._on_applied = on_applied
         self.bridge = bridge
         self.commands_queue_max = tuning.commands_queue_max
@@ -301,6 +305,7 @@ class MetaSyncObj(SyncObj):
         if self._machine.image.data is not self.image_data:
             with self.image_lock:
                 self._machine.image = Image(self.image_data)
+                self._machine.image.trimmed_to = self.trimmed
             self._on_applied(self.image_data["version"], None)
         return self._machine.image
 
@@ -355,10 +360,12 @@ ENVELOPE_OVERHEAD_BYTES_MAX = 4096  # rid, ts, budget and actor around the comma
 class RaftNode:
     """Asyncio face of the log: ``propose`` and ``barrier`` return when the command is applied on this node."""
 
-    def __init__(self, sync: MetaSyncObj, loop: asyncio.AbstractEventLoop, offset_budget: int):
+    def __init__(self, sync: MetaSyncObj, loop: asyncio.AbstractEventLoop, offset_budget: int,
+                 history_window: int = limits.HISTORY_EVENTS_MAX):
         self.sync = sync
         self.loop = loop
         self.offset_budget = offset_budget
+        self.history_window = history_window
 
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
@@ -367,6 +374,10 @@ class RaftNode:
         leader = self.sync.is_leader()
         envelope = {"rid": rid, "ts": int(time.time() * 1000) if leader else 0, "budget": self.offset_budget,
                     "actor": actor, "cmd": cmd}
+        if leader:
+            # The window of the image's history is the leader's setting; a follower's proposal (a read barrier) leaves
+            # it as the log last set it, so nodes with different configs cannot make it flap.
+            envelope["history"] = self.history_window
         payload = json.dumps(envelope, separators=(",", ":"))
         if len(payload) > limits.COMMAND_BYTES_MAX:
             raise rejection(413, "TOO_LARGE", f"the command exceeds {limits.COMMAND_BYTES_MAX} bytes")

@@ -47,7 +47,8 @@ class MetaService:
         self.forwarder: LeaderForwarder | None = None
         self.brokers: BrokerSessions | None = None
         self.groups: GroupSessions | None = None
-        self.projection = ProjectionFollower(config.projection_url, self)
+        peers = [m.url for m in config.members if m.node != config.node]
+        self.projection = ProjectionFollower(config.projection_url, self, peers, config.tokens.client)
         self._tasks: list[asyncio.Task] = []
         self.started_at = time.time()
         self._request_prefix = f"{config.node}.{uuid.uuid4().hex[:12]}."
@@ -71,7 +72,7 @@ class MetaService:
                                 self.config.raft_tuning, on_applied, bridge)
         self.sync.start()
         set_position_provider(lambda: {"term": self.sync.term(), "version": self.sync.image_data["version"]})
-        self.raft = RaftNode(self.sync, loop, self.config.offset_budget)
+        self.raft = RaftNode(self.sync, loop, self.config.offset_budget, self.config.history_window)
         self.reads = ReadFacade(self.sync, self.raft, self.feed, self.version_waiters)
         self.forwarder = LeaderForwarder(self.config, self.sync)
         await self.forwarder.start()

@@ -37,7 +37,7 @@ class StateMachine:
         replaying events (a broken invariant of the image) escapes, and the Raft adapter stops the node for it.
         """
         try:
-            rid, ts, budget, fingerprint = _check_envelope(envelope)
+            rid, ts, budget, window, fingerprint = _check_envelope(envelope)
         except ApiError as e:  # a malformed entry changes nothing at all, not even the command count
             return _failed(e, self.image.version), set()
         # An envelope that passed the checks above changes the image (at least last_ts): count it, so replicas
@@ -45,6 +45,9 @@ class StateMachine:
         self.image.data["commands"] += 1
         ts = max(ts, self.image.data["last_ts"])  # leader clocks may step back across elections; time in the log never does
         self.image.data["last_ts"] = ts
+        if window is not None:
+            # The leader's history window (its config), decided here so every replica trims at the same entries.
+            self.image.data["history_window"] = window
         cmd = envelope.get("cmd")
         if rid:
             seen = self.image.data["requests"].get(rid)
@@ -465,8 +468,9 @@ def _logic_end(seg: dict[str, Any], physical_end: int) -> int:
     return seg["logic_start"] + (physical_end - seg["physical_start"])
 
 
-def _check_envelope(envelope: Any) -> tuple[str | None, int, int, str | None]:
-    """(rid, ts, budget, fingerprint) of a well-formed envelope; anything else is a rejection that changes nothing.
+def _check_envelope(envelope: Any) -> tuple[str | None, int, int, int | None, str | None]:
+    """(rid, ts, budget, history window or None, fingerprint) of a well-formed envelope; anything else is a
+    rejection that changes nothing.
 
     What an outside caller controls reaches apply inside the command: its text must encode (no lone surrogates), its
     nesting must be shallow, its size bounded. One encode of the canonical text checks the first two in C.
@@ -478,6 +482,10 @@ def _check_envelope(envelope: Any) -> tuple[str | None, int, int, str | None]:
         raise invalid("command envelope without a leader timestamp")
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= limits.OFFSET_BUDGET_MAX:
         raise invalid("command envelope with a bad offset budget")
+    window = envelope.get("history")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or not limits.HISTORY_WINDOW_MIN <= window <= limits.HISTORY_WINDOW_MAX):
+        raise invalid("command envelope with a bad history window")
     if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 2 * limits.REQUEST_ID_CHARS_MAX):
         raise invalid("request id must be a non-empty string")
     try:
@@ -491,7 +499,7 @@ def _check_envelope(envelope: Any) -> tuple[str | None, int, int, str | None]:
     if rid is not None and not json_body.is_scalar_text(rid):
         raise invalid("request id is not valid Unicode")
     fingerprint = hashlib.sha256(text).hexdigest()[:32] if rid else None
-    return rid, ts, budget, fingerprint
+    return rid, ts, budget, window, fingerprint
 
 
 def _failed(err: ApiError, version: int) -> Outcome:

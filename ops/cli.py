@@ -59,14 +59,31 @@ def meta_serve(config_path: str) -> None:
 
 @meta.command("rebuild-projection")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
-def meta_rebuild_projection(config_path: str) -> None:
-    """Drop the node's SQL projection and rebuild it from the node's log (the node must be stopped)."""
+@click.option("--from-peer", "from_peer", metavar="URL",
+              help="a meta node's URL: versions older than this node's log keeps are read from its /v1/history")
+@click.option("--from-export", "from_export", metavar="DIR", type=click.Path(exists=True, file_okay=False),
+              help="a `stator export` directory: versions older than this node's log keeps are read from it")
+@click.option("--token", envvar="STATOR_TOKEN", help="a client token for --from-peer (env STATOR_TOKEN)")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="a file holding the token")
+def meta_rebuild_projection(config_path: str, from_peer: str | None, from_export: str | None, token: str | None,
+                            token_file: str | None) -> None:
+    """Drop the node's SQL projection and rebuild it from the node's log (the node must be stopped).
+
+    The log keeps only the newest events (history_window): the older ones come from a peer or an export."""
+    from client.errors import StatorError
     from meta.config import load
     from meta.offline_log import rebuild_projection
+    from meta.projection import ProjectionGap
+    from meta.projection.sources import SourceError
     from meta.snapshot_file import SnapshotFormatError
-    with one_line_errors(SnapshotFormatError):
-        position = rebuild_projection(load(config_path))
-    click.echo(json.dumps({"rebuilt": True, "position": position}))
+    if from_peer and from_export:
+        raise click.UsageError("give --from-peer or --from-export, not both")
+    if token_file:
+        with open(token_file) as f:
+            token = f.read().strip()
+    with one_line_errors(SnapshotFormatError, SourceError, ProjectionGap, StatorError):
+        result = rebuild_projection(load(config_path), from_peer=from_peer, token=token, from_export=from_export)
+    click.echo(json.dumps({"rebuilt": True, **result}))
 
 
 @main.group()

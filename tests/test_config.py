@@ -50,7 +50,8 @@ def test_a_meta_file_becomes_the_same_dataclass_as_before(tmp_path):
     assert c.projection_url == f"sqlite:///{os.path.join(tmp_path, 'data', 'projection.db')}"
     assert c.members[1] == meta_config.Member("m2", "127.0.0.1:7103", "http://127.0.0.1:7102")
     assert c.partners == ["127.0.0.1:7103"] and c.tokens.role_of(TOKENS["broker"]) == "broker"
-    assert c.raft_tuning == RaftTuning() and c.log_level == "info"
+    assert c.raft_tuning == RaftTuning() and c.log_level == "info" and c.history_window == 200_000
+    assert meta_config.parse(meta_raw(history_window=50)).history_window == 50
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.node = "m2"  # type: ignore[misc]
 
@@ -125,6 +126,8 @@ def test_broker_refuses_an_unknown_key_by_name(raw, key):
     ({"raft_tuning": {"election_timeout_min_s": 0.1}}, "election_timeout_min_s must exceed 3 x append_entries"),
     ({"projection_url": "not a url"}, "projection_url: must be a SQLAlchemy database URL"),
     ({"log_level": "loud"}, "log_level: Input should be 'debug', 'info'"),
+    ({"history_window": 9}, "history_window: Input should be greater than or equal to 10"),
+    ({"history_window": 10**9}, "history_window: Input should be less than or equal to 2000000"),
 ])
 def test_meta_refuses_a_bad_value_naming_its_key(changes, says):
     with pytest.raises(ConfigError) as e:

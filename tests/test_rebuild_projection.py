@@ -41,7 +41,7 @@ async def test_rebuild_projection_from_the_log_equals_the_live_projection(tmp_pa
         out = subprocess.run([sys.executable, "-m", "ops.cli", "meta", "rebuild-projection", "--config",
                               os.path.join(c.dir, "m3", "config.json")], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rebuilt": True, "position": version}
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rebuilt": True, "position": version, "from_source": 0}
         assert _dump(db) == live
 
 

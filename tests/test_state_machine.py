@@ -127,6 +127,7 @@ class Log:
     def __init__(self, budget: int = BUDGET, sm: StateMachine | None = None):
         self.sm = sm or StateMachine()
         self.budget = budget  # the leader's grant, stamped into every envelope as the Raft adapter does
+        self.history: int | None = None  # the leader's history window, stamped likewise when set
         self.envelopes: list[dict[str, Any]] = []
         self.outcomes: list[dict[str, Any]] = []
         self.ts = 1_000_000
@@ -141,6 +142,8 @@ class Log:
             self.ts += 10
             ts = self.ts
         env = {"rid": rid, "ts": ts, "budget": self.budget, "actor": "admin", "cmd": copy.deepcopy(cmd)}
+        if self.history is not None:
+            env["history"] = self.history
         self.envelopes.append(copy.deepcopy(env))
         before = self.version
         n_history = self.sm.image.data["history_start"] + len(self.sm.image.data["history"])
@@ -652,8 +655,8 @@ def test_already_sealed_says_who_sealed_it(log):
     assert (err["details"]["physical_end"], err["details"].get("by")) == (BUDGET, "session_expired")
 
 
-def test_history_is_bounded_and_keeps_its_numbering(log, monkeypatch):
-    monkeypatch.setattr(limits, "HISTORY_EVENTS_MAX", 20)
+def test_history_is_bounded_and_keeps_its_numbering(log):
+    log.history = 20  # the window comes through the log, stamped by the leader (meta/raft_node.py)
     log.create("t", 1)
     for i in range(40):
         log.ok({"type": "SetTopicConfig", "topic": "t", "config": {"k": str(i)}})
@@ -665,6 +668,28 @@ def test_history_is_bounded_and_keeps_its_numbering(log, monkeypatch):
     last = [json.loads(s) for s in log.sm.image.history_after(log.version - 2, 100)]
     assert [e["version"] for e in last] == [log.version - 1, log.version]
     assert log.sm.image.history_after(log.version, 100) == []
+
+
+def test_the_history_window_is_the_logs_not_a_nodes(log):
+    """Every replica trims at the same entries: the window is what the last envelope carrying one said, and an
+    envelope without one (a follower's read barrier) leaves it as it was."""
+    log.history = 30
+    log.create("t", 1)
+    for i in range(10):
+        log.ok({"type": "SetTopicConfig", "topic": "t", "config": {"k": str(i)}})
+    assert log.sm.image.data["history_window"] == 30
+    log.history = None
+    log.ok({"type": "Barrier"})
+    assert log.sm.image.data["history_window"] == 30
+    log.history = 10
+    for i in range(5):
+        log.ok({"type": "SetTopicConfig", "topic": "t", "config": {"k": f"x{i}"}})
+    data = log.sm.image.data
+    assert data["history_window"] == 10 and len(data["history"]) == 10
+    replica = StateMachine()
+    for env in log.envelopes:
+        replica.apply(copy.deepcopy(env))
+    assert replica.image.canonical_bytes() == log.sm.image.canonical_bytes()
 
 
 def test_seal_end_must_be_within_the_budget(log):
@@ -1076,8 +1101,11 @@ def test_well_formed_versions_of_the_malformed_bases_are_accepted():
     {"rid": ["r1"], "ts": 5000, "actor": "admin", "cmd": {"type": "Barrier"}},
     {"rid": {"r": 1}, "ts": 5000, "actor": "admin", "cmd": {"type": "Barrier"}},
     {"rid": 17, "ts": 5000, "actor": "admin", "cmd": {"type": "Barrier"}},
+    {"rid": None, "ts": 5000, "history": 9, "actor": "admin", "cmd": {"type": "Barrier"}},
+    {"rid": None, "ts": 5000, "history": True, "actor": "admin", "cmd": {"type": "Barrier"}},
+    {"rid": None, "ts": 5000, "history": "50", "actor": "admin", "cmd": {"type": "Barrier"}},
 ], ids=["no-ts", "ts-null", "ts-str", "ts-float", "no-ts-with-rid", "no-cmd", "empty-envelope",
-        "ts-bool", "rid-list", "rid-object", "rid-int"])
+        "ts-bool", "rid-list", "rid-object", "rid-int", "history-too-small", "history-bool", "history-str"])
 def test_malformed_envelopes_are_rejected(envelope):
     lg = _malformed_log()
     before = lg.sm.image.canonical_bytes()

@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import limits
+from client.wire.errors import rejection
 from client.wire.params import nonneg_int
 from client.wire.server import public, requires
 
@@ -51,7 +52,12 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     svc = service(request)
     ok = svc.ready()
-    return respond({"ready": ok, "role": svc.role(), "applied_version": svc.applied_version}, 200 if ok else 503)
+    # The projection's gap does not make a node unready: every read but old history is served from the image, and
+    # old history is refused by name (HISTORY_UNAVAILABLE) until the gap is filled. It is reported here and in metrics.
+    gap = svc.projection.gap_versions()
+    return respond({"ready": ok, "role": svc.role(), "applied_version": svc.applied_version,
+                    "projection_position": svc.projection.position, "projection_gap_versions": gap,
+                    "projection_complete": svc.projection.opened and gap == 0}, 200 if ok else 503)
 
 
 @public
@@ -63,6 +69,7 @@ async def metrics(request: web.Request) -> web.Response:
     m.is_leader.set(1 if svc.is_leader() else 0)
     m.topics.set(len(svc.reads.image.topics))
     m.projection_position.set(svc.projection.position)
+    m.projection_gap.set(svc.projection.gap_versions())
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -73,36 +80,55 @@ async def openapi(request: web.Request) -> web.Response:
 
 @requires("client", "broker")
 async def history(request: web.Request) -> web.Response:
-    """Events in version order: from the image while it still holds them, else from the SQL projection."""
+    """Events in version order, every version exactly once, never a silent skip.
+
+    From the image while it holds them (versions from its history_start on), else from the SQL projection, which
+    holds every version 1..its position (meta/projection/store.py). A version in neither (the projection is still
+    filling its gap from peers: meta/projection_gap.py) is refused with 503 HISTORY_UNAVAILABLE naming the missing
+    range: another node, or this one a little later, can serve it, so the client fails over rather than this node
+    forwarding (a forward could loop between two nodes with the same gap)."""
     svc = service(request)
     await svc.reads.before_read(request.query)
     after = nonneg_int(request.query.get("after"), "after", 0)
     limit = nonneg_int(request.query.get("limit"), "limit", 1000)
     limit = max(1, min(limit, limits.HISTORY_PAGE_MAX))
     topic = request.query.get("topic") or None
+    # The projection's position first: it only grows, and versions 1..through stay in it whatever the image does next.
+    through = svc.projection.served_through()
     start, version = svc.read(lambda im: (im.data["history_start"], im.version))
     if after + 1 >= start:
-        events = []
-        cursor = after
-        # A topic filter may skip many events: scan a bounded stretch per call (next_after says where to go on),
-        # so one request never parses the whole retained history on the event loop.
-        scan_end = after + limits.HISTORY_SCAN_EVENTS_MAX
-        while len(events) < limit and cursor < min(version, scan_end):
-            raw = svc.read(lambda im: im.history_after(cursor, min(limits.HISTORY_PAGE_MAX, scan_end - cursor)))
-            if not raw:
-                break
-            for line in raw:
-                e = json.loads(line)
-                cursor = e["version"]
-                if topic is None or e["topic"] == topic:
-                    events.append(e)
-                    if len(events) >= limit:
-                        break
-        next_after = cursor
+        events, next_after = _image_page(svc, after, topic, limit, version)
+    elif after + 1 <= through:
+        events = await asyncio.get_running_loop().run_in_executor(None, svc.projection.history, after, topic, limit,
+                                                                    through)
+        # A short page read the projection through ``through``: the next page starts there (maybe in the image).
+        next_after = events[-1]["version"] if len(events) >= limit else through
     else:
-        events = await asyncio.get_running_loop().run_in_executor(None, svc.projection.history, after, topic, limit)
-        next_after = events[-1]["version"] if events else after
+        raise rejection(503, "HISTORY_UNAVAILABLE",
+                        f"this node holds versions 1..{through} and {start}..{version}, not {after + 1}..{start - 1} "
+                        "(not in its projection yet: it fills them from peers): ask another node",
+                        node=svc.config.node, missing_first=after + 1, missing_last=start - 1)
     return respond({"events": events, "next_after": next_after})
+
+
+def _image_page(svc, after: int, topic: str | None, limit: int, version: int) -> tuple[list[dict], int]:
+    events = []
+    cursor = after
+    # A topic filter may skip many events: scan a bounded stretch per call (next_after says where to go on),
+    # so one request never parses the whole retained history on the event loop.
+    scan_end = after + limits.HISTORY_SCAN_EVENTS_MAX
+    while len(events) < limit and cursor < min(version, scan_end):
+        raw = svc.read(lambda im: im.history_after(cursor, min(limits.HISTORY_PAGE_MAX, scan_end - cursor)))
+        if not raw:
+            break
+        for line in raw:
+            e = json.loads(line)
+            cursor = e["version"]
+            if topic is None or e["topic"] == topic:
+                events.append(e)
+                if len(events) >= limit:
+                    break
+    return events, cursor
 
 
 def add_routes(app: web.Application) -> None:

@@ -22,3 +22,6 @@ class MetaMetrics:
                                   registry=r)
         self.projection_position = Gauge("stator_meta_projection_position", "Version the SQL projection reached",
                                          registry=r)
+        self.projection_gap = Gauge("stator_meta_projection_gap_versions",
+                                    "Versions this node holds in neither its image nor its projection (being filled "
+                                    "from peers)", registry=r)

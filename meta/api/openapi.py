@@ -96,7 +96,8 @@ SPEC: dict[str, Any] = {
                               "parameters": [_q("topics", "string"), _q("after")],
                               "responses": {"200": {"description": "event stream",
                                                     "content": {"text/event-stream": {"schema": {"type": "string"}}}}}}},
-        "/v1/history": {"get": _op("Events in version order", params=[_q("after"), _q("limit"), _q("topic", "string"), *_READ])},
+        "/v1/history": {"get": _op("Events in version order, every version once; 503 HISTORY_UNAVAILABLE names a range "
+                                   "this node holds in neither its image nor its projection yet", params=[_q("after"), _q("limit"), _q("topic", "string"), *_READ])},
         "/v1/admin/image-digest": {"get": _op("SHA-256 of this node's image at its applied version", roles="admin",
                                               params=_READ)},
         "/v1/groups": {"get": _op("List consumer groups", params=_READ)},
@@ -120,7 +121,8 @@ SPEC: dict[str, Any] = {
                 "max_attempts": {"type": ["integer", "null"]}, "retry_topic": {"type": ["string", "null"]},
                 "mode": {"type": ["string", "null"], "enum": ["exclusive", "shared", None]}}})},
         "/healthz": {"get": _op("Alive", roles="none")},
-        "/readyz": {"get": _op("Has a leader and caught up", roles="none")},
+        "/readyz": {"get": _op("Has a leader and caught up; projection_position, projection_gap_versions and "
+                               "projection_complete say whether this node holds the whole history", roles="none")},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
         "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "spec"}}}},
     },

@@ -12,7 +12,7 @@ timestamps in nanoseconds. Columns are only ever added, nullable, under a new SC
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -20,6 +20,7 @@ import pyarrow as pa
 from ..events import GROUP_EVENTS
 
 SCHEMA_VERSION = 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MAPPING = "mapping_events"
 LOCKS = "lock_events"
 
@@ -67,3 +68,14 @@ def arrow_table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     columns = {f.name: [r[f.name] for r in rows] for f in schema}
     columns["ts"] = pa.array(columns["ts"], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     return pa.table(columns, schema=schema)
+
+
+def stored_event(r: dict[str, Any]) -> dict[str, Any]:
+    """The stored event a row of either table was made from (the inverse of ``row``): what a projection rebuild
+    takes from an export. ``ts`` goes back to milliseconds; the topic is the one the data names, as in the log."""
+    data = json.loads(r["data"])
+    ts = r["ts"]
+    # Integer arithmetic: a float of microseconds since 1970 can round off the last digit, and so the millisecond.
+    ts_us = (ts - _EPOCH) // timedelta(microseconds=1) if isinstance(ts, datetime) else int(ts)
+    return {"version": r["version"], "ts": ts_us // 1000, "type": r["type"], "v": r["event_schema"],
+            "topic": data.get("topic"), "data": data}

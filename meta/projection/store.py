@@ -2,6 +2,14 @@
 
 The position is the version of the last event applied. Writing it with the rows is what makes apply idempotent:
 an event at or below the position is already in, whatever happened between two calls (eventsourcing's followers).
+
+The position is also the projection's contiguous-through marker: apply takes only the event right after the position
+(an event past it raises ProjectionGap naming the missing versions), so the events table holds exactly versions
+1..position, every one. That is how a node knows its projection is complete, without a second marker to keep in step:
+it is complete up to where its image's history starts when position >= history_start - 1. Events are also folded
+strictly in log order, so the state tables are never built over a hole and never need a re-fold when one is filled.
+(Projections written before this rule may hold holes: ``first_hole()`` finds one, and the node serves history from
+such a projection only up to it, keeps every event it holds, and asks the operator to rebuild it.)
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Connection, func, select, text
 
 from meta import limits
 from meta.projection import engine as engines
@@ -32,6 +40,20 @@ def _check_ascending(events: list[dict[str, Any]]) -> None:
 def _event_row(e: dict[str, Any]) -> dict[str, Any]:
     return {"version": e["version"], "ts": e["ts"], "type": e["type"], "v": e.get("v", 1), "topic": e["topic"],
             "data": e["data"]}
+
+
+class ProjectionGap(ValueError):
+    """Events that would leave versions out of the projection: ``first..last`` are missing before them."""
+
+    def __init__(self, first: int, last: int):
+        super().__init__(f"the projection lacks versions {first}..{last}: apply them first")
+        self.first, self.last = first, last
+
+
+def _check_contiguous(events: list[dict[str, Any]], position: int) -> None:
+    for expected, e in enumerate(events, position + 1):
+        if e["version"] != expected:
+            raise ProjectionGap(expected, e["version"] - 1)
 
 
 class SqlProjection:
@@ -61,6 +83,7 @@ class SqlProjection:
             new = [e for e in events if e["version"] > position]
             if not new:
                 return position
+            _check_contiguous(new, position)
             plan = fold.plan(new)
             conn.execute(self._stmts["event_insert"], [_event_row(e) for e in new])
             for name, params in fold.runs(plan.ops):
@@ -73,12 +96,32 @@ class SqlProjection:
         self._warn_unknown(plan.unknown)
         return position
 
-    def history(self, after: int = 0, topic: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        """Stored events with version > after, ascending, optionally of one topic only."""
+    def first_hole(self) -> tuple[int, int] | None:
+        """The first run of versions missing below the position, or None when it holds every version 1..position
+        (as apply keeps it; projections written by older code may not)."""
+        e = schema.events.c
+        with self._engine.connect() as conn:
+            position = self._position(conn)
+            if conn.execute(select(func.count()).select_from(schema.events)).scalar_one() == position:
+                return None
+            # The end of the run starting at version 1 (0 when version 1 is missing), then the next version held.
+            nxt = schema.events.alias("nxt")
+            ends = (select(e.version.label("v"))
+                    .where(~select(nxt.c.version).where(nxt.c.version == e.version + 1).exists()).subquery())
+            has_first = conn.execute(select(e.version).where(e.version == 1)).first() is not None
+            run_end = conn.execute(select(func.min(ends.c.v))).scalar_one() if has_first else 0
+            resumes = conn.execute(select(func.min(e.version)).where(e.version > run_end)).scalar_one()
+            return run_end + 1, (resumes or position + 1) - 1
+
+    def history(self, after: int = 0, topic: str | None = None, limit: int = 1000,
+                through: int | None = None) -> list[dict[str, Any]]:
+        """Stored events with after < version (<= through), ascending, optionally of one topic only."""
         if not 1 <= limit <= HISTORY_LIMIT_MAX:
             raise ValueError(f"history limit {limit} outside 1..HISTORY_LIMIT_MAX={HISTORY_LIMIT_MAX}")
         e = schema.events.c
         query = select(e.version, e.ts, e.type, e.v, e.topic, e.data).where(e.version > after)
+        if through is not None:
+            query = query.where(e.version <= through)
         if topic is not None:
             query = query.where(e.topic == topic)
         query = query.order_by(e.version).limit(limit)
@@ -110,7 +153,10 @@ class SqlProjection:
 
 
 def rebuild(url: str, events: Iterable[dict[str, Any]]) -> int:
-    """Drop the projection at url, recreate it and apply events (ascending) in batches; return the position."""
+    """Drop the projection at url, recreate it and apply events (versions 1, 2, ...) in batches; return the position.
+
+    A missing version raises ProjectionGap: a rebuild never leaves a hole (meta/offline_log.py takes what the
+    node's image lacks from a peer or an export)."""
     projection = SqlProjection(url)
     try:
         projection.drop()
