@@ -61,12 +61,13 @@ def chunk_first(version: int) -> int:
 class Destination:
     """Where an export lives: a pyarrow filesystem and a base path on it."""
 
-    def __init__(self, out: str):
+    def __init__(self, out: str, create: bool = True):
         if "://" in out:
             self.fs, self.base = pafs.FileSystem.from_uri(out)
         else:
             self.fs, self.base = pafs.LocalFileSystem(), os.path.abspath(out)
-        self.fs.create_dir(self.base, recursive=True)
+        if create:    # readers of an export (lineage verify) leave the filesystem as they found it
+            self.fs.create_dir(self.base, recursive=True)
 
     def path(self, *parts: str) -> str:
         return "/".join([self.base.rstrip("/"), *parts])

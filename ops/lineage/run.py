@@ -43,4 +43,4 @@ def run_on(spark, request: Request) -> Any:
         return queries.moves(export, a.get("topic"), a.get("broker"), a.get("since"))
     if request.command == "locks":
         return queries.locks(export, a["group"], a.get("topic"), a.get("queue"))
-    return verify.findings(spark, export, request.data)
+    return verify.findings(export, request.data)

@@ -2,7 +2,7 @@
 the keys to look at:
 
 - ``version_gap`` (``first``, ``last``): versions missing between 1 and the last one exported (the state file's
-  ``last_version`` when Spark can read it, else the largest version seen); ``duplicate_version`` (``version``);
+  ``last_version`` when the driver can read it, else the largest version seen); ``duplicate_version`` (``version``);
 - ``segment_overlap``: a segment whose logic offsets start before an earlier generation of the same queue (same
   incarnation) ends, or while that generation is still open;
 - ``double_lock_holder``: a lock granted while another grant of the same (group, topic, queue) was not yet released.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from . import lock_intervals, segments
@@ -26,8 +26,8 @@ VERSION_BUCKET = 1_000_000   # versions are checked in order within buckets of t
 NEVER = 2**62                # the end of an interval still open
 
 
-def findings(spark: SparkSession, export: Export, data: str) -> list[dict[str, Any]]:
-    out = _version_findings(export, _last_exported(spark, data))
+def findings(export: Export, data: str) -> list[dict[str, Any]]:
+    out = _version_findings(export, _last_exported(data))
     out += _segment_overlaps(segments.derive(export.mapping))
     out += _double_holders(lock_intervals.derive(export.locks))
     return out
@@ -45,12 +45,15 @@ def _more(kind: str, rows: list[Any]) -> list[dict[str, Any]]:
              "message": f"more than {FINDINGS_PER_KIND_MAX} {kind} findings; only the first are listed"}]
 
 
-def _last_exported(spark: SparkSession, data: str) -> int | None:
+def _last_exported(data: str) -> int | None:
+    """The export's own record of its last version (the exporter's state file, read on the driver through pyarrow:
+    Spark skips files named with a leading underscore); None where pyarrow cannot open it."""
+    from meta.export.exporter import Destination, ExportError
     try:
-        state = spark.read.json(f"{data.rstrip('/')}/_stator_export.json").select("last_version").collect()
-    except Exception:   # no state file, or one Spark does not read: fall back to the largest version seen
+        # Spark's s3a:// is pyarrow's s3:// (the same bucket).
+        return Destination(data.replace("s3a://", "s3://", 1), create=False).last_version() or None
+    except (OSError, ValueError, ExportError):
         return None
-    return state[0]["last_version"] if state and state[0]["last_version"] is not None else None
 
 
 def _version_findings(export: Export, last_exported: int | None) -> list[dict[str, Any]]:
