@@ -28,18 +28,37 @@ COLUMNS = ("topic", "incarnation", "queue", "gen", "broker", "physical_queue", "
            "route_to", "route_to_version", "written_from", "written_to", "sealed_by")
 
 
+# What one event says of one segment; every event becomes a list of these (TopicCreated and TopicGrown one per queue).
+FACT = (("queue", "int"), ("gen", "bigint"), ("opened", "boolean"), ("broker", "string"), ("physical_queue", "string"),
+        ("physical_start", "bigint"), ("logic_start", "bigint"), ("budget_end", "bigint"), ("cause", "string"),
+        ("from_broker", "string"), ("route_from", "timestamp"), ("route_from_version", "bigint"),
+        ("written_from", "timestamp"), ("sealing_ts", "timestamp"), ("sealed_ts", "timestamp"),
+        ("logic_end", "bigint"), ("physical_end", "bigint"), ("sealed_by", "string"))
+
+
 def derive(mapping: DataFrame) -> DataFrame:
-    """Segments of every topic in ``mapping`` (filter it by topic first to derive only those)."""
-    ev = _with_incarnation(mapping.where(F.col("type").isin(*EVENT_TYPES) & F.col("topic").isNotNull()))
-    facts = _opened(ev).unionByName(_changed(ev), allowMissingColumns=True)
+    """Segments of every topic in ``mapping`` (filter it by topic first to derive only those).
+
+    One scan and one shuffle (by topic): each event becomes its facts before the shuffle, and every window after it
+    is partitioned by topic and more, so the rows are already where the windows need them."""
+    ev = parsed(mapping.where(F.col("type").isin(*EVENT_TYPES) & F.col("topic").isNotNull()), MAPPING_DATA)
+    facts = ev.select("topic", "type", "version", "ts", F.explode(_facts()).alias("f")).select(
+        "topic", "type", "version", "ts", *[F.col(f"f.{name}").alias(name) for name, _ in FACT])
+    so_far = Window.partitionBy("topic").orderBy("version").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    created = F.when(F.col("type") == "TopicCreated", F.col("version"))
+    facts = facts.withColumn("incarnation", F.last(created, ignorenulls=True).over(so_far)) \
+        .where(F.col("incarnation").isNotNull())
+    whole = Window.partitionBy("topic", "incarnation")
+    deleted = F.col("type") == "TopicDeleted"
+    facts = facts.withColumn("deleted_ts", F.min(F.when(deleted, F.col("ts"))).over(whole)) \
+        .withColumn("deleted_version", F.min(F.when(deleted, F.col("version"))).over(whole))
     segment = Window.partitionBy(*KEY)
     for name in ("logic_start", "written_from", "sealing_ts", "sealed_ts"):
         facts = facts.withColumn(name, F.min(name).over(segment))
     for name in ("logic_end", "physical_end", "sealed_by", "budget_end"):
         facts = facts.withColumn(name, F.max(name).over(segment))
-    segs = facts.where(F.col("opened"))
     chain = Window.partitionBy("topic", "incarnation", "queue").orderBy("gen", "route_from_version")
-    return segs.select(
+    return facts.where(F.col("opened")).select(
         *[c for c in COLUMNS if c not in ("route_to", "route_to_version", "written_to")],
         F.coalesce(F.lead("route_from").over(chain), "deleted_ts").alias("route_to"),
         F.coalesce(F.lead("route_from_version").over(chain), "deleted_version").alias("route_to_version"),
@@ -47,50 +66,32 @@ def derive(mapping: DataFrame) -> DataFrame:
     ).select(*COLUMNS)
 
 
-def _with_incarnation(ev: DataFrame) -> DataFrame:
-    """Each event with the version of the TopicCreated before it (its topic's incarnation) and that incarnation's end."""
-    so_far = Window.partitionBy("topic").orderBy("version").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    created = F.when(F.col("type") == "TopicCreated", F.col("version"))
-    ev = ev.withColumn("incarnation", F.last(created, ignorenulls=True).over(so_far)).where(F.col("incarnation").isNotNull())
-    whole = Window.partitionBy("topic", "incarnation")
-    deleted = F.col("type") == "TopicDeleted"
-    return parsed(ev, MAPPING_DATA) \
-        .withColumn("deleted_ts", F.min(F.when(deleted, F.col("ts"))).over(whole)) \
-        .withColumn("deleted_version", F.min(F.when(deleted, F.col("version"))).over(whole))
+def _fact(**values: Column) -> Column:
+    return F.struct(*[(values[name] if name in values else F.lit(None)).cast(kind).alias(name) for name, kind in FACT])
 
 
-def _opened(ev: DataFrame) -> DataFrame:
-    """One row per segment as it was opened: gen 0 of each queue created or grown, and every SegmentOpened."""
-    common = [F.col("topic"), F.col("incarnation"), F.col("deleted_ts"), F.col("deleted_version"),
-              F.col("ts").alias("route_from"), F.col("version").alias("route_from_version"), F.lit(True).alias("opened")]
-    first = ev.where(F.col("type").isin("TopicCreated", "TopicGrown")) \
-        .select(*common, F.explode("d.segments").alias("s"), F.col("type")) \
-        .select("topic", "incarnation", "deleted_ts", "deleted_version", "route_from", "route_from_version", "opened",
-                F.col("s.queue").alias("queue"), F.lit(0).cast("bigint").alias("gen"), F.col("s.broker").alias("broker"),
-                F.col("s.physical_queue").alias("physical_queue"), F.lit(0).cast("bigint").alias("physical_start"),
-                F.lit(0).cast("bigint").alias("logic_start"), F.col("s.budget_end").alias("budget_end"),
-                F.when(F.col("type") == "TopicCreated", "create").otherwise("grow").alias("cause"),
-                F.lit(None).cast("string").alias("from_broker"), F.col("route_from").alias("written_from"))
-    later = ev.where(F.col("type") == "SegmentOpened").select(
-        *common, "queue", "gen", "broker", F.col("d.physical_queue").alias("physical_queue"),
-        F.col("d.physical_start").alias("physical_start"), F.col("d.budget_end").alias("budget_end"),
-        F.col("d.cause").alias("cause"), F.col("d.from_broker").alias("from_broker"))
-    return first.unionByName(later, allowMissingColumns=True)
+def _facts() -> Column:
+    """The facts of one event: gen 0 of each queue a TopicCreated or TopicGrown lists; else one fact of its segment
+    (none but the keys for the events that change no segment: TopicDeleted)."""
+    t, d = F.col("type"), "d."
 
-
-def _changed(ev: DataFrame) -> DataFrame:
-    """What later events say of a segment: its logic start, its seal, its budget."""
-    t = F.col("type")
-
-    def on(kind: str, value: Column | str) -> Column:
-        return F.when(t == kind, value if isinstance(value, Column) else F.col(value))
-    return ev.where(t.isin("LogicStartDecided", "SegmentSealing", "SegmentSealed", "OffsetBudgetGranted")).select(
-        "topic", "incarnation", "queue", "gen", F.lit(False).alias("opened"),
-        on("LogicStartDecided", "d.logic_start").alias("logic_start"),
-        on("LogicStartDecided", "ts").alias("written_from"),
-        on("SegmentSealing", "ts").alias("sealing_ts"),
-        on("SegmentSealed", "ts").alias("sealed_ts"),
-        on("SegmentSealed", "d.logic_end").alias("logic_end"),
-        on("SegmentSealed", "d.physical_end").alias("physical_end"),
-        on("SegmentSealed", "d.by").alias("sealed_by"),
-        on("OffsetBudgetGranted", "d.budget_end").alias("budget_end"))
+    def on(kind: str, value: str) -> Column:
+        return F.when(t == kind, F.col(value))
+    first = F.transform(F.col("d.segments"), lambda s: _fact(
+        queue=s["queue"], gen=F.lit(0), opened=F.lit(True), broker=s["broker"], physical_queue=s["physical_queue"],
+        physical_start=F.lit(0), logic_start=F.lit(0), budget_end=s["budget_end"],
+        cause=F.when(t == "TopicCreated", "create").otherwise("grow"), route_from=F.col("ts"),
+        route_from_version=F.col("version"), written_from=F.col("ts")))
+    opened = t == "SegmentOpened"
+    one = F.array(_fact(
+        queue=F.col("queue"), gen=F.col("gen"), opened=opened, broker=on("SegmentOpened", "broker"),
+        physical_queue=on("SegmentOpened", d + "physical_queue"),
+        physical_start=on("SegmentOpened", d + "physical_start"),
+        budget_end=F.coalesce(on("SegmentOpened", d + "budget_end"), on("OffsetBudgetGranted", d + "budget_end")),
+        cause=on("SegmentOpened", d + "cause"), from_broker=on("SegmentOpened", d + "from_broker"),
+        route_from=on("SegmentOpened", "ts"), route_from_version=on("SegmentOpened", "version"),
+        logic_start=on("LogicStartDecided", d + "logic_start"), written_from=on("LogicStartDecided", "ts"),
+        sealing_ts=on("SegmentSealing", "ts"), sealed_ts=on("SegmentSealed", "ts"),
+        logic_end=on("SegmentSealed", d + "logic_end"), physical_end=on("SegmentSealed", d + "physical_end"),
+        sealed_by=on("SegmentSealed", d + "by")))
+    return F.when(t.isin("TopicCreated", "TopicGrown"), first).otherwise(one)
