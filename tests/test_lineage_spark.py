@@ -215,11 +215,13 @@ def test_the_cli_prints_json_tables_and_one_line_errors(spark, story, tmp_path):
     assert {f["kind"] for f in json.loads(run.stdout)} == {"version_gap", "segment_overlap", "double_lock_holder"}
 
 
-def test_the_job_writes_segments_and_lock_intervals_next_to_the_export(spark, story):
-    counts = job.write_derived(spark, story.out)
-    assert counts == {"segments": sum(len(c) for c in story.chains.values()) + 2,
-                      "lock_intervals": sum(e["type"] == "LockGranted" for e in story.events)}
+def test_the_job_writes_segments_and_lock_intervals_next_to_the_export(spark, story, capsys):
+    assert job.main(["--data", story.out]) == 0     # the entry point spark-submit runs (its session: the shared one)
+    counts = {"segments": sum(len(c) for c in story.chains.values()) + 2,
+              "lock_intervals": sum(e["type"] == "LockGranted" for e in story.events)}
+    assert json.loads(capsys.readouterr().out) == {"out": story.out, **counts}
     segs = spark.read.parquet(f"{story.out}/segments")
     assert tuple(segs.columns) == segments.COLUMNS
+    assert segs.where(F.col("logic_end").isNull()).count() == 4, "one open head per queue of each topic"
     assert job.write_derived(spark, story.out) == counts, "a second run replaces the tables, never appends"
     assert verify.findings(tables.read(spark, story.out), story.out) == [], "the export still reads the same"
