@@ -202,7 +202,8 @@ def run_lineage(ctx: click.Context, command: str, args: dict, data: str | None, 
 @lineage_options
 @click.pass_context
 def lineage_locate(ctx: click.Context, topic: str, queue: int, offset: int, **shared) -> None:
-    """The broker, physical queue and physical offset that held a logic offset, and when its segment was written."""
+    """The broker, physical queue and physical offset that held a logic offset (in the topic's newest incarnation),
+    and when its segment was written to."""
     run_lineage(ctx, "locate", {"topic": topic, "queue": queue, "offset": offset}, **shared)
 
 

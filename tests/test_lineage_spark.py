@@ -150,6 +150,7 @@ def planted_faults(out: str) -> tuple[History, int]:
     hole = h.version + 1
     h.skip(3)
     h.budget("t", 1, 2_000_000)
+    h.events.append(dict(h.events[-1]))                    # the same version twice
     exporter.write_stored(out, h.events)
     exporter.Destination(out).write_state(h.version + 2)  # the state says two more versions were exported
     return h, hole
@@ -162,8 +163,9 @@ def test_verify_finds_each_planted_fault(spark, tmp_path):
     by_kind = {}
     for f in found:
         by_kind.setdefault(f["kind"], []).append(f)
-    assert set(by_kind) == {"version_gap", "segment_overlap", "double_lock_holder"}, found
+    assert set(by_kind) == {"version_gap", "duplicate_version", "segment_overlap", "double_lock_holder"}, found
     assert [(g["first"], g["last"]) for g in by_kind["version_gap"]] == [(hole, hole + 2), (h.version + 1, h.version + 2)]
+    assert [d["version"] for d in by_kind["duplicate_version"]] == [h.version]
     (overlap,) = by_kind["segment_overlap"]
     assert (overlap["topic"], overlap["queue"], overlap["gen"], overlap["other_gen"], overlap["logic_start"]) == \
         ("t", 0, 2, 1, 12)
@@ -212,7 +214,8 @@ def test_the_cli_prints_json_tables_and_one_line_errors(spark, story, tmp_path):
     planted_faults(faulty)
     run = runner.invoke(main, ["lineage", "verify", "--data", faulty, "--json"])
     assert run.exit_code == EXIT_FINDINGS
-    assert {f["kind"] for f in json.loads(run.stdout)} == {"version_gap", "segment_overlap", "double_lock_holder"}
+    assert {f["kind"] for f in json.loads(run.stdout)} == {"version_gap", "duplicate_version", "segment_overlap",
+                                                           "double_lock_holder"}
 
 
 def test_the_job_writes_segments_and_lock_intervals_next_to_the_export(spark, story, capsys):

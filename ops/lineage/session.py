@@ -16,8 +16,10 @@ from pyspark.sql import SparkSession
 
 APP_NAME = "stator-lineage"
 BASE_CONF = {"spark.sql.session.timeZone": "UTC"}
-# Only for a session this process starts itself on a local master: quiet logs, no UI port.
-LOCAL_CONF = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.log.level": "ERROR"}
+LOG_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+# Only for a session this process starts itself on a local master: errors-only logs, no UI port, no progress bars.
+LOCAL_CONF = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+              "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
 
 
 def build(master: str | None = None, remote: str | None = None, conf: Mapping[str, str] | None = None,
