@@ -96,7 +96,9 @@ async def _group_story(c, admin: AdminClient) -> None:
     await admin.set_group_config(GROUP, {"lease_ms": LEASE_MS, "heartbeat_interval_ms": LEASE_MS // 4})
 
     async def beat(member: str, released: list | None = None) -> dict:
-        body = {"member": member, "topics": [TOPIC], "mode": "exclusive", **({"released": released} if released else {})}
+        body = {"member": member, "topics": [TOPIC], "mode": "exclusive"}
+        if released:
+            body["released"] = released
         return await ok(c, "POST", f"/v1/groups/{GROUP}/heartbeat", "client", body)
 
     await beat("m1")                                      # m1 is granted both queues

@@ -40,7 +40,8 @@ def ms_iso(ms: int | None) -> str | None:
 
 
 def event_ts(story, kind: str, **match) -> int:
-    found = [e["ts"] for e in story.events if e["type"] == kind and all(e["data"].get(k) == v for k, v in match.items())]
+    found = [e["ts"] for e in story.events
+             if e["type"] == kind and all(e["data"].get(k) == v for k, v in match.items())]
     assert len(found) == 1, (kind, match, found)
     return found[0]
 
@@ -164,7 +165,8 @@ def test_verify_finds_each_planted_fault(spark, tmp_path):
     for f in found:
         by_kind.setdefault(f["kind"], []).append(f)
     assert set(by_kind) == {"version_gap", "duplicate_version", "segment_overlap", "double_lock_holder"}, found
-    assert [(g["first"], g["last"]) for g in by_kind["version_gap"]] == [(hole, hole + 2), (h.version + 1, h.version + 2)]
+    assert [(g["first"], g["last"]) for g in by_kind["version_gap"]] == \
+        [(hole, hole + 2), (h.version + 1, h.version + 2)]
     assert [d["version"] for d in by_kind["duplicate_version"]] == [h.version]
     (overlap,) = by_kind["segment_overlap"]
     assert (overlap["topic"], overlap["queue"], overlap["gen"], overlap["other_gen"], overlap["logic_start"]) == \

@@ -25,7 +25,8 @@ def write_derived(spark, data: str, out: str | None = None) -> dict[str, int]:
     export = tables.read(spark, data)
     base = (out or data).rstrip("/")
     counts = {}
-    for name, df in ((SEGMENTS, segments.derive(export.mapping)), (LOCK_INTERVALS, lock_intervals.derive(export.locks))):
+    derived = {SEGMENTS: segments.derive(export.mapping), LOCK_INTERVALS: lock_intervals.derive(export.locks)}
+    for name, df in derived.items():
         df.write.mode("overwrite").parquet(f"{base}/{name}")
         counts[name] = spark.read.parquet(f"{base}/{name}").count()
     return counts
