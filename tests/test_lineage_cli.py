@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ops import cli
-from ops.lineage import output, run, session
+from ops.lineage import openlineage, output, run, session
 from ops.lineage.times import iso, parse_iso
 
 LOCATED = {"topic": "t", "queue": 1, "offset": 5, "broker": "b2", "physical_queue": "t.q1.g1.i3",
@@ -97,3 +97,16 @@ def test_tables_for_people_align_and_show_nothing_as_a_dash():
     assert row.split()[-1] == "-" and header.index("BROKER") == row.index("b2")
     moves = {"moves": [{"topic": "t", "queue": 0, "from": "b1", "to": "b22", "gen": 1, "version": 9, "ts": "T"}]}
     assert output.for_people("moves", moves).splitlines()[1].split() == ["t", "0", "b1", "b22", "1", "9", "T"]
+
+
+def test_openlineage_names_datasets_as_its_naming_spec_says(tmp_path):
+    def named(uri):
+        d = openlineage.dataset(uri)
+        return d["namespace"], d["name"]
+    assert named("s3a://lake/stator/segments") == ("s3://lake", "stator/segments")
+    assert named("hdfs://nn:8020/stator/segments") == ("hdfs://nn:8020", "/stator/segments")
+    assert named(str(tmp_path / "segments")) == ("file", str(tmp_path / "segments"))
+    assert named(f"file://{tmp_path}/segments") == ("file", f"{tmp_path}/segments")
+    event = openlineage.run_event("START", "r", "j", [openlineage.dataset("x", [("version", "bigint")])], [])
+    assert event["inputs"][0]["facets"]["schema"]["fields"] == [{"name": "version", "type": "bigint"}]
+    assert event["eventTime"].endswith("+00:00") and event["schemaURL"].startswith("https://openlineage.io/spec/")

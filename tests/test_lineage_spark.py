@@ -228,5 +228,13 @@ def test_the_job_writes_segments_and_lock_intervals_next_to_the_export(spark, st
     segs = spark.read.parquet(f"{story.out}/segments")
     assert tuple(segs.columns) == segments.COLUMNS
     assert segs.where(F.col("logic_end").isNull()).count() == 4, "one open head per queue of each topic"
-    assert job.write_derived(spark, story.out) == counts, "a second run replaces the tables, never appends"
+    assert job.main(["--data", story.out, "--format", "openlineage"]) == 0, "a second run replaces, never appends"
+    start, complete = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (start["eventType"], complete["eventType"]) == ("START", "COMPLETE")
+    assert start["run"]["runId"] == complete["run"]["runId"]
+    assert [(d["namespace"], d["name"]) for d in complete["inputs"]] == \
+        [("file", f"{story.out}/mapping_events"), ("file", f"{story.out}/lock_events")]
+    outputs = {d["name"].rsplit("/", 1)[1]: d for d in complete["outputs"]}
+    assert {name: d["outputFacets"]["outputStatistics"]["rowCount"] for name, d in outputs.items()} == counts
+    assert tuple(f["name"] for f in outputs["segments"]["facets"]["schema"]["fields"]) == segments.COLUMNS
     assert verify.findings(tables.read(spark, story.out), story.out) == [], "the export still reads the same"
