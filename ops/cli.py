@@ -160,5 +160,109 @@ def export_history(meta_urls: str, out: str, token: str | None, token_file: str 
                            "events": result.events, "files": result.files}))
 
 
+# -- lineage on Spark (ops/lineage/) ----------------------------------------------------------------------------------
+EXIT_FINDINGS = 3   # `stator lineage verify` ran and found something wrong in the export
+
+
+class IsoTime(click.ParamType):
+    """An ISO-8601 time (UTC when it names no offset), as microseconds since the epoch."""
+    name = "ISO-8601"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from ops.lineage.times import parse_iso
+        try:
+            return parse_iso(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def lineage_options(f):
+    """--data, --master, --remote and --json, accepted before or after the subcommand (API.md puts them after)."""
+    f = click.option("--json", "as_json", is_flag=True, help="print one JSON document (API.md's shapes)")(f)
+    f = click.option("--remote", help="Spark Connect instead of a master: sc://host:15002")(f)
+    f = click.option("--master", help="Spark master: local[*] (default), spark://, yarn, k8s://")(f)
+    return click.option("--data", help="the export: the directory (or s3a://, hdfs:// URI) `stator export` wrote")(f)
+
+
+@main.group()
+@lineage_options
+@click.pass_context
+def lineage(ctx: click.Context, data: str | None, master: str | None, remote: str | None, as_json: bool) -> None:
+    """Mapping and lock history from an export, on Spark."""
+    ctx.obj = {"data": data, "master": master, "remote": remote, "as_json": as_json}
+
+
+def run_lineage(ctx: click.Context, command: str, args: dict, data: str | None, master: str | None,
+                remote: str | None, as_json: bool) -> None:
+    from ops.lineage.errors import LineageError
+    from ops.lineage.output import for_people
+    from ops.lineage.run import Request, answer
+    shared = ctx.obj or {}
+    data, master, remote = data or shared.get("data"), master or shared.get("master"), remote or shared.get("remote")
+    if not data:
+        raise click.UsageError("--data DIR is required: the directory (or URI) `stator export` wrote")
+    if master and remote:
+        raise click.UsageError("give --master or --remote, not both")
+    with one_line_errors(LineageError):
+        result = answer(Request(command, data, master, remote, args))
+    click.echo(json.dumps(result) if as_json or shared.get("as_json") else for_people(command, result))
+    if command == "verify" and result:
+        sys.exit(EXIT_FINDINGS)
+
+
+@lineage.command("locate")
+@click.option("--topic", required=True)
+@click.option("--queue", required=True, type=click.IntRange(min=0))
+@click.option("--offset", required=True, type=click.IntRange(min=0))
+@lineage_options
+@click.pass_context
+def lineage_locate(ctx: click.Context, topic: str, queue: int, offset: int, **shared) -> None:
+    """The broker, physical queue and physical offset that held a logic offset (in the topic's newest incarnation),
+    and when its segment was written to."""
+    run_lineage(ctx, "locate", {"topic": topic, "queue": queue, "offset": offset}, **shared)
+
+
+@lineage.command("route-at")
+@click.option("--topic", required=True)
+@click.option("--at", required=True, type=IsoTime())
+@lineage_options
+@click.pass_context
+def lineage_route_at(ctx: click.Context, topic: str, at: int, **shared) -> None:
+    """The topic's route as it was at a time."""
+    run_lineage(ctx, "route-at", {"topic": topic, "at": at}, **shared)
+
+
+@lineage.command("moves")
+@click.option("--topic")
+@click.option("--broker", help="moves from or to this broker")
+@click.option("--since", type=IsoTime())
+@lineage_options
+@click.pass_context
+def lineage_moves(ctx: click.Context, topic: str | None, broker: str | None, since: int | None, **shared) -> None:
+    """Every remap: queue, from, to, gen, version and time."""
+    run_lineage(ctx, "moves", {"topic": topic, "broker": broker, "since": since}, **shared)
+
+
+@lineage.command("locks")
+@click.option("--group", required=True)
+@click.option("--topic")
+@click.option("--queue", type=click.IntRange(min=0))
+@lineage_options
+@click.pass_context
+def lineage_locks(ctx: click.Context, group: str, topic: str | None, queue: int | None, **shared) -> None:
+    """Who held each exclusive lock of a group, with token, from and to."""
+    run_lineage(ctx, "locks", {"group": group, "topic": topic, "queue": queue}, **shared)
+
+
+@lineage.command("verify")
+@lineage_options
+@click.pass_context
+def lineage_verify(ctx: click.Context, **shared) -> None:
+    """Version gaps, overlapping segments, two lock holders at once; exits 3 on any finding."""
+    run_lineage(ctx, "verify", {}, **shared)
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,3 +20,14 @@ async def full_cluster(tmp_path):
     async with cluster_mod.running(str(tmp_path), 3, 3,
                                    meta={"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """ONE local Spark session for every lineage test (a JVM start costs ~5 s): local[2], no UI, 2 shuffle partitions,
+    UTC (ops/lineage/session.py sets the time zone and loopback)."""
+    from ops.lineage import session
+    s = session.build("local[2]", conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+                                        "spark.sql.session.timeZone": "UTC"})
+    yield s
+    s.stop()

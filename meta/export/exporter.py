@@ -19,7 +19,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,12 +61,13 @@ def chunk_first(version: int) -> int:
 class Destination:
     """Where an export lives: a pyarrow filesystem and a base path on it."""
 
-    def __init__(self, out: str):
+    def __init__(self, out: str, create: bool = True):
         if "://" in out:
             self.fs, self.base = pafs.FileSystem.from_uri(out)
         else:
             self.fs, self.base = pafs.LocalFileSystem(), os.path.abspath(out)
-        self.fs.create_dir(self.base, recursive=True)
+        if create:    # readers of an export (lineage verify) leave the filesystem as they found it
+            self.fs.create_dir(self.base, recursive=True)
 
     def path(self, *parts: str) -> str:
         return "/".join([self.base.rstrip("/"), *parts])
@@ -168,6 +169,26 @@ def _write_chunk(dest: Destination, first: int, last: int, events: list[dict[str
     for (table, day), rows in sorted(groups.items()):
         dest.write_table(table, day, first, last, rows)
     return len(groups)
+
+
+def write_stored(out: str, events: Iterable[dict[str, Any]]) -> int:
+    """Write stored events (the history API's shape, in version order) into ``out`` by the same ranges, files and state
+    as ``export``; returns the files written. For exports made without a meta node (benchmarks, tests of readers):
+    unlike ``export`` it takes the versions as given, holes included, so a reader's checks can be tried on them."""
+    dest = Destination(out)
+    files, chunk, first, last = 0, [], 0, 0
+    for e in events:
+        if chunk and chunk_first(e["version"]) != first:
+            files += _write_chunk(dest, first, first + CHUNK_VERSIONS - 1, chunk)
+            chunk = []
+        if not chunk:
+            first = chunk_first(e["version"])
+        chunk.append(e)
+        last = e["version"]
+    if chunk:
+        files += _write_chunk(dest, first, first + CHUNK_VERSIONS - 1, chunk)
+    dest.write_state(last)
+    return files
 
 
 def run(meta_urls: Sequence[str], token: str | None, out: str,
