@@ -57,7 +57,7 @@ class BrokerNode:
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link)
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
                               lambda: self.session.writable(self.routes.version), self.group_settings,
-                              self.pop_signals, config.token)
+                              self.pop_signals)
         self.registry.register(PopCollector(self.pop))
         self.barriers = Barriers(lambda g, t, q: self.reader.read_offset(g, t, q, False), self.reader.min_offset)
         self._tasks: list[asyncio.Task] = []

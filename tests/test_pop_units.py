@@ -3,7 +3,6 @@ group settings, request bounds. The broker-level behaviour is in tests/test_pop.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 

@@ -28,7 +28,6 @@ class Reviver:
         self._heap: list[tuple[int, int, Key, int]] = []   # deadline_ms, seq, key, offset
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.lateness_ms_max = 0
 
     def __len__(self) -> int:
         return len(self._heap)

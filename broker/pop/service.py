@@ -16,10 +16,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import structlog
 
-from client.wire.errors import ApiError, invalid, rejection
+from client.wire.errors import ApiError, rejection
 
 from ..codec import RawMessage, RawPopped
 from ..reads import Reader
@@ -39,8 +38,8 @@ from .wakeup import TopicSignals
 log = structlog.get_logger("broker.pop")
 
 SEQ_BITS = 32                    # deliveries per incarnation; the incarnation sits above
+HEAP_CHECK_EVERY = 10_000        # deliveries scheduled between two looks at the revive heap's size
 HANDOVER_WAIT_S = 5.0            # how long an old head waits to see the route that moved the queue away
-HANDOVER_TIMEOUT_S = 10.0
 
 
 def now_ms() -> int:
@@ -69,14 +68,13 @@ def _next_incarnation(path: str) -> int:
 
 class PopService:
     def __init__(self, me: str, data_dir: str, routes: RouteTable, reader: Reader, ready: Callable[[], bool],
-                 settings: GroupSettings, signals: TopicSignals, token: str):
+                 settings: GroupSettings, signals: TopicSignals):
         self.me = me
         self.routes = routes
         self.reader = reader
         self.settings = settings
         self.signals = signals
         self._ready = ready
-        self._headers = {"Authorization": f"Bearer {token}"}
         root = os.path.join(data_dir, "pop")
         os.makedirs(root, exist_ok=True)
         self.codec = HandleCodec(load_secret(os.path.join(root, "handle.key")))
@@ -92,22 +90,21 @@ class PopService:
         self._chores: set[asyncio.Task] = set()
         self._handing: set[Key] = set()
         self._in_flight_total = 0
+        self._scheduled = 0
         self._waiters = 0
         self._rotation = 0
-        self._http: aiohttp.ClientSession | None = None
         self.popped = 0
         self.redelivered = 0
         self.dead_lettered = 0
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HANDOVER_TIMEOUT_S))
         for key, st in self.states.items():
             for offset, d in st.in_flight.items():
                 if d.dead:
                     self._spawn(self._dead_letter(key, offset, resumed=True), "resume dead letter")
                 else:
-                    self.reviver.schedule(d.deadline_ms, key, offset, d.seq)
+                    self._schedule(key, offset, d.seq, d.deadline_ms)
         self.journal.start()
         self.reviver.start()
 
@@ -119,8 +116,6 @@ class PopService:
         await asyncio.gather(*chores, return_exceptions=True)
         await self.journal.close()
         self.dlq.close()
-        if self._http is not None:
-            await self._http.close()
 
     def _spawn(self, work, what: str) -> None:
         task = asyncio.create_task(work, name=what)
@@ -136,6 +131,17 @@ class PopService:
         self._seq += 1
         assert self._seq < 1 << SEQ_BITS
         return self._seq_base | self._seq
+
+    def _schedule(self, key: Key, offset: int, seq: int, deadline_ms: int) -> None:
+        """Put a deadline on the revive heap; now and then drop the entries of deliveries acked or superseded
+        meanwhile, so the heap stays proportional to what is in flight."""
+        self.reviver.schedule(deadline_ms, key, offset, seq)
+        self._scheduled += 1
+        if self._scheduled % HEAP_CHECK_EVERY == 0:
+            live = self.in_flight_total()
+            if len(self.reviver) > 4 * live + HEAP_CHECK_EVERY:
+                self.reviver.rebuild((d.deadline_ms, d.seq, k, o) for k, st in self.states.items()
+                                     for o, d in st.in_flight.items() if not d.dead and o not in st.ready)
 
     def _lock(self, key: Key) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -255,7 +261,7 @@ class PopService:
                 continue
             seq = self._next_seq()
             d = st.deliver_new(m.offset, seq, now, invisible_ms)
-            self.reviver.schedule(d.deadline_ms, st.key, m.offset, seq)
+            self._schedule(st.key, m.offset, seq, d.deadline_ms)
             out.append(self._popped(group, topic, queue, m, seq, d.attempt))
         st.skip_to(res["next_offset"])
         self.journal.touch(st.key)
@@ -279,7 +285,7 @@ class PopService:
                 continue
             seq = self._next_seq()
             d = st.redeliver(offset, seq, now, invisible_ms)
-            self.reviver.schedule(d.deadline_ms, st.key, offset, seq)
+            self._schedule(st.key, offset, seq, d.deadline_ms)
             out.append(self._popped(group, topic, queue, m, seq, d.attempt))
         self.journal.touch(st.key)
         self.journal.kick()
@@ -358,7 +364,7 @@ class PopService:
             raise handle_expired("it was acked, delivered again, given a new handle or dead-lettered")
         seq = self._next_seq()
         d = st.change_invisible(h.offset, seq, now_ms() + invisible_ms)
-        self.reviver.schedule(d.deadline_ms, st.key, h.offset, seq)
+        self._schedule(st.key, h.offset, seq, d.deadline_ms)
         self._remember(st.key, h.offset, h.seq, "superseded")
         self.journal.touch(st.key)
         await self.journal.durable()
@@ -440,27 +446,19 @@ class PopService:
 
     async def _ask_freeze(self, seg: Segment, key: Key) -> tuple[int, int] | None:
         """An older head's pop state of ``key`` as (gen, next offset), frozen there first; None when it has none.
-        A broker that cannot answer stops the takeover (503): starting without its pop offset could deliver twice."""
+        A broker that cannot answer stops the takeover (503 BROKER_UNAVAILABLE): starting without its pop offset
+        could deliver twice."""
         group, topic, queue = key
-        if not seg.address:
-            raise rejection(503, "BROKER_UNAVAILABLE", f"broker {seg.broker} of an older segment has no address")
-        url = (f"{seg.address}/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
-               f"?route_version={self.routes.version}")
-        try:
-            async with self._http.post(url, headers=self._headers) as r:
-                body = await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-            raise rejection(503, "BROKER_UNAVAILABLE", f"broker {seg.broker} holding older pop state of this queue "
-                            f"is unreachable ({type(e).__name__})", broker=seg.broker) from None
-        if r.status != 200:
-            raise ApiError.from_dict(r.status, body)
+        body = await self.reader.peers.request(
+            "POST", seg, f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
+                         f"?route_version={self.routes.version}")
         return (body["gen"], body["next_offset"]) if body.get("found") else None
 
     async def freeze(self, key: Key, route_version: int) -> dict[str, Any]:
         """A new head asks for this broker's pop state of ``key``: once this broker's routes are as new as the
         asker's and it is no longer the head, no pop here can move the pop offset again; freeze it and answer."""
         group, topic, queue = key
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + HANDOVER_WAIT_S
         while self.routes.version < route_version:
             if time.monotonic() > deadline:
                 raise rejection(503, "CATCHING_UP", "this broker has not seen the route that moved the queue yet")
@@ -501,16 +499,12 @@ class PopService:
         if head is None or head.broker == self.me or not head.address:
             return
         batch = {o: st.in_flight[o] for o in list(st.ready)[:IN_FLIGHT_PER_QUEUE_MAX] if o in st.in_flight}
-        url = f"{head.address}/v1/pop-adopt/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
         try:
-            async with self._http.post(url, headers=self._headers, json={
-                    "deliveries": [[o, d.attempt] for o, d in batch.items()]}) as r:
-                body = await r.json(content_type=None)
-                ok = r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            ok, body = False, None
-        if not ok:
-            log.info("pop_handover_failed", key=key, answer=body)
+            await self.reader.peers.request(
+                "POST", head, f"/v1/pop-adopt/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}",
+                {"deliveries": [[o, d.attempt] for o, d in batch.items()]})
+        except ApiError as e:
+            log.info("pop_handover_failed", key=key, code=e.code)
             await asyncio.sleep(DLQ_RETRY_MS / 1000)
             return await self._push_expired(key)
         for o, d in batch.items():
