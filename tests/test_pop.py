@@ -282,3 +282,23 @@ async def test_pop_continues_across_a_remap_without_gap_or_duplicate(cluster):
     assert await pop_all(c, b2, "moving", "g", wait_ms=300) == []
     old = [q for q in (await stats(c, b1, "g"))["queues"] if q["topic"] == "moving"]
     assert old and old[0]["frozen"] and old[0]["in_flight"] == 0
+
+
+async def test_acks_of_pops_still_only_in_memory_are_durable_and_nothing_acked_comes_back_after_kill_9(cluster):
+    """Pop and ack inside the write delay: no delivery record is ever written for the pair, yet the ack is answered
+    only once the pop offset past it is on disk, so a kill -9 right after the answer brings none of them back."""
+    c = cluster
+    await topic(c, "merge", 1, messages=20)
+    b1 = c.url("b1")
+    got = await pop_all(c, b1, "merge", "g", max=20, invisible_ms=60_000)
+    assert offsets(got) == list(range(20))
+    acked = [m for m in got if m["offset"] < 15]
+    assert all(r["ok"] for r in await ack(c, b1, "g", [m["handle"] for m in acked]))
+    c.kill9("b1")                     # at once: the 5 unacked deliveries were never written
+    c.start("b1")
+    await wait_until(lambda: _ready(c, b1), 30, "b1 ready again")
+    back = await pop_all(c, b1, "merge", "g", max=100, wait_ms=5000)
+    assert offsets(back) == list(range(15, 20)), "the unacked ones come back (early: their pop was not written)"
+    assert all(r["ok"] for r in await ack(c, b1, "g", [m["handle"] for m in back]))
+    assert (await ack(c, b1, "g", [got[15]["handle"]]))[0]["code"] == "HANDLE_EXPIRED"
+    assert await pop_all(c, b1, "merge", "g", wait_ms=300) == []
