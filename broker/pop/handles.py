@@ -21,6 +21,7 @@ from ..storage import files
 from .limits import HANDLE_CHARS_MAX
 
 MAC_BYTES = 16
+_json_str = json.encoder.encode_basestring_ascii   # the C escaper json.dumps uses for strings
 SECRET_BYTES = 32
 
 
@@ -34,14 +35,16 @@ class Handle(NamedTuple):
 class HandleCodec:
     def __init__(self, secret: bytes):
         assert len(secret) >= 16
-        self._secret = secret
+        self._keyed = hmac.new(secret, digestmod=hashlib.sha256)   # copied per handle: the key is set up once
 
     def _mac(self, group: str, body: bytes) -> str:
-        tag = hmac.new(self._secret, group.encode() + b"\0" + body, hashlib.sha256).digest()[:MAC_BYTES]
-        return base64.urlsafe_b64encode(tag).rstrip(b"=").decode()
+        m = self._keyed.copy()
+        m.update(group.encode() + b"\0" + body)
+        return base64.urlsafe_b64encode(m.digest()[:MAC_BYTES]).rstrip(b"=").decode()
 
     def encode(self, group: str, h: Handle) -> str:
-        body = base64.urlsafe_b64encode(json.dumps(list(h), separators=(",", ":")).encode()).rstrip(b"=")
+        text = "[%s,%d,%d,%d]" % (_json_str(h.topic), h.queue, h.offset, h.seq)
+        body = base64.urlsafe_b64encode(text.encode()).rstrip(b"=")
         return body.decode() + "." + self._mac(group, body)
 
     def decode(self, group: str, raw: object) -> Handle | None:

@@ -5,7 +5,7 @@
 Starts its own cluster (3 meta nodes, 1 broker) in a temp dir. Throughput: the topic is filled first (batches of 500
 messages of 100 bytes), then ``--consumers`` concurrent consumers each pop (``max`` per pop, long-poll 1 s) and ack
 every message they got with one batch ack, until everything was acked once; messages/s = acked / elapsed (target:
-20,000). Lateness: a second group pops ``--lateness-messages`` messages with a 1 s invisible time and acks none; the
+20,000); each consumer acks in the background, at most 4 batch acks outstanding (as client/pop.py does). Lateness: a second group pops ``--lateness-messages`` messages with a 1 s invisible time and acks none; the
 consumers long-poll, and each redelivery's lateness is its arrival minus (the send time of the pop that delivered it
 first + 1 s), an upper bound of the broker's own lateness (target: p99 under 200 ms). Prints one JSON object.
 """
@@ -28,6 +28,7 @@ from ops.bench.common import free_base_port, loadavg, say
 BODY = "x" * 100
 FILL_BATCH = 500
 INVISIBLE_MS = 1000
+ACKS_OUTSTANDING_MAX = 4      # per consumer: batch acks sent while it pops on
 
 
 def percentiles(ms: list[float]) -> dict[str, float | None]:
@@ -61,9 +62,23 @@ async def throughput(s, broker: str, token: str, args, total: int) -> dict:
     seen: set[tuple[int, int]] = set()
     duplicates = 0
 
+    async def ack_batch(got: list[dict], gate: asyncio.Semaphore) -> None:
+        nonlocal acked
+        try:
+            t = time.perf_counter()
+            results = (await post(s, f"{broker}/v1/ack", token,
+                                  {"group": "tp", "handles": [m["handle"] for m in got]}))["results"]
+            acks.append((time.perf_counter() - t) * 1000)
+            acked += sum(1 for r in results if r["ok"])
+        finally:
+            gate.release()
+
     async def consumer() -> None:
-        nonlocal acked, duplicates
-        while acked < total:
+        """Pops, and acks each batch in the background (at most ACKS_OUTSTANDING_MAX at once), as PopConsumer does."""
+        nonlocal duplicates
+        gate = asyncio.Semaphore(ACKS_OUTSTANDING_MAX)
+        acking: list[asyncio.Task] = []
+        while len(seen) < total:
             t = time.perf_counter()
             got = (await post(s, f"{broker}/v1/pop/bench", token,
                               {"group": "tp", "max": args.max, "wait_ms": 1000, "invisible_ms": 60_000}))["messages"]
@@ -74,11 +89,9 @@ async def throughput(s, broker: str, token: str, args, total: int) -> dict:
                 k = (m["queue"], m["offset"])
                 duplicates += k in seen
                 seen.add(k)
-            t = time.perf_counter()
-            results = (await post(s, f"{broker}/v1/ack", token,
-                                  {"group": "tp", "handles": [m["handle"] for m in got]}))["results"]
-            acks.append((time.perf_counter() - t) * 1000)
-            acked += sum(1 for r in results if r["ok"])
+            await gate.acquire()
+            acking.append(asyncio.create_task(ack_batch(got, gate)))
+        await asyncio.gather(*acking)
 
     t0 = time.monotonic()
     await asyncio.gather(*(consumer() for _ in range(args.consumers)))
@@ -100,6 +113,8 @@ async def lateness(s, broker: str, token: str, args) -> dict:
         for m in got:
             first_sent[(m["queue"], m["offset"])] = t
 
+    acking: list[asyncio.Task] = []
+
     async def consumer() -> None:
         while len(late) < want:
             got = (await post(s, f"{broker}/v1/pop/late", token,
@@ -108,8 +123,10 @@ async def lateness(s, broker: str, token: str, args) -> dict:
             for m in got:
                 late.append((now - first_sent[(m["queue"], m["offset"])]) * 1000 - INVISIBLE_MS)
             if got:
-                await post(s, f"{broker}/v1/ack", token, {"group": "late", "handles": [m["handle"] for m in got]})
+                acking.append(asyncio.create_task(post(s, f"{broker}/v1/ack", token,
+                                                       {"group": "late", "handles": [m["handle"] for m in got]})))
     await asyncio.gather(*(consumer() for _ in range(args.consumers)))
+    await asyncio.gather(*acking)
     early = sum(1 for x in late if x < 0)
     return {"messages": len(late), "invisible_ms": INVISIBLE_MS, "lateness_ms": percentiles(late),
             "target_p99_ms": 200, "early": early, "loadavg": loadavg()}
