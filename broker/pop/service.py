@@ -190,6 +190,9 @@ class PopService:
             head = self.routes.head(topic, queue)
             if head is None or head.broker != self.me:
                 raise not_leader(topic, queue, head)
+            if head.logic_start is None:
+                raise rejection(503, "SEALING", "the queue is being remapped; retry shortly", topic=topic,
+                                queue=queue)
             return [(queue, head)]
         heads = [(q, self.routes.head(topic, q)) for q in range(count)]
         mine = [(q, h) for q, h in heads if h is not None and h.broker == self.me and h.logic_start is not None]
@@ -206,7 +209,7 @@ class PopService:
         out: list[RawPopped] = []
         saturated = 0
         for phase in ("retry", "new"):          # redeliveries first, over every queue, so retries never starve
-            for q, head in queues:
+            for q, _ in queues:
                 if len(out) >= max_n:
                     break
                 key = (group, topic, q)
@@ -215,7 +218,7 @@ class PopService:
                     continue                     # another pop works on this queue: never share a delivery
                 try:
                     async with lock:
-                        st = await self._state_for(key, head)
+                        st = await self._state_for(key)
                         if st is None:
                             continue
                         if phase == "new" and (len(st.in_flight) >= IN_FLIGHT_PER_QUEUE_MAX
@@ -414,16 +417,20 @@ class PopService:
             self.journal.kick()
 
     # -- pop state across remaps ---------------------------------------------------------------------------------
-    async def _state_for(self, key: Key, head: Segment) -> QueueState | None:
-        """The key's state for popping under ``head``; taken over from older heads the first time (the caller holds
-        the key's lock)."""
+    async def _state_for(self, key: Key) -> QueueState | None:
+        """The key's state for popping here, taken over from older heads the first time under a new head; None when
+        this broker does not hold the queue's decided head (the caller holds the key's lock)."""
+        group, topic, queue = key
+        head = self.routes.head(topic, queue)   # now, not when the pop began: the queue may have moved meanwhile
+        if head is None or head.broker != self.me or head.logic_start is None:
+            return None
         st = self.states.get(key)
-        if st is not None and not st.frozen and st.gen >= head.gen:
-            return st
+        if st is not None and st.gen >= head.gen:
+            # Frozen at this gen or later: a newer head took the state over; never pop it here again.
+            return None if st.frozen else st
         if st is None and len(self.states) >= POP_QUEUES_MAX:
             raise rejection(409, "TOO_MANY_POP_QUEUES", f"this broker keeps pop state of at most {POP_QUEUES_MAX} "
                             "(group, topic, queue)", limit=POP_QUEUES_MAX)
-        group, topic, queue = key
         best: tuple[int, int] | None = (st.gen, st.next_offset) if st is not None else None
         asked = {self.me}
         for seg in reversed(await self.reader.history(topic, queue)):
@@ -484,20 +491,22 @@ class PopService:
 
     async def _hand_over_expired(self, key: Key) -> None:
         try:
-            await self._push_expired(key)
+            while not await self._push_expired(key):
+                await asyncio.sleep(DLQ_RETRY_MS / 1000)
         finally:
             self._handing.discard(key)
 
-    async def _push_expired(self, key: Key) -> None:
+    async def _push_expired(self, key: Key) -> bool:
+        """One push of the ready deliveries; False when it should be tried again later."""
         """A frozen key's deliveries that came due go to the current head, which delivers them again; this broker
         removes them once the head has them durably (and keeps them, to try again, when it cannot)."""
         st = self.states.get(key)
         if st is None or not st.frozen or not st.ready:
-            return
+            return True
         group, topic, queue = key
         head = self.routes.head(topic, queue)
         if head is None or head.broker == self.me or not head.address:
-            return
+            return True
         batch = {o: st.in_flight[o] for o in list(st.ready)[:IN_FLIGHT_PER_QUEUE_MAX] if o in st.in_flight}
         try:
             await self.reader.peers.request(
@@ -505,14 +514,14 @@ class PopService:
                 {"deliveries": [[o, d.attempt] for o, d in batch.items()]})
         except ApiError as e:
             log.info("pop_handover_failed", key=key, code=e.code)
-            await asyncio.sleep(DLQ_RETRY_MS / 1000)
-            return await self._push_expired(key)
+            return False
         for o, d in batch.items():
             if st.in_flight.get(o) is d:
                 st.ack(o)
                 self._remember(key, o, d.seq, "moved")
         self.journal.touch(key)
         await self.journal.durable()
+        return not st.ready
 
     async def adopt(self, key: Key, deliveries: list[list[int]]) -> int:
         """Expired deliveries of an older head: delivered again from here, before anything new."""
@@ -521,7 +530,9 @@ class PopService:
         if head is None or head.broker != self.me:
             raise not_leader(topic, queue, head)
         async with self._lock(key):
-            st = await self._state_for(key, head)
+            st = await self._state_for(key)
+            if st is None:
+                raise not_leader(topic, queue, self.routes.head(topic, queue))
             now = now_ms()
             taken = 0
             for offset, attempt in deliveries:
