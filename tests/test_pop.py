@@ -302,3 +302,32 @@ async def test_acks_of_pops_still_only_in_memory_are_durable_and_nothing_acked_c
     assert all(r["ok"] for r in await ack(c, b1, "g", [m["handle"] for m in back]))
     assert (await ack(c, b1, "g", [got[15]["handle"]]))[0]["code"] == "HANDLE_EXPIRED"
     assert await pop_all(c, b1, "merge", "g", wait_ms=300) == []
+
+
+async def test_pop_follows_a_queue_moved_away_and_back(cluster):
+    """b1 -> b2 -> b1: the second takeover on b1 continues from b2's pop offset, not from b1's own older state, and
+    what b2 left unacked comes back from b1 once its invisible time ends."""
+    c = cluster
+    await topic(c, "roundtrip", 1, messages=6)
+    b1, b2 = c.url("b1"), c.url("b2")
+    first = await pop_all(c, b1, "roundtrip", "g", max=3)
+    assert offsets(first) == [0, 1, 2]
+    assert all(r["ok"] for r in await ack(c, b1, "g", [m["handle"] for m in first]))
+
+    async def move(to: str) -> None:
+        await ok(c, "POST", "/v1/topics/roundtrip/remap", json={"brokers": [to]})
+        await wait_route(c, "roundtrip", lambda r: all_writable(r) and r["queues"][0]["broker"] == to)
+    await move("b2")
+    second = await pop_all(c, b2, "roundtrip", "g", max=2, invisible_ms=1500)
+    assert offsets(second) == [3, 4]
+    assert (await ack(c, b2, "g", [second[0]["handle"]]))[0]["ok"]
+    await move("b1")
+    await send(c, "roundtrip", 0, ["x", "y"])
+    third = await pop_all(c, b1, "roundtrip", "g", max=100, invisible_ms=60_000)
+    assert offsets(third) == [5, 6, 7], "from b2's pop offset: nothing b1 or b2 handed out is handed out again"
+    back = await pop_all(c, b1, "roundtrip", "g", wait_ms=10_000, invisible_ms=60_000)
+    assert [(m["offset"], m["attempt"]) for m in back] == [(4, 2)]
+    assert all(r["ok"] for r in await ack(c, b1, "g", [m["handle"] for m in third + back]))
+    assert await pop_all(c, b1, "roundtrip", "g", wait_ms=300) == []
+    on_b2 = [q for q in (await stats(c, b2, "g"))["queues"] if q["topic"] == "roundtrip"]
+    assert on_b2 and on_b2[0]["frozen"] and on_b2[0]["in_flight"] == 0
