@@ -98,6 +98,16 @@ def test_a_pop_acked_within_the_write_delay_costs_no_delivery_record():
     assert st.take_line(DELIVERY_WRITE_DELAY_MS + 1)[7] == [2], "a written delivery needs its removal written"
 
 
+def test_an_ack_above_unacked_fresh_deliveries_writes_them_so_the_pop_offset_can_pass_it():
+    st = popped(4, now=0)
+    st.ack(2)
+    line = st.take_line(10)
+    assert line[3] == 3 and [u[0] for u in line[6]] == [0, 1], \
+        "the acked offset is below the written pop offset; the unacked ones below it are on disk"
+    st.ack(3)
+    assert st.take_line(20)[3] == 4 and st.take_line(30) is None
+
+
 def test_replaying_the_lines_gives_the_written_state():
     st = popped(4, now=0)
     lines = [st.take_line(DELIVERY_WRITE_DELAY_MS)]

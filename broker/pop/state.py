@@ -7,7 +7,8 @@ again, before anything new, with ``attempt`` + 1, or to the dead-letter queue af
 What is durable (journal.py) is described by the lines ``take_line`` hands out, which always keep this rule: the
 written pop offset never passes an offset whose delivery is neither written nor acked, so a crash can only bring a
 message back, never lose one. A first delivery is written only once it is DELIVERY_WRITE_DELAY_MS old; an ack before
-that removes it from memory and nothing is ever written for the pair.
+that removes it from memory and nothing is ever written for the pair (an ack is answered only once the written pop
+offset has passed it: unacked deliveries below an acked one are written at once for that).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class QueueState:
     fresh: deque = field(default_factory=deque)                # (popped_ms, offset, seq) first deliveries unwritten
     dirty: set[int] = field(default_factory=set)               # offsets whose record must be (re)written
     removed: set[int] = field(default_factory=set)             # written offsets acked or dead-lettered since
+    ack_horizon: int = 0                                       # an ack of an unwritten delivery below this
     written_next: int | None = None
     written_meta: tuple[int, bool] | None = None               # (gen, frozen) as last written
 
@@ -89,6 +91,10 @@ class QueueState:
         self.dirty.discard(offset)
         if d.written:
             self.removed.add(offset)
+        else:
+            # Durable only once the written pop offset passes it, so the unacked deliveries below it must be
+            # written now (acks of whole batches, the usual case, leave none: then nothing is written at all).
+            self.ack_horizon = max(self.ack_horizon, offset + 1)
 
     def change_invisible(self, offset: int, seq: int, deadline_ms: int) -> Delivery:
         old = self.in_flight[offset]
@@ -128,7 +134,7 @@ class QueueState:
             d = self.in_flight.get(offset)
             if d is None or d.seq != seq:
                 self.fresh.popleft()          # acked (the pair cancels) or superseded by a dirty record
-            elif force or now_ms - popped_ms >= DELIVERY_WRITE_DELAY_MS:
+            elif force or now_ms - popped_ms >= DELIVERY_WRITE_DELAY_MS or offset < self.ack_horizon:
                 self.fresh.popleft()
                 self.dirty.add(offset)
             else:
