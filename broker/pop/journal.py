@@ -29,6 +29,7 @@ from .limits import COMPACT_AFTER_LINES, FLUSH_TICK_MS, JOURNAL_WAIT_S, JOURNAL_
 from .state import Key, QueueState, replay_line
 
 log = structlog.get_logger("broker.pop.journal")
+IDLE_WAKE_S = 1.0
 
 
 def unavailable() -> ApiError:
@@ -84,6 +85,8 @@ class Journal:
 
     def touch(self, key: Key) -> None:
         """``key``'s state changed; the next round looks at it."""
+        if not self._changed:
+            self._wake.set()          # the round task idles while nothing changed: start ticking again
         self._changed.add(key)
 
     def kick(self) -> None:
@@ -107,7 +110,8 @@ class Journal:
     async def _run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), FLUSH_TICK_MS / 1000)
+                # Tick while first deliveries mature; idle otherwise (bounded, so a lost wake-up costs a second).
+                await asyncio.wait_for(self._wake.wait(), FLUSH_TICK_MS / 1000 if self._changed else IDLE_WAKE_S)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()

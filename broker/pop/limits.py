@@ -14,7 +14,7 @@ POP_QUEUES_MAX = 100_000            # (group, topic, queue) keys with pop state 
 POP_WAITERS_MAX = 1_000             # long-polling pops parked at once
 JOURNAL_WAITERS_MAX = 10_000        # acks and changes waiting for their fsync
 JOURNAL_WAIT_S = 30.0               # a disk that stops answering fails the ack instead of hanging it
-ACK_OUTCOMES_REMEMBERED_MAX = 200_000  # recent acks kept to tell a repeated ack from a superseded handle
+ACK_OUTCOMES_REMEMBERED_MAX = 100_000  # recent acks kept to tell a repeated ack from a superseded handle
 DLQ_READ_MAX = 1_000
 DLQ_TAIL_SCAN_MAX = 10_000          # DLQ records checked on restart for a dead letter half written
 
