@@ -239,3 +239,13 @@ def test_pop_defaults_and_ack_bounds():
                 {"group": "g", "handles": ["h"] * (HANDLES_PER_ACK_MAX + 1)}):
         with pytest.raises(ApiError):
             params.ack_request(bad)
+
+
+def test_the_brokers_openapi_spec_names_every_route_it_serves(tmp_path):
+    from broker.api.app import make_app
+    from broker.api.openapi import SPEC
+    from broker.config import BrokerConfig
+    app = make_app(BrokerConfig(broker="x", data_dir=str(tmp_path), http_host="127.0.0.1", http_port=1,
+                                meta_urls=(), token="t", client_token="c"))
+    served = {(r.method.lower(), r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
+    assert served == {(m, path) for path, ops in SPEC["paths"].items() for m in ops}

@@ -15,6 +15,7 @@ from ..config import BrokerConfig
 from ..codec import dumps_with_raw
 from ..node import BrokerNode
 from ..pop import params as pop_params
+from .openapi import SPEC as OPENAPI_SPEC
 
 NODE = web.AppKey("node", BrokerNode)
 REQUEST_BODY_BYTES_MAX = 32 * 1024 * 1024
@@ -219,6 +220,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 @public
+async def openapi(request: web.Request) -> web.Response:
+    return _respond(OPENAPI_SPEC)
+
+
+@public
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(request.app[NODE].registry),
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -255,4 +261,5 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
+    r.add_get("/v1/openapi.json", openapi)
     return app
