@@ -40,6 +40,7 @@ ACK_FLUSH_S = 0.01
 ACK_BATCH_MAX = 500                     # within the broker's 1,000 handles per ack
 REQUEST_MARGIN_S = 5.0                  # a long poll's request timeout: its wait plus this
 ROUTE_CHECK_S = 1.0                     # how often the poppers are matched against the route's heads
+CLOSE_HANDLERS_S = 30.0                 # how long close() lets running handlers finish
 EXTEND_AT = 0.6                         # extend the invisible time once this share of it has passed
 
 
@@ -124,7 +125,13 @@ class PopConsumer(TopicClient):
             t.cancel()
         await asyncio.gather(*self._poppers.values(), return_exceptions=True)
         handlers = [t for t in self._tasks if t.get_name().startswith("pop-handle")]
-        await asyncio.gather(*handlers, return_exceptions=True)
+        if handlers:
+            # Handlers still running are given a while to finish (and ack); past it they are cancelled, and their
+            # messages come back after their invisible time.
+            _, late = await asyncio.wait(handlers, timeout=CLOSE_HANDLERS_S)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self._flush_acks()
         for t in list(self._tasks):
             t.cancel()
