@@ -123,8 +123,9 @@ async def test_bad_handles_and_parameters_are_refused_and_change_nothing(cluster
     got = await pop_all(c, b1, "bad", "g", max=3)
     before = await stats(c, b1, "g")
     h = got[0]["handle"]
-    body, mac = h.split(".")
-    forged = body[:-1] + ("A" if body[-1] != "A" else "B") + "." + mac
+    body, _, mac = h.rpartition(".")
+    queue, offset, rest = body.split(".", 2)
+    forged = f"{queue}.{int(offset) + 1}.{rest}.{mac}"      # another offset under the same MAC
     results = await ack(c, b1, "g", ["junk", 7, None, forged, h + "x", "x" * 2000])
     assert [r["code"] for r in results] == ["INVALID_HANDLE"] * 6 and not any(r["ok"] for r in results)
     assert (await ack(c, b1, "other-group", [h]))[0]["code"] == "INVALID_HANDLE", "a handle is bound to its group"

@@ -28,9 +28,10 @@ def test_a_handle_round_trips_and_anything_else_is_malformed(tmp_path):
     raw = codec.encode("g", h)
     assert codec.decode("g", raw) == h
     assert codec.decode("other", raw) is None, "a handle is bound to its group"
-    body, mac = raw.split(".")
-    for bad in (None, 7, "", "x", raw + "x", "A" + raw, body + ".", "." + mac, raw.replace(".", ".."),
-                body[:-2] + "AA." + mac, "\ud800", "x" * 5000, [raw]):
+    body, _, mac = raw.rpartition(".")
+    forged = body.replace(".17.", ".18.") + "." + mac
+    for bad in (None, 7, "", "x", raw + "x", "A" + raw, body + ".", "." + mac, raw.replace(".", ".."), forged,
+                body[:-2] + "AA." + mac, "\ud800", "x" * 5000, [raw], "\u0663" + raw[1:], "1.2.3.4.5"):
         assert codec.decode("g", bad) is None, bad
     assert HandleCodec(b"another secret of 32 bytes......").decode("g", raw) is None, "bound to its broker"
 
