@@ -16,6 +16,14 @@ acked within that costs no write (the pop offset line, coalesced per round, is a
 passes an unwritten, unacked delivery: a kill -9 can bring back a message popped in the last 400 ms before its
 invisible time (at least once), never lose one, and never bring back an acked one.
 
+Refusals (limits.py has every bound): 400 INVALID_ARGUMENT (max 1-1,000, invisible_ms 1 s-12 h, wait_ms 0-30 s,
+1-1,000 handles per ack); ``POST /v1/invisible`` 400 INVALID_HANDLE (malformed or unknown) or 409 HANDLE_EXPIRED
+(acked, delivered again, given a new handle or dead-lettered); 404 TOPIC_NOT_FOUND / QUEUE_NOT_FOUND; 409 NOT_LEADER
+(``queue`` whose head is elsewhere); 409 TOO_MANY_IN_FLIGHT (every queue popped holds 20,000 invisible messages of
+the group, or the broker 2,000,000); 409 TOO_MANY_POP_QUEUES (100,000 keys); 503 TOO_MANY_WAITERS (1,000 parked
+long polls, or 10,000 acks waiting for the disk), SEALING, CATCHING_UP (routes not followed up to the registration
+yet), BROKER_UNAVAILABLE (an older head to take the state over from is down), STORAGE_UNAVAILABLE (the journal failed).
+
 Handles. ``seq`` grows per delivery and carries the broker's incarnation (bumped durably at each start) in its high
 bits, so a delivery made after a restart always outranks one made before: a handle whose offset has a later delivery
 in flight is HANDLE_EXPIRED, one that verifies but names nothing delivered is INVALID_HANDLE, like a malformed one.
