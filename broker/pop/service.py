@@ -401,10 +401,12 @@ class PopService:
             try:
                 found = await self._read_offsets(topic, queue, [offset])
             except ApiError as e:
-                log.warning("dead_letter_read_failed", key=key, offset=offset, code=e.code)
-                await asyncio.sleep(DLQ_RETRY_MS / 1000)
-                self._spawn(self._dead_letter(key, offset, resumed=True), "dead letter again")
-                return
+                if not (e.code == "TOPIC_NOT_FOUND" and self._ready()):
+                    log.warning("dead_letter_read_failed", key=key, offset=offset, code=e.code)
+                    await asyncio.sleep(DLQ_RETRY_MS / 1000)
+                    self._spawn(self._dead_letter(key, offset, resumed=True), "dead letter again")
+                    return
+                found = {}          # the topic was deleted: there is no message left to keep
             m = found.get(offset)
             if m is not None:
                 await self.dlq.append(group, [{"topic": topic, "queue": queue, "origin_offset": offset,
@@ -505,8 +507,10 @@ class PopService:
             return True
         group, topic, queue = key
         head = self.routes.head(topic, queue)
-        if head is None or head.broker == self.me or not head.address:
-            return True
+        if head is not None and head.broker == self.me:
+            return True            # the head came back here: the next pop takes the state over, ready ones first
+        if head is None or not head.address:
+            return False           # routes not followed yet after a restart, or no address: try again shortly
         batch = {o: st.in_flight[o] for o in list(st.ready)[:IN_FLIGHT_PER_QUEUE_MAX] if o in st.in_flight}
         try:
             await self.reader.peers.request(
