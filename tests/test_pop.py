@@ -338,3 +338,23 @@ async def test_pop_follows_a_queue_moved_away_and_back(cluster):
     assert await pop_all(c, b1, "roundtrip", "g", wait_ms=300) == []
     on_b2 = [q for q in (await stats(c, b2, "g"))["queues"] if q["topic"] == "roundtrip"]
     assert on_b2 and on_b2[0]["frozen"] and on_b2[0]["in_flight"] == 0
+
+
+async def test_a_redelivery_that_came_due_goes_out_before_new_messages_of_a_busy_topic(cluster):
+    c = cluster
+    await topic(c, "busy", 2, messages=500)
+    b1 = c.url("b1")
+    sent = time.time()
+    first = await pop_all(c, b1, "busy", "g", max=1, queue=1, invisible_ms=1000)
+    due = time.time() + 1.0
+    while True:                        # a consumer busy with new messages of both queues meanwhile
+        started = time.time()
+        got = await pop_all(c, b1, "busy", "g", max=2, invisible_ms=60_000)
+        assert got, "new messages left"
+        again = [m for m in got if m["attempt"] == 2]
+        if again or started > due + 0.2:
+            assert again and got[0] == again[0], got
+            assert (got[0]["queue"], got[0]["offset"]) == (1, first[0]["offset"])
+            break
+        await ack(c, b1, "g", [m["handle"] for m in got])
+    assert time.time() >= sent + 1.0 - 0.01, "not before its invisible time"
