@@ -342,7 +342,7 @@ async def test_pop_follows_a_queue_moved_away_and_back(cluster):
 
 async def test_a_redelivery_that_came_due_goes_out_before_new_messages_of_a_busy_topic(cluster):
     c = cluster
-    await topic(c, "busy", 2, messages=500)
+    await topic(c, "busy", 2, messages=3000)
     b1 = c.url("b1")
     sent = time.time()
     first = await pop_all(c, b1, "busy", "g", max=1, queue=1, invisible_ms=1000)
