@@ -383,12 +383,18 @@ async def meta_state(c, node: int) -> dict[str, Any]:
 
 
 async def broker_state(c) -> list[Any]:
-    """What a refused broker write must leave as it was: the queues' ends and the group's offsets, on every broker."""
+    """What a refused broker write must leave as it was: the queues' ends, the group's offsets and pop state, on
+    every broker."""
     out = []
     for u in c.broker_urls:
         for path in (f"/v1/queues/{TOPIC}", f"/v1/offsets/{GROUP}/{TOPIC}/0", f"/v1/offsets/{GROUP}/{TOPIC}/1"):
             s, b, _ = await c.call("GET", u + path, role="client", timeout_s=REQUEST_TIMEOUT_S)
             out.append((u, path, s, b))
+        # Pop state of the group: what a refused pop, ack or change of invisible time must leave (the counts that
+        # move with the clock alone, invisible and revive backlog, are left out).
+        s, b, _ = await c.call("GET", u + f"/v1/pop-stats/{GROUP}", role="client", timeout_s=REQUEST_TIMEOUT_S)
+        out.append((u, "pop", s, [(q["topic"], q["queue"], q["pop_offset"], q["in_flight"], q["frozen"])
+                                  for q in b["queues"]] if s == 200 else b))
     return out
 
 
