@@ -162,8 +162,10 @@ class PopService:
     async def pop(self, topic: str, group: str, max_n: int, invisible_ms: int, queue: int | None, order: bool,
                   wait_ms: int) -> list[RawPopped]:
         if not self._ready():
-            raise rejection(503, "CATCHING_UP", "this broker has not followed the log up to its registration yet; "
-                            "retry shortly")
+            # A broker cut off from meta may have lost the queue's head without hearing of it: popping on could
+            # hand out what the new head hands out too.
+            raise rejection(503, "CATCHING_UP", "this broker's meta session has lapsed or its routes are behind the "
+                            "log; it pops again once both are current")
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             out = await self._pop_once(topic, group, max_n, invisible_ms, queue, order)
