@@ -424,8 +424,9 @@ def bounded_pop_wait(req: Request) -> Request:
         body = json.loads(req.body)
     except (ValueError, RecursionError):
         return req
-    if isinstance(body, dict) and type(body.get("wait_ms")) is int and body["wait_ms"] > int(float(SHORT_WAIT_S) * 1000):
-        body["wait_ms"] = int(float(SHORT_WAIT_S) * 1000)
+    short_ms = int(float(SHORT_WAIT_S) * 1000)
+    if isinstance(body, dict) and type(body.get("wait_ms")) is int and body["wait_ms"] > short_ms:
+        body["wait_ms"] = short_ms
         return Request(req.op, req.target, req.params, req.query, req.role, req.headers,
                        json.dumps(body).encode(), req.content_type)
     return req

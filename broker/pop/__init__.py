@@ -21,8 +21,9 @@ Refusals (limits.py has every bound): 400 INVALID_ARGUMENT (max 1-1,000, invisib
 (acked, delivered again, given a new handle or dead-lettered); 404 TOPIC_NOT_FOUND / QUEUE_NOT_FOUND; 409 NOT_LEADER
 (``queue`` whose head is elsewhere); 409 TOO_MANY_IN_FLIGHT (every queue popped holds 20,000 invisible messages of
 the group, or the broker 2,000,000); 409 TOO_MANY_POP_QUEUES (100,000 keys); 503 TOO_MANY_WAITERS (1,000 parked
-long polls, or 10,000 acks waiting for the disk), SEALING, CATCHING_UP (the meta session lapsed, or routes not followed
-up to the registration yet), BROKER_UNAVAILABLE (an older head to take the state over from is down), STORAGE_UNAVAILABLE (the journal failed).
+long polls, or 10,000 acks waiting for the disk), SEALING, CATCHING_UP (the meta session lapsed, or routes not
+followed up to the registration yet), BROKER_UNAVAILABLE (an older head to take the state over from is down),
+STORAGE_UNAVAILABLE (the journal failed).
 
 Handles. ``seq`` grows per delivery and carries the broker's incarnation (bumped durably at each start) in its high
 bits, so a delivery made after a restart always outranks one made before: a handle whose offset has a later delivery

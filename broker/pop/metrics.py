@@ -14,7 +14,8 @@ class PopCollector:
     def collect(self):
         s = self._service
         labels = ["group", "topic", "queue"]
-        offset = GaugeMetricFamily("stator_pop_offset", "next logic offset a pop hands out for the first time", labels=labels)
+        offset = GaugeMetricFamily("stator_pop_offset", "next logic offset a pop hands out for the first time",
+                                   labels=labels)
         in_flight = GaugeMetricFamily("stator_pop_in_flight", "deliveries not acked yet", labels=labels)
         backlog = GaugeMetricFamily("stator_pop_revive_backlog", "deliveries past their invisible time waiting to "
                                     "go out again or to the dead-letter queue", labels=labels)
@@ -23,7 +24,8 @@ class PopCollector:
             offset.add_metric(values, row["pop_offset"])
             in_flight.add_metric(values, row["in_flight"])
             backlog.add_metric(values, row["revive_backlog"])
-        dlq = GaugeMetricFamily("stator_pop_dlq_messages", "messages in the group's dead-letter queue", labels=["group"])
+        dlq = GaugeMetricFamily("stator_pop_dlq_messages", "messages in the group's dead-letter queue",
+                                labels=["group"])
         for group, n in sorted(s.dlq.sizes.items()):
             dlq.add_metric([group], n)
         totals = CounterMetricFamily("stator_pop_deliveries", "deliveries by kind", labels=["kind"])

@@ -5,10 +5,11 @@
 Starts its own cluster (3 meta nodes, 1 broker) in a temp dir. Throughput: the topic is filled first (batches of 500
 messages of 100 bytes), then ``--consumers`` concurrent consumers each pop (``max`` per pop, long-poll 1 s) and ack
 every message they got with one batch ack, until everything was acked once; messages/s = acked / elapsed (target:
-20,000); each consumer acks in the background, at most 4 batch acks outstanding (as client/pop.py does). Lateness: a second group pops ``--lateness-messages`` messages and acks none; the
-n-th first pop gets 1 s + n * 20 ms so redeliveries come due spread out, at a rate the consumers keep up with; the
-consumers long-poll, and each redelivery's lateness is its arrival minus (the send time of the pop that delivered it
-first + its invisible time), an upper bound of the broker's own lateness (target: p99 under 200 ms). Prints one JSON object.
+20,000); each consumer acks in the background, at most 4 batch acks outstanding (as client/pop.py does).
+Lateness: a second group pops ``--lateness-messages`` messages and acks none; the n-th first pop gets
+1 s + n * 20 ms, so redeliveries come due spread out, at a rate the consumers keep up with; the consumers long-poll,
+and each redelivery's lateness is its arrival minus (the send time of the pop that delivered it first + its
+invisible time), an upper bound of the broker's own lateness (target: p99 under 200 ms). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ async def throughput(s, broker: str, token: str, args, total: int) -> dict:
     await asyncio.gather(*(consumer() for _ in range(args.consumers)))
     elapsed = time.monotonic() - t0
     return {"messages": acked, "seconds": round(elapsed, 2), "messages_per_s": round(acked / elapsed),
-            "target_messages_per_s": 20_000, "complete": acked >= total, "duplicates": duplicates, "pop_latency_ms": percentiles(pops),
+            "target_messages_per_s": 20_000, "complete": acked >= total, "duplicates": duplicates,
+            "pop_latency_ms": percentiles(pops),
             "ack_latency_ms": percentiles(acks), "loadavg": loadavg()}
 
 
@@ -140,7 +142,8 @@ async def lateness(s, broker: str, token: str, args) -> dict:
     await asyncio.gather(*(consumer() for _ in range(args.consumers)))
     await asyncio.gather(*acking)
     early = sum(1 for x in late if x < 0)
-    return {"messages": len(late), "complete": len(late) >= want, "invisible_ms": INVISIBLE_MS, "spread_ms_per_pop": LATENESS_SPREAD_MS,
+    return {"messages": len(late), "complete": len(late) >= want, "invisible_ms": INVISIBLE_MS,
+            "spread_ms_per_pop": LATENESS_SPREAD_MS,
             "lateness_ms": percentiles(late),
             "target_p99_ms": 200, "early": early, "loadavg": loadavg()}
 
