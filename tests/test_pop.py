@@ -358,3 +358,21 @@ async def test_a_redelivery_that_came_due_goes_out_before_new_messages_of_a_busy
             break
         await ack(c, b1, "g", [m["handle"] for m in got])
     assert time.time() >= sent + 1.0 - 0.01, "not before its invisible time"
+
+
+async def test_deliveries_that_came_due_on_the_old_head_before_anyone_popped_the_new_one_come_back(cluster):
+    c = cluster
+    await topic(c, "stranded", 1, messages=2)
+    b1, b2 = c.url("b1"), c.url("b2")
+    first = await pop_all(c, b1, "stranded", "g", max=2, invisible_ms=1000)
+    await ok(c, "POST", "/v1/topics/stranded/remap", json={"brokers": ["b2"]})
+    await wait_route(c, "stranded", lambda r: all_writable(r) and r["queues"][0]["broker"] == "b2")
+    await asyncio.sleep(1.5)           # both came due on b1, which no longer holds the head
+    back = []
+    while len(back) < 2:
+        more = await pop_all(c, b2, "stranded", "g", wait_ms=10_000, invisible_ms=60_000)
+        assert more, "b1's due deliveries reach the new head"
+        back += more
+    assert sorted((m["offset"], m["attempt"]) for m in back) == [(0, 2), (1, 2)]
+    assert [r["code"] for r in await ack(c, b1, "g", [m["handle"] for m in first])] == ["HANDLE_EXPIRED"] * 2
+    assert all(r["ok"] for r in await ack(c, b2, "g", [m["handle"] for m in back]))

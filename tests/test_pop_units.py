@@ -3,8 +3,10 @@ group settings, request bounds. The broker-level behaviour is in tests/test_pop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 
 import pytest
 
@@ -250,3 +252,22 @@ def test_the_brokers_openapi_spec_names_every_route_it_serves(tmp_path):
                                 meta_urls=(), token="t", client_token="c"))
     served = {(r.method.lower(), r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
     assert served == {(m, path) for path, ops in SPEC["paths"].items() for m in ops}
+
+
+async def test_a_notify_between_a_look_and_a_park_is_not_lost():
+    from broker.pop.wakeup import TopicSignals
+    s = TopicSignals()
+    stamp = s.stamp("t")
+    s.notify("t")                     # lands after the look, before the park
+    started = time.monotonic()
+    await s.wait("t", stamp, 5.0)
+    assert time.monotonic() - started < 1.0
+    stamp = s.stamp("t")
+    waiting = asyncio.create_task(s.wait("t", stamp, 5.0))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    s.notify("other")
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "another topic's notify does not wake it"
+    s.notify("t")
+    await asyncio.wait_for(waiting, 1.0)

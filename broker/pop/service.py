@@ -168,6 +168,7 @@ class PopService:
                             "log; it pops again once both are current")
         deadline = time.monotonic() + wait_ms / 1000
         while True:
+            stamp = self.signals.stamp(topic)
             out = await self._pop_once(topic, group, max_n, invisible_ms, queue, order)
             left = deadline - time.monotonic()
             if out or left <= 0:
@@ -177,7 +178,7 @@ class PopService:
                                 "shortly or with a shorter wait_ms", limit=POP_WAITERS_MAX)
             self._waiters += 1
             try:
-                await self.signals.wait(topic, left)
+                await self.signals.wait(topic, stamp, left)
             finally:
                 self._waiters -= 1
 
