@@ -55,15 +55,28 @@ class RawRecord(NamedTuple):
         return b'{"offset":%d,"ts":%d,"payload":' % (self.offset, self.ts) + self.payload + b"}"
 
 
+class RawPopped(NamedTuple):
+    """A popped message: the same splice, with its queue, receipt handle and delivery attempt in front."""
+    queue: int
+    offset: int
+    handle: str
+    attempt: int
+    payload: bytes
+
+    def to_json(self) -> bytes:
+        return (b'{"queue":%d,"offset":%d,"handle":"%s","attempt":%d,' % (
+            self.queue, self.offset, self.handle.encode(), self.attempt) + self.payload[1:])
+
+
 def stored_record(r: dict[str, Any]) -> Record:
     """A record another broker sent as RawRecord JSON, back as a storage record with its stored bytes."""
     return Record(r["offset"], r["ts"], json.dumps(r["payload"], separators=(",", ":")).encode())
 
 
 def dumps_with_raw(value: Any) -> bytes:
-    """json.dumps that writes RawMessage / RawRecord items of lists as their spliced bytes."""
+    """json.dumps that writes RawMessage / RawRecord / RawPopped items of lists as their spliced bytes."""
     if isinstance(value, dict):
         return b"{" + b",".join(json.dumps(k).encode() + b":" + dumps_with_raw(v) for k, v in value.items()) + b"}"
-    if isinstance(value, list) and value and isinstance(value[0], (RawMessage, RawRecord)):
+    if isinstance(value, list) and value and isinstance(value[0], (RawMessage, RawRecord, RawPopped)):
         return b"[" + b",".join(v.to_json() for v in value) + b"]"
     return _compact(value).encode()

@@ -24,6 +24,7 @@ from client.wire.sse import SseEvent, SseParser
 from client.wire.errors import ApiError
 
 from .locks import LockTable
+from .pop.settings import GroupSettings
 from .routing import RouteTable, Segment, segment_of
 from .session import MetaSession
 from .writes import Writer
@@ -42,7 +43,8 @@ REFETCHES_MAX = 1_024            # topics whose route is being fetched again aft
 
 class MetaLink:
     def __init__(self, broker: str, address: str, zone: str | None, meta_urls: tuple[str, ...], token: str,
-                 routes: RouteTable, session: MetaSession, writer: Writer, heartbeats: Counter, locks: LockTable):
+                 routes: RouteTable, session: MetaSession, writer: Writer, heartbeats: Counter, locks: LockTable,
+                 group_settings: GroupSettings | None = None):
         self.broker = broker
         self.address = address
         self.zone = zone
@@ -51,6 +53,7 @@ class MetaLink:
         self.session = session
         self.writer = writer
         self.locks = locks
+        self.group_settings = group_settings
         self._headers = {"Authorization": f"Bearer {token}"}
         self.route_changed = asyncio.Event()
         self._heartbeats = heartbeats
@@ -217,6 +220,8 @@ class MetaLink:
         change is a group's sends no ``caught_up``, so the group's version counts as followed too, or a broker
         registered at that version would wait for an unrelated change before it writes again."""
         self.locks.apply(body)
+        if self.group_settings is not None:
+            self.group_settings.apply(body)   # pop's max_attempts
         self.routes.caught_up(body["version"])
 
     def _apply_route(self, route: dict[str, Any]) -> None:

@@ -16,6 +16,10 @@ from .locks import Barriers, LockTable
 from .meta_link import MetaLink
 from .offsets import OffsetStore
 from .peers import Peers
+from .pop.metrics import PopCollector
+from .pop.service import PopService
+from .pop.settings import GroupSettings
+from .pop.wakeup import TopicSignals
 from .reads import Reader
 from .routing import RouteTable
 from .session import MetaSession
@@ -41,20 +45,27 @@ class BrokerNode:
         self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"))
         self.routes = RouteTable(config.broker)
         self.session = MetaSession()
-        self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets)
+        self.pop_signals = TopicSignals()
+        self.group_settings = GroupSettings()
+        self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets, self.pop_signals)
         self.locks = LockTable(lambda: self.session.writable(self.routes.version))
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
                              Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
-                             self.locks)
+                             self.locks, self.group_settings)
         self.peers = Peers(config.token)
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link)
+        self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
+                              lambda: self.session.writable(self.routes.version), self.group_settings,
+                              self.pop_signals)
+        self.registry.register(PopCollector(self.pop))
         self.barriers = Barriers(lambda g, t, q: self.reader.read_offset(g, t, q, False), self.reader.min_offset)
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
         await self.peers.start()
         await self.link.start()
+        await self.pop.start()
         if self.config.flush == "interval":
             self._tasks.append(asyncio.create_task(self._flush_loop()))
         if self.config.retention_ms is not None or self.config.retention_bytes is not None:
@@ -84,6 +95,7 @@ class BrokerNode:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.pop.stop()
         await self.link.stop()
         await self.peers.stop()
         self.writer.stop()

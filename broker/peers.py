@@ -54,12 +54,17 @@ class Peers:
 
     async def get(self, seg: Segment, path: str) -> dict[str, Any]:
         """GET ``path`` on the broker holding ``seg``; a 503 BROKER_UNAVAILABLE naming the range when it cannot."""
+        return await self.request("GET", seg, path)
+
+    async def request(self, method: str, seg: Segment, path: str, json: Any = None) -> dict[str, Any]:
+        """``get`` for any method (pop state handed between heads is POSTed), with the same timeouts and memory
+        of brokers that are down."""
         if not seg.address:
             raise unavailable(seg, "no address")
         if self.is_down(seg.broker):
             raise unavailable(seg, "recently unreachable")
         try:
-            async with self._http.get(seg.address + path, headers=self._headers) as r:
+            async with self._http.request(method, seg.address + path, headers=self._headers, json=json) as r:
                 body = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
             self._down_until[seg.broker] = time.monotonic() + PEER_DOWN_S

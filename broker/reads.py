@@ -76,7 +76,22 @@ class Reader:
     async def pull(self, topic: str, queue: int, offset: int, max_n: int,
                    held_by: dict[str, Any] | None = None) -> dict[str, Any]:
         """Messages from ``offset`` on; with ``held_by`` (a barrier the group has not passed) only the queue's bounds."""
-        decided = await self._chain(topic, queue)
+        return await self._pull_decided(await self._chain(topic, queue), offset, max_n, held_by)
+
+    async def read_history(self, topic: str, queue: int, offset: int, max_n: int) -> dict[str, Any]:
+        """A pull that does not need this broker to hold the head: pop state kept for a sealed segment (pop across
+        remaps) reads its messages for the dead-letter queue wherever they are."""
+        return await self._pull_decided(await self.history(topic, queue), offset, max_n, None)
+
+    async def history(self, topic: str, queue: int) -> list[Segment]:
+        """Every decided segment of the queue, oldest first, whichever broker holds its head."""
+        segs = self.routes.segments(topic, queue)
+        if topic not in self.routes.routes or not segs:
+            raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker")
+        return await self._history(topic, queue, segs)
+
+    async def _pull_decided(self, decided: list[Segment], offset: int, max_n: int,
+                            held_by: dict[str, Any] | None) -> dict[str, Any]:
         min_offset, gaps = await self._min_offset(decided[0])
         max_offset = await self._max_offset(decided[-1])
         out: dict[str, Any] = {"messages": [], "next_offset": offset, "min_offset": min_offset,

@@ -16,6 +16,7 @@ from client.wire.errors import ApiError, invalid, rejection
 
 from .codec import encode_message
 from .offsets import OffsetStore
+from .pop.wakeup import TopicSignals
 from .routing import RouteTable, Segment
 from .session import MetaSession
 from .storage import InvalidArgument, PhysicalQueue, QueueStore, StorageError
@@ -34,12 +35,14 @@ def unknown_topic(topic: str) -> ApiError:
 
 
 class Writer:
-    def __init__(self, me: str, store: QueueStore, routes: RouteTable, session: MetaSession, offsets: OffsetStore):
+    def __init__(self, me: str, store: QueueStore, routes: RouteTable, session: MetaSession, offsets: OffsetStore,
+                 appended: TopicSignals | None = None):
         self.me = me
         self.store = store
         self.routes = routes
         self.session = session
         self.offsets = offsets
+        self._appended = appended   # wakes pops long-polling the topic
         self._locks: dict[str, asyncio.Lock] = {}
         self._sealed_here: set[str] = set()
         # Appends block in fsync; queues are independent files, so they may sync in parallel.
@@ -119,6 +122,8 @@ class Writer:
                 if self._writable_head(topic, queue).physical_queue == head.physical_queue:
                     first = await self._append(head, payloads)
                     break
+        if self._appended is not None:
+            self._appended.notify(topic)
         return [head.logic(first + i) for i in range(len(payloads))]
 
     async def prepare(self, seg: Segment) -> None:

@@ -11,6 +11,8 @@ wrappers for scripts (``client.sync``).
         await consumer.commit_positions()
     async with ExclusiveConsumer(meta_urls, client_token, "orders", "billing", handle) as consumer:
         await consumer.run()   # one owner per queue at a time, in order; until close() or a failure
+    async with PopConsumer(meta_urls, client_token, "orders", "mailer", handle) as consumer:
+        await consumer.run()   # shared: acked on success, extended while slow, nacked with backoff on failure
 """
 
 from .admin import AdminClient
@@ -20,6 +22,7 @@ from .errors import (Closed, Fenced, GroupNotFound, LocksCatchingUp, NoLeader, N
 from .exclusive import ExclusiveConsumer
 from .fault import LatencyFaultAvoidance, avoidance_ms
 from .http import Backoff, MetaCaller
+from .pop import PopConsumer, PoppedMessage
 from .producer import Producer, SendResult
 from .routes import RouteSubscription
 from .selection import (CallableSelector, KeySelector, Message, QueueSelector, RandomSelector, RoundRobinSelector,
@@ -30,7 +33,7 @@ from .sync import SyncAdminClient, SyncExclusiveConsumer, SyncProducer, SyncPull
 
 __all__ = [
     "AdminClient", "RouteSubscription", "Producer", "SendResult", "PullConsumer", "PullResult", "ReceivedMessage",
-    "ExclusiveConsumer",
+    "ExclusiveConsumer", "PopConsumer", "PoppedMessage",
     "Message", "QueueSelector", "KeySelector", "RoundRobinSelector", "RandomSelector", "CallableSelector",
     "as_selector", "LatencyFaultAvoidance", "avoidance_ms", "slot_of", "queue_for_slot", "queue_for_key", "SlotTable",
     "MetaCaller", "Backoff", "SseParser", "SseEvent",

@@ -69,8 +69,10 @@ def group_event(image: Image, g: dict[str, Any]) -> dict[str, Any]:
     """What brokers enforce, sent on all-topic watch streams as a ``group`` event (one per group version)."""
     # tokens_through: every grant up to this token is in this table, superseded or current (tokens grow with the
     # log, and the table is the group's state after all of them); a broker takes a larger token as "I am behind".
+    # config: the group's settings with defaults filled in; brokers read max_attempts from it for pop.
     return {"group": g["group"], "version": g["version"], "mode": g["mode"],
-            "tokens_through": image.data["lock_token"], "locks": groups.lock_table(g, image.queue_count)}
+            "tokens_through": image.data["lock_token"], "locks": groups.lock_table(g, image.queue_count),
+            "config": groups.effective_config(g["group"], g)}
 
 
 def group_summary(g: dict[str, Any]) -> dict[str, Any]:

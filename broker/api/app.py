@@ -14,6 +14,8 @@ from client.wire.params import int_in
 from ..config import BrokerConfig
 from ..codec import dumps_with_raw
 from ..node import BrokerNode
+from ..pop import params as pop_params
+from .openapi import SPEC as OPENAPI_SPEC
 
 NODE = web.AppKey("node", BrokerNode)
 REQUEST_BODY_BYTES_MAX = 32 * 1024 * 1024
@@ -146,6 +148,64 @@ async def offset_for_time(request: web.Request) -> web.Response:
     return _respond({"queue": queue, "offset": await node.reader.offset_for_time(topic, queue, ts)})
 
 
+# -- pop (broker/pop/) ---------------------------------------------------------------------------------------------
+
+@requires("client", "broker")
+async def pop(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    topic = _name(request.match_info["topic"], "topic")
+    p = pop_params.pop_request(await _json(request))
+    messages = await node.pop.pop(topic, p.group, p.max, p.invisible_ms, p.queue, p.order, p.wait_ms)
+    return _respond({"messages": messages})
+
+
+@requires("client", "broker")
+async def ack(request: web.Request) -> web.Response:
+    group, handles = pop_params.ack_request(await _json(request))
+    return _respond({"results": await request.app[NODE].pop.ack(group, handles)})
+
+
+@requires("client", "broker")
+async def change_invisible(request: web.Request) -> web.Response:
+    group, handle, invisible_ms = pop_params.invisible_request(await _json(request))
+    return _respond({"handle": await request.app[NODE].pop.change_invisible(group, handle, invisible_ms)})
+
+
+@requires("client", "broker")
+async def dead_letters(request: web.Request) -> web.Response:
+    group = _name(request.match_info["group"], "group")
+    offset, max_n = pop_params.dlq_query(request.query)
+    return _respond(await request.app[NODE].pop.dlq.read(group, offset, max_n))
+
+
+@requires("client", "broker")
+async def pop_stats(request: web.Request) -> web.Response:
+    """Per queue of the group with pop state here: pop offset, in-flight, invisible, revive backlog; DLQ size."""
+    node = request.app[NODE]
+    group = _name(request.match_info["group"], "group")
+    return _respond({"group": group, "broker": node.config.broker, "queues": node.pop.stats(group),
+                     "dlq_messages": node.pop.dlq.sizes.get(group, 0)})
+
+
+@requires("broker")
+async def pop_handover(request: web.Request) -> web.Response:
+    """Another broker took the queue's head: freeze this broker's pop state of it and say where it stood."""
+    node = request.app[NODE]
+    key = (_name(request.match_info["group"], "group"), _name(request.match_info["topic"], "topic"),
+           int_in(request.match_info["queue"], "queue"))
+    version = int_in(request.query.get("route_version"), "route_version", 0)
+    return _respond(await node.pop.freeze(key, version))
+
+
+@requires("broker")
+async def pop_adopt(request: web.Request) -> web.Response:
+    """An older head hands over deliveries of its frozen pop state that came due: deliver them again from here."""
+    node = request.app[NODE]
+    key = (_name(request.match_info["group"], "group"), _name(request.match_info["topic"], "topic"),
+           int_in(request.match_info["queue"], "queue"))
+    return _respond({"adopted": await node.pop.adopt(key, pop_params.adopt_request(await _json(request)))})
+
+
 @public
 async def healthz(request: web.Request) -> web.Response:
     return _respond({"status": "ok", "broker": request.app[NODE].config.broker})
@@ -157,6 +217,11 @@ async def readyz(request: web.Request) -> web.Response:
     ok = node.session.writable(node.routes.version)
     return _respond({"ready": ok, "state": node.session.state, "epoch": node.session.epoch,
                      "route_version": node.routes.version}, 200 if ok else 503)
+
+
+@public
+async def openapi(request: web.Request) -> web.Response:
+    return _respond(OPENAPI_SPEC)
 
 
 @public
@@ -186,7 +251,15 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/queues/{topic}", queues)
     r.add_get("/v1/queues/{topic}/{queue}/offset", offset_for_time)
     r.add_get("/v1/physical/{pq}", physical)
+    r.add_post("/v1/pop/{topic}", pop)
+    r.add_post("/v1/ack", ack)
+    r.add_post("/v1/invisible", change_invisible)
+    r.add_get("/v1/dlq/{group}", dead_letters)
+    r.add_get("/v1/pop-stats/{group}", pop_stats)
+    r.add_post("/v1/pop-handover/{group}/{topic}/{queue}", pop_handover)
+    r.add_post("/v1/pop-adopt/{group}/{topic}/{queue}", pop_adopt)
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
+    r.add_get("/v1/openapi.json", openapi)
     return app

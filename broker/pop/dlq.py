@@ -1,0 +1,86 @@
+"""The dead-letter queues: per group, one physical queue in a store of their own, fsynced per append.
+
+A record is the JSON ``{"group","topic","queue","origin_offset","attempts","message": <the stored message>}``; DLQ
+offsets count from 0 per group. Writes happen in a thread (they fsync). The queue name is a hash of the group, so
+any group name fits the store's name rules; the group itself is in every record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from typing import Any
+
+from ..storage import FLUSH_FSYNC, QueueConfig, QueueStore
+from .limits import DLQ_TAIL_SCAN_MAX
+
+PREFIX = "dlq-"
+
+
+def queue_name(group: str) -> str:
+    return PREFIX + hashlib.sha256(group.encode()).hexdigest()[:40]
+
+
+class DeadLetters:
+    def __init__(self, root: str):
+        self.store = QueueStore(root, QueueConfig(flush_policy=FLUSH_FSYNC))
+        self.sizes: dict[str, int] = {}
+        for name in self.store.names():
+            pq = self.store.get(name)
+            first = pq.read(pq.min_offset, max_records=1) if pq.max_offset > pq.min_offset else []
+            if first:
+                self.sizes[json.loads(first[0].payload)["group"]] = pq.max_offset - pq.min_offset
+
+    def _queue(self, group: str, create: bool):
+        name = queue_name(group)
+        if name in self.store:
+            return self.store.get(name)
+        return self.store.create(name, 0) if create else None
+
+    def _append(self, group: str, payloads: list[bytes], ts_ms: int) -> int:
+        pq = self._queue(group, True)
+        first = pq.append(payloads, ts_ms)
+        self.sizes[group] = pq.max_offset - pq.min_offset
+        return first
+
+    async def append(self, group: str, entries: list[dict[str, Any]], ts_ms: int) -> None:
+        """``entries``: {"topic","queue","origin_offset","attempts","message": stored message bytes}."""
+        payloads = [b'{"group":' + json.dumps(group).encode() + b',"topic":' + json.dumps(e["topic"]).encode()
+                    + b',"queue":%d,"origin_offset":%d,"attempts":%d,"message":' % (
+                        e["queue"], e["origin_offset"], e["attempts"]) + e["message"] + b"}" for e in entries]
+        await asyncio.to_thread(self._append, group, payloads, ts_ms)
+
+    def holds(self, group: str, topic: str, queue: int, origin_offset: int) -> bool:
+        """Whether the group's newest DLQ records hold this message (a dead letter half done before a crash)."""
+        pq = self._queue(group, False)
+        if pq is None:
+            return False
+        start = max(pq.min_offset, pq.max_offset - DLQ_TAIL_SCAN_MAX)
+        for r in pq.read(start, max_records=DLQ_TAIL_SCAN_MAX) if pq.max_offset > start else []:
+            v = json.loads(r.payload)
+            if (v["topic"], v["queue"], v["origin_offset"]) == (topic, queue, origin_offset):
+                return True
+        return False
+
+    async def read(self, group: str, offset: int, max_n: int) -> dict[str, Any]:
+        pq = self._queue(group, False)
+        if pq is None:
+            return {"messages": [], "next_offset": 0, "min_offset": 0, "max_offset": 0}
+        start = max(offset, pq.min_offset)
+        records = []
+        if start < pq.max_offset:
+            records = await asyncio.to_thread(pq.read, start, max_records=max_n)
+        out = []
+        for r in records:
+            v = json.loads(r.payload)
+            m = v["message"]
+            item = {"offset": r.offset, "topic": v["topic"], "queue": v["queue"], "origin_offset": v["origin_offset"],
+                    "attempts": v["attempts"], "key": m.get("key"), "props": m.get("props", {}), "ts": r.ts_ms}
+            item.update({k: m[k] for k in ("body", "body_b64") if k in m})
+            out.append(item)
+        nxt = out[-1]["offset"] + 1 if out else max(start, min(offset, pq.max_offset))
+        return {"messages": out, "next_offset": nxt, "min_offset": pq.min_offset, "max_offset": pq.max_offset}
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,195 @@
+"""The pop journal: one append-only file of JSON lines per broker, replayed into the pop state on start.
+
+Each line is the delta of one (group, topic, queue) since its previous line (state.py ``take_line``). One round task
+on the event loop takes the lines of every changed key, a thread writes them in one write and covers them with one
+fsync (group commit), and then every ack or change that waited for that round is answered; pops never wait (their
+first deliveries are written lazily, see state.py). The file is rewritten compactly (one line per key with its
+written deliveries) once it holds many more lines than keys. A last line without its newline was torn by a crash and
+never acknowledged: replay stops there and the file is cut back to its whole lines.
+
+Refusals, as coded ApiErrors: 503 TOO_MANY_WAITERS when JOURNAL_WAITERS_MAX already wait; 503 STORAGE_UNAVAILABLE
+when a write or fsync failed (nothing after can be trusted until a restart replays the file), or no round confirmed
+within JOURNAL_WAIT_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+
+import structlog
+
+from client.wire.errors import ApiError, rejection
+
+from ..storage import files
+from .limits import COMPACT_AFTER_LINES, FLUSH_TICK_MS, JOURNAL_WAIT_S, JOURNAL_WAITERS_MAX
+from .state import Key, QueueState, replay_line
+
+log = structlog.get_logger("broker.pop.journal")
+IDLE_WAKE_S = 1.0
+
+
+def unavailable() -> ApiError:
+    return rejection(503, "STORAGE_UNAVAILABLE", "the broker could not store the pop state: its journal failed or "
+                     "is closed, or the disk did not confirm in time")
+
+
+def load(path: str) -> tuple[dict[Key, QueueState], int]:
+    """The states the file holds and the length of its whole lines (lines that do not parse are skipped: they were
+    never acknowledged, a torn write's remains)."""
+    states: dict[Key, QueueState] = {}
+    whole = 0
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return states, -1
+    with f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            whole += len(line)
+            try:
+                replay_line(states, json.loads(line))
+            except (ValueError, TypeError, KeyError):
+                log.warning("pop_journal_line_skipped", path=path)
+    return states, whole
+
+
+class Journal:
+    def __init__(self, path: str, states: dict[Key, QueueState], whole: int,
+                 now_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
+        self.path = os.path.abspath(path)
+        self.states = states
+        self._now_ms = now_ms
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | files.O_CLOEXEC, 0o644)
+        if whole < 0:
+            files.sync_dir(os.path.dirname(self.path))
+        elif whole < os.fstat(self._fd).st_size:
+            os.ftruncate(self._fd, whole)
+            files.sync_data(self._fd)
+        self._lines = len(states)
+        self._changed: set[Key] = set()
+        self._waiters: list[asyncio.Future] = []
+        self._wake = asyncio.Event()
+        self._failed = False
+        self._closed = False
+        self._task: asyncio.Task | None = None
+        self.rounds = 0
+        self.lines_written = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="pop-journal")
+
+    def touch(self, key: Key) -> None:
+        """``key``'s state changed; the next round looks at it."""
+        if not self._changed:
+            self._wake.set()          # the round task idles while nothing changed: start ticking again
+        self._changed.add(key)
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def durable(self) -> None:
+        """Returns once a round that started after this call has been written and fsynced."""
+        if self._failed or self._closed:
+            raise unavailable()
+        if len(self._waiters) >= JOURNAL_WAITERS_MAX:
+            raise rejection(503, "TOO_MANY_WAITERS", "too many pop acks wait for the disk; retry shortly",
+                            limit=JOURNAL_WAITERS_MAX)
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(future), JOURNAL_WAIT_S)
+        except asyncio.TimeoutError:
+            raise unavailable() from None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                # Tick while first deliveries mature; idle otherwise (bounded, so a lost wake-up costs a second).
+                await asyncio.wait_for(self._wake.wait(), FLUSH_TICK_MS / 1000 if self._changed else IDLE_WAKE_S)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.round()
+            except Exception:
+                log.exception("pop_journal_round_failed")
+                self._failed = True
+
+    async def round(self, force: bool = False) -> None:
+        """One group commit: every changed key's line, one write, one fsync, then the waiters are answered."""
+        waiters, self._waiters = self._waiters, []
+        now = self._now_ms()
+        lines = []
+        still: set[Key] = set()
+        for key in self._changed:
+            st = self.states.get(key)
+            if st is None:
+                continue
+            line = st.take_line(now, force)
+            if line is not None:
+                lines.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+            if st.fresh:
+                still.add(key)        # first deliveries still maturing: look again next round
+        self._changed = still    # keys touched while this round writes join the next one
+        error = None
+        if lines and not self._failed:
+            try:
+                await asyncio.to_thread(self._write, b"".join(lines))
+                self._lines += len(lines)
+                self.lines_written += len(lines)
+            except OSError:
+                log.exception("pop_journal_write_failed", path=self.path)
+                self._failed = True
+        if self._failed:
+            error = unavailable()
+        self.rounds += 1
+        for f in waiters:
+            if not f.done():
+                f.set_exception(error) if error is not None else f.set_result(None)
+        if not self._failed and self._lines > COMPACT_AFTER_LINES and self._lines > 2 * len(self.states):
+            await self._compact()
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        files.sync_data(self._fd)
+
+    async def _compact(self) -> None:
+        """Rewrite the file as one line per key. Runs between rounds, so what it writes is what is durable."""
+        now = self._now_ms()
+        for st in self.states.values():   # bring every key up to date first: the new file replaces every line
+            st.take_line(now, force=True)
+        body = b"".join(json.dumps(st.full_line(), separators=(",", ":")).encode() + b"\n"
+                        for st in self.states.values())
+        try:
+            await asyncio.to_thread(self._replace, body)
+        except OSError:
+            log.exception("pop_journal_compaction_failed", path=self.path)
+            self._failed = True
+            return
+        self._lines = len(self.states)
+
+    def _replace(self, body: bytes) -> None:
+        files.write_atomic(self.path, body)
+        files.sync_dir(os.path.dirname(self.path))
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | files.O_CLOEXEC)
+        os.close(self._fd)
+        self._fd = fd
+
+    async def close(self) -> None:
+        """Stops the round task and writes everything still in memory (first deliveries included)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if not self._closed:
+            self._changed |= set(self.states)
+            await self.round(force=True)
+            self._closed = True
+            os.close(self._fd)

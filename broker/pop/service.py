@@ -1,0 +1,566 @@
+"""Pop, ack, change of invisible time, dead letters and the handover of pop state between heads.
+
+The one place that ties the pure state (state.py) to the journal, the reviver, the reader and the other brokers.
+Pops of one (group, topic, queue) never run at once (a lock per key: a topic-wide pop skips a queue another pop is
+working on, a pop of one queue waits for it), so two pops never share a delivery. See broker/pop/__init__.py for the
+design across remaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import structlog
+
+from client.wire.errors import ApiError, rejection
+
+from ..codec import RawMessage, RawPopped
+from ..reads import Reader
+from ..routing import RouteTable, Segment
+from ..storage import files
+from ..writes import not_leader
+from . import journal as journal_mod
+from .dlq import DeadLetters
+from .handles import Handle, HandleCodec, load_secret
+from .limits import (ACK_OUTCOMES_REMEMBERED_MAX, DLQ_RETRY_MS, HANDOVER_PEERS_MAX, IN_FLIGHT_MAX,
+                     IN_FLIGHT_PER_QUEUE_MAX, POP_QUEUES_MAX, POP_WAITERS_MAX)
+from .revive import Reviver
+from .settings import GroupSettings
+from .state import DONE, EXPIRED, LIVE, Key, QueueState
+from .wakeup import TopicSignals
+
+log = structlog.get_logger("broker.pop")
+
+SEQ_BITS = 32                    # deliveries per incarnation; the incarnation sits above
+HEAP_CHECK_EVERY = 10_000        # deliveries scheduled between two looks at the revive heap's size
+HANDOVER_WAIT_S = 5.0            # how long an old head waits to see the route that moved the queue away
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _code(code: str, handle: Any) -> dict[str, Any]:
+    return {"handle": handle if isinstance(handle, str) else None, "ok": False, "code": code}
+
+
+def invalid_handle(why: str) -> ApiError:
+    return rejection(400, "INVALID_HANDLE", f"the handle is malformed or unknown to this broker: {why}")
+
+
+def handle_expired(why: str) -> ApiError:
+    return rejection(409, "HANDLE_EXPIRED", f"the handle no longer names a delivery in flight: {why}")
+
+
+def _next_incarnation(path: str) -> int:
+    raw = files.read_file(path)
+    n = int(raw) + 1 if raw and raw.strip().isdigit() else 1
+    files.write_atomic(path, str(n).encode())
+    files.sync_dir(os.path.dirname(path))
+    return n
+
+
+class PopService:
+    def __init__(self, me: str, data_dir: str, routes: RouteTable, reader: Reader, ready: Callable[[], bool],
+                 settings: GroupSettings, signals: TopicSignals):
+        self.me = me
+        self.routes = routes
+        self.reader = reader
+        self.settings = settings
+        self.signals = signals
+        self._ready = ready
+        root = os.path.join(data_dir, "pop")
+        os.makedirs(root, exist_ok=True)
+        self.codec = HandleCodec(load_secret(os.path.join(root, "handle.key")))
+        self._seq_base = _next_incarnation(os.path.join(root, "incarnation")) << SEQ_BITS
+        self._seq = 0
+        states, whole = journal_mod.load(os.path.join(root, "journal.log"))
+        self.states: dict[Key, QueueState] = states
+        self.journal = journal_mod.Journal(os.path.join(root, "journal.log"), states, whole)
+        self.dlq = DeadLetters(os.path.join(root, "dlq"))
+        self.reviver = Reviver(self._fire)
+        self._locks: dict[Key, asyncio.Lock] = {}
+        self._outcomes: OrderedDict[tuple[Key, int], tuple[int, str]] = OrderedDict()
+        self._chores: set[asyncio.Task] = set()
+        self._handing: set[Key] = set()
+        self._in_flight_total = 0
+        self._scheduled = 0
+        self._waiters = 0
+        self._rotation = 0
+        self.popped = 0
+        self.redelivered = 0
+        self.dead_lettered = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        for key, st in self.states.items():
+            for offset, d in st.in_flight.items():
+                if d.dead:
+                    self._spawn(self._dead_letter(key, offset, resumed=True), "resume dead letter")
+                else:
+                    self._schedule(key, offset, d.seq, d.deadline_ms)
+        self.journal.start()
+        self.reviver.start()
+
+    async def stop(self) -> None:
+        await self.reviver.stop()
+        chores = list(self._chores)
+        for t in chores:
+            t.cancel()
+        await asyncio.gather(*chores, return_exceptions=True)
+        await self.journal.close()
+        self.dlq.close()
+
+    def _spawn(self, work, what: str) -> None:
+        task = asyncio.create_task(work, name=what)
+        self._chores.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._chores.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("pop_chore_failed", what=what, error=repr(t.exception()))
+        task.add_done_callback(done)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        assert self._seq < 1 << SEQ_BITS
+        return self._seq_base | self._seq
+
+    def _schedule(self, key: Key, offset: int, seq: int, deadline_ms: int) -> None:
+        """Put a deadline on the revive heap; now and then drop the entries of deliveries acked or superseded
+        meanwhile, so the heap stays proportional to what is in flight."""
+        self.reviver.schedule(deadline_ms, key, offset, seq)
+        self._scheduled += 1
+        if self._scheduled % HEAP_CHECK_EVERY == 0:
+            live = self.in_flight_total()
+            if len(self.reviver) > 4 * live + HEAP_CHECK_EVERY:
+                self.reviver.rebuild((d.deadline_ms, d.seq, k, o) for k, st in self.states.items()
+                                     for o, d in st.in_flight.items() if not d.dead and o not in st.ready)
+
+    def _lock(self, key: Key) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def _remember(self, key: Key, offset: int, seq: int, outcome: str) -> None:
+        self._outcomes[(key, offset)] = (seq, outcome)
+        self._outcomes.move_to_end((key, offset))
+        while len(self._outcomes) > ACK_OUTCOMES_REMEMBERED_MAX:
+            self._outcomes.popitem(last=False)
+
+    def in_flight_total(self) -> int:
+        return sum(len(st.in_flight) for st in self.states.values())
+
+    # -- pop -----------------------------------------------------------------------------------------------------
+    async def pop(self, topic: str, group: str, max_n: int, invisible_ms: int, queue: int | None, order: bool,
+                  wait_ms: int) -> list[RawPopped]:
+        if not self._ready():
+            # A broker cut off from meta may have lost the queue's head without hearing of it: popping on could
+            # hand out what the new head hands out too.
+            raise rejection(503, "CATCHING_UP", "this broker's meta session has lapsed or its routes are behind the "
+                            "log; it pops again once both are current")
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            stamp = self.signals.stamp(topic)
+            out = await self._pop_once(topic, group, max_n, invisible_ms, queue, order)
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                return out
+            if self._waiters >= POP_WAITERS_MAX:
+                raise rejection(503, "TOO_MANY_WAITERS", "too many pops are long-polling on this broker; retry "
+                                "shortly or with a shorter wait_ms", limit=POP_WAITERS_MAX)
+            self._waiters += 1
+            try:
+                await self.signals.wait(topic, stamp, left)
+            finally:
+                self._waiters -= 1
+
+    def _queues(self, topic: str, queue: int | None) -> list[tuple[int, Segment]]:
+        route = self.routes.routes.get(topic)
+        if route is None:
+            raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} is unknown to this broker", topic=topic)
+        count = len(route["queues"])
+        if queue is not None:
+            if queue >= count:
+                raise rejection(404, "QUEUE_NOT_FOUND", f"queue {queue} does not exist", topic=topic, queue=queue)
+            head = self.routes.head(topic, queue)
+            if head is None or head.broker != self.me:
+                raise not_leader(topic, queue, head)
+            if head.logic_start is None:
+                raise rejection(503, "SEALING", "the queue is being remapped; retry shortly", topic=topic,
+                                queue=queue)
+            return [(queue, head)]
+        heads = [(q, self.routes.head(topic, q)) for q in range(count)]
+        mine = [(q, h) for q, h in heads if h is not None and h.broker == self.me and h.logic_start is not None]
+        self._rotation += 1
+        if mine:
+            i = self._rotation % len(mine)
+            mine = mine[i:] + mine[:i]   # each pop starts at another queue: none is starved by the ones before it
+        return mine
+
+    async def _pop_once(self, topic: str, group: str, max_n: int, invisible_ms: int, queue: int | None,
+                        order: bool) -> list[RawPopped]:
+        queues = self._queues(topic, queue)
+        self._in_flight_total = self.in_flight_total()
+        out: list[RawPopped] = []
+        saturated = 0
+        for phase in ("retry", "new"):          # redeliveries first, over every queue, so retries never starve
+            for q, _ in queues:
+                if len(out) >= max_n:
+                    break
+                key = (group, topic, q)
+                lock = self._lock(key)
+                if queue is None and lock.locked():
+                    continue                     # another pop works on this queue: never share a delivery
+                try:
+                    async with lock:
+                        st = await self._state_for(key)
+                        if st is None:
+                            continue
+                        if phase == "new" and (len(st.in_flight) >= IN_FLIGHT_PER_QUEUE_MAX
+                                               or self._in_flight_total >= IN_FLIGHT_MAX):
+                            saturated += 1
+                            continue
+                        out += await self._take(st, phase, max_n - len(out), invisible_ms, order)
+                except ApiError as e:
+                    if queue is not None:
+                        raise
+                    log.info("pop_queue_skipped", topic=topic, queue=q, code=e.code)
+        if not out and saturated and saturated == len(queues):
+            raise rejection(409, "TOO_MANY_IN_FLIGHT", "every queue popped holds as many invisible messages as it "
+                            "may: ack some first", in_flight_per_queue_max=IN_FLIGHT_PER_QUEUE_MAX,
+                            in_flight_max=IN_FLIGHT_MAX)
+        return out
+
+    async def _take(self, st: QueueState, phase: str, n: int, invisible_ms: int, order: bool) -> list[RawPopped]:
+        if st.frozen:
+            return []
+        if order:
+            if st.blocked(now_ms()):
+                return []
+            if phase == "retry":
+                return await self._redeliver(st, sorted(st.ready)[:n], invisible_ms)
+            if st.ready:
+                return []   # a batch came due: it goes out again, alone and in order, before anything new
+            return await self._deliver_new(st, n, invisible_ms)
+        if phase == "retry":
+            return await self._redeliver(st, list(st.ready)[:n], invisible_ms)
+        return await self._deliver_new(st, n, invisible_ms)
+
+    async def _deliver_new(self, st: QueueState, n: int, invisible_ms: int) -> list[RawPopped]:
+        group, topic, queue = st.key
+        n = min(n, IN_FLIGHT_PER_QUEUE_MAX - len(st.in_flight), IN_FLIGHT_MAX - self._in_flight_total)
+        if n <= 0:
+            return []
+        res = await self.reader.pull(topic, queue, st.next_offset, n)
+        now = now_ms()
+        out = []
+        for m in res["messages"]:
+            if m.offset < st.next_offset:
+                continue
+            seq = self._next_seq()
+            d = st.deliver_new(m.offset, seq, now, invisible_ms)
+            self._schedule(st.key, m.offset, seq, d.deadline_ms)
+            out.append(self._popped(group, topic, queue, m, seq, d.attempt))
+        st.skip_to(res["next_offset"])
+        self.journal.touch(st.key)
+        self.popped += len(out)
+        self._in_flight_total += len(out)
+        return out
+
+    async def _redeliver(self, st: QueueState, offsets: list[int], invisible_ms: int) -> list[RawPopped]:
+        if not offsets:
+            return []
+        group, topic, queue = st.key
+        found = await self._read_offsets(topic, queue, offsets)
+        now = now_ms()
+        out = []
+        for offset in offsets:
+            if offset not in st.ready:
+                continue                        # acked late while this pop read
+            m = found.get(offset)
+            if m is None:
+                st.ack(offset)                  # gone from the queue (retention): nothing left to deliver
+                continue
+            seq = self._next_seq()
+            d = st.redeliver(offset, seq, now, invisible_ms)
+            self._schedule(st.key, offset, seq, d.deadline_ms)
+            out.append(self._popped(group, topic, queue, m, seq, d.attempt))
+        self.journal.touch(st.key)
+        self.journal.kick()
+        self.redelivered += len(out)
+        return out
+
+    def _popped(self, group: str, topic: str, queue: int, m: RawMessage, seq: int, attempt: int) -> RawPopped:
+        return RawPopped(queue, m.offset, self.codec.encode(group, Handle(topic, queue, m.offset, seq)), attempt,
+                         m.payload)
+
+    async def _read_offsets(self, topic: str, queue: int, offsets: list[int]) -> dict[int, RawMessage]:
+        """The messages at ``offsets`` (absent ones were deleted by retention), read run by run."""
+        found: dict[int, RawMessage] = {}
+        runs: list[list[int]] = []
+        for o in sorted(offsets):
+            if runs and o == runs[-1][-1] + 1:
+                runs[-1].append(o)
+            else:
+                runs.append([o])
+        for run in runs:
+            res = await self.reader.read_history(topic, queue, run[0], len(run))
+            for m in res["messages"]:
+                found[m.offset] = m
+        return found
+
+    # -- ack and change of invisible time ------------------------------------------------------------------------
+    def _check(self, group: str, raw: Any) -> tuple[str, Handle | None, QueueState | None]:
+        h = self.codec.decode(group, raw)
+        if h is None:
+            return "INVALID_HANDLE", None, None
+        st = self.states.get((group, h.topic, h.queue))
+        if st is None:
+            return "INVALID_HANDLE", h, None
+        verdict = st.check(h.offset, h.seq)
+        if verdict == LIVE:
+            return "", h, st
+        if verdict == EXPIRED:
+            return "HANDLE_EXPIRED", h, st
+        if verdict == DONE:
+            seen = self._outcomes.get((st.key, h.offset))
+            if seen is None:
+                return "DONE", h, st            # done for good before this broker's memory reaches: harmless
+            seq, outcome = seen
+            if outcome == "acked" and seq == h.seq:
+                return "DONE", h, st
+            return ("HANDLE_EXPIRED", h, st) if seq >= h.seq else ("INVALID_HANDLE", h, st)
+        return "INVALID_HANDLE", h, st
+
+    async def ack(self, group: str, handles: list[Any]) -> list[dict[str, Any]]:
+        results = []
+        changed = False
+        topics = set()
+        for raw in handles:
+            code, h, st = self._check(group, raw)
+            if code == "":
+                st.ack(h.offset)
+                self._remember(st.key, h.offset, h.seq, "acked")
+                self.journal.touch(st.key)
+                topics.add(h.topic)
+                changed = True
+            if code in ("", "DONE"):
+                results.append({"handle": raw, "ok": True})
+            else:
+                results.append(_code(code, raw))
+        if changed:
+            await self.journal.durable()
+        for topic in topics:
+            self.signals.notify(topic)          # an ordered queue may be free again
+        return results
+
+    async def change_invisible(self, group: str, raw: Any, invisible_ms: int) -> str:
+        code, h, st = self._check(group, raw)
+        if code == "INVALID_HANDLE":
+            raise invalid_handle("not made by this broker for this group, or never delivered")
+        if code in ("HANDLE_EXPIRED", "DONE"):
+            raise handle_expired("it was acked, delivered again, given a new handle or dead-lettered")
+        seq = self._next_seq()
+        d = st.change_invisible(h.offset, seq, now_ms() + invisible_ms)
+        self._schedule(st.key, h.offset, seq, d.deadline_ms)
+        self._remember(st.key, h.offset, h.seq, "superseded")
+        self.journal.touch(st.key)
+        await self.journal.durable()
+        return self.codec.encode(group, Handle(h.topic, h.queue, h.offset, seq))
+
+    # -- revive and dead letters ---------------------------------------------------------------------------------
+    def _fire(self, key: Key, offset: int, seq: int) -> None:
+        st = self.states.get(key)
+        if st is None:
+            return
+        verdict = st.expire(offset, seq, now_ms(), self.settings.max_attempts(key[0]))
+        if verdict == "ready":
+            if st.frozen:
+                self._hand_over_soon(key)
+            self.signals.notify(key[1])
+        elif verdict == "dead":
+            self.journal.touch(key)
+            self._spawn(self._dead_letter(key, offset), "dead letter")
+
+    async def _dead_letter(self, key: Key, offset: int, resumed: bool = False) -> None:
+        """Mark (durably), copy to the DLQ (fsynced), remove: a crash between the two last steps is found again on
+        restart, where the DLQ's tail says whether the copy was made, so a message goes to the DLQ once."""
+        group, topic, queue = key
+        st = self.states[key]
+        d = st.in_flight.get(offset)
+        if d is None or not d.dead:
+            return
+        if not resumed:
+            await self.journal.durable()
+        if not (resumed and await asyncio.to_thread(self.dlq.holds, group, topic, queue, offset)):
+            try:
+                found = await self._read_offsets(topic, queue, [offset])
+            except ApiError as e:
+                if not (e.code == "TOPIC_NOT_FOUND" and self._ready()):
+                    log.warning("dead_letter_read_failed", key=key, offset=offset, code=e.code)
+                    await asyncio.sleep(DLQ_RETRY_MS / 1000)
+                    self._spawn(self._dead_letter(key, offset, resumed=True), "dead letter again")
+                    return
+                found = {}          # the topic was deleted: there is no message left to keep
+            m = found.get(offset)
+            if m is not None:
+                await self.dlq.append(group, [{"topic": topic, "queue": queue, "origin_offset": offset,
+                                               "attempts": d.attempt, "message": m.payload}], now_ms())
+                self.dead_lettered += 1
+        if st.in_flight.get(offset) is d:
+            st.ack(offset)
+            self._remember(key, offset, d.seq, "dead")
+            self.journal.touch(key)
+            self.journal.kick()
+
+    # -- pop state across remaps ---------------------------------------------------------------------------------
+    async def _state_for(self, key: Key) -> QueueState | None:
+        """The key's state for popping here, taken over from older heads the first time under a new head; None when
+        this broker does not hold the queue's decided head (the caller holds the key's lock)."""
+        group, topic, queue = key
+        head = self.routes.head(topic, queue)   # now, not when the pop began: the queue may have moved meanwhile
+        if head is None or head.broker != self.me or head.logic_start is None:
+            return None
+        st = self.states.get(key)
+        if st is not None and st.gen >= head.gen:
+            # Frozen at this gen or later: a newer head took the state over; never pop it here again.
+            return None if st.frozen else st
+        if st is None and len(self.states) >= POP_QUEUES_MAX:
+            raise rejection(409, "TOO_MANY_POP_QUEUES", f"this broker keeps pop state of at most {POP_QUEUES_MAX} "
+                            "(group, topic, queue)", limit=POP_QUEUES_MAX)
+        best: tuple[int, int] | None = (st.gen, st.next_offset) if st is not None else None
+        asked = {self.me}
+        for seg in reversed(await self.reader.history(topic, queue)):
+            if seg.broker in asked or seg.gen >= head.gen or len(asked) > HANDOVER_PEERS_MAX:
+                continue
+            asked.add(seg.broker)
+            got = await self._ask_freeze(seg, key)
+            if got is not None and (best is None or got[0] > best[0]):
+                best = got
+        start = best[1] if best is not None else await self.reader.min_offset(topic, queue)
+        if st is None:
+            st = self.states[key] = QueueState(key, start, head.gen)
+        else:
+            st.next_offset = max(start, st.next_offset) if best is not None and best[0] == st.gen else start
+            st.gen, st.frozen = head.gen, False
+        self.journal.touch(key)
+        await self.journal.durable()
+        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset)
+        return st
+
+    async def _ask_freeze(self, seg: Segment, key: Key) -> tuple[int, int] | None:
+        """An older head's pop state of ``key`` as (gen, next offset), frozen there first; None when it has none.
+        A broker that cannot answer stops the takeover (503 BROKER_UNAVAILABLE): starting without its pop offset
+        could deliver twice."""
+        group, topic, queue = key
+        body = await self.reader.peers.request(
+            "POST", seg, f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
+                         f"?route_version={self.routes.version}")
+        return (body["gen"], body["next_offset"]) if body.get("found") else None
+
+    async def freeze(self, key: Key, route_version: int) -> dict[str, Any]:
+        """A new head asks for this broker's pop state of ``key``: once this broker's routes are as new as the
+        asker's and it is no longer the head, no pop here can move the pop offset again; freeze it and answer."""
+        group, topic, queue = key
+        deadline = time.monotonic() + HANDOVER_WAIT_S
+        while self.routes.version < route_version:
+            if time.monotonic() > deadline:
+                raise rejection(503, "CATCHING_UP", "this broker has not seen the route that moved the queue yet")
+            await asyncio.sleep(0.02)
+        head = self.routes.head(topic, queue)
+        if head is not None and head.broker == self.me:
+            raise rejection(409, "NOT_LEADER", "this broker holds the queue's head: its pop state is current here")
+        async with self._lock(key):
+            st = self.states.get(key)
+            if st is None:
+                return {"found": False}
+            if not st.frozen:
+                st.frozen = True
+                self.journal.touch(key)
+                await self.journal.durable()
+            self._hand_over_soon(key)   # deliveries that came due before the freeze
+            return {"found": True, "gen": st.gen, "next_offset": st.next_offset, "in_flight": len(st.in_flight)}
+
+    def _hand_over_soon(self, key: Key) -> None:
+        if key not in self._handing:
+            self._handing.add(key)
+            self._spawn(self._hand_over_expired(key), "hand over expired")
+
+    async def _hand_over_expired(self, key: Key) -> None:
+        try:
+            while not await self._push_expired(key):
+                await asyncio.sleep(DLQ_RETRY_MS / 1000)
+        finally:
+            self._handing.discard(key)
+
+    async def _push_expired(self, key: Key) -> bool:
+        """One push of the ready deliveries; False when it should be tried again later."""
+        """A frozen key's deliveries that came due go to the current head, which delivers them again; this broker
+        removes them once the head has them durably (and keeps them, to try again, when it cannot)."""
+        st = self.states.get(key)
+        if st is None or not st.frozen or not st.ready:
+            return True
+        group, topic, queue = key
+        head = self.routes.head(topic, queue)
+        if head is not None and head.broker == self.me:
+            return True            # the head came back here: the next pop takes the state over, ready ones first
+        if head is None or not head.address:
+            return False           # routes not followed yet after a restart, or no address: try again shortly
+        batch = {o: st.in_flight[o] for o in list(st.ready)[:IN_FLIGHT_PER_QUEUE_MAX] if o in st.in_flight}
+        try:
+            await self.reader.peers.request(
+                "POST", head, f"/v1/pop-adopt/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}",
+                {"deliveries": [[o, d.attempt] for o, d in batch.items()]})
+        except ApiError as e:
+            log.info("pop_handover_failed", key=key, code=e.code)
+            return False
+        for o, d in batch.items():
+            if st.in_flight.get(o) is d:
+                st.ack(o)
+                self._remember(key, o, d.seq, "moved")
+        self.journal.touch(key)
+        await self.journal.durable()
+        return not st.ready
+
+    async def adopt(self, key: Key, deliveries: list[list[int]]) -> int:
+        """Expired deliveries of an older head: delivered again from here, before anything new."""
+        group, topic, queue = key
+        head = self.routes.head(topic, queue)
+        if head is None or head.broker != self.me:
+            raise not_leader(topic, queue, head)
+        async with self._lock(key):
+            st = await self._state_for(key)
+            if st is None:
+                raise not_leader(topic, queue, self.routes.head(topic, queue))
+            now = now_ms()
+            taken = 0
+            for offset, attempt in deliveries:
+                if offset in st.in_flight or offset >= st.next_offset:
+                    continue
+                st.adopt(offset, self._next_seq(), attempt, now)
+                taken += 1
+            self.journal.touch(key)
+            await self.journal.durable()
+        self.signals.notify(topic)
+        return taken
+
+    # -- what operators see --------------------------------------------------------------------------------------
+    def stats(self, group: str | None = None) -> list[dict[str, Any]]:
+        now = now_ms()
+        out = []
+        for (g, t, q), st in sorted(self.states.items()):
+            if group is not None and g != group:
+                continue
+            out.append({"group": g, "topic": t, "queue": q, "pop_offset": st.next_offset,
+                        "in_flight": len(st.in_flight), "invisible": st.invisible_count(now),
+                        "revive_backlog": len(st.ready) + sum(1 for d in st.in_flight.values() if d.dead),
+                        "frozen": st.frozen, "gen": st.gen})
+        return out

@@ -1,0 +1,182 @@
+"""Pop state of one (group, topic, logic queue), pure: no clock (times come in), no I/O, no asyncio.
+
+``next_offset`` is the pop offset: every logic offset below it was handed out at least once; ``in_flight`` holds the
+deliveries not acked yet (offset -> seq, attempt, deadline). A delivery whose deadline passed is *ready*: it goes out
+again, before anything new, with ``attempt`` + 1, or to the dead-letter queue after the group's max attempts.
+
+What is durable (journal.py) is described by the lines ``take_line`` hands out, which always keep this rule: the
+written pop offset never passes an offset whose delivery is neither written nor acked, so a crash can only bring a
+message back, never lose one. A first delivery is written only once it is DELIVERY_WRITE_DELAY_MS old; an ack before
+that removes it from memory and nothing is ever written for the pair (an ack is answered only once the written pop
+offset has passed it: unacked deliveries below an acked one are written at once for that).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .limits import DELIVERY_WRITE_DELAY_MS
+
+Key = tuple[str, str, int]   # group, topic, queue
+
+# Outcomes of checking a handle against the state.
+LIVE, EXPIRED, UNKNOWN, DONE = "live", "expired", "unknown", "done"
+
+
+@dataclass
+class Delivery:
+    seq: int
+    attempt: int
+    deadline_ms: int
+    written: bool = False      # some version of this offset's record is in the journal (an ack must remove it)
+    dead: bool = False         # past max attempts: on its way to the dead-letter queue
+
+
+@dataclass
+class QueueState:
+    key: Key
+    next_offset: int
+    gen: int = 0               # the head segment's gen this state was popped under (pop across remaps)
+    frozen: bool = False       # the head moved on: no more pops here, in-flight deliveries stay ackable
+    in_flight: dict[int, Delivery] = field(default_factory=dict)
+    ready: dict[int, None] = field(default_factory=dict)       # expired offsets in expiry order
+    # Journal bookkeeping.
+    fresh: deque = field(default_factory=deque)                # (popped_ms, offset, seq) first deliveries unwritten
+    dirty: set[int] = field(default_factory=set)               # offsets whose record must be (re)written
+    removed: set[int] = field(default_factory=set)             # written offsets acked or dead-lettered since
+    ack_horizon: int = 0                                       # an ack of an unwritten delivery below this
+    written_next: int | None = None
+    written_meta: tuple[int, bool] | None = None               # (gen, frozen) as last written
+
+    # -- handing out ---------------------------------------------------------------------------------------------
+    def deliver_new(self, offset: int, seq: int, now_ms: int, invisible_ms: int) -> Delivery:
+        assert offset >= self.next_offset and offset not in self.in_flight
+        d = self.in_flight[offset] = Delivery(seq, 1, now_ms + invisible_ms)
+        self.fresh.append((now_ms, offset, seq))
+        self.next_offset = offset + 1
+        return d
+
+    def skip_to(self, offset: int) -> None:
+        """Nothing to hand out below ``offset`` (a gap of a dead broker's budget, or retention)."""
+        self.next_offset = max(self.next_offset, offset)
+
+    def redeliver(self, offset: int, seq: int, now_ms: int, invisible_ms: int) -> Delivery:
+        old = self.in_flight[offset]
+        self.ready.pop(offset, None)
+        d = self.in_flight[offset] = Delivery(seq, old.attempt + 1, now_ms + invisible_ms, old.written)
+        self.dirty.add(offset)
+        return d
+
+    def adopt(self, offset: int, seq: int, attempt: int, now_ms: int) -> Delivery:
+        """An expired delivery handed over by an older head (pop across remaps): ready at once, written at once."""
+        d = self.in_flight[offset] = Delivery(seq, attempt, now_ms)
+        self.ready[offset] = None
+        self.dirty.add(offset)
+        return d
+
+    # -- handles ---------------------------------------------------------------------------------------------------
+    def check(self, offset: int, seq: int) -> str:
+        d = self.in_flight.get(offset)
+        if d is None:
+            return DONE if offset < self.next_offset else UNKNOWN
+        if d.seq == seq:
+            return EXPIRED if d.dead else LIVE
+        return EXPIRED if d.seq > seq else UNKNOWN
+
+    def ack(self, offset: int) -> None:
+        d = self.in_flight.pop(offset)
+        self.ready.pop(offset, None)
+        self.dirty.discard(offset)
+        if d.written:
+            self.removed.add(offset)
+        else:
+            # Durable only once the written pop offset passes it, so the unacked deliveries below it must be
+            # written now (acks of whole batches, the usual case, leave none: then nothing is written at all).
+            self.ack_horizon = max(self.ack_horizon, offset + 1)
+
+    def change_invisible(self, offset: int, seq: int, deadline_ms: int) -> Delivery:
+        old = self.in_flight[offset]
+        self.ready.pop(offset, None)
+        d = self.in_flight[offset] = Delivery(seq, old.attempt, deadline_ms, old.written)
+        self.dirty.add(offset)
+        return d
+
+    # -- the revive scanner ----------------------------------------------------------------------------------------
+    def expire(self, offset: int, seq: int, now_ms: int, max_attempts: int) -> str | None:
+        """At a deadline: "ready" (deliver again), "dead" (to the DLQ) or None (acked or superseded meanwhile)."""
+        d = self.in_flight.get(offset)
+        if d is None or d.seq != seq or d.deadline_ms > now_ms or d.dead:
+            return None
+        if d.attempt >= max_attempts:
+            d.dead = True
+            self.ready.pop(offset, None)
+            self.dirty.add(offset)
+            return "dead"
+        self.ready[offset] = None
+        return "ready"
+
+    def invisible_count(self, now_ms: int) -> int:
+        return sum(1 for d in self.in_flight.values() if d.deadline_ms > now_ms and not d.dead)
+
+    def blocked(self, now_ms: int) -> bool:
+        """Ordered pop: a batch is out while any of its messages is invisible and unacked."""
+        return any(d.deadline_ms > now_ms and not d.dead for d in self.in_flight.values())
+
+    # -- the journal -----------------------------------------------------------------------------------------------
+    def take_line(self, now_ms: int, force: bool = False) -> list[Any] | None:
+        """The journal line bringing the written state up to date, or None when nothing needs writing; marks what it
+        holds as written. First deliveries younger than DELIVERY_WRITE_DELAY_MS stay out (unless ``force``), and
+        so does the pop offset past the first of them."""
+        while self.fresh:
+            popped_ms, offset, seq = self.fresh[0]
+            d = self.in_flight.get(offset)
+            if d is None or d.seq != seq:
+                self.fresh.popleft()          # acked (the pair cancels) or superseded by a dirty record
+            elif force or now_ms - popped_ms >= DELIVERY_WRITE_DELAY_MS or offset < self.ack_horizon:
+                self.fresh.popleft()
+                self.dirty.add(offset)
+            else:
+                break
+        durable_next = min(self.next_offset, self.fresh[0][1]) if self.fresh else self.next_offset
+        meta = (self.gen, self.frozen)
+        if not self.dirty and not self.removed and durable_next == self.written_next and meta == self.written_meta:
+            return None
+        upserts = []
+        for offset in sorted(self.dirty):
+            d = self.in_flight[offset]
+            d.written = True
+            upserts.append([offset, d.seq, d.attempt, d.deadline_ms, 1 if d.dead else 0])
+        line = [*self.key, durable_next, self.gen, self.frozen, upserts, sorted(self.removed)]
+        self.dirty.clear()
+        self.removed.clear()
+        self.written_next, self.written_meta = durable_next, meta
+        return line
+
+    def full_line(self) -> list[Any]:
+        """Everything durable about this key, for a compacted journal (call right after ``take_line(force=True)``)."""
+        upserts = [[o, d.seq, d.attempt, d.deadline_ms, 1 if d.dead else 0]
+                   for o, d in sorted(self.in_flight.items()) if d.written]
+        return [*self.key, self.written_next, self.gen, self.frozen, upserts, []]
+
+
+def replay_line(states: dict[Key, QueueState], line: Any) -> QueueState:
+    """Apply one journal line (ValueError/TypeError/KeyError for a garbled one, before changing anything)."""
+    g, t, q, next_offset, gen, frozen, upserts, removes = line
+    if not (isinstance(g, str) and isinstance(t, str) and type(q) is int and type(next_offset) is int
+            and type(gen) is int and isinstance(frozen, bool)):
+        raise ValueError("bad journal line")
+    parsed = [(int(o), Delivery(int(s), int(a), int(dl), True, bool(dead))) for o, s, a, dl, dead in upserts]
+    removes = [int(o) for o in removes]
+    key = (g, t, q)
+    st = states.get(key)
+    if st is None:
+        st = states[key] = QueueState(key, next_offset)
+    st.next_offset, st.gen, st.frozen = next_offset, gen, frozen
+    st.written_next, st.written_meta = next_offset, (gen, frozen)
+    for o, d in parsed:
+        st.in_flight[o] = d
+    for o in removes:
+        st.in_flight.pop(o, None)
+    return st

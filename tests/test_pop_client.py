@@ -1,0 +1,70 @@
+"""client/pop.py against real processes (3 meta nodes, 2 brokers): consumers of one group share a topic spread over
+both brokers; every message is handled to success once; a failing handler is nacked and the message comes back
+with attempt + 1 after the backoff; a handler slower than the invisible time keeps its message (no second delivery).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+from client import AdminClient, Backoff, PopConsumer, PoppedMessage, Producer
+from client.selection import RoundRobinSelector
+from tests import cluster as cluster_mod
+from tests.meta_helpers import wait_until
+
+
+async def test_pop_consumers_share_a_topic_ack_on_success_extend_slow_handlers_and_nack_failures(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 3, 2,
+                                   meta={"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}) as c:
+        async with AdminClient(c.meta_urls, c.token("admin")) as admin:
+            await admin.create_topic("jobs", queues=4)
+        async with Producer(c.meta_urls, c.token("client"), "jobs", selector=RoundRobinSelector()) as p:
+            for i in range(40):
+                await p.send(f"job-{i}")
+
+        calls: collections.Counter = collections.Counter()
+        done: dict[str, tuple[str, int]] = {}
+        failures: list[BaseException] = []
+
+        def handler_of(name: str):
+            async def handle(m: PoppedMessage) -> None:
+                try:
+                    calls[m.body] += 1
+                    if m.body == "job-7" and m.attempt == 1:
+                        raise RuntimeError("first attempt fails")
+                    if m.body == "job-3":
+                        await asyncio.sleep(2.5)          # past the 1 s invisible time: kept by extensions
+                    assert m.body not in done, f"{m.body} handled again after success"
+                    done[m.body] = (name, m.attempt)
+                except RuntimeError:
+                    raise
+                except BaseException as e:              # an assertion in a handler must fail the test
+                    failures.append(e)
+                    raise
+            return handle
+
+        consumers = [PopConsumer(c.meta_urls, c.token("client"), "jobs", "workers", handler_of(f"c{i}"),
+                                 invisible_ms=1000, wait_ms=1000, nack_backoff=Backoff(1.0, 1.0))
+                     for i in range(3)]
+        runs = [asyncio.create_task(x.run()) for x in consumers]
+        try:
+            started = time.monotonic()
+            await wait_until(lambda: _true(len(done) == 40), 60, "every job handled")
+            await asyncio.sleep(1.5)                      # time for a wrong second delivery to show up
+        finally:
+            for x in consumers:
+                await x.close()
+            await asyncio.gather(*runs)
+        assert not failures, failures
+        assert sorted(done) == sorted(f"job-{i}" for i in range(40))
+        assert done["job-7"][1] == 2 and calls["job-7"] == 2, "nacked, then back with attempt 2"
+        assert calls["job-3"] == 1, "extended while slow: never delivered to anyone else"
+        assert all(calls[f"job-{i}"] == 1 for i in range(40) if i != 7)
+        assert len({name for name, _ in done.values()}) >= 2, "the consumers share the work"
+        assert time.monotonic() - started < 60
+
+
+async def _true(v: bool) -> bool:
+    return v

@@ -1,0 +1,74 @@
+"""Pop's bounds on a real broker node in this process (its real store, writer, reader, journal and reviver; routes
+given directly, as the watch stream would): too many in flight per queue is 409 TOO_MANY_IN_FLIGHT, too many parked
+long polls is 503 TOO_MANY_WAITERS, and a pop whose queue is busy with another pop never shares a delivery.
+The limits are lowered here so the test stays small; tests/test_pop.py covers the behaviour over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.node import BrokerNode
+from broker.pop import service as service_mod
+from client.wire import route as route_model
+from client.wire.errors import ApiError
+
+
+def route(version: int = 5) -> dict:
+    seg = route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                   physical_start=0, logic_start=0, logic_end=None, state="active",
+                                   budget_end=1_000_000)
+    return route_model.route_json(topic="t", version=version, slots=16, order="best_tried", config={},
+                                  slot_table=[[0, 16, 0]], slot_table_version=version, barriers=[],
+                                  queues=[route_model.queue_json(0, True, [seg])])
+
+
+@pytest.fixture
+async def node(tmp_path):
+    n = BrokerNode(BrokerConfig(broker="b1", data_dir=str(tmp_path), http_host="127.0.0.1", http_port=1,
+                                meta_urls=("http://127.0.0.1:9",), token="bt", client_token="ct"))
+    n.session.epoch, n.session.state, n.session.last_ack_sent = 1, "active", time.monotonic() + 3600
+    n.routes.update(route())
+    await n.pop.start()
+    try:
+        yield n
+    finally:
+        await n.pop.stop()
+        n.writer.stop()
+        n.store.close()
+        n.offsets.close()
+
+
+async def test_a_queue_full_of_invisible_messages_refuses_more_until_some_are_acked(node, monkeypatch):
+    monkeypatch.setattr(service_mod, "IN_FLIGHT_PER_QUEUE_MAX", 5)
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(8)])
+    got = await node.pop.pop("t", "g", 100, 60_000, None, False, 0)
+    assert [m.offset for m in got] == [0, 1, 2, 3, 4]
+    with pytest.raises(ApiError) as e:
+        await node.pop.pop("t", "g", 100, 60_000, None, False, 0)
+    assert (e.value.status, e.value.code) == (409, "TOO_MANY_IN_FLIGHT")
+    assert [r["ok"] for r in await node.pop.ack("g", [got[0].handle, got[1].handle])] == [True, True]
+    assert [m.offset for m in await node.pop.pop("t", "g", 100, 60_000, 0, False, 0)] == [5, 6]
+
+
+async def test_long_polls_beyond_the_limit_are_refused_at_once(node, monkeypatch):
+    monkeypatch.setattr(service_mod, "POP_WAITERS_MAX", 1)
+    parked = asyncio.create_task(node.pop.pop("t", "g", 1, 60_000, None, False, 5_000))
+    await asyncio.sleep(0.1)
+    started = time.monotonic()
+    with pytest.raises(ApiError) as e:
+        await node.pop.pop("t", "g", 1, 60_000, None, False, 5_000)
+    assert (e.value.status, e.value.code) == (503, "TOO_MANY_WAITERS") and time.monotonic() - started < 1
+    await node.writer.send("t", 0, [{"body": "wake"}])
+    assert [m.offset for m in await asyncio.wait_for(parked, 5)] == [0], "a send wakes the parked pop"
+
+
+async def test_pops_racing_on_one_queue_never_share_a_delivery(node):
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(50)])
+    results = await asyncio.gather(*(node.pop.pop("t", "g", 7, 60_000, q, False, 0)
+                                     for q in (None, 0) * 6))
+    seen = [m.offset for r in results for m in r]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(range(50))

@@ -1,0 +1,273 @@
+"""Pop's pure parts without processes: handles, one queue's state, the journal's lines and replay, the DLQ store,
+group settings, request bounds. The broker-level behaviour is in tests/test_pop.py, on real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import pytest
+
+from broker.pop import journal as journal_mod
+from broker.pop import params
+from broker.pop.dlq import DeadLetters
+from broker.pop.handles import Handle, HandleCodec, load_secret
+from broker.pop.limits import DELIVERY_WRITE_DELAY_MS, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MIN, WAIT_MS_MAX
+from broker.pop.settings import GroupSettings
+from broker.pop.state import DONE, EXPIRED, LIVE, UNKNOWN, QueueState, replay_line
+from client.wire.errors import ApiError
+
+KEY = ("g", "t", 0)
+
+
+# -- handles -------------------------------------------------------------------------------------------------------
+
+def test_a_handle_round_trips_and_anything_else_is_malformed(tmp_path):
+    codec = HandleCodec(load_secret(str(tmp_path / "k")))
+    h = Handle("tö/pic", 3, 17, (5 << 32) | 9)
+    raw = codec.encode("g", h)
+    assert codec.decode("g", raw) == h
+    assert codec.decode("other", raw) is None, "a handle is bound to its group"
+    body, _, mac = raw.rpartition(".")
+    forged = body.replace(".17.", ".18.") + "." + mac
+    for bad in (None, 7, "", "x", raw + "x", "A" + raw, body + ".", "." + mac, raw.replace(".", ".."), forged,
+                body[:-2] + "AA." + mac, "\ud800", "x" * 5000, [raw], "\u0663" + raw[1:], "1.2.3.4.5"):
+        assert codec.decode("g", bad) is None, bad
+    assert HandleCodec(b"another secret of 32 bytes......").decode("g", raw) is None, "bound to its broker"
+
+
+def test_the_secret_survives_a_restart(tmp_path):
+    a = load_secret(str(tmp_path / "k"))
+    assert load_secret(str(tmp_path / "k")) == a and len(a) == 32
+
+
+# -- one queue's state ---------------------------------------------------------------------------------------------
+
+def popped(n: int, now: int = 0, invisible: int = 1000) -> QueueState:
+    st = QueueState(KEY, 0)
+    for o in range(n):
+        st.deliver_new(o, 100 + o, now, invisible)
+    return st
+
+
+def test_handles_are_live_until_acked_then_done_and_superseded_ones_expired():
+    st = popped(3)
+    assert st.check(0, 100) == LIVE
+    assert st.check(0, 99) == EXPIRED, "an older delivery of the offset"
+    assert st.check(0, 101) == UNKNOWN, "a delivery that never happened"
+    assert st.check(5, 1) == UNKNOWN, "beyond the pop offset"
+    st.ack(0)
+    assert st.check(0, 100) == DONE
+    st.change_invisible(1, 200, 5000)
+    assert st.check(1, 101) == EXPIRED and st.check(1, 200) == LIVE
+
+
+def test_expiry_makes_ready_then_dead_after_max_attempts_and_ignores_acked_or_superseded():
+    st = popped(2)
+    assert st.expire(0, 100, 999, 3) is None, "not before the deadline"
+    assert st.expire(0, 100, 1000, 3) == "ready" and list(st.ready) == [0]
+    d = st.redeliver(0, 300, 1000, 1000)
+    assert d.attempt == 2 and not st.ready
+    assert st.expire(0, 100, 5000, 3) is None, "a superseded delivery's deadline is ignored"
+    st.ack(1)
+    assert st.expire(1, 101, 5000, 3) is None, "an acked one too"
+    assert st.expire(0, 300, 2000, 3) == "ready"
+    st.redeliver(0, 301, 2000, 1000)
+    assert st.expire(0, 301, 3000, 3) == "dead" and st.in_flight[0].dead and st.check(0, 301) == EXPIRED
+
+
+def test_an_ordered_queue_is_blocked_while_any_delivery_is_invisible():
+    st = popped(2)
+    assert st.blocked(500)
+    st.ack(0)
+    assert st.blocked(500)
+    st.ack(1)
+    assert not st.blocked(500)
+
+
+def test_a_pop_acked_within_the_write_delay_costs_no_delivery_record():
+    st = popped(3, now=0)
+    st.ack(0)
+    st.ack(1)
+    line = st.take_line(10)
+    assert line is not None and line[3] == 2 and line[6] == [] and line[7] == [], \
+        "only the pop offset up to the first unacked, unwritten delivery"
+    assert st.take_line(20) is None
+    line = st.take_line(DELIVERY_WRITE_DELAY_MS)
+    assert line[3] == 3 and [u[0] for u in line[6]] == [2], "the unacked delivery is written once it is old enough"
+    st.ack(2)
+    assert st.take_line(DELIVERY_WRITE_DELAY_MS + 1)[7] == [2], "a written delivery needs its removal written"
+
+
+def test_an_ack_above_unacked_fresh_deliveries_writes_them_so_the_pop_offset_can_pass_it():
+    st = popped(4, now=0)
+    st.ack(2)
+    line = st.take_line(10)
+    assert line[3] == 3 and [u[0] for u in line[6]] == [0, 1], \
+        "the acked offset is below the written pop offset; the unacked ones below it are on disk"
+    st.ack(3)
+    assert st.take_line(20)[3] == 4 and st.take_line(30) is None
+
+
+def test_replaying_the_lines_gives_the_written_state():
+    st = popped(4, now=0)
+    lines = [st.take_line(DELIVERY_WRITE_DELAY_MS)]
+    st.ack(1)
+    st.redeliver(2, 500, 1000, 2000) if st.expire(2, 102, 1000, 16) == "ready" else None
+    st.deliver_new(4, 600, 2000, 1000)            # not written yet: the written pop offset stays at 4
+    lines.append(st.take_line(2001))
+    states = {}
+    for line in lines:
+        replay_line(states, json.loads(json.dumps(line)))
+    back = states[KEY]
+    assert back.next_offset == 4 and sorted(back.in_flight) == [0, 2, 3]
+    assert back.in_flight[2].attempt == 2 and back.in_flight[2].seq == 500 and back.in_flight[2].written
+
+
+@pytest.mark.parametrize("bad", [[], ["g", "t", 0], ["g", "t", "0", 1, 0, False, [], []],
+                                 ["g", "t", 0, 1, 0, "no", [], []], ["g", "t", 0, 1, 0, False, [[1]], []]])
+def test_a_garbled_line_changes_nothing(bad):
+    states = {}
+    with pytest.raises((ValueError, TypeError, KeyError)):
+        replay_line(states, bad)
+    assert states == {}
+
+
+# -- the journal ---------------------------------------------------------------------------------------------------
+
+async def test_the_journal_writes_rounds_replays_them_and_cuts_a_torn_tail(tmp_path):
+    path = str(tmp_path / "j.log")
+    clock = [0]
+    states, whole = journal_mod.load(path)
+    j = journal_mod.Journal(path, states, whole, now_ms=lambda: clock[0])
+    st = states[KEY] = popped(3)
+    j.touch(KEY)
+    clock[0] = DELIVERY_WRITE_DELAY_MS
+    await j.round()
+    st.ack(0)
+    j.touch(KEY)
+    await j.round()
+    await j.close()
+    with open(path, "ab") as f:
+        f.write(b'["g","t",0,9,0,false,[],[')      # a torn last line: never acknowledged
+    states, whole = journal_mod.load(path)
+    assert sorted(states[KEY].in_flight) == [1, 2] and states[KEY].next_offset == 3
+    j = journal_mod.Journal(path, states, whole)
+    await j.close()
+    assert open(path, "rb").read().endswith(b"\n")
+
+
+async def test_compaction_keeps_exactly_the_durable_state(tmp_path, monkeypatch):
+    monkeypatch.setattr(journal_mod, "COMPACT_AFTER_LINES", 5)
+    path = str(tmp_path / "j.log")
+    states, whole = journal_mod.load(path)
+    j = journal_mod.Journal(path, states, whole, now_ms=lambda: 10_000)
+    st = states[KEY] = QueueState(KEY, 0)
+    for o in range(20):
+        st.deliver_new(o, o + 1, 0, 60_000)
+        if o % 2:
+            st.ack(o - 1)
+        j.touch(KEY)
+        await j.round()
+    await j.close()
+    assert len(open(path, "rb").read().splitlines()) < 20, "compacted"
+    back, _ = journal_mod.load(path)
+    assert sorted(back[KEY].in_flight) == [o for o in range(20) if o % 2 or o == 19] and back[KEY].next_offset == 20
+
+
+async def test_a_failed_disk_fails_the_waiters_instead_of_acknowledging(tmp_path, monkeypatch):
+    path = str(tmp_path / "j.log")
+    states, whole = journal_mod.load(path)
+    j = journal_mod.Journal(path, states, whole)
+    states[KEY] = popped(1)
+    j.touch(KEY)
+
+    def broken(data):
+        raise OSError("disk gone")
+    monkeypatch.setattr(j, "_write", broken)
+    j.start()
+    with pytest.raises(ApiError) as e:
+        await j.durable()
+    assert (e.value.status, e.value.code) == (503, "STORAGE_UNAVAILABLE")
+    with pytest.raises(ApiError):
+        await j.durable()
+    j._closed = True
+    j._task.cancel()
+    os.close(j._fd)
+
+
+# -- the DLQ, settings, bounds ---------------------------------------------------------------------------------------
+
+async def test_dead_letters_are_read_back_by_group_with_their_origin(tmp_path):
+    d = DeadLetters(str(tmp_path / "dlq"))
+    msg = b'{"key":"k","props":{},"body":"hello"}'
+    await d.append("g/ü", [{"topic": "t", "queue": 1, "origin_offset": 7, "attempts": 16, "message": msg}], 5)
+    got = await d.read("g/ü", 0, 10)
+    assert got["messages"] == [{"offset": 0, "topic": "t", "queue": 1, "origin_offset": 7, "attempts": 16,
+                                "key": "k", "props": {}, "ts": 5, "body": "hello"}] and got["next_offset"] == 1
+    assert (await d.read("other", 0, 10))["messages"] == []
+    assert d.holds("g/ü", "t", 1, 7) and not d.holds("g/ü", "t", 1, 8)
+    d.close()
+    assert DeadLetters(str(tmp_path / "dlq")).sizes == {"g/ü": 1}
+
+
+def test_group_settings_follow_newer_events_and_default_to_16():
+    s = GroupSettings()
+    assert s.max_attempts("g") == 16
+    s.apply({"group": "g", "version": 5, "config": {"max_attempts": 3}})
+    s.apply({"group": "g", "version": 4, "config": {"max_attempts": 9}})
+    s.apply({"group": "g", "version": 6, "config": {"max_attempts": 0}})
+    s.apply({"group": "g", "version": 7})
+    assert s.max_attempts("g") == 3
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"group": ""}, {"group": 5}, {"group": "g", "max": 0}, {"group": "g", "max": 1001}, {"group": "g", "max": "3"},
+    {"group": "g", "max": 1.0}, {"group": "g", "max": True}, {"group": "g", "invisible_ms": INVISIBLE_MS_MIN - 1},
+    {"group": "g", "invisible_ms": 12 * 3600 * 1000 + 1}, {"group": "g", "wait_ms": WAIT_MS_MAX + 1},
+    {"group": "g", "wait_ms": -1}, {"group": "g", "queue": -1}, {"group": "g", "order": "yes"},
+])
+def test_pop_parameters_out_of_bounds_are_400(body):
+    with pytest.raises(ApiError) as e:
+        params.pop_request(body)
+    assert (e.value.status, e.value.code) == (400, "INVALID_ARGUMENT")
+
+
+def test_pop_defaults_and_ack_bounds():
+    p = params.pop_request({"group": "g"})
+    assert (p.max, p.invisible_ms, p.queue, p.order, p.wait_ms) == (32, 60_000, None, False, 0)
+    for bad in ({"group": "g", "handles": []}, {"group": "g", "handles": "h"},
+                {"group": "g", "handles": ["h"] * (HANDLES_PER_ACK_MAX + 1)}):
+        with pytest.raises(ApiError):
+            params.ack_request(bad)
+
+
+def test_the_brokers_openapi_spec_names_every_route_it_serves(tmp_path):
+    from broker.api.app import make_app
+    from broker.api.openapi import SPEC
+    from broker.config import BrokerConfig
+    app = make_app(BrokerConfig(broker="x", data_dir=str(tmp_path), http_host="127.0.0.1", http_port=1,
+                                meta_urls=(), token="t", client_token="c"))
+    served = {(r.method.lower(), r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
+    assert served == {(m, path) for path, ops in SPEC["paths"].items() for m in ops}
+
+
+async def test_a_notify_between_a_look_and_a_park_is_not_lost():
+    from broker.pop.wakeup import TopicSignals
+    s = TopicSignals()
+    stamp = s.stamp("t")
+    s.notify("t")                     # lands after the look, before the park
+    started = time.monotonic()
+    await s.wait("t", stamp, 5.0)
+    assert time.monotonic() - started < 1.0
+    stamp = s.stamp("t")
+    waiting = asyncio.create_task(s.wait("t", stamp, 5.0))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    s.notify("other")
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "another topic's notify does not wake it"
+    s.notify("t")
+    await asyncio.wait_for(waiting, 1.0)
