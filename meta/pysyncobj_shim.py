@@ -11,6 +11,7 @@ Protected hooks MetaSyncObj overrides (same version pin): ``_applyCommand``, ``_
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +56,20 @@ def is_leader(so: SyncObj) -> bool:
 def postpone_election(so: SyncObj, delay_s: float) -> None:
     """No election from this node before ``delay_s`` from now (pysyncobj's own monotonic clock)."""
     so._SyncObj__raftElectionDeadline = monotonic() + delay_s
+
+
+def load_snapshot_before_any_apply(so: SyncObj) -> None:
+    """Load the node's snapshot now, before its first tick, instead of when pysyncobj gets to it.
+
+    pysyncobj loads the snapshot only at the first tick after its transport is ready, but applies journal entries
+    up to the saved commit index on every tick before that, onto the empty state. A node stopped after its snapshot
+    was written and before its journal was cut (the tick that notices the forked writer finished) still holds the
+    journal from index 1: it would replay the whole log first, and its projection take from that replay what the
+    snapshot then replaces. Loading first makes a restart start from the snapshot, as a restart should."""
+    conf = so._SyncObj__conf
+    if so._SyncObj__needLoadDumpFile and conf.fullDumpFile is not None and os.path.isfile(conf.fullDumpFile):
+        so._SyncObj__loadDumpFile(clearJournal=False)
+    so._SyncObj__needLoadDumpFile = False
 
 
 def save_commit_index(so: SyncObj) -> None:

@@ -172,6 +172,7 @@ class MetaSyncObj(SyncObj):
         super().__init__(self_raft, partners, conf)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
+        shim.load_snapshot_before_any_apply(self)
         self._batch_appends(conf)
 
     # -- one append message per tick ---------------------------------------------------------------------------
