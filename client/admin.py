@@ -19,7 +19,11 @@ from urllib.parse import quote
 
 import aiohttp
 
+from .errors import VERSION_NOT_REACHED, StatorError
 from .http import META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQUEST_TIMEOUT_S_DEFAULT, Backoff, MetaCaller
+
+
+HISTORY_WAIT_S_DEFAULT = 10.0   # a history long poll; well under the server's READ_WAIT_S_MAX (60 s)
 
 
 def _seg(name: str) -> str:
@@ -142,6 +146,21 @@ class AdminClient:
         """One page of events after version ``after``: ``{"events":[...],"next_after"}``."""
         return await self._read("/v1/history", {"topic": topic, "after": after, "limit": limit})
 
+    async def history_after(self, after: int, *, topic: str | None = None, limit: int | None = None,
+                            wait_s: float = HISTORY_WAIT_S_DEFAULT) -> dict[str, Any]:
+        """The next page after ``after``, waiting (on the server, up to ``wait_s``) for a version after it to be
+        applied: a long poll of the history. An empty page with ``next_after == after`` when none came in time."""
+        q = {"topic": topic, "after": after, "limit": limit, "min_version": after + 1, "wait": wait_s}
+        try:
+            answer = await self.meta.call("GET", "/v1/history", params=q, timeout_s=wait_s + self.meta.timeout_s,
+                                          deadline_s=wait_s + self.meta.deadline_s,
+                                          final_codes=frozenset({VERSION_NOT_REACHED}))
+        except StatorError as e:
+            if e.code != VERSION_NOT_REACHED:
+                raise
+            return {"events": [], "next_after": after}
+        return answer.body
+
     async def iter_history(self, *, topic: str | None = None, after: int = 0,
                            page: int = 1000) -> AsyncIterator[dict[str, Any]]:
         """Every event after ``after`` up to the version applied when the last page was read.
@@ -156,6 +175,14 @@ class AdminClient:
             if answer["next_after"] <= after:
                 return
             after = answer["next_after"]
+
+    async def route(self, topic: str) -> dict[str, Any]:
+        """The topic's route now (API.md "Route"); ``TopicNotFound`` for an unknown topic."""
+        return await self._read(f"/v1/routes/{_seg(topic)}")
+
+    async def readiness(self) -> dict[str, Any]:
+        """``GET /readyz`` of the node this client talks to: its answer whether ready (200) or not (503)."""
+        return (await self.meta.call("GET", "/readyz", ok=(200, 503))).body
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def close(self) -> None:

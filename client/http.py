@@ -172,7 +172,8 @@ class MetaCaller:
     async def call(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None,
                    headers: Mapping[str, str] | None = None, ok: Iterable[int] = (200, 201),
                    timeout_s: float | None = None, attempts_max: int | None = None,
-                   deadline_s: float | None = None) -> Answer:
+                   deadline_s: float | None = None, final_codes: frozenset[str] = frozenset()) -> Answer:
+        """``final_codes``: retriable codes the caller handles itself, raised at once (a long poll's "not yet")."""
         ok = tuple(ok)
         deadline = Deadline(self.deadline_s if deadline_s is None else deadline_s)
         attempts = self.attempts_max if attempts_max is None else attempts_max
@@ -188,7 +189,7 @@ class MetaCaller:
                                             params=params, headers=headers, timeout_s=min(per_try_s, left), ok=ok)
             except StatorError as e:
                 self.note_version(e.meta_version)  # a refusal states its node's version too
-                if not e.retriable_on_meta:
+                if not e.retriable_on_meta or e.code in final_codes:
                     raise
                 last = e
                 self.fail_over(url)
