@@ -48,8 +48,11 @@ def cell(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+    scalar = (str, int, float)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, scalar) for v in value):
         text = ",".join(str(v) for v in value) or "-"
+    elif isinstance(value, dict) and all(isinstance(v, scalar) for v in value.values()):
+        text = ",".join(f"{k}={v}" for k, v in value.items()) or "-"
     elif isinstance(value, (list, tuple, dict)):
         text = json.dumps(value, separators=(",", ":")) if value else "-"
     else:
