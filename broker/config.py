@@ -20,6 +20,7 @@ __all__ = ["BrokerConfig", "ConfigError", "load", "parse"]
 FLUSH_INTERVAL_MS_DEFAULT = 200
 ZONE_CHARS_MAX = 64               # what meta accepts for a broker's zone at registration
 RETENTION_BYTES_MAX = 2**63 - 1   # file sizes are signed 64-bit everywhere
+UNSPECIFIED_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})   # bind to every interface: never a reachable address
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,12 @@ class BrokerConfig:
     retention_ms: int | None = None      # delete whole segment files older than this (None keeps everything)
     retention_bytes: int | None = None   # ... or beyond this size per physical queue
     log_level: str = "info"
+    advertise: str | None = None         # the URL others reach this broker at, when it differs from the bind address
 
     @property
     def url(self) -> str:
-        return f"http://{self.http_host}:{self.http_port}"
+        """The address this broker registers with meta: clients and other brokers reach it there."""
+        return self.advertise or f"http://{self.http_host}:{self.http_port}"
 
 
 class _TokensSchema(Schema):
@@ -54,6 +57,9 @@ class _BrokerSchema(Schema):
     broker: Name
     data_dir: Path
     http: HostPort
+    # A broker bound to 0.0.0.0 (or behind NAT, in a container) must say where it is reached: meta hands this address
+    # to every client in routes. Without it, the bind address is registered, which must then be reachable itself.
+    advertise: HttpUrl | None = None
     meta: list[HttpUrl] = Field(min_length=1, max_length=META_MEMBERS_MAX)
     # The tokens come either as {"tokens": {...}} (the shape meta's config uses) or one by one; one-by-one wins.
     tokens: _TokensSchema = Field(default_factory=_TokensSchema)
@@ -74,6 +80,9 @@ class _BrokerSchema(Schema):
             raise ValueError("missing the client token: give tokens.client (or client_token)")
         if len(set(self.meta)) < len(self.meta):
             raise ValueError("meta: each URL must be unique")
+        if self.advertise is None and split_host_port(self.http)[0] in UNSPECIFIED_HOSTS:
+            raise ValueError(f"http {self.http!r} binds every interface, which is no address to reach: give advertise "
+                             "(the URL clients and other brokers use, like http://broker-1.example:7200)")
         return self
 
     @property
@@ -96,4 +105,5 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
         broker=s.broker, data_dir=os.path.join(base_dir, s.data_dir), http_host=host, http_port=port,
         meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
         admin_token=s.tokens.admin, zone=s.zone, flush=s.flush, flush_interval_ms=s.flush_interval_ms,
-        retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, log_level=s.log_level)
+        retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, log_level=s.log_level,
+        advertise=s.advertise)
