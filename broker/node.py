@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from .config import BrokerConfig
 from .locks import Barriers, LockTable
+from .metrics import BrokerMetrics, StateCollector
 from .meta_link import MetaLink
 from .offsets import OffsetStore
 from .peers import Peers
@@ -33,24 +34,31 @@ class BrokerNode:
         self.registry = CollectorRegistry()
         self.metrics_requests = Counter("stator_broker_http_requests_total", "HTTP requests", ["status"],
                                         registry=self.registry)
+        self.metrics = BrokerMetrics(self.registry)
         os.makedirs(config.data_dir, exist_ok=True)
         qcfg = QueueConfig(flush_policy=FLUSH_FSYNC if config.flush == "fsync" else FLUSH_INTERVAL,
                            flush_interval_ms=config.flush_interval_ms, retention_ms=config.retention_ms,
-                           retention_bytes=config.retention_bytes)
+                           retention_bytes=config.retention_bytes, observe_sync_s=self.metrics.fsync.observe)
         self.store = QueueStore(os.path.join(config.data_dir, "queues"), qcfg)
         self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"))
         self.routes = RouteTable(config.broker)
         self.session = MetaSession()
-        self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets)
+        self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets, self.metrics)
         self.locks = LockTable(lambda: self.session.writable(self.routes.version))
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
                              Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
                              self.locks)
         self.peers = Peers(config.token)
-        self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link)
+        self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link,
+                             self.metrics)
+        self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self._queue_max_offsets))
         self.barriers = Barriers(lambda g, t, q: self.reader.read_offset(g, t, q, False), self.reader.min_offset)
         self._tasks: list[asyncio.Task] = []
+
+    def _queue_max_offsets(self) -> dict[str, int]:
+        # What each heartbeat reports: the physical queues of the live segments this broker hosts.
+        return self.writer.max_offsets(self.routes.live_hosted())
 
     async def start(self) -> None:
         await self.peers.start()

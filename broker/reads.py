@@ -18,6 +18,7 @@ from client.wire.errors import ApiError, rejection
 
 from .codec import RawMessage, RawRecord, stored_record
 from .meta_link import MetaLink
+from .metrics import BrokerMetrics
 from .offsets import OffsetStore
 from .peers import Peers
 from .routing import RouteTable, Segment
@@ -33,8 +34,9 @@ OLDER_CHAINS_CACHED_MAX = 1_024   # queues whose segments older than their route
 
 class Reader:
     def __init__(self, me: str, routes: RouteTable, writer: Writer, offsets: OffsetStore, peers: Peers,
-                 link: MetaLink):
+                 link: MetaLink, metrics: BrokerMetrics | None = None):
         self.me = me
+        self.metrics = metrics
         self.routes = routes
         self.writer = writer
         self.offsets = offsets
@@ -120,6 +122,8 @@ class Reader:
             cursor = end
         out["messages"] = msgs
         out["next_offset"] = cursor
+        if self.metrics is not None:
+            self.metrics.served(topic, [m.payload for m in msgs])
         return out
 
     async def _read(self, seg: Segment, physical: int, max_n: int) -> tuple[list[Record], int]:

@@ -44,6 +44,11 @@ def current_log_index(so: SyncObj) -> int:
     return so._SyncObj__getCurrentLogIndex()
 
 
+def match_indexes(so: SyncObj) -> dict[str, int]:
+    """The leader's view of how far each follower's log matches its own, by the follower's raft address."""
+    return {node.address: index for node, index in dict(so._SyncObj__raftMatchIndex).items()}
+
+
 def leader(so: SyncObj) -> Node | None:
     return so._getLeader()
 
