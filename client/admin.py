@@ -180,6 +180,15 @@ class AdminClient:
         """The topic's route now (API.md "Route"); ``TopicNotFound`` for an unknown topic."""
         return await self._read(f"/v1/routes/{_seg(topic)}")
 
+    async def image(self) -> tuple[dict[str, Any], int, str]:
+        """The answering node's whole image: ``(image data, its version, sha256 of its canonical bytes)``."""
+        answer = await self.meta.call("GET", "/v1/admin/image", params={"min_version": self.seen_version or None})
+        return answer.body, int(answer.headers["X-Image-Version"]), answer.headers["X-Image-Sha256"]
+
+    async def image_digest(self) -> dict[str, Any]:
+        """``{"node","version","commands","sha256","bytes"}`` of the answering node's image."""
+        return await self._read("/v1/admin/image-digest")
+
     async def readiness(self) -> dict[str, Any]:
         """``GET /readyz`` of the node this client talks to: its answer whether ready (200) or not (503)."""
         return (await self.meta.call("GET", "/readyz", ok=(200, 503))).body

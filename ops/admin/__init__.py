@@ -10,7 +10,7 @@ import click
 
 
 def register(main: click.Group) -> None:
-    from . import broker, cluster, group, history, route, topic
-    for command in (cluster.cluster, topic.topic, route.route, history.history, group.group):
+    from . import broker, cluster, group, history, route, snapshot, topic
+    for command in (cluster.cluster, topic.topic, route.route, history.history, group.group, snapshot.snapshot):
         main.add_command(command)
     main.commands["broker"].add_command(broker.list_brokers)
