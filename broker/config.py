@@ -9,8 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from ops import config_file
+from client.tls import TlsFiles
 from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
-                             split_host_port)
+                             TlsSchema, split_host_port, tls_files)
 
 from .storage.config import FLUSH_FSYNC, FLUSH_POLICIES
 from .storage.limits import FLUSH_INTERVAL_MS_MAX, TS_MS_MAX
@@ -40,11 +41,13 @@ class BrokerConfig:
     retention_bytes: int | None = None   # ... or beyond this size per physical queue
     log_level: str = "info"
     advertise: str | None = None         # the URL others reach this broker at, when it differs from the bind address
+    tls: TlsFiles | None = None          # HTTPS for the API and for calls to meta and other brokers (client/tls.py)
 
     @property
     def url(self) -> str:
         """The address this broker registers with meta: clients and other brokers reach it there."""
-        return self.advertise or f"http://{self.http_host}:{self.http_port}"
+        scheme = "https" if self.tls is not None else "http"
+        return self.advertise or f"{scheme}://{self.http_host}:{self.http_port}"
 
 
 class _TokensSchema(Schema):
@@ -71,6 +74,7 @@ class _BrokerSchema(Schema):
     retention_ms: int | None = Field(None, ge=1, le=TS_MS_MAX)
     retention_bytes: int | None = Field(None, ge=1, le=RETENTION_BYTES_MAX)
     log_level: LogLevel = "info"
+    tls: TlsSchema | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> _BrokerSchema:
@@ -106,4 +110,4 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
         meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
         admin_token=s.tokens.admin, zone=s.zone, flush=s.flush, flush_interval_ms=s.flush_interval_ms,
         retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, log_level=s.log_level,
-        advertise=s.advertise)
+        advertise=s.advertise, tls=tls_files(s.tls, base_dir))

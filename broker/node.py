@@ -11,6 +11,8 @@ import time
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from client.tls import client_context
+
 from .config import BrokerConfig
 from .locks import Barriers, LockTable
 from .metrics import BrokerMetrics, StateCollector
@@ -32,6 +34,7 @@ class BrokerNode:
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.registry = CollectorRegistry()
+        tls_context = client_context(config.tls) if config.tls is not None else None
         self.metrics_requests = Counter("stator_broker_http_requests_total", "HTTP requests", ["status"],
                                         registry=self.registry)
         self.metrics = BrokerMetrics(self.registry)
@@ -48,8 +51,8 @@ class BrokerNode:
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
                              Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
-                             self.locks)
-        self.peers = Peers(config.token)
+                             self.locks, ssl_context=tls_context)
+        self.peers = Peers(config.token, tls_context)
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link,
                              self.metrics)
         self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self._queue_max_offsets))

@@ -12,6 +12,7 @@ that has not caught up within its wait answers 503, and the call moves to anothe
 
 from __future__ import annotations
 
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -41,9 +42,9 @@ class AdminClient:
     def __init__(self, meta_urls: Sequence[str] | str, token: str, *, session: aiohttp.ClientSession | None = None,
                  timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT, attempts_max: int = META_ATTEMPTS_MAX_DEFAULT,
                  deadline_s: float = META_DEADLINE_S_DEFAULT, backoff: Backoff | None = None,
-                 monotonic_reads: bool = True):
+                 monotonic_reads: bool = True, ssl_context: ssl.SSLContext | None = None):
         self.meta = MetaCaller(meta_urls, token, session=session, timeout_s=timeout_s, attempts_max=attempts_max,
-                               deadline_s=deadline_s, backoff=backoff)
+                               deadline_s=deadline_s, backoff=backoff, ssl_context=ssl_context)
         self.monotonic_reads = monotonic_reads
 
     @property

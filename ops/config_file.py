@@ -173,3 +173,20 @@ def _inner_model(annotation: Any) -> type[BaseModel] | None:
             if found is not None:
                 return found
     return None
+
+
+class TlsSchema(Schema):
+    """``tls = {cert, key, ca?}``: serve HTTPS with this certificate and key; with ``ca``, require every client (and
+    every other node) to present a certificate that CA signed, and verify other nodes against it."""
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+
+def tls_files(schema: TlsSchema | None, base_dir: str):
+    """The TLS files of a config (paths relative to the config file's directory), or None for plain HTTP."""
+    from client.tls import TlsFiles
+    if schema is None:
+        return None
+    at = lambda p: os.path.join(base_dir, p) if p is not None else None  # noqa: E731
+    return TlsFiles(cert=at(schema.cert), key=at(schema.key), ca=at(schema.ca))

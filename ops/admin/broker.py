@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from client import AdminClient
 
 from . import output
 from .options import Globals, global_options
@@ -14,7 +13,7 @@ from .options import Globals, global_options
 @global_options
 async def list_brokers(g: Globals) -> None:
     """Brokers with address, epoch, state and last heartbeat."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = {"brokers": await admin.brokers()}
     output.emit(g.json, data, lambda d: output.table(d["brokers"], [
         ("broker", "broker"), ("address", "address"), ("epoch", "epoch"), ("state", "state"),

@@ -20,10 +20,10 @@ def cluster() -> None:
     """The meta cluster."""
 
 
-async def _node(url: str, token: str) -> dict[str, Any]:
+async def _node(url: str, token: str, ssl_context: Any) -> dict[str, Any]:
     """One node's own view (``GET /v1/cluster`` and ``/readyz`` of that node only, no fail-over)."""
     async with AdminClient(url, token, timeout_s=NODE_TIMEOUT_S, attempts_max=1, deadline_s=NODE_TIMEOUT_S,
-                           monotonic_reads=False) as admin:
+                           monotonic_reads=False, ssl_context=ssl_context) as admin:
         try:
             view = await admin.cluster()
             ready = await admin.readiness()
@@ -37,9 +37,9 @@ async def _node(url: str, token: str) -> dict[str, Any]:
 
 async def status_of(g: Globals) -> dict[str, Any]:
     token = g.need_token()
-    async with AdminClient(g.endpoints, token, monotonic_reads=False) as admin:
+    async with g.admin(monotonic_reads=False) as admin:
         members = (await admin.cluster())["members"]
-    nodes = await asyncio.gather(*(_node(m["url"], token) for m in members))
+    nodes = await asyncio.gather(*(_node(m["url"], token, g.ssl_context) for m in members))
     leaders = [n for n in nodes if n.get("role") == "leader"]
     newest = max((n["applied_version"] for n in leaders), default=None)
     for n in nodes:
@@ -62,7 +62,7 @@ async def status(g: Globals) -> None:
 @global_options
 async def members(g: Globals) -> None:
     """Members with their raft and HTTP addresses."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         view = await admin.cluster()
     data = {"members": [{**m, "leader": m["node"] == view["leader"]} for m in view["members"]]}
     output.emit(g.json, data, lambda d: output.table(d["members"], [

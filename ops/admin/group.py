@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from client import AdminClient
 
 from . import output
 from .options import Globals, GlobalOptionsGroup, global_options
@@ -21,7 +20,7 @@ def group() -> None:
 @global_options
 async def list_groups(g: Globals) -> None:
     """Every group with its mode, members, locks and version."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = {"groups": await admin.list_groups()}
     output.emit(g.json, data, lambda d: output.table(d["groups"], [
         ("group", "group"), ("mode", "mode"), ("members", "members"), ("locks", "locks"), ("version", "version")]))
@@ -45,6 +44,6 @@ def _describe_text(d: dict[str, Any]) -> str:
 @global_options
 async def describe(name: str, g: Globals) -> None:
     """Members, assignments with tokens and lease ends, committed offset and lag per queue."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = await admin.describe_group(name)
     output.emit(g.json, data, _describe_text)

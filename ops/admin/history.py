@@ -47,7 +47,7 @@ async def _follow(admin: AdminClient, g: Globals, topic: str | None, after: int)
 @global_options
 async def history(topic: str | None, after: int, limit: int, follow: bool, g: Globals) -> None:
     """Events in version order, each with the time the leader stamped on it."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         if follow:
             await _follow(admin, g, topic, after)
             return

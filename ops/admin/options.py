@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import ssl
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from client import AdminClient
 from client.errors import INVALID_ARGUMENT, UNAUTHENTICATED, StatorError
+from client.tls import TlsError, TlsFiles, client_context
 
 from . import output
 
@@ -28,7 +31,8 @@ ENDPOINTS_MAX = 16              # a meta cluster has at most 7 members; more is 
 TOKEN_FILE_BYTES_MAX = 4096     # a token is at most 1,024 characters (ops/config_file.py SECRET_CHARS_MAX)
 WRITE_OUT = ("table", "json")
 # Options taking a value, as they may appear before a subcommand ("-w" also glued: "-wjson").
-_VALUED = frozenset({"--endpoints", "--token", "--token-file", "-w", "--write-out", "--dir"})
+_VALUED = frozenset({"--endpoints", "--token", "--token-file", "-w", "--write-out", "--dir", "--cacert", "--cert",
+                     "--key"})
 
 
 class CliError(Exception):
@@ -76,10 +80,15 @@ class Globals:
     endpoints: list[str]
     token: str | None
     output: str
+    ssl_context: ssl.SSLContext | None = None   # https:// endpoints with our own CA or a client certificate
 
     @property
     def json(self) -> bool:
         return self.output == "json"
+
+    def admin(self, **kwargs: Any) -> AdminClient:
+        """An AdminClient for the endpoints, with the token and TLS settings."""
+        return AdminClient(self.endpoints, self.need_token(), ssl_context=self.ssl_context, **kwargs)
 
     def need_token(self) -> str:
         if not self.token:
@@ -130,8 +139,18 @@ def _endpoint_list(raw: str) -> list[str]:
     return urls
 
 
+def _tls(cacert: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not (cacert or cert or key):
+        return None
+    try:
+        return client_context(TlsFiles(cert=cert, key=key, ca=cacert))
+    except TlsError as e:
+        raise CliError(INVALID_ARGUMENT, str(e)) from None
+
+
 def resolve(ctx: click.Context, endpoints: str | None, token: str | None, token_file: str | None,
-            write_out: str, dir_: str | None) -> Globals:
+            write_out: str, dir_: str | None, tls: tuple[str | None, str | None, str | None] = (None, None, None)
+            ) -> Globals:
     """The command line wins, then ``--dir``, then the environment, then the default."""
     def from_command_line(name: str) -> bool:
         return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
@@ -149,16 +168,17 @@ def resolve(ctx: click.Context, endpoints: str | None, token: str | None, token_
         token = token.strip()
     else:
         token = dev_token
-    return Globals(urls, token or None, write_out)
+    return Globals(urls, token or None, write_out, _tls(*tls))
 
 
 def global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add the global options to a command; it receives them as one ``Globals`` named ``g``."""
     @functools.wraps(fn)
     def wrapper(*args: Any, endpoints: str | None, token: str | None, token_file: str | None, write_out: str,
-                dir_: str | None, **kwargs: Any) -> Any:
+                dir_: str | None, cacert: str | None, cert: str | None, key: str | None, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
-        return run(lambda: fn(*args, g=resolve(ctx, endpoints, token, token_file, write_out, dir_), **kwargs))
+        return run(lambda: fn(*args, g=resolve(ctx, endpoints, token, token_file, write_out, dir_,
+                                               (cacert, cert, key)), **kwargs))
 
     for option in reversed((
         click.option("--endpoints", envvar="STATOR_ENDPOINTS", metavar="URL[,URL...]",
@@ -167,6 +187,9 @@ def global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--token-file", metavar="FILE", help="a file holding the token (mode 600 or stricter)"),
         click.option("-w", "--write-out", type=click.Choice(WRITE_OUT), default="table", show_default=True,
                      help="table for people, json for scripts (one JSON document)"),
+        click.option("--cacert", metavar="FILE", help="verify the endpoints' certificates against this CA"),
+        click.option("--cert", metavar="FILE", help="a client certificate, for servers that require one"),
+        click.option("--key", metavar="FILE", help="the client certificate's key"),
         click.option("--dir", "dir_", metavar="DIR", help="a `stator dev` cluster: endpoints and admin token from "
                                                           "its cluster.json"),
     )):

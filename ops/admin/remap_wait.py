@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from client import RouteSubscription
 
-from .options import CliError
+from .options import CliError, Globals
 
 REMAP_WAIT_S_DEFAULT = 120.0   # a seal waits for the old broker; a dead one is fenced after its session timeout
 TIMEOUT = "TIMEOUT"            # a client-side code: the wait ended, the remap itself went through
@@ -26,8 +26,8 @@ def writable_queues(route: dict[str, Any], moved_gens: dict[int, int]) -> set[in
             if q["queue"] in moved_gens and q["writable"] and q["gen"] >= moved_gens[q["queue"]]}
 
 
-async def wait_writable(endpoints: Sequence[str], token: str, topic: str, version: int,
-                        moved: Sequence[dict[str, Any]], timeout_s: float) -> None:
+async def wait_writable(g: Globals, topic: str, version: int, moved: Sequence[dict[str, Any]],
+                        timeout_s: float) -> None:
     gens = {m["queue"]: m["gen"] for m in moved}
     console = Console(stderr=True)
     with Progress(TextColumn("remap {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -39,7 +39,7 @@ async def wait_writable(endpoints: Sequence[str], token: str, topic: str, versio
             progress.update(bar, completed=len(done))
             return len(done) == len(gens)
 
-        async with RouteSubscription(endpoints, token, [topic]) as routes:
+        async with RouteSubscription(g.endpoints, g.need_token(), [topic], ssl_context=g.ssl_context) as routes:
             await routes.get(topic, min_version=version)
             try:
                 await routes.wait_for(topic, all_writable, timeout_s)

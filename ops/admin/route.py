@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from client import AdminClient, RouteSubscription
+from client import RouteSubscription
 
 from . import output
 from .options import Globals, global_options
@@ -35,7 +35,7 @@ async def _watch(g: Globals, topic: str) -> None:
         else:
             click.echo(route_text(route) + "\n")
 
-    async with RouteSubscription(g.endpoints, g.need_token(), [topic]) as routes:
+    async with RouteSubscription(g.endpoints, g.need_token(), [topic], ssl_context=g.ssl_context) as routes:
         # Added before anything can arrive (no await since the stream's task was created): every version is shown.
         routes.add_listener(show)
         await routes.get(topic)   # TopicNotFound for a topic that does not exist
@@ -52,6 +52,6 @@ async def route(topic: str, watch: bool, g: Globals) -> None:
     if watch:
         await _watch(g, topic)
         return
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = await admin.route(topic)
     output.emit(g.json, data, route_text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from client import AdminClient
 
 from . import output
 from .options import WRITE_OUT, CliError, Globals, GlobalOptionsGroup, global_options, run
@@ -23,7 +22,7 @@ def snapshot() -> None:
 async def save(file: str, g: Globals) -> None:
     """Write the image and the whole history, checksummed, to FILE (replaced atomically)."""
     from meta.backup import BackupError, save as save_backup
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         try:
             header = await save_backup(admin, file)
         except BackupError as e:

@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from client import AdminClient
 from client.errors import INVALID_ARGUMENT
 
 from . import output
@@ -48,7 +47,7 @@ def _written(d: dict[str, Any]) -> str:
 async def create(name: str, queues: int, brokers: str | None, slots: int | None, order: str | None,
                  g: Globals) -> None:
     """Create topic NAME (POST /v1/topics)."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = await admin.create_topic(name, queues, brokers=_names(brokers), slots=slots, order=order)
     output.emit(g.json, data, _written)
 
@@ -57,7 +56,7 @@ async def create(name: str, queues: int, brokers: str | None, slots: int | None,
 @global_options
 async def list_topics(g: Globals) -> None:
     """Every topic with its queues and version."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = {"topics": await admin.list_topics()}
     output.emit(g.json, data, lambda d: output.table(d["topics"], [
         ("topic", "topic"), ("queues", "queues"), ("version", "version")]))
@@ -79,7 +78,7 @@ def _describe_text(t: dict[str, Any]) -> str:
 @global_options
 async def describe(name: str, g: Globals) -> None:
     """One topic: settings, then each queue's segment chain (oldest first)."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = await admin.describe_topic(name)
     output.emit(g.json, data, _describe_text)
 
@@ -90,7 +89,7 @@ async def describe(name: str, g: Globals) -> None:
 @global_options
 async def grow(name: str, queues: int, g: Globals) -> None:
     """Raise NAME's number of logic queues (PATCH /v1/topics/NAME)."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = await admin.grow_topic(name, queues)
     output.emit(g.json, data, _written)
 
@@ -117,7 +116,7 @@ def _settings(pairs: tuple[str, ...], unset: tuple[str, ...]) -> dict[str, str |
 async def config(name: str, settings: tuple[str, ...], unset: tuple[str, ...], g: Globals) -> None:
     """Set config keys of NAME: key=value ... (PUT /v1/topics/NAME/config)."""
     values = _settings(settings, unset)
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = await admin.set_config(name, values)
     output.emit(g.json, data, _written)
 
@@ -140,11 +139,10 @@ async def remap(name: str, brokers: str, queue_list: str | None, wait: bool, tim
     targets = _names(brokers)
     if not targets:
         raise CliError(INVALID_ARGUMENT, "--brokers needs at least one broker name")
-    token = g.need_token()
-    async with AdminClient(g.endpoints, token) as admin:
+    async with g.admin() as admin:
         data = await admin.remap(name, targets, queues=_queue_ids(queue_list))
     if wait and data["moved"]:
-        await wait_writable(g.endpoints, token, name, data["version"], data["moved"], timeout_s)
+        await wait_writable(g, name, data["version"], data["moved"], timeout_s)
     output.emit(g.json, data, _remap_text)
 
 
@@ -153,6 +151,6 @@ async def remap(name: str, brokers: str, queue_list: str | None, wait: bool, tim
 @global_options
 async def delete(name: str, g: Globals) -> None:
     """Delete topic NAME (DELETE /v1/topics/NAME)."""
-    async with AdminClient(g.endpoints, g.need_token()) as admin:
+    async with g.admin() as admin:
         data = await admin.delete_topic(name)
     output.emit(g.json, data, _written)
