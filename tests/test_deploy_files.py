@@ -5,8 +5,12 @@ or systemd puts it. No Docker daemon: the compose file is parsed, not run."""
 from __future__ import annotations
 
 import configparser
+import glob
 import os
+import shutil
 from urllib.parse import urlsplit
+
+import tomllib
 
 import yaml
 
@@ -15,6 +19,17 @@ from meta import config as meta_config
 from ops.config_file import split_host_port
 
 DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops", "deploy")
+
+
+def installed_copy(tmp_path) -> str:
+    """ops/deploy as an operator installs it: the secrets files mode 600 (git keeps no such mode, and a node
+    refuses a secrets file others may read)."""
+    copy = shutil.copytree(DEPLOY, os.path.join(tmp_path, "deploy"))
+    secrets = glob.glob(os.path.join(copy, "**", "*-secrets.toml"), recursive=True)
+    assert len(secrets) == 2 + 3 * 2   # compose's two, and two on each host
+    for path in secrets:
+        os.chmod(path, 0o600)
+    return copy
 
 
 def _check_cluster(metas: dict[str, meta_config.MetaConfig], brokers: dict[str, broker_config.BrokerConfig],
@@ -36,8 +51,9 @@ def _check_cluster(metas: dict[str, meta_config.MetaConfig], brokers: dict[str, 
         assert urlsplit(b.url).hostname == host_of[name] and urlsplit(b.url).port == b.http_port
 
 
-def test_compose_starts_three_meta_nodes_and_three_brokers_from_one_image():
-    with open(os.path.join(DEPLOY, "compose.yaml")) as f:
+def test_compose_starts_three_meta_nodes_and_three_brokers_from_one_image(tmp_path):
+    deploy = installed_copy(tmp_path)
+    with open(os.path.join(deploy, "compose.yaml")) as f:
         compose = yaml.safe_load(f)
     services = compose["services"]
     assert sorted(services) == ["b1", "b2", "b3", "m1", "m2", "m3"]
@@ -53,7 +69,13 @@ def test_compose_starts_three_meta_nodes_and_three_brokers_from_one_image():
         role, serve, flag, path = s["command"]
         assert (serve, flag) == ("serve", "--config") and role == ("meta" if name.startswith("m") else "broker")
         mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in s["volumes"] if v.endswith(":ro"))
-        local = os.path.join(DEPLOY, {inside: outside for outside, inside in mounts.items()}[path])
+        inside = {inside: os.path.join(deploy, outside) for outside, inside in mounts.items()}
+        local = inside[path]
+        # The secrets file the config names is mounted beside it, where the node looks for it.
+        with open(local, "rb") as f:
+            named = tomllib.load(f)["secrets_file"]
+        mounted = inside[os.path.dirname(path) + "/" + named]
+        assert os.path.samefile(mounted, os.path.join(os.path.dirname(local), named)), (name, named)
         parsed = (meta_config if role == "meta" else broker_config).load(local)
         (metas if role == "meta" else brokers)[name] = parsed
         assert any(v.endswith(":/var/lib/stator") for v in s["volumes"]), name   # data outlives the container
@@ -64,10 +86,11 @@ def test_compose_starts_three_meta_nodes_and_three_brokers_from_one_image():
         assert set(services[name]["depends_on"]) == {"m1", "m2", "m3"}
 
 
-def test_three_host_configs_and_systemd_units_agree():
+def test_three_host_configs_and_systemd_units_agree(tmp_path):
+    deploy = installed_copy(tmp_path)
     metas, brokers, host_of = {}, {}, {}
     for i in (1, 2, 3):
-        host = os.path.join(DEPLOY, "hosts", f"host{i}")
+        host = os.path.join(deploy, "hosts", f"host{i}")
         m = meta_config.load(os.path.join(host, "meta.toml"))
         b = broker_config.load(os.path.join(host, "broker.toml"))
         metas[m.node], brokers[b.broker] = m, b

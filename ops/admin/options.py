@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import ssl
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -99,13 +97,12 @@ class Globals:
 def read_token_file(path: str) -> str:
     """The token in ``path``. Like ssh with a private key, a file that group or others may read is refused: the
     token would already be out of the operator's hands."""
+    from ops.config_file import ConfigError, check_private
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise CliError(INVALID_ARGUMENT, f"token file {path}: not a regular file")
-        if st.st_mode & 0o077:
-            raise CliError(INVALID_ARGUMENT, f"token file {path}: permissions {stat.S_IMODE(st.st_mode):04o} are "
-                                             f"too open (group or others have access): chmod 600 {path}")
+        check_private(path)
+    except ConfigError as e:
+        raise CliError(INVALID_ARGUMENT, f"token file {e}") from None
+    try:
         with open(path, "rb") as f:
             raw = f.read(TOKEN_FILE_BYTES_MAX + 1)
     except OSError as e:
