@@ -9,8 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from ops import config_file
+from client.tls import TlsFiles
 from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
-                             split_host_port)
+                             TlsSchema, split_host_port, tls_files)
 
 from .storage.config import FLUSH_FSYNC, FLUSH_POLICIES
 from .storage.limits import FLUSH_INTERVAL_MS_MAX, TS_MS_MAX
@@ -20,6 +21,7 @@ __all__ = ["BrokerConfig", "ConfigError", "load", "parse"]
 FLUSH_INTERVAL_MS_DEFAULT = 200
 ZONE_CHARS_MAX = 64               # what meta accepts for a broker's zone at registration
 RETENTION_BYTES_MAX = 2**63 - 1   # file sizes are signed 64-bit everywhere
+UNSPECIFIED_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})   # bind to every interface: never a reachable address
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,14 @@ class BrokerConfig:
     retention_ms: int | None = None      # delete whole segment files older than this (None keeps everything)
     retention_bytes: int | None = None   # ... or beyond this size per physical queue
     log_level: str = "info"
+    advertise: str | None = None         # the URL others reach this broker at, when it differs from the bind address
+    tls: TlsFiles | None = None          # HTTPS for the API and for calls to meta and other brokers (client/tls.py)
 
     @property
     def url(self) -> str:
-        return f"http://{self.http_host}:{self.http_port}"
+        """The address this broker registers with meta: clients and other brokers reach it there."""
+        scheme = "https" if self.tls is not None else "http"
+        return self.advertise or f"{scheme}://{self.http_host}:{self.http_port}"
 
 
 class _TokensSchema(Schema):
@@ -54,6 +60,9 @@ class _BrokerSchema(Schema):
     broker: Name
     data_dir: Path
     http: HostPort
+    # A broker bound to 0.0.0.0 (or behind NAT, in a container) must say where it is reached: meta hands this address
+    # to every client in routes. Without it, the bind address is registered, which must then be reachable itself.
+    advertise: HttpUrl | None = None
     meta: list[HttpUrl] = Field(min_length=1, max_length=META_MEMBERS_MAX)
     # The tokens come either as {"tokens": {...}} (the shape meta's config uses) or one by one; one-by-one wins.
     tokens: _TokensSchema = Field(default_factory=_TokensSchema)
@@ -65,6 +74,7 @@ class _BrokerSchema(Schema):
     retention_ms: int | None = Field(None, ge=1, le=TS_MS_MAX)
     retention_bytes: int | None = Field(None, ge=1, le=RETENTION_BYTES_MAX)
     log_level: LogLevel = "info"
+    tls: TlsSchema | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> _BrokerSchema:
@@ -74,6 +84,9 @@ class _BrokerSchema(Schema):
             raise ValueError("missing the client token: give tokens.client (or client_token)")
         if len(set(self.meta)) < len(self.meta):
             raise ValueError("meta: each URL must be unique")
+        if self.advertise is None and split_host_port(self.http)[0] in UNSPECIFIED_HOSTS:
+            raise ValueError(f"http {self.http!r} binds every interface, which is no address to reach: give advertise "
+                             "(the URL clients and other brokers use, like http://broker-1.example:7200)")
         return self
 
     @property
@@ -96,4 +109,5 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
         broker=s.broker, data_dir=os.path.join(base_dir, s.data_dir), http_host=host, http_port=port,
         meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
         admin_token=s.tokens.admin, zone=s.zone, flush=s.flush, flush_interval_ms=s.flush_interval_ms,
-        retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, log_level=s.log_level)
+        retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, log_level=s.log_level,
+        advertise=s.advertise, tls=tls_files(s.tls, base_dir))

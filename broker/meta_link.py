@@ -20,6 +20,7 @@ import aiohttp
 import structlog
 from prometheus_client import Counter
 
+from client.tls import connector
 from client.wire.sse import SseEvent, SseParser
 from client.wire.errors import ApiError
 
@@ -44,7 +45,8 @@ REFETCHES_MAX = 1_024            # topics whose route is being fetched again aft
 class MetaLink:
     def __init__(self, broker: str, address: str, zone: str | None, meta_urls: tuple[str, ...], token: str,
                  routes: RouteTable, session: MetaSession, writer: Writer, heartbeats: Counter, locks: LockTable,
-                 group_settings: GroupSettings | None = None):
+                 group_settings: GroupSettings | None = None, ssl_context: Any = None):
+        self._ssl_context = ssl_context   # meta's https:// URLs (client/tls.py)
         self.broker = broker
         self.address = address
         self.zone = zone
@@ -68,8 +70,10 @@ class MetaLink:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
-        self._beat_http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+                                           connector=connector(self._ssl_context))
+        self._beat_http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+                                                connector=connector(self._ssl_context))
         self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="heartbeats"),
                        asyncio.create_task(self._watch_loop(), name="watch"),
                        asyncio.create_task(self._seal_loop(), name="seal-reports")]

@@ -11,8 +11,11 @@ import time
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from client.tls import client_context
+
 from .config import BrokerConfig
 from .locks import Barriers, LockTable
+from .metrics import BrokerMetrics, StateCollector
 from .meta_link import MetaLink
 from .offsets import OffsetStore
 from .peers import Peers
@@ -35,32 +38,41 @@ class BrokerNode:
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.registry = CollectorRegistry()
+        tls_context = client_context(config.tls) if config.tls is not None else None
         self.metrics_requests = Counter("stator_broker_http_requests_total", "HTTP requests", ["status"],
                                         registry=self.registry)
+        self.metrics = BrokerMetrics(self.registry)
         os.makedirs(config.data_dir, exist_ok=True)
         qcfg = QueueConfig(flush_policy=FLUSH_FSYNC if config.flush == "fsync" else FLUSH_INTERVAL,
                            flush_interval_ms=config.flush_interval_ms, retention_ms=config.retention_ms,
-                           retention_bytes=config.retention_bytes)
+                           retention_bytes=config.retention_bytes, observe_sync_s=self.metrics.fsync.observe)
         self.store = QueueStore(os.path.join(config.data_dir, "queues"), qcfg)
         self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"))
         self.routes = RouteTable(config.broker)
         self.session = MetaSession()
         self.pop_signals = TopicSignals()
         self.group_settings = GroupSettings()
-        self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets, self.pop_signals)
+        self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets, self.pop_signals,
+                             self.metrics)
         self.locks = LockTable(lambda: self.session.writable(self.routes.version))
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
                              Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
-                             self.locks, self.group_settings)
-        self.peers = Peers(config.token)
-        self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link)
+                             self.locks, self.group_settings, ssl_context=tls_context)
+        self.peers = Peers(config.token, tls_context)
+        self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link,
+                             self.metrics)
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
                               lambda: self.session.writable(self.routes.version), self.group_settings,
                               self.pop_signals)
         self.registry.register(PopCollector(self.pop))
+        self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self._queue_max_offsets))
         self.barriers = Barriers(lambda g, t, q: self.reader.read_offset(g, t, q, False), self.reader.min_offset)
         self._tasks: list[asyncio.Task] = []
+
+    def _queue_max_offsets(self) -> dict[str, int]:
+        # What each heartbeat reports: the physical queues of the live segments this broker hosts.
+        return self.writer.max_offsets(self.routes.live_hosted())
 
     async def start(self) -> None:
         await self.peers.start()

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 
+from client.tls import connector
 from client.wire.errors import ApiError, rejection
 
 from .routing import Segment
@@ -30,14 +31,15 @@ def unavailable(seg: Segment, reason: str) -> ApiError:
 
 
 class Peers:
-    def __init__(self, token: str):
+    def __init__(self, token: str, ssl_context: Any = None):
+        self._ssl_context = ssl_context   # other brokers' https:// URLs (client/tls.py)
         self._headers = {"Authorization": f"Bearer {token}"}
         self._http: aiohttp.ClientSession | None = None
         self._down_until: dict[str, float] = {}   # broker -> monotonic time until which it is not asked
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
-            total=PEER_REQUEST_TIMEOUT_S, sock_connect=PEER_CONNECT_TIMEOUT_S))
+            total=PEER_REQUEST_TIMEOUT_S, sock_connect=PEER_CONNECT_TIMEOUT_S), connector=connector(self._ssl_context))
 
     async def stop(self) -> None:
         if self._http is not None:

@@ -18,6 +18,7 @@ from client.wire.errors import ApiError, rejection
 
 from .codec import RawMessage, RawRecord, stored_record
 from .meta_link import MetaLink
+from .metrics import BrokerMetrics
 from .offsets import OffsetStore
 from .peers import Peers
 from .routing import RouteTable, Segment
@@ -33,8 +34,9 @@ OLDER_CHAINS_CACHED_MAX = 1_024   # queues whose segments older than their route
 
 class Reader:
     def __init__(self, me: str, routes: RouteTable, writer: Writer, offsets: OffsetStore, peers: Peers,
-                 link: MetaLink):
+                 link: MetaLink, metrics: BrokerMetrics | None = None):
         self.me = me
+        self.metrics = metrics
         self.routes = routes
         self.writer = writer
         self.offsets = offsets
@@ -76,12 +78,12 @@ class Reader:
     async def pull(self, topic: str, queue: int, offset: int, max_n: int,
                    held_by: dict[str, Any] | None = None) -> dict[str, Any]:
         """Messages from ``offset`` on; with ``held_by`` (a barrier the group has not passed) only the queue's bounds."""
-        return await self._pull_decided(await self._chain(topic, queue), offset, max_n, held_by)
+        return await self._pull_decided(topic, await self._chain(topic, queue), offset, max_n, held_by)
 
     async def read_history(self, topic: str, queue: int, offset: int, max_n: int) -> dict[str, Any]:
         """A pull that does not need this broker to hold the head: pop state kept for a sealed segment (pop across
         remaps) reads its messages for the dead-letter queue wherever they are."""
-        return await self._pull_decided(await self.history(topic, queue), offset, max_n, None)
+        return await self._pull_decided(topic, await self.history(topic, queue), offset, max_n, None)
 
     async def history(self, topic: str, queue: int) -> list[Segment]:
         """Every decided segment of the queue, oldest first, whichever broker holds its head."""
@@ -90,7 +92,7 @@ class Reader:
             raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker")
         return await self._history(topic, queue, segs)
 
-    async def _pull_decided(self, decided: list[Segment], offset: int, max_n: int,
+    async def _pull_decided(self, topic: str, decided: list[Segment], offset: int, max_n: int,
                             held_by: dict[str, Any] | None) -> dict[str, Any]:
         min_offset, gaps = await self._min_offset(decided[0])
         max_offset = await self._max_offset(decided[-1])
@@ -135,6 +137,8 @@ class Reader:
             cursor = end
         out["messages"] = msgs
         out["next_offset"] = cursor
+        if self.metrics is not None:
+            self.metrics.served(topic, [m.payload for m in msgs])
         return out
 
     async def _read(self, seg: Segment, physical: int, max_n: int) -> tuple[list[Record], int]:

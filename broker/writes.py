@@ -18,6 +18,7 @@ from .codec import encode_message
 from .offsets import OffsetStore
 from .pop.wakeup import TopicSignals
 from .routing import RouteTable, Segment
+from .metrics import BrokerMetrics
 from .session import MetaSession
 from .storage import InvalidArgument, PhysicalQueue, QueueStore, StorageError
 
@@ -36,8 +37,9 @@ def unknown_topic(topic: str) -> ApiError:
 
 class Writer:
     def __init__(self, me: str, store: QueueStore, routes: RouteTable, session: MetaSession, offsets: OffsetStore,
-                 appended: TopicSignals | None = None):
+                 appended: TopicSignals | None = None, metrics: BrokerMetrics | None = None):
         self.me = me
+        self.metrics = metrics
         self.store = store
         self.routes = routes
         self.session = session
@@ -152,14 +154,19 @@ class Writer:
                             topic=head.topic, queue=head.queue)
         if self.session.renewal_due(budget, end):
             self.session.beat_soon()  # renew early so writers never wait for the budget
+        started = time.perf_counter()
         try:
-            return await asyncio.get_running_loop().run_in_executor(
+            first = await asyncio.get_running_loop().run_in_executor(
                 self._threads, pq.append, payloads, int(time.time() * 1000))
         except InvalidArgument as e:  # too large a record or batch, in storage's terms
             raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
         except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
             raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
                             topic=head.topic, queue=head.queue) from None
+        if self.metrics is not None:
+            self.metrics.append.observe(time.perf_counter() - started)
+            self.metrics.stored(head.topic, payloads)
+        return first
 
     async def seal(self, seg: Segment) -> int:
         """Stop writes to a sealing segment and return its exact physical end."""

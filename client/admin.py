@@ -12,6 +12,7 @@ that has not caught up within its wait answers 503, and the call moves to anothe
 
 from __future__ import annotations
 
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -19,7 +20,11 @@ from urllib.parse import quote
 
 import aiohttp
 
+from .errors import VERSION_NOT_REACHED, StatorError
 from .http import META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQUEST_TIMEOUT_S_DEFAULT, Backoff, MetaCaller
+
+
+HISTORY_WAIT_S_DEFAULT = 10.0   # a history long poll; well under the server's READ_WAIT_S_MAX (60 s)
 
 
 def _seg(name: str) -> str:
@@ -37,9 +42,9 @@ class AdminClient:
     def __init__(self, meta_urls: Sequence[str] | str, token: str, *, session: aiohttp.ClientSession | None = None,
                  timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT, attempts_max: int = META_ATTEMPTS_MAX_DEFAULT,
                  deadline_s: float = META_DEADLINE_S_DEFAULT, backoff: Backoff | None = None,
-                 monotonic_reads: bool = True):
+                 monotonic_reads: bool = True, ssl_context: ssl.SSLContext | None = None):
         self.meta = MetaCaller(meta_urls, token, session=session, timeout_s=timeout_s, attempts_max=attempts_max,
-                               deadline_s=deadline_s, backoff=backoff)
+                               deadline_s=deadline_s, backoff=backoff, ssl_context=ssl_context)
         self.monotonic_reads = monotonic_reads
 
     @property
@@ -142,6 +147,21 @@ class AdminClient:
         """One page of events after version ``after``: ``{"events":[...],"next_after"}``."""
         return await self._read("/v1/history", {"topic": topic, "after": after, "limit": limit})
 
+    async def history_after(self, after: int, *, topic: str | None = None, limit: int | None = None,
+                            wait_s: float = HISTORY_WAIT_S_DEFAULT) -> dict[str, Any]:
+        """The next page after ``after``, waiting (on the server, up to ``wait_s``) for a version after it to be
+        applied: a long poll of the history. An empty page with ``next_after == after`` when none came in time."""
+        q = {"topic": topic, "after": after, "limit": limit, "min_version": after + 1, "wait": wait_s}
+        try:
+            answer = await self.meta.call("GET", "/v1/history", params=q, timeout_s=wait_s + self.meta.timeout_s,
+                                          deadline_s=wait_s + self.meta.deadline_s,
+                                          final_codes=frozenset({VERSION_NOT_REACHED}))
+        except StatorError as e:
+            if e.code != VERSION_NOT_REACHED:
+                raise
+            return {"events": [], "next_after": after}
+        return answer.body
+
     async def iter_history(self, *, topic: str | None = None, after: int = 0,
                            page: int = 1000) -> AsyncIterator[dict[str, Any]]:
         """Every event after ``after`` up to the version applied when the last page was read.
@@ -156,6 +176,23 @@ class AdminClient:
             if answer["next_after"] <= after:
                 return
             after = answer["next_after"]
+
+    async def route(self, topic: str) -> dict[str, Any]:
+        """The topic's route now (API.md "Route"); ``TopicNotFound`` for an unknown topic."""
+        return await self._read(f"/v1/routes/{_seg(topic)}")
+
+    async def image(self) -> tuple[dict[str, Any], int, str]:
+        """The answering node's whole image: ``(image data, its version, sha256 of its canonical bytes)``."""
+        answer = await self.meta.call("GET", "/v1/admin/image", params={"min_version": self.seen_version or None})
+        return answer.body, int(answer.headers["X-Image-Version"]), answer.headers["X-Image-Sha256"]
+
+    async def image_digest(self) -> dict[str, Any]:
+        """``{"node","version","commands","sha256","bytes"}`` of the answering node's image."""
+        return await self._read("/v1/admin/image-digest")
+
+    async def readiness(self) -> dict[str, Any]:
+        """``GET /readyz`` of the node this client talks to: its answer whether ready (200) or not (503)."""
+        return (await self.meta.call("GET", "/readyz", ok=(200, 503))).body
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def close(self) -> None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json as jsonlib
 import random
+import ssl
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from . import tls
 from .errors import Closed, StatorError, Unavailable, VersionHeaders
 
 REQUEST_TIMEOUT_S_DEFAULT = 12.0    # a meta write may wait up to 5 s for a proposal, plus forwarding to the leader
@@ -77,9 +79,9 @@ def client_timeout(total_s: float | None, *, sock_read_s: float | None = None) -
     return aiohttp.ClientTimeout(total=total_s, connect=connect, sock_read=sock_read_s)
 
 
-def new_session() -> aiohttp.ClientSession:
+def new_session(ssl_context: ssl.SSLContext | None = None) -> aiohttp.ClientSession:
     """A session without a session-wide timeout: every request states its own."""
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), connector=tls.connector(ssl_context))
 
 
 def auth_headers(token: str | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -129,7 +131,8 @@ class MetaCaller:
 
     def __init__(self, urls: Sequence[str], token: str | None, *, session: aiohttp.ClientSession | None = None,
                  timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT, attempts_max: int = META_ATTEMPTS_MAX_DEFAULT,
-                 deadline_s: float = META_DEADLINE_S_DEFAULT, backoff: Backoff | None = None):
+                 deadline_s: float = META_DEADLINE_S_DEFAULT, backoff: Backoff | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
         urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not urls:
             raise ValueError("at least one meta URL is needed")
@@ -143,6 +146,7 @@ class MetaCaller:
         self._index = 0
         self._session = session
         self._owns_session = session is None
+        self._ssl_context = ssl_context   # for the session this caller makes (https:// endpoints; client/tls.py)
         self._closed = False
         self.max_version_seen = 0  # newest X-Meta-Version (or written version) of any answer, error or not
 
@@ -166,13 +170,14 @@ class MetaCaller:
         if self._closed:
             raise Closed("this client is closed")
         if self._session is None:
-            self._session = new_session()
+            self._session = new_session(self._ssl_context)
         return self._session
 
     async def call(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None,
                    headers: Mapping[str, str] | None = None, ok: Iterable[int] = (200, 201),
                    timeout_s: float | None = None, attempts_max: int | None = None,
-                   deadline_s: float | None = None) -> Answer:
+                   deadline_s: float | None = None, final_codes: frozenset[str] = frozenset()) -> Answer:
+        """``final_codes``: retriable codes the caller handles itself, raised at once (a long poll's "not yet")."""
         ok = tuple(ok)
         deadline = Deadline(self.deadline_s if deadline_s is None else deadline_s)
         attempts = self.attempts_max if attempts_max is None else attempts_max
@@ -188,7 +193,7 @@ class MetaCaller:
                                             params=params, headers=headers, timeout_s=min(per_try_s, left), ok=ok)
             except StatorError as e:
                 self.note_version(e.meta_version)  # a refusal states its node's version too
-                if not e.retriable_on_meta:
+                if not e.retriable_on_meta or e.code in final_codes:
                     raise
                 last = e
                 self.fail_over(url)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -56,14 +57,14 @@ class RouteSubscription:
                  idle_timeout_s: float = SSE_IDLE_TIMEOUT_S_DEFAULT,
                  request_timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
                  attempts_max: int = META_ATTEMPTS_MAX_DEFAULT, deadline_s: float = META_DEADLINE_S_DEFAULT,
-                 reconnect_backoff: Backoff | None = None):
+                 reconnect_backoff: Backoff | None = None, ssl_context: ssl.SSLContext | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         if not 0 < poll_wait_s <= 300:
             raise ValueError("poll_wait_s must be within (0, 300]")
         self.mode = mode
         self.meta = MetaCaller(meta_urls, token, session=session, timeout_s=request_timeout_s,
-                               attempts_max=attempts_max, deadline_s=deadline_s)
+                               attempts_max=attempts_max, deadline_s=deadline_s, ssl_context=ssl_context)
         self.poll_wait_s = poll_wait_s
         self.idle_timeout_s = idle_timeout_s
         self.reconnect_backoff = reconnect_backoff or Backoff(RECONNECT_BACKOFF_BASE_S, RECONNECT_BACKOFF_CAP_S)

@@ -66,6 +66,7 @@ class BrokerSessions:
         self.raft = raft
         self.sync = sync
         self.tracker = SessionTracker(config.session_timeout_ms)
+        self.expiries = 0   # sessions this node fenced for silence while it led
         self._led_term: int | None = None
 
     def last_heartbeat_ms(self, broker: str) -> int | None:
@@ -132,6 +133,7 @@ class BrokerSessions:
             return
         for broker, epoch in self.tracker.expired(active, _monotonic_ms()):
             log.warning("broker_session_expired", broker=broker, epoch=epoch)
+            self.expiries += 1   # stator_meta_broker_session_expiries_total (meta/api/metrics.py)
             await self.raft.propose({"type": "FenceBroker", "broker": broker, "epoch": epoch,
                                      "reason": "session_expired"}, None, "system")
 

@@ -12,8 +12,9 @@ from sqlalchemy.exc import ArgumentError
 
 from ops import config_file
 from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
-                             split_host_port)
+                             TlsSchema, split_host_port, tls_files)
 
+from client.tls import TlsFiles
 from client.wire.server import role_of
 
 from . import limits
@@ -61,6 +62,7 @@ class MetaConfig:
     # Events the image's history keeps. The leader stamps its own into every command, so the log decides the window
     # (replicas never diverge); give every member the same value, or the window changes with the leader.
     history_window: int = limits.HISTORY_EVENTS_MAX
+    tls: TlsFiles | None = None   # HTTPS for the API and for calls to other nodes (client/tls.py)
 
     @property
     def partners(self) -> list[str]:
@@ -150,6 +152,7 @@ class _MetaSchema(Schema):
     raft_tuning: _RaftTuningSchema = Field(default_factory=_RaftTuningSchema)
     log_level: LogLevel = "info"
     history_window: int = Field(limits.HISTORY_EVENTS_MAX, ge=limits.HISTORY_WINDOW_MIN, le=limits.HISTORY_WINDOW_MAX)
+    tls: TlsSchema | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> _MetaSchema:
@@ -181,5 +184,5 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> MetaConfig:
         projection_url=s.projection_url or f"sqlite:///{os.path.join(data_dir, 'projection.db')}",
         offset_budget=s.offset_budget, session_timeout_ms=s.session_timeout_ms,
         heartbeat_interval_ms=s.heartbeat_interval_ms, raft_tuning=RaftTuning(**s.raft_tuning.model_dump()),
-        log_level=s.log_level, history_window=s.history_window,
+        log_level=s.log_level, history_window=s.history_window, tls=tls_files(s.tls, base_dir),
     )

@@ -38,7 +38,10 @@ class LeaderForwarder:
         self._my_url = next(m.url for m in config.members if m.node == config.node)
 
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.FORWARD_TIMEOUT_S))
+        from client import tls
+        ctx = tls.client_context(self.config.tls) if self.config.tls is not None else None
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.FORWARD_TIMEOUT_S),
+                                           connector=tls.connector(ctx))
 
     async def stop(self) -> None:
         if self._http is not None:

@@ -80,12 +80,18 @@ async def _rebuild(config: MetaConfig, from_peer: str | None, token: str | None,
                     projection.apply(batch)
                     batch = []
             projection.apply(batch)
-        history = image.data["history"]
-        for i in range(0, len(history), APPLY_BATCH_MAX):
-            projection.apply([json.loads(e) for e in history[i:i + APPLY_BATCH_MAX]])
+        apply_image_history(projection, image)
         return {"position": projection.position(), "from_source": taken}
     finally:
         projection.close()
+
+
+def apply_image_history(projection: Any, image: Image) -> None:
+    """The events the image's window holds, into ``projection`` (after the older ones, which it must already have)."""
+    from .projection import APPLY_BATCH_MAX
+    history = image.data["history"]
+    for i in range(0, len(history), APPLY_BATCH_MAX):
+        projection.apply([json.loads(e) for e in history[i:i + APPLY_BATCH_MAX]])
 
 
 def _anchored(events: Iterator[dict[str, Any]] | list[dict[str, Any]], start: int, first: dict[str, Any] | None,

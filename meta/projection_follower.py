@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -35,7 +35,7 @@ BATCH_PAUSE_S = 0.2
 
 
 class ProjectionFollower:
-    def __init__(self, url: str, service: "MetaService", peers: list[str], token: str):
+    def __init__(self, url: str, service: "MetaService", peers: list[str], token: str, ssl_context: Any = None):
         self.url = url
         self.service = service
         self.store = None
@@ -43,7 +43,7 @@ class ProjectionFollower:
         self.opened = False     # until then position is not known (0), and the gap not either
         self.hole: tuple[int, int] | None = None  # versions missing below the position (written by older code)
         self.gaps = 0
-        self.filler = GapFiller(peers, token)
+        self.filler = GapFiller(peers, token, ssl_context)
 
     def _open(self):
         from .projection import SqlProjection  # imported lazily: SQLAlchemy start-up stays off the import path

@@ -39,7 +39,8 @@ CALL_ATTEMPTS_PER_PEER = 2
 
 
 class GapFiller:
-    def __init__(self, peers: list[str], token: str):
+    def __init__(self, peers: list[str], token: str, ssl_context: Any = None):
+        self.ssl_context = ssl_context   # peers' https:// URLs (client/tls.py)
         self.peers = peers
         self.token = token
         self.backoff = Backoff(limits.PROJECTION_FILL_BACKOFF_S_MIN, limits.PROJECTION_FILL_BACKOFF_S_MAX)
@@ -95,7 +96,8 @@ class GapFiller:
                 raise ProjectionGap(position, position)  # cannot happen while apply keeps the table contiguous
         log.info("projection_fill", position=position, history_start=start, missing=start - 1 - position)
         async with AdminClient(self.peers, self.token, attempts_max=CALL_ATTEMPTS_PER_PEER * len(self.peers),
-                               deadline_s=limits.PROJECTION_FILL_CALL_S_MAX, monotonic_reads=False) as admin:
+                               deadline_s=limits.PROJECTION_FILL_CALL_S_MAX, monotonic_reads=False,
+                               ssl_context=self.ssl_context) as admin:
             # One event of overlap at each end: the projection's last (after - 1) and the image's first (through).
             after = position - 1 if own_last is not None else position
             through = start if first is not None else start - 1

@@ -17,6 +17,7 @@ from typing import Any
 
 import pysyncobj.pickle as _pickle
 from pysyncobj import SERIALIZER_STATE, SyncObj
+from pysyncobj.syncobj import _COMMAND_TYPE
 from pysyncobj.journal import FileJournal
 from pysyncobj.monotonic import monotonic
 from pysyncobj.node import Node, TCPNode
@@ -43,6 +44,11 @@ require_version(VERSION)
 
 def current_log_index(so: SyncObj) -> int:
     return so._SyncObj__getCurrentLogIndex()
+
+
+def match_indexes(so: SyncObj) -> dict[str, int]:
+    """The leader's view of how far each follower's log matches its own, by the follower's raft address."""
+    return {node.address: index for node, index in dict(so._SyncObj__raftMatchIndex).items()}
 
 
 def leader(so: SyncObj) -> Node | None:
@@ -125,6 +131,13 @@ def raft_state_of(snapshot: Snapshot) -> tuple[Any, ...]:
     """What pysyncobj's deserializer must return."""
     return (_raw_entry(snapshot.last_applied), _raw_entry(snapshot.previous),
             {TCPNode(address) for address in snapshot.cluster})
+
+
+def seed_entries() -> tuple[LogEntry, LogEntry]:
+    """The two entries a new cluster's log starts with when it is seeded from an image (a restore): pysyncobj's own
+    no-op entries at indexes 1 and 2 of term 0, the same on every node, so their logs agree."""
+    no_op = bytes([_COMMAND_TYPE.NO_OP])
+    return LogEntry(2, 0, no_op), LogEntry(1, 0, no_op)
 
 
 def _entry(raw: tuple[bytes, int, int]) -> LogEntry:

@@ -18,6 +18,7 @@ Everything that reaches into pysyncobj's internals goes through ``pysyncobj_shim
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import json
@@ -26,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -123,6 +124,8 @@ class _LocalState:
     wake_pending: bool = False
     freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
     last_keepalive: float = 0.0   # monotonic
+    role_changes: dict[str, int] = field(default_factory=dict)   # times this node became leader/follower/candidate
+    observe_apply_s: Callable[[float], None] | None = None       # apply latency, for metrics (set by the service)
 
 
 class MetaSyncObj(SyncObj):
@@ -208,6 +211,8 @@ class MetaSyncObj(SyncObj):
 
     def _log_state_change(self, old: int, new: int) -> None:
         # Elections are the first thing to look at when latency jumps: every change of role is a log line.
+        role = str(_ROLES.get(new, new))
+        self._local.role_changes[role] = self._local.role_changes.get(role, 0) + 1
         log.info("raft_role_changed", old=_ROLES.get(old, old), new=_ROLES.get(new, new),
                  leader=self.leader_address())
 
@@ -315,6 +320,7 @@ class MetaSyncObj(SyncObj):
         with self.image_lock:
             image = self.current_image()
             envelope = decode_entry(payload)
+            started = time.perf_counter()   # the adapter times apply; nothing inside apply reads a clock
             try:
                 outcome, changed = self._machine.apply(envelope)
             except Exception:
@@ -323,6 +329,8 @@ class MetaSyncObj(SyncObj):
                 log.critical("apply_failed", payload=payload[:2000], exc_info=True)
                 os._exit(EXIT_REPLICA_UNTRUSTED)
             version = image.version
+            if self._local.observe_apply_s is not None:
+                self._local.observe_apply_s(time.perf_counter() - started)
             if outcome.get("ok") and envelope["cmd"]["type"] in LARGE_COMMANDS:
                 self._local.freeze_pending = True
         if changed or outcome.get("ok"):
@@ -336,6 +344,20 @@ class MetaSyncObj(SyncObj):
 
     def is_leader(self) -> bool:
         return shim.is_leader(self)
+
+    @property
+    def role_changes(self) -> dict[str, int]:
+        return dict(self._local.role_changes)
+
+    def set_apply_observer(self, observe: Callable[[float], None]) -> None:
+        self._local.observe_apply_s = observe
+
+    def follower_lag(self) -> dict[str, int]:
+        """Leader only (else empty): entries each follower has yet to acknowledge, by its raft address."""
+        if not self.is_leader():
+            return {}
+        last = shim.current_log_index(self)
+        return {node: max(0, last - match) for node, match in shim.match_indexes(self).items()}
 
     def commit_lag(self) -> int:
         """Entries this node knows to be committed but has not applied yet."""
@@ -367,6 +389,7 @@ class RaftNode:
         self.loop = loop
         self.offset_budget = offset_budget
         self.history_window = history_window
+        self.failures: collections.Counter[str] = collections.Counter()   # failed proposals by code, for metrics
 
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
@@ -391,10 +414,12 @@ class RaftNode:
         try:
             result, err = await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:
+            self.failures["UNKNOWN_OUTCOME"] += 1
             raise rejection(503, "UNKNOWN_OUTCOME", "the log did not answer in time; retry with the same "
                             "Idempotency-Key to learn the outcome", request_id=rid) from None
         if err == FAIL_REASON.SUCCESS:
             return result
+        self.failures[_FAILURE_CODES.get(err, "NO_LEADER")] += 1
         if err in MAYBE_APPLIED:
             raise ProposeFailed("leadership changed while the command was in flight", {"request_id": rid},
                                 code="LEADER_CHANGED")
@@ -402,6 +427,9 @@ class RaftNode:
             raise ProposeFailed(f"the log's command queue is full ({self.sync.commands_queue_max} commands); retry",
                                 code="OVERLOADED")
         raise ProposeFailed("no leader could take the command", {"reason": int(err)}, code="NO_LEADER")
+
+
+_FAILURE_CODES = {**{e: "LEADER_CHANGED" for e in MAYBE_APPLIED}, FAIL_REASON.QUEUE_FULL: "OVERLOADED"}
 
 
 def _resolve(fut: asyncio.Future, result: Any, err: int) -> None:

@@ -36,6 +36,12 @@ from ops.logging import set_position_provider
 log = structlog.get_logger("meta.service")
 
 
+def client_tls_context(files):
+    """The context for this node's calls to other nodes over https:// (None for plain HTTP)."""
+    from client.tls import client_context
+    return client_context(files) if files is not None else None
+
+
 class MetaService:
     def __init__(self, config: MetaConfig, version_waiters: Admission):
         self.config = config
@@ -48,7 +54,8 @@ class MetaService:
         self.brokers: BrokerSessions | None = None
         self.groups: GroupSessions | None = None
         peers = [m.url for m in config.members if m.node != config.node]
-        self.projection = ProjectionFollower(config.projection_url, self, peers, config.tokens.client)
+        self.projection = ProjectionFollower(config.projection_url, self, peers, config.tokens.client,
+                                             client_tls_context(config.tls))
         self._tasks: list[asyncio.Task] = []
         self.started_at = time.time()
         self._request_prefix = f"{config.node}.{uuid.uuid4().hex[:12]}."

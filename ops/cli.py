@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import click
 
+from ops.admin.options import GlobalOptionsGroup
+
 EXIT_FAILED = 1   # the command could not do its work (an address in use, a member that did not start)
 EXIT_CONFIG = 2   # like a usage error: the config file must be fixed before anything can run
 
@@ -38,7 +40,7 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-@click.group()
+@click.group(cls=GlobalOptionsGroup)
 def main() -> None:
     """Stator: the metadata service for message queues with static topics."""
 
@@ -86,7 +88,7 @@ def meta_rebuild_projection(config_path: str, from_peer: str | None, from_export
     click.echo(json.dumps({"rebuilt": True, **result}))
 
 
-@main.group()
+@main.group(cls=GlobalOptionsGroup)
 def broker() -> None:
     """Data-only brokers."""
 
@@ -262,6 +264,14 @@ def lineage_locks(ctx: click.Context, group: str, topic: str | None, queue: int 
 def lineage_verify(ctx: click.Context, **shared) -> None:
     """Version gaps, overlapping segments, two lock holders at once; exits 3 on any finding."""
     run_lineage(ctx, "verify", {}, **shared)
+
+
+def _register_admin() -> None:
+    from ops.admin import register
+    register(main)
+
+
+_register_admin()
 
 
 if __name__ == "__main__":

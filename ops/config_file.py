@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import stat
 import tomllib
 import types
 import typing
@@ -107,12 +108,48 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def load(path: str, parse: Callable[[dict[str, Any], str], T]) -> T:
-    """``parse(raw, base_dir)`` of the file at ``path``; relative paths inside it are taken from its directory."""
+    """``parse(raw, base_dir)`` of the file at ``path``; relative paths inside it are taken from its directory.
+
+    ``secrets_file = "PATH"`` names a second file (JSON or TOML, mode 600 or stricter) holding the secret keys
+    (``secret``, ``tokens``, ``token``, ``client_token``), so the main config can be shared, versioned and read by
+    anyone while the secrets stay in one guarded file."""
     raw = read(path)
+    base_dir = os.path.dirname(os.path.abspath(path))
     try:
-        return parse(raw, os.path.dirname(os.path.abspath(path)))
+        if "secrets_file" in raw:
+            raw = _with_secrets(raw, base_dir)
+        return parse(raw, base_dir)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def check_private(path: str) -> None:
+    """Refuse a secret's file that group or others may access, as ssh refuses a readable private key."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file")
+    if st.st_mode & 0o077:
+        raise ConfigError(f"{path}: permissions {stat.S_IMODE(st.st_mode):04o} are too open (group or others have "
+                          f"access): chmod 600 {path}")
+
+
+def _with_secrets(raw: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    name = raw["secrets_file"]
+    if not isinstance(name, str) or not name:
+        raise ConfigError("secrets_file: must be a path")
+    path = os.path.join(base_dir, name)
+    check_private(path)
+    secrets = read(path)
+    foreign = sorted(set(secrets) - SECRET_KEYS)
+    if foreign:
+        raise ConfigError(f"secrets_file {path}: only {sorted(SECRET_KEYS)} belong there, not {foreign[0]!r}")
+    twice = sorted(set(secrets) & set(raw))
+    if twice:
+        raise ConfigError(f"{twice[0]!r} is in both the config and its secrets_file {path}: keep it in one place")
+    return {**{k: v for k, v in raw.items() if k != "secrets_file"}, **secrets}
 
 
 def check(schema: type[M], raw: Any) -> M:
@@ -173,3 +210,20 @@ def _inner_model(annotation: Any) -> type[BaseModel] | None:
             if found is not None:
                 return found
     return None
+
+
+class TlsSchema(Schema):
+    """``tls = {cert, key, ca?}``: serve HTTPS with this certificate and key; with ``ca``, require every client (and
+    every other node) to present a certificate that CA signed, and verify other nodes against it."""
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+
+def tls_files(schema: TlsSchema | None, base_dir: str):
+    """The TLS files of a config (paths relative to the config file's directory), or None for plain HTTP."""
+    from client.tls import TlsFiles
+    if schema is None:
+        return None
+    at = lambda p: os.path.join(base_dir, p) if p is not None else None  # noqa: E731
+    return TlsFiles(cert=at(schema.cert), key=at(schema.key), ca=at(schema.ca))

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import socket
 import sys
+from typing import Any
 
 from aiohttp import web
 
@@ -40,7 +41,10 @@ def listening_socket(host: str, port: int, label: str) -> socket.socket:
     return sock
 
 
-async def serve_app(app: web.Application, host: str, port: int) -> None:
+async def serve_app(app: web.Application, host: str, port: int, tls: Any = None) -> None:
+    """``tls``: the config's TlsFiles (client/tls.py) to serve HTTPS, None for plain HTTP."""
+    from client.tls import server_context
+    ssl_context = server_context(tls) if tls is not None else None   # a bad file fails here, before the port
     # The HTTP port is taken before the app starts (and so before a meta node joins Raft): a port in use fails at
     # once with its address, and nothing else can take the port while the app starts. Requests that arrive
     # meanwhile wait in the listen backlog instead of being refused.
@@ -54,7 +58,7 @@ async def serve_app(app: web.Application, host: str, port: int) -> None:
                            max_field_size=HTTP_HEADER_BYTES_MAX)
     try:
         await runner.setup()
-        await web.SockSite(runner, sock, backlog=HTTP_BACKLOG).start()
+        await web.SockSite(runner, sock, backlog=HTTP_BACKLOG, ssl_context=ssl_context).start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -93,7 +97,7 @@ def run_meta(config_path: str) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     check_raft_address(config.raft)
     try:
-        asyncio.run(serve_app(make_app(config), config.http_host, config.http_port))
+        asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls))
     except SyncObjException as e:
         # pysyncobj gave up binding after conf.maxBindRetries attempts (the port was taken after the check above).
         if e.errorCode != "BindError":

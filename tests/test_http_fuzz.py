@@ -76,6 +76,7 @@ META_OPS = [
     Op("meta", "GET", "/v1/openapi.json"),
     Op("meta", "GET", "/v1/history", READ_QUERY + ("topic", "after", "limit")),
     Op("meta", "GET", "/v1/admin/image-digest", READ_QUERY),
+    Op("meta", "GET", "/v1/admin/image", READ_QUERY),
     Op("meta", "GET", "/v1/routes/{topic}", READ_QUERY + ("after",)),
     Op("meta", "GET", "/v1/watch", ("topics", "after"), stream=True),
     Op("meta", "POST", "/v1/topics", ("expected_version",), ("topic", "queues", "brokers", "slots", "order", "config"),

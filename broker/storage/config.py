@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import limits
@@ -23,6 +24,8 @@ class QueueConfig:
     # Retention deletes whole files only; None keeps everything.
     retention_ms: int | None = None
     retention_bytes: int | None = None
+    # Told the seconds of each fsync of a segment file (the broker's metrics); called on the appending thread.
+    observe_sync_s: Callable[[float], None] | None = None
 
     def __post_init__(self) -> None:
         _check_range("segment_bytes_max", self.segment_bytes_max,

@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import threading
+import time
 from bisect import bisect_right
 from typing import Sequence
 
@@ -239,12 +240,15 @@ class PhysicalQueue:
         active = self._segments[-1]
         # An fsync covers what was written before it started, so that is all it may mark clean.
         end = active.end_offset
+        started = time.perf_counter()
         try:
             active.sync()
         except OSError as err:
             # After a failed fsync the kernel may have dropped the dirty pages: nothing unflushed can be trusted.
             self._failed = True
             raise QueueFailed("fsync failed; reopen the queue to recover", path=active.path) from err
+        if self.config.observe_sync_s is not None:
+            self.config.observe_sync_s(time.perf_counter() - started)
         self._flushed_offset = end
         if end == active.end_offset:
             self._dirty_since_ms = None

@@ -29,6 +29,7 @@ def make_app(config: MetaConfig) -> web.Application:
 
     async def service_ctx(app: web.Application):
         await app[SERVICE].start()
+        metrics.watch_node(app[SERVICE])
         yield
         await app[SERVICE].stop()
 

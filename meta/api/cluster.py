@@ -43,6 +43,19 @@ async def image_digest(request: web.Request) -> web.Response:
                     "bytes": len(raw)})
 
 
+@requires("admin")
+async def image(request: web.Request) -> web.Response:
+    """This node's whole image at its applied version, as canonical JSON (what ``image_digest`` hashes), for a
+    backup (`stator snapshot save`). ``X-Image-Version`` and ``X-Image-Sha256`` name the bytes sent. Costs a full
+    serialisation and the image's size in memory once more: an operator's call, not a hot path."""
+    svc = service(request)
+    await svc.reads.before_read(request.query)
+    version, raw = svc.read(lambda im: (im.version, im.canonical_bytes()))
+    digest = await asyncio.get_running_loop().run_in_executor(None, lambda: hashlib.sha256(raw).hexdigest())
+    return web.Response(body=raw, content_type="application/json",
+                        headers={"X-Image-Version": str(version), "X-Image-Sha256": digest})
+
+
 @public
 async def healthz(request: web.Request) -> web.Response:
     return respond({"status": "ok", "node": service(request).config.node})
@@ -139,3 +152,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/v1/history", history)
     app.router.add_get("/v1/admin/image-digest", image_digest)
+    app.router.add_get("/v1/admin/image", image)

@@ -1,16 +1,48 @@
-"""Prometheus metrics of one meta node, in a registry of its own (tests run several nodes in one process)."""
+"""Prometheus metrics of one meta node, in a registry of its own (tests run several nodes in one process).
+
+Counters of things that happen on the request path are incremented there; everything else (commit index, follower
+lag, brokers by state, seals and remaps in flight, role changes, proposal failures, session expiries) is read from
+the node's state when /metrics is scraped (``NodeStateCollector``), so nothing is added to the hot path.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterator
+from importlib import metadata
+from typing import Any
+
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Info, PlatformCollector,
+                               ProcessCollector)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+BROKER_STATES = ("active", "fenced")
+ROLES = ("leader", "follower", "candidate")
+PROPOSAL_FAILURES = ("NO_LEADER", "LEADER_CHANGED", "OVERLOADED", "UNKNOWN_OUTCOME")
+# The in-flight scan walks each queue's newest segments on the event loop: above this many queues it is skipped
+# (the gauges are left out of the scrape rather than stalling the node).
+INFLIGHT_SCAN_QUEUES_MAX = 200_000
+
+
+def build_version() -> str:
+    try:
+        return metadata.version("stator")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class MetaMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)     # process_* (CPU, memory, open files): not in a private registry by default
+        PlatformCollector(registry=r)
+        Info("stator_build", "Stator build", registry=r).info({"version": build_version(), "role": "meta"})
         self.requests = Counter("stator_meta_http_requests_total", "HTTP requests", ["route", "status"], registry=r)
-        self.latency = Histogram("stator_meta_http_request_seconds", "HTTP request latency", ["route"], registry=r,
+        self.latency = Histogram("stator_meta_http_request_seconds",
+                                 "HTTP request latency (long polls, waits for a version and SSE streams left out)",
+                                 ["route"], registry=r,
                                  buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 30))
+        self.apply = Histogram("stator_meta_apply_seconds", "Time to apply one log entry to the image", registry=r,
+                               buckets=(.00005, .0001, .0002, .0005, .001, .002, .005, .01, .05, .25, 1))
         self.applied_version = Gauge("stator_meta_applied_version", "Last applied metadata version", registry=r)
         self.term = Gauge("stator_meta_raft_term", "Current Raft term", registry=r)
         self.is_leader = Gauge("stator_meta_is_leader", "1 when this node leads", registry=r)
@@ -25,3 +57,64 @@ class MetaMetrics:
         self.projection_gap = Gauge("stator_meta_projection_gap_versions",
                                     "Versions this node holds in neither its image nor its projection (being filled "
                                     "from peers)", registry=r)
+
+    def watch_node(self, svc: Any) -> None:
+        """Report ``svc``'s state at every scrape; its apply latency from now on."""
+        self.registry.register(NodeStateCollector(svc))
+        svc.sync.set_apply_observer(self.apply.observe)
+
+
+class NodeStateCollector:
+    def __init__(self, svc: Any):
+        self.svc = svc
+
+    def collect(self) -> Iterator[Metric]:
+        svc = self.svc
+        commit = GaugeMetricFamily("stator_meta_raft_commit_index", "Raft commit index this node knows")
+        commit.add_metric([], svc.commit_index())
+        yield commit
+        lag = GaugeMetricFamily("stator_meta_follower_lag_entries",
+                                "Leader only: log entries each follower has yet to acknowledge", labels=["follower"])
+        for follower, entries in sorted(svc.sync.follower_lag().items()):
+            lag.add_metric([follower], entries)
+        yield lag
+        roles = CounterMetricFamily("stator_meta_raft_role_changes", "Times this node took each Raft role "
+                                    "(to leader: an election it won)", labels=["role"])
+        changes = svc.sync.role_changes
+        for role in ROLES:
+            roles.add_metric([role], changes.get(role, 0))
+        yield roles
+        failures = CounterMetricFamily("stator_meta_proposal_failures", "Proposals that failed, by reason",
+                                       labels=["reason"])
+        for reason in sorted(set(PROPOSAL_FAILURES) | set(svc.raft.failures)):
+            failures.add_metric([reason], svc.raft.failures.get(reason, 0))
+        yield failures
+        expiries = CounterMetricFamily("stator_meta_broker_session_expiries",
+                                       "Broker sessions this node fenced for silence while it led")
+        expiries.add_metric([], svc.brokers.expiries if svc.brokers is not None else 0)
+        yield expiries
+        yield from self._image_gauges()
+
+    def _image_gauges(self) -> Iterator[Metric]:
+        def look(image) -> tuple[dict[str, int], int, int, bool]:
+            states = dict.fromkeys(BROKER_STATES, 0)
+            for b in image.brokers.values():
+                states[b["state"]] = states.get(b["state"], 0) + 1
+            topics = image.data["topics"].values()
+            if sum(t["queues"] for t in topics) > INFLIGHT_SCAN_QUEUES_MAX:
+                return states, 0, 0, False
+            # A sealing segment is one of a queue's two newest; a queue whose head has no logic start yet is a move
+            # (remap or growth) still waiting for that seal.
+            seals = sum(1 for t in topics for chain in t["logic_queues"] for s in chain[-2:] if s["state"] == "sealing")
+            moves = sum(1 for t in topics for chain in t["logic_queues"] if chain[-1]["logic_start"] is None)
+            return states, seals, moves, True
+
+        states, seals, moves, scanned = self.svc.read(look)
+        brokers = GaugeMetricFamily("stator_meta_brokers", "Registered brokers by state", labels=["state"])
+        for state, n in sorted(states.items()):
+            brokers.add_metric([state], n)
+        yield brokers
+        if scanned:
+            yield GaugeMetricFamily("stator_meta_seals_in_flight", "Segments sealing now", value=seals)
+            yield GaugeMetricFamily("stator_meta_remaps_in_flight",
+                                    "Queues whose newest segment waits for the seal of the one before", value=moves)

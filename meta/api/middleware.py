@@ -14,11 +14,16 @@ def _tokens(app: web.Application) -> dict[str, str]:
     return app[SERVICE].config.tokens.by_role()
 
 
+UNTIMED_ROUTES = frozenset({"/v1/watch"})
+
+
 def _observe(request: web.Request, status: int, seconds: float) -> None:
     m = request.app[METRICS]
     route = route_name(request)
     m.requests.labels(route, str(status)).inc()
-    m.latency.labels(route).observe(seconds)
+    # A stream or a wait lasts as long as the client asked, not as long as the work: it would drown the latency.
+    if route not in UNTIMED_ROUTES and "wait" not in request.query:
+        m.latency.labels(route).observe(seconds)
 
 
 errors_and_auth = error_middleware(_tokens, "meta node", _observe)

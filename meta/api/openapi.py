@@ -100,6 +100,8 @@ SPEC: dict[str, Any] = {
                                    "this node holds in neither its image nor its projection yet", params=[_q("after"), _q("limit"), _q("topic", "string"), *_READ])},
         "/v1/admin/image-digest": {"get": _op("SHA-256 of this node's image at its applied version", roles="admin",
                                               params=_READ)},
+        "/v1/admin/image": {"get": _op("This node's whole image as canonical JSON (headers X-Image-Version, "
+                                       "X-Image-Sha256): a backup's source", roles="admin", params=_READ)},
         "/v1/groups": {"get": _op("List consumer groups", params=_READ)},
         "/v1/groups/{group}": {"get": _op("A group's members, assignments, tokens, lease ends, committed offsets and "
                                           "lag (served by the leader)", params=[_p("group")])},

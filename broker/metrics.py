@@ -1,0 +1,85 @@
+"""Prometheus metrics of one broker, in its node's registry (tests run several brokers in one process).
+
+Traffic and latency are counted where they happen (writes.py, reads.py, the storage's fsync); the session's state,
+the disk's free bytes and each physical queue's max offset are read when /metrics is scraped (``StateCollector``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from importlib import metadata
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, PlatformCollector, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+SESSION_STATES = ("unregistered", "active", "fenced")
+# One series per physical queue: above this many, the per-queue gauge is left out of the scrape (a scrape of a broker
+# with a million queues would be megabytes) and stator_broker_queues still says how many there are.
+QUEUE_SERIES_MAX = 10_000
+LATENCY_BUCKETS_S = (.0001, .0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 5)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("stator")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class BrokerMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        r = registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        Info("stator_build", "Stator build", registry=r).info({"version": _version(), "role": "broker"})
+        self.messages_in = Counter("stator_broker_messages_in_total", "Messages stored", ["topic"], registry=r)
+        self.bytes_in = Counter("stator_broker_bytes_in_total", "Bytes of messages stored (encoded)", ["topic"],
+                                registry=r)
+        self.messages_out = Counter("stator_broker_messages_out_total", "Messages served to pulls", ["topic"],
+                                    registry=r)
+        self.bytes_out = Counter("stator_broker_bytes_out_total", "Bytes of messages served to pulls (encoded)",
+                                 ["topic"], registry=r)
+        self.append = Histogram("stator_broker_append_seconds", "One batch appended (with its fsync under flush "
+                                "policy fsync)", registry=r, buckets=LATENCY_BUCKETS_S)
+        self.fsync = Histogram("stator_broker_fsync_seconds", "One fsync of a queue's active segment file",
+                               registry=r, buckets=LATENCY_BUCKETS_S)
+
+    def stored(self, topic: str, payloads: list[bytes]) -> None:
+        self.messages_in.labels(topic).inc(len(payloads))
+        self.bytes_in.labels(topic).inc(sum(len(p) for p in payloads))
+
+    def served(self, topic: str, payloads: list[bytes]) -> None:
+        if payloads:
+            self.messages_out.labels(topic).inc(len(payloads))
+            self.bytes_out.labels(topic).inc(sum(len(p) for p in payloads))
+
+
+class StateCollector:
+    """``session_state()``, ``queue_max_offsets()`` and the free bytes under ``data_dir``, at each scrape."""
+
+    def __init__(self, data_dir: str, session_state: Callable[[], str],
+                 queue_max_offsets: Callable[[], dict[str, int]]):
+        self.data_dir = data_dir
+        self.session_state = session_state
+        self.queue_max_offsets = queue_max_offsets
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.session_state()
+        session = GaugeMetricFamily("stator_broker_session_state", "1 for the broker's meta session state now",
+                                    labels=["state"])
+        for s in SESSION_STATES:
+            session.add_metric([s], 1 if s == state else 0)
+        yield session
+        yield GaugeMetricFamily("stator_broker_disk_free_bytes", "Free bytes on the data directory's file system",
+                                value=shutil.disk_usage(os.path.abspath(self.data_dir)).free)
+        offsets = self.queue_max_offsets()
+        yield GaugeMetricFamily("stator_broker_queues", "Physical queues stored here", value=len(offsets))
+        if len(offsets) <= QUEUE_SERIES_MAX:
+            per_queue = GaugeMetricFamily("stator_broker_queue_max_offset",
+                                          "Next physical offset to be written, per physical queue",
+                                          labels=["physical_queue"])
+            for name, offset in sorted(offsets.items()):
+                per_queue.add_metric([name], offset)
+            yield per_queue

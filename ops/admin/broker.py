@@ -1,0 +1,20 @@
+"""``stator broker list``: a command of the ``broker`` group that ops/cli.py defines (beside ``broker serve``)."""
+
+from __future__ import annotations
+
+import click
+
+
+from . import output
+from .options import Globals, global_options
+
+
+@click.command("list")
+@global_options
+async def list_brokers(g: Globals) -> None:
+    """Brokers with address, epoch, state and last heartbeat."""
+    async with g.admin() as admin:
+        data = {"brokers": await admin.brokers()}
+    output.emit(g.json, data, lambda d: output.table(d["brokers"], [
+        ("broker", "broker"), ("address", "address"), ("epoch", "epoch"), ("state", "state"),
+        ("last heartbeat", lambda b: output.when(b.get("last_heartbeat_ms")))]))

@@ -1,0 +1,211 @@
+"""The admin CLI's global options (API.md, "Admin CLI"): where the cluster is, who we are, how to print.
+
+They are accepted anywhere on the command line, as etcdctl's are: ``GlobalOptionsGroup`` moves the ones given before
+a subcommand's name to after it, so the command that runs parses them whatever their place. Every admin command is
+an ``admin_command``: it gets the resolved ``Globals`` and runs as one coroutine whose errors become one line
+(``error: CODE: message``, exit status 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from client import AdminClient
+from client.errors import INVALID_ARGUMENT, UNAUTHENTICATED, StatorError
+from client.tls import TlsError, TlsFiles, client_context
+
+from . import output
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:7100"
+ENDPOINTS_MAX = 16              # a meta cluster has at most 7 members; more is a mistake on the command line
+TOKEN_FILE_BYTES_MAX = 4096     # a token is at most 1,024 characters (ops/config_file.py SECRET_CHARS_MAX)
+WRITE_OUT = ("table", "json")
+# Options taking a value, as they may appear before a subcommand ("-w" also glued: "-wjson").
+_VALUED = frozenset({"--endpoints", "--token", "--token-file", "-w", "--write-out", "--dir", "--cacert", "--cert",
+                     "--key"})
+
+
+class CliError(Exception):
+    """A problem found before (or instead of) asking the cluster; printed like an API error."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def _hoist(args: list[str]) -> list[str]:
+    """``args`` with the global options that precede the subcommand's name moved after it (before any ``--``)."""
+    front: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.split("=", 1)[0] in _VALUED:
+            n = 1 if "=" in a else 2
+            front += args[i:i + n]
+            i += n
+        elif a.startswith("-w") and not a.startswith("--") and len(a) > 2:
+            front.append(a)
+            i += 1
+        else:
+            break
+    rest = args[i:]
+    if not front or not rest:
+        return args
+    if "--" in rest:
+        k = rest.index("--")
+        return rest[:k] + front + rest[k:]
+    return rest + front
+
+
+class GlobalOptionsGroup(click.Group):
+    """A group that lets the admin CLI's global options stand before its subcommand's name."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _hoist(list(args)))
+
+
+@dataclass(frozen=True)
+class Globals:
+    endpoints: list[str]
+    token: str | None
+    output: str
+    ssl_context: ssl.SSLContext | None = None   # https:// endpoints with our own CA or a client certificate
+
+    @property
+    def json(self) -> bool:
+        return self.output == "json"
+
+    def admin(self, **kwargs: Any) -> AdminClient:
+        """An AdminClient for the endpoints, with the token and TLS settings."""
+        return AdminClient(self.endpoints, self.need_token(), ssl_context=self.ssl_context, **kwargs)
+
+    def need_token(self) -> str:
+        if not self.token:
+            raise CliError(UNAUTHENTICATED, "no token: give --token, --token-file or --dir, or set STATOR_TOKEN")
+        return self.token
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path``. Like ssh with a private key, a file that group or others may read is refused: the
+    token would already be out of the operator's hands."""
+    from ops.config_file import ConfigError, check_private
+    try:
+        check_private(path)
+    except ConfigError as e:
+        raise CliError(INVALID_ARGUMENT, f"token file {e}") from None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(TOKEN_FILE_BYTES_MAX + 1)
+    except OSError as e:
+        raise CliError(INVALID_ARGUMENT, f"token file {path}: {e.strerror}") from None
+    if len(raw) > TOKEN_FILE_BYTES_MAX:
+        raise CliError(INVALID_ARGUMENT, f"token file {path}: longer than {TOKEN_FILE_BYTES_MAX} bytes")
+    token = raw.decode("utf-8", "replace").strip()
+    if not token:
+        raise CliError(INVALID_ARGUMENT, f"token file {path}: empty")
+    return token
+
+
+def _dev_cluster(dir_: str) -> tuple[list[str], str]:
+    from ops import devcluster
+    try:
+        info = devcluster.load(dir_)
+        return [m["url"] for m in info["meta"]], info["admin_token"]
+    except OSError as e:
+        raise CliError(INVALID_ARGUMENT, f"--dir {dir_}: cannot read cluster.json: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CliError(INVALID_ARGUMENT, f"--dir {dir_}: cluster.json is not a `stator dev` cluster's: {e}") from None
+
+
+def _endpoint_list(raw: str) -> list[str]:
+    urls = [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+    if not urls or len(urls) > ENDPOINTS_MAX:
+        raise CliError(INVALID_ARGUMENT, f"--endpoints needs 1 to {ENDPOINTS_MAX} URLs, comma-separated")
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise CliError(INVALID_ARGUMENT, f"--endpoints: {bad[0]!r} is not an http:// or https:// URL")
+    return urls
+
+
+def _tls(cacert: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not (cacert or cert or key):
+        return None
+    try:
+        return client_context(TlsFiles(cert=cert, key=key, ca=cacert))
+    except TlsError as e:
+        raise CliError(INVALID_ARGUMENT, str(e)) from None
+
+
+def resolve(ctx: click.Context, endpoints: str | None, token: str | None, token_file: str | None,
+            write_out: str, dir_: str | None, tls: tuple[str | None, str | None, str | None] = (None, None, None)
+            ) -> Globals:
+    """The command line wins, then ``--dir``, then the environment, then the default."""
+    def from_command_line(name: str) -> bool:
+        return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+    if from_command_line("token") and token_file:
+        raise click.UsageError("give --token or --token-file, not both")
+    dev_urls, dev_token = _dev_cluster(dir_) if dir_ else (None, None)
+    if endpoints and (from_command_line("endpoints") or dev_urls is None):
+        urls = _endpoint_list(endpoints)
+    else:
+        urls = dev_urls or [DEFAULT_ENDPOINT]
+    if token_file:
+        token = read_token_file(token_file)
+    elif token and (from_command_line("token") or dev_token is None):
+        token = token.strip()
+    else:
+        token = dev_token
+    return Globals(urls, token or None, write_out, _tls(*tls))
+
+
+def global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the global options to a command; it receives them as one ``Globals`` named ``g``."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, endpoints: str | None, token: str | None, token_file: str | None, write_out: str,
+                dir_: str | None, cacert: str | None, cert: str | None, key: str | None, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        return run(lambda: fn(*args, g=resolve(ctx, endpoints, token, token_file, write_out, dir_,
+                                               (cacert, cert, key)), **kwargs))
+
+    for option in reversed((
+        click.option("--endpoints", envvar="STATOR_ENDPOINTS", metavar="URL[,URL...]",
+                     help=f"meta node URLs (env STATOR_ENDPOINTS; default {DEFAULT_ENDPOINT})"),
+        click.option("--token", envvar="STATOR_TOKEN", help="a bearer token (env STATOR_TOKEN)"),
+        click.option("--token-file", metavar="FILE", help="a file holding the token (mode 600 or stricter)"),
+        click.option("-w", "--write-out", type=click.Choice(WRITE_OUT), default="table", show_default=True,
+                     help="table for people, json for scripts (one JSON document)"),
+        click.option("--cacert", metavar="FILE", help="verify the endpoints' certificates against this CA"),
+        click.option("--cert", metavar="FILE", help="a client certificate, for servers that require one"),
+        click.option("--key", metavar="FILE", help="the client certificate's key"),
+        click.option("--dir", "dir_", metavar="DIR", help="a `stator dev` cluster: endpoints and admin token from "
+                                                          "its cluster.json"),
+    )):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def run(make: Callable[[], Any]) -> Any:
+    """Run the command; an API or CLI error becomes ``error: CODE: message`` on stderr and exit status 1.
+    An interrupt (Ctrl-C) ends a stream (``--watch``, ``--follow``) normally."""
+    try:
+        result = make()
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+        return result
+    except StatorError as e:
+        output.fail(e.code, e.message)
+    except CliError as e:
+        output.fail(e.code, e.message)
+    except KeyboardInterrupt:
+        return None
+

@@ -1,0 +1,283 @@
+"""The admin CLI (API.md "Admin CLI") against a real cluster: every command in both output formats, the global options
+wherever they stand, and the error paths (unknown names, bad arguments, no token, a token file others can read).
+
+Most runs are in-process through click's CliRunner (fast); a few are real `stator` processes, for exit codes and for
+the streams that end on Ctrl-C (`route --watch`, `history --follow`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from ops import devcluster
+from ops.cli import main
+from tests import cluster as cluster_mod
+
+NO_ENV = {"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}
+STREAM_WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory):
+    """One cluster for the module (3 meta nodes, 2 brokers); each test uses its own topic names."""
+    c = cluster_mod.up(str(tmp_path_factory.mktemp("cli")), 3, 2)
+    try:
+        yield c
+    finally:
+        devcluster.down(c.dir)
+
+
+def cli(*args: str, env: dict | None = None, code: int = 0):
+    result = CliRunner().invoke(main, list(args), env={**NO_ENV, **(env or {})})
+    assert result.exit_code == code, (args, result.exit_code, result.stdout, result.stderr, result.exception)
+    return result
+
+
+def cli_json(dev, *args: str):
+    """The command's stdout as the one JSON document it must be."""
+    return json.loads(cli(*args, "--dir", dev.dir, "-w", "json").stdout)
+
+
+def table(dev, *args: str) -> list[list[str]]:
+    """The command's table: the header row first, each row split on runs of spaces."""
+    lines = cli(*args, "--dir", dev.dir).stdout.strip().splitlines()
+    return [line.split() for line in lines]
+
+
+def error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and result.stdout == "", (result.stdout, result.stderr)
+    return lines[0]
+
+
+def test_cluster_status_and_members(dev):
+    status = cli_json(dev, "cluster", "status")
+    nodes = status["nodes"]
+    assert sorted(n["node"] for n in nodes) == ["m1", "m2", "m3"]
+    assert [n["role"] for n in nodes].count("leader") == 1
+    assert all(n["health"] == "ready" and n["lag"] >= 0 and n["term"] >= 1 for n in nodes)
+    assert all(n["commit_index"] >= n["applied_version"] for n in nodes)
+    rows = table(dev, "cluster", "status")
+    assert rows[0][:4] == ["NODE", "URL", "ROLE", "TERM"] and sorted(r[0] for r in rows[1:]) == ["m1", "m2", "m3"]
+
+    members = cli_json(dev, "cluster", "members")["members"]
+    assert {m["node"]: m["url"] for m in members} == {m["node"]: m["url"] for m in dev.info["meta"]}
+    assert all(m["raft"].startswith("127.0.0.1:") for m in members) and sum(m["leader"] for m in members) == 1
+    assert sorted(r[0] for r in table(dev, "cluster", "members")[1:]) == ["m1", "m2", "m3"]
+
+
+def test_global_options_stand_anywhere(dev):
+    """Before the noun, between noun and verb, after the verb; glued or spaced; env for endpoints and token."""
+    want = cli_json(dev, "cluster", "members")
+    for args in (["--dir", dev.dir, "-w", "json", "cluster", "members"],
+                 ["cluster", "--dir", dev.dir, "--write-out=json", "members"],
+                 ["-wjson", "cluster", "members", f"--dir={dev.dir}"]):
+        assert json.loads(cli(*args).stdout) == want, args
+    env = {"STATOR_ENDPOINTS": ",".join(dev.meta_urls), "STATOR_TOKEN": dev.token("admin")}
+    assert json.loads(cli("cluster", "members", "-w", "json", env=env).stdout) == want
+    # The command line beats the environment: a bad token in the env does not matter when --dir gives one.
+    assert json.loads(cli("cluster", "members", "-w", "json", "--dir", dev.dir,
+                          env={"STATOR_TOKEN": "x" * 32}).stdout) == want
+
+
+def test_broker_list(dev):
+    brokers = cli_json(dev, "broker", "list")["brokers"]
+    assert [b["broker"] for b in brokers] == ["b1", "b2"]
+    assert all(b["state"] == "active" and b["epoch"] >= 1 and b["address"].startswith("http://") for b in brokers)
+    rows = table(dev, "broker", "list")
+    assert rows[0][:4] == ["BROKER", "ADDRESS", "EPOCH", "STATE"] and [r[0] for r in rows[1:]] == ["b1", "b2"]
+    assert [r[3] for r in rows[1:]] == ["active", "active"]
+
+
+def test_topic_commands_in_both_formats(dev):
+    created = cli_json(dev, "topic", "create", "orders", "--queues", "2", "--brokers", "b1", "--order", "strict")
+    assert created["topic"] == "orders" and created["queues"] == 2 and created["version"] > 0
+    assert ["topic:", "audit"] in table(dev, "topic", "create", "audit", "--queues", "1", "--slots", "64")
+
+    listed = {t["topic"]: t for t in cli_json(dev, "topic", "list")["topics"]}
+    assert listed["orders"]["queues"] == 2 and listed["audit"]["queues"] == 1
+    assert {"orders", "audit"} <= {r[0] for r in table(dev, "topic", "list")[1:]}
+
+    d = cli_json(dev, "topic", "describe", "orders")
+    assert d["order"] == "strict" and [q["segments"][0]["broker"] for q in d["logic_queues"]] == ["b1", "b1"]
+    rows = table(dev, "topic", "describe", "audit")
+    header = rows.index(["QUEUE", "SLOTS", "GEN", "BROKER", "PHYSICAL", "QUEUE", "PHYSICAL", "START", "LOGIC",
+                         "START", "LOGIC", "END", "STATE"])
+    assert ["slots:", "64"] in rows and rows[header + 1][:4] == ["0", "[0,64)", "0", rows[header + 1][3]]
+    assert rows[header + 1][-1] == "active" and rows[header + 1][3] in ("b1", "b2")
+
+    grown = cli_json(dev, "topic", "grow", "orders", "--queues", "3")
+    assert grown["queues"] == 3
+    conf = cli_json(dev, "topic", "config", "orders", "retention=7d", "owner=billing")
+    assert conf["config"] == {"retention": "7d", "owner": "billing"}
+    assert ["config:", "owner=billing"] in table(dev, "topic", "config", "orders", "--unset", "retention")
+    assert cli_json(dev, "topic", "describe", "orders")["config"] == {"owner": "billing"}
+
+    moved = cli_json(dev, "topic", "remap", "orders", "--brokers", "b2", "--queues", "0,2", "--wait")
+    assert sorted(m["queue"] for m in moved["moved"]) == [0, 2] and {m["to"] for m in moved["moved"]} == {"b2"}
+    # --wait returned: each moved queue is writable on its new segment already.
+    route = {q["queue"]: q for q in cli_json(dev, "route", "orders")["queues"]}
+    for m in moved["moved"]:
+        assert route[m["queue"]]["broker"] == "b2" and route[m["queue"]]["writable"]
+        assert route[m["queue"]]["gen"] >= m["gen"]
+    rows = table(dev, "topic", "remap", "orders", "--brokers", "b2", "--queues", "1", "--wait")
+    assert rows[0][0] == "version:" and rows[1] == ["QUEUE", "FROM", "TO", "GEN"] and rows[2][:3] == ["1", "b1", "b2"]
+
+    assert cli_json(dev, "topic", "delete", "audit")["version"] > 0
+    assert ["topic:", "orders"] in table(dev, "topic", "delete", "orders")
+    result = cli("topic", "describe", "orders", "--dir", dev.dir, code=1)
+    assert error_line(result) == "error: TOPIC_NOT_FOUND: topic 'orders' does not exist"
+
+
+def test_route_and_history(dev):
+    created = cli_json(dev, "topic", "create", "clicks", "--queues", "2")
+    r = cli_json(dev, "route", "clicks")
+    assert r["topic"] == "clicks" and [q["queue"] for q in r["queues"]] == [0, 1]
+    assert all(q["writable"] and q["address"].startswith("http://") for q in r["queues"])
+    rows = table(dev, "route", "clicks")
+    assert ["topic:", "clicks"] in rows and rows[4][:3] == ["QUEUE", "BROKER", "ADDRESS"]
+
+    events = cli_json(dev, "history", "--topic", "clicks")
+    assert [e["type"] for e in events["events"]] == ["TopicCreated"]
+    assert events["events"][0]["version"] == created["version"] == events["next_after"]
+    page = cli_json(dev, "history", "--limit", "2")
+    assert [e["version"] for e in page["events"]] == [1, 2] and page["next_after"] == 2
+    assert page["events"][0]["type"] == "BrokerRegistered"
+    rows = table(dev, "history", "--after", "1", "--limit", "1")
+    assert rows[0] == ["VERSION", "TIME", "TYPE", "TOPIC", "DATA"] and rows[1][0] == "2" and len(rows) == 2
+
+
+def _client_call(dev, method: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(dev.meta_urls[0] + path, method=method, data=json.dumps(body).encode(),
+                                 headers={**dev.headers("client"), "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=15) as resp:
+        return json.loads(resp.read())
+
+
+def test_group_list_and_describe(dev):
+    cli_json(dev, "topic", "create", "jobs", "--queues", "2")
+    joined = _client_call(dev, "POST", "/v1/groups/workers/heartbeat",
+                          {"member": "w1", "topics": ["jobs"], "mode": "exclusive"})
+    assert len(joined["assignments"]) == 2
+    groups = {g["group"]: g for g in cli_json(dev, "group", "list")["groups"]}
+    assert groups["workers"]["members"] == 1 and groups["workers"]["locks"] == 2
+    assert ["workers", "exclusive", "1", "2"] == table(dev, "group", "list")[1][:4]
+
+    d = cli_json(dev, "group", "describe", "workers")
+    assert [m["member"] for m in d["members"]] == ["w1"]
+    tokens = {a["queue"]: a["token"] for a in d["assignments"]}
+    assert tokens == {a["queue"]: a["token"] for a in joined["assignments"]}
+    assert all(a["lease_expires_ms"] and a["committed_offset"] == -1 and a["lag"] is None for a in d["assignments"])
+    rows = table(dev, "group", "describe", "workers")
+    assert ["group:", "workers"] in rows
+    header = next(r for r in rows if r[:2] == ["TOPIC", "QUEUE"])
+    assert rows[rows.index(header) + 1][:3] == ["jobs", "0", "w1"]
+    result = cli("group", "describe", "nobody", "--dir", dev.dir, "-w", "json", code=1)
+    assert error_line(result) == "error: GROUP_NOT_FOUND: group 'nobody' does not exist"
+
+
+def test_error_paths(dev, tmp_path):
+    # Bad arguments: click's usage errors (exit 2), or a one-line error once the cluster refuses (exit 1).
+    assert "Missing option '--queues'" in cli("topic", "create", "x", "--dir", dev.dir, code=2).stderr
+    assert "Invalid value for '--queues'" in cli("topic", "create", "x", "--queues", "0", code=2).stderr
+    assert "not key=value" in cli("topic", "config", "x", "novalue", "--dir", dev.dir, code=2).stderr
+    assert "Invalid value for '-w'" in cli("topic", "list", "-w", "yaml", code=2).stderr
+    assert error_line(cli("topic", "create", "bad name!", "--queues", "1", "--dir", dev.dir, code=1)).startswith(
+        "error: INVALID_ARGUMENT: ")
+    assert error_line(cli("topic", "remap", "nope", "--brokers", "b1", "--dir", dev.dir, code=1)) == \
+        "error: TOPIC_NOT_FOUND: topic 'nope' does not exist"
+    assert error_line(cli("topic", "list", "--endpoints", "ftp://x", "--token", "t" * 32, code=1)).startswith(
+        "error: INVALID_ARGUMENT: --endpoints: 'ftp://x'")
+    assert error_line(cli("topic", "list", "--dir", str(tmp_path), code=1)).startswith(
+        f"error: INVALID_ARGUMENT: --dir {tmp_path}: cannot read cluster.json")
+
+    # Tokens: none, a wrong one, a file others can read, a good file, and both at once.
+    endpoints = ["--endpoints", ",".join(dev.meta_urls)]
+    assert error_line(cli("topic", "list", *endpoints, code=1)) == \
+        "error: UNAUTHENTICATED: no token: give --token, --token-file or --dir, or set STATOR_TOKEN"
+    assert error_line(cli("topic", "list", *endpoints, env={"STATOR_TOKEN": "w" * 32}, code=1)) == \
+        "error: UNAUTHENTICATED: unknown token"
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(dev.token("admin") + "\n")
+    token_file.chmod(0o644)
+    assert error_line(cli("topic", "list", *endpoints, "--token-file", str(token_file), code=1)) == \
+        (f"error: INVALID_ARGUMENT: token file {token_file}: permissions 0644 are too open (group or others have "
+         f"access): chmod 600 {token_file}")
+    token_file.chmod(0o600)
+    assert "topics" in json.loads(cli("topic", "list", *endpoints, "--token-file", str(token_file), "-w",
+                                      "json").stdout)
+    assert "not both" in cli("topic", "list", "--token", "x", "--token-file", str(token_file), code=2).stderr
+    assert error_line(cli("topic", "list", "--token-file", str(tmp_path / "missing"), code=1)).startswith(
+        f"error: INVALID_ARGUMENT: token file {tmp_path / 'missing'}: ")
+
+
+def _stator(*args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
+    return subprocess.Popen([sys.executable, "-m", "ops.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _read_lines(proc: subprocess.Popen, count: int) -> list[str]:
+    """``count`` lines of the process's stdout, read in a thread so a silent process fails the test in time."""
+    lines: list[str] = []
+    failure: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while len(lines) < count:
+                line = proc.stdout.readline()
+                if not line:
+                    return
+                lines.append(line)
+        except BaseException as e:  # noqa: BLE001 (reported by the test below)
+            failure.append(e)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(STREAM_WAIT_S)
+    assert not failure, failure
+    assert len(lines) == count, (lines, proc.poll())
+    return lines
+
+
+def _interrupt(proc: subprocess.Popen) -> tuple[int, str]:
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=STREAM_WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err
+
+
+def test_real_process_exit_codes_and_streams(dev):
+    gone = subprocess.run([sys.executable, "-m", "ops.cli", "topic", "describe", "nope", "--dir", dev.dir],
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and gone.stdout == ""
+    assert gone.stderr == "error: TOPIC_NOT_FOUND: topic 'nope' does not exist\n"
+
+    created = cli_json(dev, "topic", "create", "stream", "--queues", "1")
+    watch = _stator("route", "stream", "--watch", "--dir", dev.dir, "-w", "json")
+    follow = _stator("history", "--follow", "--topic", "stream", "--after", str(created["version"] - 1),
+                     "--dir", dev.dir, "-w", "json")
+    try:
+        assert json.loads(_read_lines(watch, 1)[0])["version"] == created["version"]
+        assert json.loads(_read_lines(follow, 1)[0])["type"] == "TopicCreated"
+        cli_json(dev, "topic", "grow", "stream", "--queues", "2")
+        # The watch shows each newer version (the growth, then the sealed old segment); the history follows it.
+        later = json.loads(_read_lines(watch, 1)[0])
+        assert later["version"] > created["version"] and len(later["queues"]) == 2
+        assert json.loads(_read_lines(follow, 1)[0]) == cli_json(
+            dev, "history", "--topic", "stream", "--after", str(created["version"]), "--limit", "1")["events"][0]
+    finally:
+        rc_watch, err_watch = _interrupt(watch)
+        rc_follow, err_follow = _interrupt(follow)
+    assert (rc_watch, err_watch) == (0, "") and (rc_follow, err_follow) == (0, "")

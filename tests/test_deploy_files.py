@@ -1,0 +1,106 @@
+"""The deployment examples (ops/deploy/) hold together, read by the real config parsers: the compose file starts three
+meta nodes and three brokers from one image, and every node's config agrees with the others' and with where compose
+or systemd puts it. No Docker daemon: the compose file is parsed, not run."""
+
+from __future__ import annotations
+
+import configparser
+import glob
+import os
+import shutil
+from urllib.parse import urlsplit
+
+import tomllib
+
+import yaml
+
+from broker import config as broker_config
+from meta import config as meta_config
+from ops.config_file import split_host_port
+
+DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops", "deploy")
+
+
+def installed_copy(tmp_path) -> str:
+    """ops/deploy as an operator installs it: the secrets files mode 600 (git keeps no such mode, and a node
+    refuses a secrets file others may read)."""
+    copy = shutil.copytree(DEPLOY, os.path.join(tmp_path, "deploy"))
+    secrets = glob.glob(os.path.join(copy, "**", "*-secrets.toml"), recursive=True)
+    assert len(secrets) == 2 + 3 * 2   # compose's two, and two on each host
+    for path in secrets:
+        os.chmod(path, 0o600)
+    return copy
+
+
+def _check_cluster(metas: dict[str, meta_config.MetaConfig], brokers: dict[str, broker_config.BrokerConfig],
+                   host_of: dict[str, str]) -> None:
+    """Three meta nodes that name the same members, secret and tokens; three brokers that know every meta node and
+    advertise the host they run on; every address on the host its node runs on."""
+    assert sorted(metas) == ["m1", "m2", "m3"] and sorted(brokers) == ["b1", "b2", "b3"]
+    first = metas["m1"]
+    for node, c in metas.items():
+        assert (c.members, c.secret, c.tokens) == (first.members, first.secret, first.tokens), node
+        me = next(m for m in c.members if m.node == node)
+        assert urlsplit(me.url).hostname == split_host_port(me.raft)[0] == host_of[node]
+        assert urlsplit(me.url).port == c.http_port and c.http_host == "0.0.0.0"
+        assert os.path.isabs(c.data_dir)
+    for name, b in brokers.items():
+        assert list(b.meta_urls) == [m.url for m in first.members], name
+        assert (b.token, b.client_token) == (first.tokens.broker, first.tokens.client), name
+        assert b.http_host == "0.0.0.0" and b.advertise is not None
+        assert urlsplit(b.url).hostname == host_of[name] and urlsplit(b.url).port == b.http_port
+
+
+def test_compose_starts_three_meta_nodes_and_three_brokers_from_one_image(tmp_path):
+    deploy = installed_copy(tmp_path)
+    with open(os.path.join(deploy, "compose.yaml")) as f:
+        compose = yaml.safe_load(f)
+    services = compose["services"]
+    assert sorted(services) == ["b1", "b2", "b3", "m1", "m2", "m3"]
+    assert {s["image"] for s in services.values()} == {"stator:0.1.0"}
+    build = services["m1"]["build"]
+    dockerfile = os.path.normpath(os.path.join(DEPLOY, build["context"], build["dockerfile"]))
+    assert dockerfile == os.path.join(DEPLOY, "Dockerfile")
+    with open(dockerfile) as f:
+        copied = {line.split()[1] for line in f if line.startswith("COPY ")}
+    assert {"meta", "broker", "client", "ops", "migrations"} <= copied   # every package pyproject.toml installs
+    metas, brokers = {}, {}
+    for name, s in services.items():
+        role, serve, flag, path = s["command"]
+        assert (serve, flag) == ("serve", "--config") and role == ("meta" if name.startswith("m") else "broker")
+        mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in s["volumes"] if v.endswith(":ro"))
+        inside = {inside: os.path.join(deploy, outside) for outside, inside in mounts.items()}
+        local = inside[path]
+        # The secrets file the config names is mounted beside it, where the node looks for it.
+        with open(local, "rb") as f:
+            named = tomllib.load(f)["secrets_file"]
+        mounted = inside[os.path.dirname(path) + "/" + named]
+        assert os.path.samefile(mounted, os.path.join(os.path.dirname(local), named)), (name, named)
+        parsed = (meta_config if role == "meta" else broker_config).load(local)
+        (metas if role == "meta" else brokers)[name] = parsed
+        assert any(v.endswith(":/var/lib/stator") for v in s["volumes"]), name   # data outlives the container
+    assert {n: getattr(c, "node", None) or c.broker for n, c in {**metas, **brokers}.items()} == \
+        {n: n for n in services}
+    _check_cluster(metas, brokers, {n: n for n in services})
+    for name in ("b1", "b2", "b3"):
+        assert set(services[name]["depends_on"]) == {"m1", "m2", "m3"}
+
+
+def test_three_host_configs_and_systemd_units_agree(tmp_path):
+    deploy = installed_copy(tmp_path)
+    metas, brokers, host_of = {}, {}, {}
+    for i in (1, 2, 3):
+        host = os.path.join(deploy, "hosts", f"host{i}")
+        m = meta_config.load(os.path.join(host, "meta.toml"))
+        b = broker_config.load(os.path.join(host, "broker.toml"))
+        metas[m.node], brokers[b.broker] = m, b
+        host_of[m.node] = host_of[b.broker] = f"host{i}.example.com"
+    _check_cluster(metas, brokers, host_of)
+    for role in ("meta", "broker"):
+        unit = configparser.ConfigParser(interpolation=None, strict=True)
+        unit.read(os.path.join(DEPLOY, "systemd", f"stator-{role}.service"))
+        assert unit["Service"]["ExecStart"].split() == ["/opt/stator/bin/stator", role, "serve", "--config",
+                                                        f"/etc/stator/{role}.toml"]
+        data_dirs = {c.data_dir for c in (metas if role == "meta" else brokers).values()}
+        assert all(d.startswith(unit["Service"]["ReadWritePaths"] + "/") for d in data_dirs), data_dirs
+        assert unit["Service"]["KillSignal"] == "SIGTERM" and unit["Install"]["WantedBy"] == "multi-user.target"

@@ -1,0 +1,124 @@
+"""What an operator alerts on, scraped from real processes' /metrics and read with prometheus-client's own parser:
+meta (commit index, follower lag, role changes, proposal failures, apply latency, brokers by state, session expiries,
+seals and remaps in flight, build info), broker (traffic per topic, append and fsync latency, disk free, session
+state, per-queue max offset), process_* on both; long polls and SSE streams stay out of the latency histogram."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from client import AdminClient, Producer, PullConsumer, RouteSubscription
+from tests import cluster as cluster_mod
+
+EXPIRY_WAIT_S = 30.0
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, list]:
+    """Every sample of the scrape by sample name: [(labels, value)]."""
+    async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=15)) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+        text = await r.text()
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def value(samples: dict[str, list], name: str, **labels: str) -> float:
+    found = [v for ls, v in samples.get(name, []) if all(ls.get(k) == w for k, w in labels.items())]
+    assert len(found) == 1, (name, labels, samples.get(name))
+    return found[0]
+
+
+async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 3, 1, meta={"session_timeout_ms": 3000,
+                                                              "heartbeat_interval_ms": 500}) as c:
+        async with AdminClient(c.meta_urls, c.token("admin")) as admin:
+            await admin.create_topic("m", queues=2)
+            async with Producer(c.meta_urls, c.token("client"), "m") as producer:
+                for i in range(10):
+                    await producer.send(f"message {i}")
+            async with PullConsumer(c.meta_urls, c.token("client"), "m", "readers") as consumer:
+                got = []
+                for _ in range(20):
+                    got += await consumer.poll(timeout_s=0.5)
+                    if len(got) >= 10:
+                        break
+            assert len(got) == 10
+            # A long poll and an SSE stream, ended before the scrape: counted as requests, not timed.
+            async with RouteSubscription(c.meta_urls, c.token("client"), ["m"]) as routes:
+                await routes.get("m")
+                await asyncio.sleep(0.3)
+            v = (await admin.route("m"))["version"]
+            status, _, _ = await c.call("GET", c.meta_urls[0] + f"/v1/routes/m?after={v}&wait=0.2", "client")
+            assert status == 304
+
+        leader = await c.leader()
+        _, view, _ = await c.call("GET", c.meta_urls[0] + "/v1/cluster")
+        members = view["members"]
+        metas = {m["node"]: await scrape(c.session, m["url"]) for m in c.info["meta"]}
+        for node, s in metas.items():
+            (labels, one), = s["stator_build_info"]
+            assert one == 1 and labels["role"] == "meta" and labels["version"]
+            assert value(s, "process_cpu_seconds_total") > 0 and value(s, "process_resident_memory_bytes") > 0
+            assert value(s, "stator_meta_raft_commit_index") >= value(s, "stator_meta_applied_version") > 0
+            assert value(s, "stator_meta_apply_seconds_count") > 0
+            assert value(s, "stator_meta_brokers", state="active") == 1
+            assert value(s, "stator_meta_brokers", state="fenced") == 0
+            assert value(s, "stator_meta_seals_in_flight") == 0 and value(s, "stator_meta_remaps_in_flight") == 0
+            for reason in ("NO_LEADER", "LEADER_CHANGED", "OVERLOADED", "UNKNOWN_OUTCOME"):
+                assert value(s, "stator_meta_proposal_failures_total", reason=reason) >= 0
+            lags = s.get("stator_meta_follower_lag_entries", [])
+            if node == leader:
+                assert value(s, "stator_meta_raft_role_changes_total", role="leader") == 1
+                assert sorted(ls["follower"] for ls, _ in lags) == sorted(
+                    m["raft"] for m in members if m["node"] != leader)
+                assert all(lag >= 0 for _, lag in lags)
+            else:
+                assert lags == [] and value(s, "stator_meta_raft_role_changes_total", role="leader") == 0
+        requests = sum(v for s in metas.values() for ls, v in s["stator_meta_http_requests_total"]
+                       if ls["route"] == "/v1/watch")
+        assert requests >= 1
+        timed = {ls["route"] for s in metas.values() for ls, _ in s["stator_meta_http_request_seconds_count"]}
+        assert "/v1/watch" not in timed and "/v1/topics" in timed
+        long_polled = metas["m1"]["stator_meta_http_request_seconds_count"]
+        routes_timed = sum(v for ls, v in long_polled if ls["route"] == "/v1/routes/{topic}")
+        routes_seen = sum(v for ls, v in metas["m1"]["stator_meta_http_requests_total"]
+                          if ls["route"] == "/v1/routes/{topic}")
+        assert routes_seen >= routes_timed + 1   # the long poll with wait= is counted, not timed
+
+        b = await scrape(c.session, c.broker_urls[0])
+        (labels, one), = b["stator_build_info"]
+        assert one == 1 and labels["role"] == "broker"
+        assert value(b, "process_cpu_seconds_total") > 0
+        assert value(b, "stator_broker_messages_in_total", topic="m") == 10
+        assert value(b, "stator_broker_bytes_in_total", topic="m") > 10 * len("message 0")
+        # Every message was served at least once (a consumer may read a batch again, each serving counts).
+        served = value(b, "stator_broker_messages_out_total", topic="m")
+        assert served >= 10
+        assert value(b, "stator_broker_bytes_out_total", topic="m") >= value(b, "stator_broker_bytes_in_total",
+                                                                             topic="m")
+        assert value(b, "stator_broker_append_seconds_count") == 10
+        assert value(b, "stator_broker_fsync_seconds_count") >= 10   # flush policy fsync: one per append at least
+        assert value(b, "stator_broker_disk_free_bytes") > 0
+        assert value(b, "stator_broker_session_state", state="active") == 1
+        assert value(b, "stator_broker_session_state", state="fenced") == 0
+        assert value(b, "stator_broker_queues") == 2
+        assert sum(v for _, v in b["stator_broker_queue_max_offset"]) == 10
+
+        # A broker that stops heartbeating: the leader fences it and counts the expiry.
+        c.kill9("b1")
+        deadline = time.monotonic() + EXPIRY_WAIT_S
+        while True:
+            s = await scrape(c.session, c.url(leader))
+            if value(s, "stator_meta_brokers", state="fenced") == 1:
+                break
+            assert time.monotonic() < deadline, "the dead broker was never fenced"
+            await asyncio.sleep(0.2)
+        assert value(s, "stator_meta_broker_session_expiries_total") == 1
+        assert value(s, "stator_meta_brokers", state="active") == 0

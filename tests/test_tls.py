@@ -1,0 +1,146 @@
+"""TLS on every HTTP listener and in the client: a meta node and a broker serving HTTPS with a CA that makes them
+require client certificates. A client without the CA (or without a certificate the CA signed) is refused; one with
+them works, for meta's API, the broker's, and the watch stream; the broker itself reaches meta over TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+from click.testing import CliRunner
+
+from client import AdminClient, Producer, PullConsumer, RouteSubscription, Unavailable
+from client.tls import TlsFiles, client_context, client_session
+from ops import devcluster
+from ops.cli import main
+from tests import tls_certs
+
+TOKENS = {"admin": "a" * 24, "broker": "b" * 24, "client": "c" * 24}
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+def _start(directory: str, name: str, role: str, cfg: dict) -> subprocess.Popen:
+    os.makedirs(os.path.join(directory, name), exist_ok=True)
+    path = os.path.join(directory, name, "config.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    log = open(os.path.join(directory, f"{name}.log"), "wb")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "ops.cli", role, "serve", "--config", path],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=os.path.join(directory, name))
+    finally:
+        log.close()
+
+
+async def _ready(url: str, ctx: ssl.SSLContext, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+        while True:
+            assert proc.poll() is None, f"{url} exited with {proc.returncode}"
+            try:
+                async with s.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                pass
+            assert time.monotonic() < deadline, f"{url} not ready"
+            await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def tls_cluster(tmp_path):
+    certs = tls_certs.make(str(tmp_path))
+    base = devcluster.free_base_port()
+    meta_url, broker_url = f"https://127.0.0.1:{base}", f"https://127.0.0.1:{base + 50}"
+    tls = {"cert": certs.node.cert, "key": certs.node.key, "ca": certs.ca}
+    procs = [_start(str(tmp_path), "m1", "meta", {
+        "node": "m1", "data_dir": "data", "http": f"127.0.0.1:{base}", "secret": "s" * 24, "tokens": TOKENS,
+        "members": [{"node": "m1", "raft": f"127.0.0.1:{base + 1}", "url": meta_url}], "tls": tls})]
+    try:
+        ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
+        await _ready(meta_url, ctx, procs[0])
+        procs.append(_start(str(tmp_path), "b1", "broker", {
+            "broker": "b1", "data_dir": "data", "http": f"127.0.0.1:{base + 50}", "meta": [meta_url],
+            "tokens": {"broker": TOKENS["broker"], "client": TOKENS["client"]}, "tls": tls}))
+        await _ready(broker_url, ctx, procs[1])   # ready: registered with meta, over TLS
+        yield certs, meta_url, broker_url
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+async def _refused(url: str, ctx: ssl.SSLContext | bool) -> str:
+    """The failure of a plain GET with ``ctx``; the test fails if the server answers."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+        with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)) as e:
+            async with s.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                await r.read()
+    return repr(e.value)
+
+
+async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster):
+    certs, meta_url, broker_url = tls_cluster
+    good = TlsFiles(certs.client.cert, certs.client.key, certs.ca)
+    no_ca = client_context(TlsFiles(certs.client.cert, certs.client.key, None))   # system CAs only
+    no_cert = client_context(TlsFiles(None, None, certs.ca))
+    rogue = client_context(TlsFiles(certs.rogue.cert, certs.rogue.key, certs.ca))
+    for url in (meta_url + "/healthz", broker_url + "/healthz",
+                meta_url + "/v1/watch?topics=x&after=0"):
+        assert "certificate verify failed" in await _refused(url, no_ca), url
+        await _refused(url, no_cert)   # the server wants a certificate: the handshake or the first read fails
+        await _refused(url, rogue)
+        await _refused(url.replace("https://", "http://"), False)   # plain HTTP on a TLS port gets no answer
+    async with AdminClient(meta_url, TOKENS["admin"], ssl_context=no_ca, attempts_max=1) as admin:
+        with pytest.raises(Unavailable):
+            await admin.cluster()
+
+    ctx = client_context(good)
+    async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
+        assert (await admin.cluster())["members"][0]["url"] == meta_url
+        assert [(b["broker"], b["address"], b["state"]) for b in await admin.brokers()] == [
+            ("b1", broker_url, "active")]
+        created = await admin.create_topic("secure", queues=1)
+        # The watch stream over TLS: the route, then its next version after a growth.
+        async with RouteSubscription(meta_url, TOKENS["client"], ["secure"], ssl_context=ctx) as routes:
+            first = await routes.get("secure", min_version=created["version"])
+            assert first["queues"][0]["address"] == broker_url
+            grown = await admin.grow_topic("secure", 2)
+            seen = await routes.wait_for("secure", lambda r: r["version"] >= grown["version"], 30.0)
+            assert len(seen["queues"]) == 2 and routes.connected_url == meta_url
+    async with client_session(good) as session:
+        async with Producer(meta_url, TOKENS["client"], "secure", session=session) as producer:
+            sent = await producer.send("over TLS")
+        async with PullConsumer(meta_url, TOKENS["client"], "secure", "g", session=session) as consumer:
+            got = []
+            for _ in range(20):
+                got += await consumer.poll(timeout_s=0.5)
+                if got:
+                    break
+    assert [(m.queue, m.offset, m.body) for m in got] == [(sent.queue, sent.offsets[0], "over TLS")]
+
+    # The CLI: --cacert/--cert/--key, and a clear one-line error without them. (It runs its own event loop: in a
+    # thread, beside this test's.)
+    def cli(*extra: str):
+        return CliRunner().invoke(main, ["cluster", "members", "--endpoints", meta_url, "--token", TOKENS["admin"],
+                                         "-w", "json", *extra], env={"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None})
+    ok = await asyncio.to_thread(cli, "--cacert", certs.ca, "--cert", certs.client.cert, "--key", certs.client.key)
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["members"][0]["url"] == meta_url
+    bad = await asyncio.to_thread(cli, "--cacert", certs.ca)
+    assert bad.exit_code == 1 and bad.stderr.startswith("error: UNAVAILABLE: ") and bad.stderr.count("\n") == 1
+    missing = await asyncio.to_thread(cli, "--cacert", "/nonexistent/ca.pem")
+    assert missing.exit_code == 1 and missing.stderr.startswith("error: INVALID_ARGUMENT: TLS CA /nonexistent/ca.pem")
