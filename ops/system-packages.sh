@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The system packages the tests need beside Python: PostgreSQL server binaries (the projection's PostgreSQL tests,
+# tests/pg.py) and a Java runtime, 17 or newer, for Spark (the lineage tests). Installs what is missing on Debian or
+# Ubuntu when run as root; otherwise prints the exact command to run and exits 1. Installs nothing that is present.
+set -euo pipefail
+
+missing=()
+have_postgres() {
+    { command -v initdb && command -v postgres; } >/dev/null 2>&1 && return 0
+    for d in /usr/lib/postgresql/*/bin; do
+        [[ -x "$d/initdb" && -x "$d/postgres" ]] && return 0
+    done
+    return 1
+}
+java_major() {
+    command -v java >/dev/null 2>&1 || { echo 0; return; }
+    java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
+}
+
+have_postgres || missing+=(postgresql)
+(( $(java_major) >= 17 )) || missing+=(openjdk-17-jre-headless)
+# tests/pg.py runs the server as this user when the tests run as root (initdb refuses root).
+if [[ $(id -u) -eq 0 ]] && ! id postgres >/dev/null 2>&1 && [[ ! " ${missing[*]} " == *" postgresql "* ]]; then
+    echo "system-packages: creating the system user 'postgres' (tests/pg.py runs PostgreSQL as it under root)" >&2
+    useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
+fi
+(( ${#missing[@]} == 0 )) && exit 0
+
+command="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "system-packages: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q && apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "system-packages: the tests need ${missing[*]}; as root on Debian or Ubuntu run:" >&2
+    echo "  $command" >&2
+    exit 1
+fi
