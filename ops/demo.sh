@@ -3,5 +3,6 @@
 # The cluster keeps running afterwards; stop it with: .venv/bin/stator dev down --dir demo-cluster
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash ops/system-packages.sh java   # Spark, for the lineage step
 bash ops/setup-env.sh dev
 exec .venv/bin/python -m ops.demo --dir demo-cluster "$@"

@@ -2,7 +2,9 @@
 # The system packages the tests need beside Python: PostgreSQL server binaries (the projection's PostgreSQL tests,
 # tests/pg.py) and a Java runtime, 17 or newer, for Spark (the lineage tests). Installs what is missing on Debian or
 # Ubuntu when run as root; otherwise prints the exact command to run and exits 1. Installs nothing that is present.
+# Usage: system-packages.sh [postgres] [java]   (default: both; the demo needs only java)
 set -euo pipefail
+needs=" ${*:-postgres java} "
 
 missing=()
 have_postgres() {
@@ -17,10 +19,10 @@ java_major() {
     java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
 }
 
-have_postgres || missing+=(postgresql)
-(( $(java_major) >= 17 )) || missing+=(openjdk-17-jre-headless)
+[[ $needs != *" postgres "* ]] || have_postgres || missing+=(postgresql)
+[[ $needs != *" java "* ]] || (( $(java_major) >= 17 )) || missing+=(openjdk-17-jre-headless)
 # tests/pg.py runs the server as this user when the tests run as root (initdb refuses root).
-if [[ $(id -u) -eq 0 ]] && ! id postgres >/dev/null 2>&1 && [[ ! " ${missing[*]} " == *" postgresql "* ]]; then
+if [[ $needs == *" postgres "* ]] && [[ $(id -u) -eq 0 ]] && ! id postgres >/dev/null 2>&1 && [[ ! " ${missing[*]} " == *" postgresql "* ]]; then
     echo "system-packages: creating the system user 'postgres' (tests/pg.py runs PostgreSQL as it under root)" >&2
     useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
 fi
