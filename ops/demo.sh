@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ops/system-packages.sh java   # Spark, for the lineage step
-bash ops/setup-env.sh dev
+bash ops/setup-env.sh spark   # the service and what the lineage step needs; no test tools
 exec .venv/bin/python -m ops.demo --dir demo-cluster "$@"
