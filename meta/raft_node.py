@@ -61,6 +61,9 @@ class RaftTuning:
     compaction_min_entries: int = 20_000
     compaction_min_time_s: int = 300
     commands_queue_max: int = 50_000
+    # "fsync": a node msyncs its journal before it acknowledges entries to the leader and before it counts itself,
+    # as leader, toward their commit (group commit, one msync per tick); "none": pysyncobj's own mmap writes only.
+    journal_sync: str = "fsync"
 
 
 # Commands that add thousands of long-lived objects to the image (see MetaSyncObj._freeze_image).
@@ -123,6 +126,7 @@ class _LocalState:
     wake_pending: bool = False
     freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
     last_keepalive: float = 0.0   # monotonic
+    journal: shim.JournalSync | None = None   # group commit of the journal (journal_sync)
 
 
 class MetaSyncObj(SyncObj):
@@ -172,6 +176,7 @@ class MetaSyncObj(SyncObj):
         super().__init__(self_raft, partners, conf)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
+        self._local.journal = shim.JournalSync(self, durable=tuning.journal_sync == "fsync")
         self._batch_appends(conf)
 
     # -- one append message per tick ---------------------------------------------------------------------------
@@ -184,6 +189,7 @@ class MetaSyncObj(SyncObj):
         self._local.pipe = shim.pipe_notifier(self)  # created only with appendEntriesUseBatch=False
         conf.appendEntriesUseBatch = True             # no send per command inside the tick...
         self.addOnTickCallback(self._send_new_entries)  # ...one send per tick instead
+        self.addOnTickCallback(self._local.journal.sync)  # the leader's disk works while the followers' do
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
         self.addOnTickCallback(self._keep_links_alive)
@@ -235,7 +241,14 @@ class MetaSyncObj(SyncObj):
         # already waiting in the socket: read them first, so being busy is never mistaken for a dead leader.
         if self._tick_thread is not None:
             shim.poll_sockets(self)
+        # The leader counts itself toward the commit of every entry in its journal at the start of the tick: what
+        # was appended since the last sync (a new term's no-op, read from the sockets) is synced first.
+        journal = self._local.journal
+        journal.sync()
+        was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         super()._onTick(timeToWait)
+        if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:
+            journal.check_commit(self.raftCommitIndex, synced)
 
     def _checkCommandsToApply(self):
         self._local.wake_pending = False
@@ -342,6 +355,10 @@ class MetaSyncObj(SyncObj):
 
     def term(self) -> int:
         return self.raftCurrentTerm
+
+    def journal_stats(self) -> dict[str, Any]:
+        """Group commit counters: syncs, and acknowledgements / commits checked against the synced index."""
+        return self._local.journal.stats()
 
 
 def decode_entry(payload: Any) -> Any:
