@@ -115,6 +115,9 @@ class _RaftTuningSchema(Schema):
             raise ValueError("raft_tuning.election_timeout_max_s must exceed election_timeout_min_s")
         if self.leader_fallback_timeout_s <= period:
             raise ValueError("raft_tuning.leader_fallback_timeout_s must exceed append_entries_period_s")
+        if self.leader_fallback_timeout_s > self.election_timeout_max_s:
+            # A cut-off leader must stop acting as leader by the time the others can have elected a new one.
+            raise ValueError("raft_tuning.leader_fallback_timeout_s must not exceed election_timeout_max_s")
         if self.connection_timeout_s < self.election_timeout_max_s:
             raise ValueError("raft_tuning.connection_timeout_s must be at least election_timeout_max_s")
         return self

@@ -55,7 +55,11 @@ class RaftTuning:
     election_timeout_min_s: float = 0.25
     election_timeout_max_s: float = 0.5
     append_entries_period_s: float = 0.05
-    leader_fallback_timeout_s: float = 1.0
+    # A leader that heard no majority for this long steps down (pysyncobj's leaderFallbackTimeout, 30 s by default).
+    # At most the election timeout: by then the others may have elected a new leader, and until it steps down a
+    # cut-off leader still answers group heartbeats from its own image. A tick held longer than this (a follower
+    # applying a huge command) would cause an election anyway, so it costs no stability the election timeout keeps.
+    leader_fallback_timeout_s: float = 0.5
     connection_timeout_s: float = 5.0
     connection_retry_s: float = 0.3
     compaction_min_entries: int = 20_000
