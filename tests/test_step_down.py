@@ -82,7 +82,8 @@ async def test_a_cut_off_leader_steps_down_and_refuses_writes_reads_and_heartbea
                 s, b, _ = await c.call("GET", f"{lurl}/v1/cluster", "client", timeout_s=2.0)
                 assert s == 200, (s, b)
                 role, t_seen = b["role"], time.monotonic()
-                assert t_seen - t_cut < 2 * STEP_DOWN_BOUND_S, f"{leader} still leads {t_seen - t_cut:.2f} s after the cut"
+                assert t_seen - t_cut < 2 * STEP_DOWN_BOUND_S, \
+                    f"{leader} still leads {t_seen - t_cut:.2f} s after the cut"
                 await asyncio.sleep(0.01)
             step_down_s = t_seen - t_cut
             assert b["leader"] is None, b
