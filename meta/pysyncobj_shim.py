@@ -201,21 +201,28 @@ class JournalSync:
     covered entries no msync had covered yet (always 0 when durable).
     """
 
-    def __init__(self, so: SyncObj, durable: bool):
+    def __init__(self, so: SyncObj, durable: bool, snapshot_path: str):
         journal = so._SyncObj__raftLog
         if not isinstance(journal, FileJournal):
             raise TypeError(f"JournalSync needs pysyncobj's FileJournal, not {type(journal).__name__}")
         self.durable = durable
         self._journal = journal
         self._dirty = False
+        # A cleared journal either follows a snapshot installed from the leader (pysyncobj writes the received file
+        # and renames it, with no fsync) or a compaction (our own snapshot writer fsyncs): the snapshot file must be
+        # durable before the journal that no longer holds its entries is.
+        self._snapshot_path = snapshot_path
+        self._cleared = False
         self.synced_index = _last_index(journal)   # what was on disk at start-up counts as synced
         self.syncs = 0
+        self.snapshot_fsyncs = 0
         self.acks_checked = 0
         self.acks_unsynced = 0
         self.commits_checked = 0
         self.commits_unsynced = 0
         for name in _JOURNAL_MUTATORS:
             setattr(journal, name, self._marking(getattr(journal, name)))
+        journal.clear = self._noting_clear(journal.clear)
         self._meta_storer: _DurableMetaStorer | None = None
         if durable:
             path = journal._FileJournal__metaStorer.getPath()
@@ -233,6 +240,12 @@ class JournalSync:
             return result
         return mutate
 
+    def _noting_clear(self, clear: Callable[[], Any]) -> Callable[[], Any]:
+        def noted() -> Any:
+            self._cleared = True
+            return clear()
+        return noted
+
     def _syncing_acks(self, send: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         def send_after_sync(node: Any, message: Any) -> Any:
             if isinstance(message, dict) and message.get("type") == ACK_MESSAGE and message.get("success"):
@@ -248,6 +261,13 @@ class JournalSync:
         if not self.durable or not self._dirty:
             return
         self._dirty = False
+        if self._cleared:
+            self._cleared = False
+            if os.path.exists(self._snapshot_path):
+                with open(self._snapshot_path, "rb") as f:
+                    os.fsync(f.fileno())
+                fsync_directory(os.path.dirname(os.path.abspath(self._snapshot_path)))
+                self.snapshot_fsyncs += 1
         self._journal.flush()   # mmap.flush: msync(MS_SYNC) of the whole mapping
         self.syncs += 1
         self.synced_index = _last_index(self._journal)
@@ -260,7 +280,8 @@ class JournalSync:
             self.commits_unsynced += 1
 
     def stats(self) -> dict[str, Any]:
-        return {"durable": self.durable, "syncs": self.syncs, "synced_index": self.synced_index,
+        return {"durable": self.durable, "syncs": self.syncs, "snapshot_fsyncs": self.snapshot_fsyncs,
+                "synced_index": self.synced_index,
                 "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
                 "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
                 "meta_fsyncs": self._meta_storer.stores if self._meta_storer is not None else 0}

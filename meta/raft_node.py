@@ -180,7 +180,7 @@ class MetaSyncObj(SyncObj):
         super().__init__(self_raft, partners, conf)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
-        self._local.journal = shim.JournalSync(self, durable=tuning.journal_sync == "fsync")
+        self._local.journal = shim.JournalSync(self, tuning.journal_sync == "fsync", snapshot_path)
         self._batch_appends(conf)
 
     # -- one append message per tick ---------------------------------------------------------------------------
