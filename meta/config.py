@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 from sqlalchemy.engine import make_url
@@ -102,6 +102,9 @@ class _RaftTuningSchema(Schema):
     compaction_min_entries: int = Field(RaftTuning.compaction_min_entries, ge=2, le=RAFT_COMPACTION_MIN_ENTRIES_MAX)
     compaction_min_time_s: int = Field(RaftTuning.compaction_min_time_s, ge=1, le=RAFT_COMPACTION_MIN_TIME_S_MAX)
     commands_queue_max: int = Field(RaftTuning.commands_queue_max, ge=1, le=RAFT_COMMANDS_QUEUE_MAX)
+    # "fsync" (default): the journal is msynced before a node acknowledges entries (group commit per tick), so an
+    # acknowledged write survives a power loss of every node; "none": pysyncobj's mmap writes only (kill -9 safe).
+    journal_sync: Literal["fsync", "none"] = RaftTuning.journal_sync
 
     @model_validator(mode="after")
     def _timeouts_in_order(self) -> _RaftTuningSchema:
@@ -114,6 +117,9 @@ class _RaftTuningSchema(Schema):
             raise ValueError("raft_tuning.election_timeout_max_s must exceed election_timeout_min_s")
         if self.leader_fallback_timeout_s <= period:
             raise ValueError("raft_tuning.leader_fallback_timeout_s must exceed append_entries_period_s")
+        if self.leader_fallback_timeout_s > self.election_timeout_max_s:
+            # A cut-off leader must stop acting as leader by the time the others can have elected a new one.
+            raise ValueError("raft_tuning.leader_fallback_timeout_s must not exceed election_timeout_max_s")
         if self.connection_timeout_s < self.election_timeout_max_s:
             raise ValueError("raft_tuning.connection_timeout_s must be at least election_timeout_max_s")
         return self

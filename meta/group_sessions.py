@@ -13,9 +13,10 @@ Lease safety ("a member loses its queues when its lease ends, never before"):
 - a new leader starts every lease afresh, and answers heartbeats only after a barrier of its own term has applied,
   so every expiry an older leader committed is in its image first.
 A deposed leader that does not know it yet can still answer heartbeats from its stale image, until it steps down
-(raft_tuning.leader_fallback_timeout_s, 1 s by default): a lease it renews can end up to about that much later, by the
-member's clock, than the new leader counts it. Clients keep a safety margin of at least a second for this. Whatever
-the clocks do, the brokers' token check is what keeps a member with a lost lease from acting (invariant 6).
+(raft_tuning.leader_fallback_timeout_s, 0.5 s by default, at most the election timeout; ops/bench/step_down.py measures
+it): a lease it renews can end up to about that much later, by the member's clock, than the new leader counts it.
+Clients keep a safety margin of at least a second for this. Whatever the clocks do, the brokers' token check is what
+keeps a member with a lost lease from acting (invariant 6).
 """
 
 from __future__ import annotations

@@ -7,18 +7,19 @@ snapshot layouts. Any release may rename or change them without notice; importin
 version therefore fails at start-up, loudly, instead of letting a node misbehave quietly.
 
 Protected hooks MetaSyncObj overrides (same version pin): ``_applyCommand``, ``_checkCommandsToApply``, ``_onTick``.
+``JournalSync`` (group commit) wraps methods of the node's own journal and transport objects, same pin.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pysyncobj.pickle as _pickle
 from pysyncobj import SERIALIZER_STATE, SyncObj
+from pysyncobj.journal import FileJournal, MetaStorer
 from pysyncobj.syncobj import _COMMAND_TYPE
-from pysyncobj.journal import FileJournal
 from pysyncobj.monotonic import monotonic
 from pysyncobj.node import Node, TCPNode
 from pysyncobj.version import VERSION
@@ -169,6 +170,148 @@ def committed_calls(journal_path: str, after_index: int) -> Iterator[tuple[Any, 
             yield decoded[1] if isinstance(decoded, tuple) and len(decoded) > 1 else ()
     finally:
         journal._destroy()
+
+
+# -- journal durability (group commit) -------------------------------------------------------------------------
+# pysyncobj 0.3.17 writes its journal through a shared mmap (``FileJournal.add``) and never msyncs it but on close;
+# it stores term and vote (``MetaStorer.storeMeta``, called by ``setCurrentTerm`` before any vote goes out) with a
+# rename and no fsync. Where a node promises durability in its flow:
+# - a follower: ``__onMessageReceived`` appends an append_entries message's entries to the journal and at once
+#   sends ``next_node_idx`` with ``success=True`` through ``transport.send``: that message is the acknowledgement;
+# - the leader: ``_onTick`` counts itself (``count = 1``) for every entry of its own journal when it advances the
+#   commit index, at the start of a tick; its entries are appended in ``_checkCommandsToApply`` later in a tick
+#   (and the no-op of a new term while messages are read).
+# So: every journal mutation marks the journal dirty; a success ``next_node_idx`` msyncs a dirty journal before it
+# leaves; the leader msyncs once per tick right after sending the tick's entries (its disk works while the
+# followers do) and once more before the commit computation if anything was appended since. One msync covers
+# every entry appended since the previous one: group commit per tick (one per append message on a follower).
+_JOURNAL_MUTATORS = ("add", "clear", "deleteEntriesFrom", "deleteEntriesTo")
+ACK_MESSAGE = "next_node_idx"   # a follower's answer to append_entries; with success=True it acknowledges entries
+
+
+class _DurableMetaStorer(MetaStorer):
+    """pysyncobj's term/vote/commit-index file, written durably: fsync the new file, rename, fsync the directory."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.stores = 0
+
+    def storeMeta(self, meta: dict[str, Any]) -> None:
+        path = self.getPath()
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(_pickle.dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_directory(os.path.dirname(os.path.abspath(path)))
+        self.stores += 1
+
+
+def fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _last_index(journal: FileJournal) -> int:
+    return journal[-1][1] if len(journal) else 0
+
+
+class JournalSync:
+    """Group commit of one node's journal, and the evidence of it.
+
+    With ``durable`` False nothing is synced (pysyncobj's own behaviour) but the same bookkeeping runs, so a test
+    sees the difference: ``acks_unsynced`` / ``commits_unsynced`` count acknowledgements and leader commits that
+    covered entries no msync had covered yet (always 0 when durable).
+    """
+
+    def __init__(self, so: SyncObj, durable: bool, snapshot_path: str):
+        journal = so._SyncObj__raftLog
+        if not isinstance(journal, FileJournal):
+            raise TypeError(f"JournalSync needs pysyncobj's FileJournal, not {type(journal).__name__}")
+        self.durable = durable
+        self._journal = journal
+        self._dirty = False
+        # A cleared journal either follows a snapshot installed from the leader (pysyncobj writes the received file
+        # and renames it, with no fsync) or a compaction (our own snapshot writer fsyncs): the snapshot file must be
+        # durable before the journal that no longer holds its entries is.
+        self._snapshot_path = snapshot_path
+        self._cleared = False
+        self.synced_index = _last_index(journal)   # what was on disk at start-up counts as synced
+        self.syncs = 0
+        self.snapshot_fsyncs = 0
+        self.acks_checked = 0
+        self.acks_unsynced = 0
+        self.commits_checked = 0
+        self.commits_unsynced = 0
+        for name in _JOURNAL_MUTATORS:
+            setattr(journal, name, self._marking(getattr(journal, name)))
+        journal.clear = self._noting_clear(journal.clear)
+        self._meta_storer: _DurableMetaStorer | None = None
+        if durable:
+            path = journal._FileJournal__metaStorer.getPath()
+            self._meta_storer = journal._FileJournal__metaStorer = _DurableMetaStorer(path)
+            fsync_directory(os.path.dirname(os.path.abspath(path)))   # the journal file's own name
+        transport = so._SyncObj__transport
+        transport.send = self._syncing_acks(transport.send)
+
+    def _marking(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        def mutate(*args: Any, **kwargs: Any) -> Any:
+            result = method(*args, **kwargs)
+            self._dirty = True
+            # A truncation takes back what the last sync covered above the new end.
+            self.synced_index = min(self.synced_index, _last_index(self._journal))
+            return result
+        return mutate
+
+    def _noting_clear(self, clear: Callable[[], Any]) -> Callable[[], Any]:
+        def noted() -> Any:
+            self._cleared = True
+            return clear()
+        return noted
+
+    def _syncing_acks(self, send: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        def send_after_sync(node: Any, message: Any) -> Any:
+            if isinstance(message, dict) and message.get("type") == ACK_MESSAGE and message.get("success"):
+                self.sync()
+                self.acks_checked += 1
+                if message["next_node_idx"] - 1 > self.synced_index:
+                    self.acks_unsynced += 1
+            return send(node, message)
+        return send_after_sync
+
+    def sync(self) -> None:
+        """msync the journal if anything changed since the last time (no-op when not durable)."""
+        if not self.durable or not self._dirty:
+            return
+        self._dirty = False
+        if self._cleared:
+            self._cleared = False
+            if os.path.exists(self._snapshot_path):
+                with open(self._snapshot_path, "rb") as f:
+                    os.fsync(f.fileno())
+                fsync_directory(os.path.dirname(os.path.abspath(self._snapshot_path)))
+                self.snapshot_fsyncs += 1
+        self._journal.flush()   # mmap.flush: msync(MS_SYNC) of the whole mapping
+        self.syncs += 1
+        self.synced_index = _last_index(self._journal)
+
+    def check_commit(self, commit_index: int, synced_before: int) -> None:
+        """After a leader's tick that advanced its commit index: the index must not pass what was synced before
+        the tick computed it (the leader counted itself for every entry up to there)."""
+        self.commits_checked += 1
+        if commit_index > synced_before:
+            self.commits_unsynced += 1
+
+    def stats(self) -> dict[str, Any]:
+        return {"durable": self.durable, "syncs": self.syncs, "snapshot_fsyncs": self.snapshot_fsyncs,
+                "synced_index": self.synced_index,
+                "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
+                "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
+                "meta_fsyncs": self._meta_storer.stores if self._meta_storer is not None else 0}
 
 
 # -- guard -----------------------------------------------------------------------------------------------------

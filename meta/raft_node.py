@@ -56,12 +56,19 @@ class RaftTuning:
     election_timeout_min_s: float = 0.25
     election_timeout_max_s: float = 0.5
     append_entries_period_s: float = 0.05
-    leader_fallback_timeout_s: float = 1.0
+    # A leader that heard no majority for this long steps down (pysyncobj's leaderFallbackTimeout, 30 s by default).
+    # At most the election timeout: by then the others may have elected a new leader, and until it steps down a
+    # cut-off leader still answers group heartbeats from its own image. A tick held longer than this (a follower
+    # applying a huge command) would cause an election anyway, so it costs no stability the election timeout keeps.
+    leader_fallback_timeout_s: float = 0.5
     connection_timeout_s: float = 5.0
     connection_retry_s: float = 0.3
     compaction_min_entries: int = 20_000
     compaction_min_time_s: int = 300
     commands_queue_max: int = 50_000
+    # "fsync": a node msyncs its journal before it acknowledges entries to the leader and before it counts itself,
+    # as leader, toward their commit (group commit, one msync per tick); "none": pysyncobj's own mmap writes only.
+    journal_sync: str = "fsync"
 
 
 # Commands that add thousands of long-lived objects to the image (see MetaSyncObj._freeze_image).
@@ -126,6 +133,7 @@ class _LocalState:
     last_keepalive: float = 0.0   # monotonic
     role_changes: dict[str, int] = field(default_factory=dict)   # times this node became leader/follower/candidate
     observe_apply_s: Callable[[float], None] | None = None       # apply latency, for metrics (set by the service)
+    journal: shim.JournalSync | None = None   # group commit of the journal (journal_sync)
 
 
 class MetaSyncObj(SyncObj):
@@ -175,6 +183,8 @@ class MetaSyncObj(SyncObj):
         super().__init__(self_raft, partners, conf)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
+        self._local.journal = shim.JournalSync(self, tuning.journal_sync == "fsync", snapshot_path)
+        # After the journal's group commit is in place, so the journal the snapshot replaces is synced too.
         shim.load_snapshot_before_any_apply(self)
         self._batch_appends(conf)
 
@@ -188,6 +198,7 @@ class MetaSyncObj(SyncObj):
         self._local.pipe = shim.pipe_notifier(self)  # created only with appendEntriesUseBatch=False
         conf.appendEntriesUseBatch = True             # no send per command inside the tick...
         self.addOnTickCallback(self._send_new_entries)  # ...one send per tick instead
+        self.addOnTickCallback(self._local.journal.sync)  # the leader's disk works while the followers' do
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
         self.addOnTickCallback(self._keep_links_alive)
@@ -241,7 +252,14 @@ class MetaSyncObj(SyncObj):
         # already waiting in the socket: read them first, so being busy is never mistaken for a dead leader.
         if self._tick_thread is not None:
             shim.poll_sockets(self)
+        # The leader counts itself toward the commit of every entry in its journal at the start of the tick: what
+        # was appended since the last sync (a new term's no-op, read from the sockets) is synced first.
+        journal = self._local.journal
+        journal.sync()
+        was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         super()._onTick(timeToWait)
+        if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:
+            journal.check_commit(self.raftCommitIndex, synced)
 
     def _checkCommandsToApply(self):
         self._local.wake_pending = False
@@ -365,6 +383,10 @@ class MetaSyncObj(SyncObj):
 
     def term(self) -> int:
         return self.raftCurrentTerm
+
+    def journal_stats(self) -> dict[str, Any]:
+        """Group commit counters: syncs, and acknowledgements / commits checked against the synced index."""
+        return self._local.journal.stats()
 
 
 def decode_entry(payload: Any) -> Any:
