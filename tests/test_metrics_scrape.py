@@ -73,6 +73,10 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
             assert value(s, "stator_meta_seals_in_flight") == 0 and value(s, "stator_meta_remaps_in_flight") == 0
             for reason in ("NO_LEADER", "LEADER_CHANGED", "OVERLOADED", "UNKNOWN_OUTCOME"):
                 assert value(s, "stator_meta_proposal_failures_total", reason=reason) >= 0
+            # Dev clusters run the production default, fsync before acknowledging: nothing ever got ahead of the disk.
+            assert value(s, "stator_meta_journal_fsync_enabled") == 1 and value(s, "stator_meta_journal_syncs_total") > 0
+            assert value(s, "stator_meta_journal_acks_unsynced_total") == 0
+            assert value(s, "stator_meta_journal_commits_unsynced_total") == 0
             lags = s.get("stator_meta_follower_lag_entries", [])
             if node == leader:
                 assert value(s, "stator_meta_raft_role_changes_total", role="leader") == 1

@@ -93,7 +93,22 @@ class NodeStateCollector:
                                        "Broker sessions this node fenced for silence while it led")
         expiries.add_metric([], svc.brokers.expiries if svc.brokers is not None else 0)
         yield expiries
+        yield from self._journal_counters(svc.sync.journal_stats())
         yield from self._image_gauges()
+
+    @staticmethod
+    def _journal_counters(stats: dict[str, Any]) -> Iterator[Metric]:
+        """The journal's group commit (raft_tuning.journal_sync): syncs, and acknowledgements or commits that got
+        ahead of the disk (always 0 with fsync; counted with ``none`` too, so an operator sees what the mode risks)."""
+        yield GaugeMetricFamily("stator_meta_journal_fsync_enabled", "1 when the journal is fsynced before acks",
+                                value=1 if stats["durable"] else 0)
+        yield CounterMetricFamily("stator_meta_journal_syncs", "Journal syncs (one covers every entry since the last)",
+                                  value=stats["syncs"])
+        yield CounterMetricFamily("stator_meta_journal_acks_unsynced",
+                                  "Follower acknowledgements sent for entries not yet on disk", value=stats["acks_unsynced"])
+        yield CounterMetricFamily("stator_meta_journal_commits_unsynced",
+                                  "Leader commits counting its own entries not yet on disk",
+                                  value=stats["commits_unsynced"])
 
     def _image_gauges(self) -> Iterator[Metric]:
         def look(image) -> tuple[dict[str, int], int, int, bool]:
