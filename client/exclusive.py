@@ -42,6 +42,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from .background import BackgroundTasks
 from .consumer import IDLE_PAUSE_S, PULL_MESSAGES_MAX_DEFAULT, PullConsumer, PullResult, ReceivedMessage
 from .errors import Closed, NotLeader, StaleToken, StatorError, TopicNotFound
 from .http import Backoff, MetaCaller, new_session
@@ -164,9 +165,7 @@ class ExclusiveConsumer(StartedByWith):
         self._released: list[dict[str, Any]] = []  # to send with the next heartbeat
         self._beat_now = asyncio.Event()
         self._heartbeat_task: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._done = asyncio.Event()               # closed, or a background task failed
-        self.failure: BaseException | None = None
+        self._background = BackgroundTasks(log, "exclusive_consumer_task_failed", group=group, member=self.member)
         self.heartbeats_failed = 0
         self._started = False
         self._closing = False
@@ -196,7 +195,7 @@ class ExclusiveConsumer(StartedByWith):
                                       route_mode=self._route_mode, session=self._session,
                                       max_messages=self.max_messages, idle_pause_s=self.idle_pause_s)
         await self._beat(raise_transient=True)
-        self._heartbeat_task = self._spawn(self._heartbeat_loop(), f"group-heartbeat-{self.group}")
+        self._heartbeat_task = self._background.spawn(self._heartbeat_loop(), f"group-heartbeat-{self.group}")
 
     async def run(self) -> None:
         """Start, then run until ``close()``; raises the failure of a background task (after closing)."""
@@ -205,7 +204,7 @@ class ExclusiveConsumer(StartedByWith):
         except BaseException:
             await self.close()
             raise
-        await self._done.wait()
+        await self._background.done.wait()
         if not self._closing:
             await self.close()  # a background task failed: clean up, then raise its failure
         elif self.failure is not None:
@@ -234,7 +233,7 @@ class ExclusiveConsumer(StartedByWith):
         finally:
             await self._close_parts()
             self._closed = True
-            self._done.set()
+            self._background.done.set()
         if self.failure is not None:
             raise self.failure
 
@@ -247,9 +246,7 @@ class ExclusiveConsumer(StartedByWith):
             log.warning("group_leave_failed", extra={"group": self.group, "member": self.member, "error": repr(e)})
 
     async def _close_parts(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._background.cancel_all()
         for part in (self._producer, self._consumer, self._meta):
             if part is not None:
                 await part.close()
@@ -257,22 +254,13 @@ class ExclusiveConsumer(StartedByWith):
             await self._session.close()
 
     # -- background tasks --------------------------------------------------------------------------------------
-    def _spawn(self, coro, name: str) -> asyncio.Task:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure of a background task (run() and close() raise it)."""
+        return self._background.failure
 
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        e = task.exception()
-        if e is not None and self.failure is None:
-            self.failure = e
-            log.error("exclusive_consumer_task_failed", exc_info=(type(e), e, e.__traceback__),
-                      extra={"group": self.group, "member": self.member, "task": task.get_name()})
-            self._done.set()
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        return self._background.spawn(coro, name)
 
     # -- heartbeats --------------------------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:

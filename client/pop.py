@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from .background import BackgroundTasks
 from .errors import Closed, StatorError, TopicNotFound
 from .http import Backoff, new_session, request_once
 from .lifecycle import TopicClient
@@ -98,9 +99,7 @@ class PopConsumer(TopicClient):
         self._poppers: dict[str, asyncio.Task] = {}
         self._acks: dict[str, list[tuple[str, asyncio.Future]]] = {}
         self._ack_wake = asyncio.Event()
-        self._tasks: set[asyncio.Task] = set()
-        self._done = asyncio.Event()
-        self.failure: BaseException | None = None
+        self._background = BackgroundTasks(log, "pop_consumer_task_failed", topic=topic, group=group)
         self.handled = 0
         self.nacked = 0
         self.ack_refused = 0
@@ -112,7 +111,7 @@ class PopConsumer(TopicClient):
         await self.start()
         self._spawn(self._supervise(), "pop-supervisor")
         self._spawn(self._ack_loop(), "pop-acks")
-        await self._done.wait()
+        await self._background.done.wait()
         if self.failure is not None:
             await self.close()
             raise self.failure
@@ -124,7 +123,7 @@ class PopConsumer(TopicClient):
         for t in list(self._poppers.values()):
             t.cancel()
         await asyncio.gather(*self._poppers.values(), return_exceptions=True)
-        handlers = [t for t in self._tasks if t.get_name().startswith("pop-handle")]
+        handlers = [t for t in self._background if t.get_name().startswith("pop-handle")]
         if handlers:
             # Handlers still running are given a while to finish (and ack); past it they are cancelled, and their
             # messages come back after their invisible time.
@@ -133,23 +132,17 @@ class PopConsumer(TopicClient):
                 t.cancel()
             await asyncio.gather(*late, return_exceptions=True)
         await self._flush_acks()
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._done.set()
+        await self._background.cancel_all()
+        self._background.done.set()
         await super().close()
 
-    def _spawn(self, coro, name: str) -> asyncio.Task:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure of a background task (run() raises it)."""
+        return self._background.failure
 
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self.failure is None:
-            self.failure = task.exception()
-            self._done.set()
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        return self._background.spawn(coro, name)
 
     # -- popping -------------------------------------------------------------------------------------------------
     async def _supervise(self) -> None:
