@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from client.wire.errors import invalid, rejection
+from client.wire.errors import ApiError, invalid, rejection
 from client.wire.params import nonneg_int, seconds
 
 from . import limits, views
@@ -97,7 +97,11 @@ class ReadFacade:
             try:
                 await self.raft.propose({"type": "Barrier"}, None, "system", max(0.1, deadline - time.monotonic()))
                 return
-            except ProposeFailed:
+            except ApiError as e:
+                # A barrier changes nothing, so a timed-out one has no outcome to learn: for the reader it means only
+                # that no leader confirmed the read in time (a cut-off leader holds the entry until a leader exists).
+                if not isinstance(e, ProposeFailed) and e.code != "UNKNOWN_OUTCOME":
+                    raise
                 if time.monotonic() > deadline:
                     raise rejection(503, "NO_LEADER", "no leader to confirm a linearizable read") from None
                 await asyncio.sleep(BARRIER_RETRY_S)
