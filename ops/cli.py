@@ -173,7 +173,7 @@ class IsoTime(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        from ops.lineage.times import parse_iso
+        from ops.times import parse_iso
         try:
             return parse_iso(value)
         except ValueError as e:

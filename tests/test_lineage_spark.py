@@ -20,7 +20,7 @@ from ops.bench.lineage_events import History
 from ops.cli import EXIT_FINDINGS, main
 from ops.lineage import job, lock_intervals, queries, segments, tables, verify
 from ops.lineage.errors import LineageError
-from ops.lineage.times import iso
+from ops.times import iso
 from tests import lineage_story
 from tests.lineage_story import AGAIN, GROUP, TOPIC
 

@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import click
+
+from ..times import iso
 
 EXIT_ERROR = 1
 CELL_CHARS_MAX = 60   # a longer cell (a long config value, an error) is cut: a table row stays one readable line
@@ -76,8 +77,5 @@ def fields(pairs: Sequence[tuple[str, Any]]) -> str:
 
 
 def when(ms: int | None) -> str | None:
-    """Milliseconds since the epoch as ISO-8601 UTC (to the millisecond)."""
-    if ms is None:
-        return None
-    t = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Milliseconds since the epoch (the API's ``ts``) as ISO-8601 UTC, in the one format of ops/times.py."""
+    return None if ms is None else iso(ms * 1000)

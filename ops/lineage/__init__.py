@@ -6,6 +6,6 @@ Spark Connect, and executors need none of Stator's code.
 - ``segments`` and ``lock_intervals``: the derived tables, half-open intervals made with window functions;
 - ``queries``: locate, route-at, moves and locks, answered in the ``--json`` shapes of API.md;
 - ``verify``: what an export must never show (version gaps, overlapping segments, two lock holders at once);
-- ``session``, ``times``, ``output``, ``errors``: the session builder, ISO-8601 times, tables for people, coded errors;
+- ``session``, ``output``, ``errors``: the session builder, answers for people, coded errors (times: ``ops/times.py``);
 - ``job``: the entry point that writes ``segments/`` and ``lock_intervals/`` as Parquet next to the export.
 """

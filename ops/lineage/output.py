@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..admin import output as admin_output
+
 COLUMNS = {
     "locate": ("topic", "queue", "offset", "broker", "physical_queue", "physical_offset", "gen", "from", "to"),
     "route-at": ("queue", "broker", "physical_queue", "gen"),
@@ -15,11 +17,8 @@ COLUMNS = {
 
 
 def table(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
+    """The admin CLI's aligned table, with the answer's field names as headers."""
+    return admin_output.table(rows, [(c, c) for c in columns])
 
 
 def for_people(command: str, answer: Any) -> str:
@@ -32,7 +31,3 @@ def for_people(command: str, answer: Any) -> str:
     if command == "verify":
         return table(COLUMNS[command], answer) if answer else "no findings"
     raise ValueError(command)
-
-
-def _cell(value: Any) -> str:
-    return "-" if value is None else str(value)

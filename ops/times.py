@@ -1,4 +1,6 @@
-"""ISO-8601 times in and out. Spark's timestamps cross into Python as microseconds since the epoch (``unix_micros``),
+"""ISO-8601 UTC times in and out, one format for every command that prints or parses a time (the admin CLI, lineage).
+
+Spark's timestamps cross into Python as microseconds since the epoch (``unix_micros``),
 never as ``datetime``: PySpark turns a collected timestamp into the Python process's local time, whatever the
 session's time zone says."""
 
