@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from meta import snapshot_file
 from tests.cluster import Cluster
 
 NET_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
@@ -248,3 +249,18 @@ class SseReader:
                         pass
                 return ev
             block.append(line)
+
+
+async def write_through(c: Cluster, urls: list[str], method: str, path: str, body: dict, role: str = "admin") -> dict:
+    """One write that must succeed, through any of ``urls`` (e.g. only the live nodes)."""
+    s, b, _ = await call_any(c, method, path, role, json=body, urls=urls)
+    assert s in (200, 201), (method, path, s, b)
+    return b
+
+
+def snapshot_or_none(path: str) -> snapshot_file.Snapshot | None:
+    """A node's Raft snapshot, or None before it wrote one."""
+    try:
+        return snapshot_file.read(path)
+    except FileNotFoundError:
+        return None

@@ -29,7 +29,8 @@ from meta.projection import schema as projection_schema
 from meta.raft_node import SNAPSHOT_FILE
 from ops import devcluster
 from tests import cluster as cluster_mod
-from tests.meta_helpers import call_any, cluster_status, name_of, node_urls, wait_until
+from tests.meta_helpers import (cluster_status, name_of, node_urls, snapshot_or_none, wait_until,
+                                write_through)
 from tests.pg import create_database, pg_url  # noqa: F401  (pg_url is a fixture)
 
 WINDOW = 50
@@ -40,18 +41,12 @@ WAIT_S = 60.0            # generous: a loaded 2-core machine meets it; the runs 
 CLI_TIMEOUT_S = 120
 
 
-async def _write(c, urls: list[str], method: str, path: str, body: dict, role: str = "admin") -> dict:
-    s, b, _ = await call_any(c, method, path, role, json=body, urls=urls)
-    assert s in (200, 201), (method, path, s, b)
-    return b
-
-
 async def _fill_log(c, urls: list[str]) -> int:
     """A topic and WRITES config changes through ``urls``; returns the last version."""
-    await _write(c, urls, "POST", "/v1/topics", {"topic": "x", "queues": 2, "brokers": ["b0"]})
+    await write_through(c, urls, "POST", "/v1/topics", {"topic": "x", "queues": 2, "brokers": ["b0"]})
     b = None
     for i in range(WRITES):
-        b = await _write(c, urls, "PUT", "/v1/topics/x/config", {"a": str(i)})
+        b = await write_through(c, urls, "PUT", "/v1/topics/x/config", {"a": str(i)})
     return b["version"]
 
 
@@ -86,7 +81,7 @@ def _gap_gauge(metrics_text: str) -> float:
 async def test_a_follower_that_installs_a_snapshot_fills_its_projection_from_peers(tmp_path, pg_url):
     async with cluster_mod.running(str(tmp_path), 3, 0, meta=CONFIG) as c:
         _leader, lurl, followers = await node_urls(c)
-        await _write(c, c.meta_urls, "PUT", "/v1/brokers/b0", {"address": "http://127.0.0.1:1"}, role="broker")
+        await write_through(c, c.meta_urls, "PUT", "/v1/brokers/b0", {"address": "http://127.0.0.1:1"}, role="broker")
         behind = name_of(c, followers[0])
         furl = c.url(behind)
         live = [u for u in c.meta_urls if u != furl]
@@ -98,7 +93,7 @@ async def test_a_follower_that_installs_a_snapshot_fills_its_projection_from_pee
         version = await _fill_log(c, live)
 
         async def logs_cut_past_the_follower():
-            snaps = [_snapshot_or_none(os.path.join(c.dir, name_of(c, u), "data", SNAPSHOT_FILE)) for u in live]
+            snaps = [snapshot_or_none(os.path.join(c.dir, name_of(c, u), "data", SNAPSHOT_FILE)) for u in live]
             return all(s is not None and s.previous.index > stopped_at + 1 for s in snaps)
         await wait_until(logs_cut_past_the_follower, WAIT_S, "the live nodes to compact past the stopped one")
 
@@ -132,7 +127,7 @@ async def test_old_history_is_refused_by_name_until_a_peer_fills_it_and_rebuilds
         tmp_path):
     async with cluster_mod.running(str(tmp_path), 3, 0, meta=CONFIG) as c:
         _leader, lurl, followers = await node_urls(c)
-        await _write(c, c.meta_urls, "PUT", "/v1/brokers/b0", {"address": "http://127.0.0.1:1"}, role="broker")
+        await write_through(c, c.meta_urls, "PUT", "/v1/brokers/b0", {"address": "http://127.0.0.1:1"}, role="broker")
         version = await _fill_log(c, c.meta_urls)
         for u in c.meta_urls:
             await wait_until(lambda u=u: _complete(c, u, version), WAIT_S, f"{u}'s projection to reach {version}")
@@ -203,13 +198,6 @@ async def test_old_history_is_refused_by_name_until_a_peer_fills_it_and_rebuilds
         assert s == 503 and b["error"]["code"] == "HISTORY_UNAVAILABLE" and b["error"]["details"]["missing_first"] == 10
         assert "projection_has_holes" in _log_text(c, name)
         assert len(_projection_events(f"sqlite:///{db}")) == version - 3
-
-
-def _snapshot_or_none(path: str) -> snapshot_file.Snapshot | None:
-    try:
-        return snapshot_file.read(path)
-    except FileNotFoundError:
-        return None
 
 
 def _log_text(c, name: str) -> str:

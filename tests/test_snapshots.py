@@ -28,7 +28,8 @@ from meta.image import Image
 from meta.raft_node import EXIT_REPLICA_UNTRUSTED, SNAPSHOT_FILE, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
 from tests import cluster as cluster_mod
-from tests.meta_helpers import call_any, cluster_status, name_of, node_urls, wait_until
+from tests.meta_helpers import (cluster_status, name_of, node_urls, snapshot_or_none, wait_until,
+                                write_through)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SECRET = "snapshot-test-secret"
@@ -256,39 +257,26 @@ async def _digest(c, url: str, version: int) -> dict | None:
     return b if s == 200 else None
 
 
-async def _write(c, urls: list[str], method: str, path: str, body: dict, role: str = "admin") -> dict:
-    s, b, _ = await call_any(c, method, path, role, json=body, urls=urls)
-    assert s in (200, 201), (method, path, s, b)
-    return b
-
-
-def _snapshot_or_none(path: str) -> snapshot_file.Snapshot | None:
-    try:
-        return snapshot_file.read(path)
-    except FileNotFoundError:
-        return None
-
-
 @pytest.mark.slow
 async def test_a_follower_behind_the_compacted_log_installs_the_leaders_snapshot(tmp_path):
     async with cluster_mod.running(str(tmp_path), 3, 0, meta=CLUSTER_COMPACTION) as c:
         _leader, _lurl, followers = await node_urls(c)
-        await _write(c, c.meta_urls, "PUT", "/v1/brokers/b0", {"address": "http://127.0.0.1:1"}, role="broker")
+        await write_through(c, c.meta_urls, "PUT", "/v1/brokers/b0", {"address": "http://127.0.0.1:1"}, role="broker")
         behind = name_of(c, followers[0])
         furl = c.url(behind)
         live = [u for u in c.meta_urls if u != furl]
         await asyncio.to_thread(devcluster.stop_member, c.dir, behind)
         # Nothing is being written now, so no log holds more than the live nodes have committed.
         stopped_at = max([(await cluster_status(c, u))["commit_index"] for u in live])
-        await _write(c, live, "POST", "/v1/topics", {"topic": "x", "queues": 2, "brokers": ["b0"]})
+        await write_through(c, live, "POST", "/v1/topics", {"topic": "x", "queues": 2, "brokers": ["b0"]})
         for i in range(60):
-            b = await _write(c, live, "PUT", "/v1/topics/x/config", {"a": str(i)})
+            b = await write_through(c, live, "PUT", "/v1/topics/x/config", {"a": str(i)})
         version = b["version"]
 
         async def logs_cut_past_the_follower():
             # Both live logs now start after the follower's last entry: whichever node leads when it returns, replaying
             # the log cannot catch it up, only the snapshot can.
-            snaps = [_snapshot_or_none(os.path.join(c.dir, name_of(c, u), "data", SNAPSHOT_FILE)) for u in live]
+            snaps = [snapshot_or_none(os.path.join(c.dir, name_of(c, u), "data", SNAPSHOT_FILE)) for u in live]
             return snaps if all(s is not None and s.previous.index > stopped_at + 1 for s in snaps) else None
         cut = await wait_until(logs_cut_past_the_follower, WAIT_S, "the live nodes to compact past the stopped one")
 
@@ -304,6 +292,6 @@ async def test_a_follower_behind_the_compacted_log_installs_the_leaders_snapshot
         assert installed.last_applied.index >= min(s.last_applied.index for s in cut)
 
         # The installed image goes on to apply new commands exactly like the others.
-        b = await _write(c, [furl], "PUT", "/v1/topics/x/config", {"after": "install"})
+        b = await write_through(c, [furl], "PUT", "/v1/topics/x/config", {"after": "install"})
         digests = await wait_until(lambda: same_image(b["version"]), WAIT_S, "every node to apply the next write")
         assert len({d["sha256"] for d in digests}) == 1, digests
