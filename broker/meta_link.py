@@ -24,6 +24,7 @@ from client.tls import connector
 from client.wire.sse import SseEvent, SseParser
 from client.wire.errors import ApiError
 
+from .chores import Chores
 from .locks import LockTable
 from .pop.settings import GroupSettings
 from .routing import RouteTable, Segment, segment_of
@@ -62,7 +63,7 @@ class MetaLink:
         self._to_seal: dict[str, Segment] = {}   # physical queue -> a sealing segment whose end meta has not recorded
         self._seal_wanted = asyncio.Event()
         self._refetching: dict[str, asyncio.Task] = {}
-        self._chores: set[asyncio.Task] = set()
+        self._chores = Chores("broker_chore_failed")
         self._http: aiohttp.ClientSession | None = None
         self._beat_http: aiohttp.ClientSession | None = None  # its own connections: never queued behind others
         self._tasks: list[asyncio.Task] = []
@@ -79,7 +80,7 @@ class MetaLink:
                        asyncio.create_task(self._seal_loop(), name="seal-reports")]
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._refetching.values(), *self._chores]
+        tasks = [*self._tasks, *self._refetching.values(), *self._chores.running()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -245,14 +246,7 @@ class MetaLink:
 
     def _background(self, work, what: str) -> None:
         """A short task of this link that stop() cancels; its failure is logged, never lost."""
-        task = asyncio.create_task(work, name=what)
-        self._chores.add(task)
-
-        def done(t: asyncio.Task) -> None:
-            self._chores.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.warning("broker_chore_failed", what=what, error=repr(t.exception()))
-        task.add_done_callback(done)
+        self._chores.spawn(work, what)
 
     def _dropped(self, physical_queues: set[str]) -> None:
         self.writer.forget(physical_queues)

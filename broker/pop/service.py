@@ -20,6 +20,7 @@ import structlog
 
 from client.wire.errors import ApiError, rejection
 
+from ..chores import Chores
 from ..codec import RawMessage, RawPopped
 from ..reads import Reader
 from ..routing import RouteTable, Segment
@@ -87,7 +88,7 @@ class PopService:
         self.reviver = Reviver(self._fire)
         self._locks: dict[Key, asyncio.Lock] = {}
         self._outcomes: OrderedDict[tuple[Key, int], tuple[int, str]] = OrderedDict()
-        self._chores: set[asyncio.Task] = set()
+        self._chores = Chores("pop_chore_failed")
         self._handing: set[Key] = set()
         self._in_flight_total = 0
         self._scheduled = 0
@@ -110,22 +111,12 @@ class PopService:
 
     async def stop(self) -> None:
         await self.reviver.stop()
-        chores = list(self._chores)
-        for t in chores:
-            t.cancel()
-        await asyncio.gather(*chores, return_exceptions=True)
+        await self._chores.cancel_all()
         await self.journal.close()
         self.dlq.close()
 
     def _spawn(self, work, what: str) -> None:
-        task = asyncio.create_task(work, name=what)
-        self._chores.add(task)
-
-        def done(t: asyncio.Task) -> None:
-            self._chores.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.warning("pop_chore_failed", what=what, error=repr(t.exception()))
-        task.add_done_callback(done)
+        self._chores.spawn(work, what)
 
     def _next_seq(self) -> int:
         self._seq += 1
