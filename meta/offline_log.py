@@ -4,9 +4,10 @@ Used by `stator meta rebuild-projection`: replay the committed entries through t
 then hand the retained event history to the projection. The snapshot is read by the same parser the node restores
 from (``snapshot_file``); the journal is this node's own, written by pysyncobj (``pysyncobj_shim``).
 
-The image holds only the newest events (its history window). The versions before them come from a peer's
-``/v1/history`` or from a Parquet export (meta/projection/sources.py), checked for contiguity, and checked against
-this node's own log where the two meet: the source's event at the image's history_start must equal the image's.
+The log holds the newest events only: the image's history window, plus what the window trimmed while the journal
+was replayed over an older snapshot. The versions before them come from a peer's ``/v1/history`` or from a Parquet
+export (meta/projection/sources.py), checked for contiguity, and checked against this node's own log where the two
+meet: the source's event at the log's first version must equal the log's.
 Without a source, a node whose image lacks the oldest versions is refused before anything is dropped: a rebuild
 never leaves a hole.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -32,12 +34,16 @@ def load_image(config: MetaConfig) -> Image:
     return image_from_data_dir(config.data_dir)
 
 
-def image_from_data_dir(data_dir: str) -> Image:
+def image_from_data_dir(data_dir: str, keep_trimmed: bool = False) -> Image:
+    """With ``keep_trimmed``, what the window trims during the replay stays in ``image.trimmed_to``, as on a running
+    node: the log may hold older versions than the image's window (a snapshot older than the journal's end)."""
     snapshot = os.path.join(data_dir, SNAPSHOT_FILE)
     image, last_index = Image(), 0
     if os.path.exists(snapshot):
         restored = snapshot_file.read(snapshot)
         image, last_index = Image(restored.image), restored.last_applied.index
+    if keep_trimmed:
+        image.trimmed_to = deque()  # bounded by the journal, which compaction keeps short
     journal_path = os.path.join(data_dir, JOURNAL_FILE)
     if os.path.exists(journal_path):
         machine = StateMachine(image)
@@ -58,9 +64,10 @@ async def _rebuild(config: MetaConfig, from_peer: str | None, token: str | None,
                    from_export: str | None) -> dict[str, Any]:
     from .projection import APPLY_BATCH_MAX, SqlProjection
     from .projection.sources import SourceError
-    image = load_image(config)
-    start = image.data["history_start"]
-    first = json.loads(image.data["history"][0]) if image.data["history"] else None
+    image = image_from_data_dir(config.data_dir, keep_trimmed=True)
+    own = [line for _v, line in image.trimmed_to] + image.data["history"]
+    start = image.trimmed_to[0][0] if image.trimmed_to else image.data["history_start"]
+    first = json.loads(own[0]) if own else None
     if start > 1 and from_peer is None and from_export is None:
         raise SourceError(f"this node's log holds versions {start}..{image.version} only: give --from-peer URL or "
                           f"--from-export DIR for versions 1..{start - 1}")
@@ -80,7 +87,7 @@ async def _rebuild(config: MetaConfig, from_peer: str | None, token: str | None,
                     projection.apply(batch)
                     batch = []
             projection.apply(batch)
-        apply_image_history(projection, image)
+        _apply_lines(projection, own)
         return {"position": projection.position(), "from_source": taken}
     finally:
         projection.close()
@@ -88,10 +95,13 @@ async def _rebuild(config: MetaConfig, from_peer: str | None, token: str | None,
 
 def apply_image_history(projection: Any, image: Image) -> None:
     """The events the image's window holds, into ``projection`` (after the older ones, which it must already have)."""
+    _apply_lines(projection, image.data["history"])
+
+
+def _apply_lines(projection: Any, lines: list[str]) -> None:
     from .projection import APPLY_BATCH_MAX
-    history = image.data["history"]
-    for i in range(0, len(history), APPLY_BATCH_MAX):
-        projection.apply([json.loads(e) for e in history[i:i + APPLY_BATCH_MAX]])
+    for i in range(0, len(lines), APPLY_BATCH_MAX):
+        projection.apply([json.loads(e) for e in lines[i:i + APPLY_BATCH_MAX]])
 
 
 def _anchored(events: Iterator[dict[str, Any]] | list[dict[str, Any]], start: int, first: dict[str, Any] | None,

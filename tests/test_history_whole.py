@@ -141,8 +141,16 @@ async def test_old_history_is_refused_by_name_until_a_peer_fills_it_and_rebuilds
         assert (await export([lurl], c.token("client"), out)).last_version >= version
 
         # A stopped node without its projection: rebuilt from its own log alone, it would miss the oldest versions.
+        # Its log lacks them only once its snapshot starts past version 1: a restart from an older snapshot replays
+        # the journal from there, and the node fills its projection from that replay without asking anyone.
         name = name_of(c, followers[0])
         url = c.url(name)
+        snapshot_path = os.path.join(c.dir, name, "data", SNAPSHOT_FILE)
+
+        async def snapshot_past_version_1():
+            snap = snapshot_or_none(snapshot_path)
+            return snap if snap is not None and snap.image["history_start"] > 1 else None
+        await wait_until(snapshot_past_version_1, WAIT_S, f"{name} to snapshot past version 1")
         cfg = os.path.join(c.dir, name, "config.json")
         db = os.path.join(c.dir, name, "data", "projection.db")
         await asyncio.to_thread(devcluster.stop_member, c.dir, name)

@@ -10,6 +10,7 @@ import sys
 
 import sqlalchemy as sa
 
+from meta.raft_node import SNAPSHOT_FILE
 from ops import devcluster
 from tests import cluster as cluster_mod
 
@@ -43,6 +44,37 @@ async def test_rebuild_projection_from_the_log_equals_the_live_projection(tmp_pa
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rebuilt": True, "position": version, "from_source": 0}
         assert _dump(db) == live
+
+
+async def test_rebuild_projection_takes_what_the_journal_holds_beyond_the_images_window(tmp_path):
+    """No snapshot yet, a journal from version 1, an image that kept only its last 50: the log alone holds every
+    version (the replay trims them from the image), so a rebuild needs no peer or export."""
+    window = 50
+    no_snapshot = {"compaction_min_entries": 10_000_000, "compaction_min_time_s": 86_400}
+    async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 600_000, "history_window": window,
+                                                               "raft_tuning": no_snapshot}) as c:
+        m1 = c.meta_urls[0]
+        s, b, _ = await c.call("PUT", m1 + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
+        assert s == 200, b
+        s, b, _ = await c.call("POST", m1 + "/v1/topics", json={"topic": "t", "queues": 1})
+        assert s == 201, b
+        for i in range(2 * window):
+            s, b, _ = await c.call("PUT", m1 + "/v1/topics/t/config", json={"n": str(i)})
+            assert s == 200, b
+        version = b["version"]
+        s, b, _ = await c.call("GET", c.meta_urls[2] + f"/v1/cluster?min_version={version}")
+        assert s == 200, b
+        devcluster.stop_member(c.dir, "m3")
+        assert not os.path.exists(os.path.join(c.dir, "m3", "data", SNAPSHOT_FILE))
+        db = os.path.join(c.dir, "m3", "data", "projection.db")
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(db + suffix):
+                os.remove(db + suffix)
+        out = subprocess.run([sys.executable, "-m", "ops.cli", "meta", "rebuild-projection", "--config",
+                              os.path.join(c.dir, "m3", "config.json")], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rebuilt": True, "position": version, "from_source": 0}
+        assert [r["version"] for r in _dump(db)["events"]] == list(range(1, version + 1))
 
 
 def _position(db: str) -> int:
