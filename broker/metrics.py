@@ -1,7 +1,8 @@
 """Prometheus metrics of one broker, in its node's registry (tests run several brokers in one process).
 
 Traffic and latency are counted where they happen (writes.py, reads.py, the storage's fsync); the session's state,
-the disk's free bytes and each physical queue's max offset are read when /metrics is scraped (``StateCollector``).
+the disk's free bytes and each physical queue's max offset are read when /metrics is scraped (``StateCollector``),
+and so is each group's lag on the queues whose head is here (``ConsumerLagCollector``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from typing import Any
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, PlatformCollector, ProcessCollector
@@ -83,3 +85,42 @@ class StateCollector:
             for name, offset in sorted(offsets.items()):
                 per_queue.add_metric([name], offset)
             yield per_queue
+
+
+class ConsumerLagCollector:
+    """Per group and logic queue whose open head segment is on this broker: the committed offset and the lag behind
+    the queue's end. Exported by the broker holding the head, like the queue's max offset: every broker's scrape
+    together covers every queue once, and the scrape reads only local state (no peer calls at scrape time).
+
+    ``committed()`` is the offset store's durable commits {(group, topic, queue): next offset}; ``head(topic,
+    queue)`` the queue's newest segment; ``max_physical(seg)`` its local end."""
+
+    def __init__(self, me: str, committed: Callable[[], dict[tuple[str, str, int], int]],
+                 head: Callable[[str, int], Any], max_physical: Callable[[Any], int]):
+        self.me = me
+        self.committed = committed
+        self.head = head
+        self.max_physical = max_physical
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["group", "topic", "queue"]
+        offset = GaugeMetricFamily("stator_broker_consumer_committed_offset",
+                                   "A group's committed offset (next to read) on a logic queue whose head is here",
+                                   labels=labels)
+        lag = GaugeMetricFamily("stator_broker_consumer_lag_messages",
+                                "Messages of a logic queue whose head is here that a group has not committed yet",
+                                labels=labels)
+        rows = 0
+        for (group, topic, queue), committed in sorted(self.committed().items()):
+            seg = self.head(topic, queue)
+            if (committed < 0 or seg is None or seg.broker != self.me or seg.logic_end is not None
+                    or seg.logic_start is None):
+                continue
+            rows += 1
+            if rows > QUEUE_SERIES_MAX:
+                break
+            values = [group, topic, str(queue)]
+            offset.add_metric(values, committed)
+            lag.add_metric(values, max(0, seg.logic(self.max_physical(seg)) - committed))
+        yield offset
+        yield lag

@@ -15,7 +15,7 @@ from client.tls import client_context
 
 from .config import BrokerConfig
 from .locks import Barriers, LockTable
-from .metrics import BrokerMetrics, StateCollector
+from .metrics import BrokerMetrics, ConsumerLagCollector, StateCollector
 from .meta_link import MetaLink
 from .offsets import OffsetStore
 from .peers import Peers
@@ -67,6 +67,8 @@ class BrokerNode:
                               self.pop_signals)
         self.registry.register(PopCollector(self.pop))
         self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self._queue_max_offsets))
+        self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.head,
+                                                    self.writer.max_physical))
         self.barriers = Barriers(lambda g, t, q: self.reader.read_offset(g, t, q, False), self.reader.min_offset)
         self._tasks: list[asyncio.Task] = []
 

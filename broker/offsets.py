@@ -119,6 +119,10 @@ class OffsetStore:
     def get(self, group: str, topic: str, queue: int) -> int | None:
         return self._offsets.get((group, topic, queue))
 
+    def snapshot(self) -> dict[Key, int]:
+        """Every durable commit, as of now (a copy: the syncer thread goes on writing the store's own map)."""
+        return dict(self._offsets)
+
     async def commit(self, group: str, topic: str, queue: int, offset: int) -> None:
         """Returns once an fsync covering this commit's line has returned; raises the ApiErrors listed above."""
         future = asyncio.get_running_loop().create_future()

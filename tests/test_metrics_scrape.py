@@ -1,7 +1,7 @@
 """What an operator alerts on, scraped from real processes' /metrics and read with prometheus-client's own parser:
 meta (commit index, follower lag, role changes, proposal failures, apply latency, brokers by state, session expiries,
 seals and remaps in flight, build info), broker (traffic per topic, append and fsync latency, disk free, session
-state, per-queue max offset), process_* on both; long polls and SSE streams stay out of the latency histogram."""
+state, per-queue max offset, consumer lag per group and queue), process_* on both; long polls and SSE streams stay out of the latency histogram."""
 
 from __future__ import annotations
 
@@ -49,7 +49,12 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
                     got += await consumer.poll(timeout_s=0.5)
                     if len(got) >= 10:
                         break
-            assert len(got) == 10
+                assert len(got) == 10
+                assert sum((await consumer.commit_positions()).values()) == 10
+            # Three more that the group has not read: its lag, by the broker holding the queues' heads.
+            async with Producer(c.meta_urls, c.token("client"), "m") as producer:
+                for i in range(3):
+                    await producer.send(f"unread {i}")
             # A long poll and an SSE stream, ended before the scrape: counted as requests, not timed.
             async with RouteSubscription(c.meta_urls, c.token("client"), ["m"]) as routes:
                 await routes.get("m")
@@ -100,20 +105,22 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
         (labels, one), = b["stator_build_info"]
         assert one == 1 and labels["role"] == "broker"
         assert value(b, "process_cpu_seconds_total") > 0
-        assert value(b, "stator_broker_messages_in_total", topic="m") == 10
-        assert value(b, "stator_broker_bytes_in_total", topic="m") > 10 * len("message 0")
-        # Every message was served at least once (a consumer may read a batch again, each serving counts).
+        assert value(b, "stator_broker_messages_in_total", topic="m") == 13
+        assert value(b, "stator_broker_bytes_in_total", topic="m") > 13 * len("message 0")
+        # Every message read was served at least once (a consumer may read a batch again, each serving counts).
         served = value(b, "stator_broker_messages_out_total", topic="m")
         assert served >= 10
-        assert value(b, "stator_broker_bytes_out_total", topic="m") >= value(b, "stator_broker_bytes_in_total",
-                                                                             topic="m")
-        assert value(b, "stator_broker_append_seconds_count") == 10
-        assert value(b, "stator_broker_fsync_seconds_count") >= 10   # flush policy fsync: one per append at least
+        assert value(b, "stator_broker_bytes_out_total", topic="m") >= 10 * len("message 0")
+        assert value(b, "stator_broker_append_seconds_count") == 13
+        assert value(b, "stator_broker_fsync_seconds_count") >= 13   # flush policy fsync: one per append at least
         assert value(b, "stator_broker_disk_free_bytes") > 0
         assert value(b, "stator_broker_session_state", state="active") == 1
         assert value(b, "stator_broker_session_state", state="fenced") == 0
         assert value(b, "stator_broker_queues") == 2
-        assert sum(v for _, v in b["stator_broker_queue_max_offset"]) == 10
+        assert sum(v for _, v in b["stator_broker_queue_max_offset"]) == 13
+        assert sorted(ls["queue"] for ls, _ in b["stator_broker_consumer_lag_messages"]) == ["0", "1"]
+        assert sum(v for _, v in b["stator_broker_consumer_committed_offset"]) == 10
+        assert sum(v for ls, v in b["stator_broker_consumer_lag_messages"] if ls["group"] == "readers") == 3
 
         # A broker that stops heartbeating: the leader fences it and counts the expiry.
         c.kill9("b1")
