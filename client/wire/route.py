@@ -11,7 +11,9 @@ segment has gen > 0 has older ones, served by ``GET /v1/topics/{topic}/queues/{q
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
+
+from typing_extensions import TypedDict  # pydantic (meta/api/models.py) reads these on Python < 3.12
 
 SEGMENT_STATES = ("active", "sealing", "sealed")
 

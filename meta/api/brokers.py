@@ -9,13 +9,13 @@ from ..commands import validate
 from client.wire.errors import invalid
 from client.wire.server import requires
 
-from .http import body_object, only_fields, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
+from . import models
+from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
 
 
 @requires("broker")
 async def register(request: web.Request) -> web.Response:
-    body = await body_object(request)
-    only_fields(body, {"address", "zone"})
+    body = await body_of(request, models.RegisterBroker)
     cmd = {"type": "RegisterBroker", "broker": request.match_info["broker"], "address": body.get("address"),
            "zone": body.get("zone")}
     return await submit(request, cmd)
@@ -23,8 +23,7 @@ async def register(request: web.Request) -> web.Response:
 
 @requires("broker")
 async def seal(request: web.Request) -> web.Response:
-    body = await body_object(request)
-    only_fields(body, {"epoch", "topic", "queue", "gen", "end_offset", "physical_queue"})
+    body = await body_of(request, models.Seal)
     cmd = {"type": "SealSegment", "broker": request.match_info["broker"],
            **{k: body.get(k) for k in ("epoch", "topic", "queue", "gen", "end_offset")}}
     if body.get("physical_queue") is not None:
@@ -36,8 +35,7 @@ async def seal(request: web.Request) -> web.Response:
 async def seal_many(request: web.Request) -> web.Response:
     """Many seal reports in one command: ``{"epoch", "seals": [{topic, queue, gen, end_offset, physical_queue}]}``
     answers ``{"results": [{"ok", "logic_end"} | {"ok": false, "code", "status"}], "version"}`` in order."""
-    body = await body_object(request)
-    only_fields(body, {"epoch", "seals"})
+    body = await body_of(request, models.Seals)
     cmd = {"type": "SealSegments", "broker": request.match_info["broker"], "epoch": body.get("epoch"),
            "seals": body.get("seals")}
     return await submit(request, cmd)
@@ -46,9 +44,8 @@ async def seal_many(request: web.Request) -> web.Response:
 @requires("broker")
 async def heartbeat(request: web.Request) -> web.Response:
     svc = service(request)
-    body = await body_object(request)
+    body = await body_of(request, models.BrokerHeartbeat)
     broker = request.match_info["broker"]
-    only_fields(body, {"epoch", "queues"})
     queues = body.get("queues", {})
     validate({"type": "UnfenceBroker", "broker": broker, "epoch": body.get("epoch")})
     if not isinstance(queues, dict) or len(queues) > limits.HEARTBEAT_QUEUES_MAX:

@@ -9,7 +9,8 @@ from ..commands import validate
 from client.wire.errors import rejection
 from client.wire.server import requires
 
-from .http import (body_object, only_fields, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit,
+from . import models
+from .http import (body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit,
                    with_expected_version)
 
 
@@ -22,8 +23,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     """Joins or renews a member; only a join, a change of topics or a release enters the log (group_sessions.py)."""
     svc = service(request)
     raw = await request.read()
-    body = await body_object(request)
-    only_fields(body, {"member", "topics", "mode", "released"})
+    body = await body_of(request, models.GroupHeartbeat)
     group = request.match_info["group"]
     join = {"type": "JoinGroup", "group": group, "member": body.get("member"), "topics": body.get("topics"),
             "mode": body.get("mode")}
@@ -42,8 +42,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 @requires("client")
 async def leave(request: web.Request) -> web.Response:
-    body = await body_object(request)
-    only_fields(body, {"member"})
+    body = await body_of(request, models.LeaveGroup)
     cmd = with_expected_version(request, {"type": "LeaveGroup", "group": request.match_info["group"],
                                            "member": body.get("member")})
     return await submit(request, cmd)  # the leader's lease table drops members the image no longer has
@@ -51,7 +50,7 @@ async def leave(request: web.Request) -> web.Response:
 
 @requires("admin")
 async def set_config(request: web.Request) -> web.Response:
-    body = await body_object(request)
+    body = await body_of(request, models.GroupConfig)
     cmd = with_expected_version(request, {"type": "SetGroupConfig", "group": request.match_info["group"],
                                            "config": body})
     return await submit(request, cmd)

@@ -8,10 +8,11 @@ from typing import Any
 from aiohttp import web
 
 from client.wire import json_body
-from client.wire.errors import ApiError, invalid
+from client.wire.errors import ApiError
 from client.wire.params import int_in
 from client.wire.headers import request_id_header
 from ..service import MetaService
+from . import models
 from .keys import SERVICE
 
 JSON = "application/json"
@@ -27,6 +28,11 @@ def respond(data: Any, status: int = 200) -> web.Response:
 
 async def body_object(request: web.Request) -> dict[str, Any]:
     return json_body.parse_object(await request.read())
+
+
+async def body_of(request: web.Request, model: Any) -> dict[str, Any]:
+    """The request's JSON object, checked against ``model`` (meta/api/models.py, the spec's source)."""
+    return models.validate(model, await body_object(request))
 
 
 def refuse_if_no_longer_leader(request: web.Request) -> None:
@@ -78,8 +84,3 @@ def with_expected_version(request: web.Request, cmd: dict[str, Any]) -> dict[str
         cmd["expected_version"] = ev
     return cmd
 
-
-def only_fields(body: dict[str, Any], allowed: set[str]) -> None:
-    unknown = set(body) - allowed
-    if unknown:
-        raise invalid(f"unknown fields: {sorted(unknown)}", allowed=sorted(allowed))

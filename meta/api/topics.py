@@ -9,7 +9,8 @@ from client.wire.params import int_in
 from client.wire.errors import invalid, rejection
 from client.wire.server import requires
 
-from .http import body_object, only_fields, respond, service, submit, with_expected_version
+from . import models
+from .http import body_object, body_of, respond, service, submit, with_expected_version
 
 
 def _topic_not_found(name: str):
@@ -18,8 +19,7 @@ def _topic_not_found(name: str):
 
 @requires("admin")
 async def create_topic(request: web.Request) -> web.Response:
-    body = await body_object(request)
-    only_fields(body, {"topic", "queues", "brokers", "slots", "order", "config"})
+    body = await body_of(request, models.CreateTopic)
     return await submit(request, with_expected_version(request, {"type": "CreateTopic", **body}), 201)
 
 
@@ -51,19 +51,19 @@ async def grow_topic(request: web.Request) -> web.Response:
     body = await body_object(request)
     if set(body) != {"queues"}:
         raise invalid("PATCH takes exactly {\"queues\": N}; a static topic only grows")
+    models.validate(models.GrowTopic, body)
     return await submit(request, _topic_cmd(request, "GrowTopic", queues=body["queues"]))
 
 
 @requires("admin")
 async def set_config(request: web.Request) -> web.Response:
-    body = await body_object(request)
+    body = await body_of(request, models.TopicConfig)
     return await submit(request, _topic_cmd(request, "SetTopicConfig", config=body))
 
 
 @requires("admin")
 async def remap_topic(request: web.Request) -> web.Response:
-    body = await body_object(request)
-    only_fields(body, {"brokers", "queues"})
+    body = await body_of(request, models.Remap)
     fields = {"brokers": body.get("brokers")}
     if body.get("queues") is not None:
         fields["queues"] = body["queues"]

@@ -1,0 +1,371 @@
+"""The shapes of the meta API's bodies, defined once: handlers validate request bodies with them, and
+/v1/openapi.json is generated from them (meta/api/openapi.py), so the spec cannot drift from what is checked.
+
+Request bodies are validated strictly (no coercion: "1" is not 1, true is not 1) and refuse unknown fields by name;
+the state machine's own validation (meta/commands.py) runs again inside apply, because a command may reach the log
+without passing through HTTP. Response shapes are checked against live answers by tests/test_openapi_live.py.
+Responses may grow fields (API.md: add, never rename), so only their known fields are listed and typed.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
+from typing_extensions import NotRequired, TypedDict
+
+from client.wire import route as route_model
+from client.wire.errors import invalid
+
+from .. import limits
+from ..commands import GROUP_CONFIG_INTS
+
+STRICT = ConfigDict(extra="forbid", strict=True)
+OPEN = ConfigDict(extra="allow")
+
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$", min_length=1, max_length=127)]
+Version = Annotated[int, Field(ge=0, le=2**62)]
+Epoch = Annotated[int, Field(ge=1, le=2**62)]
+Queue = Annotated[int, Field(ge=0, le=limits.QUEUES_PER_TOPIC_MAX - 1)]
+ConfigValue = Annotated[str, StringConstraints(max_length=limits.CONFIG_VALUE_CHARS_MAX)]
+ConfigKey = Annotated[str, StringConstraints(min_length=1, max_length=limits.CONFIG_KEY_CHARS_MAX)]
+
+
+def _bounded(setting: str) -> Any:
+    lo, hi = GROUP_CONFIG_INTS[setting]
+    return Annotated[int, Field(ge=lo, le=hi)]
+
+
+TopicConfig = Annotated[dict[ConfigKey, ConfigValue | None], Field(max_length=limits.CONFIG_KEYS_MAX)]
+
+
+# -- requests --------------------------------------------------------------------------------------------------
+@with_config(STRICT)
+class RegisterBroker(TypedDict):
+    address: Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]+$", max_length=limits.ADDRESS_CHARS_MAX)]
+    zone: NotRequired[Annotated[str, StringConstraints(max_length=64)] | None]
+
+
+@with_config(STRICT)
+class BrokerHeartbeat(TypedDict):
+    epoch: Epoch
+    queues: NotRequired[Annotated[dict[str, Annotated[int, Field(ge=0)]],
+                                  Field(max_length=limits.HEARTBEAT_QUEUES_MAX)]]
+
+
+@with_config(STRICT)
+class SealReport(TypedDict):
+    topic: Name
+    queue: Queue
+    gen: Version
+    end_offset: Version
+    physical_queue: NotRequired[Annotated[str, StringConstraints(max_length=300)] | None]
+
+
+@with_config(STRICT)
+class Seal(SealReport):
+    epoch: Epoch
+
+
+@with_config(STRICT)
+class Seals(TypedDict):
+    epoch: Epoch
+    seals: Annotated[list[SealReport], Field(min_length=1, max_length=limits.SEALS_PER_REPORT_MAX)]
+
+
+@with_config(STRICT)
+class CreateTopic(TypedDict):
+    topic: Name
+    queues: Annotated[int, Field(ge=1, le=limits.QUEUES_PER_TOPIC_MAX)]
+    brokers: NotRequired[Annotated[list[Name], Field(min_length=1, max_length=limits.BROKERS_MAX)] | None]
+    slots: NotRequired[Annotated[int, Field(ge=1, le=limits.SLOTS_PER_TOPIC_MAX)]]
+    order: NotRequired[Literal["best_tried", "strict"]]
+    config: NotRequired[TopicConfig]
+
+
+@with_config(STRICT)
+class GrowTopic(TypedDict):
+    queues: Annotated[int, Field(ge=1, le=limits.QUEUES_PER_TOPIC_MAX)]
+
+
+@with_config(STRICT)
+class Remap(TypedDict):
+    brokers: Annotated[list[Name], Field(min_length=1, max_length=limits.BROKERS_MAX)]
+    queues: NotRequired[Annotated[list[Queue], Field(min_length=1, max_length=limits.QUEUES_PER_TOPIC_MAX)] | None]
+
+
+@with_config(STRICT)
+class LockRef(TypedDict):
+    topic: Name
+    queue: Queue
+    token: Epoch
+
+
+@with_config(STRICT)
+class GroupHeartbeat(TypedDict):
+    member: Name
+    topics: Annotated[list[Name], Field(min_length=1, max_length=limits.GROUP_TOPICS_MAX)]
+    mode: Literal["exclusive", "shared"]
+    released: NotRequired[Annotated[list[LockRef], Field(max_length=limits.RELEASES_PER_HEARTBEAT_MAX)] | None]
+
+
+@with_config(STRICT)
+class LeaveGroup(TypedDict):
+    member: Name
+
+
+@with_config(STRICT)
+class GroupConfig(TypedDict, total=False):
+    lease_ms: _bounded("lease_ms") | None
+    heartbeat_interval_ms: _bounded("heartbeat_interval_ms") | None
+    max_attempts: _bounded("max_attempts") | None
+    retry_topic: Name | None
+    mode: Literal["exclusive", "shared"] | None
+
+
+# -- responses -------------------------------------------------------------------------------------------------
+@with_config(OPEN)
+class ErrorBody(TypedDict):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+@with_config(OPEN)
+class Error(TypedDict):
+    error: ErrorBody
+
+
+@with_config(OPEN)
+class WriteResult(TypedDict):
+    """A command's outcome: the version it made, plus what the command reports (a topic, a group's locks...)."""
+    version: int
+
+
+@with_config(OPEN)
+class Member(TypedDict):
+    node: str
+    raft: str
+    url: str
+
+
+@with_config(OPEN)
+class Cluster(TypedDict):
+    node: str
+    role: str
+    leader: str | None
+    term: int
+    commit_index: int
+    applied_version: int
+    members: list[Member]
+
+
+@with_config(OPEN)
+class Broker(TypedDict):
+    broker: str
+    address: str
+    zone: str | None
+    epoch: int
+    state: Literal["active", "fenced"]
+    last_heartbeat_ms: int | None
+
+
+@with_config(OPEN)
+class Brokers(TypedDict):
+    brokers: list[Broker]
+
+
+@with_config(OPEN)
+class TopicSummary(TypedDict):
+    topic: str
+    queues: int
+    version: int
+
+
+@with_config(OPEN)
+class Topics(TypedDict):
+    topics: list[TopicSummary]
+
+
+@with_config(OPEN)
+class StoredSegment(TypedDict):
+    gen: int
+    broker: str
+    physical_queue: str
+    physical_start: int
+    logic_start: int | None
+    logic_end: int | None
+    state: Literal["active", "sealing", "sealed"]
+    budget_end: int
+
+
+@with_config(OPEN)
+class LogicQueue(TypedDict):
+    queue: int
+    slot_ranges: list[list[int]]
+    segments: list[StoredSegment]
+
+
+@with_config(OPEN)
+class TopicDetail(TypedDict):
+    topic: str
+    queues: int
+    slots: int
+    order: Literal["best_tried", "strict"]
+    version: int
+    incarnation: int
+    created_ms: int
+    config: dict[str, str]
+    logic_queues: list[LogicQueue]
+
+
+@with_config(OPEN)
+class QueueSegments(TypedDict):
+    topic: str
+    queue: int
+    version: int
+    segments: list[route_model.SegmentJson]
+
+
+@with_config(OPEN)
+class Event(TypedDict):
+    """A stored event: its type's own fields come beside these (API.md, events)."""
+    version: int
+    ts: int
+    type: str
+
+
+@with_config(OPEN)
+class History(TypedDict):
+    events: list[Event]
+    next_after: int
+
+
+@with_config(OPEN)
+class ImageDigest(TypedDict):
+    node: str
+    version: int
+    commands: int
+    sha256: str
+    bytes: int
+
+
+@with_config(OPEN)
+class GroupSummary(TypedDict):
+    group: str
+    mode: str | None
+    members: int
+    locks: int
+    version: int
+
+
+@with_config(OPEN)
+class Groups(TypedDict):
+    groups: list[GroupSummary]
+
+
+@with_config(OPEN)
+class GroupMember(TypedDict):
+    member: str
+    topics: list[str]
+    mode: str
+    joined_ms: int
+    lease_expires_ms: int | None
+
+
+@with_config(OPEN)
+class Assignment(TypedDict):
+    topic: str
+    queue: int
+    member: str
+    token: int
+    state: Literal["owned", "revoking"]
+    target: str | None
+    granted_ms: int
+    lease_expires_ms: int | None
+    committed_offset: int | None
+    max_offset: int | None
+    lag: int | None
+
+
+@with_config(OPEN)
+class GroupDetail(TypedDict):
+    group: str
+    mode: str | None
+    config: dict[str, Any]
+    version: int
+    members: list[GroupMember]
+    assignments: list[Assignment]
+
+
+@with_config(OPEN)
+class Health(TypedDict):
+    status: str
+    node: str
+
+
+@with_config(OPEN)
+class Ready(TypedDict):
+    ready: bool
+    role: str
+    applied_version: int
+    projection_position: int
+    projection_gap_versions: int
+    projection_complete: bool
+
+
+@with_config(OPEN)
+class BrokerHeartbeatAnswer(TypedDict):
+    state: Literal["active", "fenced"]
+    version: int
+    budgets: dict[str, int]
+    budget_grant: int
+    heartbeat_interval_ms: int
+    session_timeout_ms: int
+
+
+@with_config(OPEN)
+class OwnedQueue(TypedDict):
+    topic: str
+    queue: int
+    token: int
+    lease_expires_ms: int
+
+
+@with_config(OPEN)
+class GroupHeartbeatAnswer(TypedDict):
+    assignments: list[OwnedQueue]
+    revoking: list[dict[str, Any]]
+    heartbeat_interval_ms: int
+    lease_ms: int
+    config: dict[str, Any]
+    version: int
+
+
+@with_config(OPEN)
+class SealResults(TypedDict):
+    results: list[dict[str, Any]]
+    version: int
+
+
+Route = with_config(OPEN)(route_model.RouteJson)
+NAMES = {TopicConfig: "TopicConfig"}   # the spec's names of models that are not classes
+
+
+@lru_cache(maxsize=None)
+def adapter(model: Any) -> TypeAdapter:
+    return TypeAdapter(model)
+
+
+def validate(model: Any, body: Any) -> dict[str, Any]:
+    """``body`` if it has ``model``'s shape, else 400 INVALID_ARGUMENT naming the first field that does not."""
+    try:
+        adapter(model).validate_python(body)
+    except ValidationError as e:
+        first = e.errors(include_url=False, include_input=False)[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        if first["type"] == "extra_forbidden":
+            raise invalid(f"unknown field {field!r}", field=field) from None
+        raise invalid(f"{field}: {first['msg']}", field=field) from None
+    return body
