@@ -9,20 +9,16 @@ Responses may grow fields (API.md: add, never rename), so only their known field
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
+from pydantic import Field, StringConstraints, with_config
 from typing_extensions import NotRequired, TypedDict
 
 from client.wire import route as route_model
-from client.wire.errors import invalid
+from client.wire.shapes import OPEN, STRICT, validate  # noqa: F401  (validate: the handlers' entry point)
 
 from .. import limits
 from ..commands import GROUP_CONFIG_INTS
-
-STRICT = ConfigDict(extra="forbid", strict=True)
-OPEN = ConfigDict(extra="allow")
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$", min_length=1, max_length=127)]
 Version = Annotated[int, Field(ge=0, le=2**62)]
@@ -351,21 +347,3 @@ class SealResults(TypedDict):
 
 Route = with_config(OPEN)(route_model.RouteJson)
 NAMES = {TopicConfig: "TopicConfig"}   # the spec's names of models that are not classes
-
-
-@lru_cache(maxsize=None)
-def adapter(model: Any) -> TypeAdapter:
-    return TypeAdapter(model)
-
-
-def validate(model: Any, body: Any) -> dict[str, Any]:
-    """``body`` if it has ``model``'s shape, else 400 INVALID_ARGUMENT naming the first field that does not."""
-    try:
-        adapter(model).validate_python(body)
-    except ValidationError as e:
-        first = e.errors(include_url=False, include_input=False)[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        if first["type"] == "extra_forbidden":
-            raise invalid(f"unknown field {field!r}", field=field) from None
-        raise invalid(f"{field}: {first['msg']}", field=field) from None
-    return body

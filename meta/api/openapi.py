@@ -8,34 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from client.wire.shapes import SpecSchemas
+
 from . import models
 
-REF = "#/components/schemas/{model}"
-_SCHEMAS: dict[str, Any] = {}
-
-
-def _schema(model: Any) -> dict[str, str]:
-    """A $ref to ``model``'s schema, registered in the components with the models it uses."""
-    schema = models.adapter(model).json_schema(ref_template=REF)
-    _SCHEMAS.update(schema.pop("$defs", {}))
-    name = schema.get("title") or models.NAMES[model]
-    _SCHEMAS[name] = schema
-    return {"$ref": REF.format(model=name)}
-
-
-def _json(schema: dict) -> dict:
-    return {"application/json": {"schema": schema}}
+_SPEC_SCHEMAS = SpecSchemas(models.NAMES)
 
 
 def _op(summary: str, *, body: Any = None, params: list[dict] | None = None, ok: str = "200",
         roles: str = "client", answer: Any = models.WriteResult) -> dict[str, Any]:
-    err = {"description": "error", "content": _json(_schema(models.Error))}
+    err = {"description": "error", "content": _SPEC_SCHEMAS.content(models.Error)}
     op: dict[str, Any] = {"summary": f"{summary} (roles: {roles})", "parameters": params or [],
-                          "responses": {ok: {"description": "ok", "content": _json(_schema(answer))},
+                          "responses": {ok: {"description": "ok", "content": _SPEC_SCHEMAS.content(answer)},
                                         "400": err, "401": err, "403": err, "404": err, "409": err,
                                         "413": err, "503": err}}
     if body is not None:
-        op["requestBody"] = {"required": True, "content": _json(_schema(body))}
+        op["requestBody"] = {"required": True, "content": _SPEC_SCHEMAS.content(body)}
     return op
 
 
@@ -56,7 +44,7 @@ M = models
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "Stator meta service", "version": "v1"},
-    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": _SCHEMAS},
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": _SPEC_SCHEMAS.schemas},
     "security": [{"bearer": []}],
     "paths": {
         "/v1/cluster": {"get": _op("Cluster status", params=_READ, answer=M.Cluster)},
@@ -99,7 +87,7 @@ SPEC: dict[str, Any] = {
         "/v1/admin/image": {"get": {"summary": "This node's whole image as canonical JSON (headers X-Image-Version, "
                                                "X-Image-Sha256): a backup's source (roles: admin)", "parameters": _READ,
                                     "responses": {"200": {"description": "the image (meta/image.py)",
-                                                          "content": _json({"type": "object"})}}}},
+                                                          "content": {"application/json": {"schema": {"type": "object"}}}}}}},
         "/v1/groups": {"get": _op("List consumer groups", params=_READ, answer=M.Groups)},
         "/v1/groups/{group}": {"get": _op("A group's members, assignments, tokens, lease ends, committed offsets and "
                                           "lag (served by the leader)", params=[_p("group")], answer=M.GroupDetail)},

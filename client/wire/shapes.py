@@ -1,0 +1,52 @@
+"""Body shapes as typed models, for both services: validate a request body with one, and render its JSON Schema
+into an OpenAPI document's components. meta/api/models.py and broker/api/models.py hold the models; their
+openapi.py files build the spec from them, so a spec cannot drift from what the handlers check."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from .errors import invalid
+
+STRICT = ConfigDict(extra="forbid", strict=True)   # requests: no coercion, unknown fields refused by name
+OPEN = ConfigDict(extra="allow")                   # answers: they may grow fields (API.md: add, never rename)
+REF = "#/components/schemas/{model}"
+
+
+@lru_cache(maxsize=None)
+def adapter(model: Any) -> TypeAdapter:
+    return TypeAdapter(model)
+
+
+def validate(model: Any, body: Any) -> Any:
+    """``body`` if it has ``model``'s shape, else 400 INVALID_ARGUMENT naming the first field that does not."""
+    try:
+        adapter(model).validate_python(body)
+    except ValidationError as e:
+        first = e.errors(include_url=False, include_input=False)[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        if first["type"] == "extra_forbidden":
+            raise invalid(f"unknown field {field!r}", field=field) from None
+        raise invalid(f"{field}: {first['msg']}", field=field) from None
+    return body
+
+
+class SpecSchemas:
+    """The components/schemas of one OpenAPI document, filled as operations name their models."""
+
+    def __init__(self, names: dict[Any, str] | None = None):
+        self.schemas: dict[str, Any] = {}
+        self.names = names or {}   # models that are not classes (an Annotated alias) have no name of their own
+
+    def ref(self, model: Any) -> dict[str, str]:
+        schema = adapter(model).json_schema(ref_template=REF)
+        self.schemas.update(schema.pop("$defs", {}))
+        name = schema.get("title") or self.names[model]
+        self.schemas[name] = schema
+        return {"$ref": REF.format(model=name)}
+
+    def content(self, model: Any) -> dict[str, Any]:
+        return {"application/json": {"schema": self.ref(model)}}
