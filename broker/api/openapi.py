@@ -1,23 +1,30 @@
 """The OpenAPI 3.1 description of the broker's data API (served at /v1/openapi.json, as API.md asks of every process).
-tests/test_pop.py checks that it names every route the broker serves."""
+
+Request and answer schemas are generated from broker/api/models.py, the models the handlers check bodies with;
+tests/test_pop.py checks that the spec names every route the broker serves, tests/test_openapi_live.py that live
+answers match it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-_ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-_OBJ = {"type": "object"}
+from client.wire.shapes import SpecSchemas
+
+from . import models as M
+
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
+_SPEC_SCHEMAS = SpecSchemas()
 
 
-def _op(summary: str, *, body: dict | None = None, params: list[dict] | None = None,
+def _op(summary: str, answer: Any, *, body: Any = None, params: list[dict] | None = None,
         roles: str = "client, broker") -> dict[str, Any]:
+    err = {"description": "error", "content": _SPEC_SCHEMAS.content(M.Error)}
     op: dict[str, Any] = {"summary": f"{summary} (roles: {roles})", "parameters": params or [],
-                          "responses": {"200": {"description": "ok", "content": {"application/json": {"schema": _OBJ}}},
-                                        **{s: _ERR for s in ("400", "401", "403", "404", "409", "413", "503")}}}
+                          "responses": {"200": {"description": "ok", "content": _SPEC_SCHEMAS.content(answer)},
+                                        **{s: err for s in ("400", "401", "403", "404", "409", "413", "503")}}}
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        op["requestBody"] = {"required": True, "content": _SPEC_SCHEMAS.content(body)}
     return op
 
 
@@ -30,64 +37,53 @@ def _p(*names: str) -> list[dict]:
     return [{"name": n, "in": "path", "required": True, "schema": _INT if n == "queue" else _STR} for n in names]
 
 
-def _body(required: list[str], **props: dict) -> dict:
-    return {"type": "object", "required": required, "properties": props}
-
-
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "Stator broker", "version": "v1"},
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {"Error": _body(["error"], error=_body(["code", "message"], code=_STR, message=_STR,
-                                                           details=_OBJ))},
-    },
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+                   "schemas": _SPEC_SCHEMAS.schemas},
     "security": [{"bearer": []}],
     "paths": {
         "/v1/messages/{topic}/{queue}": {
-            "post": _op("Send to the queue's writable head", params=_p("topic", "queue"),
-                        body=_body(["messages"], messages={"type": "array", "items": _body(
-                            [], body=_STR, body_b64=_STR, key=_STR, props=_OBJ)})),
-            "get": _op("Pull over the queue's whole history", params=_p("topic", "queue")
+            "post": _op("Send to the queue's writable head", M.Sent, params=_p("topic", "queue"), body=M.Send),
+            "get": _op("Pull over the queue's whole history", M.Pulled, params=_p("topic", "queue")
                        + _q("offset", "max", "group", "token")),
         },
         "/v1/offsets/{group}/{topic}/{queue}": {
-            "put": _op("Commit a consumer offset", params=_p("group", "topic", "queue"),
-                       body=_body(["offset"], offset=_INT, token=_INT)),
-            "get": _op("A committed offset (-1: never)", params=_p("group", "topic", "queue") + _q("local")),
+            "put": _op("Commit a consumer offset", M.CommittedOffset, params=_p("group", "topic", "queue"),
+                       body=M.Commit),
+            "get": _op("A committed offset (-1: never)", M.CommittedOffset,
+                       params=_p("group", "topic", "queue") + _q("local")),
         },
-        "/v1/offsets/{group}/{topic}": {"get": _op("Committed offsets and queue ends", params=_p("group", "topic"))},
-        "/v1/queues/{topic}": {"get": _op("Logic min and max of the queues headed here", params=_p("topic"))},
-        "/v1/queues/{topic}/{queue}/offset": {"get": _op("First offset at or after a time",
+        "/v1/offsets/{group}/{topic}": {"get": _op("Committed offsets and queue ends", M.GroupOffsets,
+                                                   params=_p("group", "topic"))},
+        "/v1/queues/{topic}": {"get": _op("Logic min and max of the queues headed here", M.QueueRanges,
+                                          params=_p("topic"))},
+        "/v1/queues/{topic}/{queue}/offset": {"get": _op("First offset at or after a time", M.OffsetForTime,
                                                          params=_p("topic", "queue") + _q("ts"))},
-        "/v1/physical/{pq}": {"get": _op("Records of a physical queue", roles="broker", params=_p("pq")
-                                         + _q("offset", "max", "ts"))},
-        "/v1/pop/{topic}": {"post": _op(
-            "Pop: messages hidden for invisible_ms, each with a handle", params=_p("topic"),
-            body=_body(["group"], group=_STR, max={"type": "integer", "minimum": 1, "maximum": 1000, "default": 32},
-                       invisible_ms={"type": "integer", "minimum": 1000, "maximum": 43_200_000, "default": 60_000},
-                       queue=_INT, order={"type": "boolean", "default": False},
-                       wait_ms={"type": "integer", "minimum": 0, "maximum": 30_000, "default": 0}))},
-        "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle)",
-                                body=_body(["group", "handles"], group=_STR, handles={
-                                    "type": "array", "minItems": 1, "maxItems": 1000, "items": _STR}))},
+        "/v1/physical/{pq}": {"get": _op("Records of a physical queue", M.PhysicalRead, roles="broker",
+                                         params=_p("pq") + _q("offset", "max", "ts"))},
+        "/v1/pop/{topic}": {"post": _op("Pop: messages hidden for invisible_ms, each with a handle", M.Popped,
+                                        params=_p("topic"), body=M.Pop)},
+        "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle)", M.Acked,
+                                body=M.Ack)},
         "/v1/invisible": {"post": _op("Change a delivery's invisible time: a new handle, the old one expires",
-                                      body=_body(["group", "handle", "invisible_ms"], group=_STR, handle=_STR,
-                                                 invisible_ms={"type": "integer", "minimum": 1000,
-                                                               "maximum": 43_200_000}))},
-        "/v1/dlq/{group}": {"get": _op("The group's dead letters", params=_p("group") + _q("offset", "max"))},
-        "/v1/pop-stats/{group}": {"get": _op("Pop offset, in-flight, revive backlog per queue; DLQ size",
+                                      M.NewHandle, body=M.ChangeInvisible)},
+        "/v1/dlq/{group}": {"get": _op("The group's dead letters", M.DeadLetters, params=_p("group")
+                                       + _q("offset", "max"))},
+        "/v1/pop-stats/{group}": {"get": _op("Pop offset, in-flight, revive backlog per queue; DLQ size", M.PopStats,
                                              params=_p("group"))},
         "/v1/pop-handover/{group}/{topic}/{queue}": {"post": _op(
-            "A new head takes over this broker's pop state of a queue", roles="broker",
+            "A new head takes over this broker's pop state of a queue", M.Handover, roles="broker",
             params=_p("group", "topic", "queue") + _q("route_version"))},
         "/v1/pop-adopt/{group}/{topic}/{queue}": {"post": _op(
-            "An old head hands over deliveries that came due", roles="broker", params=_p("group", "topic", "queue"),
-            body=_body(["deliveries"], deliveries={"type": "array", "items": {
-                "type": "array", "items": _INT, "minItems": 2, "maxItems": 2}}))},
-        "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
-        "/readyz": {"get": {"summary": "Registered and not fenced", "security": [],
-                            "responses": {"200": {"description": "ready"}, "503": _ERR}}},
+            "An old head hands over deliveries that came due", M.Adopted, roles="broker",
+            params=_p("group", "topic", "queue"), body=M.Adopt)},
+        "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {
+            "200": {"description": "ok", "content": _SPEC_SCHEMAS.content(M.Health)}}}},
+        "/readyz": {"get": {"summary": "Registered and not fenced", "security": [], "responses": {
+            "200": {"description": "ready", "content": _SPEC_SCHEMAS.content(M.Ready)},
+            "503": {"description": "not ready", "content": _SPEC_SCHEMAS.content(M.Ready)}}}},
         "/metrics": {"get": {"summary": "Prometheus text", "security": [],
                              "responses": {"200": {"description": "ok"}}}},
         "/v1/openapi.json": {"get": {"summary": "This document", "security": [],

@@ -1,0 +1,262 @@
+"""The shapes of the broker API's bodies, defined once: handlers check request bodies with them, and the broker's
+/v1/openapi.json is generated from them (broker/api/openapi.py). The handlers' own parsers (broker/codec.py for
+messages, broker/pop/params.py for pop) then read the checked bodies; tests/test_openapi_live.py holds live answers
+to the spec. Answers may grow fields (API.md: add, never rename), so only their known fields are listed."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints, with_config
+from typing_extensions import NotRequired, TypedDict
+
+from client.wire.shapes import OPEN, STRICT
+
+from ..pop.limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,
+                          WAIT_MS_MAX)
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+Offset = Annotated[int, Field(ge=0, le=2**62)]
+InvisibleMs = Annotated[int, Field(ge=INVISIBLE_MS_MIN, le=INVISIBLE_MS_MAX)]
+assert DLQ_READ_MAX > 0   # the query bound; named here so the spec and the parser share pop/limits.py
+
+
+# -- requests --------------------------------------------------------------------------------------------------
+@with_config(STRICT)
+class TextMessage(TypedDict):
+    body: str
+    key: NotRequired[str | None]
+    props: NotRequired[dict[str, str] | None]
+
+
+@with_config(STRICT)
+class BinaryMessage(TypedDict):
+    body_b64: str
+    key: NotRequired[str | None]
+    props: NotRequired[dict[str, str] | None]
+
+
+Message = TextMessage | BinaryMessage   # exactly one of body and body_b64
+
+
+@with_config(STRICT)
+class Send(TypedDict):
+    messages: list[Message]
+
+
+@with_config(STRICT)
+class Commit(TypedDict):
+    offset: Annotated[int, Field(ge=-1, le=2**62)]
+    token: NotRequired[Annotated[int, Field(ge=0, le=2**62)] | None]
+
+
+@with_config(STRICT)
+class Pop(TypedDict):
+    group: Name
+    max: NotRequired[Annotated[int, Field(ge=1, le=POP_MESSAGES_MAX)] | None]
+    invisible_ms: NotRequired[InvisibleMs | None]
+    queue: NotRequired[Annotated[int, Field(ge=0, le=2**31)] | None]
+    order: NotRequired[bool]
+    wait_ms: NotRequired[Annotated[int, Field(ge=0, le=WAIT_MS_MAX)] | None]
+
+
+@with_config(STRICT)
+class Ack(TypedDict):
+    group: Name
+    handles: Annotated[list[Any], Field(min_length=1, max_length=HANDLES_PER_ACK_MAX)]
+
+
+@with_config(STRICT)
+class ChangeInvisible(TypedDict):
+    group: Name
+    handle: Any
+    invisible_ms: InvisibleMs
+
+
+@with_config(STRICT)
+class Adopt(TypedDict):
+    deliveries: Annotated[list[Annotated[list[Offset], Field(min_length=2, max_length=2)]],
+                          Field(max_length=100_000)]
+
+
+# -- answers ---------------------------------------------------------------------------------------------------
+@with_config(OPEN)
+class ErrorBody(TypedDict):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+@with_config(OPEN)
+class Error(TypedDict):
+    error: ErrorBody
+
+
+@with_config(OPEN)
+class Sent(TypedDict):
+    queue: int
+    offsets: list[int]
+
+
+@with_config(OPEN)
+class StoredMessage(TypedDict):
+    offset: int
+    ts: int
+    key: str | None
+    props: dict[str, str]
+    body: NotRequired[str]
+    body_b64: NotRequired[str]
+
+
+@with_config(OPEN)
+class Pulled(TypedDict):
+    messages: list[StoredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@with_config(OPEN)
+class CommittedOffset(TypedDict):
+    offset: int
+
+
+@with_config(OPEN)
+class GroupQueueOffset(TypedDict):
+    queue: int
+    offset: int
+    max_offset: int
+
+
+@with_config(OPEN)
+class GroupOffsets(TypedDict):
+    queues: list[GroupQueueOffset]
+
+
+@with_config(OPEN)
+class QueueRange(TypedDict):
+    queue: int
+    min_offset: int
+    max_offset: int
+
+
+@with_config(OPEN)
+class QueueRanges(TypedDict):
+    queues: list[QueueRange]
+
+
+@with_config(OPEN)
+class OffsetForTime(TypedDict):
+    queue: int
+    offset: int
+
+
+@with_config(OPEN)
+class PhysicalRecord(TypedDict):
+    offset: int
+    ts: int
+    payload: dict[str, Any]
+
+
+@with_config(OPEN)
+class PhysicalRead(TypedDict):
+    records: list[PhysicalRecord]
+    min_offset: int
+    max_offset: int
+
+
+@with_config(OPEN)
+class PoppedMessage(TypedDict):
+    queue: int
+    offset: int
+    handle: str
+    attempt: int
+    key: str | None
+    props: dict[str, str]
+    body: NotRequired[str]
+    body_b64: NotRequired[str]
+
+
+@with_config(OPEN)
+class Popped(TypedDict):
+    messages: list[PoppedMessage]
+
+
+@with_config(OPEN)
+class AckResult(TypedDict):
+    handle: str | None
+    ok: bool
+    code: NotRequired[str]
+
+
+@with_config(OPEN)
+class Acked(TypedDict):
+    results: list[AckResult]
+
+
+@with_config(OPEN)
+class NewHandle(TypedDict):
+    handle: str
+
+
+@with_config(OPEN)
+class DeadLetter(TypedDict):
+    offset: int
+    topic: str
+    queue: int
+    origin_offset: int
+    attempts: int
+
+
+@with_config(OPEN)
+class DeadLetters(TypedDict):
+    messages: list[DeadLetter]
+    next_offset: int
+
+
+@with_config(OPEN)
+class PopQueueStats(TypedDict):
+    group: str
+    topic: str
+    queue: int
+    pop_offset: int
+    in_flight: int
+    invisible: int
+    revive_backlog: int
+    frozen: bool
+    gen: int
+
+
+@with_config(OPEN)
+class PopStats(TypedDict):
+    group: str
+    broker: str
+    queues: list[PopQueueStats]
+    dlq_messages: int
+
+
+@with_config(OPEN)
+class Handover(TypedDict):
+    found: bool
+    gen: NotRequired[int]
+    next_offset: NotRequired[int]
+    in_flight: NotRequired[int]
+
+
+@with_config(OPEN)
+class Adopted(TypedDict):
+    adopted: int
+
+
+@with_config(OPEN)
+class Health(TypedDict):
+    status: Literal["ok"]
+    broker: str
+
+
+@with_config(OPEN)
+class Ready(TypedDict):
+    ready: bool
+    state: str
+    epoch: int | None
+    route_version: int
