@@ -79,6 +79,25 @@ def load_snapshot_before_any_apply(so: SyncObj) -> None:
     so._SyncObj__needLoadDumpFile = False
 
 
+def finish_interrupted_compaction(so: SyncObj, snapshot: Snapshot) -> bool:
+    """Cut the journal to start at the snapshot's two entries when it still holds them further on; True if it did.
+
+    A compaction is two steps: the snapshot file is renamed into place (by the writer), then a later tick cuts the
+    journal to start at the snapshot's ``previous`` entry. A node stopped between the two restarts with a journal
+    that starts earlier, and pysyncobj's loader, seeing a journal that does not start with those entries, clears
+    it: every entry after the snapshot would be gone from this node, acknowledged ones included (with
+    journal_sync fsync, entries the leader counted toward a commit). Finishing the cut first keeps them."""
+    journal = so._SyncObj__raftLog
+    previous, last = _raw_entry(snapshot.previous), _raw_entry(snapshot.last_applied)
+    if len(journal) < 2 or journal[0] == previous:
+        return False
+    at = previous[1] - journal[0][1]   # journal indexes are contiguous
+    if not 0 < at < len(journal) - 1 or journal[at] != previous or journal[at + 1] != last:
+        return False                   # not this log's entries (a snapshot installed from the leader): a clear is right
+    journal.deleteEntriesTo(at)
+    return True
+
+
 def save_commit_index(so: SyncObj) -> None:
     """What the journal's one-second timer does: persist the commit index it otherwise saves lazily."""
     so._SyncObj__raftLog.onOneSecondTimer()
@@ -166,10 +185,15 @@ def committed_calls(journal_path: str, after_index: int) -> Iterator[tuple[Any, 
             command, index, _term = journal[i]
             if index <= after_index or index > commit or not command or command[0] != REGULAR_COMMAND:
                 continue
-            decoded = _pickle.loads(command[1:])
-            yield decoded[1] if isinstance(decoded, tuple) and len(decoded) > 1 else ()
+            yield call_args(command)
     finally:
         journal._destroy()
+
+
+def call_args(command: bytes) -> tuple[Any, ...]:
+    """The arguments of the replicated call a regular journal entry's command holds (pysyncobj's own pickle)."""
+    decoded = _pickle.loads(command[1:])
+    return decoded[1] if isinstance(decoded, tuple) and len(decoded) > 1 else ()
 
 
 # -- journal durability (group commit) -------------------------------------------------------------------------

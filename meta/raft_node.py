@@ -298,6 +298,8 @@ class MetaSyncObj(SyncObj):
             # Going on would leave the image empty while the log resumes after the snapshot: a diverged replica.
             log.critical("raft_snapshot_unreadable", path=path, exc_info=True)
             os._exit(EXIT_REPLICA_UNTRUSTED)
+        if shim.finish_interrupted_compaction(self, snapshot):
+            log.warning("raft_compaction_finished_on_start", path=path, journal_starts_at=snapshot.previous.index)
         with self.image_lock:
             self.image_data = snapshot.image
         self._local.freeze_pending = True
