@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ class ReadFacade:
         self.feed = feed
         self.version_waiters = version_waiters
         self._route_cache = RouteCache(limits.ROUTE_CACHE_BYTES_MAX)
+        self._route_gzip_cache = RouteCache(limits.ROUTE_GZIP_CACHE_BYTES_MAX)   # used on the event loop only
         self._leaderless_since: float | None = None
 
     @property
@@ -51,6 +53,28 @@ class ReadFacade:
     def route_bytes(self, topic: str) -> tuple[int, bytes] | None:
         """The topic's route as JSON, rendered once per version and shared by every subscriber."""
         return self._rendered(topic, lambda image: image.topic(topic), views.route)
+
+    async def route_for(self, topic: str, gzip_ok: bool) -> tuple[int, bytes, bool] | None:
+        """(version, body, gzipped) of the topic's route: gzip'd once per version for a reader that takes it when
+        the route is big, else as rendered. Compressed in a worker thread (zlib releases the GIL)."""
+        if gzip_ok:
+            def cached(image: Image):
+                t = image.topic(topic)
+                return None if t is None else (t["version"], self._route_gzip_cache.get(topic, t["version"]))
+            found = self.read(cached)
+            if found is None:
+                self._route_gzip_cache.drop(topic)
+                return None
+            if found[1] is not None:
+                return found[0], found[1], True
+        route = self.route_bytes(topic)
+        if route is None:
+            return None
+        if not gzip_ok or len(route[1]) < limits.ROUTE_GZIP_MIN_BYTES:
+            return route[0], route[1], False
+        packed = await asyncio.to_thread(gzip.compress, route[1], limits.ROUTE_GZIP_LEVEL, mtime=0)
+        self._route_gzip_cache.put(topic, route[0], packed)
+        return route[0], packed, True
 
     def group_bytes(self, key: str) -> tuple[int, bytes] | None:
         """A group's ``group`` watch event (``key`` is its change-feed key), rendered once per group version."""

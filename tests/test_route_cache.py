@@ -1,6 +1,12 @@
-"""The route cache is bounded by bytes and evicts the least recently used route first."""
+"""The route cache is bounded by bytes and evicts the least recently used route first; big routes go gzip'd."""
+
+import gzip
+import json
+
+import aiohttp
 
 from meta.route_cache import RouteCache
+from tests import cluster as cluster_mod
 
 
 def test_route_cache_keeps_within_its_byte_bound_evicting_least_recently_used():
@@ -22,3 +28,33 @@ def test_route_cache_serves_only_the_current_version():
     assert cache.get("a", 2) == b"new" and cache.bytes == 3
     cache.drop("a")
     assert cache.get("a", 2) is None and cache.bytes == 0
+
+
+async def test_a_big_route_goes_gzipd_to_readers_that_take_it_and_as_is_to_the_rest(tmp_path):
+    """A 200-queue route is gzip'd once per version for a reader sending Accept-Encoding: gzip, and is the same JSON
+    once unpacked; a small route, or a reader without gzip, gets the rendered bytes; a change is never served stale."""
+    async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 600_000}) as c:
+        m = c.meta_urls[0]
+        s, b, _ = await c.call("PUT", m + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
+        assert s == 200, b
+        for topic, queues in (("big", 200), ("small", 2)):
+            s, b, _ = await c.call("POST", m + "/v1/topics", json={"topic": topic, "queues": queues})
+            assert s == 201, b
+        auth = c.headers("client")
+        async with aiohttp.ClientSession(auto_decompress=False) as raw:
+            async def get(topic: str, encoding: str) -> tuple[str | None, dict]:
+                async with raw.get(f"{m}/v1/routes/{topic}", headers={**auth, "Accept-Encoding": encoding}) as r:
+                    assert r.status == 200
+                    body = await r.read()
+                    coding = r.headers.get("Content-Encoding")
+                    return coding, json.loads(gzip.decompress(body) if coding == "gzip" else body)
+
+            coding, packed = await get("big", "gzip, deflate")
+            assert coding == "gzip"
+            assert await get("big", "identity") == (None, packed)
+            assert (await get("small", "gzip"))[0] is None
+            for i in range(2):   # each version's gzip is its own: the cache never answers an older one
+                s, b, _ = await c.call("PUT", m + "/v1/topics/big/config", json={"n": str(i)})
+                assert s == 200, b
+                coding, packed = await get("big", "gzip")
+                assert coding == "gzip" and packed["version"] == b["version"] and packed["config"]["n"] == str(i)

@@ -36,13 +36,15 @@ async def long_poll_route(request: web.Request) -> web.Response:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     waiting = False
+    gzip_ok = "gzip" in request.headers.get("Accept-Encoding", "")
     try:
         while True:
-            route = svc.reads.route_bytes(topic)
+            route = await svc.reads.route_for(topic, gzip_ok)
             if route is None:
                 raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} does not exist", topic=topic)
             if route[0] > after:
-                return web.Response(body=route[1], content_type=JSON)
+                headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if route[2] else None
+                return web.Response(body=route[1], content_type=JSON, headers=headers)
             left = deadline - loop.time()
             if left <= 0:
                 return web.Response(status=304)
