@@ -97,6 +97,10 @@ ROUTE_CACHE_BYTES_MAX = 128 * 1024 * 1024
 ROUTE_GZIP_CACHE_BYTES_MAX = 256 * 1024 * 1024
 ROUTE_GZIP_MIN_BYTES = 16 * 1024
 ROUTE_GZIP_LEVEL = 1          # 18x smaller for ~0.7 ms per 320 KB; level 6 saves a little more for 4x the CPU
+# Routes of topics this big are rendered in a worker thread and kept rendered and gzip'd as they change
+# (meta/route_warmer.py): rendering a 1,000-queue route takes ~9 ms, which a reader should not wait for.
+ROUTE_RENDER_OFFLOAD_QUEUES_MIN = 64
+ROUTE_WARM_PAUSE_S = 0.05     # between warm passes: a topic that keeps changing is rendered at most 20 times a second
 
 # Consumer groups (exclusive locks and shared members). A group's lock table goes to brokers as one watch event, so
 # its size is bounded by the topics a member may name times the queues of a topic.

@@ -31,6 +31,7 @@ from .group_sessions import GroupSessions
 from .projection_follower import ProjectionFollower
 from .raft_node import LoopBridge, MetaSyncObj, RaftNode
 from .reads import ReadFacade
+from .route_warmer import RouteWarmer
 from ops.logging import set_position_provider
 
 log = structlog.get_logger("meta.service")
@@ -53,6 +54,7 @@ class MetaService:
         self.forwarder: LeaderForwarder | None = None
         self.brokers: BrokerSessions | None = None
         self.groups: GroupSessions | None = None
+        self.route_warmer: RouteWarmer | None = None
         peers = [m.url for m in config.members if m.node != config.node]
         self.projection = ProjectionFollower(config.projection_url, self, peers, config.tokens.client,
                                              client_tls_context(config.tls))
@@ -85,9 +87,11 @@ class MetaService:
         await self.forwarder.start()
         self.brokers = BrokerSessions(self.config, self.reads, self.raft, self.sync)
         self.groups = GroupSessions(self.reads, self.raft, self.sync)
+        self.route_warmer = RouteWarmer(self.reads, self.feed)
         self._tasks = [asyncio.create_task(self.brokers.run(), name="broker-sessions"),
                        asyncio.create_task(self.groups.run(), name="group-leases"),
-                       asyncio.create_task(self.projection.run(), name="projection")]
+                       asyncio.create_task(self.projection.run(), name="projection"),
+                       asyncio.create_task(self.route_warmer.run(), name="route-warmer")]
         log.info("meta_started", node=self.config.node, raft=self.config.raft)
 
     async def stop(self) -> None:

@@ -35,9 +35,11 @@ def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
                     and broker is not None and broker["state"] == "active")
         carried = [segment_ref(image, s) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]]
         queues.append(route_model.queue_json(q, writable, carried))
+    # Copies of the topic's config and slot table: the view holds nothing the apply thread may change, so it can be
+    # encoded after the image lock is released (meta/reads.py).
     return route_model.route_json(
-        topic=t["topic"], version=t["version"], slots=t["slots"], order=t["order"], config=t["config"],
-        slot_table=t["slot_table"], slot_table_version=t.get("slot_table_version", 0), queues=queues,
+        topic=t["topic"], version=t["version"], slots=t["slots"], order=t["order"], config=dict(t["config"]),
+        slot_table=[list(r) for r in t["slot_table"]], slot_table_version=t.get("slot_table_version", 0), queues=queues,
         barriers=[{"queue": b["queue"], "after_queue": b["after_queue"], "after_offset": b["after_offset"]}
                   for b in t["barriers"]])
 

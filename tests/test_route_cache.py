@@ -1,5 +1,6 @@
 """The route cache is bounded by bytes and evicts the least recently used route first; big routes go gzip'd."""
 
+import asyncio
 import gzip
 import json
 
@@ -7,6 +8,10 @@ import aiohttp
 
 from meta.route_cache import RouteCache
 from tests import cluster as cluster_mod
+from tests.meta_helpers import wait_until
+from tests.test_metrics_scrape import scrape, value
+
+WARM_WAIT_S = 30.0
 
 
 def test_route_cache_keeps_within_its_byte_bound_evicting_least_recently_used():
@@ -58,3 +63,34 @@ async def test_a_big_route_goes_gzipd_to_readers_that_take_it_and_as_is_to_the_r
                 assert s == 200, b
                 coding, packed = await get("big", "gzip")
                 assert coding == "gzip" and packed["version"] == b["version"] and packed["config"]["n"] == str(i)
+
+
+async def test_a_big_topics_route_is_rendered_and_gzipd_as_it_changes_before_anyone_reads_it(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 600_000}) as c:
+        m = c.meta_urls[0]
+        s, b, _ = await c.call("PUT", m + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
+        assert s == 200, b
+
+        async def warmed() -> tuple[float, float]:
+            samples = await scrape(c.session, m)
+            return value(samples, "stator_meta_routes_prerendered_total"), value(
+                samples, "stator_meta_route_cache_bytes", form="gzip")
+        assert await warmed() == (0, 0)
+        s, b, _ = await c.call("POST", m + "/v1/topics", json={"topic": "small", "queues": 2})
+        assert s == 201, b
+        s, b, _ = await c.call("POST", m + "/v1/topics", json={"topic": "big", "queues": 200})
+        assert s == 201, b
+        first = await wait_until(lambda: _at_least(warmed, 1), WARM_WAIT_S, "the big route to be prerendered")
+        assert first[1] > 0
+        s, b, _ = await c.call("PUT", m + "/v1/topics/big/config", json={"n": "1"})
+        assert s == 200, b
+        await wait_until(lambda: _at_least(warmed, first[0] + 1), WARM_WAIT_S, "the changed route to be prerendered")
+        s, b, _ = await c.call("PUT", m + "/v1/topics/small/config", json={"n": "1"})
+        assert s == 200, b
+        await asyncio.sleep(1.0)   # a small topic's change is left to its readers
+        assert (await warmed())[0] == first[0] + 1
+
+
+async def _at_least(warmed, n: float):
+    got = await warmed()
+    return got if got[0] >= n else None

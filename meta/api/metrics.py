@@ -95,6 +95,14 @@ class NodeStateCollector:
         yield expiries
         yield from self._journal_counters(svc.sync.journal_stats())
         yield from self._image_gauges()
+        cached = GaugeMetricFamily("stator_meta_route_cache_bytes", "Routes kept rendered, by form", labels=["form"])
+        for form, nbytes in svc.reads.route_cache_bytes().items():
+            cached.add_metric([form], nbytes)
+        yield cached
+        warmed = CounterMetricFamily("stator_meta_routes_prerendered", "Big topics' routes rendered and gzip'd as "
+                                     "they changed, before any reader asked (meta/route_warmer.py)")
+        warmed.add_metric([], svc.route_warmer.rendered if svc.route_warmer is not None else 0)
+        yield warmed
 
     @staticmethod
     def _journal_counters(stats: dict[str, Any]) -> Iterator[Metric]:

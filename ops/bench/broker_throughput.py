@@ -1,9 +1,15 @@
 """Produce and consume throughput of one broker: 1 KB messages in batches of 100, fsync per batch (the default).
 
-    python -m ops.bench.broker_throughput [--seconds 10] [--queues 8] [--concurrency 16]
+    python -m ops.bench.broker_throughput [--seconds 10] [--queues 8] [--concurrency 16] [--generators 2]
 
 Starts its own cluster (3 meta nodes, 1 broker) in a temp dir, produces for a fixed time over several queues, then
-consumes everything back with pulls of 100; prints one JSON object (messages/s each way, pull latency p50/p99).
+consumes everything back with pulls of 100; prints one JSON object: messages/s each way, batch and pull latency, and
+the disk's own append+fdatasync rate for the same batches measured in the same run on the same file system
+(``disk_ceiling``), with the ratio to it.
+
+Where the limit is: the load runs in ``--generators`` processes of their own, and the CPU seconds of the broker and
+of the generators over each phase are reported as a share of one core. A broker near 1.0 while the generators are
+well below is the broker's limit (one event loop, one core); generators near 1.0 are the load's.
 """
 
 from __future__ import annotations
@@ -15,20 +21,24 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import aiohttp
 
 from ops import devcluster
-from ops.bench.common import free_base_port
+from ops.bench.bench_storage import disk_ceiling
+from ops.bench.common import cpu_seconds, free_base_port
 
 BATCH = 100
+BODY = "x" * 1000
+START_DELAY_S = 1.0          # generators start together, this long after they are handed their work
+DISK_CEILING_SECONDS = 2.0
 
 
 def percentiles(ms: list[float]) -> dict[str, float | None]:
     v = sorted(ms)
     pick = lambda p: round(v[min(len(v) - 1, int(p * len(v)))], 2) if v else None  # noqa: E731
     return {"p50": pick(0.5), "p99": pick(0.99), "max": round(v[-1], 2) if v else None}
-BODY = "x" * 1000
 
 
 async def produce(session, url, token, topic, queue, deadline, lat) -> int:
@@ -60,44 +70,85 @@ async def consume(session, url, token, topic, queue, end, lat) -> int:
     return got
 
 
-async def run(args) -> dict:
+def _generate(kind: str, url: str, token: str, topic: str, work: list, start_at: float, seconds: float) -> dict:
+    """One generator process: ``work`` is queue ids (produce: one connection each, for ``seconds`` from
+    ``start_at`` wall time) or (queue, end) pairs (consume: until each queue's end). Returns its counts,
+    latencies and own CPU seconds."""
+    async def go() -> tuple[int, list[float]]:
+        lat: list[float] = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=len(work) * 2 or 1)) as s:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            if kind == "produce":
+                deadline = time.monotonic() + seconds
+                counts = await asyncio.gather(*(produce(s, url, token, topic, q, deadline, lat) for q in work))
+            else:
+                counts = await asyncio.gather(*(consume(s, url, token, topic, q, end, lat) for q, end in work))
+        return sum(counts), lat
+    cpu0 = time.process_time()
+    count, lat = asyncio.run(go())
+    return {"count": count, "lat": lat, "cpu_s": time.process_time() - cpu0}
+
+
+def _split(items: list, parts: int) -> list[list]:
+    return [items[i::parts] for i in range(parts) if items[i::parts]]
+
+
+def _phase(pool: ProcessPoolExecutor, kind: str, url: str, token: str, work: list, generators: int, seconds: float,
+           broker_pid: int) -> dict:
+    start_at = time.time() + START_DELAY_S
+    futures = [pool.submit(_generate, kind, url, token, "bench", part, start_at, seconds)
+               for part in _split(work, generators)]
+    time.sleep(max(0.0, start_at - time.time()))
+    broker_cpu0, t0 = cpu_seconds(broker_pid), time.monotonic()
+    results = [f.result() for f in futures]
+    elapsed, broker_cpu = time.monotonic() - t0, cpu_seconds(broker_pid)
+    lat = [x for r in results for x in r["lat"]]
+    count = sum(r["count"] for r in results)
+    return {"messages": count, "seconds": round(elapsed, 2), "messages_per_s": round(count / elapsed),
+            "latency_ms": percentiles(lat),
+            "cpu_cores": {"broker": round((broker_cpu - broker_cpu0) / elapsed, 2) if broker_cpu is not None else None,
+                          "generators": round(sum(r["cpu_s"] for r in results) / elapsed, 2)}}
+
+
+async def _prepare(meta: str, broker: str, admin: str, client: str, queues: int) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{meta}/v1/topics", json={"topic": "bench", "queues": queues},
+                          headers={"Authorization": f"Bearer {admin}"}) as r:
+            assert r.status == 201, await r.text()
+        await asyncio.sleep(1.0)  # the broker learns the route and its budgets
+        warm: list[float] = []
+        await asyncio.gather(*(produce(s, broker, client, "bench", q, time.monotonic() + 1, warm)
+                               for q in range(queues)))
+
+
+async def _ends(broker: str, client: str) -> dict[int, int]:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{broker}/v1/queues/bench", headers={"Authorization": f"Bearer {client}"}) as r:
+            return {q["queue"]: q["max_offset"] for q in (await r.json())["queues"]}
+
+
+def run(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="stator-bench-") as tmp:
         cluster = devcluster.up(os.path.join(tmp, "c"), 3, 1, free_base_port())
         try:
             meta, broker = cluster["meta"][0]["url"], cluster["brokers"][0]["url"]
+            broker_pid = cluster["brokers"][0]["pid"]
             admin, client = cluster["admin_token"], cluster["client_token"]
-            conn = aiohttp.TCPConnector(limit=args.concurrency * 2)
-            async with aiohttp.ClientSession(connector=conn) as s:
-                h = {"Authorization": f"Bearer {admin}"}
-                async with s.post(f"{meta}/v1/topics", json={"topic": "bench", "queues": args.queues}, headers=h) as r:
-                    assert r.status == 201, await r.text()
-                await asyncio.sleep(1.0)  # the broker learns the route and its budgets
-                warm_lat: list[float] = []
-                await asyncio.gather(*(produce(s, broker, client, "bench", q, time.monotonic() + 1, warm_lat)
-                                       for q in range(args.queues)))
-                lat: list[float] = []
-                t0 = time.monotonic()
-                counts = await asyncio.gather(*(produce(s, broker, client, "bench", i % args.queues,
-                                                        t0 + args.seconds, lat) for i in range(args.concurrency)))
-                produce_s = time.monotonic() - t0
-                h = {"Authorization": f"Bearer {client}"}
-                async with s.get(f"{broker}/v1/queues/bench", headers=h) as r:
-                    ends = {q["queue"]: q["max_offset"] for q in (await r.json())["queues"]}
-                pull_lat: list[float] = []
-                t1 = time.monotonic()
-                got = await asyncio.gather(*(consume(s, broker, client, "bench", q, ends[q], pull_lat)
-                                             for q in range(args.queues)))
-                consume_s = time.monotonic() - t1
-            produced = sum(counts)
+            ceiling = disk_ceiling(DISK_CEILING_SECONDS, BATCH, len(BODY), tmp)
+            asyncio.run(_prepare(meta, broker, admin, client, args.queues))
+            with ProcessPoolExecutor(max_workers=args.generators) as pool:
+                slots = [i % args.queues for i in range(args.concurrency)]
+                produced = _phase(pool, "produce", broker, client, slots, args.generators, args.seconds, broker_pid)
+                ends = asyncio.run(_ends(broker, client))
+                consumed = _phase(pool, "consume", broker, client, sorted(ends.items()), args.generators, 0.0,
+                                  broker_pid)
+            disk = ceiling["messages_per_s"]
             return {
                 "benchmark": "broker_throughput", "message_bytes": len(BODY), "batch": BATCH, "flush": "fsync",
-                "queues": args.queues, "concurrency": args.concurrency,
-                "produce": {"messages": produced, "seconds": round(produce_s, 2),
-                            "messages_per_s": round(produced / produce_s),
-                            "batch_latency_ms": percentiles(lat)},
-                "consume": {"messages": sum(got), "seconds": round(consume_s, 2),
-                            "messages_per_s": round(sum(got) / consume_s),
-                            "pull_latency_ms": percentiles(pull_lat)},
+                "queues": args.queues, "concurrency": args.concurrency, "generators": args.generators,
+                "disk_ceiling": ceiling,
+                "produce": {**produced, "of_disk_ceiling": round(produced["messages_per_s"] / disk, 2)},
+                "consume": consumed,
                 "loadavg": open("/proc/loadavg").read().split()[:3],
             }
         finally:
@@ -109,8 +160,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--queues", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--generators", type=int, default=2, help="load generator processes")
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(run(args))))
+    print(json.dumps(run(args)))
     sys.stdout.flush()
 
 
