@@ -2,8 +2,8 @@
 
 A 1,000-queue route takes ~9 ms to render and encode; at a million queues the rendered-route cache holds only a
 few hundred of them, so a reader of a route nobody read lately waited for that render. This task renders each big
-topic's route once per version (coalesced: a topic that changes many times between two passes is rendered once)
-into the gzip cache, which holds every route at ten million queues (meta/limits.py). Small routes render in well
+topic's route once per version (coalesced: a topic that changes many times between two passes is rendered once,
+and a pass waits for changes to settle, meta/limits.py ROUTE_WARM_*) into the gzip cache, which holds every route at ten million queues (meta/limits.py). Small routes render in well
 under a millisecond and are left to the readers. Renders run in worker threads (meta/reads.py route_for).
 """
 
@@ -37,7 +37,8 @@ class RouteWarmer:
         return self.reads.read(pick)
 
     async def run(self) -> None:
-        """Until cancelled: warm every big topic once, then each one that changes."""
+        """Until cancelled: warm every big topic once, then each one that changes, once changes settle."""
+        loop = asyncio.get_running_loop()
         scanned = self.feed.version
         names = self._big_topics(None)
         while True:
@@ -48,9 +49,12 @@ class RouteWarmer:
             except Exception:  # noqa: BLE001 - a failed render must not end the task; readers render on demand
                 log.exception("route_warm_failed")
                 await asyncio.sleep(FAILURE_PAUSE_S)
-            await asyncio.sleep(limits.ROUTE_WARM_PAUSE_S)
             while self.feed.version == scanned:
                 await self.feed.wait(TOPICS, IDLE_WAIT_S)
+            first_change = loop.time()
+            while loop.time() - first_change < limits.ROUTE_WARM_DELAY_MAX_S:
+                if not await self.feed.wait(TOPICS, limits.ROUTE_WARM_QUIET_S):
+                    break   # quiet
             changed = self.feed.changed_since(scanned)
             scanned = self.feed.version
             names = self._big_topics(None if changed is None else sorted(changed))
