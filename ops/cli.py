@@ -98,7 +98,8 @@ def broker() -> None:
 def broker_serve(config_path: str) -> None:
     """Run a broker in the foreground."""
     from broker.serve import run_broker
-    with one_line_errors():
+    from broker.storage.errors import CorruptFile
+    with one_line_errors(CorruptFile):
         run_broker(config_path)
 
 
