@@ -17,7 +17,10 @@ reads back:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from broker.offsets import OffsetStore
 from broker.pop import journal as journal_mod
 from broker.pop.state import QueueState
 from broker.storage import CorruptData, PhysicalQueue, QueueConfig, StorageError, files
+from broker.storage import lines
 from broker.storage.errors import CorruptFile
 from meta import snapshot_file
 from meta.image import Image
@@ -270,3 +274,27 @@ def test_a_damaged_meta_snapshot_is_refused_naming_it_or_reads_as_written(tmp_pa
             return
         # gzip's header carries a time and an OS byte no check covers: flipping them changes nothing read.
         assert back == snap, f"{what}: a damaged snapshot read as another one"
+
+
+# -- a broker on damaged files ---------------------------------------------------------------------------------------
+
+DAMAGED_FIRST_LINES = {   # a first line whose CRC does not match, followed by a good line: damage, not a torn tail
+    "offsets.log": (b'v1 0badc0de ["g","t",0,9]\n', ["g", "t", 0, 1]),
+    "pop/journal.log": (b'v1 0badc0de ["g","t",0,9,0,false,[],[]]\n', ["g", "t", 1, 3, 0, False, [], []]),
+}
+
+
+@pytest.mark.parametrize("damaged", sorted(DAMAGED_FIRST_LINES))
+def test_a_broker_refuses_to_start_on_a_damaged_file_with_one_line_naming_it(tmp_path, damaged):
+    data = tmp_path / "data"
+    (data / "pop").mkdir(parents=True)
+    bad, good = DAMAGED_FIRST_LINES[damaged]
+    (data / damaged).write_bytes(bad + lines.encode(good))
+    config = tmp_path / "broker.json"
+    config.write_text(json.dumps({"broker": "b1", "data_dir": str(data), "http": "127.0.0.1:1",
+                                  "meta": ["http://127.0.0.1:2"], "token": "t" * 16, "client_token": "c" * 16}))
+    run = subprocess.run([sys.executable, "-m", "ops.cli", "broker", "serve", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    err = run.stderr.strip().splitlines()
+    assert run.returncode != 0 and len(err) == 1, run.stderr
+    assert err[0].startswith("error: ") and str(data / damaged) in err[0] and "line 1 (byte 0)" in err[0], err
