@@ -1,0 +1,127 @@
+"""Limits that protect a node from its clients, on real processes: each refusal is a clear API.md error and shows in
+the service's refusals metric (stator_<service>_http_refusals_total{code}).
+
+- open HTTP connections (client/wire/connection_limit.py): past ``http_connections_max`` a new connection's requests
+  are 503 TOO_MANY_CONNECTIONS and the connection is closed; the connections already open keep being served, and once
+  some close new ones are served again;
+- request bodies (meta 1 MiB, broker 32 MiB): 413 TOO_LARGE;
+- a send's batch (broker, MESSAGES_PER_SEND_MAX): 400 INVALID_ARGUMENT naming the bound.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import urllib.parse
+
+import pytest
+
+from broker.writes import MESSAGES_PER_SEND_MAX
+from meta.limits import REQUEST_BODY_BYTES_MAX as META_BODY_BYTES_MAX
+from tests import cluster as cluster_mod
+
+BROKER_CONNECTIONS_MAX = 3
+META_CONNECTIONS_MAX = 12       # the broker keeps a few connections to meta of its own
+TIMEOUT_S = 15
+
+
+@pytest.fixture
+async def limited_cluster(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 1, 1, meta={"http_connections_max": META_CONNECTIONS_MAX},
+                                   broker={"http_connections_max": BROKER_CONNECTIONS_MAX}) as c:
+        yield c
+
+
+def connect(url: str) -> http.client.HTTPConnection:
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=TIMEOUT_S)
+    conn.connect()
+    return conn
+
+
+def get(conn: http.client.HTTPConnection, path: str) -> tuple[int, dict, bytes]:
+    conn.request("GET", path)
+    r = conn.getresponse()
+    return r.status, dict(r.getheaders()), r.read()
+
+
+def refusals(c, url: str, code: str) -> float:
+    conn = connect(url)
+    try:
+        status, _, body = get(conn, "/metrics")
+    finally:
+        conn.close()
+    assert status == 200, body
+    found = re.search(rf'^stator_\w+_http_refusals_total{{code="{code}"}} (\S+)$', body.decode(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def raw_until_closed(url: str) -> bytes:
+    """Everything the server sends on a new connection after one request, up to the server closing it (a server that
+    keeps it open fails the read with a timeout)."""
+    u = urllib.parse.urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def assert_connection_limit(url: str, limit: int) -> None:
+    """Connections opened one by one, each asked /healthz: once ``limit`` are open, the next is refused and closed;
+    the earlier ones are still served; after they close, a new one is served."""
+    conns = []
+    try:
+        for _ in range(limit + 1):
+            conn = connect(url)
+            conns.append(conn)
+            status, headers, body = get(conn, "/healthz")
+            if status != 200:
+                break
+        else:
+            raise AssertionError(f"{limit + 1} connections open and every one served")
+        assert status == 503 and json.loads(body)["error"]["code"] == "TOO_MANY_CONNECTIONS", (status, body)
+        assert json.loads(body)["error"]["details"] == {"limit": limit}
+        assert headers.get("Connection", "").lower() == "close", headers
+        assert conns[0].sock is None or get(conns[0], "/healthz")[0] == 200, "an earlier connection lost its service"
+        assert raw_until_closed(url).startswith(b"HTTP/1.1 503"), "a further connection was not refused"
+    finally:
+        for conn in conns:
+            conn.close()
+    conn = connect(url)
+    try:
+        assert get(conn, "/healthz")[0] == 200, "no connection served once the others closed"
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+async def test_connections_past_the_limit_are_refused_and_counted(limited_cluster):
+    c = limited_cluster
+    for url, limit in ((c.broker_urls[0], BROKER_CONNECTIONS_MAX), (c.meta_urls[0], META_CONNECTIONS_MAX)):
+        before = refusals(c, url, "TOO_MANY_CONNECTIONS")
+        assert_connection_limit(url, limit)
+        # The two refused above; on meta the broker's own connections may add refusals of their own meanwhile.
+        assert refusals(c, url, "TOO_MANY_CONNECTIONS") >= before + 2, url
+
+
+@pytest.mark.slow
+async def test_oversized_bodies_and_batches_are_refused_and_counted(limited_cluster):
+    c = limited_cluster
+    m, b = c.meta_urls[0], c.broker_urls[0]
+    before = refusals(c, m, "TOO_LARGE")
+    s, body, _ = await c.call("POST", f"{m}/v1/topics", data=b"{" + b" " * META_BODY_BYTES_MAX + b"}",
+                              headers={"Content-Type": "application/json"})
+    assert (s, body["error"]["code"]) == (413, "TOO_LARGE"), body
+    assert refusals(c, m, "TOO_LARGE") == before + 1
+    s, body, _ = await c.call("POST", f"{m}/v1/topics", json={"topic": "hard", "queues": 1})
+    assert s == 201, body
+    before = refusals(c, b, "INVALID_ARGUMENT")
+    s, body, _ = await c.call("POST", f"{b}/v1/messages/hard/0", role="client",
+                              json={"messages": [{"body": ""}] * (MESSAGES_PER_SEND_MAX + 1)})
+    assert s == 400 and body["error"]["code"] == "INVALID_ARGUMENT" and str(MESSAGES_PER_SEND_MAX) in \
+        body["error"]["message"], body
+    assert refusals(c, b, "INVALID_ARGUMENT") == before + 1
