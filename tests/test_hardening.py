@@ -6,15 +6,23 @@ the service's refusals metric (stator_<service>_http_refusals_total{code}).
   some close new ones are served again;
 - request bodies (meta 1 MiB, broker 32 MiB): 413 TOO_LARGE;
 - a send's batch (broker, MESSAGES_PER_SEND_MAX): 400 INVALID_ARGUMENT naming the bound.
+
+And the raft port: nothing a peer cannot authenticate with the cluster secret reaches pysyncobj's pickle.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import os
+import pickle
 import re
 import socket
+import struct
+import time
 import urllib.parse
+import zlib
 
 import pytest
 
@@ -25,6 +33,7 @@ from tests import cluster as cluster_mod
 BROKER_CONNECTIONS_MAX = 3
 META_CONNECTIONS_MAX = 12       # the broker keeps a few connections to meta of its own
 TIMEOUT_S = 15
+RAFT_READ_S = 1.0              # how long a probe of the raft port reads its answers before hanging up
 
 
 @pytest.fixture
@@ -125,3 +134,59 @@ async def test_oversized_bodies_and_batches_are_refused_and_counted(limited_clus
     assert s == 400 and body["error"]["code"] == "INVALID_ARGUMENT" and str(MESSAGES_PER_SEND_MAX) in \
         body["error"]["message"], body
     assert refusals(c, b, "INVALID_ARGUMENT") == before + 1
+
+
+class _Marker:
+    """Unpickling this creates a directory: whether a node unpickled bytes shows on disk."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+def _raft_frame(payload: bytes) -> bytes:
+    # pysyncobj's TCP framing (tcp_connection.py): a native int length, then the (encrypted) zlib'd pickle.
+    return struct.pack("i", len(payload)) + payload
+
+
+def _send_raft(raft: str, frame: bytes) -> None:
+    host, port = raft.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+        sock.sendall(frame)
+        sock.settimeout(RAFT_READ_S)
+        try:
+            while sock.recv(65536):     # the node hangs up on what it cannot authenticate; a peer's stays open
+                pass
+        except (ConnectionResetError, socket.timeout):
+            pass
+
+
+@pytest.mark.slow
+async def test_the_raft_port_unpickles_only_what_the_cluster_secret_authenticates(limited_cluster, tmp_path):
+    """pysyncobj unpickles every raft message (tcp_connection.py ``__processParseMessage``). With the cluster secret
+    set (meta/raft_node.py: SyncObjConf password) each message is a Fernet token, whose HMAC is checked before
+    decryption and so before pickle sees a byte. A pickle sent in the clear or under another key is dropped unread; the
+    same pickle under the cluster's key is unpickled (the control: the probe works, and the secret is the only gate)."""
+    from cryptography.fernet import Fernet
+    from pysyncobj.encryptor import getEncryptor
+
+    c = limited_cluster
+    with open(c.info["meta"][0]["config"]) as f:
+        cfg = json.load(f)
+    raft = next(m["raft"] for m in cfg["members"] if m["node"] == cfg["node"])
+    pickled = zlib.compress(pickle.dumps(_Marker(str(tmp_path / "clear"))))
+    _send_raft(raft, _raft_frame(pickled))
+    wrong = zlib.compress(pickle.dumps(_Marker(str(tmp_path / "wrong-key"))))
+    _send_raft(raft, _raft_frame(Fernet(Fernet.generate_key()).encrypt(wrong)))
+    right = zlib.compress(pickle.dumps(_Marker(str(tmp_path / "cluster-key"))))
+    _send_raft(raft, _raft_frame(getEncryptor(cfg["secret"]).encrypt(right)))
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (tmp_path / "cluster-key").exists():
+        assert time.monotonic() < deadline, "the control never reached pickle: the probe proves nothing"
+        await asyncio.sleep(0.05)
+    assert not (tmp_path / "clear").exists(), "a raft message in the clear was unpickled"
+    assert not (tmp_path / "wrong-key").exists(), "a raft message under another key was unpickled"
+    s, body, _ = await c.call("GET", c.meta_urls[0] + "/v1/cluster")
+    assert s == 200 and body["leader"], body
