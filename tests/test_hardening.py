@@ -190,3 +190,25 @@ async def test_the_raft_port_unpickles_only_what_the_cluster_secret_authenticate
     assert not (tmp_path / "wrong-key").exists(), "a raft message under another key was unpickled"
     s, body, _ = await c.call("GET", c.meta_urls[0] + "/v1/cluster")
     assert s == 200 and body["leader"], body
+
+
+def test_a_waiter_past_its_bound_is_refused_and_counted():
+    """The meta node's bound on each kind of waiter (long polls, watch streams, min_version reads): 20,000 each, too
+    many for a test to hold open, so its one implementation is checked directly."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from client.wire.errors import ApiError
+    from meta.admission import Admission
+
+    r = CollectorRegistry()
+    gauge, rejections = Gauge("w", "w", registry=r), Counter("rej", "rej", ["limit"], registry=r)
+    a = Admission("long_poll_waiters", 2, gauge, rejections, "too many")
+    a.enter()
+    a.enter()
+    with pytest.raises(ApiError) as refused:
+        a.enter()
+    assert (refused.value.status, refused.value.code, refused.value.details) == (503, "TOO_MANY_WAITERS", {"limit": 2})
+    assert r.get_sample_value("rej_total", {"limit": "long_poll_waiters"}) == 1 and r.get_sample_value("w") == 2
+    a.leave()
+    a.enter()
+    assert r.get_sample_value("w") == 2 and r.get_sample_value("rej_total", {"limit": "long_poll_waiters"}) == 1
