@@ -9,6 +9,10 @@ _ERR = {"description": "error", "content": {"application/json": {"schema": {"$re
 _OBJ = {"type": "object"}
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
+_NUMBER = {"type": "integer", "minimum": 0, "maximum": 2**62}   # offsets, tokens, queue ids (client/wire/params.py)
+_MESSAGE = {"type": "object", "properties": {"body": _STR, "body_b64": _STR, "key": _STR,
+                                             "props": {"type": "object", "additionalProperties": _STR}},
+            "oneOf": [{"required": ["body"]}, {"required": ["body_b64"]}]}   # exactly one of them (broker/codec.py)
 
 
 def _op(summary: str, *, body: dict | None = None, params: list[dict] | None = None,
@@ -27,7 +31,7 @@ def _q(*names: str) -> list[dict]:
 
 
 def _p(*names: str) -> list[dict]:
-    return [{"name": n, "in": "path", "required": True, "schema": _INT if n == "queue" else _STR} for n in names]
+    return [{"name": n, "in": "path", "required": True, "schema": _NUMBER if n == "queue" else _STR} for n in names]
 
 
 def _body(required: list[str], **props: dict) -> dict:
@@ -46,14 +50,14 @@ SPEC: dict[str, Any] = {
     "paths": {
         "/v1/messages/{topic}/{queue}": {
             "post": _op("Send to the queue's writable head", params=_p("topic", "queue"),
-                        body=_body(["messages"], messages={"type": "array", "items": _body(
-                            [], body=_STR, body_b64=_STR, key=_STR, props=_OBJ)})),
+                        body=_body(["messages"], messages={"type": "array", "minItems": 1, "maxItems": 10_000,
+                                                           "items": _MESSAGE})),
             "get": _op("Pull over the queue's whole history", params=_p("topic", "queue")
                        + _q("offset", "max", "group", "token")),
         },
         "/v1/offsets/{group}/{topic}/{queue}": {
             "put": _op("Commit a consumer offset", params=_p("group", "topic", "queue"),
-                       body=_body(["offset"], offset=_INT, token=_INT)),
+                       body=_body(["offset"], offset={**_NUMBER, "minimum": -1}, token=_NUMBER)),
             "get": _op("A committed offset (-1: never)", params=_p("group", "topic", "queue") + _q("local")),
         },
         "/v1/offsets/{group}/{topic}": {"get": _op("Committed offsets and queue ends", params=_p("group", "topic"))},
