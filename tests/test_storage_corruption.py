@@ -12,6 +12,12 @@ reads back:
   whose message names the file. Never a value no line held.
 - the meta snapshot (meta/snapshot_file.py, gzip'd JSON: gzip's CRC-32 covers the content): reading returns the
   snapshot written, or raises SnapshotFormatError naming the file.
+- the meta node's raft journal (pysyncobj's format, no checksum): meta/pysyncobj_shim.py check_journal refuses the
+  damage a consistency check sees, naming the file, and the node will not start on it; the one gap left (an edit
+  inside an envelope's JSON that still parses) is asserted exactly.
+
+And the processes themselves: a broker on a damaged offsets file or pop journal, and a meta node on a damaged
+journal, refuse to start with one error line naming the file.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,8 +41,10 @@ from broker.pop.state import QueueState
 from broker.storage import CorruptData, PhysicalQueue, QueueConfig, StorageError, files
 from broker.storage import lines
 from broker.storage.errors import CorruptFile
+from meta import pysyncobj_shim as shim
 from meta import snapshot_file
 from meta.image import Image
+from tests import cluster as cluster_mod
 
 EXAMPLES = 120
 RECORDS = 60
@@ -298,3 +307,85 @@ def test_a_broker_refuses_to_start_on_a_damaged_file_with_one_line_naming_it(tmp
     err = run.stderr.strip().splitlines()
     assert run.returncode != 0 and len(err) == 1, run.stderr
     assert err[0].startswith("error: ") and str(data / damaged) in err[0] and "line 1 (byte 0)" in err[0], err
+
+
+# -- the meta node's raft journal (pysyncobj's format, checked by meta/pysyncobj_shim.py check_journal) --------------
+
+def journal_entries() -> list[tuple[bytes, int, int]]:
+    """Entries shaped like a meta node's: a new term's no-op, then replicated calls of apply_envelope."""
+    import pysyncobj.pickle as pysyncobj_pickle
+    entries = [(b"\x01", 1, 1)]
+    for i in range(2, 25):
+        envelope = json.dumps({"rid": None, "ts": 1_000 + i, "actor": "admin:",
+                               "cmd": {"type": "create_topic", "topic": f"t{i}", "queues": i}})
+        entries.append((b"\x00" + pysyncobj_pickle.dumps((0, (envelope,), {})), i, 1 + i // 12))
+    return entries
+
+
+@pytest.fixture(scope="module")
+def journal_written(tmp_path_factory) -> tuple[bytes, list]:
+    from pysyncobj.journal import FileJournal
+    path = tmp_path_factory.mktemp("journal") / "raft.journal"
+    journal = FileJournal(str(path))
+    for command, index, term in journal_entries():
+        journal.add(command, index, term)
+    journal._destroy()
+    assert shim.check_journal(str(path)) == len(journal_entries())
+    return path.read_bytes(), journal_entries()
+
+
+def journal_read(path: str) -> list[tuple[bytes, int, int]]:
+    from pysyncobj.journal import FileJournal
+    journal = FileJournal(path)
+    try:
+        return [(bytes(c), i, t) for c, i, t in (journal[k] for k in range(len(journal)))]
+    finally:
+        journal._destroy()
+
+
+@SETTINGS
+@given(hurt=damage())
+def test_a_damaged_raft_journal_is_refused_naming_it_but_for_edits_inside_an_envelope(tmp_path, journal_written,
+                                                                                     hurt):
+    """pysyncobj's journal has no checksum: check_journal refuses every damage a consistency check can see. The gap
+    it leaves, asserted exactly so it cannot widen unnoticed: an entry whose envelope JSON still parses after the
+    change (a digit, a letter of a name), its index, term and type intact."""
+    original, entries = journal_written
+    what, flips, cut = hurt
+    with tempfile.TemporaryDirectory(dir=tmp_path) as d:
+        path = os.path.join(d, "raft.journal")
+        Path(path).write_bytes(original)
+        apply_damage(Path(path), flips, cut)
+        try:
+            shim.check_journal(path)
+        except shim.JournalDamaged as e:
+            assert path in str(e) and "\n" not in str(e), str(e)
+            return
+        got = journal_read(path)
+        if got == entries:
+            return
+        assert len(got) == len(entries), f"{what}: {len(got)} entries read back, {len(entries)} written"
+        for (command, index, term), (command0, index0, term0) in zip(got, entries):
+            if (index, term) != (index0, term0) or command[:1] != command0[:1]:
+                raise AssertionError(f"{what}: entry {index0} read back as index {index} term {term}")
+            if command != command0:
+                assert command[0] == 0 and shim._is_envelope_call(command), f"{what}: entry {index0} changed"
+
+
+def test_a_meta_node_refuses_to_start_on_a_damaged_journal_with_one_line_naming_it(tmp_path):
+    from ops import devcluster
+    from pysyncobj.journal import FIRST_RECORD_OFFSET
+    c = cluster_mod.up(str(tmp_path), 1, 0)
+    try:
+        journal = os.path.join(c.dir, "m1", "data", "raft.journal")
+        devcluster.stop_member(c.dir, "m1", signal.SIGTERM)
+        data = bytearray(Path(journal).read_bytes())
+        data[FIRST_RECORD_OFFSET] ^= 0x01              # the first record's leading size field
+        Path(journal).write_bytes(bytes(data))
+        with pytest.raises(RuntimeError) as failed:
+            c.start("m1")
+        log_lines = Path(c.dir, "logs", "m1.log").read_text().strip().splitlines()
+        assert log_lines[-1].startswith("error: ") and journal in log_lines[-1], (log_lines[-3:], str(failed.value))
+        assert "two size fields differ" in log_lines[-1], log_lines[-1]
+    finally:
+        devcluster.down(c.dir)
