@@ -47,6 +47,7 @@ from meta.image import Image
 from tests import cluster as cluster_mod
 
 EXAMPLES = 120
+SEGMENT_EXAMPLES = 80
 RECORDS = 60
 CONFIG = QueueConfig(segment_bytes_max=1024, index_interval_bytes=64, index_interval_records=3)
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -113,7 +114,7 @@ def served(path: Path) -> dict[int, tuple[int, bytes]]:
     return out
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=SEGMENT_EXAMPLES)   # each opens and reads a whole queue of small files
 @given(which=st.integers(0, 1000), index=st.booleans(), clean=st.booleans(), hurt=damage())
 def test_damaged_segment_files_never_serve_a_wrong_record(tmp_path, which, index, clean, hurt):
     what, flips, cut = hurt
