@@ -54,6 +54,7 @@ async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
     # once with its address, and nothing else can take the port while the app starts. Requests that arrive
     # meanwhile wait in the listen backlog instead of being refused.
     sock = listening_socket(host, port, f"HTTP address {host}:{port}")
+    open_files_for(connections_max)
     # handler_cancellation: a long poll or watch whose client went away stops at once instead of holding its
     # waiter slot until its wait ends.
     # The request line and header bounds are raised from aiohttp's 8,190 bytes: a watch of the 1,000 topics allowed
@@ -74,6 +75,27 @@ async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
     finally:
         await runner.cleanup()
         sock.close()
+
+
+OPEN_FILES_RESERVE = 1_024   # descriptors beyond the HTTP connections: segment files, raft links, outgoing calls
+
+
+def open_files_for(connections_max: int) -> int:
+    """Raises the soft open-file limit toward ``connections_max`` plus a reserve (up to the hard limit) and returns
+    it. Below the connection bound, accept() fails with EMFILE first: new clients then wait unanswered in the backlog
+    instead of getting their 503 TOO_MANY_CONNECTIONS, so a limit that stays too low is logged."""
+    import resource
+
+    import structlog
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections_max + OPEN_FILES_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < want:
+        structlog.get_logger("serve").warning("open_files_limit_below_connections", open_files=soft,
+                                              http_connections_max=connections_max, wanted=want)
+    return soft
 
 
 def check_raft_address(raft: str) -> None:

@@ -20,6 +20,8 @@ import pickle
 import re
 import socket
 import struct
+import subprocess
+import sys
 import time
 import urllib.parse
 import zlib
@@ -212,3 +214,19 @@ def test_a_waiter_past_its_bound_is_refused_and_counted():
     a.leave()
     a.enter()
     assert r.get_sample_value("w") == 2 and r.get_sample_value("rej_total", {"limit": "long_poll_waiters"}) == 1
+
+
+def test_the_open_file_limit_is_raised_to_fit_the_connection_bound():
+    """Below the bound, accept() would fail with EMFILE first and clients would wait unanswered: a child process
+    (its limits are its own) starts from a low soft limit and gets it raised up to the hard one."""
+    code = ("import resource\n"
+            "from ops.serve import open_files_for, OPEN_FILES_RESERVE\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+            "want = min(hard, 2_000 + OPEN_FILES_RESERVE) if hard != resource.RLIM_INFINITY "
+            "else 2_000 + OPEN_FILES_RESERVE\n"
+            "assert open_files_for(2_000) == want == resource.getrlimit(resource.RLIMIT_NOFILE)[0], "
+            "resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "print('ok')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
