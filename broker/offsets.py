@@ -93,7 +93,7 @@ class OffsetStore:
     def _replay(self) -> int | None:
         """Loads the file and returns the length of its good lines (None when there is no file). What follows them
         is the torn remains of a write a crash cut short, never acknowledged; the caller cuts it off, or the next
-        commit's line would be glued to it and lost with it on the following replay. Damage before a good line
+        commit's line would be glued to it and lost with it on the following replay. Damage (not a tear)
         raises CorruptFile (lines.py)."""
         loaded = lines.read(self.path)
         for value in loaded.values:

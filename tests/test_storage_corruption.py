@@ -9,7 +9,8 @@ reads back:
   records missing from its end. Never another record's bytes.
 - offsets.log and the pop journal (broker/storage/lines.py): the state loaded is the state of some prefix of the
   lines written (a cut tail: the remains of a write a crash tore, never acknowledged), or loading raises CorruptFile
-  whose message names the file. Never a value no line held.
+  whose message names the file. Never a value no line held. A flip inside a whole line is always refused (a tear
+  leaves a line without its newline or with zero bytes), asserted too.
 - the meta snapshot (meta/snapshot_file.py, gzip'd JSON: gzip's CRC-32 covers the content): reading returns the
   snapshot written, or raises SnapshotFormatError naming the file.
 - the meta node's raft journal (pysyncobj's format, no checksum): meta/pysyncobj_shim.py check_journal refuses the
@@ -149,6 +150,26 @@ def prefixes(path: Path, load) -> list:
     return out
 
 
+def flipped_inside_a_line(original: bytes, flips: list[tuple[float, int]], cut: float | None) -> bool:
+    """Whether one flip changed a line that stays whole (its newline kept, not cut off) into one without a zero byte:
+    damage no tear can leave, which loading must refuse."""
+    data = bytearray(original)
+    for where, mask in flips:
+        data[int(where * len(data))] ^= mask
+    end = len(data) if cut is None else int(cut * len(data))
+    for where, _mask in flips:
+        at = int(where * len(original))
+        if data[at] == original[at]:
+            continue                                  # flipped back by another flip
+        if original[at] == ord("\n") or data[at] == ord("\n"):
+            continue                                  # a newline moved: lines merge or split, checked by the prefix
+        line_end = original.find(b"\n", at)
+        line_start = original.rfind(b"\n", 0, at) + 1
+        if line_end < end and b"\0" not in data[line_start:line_end] and b"\n" not in data[line_start:line_end]:
+            return True
+    return False
+
+
 def load_offsets(path: Path) -> dict:
     store = OffsetStore(str(path))
     try:
@@ -186,6 +207,7 @@ def test_a_damaged_offsets_file_loads_a_prefix_or_is_refused_naming_it(tmp_path,
             assert str(path) in str(e) and "\n" not in str(e), str(e)
             return
         assert loaded in allowed, f"{what}: loaded {loaded}, which no prefix of the written lines holds"
+        assert not flipped_inside_a_line(original, flips, cut), f"{what}: a damaged whole line was taken for a tear"
 
 
 def pop_summary(path: Path) -> dict:
@@ -237,6 +259,7 @@ def test_a_damaged_pop_journal_loads_a_prefix_or_is_refused_naming_it(tmp_path, 
             assert str(path) in str(e) and "\n" not in str(e), str(e)
             return
         assert loaded in allowed, f"{what}: loaded {loaded}, which no prefix of the written lines holds"
+        assert not flipped_inside_a_line(original, flips, cut), f"{what}: a damaged whole line was taken for a tear"
 
 
 def test_lines_of_the_old_format_still_load_and_new_lines_follow_them(tmp_path):

@@ -5,7 +5,7 @@ on the event loop takes the lines of every changed key, a thread writes them in 
 fsync (group commit), and then every ack or change that waited for that round is answered; pops never wait (their
 first deliveries are written lazily, see state.py). The file is rewritten compactly (one line per key with its
 written deliveries) once it holds many more lines than keys. Lines are checked (storage/lines.py: CRC-32, format
-version): a torn tail, never acknowledged, is cut back on start; damage before a good line refuses the start.
+version): a torn tail, never acknowledged, is cut back on start; a damaged line refuses the start.
 
 Refusals, as coded ApiErrors: 503 TOO_MANY_WAITERS when JOURNAL_WAITERS_MAX already wait; 503 STORAGE_UNAVAILABLE
 when a write or fsync failed (nothing after can be trusted until a restart replays the file), or no round confirmed
@@ -39,7 +39,7 @@ def unavailable() -> ApiError:
 
 def load(path: str) -> tuple[dict[Key, QueueState], int]:
     """The states the file holds and the length of its good lines (-1: no file). What follows them is a torn
-    write's remains, never acknowledged; damage before a good line raises CorruptFile (storage/lines.py)."""
+    write's remains, never acknowledged; damage (not a tear) raises CorruptFile (storage/lines.py)."""
     states: dict[Key, QueueState] = {}
     loaded = lines.read(path)
     for number, value in enumerate(loaded.values, 1):

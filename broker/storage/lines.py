@@ -5,12 +5,16 @@ bytes, and the JSON text. Without the CRC a flipped digit in a line is a differe
 and served as if it had been committed. Lines of format 0 (the JSON text alone, always a JSON array: what these files
 held before) still load, unchecked, so files written by an older broker open as they did.
 
-Reading a file (``read``) tells a torn tail from damage:
-- a last line without its newline, or bad lines with no good line after them, are the remains of a write a crash
-  cut short: never acknowledged (each file acknowledges only after an fsync covering the whole write). They are
+Reading a file (``read``) tells a torn tail from damage. The files are only appended to (a compaction writes a new
+file and renames it), so a write a crash cut short leaves a last line without its newline, or bytes the disk never
+got, which read back as zeros:
+- a last line without its newline, and bad lines after the last good one that hold a zero byte, are the remains of
+  such a write: never acknowledged (each file acknowledges only after an fsync covering the whole write). They are
   left out, and the caller cuts the file back to ``whole`` bytes before appending.
-- a bad line followed by a good one is damage to acknowledged data: ``CorruptFile`` names the file, the line and its
-  byte position, and the broker refuses to start rather than serve a state with a hole in it.
+- any other bad line (one followed by a good line, or a whole bad line with no zero byte at the end) is damage to
+  acknowledged data: ``CorruptFile`` names the file, the line and its byte position, and the broker refuses to start
+  rather than serve a state with a hole in it.
+What no check can tell from a tear: damage to the file's very last newline (the last line then reads as torn).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ class Loaded(NamedTuple):
 
 
 def read(path: str) -> Loaded:
-    """Every good line of the file at ``path``; raises CorruptFile when a bad line has a good one after it."""
+    """Every good line of the file at ``path``; raises CorruptFile for a bad line that is damage, not a tear."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -59,6 +63,7 @@ def read(path: str) -> Loaded:
     values: list[Any] = []
     whole = pos = 0
     first_bad: tuple[int, int, str] | None = None   # (line number, byte position, why) of the first bad line
+    torn_zeros = False                               # a bad line since the last good one holds a zero byte
     with f:
         for number, line in enumerate(f, 1):
             start, pos = pos, pos + len(line)
@@ -69,6 +74,7 @@ def read(path: str) -> Loaded:
             except (ValueError, RecursionError) as e:
                 if first_bad is None:
                     first_bad = (number, start, str(e))
+                torn_zeros = torn_zeros or b"\0" in line
                 continue
             if first_bad is not None:
                 number_bad, start_bad, why = first_bad
@@ -77,4 +83,9 @@ def read(path: str) -> Loaded:
                                   path=path, line=number_bad, position=start_bad)
             values.append(value)
             whole = pos
+        if first_bad is not None and not torn_zeros:
+            number_bad, start_bad, why = first_bad
+            raise CorruptFile(f"{path}: line {number_bad} (byte {start_bad}) is damaged ({why}) and is no torn write "
+                              "(whole, no zero bytes): acknowledged data was lost; restore the file or cut it at that "
+                              "byte", path=path, line=number_bad, position=start_bad)
     return Loaded(values, whole)
