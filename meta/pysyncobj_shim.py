@@ -180,12 +180,15 @@ def committed_calls(journal_path: str, after_index: int) -> Iterator[tuple[Any, 
 # size + (index, term, command) + size") carries no checksum, and FileJournal reads it back without a check: a
 # flipped bit is a different index, term or command, replayed as if committed. check_journal refuses what a check
 # can see before pysyncobj reads the file: a header that is not pysyncobj's, a record whose two size fields differ,
-# indexes that do not follow one another, terms that go back, an unknown command type, a replicated call that does
-# not decode to an envelope. What it cannot see: a change inside an envelope's JSON that still parses (a digit), or
-# a term changed to another value still in order; only a checksum inside the command could (the envelope is built
-# in RaftNode.propose), which this module cannot add without changing what pysyncobj stores and sends.
-_COMMAND_TYPES = frozenset({_COMMAND_TYPE.REGULAR, _COMMAND_TYPE.NO_OP, _COMMAND_TYPE.MEMBERSHIP,
-                            _COMMAND_TYPE.VERSION})
+# indexes that do not follow one another, terms that go back or pass the node's current term, an entry that is
+# neither a no-op nor a replicated call decoding to an envelope. What it cannot see: a change inside an envelope's
+# JSON that still parses (a digit), or a term changed to another value still in order; only a checksum inside the
+# command could (the envelope is built in RaftNode.propose), which this module cannot add without changing what
+# pysyncobj stores and sends.
+# A meta node's journal holds two kinds of entries: a new term's no-op (pysyncobj writes the type byte alone) and
+# replicated calls; membership and code-version entries are never written (dynamicMembershipChange=False, no
+# setCodeVersion), so one of those is a damaged type byte.
+NO_OP_COMMAND = bytes([_COMMAND_TYPE.NO_OP])
 _SIZE = struct.Struct("<I")
 
 
@@ -213,6 +216,9 @@ def check_journal(path: str) -> int:
     except Exception as e:   # pysyncobj read past what the file holds: a damaged size field
         raise damaged(f"pysyncobj cannot read it: {type(e).__name__}") from None
     try:
+        # pysyncobj stores a new term (meta file, before any vote or entry of it) before it appends an entry of that
+        # term, so no entry is newer; with the journal mode that does not sync, a power loss can break that too.
+        current_term = journal.getCurrentTerm()
         pos = _journal_mod.FIRST_RECORD_OFFSET
         previous: tuple[int, int] | None = None
         for i in range(len(journal)):
@@ -223,10 +229,10 @@ def check_journal(path: str) -> int:
                 raise damaged(f"{where}: its two size fields differ")
             if previous is not None and (index != previous[0] + 1 or term < previous[1]):
                 raise damaged(f"{where}: follows index {previous[0]} term {previous[1]} with term {term}")
-            if not command or command[0] not in _COMMAND_TYPES:
-                raise damaged(f"{where}: unknown command type")
-            if command[0] == REGULAR_COMMAND and not _is_envelope_call(command):
-                raise damaged(f"{where}: the replicated call does not decode")
+            if term > current_term:
+                raise damaged(f"{where}: term {term} is past the node's current term {current_term}")
+            if command != NO_OP_COMMAND and not (command[:1] == bytes([REGULAR_COMMAND]) and _is_envelope_call(command)):
+                raise damaged(f"{where}: neither a new term's no-op nor a replicated call that decodes")
             pos += 24 + len(command)
             previous = (index, term)
         return len(journal)
