@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from ops import config_file
 from client.tls import TlsFiles
+from client.wire.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
 from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
                              TlsSchema, split_host_port, tls_files)
 
@@ -42,6 +43,7 @@ class BrokerConfig:
     log_level: str = "info"
     advertise: str | None = None         # the URL others reach this broker at, when it differs from the bind address
     tls: TlsFiles | None = None          # HTTPS for the API and for calls to meta and other brokers (client/tls.py)
+    http_connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT   # more open connections are refused 503
 
     @property
     def url(self) -> str:
@@ -75,6 +77,7 @@ class _BrokerSchema(Schema):
     retention_bytes: int | None = Field(None, ge=1, le=RETENTION_BYTES_MAX)
     log_level: LogLevel = "info"
     tls: TlsSchema | None = None
+    http_connections_max: int = Field(HTTP_CONNECTIONS_MAX_DEFAULT, ge=1, le=HTTP_CONNECTIONS_LIMIT_MAX)
 
     @model_validator(mode="after")
     def _consistent(self) -> _BrokerSchema:
@@ -110,4 +113,4 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
         meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
         admin_token=s.tokens.admin, zone=s.zone, flush=s.flush, flush_interval_ms=s.flush_interval_ms,
         retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, log_level=s.log_level,
-        advertise=s.advertise, tls=tls_files(s.tls, base_dir))
+        advertise=s.advertise, tls=tls_files(s.tls, base_dir), http_connections_max=s.http_connections_max)

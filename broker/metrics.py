@@ -36,6 +36,9 @@ class BrokerMetrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         Info("stator_build", "Stator build", registry=r).info({"version": _version(), "role": "broker"})
+        self.refusals = Counter("stator_broker_http_refusals_total", "Error answers by API code; a limit's refusals "
+                                "show as TOO_LARGE, TOO_MANY_WAITERS, TOO_MANY_CONNECTIONS, TOO_MANY_OFFSETS, ...",
+                                ["code"], registry=r)
         self.messages_in = Counter("stator_broker_messages_in_total", "Messages stored", ["topic"], registry=r)
         self.bytes_in = Counter("stator_broker_bytes_in_total", "Bytes of messages stored (encoded)", ["topic"],
                                 registry=r)

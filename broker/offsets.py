@@ -1,8 +1,9 @@
 """Consumer offsets kept beside the data: one small append-only file per broker, replayed into a dict on start.
 
-Each commit is one JSON line, acknowledged only once an fsync covering it has returned. One syncer thread owns the
-file: each round it takes every commit queued since the last one, writes their lines in one write and covers them
-with one fsync (group commit), so the event loop never waits for the disk and concurrent commits share an fsync.
+Each commit is one checked JSON line (storage/lines.py: a CRC-32 and a format version), acknowledged only once an
+fsync covering it has returned. One syncer thread owns the file: each round it takes every commit queued since the
+last one, writes their lines in one write and covers them with one fsync (group commit), so the event loop never
+waits for the disk and concurrent commits share an fsync.
 The file is rewritten compactly when it grows past a bound, so its size stays proportional to the number of
 (group, topic, queue) keys. Its directory is fsynced after the file is created and after each compaction's rename:
 until then a power loss could take the file's name, and every commit in it, with it.
@@ -19,7 +20,6 @@ Refusals, as coded ApiErrors the HTTP layer answers directly:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 from typing import Callable, NamedTuple
@@ -28,7 +28,8 @@ import structlog
 
 from client.wire.errors import ApiError, rejection
 
-from .storage import files
+from .storage import files, lines
+from .storage.errors import CorruptFile
 
 log = structlog.get_logger("broker.offsets")
 
@@ -90,28 +91,22 @@ class OffsetStore:
         return fd
 
     def _replay(self) -> int | None:
-        """Loads the file and returns the length of its whole lines (None when there is no file). A last line
-        without its newline was torn by a crash and never acknowledged; the caller cuts it off, or the next
-        commit's line would be glued to it and lost with it on the following replay."""
-        try:
-            f = open(self.path, "rb")
-        except FileNotFoundError:
-            return None
-        whole = 0
-        with f:
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break
-                whole += len(line)
-                self._replay_line(line)
-        return whole
+        """Loads the file and returns the length of its good lines (None when there is no file). What follows them
+        is the torn remains of a write a crash cut short, never acknowledged; the caller cuts it off, or the next
+        commit's line would be glued to it and lost with it on the following replay. Damage (not a tear)
+        raises CorruptFile (lines.py)."""
+        loaded = lines.read(self.path)
+        for value in loaded.values:
+            self._replay_value(value)
+        return None if loaded.whole < 0 else loaded.whole
 
-    def _replay_line(self, line: bytes) -> None:
+    def _replay_value(self, value: object) -> None:
         try:
-            g, t, q, o = json.loads(line)
-            self._offsets[(g, t, q)] = o
+            g, t, q, o = value  # type: ignore[misc]
         except (ValueError, TypeError):
-            return  # a garbled line: its commit was never acknowledged
+            raise CorruptFile(f"{self.path}: a line that passed its check is not [group, topic, queue, offset]: "
+                              f"{str(value)[:200]}", path=self.path) from None
+        self._offsets[(g, t, q)] = o
         self._lines += 1
 
     # Committing.
@@ -161,7 +156,7 @@ class OffsetStore:
         if self._failed:
             return [_unavailable] * len(batch)
         refusals: list[Refusal | None] = []
-        lines: list[bytes] = []
+        out: list[bytes] = []
         new_keys: set[Key] = set()
         for c in batch:
             if c.key not in self._offsets and c.key not in new_keys:
@@ -169,12 +164,12 @@ class OffsetStore:
                     refusals.append(_too_many_offsets)
                     continue
                 new_keys.add(c.key)
-            lines.append(json.dumps([*c.key, c.offset]).encode() + b"\n")
+            out.append(lines.encode([*c.key, c.offset]))
             refusals.append(None)
-        if not lines:
+        if not out:
             return refusals
         try:
-            _write_all(self._fd, b"".join(lines))
+            _write_all(self._fd, b"".join(out))
             files.sync_data(self._fd)
         except OSError:
             log.exception("offsets_write_failed", path=self.path)
@@ -183,14 +178,14 @@ class OffsetStore:
         for c, refusal in zip(batch, refusals):
             if refusal is None:
                 self._offsets[c.key] = c.offset
-        self._lines += len(lines)
+        self._lines += len(out)
         return refusals
 
     def _maybe_compact(self) -> None:
         if self._failed or not (self._lines > COMPACT_AFTER_LINES and self._lines > 2 * len(self._offsets)):
             return
         tmp = self.path + files.TMP_SUFFIX
-        body = b"".join(json.dumps([g, t, q, o]).encode() + b"\n" for (g, t, q), o in self._offsets.items())
+        body = b"".join(lines.encode([g, t, q, o]) for (g, t, q), o in self._offsets.items())
         try:
             files.write_atomic(self.path, body)
         except OSError:

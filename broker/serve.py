@@ -14,4 +14,5 @@ def run_broker(config_path: str) -> None:
 
     config = load(config_path)
     configure(config.log_level, broker=config.broker)
-    asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls))
+    asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,
+                          config.http_connections_max))

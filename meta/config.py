@@ -15,6 +15,7 @@ from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, L
                              TlsSchema, split_host_port, tls_files)
 
 from client.tls import TlsFiles
+from client.wire.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
 from client.wire.server import role_of
 
 from . import limits
@@ -63,6 +64,7 @@ class MetaConfig:
     # (replicas never diverge); give every member the same value, or the window changes with the leader.
     history_window: int = limits.HISTORY_EVENTS_MAX
     tls: TlsFiles | None = None   # HTTPS for the API and for calls to other nodes (client/tls.py)
+    http_connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT   # more open connections are refused 503
 
     @property
     def partners(self) -> list[str]:
@@ -159,6 +161,7 @@ class _MetaSchema(Schema):
     log_level: LogLevel = "info"
     history_window: int = Field(limits.HISTORY_EVENTS_MAX, ge=limits.HISTORY_WINDOW_MIN, le=limits.HISTORY_WINDOW_MAX)
     tls: TlsSchema | None = None
+    http_connections_max: int = Field(HTTP_CONNECTIONS_MAX_DEFAULT, ge=1, le=HTTP_CONNECTIONS_LIMIT_MAX)
 
     @model_validator(mode="after")
     def _consistent(self) -> _MetaSchema:
@@ -191,4 +194,5 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> MetaConfig:
         offset_budget=s.offset_budget, session_timeout_ms=s.session_timeout_ms,
         heartbeat_interval_ms=s.heartbeat_interval_ms, raft_tuning=RaftTuning(**s.raft_tuning.model_dump()),
         log_level=s.log_level, history_window=s.history_window, tls=tls_files(s.tls, base_dir),
+        http_connections_max=s.http_connections_max,
     )

@@ -12,12 +12,16 @@ Protected hooks MetaSyncObj overrides (same version pin): ``_applyCommand``, ``_
 
 from __future__ import annotations
 
+import json
+import mmap
 import os
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pysyncobj.pickle as _pickle
 from pysyncobj import SERIALIZER_STATE, SyncObj
+import pysyncobj.journal as _journal_mod
 from pysyncobj.journal import FileJournal, MetaStorer
 from pysyncobj.syncobj import _COMMAND_TYPE
 from pysyncobj.monotonic import monotonic
@@ -194,6 +198,82 @@ def call_args(command: bytes) -> tuple[Any, ...]:
     """The arguments of the replicated call a regular journal entry's command holds (pysyncobj's own pickle)."""
     decoded = _pickle.loads(command[1:])
     return decoded[1] if isinstance(decoded, tuple) and len(decoded) > 1 else ()
+
+
+# -- journal integrity ----------------------------------------------------------------------------------------
+# pysyncobj's journal (journal.py, "APP_NAME + APP_VERSION + FORMAT_VERSION + LAST_RECORD_OFFSET, then per record
+# size + (index, term, command) + size") carries no checksum, and FileJournal reads it back without a check: a
+# flipped bit is a different index, term or command, replayed as if committed. check_journal refuses what a check
+# can see before pysyncobj reads the file: a header that is not pysyncobj's, a record whose two size fields differ,
+# indexes that do not follow one another, terms that go back or pass the node's current term, an entry that is
+# neither a no-op nor a replicated call decoding to an envelope. What it cannot see: a change inside an envelope's
+# JSON that still parses (a digit), or a term changed to another value still in order; only a checksum inside the
+# command could (the envelope is built in RaftNode.propose), which this module cannot add without changing what
+# pysyncobj stores and sends.
+# A meta node's journal holds two kinds of entries: a new term's no-op (pysyncobj writes the type byte alone) and
+# replicated calls; membership and code-version entries are never written (dynamicMembershipChange=False, no
+# setCodeVersion), so one of those is a damaged type byte.
+NO_OP_COMMAND = bytes([_COMMAND_TYPE.NO_OP])
+_SIZE = struct.Struct("<I")
+
+
+class JournalDamaged(RuntimeError):
+    """The node's raft journal fails a consistency check; the message is one line naming the file and the record."""
+
+
+def check_journal(path: str) -> int:
+    """Raises JournalDamaged when the journal at ``path`` fails a check (above); returns the records checked."""
+    if not os.path.exists(path):
+        return 0
+
+    def damaged(why: str) -> JournalDamaged:
+        return JournalDamaged(f"{path}: the raft journal is damaged ({why}); pysyncobj keeps no checksum, so this "
+                              "node cannot trust its log: move its data directory away and let it rejoin from a peer")
+
+    with open(path, "rb") as f:
+        # Mapped, not read: the file is preallocated in big chunks and may hold gigabytes of entries at scale.
+        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
+    name_size, version_at = _journal_mod.NAME_SIZE, _journal_mod.NAME_SIZE + _journal_mod.VERSION_SIZE
+    if (raw[:name_size] != _journal_mod.APP_NAME.ljust(name_size, b"\0")
+            or raw[version_at:version_at + 4] != _SIZE.pack(_journal_mod.JOURNAL_FORMAT_VERSION)):
+        raise damaged("its header is not pysyncobj's")
+    try:
+        journal = FileJournal(path)
+    except Exception as e:   # pysyncobj read past what the file holds: a damaged size field
+        raise damaged(f"pysyncobj cannot read it: {type(e).__name__}") from None
+    try:
+        # pysyncobj stores a new term (meta file, before any vote or entry of it) before it appends an entry of that
+        # term, so no entry is newer; with the journal mode that does not sync, a power loss can break that too.
+        current_term = journal.getCurrentTerm()
+        pos = _journal_mod.FIRST_RECORD_OFFSET
+        previous: tuple[int, int] | None = None
+        for i in range(len(journal)):
+            command, index, term = journal[i]
+            size = _SIZE.pack(16 + len(command))
+            where = f"record {i}, log index {index}"
+            if raw[pos:pos + 4] != size or raw[pos + 20 + len(command):pos + 24 + len(command)] != size:
+                raise damaged(f"{where}: its two size fields differ")
+            if previous is not None and (index != previous[0] + 1 or term < previous[1]):
+                raise damaged(f"{where}: follows index {previous[0]} term {previous[1]} with term {term}")
+            if term > current_term:
+                raise damaged(f"{where}: term {term} is past the node's current term {current_term}")
+            if command != NO_OP_COMMAND and not (command[:1] == bytes([REGULAR_COMMAND]) and _is_envelope_call(command)):
+                raise damaged(f"{where}: neither a new term's no-op nor a replicated call that decodes")
+            pos += 24 + len(command)
+            previous = (index, term)
+        return len(journal)
+    finally:
+        journal._destroy()
+
+
+def _is_envelope_call(command: bytes) -> bool:
+    """pysyncobj's replicated call ``(function id, (payload,), kwargs)``, its payload an envelope's JSON object."""
+    try:
+        decoded = _pickle.loads(command[1:])   # the node's own file: what pysyncobj would unpickle to replay it
+        payload = decoded[1][0]
+        return isinstance(payload, str) and isinstance(json.loads(payload), dict)
+    except Exception:
+        return False
 
 
 # -- journal durability (group commit) -------------------------------------------------------------------------

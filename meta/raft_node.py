@@ -151,6 +151,7 @@ class MetaSyncObj(SyncObj):
         self._local = _LocalState()
         os.makedirs(data_dir, exist_ok=True)
         snapshot_path = os.path.join(data_dir, SNAPSHOT_FILE)
+        shim.check_journal(os.path.join(data_dir, JOURNAL_FILE))   # before pysyncobj replays it, unchecked
         self._snapshots = BackgroundWriter(snapshot_path)
         conf = SyncObjConf(
             password=secret,

@@ -54,8 +54,9 @@ def meta() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 def meta_serve(config_path: str) -> None:
     """Run a meta node in the foreground."""
+    from meta.pysyncobj_shim import JournalDamaged
     from ops.serve import run_meta
-    with one_line_errors():
+    with one_line_errors(JournalDamaged):
         run_meta(config_path)
 
 
@@ -98,7 +99,8 @@ def broker() -> None:
 def broker_serve(config_path: str) -> None:
     """Run a broker in the foreground."""
     from broker.serve import run_broker
-    with one_line_errors():
+    from broker.storage.errors import CorruptFile
+    with one_line_errors(CorruptFile):
         run_broker(config_path)
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
+from client.wire.connection_limit import HTTP_CONNECTIONS_MAX_DEFAULT
+
 GIL_SWITCH_INTERVAL_S = 0.001
 HTTP_BACKLOG = 2048
 HTTP_SHUTDOWN_TIMEOUT_S = 2.0
@@ -41,23 +43,29 @@ def listening_socket(host: str, port: int, label: str) -> socket.socket:
     return sock
 
 
-async def serve_app(app: web.Application, host: str, port: int, tls: Any = None) -> None:
-    """``tls``: the config's TlsFiles (client/tls.py) to serve HTTPS, None for plain HTTP."""
+async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
+                    connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT) -> None:
+    """``tls``: the config's TlsFiles (client/tls.py) to serve HTTPS, None for plain HTTP. ``connections_max``: open
+    connections beyond it are answered 503 TOO_MANY_CONNECTIONS (client/wire/connection_limit.py)."""
     from client.tls import server_context
+    from client.wire.connection_limit import CONNECTION_LIMIT, ConnectionLimit
     ssl_context = server_context(tls) if tls is not None else None   # a bad file fails here, before the port
     # The HTTP port is taken before the app starts (and so before a meta node joins Raft): a port in use fails at
     # once with its address, and nothing else can take the port while the app starts. Requests that arrive
     # meanwhile wait in the listen backlog instead of being refused.
     sock = listening_socket(host, port, f"HTTP address {host}:{port}")
+    open_files_for(connections_max)
     # handler_cancellation: a long poll or watch whose client went away stops at once instead of holding its
     # waiter slot until its wait ends.
     # The request line and header bounds are raised from aiohttp's 8,190 bytes: a watch of the 1,000 topics allowed
     # per stream needs a long query, and an over-long request id should reach the app and get its coded 400.
+    limit = app[CONNECTION_LIMIT] = ConnectionLimit(connections_max)   # before setup: the app is frozen there
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S,
                            handler_cancellation=True, max_line_size=HTTP_REQUEST_LINE_BYTES_MAX,
                            max_field_size=HTTP_HEADER_BYTES_MAX)
     try:
         await runner.setup()
+        limit.attach(runner.server)
         await web.SockSite(runner, sock, backlog=HTTP_BACKLOG, ssl_context=ssl_context).start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -67,6 +75,27 @@ async def serve_app(app: web.Application, host: str, port: int, tls: Any = None)
     finally:
         await runner.cleanup()
         sock.close()
+
+
+OPEN_FILES_RESERVE = 1_024   # descriptors beyond the HTTP connections: segment files, raft links, outgoing calls
+
+
+def open_files_for(connections_max: int) -> int:
+    """Raises the soft open-file limit toward ``connections_max`` plus a reserve (up to the hard limit) and returns
+    it. Below the connection bound, accept() fails with EMFILE first: new clients then wait unanswered in the backlog
+    instead of getting their 503 TOO_MANY_CONNECTIONS, so a limit that stays too low is logged."""
+    import resource
+
+    import structlog
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections_max + OPEN_FILES_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < want:
+        structlog.get_logger("serve").warning("open_files_limit_below_connections", open_files=soft,
+                                              http_connections_max=connections_max, wanted=want)
+    return soft
 
 
 def check_raft_address(raft: str) -> None:
@@ -97,7 +126,8 @@ def run_meta(config_path: str) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     check_raft_address(config.raft)
     try:
-        asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls))
+        asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,
+                              config.http_connections_max))
     except SyncObjException as e:
         # pysyncobj gave up binding after conf.maxBindRetries attempts (the port was taken after the check above).
         if e.errorCode != "BindError":

@@ -13,6 +13,7 @@ import pytest
 from broker import offsets
 from broker.offsets import OffsetStore
 from broker.storage import files
+from broker.storage import lines as checked_lines
 from client.wire.errors import ApiError
 
 WAIT_S = 10.0  # bound on every wait for the syncer thread; the tests need far less
@@ -53,7 +54,7 @@ async def test_commit_is_acknowledged_only_after_the_fsync_covering_it(tmp_path,
     await asyncio.sleep(0)  # give the loop every chance to run an early acknowledgement
     assert not task.done(), "acknowledged before its fsync returned"
     assert store.get("g", "t", 0) is None, "readable before it is durable"
-    assert lines(tmp_path / "offsets.log") == [b'["g", "t", 0, 42]\n']  # written, not yet synced
+    assert lines(tmp_path / "offsets.log") == [checked_lines.encode(["g", "t", 0, 42])]  # written, not yet synced
     held.release.set()
     await asyncio.wait_for(task, WAIT_S)
     assert store.get("g", "t", 0) == 42
@@ -189,7 +190,7 @@ async def test_close_waits_for_queued_commits(tmp_path):
 
 async def test_torn_last_line_is_ignored_and_cut_before_new_commits(tmp_path):
     path = tmp_path / "offsets.log"
-    path.write_bytes(b'["g", "t", 0, 5]\n["g", "t", 1, 6]\n["g", "t", 0, 9')  # a crash mid-write
+    path.write_bytes(b'["g", "t", 0, 5]\n["g", "t", 1, 6]\n["g", "t", 0, 9')  # format 0, a crash mid-write
     store = OffsetStore(str(path))
     assert (store.get("g", "t", 0), store.get("g", "t", 1)) == (5, 6)
     await store.commit("g", "t", 2, 7)

@@ -48,7 +48,11 @@ def _observe(request: web.Request, status: int, seconds: float) -> None:
     request.app[NODE].metrics_requests.labels(str(status)).inc()
 
 
-middleware = error_middleware(_tokens, "broker", _observe)
+def _refused(request: web.Request, code: str) -> None:
+    request.app[NODE].metrics.refusals.labels(code).inc()
+
+
+middleware = error_middleware(_tokens, "broker", _observe, _refused)
 
 
 async def _route_version(request: web.Request, response: web.StreamResponse) -> None:

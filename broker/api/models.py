@@ -12,6 +12,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from client.wire.shapes import OPEN, STRICT
 
+from ..writes import MESSAGES_PER_SEND_MAX
 from ..pop.limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,
                           WAIT_MS_MAX)
 
@@ -41,7 +42,7 @@ Message = TextMessage | BinaryMessage   # exactly one of body and body_b64
 
 @with_config(STRICT)
 class Send(TypedDict):
-    messages: list[Message]
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MESSAGES_PER_SEND_MAX)]
 
 
 @with_config(STRICT)

@@ -14,6 +14,7 @@ from . import models as M
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
+_NUMBER = {"type": "integer", "minimum": 0, "maximum": 2**62}   # queue ids in paths (client/wire/params.py)
 _SPEC_SCHEMAS = SpecSchemas()
 
 
@@ -34,7 +35,7 @@ def _q(*names: str) -> list[dict]:
 
 
 def _p(*names: str) -> list[dict]:
-    return [{"name": n, "in": "path", "required": True, "schema": _INT if n == "queue" else _STR} for n in names]
+    return [{"name": n, "in": "path", "required": True, "schema": _NUMBER if n == "queue" else _STR} for n in names]
 
 
 SPEC: dict[str, Any] = {

@@ -4,8 +4,8 @@ Each line is the delta of one (group, topic, queue) since its previous line (sta
 on the event loop takes the lines of every changed key, a thread writes them in one write and covers them with one
 fsync (group commit), and then every ack or change that waited for that round is answered; pops never wait (their
 first deliveries are written lazily, see state.py). The file is rewritten compactly (one line per key with its
-written deliveries) once it holds many more lines than keys. A last line without its newline was torn by a crash and
-never acknowledged: replay stops there and the file is cut back to its whole lines.
+written deliveries) once it holds many more lines than keys. Lines are checked (storage/lines.py: CRC-32, format
+version): a torn tail, never acknowledged, is cut back on start; a damaged line refuses the start.
 
 Refusals, as coded ApiErrors: 503 TOO_MANY_WAITERS when JOURNAL_WAITERS_MAX already wait; 503 STORAGE_UNAVAILABLE
 when a write or fsync failed (nothing after can be trusted until a restart replays the file), or no round confirmed
@@ -15,7 +15,6 @@ within JOURNAL_WAIT_S.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import Callable
@@ -24,7 +23,8 @@ import structlog
 
 from client.wire.errors import ApiError, rejection
 
-from ..storage import files
+from ..storage import files, lines
+from ..storage.errors import CorruptFile
 from .limits import COMPACT_AFTER_LINES, FLUSH_TICK_MS, JOURNAL_WAIT_S, JOURNAL_WAITERS_MAX
 from .state import Key, QueueState, replay_line
 
@@ -38,24 +38,17 @@ def unavailable() -> ApiError:
 
 
 def load(path: str) -> tuple[dict[Key, QueueState], int]:
-    """The states the file holds and the length of its whole lines (lines that do not parse are skipped: they were
-    never acknowledged, a torn write's remains)."""
+    """The states the file holds and the length of its good lines (-1: no file). What follows them is a torn
+    write's remains, never acknowledged; damage (not a tear) raises CorruptFile (storage/lines.py)."""
     states: dict[Key, QueueState] = {}
-    whole = 0
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        return states, -1
-    with f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                break
-            whole += len(line)
-            try:
-                replay_line(states, json.loads(line))
-            except (ValueError, TypeError, KeyError):
-                log.warning("pop_journal_line_skipped", path=path)
-    return states, whole
+    loaded = lines.read(path)
+    for number, value in enumerate(loaded.values, 1):
+        try:
+            replay_line(states, value)
+        except (ValueError, TypeError, KeyError):
+            raise CorruptFile(f"{path}: good line {number} that passed its check is not a pop journal line: "
+                              f"{str(value)[:200]}", path=path) from None
+    return states, loaded.whole
 
 
 class Journal:
@@ -125,7 +118,7 @@ class Journal:
         """One group commit: every changed key's line, one write, one fsync, then the waiters are answered."""
         waiters, self._waiters = self._waiters, []
         now = self._now_ms()
-        lines = []
+        out: list[bytes] = []
         still: set[Key] = set()
         for key in self._changed:
             st = self.states.get(key)
@@ -133,16 +126,16 @@ class Journal:
                 continue
             line = st.take_line(now, force)
             if line is not None:
-                lines.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+                out.append(lines.encode(line))
             if st.fresh:
                 still.add(key)        # first deliveries still maturing: look again next round
         self._changed = still    # keys touched while this round writes join the next one
         error = None
-        if lines and not self._failed:
+        if out and not self._failed:
             try:
-                await asyncio.to_thread(self._write, b"".join(lines))
-                self._lines += len(lines)
-                self.lines_written += len(lines)
+                await asyncio.to_thread(self._write, b"".join(out))
+                self._lines += len(out)
+                self.lines_written += len(out)
             except OSError:
                 log.exception("pop_journal_write_failed", path=self.path)
                 self._failed = True
@@ -166,8 +159,7 @@ class Journal:
         now = self._now_ms()
         for st in self.states.values():   # bring every key up to date first: the new file replaces every line
             st.take_line(now, force=True)
-        body = b"".join(json.dumps(st.full_line(), separators=(",", ":")).encode() + b"\n"
-                        for st in self.states.values())
+        body = b"".join(lines.encode(st.full_line()) for st in self.states.values())
         try:
             await asyncio.to_thread(self._replace, body)
         except OSError:

@@ -81,3 +81,11 @@ class QueueExists(StorageError):
 
 class TooManyQueues(StorageError):
     code = "TOO_MANY_QUEUES"
+
+
+class CorruptFile(StorageError):
+    """A file the broker replays at start holds damaged acknowledged data; the broker refuses to start on it.
+
+    The message is one line naming the file and where in it the damage begins."""
+
+    code = "CORRUPT_FILE"

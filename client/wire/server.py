@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 import structlog
 from aiohttp import web
 
+from .connection_limit import CONNECTION_LIMIT
 from .errors import ApiError
 
 ROLES = ("admin", "broker", "client")
@@ -72,9 +73,12 @@ def route_name(request: web.Request) -> str:
 
 
 def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None]], what: str,
-                     observe: Callable[[web.Request, int, float], None]):
+                     observe: Callable[[web.Request, int, float], None],
+                     refused: Callable[[web.Request, str], None] | None = None):
     """The middleware of a service: authenticate by the handler's marker, answer every error in API.md's shape,
-    and report each request's status and duration to ``observe(request, status, seconds)``."""
+    and report each request's status and duration to ``observe(request, status, seconds)`` and each error answer's
+    code to ``refused(request, code)`` (the refusals metric: limits show there by their codes). A request on a
+    connection past the server's connection limit (connection_limit.py) is refused first, and its connection closed."""
     log = structlog.get_logger(f"{what}.http")
 
     @web.middleware
@@ -82,22 +86,32 @@ def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None
         started = time.perf_counter()
         structlog.contextvars.bind_contextvars(request_id=request.headers.get("X-Request-Id") or next(_log_ids))
         status = 500
+        code: str | None = None   # the API code of an error answer
         try:
+            limit = request.app.get(CONNECTION_LIMIT)
+            if limit is not None:
+                limit.check(request)
             roles = getattr(request.match_info.handler, "roles", None)
             if roles is not None:
                 request["role"] = authenticate(request, tokens(request.app), roles)
             resp = await handler(request)
             status = resp.status
+            if status >= 400:
+                code = f"HTTP_{status}"
             return resp
         except ApiError as e:
-            status = e.status
-            return error_response(e)
+            status, code = e.status, e.code
+            resp = error_response(e)
+            if code == "TOO_MANY_CONNECTIONS":
+                resp.force_close()
+            return resp
         except web.HTTPRequestEntityTooLarge as e:
-            status = 413
+            status, code = 413, "TOO_LARGE"
             return error_response(ApiError(f"request body exceeds {e.text or 'the limit'}", code="TOO_LARGE",
                                            status=413))
         except web.HTTPException as e:
             status = e.status
+            code = f"HTTP_{status}" if status >= 400 else None
             if e.status in (404, 405):
                 code = "NOT_FOUND" if e.status == 404 else "METHOD_NOT_ALLOWED"
                 return error_response(ApiError(f"{request.method} {request.path}: {e.reason}", code=code,
@@ -105,9 +119,12 @@ def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None
             raise
         except Exception:
             log.exception("handler_failed", path=request.path)
+            code = "INTERNAL"
             return error_response(ApiError(f"internal error; see the {what}'s log", code="INTERNAL", status=500))
         finally:
             observe(request, status, time.perf_counter() - started)
+            if refused is not None and code is not None:
+                refused(request, code)
             structlog.contextvars.unbind_contextvars("request_id")
 
     return middleware

@@ -50,6 +50,9 @@ class MetaMetrics:
         self.watch_streams = Gauge("stator_meta_watch_streams", "Open SSE watch streams", registry=r)
         self.version_waiters = Gauge("stator_meta_version_waiters", "Reads waiting for a min_version", registry=r)
         self.topics = Gauge("stator_meta_topics", "Topics in the image", registry=r)
+        self.refusals = Counter("stator_meta_http_refusals_total", "Error answers by API code; a limit's refusals "
+                                "show as TOO_LARGE, TOO_MANY_WAITERS, TOO_MANY_CONNECTIONS, OVERLOADED, ...", ["code"],
+                                registry=r)
         self.rejections = Counter("stator_meta_limit_rejections_total", "Requests refused by a limit", ["limit"],
                                   registry=r)
         self.projection_position = Gauge("stator_meta_projection_position", "Version the SQL projection reached",

@@ -26,7 +26,11 @@ def _observe(request: web.Request, status: int, seconds: float) -> None:
         m.latency.labels(route).observe(seconds)
 
 
-errors_and_auth = error_middleware(_tokens, "meta node", _observe)
+def _refused(request: web.Request, code: str) -> None:
+    request.app[METRICS].refusals.labels(code).inc()
+
+
+errors_and_auth = error_middleware(_tokens, "meta node", _observe, _refused)
 
 
 async def add_version_header(request: web.Request, response: web.StreamResponse) -> None:
