@@ -33,6 +33,8 @@ def test_chaos_run_fixed_seed_finds_no_violation(tmp_path):
     ops = summary["operations"]
     for kind in ("cas", "read", "read_mv", "send", "commit", "pop", "ack"):
         assert ops.get(f"{kind}:ok", 0) > 0, (kind, ops)
+    # the fencing was exercised: a member gone silent committed with its old token and was refused (STALE_TOKEN)
+    assert ops.get("commit:fail", 0) > 0, ops
     assert summary["operations_checked"] >= 300
     assert summary["checks"]["register_ops"] > 20 and not summary["checks"]["inconclusive"]
     assert summary["checks"]["messages_read_back"] >= ops["send:ok"]

@@ -23,7 +23,7 @@ from .topology import Topology
 log = logging.getLogger("stator.chaos.nemesis")
 
 KINDS = ("kill", "pause", "restart", "partition")
-GAP_S = (0.3, 1.5)                  # between a heal and the next fault
+GAP_S = (0.2, 1.0)                  # between a heal and the next fault
 HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "partition": (1.0, 5.0)}
 FIRST_FAULT_S = 1.0                 # let the workloads start first
 STOP_WAIT_S = 15.0                  # a stop or start of one member (devcluster waits up to 10 s + 5 s for a kill)

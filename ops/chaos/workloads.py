@@ -7,7 +7,8 @@ checks need every request's own outcome. Each loop runs until ``stop`` is set; e
 - ``send``: one message per request to a random queue of a topic, at the address its route names.
 - ``exclusive``: a member of an exclusive group: heartbeats to meta for its queues and tokens, pulls with the token,
   commits with the token. It keeps using a token until a heartbeat answer takes the queue away, even through a
-  partition from meta: the broker's fencing, not the client's caution, must keep two owners from committing.
+  partition from meta or a silence of its own (EX_SILENT_S): the broker's fencing, not the client's caution, must
+  keep two owners from committing.
 - ``pop``: pops from the brokers holding the topic's heads, acks most messages, leaves some unacked to come back.
 """
 
@@ -39,6 +40,12 @@ POP_MAX = 8
 UNACKED_SHARE = 0.15         # pops deliberately left unacked: they must come back
 EX_LEASE_MS = 3000
 EX_HEARTBEAT_MS = 500
+# A member goes silent (no heartbeats) for longer than its lease now and then, yet keeps pulling and committing with
+# the tokens it holds, like a client in a long GC pause: meta gives its queues to the other member, and the broker
+# must refuse the silent one's commits (409 STALE_TOKEN).
+EX_SILENT_S = EX_LEASE_MS / 1000 + 3.0
+EX_SILENT_EVERY_S = (10.0, 25.0)
+EX_FIRST_SILENCE_S = (5.0, 10.0)
 PULL_MAX = 50
 
 
@@ -144,8 +151,14 @@ async def exclusive(env: Env, process: str) -> None:
     held: dict[int, int] = {}          # queue -> token
     positions: dict[int, int] = {}     # queue -> next offset to read
     next_heartbeat = 0.0
+    started = env.rec.now()
+    silent_from = started + env.rng.uniform(*EX_FIRST_SILENCE_S)
     while not env.stop.is_set():
-        if env.rec.now() >= next_heartbeat:
+        now = env.rec.now()
+        if now >= silent_from + EX_SILENT_S:
+            silent_from = now + env.rng.uniform(*EX_SILENT_EVERY_S)
+        silent = silent_from <= now
+        if not silent and now >= next_heartbeat:
             next_heartbeat = env.rec.now() + EX_HEARTBEAT_MS / 1000
             try:
                 async with env.rec.op(process, "heartbeat") as op:
@@ -164,7 +177,7 @@ async def exclusive(env: Env, process: str) -> None:
             if env.stop.is_set():
                 break
             try:
-                await _consume_once(env, process, queue, token, positions)
+                await _consume_once(env, process, queue, token, positions, silent)
             except StatorError as e:
                 positions.pop(queue, None)
                 if e.code == "STALE_TOKEN":
@@ -173,7 +186,10 @@ async def exclusive(env: Env, process: str) -> None:
         await env.pause(PACE_S if held else EX_HEARTBEAT_MS / 1000)
 
 
-async def _consume_once(env: Env, process: str, queue: int, token: int, positions: dict[int, int]) -> None:
+async def _consume_once(env: Env, process: str, queue: int, token: int, positions: dict[int, int],
+                        silent: bool) -> None:
+    """Pull a batch with the token and commit past it; a silent member only commits the position it has again
+    (a pull with a stale token is refused too, and the commit is what the check is about)."""
     address = queue_address(await env.route(EX_TOPIC), queue)
     if address is None:
         return
@@ -181,10 +197,13 @@ async def _consume_once(env: Env, process: str, queue: int, token: int, position
     if queue not in positions:
         a = await request_once(env.session, "GET", base, token=env.client_token, timeout_s=REQUEST_TIMEOUT_S)
         positions[queue] = max(0, a.body["offset"])
-    a = await request_once(env.session, "GET", f"{address}/v1/messages/{EX_TOPIC}/{queue}", token=env.client_token,
-                           params={"offset": positions[queue], "max": PULL_MAX, "group": EX_GROUP, "token": token},
-                           timeout_s=REQUEST_TIMEOUT_S)
-    nxt = a.body["next_offset"]
+    if silent:
+        nxt = positions[queue]
+    else:
+        a = await request_once(env.session, "GET", f"{address}/v1/messages/{EX_TOPIC}/{queue}",
+                               token=env.client_token, timeout_s=REQUEST_TIMEOUT_S,
+                               params={"offset": positions[queue], "max": PULL_MAX, "group": EX_GROUP, "token": token})
+        nxt = a.body["next_offset"]
     async with env.rec.op(process, "commit", topic=EX_TOPIC, queue=queue, token=token, offset=nxt,
                           address=address) as op:
         c = await request_once(env.session, "PUT", base, token=env.client_token,
