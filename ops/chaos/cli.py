@@ -60,6 +60,8 @@ def chaos_replay(seed: int, duration_s: float, kinds: tuple[str, ...], work_dir:
 
 def _run(seed: int, duration_s: float, kinds: tuple[str, ...], work_dir: str | None, as_json: bool,
          show_schedule: bool) -> None:
+    from ops import devcluster
+
     from . import nemesis, runner, topology
     # With --json, stdout carries exactly the summary object: the progress lines go to stderr.
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
@@ -70,7 +72,7 @@ def _run(seed: int, duration_s: float, kinds: tuple[str, ...], work_dir: str | N
             say(f"  {fault.describe()}")
     try:
         summary = runner.run(seed, duration_s, kinds, work_dir, say)
-    except runner.RunFailed as e:
+    except (runner.RunFailed, devcluster.MemberFailed, TimeoutError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_NO_VERDICT)
     replay = f"stator chaos replay --seed {seed} --duration {duration_s:g} --faults {','.join(kinds)}"

@@ -9,7 +9,6 @@ and restart of the process, SIGSTOP/SIGCONT of its process group, SIGTERM and re
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
 import signal
@@ -20,7 +19,6 @@ from ops import devcluster
 
 from .topology import Topology
 
-log = logging.getLogger("stator.chaos.nemesis")
 
 KINDS = ("kill", "pause", "restart", "partition")
 GAP_S = (0.2, 1.0)                  # between a heal and the next fault
@@ -82,6 +80,9 @@ class Nemesis:
             try:
                 await self._apply(f)
                 await asyncio.sleep(f.hold_s)
+            except (OSError, RuntimeError, KeyError, asyncio.TimeoutError) as e:
+                # a fault that could not be applied is reported (the run then gives no verdict), not fatal
+                self.errors.append(f"applying {f.describe()}: {type(e).__name__}: {e}")
             finally:
                 await self._heal(f)
             self.applied.append({**asdict(f), "started_s": round(started, 3), "healed_s": round(self.clock(), 3)})

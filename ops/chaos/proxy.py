@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
-log = logging.getLogger("stator.chaos.proxy")
 
 CONNECT_TIMEOUT_S = 3.0
 CHUNK_BYTES = 64 * 1024

@@ -92,7 +92,10 @@ def plan(dir_: str, base: int) -> Topology:
     dir_ = os.path.abspath(dir_)
     os.makedirs(dir_, exist_ok=True)
     t = Topology(dir_, base)
-    add = lambda name, listen, target: t.links.setdefault(name, Link(name, listen, target))   # noqa: E731
+
+    def add(name: str, listen: int, target: int) -> Link:
+        return t.links.setdefault(name, Link(name, listen, target))
+
     tokens = {r: secrets.token_hex(16) for r in ("admin", "broker", "client")}
     secret = secrets.token_hex(24)
     cluster: dict[str, Any] = {"meta": [], "brokers": [], "admin_token": tokens["admin"],
