@@ -64,3 +64,31 @@ def test_link_forwards_cuts_and_heals():
             await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+def test_plan_lets_each_pair_dial_through_its_own_proxy(tmp_path):
+    """The rule topology.py relies on: pysyncobj's higher address dials the lower and names itself; so each node must
+    see a lower partner at that pair's proxy (sorting below its own address) and a higher one at its real address."""
+    from meta.config import load as load_meta
+    from broker.config import load as load_broker
+    from ops.chaos import topology
+
+    t = topology.plan(str(tmp_path), topology.free_span())
+    cfgs = {n: load_meta(str(tmp_path / n / "config.json")) for n in t.meta_names}
+    own = {n: c.raft for n, c in cfgs.items()}
+    for n, c in cfgs.items():
+        for m in c.members:
+            if m.node == n:
+                continue
+            if own[m.node] < own[n]:           # n dials m: through the proxy of the pair, which leads to m
+                link = t.links[f"raft:{n}->{m.node}"]
+                assert m.raft == link.address and m.raft < own[n]
+                assert f"127.0.0.1:{link.target_port}" == own[m.node]
+                assert link.name in t.meta_pair_links[frozenset((n, m.node))]
+            else:                              # m dials n and names itself by its real address
+                assert m.raft == own[m.node] and own[n] < m.raft
+            assert m.url == t.links[f"http:{n}->{m.node}"].url
+    for i, b in enumerate(t.broker_names):
+        cfg = load_broker(str(tmp_path / b / "config.json"))
+        assert list(cfg.meta_urls) == [t.links[name].url for name in t.broker_meta_links[b]]
+        assert cfg.url == t.links[f"front:{b}"].url and cfg.http_port == t.links[f"front:{b}"].target_port

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-
 CONNECT_TIMEOUT_S = 3.0
 CHUNK_BYTES = 64 * 1024
 CONNECTIONS_MAX = 256     # per link: a runaway reconnect loop cannot eat the runner's file descriptors
