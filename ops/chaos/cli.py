@@ -94,7 +94,8 @@ def _print_summary(s: dict, replay: str) -> None:
         click.echo(f"NEMESIS ERROR: {e}")
     again = s["checks"].get("redelivered_after_ack", 0)
     if again:
-        click.echo(f"note: {again} acked pop(s) delivered again (at-least-once allows it; examples in --json)")
+        click.echo(f"note: {again} acked pop(s) delivered again (at-least-once allows it; examples in --json, "
+                   "the faults' times in history.json)")
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["fault_kinds_injected"].items()))
     click.echo(f"seed {s['seed']}: {s['faults_injected']} faults injected ({kinds}), "
                f"{s['operations_checked']} operations checked, {len(s['violations'])} violations, "

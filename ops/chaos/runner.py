@@ -44,7 +44,8 @@ class RunFailed(RuntimeError):
 def run(seed: int, duration_s: float, kinds: tuple[str, ...], dir_: str | None = None,
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run once; return the summary (``violations`` empty when every check held). The cluster's directory is kept
-    when something was found (its logs and history.json are the evidence) or when ``dir_`` was given."""
+    when something was found, acked pops delivered again included (its logs and history.json, with the faults and
+    their times, are the evidence), or when ``dir_`` was given."""
     keep = dir_ is not None
     dir_ = os.path.abspath(dir_ or tempfile.mkdtemp(prefix=f"stator-chaos-{seed}-"))
     started = time.monotonic()
@@ -57,7 +58,8 @@ def run(seed: int, duration_s: float, kinds: tuple[str, ...], dir_: str | None =
         _stop_everything(t)
     summary.update(seed=seed, duration_s=duration_s, faults=list(kinds), dir=dir_,
                    wall_s=round(time.monotonic() - started, 1))
-    if not summary["violations"] and not summary["nemesis_errors"] and not keep:
+    found = summary["violations"] or summary["nemesis_errors"] or summary["checks"].get("redelivered_after_ack")
+    if not found and not keep:
         shutil.rmtree(dir_, ignore_errors=True)
         summary["dir"] = None
     return summary
