@@ -175,28 +175,31 @@ def pops_acked_or_redelivered(ops: Iterable[Op], dead_lettered: set[tuple[str, i
     ok, output ``results``: [{"handle","ok"}]. An ack of unknown outcome counts as possibly acked.
     ``dead_lettered``: (topic, queue, origin offset) found in the group's dead-letter queues at the end."""
     ops = list(ops)
-    acked: set[str] = set()
+    confirmed: set[str] = set()      # the broker answered ok: true
+    acked: set[str] = set()          # ... or the ack's outcome is unknown
     for o in ops:
         if o.kind != "ack":
             continue
         if o.outcome == OK:
-            acked |= {r["handle"] for r in o.output.get("results", []) if r.get("ok")}
+            confirmed |= {r["handle"] for r in o.output.get("results", []) if r.get("ok")}
         elif o.outcome == UNKNOWN:
             acked |= set(o.input["handles"])
+    acked |= confirmed
     deliveries: dict[tuple[int, int], list[tuple[Op, dict[str, Any]]]] = defaultdict(list)
     for o in ops:
         if o.kind == "pop" and o.outcome == OK:
             for m in o.output.get("messages", []):
                 deliveries[(m["queue"], m["offset"])].append((o, m))
     out = []
-    # Not a violation of this check (at-least-once allows it), but worth knowing: an acked message delivered again.
+    # Not a violation of this check (at-least-once allows it), but worth knowing: a message whose ack the broker
+    # confirmed, delivered again (after an ack of unknown outcome, a redelivery is expected).
     redelivered_after_ack: list[dict[str, Any]] = []
     for (queue, offset), ds in sorted(deliveries.items()):
         ds.sort(key=lambda d: d[0].complete)
         for k, (o, m) in enumerate(ds):
             later = k + 1 < len(ds)
             if m["handle"] in acked:
-                if later:
+                if later and m["handle"] in confirmed:
                     redelivered_after_ack.append({"queue": queue, "offset": offset, "acked_delivery": _brief(o),
                                                   "next_delivery": _brief(ds[k + 1][0])})
                 continue
