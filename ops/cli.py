@@ -276,5 +276,13 @@ def _register_admin() -> None:
 _register_admin()
 
 
+def _register_chaos() -> None:
+    from ops.chaos.cli import chaos
+    main.add_command(chaos)
+
+
+_register_chaos()
+
+
 if __name__ == "__main__":
     sys.exit(main())

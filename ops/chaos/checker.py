@@ -1,0 +1,226 @@
+"""Checks over a recorded history (history.Op lists). Pure functions: each returns a list of violations, each
+``{"check", "message", "evidence"}``; an empty list means the property held.
+
+- ``cas_register``: the topic-config register is linearizable (Wing & Gong search with memoisation, as Porcupine).
+- ``monotonic_versions``: the topic version each client sees never goes back.
+- ``no_lost_sends``: every acknowledged message is in the final read, at its offset, with its body.
+- ``exclusive_commits``: per queue, once a commit with token T was accepted, no commit with a smaller token is
+  accepted afterwards (two owners never both commit).
+- ``pops_acked_or_redelivered``: every delivery of a popped message was acked, delivered again, or dead-lettered;
+  every acknowledged send to the pop topic was delivered at least once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .history import FAIL, OK, UNKNOWN, Op
+
+SEARCH_STATES_MAX = 2_000_000    # the linearizability search's bound; beyond it the answer is "inconclusive"
+EVIDENCE_OPS_MAX = 6
+
+
+def violation(check: str, message: str, **evidence: Any) -> dict[str, Any]:
+    return {"check": check, "message": message, "evidence": evidence}
+
+
+def _brief(op: Op) -> dict[str, Any]:
+    return {"process": op.process, "kind": op.kind, "input": op.input, "output": op.output, "outcome": op.outcome,
+            "invoke": round(op.invoke, 4), "complete": None if math.isinf(op.complete) else round(op.complete, 4)}
+
+
+# -- the compare-and-set register ----------------------------------------------------------------------------------
+def cas_register(ops: Iterable[Op], initial: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Linearizability of ``read`` (ok: output.value) and ``cas`` (input.from -> input.to) operations.
+
+    Every written value is unique, so an unknown cas whose value nobody ever observed can be left out: had it taken
+    effect, every later write (all are compare-and-sets) or read would have observed it. Failed operations change
+    nothing and are left out too. Returns (violations, stats)."""
+    ops = [o for o in ops if o.kind in ("read", "cas")]
+    observed = {o.output.get("value") for o in ops if o.kind == "read" and o.outcome == OK}
+    observed |= {o.input["from"] for o in ops if o.kind == "cas" and o.outcome == OK}
+    entries = []
+    for o in ops:
+        if o.outcome == FAIL or (o.kind == "read" and o.outcome != OK):
+            continue
+        if o.kind == "cas" and o.outcome == UNKNOWN and o.input["to"] not in observed:
+            continue
+        entries.append(o)
+    entries.sort(key=lambda o: o.invoke)
+    result = _linearize(entries, initial)
+    stats = {"register_ops": len(entries), "search_states": result["states"], "inconclusive": result["inconclusive"]}
+    if result["ok"] or result["inconclusive"]:
+        return [], stats
+    stuck = result["stuck_at"]
+    window = [_brief(o) for o in entries[stuck:stuck + EVIDENCE_OPS_MAX]]
+    return [violation("cas_register", "the compare-and-set register's history is not linearizable: no order of "
+                      "the operations below explains what was observed", value_before=result["stuck_state"],
+                      ops=window)], stats
+
+
+def _step(o: Op, state: str) -> str | None:
+    """The state after ``o`` applied to ``state``, or None when ``o`` cannot happen in it."""
+    if o.kind == "read":
+        return state if o.output.get("value") == state else None
+    return o.input["to"] if o.input["from"] == state else None
+
+
+def _linearize(entries: list[Op], initial: str) -> dict[str, Any]:
+    """Depth-first search over (set of linearized ops, state), memoised. An op may be linearized next when it was
+    invoked before every not-yet-linearized op completed. Succeeds once every op that completed is linearized
+    (unknown ones may stay out: they never took effect)."""
+    n = len(entries)
+    must = sum(1 << i for i, o in enumerate(entries) if not math.isinf(o.complete))
+    seen: set[tuple[int, str]] = set()
+    stack: list[tuple[int, str]] = [(0, initial)]
+    deepest = (-1, 0, initial)   # (count linearized, first unlinearized index, state) for the evidence
+    states = 0
+    while stack:
+        done, state = stack.pop()
+        if done & must == must:
+            return {"ok": True, "inconclusive": False, "states": states}
+        if (done, state) in seen:
+            continue
+        seen.add((done, state))
+        states += 1
+        if states > SEARCH_STATES_MAX:
+            return {"ok": False, "inconclusive": True, "states": states}
+        first = 0
+        while done >> first & 1:
+            first += 1
+        count = bin(done).count("1")
+        if count > deepest[0]:
+            deepest = (count, first, state)
+        horizon = math.inf
+        i = first
+        while i < n and entries[i].invoke < horizon:
+            if not done >> i & 1:
+                o = entries[i]
+                horizon = min(horizon, o.complete)
+                after = _step(o, state)
+                if after is not None:
+                    stack.append((done | 1 << i, after))
+            i += 1
+    return {"ok": False, "inconclusive": False, "states": states, "stuck_at": deepest[1], "stuck_state": deepest[2]}
+
+
+# -- versions a client sees ------------------------------------------------------------------------------------------
+def monotonic_versions(ops: Iterable[Op]) -> list[dict[str, Any]]:
+    """Per client, in invocation order (a client has one operation at a time), the topic ``version`` of every ok
+    answer never goes back."""
+    last: dict[str, Op] = {}
+    out = []
+    for o in sorted(ops, key=lambda o: o.invoke):
+        v = o.output.get("version") if o.outcome == OK else None
+        if not isinstance(v, int):
+            continue
+        prev = last.get(o.process)
+        if prev is not None and v < prev.output["version"]:
+            out.append(violation("monotonic_versions", f"{o.process} saw version {v} after {prev.output['version']}",
+                                 earlier=_brief(prev), later=_brief(o)))
+        if prev is None or v >= prev.output["version"]:
+            last[o.process] = o
+    return out
+
+
+# -- acknowledged messages -------------------------------------------------------------------------------------------
+def no_lost_sends(ops: Iterable[Op], final: Mapping[tuple[str, int], Mapping[int, str]]) -> list[dict[str, Any]]:
+    """``final[(topic, queue)]`` maps each offset read back at the end to its body."""
+    out = []
+    for o in ops:
+        if o.kind != "send" or o.outcome != OK:
+            continue
+        topic, queue, offset, body = o.input["topic"], o.output["queue"], o.output["offset"], o.input["body"]
+        got = final.get((topic, queue), {}).get(offset)
+        if got != body:
+            what = "missing" if got is None else f"holds {got!r}"
+            out.append(violation("no_lost_sends", f"acknowledged message {body!r} at {topic}/{queue}@{offset} is "
+                                 f"{what} in the final read", op=_brief(o)))
+    return out
+
+
+# -- exclusive consumers' commits ------------------------------------------------------------------------------------
+def exclusive_commits(ops: Iterable[Op]) -> list[dict[str, Any]]:
+    """A commit B accepted after a commit A completed (A.complete < B.invoke) on the same queue must not carry a
+    smaller token than A: the broker must have refused it (409 STALE_TOKEN)."""
+    by_queue: dict[Any, list[Op]] = defaultdict(list)
+    for o in ops:
+        if o.kind == "commit" and o.outcome == OK:
+            by_queue[(o.input["topic"], o.input["queue"])].append(o)
+    out = []
+    for queue, commits in sorted(by_queue.items()):
+        by_complete = sorted(commits, key=lambda o: o.complete)
+        best: Op | None = None
+        j = 0
+        for b in sorted(commits, key=lambda o: o.invoke):
+            while j < len(by_complete) and by_complete[j].complete < b.invoke:
+                a = by_complete[j]
+                if best is None or a.input["token"] > best.input["token"]:
+                    best = a
+                j += 1
+            if best is not None and b.input["token"] < best.input["token"]:
+                out.append(violation("exclusive_commits", f"queue {queue[0]}/{queue[1]}: a commit with token "
+                                     f"{b.input['token']} was accepted after one with token {best.input['token']}",
+                                     newer_owner=_brief(best), stale_owner=_brief(b)))
+    return out
+
+
+# -- pops ------------------------------------------------------------------------------------------------------------
+def pops_acked_or_redelivered(ops: Iterable[Op], dead_lettered: set[tuple[str, int, int]],
+                              pop_topic: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """``pop`` ops (ok) output ``messages``: [{"queue","offset","handle"}]; ``ack`` ops input ``handles`` and, when
+    ok, output ``results``: [{"handle","ok"}]. An ack of unknown outcome counts as possibly acked.
+    ``dead_lettered``: (topic, queue, origin offset) found in the group's dead-letter queues at the end."""
+    ops = list(ops)
+    confirmed: set[str] = set()      # the broker answered ok: true
+    acked: set[str] = set()          # ... or the ack's outcome is unknown
+    for o in ops:
+        if o.kind != "ack":
+            continue
+        if o.outcome == OK:
+            confirmed |= {r["handle"] for r in o.output.get("results", []) if r.get("ok")}
+        elif o.outcome == UNKNOWN:
+            acked |= set(o.input["handles"])
+    acked |= confirmed
+    deliveries: dict[tuple[int, int], list[tuple[Op, dict[str, Any]]]] = defaultdict(list)
+    for o in ops:
+        if o.kind == "pop" and o.outcome == OK:
+            for m in o.output.get("messages", []):
+                deliveries[(m["queue"], m["offset"])].append((o, m))
+    out = []
+    # Not a violation of this check (at-least-once allows it), but worth knowing: a message whose ack the broker
+    # confirmed, delivered again (after an ack of unknown outcome, a redelivery is expected).
+    redelivered_after_ack: list[dict[str, Any]] = []
+    for (queue, offset), ds in sorted(deliveries.items()):
+        ds.sort(key=lambda d: d[0].complete)
+        for k, (o, m) in enumerate(ds):
+            later = k + 1 < len(ds)
+            if m["handle"] in acked:
+                if later and m["handle"] in confirmed:
+                    redelivered_after_ack.append({"queue": queue, "offset": offset, "acked_delivery": _brief(o),
+                                                  "next_delivery": _brief(ds[k + 1][0])})
+                continue
+            if not later and (pop_topic, queue, offset) not in dead_lettered:
+                out.append(violation("pops_acked_or_redelivered", f"{pop_topic}/{queue}@{offset} was popped and "
+                                     "neither acked, nor delivered again, nor dead-lettered", pop=_brief(o)))
+    for o in ops:
+        if o.kind == "send" and o.outcome == OK and o.input["topic"] == pop_topic:
+            key = (o.output["queue"], o.output["offset"])
+            if key not in deliveries and (pop_topic, *key) not in dead_lettered:
+                out.append(violation("pops_acked_or_redelivered", f"acknowledged message {o.input['body']!r} at "
+                                     f"{pop_topic}/{key[0]}@{key[1]} was never popped", send=_brief(o)))
+    return out, {"deliveries": sum(len(d) for d in deliveries.values()),
+                 "redelivered_after_ack": len(redelivered_after_ack),
+                 "redelivered_after_ack_examples": redelivered_after_ack[:EVIDENCE_OPS_MAX]}
+
+
+CHECKED_KINDS = frozenset({"cas", "read", "read_mv", "send", "commit", "pop", "ack"})
+
+
+def count_checked(ops: Iterable[Op]) -> int:
+    """Operations the checks above look at: those of the kinds they read, with an outcome that can say something
+    (ok or unknown; a definite failure is checked too where it matters, as a commit refused for its token)."""
+    return sum(1 for o in ops if o.kind in CHECKED_KINDS and o.outcome in (OK, UNKNOWN))

@@ -1,0 +1,143 @@
+"""The chaos cluster's layout: 3 meta nodes and 3 brokers in their own directory, every link between them through a
+proxy (proxy.Link) the nemesis can cut.
+
+How nodes are made to talk through proxies while each binds its own port:
+- Raft (pysyncobj): between two nodes there is one TCP connection, opened by the node whose own address sorts higher,
+  which then sends that address as its name; the other side looks the name up in its partner list. So each node's
+  config lists a *lower* partner at a proxy address made for that pair (the dialer only connects there), and a
+  *higher* partner at its real address (only used to recognise the name it sends). Every proxy port sorts below every
+  real raft port, so both sides still agree on who dials. Cutting the pair's proxy cuts that pair both ways.
+- Meta HTTP between nodes (followers forward writes to the leader): each node's config gives every other member's
+  ``url`` as a proxy made for that ordered pair.
+- Broker to meta: each broker's ``meta`` list is its own proxy per meta node.
+- Clients and brokers reach a broker at its ``advertise`` URL, a proxy in front of its port (never cut: it is there
+  so every HTTP port has one; the nemesis cuts meta-meta and broker-meta links).
+The runner's own clients talk to meta nodes directly: a partition is between the cluster's parts, not from the client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from ops import devcluster
+
+from .proxy import Link
+
+METAS = 3
+BROKERS = 3
+PORT_SPAN = 100
+PORT_LOW, PORT_HIGH = 20000, 32000     # five digits each: raft addresses compare as strings, so digits must match
+# A pid that can never exist (Linux pid_max is at most 2**22): devcluster.restart_all then starts every member.
+NEVER_STARTED_PID = 2**22 + 1
+# Short enough that a killed or partitioned broker is fenced (and its queues move) within a fault's hold time.
+META_EXTRA = {"session_timeout_ms": 4000, "heartbeat_interval_ms": 1000}
+
+
+@dataclass
+class Topology:
+    dir: str
+    base: int
+    links: dict[str, Link] = field(default_factory=dict)
+    # names of the links cut to separate each pair of meta nodes, and each broker from each meta node
+    meta_pair_links: dict[frozenset[str], list[str]] = field(default_factory=dict)
+    broker_meta_links: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def meta_names(self) -> list[str]:
+        return [f"m{i + 1}" for i in range(METAS)]
+
+    @property
+    def broker_names(self) -> list[str]:
+        return [f"b{i + 1}" for i in range(BROKERS)]
+
+    def meta_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.base + 10 + i}"
+
+    def broker_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.base + 60 + i}"
+
+    def raft_port(self, i: int) -> int:
+        return self.base + 20 + i
+
+    def cluster(self) -> dict[str, Any]:
+        return devcluster.load(self.dir)
+
+
+def free_span() -> int:
+    """A base port whose whole span of PORT_SPAN ports is free (below the ephemeral range, as devcluster's)."""
+    import random
+    for _ in range(500):
+        base = random.randrange(PORT_LOW, PORT_HIGH - PORT_SPAN) // PORT_SPAN * PORT_SPAN
+        if all(_port_free(base + i) for i in range(PORT_SPAN)):
+            return base
+    raise RuntimeError("no free port range for the chaos cluster")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def plan(dir_: str, base: int) -> Topology:
+    """Write every member's config and a stopped cluster.json into ``dir_``; return the links to start."""
+    dir_ = os.path.abspath(dir_)
+    os.makedirs(dir_, exist_ok=True)
+    t = Topology(dir_, base)
+
+    def add(name: str, listen: int, target: int) -> Link:
+        return t.links.setdefault(name, Link(name, listen, target))
+
+    tokens = {r: secrets.token_hex(16) for r in ("admin", "broker", "client")}
+    secret = secrets.token_hex(24)
+    cluster: dict[str, Any] = {"meta": [], "brokers": [], "admin_token": tokens["admin"],
+                               "broker_token": tokens["broker"], "client_token": tokens["client"]}
+    names = t.meta_names
+    for i in range(METAS):
+        members = []
+        for j in range(METAS):
+            if j == i:
+                members.append({"node": names[i], "raft": f"127.0.0.1:{t.raft_port(i)}", "url": t.meta_url(i)})
+                continue
+            http = add(f"http:{names[i]}->{names[j]}", base + 30 + 3 * i + j, base + 10 + j)
+            lo, hi = min(i, j), max(i, j)
+            # proxy ports base+0..8 sort below every real raft port base+20..22
+            raft = add(f"raft:{names[hi]}->{names[lo]}", base + 3 * hi + lo, t.raft_port(lo))
+            raft_addr = raft.address if j < i else f"127.0.0.1:{t.raft_port(j)}"
+            members.append({"node": names[j], "raft": raft_addr, "url": http.url})
+            t.meta_pair_links.setdefault(frozenset((names[i], names[j])), [])
+            for name in (http.name, raft.name):
+                if name not in t.meta_pair_links[frozenset((names[i], names[j]))]:
+                    t.meta_pair_links[frozenset((names[i], names[j]))].append(name)
+        cfg = {"node": names[i], "data_dir": "data", "http": t.meta_url(i).removeprefix("http://"), "secret": secret,
+               "tokens": tokens, "members": members, **META_EXTRA}
+        path = _write_config(dir_, names[i], cfg)
+        cluster["meta"].append({"node": names[i], "url": t.meta_url(i), "pid": NEVER_STARTED_PID, "config": path})
+    for b, bname in enumerate(t.broker_names):
+        metas = [add(f"http:{bname}->{names[m]}", base + 40 + 3 * b + m, base + 10 + m) for m in range(METAS)]
+        t.broker_meta_links[bname] = [link.name for link in metas]
+        front = add(f"front:{bname}", base + 70 + b, base + 60 + b)
+        cfg = {"broker": bname, "data_dir": "data", "http": t.broker_url(b).removeprefix("http://"),
+               "advertise": front.url, "tokens": tokens, "meta": [link.url for link in metas]}
+        path = _write_config(dir_, bname, cfg)
+        cluster["brokers"].append({"broker": bname, "url": t.broker_url(b), "pid": NEVER_STARTED_PID,
+                                   "config": path})
+    with open(os.path.join(dir_, "cluster.json"), "w") as f:
+        json.dump(cluster, f, indent=2)
+    return t
+
+
+def _write_config(dir_: str, name: str, cfg: dict[str, Any]) -> str:
+    os.makedirs(os.path.join(dir_, name), exist_ok=True)
+    path = os.path.join(dir_, name, "config.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    return path
