@@ -13,6 +13,7 @@ Protected hooks MetaSyncObj overrides (same version pin): ``_applyCommand``, ``_
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -216,6 +217,21 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
+def datasync_journal(journal: FileJournal) -> None:
+    """Write the journal's dirty pages to disk and wait, with the GIL released.
+
+    pysyncobj's ``flush`` is ``mmap.flush``: msync(MS_SYNC) of the whole mapping, and CPython 3.11 holds the GIL
+    through that call, so every group commit stopped the event loop for as long as the disk took (py-spy under
+    vs_etcd at 64 writers: 16-28% of every node's samples in it). On Linux msync(MS_SYNC) of a shared file mapping is
+    ``vfs_fsync_range(file, ..., datasync=1)``: the fdatasync of the file writes the same pages (the kernel tracks
+    pages dirtied through the mapping), and ``os.fdatasync`` waits with the GIL released. Elsewhere: msync."""
+    if not sys.platform.startswith("linux"):
+        journal.flush()
+        return
+    resizable = journal._FileJournal__journalFile
+    os.fdatasync(resizable._ResizableFile__f.fileno())
+
+
 def _last_index(journal: FileJournal) -> int:
     return journal[-1][1] if len(journal) else 0
 
@@ -295,7 +311,7 @@ class JournalSync:
                     os.fsync(f.fileno())
                 fsync_directory(os.path.dirname(os.path.abspath(self._snapshot_path)))
                 self.snapshot_fsyncs += 1
-        self._journal.flush()   # mmap.flush: msync(MS_SYNC) of the whole mapping
+        datasync_journal(self._journal)
         self.syncs += 1
         self.synced_index = _last_index(self._journal)
 
