@@ -104,6 +104,39 @@ def poll_sockets(so: SyncObj) -> None:
     so._poller.poll(0)
 
 
+# -- commands forwarded by followers ---------------------------------------------------------------------------
+# A follower's call of a @replicated method goes to the leader as pysyncobj's ``apply_command`` message; the leader
+# hands its ``command`` to ``_applyCommand`` with the callback ``(sender node, request id)``, appends it to the log
+# and answers with its index; the follower's callback fires when it applied that index itself. ``command`` is the
+# REGULAR type byte and the pickle of ``(method id, args)`` that pysyncobj's ``replicated`` wrapper made (no kwargs).
+def is_forwarded(callback: Any) -> bool:
+    """Whether ``_applyCommand`` got this command from a follower (pysyncobj's ``(node, request id)`` callback)."""
+    return isinstance(callback, tuple)
+
+
+def single_argument(command: Any) -> tuple[Any, Any] | None:
+    """(method id, argument) of a REGULAR command that calls one method with one positional argument, else None."""
+    if not isinstance(command, bytes) or not command or command[0] != REGULAR_COMMAND:
+        return None
+    try:
+        decoded = _pickle.loads(command[1:])
+    except Exception:  # noqa: BLE001 - whatever it holds, the command then goes to the log unchanged
+        return None
+    if isinstance(decoded, tuple) and len(decoded) == 2 and isinstance(decoded[1], tuple) and len(decoded[1]) == 1:
+        return decoded[0], decoded[1][0]
+    return None
+
+
+def with_argument(method_id: Any, argument: Any) -> bytes:
+    """The REGULAR command calling ``method_id`` with ``argument``, as pysyncobj's ``replicated`` encodes it."""
+    return bytes([REGULAR_COMMAND]) + _pickle.dumps((method_id, (argument,)))
+
+
+def method_id(so: SyncObj, name: str) -> Any:
+    """pysyncobj's id of the @replicated method ``name`` (registered under its versioned name: version 0)."""
+    return so._methodToID[f"{name}_v0"]
+
+
 # -- snapshots -------------------------------------------------------------------------------------------------
 # With a custom ``serializer``, pysyncobj calls ``serializer(dump_file + ".tmp", (last, previous, cluster))`` on the
 # tick thread and then renames ``dump_file + ".tmp"`` over the dump file at once, assuming the write is done. Our
