@@ -76,9 +76,10 @@ class MetaService:
 
         self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
                                 self.config.raft_tuning, on_applied, bridge)
+        # The RaftNode first: it gives the node the leader's stamp for commands forwarded by followers.
+        self.raft = RaftNode(self.sync, loop, self.config.offset_budget, self.config.history_window)
         self.sync.start()
         set_position_provider(lambda: {"term": self.sync.term(), "version": self.sync.image_data["version"]})
-        self.raft = RaftNode(self.sync, loop, self.config.offset_budget, self.config.history_window)
         self.reads = ReadFacade(self.sync, self.raft, self.feed, self.version_waiters)
         self.forwarder = LeaderForwarder(self.config, self.sync)
         await self.forwarder.start()
