@@ -111,15 +111,19 @@ class EtcdCluster:
             return None
 
     def leader(self, timeout_s: float = READY_TIMEOUT_S) -> str:
-        """The member whose status names itself as leader."""
+        """The member every live member names as leader (a member just restarted may not know it yet)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for name in self.names:
-                st = self.status(name) if self.alive(name) else None
-                if st and st.get("leader") and st["header"]["member_id"] == st["leader"]:
-                    return name
+            statuses = {name: self.status(name) for name in self.names if self.alive(name)}
+            ids = {name: st["header"]["member_id"] for name, st in statuses.items() if st}
+            named = {st.get("leader") for st in statuses.values() if st}
+            if statuses and len(ids) == len(statuses) and len(named) == 1:
+                lead = named.pop()
+                for name, member_id in ids.items():
+                    if member_id == lead:
+                        return name
             time.sleep(0.05)
-        raise TimeoutError("etcd has no leader")
+        raise TimeoutError("etcd has no agreed leader")
 
     def alive(self, name: str) -> bool:
         p = self.procs.get(name)

@@ -234,6 +234,7 @@ def _etcd_system(e: etcd_cluster.EtcdCluster) -> System:
 
     async def recovered(name: str) -> None:
         await loop.run_in_executor(None, lambda: e.wait_ready([name], RECOVER_TIMEOUT_S))
+        await leader()   # the restarted member knows the leader too
 
     return System("etcd", [e.url(n) for n in e.names], {"Content-Type": "application/json"},
                   lambda: [p for p in (e.pid(n) for n in e.names) if p], "etcd",
