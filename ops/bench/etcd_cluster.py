@@ -125,6 +125,11 @@ class EtcdCluster:
             time.sleep(0.05)
         raise TimeoutError("etcd has no agreed leader")
 
+    def term(self) -> int:
+        """The highest raft term any live member reports (0 if none answers)."""
+        terms = [int(st.get("raftTerm", 0)) for st in (self.status(n) for n in self.names if self.alive(n)) if st]
+        return max(terms, default=0)
+
     def alive(self, name: str) -> bool:
         p = self.procs.get(name)
         return p is not None and p.poll() is None

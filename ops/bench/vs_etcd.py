@@ -160,6 +160,7 @@ async def throughput(systems: dict[str, System], args: argparse.Namespace) -> li
 async def _failover_trial(sysm: System, k: int) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     lead = await sysm.extra["leader"]()
+    term0 = await sysm.extra["term"]()
     members = sysm.extra["members"]
     survivors = [i for i, m in enumerate(members) if m != lead]
     acks: list[tuple[float, float]] = []   # (sent, done) of acknowledged writes
@@ -196,9 +197,11 @@ async def _failover_trial(sysm: System, k: int) -> dict[str, Any]:
         await w
         if tasks:
             await asyncio.wait(list(tasks), timeout=FAILOVER_TIMEOUT_S + 2)
+    # Under load a leader may change between asking and killing: then a follower died and nothing was measured.
+    term1 = await sysm.extra["term"]()
     before = [d for snt, d in acks if d < t_kill]
     after = [d for snt, d in acks if snt >= t_kill]
-    r = {"trial": k + 1, "killed": lead,
+    r = {"trial": k + 1, "killed": lead, "term_before_after": [term0, term1], "valid": term1 > term0,
          "kill_to_first_ok_ms": round((min(after) - t_kill) * 1000, 1) if after else None,
          "gap_ms": round((min(after) - max(before)) * 1000, 1) if after and before else None,
          "failed_writes": dict(failed), "loadavg_before": common.loadavg()}
@@ -216,8 +219,8 @@ async def failovers(systems: dict[str, System], trials: int) -> dict[str, Any]:
             got[name].append(await _failover_trial(systems[name], k))
     out: dict[str, Any] = {}
     for name, rs in got.items():
-        vals = sorted(r["kill_to_first_ok_ms"] for r in rs if r["kill_to_first_ok_ms"] is not None)
-        out[name] = {"kill_to_first_ok_ms_median": statistics.median(vals) if vals else None,
+        vals = sorted(r["kill_to_first_ok_ms"] for r in rs if r["kill_to_first_ok_ms"] is not None and r["valid"])
+        out[name] = {"valid_trials": len(vals), "kill_to_first_ok_ms_median": statistics.median(vals) if vals else None,
                      "kill_to_first_ok_ms_max": vals[-1] if vals else None, "trials": rs}
     if trials:
         out["ratio_stator_to_etcd"] = {"kill_to_first_ok_ms_median": _ratio(
@@ -236,9 +239,12 @@ def _etcd_system(e: etcd_cluster.EtcdCluster) -> System:
         await loop.run_in_executor(None, lambda: e.wait_ready([name], RECOVER_TIMEOUT_S))
         await leader()   # the restarted member knows the leader too
 
+    async def term() -> int:
+        return await loop.run_in_executor(None, e.term)
+
     return System("etcd", [e.url(n) for n in e.names], {"Content-Type": "application/json"},
                   lambda: [p for p in (e.pid(n) for n in e.names) if p], "etcd",
-                  {"members": e.names, "leader": leader, "kill": e.kill,
+                  {"members": e.names, "leader": leader, "term": term, "kill": e.kill,
                    "restart": lambda n: e.start(n, "existing"), "recovered": recovered})
 
 
@@ -250,9 +256,12 @@ def _stator_system(c: common.BenchCluster, s: aiohttp.ClientSession) -> System:
         c.reload()
         await failover._catch_up(s, c, node)
 
+    async def term() -> int:
+        return max((t for t in (await common.terms(s, c)).values() if t is not None), default=0)
+
     return System("stator", [c.url(n) for n in c.nodes], {**c.headers("admin"), "Content-Type": "application/json"},
                   lambda: [c.pid(n) for n in c.nodes], "stator",
-                  {"members": c.nodes, "leader": leader,
+                  {"members": c.nodes, "leader": leader, "term": term,
                    "kill": lambda n: devcluster.stop_member(c.dir, n, signal.SIGKILL),
                    "restart": lambda n: devcluster.start(c.dir, n), "recovered": recovered})
 
@@ -272,6 +281,7 @@ async def run(args: argparse.Namespace, binary: str) -> dict[str, Any]:
             finally:
                 await brokers.stop()
             warnings = common.log_warnings(c)
+            warning_examples = {n: common.log_tail(c, n, 2, '"level": "warning"') for n in c.nodes}
     return {
         "benchmark": "vs_etcd",
         "setup": {"etcd": f"{etcd_cluster.MEMBERS} members, {_etcd_version(binary)}, default settings (fsync per "
@@ -284,6 +294,7 @@ async def run(args: argparse.Namespace, binary: str) -> dict[str, Any]:
                               f"per-write timeout {FAILOVER_TIMEOUT_S} s",
                   "nproc": os.cpu_count()},
         "throughput": rows, "failover": fo, "stator_log_warning_lines": warnings,
+        "stator_log_warning_examples": warning_examples,
         "loadavg_start": load0, "loadavg_end": common.loadavg(),
     }
 
