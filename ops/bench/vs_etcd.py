@@ -1,6 +1,6 @@
 """Stator against etcd, side by side in one run, with one client: small writes and write unavailability.
 
-    python -m ops.bench.vs_etcd [--concurrency 1,64] [--rounds 3] [--duration 5] [--warmup 1]
+    python -m ops.bench.vs_etcd [--concurrency 1,64] [--rounds 8] [--duration 3] [--warmup 1]
                                 [--failover-trials 3] [--journal-sync fsync|none]
 
 A 3-member etcd (Debian's etcd-server, installed when missing) and a 3-node Stator run at the same time on loopback.
@@ -311,8 +311,8 @@ def _etcd_version(binary: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", default="1,64", help="comma-separated writer counts")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per system and concurrency")
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per round")
+    p.add_argument("--rounds", type=int, default=8, help="alternating rounds per system and concurrency")
+    p.add_argument("--duration", type=float, default=3.0, help="measured seconds per round")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each round")
     p.add_argument("--failover-trials", type=int, default=3, help="kill -9 trials per system (0: none)")
     p.add_argument("--journal-sync", default="fsync", choices=("fsync", "none"),
