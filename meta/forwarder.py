@@ -1,7 +1,8 @@
 """Getting a request to the leader: one retry loop, for command submits and broker heartbeats alike.
 
 On the leader the work runs here; on a follower the raw HTTP request is replayed on the leader (with the same
-request id, so a retry after LEADER_CHANGED / UNKNOWN_OUTCOME never applies twice). An election in between is waited
+request id, so a retry after LEADER_CHANGED / UNKNOWN_OUTCOME never applies twice), or, for a command, proposed
+here and carried to the leader by the raft transport (``through_log``). An election in between is waited
 out until the deadline; a node that becomes the leader while waiting serves the request itself.
 """
 
@@ -59,17 +60,38 @@ class LeaderForwarder:
                         forward: Callable[[str], Awaitable[Answer]]) -> Answer:
         """``on_leader(seconds left)`` when this node leads, else ``forward(leader url)``; retried until
         PROPOSE_TIMEOUT_S. A forwarded answer of NO_LEADER / LEADER_CHANGED means the leader moved: retry."""
+        async def attempt(deadline: float) -> Answer:
+            if self.sync.is_leader():
+                return await on_leader(max(0.1, deadline - time.monotonic()))
+            answer = await forward(await self._await_leader_url(deadline))
+            body = answer[1]
+            code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+            if answer[0] == 503 and code in ("NO_LEADER", "LEADER_CHANGED"):
+                raise ProposeFailed("the leader moved while forwarding", code=code)
+            return answer
+        return await self._retried(attempt)
+
+    async def through_log(self, propose: Callable[[float], Awaitable[Answer]]) -> Answer:
+        """``propose(seconds left)`` on this node, leader or not, retried like ``to_leader``.
+
+        A follower's proposal reaches the leader in the raft transport (pysyncobj's apply_command message, on the
+        connection the log already keeps open) instead of a second HTTP request, and resolves once this node has
+        applied the entry: the answer is this node's own apply, so the client reads its write here at once."""
+        async def attempt(deadline: float) -> Answer:
+            # Without a known leader pysyncobj would hold the command in its queue (commandsWaitLeader) until the
+            # proposal's own timeout and answer UNKNOWN_OUTCOME; waiting here says NO_LEADER, as to_leader does.
+            while not self.sync.is_leader() and self.sync.leader_address() is None:
+                if time.monotonic() > deadline:
+                    raise rejection(503, "NO_LEADER", "the meta cluster has no leader right now")
+                await asyncio.sleep(LEADER_POLL_S)
+            return await propose(max(0.1, deadline - time.monotonic()))
+        return await self._retried(attempt)
+
+    async def _retried(self, attempt: Callable[[float], Awaitable[Answer]]) -> Answer:
         deadline = time.monotonic() + limits.PROPOSE_TIMEOUT_S
         while True:
             try:
-                if self.sync.is_leader():
-                    return await on_leader(max(0.1, deadline - time.monotonic()))
-                answer = await forward(await self._await_leader_url(deadline))
-                body = answer[1]
-                code = body.get("error", {}).get("code") if isinstance(body, dict) else None
-                if answer[0] == 503 and code in ("NO_LEADER", "LEADER_CHANGED"):
-                    raise ProposeFailed("the leader moved while forwarding", code=code)
-                return answer
+                return await attempt(deadline)
             except (ProposeFailed, aiohttp.ClientError, asyncio.TimeoutError) as e:
                 if time.monotonic() > deadline:
                     if isinstance(e, ApiError) and not isinstance(e, BecameLeader):

@@ -134,6 +134,8 @@ class _LocalState:
     role_changes: dict[str, int] = field(default_factory=dict)   # times this node became leader/follower/candidate
     observe_apply_s: Callable[[float], None] | None = None       # apply latency, for metrics (set by the service)
     journal: shim.JournalSync | None = None   # group commit of the journal (journal_sync)
+    # Leader: a follower's envelope, stamped with this leader's time and settings (RaftNode.restamp); None: as is.
+    restamp: Callable[[Any], str | None] | None = None
 
 
 class MetaSyncObj(SyncObj):
@@ -240,12 +242,28 @@ class MetaSyncObj(SyncObj):
             gc.freeze()
 
     def _applyCommand(self, command, callback, commandType=None):
+        if commandType is None and shim.is_forwarded(callback):
+            command = self._stamped(command)
         super()._applyCommand(command, callback, commandType)
         # One wake-up per tick is enough: the tick drains the whole queue. The flag is cleared before draining,
         # so a command queued after that point always wakes the next tick.
         if self._local.pipe is not None and not self._local.wake_pending:
             self._local.wake_pending = True
             self._local.pipe.notify()
+
+    def _stamped(self, command: Any) -> Any:
+        # A follower proposes with ts 0 and its own settings; only the leader's clock and settings may enter the log,
+        # so the leader stamps its own into the envelope before appending it, as if it had been proposed here. A
+        # command it cannot read goes to the log unchanged (apply rejects it, the same way on every replica).
+        restamp = self._local.restamp
+        call = shim.single_argument(command)
+        if restamp is None or call is None or call[0] != shim.method_id(self, "apply_envelope") or not self.is_leader():
+            return command
+        payload = restamp(call[1])
+        return command if payload is None else shim.with_argument(call[0], payload)
+
+    def set_restamp(self, restamp: Callable[[Any], str | None]) -> None:
+        self._local.restamp = restamp
 
     def _onTick(self, timeToWait=0.0):
         # pysyncobj judges the leader dead at the start of a tick, before it reads the messages that arrived
@@ -415,18 +433,32 @@ class RaftNode:
         self.offset_budget = offset_budget
         self.history_window = history_window
         self.failures: collections.Counter[str] = collections.Counter()   # failed proposals by code, for metrics
+        sync.set_restamp(self.restamp)
+
+    def leader_fields(self) -> dict[str, Any]:
+        """What only the leader puts into an envelope: its clock, its offset budget and its history window."""
+        # The window of the image's history is the leader's setting; a follower's proposal (a read barrier, or a
+        # command forwarded through the raft transport) gets it from the leader, so nodes with different configs
+        # cannot make it flap.
+        return {"ts": int(time.time() * 1000), "budget": self.offset_budget, "history": self.history_window}
+
+    def restamp(self, payload: Any) -> str | None:
+        """Tick thread, on the leader: a follower's envelope with this leader's fields; None if it is no envelope."""
+        envelope = decode_entry(payload)
+        if not isinstance(envelope, dict):
+            return None
+        envelope.update(self.leader_fields())
+        return json.dumps(envelope, separators=(",", ":"))
 
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
         # Only the leader's clock and settings enter the log (apply reads nothing of a node's own): a follower's
-        # proposal (a read barrier) carries ts 0, which the state machine's max(ts, last_ts) turns into log time.
-        leader = self.sync.is_leader()
-        envelope = {"rid": rid, "ts": int(time.time() * 1000) if leader else 0, "budget": self.offset_budget,
-                    "actor": actor, "cmd": cmd}
-        if leader:
-            # The window of the image's history is the leader's setting; a follower's proposal (a read barrier) leaves
-            # it as the log last set it, so nodes with different configs cannot make it flap.
-            envelope["history"] = self.history_window
+        # proposal carries ts 0 and travels to the leader in pysyncobj's apply_command message; the leader stamps
+        # its own fields into it before appending (MetaSyncObj._stamped). An older leader that does not stamp
+        # leaves ts 0, which the state machine's max(ts, last_ts) turns into log time.
+        envelope = {"rid": rid, "ts": 0, "budget": self.offset_budget, "actor": actor, "cmd": cmd}
+        if self.sync.is_leader():
+            envelope.update(self.leader_fields())
         payload = json.dumps(envelope, separators=(",", ":"))
         if len(payload) > limits.COMMAND_BYTES_MAX:
             raise rejection(413, "TOO_LARGE", f"the command exceeds {limits.COMMAND_BYTES_MAX} bytes")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -79,9 +78,10 @@ class MetaService:
 
         self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
                                 self.config.raft_tuning, on_applied, bridge)
+        # The RaftNode first: it gives the node the leader's stamp for commands forwarded by followers.
+        self.raft = RaftNode(self.sync, loop, self.config.offset_budget, self.config.history_window)
         self.sync.start()
         set_position_provider(lambda: {"term": self.sync.term(), "version": self.sync.image_data["version"]})
-        self.raft = RaftNode(self.sync, loop, self.config.offset_budget, self.config.history_window)
         self.reads = ReadFacade(self.sync, self.raft, self.feed, self.version_waiters)
         self.forwarder = LeaderForwarder(self.config, self.sync)
         await self.forwarder.start()
@@ -134,29 +134,27 @@ class MetaService:
         return self.sync.isReady() and self.sync.leader_address() is not None
 
     # -- writes ------------------------------------------------------------------------------------------------
-    async def submit(self, cmd: dict[str, Any], *, actor: str, idempotency_key: str | None, request_id: str | None,
-                     forward: Callable[[str, str | None], Awaitable[Answer]]) -> tuple[int, Any]:
-        """Validate, then propose on the leader or forward the raw request to it. Returns (status, body).
+    async def submit(self, cmd: dict[str, Any], *, actor: str, idempotency_key: str | None,
+                     request_id: str | None) -> tuple[int, Any]:
+        """Validate, then propose through the log from this node, leader or not. Returns (status, body).
 
-        ``forward(url, request_id)`` replays the HTTP request on another node. Retries after LEADER_CHANGED /
-        UNKNOWN_OUTCOME reuse the request id, so nothing applies twice.
+        A follower's proposal travels to the leader in the raft transport and is answered by this node's own apply
+        (read-your-writes here). Retries after LEADER_CHANGED / UNKNOWN_OUTCOME reuse the request id, so nothing
+        applies twice.
         """
         validate(cmd)
         if idempotency_key is not None:
             rid = f"{actor}:key:{idempotency_key}"
         else:
-            # Without a key the request still gets an id, passed on when forwarding (X-Request-Id), so the retries of
-            # this node, and a proposal here after it became leader itself, can never apply twice.
+            # Without a key the request still gets an id, so the retries of this node can never apply twice.
             request_id = request_id or self._next_request_id()
             rid = f"{actor}:rid:{request_id}"
         if len(rid) > 2 * limits.REQUEST_ID_CHARS_MAX:
             raise invalid(f"request ids are at most {limits.REQUEST_ID_CHARS_MAX} characters")
 
-        async def on_leader(left_s: float) -> Answer:
+        async def propose(left_s: float) -> Answer:
             status, body = answer(await self.raft.propose(cmd, rid, actor, left_s))
             return status, body, None
 
-        status, body, version = await self.forwarder.to_leader(on_leader, lambda url: forward(url, request_id))
-        if version is not None:
-            await self.feed.wait_version(version, 1.0)  # read-your-writes on the node the client talks to
+        status, body, _ = await self.forwarder.through_log(propose)
         return status, body

@@ -42,13 +42,11 @@ def refuse_if_no_longer_leader(request: web.Request) -> None:
         raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
 
 
-def replay_on_leader(request: web.Request, body: bytes, request_id: str | None = None):
+def replay_on_leader(request: web.Request, body: bytes):
     """``forward(url)``: this request, replayed as it came (with its credentials and idempotency key) on the node at
     ``url``, marked as forwarded by this node."""
     svc = service(request)
     headers = {"Content-Type": JSON, "X-Forwarded-By": svc.config.node}
-    if request_id:
-        headers["X-Request-Id"] = request_id
     for h in ("Authorization", "Idempotency-Key"):
         if h in request.headers:
             headers[h] = request.headers[h]
@@ -61,12 +59,10 @@ def replay_on_leader(request: web.Request, body: bytes, request_id: str | None =
 async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200) -> web.Response:
     """Hand a command to the log (here or on the leader) and answer with its outcome."""
     svc = service(request)
-    body = await request.read()
     refuse_if_no_longer_leader(request)
     status, data = await svc.submit(
         cmd, actor=request["role"], idempotency_key=request_id_header(request.headers, "Idempotency-Key"),
-        request_id=request_id_header(request.headers, "X-Request-Id"),
-        forward=lambda url, request_id: replay_on_leader(request, body, request_id)(url))
+        request_id=request_id_header(request.headers, "X-Request-Id"))
     if status == 200 and ok_status != 200:
         status = ok_status
     return respond(data, status)
