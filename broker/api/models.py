@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints, with_config
 from typing_extensions import NotRequired, TypedDict
 
-from client.wire.shapes import OPEN, STRICT
+from client.wire.shapes import OPEN, STRICT, Error  # noqa: F401  (the one error shape, named here for the spec)
 
 from ..writes import MESSAGES_PER_SEND_MAX
 from ..pop.limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,
@@ -81,18 +81,6 @@ class Adopt(TypedDict):
 
 
 # -- answers ---------------------------------------------------------------------------------------------------
-@with_config(OPEN)
-class ErrorBody(TypedDict):
-    code: str
-    message: str
-    details: dict[str, Any]
-
-
-@with_config(OPEN)
-class Error(TypedDict):
-    error: ErrorBody
-
-
 @with_config(OPEN)
 class Sent(TypedDict):
     queue: int

@@ -7,13 +7,27 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict
 
 from .errors import invalid
 
 STRICT = ConfigDict(extra="forbid", strict=True)   # requests: no coercion, unknown fields refused by name
 OPEN = ConfigDict(extra="allow")                   # answers: they may grow fields (API.md: add, never rename)
 REF = "#/components/schemas/{model}"
+
+
+@with_config(OPEN)
+class ErrorBody(TypedDict):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+@with_config(OPEN)
+class Error(TypedDict):
+    """Every error answer of both services (API.md's error shape; errors.py renders it)."""
+    error: ErrorBody
 
 
 @lru_cache(maxsize=None)

@@ -15,7 +15,8 @@ from pydantic import Field, StringConstraints, with_config
 from typing_extensions import NotRequired, TypedDict
 
 from client.wire import route as route_model
-from client.wire.shapes import OPEN, STRICT, validate  # noqa: F401  (validate: the handlers' entry point)
+# Error (the one error shape) and validate (the handlers' entry point) are named here for meta/api's modules.
+from client.wire.shapes import OPEN, STRICT, Error, validate  # noqa: F401
 
 from .. import limits
 from ..commands import GROUP_CONFIG_INTS
@@ -121,18 +122,6 @@ class GroupConfig(TypedDict, total=False):
 
 
 # -- responses -------------------------------------------------------------------------------------------------
-@with_config(OPEN)
-class ErrorBody(TypedDict):
-    code: str
-    message: str
-    details: dict[str, Any]
-
-
-@with_config(OPEN)
-class Error(TypedDict):
-    error: ErrorBody
-
-
 @with_config(OPEN)
 class WriteResult(TypedDict):
     """A command's outcome: the version it made, plus what the command reports (a topic, a group's locks...)."""
