@@ -206,24 +206,25 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
         for m in members:
             cfg = {"node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("http://"), "secret": secret,
                    "tokens": tokens, "members": members, **(extra_meta or {})}
-            path = _write_config(dir_, m["node"], cfg)
+            path = write_config(dir_, m["node"], cfg)
             pid = _spawn(dir_, m["node"], _meta_argv(path))
             cluster["meta"].append({"node": m["node"], "url": m["url"], "pid": pid, "config": path})
-        _save(dir_, cluster)
+        save(dir_, cluster)
         _wait_members(dir_, cluster["meta"], ready_timeout_s)
         for i, name in enumerate(broker_names):
             port = _broker_port(base_port, i)
             cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}", "tokens": tokens,
                    "meta": [m["url"] for m in members], **(extra_broker or {})}
-            path = _write_config(dir_, name, cfg)
+            path = write_config(dir_, name, cfg)
             pid = _spawn(dir_, name, _broker_argv(path))
             cluster["brokers"].append({"broker": name, "url": f"http://127.0.0.1:{port}", "pid": pid, "config": path})
-            _save(dir_, cluster)
+            save(dir_, cluster)
         _wait_members(dir_, cluster["brokers"], ready_timeout_s)
     return cluster
 
 
-def _write_config(dir_: str, name: str, cfg: dict[str, Any]) -> str:
+def write_config(dir_: str, name: str, cfg: dict[str, Any]) -> str:
+    """A member's config.json in its own directory under ``dir_``; returns its path."""
     os.makedirs(os.path.join(dir_, name), exist_ok=True)
     path = os.path.join(dir_, name, "config.json")
     with open(path, "w") as f:
@@ -231,7 +232,8 @@ def _write_config(dir_: str, name: str, cfg: dict[str, Any]) -> str:
     return path
 
 
-def _save(dir_: str, cluster: dict[str, Any]) -> None:
+def save(dir_: str, cluster: dict[str, Any]) -> None:
+    """The cluster's cluster.json, replaced atomically (what ``load`` and the stop/start commands read)."""
     tmp = os.path.join(dir_, "cluster.json.tmp")
     with open(tmp, "w") as f:
         json.dump(cluster, f, indent=2)
@@ -270,7 +272,7 @@ def restart_all(dir_: str, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str
             for m in cluster[kind]:
                 m["pid"] = _spawn(dir_, _name(m), argv(m["config"]))
                 started.append(m)
-            _save(dir_, cluster)
+            save(dir_, cluster)
             _wait_members(dir_, cluster[kind], ready_timeout_s)
     return cluster
 
@@ -284,7 +286,7 @@ def start(dir_: str, name: str, wait: bool = True) -> dict[str, Any]:
                 if _alive(m["pid"]):
                     raise RuntimeError(f"{name} is already running (pid {m['pid']})")
                 m["pid"] = _spawn(dir_, name, argv(m["config"]))
-                _save(dir_, cluster)
+                save(dir_, cluster)
                 # A lone meta node is ready only once a majority is back: start it without waiting. A member that is
                 # slow to get ready is left running (a bench measures how long it takes); one that exited is named.
                 if wait:

@@ -17,7 +17,6 @@ The runner's own clients talk to meta nodes directly: a partition is between the
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -119,7 +118,7 @@ def plan(dir_: str, base: int) -> Topology:
                     t.meta_pair_links[frozenset((names[i], names[j]))].append(name)
         cfg = {"node": names[i], "data_dir": "data", "http": t.meta_url(i).removeprefix("http://"), "secret": secret,
                "tokens": tokens, "members": members, **META_EXTRA}
-        path = _write_config(dir_, names[i], cfg)
+        path = devcluster.write_config(dir_, names[i], cfg)
         cluster["meta"].append({"node": names[i], "url": t.meta_url(i), "pid": NEVER_STARTED_PID, "config": path})
     for b, bname in enumerate(t.broker_names):
         metas = [add(f"http:{bname}->{names[m]}", base + 40 + 3 * b + m, base + 10 + m) for m in range(METAS)]
@@ -127,17 +126,8 @@ def plan(dir_: str, base: int) -> Topology:
         front = add(f"front:{bname}", base + 70 + b, base + 60 + b)
         cfg = {"broker": bname, "data_dir": "data", "http": t.broker_url(b).removeprefix("http://"),
                "advertise": front.url, "tokens": tokens, "meta": [link.url for link in metas]}
-        path = _write_config(dir_, bname, cfg)
+        path = devcluster.write_config(dir_, bname, cfg)
         cluster["brokers"].append({"broker": bname, "url": t.broker_url(b), "pid": NEVER_STARTED_PID,
                                    "config": path})
-    with open(os.path.join(dir_, "cluster.json"), "w") as f:
-        json.dump(cluster, f, indent=2)
+    devcluster.save(dir_, cluster)
     return t
-
-
-def _write_config(dir_: str, name: str, cfg: dict[str, Any]) -> str:
-    os.makedirs(os.path.join(dir_, name), exist_ok=True)
-    path = os.path.join(dir_, name, "config.json")
-    with open(path, "w") as f:
-        json.dump(cfg, f, indent=2)
-    return path
