@@ -258,6 +258,17 @@ async def write_through(c: Cluster, urls: list[str], method: str, path: str, bod
     return b
 
 
+async def config_writes(c: Cluster, urls: list[str], topic: str, writes: int) -> int:
+    """A stand-in broker, a one-queue ``topic`` on it and ``writes`` config changes, each through ``urls``; returns
+    the version of the last: a log of known length for the snapshot, journal and projection tests."""
+    await write_through(c, urls, "PUT", "/v1/brokers/b1", {"address": "http://127.0.0.1:1"}, role="broker")
+    await write_through(c, urls, "POST", "/v1/topics", {"topic": topic, "queues": 1, "brokers": ["b1"]})
+    b = None
+    for i in range(writes):
+        b = await write_through(c, urls, "PUT", f"/v1/topics/{topic}/config", {"n": str(i)})
+    return b["version"]
+
+
 def snapshot_or_none(path: str) -> snapshot_file.Snapshot | None:
     """A node's Raft snapshot, or None before it wrote one."""
     try:

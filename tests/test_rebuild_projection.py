@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from meta.raft_node import SNAPSHOT_FILE
 from ops import devcluster
 from tests import cluster as cluster_mod
+from tests.meta_helpers import config_writes
 
 
 async def test_rebuild_projection_from_the_log_equals_the_live_projection(tmp_path):
@@ -47,15 +48,7 @@ async def test_rebuild_projection_takes_what_the_journal_holds_beyond_the_images
     no_snapshot = {"compaction_min_entries": 10_000_000, "compaction_min_time_s": 86_400}
     async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 600_000, "history_window": window,
                                                                "raft_tuning": no_snapshot}) as c:
-        m1 = c.meta_urls[0]
-        s, b, _ = await c.call("PUT", m1 + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
-        assert s == 200, b
-        s, b, _ = await c.call("POST", m1 + "/v1/topics", json={"topic": "t", "queues": 1})
-        assert s == 201, b
-        for i in range(2 * window):
-            s, b, _ = await c.call("PUT", m1 + "/v1/topics/t/config", json={"n": str(i)})
-            assert s == 200, b
-        version = b["version"]
+        version = await config_writes(c, c.meta_urls[:1], "t", 2 * window)
         s, b, _ = await c.call("GET", c.meta_urls[2] + f"/v1/cluster?min_version={version}")
         assert s == 200, b
         devcluster.stop_member(c.dir, "m3")

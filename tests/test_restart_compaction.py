@@ -22,7 +22,7 @@ from meta.raft_node import JOURNAL_FILE, SNAPSHOT_FILE, decode_entry
 from meta.state_machine import StateMachine
 from ops import devcluster
 from tests import cluster as cluster_mod
-from tests.meta_helpers import wait_until
+from tests.meta_helpers import config_writes, wait_until
 
 NO_COMPACTION = {"compaction_min_entries": 10_000_000, "compaction_min_time_s": 86_400}
 WRITES = 30
@@ -48,15 +48,7 @@ def _snapshot_at(data_dir: str, cluster: tuple[str, ...], position: int) -> snap
 async def test_a_node_stopped_mid_compaction_keeps_the_entries_after_its_snapshot(tmp_path):
     async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 600_000,
                                                                "raft_tuning": NO_COMPACTION}) as c:
-        m1 = c.meta_urls[0]
-        s, b, _ = await c.call("PUT", m1 + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
-        assert s == 200, b
-        s, b, _ = await c.call("POST", m1 + "/v1/topics", json={"topic": "t", "queues": 1})
-        assert s == 201, b
-        for i in range(WRITES):
-            s, b, _ = await c.call("PUT", m1 + "/v1/topics/t/config", json={"n": str(i)})
-            assert s == 200, b
-        version = b["version"]
+        version = await config_writes(c, c.meta_urls[:1], "t", WRITES)
         for u in c.meta_urls:
             s, b, _ = await c.call("GET", u + f"/v1/cluster?min_version={version}")
             assert s == 200, b
