@@ -205,12 +205,12 @@ def test_the_send_model_and_the_codec_agree_on_each_message(message):
 def test_request_models_refuse_what_the_handlers_would_not_take():
     """The models are strict: no coercion, unknown fields named, bounds from meta/limits.py."""
     with pytest.raises(Exception) as e:
-        models.validate(models.CreateTopic, {"topic": "t", "queues": 1, "colour": "red"})
+        validate(models.CreateTopic, {"topic": "t", "queues": 1, "colour": "red"})
     assert e.value.code == "INVALID_ARGUMENT" and e.value.details["field"] == "colour"
     with pytest.raises(Exception) as e:
-        models.validate(models.CreateTopic, {"topic": "t", "queues": True})
+        validate(models.CreateTopic, {"topic": "t", "queues": True})
     assert e.value.details["field"] == "queues"
     with pytest.raises(Exception) as e:
-        models.validate(models.GroupConfig, {"lease_ms": 1})
+        validate(models.GroupConfig, {"lease_ms": 1})
     assert e.value.details["field"] == "lease_ms"
-    assert models.validate(models.TopicConfig, {"a": None, "b": "x"}) == {"a": None, "b": "x"}
+    assert validate(models.TopicConfig, {"a": None, "b": "x"}) == {"a": None, "b": "x"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.wire.shapes import SpecSchemas
+from client.wire.shapes import Error, SpecSchemas
 
 from . import models as M
 
@@ -20,7 +20,7 @@ _SPEC_SCHEMAS = SpecSchemas()
 
 def _op(summary: str, answer: Any, *, body: Any = None, params: list[dict] | None = None,
         roles: str = "client, broker") -> dict[str, Any]:
-    err = {"description": "error", "content": _SPEC_SCHEMAS.content(M.Error)}
+    err = {"description": "error", "content": _SPEC_SCHEMAS.content(Error)}
     op: dict[str, Any] = {"summary": f"{summary} (roles: {roles})", "parameters": params or [],
                           "responses": {"200": {"description": "ok", "content": _SPEC_SCHEMAS.content(answer)},
                                         **{s: err for s in ("400", "401", "403", "404", "409", "413", "503")}}}

@@ -49,16 +49,16 @@ def validate(model: Any, body: Any) -> Any:
 
 
 class SpecSchemas:
-    """The components/schemas of one OpenAPI document, filled as operations name their models."""
+    """The components/schemas of one OpenAPI document, filled as operations name their models (a class's name, or
+    the ``title`` of an Annotated alias)."""
 
-    def __init__(self, names: dict[Any, str] | None = None):
+    def __init__(self) -> None:
         self.schemas: dict[str, Any] = {}
-        self.names = names or {}   # models that are not classes (an Annotated alias) have no name of their own
 
     def ref(self, model: Any) -> dict[str, str]:
         schema = adapter(model).json_schema(ref_template=REF)
         self.schemas.update(schema.pop("$defs", {}))
-        name = schema.get("title") or self.names[model]
+        name = schema["title"]
         self.schemas[name] = schema
         return {"$ref": REF.format(model=name)}
 

@@ -11,8 +11,8 @@ from client.wire import json_body
 from client.wire.errors import ApiError
 from client.wire.params import int_in
 from client.wire.headers import request_id_header
+from client.wire.shapes import validate
 from ..service import MetaService
-from . import models
 from .keys import SERVICE
 
 JSON = "application/json"
@@ -32,7 +32,7 @@ async def body_object(request: web.Request) -> dict[str, Any]:
 
 async def body_of(request: web.Request, model: Any) -> dict[str, Any]:
     """The request's JSON object, checked against ``model`` (meta/api/models.py, the spec's source)."""
-    return models.validate(model, await body_object(request))
+    return validate(model, await body_object(request))
 
 
 def refuse_if_no_longer_leader(request: web.Request) -> None:

@@ -15,8 +15,7 @@ from pydantic import Field, StringConstraints, with_config
 from typing_extensions import NotRequired, TypedDict
 
 from client.wire import route as route_model
-# Error (the one error shape) and validate (the handlers' entry point) are named here for meta/api's modules.
-from client.wire.shapes import OPEN, STRICT, Error, validate  # noqa: F401
+from client.wire.shapes import OPEN, STRICT
 
 from .. import limits
 from ..commands import GROUP_CONFIG_INTS
@@ -34,7 +33,8 @@ def _bounded(setting: str) -> Any:
     return Annotated[int, Field(ge=lo, le=hi)]
 
 
-TopicConfig = Annotated[dict[ConfigKey, ConfigValue | None], Field(max_length=limits.CONFIG_KEYS_MAX)]
+TopicConfig = Annotated[dict[ConfigKey, ConfigValue | None],
+                        Field(max_length=limits.CONFIG_KEYS_MAX, title="TopicConfig")]   # the title names it in the spec
 
 
 # -- requests --------------------------------------------------------------------------------------------------
@@ -335,4 +335,3 @@ class SealResults(TypedDict):
 
 
 Route = with_config(OPEN)(route_model.RouteJson)
-NAMES = {TopicConfig: "TopicConfig"}   # the spec's names of models that are not classes

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.wire.shapes import SpecSchemas
+from client.wire.shapes import Error, SpecSchemas
 
 from . import models
 
-_SPEC_SCHEMAS = SpecSchemas(models.NAMES)
+_SPEC_SCHEMAS = SpecSchemas()
 
 
 def _op(summary: str, *, body: Any = None, params: list[dict] | None = None, ok: str = "200",
         roles: str = "client", answer: Any = models.WriteResult) -> dict[str, Any]:
-    err = {"description": "error", "content": _SPEC_SCHEMAS.content(models.Error)}
+    err = {"description": "error", "content": _SPEC_SCHEMAS.content(Error)}
     op: dict[str, Any] = {"summary": f"{summary} (roles: {roles})", "parameters": params or [],
                           "responses": {ok: {"description": "ok", "content": _SPEC_SCHEMAS.content(answer)},
                                         "400": err, "401": err, "403": err, "404": err, "409": err,

@@ -8,6 +8,7 @@ from .. import limits, views
 from client.wire.params import int_in
 from client.wire.errors import invalid, rejection
 from client.wire.server import requires
+from client.wire.shapes import validate
 
 from . import models
 from .http import body_object, body_of, respond, service, submit, with_expected_version
@@ -51,7 +52,7 @@ async def grow_topic(request: web.Request) -> web.Response:
     body = await body_object(request)
     if set(body) != {"queues"}:
         raise invalid("PATCH takes exactly {\"queues\": N}; a static topic only grows")
-    models.validate(models.GrowTopic, body)
+    validate(models.GrowTopic, body)
     return await submit(request, _topic_cmd(request, "GrowTopic", queues=body["queues"]))
 
 
