@@ -8,6 +8,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
+from .limits import SLOTS_PER_TOPIC_MAX
+
+# Every number of a slot table (slot bounds, queue ids: queues <= slots) as one shared object, so that a packed
+# table costs a pointer per number, not an int object each.
+_SHARED_INTS = tuple(range(SLOTS_PER_TOPIC_MAX + 1))
+
 
 def balanced_assignment(queues: Iterable[int], brokers: Iterable[str], load: Mapping[str, int]) -> dict[int, str]:
     """Assign each queue to the broker with the least load so far (existing load counted), ties by name."""
@@ -51,6 +57,17 @@ def rebalance(current: Mapping[int, str], targets: Iterable[str]) -> dict[int, s
 def initial_slot_table(slots: int, queues: int) -> list[list[int]]:
     """Queue i gets slots [i*slots//queues, (i+1)*slots//queues): every slot exactly once, sizes differ by at most 1."""
     return [[i * slots // queues, (i + 1) * slots // queues, i] for i in range(queues)]
+
+
+def packed_slot_table(table: Iterable[Iterable[int]]) -> tuple[int, ...]:
+    """A table as the image keeps it: one flat tuple ``(lo, hi, queue, lo, hi, queue, ...)`` of shared ints (a
+    list per range costs about 160 B per queue; this, 24)."""
+    return tuple(_SHARED_INTS[v] for r in table for v in r)
+
+
+def slot_table(packed: tuple[int, ...]) -> list[list[int]]:
+    """A packed table as the API shows it: ``[[lo, hi, queue], ...]`` (new lists: the caller may keep them)."""
+    return [list(packed[i:i + 3]) for i in range(0, len(packed), 3)]
 
 
 def grow_slot_table(table: list[list[int]], new_queue_ids: Iterable[int]) -> tuple[list[list[int]], list[tuple[int, int]]]:

@@ -16,7 +16,7 @@ Layout of ``Image.data``::
                    broker event touches, without a scan of every segment
     topics         {name: {topic, incarnation, queues, slots, order, config, version, created_ms,
                            slot_table, slot_table_version (the version that last changed it), barriers,
-                           logic_queues: [[segment, ...] per queue]}}
+                           chains: per queue its segments in compact form (meta/chains.py)}}
     groups         {name: {group, mode, config, version, created_ms, members: {member: {member, topics, mode,
                            joined_ms}}, locks: {topic: {"<queue>": {member, token, target, granted_ms}}}}}
                    (meta/groups.py says what a lock entry means)
@@ -25,7 +25,8 @@ Layout of ``Image.data``::
     subscriptions  {topic: {group: members of that group naming the topic}}: the groups a topic change concerns
     revoking       {group: locks of it being revoked}: where the leader looks for revocations whose lease ended
     requests       {request id: [fingerprint, ts, outcome]} in arrival order (idempotency)
-    history        [stored event as canonical JSON] newest last, bounded; history_start = version of history[0]
+    history        [stored event as canonical JSON, big ones packed: meta/history_lines.py] newest last, bounded;
+                   history_start = version of history[0]; read them through history_after / history_lines
     history_window events the history keeps (trimmed in chunks of a tenth past it): set by the leader's stamp on a
                    command envelope (meta/state_machine.py), never from a node's own config, so replicas agree
 """
@@ -36,7 +37,7 @@ import json
 from collections import deque
 from typing import Any
 
-from . import limits
+from . import allocation, chains, history_lines, limits
 from .events import GROUP_EVENTS, UnknownEvent, stored
 
 GROUP_KEY_PREFIX = "@"  # change-feed key of a group: never a topic name (commands.NAME_RE has no "@")
@@ -61,6 +62,8 @@ class Image:
         self.data = data if data is not None else empty_data()
         for key, value in empty_data().items():  # a snapshot written before a part of the image existed
             self.data.setdefault(key, value)
+        for t in self.data["topics"].values():  # from a snapshot: JSON lists back into shared tuples
+            chains.restore(t)
         # Node-local, never part of ``data`` (so never replicated nor in a snapshot): where the history the window
         # trims goes, as (version, line), for this node's projection to take before it is gone (meta/raft_node.py
         # sets a bounded deque; None, the default, keeps nothing: offline replays and tests).
@@ -91,23 +94,36 @@ class Image:
         return t["queues"] if t is not None else None
 
     def segment(self, topic: str, queue: int, gen: int) -> dict[str, Any] | None:
+        """The segment as a dict (a copy: the image changes only through replay)."""
         t = self.topic(topic)
         if t is None or not 0 <= queue < t["queues"]:
             return None
-        for seg in reversed(t["logic_queues"][queue]):
-            if seg["gen"] == gen:
-                return seg
+        for seg in reversed(chains.segments(t["chains"][queue])):
+            if seg[chains.GEN] == gen:
+                return chains.as_dict(t, queue, seg)
         return None
+
+    def _change_segment(self, topic: str, queue: int, gen: int, **changes: Any) -> None:
+        t = self.data["topics"][topic]
+        segs = list(chains.segments(t["chains"][queue]))
+        i = next(i for i in range(len(segs) - 1, -1, -1) if segs[i][chains.GEN] == gen)
+        segs[i] = chains.replaced(segs[i], **changes)
+        t["chains"][queue] = chains.entry_of(tuple(segs))
 
     def history_after(self, after: int, limit: int) -> list[str]:
         start = max(after + 1, self.data["history_start"])
         i = start - self.data["history_start"]
-        return self.data["history"][i:i + limit]
+        return [history_lines.unpack(line) for line in self.data["history"][i:i + limit]]
+
+    def history_lines(self) -> list[str]:
+        """Every line the window holds, oldest first (version ``history_start`` first)."""
+        return [history_lines.unpack(line) for line in self.data["history"]]
 
     def canonical_bytes(self) -> bytes:
         """The image as bytes, keys in insertion order: the order is itself state (the oldest remembered request
         is evicted first) and replaying the same log inserts in the same order on every replica."""
-        return json.dumps(self.data, separators=(",", ":"), ensure_ascii=False).encode()
+        data = {**self.data, "history": self.history_lines()}  # the same key order; lines compared unpacked
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
     # -- replay ------------------------------------------------------------------------------------------------
     def replay(self, event: dict[str, Any], ts: int) -> set[str]:
@@ -133,14 +149,15 @@ class Image:
 
     def _record(self, stored_event: dict[str, Any]) -> None:
         history = self.data["history"]
-        history.append(canonical_json(stored_event))
+        history.append(history_lines.pack(canonical_json(stored_event)))
         # Trim in chunks so that trimming is amortised O(1) yet deterministic.
         window = self.data["history_window"]
         excess = len(history) - window
         if excess >= max(1, window // 10):
             if self.trimmed_to is not None:
                 start = self.data["history_start"]
-                self.trimmed_to.extend((start + i, line) for i, line in enumerate(history[:excess]))
+                self.trimmed_to.extend((start + i, history_lines.unpack(line))
+                                       for i, line in enumerate(history[:excess]))
             del history[:excess]
             self.data["history_start"] += excess
 
@@ -188,69 +205,66 @@ class Image:
 
     # topics
     def _on_TopicCreated(self, e, ts):
-        queues: list[list[dict[str, Any]]] = [[] for _ in range(e["queues"])]
-        for s in e["segments"]:
-            queues[s["queue"]].append(_segment(0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts))
-            self._load(s["broker"], 1)
-            self._host(s["broker"], e["topic"], 1)
-        self.data["topics"][e["topic"]] = {
+        t = self.data["topics"][e["topic"]] = {
             "topic": e["topic"], "incarnation": e["incarnation"], "queues": e["queues"], "slots": e["slots"],
             "order": e["order"], "config": dict(e["config"]), "version": 0, "created_ms": ts,
-            "slot_table": [list(r) for r in e["slot_table"]], "slot_table_version": self.data["version"],
-            "barriers": [], "logic_queues": queues}
+            "slot_table": allocation.packed_slot_table(e["slot_table"]), "slot_table_version": self.data["version"],
+            "barriers": [], "chains": [None] * e["queues"]}
+        self._place_first_segments(t, e["segments"], ts)
+
+    def _place_first_segments(self, t: dict[str, Any], placed: list[dict[str, Any]], ts: int) -> None:
+        shared: dict[tuple, tuple] = {}  # queues placed alike share one segment (meta/chains.py)
+        for s in placed:
+            seg = chains.new_segment(t, s["queue"], 0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts)
+            t["chains"][s["queue"]] = shared.setdefault(seg, seg)
+            self._load(s["broker"], 1)
+            self._host(s["broker"], t["topic"], 1)
 
     def _on_TopicGrown(self, e, ts):
         t = self.data["topics"][e["topic"]]
-        t["logic_queues"].extend([] for _ in range(e["queues"] - t["queues"]))
+        t["chains"].extend(None for _ in range(e["queues"] - t["queues"]))
         t["queues"] = e["queues"]
-        t["slot_table"] = [list(r) for r in e["slot_table"]]
+        t["slot_table"] = allocation.packed_slot_table(e["slot_table"])
         t["slot_table_version"] = self.data["version"]
         for b in e["barriers"]:
             t["barriers"].append({"queue": b["queue"], "after_queue": b["after_queue"], "after_gen": b["after_gen"],
                                   "after_offset": None})
-        for s in e["segments"]:
-            t["logic_queues"][s["queue"]].append(
-                _segment(0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts))
-            self._load(s["broker"], 1)
-            self._host(s["broker"], e["topic"], 1)
+        self._place_first_segments(t, e["segments"], ts)
 
     def _on_TopicConfigChanged(self, e, ts):
         self.data["topics"][e["topic"]]["config"] = dict(e["config"])
 
     def _on_TopicDeleted(self, e, ts):
         t = self.data["topics"].pop(e["topic"])
-        for segs in t["logic_queues"]:
-            self._load(segs[-1]["broker"], -1)
-            for seg in segs:
-                self._host(seg["broker"], e["topic"], -1)
+        for entry in t["chains"]:
+            self._load(chains.head(entry)[chains.BROKER], -1)
+            for seg in chains.segments(entry):
+                self._host(seg[chains.BROKER], e["topic"], -1)
 
     def _on_OffsetBudgetGranted(self, e, ts):
-        self.segment(e["topic"], e["queue"], e["gen"])["budget_end"] = e["budget_end"]
+        self._change_segment(e["topic"], e["queue"], e["gen"], budget_end=e["budget_end"])
 
     # segments
     def _on_SegmentSealing(self, e, ts):
-        self.segment(e["topic"], e["queue"], e["gen"])["state"] = "sealing"
+        self._change_segment(e["topic"], e["queue"], e["gen"], state="sealing")
 
     def _on_SegmentSealed(self, e, ts):
-        seg = self.segment(e["topic"], e["queue"], e["gen"])
-        seg["state"] = "sealed"
-        seg["logic_end"] = e["logic_end"]
-        seg["physical_end"] = e["physical_end"]
-        seg["sealed_ms"] = ts
-        seg["sealed_by"] = e["by"]
+        self._change_segment(e["topic"], e["queue"], e["gen"], state="sealed", logic_end=e["logic_end"],
+                             physical_end=e["physical_end"], sealed_ms=ts, sealed_by=e["by"])
 
     def _on_SegmentOpened(self, e, ts):
         t = self.data["topics"][e["topic"]]
-        segs = t["logic_queues"][e["queue"]]
-        self._load(segs[-1]["broker"], -1)
-        segs.append(_segment(e["gen"], e["broker"], e["physical_queue"], e["physical_start"], None,
-                             e["budget_end"], ts))
+        segs = chains.segments(t["chains"][e["queue"]])
+        self._load(segs[-1][chains.BROKER], -1)
+        opened = chains.new_segment(t, e["queue"], e["gen"], e["broker"], e["physical_queue"], e["physical_start"],
+                                    None, e["budget_end"], ts)
+        t["chains"][e["queue"]] = (*segs, opened)
         self._load(e["broker"], 1)
         self._host(e["broker"], e["topic"], 1)
 
     def _on_LogicStartDecided(self, e, ts):
         t = self.data["topics"][e["topic"]]
-        self.segment(e["topic"], e["queue"], e["gen"])["logic_start"] = e["logic_start"]
+        self._change_segment(e["topic"], e["queue"], e["gen"], logic_start=e["logic_start"])
         for b in t["barriers"]:
             if b["after_queue"] == e["queue"] and b["after_gen"] == e["gen"]:
                 b["after_offset"] = e["logic_start"]
@@ -324,10 +338,3 @@ class Image:
                 self.data["revoking"][group] = n
             else:
                 del self.data["revoking"][group]
-
-
-def _segment(gen: int, broker: str, pq: str, physical_start: int, logic_start: int | None, budget_end: int,
-             ts: int) -> dict[str, Any]:
-    return {"gen": gen, "broker": broker, "physical_queue": pq, "physical_start": physical_start,
-            "logic_start": logic_start, "logic_end": None, "physical_end": None, "budget_end": budget_end,
-            "state": "active", "opened_ms": ts, "sealed_ms": None, "sealed_by": None}

@@ -65,7 +65,7 @@ async def _rebuild(config: MetaConfig, from_peer: str | None, token: str | None,
     from .projection import APPLY_BATCH_MAX, SqlProjection
     from .projection.sources import SourceError
     image = image_from_data_dir(config.data_dir, keep_trimmed=True)
-    own = [line for _v, line in image.trimmed_to] + image.data["history"]
+    own = [line for _v, line in image.trimmed_to] + image.history_lines()
     start = image.trimmed_to[0][0] if image.trimmed_to else image.data["history_start"]
     first = json.loads(own[0]) if own else None
     if start > 1 and from_peer is None and from_export is None:
@@ -95,7 +95,7 @@ async def _rebuild(config: MetaConfig, from_peer: str | None, token: str | None,
 
 def apply_image_history(projection: Any, image: Image) -> None:
     """The events the image's window holds, into ``projection`` (after the older ones, which it must already have)."""
-    _apply_lines(projection, image.data["history"])
+    _apply_lines(projection, image.history_lines())
 
 
 def _apply_lines(projection: Any, lines: list[str]) -> None:

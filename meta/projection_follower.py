@@ -75,8 +75,7 @@ class ProjectionFollower:
         return hole + self.service.read(gap)
 
     def _image_start(self) -> tuple[int, dict | None]:
-        start, line = self.service.read(lambda im: (im.data["history_start"],
-                                                    im.data["history"][0] if im.data["history"] else None))
+        start, line = self.service.read(lambda im: (im.data["history_start"], next(iter(im.history_after(0, 1)), None)))
         return start, json.loads(line) if line is not None else None
 
     def _next_batch(self, image) -> tuple[list[str], int]:

@@ -14,7 +14,7 @@ import copy
 import hashlib
 from typing import Any
 
-from . import allocation, groups, limits
+from . import allocation, chains, groups, limits
 from .commands import validate
 from client.wire import json_body
 from client.wire.errors import ApiError, invalid, rejection
@@ -118,7 +118,7 @@ class StateMachine:
         return names
 
     def _writable_head(self, t: dict[str, Any], queue: int) -> dict[str, Any]:
-        head = t["logic_queues"][queue][-1]
+        head = chains.head_of(t, queue)
         if head["state"] != "active" or head["logic_start"] is None:
             raise rejection(503, "SEALING", f"queue {queue} of {t['topic']!r} is still being remapped; retry shortly",
                             topic=t["topic"], queue=queue, gen=head["gen"])
@@ -126,7 +126,7 @@ class StateMachine:
 
     def _move(self, t: dict[str, Any], queue: int, to: str, cause: str) -> list[dict[str, Any]]:
         """Seal-then-switch of one queue (DESIGN.md, the flow of one remap). Returns the events."""
-        old = t["logic_queues"][queue][-1]
+        old = chains.head_of(t, queue)
         gen = old["gen"] + 1
         topic = t["topic"]
         opened = make("SegmentOpened", topic=topic, queue=queue, gen=gen, broker=to, from_broker=old["broker"],
@@ -161,11 +161,13 @@ class StateMachine:
         events = [make("BrokerFenced", broker=c["broker"], epoch=c["epoch"], reason=c["reason"])]
         for name in self.image.topics_on(c["broker"]):
             t = self.image.topics[name]
-            for q, segs in enumerate(t["logic_queues"]):
-                if len(segs) >= 2 and segs[-2]["broker"] == c["broker"] and segs[-2]["state"] == "sealing":
-                    events += self._seal_at_budget(name, q, segs[-2])
-                    events.append(make("LogicStartDecided", topic=name, queue=q, gen=segs[-1]["gen"],
-                                       logic_start=_logic_end(segs[-2], segs[-2]["budget_end"])))
+            for q, entry in enumerate(t["chains"]):
+                raw = chains.segments(entry)
+                if len(raw) >= 2 and raw[-2][chains.BROKER] == c["broker"] and raw[-2][chains.STATE] == "sealing":
+                    sealing = chains.as_dict(t, q, raw[-2])
+                    events += self._seal_at_budget(name, q, sealing)
+                    events.append(make("LogicStartDecided", topic=name, queue=q, gen=raw[-1][chains.GEN],
+                                       logic_start=_logic_end(sealing, sealing["budget_end"])))
         return events, {"state": "fenced"}
 
     def _UnfenceBroker(self, c, ts):
@@ -232,7 +234,7 @@ class StateMachine:
         logic_end = _logic_end(seg, c["end_offset"])
         events = [make("SegmentSealed", topic=c["topic"], queue=c["queue"], gen=c["gen"], broker=broker,
                        physical_end=c["end_offset"], logic_end=logic_end, by="broker")]
-        nxt = t["logic_queues"][c["queue"]][-1]
+        nxt = chains.head_of(t, c["queue"])
         if nxt["gen"] == c["gen"] + 1 and nxt["logic_start"] is None:
             events.append(make("LogicStartDecided", topic=c["topic"], queue=c["queue"], gen=nxt["gen"],
                                logic_start=logic_end))
@@ -273,11 +275,11 @@ class StateMachine:
             raise invalid(f"queues cannot exceed slots ({t['slots']})", slots=t["slots"])
         if new_count == t["queues"]:
             return [], {"topic": t["topic"], "queues": new_count}
-        table, splits = allocation.grow_slot_table(t["slot_table"], range(t["queues"], new_count))
+        table, splits = allocation.grow_slot_table(allocation.slot_table(t["slot_table"]), range(t["queues"], new_count))
         split_queues = sorted({old for _, old in splits})
         heads = {q: self._writable_head(t, q) for q in split_queues}
-        hosts = sorted({segs[-1]["broker"] for segs in t["logic_queues"]
-                        if self.image.brokers[segs[-1]["broker"]]["state"] == "active"})
+        hosts = sorted({b for b in {chains.head(e)[chains.BROKER] for e in t["chains"]}
+                        if self.image.brokers[b]["state"] == "active"})
         if not hosts:
             hosts = sorted(b for b, v in self.image.brokers.items() if v["state"] == "active")
         if not hosts:

@@ -7,7 +7,7 @@ from typing import Any
 
 from client.wire import route as route_model
 
-from . import groups, limits
+from . import allocation, chains, groups, limits
 from .image import Image
 
 
@@ -28,7 +28,7 @@ def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
     """What producers and consumers need: slot table, barriers, and per queue its writable head and its newest
     segments (at most ROUTE_SEGMENTS_PER_QUEUE_MAX: a route's size must not grow with the history)."""
     queues = []
-    for q, segs in enumerate(t["logic_queues"]):
+    for q, segs in chains.chains(t):
         head = segs[-1]
         broker = image.brokers.get(head["broker"])
         writable = (head["state"] == "active" and head["logic_start"] is not None
@@ -39,14 +39,14 @@ def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
     # encoded after the image lock is released (meta/reads.py).
     return route_model.route_json(
         topic=t["topic"], version=t["version"], slots=t["slots"], order=t["order"], config=dict(t["config"]),
-        slot_table=[list(r) for r in t["slot_table"]], slot_table_version=t.get("slot_table_version", 0), queues=queues,
+        slot_table=allocation.slot_table(t["slot_table"]), slot_table_version=t.get("slot_table_version", 0), queues=queues,
         barriers=[{"queue": b["queue"], "after_queue": b["after_queue"], "after_offset": b["after_offset"]}
                   for b in t["barriers"]])
 
 
 def topic_detail(t: dict[str, Any]) -> dict[str, Any]:
     ranges: dict[int, list[list[int]]] = {}
-    for lo, hi, q in t["slot_table"]:
+    for lo, hi, q in allocation.slot_table(t["slot_table"]):
         ranges.setdefault(q, []).append([lo, hi])
     return {"topic": t["topic"], "queues": t["queues"], "slots": t["slots"], "order": t["order"],
             "version": t["version"], "incarnation": t["incarnation"], "created_ms": t["created_ms"],
@@ -55,7 +55,7 @@ def topic_detail(t: dict[str, Any]) -> dict[str, Any]:
                               "segments": [{k: s[k] for k in ("gen", "broker", "physical_queue", "physical_start",
                                                                "logic_start", "logic_end", "state", "budget_end")}
                                            for s in segs]}
-                             for q, segs in enumerate(t["logic_queues"])]}
+                             for q, segs in chains.chains(t)]}
 
 
 def topic_summary(t: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meta import limits
+from meta import allocation, chains, limits
 from meta.image import Image
 from meta.state_machine import StateMachine
 
@@ -53,6 +53,15 @@ def events_after(sm: StateMachine, version: int) -> list[dict[str, Any]]:
     return [json.loads(s) for s in sm.image.history_after(version, 10**9)]
 
 
+def chains_of(t: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """A topic's segment chains as the API shows them (the image keeps them compact: meta/chains.py)."""
+    return [chain for _q, chain in chains.chains(t)]
+
+
+def table_of(t: dict[str, Any]) -> list[list[int]]:
+    return allocation.slot_table(t["slot_table"])
+
+
 def slot_owners(table: list[list[int]], slots: int) -> list[int]:
     """Asserts that the table covers [0, slots) exactly once (sorted, contiguous, non-empty); returns slot -> queue."""
     owners: list[int] = []
@@ -73,10 +82,10 @@ def check_image_invariants(image: Image) -> None:
     for name, t in data["topics"].items():
         assert t["topic"] == name
         assert 0 < t["version"] <= data["version"]
-        assert len(t["logic_queues"]) == t["queues"] <= t["slots"]
-        owners = slot_owners(t["slot_table"], t["slots"])
+        assert len(chains_of(t)) == t["queues"] <= t["slots"]
+        owners = slot_owners(table_of(t), t["slots"])
         assert set(owners) == set(range(t["queues"])), "every queue owns at least one slot, and only queues do"
-        for q, segs in enumerate(t["logic_queues"]):
+        for q, segs in enumerate(chains_of(t)):
             assert segs, f"{name}/{q} has no segment"
             assert segs[0]["logic_start"] == 0
             assert [s["gen"] for s in segs] == list(range(segs[0]["gen"], segs[0]["gen"] + len(segs)))
@@ -114,7 +123,7 @@ def check_image_invariants(image: Image) -> None:
     assert data["load"] == dict(recount), "load counters differ from a recount of the topics"
     hosting: dict[str, Counter[str]] = {}
     for name, t in data["topics"].items():
-        for segs in t["logic_queues"]:
+        for segs in chains_of(t):
             for seg in segs:
                 hosting.setdefault(seg["broker"], Counter())[name] += 1
     assert data["hosting"] == {b: dict(c) for b, c in hosting.items()}, "hosting index differs from a recount"
@@ -201,7 +210,7 @@ class Log:
         return self.sm.image.topics[name]
 
     def segs(self, topic: str, queue: int) -> list[dict[str, Any]]:
-        return self.topic(topic)["logic_queues"][queue]
+        return chains_of(self.topic(topic))[queue]
 
     def head(self, topic: str, queue: int) -> dict[str, Any]:
         return self.segs(topic, queue)[-1]
@@ -227,14 +236,14 @@ class Log:
     def seal_all_sealing(self, end_of: Any = lambda seg: seg["budget_end"] // 2) -> None:
         """Let every broker report the end of its sealing segments (the second half of the remap flow)."""
         for name in sorted(self.sm.image.topics):
-            for q, segs in enumerate(self.topic(name)["logic_queues"]):
+            for q, segs in enumerate(chains_of(self.topic(name))):
                 for s in segs:
                     if s["state"] == "sealing":
                         self.seal(name, q, s["gen"], end_of(s))
 
 
 def broker_counts(log: Log, topic: str) -> Counter[str]:
-    return Counter(segs[-1]["broker"] for segs in log.topic(topic)["logic_queues"])
+    return Counter(segs[-1]["broker"] for segs in chains_of(log.topic(topic)))
 
 
 @pytest.fixture
@@ -312,7 +321,7 @@ def test_fence_and_unfence(log):
     assert log.topic("t")["version"] == log.version
     assert log.topic("u")["version"] == uv
     # active segments of a fenced broker stay as they are: the broker may still come back
-    assert all(segs[-1]["state"] == "active" for segs in log.topic("t")["logic_queues"])
+    assert all(segs[-1]["state"] == "active" for segs in chains_of(log.topic("t")))
     v = log.version
     r = log.ok({"type": "UnfenceBroker", "broker": "a", "epoch": 1})
     assert r["state"] == "active"
@@ -408,13 +417,13 @@ def test_create_topic(log):
     assert (t["queues"], t["slots"], t["order"], t["config"], t["barriers"]) == (4, limits.SLOTS_DEFAULT,
                                                                                   "best_tried", {}, [])
     assert t["version"] == v + 1 and t["incarnation"] == v + 1
-    assert t["slot_table"] == [[0, 256, 0], [256, 512, 1], [512, 768, 2], [768, 1024, 3]]
-    for q, segs in enumerate(t["logic_queues"]):
+    assert table_of(t) == [[0, 256, 0], [256, 512, 1], [512, 768, 2], [768, 1024, 3]]
+    for q, segs in enumerate(chains_of(t)):
         [s] = segs
         assert (s["gen"], s["logic_start"], s["physical_start"], s["state"], s["budget_end"]) == (0, 0, 0, "active",
                                                                                                   BUDGET)
         assert s["logic_end"] is None and s["broker"] in ("a", "b", "c")
-    assert len({s[0]["physical_queue"] for s in t["logic_queues"]}) == 4
+    assert len({s[0]["physical_queue"] for s in chains_of(t)}) == 4
     [ev] = log.events(v)
     assert ev["type"] == "TopicCreated" and ev["topic"] == "t" and ev["version"] == v + 1
 
@@ -424,7 +433,7 @@ def test_create_topic_with_options(log):
     t = log.topic("s")
     assert (t["slots"], t["order"], t["config"]) == (12, "strict", {"retention_ms": "1000"})
     assert broker_counts(log, "s") == Counter({"b": 3})
-    assert t["slot_table"] == [[0, 4, 0], [4, 8, 1], [8, 12, 2]]
+    assert table_of(t) == [[0, 4, 0], [4, 8, 1], [8, 12, 2]]
     log.create("one", 1, slots=1)
     log.create("e", 2, expected_version=0)
 
@@ -472,10 +481,10 @@ def test_create_too_many_topics(log, monkeypatch):
 
 def test_delete_and_create_again_gets_new_physical_queues(log):
     log.create("t", 2)
-    old = {s["physical_queue"] for segs in log.topic("t")["logic_queues"] for s in segs}
+    old = {s["physical_queue"] for segs in chains_of(log.topic("t")) for s in segs}
     log.ok({"type": "DeleteTopic", "topic": "t"})
     log.create("t", 2)
-    new = {s["physical_queue"] for segs in log.topic("t")["logic_queues"] for s in segs}
+    new = {s["physical_queue"] for segs in chains_of(log.topic("t")) for s in segs}
     assert not old & new, "a topic created again reuses the physical queues of the deleted one"
 
 
@@ -762,7 +771,7 @@ def test_remap_to_the_current_placement_moves_nothing(log):
 
 def test_remap_off_a_broker_moves_only_its_queues(log):
     log.create("t", 4, brokers=["a", "b"])
-    on_a = sorted(q for q, segs in enumerate(log.topic("t")["logic_queues"]) if segs[-1]["broker"] == "a")
+    on_a = sorted(q for q, segs in enumerate(chains_of(log.topic("t"))) if segs[-1]["broker"] == "a")
     r = log.remap("t", ["b", "c"])
     assert sorted(m["queue"] for m in r["moved"]) == on_a
     assert broker_counts(log, "t") == Counter({"b": 2, "c": 2})
@@ -787,15 +796,15 @@ def test_remap_onto_an_added_broker_is_balanced_with_fewest_moves(log):
 # -- GrowTopic -----------------------------------------------------------------------------------------------------
 def test_grow_topic_splits_ranges_and_sets_barriers(log):
     log.create("t", 2, brokers=["a", "b"], slots=8)
-    old_table = copy.deepcopy(log.topic("t")["slot_table"])
+    old_table = copy.deepcopy(table_of(log.topic("t")))
     old_owner = slot_owners(old_table, 8)
     heads = {q: log.head("t", q)["broker"] for q in range(2)}
     v = log.version
     r = log.grow("t", 3)
     assert r == {"topic": "t", "queues": 3, "version": log.version}
     t = log.topic("t")
-    owner = slot_owners(t["slot_table"], 8)
-    assert t["slot_table"] == [[0, 2, 0], [2, 4, 2], [4, 8, 1]]
+    owner = slot_owners(table_of(t), 8)
+    assert table_of(t) == [[0, 2, 0], [2, 4, 2], [4, 8, 1]]
     [barrier] = t["barriers"]
     assert barrier == {"queue": 2, "after_queue": 0, "after_gen": 1, "after_offset": None}
     assert all(old_owner[s] == 0 for s in range(8) if owner[s] == 2)
@@ -818,7 +827,7 @@ def test_grow_by_several_queues_names_the_old_owner_in_every_barrier(log):
     log.create("t", 1, brokers=["a"], slots=5)
     log.grow("t", 3)
     t = log.topic("t")
-    slot_owners(t["slot_table"], 5)
+    slot_owners(table_of(t), 5)
     assert sorted((b["queue"], b["after_queue"]) for b in t["barriers"]) == [(1, 0), (2, 0)]
     log.seal_all_sealing()
     assert all(b["after_offset"] == log.head("t", 0)["logic_start"] for b in t["barriers"])
@@ -828,7 +837,7 @@ def test_grow_several_queues_from_two(log):
     log.create("t", 2, brokers=["a", "b"], slots=6)
     log.grow("t", 5)
     t = log.topic("t")
-    owner = slot_owners(t["slot_table"], 6)
+    owner = slot_owners(table_of(t), 6)
     assert set(owner) == set(range(5))
     assert {b["queue"] for b in t["barriers"]} == {2, 3, 4}
     assert all(b["after_queue"] in (0, 1) for b in t["barriers"])
@@ -881,11 +890,11 @@ def test_grow_property(data):
         if queues + add > slots:
             lg.reject({"type": "GrowTopic", "topic": "t", "queues": queues + add}, "INVALID_ARGUMENT")
             continue
-        before = slot_owners(t["slot_table"], slots)
+        before = slot_owners(table_of(t), slots)
         n_barriers = len(t["barriers"])
         lg.grow("t", queues + add)
         t = lg.topic("t")
-        after = slot_owners(t["slot_table"], slots)
+        after = slot_owners(table_of(t), slots)
         assert set(after) == set(range(queues + add))
         for s in range(slots):  # slots never move between two queues that existed before
             if after[s] < queues:
@@ -896,7 +905,7 @@ def test_grow_property(data):
             assert b["after_queue"] < queues
             assert all(before[s] == b["after_queue"] for s in range(slots) if after[s] == b["queue"])
         ends = {}
-        for q, segs in enumerate(t["logic_queues"]):
+        for q, segs in enumerate(chains_of(t)):
             if segs[-2:] and len(segs) >= 2 and segs[-2]["state"] == "sealing":
                 end = data.draw(st.integers(0, BUDGET), label=f"end of {q}")
                 lg.seal("t", q, segs[-2]["gen"], end)
@@ -1266,7 +1275,7 @@ def test_each_topic_version_is_the_version_of_the_last_event_that_touched_it():
         if t["version"] > last_own:  # only a broker event can have touched it since
             e = stored[t["version"] - 1]
             assert e["topic"] is None and e["type"].startswith("Broker")
-            hosts = {s["broker"] for segs in t["logic_queues"] for s in segs}
+            hosts = {s["broker"] for segs in chains_of(t) for s in segs}
             assert e["data"]["broker"] in hosts
 
 
@@ -1412,7 +1421,7 @@ def test_offset_budget_comes_from_the_log_not_from_the_replica():
     lg = Log(budget=777)
     lg.register("a")
     lg.create("t", 2, brokers=["a"])
-    assert {segs[0]["budget_end"] for segs in lg.topic("t")["logic_queues"]} == {777}
+    assert {segs[0]["budget_end"] for segs in chains_of(lg.topic("t"))} == {777}
     replica = StateMachine()
     for env in lg.envelopes:
         replica.apply(copy.deepcopy(env))
@@ -1461,7 +1470,7 @@ def test_many_seal_reports_in_one_command_decide_each_on_its_own(log):
     assert [r["ok"] for r in results] == [True, False, True]
     assert results[1]["code"] == "INVALID_ARGUMENT"
     assert log.version == before + 4  # SegmentSealed + LogicStartDecided for queues 0 and 2
-    queues = log.topic("t")["logic_queues"]
+    queues = chains_of(log.topic("t"))
     assert [queues[q][0]["state"] for q in range(3)] == ["sealed", "sealing", "sealed"]
     assert queues[2][1]["logic_start"] == 7
     again = log.ok({"type": "SealSegments", "broker": "a", "epoch": log.epoch("a"), "seals": [reports[0]]})

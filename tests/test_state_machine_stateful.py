@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from meta.image import Image
 from meta.state_machine import StateMachine
 from tests.test_allocation import minimal_moves
-from tests.test_state_machine import CATCH_ALL, STATUS, check_image_invariants, slot_owners, stable
+from tests.test_state_machine import CATCH_ALL, STATUS, chains_of, check_image_invariants, slot_owners, stable, table_of
 
 BUDGET = 1000
 BROKERS = ["b0", "b1", "b2", "b3"]
@@ -72,7 +72,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
         assert outcome["version"] == self.sm.image.version
         if outcome["ok"]:
             assert outcome["result"]["version"] == outcome["version"]
-            stored = [json.loads(s) for s in self.sm.image.data["history"][n_hist:]]
+            stored = [json.loads(s) for s in self.sm.image.history_lines()[n_hist:]]
             touched = {e["topic"] for e in stored if e["topic"] is not None}
             assert touched <= changed
             for name, t in self.sm.image.topics.items():  # a topic's version is that of the last event touching it
@@ -229,7 +229,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
         t = self.sm.image.topics[name]
         segs = []
         for q in range(queues):
-            [seg] = t["logic_queues"][q]
+            [seg] = chains_of(t)[q]
             assert seg["broker"] in allowed
             segs.append([{"gen": 0, "broker": seg["broker"], "start": 0, "end": None, "pend": None,
                           "budget": BUDGET, "state": "active"}])
@@ -252,7 +252,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
             may.add("SEALING")
         if not any(b["state"] == "active" for b in self.brokers.values()):
             may.add("NO_BROKERS")
-        before = slot_owners(self.sm.image.topics[name]["slot_table"], mt["slots"])
+        before = slot_owners(table_of(self.sm.image.topics[name]), mt["slots"])
         n_barriers = len(self.sm.image.topics[name]["barriers"])
         out = self.submit({"type": "GrowTopic", "topic": name, "queues": new}, may_reject=may)
         if not out["ok"]:
@@ -263,7 +263,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
         if add == 0:
             return
         t = self.sm.image.topics[name]
-        after = slot_owners(t["slot_table"], mt["slots"])
+        after = slot_owners(table_of(t), mt["slots"])
         barriers = t["barriers"][n_barriers:]
         assert sorted(b["queue"] for b in barriers) == list(range(old, new))
         split = sorted({b["after_queue"] for b in barriers})
@@ -276,7 +276,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
             self.move(name, q, mt["segs"][q][-1]["broker"])
         active = {n for n, b in self.brokers.items() if b["state"] == "active"}
         for q in range(old, new):
-            [seg] = t["logic_queues"][q]
+            [seg] = chains_of(t)[q]
             assert seg["broker"] in active, "a new queue was placed on a fenced broker"
             mt["segs"].append([{"gen": 0, "broker": seg["broker"], "start": 0, "end": None, "pend": None,
                                 "budget": BUDGET, "state": "active"}])
@@ -461,7 +461,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
                                                                           mt["order"])
             for q, msegs in enumerate(mt["segs"]):
                 got = [(s["gen"], s["broker"], s["logic_start"], s["logic_end"], s["physical_end"], s["budget_end"],
-                        s["state"]) for s in t["logic_queues"][q]]
+                        s["state"]) for s in chains_of(t)[q]]
                 want = [(s["gen"], s["broker"], s["start"], s["end"], s["pend"], s["budget"], s["state"])
                         for s in msegs]
                 assert got == want, f"{name}/{q}"

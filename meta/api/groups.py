@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .. import group_lag, views
+from .. import chains, group_lag, views
 from ..commands import validate
 from client.wire.errors import rejection
 from client.wire.server import requires
@@ -81,7 +81,7 @@ async def describe(request: web.Request) -> web.Response:
             for a in detail["assignments"]:
                 t = image.topic(a["topic"])
                 if t is not None and a["queue"] < t["queues"]:
-                    b = image.brokers.get(t["logic_queues"][a["queue"]][-1]["broker"])
+                    b = image.brokers.get(chains.head(t["chains"][a["queue"]])[chains.BROKER])
                     heads[(a["topic"], a["queue"])] = b["address"] if b else None
             return detail, heads
         detail, heads = svc.read(look)

@@ -15,6 +15,8 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Inf
                                ProcessCollector)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .. import chains
+
 BROKER_STATES = ("active", "fenced")
 ROLES = ("leader", "follower", "candidate")
 PROPOSAL_FAILURES = ("NO_LEADER", "LEADER_CHANGED", "OVERLOADED", "UNKNOWN_OUTCOME")
@@ -131,8 +133,9 @@ class NodeStateCollector:
                 return states, 0, 0, False
             # A sealing segment is one of a queue's two newest; a queue whose head has no logic start yet is a move
             # (remap or growth) still waiting for that seal.
-            seals = sum(1 for t in topics for chain in t["logic_queues"] for s in chain[-2:] if s["state"] == "sealing")
-            moves = sum(1 for t in topics for chain in t["logic_queues"] if chain[-1]["logic_start"] is None)
+            seals = sum(1 for t in topics for e in t["chains"] for s in chains.segments(e)[-2:]
+                        if s[chains.STATE] == "sealing")
+            moves = sum(1 for t in topics for e in t["chains"] if chains.head(e)[chains.LOGIC_START] is None)
             return states, seals, moves, True
 
         states, seals, moves, scanned = self.svc.read(look)

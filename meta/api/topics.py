@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .. import limits, views
+from .. import chains, limits, views
 from client.wire.params import int_in
 from client.wire.errors import invalid, rejection
 from client.wire.server import requires
@@ -86,7 +86,7 @@ async def queue_segments(request: web.Request) -> web.Response:
         if queue >= t["queues"]:
             raise rejection(404, "QUEUE_NOT_FOUND", f"topic {name!r} has {t['queues']} queues", topic=name, queue=queue)
         return {"topic": name, "queue": queue, "version": t["version"],
-                "segments": [views.segment_ref(im, s) for s in t["logic_queues"][queue]]}
+                "segments": [views.segment_ref(im, s) for s in chains.chain(t, queue)]}
     return respond(svc.read(look))
 
 

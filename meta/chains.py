@@ -1,0 +1,119 @@
+"""A topic's segment chains in the image, in compact form.
+
+Ten million logic queues must fit in a few GiB per node, so the image cannot hold a dict per segment (about 650 B
+each, a list per queue on top). Instead ``topic["chains"]`` holds, per logic queue, one entry:
+
+- a lone segment, stored bare as a tuple of ``FIELDS`` (most queues never move), or
+- a tuple of such segments, oldest first, once the queue has moved.
+
+Segments are immutable: a change replaces the tuple, so equal segments may be shared. A topic's creation makes one
+segment per broker and shares it between every queue placed there, which brings a fresh queue down to one pointer.
+``physical_queue`` is kept as ``None`` when it is the name ``allocation.physical_queue_name`` derives from the
+topic, its incarnation, the queue and the generation (every name the state machine makes is), and resolved on read.
+
+Everything here stays plain data (tuples encode as JSON lists), so snapshots and ``Image.canonical_bytes`` need no
+special case, and a snapshot's lists are turned back into shared tuples by ``restore``. Readers that want a segment
+as the API shows it take ``as_dict`` / ``chain``; scans over many queues use the raw tuples and the field indexes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from .allocation import packed_slot_table, physical_queue_name
+
+FIELDS = ("gen", "broker", "physical_queue", "physical_start", "logic_start", "logic_end", "physical_end",
+          "budget_end", "state", "opened_ms", "sealed_ms", "sealed_by")
+(GEN, BROKER, PHYSICAL_QUEUE, PHYSICAL_START, LOGIC_START, LOGIC_END, PHYSICAL_END, BUDGET_END, STATE, OPENED_MS,
+ SEALED_MS, SEALED_BY) = range(len(FIELDS))
+_INDEX = {name: i for i, name in enumerate(FIELDS)}
+
+Segment = tuple
+
+
+def new_segment(topic: dict[str, Any], queue: int, gen: int, broker: str, physical_queue: str,
+                physical_start: int, logic_start: int | None, budget_end: int, ts: int) -> Segment:
+    if physical_queue == physical_queue_name(topic["topic"], topic["incarnation"], queue, gen):
+        physical_queue = None
+    return (gen, broker, physical_queue, physical_start, logic_start, None, None, budget_end, "active", ts, None, None)
+
+
+def replaced(seg: Segment, **changes: Any) -> Segment:
+    out = list(seg)
+    for name, value in changes.items():
+        out[_INDEX[name]] = value
+    return tuple(out)
+
+
+# -- one entry of topic["chains"] ---------------------------------------------------------------------------------
+def segments(entry: tuple) -> tuple[Segment, ...]:
+    """The chain one entry holds, oldest first."""
+    return entry if type(entry[0]) is tuple else (entry,)
+
+
+def head(entry: tuple) -> Segment:
+    return entry[-1] if type(entry[0]) is tuple else entry
+
+
+def entry_of(chain: tuple[Segment, ...]) -> tuple:
+    return chain[0] if len(chain) == 1 else chain
+
+
+# -- reads as the API shows them -----------------------------------------------------------------------------------
+def as_dict(topic: dict[str, Any], queue: int, seg: Segment) -> dict[str, Any]:
+    out = dict(zip(FIELDS, seg))
+    if out["physical_queue"] is None:
+        out["physical_queue"] = physical_queue_name(topic["topic"], topic["incarnation"], queue, seg[GEN])
+    return out
+
+
+def chain(topic: dict[str, Any], queue: int) -> list[dict[str, Any]]:
+    """Queue ``queue``'s segments as dicts, oldest first (copies: changing them changes nothing)."""
+    return [as_dict(topic, queue, s) for s in segments(topic["chains"][queue])]
+
+
+def head_of(topic: dict[str, Any], queue: int) -> dict[str, Any]:
+    return as_dict(topic, queue, head(topic["chains"][queue]))
+
+
+def chains(topic: dict[str, Any]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    for q in range(len(topic["chains"])):
+        yield q, chain(topic, q)
+
+
+# -- from a snapshot ----------------------------------------------------------------------------------------------
+def restore(topic: dict[str, Any]) -> None:
+    """Turn a topic read from a snapshot into the compact form in place: JSON lists back into tuples, equal
+    segments shared again, broker names interned, the slot table packed (meta/allocation.py). A snapshot written
+    before this form (``logic_queues``, a list of segment dicts per queue; a list per slot range) is converted."""
+    if topic["slot_table"] and isinstance(topic["slot_table"][0], list):  # written before tables were packed
+        topic["slot_table"] = packed_slot_table(topic["slot_table"])
+    else:
+        topic["slot_table"] = packed_slot_table([topic["slot_table"]])
+    shared: dict[Segment, Segment] = {}
+
+    def one(seg: Any, queue: int) -> Segment:
+        if isinstance(seg, dict):
+            values = [seg.get(name) for name in FIELDS]
+            if values[PHYSICAL_QUEUE] == physical_queue_name(topic["topic"], topic["incarnation"], queue,
+                                                             values[GEN]):
+                values[PHYSICAL_QUEUE] = None
+        else:
+            values = list(seg)
+        values[BROKER] = sys.intern(values[BROKER])
+        t = tuple(values)
+        return shared.setdefault(t, t)
+
+    if "logic_queues" in topic:
+        old = topic.pop("logic_queues")
+        topic["chains"] = [entry_of(tuple(one(s, q) for s in segs)) for q, segs in enumerate(old)]
+        return
+    restored = []
+    for q, e in enumerate(topic["chains"]):
+        if isinstance(e[0], (list, tuple)):
+            restored.append(tuple(one(s, q) for s in e))
+        else:
+            restored.append(one(e, q))
+    topic["chains"] = restored

@@ -1,0 +1,29 @@
+"""How the image keeps one line of its history: big lines compressed, so that the window fits at scale.
+
+A topic's creation stores every queue's placement in its event: about 100 B per queue, as much as the rest of the
+image holds for that queue. Lines of at least ``PACK_MIN_CHARS`` are kept as ``"z" + base64(zlib(line))`` (a stored
+event's canonical JSON always begins with ``{``, so the two never mix up); a 1,000-queue creation shrinks about
+tenfold. Still plain text, so snapshots need no special case. ``Image.canonical_bytes`` compares the lines
+unpacked: two builds of zlib may compress the same line differently, and replicas must still agree byte for byte.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+
+PACK_MIN_CHARS = 4096
+PACK_LEVEL = 1       # the line is packed inside apply: most of the saving for the least CPU
+PACKED_MARK = "z"
+
+
+def pack(line: str) -> str:
+    if len(line) < PACK_MIN_CHARS:
+        return line
+    return PACKED_MARK + base64.b64encode(zlib.compress(line.encode(), PACK_LEVEL)).decode("ascii")
+
+
+def unpack(kept: str) -> str:
+    if not kept.startswith(PACKED_MARK):
+        return kept
+    return zlib.decompress(base64.b64decode(kept[1:])).decode()
