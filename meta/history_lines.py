@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import zlib
+from collections.abc import Iterable
 
 PACK_MIN_CHARS = 4096
 PACK_LEVEL = 1       # the line is packed inside apply: most of the saving for the least CPU
@@ -27,3 +28,17 @@ def unpack(kept: str) -> str:
     if not kept.startswith(PACKED_MARK):
         return kept
     return zlib.decompress(base64.b64decode(kept[1:])).decode()
+
+
+def unpacked(kept: Iterable[str], chars_max: int | None = None) -> list[str]:
+    """The lines of ``kept`` unpacked, stopping before the one that would pass ``chars_max`` characters in all
+    (the first is always taken, however long)."""
+    out: list[str] = []
+    total = 0
+    for line in kept:
+        line = unpack(line)
+        total += len(line)
+        if chars_max is not None and total > chars_max and out:
+            break
+        out.append(line)
+    return out

@@ -33,6 +33,7 @@ Layout of ``Image.data``::
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import deque
 from typing import Any
@@ -65,8 +66,9 @@ class Image:
         for t in self.data["topics"].values():  # from a snapshot: JSON lists back into shared tuples
             chains.restore(t)
         # Node-local, never part of ``data`` (so never replicated nor in a snapshot): where the history the window
-        # trims goes, as (version, line), for this node's projection to take before it is gone (meta/raft_node.py
-        # sets a bounded deque; None, the default, keeps nothing: offline replays and tests).
+        # trims goes, as (version, line as kept: meta/history_lines.py), for this node's projection to take before
+        # it is gone (meta/raft_node.py sets a bounded deque; None, the default, keeps nothing: offline replays and
+        # tests).
         self.trimmed_to: deque[tuple[int, str]] | None = None
 
     # -- reads -------------------------------------------------------------------------------------------------
@@ -110,14 +112,15 @@ class Image:
         segs[i] = chains.replaced(segs[i], **changes)
         t["chains"][queue] = chains.entry_of(tuple(segs))
 
-    def history_after(self, after: int, limit: int) -> list[str]:
+    def history_after(self, after: int, limit: int, chars_max: int | None = None) -> list[str]:
+        """Up to ``limit`` lines after version ``after`` (and within ``chars_max`` characters, the first always)."""
         start = max(after + 1, self.data["history_start"])
         i = start - self.data["history_start"]
-        return [history_lines.unpack(line) for line in self.data["history"][i:i + limit]]
+        return history_lines.unpacked(itertools.islice(self.data["history"], i, i + limit), chars_max)
 
     def history_lines(self) -> list[str]:
         """Every line the window holds, oldest first (version ``history_start`` first)."""
-        return [history_lines.unpack(line) for line in self.data["history"]]
+        return history_lines.unpacked(self.data["history"])
 
     def canonical_bytes(self) -> bytes:
         """The image as bytes, keys in insertion order: the order is itself state (the oldest remembered request
@@ -156,8 +159,7 @@ class Image:
         if excess >= max(1, window // 10):
             if self.trimmed_to is not None:
                 start = self.data["history_start"]
-                self.trimmed_to.extend((start + i, history_lines.unpack(line))
-                                       for i, line in enumerate(history[:excess]))
+                self.trimmed_to.extend((start + i, line) for i, line in enumerate(history[:excess]))
             del history[:excess]
             self.data["history_start"] += excess
 

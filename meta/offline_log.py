@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from . import history_lines
 from . import pysyncobj_shim as shim
 from . import snapshot_file
 from .config import MetaConfig
@@ -65,7 +66,7 @@ async def _rebuild(config: MetaConfig, from_peer: str | None, token: str | None,
     from .projection import APPLY_BATCH_MAX, SqlProjection
     from .projection.sources import SourceError
     image = image_from_data_dir(config.data_dir, keep_trimmed=True)
-    own = [line for _v, line in image.trimmed_to] + image.history_lines()
+    own = history_lines.unpacked(line for _v, line in image.trimmed_to) + image.history_lines()
     start = image.trimmed_to[0][0] if image.trimmed_to else image.data["history_start"]
     first = json.loads(own[0]) if own else None
     if start > 1 and from_peer is None and from_export is None:

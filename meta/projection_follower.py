@@ -1,4 +1,6 @@
-"""Feeds applied events from the image's bounded history into the SQL projection, in batches, off the event loop.
+"""Feeds applied events from the image's bounded history into the SQL projection, in batches, off the event loop
+and out of the node's process: the writes run in a child (meta/projection/writer_process.py says why); reads of
+history are served here, from a reader of the same database.
 
 The projection stores its position with its rows (meta/projection), so this loop may replay a batch it already
 wrote (after a crash, say) without harm. It serves history older than the image keeps, never decisions.
@@ -19,6 +21,7 @@ import structlog
 
 from client.wire.errors import rejection
 
+from . import history_lines
 from .changefeed import ANY
 from .projection_gap import GapFiller
 
@@ -28,6 +31,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("meta.projection")
 
 BATCH_EVENTS_MAX = 2_000
+# And at most this much event text per batch (past the first event): a batch is parsed whole, and 2,000 creations of
+# 1,000-queue topics would be ~260 MB of text and ten times that parsed.
+BATCH_CHARS_MAX = 8 * 1024 * 1024
 IDLE_WAIT_S = 1.0
 # Wait this long after a batch before the next: under a write load each transaction then carries hundreds of
 # events instead of one (a transaction per event cost the leader ~15% of its CPU).
@@ -38,7 +44,8 @@ class ProjectionFollower:
     def __init__(self, url: str, service: "MetaService", peers: list[str], token: str, ssl_context: Any = None):
         self.url = url
         self.service = service
-        self.store = None
+        self.store = None       # the writer process: every write, the position and the hole
+        self.reader = None      # this process's own connection for reads of history
         self.position = 0       # the store's position as last applied: versions 1..position are all in it
         self.opened = False     # until then position is not known (0), and the gap not either
         self.hole: tuple[int, int] | None = None  # versions missing below the position (written by older code)
@@ -47,8 +54,11 @@ class ProjectionFollower:
 
     def _open(self):
         from .projection import SqlProjection  # imported lazily: SQLAlchemy start-up stays off the import path
-        store = SqlProjection(self.url)
+        from .projection.writer_process import WriterProcess
+        config = self.service.config
+        store = WriterProcess(self.url, config.log_level, node=config.node)
         store.migrate()
+        self.reader = SqlProjection(self.url)
         self.hole = store.first_hole()
         if self.hole is not None:
             # Written before apply refused holes: its state tables were folded over the hole. Nothing is dropped
@@ -87,9 +97,10 @@ class ProjectionFollower:
             while trimmed and trimmed[0][0] <= self.position:  # already applied: keep the memory it held free
                 trimmed.popleft()
         if start <= self.position + 1:
-            return image.history_after(self.position, BATCH_EVENTS_MAX), start
+            return image.history_after(self.position, BATCH_EVENTS_MAX, BATCH_CHARS_MAX), start
         if trimmed and trimmed[0][0] == self.position + 1:
-            return [line for _v, line in itertools.islice(trimmed, BATCH_EVENTS_MAX)], start
+            kept = (line for _v, line in itertools.islice(trimmed, BATCH_EVENTS_MAX))
+            return history_lines.unpacked(kept, BATCH_CHARS_MAX), start
         return [], start
 
     def _applied(self, position: int) -> None:
@@ -120,15 +131,14 @@ class ProjectionFollower:
             await asyncio.sleep(BATCH_PAUSE_S)
 
     def _apply(self, batch: list[str]) -> int:
-        # Parsing happens here, in the worker thread, not on the event loop: a topic of a thousand queues is an
-        # event of ~130 KB.
-        return self.store.apply([json.loads(e) for e in batch])
+        # Parsed by the writer process: a topic of a thousand queues is an event of ~130 KB.
+        return self.store.apply_lines(batch)
 
     def history(self, after: int, topic: str | None, limit: int, through: int) -> list[dict]:
-        if self.store is None:
+        if self.reader is None:
             return []
         try:
-            return self.store.history(after=after, topic=topic, limit=limit, through=through)
+            return self.reader.history(after=after, topic=topic, limit=limit, through=through)
         except Exception as e:  # noqa: BLE001 - the database away is the caller's 503, not a 500
             log.warning("projection_history_failed", error=repr(e))
             raise rejection(503, "HISTORY_UNAVAILABLE", "this node's projection database could not be read: "
@@ -137,3 +147,6 @@ class ProjectionFollower:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
+        if self.reader is not None:
+            self.reader.close()
+

@@ -49,6 +49,9 @@ class ProjectionGap(ValueError):
         super().__init__(f"the projection lacks versions {first}..{last}: apply them first")
         self.first, self.last = first, last
 
+    def __reduce__(self):  # it crosses from the writer process (meta/projection/writer_process.py)
+        return ProjectionGap, (self.first, self.last)
+
 
 def _check_contiguous(events: list[dict[str, Any]], position: int) -> None:
     for expected, e in enumerate(events, position + 1):

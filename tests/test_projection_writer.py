@@ -1,0 +1,124 @@
+"""The projection's writes run in a child process (meta/projection/writer_process.py): it answers as the store
+does, its refusals arrive as the same exceptions, a dead one is started again, and it ends with its node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from meta.projection import ProjectionGap, SqlProjection
+from meta.projection.writer_process import WriterProcess
+from tests import cluster as cluster_mod
+from tests.meta_helpers import wait_until
+from tests.test_state_machine import Log
+
+WAIT_S = 60.0
+
+
+def _lines() -> list[str]:
+    log = Log()
+    log.register("a")
+    log.create("t", 400)   # a creation past history_lines.PACK_MIN_CHARS: kept packed by the image
+    for i in range(5):
+        log.ok({"type": "SetTopicConfig", "topic": "t", "config": {"k": str(i)}})
+    return log.sm.image.history_after(0, 100)
+
+
+@pytest.fixture
+def writer(tmp_path):
+    w = WriterProcess(f"sqlite:///{tmp_path / 'projection.db'}")
+    w.migrate()
+    yield w
+    w.close()
+
+
+def test_the_writer_applies_lines_and_answers_as_the_store_does(writer, tmp_path):
+    lines = _lines()
+    assert writer.position() == 0 and writer.first_hole() is None
+    assert writer.apply_lines(lines[:3]) == 3
+    assert writer.apply([json.loads(line) for line in lines[3:]]) == len(lines)
+    assert writer.apply_lines(lines) == len(lines), "applying again is a no-op by version"
+    reader = SqlProjection(f"sqlite:///{tmp_path / 'projection.db'}")
+    try:
+        ours = reader.history(after=0, limit=100)
+    finally:
+        reader.close()
+    assert [e["version"] for e in ours] == list(range(1, len(lines) + 1))
+    assert ours == writer.history(after=0, limit=100)
+    assert ours[1]["type"] == "TopicCreated" and len(ours[1]["data"]["segments"]) == 400
+
+
+def test_a_refusal_in_the_child_is_the_same_exception_here(writer):
+    lines = _lines()
+    writer.apply_lines(lines[:2])
+    with pytest.raises(ProjectionGap) as e:
+        writer.apply_lines(lines[3:5])
+    assert (e.value.first, e.value.last) == (3, 3)
+    with pytest.raises(ValueError, match="history limit"):
+        writer.history(limit=0)
+    assert writer.position() == 2, "a refused apply changed nothing"
+
+
+def test_a_writer_that_died_is_started_again_by_the_next_call(writer):
+    writer.apply_lines(_lines()[:2])
+    first = writer.pid
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + WAIT_S
+    while not _gone(first) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writer.position() == 2
+    assert writer.pid != first
+
+
+def test_close_ends_the_child(writer):
+    writer.position()
+    pid = writer.pid
+    writer.close()
+    assert _gone(pid)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] in "ZX"   # a zombie has ended; its parent has not reaped it yet
+    except FileNotFoundError:
+        return True
+
+
+def _writer_children(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            for child in f.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                    if b"meta.projection.writer_process" in cmd.read():
+                        out.append(int(child))
+    return out
+
+
+async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node(tmp_path):
+    async with cluster_mod.running(str(tmp_path), metas=1) as c:
+        node = c.info["meta"][0]["node"]
+        pid = c.pid(node)
+        async def writers():
+            return _writer_children(pid)
+        children = await wait_until(writers, WAIT_S, "the projection writer")
+        assert len(children) == 1
+        async with c.session.put(c.meta_urls[0] + "/v1/brokers/b1", json={"address": "http://127.0.0.1:1"},
+                                 headers=c.headers("broker")) as r:
+            assert r.status == 200, await r.text()
+
+        async def projected():
+            async with c.session.get(c.meta_urls[0] + "/readyz") as r:
+                body = await r.json()
+            return body["projection_position"] >= 1
+        await wait_until(projected, WAIT_S, "the projection to take the registration")
+        c.kill9(node)
+
+        async def writer_gone():
+            return _gone(children[0])
+        await wait_until(writer_gone, WAIT_S, "the writer to end with its node")
