@@ -77,6 +77,10 @@ def _is_projection_writer(pid: int) -> bool:
         return False
 
 
+def _snapshot_writers(pid: int) -> list[int]:
+    return [k for k in _children(pid) if not _is_projection_writer(k)]
+
+
 def node_memory(pid: int) -> dict[str, float | None]:
     """RSS (MiB) of a meta node's process, of its projection writer, and the two together."""
     own = common.node_rss_mib(pid)
@@ -111,7 +115,7 @@ class MemorySampler:
             rss = node_memory(pid)["total"]
             if rss is not None:
                 self.peak_rss[n] = max(self.peak_rss[n], rss)
-            kids = [k for k in _children(pid) if not _is_projection_writer(k)]
+            kids = _snapshot_writers(pid)
             child_rss = sum(common.node_rss_mib(k) or 0 for k in kids)
             self.peak_child_rss[n] = max(self.peak_child_rss[n], child_rss)
             for k in kids:
@@ -215,7 +219,7 @@ async def _wait_snapshots(c: common.BenchCluster, since: float, timeout_s: float
     fresh = False
     while time.perf_counter() - t0 < timeout_s:
         files = {n: _files(c, n) for n in c.nodes}
-        busy = any(_children(c.pid(n)) for n in c.nodes)
+        busy = any(_snapshot_writers(c.pid(n)) for n in c.nodes)
         fresh = all(f["raft.snapshot"] and f["raft.snapshot"]["mtime"] > since for f in files.values())
         if fresh and not busy:
             break
