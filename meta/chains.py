@@ -88,6 +88,8 @@ def restore(topic: dict[str, Any]) -> None:
     """Turn a topic read from a snapshot into the compact form in place: JSON lists back into tuples, equal
     segments shared again, broker names interned, the slot table packed (meta/allocation.py). A snapshot written
     before this form (``logic_queues``, a list of segment dicts per queue; a list per slot range) is converted."""
+    if isinstance(topic["slot_table"], tuple):
+        return   # already compact (restored while its snapshot was parsed: meta/image.py restoring_pairs)
     if topic["slot_table"] and isinstance(topic["slot_table"][0], list):  # written before tables were packed
         topic["slot_table"] = packed_slot_table(topic["slot_table"])
     else:

@@ -52,6 +52,20 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def restoring_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object of a snapshot being parsed (json's object_pairs_hook): a topic is made compact at once, so that
+    its parsed lists are freed before the next topic is parsed. Only a topic has these keys with these types (a
+    config's values are strings)."""
+    obj = dict(pairs)
+    if isinstance(obj.get("incarnation"), int) and isinstance(obj.get("slot_table"), list) \
+            and isinstance(obj.get("chains", obj.get("logic_queues")), list):
+        try:
+            chains.restore(obj)
+        except (KeyError, TypeError, IndexError, AttributeError) as e:   # the reader's "not a snapshot"
+            raise ValueError(f"topic {str(obj.get('topic'))[:100]!r} is malformed: {e!r}") from None
+    return obj
+
+
 def empty_data() -> dict[str, Any]:
     return {"version": 0, "commands": 0, "last_ts": 0, "brokers": {}, "load": {}, "hosting": {}, "topics": {}, "requests": {},
             "history": [], "history_start": 1, "groups": {}, "lock_token": 0, "member_count": 0,

@@ -36,7 +36,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from . import limits
 from . import pysyncobj_shim as shim
 from client.wire.errors import ApiError, rejection
-from .image import Image
+from .image import Image, restoring_pairs
 from .snapshot_file import BackgroundWriter, SnapshotFormatError
 from .snapshot_file import read as read_snapshot
 from .state_machine import StateMachine
@@ -312,7 +312,7 @@ class MetaSyncObj(SyncObj):
 
     def _read_snapshot(self, path: str) -> tuple[Any, ...]:
         try:
-            snapshot = read_snapshot(path)
+            snapshot = read_snapshot(path, restoring_pairs)
         except (OSError, SnapshotFormatError):
             # Going on would leave the image empty while the log resumes after the snapshot: a diverged replica.
             log.critical("raft_snapshot_unreadable", path=path, exc_info=True)

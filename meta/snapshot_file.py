@@ -26,7 +26,7 @@ import io
 import json
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -95,13 +95,15 @@ def _chunks(value: Any, depth: int = 0) -> Iterator[str]:
         yield _dumps(value)
 
 
-def decode(raw: bytes) -> Snapshot:
+def decode(raw: bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Snapshot:
+    """``object_pairs_hook`` (json's) sees each object as it is parsed: the image compacts each topic there, so a
+    big image is never held whole in its parsed, uncompacted form (meta/image.py ``restoring_pairs``)."""
     if raw[:1] == PICKLE_PROTOCOL_OPCODE:
         raise SnapshotFormatError("a pickled snapshot, the format of older versions, which is never unpickled: stop "
                                   "the node, move its raft.snapshot and raft.journal aside and restart it, so that it "
                                   "installs the leader's snapshot")
     try:
-        doc = json.loads(raw)
+        doc = json.loads(raw, object_pairs_hook=object_pairs_hook)
     except (ValueError, RecursionError) as e:
         raise SnapshotFormatError(f"not JSON: {e}") from None
     _keys(doc, {"format", "version", "image", "raft"}, "the snapshot")
@@ -149,7 +151,7 @@ def _is_index(value: Any) -> bool:
 
 
 # -- files -----------------------------------------------------------------------------------------------------
-def read(path: str) -> Snapshot:
+def read(path: str, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Snapshot:
     """The snapshot at ``path``; a missing file raises FileNotFoundError, anything unreadable SnapshotFormatError."""
     try:
         with gzip.open(path, "rb") as f:
@@ -158,7 +160,7 @@ def read(path: str) -> Snapshot:
         raise SnapshotFormatError(f"{path} is not a complete gzip file: {e}") from None
     try:
         with _cyclic_gc_paused():
-            return decode(raw)
+            return decode(raw, object_pairs_hook)
     except SnapshotFormatError as e:
         raise SnapshotFormatError(f"{path}: {e}") from None
 

@@ -7,8 +7,10 @@ import json
 import tracemalloc
 from typing import Any
 
-from meta import allocation, chains, history_lines
-from meta.image import Image
+import pytest
+
+from meta import allocation, chains, history_lines, snapshot_file
+from meta.image import Image, restoring_pairs
 from meta.state_machine import StateMachine
 from tests.test_state_machine import Log, check_image_invariants
 
@@ -114,3 +116,30 @@ def test_a_fresh_queue_costs_a_pointer_not_a_dict():
         tracemalloc.stop()
     per_queue = used / 20_000
     assert per_queue < FRESH_QUEUE_BYTES_MAX, f"{per_queue:.0f} B per queue"
+
+
+def test_a_snapshot_compacts_each_topic_as_it_is_parsed(tmp_path):
+    log = _busy_log()
+    path = str(tmp_path / "raft.snapshot")
+    entry = snapshot_file.LogEntry(2, 1, b"\x00x")
+    for form in (log.sm.image.data, _old_form(log.sm.image.data)):
+        snapshot_file.write(path, snapshot_file.Snapshot(form, entry, snapshot_file.LogEntry(1, 1, b"\x01"), ()))
+        image = snapshot_file.read(path, restoring_pairs).image
+        assert all(isinstance(t["slot_table"], tuple) and isinstance(t["chains"][0], tuple)
+                   for t in image["topics"].values()), "compact straight from the parser"
+        assert Image(image).canonical_bytes() == log.sm.image.canonical_bytes()
+
+
+def test_a_topic_config_that_looks_like_a_topic_is_left_alone():
+    config = {"incarnation": "1", "slot_table": "x", "chains": "y"}
+    assert restoring_pairs(list(config.items())) == config
+
+
+def test_a_malformed_topic_makes_the_snapshot_unreadable_not_a_crash(tmp_path):
+    data = Image().data
+    data["topics"]["t"] = {"topic": "t", "incarnation": 1, "slot_table": [[0, 1, 0]], "chains": [[]]}
+    path = str(tmp_path / "raft.snapshot")
+    snapshot_file.write(path, snapshot_file.Snapshot(data, snapshot_file.LogEntry(2, 1, b"\x00x"),
+                                                     snapshot_file.LogEntry(1, 1, b"\x01"), ()))
+    with pytest.raises(snapshot_file.SnapshotFormatError, match="malformed"):
+        snapshot_file.read(path, restoring_pairs)
