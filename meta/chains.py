@@ -62,10 +62,14 @@ def entry_of(chain: tuple[Segment, ...]) -> tuple:
 
 
 # -- reads as the API shows them -----------------------------------------------------------------------------------
+def physical_queue(topic: dict[str, Any], queue: int, seg: Segment) -> str:
+    pq = seg[PHYSICAL_QUEUE]
+    return pq if pq is not None else physical_queue_name(topic["topic"], topic["incarnation"], queue, seg[GEN])
+
+
 def as_dict(topic: dict[str, Any], queue: int, seg: Segment) -> dict[str, Any]:
     out = dict(zip(FIELDS, seg))
-    if out["physical_queue"] is None:
-        out["physical_queue"] = physical_queue_name(topic["topic"], topic["incarnation"], queue, seg[GEN])
+    out["physical_queue"] = physical_queue(topic, queue, seg)
     return out
 
 

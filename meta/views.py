@@ -26,14 +26,20 @@ def segment_ref(image: Image, s: dict[str, Any]) -> route_model.SegmentJson:
 
 def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
     """What producers and consumers need: slot table, barriers, and per queue its writable head and its newest
-    segments (at most ROUTE_SEGMENTS_PER_QUEUE_MAX: a route's size must not grow with the history)."""
+    segments (at most ROUTE_SEGMENTS_PER_QUEUE_MAX: a route's size must not grow with the history). Read from the
+    compact chains directly (meta/chains.py): a route of a thousand queues is rendered often."""
+    brokers = {name: (b["address"], b["state"] == "active") for name, b in image.brokers.items()}
     queues = []
-    for q, segs in chains.chains(t):
+    for q, entry in enumerate(t["chains"]):
+        segs = chains.segments(entry)
         head = segs[-1]
-        broker = image.brokers.get(head["broker"])
-        writable = (head["state"] == "active" and head["logic_start"] is not None
-                    and broker is not None and broker["state"] == "active")
-        carried = [segment_ref(image, s) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]]
+        address, active = brokers.get(head[chains.BROKER], (None, False))
+        writable = head[chains.STATE] == "active" and head[chains.LOGIC_START] is not None and active
+        carried = [route_model.segment_json(
+            gen=s[chains.GEN], broker=s[chains.BROKER], address=brokers.get(s[chains.BROKER], (None,))[0],
+            physical_queue=chains.physical_queue(t, q, s), physical_start=s[chains.PHYSICAL_START],
+            logic_start=s[chains.LOGIC_START], logic_end=s[chains.LOGIC_END], state=s[chains.STATE],
+            budget_end=s[chains.BUDGET_END]) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]]
         queues.append(route_model.queue_json(q, writable, carried))
     # Copies of the topic's config and slot table: the view holds nothing the apply thread may change, so it can be
     # encoded after the image lock is released (meta/reads.py).
