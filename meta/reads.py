@@ -54,11 +54,12 @@ class ReadFacade:
         with self.sync.image_lock:
             return fn(self.image)
 
-    def route_bytes(self, topic: str) -> tuple[int, bytes] | None:
+    def route_bytes(self, topic: str, keep: bool = True) -> tuple[int, bytes] | None:
         """The topic's route as JSON, rendered once per version and shared by every subscriber. The view is built
         under the image lock, and encoded after it is released (views.route copies what it takes from the image):
-        a 1,000-queue route takes ~6 ms to encode, which the apply thread no longer waits for."""
-        return self._rendered(topic, lambda image: image.topic(topic), views.route, encode_unlocked=True)
+        a 1,000-queue route takes ~6 ms to encode, which the apply thread no longer waits for. ``keep=False``
+        renders without keeping the body (it is about to be gzip'd, and kept in that form)."""
+        return self._rendered(topic, lambda image: image.topic(topic), views.route, encode_unlocked=True, keep=keep)
 
     def route_cache_bytes(self) -> dict[str, int]:
         return {"rendered": self._route_cache.bytes, "gzip": self._route_gzip_cache.bytes}
@@ -80,8 +81,8 @@ class ReadFacade:
             return found[0], found[2], True
         if found[1] < limits.ROUTE_RENDER_OFFLOAD_QUEUES_MIN:
             route = self.route_bytes(topic)
-        else:
-            route = await asyncio.to_thread(self.route_bytes, topic)
+        else:   # big: it will be gzip'd (ROUTE_GZIP_MIN_BYTES), and the rendered form need not take the cache
+            route = await asyncio.to_thread(self.route_bytes, topic, not gzip_ok)
         if route is None:
             return None
         if not gzip_ok or len(route[1]) < limits.ROUTE_GZIP_MIN_BYTES:
@@ -95,7 +96,7 @@ class ReadFacade:
         return self._rendered(key, lambda image: image.groups.get(key[len(GROUP_KEY_PREFIX):]), views.group_event)
 
     def _rendered(self, key: str, find: Callable[[Image], dict | None], view: Callable[[Image, dict], object],
-                  encode_unlocked: bool = False) -> tuple[int, bytes] | None:
+                  encode_unlocked: bool = False, keep: bool = True) -> tuple[int, bytes] | None:
         """(version, JSON bytes) of what ``find`` picks from the image, from the cache while its version holds.
         The cache is used under the image lock: routes are rendered from the event loop and from worker threads."""
         def look(image: Image):
@@ -118,8 +119,9 @@ class ReadFacade:
         version, body, rendered = found
         if body is None:
             body = _encode(rendered)
-            with self.sync.image_lock:
-                self._route_cache.put(key, version, body)
+            if keep:
+                with self.sync.image_lock:
+                    self._route_cache.put(key, version, body)
         return version, body
 
     async def before_read(self, query: Mapping[str, str]) -> None:

@@ -89,6 +89,8 @@ async def test_a_big_topics_route_is_rendered_and_gzipd_as_it_changes_before_any
         assert s == 200, b
         await asyncio.sleep(1.0)   # a small topic's change is left to its readers
         assert (await warmed())[0] == first[0] + 1
+        # Prerendering keeps the gzip'd form only: the rendered cache is for readers without gzip.
+        assert value(await scrape(c.session, m), "stator_meta_route_cache_bytes", form="rendered") == 0
 
 
 async def _at_least(warmed, n: float):
