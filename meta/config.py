@@ -90,6 +90,8 @@ RAFT_TIMEOUT_S_MAX = 60.0                        # election, leader fallback and
 RAFT_PERIOD_S_MAX = 10.0                         # heartbeat period and reconnect delay
 RAFT_COMPACTION_MIN_ENTRIES_MAX = 10_000_000
 RAFT_COMPACTION_MIN_TIME_S_MAX = 86_400
+RAFT_SNAPSHOT_CHUNK_BYTES_MIN = 4 * 1024
+RAFT_SNAPSHOT_CHUNK_BYTES_MAX = 16 * 1024 * 1024  # one raft message: read, decrypted and parsed at once
 RAFT_COMMANDS_QUEUE_MAX = 10_000_000
 RAFT_HEARTBEATS_PER_ELECTION_TIMEOUT_MIN = 3     # pysyncobj refuses a shorter election timeout (SyncObjConf.validate)
 
@@ -104,6 +106,8 @@ class _RaftTuningSchema(Schema):
     compaction_min_entries: int = Field(RaftTuning.compaction_min_entries, ge=2, le=RAFT_COMPACTION_MIN_ENTRIES_MAX)
     compaction_min_time_s: int = Field(RaftTuning.compaction_min_time_s, ge=1, le=RAFT_COMPACTION_MIN_TIME_S_MAX)
     commands_queue_max: int = Field(RaftTuning.commands_queue_max, ge=1, le=RAFT_COMMANDS_QUEUE_MAX)
+    snapshot_chunk_bytes: int = Field(RaftTuning.snapshot_chunk_bytes, ge=RAFT_SNAPSHOT_CHUNK_BYTES_MIN,
+                                      le=RAFT_SNAPSHOT_CHUNK_BYTES_MAX)
     # "fsync" (default): the journal is msynced before a node acknowledges entries (group commit per tick), so an
     # acknowledged write survives a power loss of every node; "none": pysyncobj's mmap writes only (kill -9 safe).
     journal_sync: Literal["fsync", "none"] = RaftTuning.journal_sync
