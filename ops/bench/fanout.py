@@ -10,7 +10,7 @@ one clock for every process of the machine), so they compare across processes. L
 waiting (the nodes' own gauges `stator_meta_long_poll_waiters` / `stator_meta_watch_streams` add up to the count),
 the benchmark sends `PUT /v1/topics/{t}/config` to the leader and measures, for each subscriber, the time from just
 before the send to the moment the subscriber has read the new route. Each mode uses its own topic. Each round also
-reports the CPU each node and the client processes spent in it (/proc, 10 ms ticks). Prints one JSON object.
+reports the CPU each node and the client processes spent in it (/proc/PID/task/*/schedstat). Prints one JSON object.
 Target (issue 11): median < 50 ms. etcd here: 77 ms to 1,000 watchers (median).
 """
 
@@ -21,6 +21,7 @@ import asyncio
 import collections
 import json
 import multiprocessing
+import os
 import statistics
 import time
 from multiprocessing.connection import Connection
@@ -36,6 +37,19 @@ ROUND_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 60.0
 CONNECT_PARALLEL = 100
 WORKER_REPLY_TIMEOUT_S = ROUND_TIMEOUT_S + 30.0
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU time of every thread of a process so far, in ns from the scheduler (/proc ticks are 10 ms: too coarse for
+    a round of tens of ms). 0.0 once the process is gone."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass   # a thread ended while we read: its time is lost to this one figure only
+    return total / 1e9
 
 
 async def _gauge_sum(s: aiohttp.ClientSession, c: common.BenchCluster, name: str) -> dict[str, float]:
@@ -232,7 +246,7 @@ class ClientProcesses:
         return {i: t for ids, times in zip(self.ids, replies) for i, t in zip(ids, times)}
 
     def cpu_s(self) -> float:
-        return sum(common.cpu_seconds(p.pid) or 0.0 for p in self.procs)
+        return sum(_cpu_s(p.pid) for p in self.procs)
 
     async def stop(self) -> dict[str, int]:
         errors: collections.Counter[str] = collections.Counter()
@@ -275,7 +289,7 @@ async def _mode(s: aiohttp.ClientSession, c: common.BenchCluster, mode: str, arg
             clients.tell("hold")
             await asyncio.sleep(args.pause)
             load0 = common.loadavg()
-            cpu0 = {n: common.cpu_seconds(pid) or 0.0 for n, pid in node_pids.items()}
+            cpu0 = {n: _cpu_s(pid) for n, pid in node_pids.items()}
             client_cpu0 = clients.cpu_s()
             t_send = time.perf_counter()
             st, body = await common.call(s, "PUT", f"{c.url(lead)}/v1/topics/{topic}/config", headers,
@@ -286,7 +300,7 @@ async def _mode(s: aiohttp.ClientSession, c: common.BenchCluster, mode: str, arg
             v = body["version"]
             got = await clients.receipts(v, t_send + ROUND_TIMEOUT_S)
             t_all = max((t for t in got.values() if t is not None), default=t_send)
-            node_cpu = {n: round((common.cpu_seconds(pid) or 0.0) - cpu0[n], 3) for n, pid in node_pids.items()}
+            node_cpu = {n: round(_cpu_s(pid) - cpu0[n], 4) for n, pid in node_pids.items()}
             lat = []
             missing = 0
             for i, t in got.items():
@@ -302,7 +316,7 @@ async def _mode(s: aiohttp.ClientSession, c: common.BenchCluster, mode: str, arg
                            "first_ms": round(min(lat) * 1000, 2) if lat else None, "median_ms": rs["p50_ms"],
                            "p99_ms": rs["p99_ms"], "max_ms": rs["max_ms"],
                            "last_subscriber_ms": round((t_all - t_send) * 1000, 1), "missing": missing,
-                           "node_cpu_s": node_cpu, "client_cpu_s": round(clients.cpu_s() - client_cpu0, 3),
+                           "node_cpu_s": node_cpu, "client_cpu_s": round(clients.cpu_s() - client_cpu0, 4),
                            "loadavg": load0})
             say(f"  round {k + 1}: median {rs['p50_ms']} ms p99 {rs['p99_ms']} ms max {rs['max_ms']} ms "
                 f"(write ack {rounds[-1]['write_ack_ms']} ms, missing {missing}, node cpu {node_cpu}, "
@@ -310,7 +324,7 @@ async def _mode(s: aiohttp.ClientSession, c: common.BenchCluster, mode: str, arg
     finally:
         errors = await clients.stop()
     summary = common.latency_summary(samples)
-    med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
+    med = lambda xs: round(statistics.median(xs), 4) if xs else None  # noqa: E731
     return {
         "mode": mode, "subscribers": args.subscribers, "subscribers_per_node": per_node, "connect_s": round(connect_s, 2),
         "rounds": len(rounds), "samples": len(samples),
@@ -319,7 +333,7 @@ async def _mode(s: aiohttp.ClientSession, c: common.BenchCluster, mode: str, arg
         "median_ms_by_node": {n: round(statistics.median(v) * 1000, 2) for n, v in sorted(by_node.items())},
         "write_ack_ms_median": med([r["write_ack_ms"] for r in rounds]),
         "leader": lead, "missing_receipts": missing_total, "subscriber_errors": errors,
-        # CPU spent from the send to the last receipt (10 ms ticks): where the round's time went
+        # CPU spent from the send to the last receipt: where the round's time went
         "node_cpu_s_per_round_median": {n: med([r["node_cpu_s"][n] for r in rounds]) for n in c.nodes},
         "client_cpu_s_per_round_median": med([r["client_cpu_s"] for r in rounds]),
         "per_round": rounds,
