@@ -6,6 +6,11 @@ topic changed: all-topic watch streams) and ANY (any applied version: ``min_vers
 
 The change log (``changed_since``) lets an all-topic watch stream look only at the topics that changed since it last
 looked, instead of rescanning every topic on every applied command.
+
+Waking is sliced: a publish wakes at most WAKE_SLICE waiters per loop pass. The tick thread hands a command's
+changes and its proposer's answer to the loop in one batch, changes first; woken all at once, a thousand subscribers
+ran before the write's own answer (its ack took as long as the whole fan-out). With slices the answer is queued
+after the first slice or two, and the loop polls its sockets between slices.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections import deque
 ANY = "*"
 TOPICS = "*topics"
 CHANGE_LOG_ENTRIES_MAX = 100_000
+WAKE_SLICE = 32   # waiters woken per loop pass: each then writes its answer (~45-60 µs of CPU), a slice ~2 ms
 
 
 class ChangeFeed:
@@ -24,6 +30,8 @@ class ChangeFeed:
         self._waiters: dict[str, set[asyncio.Future]] = {}
         self._log: deque[tuple[int, str]] = deque(maxlen=change_log_entries_max)
         self._log_complete_after = 0   # every topic change with a version above this is in the log
+        self._waking: deque[asyncio.Future] = deque()   # taken from _waiters by a publish, not woken yet
+        self._wake_scheduled = False
 
     def publish(self, version: int, changed: set[str] | None) -> None:
         """``changed=None`` means everything may have changed (a snapshot was installed)."""
@@ -40,9 +48,20 @@ class ChangeFeed:
                 self._log.append((version, name))
             keys = [ANY, TOPICS, *changed] if changed else [ANY]
         for key in keys:
-            for fut in self._waiters.pop(key, ()):
-                if not fut.done():
-                    fut.set_result(True)
+            self._waking.extend(self._waiters.pop(key, ()))
+        if not self._wake_scheduled:
+            self._wake_slice()
+
+    def _wake_slice(self) -> None:
+        self._wake_scheduled = False
+        waking = self._waking
+        for _ in range(min(len(waking), WAKE_SLICE)):
+            fut = waking.popleft()
+            if not fut.done():
+                fut.set_result(True)
+        if waking:
+            waking[0].get_loop().call_soon(self._wake_slice)
+            self._wake_scheduled = True
 
     def changed_since(self, version: int) -> set[str] | None:
         """Topics changed (or deleted) after ``version``; None when the log no longer reaches back that far."""
@@ -86,13 +105,13 @@ class ChangeFeed:
         return True
 
     def waiting(self) -> int:
-        return sum(len(w) for w in self._waiters.values())
+        return sum(len(w) for w in self._waiters.values()) + len(self._waking)
 
     def close(self) -> None:
-        for waiters in self._waiters.values():
-            for fut in waiters:
-                if not fut.done():
-                    fut.cancel()
+        for fut in [*self._waking, *(f for waiters in self._waiters.values() for f in waiters)]:
+            if not fut.done():
+                fut.cancel()
+        self._waking.clear()
         self._waiters.clear()
 
 

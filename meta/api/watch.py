@@ -116,7 +116,10 @@ class WatchStream:
                 return
             if await self._pass():
                 quiet_since = loop.time()
-                continue
+                # Another pass finds something only if a version was published meanwhile (while a write waited);
+                # else it would read every watched route again for nothing, a second read per wake-up.
+                if self.svc.feed.version > self.scanned_to:
+                    continue
             if not await self.svc.feed.wait(key, WATCH_HEALTH_CHECK_S) and loop.time() - quiet_since >= SSE_KEEPALIVE_S:
                 await self.resp.write(b": keepalive\n\n")
                 quiet_since = loop.time()
