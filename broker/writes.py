@@ -142,7 +142,8 @@ class Writer:
                 break
         if self._appended is not None:
             self._appended.notify(topic)
-        return [head.logic(first + i) for i in range(len(payloads))]
+        start = head.logic(first)   # a segment maps physical to logic offsets by one shift
+        return list(range(start, start + len(payloads)))
 
     async def prepare(self, seg: Segment) -> None:
         """Create a new segment's physical queue as soon as the route opens it, on a writer thread.
