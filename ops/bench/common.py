@@ -58,7 +58,8 @@ free_base_port = devcluster.free_base_port  # below the ephemeral range, see ops
 
 @contextlib.contextmanager
 def temp_cluster(extra_meta: dict[str, Any] | None = None, keep: bool = False) -> Iterator["BenchCluster"]:
-    """Three meta nodes, no real brokers, in a temp dir on a free port range; always stopped and removed."""
+    """Three meta nodes, no real brokers, in a temp dir on a free port range; always stopped, and removed unless
+    ``keep`` or the benchmark failed (then its logs and data stay for a look, and the dir is named)."""
     d = tempfile.mkdtemp(prefix="stator-bench-")
     base = free_base_port()
     meta = {"session_timeout_ms": LONG_SESSION_MS, **(extra_meta or {})}
@@ -68,6 +69,9 @@ def temp_cluster(extra_meta: dict[str, Any] | None = None, keep: bool = False) -
         info = devcluster.up(d, META_NODES, 0, base, extra_meta=meta)
         say(f"cluster: ready in {time.monotonic() - started:.1f} s")
         yield BenchCluster(d, info)
+    except BaseException:
+        keep = True
+        raise
     finally:
         say("cluster: stopping")
         try:
