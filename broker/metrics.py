@@ -53,7 +53,7 @@ class BrokerMetrics:
 
     def stored(self, topic: str, payloads: list[bytes]) -> None:
         self.messages_in.labels(topic).inc(len(payloads))
-        self.bytes_in.labels(topic).inc(sum(map(len, payloads)))
+        self.bytes_in.labels(topic).inc(sum(len(p) for p in payloads))
 
     def served(self, topic: str, payloads: list[bytes]) -> None:
         if payloads:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from client.wire.errors import ApiError, invalid, rejection
 
@@ -20,7 +20,7 @@ from .pop.wakeup import TopicSignals
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
-from .storage import InvalidArgument, PhysicalQueue, QueueStore, StorageError, check_batch, limits
+from .storage import InvalidArgument, PhysicalQueue, QueueStore, StorageError
 
 MESSAGES_PER_SEND_MAX = 10_000
 WRITER_THREADS = 16
@@ -29,21 +29,6 @@ WRITER_THREADS = 16
 def not_leader(topic: str, queue: int, head: Segment | None) -> ApiError:
     return rejection(409, "NOT_LEADER", "this broker does not hold the queue's writable segment", topic=topic,
                      queue=queue, broker=head.broker if head else None, address=head.address if head else None)
-
-
-class _Batch:
-    """One send's payloads waiting in its physical queue's group; ``done`` gets its first physical offset."""
-    __slots__ = ("payloads", "done", "taken")
-
-    def __init__(self, payloads: list[bytes], done: asyncio.Future):
-        self.payloads = payloads
-        self.done = done
-        self.taken = False       # in a group whose append has started: it will be answered by that group
-
-
-def _invalid_batch(e: InvalidArgument) -> ApiError:
-    """A batch storage refuses (too large a record or batch), in the API's terms."""
-    return ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400)
 
 
 def unknown_topic(topic: str) -> ApiError:
@@ -61,9 +46,6 @@ class Writer:
         self.offsets = offsets
         self._appended = appended   # wakes pops long-polling the topic
         self._locks: dict[str, asyncio.Lock] = {}
-        # Sends waiting for their physical queue's lock, in arrival order: the sender that gets the lock appends
-        # them all with one write and one fsync (group commit) instead of one fsync per batch, one after another.
-        self._waiting: dict[str, list[_Batch]] = {}
         self._sealed_here: set[str] = set()
         # Appends block in fsync; queues are independent files, so they may sync in parallel.
         self._threads = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="append")
@@ -127,23 +109,24 @@ class Writer:
                             "it takes no writes until both are current")
         return head
 
-    async def send(self, topic: str, queue: int, messages: list[Any], sender_route_version: int | None = None,
-                   plain: bool = False) -> list[int]:
-        """``sender_route_version``: the route version the sender chose the queue with (``X-Route-Version``);
-        ``plain``: the messages were parsed from a body ``codec.plain_json_text`` accepted."""
+    async def send(self, topic: str, queue: int, messages: list[Any], sender_route_version: int | None = None
+                   ) -> list[int]:
+        """``sender_route_version``: the route version the sender chose the queue with (``X-Route-Version``)."""
         if not messages or len(messages) > MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
         self._refuse_stale_slot_table(topic, queue, messages, sender_route_version)
-        payloads = [encode_message(m, plain) for m in messages]
+        payloads = [encode_message(m) for m in messages]
         while True:
             head = self._writable_head(topic, queue)
-            first = await self._commit(head, payloads)
-            if first is not None:
-                break
+            async with self._lock(head.physical_queue):
+                # The route may have moved on while this send waited for the lock: the lock held must be that of
+                # the segment written, or a seal of the new head could read its end while this append runs.
+                if self._writable_head(topic, queue).physical_queue == head.physical_queue:
+                    first = await self._append(head, payloads)
+                    break
         if self._appended is not None:
             self._appended.notify(topic)
-        start = head.logic(first)   # a segment maps physical to logic offsets by one shift
-        return list(range(start, start + len(payloads)))
+        return [head.logic(first + i) for i in range(len(payloads))]
 
     async def prepare(self, seg: Segment) -> None:
         """Create a new segment's physical queue as soon as the route opens it, on a writer thread.
@@ -160,116 +143,30 @@ class Writer:
             pq = await asyncio.get_running_loop().run_in_executor(self._threads, self.local_queue, seg, True)
         return pq
 
-    async def _commit(self, head: Segment, payloads: list[bytes]) -> int | None:
-        """Store one send's batch in the head's physical queue and return its first physical offset; None when the
-        route moved on while the send waited (the caller starts again from the new head).
-
-        Group commit: the batch waits in the queue's list; whichever sender holds the queue's lock appends every
-        batch waiting then, in arrival order, as one storage batch (one write, one fdatasync), and each sender is
-        answered only once that fdatasync returned. A sender that finds its batch answered, or taken by a group whose
-        append runs, just waits for its answer."""
-        pq_name = head.physical_queue
-        batch = _Batch(payloads, asyncio.get_running_loop().create_future())
-        self._waiting.setdefault(pq_name, []).append(batch)
-        try:
-            while not batch.taken and not batch.done.done():
-                async with self._lock(pq_name):
-                    if batch.taken or batch.done.done():
-                        break
-                    # The route may have moved on while this send waited for the lock: the lock held must be that
-                    # of the segment written, or a seal of the new head could read its end while this append runs.
-                    current = self._writable_head(head.topic, head.queue)
-                    if current.physical_queue != pq_name:
-                        return None
-                    await self._append_group(current)
-            return await batch.done
-        finally:
-            if not batch.taken:
-                waiting = self._waiting.get(pq_name)
-                if waiting is not None and batch in waiting:
-                    waiting.remove(batch)
-                    if not waiting:
-                        del self._waiting[pq_name]
-
-    def _take_group(self, head: Segment, pq: PhysicalQueue) -> tuple[list[_Batch], list[bytes]]:
-        """The waiting batches that go into one append, from the oldest: as many as one storage batch holds. A batch
-        past the offset budget or refused by storage's checks is answered with its error here, as it was when each
-        batch was appended alone: the budget first, then the sizes."""
-        waiting = self._waiting.pop(head.physical_queue, [])
-        budget = max(self.session.budgets.get(head.physical_queue, 0), head.budget_end)
-        end = pq.max_offset
-        group: list[_Batch] = []
-        records: list[bytes] = []
-        group_bytes = 0
-        for i, batch in enumerate(waiting):
-            if batch.done.done():
-                continue
-            count = len(batch.payloads)
-            if end + count > budget:
-                self.session.beat_soon()
-                batch.done.set_exception(rejection(503, "BUDGET_EXHAUSTED", "waiting for meta to renew this "
-                                                   "queue's offset budget", topic=head.topic, queue=head.queue))
-                continue
-            try:
-                size = check_batch(batch.payloads)
-            except InvalidArgument as e:
-                batch.done.set_exception(_invalid_batch(e))
-                continue
-            if group and (len(records) + count > limits.BATCH_RECORDS_MAX
-                          or group_bytes + size > limits.BATCH_BYTES_MAX):
-                self._waiting[head.physical_queue] = waiting[i:]   # the next lock holder appends these
-                break
-            batch.taken = True
-            group.append(batch)
-            records.extend(batch.payloads)
-            group_bytes += size
-            end += count
-        if group and self.session.renewal_due(budget, end):
-            self.session.beat_soon()  # renew early so writers never wait for the budget
-        return group, records
-
-    async def _append_group(self, head: Segment) -> None:
-        """Append one group of waiting batches; the caller holds the segment's lock. Every batch of the group is
-        answered when the append ends, even if the caller is cancelled while it runs (a done-callback answers)."""
+    async def _append(self, head: Segment, payloads: list[bytes]) -> int:
+        """Append within the segment's offset budget; the caller holds the segment's lock."""
         pq = await self._create(head)
-        group, records = self._take_group(head, pq)
-        if not group:
-            return
+        budget = max(self.session.budgets.get(head.physical_queue, 0), head.budget_end)
+        end = pq.max_offset + len(payloads)
+        if end > budget:
+            self.session.beat_soon()
+            raise rejection(503, "BUDGET_EXHAUSTED", "waiting for meta to renew this queue's offset budget",
+                            topic=head.topic, queue=head.queue)
+        if self.session.renewal_due(budget, end):
+            self.session.beat_soon()  # renew early so writers never wait for the budget
         started = time.perf_counter()
-        job = asyncio.get_running_loop().run_in_executor(self._threads, pq.append, records, int(time.time() * 1000))
-        job.add_done_callback(lambda job: self._answer(head, group, job, started))
-        await asyncio.wait([job])
-
-    def _answer(self, head: Segment, group: list[_Batch], job: asyncio.Future, started: float) -> None:
-        error: Callable[[], BaseException] | None = None
-        if job.cancelled():
-            error = lambda: rejection(503, "STORAGE_UNAVAILABLE", "the append was cancelled",  # noqa: E731
-                                      topic=head.topic, queue=head.queue)
-        elif isinstance(job.exception(), InvalidArgument):  # the queue ran out of offsets, in storage's terms
-            e = job.exception()
-            error = lambda: _invalid_batch(e)  # noqa: E731
-        elif isinstance(job.exception(), StorageError):  # a failed write or fsync: no writes until reopened
-            code = job.exception().code
-            error = lambda: rejection(503, "STORAGE_UNAVAILABLE",  # noqa: E731
-                                      f"the broker could not store the batch: {code}", topic=head.topic,
-                                      queue=head.queue)
-        elif job.exception() is not None:
-            e = job.exception()
-            error = lambda: e  # noqa: E731
-        if error is not None:
-            for batch in group:
-                if not batch.done.done():
-                    batch.done.set_exception(error())
-            return
-        first = job.result()
-        seconds = time.perf_counter() - started
-        for batch in group:
-            if not batch.done.done():   # a sender cancelled meanwhile has no one to answer
-                batch.done.set_result(first)
-            first += len(batch.payloads)
-            if self.metrics is not None:
-                self.metrics.append.observe(seconds)
-                self.metrics.stored(head.topic, batch.payloads)
+        try:
+            first = await asyncio.get_running_loop().run_in_executor(
+                self._threads, pq.append, payloads, int(time.time() * 1000))
+        except InvalidArgument as e:  # too large a record or batch, in storage's terms
+            raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
+        except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
+            raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
+                            topic=head.topic, queue=head.queue) from None
+        if self.metrics is not None:
+            self.metrics.append.observe(time.perf_counter() - started)
+            self.metrics.stored(head.topic, payloads)
+        return first
 
     async def seal(self, seg: Segment) -> int:
         """Stop writes to a sealing segment and return its exact physical end."""

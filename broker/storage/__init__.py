@@ -14,7 +14,7 @@ from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, 
                      TooManyQueues)
 from .handles import HandlePool
 from .names import dir_name, queue_name
-from .queue import PhysicalQueue, check_batch
+from .queue import PhysicalQueue
 from .record import Record
 from .store import QueueStore
 
@@ -22,5 +22,5 @@ __all__ = [
     "FLUSH_FSYNC", "FLUSH_INTERVAL", "QueueConfig",
     "BatchTooLarge", "CorruptData", "CorruptQueue", "InvalidArgument", "InvalidQueueName", "OffsetOutOfRange",
     "QueueClosed", "QueueExists", "QueueFailed", "QueueNotFound", "RecordTooLarge", "StorageError", "TooManyQueues",
-    "HandlePool", "dir_name", "queue_name", "PhysicalQueue", "check_batch", "Record", "QueueStore",
+    "HandlePool", "dir_name", "queue_name", "PhysicalQueue", "Record", "QueueStore",
 ]

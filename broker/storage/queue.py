@@ -179,10 +179,22 @@ class PhysicalQueue:
         """Appends a batch at offsets first, first + 1, ... and returns first. With flush policy "fsync" the batch
         is on disk when this returns. Timestamps are kept non-decreasing: a ts_ms below the last one is stored as
         the last one, so that lookups by time stay binary searches when the clock steps back."""
-        check_batch(payloads)
+        if not isinstance(payloads, (list, tuple)):
+            raise InvalidArgument("payloads must be a list of bytes", type=type(payloads).__name__)
+        count = len(payloads)
+        if not 0 < count <= limits.BATCH_RECORDS_MAX:
+            raise BatchTooLarge(f"a batch holds 1 to {limits.BATCH_RECORDS_MAX} records", records=count)
         _check_int("ts_ms", ts_ms, 0, limits.TS_MS_MAX)
+        try:
+            longest, total = max(map(len, payloads)), sum(map(len, payloads))
+        except TypeError:
+            raise InvalidArgument("payloads must be a list of bytes") from None
+        if longest > limits.RECORD_BYTES_MAX:
+            raise RecordTooLarge(f"a record holds at most {limits.RECORD_BYTES_MAX} bytes", record_bytes=longest)
+        if total > limits.BATCH_BYTES_MAX:
+            raise BatchTooLarge(f"a batch holds at most {limits.BATCH_BYTES_MAX} bytes", batch_bytes=total)
         with self._lock:
-            return self._append(payloads, len(payloads), ts_ms)
+            return self._append(payloads, count, ts_ms)
 
     def _append(self, payloads: Sequence[bytes], count: int, ts_ms: int) -> int:
         self._check_writable()
@@ -399,26 +411,6 @@ def _take_clean_marker(path: str, active_base: int) -> int | None:
     if type(base) is not int or type(file_bytes) is not int or base != active_base:
         return None
     return file_bytes
-
-
-def check_batch(payloads: Sequence[bytes]) -> int:
-    """Raises what append would for this batch's count and sizes (InvalidArgument and its kinds); its payload bytes.
-    A writer that joins several callers' batches into one append checks each one here first, so a bad batch is
-    refused alone and in the same words as if it had been appended by itself."""
-    if not isinstance(payloads, (list, tuple)):
-        raise InvalidArgument("payloads must be a list of bytes", type=type(payloads).__name__)
-    count = len(payloads)
-    if not 0 < count <= limits.BATCH_RECORDS_MAX:
-        raise BatchTooLarge(f"a batch holds 1 to {limits.BATCH_RECORDS_MAX} records", records=count)
-    try:
-        longest, total = max(map(len, payloads)), sum(map(len, payloads))
-    except TypeError:
-        raise InvalidArgument("payloads must be a list of bytes") from None
-    if longest > limits.RECORD_BYTES_MAX:
-        raise RecordTooLarge(f"a record holds at most {limits.RECORD_BYTES_MAX} bytes", record_bytes=longest)
-    if total > limits.BATCH_BYTES_MAX:
-        raise BatchTooLarge(f"a batch holds at most {limits.BATCH_BYTES_MAX} bytes", batch_bytes=total)
-    return total
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
