@@ -76,7 +76,9 @@ async def test_export_is_complete_incremental_and_idempotent(meta_cluster, tmp_p
 async def test_an_export_interrupted_between_ranges_leaves_no_duplicate_or_missing_row(meta_cluster, tmp_path,
                                                                                          monkeypatch):
     c = meta_cluster
-    await make_history(c, topics=4)
+    head = await make_history(c, topics=4)
+    for url in c.meta_urls:   # the export may ask any node: each must hold the whole history first (a follower may lag)
+        await ok(c, "GET", f"/v1/cluster?min_version={head}", "client", url=url)
     monkeypatch.setattr(exporter, "CHUNK_VERSIONS", 5)   # many small ranges, so the run can stop between two
     out = str(tmp_path / "export")
     real = exporter.Destination.write_state
