@@ -11,35 +11,34 @@ from . import allocation, chains, groups, limits
 from .image import Image
 
 
-def _address(image: Image, broker: str) -> str | None:
-    b = image.brokers.get(broker)
-    return b["address"] if b else None
+def broker_states(image: Image) -> dict[str, tuple[str, bool]]:
+    """Each broker's (address, active), looked up once per rendering rather than once per segment."""
+    return {name: (b["address"], b["state"] == "active") for name, b in image.brokers.items()}
 
 
-def segment_ref(image: Image, s: dict[str, Any]) -> route_model.SegmentJson:
-    """A segment as routes and segment chains carry it: where it lives and which logic range it holds."""
+def segment_ref(brokers: dict[str, tuple[str, bool]], t: dict[str, Any], queue: int,
+                s: chains.Segment) -> route_model.SegmentJson:
+    """A segment (the image's compact tuple) as routes and segment chains carry it: where it lives and which logic
+    range it holds."""
     return route_model.segment_json(
-        gen=s["gen"], broker=s["broker"], address=_address(image, s["broker"]), physical_queue=s["physical_queue"],
-        physical_start=s["physical_start"], logic_start=s["logic_start"], logic_end=s["logic_end"],
-        state=s["state"], budget_end=s["budget_end"])
+        gen=s[chains.GEN], broker=s[chains.BROKER], address=brokers.get(s[chains.BROKER], (None,))[0],
+        physical_queue=chains.physical_queue(t, queue, s), physical_start=s[chains.PHYSICAL_START],
+        logic_start=s[chains.LOGIC_START], logic_end=s[chains.LOGIC_END], state=s[chains.STATE],
+        budget_end=s[chains.BUDGET_END])
 
 
 def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
     """What producers and consumers need: slot table, barriers, and per queue its writable head and its newest
     segments (at most ROUTE_SEGMENTS_PER_QUEUE_MAX: a route's size must not grow with the history). Read from the
     compact chains directly (meta/chains.py): a route of a thousand queues is rendered often."""
-    brokers = {name: (b["address"], b["state"] == "active") for name, b in image.brokers.items()}
+    brokers = broker_states(image)
     queues = []
     for q, entry in enumerate(t["chains"]):
         segs = chains.segments(entry)
         head = segs[-1]
         address, active = brokers.get(head[chains.BROKER], (None, False))
         writable = head[chains.STATE] == "active" and head[chains.LOGIC_START] is not None and active
-        carried = [route_model.segment_json(
-            gen=s[chains.GEN], broker=s[chains.BROKER], address=brokers.get(s[chains.BROKER], (None,))[0],
-            physical_queue=chains.physical_queue(t, q, s), physical_start=s[chains.PHYSICAL_START],
-            logic_start=s[chains.LOGIC_START], logic_end=s[chains.LOGIC_END], state=s[chains.STATE],
-            budget_end=s[chains.BUDGET_END]) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]]
+        carried = [segment_ref(brokers, t, q, s) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]]
         queues.append(route_model.queue_json(q, writable, carried))
     # Copies of the topic's config and slot table: the view holds nothing the apply thread may change, so it can be
     # encoded after the image lock is released (meta/reads.py).

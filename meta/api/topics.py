@@ -86,7 +86,8 @@ async def queue_segments(request: web.Request) -> web.Response:
         if queue >= t["queues"]:
             raise rejection(404, "QUEUE_NOT_FOUND", f"topic {name!r} has {t['queues']} queues", topic=name, queue=queue)
         return {"topic": name, "queue": queue, "version": t["version"],
-                "segments": [views.segment_ref(im, s) for s in chains.chain(t, queue)]}
+                "segments": [views.segment_ref(views.broker_states(im), t, queue, s)
+                             for s in chains.segments(t["chains"][queue])]}
     return respond(svc.read(look))
 
 
