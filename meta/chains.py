@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .allocation import packed_slot_table, physical_queue_name
+from .allocation import physical_queue_name
 
 FIELDS = ("gen", "broker", "physical_queue", "physical_start", "logic_start", "logic_end", "physical_end",
           "budget_end", "state", "opened_ms", "sealed_ms", "sealed_by")
@@ -89,15 +89,9 @@ def chains(topic: dict[str, Any]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
 
 # -- from a snapshot ----------------------------------------------------------------------------------------------
 def restore(topic: dict[str, Any]) -> None:
-    """Turn a topic read from a snapshot into the compact form in place: JSON lists back into tuples, equal
-    segments shared again, broker names interned, the slot table packed (meta/allocation.py). A snapshot written
-    before this form (``logic_queues``, a list of segment dicts per queue; a list per slot range) is converted."""
-    if isinstance(topic["slot_table"], tuple):
-        return   # already compact (restored while its snapshot was parsed: meta/image.py restoring_pairs)
-    if topic["slot_table"] and isinstance(topic["slot_table"][0], list):  # written before tables were packed
-        topic["slot_table"] = packed_slot_table(topic["slot_table"])
-    else:
-        topic["slot_table"] = packed_slot_table([topic["slot_table"]])
+    """Turn a topic's chains read from a snapshot into the compact form in place: JSON lists back into tuples,
+    equal segments shared again, broker names interned. A snapshot written before this form (``logic_queues``, a
+    list of segment dicts per queue) is converted."""
     shared: dict[Segment, Segment] = {}
 
     def one(seg: Any, queue: int) -> Segment:

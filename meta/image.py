@@ -60,10 +60,20 @@ def restoring_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if isinstance(obj.get("incarnation"), int) and isinstance(obj.get("slot_table"), list) \
             and isinstance(obj.get("chains", obj.get("logic_queues")), list):
         try:
-            chains.restore(obj)
+            _restore_topic(obj)
         except (KeyError, TypeError, IndexError, AttributeError) as e:   # the reader's "not a snapshot"
             raise ValueError(f"topic {str(obj.get('topic'))[:100]!r} is malformed: {e!r}") from None
     return obj
+
+
+def _restore_topic(t: dict[str, Any]) -> None:
+    """A topic read from a snapshot, in the image's compact form (in place): packed slot table, compact chains."""
+    table = t["slot_table"]
+    if isinstance(table, tuple):
+        return   # already compact (restored while its snapshot was parsed: restoring_pairs)
+    # A list per range in snapshots written before tables were packed; else the packed numbers as a JSON list.
+    t["slot_table"] = allocation.packed_slot_table(table if table and isinstance(table[0], list) else [table])
+    chains.restore(t)
 
 
 def empty_data() -> dict[str, Any]:
@@ -78,7 +88,7 @@ class Image:
         for key, value in empty_data().items():  # a snapshot written before a part of the image existed
             self.data.setdefault(key, value)
         for t in self.data["topics"].values():  # from a snapshot: JSON lists back into shared tuples
-            chains.restore(t)
+            _restore_topic(t)
         # Node-local, never part of ``data`` (so never replicated nor in a snapshot): where the history the window
         # trims goes, as (version, line as kept: meta/history_lines.py), for this node's projection to take before
         # it is gone (meta/raft_node.py sets a bounded deque; None, the default, keeps nothing: offline replays and
