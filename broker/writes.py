@@ -71,7 +71,7 @@ class Writer:
     def local_queue(self, seg: Segment, create: bool = False) -> PhysicalQueue | None:
         if seg.physical_queue in self.store:
             return self.store.get(seg.physical_queue)
-        return self.store.create(seg.physical_queue, seg.physical_start) if create else None
+        return self.store.open_or_create(seg.physical_queue, seg.physical_start) if create else None
 
     def max_physical(self, seg: Segment) -> int:
         q = self.local_queue(seg)

@@ -456,6 +456,8 @@ def test_queue_store(tmp_path):
         assert store.names() == sorted(names)
         with pytest.raises(QueueExists):
             store.create("A")
+        assert store.open_or_create("A", start_offset=999) is store.get("A")   # existing: opened, start kept
+        assert store.get("A").max_offset == names.index("A") * 10 + 1
         with pytest.raises(QueueNotFound):
             store.get("nope")
         for bad in ("", "x" * (limits.QUEUE_NAME_BYTES_MAX + 1), "\ud800", None, "é" * 90):

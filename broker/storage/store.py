@@ -67,6 +67,17 @@ class QueueStore:
         with self._lock:
             return self._create(name, path, start_offset)
 
+    def open_or_create(self, name: str, start_offset: int = 0) -> PhysicalQueue:
+        """The queue of that name, created if it does not exist yet: one decision under the store's lock.
+
+        A writer that checked for the queue and then created it could lose to a creation still running on another
+        thread (a send cancelled mid-creation leaves its thread running) and fail with QueueExists."""
+        path = self._path(name)
+        with self._lock:
+            if name in self._names:
+                return self._get(name)
+            return self._create(name, path, start_offset)
+
     def _create(self, name: str, path: str, start_offset: int) -> PhysicalQueue:
         if name in self._names:
             raise QueueExists("queue already exists", name=name)

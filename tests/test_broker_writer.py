@@ -1,0 +1,59 @@
+"""The broker's writer over a real queue store: what its asyncio side must survive (cancelled sends)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from broker.storage import QueueStore
+from broker.writes import Writer
+from client.wire.route import Segment
+
+
+def _segment(physical_queue: str, physical_start: int = 0) -> Segment:
+    return Segment("orders", 3, 1, "b1", None, physical_queue, physical_start, 0, None, "active", 1000)
+
+
+async def _until(cond, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_send_cancelled_while_its_queue_is_created_does_not_fail_the_next_one(tmp_path):
+    # A creation runs on a writer thread; cancelling the send that started it leaves that thread running. The next
+    # send must get the queue that thread creates, not QueueExists (it used to: check, then create, not atomic).
+    with QueueStore(str(tmp_path / "root")) as store:
+        writer = Writer("b1", store, None, None, None)
+        seg = _segment("orders.q3.g1", physical_start=40)
+        try:
+            # Hold the store's lock (a private detail, taken here only to hold both creations at the same point) so
+            # the first creation is certainly still running when the second send asks for the queue.
+            held = threading.Event()
+            release = threading.Event()
+
+            def hold() -> None:
+                with store._lock:
+                    held.set()
+                    release.wait(10)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            assert held.wait(5)
+            first = asyncio.create_task(writer.prepare(seg))
+            await asyncio.sleep(0.05)   # first is now on a writer thread, waiting for the store's lock
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            assert first.cancelled()
+            second = asyncio.create_task(writer.prepare(seg))
+            await asyncio.sleep(0.05)
+            release.set()
+            holder.join(5)
+            await asyncio.wait_for(second, 10)
+            await _until(lambda: seg.physical_queue in store)
+            queue = store.get(seg.physical_queue)
+            assert queue.max_offset == 40
+            assert store.names() == [seg.physical_queue]
+        finally:
+            writer.stop()
