@@ -109,13 +109,14 @@ class Writer:
                             "it takes no writes until both are current")
         return head
 
-    async def send(self, topic: str, queue: int, messages: list[Any], sender_route_version: int | None = None
-                   ) -> list[int]:
-        """``sender_route_version``: the route version the sender chose the queue with (``X-Route-Version``)."""
+    async def send(self, topic: str, queue: int, messages: list[Any], sender_route_version: int | None = None,
+                   plain: bool = False) -> list[int]:
+        """``sender_route_version``: the route version the sender chose the queue with (``X-Route-Version``);
+        ``plain``: the messages were parsed from a body ``codec.plain_json_text`` accepted."""
         if not messages or len(messages) > MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
         self._refuse_stale_slot_table(topic, queue, messages, sender_route_version)
-        payloads = [encode_message(m) for m in messages]
+        payloads = [encode_message(m, plain) for m in messages]
         while True:
             head = self._writable_head(topic, queue)
             async with self._lock(head.physical_queue):

@@ -128,7 +128,7 @@ class Segment:
 
     # Writing (active segment only).
 
-    def append(self, buf: bytearray, starts: list[int], ts_ms: int, count: int) -> None:
+    def append(self, buf: bytes, starts: list[int], ts_ms: int, count: int) -> None:
         """Writes one framed batch at the end. On failure the file is cut back, so a failed append leaves nothing."""
         pos = self.end_pos
         view = memoryview(buf)
