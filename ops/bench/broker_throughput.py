@@ -89,6 +89,30 @@ def _generate(kind: str, url: str, token: str, topic: str, work: list, start_at:
     return {"count": count, "lat": lat, "cpu_s": time.process_time() - cpu0}
 
 
+def _append_figures(url: str) -> dict[str, float]:
+    """The broker's append and fsync histograms' counts and sums from its /metrics (public)."""
+    import urllib.request
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("stator_broker_append_seconds_count", "stator_broker_append_seconds_sum",
+                    "stator_broker_fsync_seconds_count", "stator_broker_fsync_seconds_sum"):
+            out[name[len("stator_broker_"):]] = float(value)
+    return out
+
+
+def _storage_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Per phase: mean time of one batch's append (from the hand-off to the writer thread to the end of its fsync),
+    mean fsync, and fsyncs per batch (below 1 when one fsync covered several batches)."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    appends, fsyncs = d.get("append_seconds_count", 0), d.get("fsync_seconds_count", 0)
+    return {"append_ms_mean": round(d["append_seconds_sum"] * 1000 / appends, 2) if appends else None,
+            "fsync_ms_mean": round(d["fsync_seconds_sum"] * 1000 / fsyncs, 2) if fsyncs else None,
+            "fsyncs_per_batch": round(fsyncs / appends, 2) if appends else None}
+
+
 def _split(items: list, parts: int) -> list[list]:
     return [items[i::parts] for i in range(parts) if items[i::parts]]
 
@@ -99,9 +123,10 @@ def _phase(pool: ProcessPoolExecutor, kind: str, url: str, token: str, work: lis
     futures = [pool.submit(_generate, kind, url, token, "bench", part, start_at, seconds)
                for part in _split(work, generators)]
     time.sleep(max(0.0, start_at - time.time()))
-    broker_cpu0, t0 = cpu_seconds(broker_pid), time.monotonic()
+    broker_cpu0, t0, storage0 = cpu_seconds(broker_pid), time.monotonic(), _append_figures(url)
     results = [f.result() for f in futures]
     elapsed, broker_cpu = time.monotonic() - t0, cpu_seconds(broker_pid)
+    storage = _storage_figures(storage0, _append_figures(url))
     lat = [x for r in results for x in r["lat"]]
     count = sum(r["count"] for r in results)
     broker_s = broker_cpu - broker_cpu0 if broker_cpu is not None else None
@@ -111,7 +136,8 @@ def _phase(pool: ProcessPoolExecutor, kind: str, url: str, token: str, work: lis
                           "generators": round(sum(r["cpu_s"] for r in results) / elapsed, 2)},
             # The broker's CPU per request of BATCH messages: what a change to the hot path moves even when other
             # work on a shared machine takes cores away from the broker and so lowers messages_per_s.
-            "broker_cpu_ms_per_batch": round(broker_s * 1000 / (count / BATCH), 3) if broker_s and count else None}
+            "broker_cpu_ms_per_batch": round(broker_s * 1000 / (count / BATCH), 3) if broker_s and count else None,
+            **({"storage": storage} if kind == "produce" else {})}
 
 
 async def _prepare(meta: str, broker: str, admin: str, client: str, queues: int) -> None:
