@@ -54,7 +54,8 @@ BODIES = [
     b'', b'null', b'[]', b'{}', b'{"messages":[]}', b'{"messages":{}}', b'{"messages":[1]}', b'{"messages":[null]}',
     b'{"messages":[{}]}', b'{"messages":[{"body":1}]}', b'{"messages":[{"body":"a","key":2}]}',
     b'{"messages":[{"body":"a","props":{"x":1}}]}', b'{"messages":[{"body":"a","props":[]}]}',
-    b'{"messages":[{"body":"a","body_b64":"YQ=="}]}', b'{"messages":[{"body":"a"}],"x":1}', b'{"messages":[{"body":"a"}',
+    b'{"messages":[{"body":"a","body_b64":"YQ=="}]}', b'{"messages":[{"body":"a"}],"x":1}',
+    b'{"messages":[{"body":"a"}',
 ]
 
 
