@@ -78,6 +78,9 @@ class MetaService:
 
         self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
                                 self.config.raft_tuning, on_applied, bridge)
+        # The restored image's version, before any reader or the route warmer starts: waiters start from it, and the
+        # change log reaches back no further (a watch stream asking for an older version gets a full scan).
+        self.feed.publish(self.sync.image_data["version"], None)
         # The RaftNode first: it gives the node the leader's stamp for commands forwarded by followers.
         self.raft = RaftNode(self.sync, loop, self.config.offset_budget, self.config.history_window)
         self.sync.start()
