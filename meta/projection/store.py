@@ -64,6 +64,7 @@ class SqlProjection:
         self._engine = engines.create(url)
         self._writer = self._engine.execution_options(**{engines.WRITE: True})
         self._stmts = statements.build(self._engine.dialect.name)
+        self._driver_sql = statements.driver_inserts(self._engine.dialect)
         self._warned: set[str] = set()
 
     def migrate(self) -> None:
@@ -90,7 +91,11 @@ class SqlProjection:
             plan = fold.plan(new)
             conn.execute(self._stmts["event_insert"], [_event_row(e) for e in new])
             for name, params in fold.runs(plan.ops):
-                conn.execute(self._stmts[name], params)
+                sql = self._driver_sql.get(name)
+                if sql is not None:
+                    conn.exec_driver_sql(sql, params)
+                else:
+                    conn.execute(self._stmts[name], params)
             if plan.topic_versions:
                 conn.execute(self._stmts["topic_version"],
                              [{"k_topic": t, "version": v} for t, v in plan.topic_versions.items()])
