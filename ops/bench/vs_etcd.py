@@ -81,9 +81,12 @@ async def _write(s: aiohttp.ClientSession, sysm: System, i: int, value: str, tim
 # -- throughput ---------------------------------------------------------------------------------------------------
 async def _round(sysm: System, concurrency: int, warmup_s: float, duration_s: float, tag: str) -> dict[str, Any]:
     lat: list[float] = []
+    by_entry: dict[str, list[float]] = {"leader": [], "followers": []}   # which endpoint the write was sent to
     errors: collections.Counter[str] = collections.Counter()
     counter = [0]
     ok_all = [0]
+    members = sysm.extra["members"]
+    leader_idx = members.index(await sysm.extra["leader"]())
     async with common.session(limit=max(concurrency, 1), timeout_s=REQUEST_TIMEOUT_S) as s:
         t_start = time.perf_counter()
         t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
@@ -102,6 +105,7 @@ async def _round(sysm: System, concurrency: int, warmup_s: float, duration_s: fl
                 if t0 >= t_measure:
                     if code is None:
                         lat.append(t1 - t0)
+                        by_entry["leader" if n % len(sysm.urls) == leader_idx else "followers"].append(t1 - t0)
                     else:
                         errors[code] += 1
 
@@ -112,6 +116,7 @@ async def _round(sysm: System, concurrency: int, warmup_s: float, duration_s: fl
         cpu1 = [common.cpu_seconds(p) for p in pids]
     cpu = sum(b - a for a, b in zip(cpu0, cpu1) if a is not None and b is not None)
     return {"writes_ok": len(lat), "writes_per_s": round(len(lat) / duration_s, 1), "latencies": lat,
+            "latencies_by_entry": by_entry,
             "errors": dict(errors), "cpu_ms_per_write": round(cpu * 1000 / max(1, ok_all[0]), 3),
             "loadavg_before": load0}
 
@@ -120,11 +125,15 @@ def _summary(rounds: list[dict[str, Any]], duration_s: float) -> dict[str, Any]:
     lat = [x for r in rounds for x in r["latencies"]]
     ok = sum(r["writes_ok"] for r in rounds)
     lat_ms = common.latency_summary(lat)
+    by_entry = {k: [x for r in rounds for x in r["latencies_by_entry"][k]] for k in ("leader", "followers")}
     errors: collections.Counter[str] = collections.Counter()
     for r in rounds:
         errors.update(r["errors"])
     return {"writes_per_s": round(ok / (duration_s * len(rounds)), 1), "p50_ms": lat_ms["p50_ms"],
             "p99_ms": lat_ms["p99_ms"], "max_ms": lat_ms["max_ms"], "errors": dict(errors),
+            # Where a write entered: a follower forwards it to the leader (one more hop each way) and answers once
+            # it applied it itself.
+            "p50_ms_by_entry": {k: common.latency_summary(v)["p50_ms"] for k, v in by_entry.items()},
             "cpu_ms_per_write": round(statistics.median(r["cpu_ms_per_write"] for r in rounds), 3),
             "rounds_writes_per_s": [r["writes_per_s"] for r in rounds],
             "rounds_loadavg_before": [r["loadavg_before"][0] for r in rounds]}
