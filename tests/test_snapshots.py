@@ -151,17 +151,22 @@ print(json.dumps({"node": hashlib.sha256(image.canonical_bytes()).hexdigest(),
 """
 
 
-async def test_a_node_restarted_on_its_snapshot_does_not_announce_that_everything_changed(tmp_path):
-    # "Everything changed" (changed=None) is for a snapshot installed from the leader while the node runs; at
-    # start-up nobody holds anything older, and the route warmer took it as a reason to render every route again.
-    data_dir = str(tmp_path / "data")
+async def _stopped_after_compaction(data_dir: str) -> Image:
+    """A single node's data dir with some writes and a snapshot of them; the image it had when it stopped."""
     node = _start_single_node(data_dir)
     try:
         await _write_some(node)
         await _compact(node, data_dir)
-        version = node.current_image().version
+        return node.current_image()
     finally:
         node.stop()
+
+
+async def test_a_node_restarted_on_its_snapshot_does_not_announce_that_everything_changed(tmp_path):
+    # "Everything changed" (changed=None) is for a snapshot installed from the leader while the node runs; at
+    # start-up nobody holds anything older, and the route warmer took it as a reason to render every route again.
+    data_dir = str(tmp_path / "data")
+    version = (await _stopped_after_compaction(data_dir)).version
     announced: list[tuple[int, set[str] | None]] = []
     node = MetaSyncObj(f"127.0.0.1:{devcluster.free_base_port()}", [], data_dir, SECRET, FAST_COMPACTION,
                        lambda v, changed: announced.append((v, changed)), LoopBridge())
@@ -178,13 +183,7 @@ async def test_a_node_restarted_on_its_snapshot_does_not_announce_that_everythin
 
 async def test_a_snapshot_restores_in_a_new_process_to_the_same_image_bytes(tmp_path):
     data_dir = str(tmp_path / "data")
-    node = _start_single_node(data_dir)
-    try:
-        await _write_some(node)
-        await _compact(node, data_dir)
-        live = node.current_image()
-    finally:
-        node.stop()
+    live = await _stopped_after_compaction(data_dir)
     # After the compaction the journal keeps only the snapshot's own two entries: the image can come from the
     # snapshot alone, both in a restarted node and in the offline reader that rebuild-projection uses.
     out = subprocess.run([sys.executable, "-c", RESTORE, data_dir, f"127.0.0.1:{devcluster.free_base_port()}", SECRET,
