@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from ops import devcluster
 
@@ -128,6 +129,18 @@ async def call(s: aiohttp.ClientSession, method: str, url: str, headers: dict[st
             return r.status, json.loads(raw) if raw else None
         except ValueError:
             return r.status, raw.decode(errors="replace")
+
+
+async def metric_sum(s: aiohttp.ClientSession, url: str, name: str, timeout_s: float = 10.0) -> float | None:
+    """The sum of every sample named ``name`` (labels summed over) in ``url``'s /metrics; None if it does not answer.
+    prometheus_client's own parser: the exposition format has escapes and comments a split on spaces gets wrong."""
+    try:
+        async with s.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            text = await r.text()
+        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == name)
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+        return None
 
 
 async def cluster_view(s: aiohttp.ClientSession, c: BenchCluster, node: str, timeout_s: float = 2.0) -> dict | None:

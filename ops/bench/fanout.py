@@ -53,14 +53,11 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _gauge_sum(s: aiohttp.ClientSession, c: common.BenchCluster, name: str) -> dict[str, float]:
+    """Per node, the gauge's value; -1 for a node that does not answer."""
     out = {}
     for n in c.nodes:
-        try:
-            async with s.get(c.url(n) + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                text = await r.text()
-            out[n] = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
-            out[n] = -1
+        v = await common.metric_sum(s, c.url(n), name, timeout_s=5)
+        out[n] = -1 if v is None else v
     return out
 
 

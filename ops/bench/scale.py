@@ -264,6 +264,21 @@ async def _restart(s, c, node: str) -> dict[str, Any]:
             "rss_mib_after_restart": node_memory(c.pid(node))}
 
 
+async def _read_route(s, c, node: str, topic: str, headers: dict[str, str],
+                      errors: collections.Counter[str]) -> bytes | None:
+    """One `GET /v1/routes/{topic}` from ``node``: its body, or None with the failure counted in ``errors``."""
+    try:
+        async with s.get(f"{c.url(node)}/v1/routes/{topic}", headers=headers,
+                         timeout=aiohttp.ClientTimeout(total=30)) as r:
+            raw = await r.read()
+            if r.status == 200:
+                return raw
+            errors[str(r.status)] += 1
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        errors[type(e).__name__] += 1
+    return None
+
+
 async def _reads(s, c, topics: list[str], seconds: float, concurrency: int) -> dict[str, Any]:
     headers = c.headers("client")
     lat: list[float] = []
@@ -280,22 +295,12 @@ async def _reads(s, c, topics: list[str], seconds: float, concurrency: int) -> d
             ts = time.perf_counter()
             if ts >= end:
                 return
-            topic = rng.choice(topics)
-            try:
-                async with s.get(f"{c.url(node)}/v1/routes/{topic}", headers=headers,
-                                 timeout=aiohttp.ClientTimeout(total=30)) as r:
-                    raw = await r.read()
-                    st = r.status
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-                errors[type(e).__name__] += 1
-                continue
-            d = time.perf_counter() - ts
-            if st == 200:
+            raw = await _read_route(s, c, node, rng.choice(topics), headers, errors)
+            if raw is not None:
+                d = time.perf_counter() - ts
                 lat.append(d)
                 lat_by_node[node].append(d)
                 sizes.append(len(raw))
-            else:
-                errors[str(st)] += 1
 
     load0 = common.loadavg()
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
@@ -309,15 +314,8 @@ async def _reads(s, c, topics: list[str], seconds: float, concurrency: int) -> d
 
 async def _prerendered(s, c, node: str) -> int | None:
     """The node's count of routes its warmer rendered (meta/route_warmer.py); None if it does not answer."""
-    try:
-        async with s.get(f"{c.url(node)}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            text = await r.text()
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-        return None
-    for line in text.splitlines():
-        if line.startswith("stator_meta_routes_prerendered_total "):
-            return int(float(line.split()[1]))
-    return None
+    v = await common.metric_sum(s, c.url(node), "stator_meta_routes_prerendered_total")
+    return None if v is None else int(v)
 
 
 async def _wait_warm(s, c, topics: int, timeout_s: float) -> dict[str, Any]:
@@ -341,18 +339,8 @@ async def _paced_reads(s, c, topics: list[str], seconds: float, rate: float) -> 
     loop = asyncio.get_running_loop()
 
     async def one(node: str, topic: str, scheduled: float) -> None:
-        try:
-            async with s.get(f"{c.url(node)}/v1/routes/{topic}", headers=headers,
-                             timeout=aiohttp.ClientTimeout(total=30)) as r:
-                await r.read()
-                st = r.status
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            errors[type(e).__name__] += 1
-            return
-        if st == 200:
+        if await _read_route(s, c, node, topic, headers, errors) is not None:
             lat_by_node[node].append(loop.time() - scheduled)
-        else:
-            errors[str(st)] += 1
 
     load0 = common.loadavg()
     start = loop.time()
