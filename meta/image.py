@@ -33,7 +33,6 @@ Layout of ``Image.data``::
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import deque
 from typing import Any
@@ -136,11 +135,16 @@ class Image:
         segs[i] = chains.replaced(segs[i], **changes)
         t["chains"][queue] = chains.entry_of(tuple(segs))
 
-    def history_after(self, after: int, limit: int, chars_max: int | None = None) -> list[str]:
-        """Up to ``limit`` lines after version ``after`` (and within ``chars_max`` characters, the first always)."""
+    def history_kept_after(self, after: int, limit: int) -> list[str]:
+        """Up to ``limit`` lines after version ``after`` as the image keeps them (big ones packed): a slice, cheap
+        under the image lock; unpack them after it is released (``history_lines.unpacked``)."""
         start = max(after + 1, self.data["history_start"])
         i = start - self.data["history_start"]
-        return history_lines.unpacked(itertools.islice(self.data["history"], i, i + limit), chars_max)
+        return self.data["history"][i:i + limit]
+
+    def history_after(self, after: int, limit: int, chars_max: int | None = None) -> list[str]:
+        """Up to ``limit`` lines after version ``after`` (and within ``chars_max`` characters, the first always)."""
+        return history_lines.unpacked(self.history_kept_after(after, limit), chars_max)
 
     def history_lines(self) -> list[str]:
         """Every line the window holds, oldest first (version ``history_start`` first)."""

@@ -85,22 +85,22 @@ class ProjectionFollower:
         return hole + self.service.read(gap)
 
     def _image_start(self) -> tuple[int, dict | None]:
-        start, line = self.service.read(lambda im: (im.data["history_start"], next(iter(im.history_after(0, 1)), None)))
-        return start, json.loads(line) if line is not None else None
+        start, kept = self.service.read(lambda im: (im.data["history_start"], im.history_kept_after(0, 1)))
+        return start, json.loads(history_lines.unpack(kept[0])) if kept else None
 
     def _next_batch(self, image) -> tuple[list[str], int]:
-        """(lines after the position, history_start), under the image lock: from the image's history, or else from
-        what its window trimmed since (kept on this node for the projection: meta/image.py trimmed_to)."""
+        """(lines after the position as kept, history_start), under the image lock: from the image's history, or
+        else from what its window trimmed since (kept on this node for the projection: meta/image.py trimmed_to).
+        Big lines stay packed here: they are unpacked in the worker thread (``_apply``), not under the lock."""
         start = image.data["history_start"]
         trimmed = image.trimmed_to
         if trimmed is not None:
             while trimmed and trimmed[0][0] <= self.position:  # already applied: keep the memory it held free
                 trimmed.popleft()
         if start <= self.position + 1:
-            return image.history_after(self.position, BATCH_EVENTS_MAX, BATCH_CHARS_MAX), start
+            return image.history_kept_after(self.position, BATCH_EVENTS_MAX), start
         if trimmed and trimmed[0][0] == self.position + 1:
-            kept = (line for _v, line in itertools.islice(trimmed, BATCH_EVENTS_MAX))
-            return history_lines.unpacked(kept, BATCH_CHARS_MAX), start
+            return [line for _v, line in itertools.islice(trimmed, BATCH_EVENTS_MAX)], start
         return [], start
 
     def _applied(self, position: int) -> None:
@@ -130,9 +130,10 @@ class ProjectionFollower:
                 await asyncio.sleep(IDLE_WAIT_S)
             await asyncio.sleep(BATCH_PAUSE_S)
 
-    def _apply(self, batch: list[str]) -> int:
-        # Parsed by the writer process: a topic of a thousand queues is an event of ~130 KB.
-        return self.store.apply_lines(batch)
+    def _apply(self, kept: list[str]) -> int:
+        # Unpacked here, in the worker thread, up to BATCH_CHARS_MAX (the rest comes next round: the follower goes
+        # by position); parsed by the writer process: a topic of a thousand queues is an event of ~130 KB.
+        return self.store.apply_lines(history_lines.unpacked(kept, BATCH_CHARS_MAX))
 
     def history(self, after: int, topic: str | None, limit: int, through: int) -> list[dict]:
         if self.reader is None:
@@ -149,4 +150,3 @@ class ProjectionFollower:
             self.store.close()
         if self.reader is not None:
             self.reader.close()
-

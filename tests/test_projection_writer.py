@@ -117,6 +117,22 @@ async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node
                 body = await r.json()
             return body["projection_position"] >= 1
         await wait_until(projected, WAIT_S, "the projection to take the registration")
+        # A big creation: its history line is kept packed by the image and must reach the projection whole.
+        async with c.session.post(c.meta_urls[0] + "/v1/topics", json={"topic": "big", "queues": 400},
+                                  headers=c.headers("admin")) as r:
+            assert r.status == 201, await r.text()
+            created = (await r.json())["version"]
+
+        async def big_projected():
+            async with c.session.get(c.meta_urls[0] + "/readyz") as r:
+                return (await r.json())["projection_position"] >= created
+        await wait_until(big_projected, WAIT_S, "the projection to take the big creation")
+        reader = SqlProjection(f"sqlite:///{os.path.join(c.dir, node, 'data', 'projection.db')}")
+        try:
+            event = next(e for e in reader.history(after=0, limit=100) if e["type"] == "TopicCreated")
+        finally:
+            reader.close()
+        assert len(event["data"]["segments"]) == 400
         c.kill9(node)
 
         async def writer_gone():

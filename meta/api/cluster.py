@@ -9,7 +9,7 @@ import json
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .. import limits
+from .. import history_lines, limits
 from client.wire.errors import rejection
 from client.wire.params import nonneg_int
 from client.wire.server import public, requires
@@ -131,10 +131,11 @@ def _image_page(svc, after: int, topic: str | None, limit: int, version: int) ->
     # so one request never parses the whole retained history on the event loop.
     scan_end = after + limits.HISTORY_SCAN_EVENTS_MAX
     while len(events) < limit and cursor < min(version, scan_end):
-        raw = svc.read(lambda im: im.history_after(cursor, min(limits.HISTORY_PAGE_MAX, scan_end - cursor)))
-        if not raw:
+        # Taken as kept under the image lock, unpacked after it (a creation's line is packed: meta/history_lines.py).
+        kept = svc.read(lambda im: im.history_kept_after(cursor, min(limits.HISTORY_PAGE_MAX, scan_end - cursor)))
+        if not kept:
             break
-        for line in raw:
+        for line in map(history_lines.unpack, kept):   # lazily: the loop may stop early
             e = json.loads(line)
             cursor = e["version"]
             if topic is None or e["topic"] == topic:
