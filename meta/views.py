@@ -36,7 +36,7 @@ def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
     for q, entry in enumerate(t["chains"]):
         segs = chains.segments(entry)
         head = segs[-1]
-        address, active = brokers.get(head[chains.BROKER], (None, False))
+        active = brokers.get(head[chains.BROKER], (None, False))[1]
         writable = head[chains.STATE] == "active" and head[chains.LOGIC_START] is not None and active
         carried = [segment_ref(brokers, t, q, s) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]]
         queues.append(route_model.queue_json(q, writable, carried))
