@@ -8,6 +8,7 @@ version therefore fails at start-up, loudly, instead of letting a node misbehave
 
 Protected hooks MetaSyncObj overrides (same version pin): ``_applyCommand``, ``_checkCommandsToApply``, ``_onTick``.
 ``JournalSync`` (group commit) wraps methods of the node's own journal and transport objects, same pin.
+``keep_matching_entries`` puts a follower's incoming append messages in Raft's terms before pysyncobj sees them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ require_version(VERSION)
 
 def current_log_index(so: SyncObj) -> int:
     return so._SyncObj__getCurrentLogIndex()
+
+
+def log_entry(so: SyncObj, index: int) -> tuple[bytes, int, int] | None:
+    """(command, index, term) of the log's entry at ``index``; None when the log does not hold it."""
+    found = so._SyncObj__getEntries(index, 1)
+    return tuple(found[0]) if found else None
+
+
+def transport(so: SyncObj) -> Any:
+    return so._SyncObj__transport
 
 
 def match_indexes(so: SyncObj) -> dict[str, int]:
@@ -465,6 +476,76 @@ class JournalSync:
                 "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
                 "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
                 "meta_fsyncs": self._meta_storer.stores if self._meta_storer is not None else 0}
+
+
+# -- append entries that repeat what a follower has ---------------------------------------------------------
+# pysyncobj's follower deletes everything after prevLogIdx whenever its log goes on past it, then appends the
+# message's entries: an append that repeats entries the follower already holds takes back the ones after them.
+# Raft (Figure 2, AppendEntries step 3) deletes only from the first entry that conflicts (same index, other term).
+# The difference bites when a leader resends from behind (a reject resets its next index; a resend carries at most
+# appendEntriesBatchSizeBytes): the follower drops entries it has already acknowledged, a majority may then no
+# longer hold a committed entry, and a leader elected without it overwrites it. So a follower's appends pass here
+# first and reach pysyncobj as what Raft would do:
+# - entries the follower already holds are dropped from the front of the message, so pysyncobj deletes from the
+#   first conflict (or from nothing, if the log simply ends there) and appends only the rest;
+# - a message whose entries are all held already, with more after them, changes no entry: pysyncobj gets it as a
+#   heartbeat (term, leader, election timer), the commit index it may take is bounded by the message's last entry
+#   (the entries after it are not known to match the leader's), and the acknowledgement covers only that entry.
+_APPEND = "append_entries"
+
+
+def keep_matching_entries(so: SyncObj) -> None:
+    """Route the node's incoming raft messages through ``_append_as_raft`` (see above). Before the node ticks."""
+    transport = so._SyncObj__transport
+    handle = so._SyncObj__onMessageReceived
+
+    def received(node: Node, message: Any) -> None:
+        if isinstance(message, dict) and message.get("type") == _APPEND and "prevLogIdx" in message:
+            message = _append_as_raft(so, node, message, handle)
+            if message is None:
+                return
+        handle(node, message)
+
+    transport.setOnMessageReceivedCallback(received)
+
+
+def _append_as_raft(so: SyncObj, node: Node, message: dict[str, Any],
+                    handle: Callable[[Node, Any], None]) -> dict[str, Any] | None:
+    """The message pysyncobj should see instead of ``message``, or None once it is handled here."""
+    if message["term"] < so._SyncObj__raftCurrentTerm:
+        return message                         # refused as stale by pysyncobj itself
+    transmission = message.get("transmission")
+    if transmission is not None:
+        if transmission != "finish":
+            return message                     # a piece of one big entry: no entry is written yet
+        # The last piece of one big entry: decode it here (as pysyncobj would) so it goes through the same check.
+        whole = so._SyncObj__recvTransmission + message["data"]
+        so._SyncObj__recvTransmission = ""
+        message = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+        message["entries"] = [_pickle.loads(whole)]
+    entries = message.get("entries") or []
+    prev = message["prevLogIdx"]
+    last = so._SyncObj__getCurrentLogIndex()
+    if last <= prev:
+        return message                         # nothing after prevLogIdx to keep
+    held = so._SyncObj__getEntries(prev, len(entries) + 1)
+    if not held or held[0][2] != message["prevLogTerm"]:
+        return message                         # prevLogIdx unknown or from another term: pysyncobj refuses it
+    same = 0
+    while same < len(entries) and same + 1 < len(held) and held[same + 1][2] == entries[same][2]:
+        same += 1
+    if same < len(entries):
+        if same == 0:
+            return message
+        return {**message, "prevLogIdx": entries[same - 1][1], "prevLogTerm": entries[same - 1][2],
+                "entries": entries[same:]}
+    matched = prev + len(entries)
+    heartbeat = {k: v for k, v in message.items() if k not in ("prevLogIdx", "prevLogTerm", "entries")}
+    heartbeat["commit_index"] = min(message["commit_index"], max(matched, so._SyncObj__raftCommitIndex))
+    handle(node, heartbeat)
+    so._SyncObj__leaderCommitIndex = message["commit_index"]   # what the leader has committed, for readiness
+    so._SyncObj__sendNextNodeIdx(node, nextNodeIdx=matched + 1, success=True)
+    return None
 
 
 # -- guard -----------------------------------------------------------------------------------------------------

@@ -189,6 +189,7 @@ class MetaSyncObj(SyncObj):
         self._tick_thread: threading.Thread | None = None
         self._tick_period_s = 0.05
         super().__init__(self_raft, partners, conf)
+        shim.keep_matching_entries(self)   # a repeated append must not take back acknowledged entries
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
         self._local.journal = shim.JournalSync(self, tuning.journal_sync == "fsync", snapshot_path)

@@ -19,9 +19,10 @@ import time
 import pytest
 
 from meta import config as meta_config
-from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.raft_node import MetaSyncObj, RaftTuning
 from ops import devcluster
 from tests import cluster as cluster_mod
+from tests.raft_nodes import leader_of, start_nodes
 from tests.meta_helpers import NET_ERRORS, call_any, history, ok, wait_until
 from tests.test_config import meta_raw
 
@@ -40,27 +41,9 @@ def test_journal_sync_defaults_to_fsync_and_takes_only_its_two_values():
             meta_config.parse(meta_raw(raft_tuning={"journal_sync": bad}))
 
 
-def _start_nodes(tmp_path, mode: str) -> list[MetaSyncObj]:
-    base = devcluster.free_base_port()
-    addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
-    nodes = []
-    for i, address in enumerate(addresses):
-        node = MetaSyncObj(address, [a for a in addresses if a != address], str(tmp_path / mode / f"n{i}"), SECRET,
-                           RaftTuning(journal_sync=mode), lambda version, changed: None, LoopBridge())
-        node.start()
-        nodes.append(node)
-    return nodes
-
-
 async def _propose_concurrently(nodes: list[MetaSyncObj]) -> MetaSyncObj:
-    loop = asyncio.get_running_loop()
     deadline = time.monotonic() + WAIT_S
-    while not any(n.is_leader() for n in nodes):
-        assert time.monotonic() < deadline, "no leader among the in-process nodes"
-        await asyncio.sleep(0.05)
-    leader = next(n for n in nodes if n.is_leader())
-    leader.bridge.loop = loop
-    raft = RaftNode(leader, loop, offset_budget=1000)
+    leader, raft = await leader_of(nodes, WAIT_S)
     sem = asyncio.Semaphore(CONCURRENCY)
 
     async def one(i: int) -> None:
@@ -78,7 +61,7 @@ async def _propose_concurrently(nodes: list[MetaSyncObj]) -> MetaSyncObj:
 
 
 async def _stats_after_load(tmp_path, mode: str) -> tuple[dict, list[dict]]:
-    nodes = _start_nodes(tmp_path, mode)
+    nodes = start_nodes(tmp_path / mode, SECRET, mode)
     try:
         leader = await _propose_concurrently(nodes)
         return leader.journal_stats(), [n.journal_stats() for n in nodes if n is not leader]

@@ -1,0 +1,157 @@
+"""A follower keeps the entries an append message repeats (Raft, Figure 2, AppendEntries step 3).
+
+pysyncobj's follower deleted every entry after prevLogIdx whenever its log went on past it, so a leader resending
+from behind (a reject resets its next index; a resend carries at most one batch) took back entries the follower had
+already acknowledged: a committed entry could lose its majority. ``shim.keep_matching_entries`` puts such messages
+in Raft's terms. Three real nodes in this process (real pysyncobj, real TCP) replicate a few entries; then one
+follower's tick thread is held and the test hands it, through its transport's own receive callback, the append
+messages a leader sends when it resends from behind. Every check but the conflict's fails on pysyncobj's own
+handling; the conflict's is Raft's own deletion, which must stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import pysyncobj.pickle as raft_pickle
+
+from meta import pysyncobj_shim as shim
+from meta.raft_node import MetaSyncObj
+from tests.raft_nodes import leader_of, start_nodes
+
+SECRET = "repeated-appends-test-secret"
+WAIT_S = 20.0
+WRITES = 8
+
+
+class Follower:
+    """A follower whose ticks are held: only the test's messages reach its raft state, on the test's thread."""
+
+    def __init__(self, node: MetaSyncObj):
+        self.node = node
+        self.leader = shim.leader(node)
+        node._stop.set()            # what stop() does first, without closing the node's journal and sockets
+        node._tick_thread.join(5)
+        assert not node._tick_thread.is_alive()
+        self.sent: list[dict[str, Any]] = []
+        transport = shim.transport(node)
+        send = transport.send
+
+        def recording(to, message):
+            self.sent.append(message)
+            return send(to, message)
+
+        transport.send = recording
+        self._receive = transport._onMessageReceivedCallback
+
+    def entry(self, index: int) -> tuple[Any, int, int]:
+        return shim.log_entry(self.node, index)
+
+    @property
+    def last(self) -> int:
+        return shim.current_log_index(self.node)
+
+    @property
+    def term(self) -> int:
+        return self.node.raftCurrentTerm
+
+    def append(self, term: int, prev: int, entries: list, commit: int) -> dict[str, Any]:
+        """Hand the follower one append message from the leader and return its answer."""
+        self.sent.clear()
+        self._receive(self.leader, {"type": "append_entries", "term": term, "commit_index": commit,
+                                    "prevLogIdx": prev, "prevLogTerm": self.entry(prev)[2], "entries": entries})
+        return self._answer()
+
+    def append_in_pieces(self, term: int, prev: int, entry: tuple, commit: int) -> dict[str, Any]:
+        """The same for one entry sent as pysyncobj sends a big one: pickled, in a 'start' and a 'finish' piece."""
+        data = raft_pickle.dumps(entry)
+        base = {"type": "append_entries", "term": term, "commit_index": commit, "prevLogIdx": prev,
+                "prevLogTerm": self.entry(prev)[2]}
+        self._receive(self.leader, {**base, "transmission": "start", "data": data[:len(data) // 2]})
+        self.sent.clear()
+        self._receive(self.leader, {**base, "transmission": "finish", "data": data[len(data) // 2:]})
+        return self._answer()
+
+    def _answer(self) -> dict[str, Any]:
+        answers = [m for m in self.sent if m.get("type") == shim.ACK_MESSAGE]
+        assert len(answers) == 1, self.sent
+        return answers[0]
+
+
+@pytest.fixture
+async def follower(tmp_path):
+    nodes = start_nodes(tmp_path, SECRET)
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        for i in range(WRITES):
+            r = await raft.propose({"type": "Barrier"}, f"rid-{i}", "system", timeout_s=WAIT_S)
+            assert r["ok"], r
+        f = next(n for n in nodes if n is not leader)
+        last = shim.current_log_index(leader)
+        deadline = time.monotonic() + WAIT_S
+        while shim.current_log_index(f) < last or f.raftCommitIndex < last:
+            assert time.monotonic() < deadline, "the follower did not catch up"
+            await asyncio.sleep(0.05)
+        yield Follower(f)
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+async def test_a_repeated_entry_keeps_the_entries_after_it(follower):
+    f = follower
+    last, term, commit = f.last, f.term, f.node.raftCommitIndex
+    kept = [f.entry(i) for i in range(last - 3, last + 1)]
+    answer = f.append(term, last - 3, [f.entry(last - 2)], commit)
+    assert f.last == last, "the repeat took back entries the follower had acknowledged"
+    assert [f.entry(i) for i in range(last - 3, last + 1)] == kept
+    # The answer acknowledges what the message showed to match, no more: the leader's match index only grows.
+    assert answer["success"] and answer["next_node_idx"] == last - 1, answer
+    assert f.node.raftCommitIndex == commit
+
+
+async def test_a_heartbeat_from_behind_keeps_the_log(follower):
+    f = follower
+    last = f.last
+    answer = f.append(f.term, last - 3, [], f.node.raftCommitIndex)
+    assert f.last == last
+    assert answer["success"] and answer["next_node_idx"] == last - 2, answer
+
+
+async def test_a_big_entry_repeated_in_pieces_keeps_the_entries_after_it(follower):
+    f = follower
+    last = f.last
+    answer = f.append_in_pieces(f.term, last - 3, f.entry(last - 2), f.node.raftCommitIndex)
+    assert f.last == last
+    assert answer["success"] and answer["next_node_idx"] == last - 1, answer
+
+
+async def test_a_conflicting_entry_still_replaces_the_rest_from_there(follower):
+    f = follower
+    last, term, commit = f.last, f.term, f.node.raftCommitIndex
+    command = f.entry(last)[0]
+    # Two entries this term's leader appended but did not commit...
+    f.append(term, last, [(command, last + 1, term), (command, last + 2, term)], commit)
+    assert f.last == last + 2 and f.node.raftCommitIndex == commit
+    # ...then a new leader whose log agrees on the first and not the second: the first stays, the second goes.
+    answer = f.append(term + 1, last, [(command, last + 1, term), (command, last + 2, term + 1)], commit)
+    assert f.last == last + 2
+    assert f.entry(last + 1)[2] == term and f.entry(last + 2)[2] == term + 1
+    assert answer["success"] and answer["next_node_idx"] == last + 3, answer
+
+
+async def test_commit_stops_at_the_last_entry_the_message_showed_to_match(follower):
+    f = follower
+    last, term, commit = f.last, f.term, f.node.raftCommitIndex
+    command = f.entry(last)[0]
+    f.append(term, last, [(command, last + 1, term), (command, last + 2, term)], commit)
+    # A new leader repeats entry `last` and has committed two more entries of its own. The follower's two
+    # uncommitted entries need not be those: they stay (no conflict was shown) but may not be committed.
+    answer = f.append(term + 1, last - 1, [f.entry(last)], last + 2)
+    assert f.last == last + 2
+    assert f.node.raftCommitIndex == last, "committed entries the new leader never showed to match"
+    assert answer["success"] and answer["next_node_idx"] == last + 1, answer
