@@ -177,14 +177,15 @@ message = st.fixed_dictionaries({}, optional={"body": st.one_of(any_text, json_v
 # Plausible values per field, so requests also reach the checks behind the type checks.
 FIELD_VALUES = {
     "topic": names, "queues": st.one_of(small_ints, st.lists(small_ints, max_size=3)), "brokers": broker_lists,
-    "slots": small_ints, "order": st.sampled_from(["best_tried", "strict", "STRICT"]),
+    "slots": small_ints,
+    "order": st.one_of(st.sampled_from(["best_tried", "strict", "STRICT"]), st.booleans()),  # a topic's, a pop's
     "config": st.dictionaries(any_text, st.one_of(any_text, st.none()), max_size=3),
     "address": st.sampled_from(["http://127.0.0.1:1", "http://é", "x" * 257, ""]), "zone": any_text,
     "epoch": small_ints, "gen": small_ints, "queue": small_ints, "end_offset": small_ints,
     "physical_queue": st.sampled_from(["fz.q0.g0.i4", "x" * 301, "../x"]),
     "messages": st.one_of(st.lists(message, max_size=3), json_values), "offset": small_ints, "token": small_ints,
     "group": names, "max": small_ints, "invisible_ms": st.sampled_from([0, 999, 1000, 60_000, 43_200_001]),
-    "wait_ms": st.sampled_from([0, 1, 200, 30_001, -1]), "order": st.booleans(),
+    "wait_ms": st.sampled_from([0, 1, 200, 30_001, -1]),
     "handles": st.one_of(st.lists(any_text, max_size=3), json_values), "handle": any_text,
     "deliveries": st.one_of(st.lists(st.lists(small_ints, max_size=3), max_size=3), json_values),
 }
