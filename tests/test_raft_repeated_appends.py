@@ -155,3 +155,23 @@ async def test_commit_stops_at_the_last_entry_the_message_showed_to_match(follow
     assert f.last == last + 2
     assert f.node.raftCommitIndex == last, "committed entries the new leader never showed to match"
     assert answer["success"] and answer["next_node_idx"] == last + 1, answer
+
+
+async def test_an_entry_bigger_than_one_message_reaches_both_followers(tmp_path):
+    # pysyncobj sends an entry of appendEntriesBatchSizeBytes (64 KB) or more in pieces; the last piece is decoded
+    # by the guard, which must hand the entry on whole.
+    nodes = start_nodes(tmp_path, SECRET)
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        await raft.propose({"type": "Barrier", "pad": "x" * 300_000}, "rid-big", "system", timeout_s=WAIT_S)
+        index = shim.current_log_index(leader)
+        big = shim.log_entry(leader, index)
+        assert len(big[0]) > 300_000
+        deadline = time.monotonic() + WAIT_S
+        while any(n.raftCommitIndex < index for n in nodes):
+            assert time.monotonic() < deadline, "the big entry did not reach every node"
+            await asyncio.sleep(0.05)
+        assert all(shim.log_entry(n, index) == big for n in nodes)
+    finally:
+        for n in nodes:
+            n.stop()
