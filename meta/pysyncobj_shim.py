@@ -494,23 +494,33 @@ class JournalSync:
 _APPEND = "append_entries"
 
 
-def keep_matching_entries(so: SyncObj) -> None:
+class HeldEntries:
+    """Counts of the append messages that repeated entries this follower held (see above)."""
+
+    def __init__(self) -> None:
+        self.trimmed = 0     # a held prefix was dropped: pysyncobj would have deleted the entries after it
+        self.repeats = 0     # every entry was held and the log went on: pysyncobj would have deleted the rest
+
+
+def keep_matching_entries(so: SyncObj) -> HeldEntries:
     """Route the node's incoming raft messages through ``_append_as_raft`` (see above). Before the node ticks."""
     transport = so._SyncObj__transport
     handle = so._SyncObj__onMessageReceived
+    counts = HeldEntries()
 
     def received(node: Node, message: Any) -> None:
         if isinstance(message, dict) and message.get("type") == _APPEND and "prevLogIdx" in message:
-            message = _append_as_raft(so, node, message, handle)
+            message = _append_as_raft(so, node, message, handle, counts)
             if message is None:
                 return
         handle(node, message)
 
     transport.setOnMessageReceivedCallback(received)
+    return counts
 
 
-def _append_as_raft(so: SyncObj, node: Node, message: dict[str, Any],
-                    handle: Callable[[Node, Any], None]) -> dict[str, Any] | None:
+def _append_as_raft(so: SyncObj, node: Node, message: dict[str, Any], handle: Callable[[Node, Any], None],
+                    counts: HeldEntries) -> dict[str, Any] | None:
     """The message pysyncobj should see instead of ``message``, or None once it is handled here."""
     if message["term"] < so._SyncObj__raftCurrentTerm:
         return message                         # refused as stale by pysyncobj itself
@@ -537,8 +547,10 @@ def _append_as_raft(so: SyncObj, node: Node, message: dict[str, Any],
     if same < len(entries):
         if same == 0:
             return message
+        counts.trimmed += 1
         return {**message, "prevLogIdx": entries[same - 1][1], "prevLogTerm": entries[same - 1][2],
                 "entries": entries[same:]}
+    counts.repeats += 1
     matched = prev + len(entries)
     heartbeat = {k: v for k, v in message.items() if k not in ("prevLogIdx", "prevLogTerm", "entries")}
     heartbeat["commit_index"] = min(message["commit_index"], max(matched, so._SyncObj__raftCommitIndex))

@@ -138,6 +138,7 @@ class _LocalState:
     role_changes: dict[str, int] = field(default_factory=dict)   # times this node became leader/follower/candidate
     observe_apply_s: Callable[[float], None] | None = None       # apply latency, for metrics (set by the service)
     journal: shim.JournalSync | None = None   # group commit of the journal (journal_sync)
+    held: shim.HeldEntries | None = None      # appends that repeated held entries (pysyncobj_shim.py)
     # Leader: a follower's envelope, stamped with this leader's time and settings (RaftNode.restamp); None: as is.
     restamp: Callable[[Any], str | None] | None = None
 
@@ -189,7 +190,7 @@ class MetaSyncObj(SyncObj):
         self._tick_thread: threading.Thread | None = None
         self._tick_period_s = 0.05
         super().__init__(self_raft, partners, conf)
-        shim.keep_matching_entries(self)   # a repeated append must not take back acknowledged entries
+        self._local.held = shim.keep_matching_entries(self)   # a repeated append must not take back entries
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
         self._local.journal = shim.JournalSync(self, tuning.journal_sync == "fsync", snapshot_path)
@@ -415,6 +416,10 @@ class MetaSyncObj(SyncObj):
 
     def term(self) -> int:
         return self.raftCurrentTerm
+
+    def held_entries(self) -> shim.HeldEntries:
+        """How often an append message repeated entries this node held (kept, where pysyncobj deleted them)."""
+        return self._local.held
 
     def journal_stats(self) -> dict[str, Any]:
         """Group commit counters: syncs, and acknowledgements / commits checked against the synced index."""

@@ -112,6 +112,7 @@ async def test_a_repeated_entry_keeps_the_entries_after_it(follower):
     # The answer acknowledges what the message showed to match, no more: the leader's match index only grows.
     assert answer["success"] and answer["next_node_idx"] == last - 1, answer
     assert f.node.raftCommitIndex == commit
+    assert f.node.held_entries().repeats == 1
 
 
 async def test_a_heartbeat_from_behind_keeps_the_log(follower):
@@ -142,6 +143,7 @@ async def test_a_conflicting_entry_still_replaces_the_rest_from_there(follower):
     assert f.last == last + 2
     assert f.entry(last + 1)[2] == term and f.entry(last + 2)[2] == term + 1
     assert answer["success"] and answer["next_node_idx"] == last + 3, answer
+    assert f.node.held_entries().trimmed == 1
 
 
 async def test_commit_stops_at_the_last_entry_the_message_showed_to_match(follower):

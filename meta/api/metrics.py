@@ -99,6 +99,13 @@ class NodeStateCollector:
         expiries.add_metric([], svc.brokers.expiries if svc.brokers is not None else 0)
         yield expiries
         yield from self._journal_counters(svc.sync.journal_stats())
+        held = svc.sync.held_entries()
+        kept = CounterMetricFamily("stator_meta_raft_held_entries_appends", "Append messages that repeated entries "
+                                   "this follower held; pysyncobj would have deleted the entries after them, Raft "
+                                   "keeps them (meta/pysyncobj_shim.py)", labels=["kind"])
+        kept.add_metric(["trimmed"], held.trimmed)
+        kept.add_metric(["repeat"], held.repeats)
+        yield kept
         yield from self._image_gauges()
         cached = GaugeMetricFamily("stator_meta_route_cache_bytes", "Routes kept rendered, by form", labels=["form"])
         for form, nbytes in svc.reads.route_cache_bytes().items():
