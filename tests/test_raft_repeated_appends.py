@@ -1,14 +1,15 @@
 """A follower keeps the entries an append message repeats (Raft, Figure 2, AppendEntries step 3).
 
-The last test shows it on real processes: writes while the leader is killed and restarted.
-
 pysyncobj's follower deleted every entry after prevLogIdx whenever its log went on past it, so a leader resending
 from behind (a reject resets its next index; a resend carries at most one batch) took back entries the follower had
 already acknowledged: a committed entry could lose its majority. ``shim.keep_matching_entries`` puts such messages
-in Raft's terms. Three real nodes in this process (real pysyncobj, real TCP) replicate a few entries; then one
-follower's tick thread is held and the test hands it, through its transport's own receive callback, the append
-messages a leader sends when it resends from behind. Every check but the conflict's fails on pysyncobj's own
-handling; the conflict's is Raft's own deletion, which must stay.
+in Raft's terms.
+
+First, three real nodes in this process (real pysyncobj, real TCP) replicate a few entries; then one follower's tick
+thread is held and the test hands it, through its transport's own receive callback, the append messages a leader
+sends when it resends from behind. Every check but the conflict's fails on pysyncobj's own handling; the
+conflict's is Raft's own deletion, which must stay. Last, real processes: writes while the leader is killed and
+restarted, and no node may delete entries it has applied.
 """
 
 from __future__ import annotations
