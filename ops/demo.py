@@ -30,11 +30,17 @@ def step(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
 
-def wait_writable(meta: str, token: str, topic: str, timeout_s: float = 30.0) -> dict:
+def wait_writable(meta: str, token: str, topic: str, min_version: int, timeout_s: float = 30.0) -> dict:
+    """The topic's route once every queue is writable. Read after ``meta`` has applied ``min_version`` (the write's
+    own version): the write may have gone through another node, and a node that has not applied it yet answers
+    with the route before it, or 404 for a topic just created."""
     deadline = time.monotonic() + timeout_s
     while True:
-        route = call("GET", f"{meta}/v1/routes/{topic}", token)
-        if all(q["writable"] for q in route["queues"]) or time.monotonic() > deadline:
+        route = call("GET", f"{meta}/v1/routes/{topic}?min_version={min_version}", token)
+        ready = "queues" in route and all(q["writable"] for q in route["queues"])
+        if ready or time.monotonic() > deadline:
+            if "queues" not in route:
+                raise SystemExit(f"no route of {topic} from {meta} after {timeout_s} s: {route}")
             return route
         time.sleep(0.1)
 
@@ -54,8 +60,9 @@ def main() -> None:
 
     topic = f"orders-{int(time.time())}"
     step(f"create static topic {topic} with 6 logic queues (on a follower: it forwards to the leader)")
-    print(call("POST", f"{meta[2]}/v1/topics", admin, {"topic": topic, "queues": 6}))
-    route = wait_writable(meta[0], client, topic)
+    created = call("POST", f"{meta[2]}/v1/topics", admin, {"topic": topic, "queues": 6})
+    print(created)
+    route = wait_writable(meta[0], client, topic, created["version"])
     for q in route["queues"]:
         print(f"  queue {q['queue']} -> {q['broker']} ({q['physical_queue']})")
 
@@ -66,8 +73,9 @@ def main() -> None:
         print(f"  queue {q['queue']}: offsets {r.get('offsets', r)}")
 
     step("remap every queue onto broker b3 (seal-then-switch)")
-    print(call("POST", f"{meta[0]}/v1/topics/{topic}/remap", admin, {"brokers": ["b3"]}))
-    route = wait_writable(meta[1], client, topic)
+    remapped = call("POST", f"{meta[0]}/v1/topics/{topic}/remap", admin, {"brokers": ["b3"]})
+    print(remapped)
+    route = wait_writable(meta[1], client, topic, remapped["version"])
     for q in route["queues"]:
         chain = " -> ".join(f"{s['broker']}[{s['logic_start']},{s['logic_end']})" for s in q["segments"])
         print(f"  queue {q['queue']}: {chain}")
