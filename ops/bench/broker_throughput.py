@@ -1,6 +1,6 @@
 """Produce and consume throughput of one broker: 1 KB messages in batches of 100, fsync per batch (the default).
 
-    python -m ops.bench.broker_throughput [--seconds 10] [--queues 8] [--concurrency 16] [--generators 2]
+    python -m ops.bench.broker_throughput [--seconds 10] [--queues 8] [--concurrency 16] [--generators 2] [--brokers 1]
 
 Starts its own cluster (3 meta nodes, 1 broker) in a temp dir, produces for a fixed time over several queues, then
 consumes everything back with pulls of 100; prints one JSON object: messages/s each way, batch and pull latency, and
@@ -9,7 +9,9 @@ the disk's own append+fdatasync rate for the same batches measured in the same r
 
 Where the limit is: the load runs in ``--generators`` processes of their own, and the CPU seconds of the broker and
 of the generators over each phase are reported as a share of one core. A broker near 1.0 while the generators are
-well below is the broker's limit (one event loop, one core); generators near 1.0 are the load's.
+well below is the broker's limit (one event loop, one core); generators near 1.0 are the load's. ``--brokers N``
+spreads the topic's queues over N broker processes on the same machine and file system (the CPU figure is then
+their sum): whether more broker processes lift the rate, or the machine's cores are the limit.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def percentiles(ms: list[float]) -> dict[str, float | None]:
 
 
 async def produce(session, url, token, topic, queue, deadline, lat) -> int:
+    """``url``: the broker holding the queue's head."""
     payload = json.dumps({"messages": [{"body": BODY} for _ in range(BATCH)]}).encode()
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     sent = 0
@@ -70,9 +73,9 @@ async def consume(session, url, token, topic, queue, end, lat) -> int:
     return got
 
 
-def _generate(kind: str, url: str, token: str, topic: str, work: list, start_at: float, seconds: float) -> dict:
-    """One generator process: ``work`` is queue ids (produce: one connection each, for ``seconds`` from
-    ``start_at`` wall time) or (queue, end) pairs (consume: until each queue's end). Returns its counts,
+def _generate(kind: str, token: str, topic: str, work: list, start_at: float, seconds: float) -> dict:
+    """One generator process: ``work`` is (broker url, queue) pairs (produce: one connection each, for ``seconds``
+    from ``start_at`` wall time) or (broker url, queue, end) (consume: until each queue's end). Returns its counts,
     latencies and own CPU seconds."""
     async def go() -> tuple[int, list[float]]:
         lat: list[float] = []
@@ -80,26 +83,29 @@ def _generate(kind: str, url: str, token: str, topic: str, work: list, start_at:
             await asyncio.sleep(max(0.0, start_at - time.time()))
             if kind == "produce":
                 deadline = time.monotonic() + seconds
-                counts = await asyncio.gather(*(produce(s, url, token, topic, q, deadline, lat) for q in work))
+                counts = await asyncio.gather(*(produce(s, url, token, topic, q, deadline, lat) for url, q in work))
             else:
-                counts = await asyncio.gather(*(consume(s, url, token, topic, q, end, lat) for q, end in work))
+                counts = await asyncio.gather(*(consume(s, url, token, topic, q, end, lat)
+                                                for url, q, end in work))
         return sum(counts), lat
     cpu0 = time.process_time()
     count, lat = asyncio.run(go())
     return {"count": count, "lat": lat, "cpu_s": time.process_time() - cpu0}
 
 
-def _append_figures(url: str) -> dict[str, float]:
-    """The broker's append and fsync histograms' counts and sums from its /metrics (public)."""
+def _append_figures(urls: list[str]) -> dict[str, float]:
+    """The brokers' append and fsync histograms' counts and sums from their /metrics (public), summed."""
     import urllib.request
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("stator_broker_append_seconds_count", "stator_broker_append_seconds_sum",
-                    "stator_broker_fsync_seconds_count", "stator_broker_fsync_seconds_sum"):
-            out[name[len("stator_broker_"):]] = float(value)
+    out: dict[str, float] = {}
+    for url in urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("stator_broker_append_seconds_count", "stator_broker_append_seconds_sum",
+                        "stator_broker_fsync_seconds_count", "stator_broker_fsync_seconds_sum"):
+                key = name[len("stator_broker_"):]
+                out[key] = out.get(key, 0.0) + float(value)
     return out
 
 
@@ -117,19 +123,24 @@ def _split(items: list, parts: int) -> list[list]:
     return [items[i::parts] for i in range(parts) if items[i::parts]]
 
 
-def _phase(pool: ProcessPoolExecutor, kind: str, url: str, token: str, work: list, generators: int, seconds: float,
-           broker_pid: int) -> dict:
+def _brokers_cpu(pids: list[int]) -> float | None:
+    seconds = [cpu_seconds(pid) for pid in pids]
+    return None if None in seconds else sum(seconds)
+
+
+def _phase(pool: ProcessPoolExecutor, kind: str, urls: list[str], token: str, work: list, generators: int,
+           seconds: float, broker_pids: list[int]) -> dict:
     start_at = time.time() + START_DELAY_S
-    futures = [pool.submit(_generate, kind, url, token, "bench", part, start_at, seconds)
+    futures = [pool.submit(_generate, kind, token, "bench", part, start_at, seconds)
                for part in _split(work, generators)]
     time.sleep(max(0.0, start_at - time.time()))
-    broker_cpu0, t0, storage0 = cpu_seconds(broker_pid), time.monotonic(), _append_figures(url)
+    broker_cpu0, t0, storage0 = _brokers_cpu(broker_pids), time.monotonic(), _append_figures(urls)
     results = [f.result() for f in futures]
-    elapsed, broker_cpu = time.monotonic() - t0, cpu_seconds(broker_pid)
-    storage = _storage_figures(storage0, _append_figures(url))
+    elapsed, broker_cpu = time.monotonic() - t0, _brokers_cpu(broker_pids)
+    storage = _storage_figures(storage0, _append_figures(urls))
     lat = [x for r in results for x in r["lat"]]
     count = sum(r["count"] for r in results)
-    broker_s = broker_cpu - broker_cpu0 if broker_cpu is not None else None
+    broker_s = broker_cpu - broker_cpu0 if broker_cpu is not None and broker_cpu0 is not None else None
     return {"messages": count, "seconds": round(elapsed, 2), "messages_per_s": round(count / elapsed),
             "latency_ms": percentiles(lat),
             "cpu_cores": {"broker": round(broker_s / elapsed, 2) if broker_s is not None else None,
@@ -140,42 +151,56 @@ def _phase(pool: ProcessPoolExecutor, kind: str, url: str, token: str, work: lis
             **({"storage": storage} if kind == "produce" else {})}
 
 
-async def _prepare(meta: str, broker: str, admin: str, client: str, queues: int) -> None:
+async def _prepare(meta: str, admin: str, client: str, queues: int) -> dict[int, str]:
+    """Creates the topic over every broker and warms each queue up; returns each queue's broker URL."""
     async with aiohttp.ClientSession() as s:
         async with s.post(f"{meta}/v1/topics", json={"topic": "bench", "queues": queues},
                           headers={"Authorization": f"Bearer {admin}"}) as r:
             assert r.status == 201, await r.text()
-        await asyncio.sleep(1.0)  # the broker learns the route and its budgets
+            version = (await r.json())["version"]
+        async with s.get(f"{meta}/v1/routes/bench?min_version={version}",
+                         headers={"Authorization": f"Bearer {client}"}) as r:
+            assert r.status == 200, await r.text()
+            owners = {q["queue"]: q["address"] for q in (await r.json())["queues"]}
+        await asyncio.sleep(1.0)  # the brokers learn the route and their budgets
         warm: list[float] = []
-        await asyncio.gather(*(produce(s, broker, client, "bench", q, time.monotonic() + 1, warm)
+        await asyncio.gather(*(produce(s, owners[q], client, "bench", q, time.monotonic() + 1, warm)
                                for q in range(queues)))
+        return owners
 
 
-async def _ends(broker: str, client: str) -> dict[int, int]:
+async def _ends(owners: dict[int, str], client: str) -> dict[int, int]:
+    """Each queue's end, from the broker holding it."""
+    ends: dict[int, int] = {}
     async with aiohttp.ClientSession() as s:
-        async with s.get(f"{broker}/v1/queues/bench", headers={"Authorization": f"Bearer {client}"}) as r:
-            return {q["queue"]: q["max_offset"] for q in (await r.json())["queues"]}
+        for url in sorted(set(owners.values())):
+            async with s.get(f"{url}/v1/queues/bench", headers={"Authorization": f"Bearer {client}"}) as r:
+                ends.update({q["queue"]: q["max_offset"] for q in (await r.json())["queues"]
+                             if owners.get(q["queue"]) == url})
+    return ends
 
 
 def run(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="stator-bench-") as tmp:
-        cluster = devcluster.up(os.path.join(tmp, "c"), 3, 1, free_base_port())
+        cluster = devcluster.up(os.path.join(tmp, "c"), 3, args.brokers, free_base_port())
         try:
-            meta, broker = cluster["meta"][0]["url"], cluster["brokers"][0]["url"]
-            broker_pid = cluster["brokers"][0]["pid"]
+            meta = cluster["meta"][0]["url"]
+            urls = [b["url"] for b in cluster["brokers"]]
+            broker_pids = [b["pid"] for b in cluster["brokers"]]
             admin, client = cluster["admin_token"], cluster["client_token"]
             ceiling = disk_ceiling(DISK_CEILING_SECONDS, BATCH, len(BODY), tmp)
-            asyncio.run(_prepare(meta, broker, admin, client, args.queues))
+            owners = asyncio.run(_prepare(meta, admin, client, args.queues))
             with ProcessPoolExecutor(max_workers=args.generators) as pool:
-                slots = [i % args.queues for i in range(args.concurrency)]
-                produced = _phase(pool, "produce", broker, client, slots, args.generators, args.seconds, broker_pid)
-                ends = asyncio.run(_ends(broker, client))
-                consumed = _phase(pool, "consume", broker, client, sorted(ends.items()), args.generators, 0.0,
-                                  broker_pid)
+                slots = [(owners[q], q) for q in (i % args.queues for i in range(args.concurrency))]
+                produced = _phase(pool, "produce", urls, client, slots, args.generators, args.seconds, broker_pids)
+                ends = asyncio.run(_ends(owners, client))
+                reads = [(owners[q], q, end) for q, end in sorted(ends.items())]
+                consumed = _phase(pool, "consume", urls, client, reads, args.generators, 0.0, broker_pids)
             disk = ceiling["messages_per_s"]
             return {
                 "benchmark": "broker_throughput", "message_bytes": len(BODY), "batch": BATCH, "flush": "fsync",
                 "queues": args.queues, "concurrency": args.concurrency, "generators": args.generators,
+                "brokers": args.brokers,
                 "disk_ceiling": ceiling,
                 "produce": {**produced, "of_disk_ceiling": round(produced["messages_per_s"] / disk, 2)},
                 "consume": consumed,
@@ -191,7 +216,10 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--generators", type=int, default=2, help="load generator processes")
+    ap.add_argument("--brokers", type=int, default=1, help="broker processes the topic's queues are spread over")
     args = ap.parse_args()
+    if args.brokers < 1 or args.queues < args.brokers:
+        ap.error("--brokers must be between 1 and --queues")
     print(json.dumps(run(args)))
     sys.stdout.flush()
 
