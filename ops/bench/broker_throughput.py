@@ -2,8 +2,8 @@
 
     python -m ops.bench.broker_throughput [--seconds 10] [--queues 8] [--concurrency 16] [--generators 2] [--brokers 1]
 
-Starts its own cluster (3 meta nodes, ``--brokers`` brokers) in a temp dir, produces for a fixed time over several queues, then
-consumes everything back with pulls of 100; prints one JSON object: messages/s each way, batch and pull latency, and
+Starts its own cluster (3 meta nodes, ``--brokers`` brokers) in a temp dir, produces for a fixed time over several
+queues, then consumes everything back with pulls of 100; prints one JSON object: messages/s each way, batch and pull latency, and
 the disk's own append+fdatasync rate for the same batches measured in the same run on the same file system
 (``disk_ceiling``), with the ratio to it.
 
