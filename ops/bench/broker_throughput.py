@@ -3,9 +3,9 @@
     python -m ops.bench.broker_throughput [--seconds 10] [--queues 8] [--concurrency 16] [--generators 2] [--brokers 1]
 
 Starts its own cluster (3 meta nodes, ``--brokers`` brokers) in a temp dir, produces for a fixed time over several
-queues, then consumes everything back with pulls of 100; prints one JSON object: messages/s each way, batch and pull latency, and
-the disk's own append+fdatasync rate for the same batches measured in the same run on the same file system
-(``disk_ceiling``), with the ratio to it.
+queues, then consumes everything back with pulls of 100; prints one JSON object: messages/s each way, batch and pull
+latency, and the disk's own append+fdatasync rate for the same batches measured in the same run on the same file
+system (``disk_ceiling``), with the ratio to it.
 
 Where the limit is: the load runs in ``--generators`` processes of their own, and the CPU seconds of the broker and
 of the generators over each phase are reported as a share of one core. A broker near 1.0 while the generators are
