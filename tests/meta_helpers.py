@@ -269,6 +269,30 @@ async def config_writes(c: Cluster, urls: list[str], topic: str, writes: int) ->
     return b["version"]
 
 
+async def write_configs_until(c: Cluster, topic: str, writers: int, stop: asyncio.Event,
+                              acked: dict[int, tuple[str, str]], pad: int = 0) -> None:
+    """``writers`` loops of ``PUT /v1/topics/{topic}/config`` until ``stop`` is set, writer w through node w % 3
+    with ``{"w<w>": "<seq>"}`` (the value padded with ``pad`` x's); each acknowledged write goes into ``acked`` as
+    version -> (key, value). Nodes may die meanwhile: a write may fail on the network or with 503 (no leader,
+    unknown outcome), nothing else. A writer's assertion is raised here once every writer stopped."""
+    async def writer(w: int) -> None:
+        url, key, seq = c.meta_urls[w % len(c.meta_urls)], f"w{w}", 0
+        while not stop.is_set():
+            seq += 1
+            value = str(seq) + "x" * pad
+            try:
+                s, b, _ = await c.call("PUT", f"{url}/v1/topics/{topic}/config", json={key: value}, timeout_s=5.0)
+            except NET_ERRORS:
+                await asyncio.sleep(0.05)   # a dead node refuses at once: no busy loop
+                continue
+            if s == 200:
+                acked[b["version"]] = (key, value)
+            else:
+                assert s == 503, (s, b)
+
+    await asyncio.gather(*(writer(w) for w in range(writers)))
+
+
 def snapshot_or_none(path: str) -> snapshot_file.Snapshot | None:
     """A node's Raft snapshot, or None before it wrote one."""
     try:

@@ -23,7 +23,7 @@ from meta.raft_node import MetaSyncObj, RaftTuning
 from ops import devcluster
 from tests import cluster as cluster_mod
 from tests.raft_nodes import leader_of, start_nodes
-from tests.meta_helpers import NET_ERRORS, call_any, history, ok, wait_until
+from tests.meta_helpers import call_any, history, ok, wait_until, write_configs_until
 from tests.test_config import meta_raw
 
 SECRET = "journal-sync-test-secret"
@@ -106,30 +106,14 @@ async def test_every_acknowledged_write_survives_kill9_of_all_nodes_in_fsync_mod
         await ok(c, "POST", "/v1/topics", json={"topic": TOPIC, "queues": 1, "brokers": ["b1"]}, expect=(201,))
         acked: dict[int, tuple[str, str]] = {}   # version of an acknowledged write -> (key, value) it set
         stop = asyncio.Event()
-
-        async def writer(w: int) -> None:
-            url = c.meta_urls[w % 3]
-            seq = 0
-            while not stop.is_set():
-                seq += 1
-                try:
-                    s, b, _ = await c.call("PUT", f"{url}/v1/topics/{TOPIC}/config", json={f"w{w}": str(seq)},
-                                           timeout_s=5.0)
-                except NET_ERRORS:
-                    continue
-                if s == 200:
-                    acked[b["version"]] = (f"w{w}", str(seq))
-                else:
-                    assert s == 503, (s, b)   # only "no leader / unknown outcome" while the nodes die
-
-        tasks = [asyncio.create_task(writer(w)) for w in range(WRITERS)]
+        writing = asyncio.create_task(write_configs_until(c, TOPIC, WRITERS, stop, acked))
         try:
             await wait_until(lambda: _true(len(acked) >= 100), 30.0, "100 acknowledged writes", 0.05)
             for m in ("m1", "m2", "m3"):   # while the writers keep writing
                 await asyncio.to_thread(c.kill9, m)
         finally:
             stop.set()
-            await asyncio.gather(*tasks)   # a writer's exception fails the test here
+            await writing   # a writer's exception fails the test here
         await asyncio.to_thread(devcluster.restart_all, c.dir)
         c.reload()
         v_max = max(acked)
