@@ -125,7 +125,7 @@ def send_append_entries(so: SyncObj) -> None:
 
 
 def send_message(so: SyncObj, node: Node, message: dict[str, Any]) -> None:
-    so._SyncObj__transport.send(node, message)
+    transport(so).send(node, message)
 
 
 def pipe_notifier(so: SyncObj) -> Any:
@@ -419,8 +419,8 @@ class JournalSync:
             path = journal._FileJournal__metaStorer.getPath()
             self._meta_storer = journal._FileJournal__metaStorer = _DurableMetaStorer(path)
             fsync_directory(os.path.dirname(os.path.abspath(path)))   # the journal file's own name
-        transport = so._SyncObj__transport
-        transport.send = self._syncing_acks(transport.send)
+        link = transport(so)
+        link.send = self._syncing_acks(link.send)
 
     def _marking(self, method: Callable[..., Any]) -> Callable[..., Any]:
         def mutate(*args: Any, **kwargs: Any) -> Any:
@@ -504,7 +504,6 @@ class HeldEntries:
 
 def keep_matching_entries(so: SyncObj) -> HeldEntries:
     """Route the node's incoming raft messages through ``_append_as_raft`` (see above). Before the node ticks."""
-    transport = so._SyncObj__transport
     handle = so._SyncObj__onMessageReceived
     counts = HeldEntries()
 
@@ -515,7 +514,7 @@ def keep_matching_entries(so: SyncObj) -> HeldEntries:
                 return
         handle(node, message)
 
-    transport.setOnMessageReceivedCallback(received)
+    transport(so).setOnMessageReceivedCallback(received)
     return counts
 
 
@@ -553,7 +552,7 @@ def _append_as_raft(so: SyncObj, node: Node, message: dict[str, Any], handle: Ca
     counts.repeats += 1
     matched = prev + len(entries)
     heartbeat = {k: v for k, v in message.items() if k not in ("prevLogIdx", "prevLogTerm", "entries")}
-    heartbeat["commit_index"] = min(message["commit_index"], max(matched, so._SyncObj__raftCommitIndex))
+    heartbeat["commit_index"] = min(message["commit_index"], matched)   # pysyncobj only ever raises it
     handle(node, heartbeat)
     so._SyncObj__leaderCommitIndex = message["commit_index"]   # what the leader has committed, for readiness
     so._SyncObj__sendNextNodeIdx(node, nextNodeIdx=matched + 1, success=True)
