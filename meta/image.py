@@ -26,7 +26,7 @@ Layout of ``Image.data``::
     revoking       {group: locks of it being revoked}: where the leader looks for revocations whose lease ended
     requests       {request id: [fingerprint, ts, outcome]} in arrival order (idempotency)
     history        [stored event as canonical JSON, big ones packed: meta/history_lines.py] newest last, bounded;
-                   history_start = version of history[0]; read them through history_after / history_lines
+                   history_start = version of history[0]; read them through history_kept_after / history_lines
     history_window events the history keeps (trimmed in chunks of a tenth past it): set by the leader's stamp on a
                    command envelope (meta/state_machine.py), never from a node's own config, so replicas agree
 """
@@ -142,9 +142,9 @@ class Image:
         i = start - self.data["history_start"]
         return self.data["history"][i:i + limit]
 
-    def history_after(self, after: int, limit: int, chars_max: int | None = None) -> list[str]:
-        """Up to ``limit`` lines after version ``after`` (and within ``chars_max`` characters, the first always)."""
-        return history_lines.unpacked(self.history_kept_after(after, limit), chars_max)
+    def history_after(self, after: int, limit: int) -> list[str]:
+        """Up to ``limit`` lines after version ``after``, unpacked: for readers of an image no other thread changes."""
+        return history_lines.unpacked(self.history_kept_after(after, limit))
 
     def history_lines(self) -> list[str]:
         """Every line the window holds, oldest first (version ``history_start`` first)."""
