@@ -29,7 +29,7 @@ import aiohttp
 
 from ops import devcluster
 from ops.bench.bench_storage import disk_ceiling
-from ops.bench.common import cpu_seconds, free_base_port
+from ops.bench.common import cpu_seconds, free_base_port, metric_sums
 
 BATCH = 100
 BODY = "x" * 1000
@@ -93,19 +93,19 @@ def _generate(kind: str, token: str, topic: str, work: list, start_at: float, se
     return {"count": count, "lat": lat, "cpu_s": time.process_time() - cpu0}
 
 
+_STORAGE_SAMPLES = {f"stator_broker_{k}": k for k in ("append_seconds_count", "append_seconds_sum",
+                                                       "fsync_seconds_count", "fsync_seconds_sum")}
+
+
 def _append_figures(urls: list[str]) -> dict[str, float]:
     """The brokers' append and fsync histograms' counts and sums from their /metrics (public), summed."""
     import urllib.request
-    out: dict[str, float] = {}
+    out = dict.fromkeys(_STORAGE_SAMPLES.values(), 0.0)
     for url in urls:
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name in ("stator_broker_append_seconds_count", "stator_broker_append_seconds_sum",
-                        "stator_broker_fsync_seconds_count", "stator_broker_fsync_seconds_sum"):
-                key = name[len("stator_broker_"):]
-                out[key] = out.get(key, 0.0) + float(value)
+            sums = metric_sums(r.read().decode(), _STORAGE_SAMPLES)
+        for name, key in _STORAGE_SAMPLES.items():
+            out[key] += sums[name]
     return out
 
 

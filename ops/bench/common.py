@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import aiohttp
@@ -131,14 +131,23 @@ async def call(s: aiohttp.ClientSession, method: str, url: str, headers: dict[st
             return r.status, raw.decode(errors="replace")
 
 
-async def metric_sum(s: aiohttp.ClientSession, url: str, name: str, timeout_s: float = 10.0) -> float | None:
-    """The sum of every sample named ``name`` (labels summed over) in ``url``'s /metrics; None if it does not answer.
+def metric_sums(text: str, names: Iterable[str]) -> dict[str, float]:
+    """Per sample name in ``names``, the sum of its samples (labels summed over) in a /metrics text.
     prometheus_client's own parser: the exposition format has escapes and comments a split on spaces gets wrong."""
+    sums = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in sums:
+                sums[sample.name] += sample.value
+    return sums
+
+
+async def metric_sum(s: aiohttp.ClientSession, url: str, name: str, timeout_s: float = 10.0) -> float | None:
+    """The sum of every sample named ``name`` in ``url``'s /metrics (``metric_sums``); None if it does not answer."""
     try:
         async with s.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             text = await r.text()
-        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name == name)
+        return metric_sums(text, [name])[name]
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
         return None
 
