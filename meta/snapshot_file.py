@@ -180,6 +180,12 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 def write(path: str, snapshot: Snapshot) -> None:
     """Replaces ``path`` atomically: a crash leaves the old snapshot or the new one, never a part."""
+    write_beside(path, snapshot)
+    put_in_place(path)
+
+
+def write_beside(path: str, snapshot: Snapshot) -> str:
+    """Writes the snapshot whole and synced next to ``path`` (``path + WRITING_SUFFIX``); returns that name."""
     tmp = path + WRITING_SUFFIX
     with open(tmp, "wb") as f:
         with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as g, \
@@ -189,7 +195,23 @@ def write(path: str, snapshot: Snapshot) -> None:
         # pysyncobj drops the log entries the snapshot covers once the write reports success: the file must be
         # on disk by then, not in the page cache.
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return tmp
+
+
+def put_in_place(path: str) -> None:
+    """Renames the synced ``path + WRITING_SUFFIX`` over ``path`` and syncs the directory."""
+    os.replace(path + WRITING_SUFFIX, path)
+    sync_directory_of(path)
+
+
+def sync_file(path: str) -> None:
+    """fsync ``path`` and its directory: a file another writer renamed into place (pysyncobj's install) is durable."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+    sync_directory_of(path)
+
+
+def sync_directory_of(path: str) -> None:
     dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -205,21 +227,34 @@ class WriterState(enum.Enum):
 
 
 class BackgroundWriter:
-    """Writes one snapshot at a time from a forked child.
+    """Writes one snapshot at a time from a forked child; the parent puts it in place.
 
     Encoding a million-queue image takes seconds of CPU the tick thread must not spend (it would miss heartbeats
     and cause elections); the child's copy-on-write view of memory is a consistent image at no cost.
+
+    The child only writes ``path + WRITING_SUFFIX``; ``poll``, on the tick thread, renames it over the snapshot. The
+    tick thread is also where a snapshot installed from the leader lands (``note_on_disk``), so the two never race:
+    a write of index L that finishes after a newer snapshot (index L' > L) was installed is dropped, never renamed
+    over it. Renamed from the child, it replaced the installed one while the journal already started at L': on
+    restart the journal no longer followed the snapshot and every entry after L was lost from the node.
     """
 
     def __init__(self, path: str):
         self.path = path
         self._pid: int | None = None
+        self._writing_index = 0
         self._fork_failed = False
+        self.on_disk_index = 0     # last applied index of the snapshot file in place (0: none known)
+        self.superseded = 0        # writes dropped because a newer snapshot was installed meanwhile
 
     @property
     def pid(self) -> int | None:
         """The writing child's process id, while there is one."""
         return self._pid
+
+    def note_on_disk(self, index: int) -> None:
+        """The snapshot in place now covers up to ``index`` (read at start-up or installed from the leader)."""
+        self.on_disk_index = index
 
     def start(self, snapshot: Snapshot) -> bool:
         """Starts a write; False if one is still running or no child could be forked (``poll`` reports FAILED)."""
@@ -233,6 +268,7 @@ class BackgroundWriter:
         if pid == 0:
             _write_in_child(self.path, snapshot)
         self._pid = pid
+        self._writing_index = snapshot.last_applied.index
         return True
 
     def poll(self) -> WriterState:
@@ -248,7 +284,16 @@ class BackgroundWriter:
         if pid == 0:
             return WriterState.WRITING
         self._pid = None
-        return WriterState.DONE if os.waitstatus_to_exitcode(status) == 0 else WriterState.FAILED
+        if os.waitstatus_to_exitcode(status) != 0:
+            return WriterState.FAILED
+        if self._writing_index <= self.on_disk_index:
+            self.superseded += 1
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path + WRITING_SUFFIX)
+            return WriterState.FAILED
+        put_in_place(self.path)
+        self.on_disk_index = self._writing_index
+        return WriterState.DONE
 
 
 def _write_in_child(path: str, snapshot: Snapshot) -> NoReturn:
@@ -258,7 +303,7 @@ def _write_in_child(path: str, snapshot: Snapshot) -> NoReturn:
         gc.disable()
         with contextlib.suppress(OSError):
             os.nice(SNAPSHOT_WRITER_NICE)
-        write(path, snapshot)
+        write_beside(path, snapshot)
         code = 0
     except BaseException as e:  # the child must never return into the parent's code, whatever happens
         with contextlib.suppress(BaseException):
