@@ -25,7 +25,8 @@ from typing import Any
 from . import pysyncobj_shim as shim
 from . import snapshot_file
 from .image import Image
-from .raft_node import JOURNAL_FILE, SNAPSHOT_FILE
+from .raft_journal import JOURNAL_FILE
+from .raft_node import SNAPSHOT_FILE
 
 FORMAT = "stator-backup"
 FORMAT_VERSION = 1

@@ -108,9 +108,12 @@ class _RaftTuningSchema(Schema):
     commands_queue_max: int = Field(RaftTuning.commands_queue_max, ge=1, le=RAFT_COMMANDS_QUEUE_MAX)
     snapshot_chunk_bytes: int = Field(RaftTuning.snapshot_chunk_bytes, ge=RAFT_SNAPSHOT_CHUNK_BYTES_MIN,
                                       le=RAFT_SNAPSHOT_CHUNK_BYTES_MAX)
-    # "fsync" (default): the journal is msynced before a node acknowledges entries (group commit per tick), so an
-    # acknowledged write survives a power loss of every node; "none": pysyncobj's mmap writes only (kill -9 safe).
+    # "fsync" (default): the journal is fdatasynced before a node acknowledges entries (group commit per tick), so
+    # an acknowledged write survives a power loss of every node; "none": written, never synced (kill -9 safe).
     journal_sync: Literal["fsync", "none"] = RaftTuning.journal_sync
+    # "os" (default); "memory_until_sync" keeps unsynced journal writes in the process, so a kill -9 loses what a
+    # power loss would: for tests and the chaos runner, never for a node that must keep its data.
+    journal_io: Literal["os", "memory_until_sync"] = RaftTuning.journal_io
 
     @model_validator(mode="after")
     def _timeouts_in_order(self) -> _RaftTuningSchema:

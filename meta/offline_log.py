@@ -2,7 +2,7 @@
 
 Used by `stator meta rebuild-projection`: replay the committed entries through the same state machine the node runs,
 then hand the retained event history to the projection. The snapshot is read by the same parser the node restores
-from (``snapshot_file``); the journal is this node's own, written by pysyncobj (``pysyncobj_shim``).
+from (``snapshot_file``); the journal is read and checked by ``raft_journal``, as the node reads it.
 
 The log holds the newest events only: the image's history window, plus what the window trimmed while the journal
 was replayed over an older snapshot. The versions before them come from a peer's ``/v1/history`` or from a Parquet
@@ -26,7 +26,8 @@ from . import pysyncobj_shim as shim
 from . import snapshot_file
 from .config import MetaConfig
 from .image import Image
-from .raft_node import JOURNAL_FILE, SNAPSHOT_FILE, decode_entry
+from .raft_journal import JOURNAL_FILE, read_journal
+from .raft_node import SNAPSHOT_FILE, decode_entry
 from .state_machine import StateMachine
 
 
@@ -45,12 +46,13 @@ def image_from_data_dir(data_dir: str, keep_trimmed: bool = False) -> Image:
         image, last_index = Image(restored.image), restored.last_applied.index
     if keep_trimmed:
         image.trimmed_to = deque()  # bounded by the journal, which compaction keeps short
-    journal_path = os.path.join(data_dir, JOURNAL_FILE)
-    if os.path.exists(journal_path):
+    if os.path.exists(os.path.join(data_dir, JOURNAL_FILE)):
         machine = StateMachine(image)
-        for args in shim.committed_calls(journal_path, last_index):
-            if len(args) == 1 and isinstance(args[0], str):
-                machine.apply(decode_entry(args[0]))
+        journal = read_journal(data_dir)   # checked as the node checks it; never repaired from here
+        for command, index, _term in journal.entries:
+            payload = shim.envelope_bytes(command)
+            if last_index < index <= journal.commit_index and payload is not None:
+                machine.apply(decode_entry(payload))
     return image
 
 

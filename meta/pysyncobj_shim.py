@@ -6,30 +6,28 @@ these functions touch its name-mangled attributes (``_SyncObj__*``), its protect
 snapshot layouts. Any release may rename or change them without notice; importing this module against another
 version therefore fails at start-up, loudly, instead of letting a node misbehave quietly.
 
-Protected hooks MetaSyncObj overrides (same version pin): ``_applyCommand``, ``_checkCommandsToApply``, ``_onTick``.
-``JournalSync`` (group commit) wraps methods of the node's own journal and transport objects, same pin.
+Protected hooks MetaSyncObj overrides (same version pin): ``_applyCommand``, ``_checkCommandsToApply``, ``_onTick``,
+and the private ``__doApplyCommand`` (``CommandsAsBytes``: no pickle in the log). The journal is Stator's own
+(``journal_of_our_own``: one swap of a module-level name), the transport too (pysyncobj's public ``transportClass``).
 ``keep_matching_entries`` puts a follower's incoming append messages in Raft's terms before pysyncobj sees them.
 """
 
 from __future__ import annotations
 
-import json
-import mmap
+import contextlib
 import os
-import struct
-import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pysyncobj.pickle as _pickle
-from pysyncobj import SERIALIZER_STATE, SyncObj
-import pysyncobj.journal as _journal_mod
-from pysyncobj.journal import FileJournal, MetaStorer
+import pysyncobj.syncobj as _syncobj_mod
+from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObj
 from pysyncobj.syncobj import _COMMAND_TYPE
 from pysyncobj.monotonic import monotonic
 from pysyncobj.node import Node, TCPNode
 from pysyncobj.version import VERSION
 
+from .raft_journal import StatorJournal
 from .snapshot_file import LogEntry, Snapshot, WriterState
 
 PYSYNCOBJ_VERSION = "0.3.17"
@@ -114,11 +112,6 @@ def finish_interrupted_compaction(so: SyncObj, snapshot: Snapshot) -> bool:
     return True
 
 
-def save_commit_index(so: SyncObj) -> None:
-    """What the journal's one-second timer does: persist the commit index it otherwise saves lazily."""
-    so._SyncObj__raftLog.onOneSecondTimer()
-
-
 # -- transport -------------------------------------------------------------------------------------------------
 def send_append_entries(so: SyncObj) -> None:
     so._SyncObj__sendAppendEntries()
@@ -138,37 +131,59 @@ def poll_sockets(so: SyncObj) -> None:
     so._poller.poll(0)
 
 
-# -- commands forwarded by followers ---------------------------------------------------------------------------
-# A follower's call of a @replicated method goes to the leader as pysyncobj's ``apply_command`` message; the leader
-# hands its ``command`` to ``_applyCommand`` with the callback ``(sender node, request id)``, appends it to the log
-# and answers with its index; the follower's callback fires when it applied that index itself. ``command`` is the
-# REGULAR type byte and the pickle of ``(method id, args)`` that pysyncobj's ``replicated`` wrapper made (no kwargs).
+# -- commands: Stator's bytes in the log, never a pickle ----------------------------------------------------------
+# pysyncobj's ``@replicated`` methods pickle ``(method id, args)`` into every log entry, and every replica unpickles
+# what reached it from the network (``__doApplyCommand``). Stator does not use ``@replicated``: a log entry's command
+# is pysyncobj's REGULAR type byte and the UTF-8 JSON of one envelope, appended through ``_applyCommand`` (the
+# protected method the ``replicated`` wrapper itself calls) and applied by ``CommandsAsBytes`` below, which replaces
+# pysyncobj's private ``__doApplyCommand``. A follower's proposal travels to the leader as pysyncobj's
+# ``apply_command`` message; the leader hands its ``command`` to ``_applyCommand`` with the callback ``(sender node,
+# request id)``, appends it to the log and answers with its index; the follower's callback fires when it applied
+# that index itself.
+REGULAR_COMMAND = _COMMAND_TYPE.REGULAR   # the first byte of an entry that carries an envelope
+NO_OP_COMMAND = bytes([_COMMAND_TYPE.NO_OP])   # a new term's first entry (pysyncobj writes the type byte alone)
+
+
+class CommandsAsBytes:
+    """Mixin for a SyncObj subclass: apply each REGULAR entry's bytes with ``apply_command(payload)``.
+
+    pysyncobj's other entry types (no-op, membership, code version) carry nothing to apply; Stator writes only
+    no-ops among them (dynamicMembershipChange=False, no setCodeVersion), and an entry of another type is skipped
+    the same way on every replica (pysyncobj would raise on a code version newer than its own)."""
+
+    def _SyncObj__doApplyCommand(self, command: bytes) -> Any:   # noqa: N802 - the private name it replaces
+        if command[:1] == bytes([REGULAR_COMMAND]):
+            return self.apply_command(command[1:])
+        return None
+
+    def apply_command(self, payload: bytes) -> Any:
+        raise NotImplementedError
+
+
+def propose(so: SyncObj, payload: bytes, callback: Callable[[Any, int], None]) -> None:
+    """Queue one envelope's bytes for the log (the leader appends it; a follower forwards it to the leader)."""
+    so._applyCommand(bytes([REGULAR_COMMAND]) + payload, callback)
+
+
 def is_forwarded(callback: Any) -> bool:
     """Whether ``_applyCommand`` got this command from a follower (pysyncobj's ``(node, request id)`` callback)."""
     return isinstance(callback, tuple)
 
 
-def single_argument(command: Any) -> tuple[Any, Any] | None:
-    """(method id, argument) of a REGULAR command that calls one method with one positional argument, else None."""
-    if not isinstance(command, bytes) or not command or command[0] != REGULAR_COMMAND:
-        return None
-    try:
-        decoded = _pickle.loads(command[1:])
-    except Exception:  # noqa: BLE001 - whatever it holds, the command then goes to the log unchanged
-        return None
-    if isinstance(decoded, tuple) and len(decoded) == 2 and isinstance(decoded[1], tuple) and len(decoded[1]) == 1:
-        return decoded[0], decoded[1][0]
+def envelope_bytes(command: Any) -> bytes | None:
+    """The envelope bytes of a REGULAR command, else None."""
+    if isinstance(command, bytes) and command[:1] == bytes([REGULAR_COMMAND]):
+        return command[1:]
     return None
 
 
-def with_argument(method_id: Any, argument: Any) -> bytes:
-    """The REGULAR command calling ``method_id`` with ``argument``, as pysyncobj's ``replicated`` encodes it."""
-    return bytes([REGULAR_COMMAND]) + _pickle.dumps((method_id, (argument,)))
+def with_envelope(payload: bytes) -> bytes:
+    return bytes([REGULAR_COMMAND]) + payload
 
 
-def method_id(so: SyncObj, name: str) -> Any:
-    """pysyncobj's id of the @replicated method ``name`` (registered under its versioned name: version 0)."""
-    return so._methodToID[f"{name}_v0"]
+def refuse_command(so: SyncObj, callback: Any) -> None:
+    """Answer a command's proposer REQUEST_DENIED without appending it (a forwarded one gets pysyncobj's message)."""
+    so._SyncObj__callErrCallback(FAIL_REASON.REQUEST_DENIED, callback)
 
 
 # -- snapshots -------------------------------------------------------------------------------------------------
@@ -218,264 +233,34 @@ def _raw_entry(entry: LogEntry) -> tuple[bytes, int, int]:
     return entry.command, entry.index, entry.term
 
 
-# -- journal ---------------------------------------------------------------------------------------------------
-REGULAR_COMMAND = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: the first byte of a journal entry for a replicated call
+# -- journal: Stator's own (meta/raft_journal.py) -----------------------------------------------------------------
+# ``SyncObj.__init__`` creates its journal with ``createJournal(self.__conf.journalFile)``, a module-level name of
+# pysyncobj.syncobj: the one documented swap puts Stator's journal there while the node is constructed (a lock keeps
+# two constructions in one process apart). ``test_pysyncobj_pin`` fails if pysyncobj stops calling it that way.
+_journal_swap = threading.Lock()
 
 
-def committed_calls(journal_path: str, after_index: int) -> Iterator[tuple[Any, ...]]:
-    """Arguments of every replicated call this node's journal holds as committed, after ``after_index``.
-
-    The journal is the node's own file, written by pysyncobj; its entries are pickles only pysyncobj ever wrote.
-    """
-    journal = FileJournal(journal_path)
-    try:
-        commit = journal.getRaftCommitIndex()
-        for i in range(len(journal)):
-            command, index, _term = journal[i]
-            if index <= after_index or index > commit or not command or command[0] != REGULAR_COMMAND:
-                continue
-            yield call_args(command)
-    finally:
-        journal._destroy()
+@contextlib.contextmanager
+def journal_of_our_own(journal: StatorJournal) -> Iterator[None]:
+    with _journal_swap:
+        original = _syncobj_mod.createJournal
+        _syncobj_mod.createJournal = lambda _path: journal
+        try:
+            yield
+        finally:
+            _syncobj_mod.createJournal = original
 
 
-def call_args(command: bytes) -> tuple[Any, ...]:
-    """The arguments of the replicated call a regular journal entry's command holds (pysyncobj's own pickle)."""
-    decoded = _pickle.loads(command[1:])
-    return decoded[1] if isinstance(decoded, tuple) and len(decoded) > 1 else ()
+def journal_of(so: SyncObj) -> StatorJournal:
+    journal = so._SyncObj__raftLog
+    if not isinstance(journal, StatorJournal):
+        raise TypeError(f"the node's journal is {type(journal).__name__}, not Stator's own")
+    return journal
 
 
-# -- journal integrity ----------------------------------------------------------------------------------------
-# pysyncobj's journal (journal.py, "APP_NAME + APP_VERSION + FORMAT_VERSION + LAST_RECORD_OFFSET, then per record
-# size + (index, term, command) + size") carries no checksum, and FileJournal reads it back without a check: a
-# flipped bit is a different index, term or command, replayed as if committed. check_journal refuses what a check
-# can see before pysyncobj reads the file: a header that is not pysyncobj's, a record whose two size fields differ,
-# indexes that do not follow one another, terms that go back or pass the node's current term, an entry that is
-# neither a no-op nor a replicated call decoding to an envelope. What it cannot see: a change inside an envelope's
-# JSON that still parses (a digit), or a term changed to another value still in order; only a checksum inside the
-# command could (the envelope is built in RaftNode.propose), which this module cannot add without changing what
-# pysyncobj stores and sends.
-# A meta node's journal holds two kinds of entries: a new term's no-op (pysyncobj writes the type byte alone) and
-# replicated calls; membership and code-version entries are never written (dynamicMembershipChange=False, no
-# setCodeVersion), so one of those is a damaged type byte.
-NO_OP_COMMAND = bytes([_COMMAND_TYPE.NO_OP])
-_SIZE = struct.Struct("<I")
-
-
-class JournalDamaged(RuntimeError):
-    """The node's raft journal fails a consistency check; the message is one line naming the file and the record."""
-
-
-def check_journal(path: str) -> int:
-    """Raises JournalDamaged when the journal at ``path`` fails a check (above); returns the records checked."""
-    if not os.path.exists(path):
-        return 0
-
-    def damaged(why: str) -> JournalDamaged:
-        return JournalDamaged(f"{path}: the raft journal is damaged ({why}); pysyncobj keeps no checksum, so this "
-                              "node cannot trust its log: move its data directory away and let it rejoin from a peer")
-
-    with open(path, "rb") as f:
-        # Mapped, not read: the file is preallocated in big chunks and may hold gigabytes of entries at scale.
-        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
-    name_size, version_at = _journal_mod.NAME_SIZE, _journal_mod.NAME_SIZE + _journal_mod.VERSION_SIZE
-    if (raw[:name_size] != _journal_mod.APP_NAME.ljust(name_size, b"\0")
-            or raw[version_at:version_at + 4] != _SIZE.pack(_journal_mod.JOURNAL_FORMAT_VERSION)):
-        raise damaged("its header is not pysyncobj's")
-    try:
-        journal = FileJournal(path)
-    except Exception as e:   # pysyncobj read past what the file holds: a damaged size field
-        raise damaged(f"pysyncobj cannot read it: {type(e).__name__}") from None
-    try:
-        # pysyncobj stores a new term (meta file, before any vote or entry of it) before it appends an entry of that
-        # term, so no entry is newer; with the journal mode that does not sync, a power loss can break that too.
-        current_term = journal.getCurrentTerm()
-        pos = _journal_mod.FIRST_RECORD_OFFSET
-        previous: tuple[int, int] | None = None
-        for i in range(len(journal)):
-            command, index, term = journal[i]
-            size = _SIZE.pack(16 + len(command))
-            where = f"record {i}, log index {index}"
-            if raw[pos:pos + 4] != size or raw[pos + 20 + len(command):pos + 24 + len(command)] != size:
-                raise damaged(f"{where}: its two size fields differ")
-            if previous is not None and (index != previous[0] + 1 or term < previous[1]):
-                raise damaged(f"{where}: follows index {previous[0]} term {previous[1]} with term {term}")
-            if term > current_term:
-                raise damaged(f"{where}: term {term} is past the node's current term {current_term}")
-            if command != NO_OP_COMMAND and not (command[:1] == bytes([REGULAR_COMMAND]) and _is_envelope_call(command)):
-                raise damaged(f"{where}: neither a new term's no-op nor a replicated call that decodes")
-            pos += 24 + len(command)
-            previous = (index, term)
-        return len(journal)
-    finally:
-        journal._destroy()
-
-
-def _is_envelope_call(command: bytes) -> bool:
-    """pysyncobj's replicated call ``(function id, (payload,), kwargs)``, its payload an envelope's JSON object."""
-    try:
-        decoded = _pickle.loads(command[1:])   # the node's own file: what pysyncobj would unpickle to replay it
-        payload = decoded[1][0]
-        return isinstance(payload, str) and isinstance(json.loads(payload), dict)
-    except Exception:
-        return False
-
-
-# -- journal durability (group commit) -------------------------------------------------------------------------
-# pysyncobj 0.3.17 writes its journal through a shared mmap (``FileJournal.add``) and never msyncs it but on close;
-# it stores term and vote (``MetaStorer.storeMeta``, called by ``setCurrentTerm`` before any vote goes out) with a
-# rename and no fsync. Where a node promises durability in its flow:
-# - a follower: ``__onMessageReceived`` appends an append_entries message's entries to the journal and at once
-#   sends ``next_node_idx`` with ``success=True`` through ``transport.send``: that message is the acknowledgement;
-# - the leader: ``_onTick`` counts itself (``count = 1``) for every entry of its own journal when it advances the
-#   commit index, at the start of a tick; its entries are appended in ``_checkCommandsToApply`` later in a tick
-#   (and the no-op of a new term while messages are read).
-# So: every journal mutation marks the journal dirty; a success ``next_node_idx`` msyncs a dirty journal before it
-# leaves; the leader msyncs once per tick right after sending the tick's entries (its disk works while the
-# followers do) and once more before the commit computation if anything was appended since. One msync covers
-# every entry appended since the previous one: group commit per tick (one per append message on a follower).
-_JOURNAL_MUTATORS = ("add", "clear", "deleteEntriesFrom", "deleteEntriesTo")
-ACK_MESSAGE = "next_node_idx"   # a follower's answer to append_entries; with success=True it acknowledges entries
-
-
-class _DurableMetaStorer(MetaStorer):
-    """pysyncobj's term/vote/commit-index file, written durably: fsync the new file, rename, fsync the directory."""
-
-    def __init__(self, path: str):
-        super().__init__(path)
-        self.stores = 0
-
-    def storeMeta(self, meta: dict[str, Any]) -> None:
-        path = self.getPath()
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(_pickle.dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_directory(os.path.dirname(os.path.abspath(path)))
-        self.stores += 1
-
-
-def fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def datasync_journal(journal: FileJournal) -> None:
-    """Write the journal's dirty pages to disk and wait, with the GIL released.
-
-    pysyncobj's ``flush`` is ``mmap.flush``: msync(MS_SYNC) of the whole mapping, and CPython 3.11 holds the GIL
-    through that call, so every group commit stopped the event loop for as long as the disk took (py-spy under
-    vs_etcd at 64 writers: 16-28% of every node's samples in it). On Linux msync(MS_SYNC) of a shared file mapping is
-    ``vfs_fsync_range(file, ..., datasync=1)``: the fdatasync of the file writes the same pages (the kernel tracks
-    pages dirtied through the mapping), and ``os.fdatasync`` waits with the GIL released. Elsewhere: msync."""
-    if not sys.platform.startswith("linux"):
-        journal.flush()
-        return
-    resizable = journal._FileJournal__journalFile
-    os.fdatasync(resizable._ResizableFile__f.fileno())
-
-
-def _last_index(journal: FileJournal) -> int:
-    return journal[-1][1] if len(journal) else 0
-
-
-class JournalSync:
-    """Group commit of one node's journal, and the evidence of it.
-
-    With ``durable`` False nothing is synced (pysyncobj's own behaviour) but the same bookkeeping runs, so a test
-    sees the difference: ``acks_unsynced`` / ``commits_unsynced`` count acknowledgements and leader commits that
-    covered entries no msync had covered yet (always 0 when durable).
-    """
-
-    def __init__(self, so: SyncObj, durable: bool, snapshot_path: str):
-        journal = so._SyncObj__raftLog
-        if not isinstance(journal, FileJournal):
-            raise TypeError(f"JournalSync needs pysyncobj's FileJournal, not {type(journal).__name__}")
-        self.durable = durable
-        self._journal = journal
-        self._dirty = False
-        # A cleared journal either follows a snapshot installed from the leader (pysyncobj writes the received file
-        # and renames it, with no fsync) or a compaction (our own snapshot writer fsyncs): the snapshot file must be
-        # durable before the journal that no longer holds its entries is.
-        self._snapshot_path = snapshot_path
-        self._cleared = False
-        self.synced_index = _last_index(journal)   # what was on disk at start-up counts as synced
-        self.syncs = 0
-        self.snapshot_fsyncs = 0
-        self.acks_checked = 0
-        self.acks_unsynced = 0
-        self.commits_checked = 0
-        self.commits_unsynced = 0
-        for name in _JOURNAL_MUTATORS:
-            setattr(journal, name, self._marking(getattr(journal, name)))
-        journal.clear = self._noting_clear(journal.clear)
-        self._meta_storer: _DurableMetaStorer | None = None
-        if durable:
-            path = journal._FileJournal__metaStorer.getPath()
-            self._meta_storer = journal._FileJournal__metaStorer = _DurableMetaStorer(path)
-            fsync_directory(os.path.dirname(os.path.abspath(path)))   # the journal file's own name
-        link = transport(so)
-        link.send = self._syncing_acks(link.send)
-
-    def _marking(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        def mutate(*args: Any, **kwargs: Any) -> Any:
-            result = method(*args, **kwargs)
-            self._dirty = True
-            # A truncation takes back what the last sync covered above the new end.
-            self.synced_index = min(self.synced_index, _last_index(self._journal))
-            return result
-        return mutate
-
-    def _noting_clear(self, clear: Callable[[], Any]) -> Callable[[], Any]:
-        def noted() -> Any:
-            self._cleared = True
-            return clear()
-        return noted
-
-    def _syncing_acks(self, send: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-        def send_after_sync(node: Any, message: Any) -> Any:
-            if isinstance(message, dict) and message.get("type") == ACK_MESSAGE and message.get("success"):
-                self.sync()
-                self.acks_checked += 1
-                if message["next_node_idx"] - 1 > self.synced_index:
-                    self.acks_unsynced += 1
-            return send(node, message)
-        return send_after_sync
-
-    def sync(self) -> None:
-        """msync the journal if anything changed since the last time (no-op when not durable)."""
-        if not self.durable or not self._dirty:
-            return
-        self._dirty = False
-        if self._cleared:
-            self._cleared = False
-            if os.path.exists(self._snapshot_path):
-                with open(self._snapshot_path, "rb") as f:
-                    os.fsync(f.fileno())
-                fsync_directory(os.path.dirname(os.path.abspath(self._snapshot_path)))
-                self.snapshot_fsyncs += 1
-        datasync_journal(self._journal)
-        self.syncs += 1
-        self.synced_index = _last_index(self._journal)
-
-    def check_commit(self, commit_index: int, synced_before: int) -> None:
-        """After a leader's tick that advanced its commit index: the index must not pass what was synced before
-        the tick computed it (the leader counted itself for every entry up to there)."""
-        self.commits_checked += 1
-        if commit_index > synced_before:
-            self.commits_unsynced += 1
-
-    def stats(self) -> dict[str, Any]:
-        return {"durable": self.durable, "syncs": self.syncs, "snapshot_fsyncs": self.snapshot_fsyncs,
-                "synced_index": self.synced_index,
-                "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
-                "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
-                "meta_fsyncs": self._meta_storer.stores if self._meta_storer is not None else 0}
+def save_commit_index(so: SyncObj) -> None:
+    """What the journal's one-second timer does: persist the commit index it otherwise saves lazily."""
+    so._SyncObj__raftLog.onOneSecondTimer()
 
 
 # -- append entries that repeat what a follower has ---------------------------------------------------------
@@ -500,6 +285,7 @@ class HeldEntries:
     def __init__(self) -> None:
         self.trimmed = 0     # a held prefix was dropped: pysyncobj would have deleted the entries after it
         self.repeats = 0     # every entry was held and the log went on: pysyncobj would have deleted the rest
+        self.pieces_refused = 0   # an entry sent in pieces (see _append_as_raft): never from a node of ours
 
 
 def keep_matching_entries(so: SyncObj) -> HeldEntries:
@@ -523,15 +309,12 @@ def _append_as_raft(so: SyncObj, node: Node, message: dict[str, Any], handle: Ca
     """The message pysyncobj should see instead of ``message``, or None once it is handled here."""
     if message["term"] < so._SyncObj__raftCurrentTerm:
         return message                         # refused as stale by pysyncobj itself
-    transmission = message.get("transmission")
-    if transmission is not None:
-        if transmission != "finish":
-            return message                     # a piece of one big entry: no entry is written yet
-        # The last piece of one big entry: decode it here (as pysyncobj would) so it goes through the same check.
-        whole = so._SyncObj__recvTransmission + message["data"]
-        so._SyncObj__recvTransmission = ""
-        message = {k: v for k, v in message.items() if k not in ("transmission", "data")}
-        message["entries"] = [_pickle.loads(whole)]
+    if "transmission" in message:
+        # pysyncobj sends an entry of at least appendEntriesBatchSizeBytes in pieces, and marks two pieces 'finish'
+        # for some sizes: the entry is never appended and the leader resends the same pieces forever. MetaSyncObj
+        # sets the batch above the largest entry the log accepts, so no node of ours sends pieces: refuse them.
+        counts.pieces_refused += 1
+        return None
     entries = message.get("entries") or []
     prev = message["prevLogIdx"]
     last = so._SyncObj__getCurrentLogIndex()

@@ -1,10 +1,10 @@
 """The thin pysyncobj adapter: propose, commit, apply, answer.
 
 The driver loop, as pysyncobj runs it on its own tick thread:
-  1. ``propose`` (asyncio) stamps the leader's time into an envelope and hands it to pysyncobj as JSON text
-     (never a pickled object: the envelope is data the state machine validates).
-  2. pysyncobj replicates the entry; once a majority has it, the tick thread calls ``apply_envelope`` on every node.
-  3. ``apply_envelope`` runs the pure state machine under ``image_lock`` (readers on the asyncio thread take the
+  1. ``propose`` (asyncio) stamps the leader's time into an envelope and hands it to pysyncobj as JSON bytes
+     (never a pickled object: the envelope is data the state machine validates; ``pysyncobj_shim.CommandsAsBytes``).
+  2. pysyncobj replicates the entry; once a majority has it, the tick thread calls ``apply_command`` on every node.
+  3. ``apply_command`` runs the pure state machine under ``image_lock`` (readers on the asyncio thread take the
      same lock, so they never see half of a command) and posts the changed topics to the event loop.
   4. The proposer's callback fires on the tick thread and is hopped to the event loop, batched once per tick
      (``LoopBridge``).
@@ -12,6 +12,9 @@ The driver loop, as pysyncobj runs it on its own tick thread:
 The replicated state is one attribute, ``image_data`` (plain data). A snapshot is that image written as JSON by
 ``snapshot_file`` (never pysyncobj's pickle of the object's attributes); every other attribute is set before
 ``SyncObj.__init__`` so that pysyncobj counts it as local, and what changes later lives in ``_LocalState``.
+The bytes are Stator's: the journal (``raft_journal``: checksummed records, group-committed fdatasync, compaction by
+rename) and the transport (``raft_transport``: our framing, AES-GCM under keys derived from the cluster secret, one
+frame per peer per tick). pysyncobj decides: elections, replication, the commit index.
 Everything that reaches into pysyncobj's internals goes through ``pysyncobj_shim``.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -31,13 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
 from . import limits
 from . import pysyncobj_shim as shim
 from client.wire.errors import ApiError, rejection
 from .image import Image, restoring_pairs
-from .snapshot_file import BackgroundWriter, SnapshotFormatError
+from .raft_group_commit import GroupCommit
+from .raft_journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
+from .raft_journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
+from .raft_transport import RaftLink, StatorTransport
+from .snapshot_file import BackgroundWriter, SnapshotFormatError, WriterState, sync_file
 from .snapshot_file import read as read_snapshot
 from .state_machine import StateMachine
 
@@ -70,9 +78,12 @@ class RaftTuning:
     # logCompactionBatchSize, 64 KiB by default: 1.3 MB/s, so a 10,000,000-queue snapshot of ~100 MB took over a
     # minute: a follower behind a leader that compacts more often than that never catches up).
     snapshot_chunk_bytes: int = 1024 * 1024
-    # "fsync": a node msyncs its journal before it acknowledges entries to the leader and before it counts itself,
-    # as leader, toward their commit (group commit, one msync per tick); "none": pysyncobj's own mmap writes only.
+    # "fsync": a node fdatasyncs its journal before it acknowledges entries to the leader and before it counts
+    # itself, as leader, toward their commit (group commit, one sync per tick); "none": written, never synced.
     journal_sync: str = "fsync"
+    # "os": the journal's writes go to the OS at once; "memory_until_sync" (tests): they stay in the process until
+    # the next sync, so a kill -9 loses what a power loss would (meta/raft_journal.py).
+    journal_io: str = "os"
 
 
 # Commands that add thousands of long-lived objects to the image (see MetaSyncObj._freeze_image).
@@ -116,10 +127,16 @@ class ProposeFailed(ApiError):
 
 
 SNAPSHOT_FILE = "raft.snapshot"
-JOURNAL_FILE = "raft.journal"
+PYSYNCOBJ_JOURNAL_FILE = "raft.journal"   # Stator 0.1's journal (pysyncobj's format): refused by name
+# pysyncobj's append messages carry entries up to this many bytes; an entry of at least this size would be sent in
+# pieces, which pysyncobj gets wrong for some sizes (pysyncobj_shim._append_as_raft): above the largest entry.
+ENVELOPE_OVERHEAD_BYTES_MAX = 4096  # rid, ts, budget and actor around the command
+RAFT_ENTRY_BYTES_MAX = 1 + limits.COMMAND_BYTES_MAX + ENVELOPE_OVERHEAD_BYTES_MAX   # type byte + envelope
+APPEND_BATCH_BYTES = RAFT_ENTRY_BYTES_MAX + 1
 RAFT_BIND_ATTEMPTS_MAX = 10   # x bindRetryTime 0.2 s: a taken raft port stops the node in ~2 s, not a busy loop forever
 KEEPALIVE = {"type": "keepalive"}   # any message type pysyncobj does not handle is read and ignored
 KEEPALIVE_INTERVAL_S = 0.5
+SLOW_TICK_S = 0.25   # the shortest election timeout: a tick longer than this can cost the cluster its leader
 RESTART_ELECTION_GRACE_S = 1.5
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
 EXIT_REPLICA_UNTRUSTED = 70  # this replica's image cannot be trusted: stop rather than serve or spread it
@@ -135,15 +152,17 @@ class _LocalState:
     wake_pending: bool = False
     freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
     last_keepalive: float = 0.0   # monotonic
+    slow_ticks: int = 0           # ticks longer than SLOW_TICK_S, waits included
     role_changes: dict[str, int] = field(default_factory=dict)   # times this node became leader/follower/candidate
     observe_apply_s: Callable[[float], None] | None = None       # apply latency, for metrics (set by the service)
-    journal: shim.JournalSync | None = None   # group commit of the journal (journal_sync)
+    journal: GroupCommit | None = None        # group commit of the journal (journal_sync)
+    transport: StatorTransport | None = None
     held: shim.HeldEntries | None = None      # appends that repeated held entries (pysyncobj_shim.py)
     # Leader: a follower's envelope, stamped with this leader's time and settings (RaftNode.restamp); None: as is.
-    restamp: Callable[[Any], str | None] | None = None
+    restamp: Callable[[bytes], bytes | None] | None = None
 
 
-class MetaSyncObj(SyncObj):
+class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
     def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
                  on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge):
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
@@ -158,11 +177,18 @@ class MetaSyncObj(SyncObj):
         self._local = _LocalState()
         os.makedirs(data_dir, exist_ok=True)
         snapshot_path = os.path.join(data_dir, SNAPSHOT_FILE)
-        shim.check_journal(os.path.join(data_dir, JOURNAL_FILE))   # before pysyncobj replays it, unchecked
+        old_journal = os.path.join(data_dir, PYSYNCOBJ_JOURNAL_FILE)
+        if os.path.exists(old_journal):
+            # Stator 0.1 kept pysyncobj's journal: starting beside it on an empty log of ours would drop what this node
+            # acknowledged. There is no conversion (no deployed clusters): the node must rejoin from a peer.
+            raise JournalFormatError(old_journal, "pysyncobj's journal of Stator 0.1",
+                                     f"{JOURNAL_FILE} (STATOR-RAFT-LOG version {JOURNAL_FORMAT_VERSION}) only")
+        # Checked whole before pysyncobj reads a single entry: a damaged record stops the node naming file and offset.
+        journal = StatorJournal(data_dir, journal_io(tuning.journal_io))
         self._snapshots = BackgroundWriter(snapshot_path)
         conf = SyncObjConf(
-            password=secret,
-            journalFile=os.path.join(data_dir, JOURNAL_FILE),
+            journalFile=os.path.join(data_dir, JOURNAL_FILE),   # pysyncobj asks createJournal, the shim answers ours
+            appendEntriesBatchSizeBytes=APPEND_BATCH_BYTES,
             fullDumpFile=snapshot_path,
             serializer=self._write_snapshot,
             serializeChecker=self._snapshot_progress,
@@ -189,12 +215,15 @@ class MetaSyncObj(SyncObj):
         self._stop = threading.Event()
         self._tick_thread: threading.Thread | None = None
         self._tick_period_s = 0.05
-        super().__init__(self_raft, partners, conf)
+        with shim.journal_of_our_own(journal):
+            super().__init__(self_raft, partners, conf,
+                             transportClass=functools.partial(StatorTransport, RaftLink(secret=secret)))
         self._local.held = shim.keep_matching_entries(self)   # a repeated append must not take back entries
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
-        self._local.journal = shim.JournalSync(self, tuning.journal_sync == "fsync", snapshot_path)
-        # After the journal's group commit is in place, so the journal the snapshot replaces is synced too.
+        self._local.journal = GroupCommit(shim.journal_of(self), tuning.journal_sync == "fsync")
+        self._local.transport = shim.transport(self)
+        self._local.transport.set_before_flush(self._local.journal.before_flush)
         shim.load_snapshot_before_any_apply(self)
         # Bound to the restored image now, before anyone reads: a later rebind tells every reader that everything
         # changed (a snapshot installed from the leader), and at start-up that made the route warmer render every
@@ -213,6 +242,7 @@ class MetaSyncObj(SyncObj):
         self._local.pipe = shim.pipe_notifier(self)  # created only with appendEntriesUseBatch=False
         conf.appendEntriesUseBatch = True             # no send per command inside the tick...
         self.addOnTickCallback(self._send_new_entries)  # ...one send per tick instead
+        self.addOnTickCallback(self._local.transport.flush)   # one frame per peer with all of it
         self.addOnTickCallback(self._local.journal.sync)  # the leader's disk works while the followers' do
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
@@ -256,6 +286,11 @@ class MetaSyncObj(SyncObj):
     def _applyCommand(self, command, callback, commandType=None):
         if commandType is None and shim.is_forwarded(callback):
             command = self._stamped(command)
+        if not isinstance(command, bytes) or len(command) > RAFT_ENTRY_BYTES_MAX:
+            # Never from a proposal of ours (propose checks the size); an entry past the append batch would be sent
+            # in pieces, which stalls the log (APPEND_BATCH_BYTES).
+            shim.refuse_command(self, callback)
+            return
         super()._applyCommand(command, callback, commandType)
         # One wake-up per tick is enough: the tick drains the whole queue. The flag is cleared before draining,
         # so a command queued after that point always wakes the next tick.
@@ -268,13 +303,13 @@ class MetaSyncObj(SyncObj):
         # so the leader stamps its own into the envelope before appending it, as if it had been proposed here. A
         # command it cannot read goes to the log unchanged (apply rejects it, the same way on every replica).
         restamp = self._local.restamp
-        call = shim.single_argument(command)
-        if restamp is None or call is None or call[0] != shim.method_id(self, "apply_envelope") or not self.is_leader():
+        payload = shim.envelope_bytes(command)
+        if restamp is None or payload is None or not self.is_leader():
             return command
-        payload = restamp(call[1])
-        return command if payload is None else shim.with_argument(call[0], payload)
+        stamped = restamp(payload)
+        return command if stamped is None else shim.with_envelope(stamped)
 
-    def set_restamp(self, restamp: Callable[[Any], str | None]) -> None:
+    def set_restamp(self, restamp: Callable[[bytes], bytes | None]) -> None:
         self._local.restamp = restamp
 
     def _onTick(self, timeToWait=0.0):
@@ -283,12 +318,15 @@ class MetaSyncObj(SyncObj):
         # already waiting in the socket: read them first, so being busy is never mistaken for a dead leader.
         if self._tick_thread is not None:
             shim.poll_sockets(self)
+            self._local.transport.flush()   # what answering them queued (a follower's acknowledgements)
         # The leader counts itself toward the commit of every entry in its journal at the start of the tick: what
         # was appended since the last sync (a new term's no-op, read from the sockets) is synced first.
         journal = self._local.journal
         journal.sync()
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         super()._onTick(timeToWait)
+        # The tick ends in a poll that handled what arrived: its answers leave now, not a tick later.
+        self._local.transport.flush()
         if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:
             journal.check_commit(self.raftCommitIndex, synced)
 
@@ -320,7 +358,13 @@ class MetaSyncObj(SyncObj):
             log.warning("raft_snapshot_not_started", path=self._snapshots.path)
 
     def _snapshot_progress(self) -> int:
-        return shim.serializer_state(self._snapshots.poll())
+        superseded = self._snapshots.superseded
+        state = self._snapshots.poll()
+        if state is WriterState.DONE:
+            log.info("raft_snapshot_written", index=self._snapshots.on_disk_index)
+        elif self._snapshots.superseded > superseded:
+            log.info("raft_snapshot_superseded", installed=self._snapshots.on_disk_index)
+        return shim.serializer_state(state)
 
     def _read_snapshot(self, path: str) -> tuple[Any, ...]:
         try:
@@ -329,6 +373,12 @@ class MetaSyncObj(SyncObj):
             # Going on would leave the image empty while the log resumes after the snapshot: a diverged replica.
             log.critical("raft_snapshot_unreadable", path=path, exc_info=True)
             os._exit(EXIT_REPLICA_UNTRUSTED)
+        # Installed from the leader, the file was renamed into place unsynced; pysyncobj cuts the journal (durably,
+        # by rename) right after this returns, so the snapshot that replaces those entries must be on disk first.
+        sync_file(path)
+        self._snapshots.note_on_disk(snapshot.last_applied.index)   # an older write in flight is dropped, not renamed
+        if self._tick_thread is not None:   # not the start-up load: the leader's snapshot, just received
+            log.info("raft_snapshot_installed", index=snapshot.last_applied.index)
         if shim.finish_interrupted_compaction(self, snapshot):
             log.warning("raft_compaction_finished_on_start", path=path, journal_starts_at=snapshot.previous.index)
         with self.image_lock:
@@ -342,11 +392,17 @@ class MetaSyncObj(SyncObj):
 
     def _tick_loop(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 self.doTick(self._tick_period_s)
             except Exception:  # a bug in a tick must not silently stop the node's Raft: log it loudly and go on
                 log.exception("raft_tick_failed")
                 time.sleep(self._tick_period_s)
+            took = time.monotonic() - started
+            if took > SLOW_TICK_S:
+                # A tick this long held back heartbeats (or their answers) past the shortest election timeout.
+                self._local.slow_ticks += 1
+                log.warning("raft_tick_slow", seconds=round(took, 3), leader=shim.is_leader(self))
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
@@ -366,8 +422,8 @@ class MetaSyncObj(SyncObj):
             self._on_applied(self.image_data["version"], None)
         return self._machine.image
 
-    @replicated
-    def apply_envelope(self, payload: str) -> dict[str, Any]:
+    def apply_command(self, payload: bytes) -> dict[str, Any]:
+        """Tick thread: one committed entry's envelope (``shim.CommandsAsBytes`` calls it on every replica)."""
         with self.image_lock:
             image = self.current_image()
             envelope = decode_entry(payload)
@@ -377,7 +433,7 @@ class MetaSyncObj(SyncObj):
             except Exception:
                 # Replay failed half-way: this replica's image can no longer be trusted. Stop rather than diverge;
                 # on restart the journal replays the same entry, so the bug must be fixed, not skipped.
-                log.critical("apply_failed", payload=payload[:2000], exc_info=True)
+                log.critical("apply_failed", payload=payload[:2000].decode("utf-8", "replace"), exc_info=True)
                 os._exit(EXIT_REPLICA_UNTRUSTED)
             version = image.version
             if self._local.observe_apply_s is not None:
@@ -400,6 +456,9 @@ class MetaSyncObj(SyncObj):
     def role_changes(self) -> dict[str, int]:
         return dict(self._local.role_changes)
 
+    @property
+    def slow_ticks(self) -> int:
+        return self._local.slow_ticks
     def set_apply_observer(self, observe: Callable[[float], None]) -> None:
         self._local.observe_apply_s = observe
 
@@ -428,15 +487,12 @@ class MetaSyncObj(SyncObj):
 
 def decode_entry(payload: Any) -> Any:
     """The envelope of a log entry; anything undecodable becomes None, which apply rejects like any bad envelope."""
-    if not isinstance(payload, str) or len(payload) > limits.COMMAND_BYTES_MAX + ENVELOPE_OVERHEAD_BYTES_MAX:
+    if not isinstance(payload, (bytes, str)) or len(payload) > limits.COMMAND_BYTES_MAX + ENVELOPE_OVERHEAD_BYTES_MAX:
         return None
     try:
         return json.loads(payload)
     except (ValueError, RecursionError):
         return None
-
-
-ENVELOPE_OVERHEAD_BYTES_MAX = 4096  # rid, ts, budget and actor around the command
 
 
 class RaftNode:
@@ -458,13 +514,13 @@ class RaftNode:
         # cannot make it flap.
         return {"ts": int(time.time() * 1000), "budget": self.offset_budget, "history": self.history_window}
 
-    def restamp(self, payload: Any) -> str | None:
+    def restamp(self, payload: bytes) -> bytes | None:
         """Tick thread, on the leader: a follower's envelope with this leader's fields; None if it is no envelope."""
         envelope = decode_entry(payload)
         if not isinstance(envelope, dict):
             return None
         envelope.update(self.leader_fields())
-        return json.dumps(envelope, separators=(",", ":"))
+        return json.dumps(envelope, separators=(",", ":")).encode()
 
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
@@ -475,7 +531,7 @@ class RaftNode:
         envelope = {"rid": rid, "ts": 0, "budget": self.offset_budget, "actor": actor, "cmd": cmd}
         if self.sync.is_leader():
             envelope.update(self.leader_fields())
-        payload = json.dumps(envelope, separators=(",", ":"))
+        payload = json.dumps(envelope, separators=(",", ":")).encode()   # ASCII: ensure_ascii
         if len(payload) > limits.COMMAND_BYTES_MAX:
             raise rejection(413, "TOO_LARGE", f"the command exceeds {limits.COMMAND_BYTES_MAX} bytes")
         fut: asyncio.Future = self.loop.create_future()
@@ -483,7 +539,7 @@ class RaftNode:
         def done(result: Any, err: int) -> None:  # tick thread
             self.sync.bridge.post(_resolve, fut, result, err)
 
-        self.sync.apply_envelope(payload, callback=done)
+        shim.propose(self.sync, payload, done)
         try:
             result, err = await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:

@@ -54,7 +54,7 @@ def meta() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 def meta_serve(config_path: str) -> None:
     """Run a meta node in the foreground."""
-    from meta.pysyncobj_shim import JournalDamaged
+    from meta.raft_journal import JournalDamaged
     from ops.serve import run_meta
     with one_line_errors(JournalDamaged):
         run_meta(config_path)

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
 
 
-def start_nodes(base_dir, secret: str, journal_sync: str = "fsync") -> list[MetaSyncObj]:
+def start_nodes(base_dir, secret: str, journal_sync: str = "fsync",
+                tuning: RaftTuning | None = None) -> list[MetaSyncObj]:
+    tuning = dataclasses.replace(tuning or RaftTuning(), journal_sync=journal_sync)
     base = devcluster.free_base_port()
     addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
     nodes = []
     for i, address in enumerate(addresses):
         node = MetaSyncObj(address, [a for a in addresses if a != address], str(base_dir / f"n{i}"), secret,
-                           RaftTuning(journal_sync=journal_sync), lambda version, changed: None, LoopBridge())
+                           tuning, lambda version, changed: None, LoopBridge())
         node.start()
         nodes.append(node)
     return nodes

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 
-from pysyncobj.journal import FileJournal
-
 from meta import pysyncobj_shim as shim
 from meta import snapshot_file
 from meta.image import Image
-from meta.raft_node import JOURNAL_FILE, SNAPSHOT_FILE, decode_entry
+from meta.raft_journal import read_journal
+from meta.raft_node import SNAPSHOT_FILE, decode_entry
 from meta.state_machine import StateMachine
 from ops import devcluster
 from tests import cluster as cluster_mod
@@ -31,16 +30,13 @@ WAIT_S = 60.0
 
 def _snapshot_at(data_dir: str, cluster: tuple[str, ...], position: int) -> snapshot_file.Snapshot:
     """The snapshot the writer would have left of this node's log at the journal's ``position``."""
-    journal = FileJournal(os.path.join(data_dir, JOURNAL_FILE))
-    try:
-        entries = [journal[i] for i in range(len(journal))]
-    finally:
-        journal._destroy()
+    entries = read_journal(data_dir).entries
     previous, last = entries[position - 1], entries[position]
     machine = StateMachine(Image())
     for command, _index, _term in entries[:position + 1]:
-        if command and command[0] == shim.REGULAR_COMMAND:
-            machine.apply(decode_entry(shim.call_args(command)[0]))
+        payload = shim.envelope_bytes(command)
+        if payload is not None:
+            machine.apply(decode_entry(payload))
     return snapshot_file.Snapshot(machine.image.data, snapshot_file.LogEntry(last[1], last[2], last[0]),
                                   snapshot_file.LogEntry(previous[1], previous[2], previous[0]), cluster)
 
@@ -58,9 +54,7 @@ async def test_a_node_stopped_mid_compaction_keeps_the_entries_after_its_snapsho
         data_dir = os.path.join(c.dir, "m3", "data")
         with open(os.path.join(c.dir, "m3", "config.json")) as f:
             cluster = tuple(sorted(m["raft"] for m in json.load(f)["members"]))
-        journal = FileJournal(os.path.join(data_dir, JOURNAL_FILE))
-        length = len(journal)
-        journal._destroy()
+        length = len(read_journal(data_dir).entries)
         snap = _snapshot_at(data_dir, cluster, length // 2)
         assert snap.image["version"] < version
         snapshot_file.write(os.path.join(data_dir, SNAPSHOT_FILE), snap)

@@ -89,6 +89,9 @@ class NodeStateCollector:
         for role in ROLES:
             roles.add_metric([role], changes.get(role, 0))
         yield roles
+        yield CounterMetricFamily("stator_meta_raft_ticks_slow", "Raft ticks longer than the shortest election "
+                                  "timeout (meta/raft_node.py SLOW_TICK_S): heartbeats were held back",
+                                  value=svc.sync.slow_ticks)
         failures = CounterMetricFamily("stator_meta_proposal_failures", "Proposals that failed, by reason",
                                        labels=["reason"])
         for reason in sorted(set(PROPOSAL_FAILURES) | set(svc.raft.failures)):

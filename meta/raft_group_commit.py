@@ -1,0 +1,66 @@
+"""Group commit of a node's journal: one fdatasync covers every entry appended since the last, before it counts.
+
+Where a node promises durability in pysyncobj's flow:
+- a follower appends an append_entries message's entries to its journal and answers ``next_node_idx`` with
+  ``success=True``: that answer is the acknowledgement. Answers leave when the transport flushes (once per tick
+  phase); ``before_flush`` syncs the journal once if any answer among them is an acknowledgement;
+- the leader counts itself (``count = 1``) for every entry of its own journal when it advances the commit index, at
+  the start of a tick; its entries are appended in ``_checkCommandsToApply`` later in a tick (and the no-op of a new
+  term while messages are read). It syncs once per tick right after the tick's entries left (its disk works while
+  the followers' do) and once more before the commit computation if anything was appended since.
+
+With ``durable`` False nothing is synced but the same bookkeeping runs, so a test and an operator see the
+difference: ``acks_unsynced`` / ``commits_unsynced`` count acknowledgements and leader commits that covered entries
+no sync had covered yet (always 0 when durable).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .raft_journal import StatorJournal
+
+ACK_MESSAGE = "next_node_idx"   # a follower's answer to append_entries; with success=True it acknowledges entries
+
+
+class GroupCommit:
+    def __init__(self, journal: StatorJournal, durable: bool):
+        self.durable = durable
+        self._journal = journal
+        self.acks_checked = 0
+        self.acks_unsynced = 0
+        self.commits_checked = 0
+        self.commits_unsynced = 0
+
+    @property
+    def synced_index(self) -> int:
+        return self._journal.synced_index
+
+    def sync(self) -> None:
+        """fdatasync the journal if anything changed since the last time (no-op when not durable)."""
+        if self.durable:
+            self._journal.sync()
+
+    def before_flush(self, messages: list[dict[str, Any]]) -> None:
+        """The transport's hook: acknowledgements about to leave must cover only entries on disk."""
+        acks = [m for m in messages if m.get("type") == ACK_MESSAGE and m.get("success")]
+        if not acks:
+            return
+        self.sync()
+        for ack in acks:
+            self.acks_checked += 1
+            if ack["next_node_idx"] - 1 > self._journal.synced_index:
+                self.acks_unsynced += 1
+
+    def check_commit(self, commit_index: int, synced_before: int) -> None:
+        """After a leader's tick that advanced its commit index: the index must not pass what was synced before
+        the tick computed it (the leader counted itself for every entry up to there)."""
+        self.commits_checked += 1
+        if commit_index > synced_before:
+            self.commits_unsynced += 1
+
+    def stats(self) -> dict[str, Any]:
+        return {"durable": self.durable, "syncs": self._journal.syncs, "synced_index": self._journal.synced_index,
+                "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
+                "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
+                "state_writes": self._journal.state_writes}

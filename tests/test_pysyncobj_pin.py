@@ -1,0 +1,70 @@
+"""What meta/pysyncobj_shim.py relies on in pysyncobj's code: these fail the day pysyncobj changes it.
+
+The shim swaps in Stator's journal through the module-level ``createJournal`` that ``SyncObj.__init__`` calls,
+applies entries through its replacement of the private ``__doApplyCommand``, and appends through the protected
+``_applyCommand``. The version pin (``require_version``) stops a node on any other release; these checks say what
+to review when the pin moves. And the log itself holds no pickle: an entry is the type byte and an envelope's JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import pathlib
+import re
+import time
+
+import pysyncobj.syncobj as syncobj_mod
+from pysyncobj import SyncObj
+
+from meta import pysyncobj_shim as shim
+from meta.raft_journal import read_journal
+from tests.raft_nodes import leader_of, start_nodes
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name pysyncobj's private attributes
+PRIVATE_NAMES_MAX = 24        # fewer than the 25 the shim used before the journal and transport were Stator's
+
+
+def test_sync_obj_creates_its_journal_through_the_module_level_name_the_shim_swaps():
+    assert callable(getattr(syncobj_mod, "createJournal", None))
+    source = inspect.getsource(SyncObj.__init__)
+    assert "self.__raftLog = createJournal(self.__conf.journalFile)" in source
+
+
+def test_entries_are_applied_through_the_private_method_the_shim_replaces():
+    assert callable(getattr(SyncObj, PRIVATE + "doApplyCommand", None))
+    applying = inspect.getsource(getattr(SyncObj, PRIVATE + "applyLogEntries"))
+    assert "self.__doApplyCommand(entry[0])" in applying
+    assert list(inspect.signature(SyncObj._applyCommand).parameters) == ["self", "command", "callback", "commandType"]
+    assert "transportClass" in inspect.signature(SyncObj.__init__).parameters
+
+
+def test_the_shim_names_fewer_private_names_than_before():
+    text = (REPO / "meta" / "pysyncobj_shim.py").read_text()
+    names = set(re.findall(PRIVATE + r"[A-Za-z]+", text)) | set(re.findall(r"_syncobj_mod\.([A-Za-z]+)", text))
+    assert len(names) <= PRIVATE_NAMES_MAX, sorted(names)
+
+
+async def test_the_log_holds_the_type_byte_and_json_never_a_pickle(tmp_path):
+    nodes = start_nodes(tmp_path, "pin-test-secret")
+    try:
+        leader, raft = await leader_of(nodes, 15.0)
+        outcome = await raft.propose({"type": "Barrier"}, "rid-pin", "system")
+        assert outcome["ok"], outcome
+        deadline = time.monotonic() + 15.0
+        while any(n.raftLastApplied < leader.raftLastApplied for n in nodes):   # the third node may lag a tick
+            assert time.monotonic() < deadline, [n.raftLastApplied for n in nodes]
+            await asyncio.sleep(0.05)
+    finally:
+        for n in nodes:
+            n.stop()
+    for i in range(3):
+        entries = read_journal(str(tmp_path / f"n{i}")).entries
+        regular = [command for command, _index, _term in entries if command != shim.NO_OP_COMMAND]
+        assert regular, f"node {i} holds no envelope"
+        for command in regular:
+            assert command[:1] == bytes([shim.REGULAR_COMMAND])
+            envelope = json.loads(command[1:])
+            assert envelope["rid"] == "rid-pin" and envelope["cmd"] == {"type": "Barrier"}
