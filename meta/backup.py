@@ -25,7 +25,7 @@ from typing import Any
 from . import pysyncobj_shim as shim
 from . import snapshot_file
 from .image import Image
-from .raft_journal import JOURNAL_FILE
+from .raft_journal import journal_exists
 from .raft_node import SNAPSHOT_FILE
 
 FORMAT = "stator-backup"
@@ -129,6 +129,6 @@ def restore(path: str, data_dir: str, node: str, projection_url: str | None = No
     finally:
         projection.close()
     snapshot_file.write(os.path.join(data_dir, SNAPSHOT_FILE), snapshot_file.Snapshot(image, last, previous, ()))
-    assert not os.path.exists(os.path.join(data_dir, JOURNAL_FILE))
+    assert not journal_exists(data_dir)
     return {"node": node, "data_dir": data_dir, "meta_version": header["meta_version"],
             "image_sha256": header["image_sha256"], "projection_position": position}

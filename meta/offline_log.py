@@ -26,7 +26,7 @@ from . import pysyncobj_shim as shim
 from . import snapshot_file
 from .config import MetaConfig
 from .image import Image
-from .raft_journal import JOURNAL_FILE, read_journal
+from .raft_journal import journal_exists, read_journal
 from .raft_node import SNAPSHOT_FILE, decode_entry
 from .state_machine import StateMachine
 
@@ -46,7 +46,7 @@ def image_from_data_dir(data_dir: str, keep_trimmed: bool = False) -> Image:
         image, last_index = Image(restored.image), restored.last_applied.index
     if keep_trimmed:
         image.trimmed_to = deque()  # bounded by the journal, which compaction keeps short
-    if os.path.exists(os.path.join(data_dir, JOURNAL_FILE)):
+    if journal_exists(data_dir):
         machine = StateMachine(image)
         journal = read_journal(data_dir)   # checked as the node checks it; never repaired from here
         for command, index, _term in journal.entries:

@@ -145,18 +145,19 @@ NO_OP_COMMAND = bytes([_COMMAND_TYPE.NO_OP])   # a new term's first entry (pysyn
 
 
 class CommandsAsBytes:
-    """Mixin for a SyncObj subclass: apply each REGULAR entry's bytes with ``apply_command(payload)``.
+    """Mixin for a SyncObj subclass: hand each committed entry to ``committed(index, payload)``.
 
-    pysyncobj's other entry types (no-op, membership, code version) carry nothing to apply; Stator writes only
-    no-ops among them (dynamicMembershipChange=False, no setCodeVersion), and an entry of another type is skipped
-    the same way on every replica (pysyncobj would raise on a code version newer than its own)."""
+    pysyncobj calls its ``__doApplyCommand`` for entry ``raftLastApplied + 1`` (it counts the entry applied right
+    after) and passes what it returns to the proposers' callbacks. ``payload`` is a REGULAR entry's envelope bytes;
+    pysyncobj's other entry types (no-op, membership, code version) carry nothing to apply (None): Stator writes
+    only no-ops among them (dynamicMembershipChange=False, no setCodeVersion), and an entry of another type is
+    skipped the same way on every replica (pysyncobj would raise on a code version newer than its own)."""
 
     def _SyncObj__doApplyCommand(self, command: bytes) -> Any:   # noqa: N802 - the private name it replaces
-        if command[:1] == bytes([REGULAR_COMMAND]):
-            return self.apply_command(command[1:])
-        return None
+        payload = command[1:] if command[:1] == bytes([REGULAR_COMMAND]) else None
+        return self.committed(self.raftLastApplied + 1, payload)
 
-    def apply_command(self, payload: bytes) -> Any:
+    def committed(self, index: int, payload: bytes | None) -> Any:
         raise NotImplementedError
 
 

@@ -16,9 +16,15 @@ no sync had covered yet (always 0 when durable).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import structlog
+
 from .raft_journal import StatorJournal
+
+log = structlog.get_logger("meta.raft")
+SLOW_SYNC_S = 0.1   # a sync this long is half the shortest election timeout
 
 ACK_MESSAGE = "next_node_idx"   # a follower's answer to append_entries; with success=True it acknowledges entries
 
@@ -31,6 +37,8 @@ class GroupCommit:
         self.acks_unsynced = 0
         self.commits_checked = 0
         self.commits_unsynced = 0
+        self.slow_syncs = 0
+        self.sync_seconds_max = 0.0
 
     @property
     def synced_index(self) -> int:
@@ -38,8 +46,16 @@ class GroupCommit:
 
     def sync(self) -> None:
         """fdatasync the journal if anything changed since the last time (no-op when not durable)."""
-        if self.durable:
-            self._journal.sync()
+        if not self.durable:
+            return
+        started = time.monotonic()
+        if self._journal.sync():
+            took = time.monotonic() - started
+            self.sync_seconds_max = max(self.sync_seconds_max, took)
+            if took > SLOW_SYNC_S:
+                # As etcd's "slow fdatasync": the disk held this node's raft loop (and, on a leader, its heartbeats).
+                self.slow_syncs += 1
+                log.warning("raft_journal_sync_slow", seconds=round(took, 3), synced_index=self.synced_index)
 
     def before_flush(self, messages: list[dict[str, Any]]) -> None:
         """The transport's hook: acknowledgements about to leave must cover only entries on disk."""
@@ -63,4 +79,5 @@ class GroupCommit:
         return {"durable": self.durable, "syncs": self._journal.syncs, "synced_index": self._journal.synced_index,
                 "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
                 "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
-                "state_writes": self._journal.state_writes}
+                "state_writes": self._journal.state_writes, "slow_syncs": self.slow_syncs,
+                "sync_seconds_max": self.sync_seconds_max}

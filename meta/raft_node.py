@@ -41,6 +41,7 @@ from . import limits
 from . import pysyncobj_shim as shim
 from client.wire.errors import ApiError, rejection
 from .image import Image, restoring_pairs
+from .raft_applier import DISCARDED, Applier, Pending
 from .raft_group_commit import GroupCommit
 from .raft_journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .raft_journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
@@ -153,6 +154,9 @@ class _LocalState:
     freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
     last_keepalive: float = 0.0   # monotonic
     slow_ticks: int = 0           # ticks longer than SLOW_TICK_S, waits included
+    installed_through: int = 0    # a snapshot's last index: the image holds every entry up to it already
+    snapshot_queued: bool = False     # the snapshot writer waits on the apply thread for its index
+    snapshot_start_failed: bool = False
     role_changes: dict[str, int] = field(default_factory=dict)   # times this node became leader/follower/candidate
     observe_apply_s: Callable[[float], None] | None = None       # apply latency, for metrics (set by the service)
     journal: GroupCommit | None = None        # group commit of the journal (journal_sync)
@@ -175,6 +179,7 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         self.bridge = bridge
         self.commands_queue_max = tuning.commands_queue_max
         self._local = _LocalState()
+        self._applier = Applier(self._apply_entry, bridge.flush)
         os.makedirs(data_dir, exist_ok=True)
         snapshot_path = os.path.join(data_dir, SNAPSHOT_FILE)
         old_journal = os.path.join(data_dir, PYSYNCOBJ_JOURNAL_FILE)
@@ -182,7 +187,7 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
             # Stator 0.1 kept pysyncobj's journal: starting beside it on an empty log of ours would drop what this node
             # acknowledged. There is no conversion (no deployed clusters): the node must rejoin from a peer.
             raise JournalFormatError(old_journal, "pysyncobj's journal of Stator 0.1",
-                                     f"{JOURNAL_FILE} (STATOR-RAFT-LOG version {JOURNAL_FORMAT_VERSION}) only")
+                                     f"{JOURNAL_FILE}.<seq> segments (STATOR-RAFT-LOG version {JOURNAL_FORMAT_VERSION}) only")
         # Checked whole before pysyncobj reads a single entry: a damaged record stops the node naming file and offset.
         journal = StatorJournal(data_dir, journal_io(tuning.journal_io))
         self._snapshots = BackgroundWriter(snapshot_path)
@@ -353,11 +358,27 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         # of that name from an older run would be taken for the new snapshot, so it must not exist.
         with contextlib.suppress(FileNotFoundError):
             os.remove(rename_source)
-        # The tick thread also applies entries, so the image is exactly the one at the last applied entry.
-        if not self._snapshots.start(shim.snapshot_of(self.image_data, raft)):
-            log.warning("raft_snapshot_not_started", path=self._snapshots.path)
+        # pysyncobj asks for the image at its last applied entry, which is queued on the apply thread: the writer
+        # forks from there, right after that entry (the image is then exactly the one at it).
+        self._local.snapshot_queued = True
+        self._applier.submit_call(lambda: self._start_snapshot(raft))
+
+    def _start_snapshot(self, raft: tuple[Any, ...]) -> None:
+        """Apply thread, right after the snapshot's last entry was applied."""
+        try:
+            with self.image_lock:
+                if not self._snapshots.start(shim.snapshot_of(self.image_data, raft)):
+                    self._local.snapshot_start_failed = True
+                    log.warning("raft_snapshot_not_started", path=self._snapshots.path)
+        finally:
+            self._local.snapshot_queued = False   # after start() set the writer's pid: poll sees WRITING or done
 
     def _snapshot_progress(self) -> int:
+        if self._local.snapshot_queued:
+            return shim.serializer_state(WriterState.WRITING)
+        if self._local.snapshot_start_failed:
+            self._local.snapshot_start_failed = False
+            return shim.serializer_state(WriterState.FAILED)
         superseded = self._snapshots.superseded
         state = self._snapshots.poll()
         if state is WriterState.DONE:
@@ -377,16 +398,20 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         # by rename) right after this returns, so the snapshot that replaces those entries must be on disk first.
         sync_file(path)
         self._snapshots.note_on_disk(snapshot.last_applied.index)   # an older write in flight is dropped, not renamed
+        # Entries the snapshot covers that still wait on the apply thread must not be applied on top of it.
+        self._applier.discard_through(snapshot.last_applied.index)
         if self._tick_thread is not None:   # not the start-up load: the leader's snapshot, just received
             log.info("raft_snapshot_installed", index=snapshot.last_applied.index)
         if shim.finish_interrupted_compaction(self, snapshot):
             log.warning("raft_compaction_finished_on_start", path=path, journal_starts_at=snapshot.previous.index)
         with self.image_lock:
             self.image_data = snapshot.image
+            self._local.installed_through = snapshot.last_applied.index
         self._local.freeze_pending = True
         return shim.raft_state_of(snapshot)
 
     def start(self) -> None:
+        self._applier.start()
         self._tick_thread = threading.Thread(target=self._tick_loop, name="raft-tick", daemon=True)
         self._tick_thread.start()
 
@@ -408,6 +433,7 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         self._stop.set()
         if self._tick_thread is not None:
             self._tick_thread.join(timeout_s)
+        self._applier.stop()   # applies what was queued, then ends
         # pysyncobj saves the commit index lazily (once a second); save it now so that the offline tools
         # (rebuild-projection) see every entry this node knew to be committed.
         shim.save_commit_index(self)
@@ -422,18 +448,27 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
             self._on_applied(self.image_data["version"], None)
         return self._machine.image
 
-    def apply_command(self, payload: bytes) -> dict[str, Any]:
-        """Tick thread: one committed entry's envelope (``shim.CommandsAsBytes`` calls it on every replica)."""
+    def committed(self, index: int, payload: bytes | None) -> Pending:
+        """Tick thread (pysyncobj's apply hook): queue the entry for the apply thread; never apply here."""
+        return self._applier.submit(index, payload)
+
+    def _apply_entry(self, index: int, payload: bytes | None) -> Any:
+        """Apply thread: one committed entry, in log order, on every replica."""
+        envelope = decode_entry(payload) if payload is not None else None
         with self.image_lock:
+            if index <= self._local.installed_through:
+                return DISCARDED   # a snapshot installed meanwhile holds it already
+            if payload is None:
+                return None        # a new term's no-op
             image = self.current_image()
-            envelope = decode_entry(payload)
             started = time.perf_counter()   # the adapter times apply; nothing inside apply reads a clock
             try:
                 outcome, changed = self._machine.apply(envelope)
             except Exception:
                 # Replay failed half-way: this replica's image can no longer be trusted. Stop rather than diverge;
                 # on restart the journal replays the same entry, so the bug must be fixed, not skipped.
-                log.critical("apply_failed", payload=payload[:2000].decode("utf-8", "replace"), exc_info=True)
+                log.critical("apply_failed", index=index, payload=payload[:2000].decode("utf-8", "replace"),
+                             exc_info=True)
                 os._exit(EXIT_REPLICA_UNTRUSTED)
             version = image.version
             if self._local.observe_apply_s is not None:
@@ -443,6 +478,15 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         if changed or outcome.get("ok"):
             self._on_applied(version, changed)
         return outcome
+
+    @property
+    def applier_lock(self) -> threading.Lock:
+        return self._applier.lock
+
+    @property
+    def applied_index(self) -> int:
+        """The last log index whose entry is in the image (raftLastApplied counts entries queued to apply)."""
+        return self._applier.applied_index
 
     # -- status -----------------------------------------------------------------------------------------------
     def leader_address(self) -> str | None:
@@ -471,7 +515,7 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
 
     def commit_lag(self) -> int:
         """Entries this node knows to be committed but has not applied yet."""
-        return max(0, self.raftCommitIndex - self.raftLastApplied)
+        return max(0, self.raftCommitIndex - self._applier.applied_index)
 
     def term(self) -> int:
         return self.raftCurrentTerm
@@ -485,14 +529,33 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         return self._local.journal.stats()
 
 
+# An entry's payload is two lines of compact JSON (which never holds a raw newline): the leader's stamp (its clock,
+# offset budget and history window) and the proposer's envelope. The leader stamps a follower's proposal by
+# replacing the first line, without decoding and re-encoding an envelope of up to 8 MiB on its tick thread.
+STAMP_FIELDS = frozenset({"ts", "budget", "history"})
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def encode_entry(stamp: dict[str, Any], envelope: dict[str, Any]) -> bytes:
+    return _compact(stamp).encode() + b"\n" + _compact(envelope).encode()   # ASCII: ensure_ascii
+
+
 def decode_entry(payload: Any) -> Any:
-    """The envelope of a log entry; anything undecodable becomes None, which apply rejects like any bad envelope."""
-    if not isinstance(payload, (bytes, str)) or len(payload) > limits.COMMAND_BYTES_MAX + ENVELOPE_OVERHEAD_BYTES_MAX:
+    """The envelope of a log entry, the leader's stamp merged in; anything undecodable becomes None, which apply
+    rejects like any bad envelope."""
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8", "surrogatepass")
+    if not isinstance(payload, bytes) or len(payload) > limits.COMMAND_BYTES_MAX + ENVELOPE_OVERHEAD_BYTES_MAX:
         return None
+    head, separator, body = payload.partition(b"\n")
     try:
-        return json.loads(payload)
+        stamp, envelope = json.loads(head), json.loads(body)
     except (ValueError, RecursionError):
         return None
+    if not separator or not isinstance(stamp, dict) or not set(stamp) <= STAMP_FIELDS or not isinstance(envelope, dict):
+        return None
+    envelope.update(stamp)
+    return envelope
 
 
 class RaftNode:
@@ -515,29 +578,33 @@ class RaftNode:
         return {"ts": int(time.time() * 1000), "budget": self.offset_budget, "history": self.history_window}
 
     def restamp(self, payload: bytes) -> bytes | None:
-        """Tick thread, on the leader: a follower's envelope with this leader's fields; None if it is no envelope."""
-        envelope = decode_entry(payload)
-        if not isinstance(envelope, dict):
-            return None
-        envelope.update(self.leader_fields())
-        return json.dumps(envelope, separators=(",", ":")).encode()
+        """Tick thread, on the leader: a follower's entry with this leader's stamp; None if it has no stamp line."""
+        _head, separator, envelope = payload.partition(b"\n")
+        return _compact(self.leader_fields()).encode() + separator + envelope if separator else None
+
+    def envelope(self, cmd: dict[str, Any], rid: str | None, actor: str) -> dict[str, Any]:
+        return {"rid": rid, "ts": 0, "budget": self.offset_budget, "actor": actor, "cmd": cmd}
 
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
         # Only the leader's clock and settings enter the log (apply reads nothing of a node's own): a follower's
-        # proposal carries ts 0 and travels to the leader in pysyncobj's apply_command message; the leader stamps
-        # its own fields into it before appending (MetaSyncObj._stamped). An older leader that does not stamp
-        # leaves ts 0, which the state machine's max(ts, last_ts) turns into log time.
-        envelope = {"rid": rid, "ts": 0, "budget": self.offset_budget, "actor": actor, "cmd": cmd}
-        if self.sync.is_leader():
-            envelope.update(self.leader_fields())
-        payload = json.dumps(envelope, separators=(",", ":")).encode()   # ASCII: ensure_ascii
-        if len(payload) > limits.COMMAND_BYTES_MAX:
+        # proposal carries an empty stamp and travels to the leader in pysyncobj's apply_command message; the leader
+        # puts its own stamp on it before appending (MetaSyncObj._stamped). An entry left unstamped keeps ts 0,
+        # which the state machine's max(ts, last_ts) turns into log time.
+        envelope = _compact(self.envelope(cmd, rid, actor)).encode()
+        if len(envelope) > limits.COMMAND_BYTES_MAX:
             raise rejection(413, "TOO_LARGE", f"the command exceeds {limits.COMMAND_BYTES_MAX} bytes")
+        stamp = self.leader_fields() if self.sync.is_leader() else {}
+        payload = _compact(stamp).encode() + b"\n" + envelope
         fut: asyncio.Future = self.loop.create_future()
 
-        def done(result: Any, err: int) -> None:  # tick thread
-            self.sync.bridge.post(_resolve, fut, result, err)
+        def done(result: Any, err: int) -> None:  # tick thread; a Pending's waiter runs on the apply thread
+            if err == FAIL_REASON.SUCCESS and isinstance(result, Pending):
+                result.then(lambda outcome: done(outcome, err), self.sync.applier_lock)
+            elif result is DISCARDED:   # a snapshot installed from the leader covered it before it was applied here
+                self.sync.bridge.post(_resolve, fut, None, FAIL_REASON.UNKNOWN_OUTCOME)
+            else:
+                self.sync.bridge.post(_resolve, fut, result, err)
 
         shim.propose(self.sync, payload, done)
         try:

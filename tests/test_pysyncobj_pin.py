@@ -54,8 +54,8 @@ async def test_the_log_holds_the_type_byte_and_json_never_a_pickle(tmp_path):
         outcome = await raft.propose({"type": "Barrier"}, "rid-pin", "system")
         assert outcome["ok"], outcome
         deadline = time.monotonic() + 15.0
-        while any(n.raftLastApplied < leader.raftLastApplied for n in nodes):   # the third node may lag a tick
-            assert time.monotonic() < deadline, [n.raftLastApplied for n in nodes]
+        while any(n.applied_index < leader.applied_index for n in nodes):   # the third node may lag a tick
+            assert time.monotonic() < deadline, [n.applied_index for n in nodes]
             await asyncio.sleep(0.05)
     finally:
         for n in nodes:
@@ -66,5 +66,6 @@ async def test_the_log_holds_the_type_byte_and_json_never_a_pickle(tmp_path):
         assert regular, f"node {i} holds no envelope"
         for command in regular:
             assert command[:1] == bytes([shim.REGULAR_COMMAND])
-            envelope = json.loads(command[1:])
+            stamp, envelope = (json.loads(line) for line in command[1:].split(b"\n"))   # two lines of JSON
+            assert set(stamp) == {"ts", "budget", "history"}
             assert envelope["rid"] == "rid-pin" and envelope["cmd"] == {"type": "Barrier"}

@@ -1,5 +1,6 @@
-"""meta/raft_journal.py on real files: round trips, truncation and compaction, what a crash keeps (SIGKILLed children,
-with the page cache and with the power-loss simulation), torn tails, single-byte damage, pysyncobj on top."""
+"""meta/raft_journal.py on real files: round trips, truncation and compaction, segments, what a crash keeps (SIGKILLed
+children, with the page cache and with the power-loss simulation), torn tails, single-byte damage, pysyncobj on
+top, and what a compaction costs."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ import pysyncobj.syncobj as pysyncobj_syncobj
 from pysyncobj.journal import FileJournal
 
 from meta import raft_journal as rj
-from meta.raft_journal import (JOURNAL_FILE, STATE_FILE, JournalDamaged, JournalFormatError,
-                               MemoryUntilSyncJournalIO, OsJournalIO, StatorJournal, journal_io, read_journal)
+from meta.raft_journal import (JOURNAL_FILE, STATE_FILE, JournalDamaged, JournalFormatError, JournalIO,
+                               MemoryUntilSyncJournalIO, OsJournalIO, StatorJournal, journal_exists, journal_files,
+                               journal_io, read_journal)
 from ops.devcluster import free_base_port
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT_S = 20.0
+SMALL_SEGMENT = 200     # four or five of entry()'s records per segment
 
 
 def entry(i: int, term: int = 1, size: int | None = None) -> tuple[bytes, int, int]:
@@ -45,8 +48,22 @@ def fill(journal: StatorJournal, entries: Iterable[tuple[bytes, int, int]]) -> N
         journal.add(*e)
 
 
+def segment(directory: Path | str, seq: int) -> Path:
+    return Path(directory) / rj.segment_name(seq)
+
+
+def segments(directory: Path | str) -> list[Path]:
+    """Every segment file in ``directory``, live or not, by seq."""
+    return sorted(p for p in Path(directory).iterdir() if rj._segment_seq(p.name) is not None)
+
+
+def seqs(directory: Path | str) -> list[int]:
+    return [int(p.name.rsplit(".", 1)[1]) for p in segments(directory)]
+
+
 def log_bytes(directory: Path) -> bytes:
-    return (directory / JOURNAL_FILE).read_bytes()
+    """The last segment's bytes."""
+    return segments(directory)[-1].read_bytes()
 
 
 def run_child(script: str, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -60,30 +77,44 @@ def _child_env() -> dict[str, str]:
 
 # -- round trips -----------------------------------------------------------------------------------------------
 def test_fresh_journal_has_pysyncobjs_defaults(tmp_path):
-    j = StatorJournal(str(tmp_path / "new" / "dir"))
+    d = tmp_path / "new" / "dir"
+    j = StatorJournal(str(d))
     assert (len(j), j.last_index, j.synced_index, j.dirty) == (0, 0, 0, False)
     assert (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()) == (0, None, 1)
     assert j[:] == [] and j.sync() is False
     j._destroy()
-    assert log_bytes(tmp_path / "new" / "dir") == rj.file_header()
-    assert not (tmp_path / "new" / "dir" / STATE_FILE).exists()   # nothing changed: nothing written
+    assert [p.name for p in segments(d)] == ["raft.log.0000000000000001"]
+    assert log_bytes(d) == rj.file_header()
+    assert not (d / STATE_FILE).exists()                 # nothing changed: nothing written
+    assert journal_exists(str(d)) and journal_files(str(d)) == [str(segment(d, 1))]
+    assert not journal_exists(str(tmp_path)) and not journal_exists(str(tmp_path / "nowhere"))
 
 
-def test_round_trip_with_big_and_empty_commands(tmp_path):
+@pytest.mark.parametrize("segment_bytes_max", [rj.SEGMENT_BYTES_MAX, 64 * 1024])
+def test_round_trip_with_big_and_empty_commands(tmp_path, segment_bytes_max):
     rng = random.Random(7)
-    sizes = [0, 1, 100 * 1024, 2 * 1024 * 1024, 5]
+    sizes = [0, 1, 100 * 1024, 2 * 1024 * 1024, 5, 40_000, 40_000, 40_000]
     entries = [(rng.randbytes(size), 10 + n, 3 + n // 2) for n, size in enumerate(sizes)]
-    j = StatorJournal(str(tmp_path))
+    j = StatorJournal(str(tmp_path), segment_bytes_max=segment_bytes_max)
     fill(j, entries)
     j.setCurrentTerm(5, "127.0.0.1:4000")
     j.setRaftCommitIndex(12)
     j._destroy()
+    files = segments(tmp_path)
+    if segment_bytes_max == rj.SEGMENT_BYTES_MAX:
+        assert len(files) == 1
+    else:   # a record bigger than a segment goes whole into one of its own; the others are cut at the limit
+        record_sizes = [rj.RECORD_OVERHEAD_BYTES + size for size in sizes]
+        assert [f.stat().st_size - rj.FILE_HEADER_BYTES for f in files] == [
+            sum(record_sizes[:2]), record_sizes[2], record_sizes[3], sum(record_sizes[4:6]), record_sizes[6],
+            record_sizes[7]]
+        assert seqs(tmp_path) == [1, 2, 3, 4, 5, 6]
 
-    k = StatorJournal(str(tmp_path))
+    k = StatorJournal(str(tmp_path), segment_bytes_max=segment_bytes_max)
     assert k[:] == entries and len(k) == len(entries)
     assert all(type(e) is tuple for e in k[:])
     assert (k.getCurrentTerm(), k.getVotedForNodeId(), k.getRaftCommitIndex()) == (5, "127.0.0.1:4000", 12)
-    assert k.synced_index == k.last_index == 14
+    assert k.synced_index == k.last_index == 17
     for item in (0, -1, 3, slice(1, 3), slice(-2, None), slice(None), slice(None, None, 2), slice(3, 99),
                  slice(99, None), slice(-99, 2)):
         assert k[item] == entries[item], item
@@ -92,12 +123,19 @@ def test_round_trip_with_big_and_empty_commands(tmp_path):
     contents = read_journal(str(tmp_path))
     assert contents.entries == entries and contents.torn_bytes == 0
     assert (contents.current_term, contents.voted_for, contents.commit_index) == (5, "127.0.0.1:4000", 12)
+    assert journal_files(str(tmp_path)) == [str(f) for f in files] + [str(tmp_path / STATE_FILE)]
     k._destroy()
 
 
-def test_truncation_compaction_and_clear_survive_reopen(tmp_path):
+@pytest.mark.parametrize("segment_bytes_max", [rj.SEGMENT_BYTES_MAX, SMALL_SEGMENT])
+def test_truncation_compaction_and_clear_survive_reopen(tmp_path, segment_bytes_max):
     d = str(tmp_path)
-    j = StatorJournal(d)
+    small = segment_bytes_max == SMALL_SEGMENT
+
+    def journal() -> StatorJournal:
+        return StatorJournal(d, segment_bytes_max=segment_bytes_max)
+
+    j = journal()
     fill(j, (entry(i) for i in range(1, 31)))
     j.sync()
     j.deleteEntriesFrom(20)                      # a log conflict: positions >= 20, so indexes 21..30
@@ -105,33 +143,51 @@ def test_truncation_compaction_and_clear_survive_reopen(tmp_path):
     fill(j, (entry(i, term=2) for i in range(21, 26)))
     j._destroy()
 
-    j = StatorJournal(d)
+    j = journal()
     expected = [entry(i) for i in range(1, 21)] + [entry(i, term=2) for i in range(21, 26)]
     assert j[:] == expected
+    before = seqs(tmp_path)
+    assert (len(before) > 4) == small
     j.deleteEntriesTo(5)                         # compaction: drop positions < 5, indexes 1..5
     assert j[:] == expected[5:] and j.compactions == 1 and not j.dirty and j.synced_index == 25
-    assert not (tmp_path / (JOURNAL_FILE + rj.COMPACTING_SUFFIX)).exists()
+    assert read_journal(d).entries == expected[5:]   # durable on return, the unlinks in the background
+    assert j.wait_for_unlinks(WAIT_S)
+    assert (seqs(tmp_path) != before) == small   # only whole segments below index 6 went
+    assert read_journal(d).entries == expected[5:]
     fill(j, (entry(i, term=2) for i in range(26, 29)))
-    j.deleteEntriesTo(0)                         # nothing to drop: no rewrite
+    j.deleteEntriesTo(0)                         # nothing to drop: no compaction
     assert j.compactions == 1
     j._destroy()
 
-    j = StatorJournal(d)
+    j = journal()
     expected = expected[5:] + [entry(i, term=2) for i in range(26, 29)]
     assert j[:] == expected and j[0][1] == 6
+    j.deleteEntriesFrom(1)                       # everything but index 6, across segments when they are small
+    fill(j, (entry(i, term=3) for i in range(7, 12)))
+    j.sync()
+    assert read_journal(d).entries == [expected[0]] + [entry(i, term=3) for i in range(7, 12)]
+    last_seq = seqs(tmp_path)[-1]
     j.clear()
     assert (len(j), j.last_index, j.synced_index) == (0, 0, 0)
     assert read_journal(d).entries == []         # clear() is durable at once (a second reader sees it)
+    assert j.wait_for_unlinks(WAIT_S) and seqs(tmp_path) == [last_seq + 1]
     fill(j, [entry(100, term=7), entry(101, term=7)])   # after a clear the log may start anywhere (a snapshot)
     j._destroy()
 
-    j = StatorJournal(d)
+    j = journal()
     assert j[:] == [entry(100, term=7), entry(101, term=7)]
     j.deleteEntriesTo(5)                         # past the end: everything goes
     j.deleteEntriesFrom(0)
     assert j[:] == []
+    fill(j, [entry(50, term=8)])                 # and again anywhere
+    j.deleteEntriesFrom(0)                       # a conflict at the first entry: the log may then start anywhere
+    fill(j, [entry(40, term=9)])
     j._destroy()
-    assert StatorJournal(d)[:] == [] and log_bytes(tmp_path) == rj.file_header()
+    j = journal()
+    assert j[:] == [entry(40, term=9)]
+    j.deleteEntriesFrom(0)
+    j._destroy()
+    assert StatorJournal(d)[:] == [] and len(segments(tmp_path)) == 1 and log_bytes(tmp_path) == rj.file_header()
 
 
 def test_sync_and_state_bookkeeping(tmp_path):
@@ -157,7 +213,8 @@ def test_sync_and_state_bookkeeping(tmp_path):
     j.setRaftCommitIndex(4)
     j._destroy()                                         # saves the commit index too
     assert read_journal(str(tmp_path)).commit_index == 4
-    assert (tmp_path / STATE_FILE).read_bytes().startswith(b"STATOR-RAFT-STATE 1 ")
+    assert (tmp_path / STATE_FILE).read_bytes().startswith(b"STATOR-RAFT-STATE 2 ")
+    assert (tmp_path / STATE_FILE).read_bytes().endswith(b',"first_segment":1,"first_index":null}\n')
 
 
 def test_add_refuses_what_start_up_would_refuse(tmp_path):
@@ -172,6 +229,145 @@ def test_add_refuses_what_start_up_would_refuse(tmp_path):
     assert j[-1] == (b"ab", 3, 2)
     j._destroy()
     assert StatorJournal(str(tmp_path))[:] == [entry(1, term=2), entry(2, term=2), (b"ab", 3, 2)]
+    with pytest.raises(ValueError, match="no room"):
+        StatorJournal(str(tmp_path), segment_bytes_max=rj.FILE_HEADER_BYTES)
+
+
+# -- compaction costs nothing per record -----------------------------------------------------------------------
+class CountingIO(JournalIO):
+    """OsJournalIO underneath; counts the bytes each file is given (by name) and notes removals and truncations."""
+
+    def __init__(self) -> None:
+        self.inner = OsJournalIO()
+        self.names: dict[int, str] = {}
+        self.written: dict[str, int] = {}
+        self.removed: list[str] = []
+        self.truncated: list[str] = []
+
+    def _count(self, name: str, data: bytes) -> None:
+        self.written[name] = self.written.get(name, 0) + len(data)
+
+    def make_directory(self, path: str) -> None:
+        self.inner.make_directory(path)
+
+    def list_directory(self, path: str) -> list[str]:
+        return self.inner.list_directory(path)
+
+    def read(self, path: str) -> bytes | None:
+        return self.inner.read(path)
+
+    def write_durably(self, path: str, chunks: Iterable[bytes], tmp_path: str) -> None:
+        data = b"".join(chunks)
+        self._count(os.path.basename(path), data)
+        self.inner.write_durably(path, [data], tmp_path)
+
+    def remove(self, path: str) -> bool:
+        self.removed.append(os.path.basename(path))
+        return self.inner.remove(path)
+
+    def create(self, path: str) -> int:
+        handle = self.inner.create(path)
+        self.names[handle] = os.path.basename(path)
+        return handle
+
+    def open_append(self, path: str) -> int:
+        handle = self.inner.open_append(path)
+        self.names[handle] = os.path.basename(path)
+        return handle
+
+    def append(self, handle: int, data: bytes) -> None:
+        self._count(self.names[handle], data)
+        self.inner.append(handle, data)
+
+    def truncate(self, handle: int, size: int) -> None:
+        self.truncated.append(self.names[handle])
+        self.inner.truncate(handle, size)
+
+    def sync(self, handle: int) -> None:
+        self.inner.sync(handle)
+
+    def sync_directory(self, path: str) -> None:
+        self.inner.sync_directory(path)
+
+    def close(self, handle: int) -> None:
+        self.inner.close(handle)
+
+
+def _first_index_in(path: Path) -> int:
+    return struct.unpack_from("<Q", path.read_bytes(), rj.FILE_HEADER_BYTES + 8)[0]
+
+
+def test_compaction_and_clear_never_copy_a_record(tmp_path):
+    """deleteEntriesTo writes the state file and unlinks whole segments, nothing else; clear() adds one segment
+    header. Reopened, the journal holds exactly the kept entries."""
+    d = str(tmp_path)
+    io = CountingIO()
+    j = StatorJournal(d, io, segment_bytes_max=4096)
+    fill(j, (entry(i) for i in range(1, 401)))
+    j.sync()
+    before = segments(tmp_path)
+    assert len(before) >= 6
+    io.written.clear()
+    j.deleteEntriesTo(300)                               # indexes 1..300 go, 301 is the first kept
+    assert j.wait_for_unlinks(WAIT_S)
+    after = segments(tmp_path)
+    assert io.written == {STATE_FILE: len((tmp_path / STATE_FILE).read_bytes())}
+    assert io.truncated == []
+    assert io.removed == [p.name for p in before[:len(before) - len(after)]] and len(io.removed) >= 4
+    assert after == before[len(io.removed):]
+    assert _first_index_in(after[0]) <= 301 < _first_index_in(after[1])   # the one holding 301 is the first kept
+    assert (j[0][1], j.last_index, j.compactions) == (301, 400, 1)
+    state = (tmp_path / STATE_FILE).read_bytes()
+    assert state.endswith(b',"first_segment":%d,"first_index":301}\n' % seqs(tmp_path)[0])
+    j._destroy()
+
+    k = StatorJournal(d, segment_bytes_max=4096)
+    assert k[:] == [entry(i) for i in range(301, 401)]
+    last = seqs(tmp_path)[-1]
+    k._destroy()
+
+    io = CountingIO()
+    k = StatorJournal(d, io, segment_bytes_max=4096)
+    k.clear()
+    assert k.wait_for_unlinks(WAIT_S)
+    assert io.written == {STATE_FILE: len((tmp_path / STATE_FILE).read_bytes()),
+                          rj.segment_name(last + 1): rj.FILE_HEADER_BYTES}
+    assert seqs(tmp_path) == [last + 1] and k.compactions == 1
+    k._destroy()
+    assert StatorJournal(d)[:] == []
+
+
+def test_compaction_cost_measured(tmp_path, capsys):
+    """A measurement, printed, not asserted: deleteEntriesTo keeping the last 10 MiB of a 50 MiB log of 1 MiB
+    entries, as the single-file build did it (the kept records written to a new file, fsynced, renamed, directory
+    fsynced: timed here with OsJournalIO.write_durably) and now (a state file write and unlinks)."""
+    rng = random.Random(5)
+    entries = [(rng.randbytes(1 << 20), i, 1) for i in range(1, 51)]
+    kept = entries[40:]
+    rewrite = tmp_path / "rewrite.log"
+    started = time.perf_counter()
+    OsJournalIO().write_durably(str(rewrite), [rj.file_header(), *(rj.encode_record(*e) for e in kept)],
+                                str(rewrite) + rj.COMPACTING_SUFFIX)
+    rewrite_s = time.perf_counter() - started
+    measured = []
+    for segment_bytes_max in (rj.SEGMENT_BYTES_MAX, 8 << 20):
+        d = tmp_path / f"segments-{segment_bytes_max}"
+        j = StatorJournal(str(d), segment_bytes_max=segment_bytes_max)
+        fill(j, entries)
+        j.sync()
+        count = len(segments(d))
+        started = time.perf_counter()
+        j.deleteEntriesTo(40)
+        took = time.perf_counter() - started
+        assert j.wait_for_unlinks(WAIT_S)
+        measured.append((took, time.perf_counter() - started, segment_bytes_max >> 20, count - len(segments(d))))
+        assert j[:] == kept
+        j._destroy()
+    with capsys.disabled():
+        print(f"\ncompaction keeping the last 10 MiB of a 50 MiB log: single-file rewrite {rewrite_s * 1e3:.1f} ms "
+              "on the tick thread; segments: " + "; ".join(
+                  f"{size} MiB segments {took * 1e3:.2f} ms on the tick thread, {gone} unlinked in the background "
+                  f"by {done * 1e3:.1f} ms" for took, done, size, gone in measured))
 
 
 # -- crashes ---------------------------------------------------------------------------------------------------
@@ -180,14 +376,16 @@ class _Crash(Exception):
 
 
 class CrashingIO(OsJournalIO):
-    """Does the first ``steps`` steps of a durable replace of the journal file, then "crashes" (raises): what is on
-    disk then is what a kill at that moment leaves (the page cache survives a kill)."""
+    """Does the first ``steps`` steps of a compaction's durable replace of the state file, then "crashes" (raises):
+    what is on disk then is what a kill at that moment leaves (the page cache survives a kill). Step 4: the state
+    file is in place and one dead segment unlinked (then the unlinking thread fails: the process is gone)."""
 
     def __init__(self, steps: int):
         self.steps = steps
+        self.unlinked = 0
 
     def write_durably(self, path: str, chunks: Iterable[bytes], tmp_path: str) -> None:
-        if not path.endswith(JOURNAL_FILE):
+        if self.steps == 4:
             return super().write_durably(path, chunks, tmp_path)
         data = b"".join(chunks)
         fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -206,54 +404,106 @@ class CrashingIO(OsJournalIO):
         os.replace(tmp_path, path)
         raise _Crash                                     # renamed, directory not synced
 
+    def remove(self, path: str) -> bool:
+        if self.unlinked == 1:
+            raise _Crash
+        self.unlinked += 1
+        return super().remove(path)
 
-@pytest.mark.parametrize("steps", [0, 1, 2, 3])
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 4])
 def test_compaction_crash_at_each_step_leaves_a_whole_log(tmp_path, steps):
     d = str(tmp_path)
-    j = StatorJournal(d)
+    j = StatorJournal(d, segment_bytes_max=SMALL_SEGMENT)
     fill(j, (entry(i) for i in range(1, 41)))
     j._destroy()
-    j = StatorJournal(d, CrashingIO(steps))
-    with pytest.raises(_Crash):
-        j.deleteEntriesTo(25)
+    before = seqs(tmp_path)
+    j = StatorJournal(d, CrashingIO(steps), segment_bytes_max=SMALL_SEGMENT)
+    if steps < 4:
+        with pytest.raises(_Crash):
+            j.deleteEntriesTo(25)
+    else:
+        with structlog.testing.capture_logs() as logs:
+            j.deleteEntriesTo(25)
+            assert j.wait_for_unlinks(WAIT_S)
+        assert logs[0]["event"] == "raft_journal_dead_segment_unlink_failed" and "_Crash" in logs[0]["error"]
     j._io.close(j._handle)                               # the crashed process's descriptor
-    leftover = tmp_path / (JOURNAL_FILE + rj.COMPACTING_SUFFIX)
+    leftover = tmp_path / (STATE_FILE + rj.STATE_WRITING_SUFFIX)
     assert leftover.exists() == (steps < 3)
+    assert seqs(tmp_path) == (before if steps < 4 else before[1:])
     with structlog.testing.capture_logs() as logs:
-        k = StatorJournal(d)
+        k = StatorJournal(d, segment_bytes_max=SMALL_SEGMENT)
     assert not leftover.exists()
     assert k[:] == [entry(i) for i in range(1 if steps < 3 else 26, 41)]
-    assert [e["event"] for e in logs] == (["raft_journal_unfinished_rewrite_removed"] if steps < 3 else [])
+    if steps < 3:
+        assert logs == [] and seqs(tmp_path) == before
+    else:                                                # the state file says they are dead: deleted now
+        dead = [rj.segment_name(seq) for seq in before if seq < seqs(tmp_path)[0]]
+        assert len(dead) >= 3 and seqs(tmp_path) == before[len(dead):]
+        assert [(e["event"], [os.path.basename(p) for p in e["paths"]]) for e in logs] == [
+            ("raft_journal_dead_segments_removed", dead[steps - 3:])]
     k._destroy()
+
+
+class CrashOnCreate(OsJournalIO):
+    def create(self, path: str) -> int:
+        raise _Crash
+
+
+def test_clear_crash_before_its_segment_is_created(tmp_path):
+    """clear() writes the state file first: a crash before the new segment exists leaves an empty log, start-up
+    creates the segment and deletes the dead ones."""
+    d = str(tmp_path)
+    j = StatorJournal(d, segment_bytes_max=SMALL_SEGMENT)
+    fill(j, (entry(i) for i in range(1, 21)))
+    j.sync()
+    last = seqs(tmp_path)[-1]
+    j._io = CrashOnCreate()
+    with pytest.raises(_Crash):
+        j.clear()                                        # the state file is written, the old handle closed
+    with structlog.testing.capture_logs() as logs:
+        k = StatorJournal(d, segment_bytes_max=SMALL_SEGMENT)
+    assert k[:] == [] and seqs(tmp_path) == [last + 1] and log_bytes(tmp_path) == rj.file_header()
+    assert [e["event"] for e in logs] == ["raft_journal_dead_segments_removed"]
+    fill(k, [entry(500, term=3), entry(501, term=3)])
+    k._destroy()
+    assert StatorJournal(d)[:] == [entry(500, term=3), entry(501, term=3)]
 
 
 KILL_DURING_COMPACTIONS = """
     import sys
     from meta.raft_journal import StatorJournal, journal_io
-    j = StatorJournal(sys.argv[1], journal_io("memory_until_sync"))
+    j = StatorJournal(sys.argv[1], journal_io("memory_until_sync"), segment_bytes_max=int(sys.argv[2]))
     i = j.last_index
+    step = 0
     while True:
+        step += 1
+        if step % 7 == 0:                         # as a snapshot install: the log starts over, further on
+            print("clear", flush=True)
+            j.clear()                             # durable on return
+            i += 1000
         for _ in range(20):
             i += 1
             j.add((b"%08d" % i) * (1 + i % 64), i, i // 500)
-        if i % 40 == 0:                           # every other step a compaction, which a kill may interrupt
-            j.deleteEntriesTo(max(0, len(j) - 50))   # durable on return
+        if step % 2 == 0 and len(j) > 50:         # every other step a compaction, which a kill may interrupt
+            j.deleteEntriesTo(len(j) - 50)        # durable on return (with nothing to drop it does nothing)
         else:
             j.sync()
-        print(j[0][1], j.last_index, flush=True)   # everything up to here is durable
+        print(j[0][1], j.last_index, flush=True)   # everything from the first to the last is durable
 """
 
 
-def test_sigkill_in_a_loop_of_compactions_and_appends(tmp_path):
-    """A child appends, syncs and compacts without pause, with the power-loss IO; SIGKILLed at random moments, again
-    and again on the same directory. Every time the log reopens whole, holding every entry the child reported
-    durable, each one intact."""
+@pytest.mark.parametrize("segment_bytes_max", [rj.SEGMENT_BYTES_MAX, 1500])
+def test_sigkill_in_a_loop_of_compactions_clears_and_appends(tmp_path, segment_bytes_max):
+    """A child appends, syncs, compacts and clears without pause, with the power-loss IO; SIGKILLed at random
+    moments, again and again on the same directory. Every time the log reopens whole, holding every entry the child
+    reported durable (unless a clear() came after the report), each one intact, and no dead segment is left."""
     d = str(tmp_path)
     rng = random.Random(11)
-    reported_last = 0
     for _round in range(4):
-        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_COMPACTIONS), d], cwd=REPO,
-                                 env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILL_DURING_COMPACTIONS), d,
+                                  str(segment_bytes_max)], cwd=REPO, env=_child_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
         try:
             ready, _, _ = select.select([child.stdout], [], [], WAIT_S)
             assert ready, "the child reported nothing"
@@ -262,23 +512,30 @@ def test_sigkill_in_a_loop_of_compactions_and_appends(tmp_path):
             child.send_signal(signal.SIGKILL)
             out, err = child.communicate(timeout=WAIT_S)
         assert child.returncode == -signal.SIGKILL, err.decode()
-        lines = [line.split() for line in out.decode().splitlines()]
-        reported = [(int(a), int(b)) for a, b in (line for line in lines if len(line) == 2)]
-        assert reported
-        first_reported, reported_last = reported[-1]
-        k = StatorJournal(d)                             # checks every record, index order and terms
-        assert not (tmp_path / (JOURNAL_FILE + rj.COMPACTING_SUFFIX)).exists()
-        assert k[0][1] <= reported_last <= k.last_index, (k[0][1], reported_last, k.last_index)
-        assert k[0][1] >= first_reported                 # a compaction never comes undone
+        lines = [line.split() for line in out.decode().split("\n")[:-1]]   # whole lines only
+        reports = [n for n, line in enumerate(lines) if len(line) == 2]
+        assert reports
+        first_reported, reported_last = map(int, lines[reports[-1]])
+        cleared_since = ["clear"] in lines[reports[-1]:]
+        k = StatorJournal(d, segment_bytes_max=segment_bytes_max)   # checks every record, index order and terms
+        kept = len(k) > 0 and first_reported <= k[0][1] <= reported_last <= k.last_index
+        if cleared_since:                                # before the clear, or after it (nothing synced since)
+            assert kept or len(k) == 0 or k[0][1] >= reported_last + 1001, (k[0][1], reported_last)
+        else:                                            # a compaction never comes undone
+            assert kept, (first_reported, reported_last, k[0][1] if len(k) else None, k.last_index)
         assert all(e == ((b"%08d" % e[1]) * (1 + e[1] % 64), e[1], e[1] // 500) for e in k[:])
         k._destroy()
+        on_disk = [str(p) for p in segments(tmp_path)]
+        assert journal_files(d) == on_disk + ([str(tmp_path / STATE_FILE)] if (tmp_path / STATE_FILE).exists()
+                                              else [])   # every segment on disk is live
+        assert seqs(tmp_path) == list(range(seqs(tmp_path)[0], seqs(tmp_path)[-1] + 1))
 
 
 KILL_AFTER = """
     import os, signal, sys
     from meta.raft_journal import StatorJournal, journal_io
-    directory, io, scenario = sys.argv[1:4]
-    j = StatorJournal(directory, journal_io(io))
+    directory, io, scenario, segment_bytes_max = sys.argv[1:5]
+    j = StatorJournal(directory, journal_io(io), segment_bytes_max=int(segment_bytes_max))
     def entry(i, term=1):
         return (b"%08d;" % i) * (1 + i % 5), i, term
     for i in range(1, 21):
@@ -307,18 +564,35 @@ def _kill_entry(i: int, term: int = 1) -> tuple[bytes, int, int]:
     return (b"%08d;" % i) * (1 + i % 5), i, term
 
 
-@pytest.mark.parametrize("io,scenario,expected", [
-    ("memory_until_sync", "appends", [(i, 1) for i in range(1, 21)]),
-    ("os", "appends", [(i, 1) for i in range(1, 31)]),
-    ("memory_until_sync", "truncations", [(i, 1) for i in range(1, 11)] + [(i, 2) for i in range(11, 16)]),
-    ("os", "truncations", [(i, 1) for i in range(1, 11)] + [(11, 2), (12, 2), (13, 3)]),
+KILL_SEGMENT = 150      # two or three of _kill_entry's records per segment
+BEFORE_LAST_TRUNCATION = [(i, 1) for i in range(1, 11)] + [(i, 2) for i in range(11, 19)]
+
+
+@pytest.mark.parametrize("io,scenario,segment_bytes_max,expected,at_least", [
+    ("memory_until_sync", "appends", rj.SEGMENT_BYTES_MAX, [(i, 1) for i in range(1, 21)], None),
+    ("os", "appends", rj.SEGMENT_BYTES_MAX, [(i, 1) for i in range(1, 31)], None),
+    ("memory_until_sync", "truncations", rj.SEGMENT_BYTES_MAX,
+     [(i, 1) for i in range(1, 11)] + [(i, 2) for i in range(11, 16)], None),
+    ("os", "truncations", rj.SEGMENT_BYTES_MAX, [(i, 1) for i in range(1, 11)] + [(11, 2), (12, 2), (13, 3)], None),
+    # A new segment syncs the full one first: some of 21..30 may be kept.
+    ("memory_until_sync", "appends", KILL_SEGMENT, [(i, 1) for i in range(1, 31)], 20),
+    ("os", "appends", KILL_SEGMENT, [(i, 1) for i in range(1, 31)], None),
+    # The unlinks of a truncation reach the directory at once, its cut and later appends only with a sync: the log is
+    # a prefix of the one before the last truncation that keeps every entry it kept (1..12).
+    ("memory_until_sync", "truncations", KILL_SEGMENT, BEFORE_LAST_TRUNCATION, 12),
+    ("os", "truncations", KILL_SEGMENT, [(i, 1) for i in range(1, 11)] + [(11, 2), (12, 2), (13, 3)], None),
 ])
-def test_sigkill_keeps_what_the_io_promises(tmp_path, io, scenario, expected):
+def test_sigkill_keeps_what_the_io_promises(tmp_path, io, scenario, segment_bytes_max, expected, at_least):
     """memory_until_sync: a SIGKILL loses exactly what was not synced (a power loss); os: nothing (page cache)."""
-    done = run_child(KILL_AFTER, str(tmp_path), io, scenario)
+    done = run_child(KILL_AFTER, str(tmp_path), io, scenario, str(segment_bytes_max))
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    assert (len(segments(tmp_path)) > 3) == (segment_bytes_max == KILL_SEGMENT)
     j = StatorJournal(str(tmp_path))
-    assert j[:] == [_kill_entry(i, term) for i, term in expected]
+    expected_entries = [_kill_entry(i, term) for i, term in expected]
+    if at_least is None:
+        assert j[:] == expected_entries
+    else:
+        assert at_least <= len(j) and j[:] == expected_entries[:len(j)], [e[1:] for e in j[:]]
     assert (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()) == (4, "node-b", 1)
     j._destroy()
 
@@ -351,6 +625,49 @@ def test_memory_until_sync_applies_truncations_in_order(tmp_path):
     assert on_disk()[-1] == (6, 3)
 
 
+def test_a_new_segment_lost_to_a_power_loss_is_repaired(tmp_path):
+    """A segment whose creation no sync covered holds nothing acknowledged: whatever a power loss left of it (no
+    bytes, a beginning of its header, zeros), as the last segment it is rewritten empty; before another segment it
+    is damage."""
+    d = tmp_path / "j"
+    j = StatorJournal(str(d), MemoryUntilSyncJournalIO(), segment_bytes_max=SMALL_SEGMENT)
+    fill(j, (entry(i) for i in range(1, 6)))             # 160 record bytes: segment 1 is full
+    j.sync()
+    j.add(*entry(6))                                     # segment 2, its header and record in memory only
+    assert seqs(d) == [1, 2] and j.dirty
+    j._io.close(j._handle)                               # a power loss
+    assert segment(d, 2).read_bytes() == b""
+    saved = {p.name: p.read_bytes() for p in d.iterdir()}
+    kept = [entry(i) for i in range(1, 6)]
+    record_6 = rj.encode_record(*entry(6))
+    for left in (b"", rj.file_header()[:10], rj.file_header()[:23], bytes(7), bytes(24), bytes(24) + record_6):
+        for name, raw in saved.items():
+            (d / name).write_bytes(raw)
+        segment(d, 2).write_bytes(left)
+        seen = read_journal(str(d))                      # repairs nothing
+        assert (seen.entries, seen.torn_bytes) == (kept, len(left))
+        assert segment(d, 2).read_bytes() == left
+        with structlog.testing.capture_logs() as logs:
+            k = StatorJournal(str(d), segment_bytes_max=SMALL_SEGMENT)
+        assert k[:] == kept and segment(d, 2).read_bytes() == rj.file_header()
+        assert logs == [{"event": "raft_journal_torn_tail_truncated", "log_level": "warning",
+                         "path": str(segment(d, 2)), "offset": 0, "bytes_dropped": len(left), "last_index": 5}]
+        k.add(*entry(6, term=2))                         # the records go on in the repaired segment
+        k._destroy()
+        assert StatorJournal(str(d), segment_bytes_max=SMALL_SEGMENT)[:] == kept + [entry(6, term=2)]
+        assert seqs(d) == [1, 2]
+
+        for name, raw in saved.items():
+            (d / name).write_bytes(raw)
+        segment(d, 2).write_bytes(left)
+        segment(d, 3).write_bytes(rj.file_header() + record_6)   # not the last segment any more: damage
+        with pytest.raises(JournalDamaged) as caught:
+            StatorJournal(str(d))
+        assert caught.value.path == str(segment(d, 2)) and caught.value.offset == 0, str(caught.value)
+        assert segment(d, 2).read_bytes() == left
+        segment(d, 3).unlink()
+
+
 def test_journal_io_names():
     assert type(journal_io()) is OsJournalIO and type(journal_io("os")) is OsJournalIO
     assert type(journal_io("memory_until_sync")) is MemoryUntilSyncJournalIO
@@ -361,8 +678,8 @@ def test_journal_io_names():
 # -- torn tails ------------------------------------------------------------------------------------------------
 def _journal_with_last(tmp_path: Path, last_size: int, last_at: int | None = None
                        ) -> tuple[bytes, int, list[tuple[bytes, int, int]]]:
-    """A synced journal of 1..5 whose last record holds ``last_size`` command bytes and starts at byte ``last_at``
-    (record 4 is sized for it): (file, last record's offset, entries)."""
+    """A synced journal of 1..5 (one segment) whose last record holds ``last_size`` command bytes and starts at byte
+    ``last_at`` (record 4 is sized for it): (segment file, last record's offset, entries)."""
     entries = [entry(i) for i in range(1, 6)]
     first_three = sum(rj.RECORD_OVERHEAD_BYTES + len(e[0]) for e in entries[:3])
     if last_at is not None:
@@ -377,7 +694,7 @@ def _journal_with_last(tmp_path: Path, last_size: int, last_at: int | None = Non
 
 def test_torn_tail_at_every_cut_is_truncated(tmp_path):
     raw, last_at, entries = _journal_with_last(tmp_path, 600)
-    path = tmp_path / JOURNAL_FILE
+    path = segment(tmp_path, 1)
     for cut in range(last_at + 1, len(raw)):
         _put_bytes(path, raw, last_at, cut)
         seen = read_journal(str(tmp_path))               # an offline reader repairs nothing
@@ -417,7 +734,7 @@ def test_zeroed_sectors_of_the_last_record_are_a_torn_tail(tmp_path):
     straddling a sector boundary, 10 bytes before it) dropped, whichever of its sectors reads as zeros."""
     raw, last_at, entries = _journal_with_last(tmp_path, 3000, last_at=502)
     assert last_at == 502 and len(raw) == 502 + 3028
-    path = tmp_path / JOURNAL_FILE
+    path = segment(tmp_path, 1)
     cases = {
         "a sector inside": (_zero(raw, 1024, 1536), 4),
         "the last sector, up to the end": (_zero(raw, 3072, len(raw)), 4),
@@ -435,7 +752,7 @@ def test_zeroed_sectors_of_the_last_record_are_a_torn_tail(tmp_path):
 
 def test_damage_that_is_not_a_torn_tail_is_refused(tmp_path):
     raw, last_at, entries = _journal_with_last(tmp_path, 3000)
-    path = tmp_path / JOURNAL_FILE
+    path = segment(tmp_path, 1)
     record_4_at = last_at - rj.RECORD_OVERHEAD_BYTES - len(entries[3][0])
     cases = {
         # the last record, damaged without a zeroed sector: a flipped bit, not a write that never happened
@@ -465,6 +782,98 @@ def test_damage_that_is_not_a_torn_tail_is_refused(tmp_path):
         assert str(pickle.loads(pickle.dumps(e))) == text   # it may cross a process boundary (a tool's worker)
 
 
+def _several_segments(directory: Path, last: int = 30) -> list[Path]:
+    j = StatorJournal(str(directory), segment_bytes_max=SMALL_SEGMENT)
+    fill(j, (entry(i) for i in range(1, last + 1)))
+    j._destroy()
+    files = segments(directory)
+    assert len(files) >= 5
+    return files
+
+
+def test_damage_in_a_segment_that_is_not_the_last_is_refused_naming_it(tmp_path):
+    """Every segment but the last was synced whole before the next began: a torn tail there is damage, and so is a
+    record missing at its end (the next segment's first record does not follow)."""
+    files = _several_segments(tmp_path)
+    second, third = files[1], files[2]
+    raw = second.read_bytes()
+    first_len = rj.RECORD_OVERHEAD_BYTES + len(entry(_first_index_in(second))[0])
+    last_at = len(raw) - rj.RECORD_OVERHEAD_BYTES - len(entry(_first_index_in(third) - 1)[0])
+    cases = {
+        "a byte of its first record": (second, raw[:54] + bytes([raw[54] ^ 0x40]) + raw[55:], second, 24, 1,
+                                       "the record fails its CRC"),
+        "its second record's header": (second, raw[:first_len + 30] + bytes([raw[first_len + 30] ^ 1]) +
+                                       raw[first_len + 31:], second, 24 + first_len, 2, "header fails its CRC"),
+        "a torn tail": (second, raw[:-3], second, last_at, None, "the record runs past the end of the file, and "
+                                                                 "this is not the last segment"),
+        "a cut inside a record header": (second, raw[:last_at + 10], second, last_at, None, "inside a record header"),
+        "its last sector zeroed": (second, _zero(raw, len(raw) - 8, len(raw)), second, last_at, None,
+                                   "fails its CRC"),
+        "its last record gone": (second, raw[:last_at], third, 24, 1, "does not follow the previous record's (the "
+                                                                      "previous segment's last record holds index"),
+        "its file header": (second, raw[:20] + bytes([raw[20] ^ 1]) + raw[21:], second, 0, None,
+                            "file header fails its CRC"),
+    }
+    for name, (path, damaged, named, offset, number, why) in cases.items():
+        path.write_bytes(damaged)
+        for opener in (StatorJournal, read_journal):
+            with pytest.raises(JournalDamaged) as caught:
+                opener(str(tmp_path))
+            e = caught.value
+            assert (e.path, e.offset) == (str(named), offset) and why in e.why, (name, str(e))
+            if number is not None:
+                assert e.record_number == number, name
+        assert path.read_bytes() == damaged, name        # refused, never repaired
+        path.write_bytes(raw)
+    assert read_journal(str(tmp_path)).entries == [entry(i) for i in range(1, 31)]
+
+
+def _state(directory: Path) -> rj.RaftState:
+    return rj._decode_state(str(directory / STATE_FILE), (directory / STATE_FILE).read_bytes())
+
+
+def test_missing_segments_are_refused_naming_the_directory(tmp_path):
+    d = tmp_path / "j"
+    files = _several_segments(d)
+    j = StatorJournal(str(d), segment_bytes_max=SMALL_SEGMENT)
+    j.deleteEntriesTo(7)                                 # the first live segment holds dead records before 8
+    j._destroy()
+    live = [Path(p) for p in journal_files(str(d))[:-1]]
+    assert live == files[1:] and _first_index_in(live[0]) < 8 and _state(d).first_index == 8
+    state = (d / STATE_FILE).read_bytes()
+    aside = tmp_path / "aside"
+    aside.mkdir()
+
+    def refused(why: str) -> None:
+        for opener in (StatorJournal, read_journal):
+            with pytest.raises(JournalDamaged) as caught:
+                opener(str(d))
+            e = caught.value
+            assert (e.path, e.offset, e.record_number) == (str(d), None, None), str(e)
+            assert why in e.why and "\n" not in str(e), str(e)
+
+    def missing(path: Path, why: str) -> None:
+        path.rename(aside / path.name)
+        refused(why)
+        (aside / path.name).rename(path)
+
+    missing(live[2], f"segment {live[2].name} is missing: between {live[1].name} and {live[3].name}")
+    missing(live[0], f"segment {live[0].name} is missing: the live segments begin at {live[1].name} (the state "
+                     f"file's first segment is 2)")
+    for path in live:
+        path.rename(aside / path.name)
+    refused("the state file says the log begins at index 8, but the live segments' records hold no entry from it on")
+    for path in live:
+        (aside / path.name).rename(path)
+    (d / STATE_FILE).write_bytes(rj.encode_state(rj.RaftState(first_segment=2, first_index=3)))
+    refused(f"the state file says the log begins at index 3, but the live segments' records begin at index "
+            f"{_first_index_in(live[0])}")
+    (d / STATE_FILE).unlink()                            # no state file: the log must begin at segment 1
+    refused(f"segment {files[0].name} is missing: the live segments begin at {live[0].name}")
+    (d / STATE_FILE).write_bytes(state)
+    assert read_journal(str(d)).entries == [entry(i) for i in range(8, 31)]
+
+
 def _record(command: bytes, index: int, term: int, length: int | None = None) -> bytes:
     """A record as the format describes it, written here independently of encode_record."""
     fields = struct.pack("<IQQ", len(command) if length is None else length, index, term)
@@ -476,7 +885,8 @@ def test_format_is_the_documented_one_and_order_is_checked(tmp_path):
     header = b"STATOR-RAFT-LOG\0" + struct.pack("<I", 1)
     header += struct.pack("<I", zlib.crc32(header))
     assert rj.file_header() == header and rj.encode_record(b"abc", 7, 2) == _record(b"abc", 7, 2)
-    path = tmp_path / JOURNAL_FILE
+    assert rj.segment_name(1) == "raft.log.0000000000000001" and rj.segment_name(12345) == "raft.log.0000000000012345"
+    path = segment(tmp_path, 1)
     cases = {
         "an index skipped": ([(b"a", 1, 1), (b"b", 2, 1), (b"c", 4, 1)], "does not follow"),
         "an index repeated": ([(b"a", 1, 1), (b"b", 1, 1)], "does not follow"),
@@ -490,31 +900,54 @@ def test_format_is_the_documented_one_and_order_is_checked(tmp_path):
     path.write_bytes(header + _record(b"a", 1, 1) + _record(b"", 2, 1, length=rj.RECORD_BYTES_MAX + 1)[:24])
     with pytest.raises(JournalDamaged, match="RECORD_BYTES_MAX"):
         StatorJournal(str(tmp_path))
+    # across segments, the same rules
+    for second, why in [([(b"c", 4, 1)], "does not follow"), ([(b"c", 2, 1)], "does not follow"),
+                        ([(b"c", 3, 0)], "less than the previous")]:
+        path.write_bytes(header + _record(b"a", 1, 1) + _record(b"b", 2, 1))
+        segment(tmp_path, 2).write_bytes(header + b"".join(_record(*r) for r in second))
+        with pytest.raises(JournalDamaged, match=why) as caught:
+            read_journal(str(tmp_path))
+        assert (caught.value.path, caught.value.offset) == (str(segment(tmp_path, 2)), 24)
+    segment(tmp_path, 2).write_bytes(header + _record(b"c", 3, 1))
+    assert StatorJournal(str(tmp_path))[:] == [(b"a", 1, 1), (b"b", 2, 1), (b"c", 3, 1)]
+    # files that are not segments are left alone
+    for name in ("raft.log.1", "raft.log.00000000000000001", "raft.log.000000000000000x", "raft.logs"):
+        (tmp_path / name).write_bytes(b"x")
+    assert read_journal(str(tmp_path)).entries == [(b"a", 1, 1), (b"b", 2, 1), (b"c", 3, 1)]
+    StatorJournal(str(tmp_path))._destroy()
+    assert all((tmp_path / name).exists() for name in ("raft.log.1", "raft.log.00000000000000001"))
 
 
 # -- damage ----------------------------------------------------------------------------------------------------
 def test_single_byte_flips_are_all_detected(tmp_path):
-    """1,000 seeded single-byte flips over a journal of 50 records of varied sizes and its state file: opening
-    either refuses the files or holds exactly what they held (every byte of both is under a CRC, so in fact every
-    flip is refused). A torn-tail repair would count as undetected: it changes what the journal holds."""
+    """1,000 seeded single-byte flips over a compacted journal of 50 records of varied sizes in at least 3 segments
+    and its state file: opening either refuses the files or holds exactly what they held (every byte of them is
+    under a CRC, so in fact every flip is refused). A torn-tail repair would count as undetected: it changes what
+    the journal holds."""
     rng = random.Random(20240611)
     d = tmp_path / "node"
-    j = StatorJournal(str(d))
+    j = StatorJournal(str(d), segment_bytes_max=12_000)
     index, term = 41, 3
     for n in range(50):
         size = rng.choice([0, 1, 7, 24, 100, 511, 512, 513, 1500, 4096, 9000])
         command = bytes(rng.randrange(1, 256) for _ in range(size)) if size < 2000 else rng.randbytes(size)
         term += rng.random() < 0.2
         j.add(command, index + n, term)
+    j.deleteEntriesTo(2)                                 # dead records in the first live segment
     j.setCurrentTerm(term + 1, "10.0.0.7:4321")
     j.setRaftCommitIndex(60)
     j._destroy()
-    files = {name: (d / name).read_bytes() for name in (JOURNAL_FILE, STATE_FILE)}
+    names = [Path(p).name for p in journal_files(str(d))]
+    assert len(names) >= 4 and names[-1] == STATE_FILE  # three segments at least, then the state file
+    files = {name: (d / name).read_bytes() for name in names}
     original = read_journal(str(d))
+    assert original.entries[0][1] == 43 and _first_index_in(d / names[0]) == 41
+    segment_names = names[:-1]
+    weights = [len(files[name]) for name in segment_names]
 
     detected = harmless = undetected = 0
     for _ in range(1000):
-        name = STATE_FILE if rng.random() < 0.1 else JOURNAL_FILE
+        name = STATE_FILE if rng.random() < 0.1 else rng.choices(segment_names, weights)[0]
         at = rng.randrange(len(files[name]))
         _put_byte(d / name, at, files[name][at] ^ rng.randrange(1, 256))
         try:
@@ -529,10 +962,11 @@ def test_single_byte_flips_are_all_detected(tmp_path):
             undetected += not same
         _put_byte(d / name, at, files[name][at])
         for other, content in files.items():
-            if (d / other).read_bytes() != content:     # only a wrong repair would have changed more
+            if not (d / other).exists() or (d / other).read_bytes() != content:   # only a wrong repair changes more
                 (d / other).write_bytes(content)
     assert undetected == 0
     assert (detected, harmless) == (1000, 0)
+    assert sorted(p.name for p in d.iterdir()) == sorted(names)
 
 
 def _put_byte(path: Path, at: int, value: int) -> None:
@@ -543,6 +977,11 @@ def _put_byte(path: Path, at: int, value: int) -> None:
         os.close(fd)
 
 
+def _state_line(version: int, body: bytes) -> bytes:
+    covered = b"STATOR-RAFT-STATE %d " % version
+    return covered + b"%08x " % zlib.crc32(body, zlib.crc32(covered)) + body + b"\n"
+
+
 def test_damaged_state_file_is_refused_by_name(tmp_path):
     j = StatorJournal(str(tmp_path))
     j.setCurrentTerm(3, "a:1")
@@ -550,13 +989,21 @@ def test_damaged_state_file_is_refused_by_name(tmp_path):
     path = tmp_path / STATE_FILE
     good = path.read_bytes()
     body = good.split(b" ", 3)[3][:-1]
-    newer = b"STATOR-RAFT-STATE 2 "
-    newer += b"%08x " % zlib.crc32(body, zlib.crc32(newer)) + body + b"\n"
+    assert good == _state_line(2, body)
+    assert body == b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segment":1,"first_index":null}'
     for damaged, error, words in [
         (good[:-1], JournalDamaged, "one line"),
         (good.replace(b'"a:1"', b'"a:2"'), JournalDamaged, "fails its CRC"),
         (b"", JournalDamaged, "one line"),
-        (newer, JournalFormatError, "found STATOR-RAFT-STATE version 2, this code reads STATOR-RAFT-STATE version 1"),
+        (_state_line(3, body), JournalFormatError,
+         "found STATOR-RAFT-STATE version 3, this code reads STATOR-RAFT-STATE version 2"),
+        (_state_line(1, b'{"current_term":3,"voted_for":"a:1","commit_index":1}'), JournalFormatError,
+         "found STATOR-RAFT-STATE version 1, this code reads STATOR-RAFT-STATE version 2"),
+        (_state_line(2, body.replace(b',"first_index":null', b"")), JournalDamaged, "does not hold exactly"),
+        (_state_line(2, body.replace(b'"first_segment":1', b'"first_segment":0')), JournalDamaged,
+         "first segment or first index of the wrong type"),
+        (_state_line(2, body.replace(b'"first_index":null', b'"first_index":"7"')), JournalDamaged,
+         "first segment or first index of the wrong type"),
     ]:
         path.write_bytes(damaged)
         with pytest.raises(error) as caught:
@@ -568,30 +1015,42 @@ def test_damaged_state_file_is_refused_by_name(tmp_path):
     k._destroy()
 
 
-def test_pysyncobj_journal_and_other_versions_are_refused(tmp_path):
-    old = FileJournal(str(tmp_path / JOURNAL_FILE))
+def test_pysyncobj_journal_earlier_builds_and_other_versions_are_refused(tmp_path):
+    single = tmp_path / JOURNAL_FILE
+    old = FileJournal(str(single))
     old.add(b"\x01", 1, 0)
     old.add(b"\x00abc", 2, 1)
     old._destroy()
-    path = tmp_path / JOURNAL_FILE
-    for opener in (StatorJournal, read_journal):
+    reads = "this code reads STATOR-RAFT-LOG version 1 in segment files raft.log.<seq> only;"
+    for opener in (StatorJournal, read_journal, journal_files):
         with pytest.raises(JournalFormatError) as caught:
             opener(str(tmp_path))
         text = str(caught.value)
-        assert text.startswith(f"{path}: found pysyncobj's own journal (format version 1, pysyncobj 0.3.17), "
-                               "this code reads STATOR-RAFT-LOG version 1 only;"), text
+        assert text.startswith(f"{single}: found pysyncobj's own journal (format version 1, pysyncobj 0.3.17), "
+                               f"{reads}"), text
         assert "\n" not in text and isinstance(caught.value, JournalDamaged)
         assert str(pickle.loads(pickle.dumps(caught.value))) == text
+    assert journal_exists(str(tmp_path)) and segments(tmp_path) == []   # refused before anything was created
 
+    # the single-file log of an earlier build: refused by name, even beside segments
+    single.write_bytes(rj.file_header() + rj.encode_record(b"a", 1, 1))
+    segment(tmp_path, 1).write_bytes(rj.file_header())
+    with pytest.raises(JournalFormatError) as caught:
+        StatorJournal(str(tmp_path))
+    assert str(caught.value).startswith(f"{single}: found a single-file raft.log of an earlier build, {reads}")
+    single.unlink()
+
+    path = segment(tmp_path, 1)
     newer = b"STATOR-RAFT-LOG\0" + struct.pack("<I", 2)
     path.write_bytes(newer + struct.pack("<I", zlib.crc32(newer)))
     with pytest.raises(JournalFormatError, match="found STATOR-RAFT-LOG version 2, this code reads STATOR-RAFT-LOG "
-                                                 "version 1 only"):
+                                                 "version 1 only") as caught:
         StatorJournal(str(tmp_path))
+    assert caught.value.path == str(path)
     path.write_bytes(b"SQLite format 3\0" + bytes(100))
     with pytest.raises(JournalFormatError, match="another format"):
         StatorJournal(str(tmp_path))
-    path.write_bytes(rj.file_header()[:10])
+    path.write_bytes(rj.file_header()[:10] + b"x")     # not a beginning of the header: damage, even when last
     with pytest.raises(JournalDamaged, match="shorter than its 24-byte header"):
         StatorJournal(str(tmp_path))
     with pytest.raises(FileNotFoundError):

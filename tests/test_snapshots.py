@@ -80,7 +80,7 @@ def _compacted(node: MetaSyncObj, path: str) -> snapshot_file.Snapshot | None:
         snap = snapshot_file.read(path)
     except FileNotFoundError:
         return None
-    if snap.last_applied.index != node.raftLastApplied or node.getStatus()["log_len"] != 2:
+    if snap.last_applied.index != node.applied_index or node.getStatus()["log_len"] != 2:
         return None
     return snap
 
@@ -114,7 +114,7 @@ async def test_a_snapshot_is_gzipped_json_of_the_image_and_nothing_local(tmp_pat
         assert shim.replicated_attribute_names(node) == {"image_data"}
         snap = await _compact(node, data_dir)
         live = node.current_image()
-        last_applied = node.raftLastApplied
+        last_applied = node.applied_index
     finally:
         node.stop()
 
@@ -173,7 +173,7 @@ async def test_a_node_restarted_on_its_snapshot_does_not_announce_that_everythin
     try:
         assert node.image_data["version"] == version   # restored from the snapshot
         node.start()
-        await _until(lambda: node.raftLastApplied >= node.raftCommitIndex > 0, "the restarted node to apply its log")
+        await _until(lambda: node.applied_index >= node.raftCommitIndex > 0, "the restarted node to apply its log")
         assert node.current_image().version >= version
         assert node.current_image().topic("snap") is not None
         assert all(changed is not None for _, changed in announced), announced

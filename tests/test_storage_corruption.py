@@ -44,7 +44,7 @@ from broker.storage import lines
 from broker.storage.errors import CorruptFile
 from meta import pysyncobj_shim as shim
 from meta import snapshot_file
-from meta.raft_journal import JOURNAL_FILE, STATE_FILE, JournalDamaged, StatorJournal, read_journal
+from meta.raft_journal import STATE_FILE, JournalDamaged, StatorJournal, journal_files, read_journal, segment_name
 from meta.image import Image
 from tests import cluster as cluster_mod
 
@@ -354,11 +354,11 @@ def journal_written(tmp_path_factory) -> tuple[dict[str, bytes], list]:
     journal.setCurrentTerm(journal_entries()[-1][2], None)
     journal._destroy()
     assert read_journal(str(directory)).entries == journal_entries()
-    return {name: (directory / name).read_bytes() for name in (JOURNAL_FILE, STATE_FILE)}, journal_entries()
+    return {Path(p).name: Path(p).read_bytes() for p in journal_files(str(directory))}, journal_entries()
 
 
 @SETTINGS
-@given(hurt=damage(), which=st.sampled_from([JOURNAL_FILE, STATE_FILE]))
+@given(hurt=damage(), which=st.sampled_from([segment_name(1), STATE_FILE]))
 def test_a_damaged_raft_journal_is_refused_naming_it_or_loads_a_prefix(tmp_path, journal_written, hurt, which):
     """Every flip is refused by name; a cut tail (a torn write, never acknowledged) loses entries from the end only."""
     files_written, entries = journal_written
@@ -373,7 +373,7 @@ def test_a_damaged_raft_journal_is_refused_naming_it_or_loads_a_prefix(tmp_path,
             assert os.path.join(d, which) in str(e) and "\n" not in str(e), str(e)
             return
         assert got == entries[:len(got)], f"{what} in {which}: not a prefix of what was written"
-        if which == JOURNAL_FILE and flips and cut is None:
+        if which == segment_name(1) and flips and cut is None:
             assert got == entries, f"{what}: a flip inside the file lost entries without a word"
 
 
@@ -381,8 +381,8 @@ def test_a_meta_node_refuses_to_start_on_a_damaged_journal_with_one_line_naming_
     from ops import devcluster
     c = cluster_mod.up(str(tmp_path), 1, 0)
     try:
-        journal = os.path.join(c.dir, "m1", "data", JOURNAL_FILE)
         devcluster.stop_member(c.dir, "m1", signal.SIGTERM)
+        journal = journal_files(os.path.join(c.dir, "m1", "data"))[-2]   # the last segment (the state file is last)
         data = bytearray(Path(journal).read_bytes())
         data[len(data) // 2] ^= 0x01              # inside a record: its CRC no longer matches
         Path(journal).write_bytes(bytes(data))
