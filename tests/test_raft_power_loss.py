@@ -6,8 +6,9 @@ until they are synced (meta/raft_journal.py), so SIGKILL loses exactly what a po
 thresholds make every node compact about once a second under the writers. Thirty times, a follower is killed:
 on even rounds at a random moment (it compacts often enough that some kills land inside a compaction); on odd rounds
 it is first kept down while the leader compacts past it, then started and killed again at a random moment of its
-catch-up, which begins with installing the leader's snapshot. Every write acknowledged meanwhile must be in every
-node's history afterwards, and the three image digests must agree.
+catch-up, which begins with installing the leader's snapshot. Last, all three are killed at once (a power loss of
+the whole cluster). Every write acknowledged meanwhile must be in every node's history afterwards, and the three
+image digests must agree.
 """
 
 from __future__ import annotations
@@ -54,9 +55,16 @@ async def test_acknowledged_writes_survive_kills_during_compaction_and_snapshot_
                     await asyncio.to_thread(c.kill9, victim)
                 await asyncio.to_thread(cluster_mod.devcluster.start, c.dir, victim, False)
                 await asyncio.sleep(0.5)
+            # Last, the whole cluster loses power at once while the writers write: only what was synced before it was
+            # acknowledged survives anywhere, so every acknowledged write must have been synced on a majority.
+            await c.leader(WAIT_S)
+            await asyncio.sleep(1.0)
+            for name in names:
+                await asyncio.to_thread(c.kill9, name)
         finally:
             stop.set()
             await writing   # a writer's exception fails the test here
+        await asyncio.to_thread(cluster_mod.devcluster.restart_all, c.dir)
         c.reload()
         assert len(acked) > 100, len(acked)
         last = max(acked)
