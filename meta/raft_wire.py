@@ -107,7 +107,6 @@ class Reason:
     PROTOCOL_VIOLATION = "protocol_violation"  # authenticated, but not frames/messages of this protocol
     UNKNOWN_NODE = "unknown_node"            # a raft address not in this node's cluster
     WRONG_DIRECTION = "wrong_direction"      # that node must accept from us, not connect to us
-    ADDRESS_MISMATCH = "address_mismatch"    # the node we dialed answers with another address
     REFUSED_BY_PEER = "refused_by_peer"      # the peer sent a REFUSE
     COUNTER_EXHAUSTED = "counter_exhausted"  # 2**64 frames in one direction: reconnect for fresh keys
     HANDSHAKE_TIMEOUT = "handshake_timeout"

@@ -132,6 +132,8 @@ class NodeStateCollector:
         yield CounterMetricFamily("stator_meta_journal_commits_unsynced",
                                   "Leader commits counting its own entries not yet on disk",
                                   value=stats["commits_unsynced"])
+        yield CounterMetricFamily("stator_meta_journal_syncs_slow", "Journal syncs longer than 0.1 s "
+                                  "(meta/raft_group_commit.py SLOW_SYNC_S)", value=stats["slow_syncs"])
 
     def _image_gauges(self) -> Iterator[Metric]:
         def look(image) -> tuple[dict[str, int], int, int, bool]:
