@@ -14,6 +14,7 @@ and the private ``__doApplyCommand`` (``CommandsAsBytes``: no pickle in the log)
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import threading
@@ -144,7 +145,7 @@ REGULAR_COMMAND = _COMMAND_TYPE.REGULAR   # the first byte of an entry that carr
 NO_OP_COMMAND = bytes([_COMMAND_TYPE.NO_OP])   # a new term's first entry (pysyncobj writes the type byte alone)
 
 
-class CommandsAsBytes:
+class CommandsAsBytes(abc.ABC):
     """Mixin for a SyncObj subclass: hand each committed entry to ``committed(index, payload)``.
 
     pysyncobj calls its ``__doApplyCommand`` for entry ``raftLastApplied + 1`` (it counts the entry applied right
@@ -157,8 +158,9 @@ class CommandsAsBytes:
         payload = command[1:] if command[:1] == bytes([REGULAR_COMMAND]) else None
         return self.committed(self.raftLastApplied + 1, payload)
 
+    @abc.abstractmethod
     def committed(self, index: int, payload: bytes | None) -> Any:
-        raise NotImplementedError
+        """Tick thread: entry ``index`` is committed; what this returns reaches its proposers' callbacks."""
 
 
 def propose(so: SyncObj, payload: bytes, callback: Callable[[Any, int], None]) -> None:
