@@ -48,9 +48,13 @@ def all_writable(r: dict) -> bool:
 
 
 async def send(c, topic: str, queue: int, bodies: list[str], deadline_s: float = 30.0,
-               next_route: Callable[[dict | None], Awaitable[dict]] | None = None) -> list[int]:
+               next_route: Callable[[dict | None], Awaitable[dict]] | None = None,
+               unknown: list[list[str]] | None = None) -> list[int]:
     """Send to the queue's writable head, following the route on NOT_LEADER / SEALING / FENCED / connection errors.
-    ``next_route(held)`` gives a newer route than the one held (default: read it again after a short pause)."""
+    ``next_route(held)`` gives a newer route than the one held (default: read it again after a short pause).
+
+    A send is at least once: an attempt that timed out or lost its connection may have been written, and the retry
+    writes the bodies again. Each such attempt's bodies are added to ``unknown`` when the caller passes a list."""
     async def poll(held: dict | None) -> dict:
         if held is not None:
             await asyncio.sleep(0.05)
@@ -68,7 +72,8 @@ async def send(c, topic: str, queue: int, bodies: list[str], deadline_s: float =
                     return b["offsets"]
                 assert s in (409, 503), (s, b)
             except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
+                if unknown is not None:
+                    unknown.append(bodies)
         assert time.monotonic() < deadline, f"could not send to {topic}/{queue} (route version {r['version']})"
         r = await next_route(r)
 
