@@ -1,6 +1,8 @@
 """A CI-sized chaos run (issue 10): `stator chaos run` as a real process, starting a real proxied cluster (3 meta
 nodes, 3 brokers), injecting every fault kind from a fixed seed, then checking the recorded history.
-The long run (300 s, 100+ faults) is the command in docs/operations.md; this one keeps the suite's budget."""
+The seed's 40 s hold two ``install`` faults (one ending in a kill -9 of the follower), and the sizes workload writes
+meta commands from tiny to the largest the API allows: the run must see a follower install a leader's snapshot.
+The long runs (300 s and more) are the commands in docs/operations.md; this one keeps the suite's budget."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import subprocess
 import sys
 
 SEED = 11
-DURATION_S = 30
-RUN_TIMEOUT_S = 240     # setup ~5 s + 30 s of faults + heal, read-back and pop drain: far less on an idle machine
+DURATION_S = 40
+RUN_TIMEOUT_S = 240     # setup ~5 s + 40 s of faults + heal, read-back and pop drain: ~75 s on a loaded machine
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -31,17 +33,36 @@ def test_chaos_run_fixed_seed_finds_no_violation(tmp_path):
     assert len(summary["fault_kinds_injected"]) >= 3, summary["fault_kinds_injected"]
     # every workload got operations through and the checks had material to check
     ops = summary["operations"]
-    for kind in ("cas", "read", "read_mv", "send", "commit", "pop", "ack"):
+    for kind in ("cas", "read", "read_mv", "send", "commit", "pop", "ack", "put", "sread"):
         assert ops.get(f"{kind}:ok", 0) > 0, (kind, ops)
     # the fencing was exercised: a member gone silent committed with its old token and was refused (STALE_TOKEN)
     assert ops.get("commit:fail", 0) > 0, ops
     assert summary["operations_checked"] >= 300
     assert summary["checks"]["register_ops"] > 20 and not summary["checks"]["inconclusive"]
     assert summary["checks"]["messages_read_back"] >= ops["send:ok"]
+    _assert_sizes_and_installs(summary, json.loads((work / "history.json").read_text())["faults"])
     # every process started was stopped
     cluster = json.loads((work / "cluster.json").read_text())
     for m in cluster["meta"] + cluster["brokers"]:
         assert not _alive(m["pid"]), m
+
+
+def _assert_sizes_and_installs(summary: dict, faults: list[dict]) -> None:
+    checks = summary["checks"]
+    # every size class got writes acknowledged and through the log, the big ones near the API's largest command, and
+    # several 64 KiB multiples
+    assert set(checks["sized_acked_by_class"]) == {"tiny", "mid", "big"}, checks["sized_acked_by_class"]
+    assert checks["sized_largest_logged_bytes"] > 800_000 and len(checks["sized_64k_multiples_logged"]) >= 5, checks
+    assert checks["sized_reads"] >= 9   # the final linearizable read of each sized topic through each node, at least
+    assert checks["post_run_write_s"] is not None
+    assert len({(r["version"], r["sha256"]) for r in checks["replicas"].values()}) == 1, checks["replicas"]
+    # the install faults happened, and a follower they cut installed a leader's snapshot after its heal
+    isolated = {f["isolated"] for f in faults if f["kind"] == "install"}
+    assert len(isolated) >= 1 and summary["fault_kinds_injected"]["install"] >= 2, faults
+    assert any(summary["snapshots"][n]["installed"] >= 1 for n in isolated), (isolated, summary["snapshots"])
+    assert summary["install_faults_followed_by_install"]["followed"] >= 1, (summary, faults)
+    # every node compacted (wrote a snapshot of its own) more than once
+    assert all(n["written"] >= 2 for n in summary["snapshots"].values()), summary["snapshots"]
 
 
 def _alive(pid: int) -> bool:

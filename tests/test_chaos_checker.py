@@ -1,12 +1,13 @@
 """The chaos runner's history checks (ops/chaos/checker.py) on small hand-made histories: each check passes a
 history that keeps its property and fails one that breaks it, so none of them can pass whatever happens.
-Also the nemesis schedule: the same seed gives the same faults."""
+Also the nemesis schedule (the same seed gives the same faults) and the sizes workload's command sizes."""
 
 from __future__ import annotations
 
+import json
 import math
 
-from ops.chaos import checker, nemesis
+from ops.chaos import checker, nemesis, topology, workloads
 from ops.chaos.history import FAIL, OK, UNKNOWN, Op
 
 
@@ -148,8 +149,175 @@ def test_schedule_is_a_function_of_seed_duration_and_kinds():
     a = nemesis.schedule(42, 300, nemesis.KINDS, names)
     assert a == nemesis.schedule(42, 300, nemesis.KINDS, names)
     assert a != nemesis.schedule(43, 300, nemesis.KINDS, names)
-    assert len(a) >= 100 and {f.kind for f in a} == set(nemesis.KINDS)
+    # an install holds two compaction periods and more, so 300 s hold fewer faults than the short kinds alone
+    assert len(a) >= 60 and {f.kind for f in a} == set(nemesis.KINDS)
     assert all(f.at_s + f.hold_s <= 300 for f in a)
     assert all(b.at_s >= a_.at_s + a_.hold_s for a_, b in zip(a, a[1:]))   # one fault at a time
     only = nemesis.schedule(42, 60, ("pause",), names)
     assert only and {f.kind for f in only} == {"pause"}
+
+
+# -- sized writes (workloads.sizes) --------------------------------------------------------------------------------
+def put(t0, t1, value, outcome=OK, digest=None, topic="sz", answered=None, node="n1"):
+    output = {"version": 1} if outcome == OK else {}
+    if answered is not None:
+        output["answered_s"] = answered
+    return op("w", "put", t0, t1 if outcome != UNKNOWN else None, outcome, output, topic=topic, value=value,
+              digest=digest or f"d-{value}", bytes=100, node=node)
+
+
+def sread(t0, t1, value, digest=None, topic="sz"):
+    return op("r", "sread", t0, t1, OK, {"value": value, "digest": digest or (value and f"d-{value}")}, topic=topic)
+
+
+def test_sized_reads_see_the_last_acknowledged_write_or_a_later_one_in_doubt():
+    h = [sread(0, 1, None), put(2, 3, "a"), sread(4, 5, "a"), put(6, None, "b", UNKNOWN), sread(7, 8, "b"),
+         put(9, 10, "c", FAIL), put(11, None, "d", UNKNOWN), sread(12, 13, "b"), sread(14, 15, "d")]
+    violations, stats = checker.sized_registers(h)
+    assert violations == [] and stats["sized_reads"] == 5 and stats["sized_writes_acked"] == 1
+    # a retry with the same key that was answered ok acknowledges the write
+    retried = [put(0, None, "a", UNKNOWN), put(1, 2, "a"), sread(3, 4, "a")]
+    assert checker.sized_registers(retried)[0] == []
+
+
+def test_sized_acknowledged_write_missing_at_the_end_is_a_violation():
+    h = [put(0, 1, "a"), put(2, 3, "b"), sread(4, 5, "a")]
+    violations, _ = checker.sized_registers(h)
+    assert [v["check"] for v in violations] == ["sized_registers"]
+    assert "'b' was acknowledged" in violations[0]["message"]
+    # ... or the empty config after an acknowledged write
+    assert len(checker.sized_registers([put(0, 1, "a"), sread(2, 3, None)])[0]) == 1
+
+
+def test_sized_write_in_doubt_cannot_take_effect_after_a_later_acknowledged_one():
+    # expected_version: "a" was invoked before "b", which was acknowledged; "a" can no longer be the value
+    h = [put(0, None, "a", UNKNOWN), put(2, 3, "b"), sread(4, 5, "a")]
+    assert len(checker.sized_registers(h)[0]) == 1
+
+
+def test_sized_refused_torn_or_changed_write_is_a_violation():
+    refused = [put(0, 1, "a", FAIL), sread(2, 3, "a")]
+    assert len(checker.sized_registers(refused)[0]) == 1
+    torn = [put(0, None, "a", UNKNOWN), put(1, None, "b", UNKNOWN), sread(2, 3, "torn:a,b")]
+    assert "several writes" in checker.sized_registers(torn)[0][0]["message"]
+    changed = [put(0, 1, "a", digest="sent"), sread(2, 3, "a", digest="other")]
+    assert "other bytes" in checker.sized_registers(changed)[0][0]["message"]
+    # topics are checked apart
+    two = [put(0, 1, "a", topic="x"), put(0, 1, "b", topic="y"), sread(2, 3, "a", topic="x"),
+           sread(2, 3, "a", topic="y")]
+    assert len(checker.sized_registers(two)[0]) == 1
+
+
+def test_sized_write_answered_past_its_budget_is_a_violation_unless_its_node_was_paused():
+    late = put(10, 19, "a", answered=9.0)
+    violations = checker.answered_in_budget([put(0, 1, "x", answered=1.0), late], 8.0, {})
+    assert len(violations) == 1 and "answered after 9.0 s" in violations[0]["message"]
+    # paused for 3 s of it: 6 s of its own
+    assert checker.answered_in_budget([late], 8.0, {"n1": [(12.0, 15.0)]}) == []
+    # another node's pause excuses nothing
+    assert len(checker.answered_in_budget([late], 8.0, {"n2": [(12.0, 15.0)]})) == 1
+    # no answer at all within the client's timeout is the same failure
+    silent = op("w", "put", 0, None, UNKNOWN, {"unanswered_s": 20.0}, topic="sz", value="s", digest="d", bytes=1,
+                node="n1")
+    assert "still unanswered" in checker.answered_in_budget([silent], 8.0, {})[0]["message"]
+
+
+def test_replicas_must_hold_the_same_image_at_the_same_version():
+    same = {n: {"version": 7, "commands": 9, "sha256": "x"} for n in ("m1", "m2", "m3")}
+    assert checker.replicas_agree(same) == []
+    differ = {**same, "m2": {"version": 7, "commands": 9, "sha256": "y"}}
+    assert "different images" in checker.replicas_agree(differ)[0]["message"]
+    behind = {**same, "m3": {"error": "VERSION_NOT_REACHED"}}
+    assert "one version" in checker.replicas_agree(behind)[0]["message"]
+
+
+def test_install_faults_are_drawn_from_the_seed():
+    names = (["m1", "m2", "m3"], ["b1", "b2", "b3"])
+    a = nemesis.schedule(11, 300, ("install", "pause"), names)
+    assert a == nemesis.schedule(11, 300, ("install", "pause"), names)
+    installs = [f for f in a if f.kind == "install"]
+    assert installs and all(f.target.endswith("|rest") and f.target.split("|")[0] in names[0] for f in installs)
+    # some end in a kill -9 a moment after the heal, some do not; no other kind ever does
+    assert {f.kill_after_s is None for f in installs} == {True, False}
+    assert all(f.kill_after_s is None for f in a if f.kind != "install")
+    lo, hi = nemesis.HOLD_S["install"]
+    assert all(lo <= f.hold_s <= hi for f in installs)
+    assert all(b.at_s >= x.at_s + x.hold_s + (x.kill_after_s or 0) for x, b in zip(a, a[1:]))
+
+
+def test_install_cuts_a_follower_not_the_leader(tmp_path):
+    t = topology.plan(str(tmp_path), topology.free_span())
+    nem = nemesis.Nemesis(t, [], lambda: 0.0)
+    nem._role = lambda name: "leader" if name == "m2" else "follower"
+    assert nem._follower("m1") == "m1" and nem._follower("m2") == "m3"
+    nem._role = lambda name: None   # nobody answers: the drawn node is cut, whatever it is
+    assert nem._follower("m3") == "m3"
+
+
+# -- the sizes workload's commands -----------------------------------------------------------------------------------
+def test_sized_commands_land_on_their_target_size_as_the_node_encodes_them():
+    """The envelope the workload sizes is the one the node proposes (meta/raft_node.py), and every size class passes
+    the API's own validation: the check of 'a multiple of 64 KiB +- 64 bytes' is about the bytes the log gets."""
+    import types
+
+    from client.wire.shapes import validate
+    from meta import commands, limits
+    from meta.api import models
+    from meta.raft_node import RaftNode, _compact
+
+    budget = types.SimpleNamespace(offset_budget=limits.OFFSET_BUDGET_DEFAULT)
+    step = workloads.SIZE_STEP_BYTES
+    targets = [2 * step - 64, 2 * step + 64, 7 * step, workloads.SIZE_MULTIPLES[1] * step + 64]
+    for target in targets + [None]:
+        key, version = "chaos-sz-mid-0-12", 4321
+        config = workloads.sized_config("chaos-sz-mid", "sz-mid-0-12", key, version, target)
+        body = validate(models.TopicConfig, config)
+        cmd = commands.validate({"type": "SetTopicConfig", "topic": "chaos-sz-mid", "config": body,
+                                 "expected_version": version})
+        size = len(_compact(RaftNode.envelope(budget, cmd, f"admin:key:{key}", "admin")).encode())
+        assert size == workloads.envelope_bytes("chaos-sz-mid", config, key, version)
+        if target is not None:
+            assert size == target
+        else:   # the largest: every key and value at the API's bounds
+            assert 0.8 * 2**20 < size <= limits.COMMAND_BYTES_MAX
+            assert len(json.dumps(config).encode()) <= limits.REQUEST_BODY_BYTES_MAX
+        assert workloads.config_tag(config) == "sz-mid-0-12"
+    assert workloads.config_tag({"a": "w-1:xx", "b": "w-2:yy"}) == "torn:w-1,w-2"
+    assert workloads.config_tag({}) is None
+
+
+def test_sized_write_with_a_stale_expected_version_never_takes_effect():
+    def stale(t0, t1, value, outcome):
+        o = put(t0, t1, value, outcome)
+        o.input["stale"] = True
+        return o
+    refused = [put(0, 1, "a"), stale(2, 3, "b", FAIL), sread(4, 5, "a"), stale(6, None, "c", UNKNOWN), sread(7, 8, "a")]
+    assert checker.sized_registers(refused)[0] == []
+    # seen, even though its outcome was unknown
+    assert len(checker.sized_registers(refused + [sread(9, 10, "c")])[0]) == 1
+    # acknowledged
+    violations, _ = checker.sized_registers([put(0, 1, "a"), stale(2, 3, "b", OK)])
+    assert len(violations) == 1 and "already gone" in violations[0]["message"]
+
+
+# -- the runner's count of snapshot installs (from the members' logs) ------------------------------------------------
+def test_installs_are_read_from_the_logs_and_matched_to_their_fault(tmp_path):
+    from ops.chaos import runner
+
+    t = topology.plan(str(tmp_path), topology.free_span())
+    (tmp_path / "logs").mkdir()
+    lines = ['{"event": "raft_snapshot_written", "index": 9, "timestamp": "2026-01-01T00:00:05Z"}',
+             'not json, "raft_snapshot_installed"',
+             '{"event": "raft_snapshot_installed", "index": 12, "timestamp": "2026-01-01T00:00:20Z"}',
+             '{"event": "raft_snapshot_installed", "index": 40, "timestamp": "2026-01-01T00:02:00Z"}']
+    (tmp_path / "logs" / "m2.log").write_text("\n".join(lines) + "\n")
+    counts, installs = runner._snapshot_events(t)
+    assert counts == {"m1": {"installed": 0, "written": 0}, "m2": {"installed": 2, "written": 1},
+                      "m3": {"installed": 0, "written": 0}}
+    base = installs["m2"][0] - 20   # 00:00:00
+    fault = {"kind": "install", "isolated": "m2", "started_wall": base + 1, "healed_wall": base + 10}
+    assert runner._installs_after_faults([fault], installs) == {"install_faults": 1, "followed": 1}
+    # an install long after the heal, or on another node, is not this fault's
+    late = {**fault, "started_wall": base + 60, "healed_wall": base + 70}
+    elsewhere = {**fault, "isolated": "m3"}
+    assert runner._installs_after_faults([late, elsewhere], installs) == {"install_faults": 2, "followed": 0}

@@ -8,6 +8,10 @@
   accepted afterwards (two owners never both commit).
 - ``pops_acked_or_redelivered``: every delivery of a popped message was acked, delivered again, or dead-lettered;
   every acknowledged send to the pop topic was delivered at least once.
+- ``sized_registers``: per sized topic (workloads.sizes), every read names the last write acknowledged before it or
+  a write in doubt invoked after that one, with that write's exact bytes: no acknowledged write lost, none torn.
+- ``answered_in_budget``: no sized write is answered later than the meta service's own deadline allows.
+- ``replicas_agree``: the meta replicas' images are the same bytes at the same version after the final heal.
 """
 
 from __future__ import annotations
@@ -217,10 +221,122 @@ def pops_acked_or_redelivered(ops: Iterable[Op], dead_lettered: set[tuple[str, i
                  "redelivered_after_ack_examples": redelivered_after_ack[:EVIDENCE_OPS_MAX]}
 
 
-CHECKED_KINDS = frozenset({"cas", "read", "read_mv", "send", "commit", "pop", "ack"})
+CHECKED_KINDS = frozenset({"cas", "read", "read_mv", "send", "commit", "pop", "ack", "put", "sread"})
 
 
 def count_checked(ops: Iterable[Op]) -> int:
     """Operations the checks above look at: those of the kinds they read, with an outcome that can say something
     (ok or unknown; a definite failure is checked too where it matters, as a commit refused for its token)."""
     return sum(1 for o in ops if o.kind in CHECKED_KINDS and o.outcome in (OK, UNKNOWN))
+
+
+# -- sized writes ----------------------------------------------------------------------------------------------------
+def sized_registers(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``put`` ops (input: topic, value, digest, bytes, stale; a retry with the same Idempotency-Key repeats the
+    value) and ``sread`` ops (ok: output value, digest). Each topic has one writer at a time (the runner's probe after
+    the workload's), one write at a time, each write with ``expected_version``: so writes take effect in invocation order, and a write in doubt cannot take effect
+    after a later acknowledged one (its expected version is gone by then). A read R must therefore see the last
+    write acknowledged before R began (A), or a write not refused that was invoked after A and before R ended, and
+    the bytes that write sent; before any acknowledged write, the topic's empty config (value None) is allowed too.
+    A ``stale`` write (an expected version already gone when it was sent) can never take effect: acknowledged or
+    seen, it is a violation."""
+    ops = list(ops)
+    out: list[dict[str, Any]] = []
+    stats: dict[str, Any] = {"sized_reads": 0, "sized_writes_acked": 0, "sized_bytes_acked": 0}
+    for topic in sorted({o.input["topic"] for o in ops if o.kind in ("put", "sread")}):
+        writes = _sized_writes([o for o in ops if o.kind == "put" and o.input["topic"] == topic])
+        reads = [o for o in ops if o.kind == "sread" and o.input["topic"] == topic and o.outcome == OK]
+        stats["sized_reads"] += len(reads)
+        stats["sized_writes_acked"] += sum(1 for w in writes.values() if w["acked"])
+        stats["sized_bytes_acked"] += sum(w["bytes"] for w in writes.values() if w["acked"])
+        for w in writes.values():
+            if w["stale"] and w["acked"]:
+                out.append(violation("sized_registers", f"{topic}: write {w['value']!r} was acknowledged although its "
+                                     "expected version was already gone", ops=[_brief(o) for o in w["ops"]]))
+        for r in reads:
+            problem = _sized_read_problem(r, writes)
+            if problem:
+                out.append(violation("sized_registers", f"{topic}: {problem}", read=_brief(r),
+                                     writes=_writes_near(r, writes)))
+    return out, stats
+
+
+def _sized_writes(puts: list[Op]) -> dict[str, dict[str, Any]]:
+    """value -> the write's attempts folded: first invocation, acknowledged (and when first), refused by all."""
+    writes: dict[str, dict[str, Any]] = {}
+    for o in sorted(puts, key=lambda o: o.invoke):
+        w = writes.setdefault(o.input["value"], {"value": o.input["value"], "digest": o.input["digest"],
+                                                 "bytes": o.input["bytes"], "invoke": o.invoke, "acked_at": math.inf,
+                                                 "acked": False, "refused": True, "ops": [],
+                                                 "stale": bool(o.input.get("stale"))})
+        w["ops"].append(o)
+        if o.outcome == OK:
+            w["acked"] = True
+            w["acked_at"] = min(w["acked_at"], o.complete)
+        if o.outcome != FAIL and not w["stale"]:
+            w["refused"] = False
+    return writes
+
+
+def _sized_read_problem(r: Op, writes: dict[str, dict[str, Any]]) -> str | None:
+    seen, digest = r.output.get("value"), r.output.get("digest")
+    before = [w for w in writes.values() if w["acked_at"] < r.invoke]
+    last = max(before, key=lambda w: w["invoke"], default=None)
+    floor = last["invoke"] if last else -math.inf
+    allowed = {w["value"] for w in writes.values()
+               if not w["refused"] and floor <= w["invoke"] < r.complete}
+    if last is None:
+        allowed.add(None)
+    if seen not in allowed:
+        if isinstance(seen, str) and seen.startswith("torn:"):
+            return f"a read saw the values of several writes at once ({seen})"
+        named = "the empty config" if seen is None else f"write {seen!r}"
+        ack = f"write {last['value']!r} was acknowledged before it began" if last else "no write was acknowledged"
+        return f"a read saw {named}, but {ack} (allowed: {sorted(map(str, allowed))[:EVIDENCE_OPS_MAX]})"
+    if seen is not None and digest != writes[seen]["digest"]:
+        sent = writes[seen]["digest"]
+        return f"a read saw write {seen!r} with other bytes than it sent (digest {digest}, sent {sent})"
+    return None
+
+
+def _writes_near(r: Op, writes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    ordered = sorted(writes.values(), key=lambda w: w["invoke"])
+    before = [i for i, w in enumerate(ordered) if w["invoke"] < r.invoke]
+    start = max(0, (before[-1] if before else 0) - EVIDENCE_OPS_MAX // 2)
+    return [_brief(o) for w in ordered[start:start + EVIDENCE_OPS_MAX] for o in w["ops"]]
+
+
+def answered_in_budget(ops: Iterable[Op], budget_s: float,
+                       paused: Mapping[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    """Every ``put`` is answered (ok or an error status) within ``budget_s``: output ``answered_s`` is the time its
+    answer took, ``unanswered_s`` the client's longer timeout that passed without one. The time its node (input
+    ``node``) spent stopped by the nemesis (``paused``: node -> [(from, to)] on the history's clock) does not count:
+    a stopped process answers late through no fault of its own, and nothing else excuses it."""
+    out = []
+    for o in ops:
+        if o.kind != "put":
+            continue
+        took = o.output.get("answered_s", o.output.get("unanswered_s"))
+        if took is None:
+            continue
+        end = o.invoke + took
+        stopped = sum(max(0.0, min(end, b) - max(o.invoke, a)) for a, b in paused.get(o.input.get("node"), []))
+        if took - stopped > budget_s:
+            what = "answered after" if "answered_s" in o.output else "still unanswered after"
+            out.append(violation("answered_in_budget", f"a write of {o.input.get('bytes')} bytes was {what} "
+                                 f"{took:.1f} s ({stopped:.1f} s of it with its node paused), past the {budget_s:g} s "
+                                 "budget", op=_brief(o)))
+    return out
+
+
+def replicas_agree(digests: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``digests``: node -> its /v1/admin/image-digest answer (version, commands, sha256), or {"error": ...} for a
+    node that never reached the version the others hold. Every node must hold the same image at the same version."""
+    versions = {n: d.get("version") for n, d in digests.items()}
+    if len(set(versions.values())) != 1 or None in versions.values():
+        return [violation("replicas_agree", "the replicas did not reach one version after the final heal",
+                          digests=dict(digests))]
+    if len({d["sha256"] for d in digests.values()}) != 1 or len({d["commands"] for d in digests.values()}) != 1:
+        return [violation("replicas_agree", f"the replicas hold different images at version "
+                          f"{next(iter(versions.values()))}", digests=dict(digests))]
+    return []

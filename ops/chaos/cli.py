@@ -98,6 +98,9 @@ def _print_summary(s: dict, replay: str) -> None:
                    "the faults' times in history.json)")
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["fault_kinds_injected"].items()))
     click.echo(f"seed {s['seed']}: {s['faults_injected']} faults injected ({kinds}), "
-               f"{s['operations_checked']} operations checked, {len(s['violations'])} violations, "
+               f"{s['operations_checked']} operations checked, {s['snapshot_installs_seen']} snapshot installs seen "
+               f"({s['install_faults_followed_by_install']['followed']} of "
+               f"{s['install_faults_followed_by_install']['install_faults']} install faults followed by one), "
+               f"{len(s['violations'])} violations, "
                f"{s['wall_s']} s" + (f"; evidence kept in {s['dir']}" if s["dir"] else "")
                + (f"; replay: {replay}" if s["violations"] else ""))

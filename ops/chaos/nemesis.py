@@ -4,25 +4,40 @@ same schedule), and the executor that applies each fault and heals it after its 
 Faults come one after another (a gap, a fault held for a bounded time, its heal), so the cluster always gets back
 to whole between two faults; what a fault does to the cluster's parts is as real as it gets on one machine: kill -9
 and restart of the process, SIGSTOP/SIGCONT of its process group, SIGTERM and restart, and cut proxies (topology.py).
+
+``install`` makes the leader send a follower its snapshot: the follower is cut from both peers for longer than the
+leader takes to compact its log (topology.COMPACTION_MIN_TIME_S: every node compacts every few seconds under the
+workloads), so once healed it is behind the leader's first entry and only a snapshot brings it back; some installs
+end in a kill -9 of the follower a moment after the heal, while the snapshot is on its way or being installed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
+import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ops import devcluster
 
-from .topology import Topology
+from .topology import COMPACTION_MIN_TIME_S, Topology
 
 
-KINDS = ("kill", "pause", "restart", "partition")
+KINDS = ("kill", "pause", "restart", "partition", "install")
 GAP_S = (0.2, 1.0)                  # between a heal and the next fault
-HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "partition": (1.0, 5.0)}
+# An install's cut lasts two compaction periods and more: the leader compacts once per period in a slot of its own
+# (pysyncobj's logCompactionSplit), and its snapshot must be written and its log cut past the follower's last entry.
+HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "partition": (1.0, 5.0),
+          "install": (2 * COMPACTION_MIN_TIME_S + 1.5, 2 * COMPACTION_MIN_TIME_S + 4.5)}
+INSTALL_KILL_SHARE = 0.5            # installs that end in a kill -9 of the follower ...
+INSTALL_KILL_AFTER_S = (0.0, 1.5)   # ... this long after the heal: the snapshot is sent or installed by then
+STATUS_TIMEOUT_S = 1.0              # asking a node who leads
 FIRST_FAULT_S = 1.0                 # let the workloads start first
 STOP_WAIT_S = 15.0                  # a stop or start of one member (devcluster waits up to 10 s + 5 s for a kill)
 
@@ -33,9 +48,12 @@ class Fault:
     kind: str
     target: str        # "m2", "b1", or for a partition "m2|rest" (a meta node from the others) / "b1|meta"
     hold_s: float
+    # install only: kill -9 the follower this long after the heal (None: let the install finish)
+    kill_after_s: float | None = None
 
     def describe(self) -> str:
-        return f"{self.at_s:7.2f}s {self.kind:<9} {self.target:<8} for {self.hold_s:.2f}s"
+        kill = f", kill -9 {self.kill_after_s:.2f}s after" if self.kill_after_s is not None else ""
+        return f"{self.at_s:7.2f}s {self.kind:<9} {self.target:<8} for {self.hold_s:.2f}s{kill}"
 
 
 def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_names: tuple[list[str], list[str]]
@@ -48,17 +66,23 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_name
     while True:
         kind = rng.choice(kinds)
         hold = round(rng.uniform(*HOLD_S[kind]), 3)
+        kill_after = None
         if kind == "partition":
             if rng.random() < 0.5:
                 target = f"{rng.choice(metas)}|rest"
             else:
                 target = f"{rng.choice(brokers)}|meta"
+        elif kind == "install":
+            # the follower to cut; should it lead when its turn comes, the next meta node is cut instead
+            target = f"{rng.choice(metas)}|rest"
+            if rng.random() < INSTALL_KILL_SHARE:
+                kill_after = round(rng.uniform(*INSTALL_KILL_AFTER_S), 3)
         else:
             target = rng.choice(metas + brokers)
-        if t + hold > duration_s:
+        if t + hold + (kill_after or 0.0) > duration_s:
             return faults
-        faults.append(Fault(round(t, 3), kind, target, hold))
-        t += hold + rng.uniform(*GAP_S)
+        faults.append(Fault(round(t, 3), kind, target, hold, kill_after))
+        t += hold + (kill_after or 0.0) + rng.uniform(*GAP_S)
 
 
 class Nemesis:
@@ -72,11 +96,12 @@ class Nemesis:
         self.errors: list[str] = []
         self._paused: set[str] = set()
         self._down: set[str] = set()
+        self._cut: dict[Fault, str] = {}   # install: the follower actually cut
 
     async def run(self) -> None:
         for f in self.faults:
             await asyncio.sleep(max(0.0, f.at_s - self.clock()))
-            started = self.clock()
+            started, started_wall = self.clock(), time.time()
             try:
                 await self._apply(f)
                 await asyncio.sleep(f.hold_s)
@@ -85,11 +110,20 @@ class Nemesis:
                 self.errors.append(f"applying {f.describe()}: {type(e).__name__}: {e}")
             finally:
                 await self._heal(f)
-            self.applied.append({**asdict(f), "started_s": round(started, 3), "healed_s": round(self.clock(), 3)})
+            # wall times too: the members' logs are stamped with them
+            record = {**asdict(f), "started_s": round(started, 3), "healed_s": round(self.clock(), 3),
+                      "started_wall": round(started_wall, 3), "healed_wall": round(time.time(), 3)}
+            if f in self._cut:
+                record["isolated"] = self._cut.pop(f)
+            self.applied.append(record)
 
     async def _apply(self, f: Fault) -> None:
         name = f.target.split("|")[0]
-        if f.kind == "kill":
+        if f.kind == "install":
+            self._cut[f] = await asyncio.to_thread(self._follower, name)
+            for link in self._links(f"{self._cut[f]}|rest"):
+                self.t.links[link].set_cut(True)
+        elif f.kind == "kill":
             await self._stop(name, signal.SIGKILL)
         elif f.kind == "restart":
             await self._stop(name, signal.SIGTERM)
@@ -111,8 +145,38 @@ class Nemesis:
             elif f.kind == "partition":
                 for link in self._links(f.target):
                     self.t.links[link].set_cut(False)
+            elif f.kind == "install" and f in self._cut:
+                await self._end_install(f, self._cut[f])
         except Exception as e:   # noqa: BLE001 -- reported in the summary; heal_all tries again at the end
             self.errors.append(f"healing {f.describe()}: {type(e).__name__}: {e}")
+
+    async def _end_install(self, f: Fault, name: str) -> None:
+        for link in self._links(f"{name}|rest"):
+            self.t.links[link].set_cut(False)
+        if f.kill_after_s is None:
+            return
+        await asyncio.sleep(f.kill_after_s)
+        await self._stop(name, signal.SIGKILL)
+        await self._start(name)
+
+    def _follower(self, preferred: str) -> str:
+        """``preferred`` unless it says it leads; then the next meta node (which, with one leader, follows)."""
+        if self._role(preferred) != "leader":
+            return preferred
+        names = self.t.meta_names
+        return names[(names.index(preferred) + 1) % len(names)]
+
+    def _role(self, name: str) -> str | None:
+        """The node's own view of its role (None when it does not answer in time)."""
+        cluster = self.t.cluster()
+        url = self.t.meta_url(self.t.meta_names.index(name))
+        req = urllib.request.Request(f"{url}/v1/cluster",
+                                     headers={"Authorization": f"Bearer {cluster['client_token']}"})
+        try:
+            with urllib.request.urlopen(req, timeout=STATUS_TIMEOUT_S) as r:
+                return json.load(r).get("role")
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
 
     def _links(self, target: str) -> list[str]:
         name, side = target.split("|")

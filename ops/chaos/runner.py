@@ -1,5 +1,10 @@
 """`stator chaos run`: start the proxied cluster, run the workloads while the nemesis works, heal, read everything
 back, check the history, print the summary. Everything started is stopped at the end, on Ctrl-C or an exception too.
+
+After the heal, besides reading every topic back: a small write must commit within POST_RUN_WRITE_S (a command of
+an unlucky size once stopped every later write), and the three meta replicas must hold the same image bytes at the
+same version. Snapshot installs and compactions are counted from the meta nodes' logs (``raft_snapshot_installed``,
+``raft_snapshot_written``): no metric reports them.
 """
 
 from __future__ import annotations
@@ -13,17 +18,19 @@ import signal
 import tempfile
 import time
 from collections import Counter
+from datetime import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from client.admin import AdminClient
 from client.errors import StatorError
 from client.http import new_session, request_once
+from meta import limits
 from ops import devcluster
 
 from . import checker, nemesis, topology, workloads
 from .history import Recorder
-from .workloads import CAS_KEY, CAS_TOPIC, EX_GROUP, EX_TOPIC, LOG_TOPIC, POP_GROUP, POP_TOPIC, Env
+from .workloads import CAS_KEY, CAS_TOPIC, EX_GROUP, EX_TOPIC, LOG_TOPIC, POP_GROUP, POP_TOPIC, SIZE_TOPICS, Env
 
 T = TypeVar("T")
 
@@ -34,7 +41,15 @@ DRAIN_DEADLINE_S = 90.0         # the pop drain; quiet for DRAIN_QUIET_S means d
 DRAIN_QUIET_S = workloads.POP_INVISIBLE_MS / 1000 * 2
 RETRY_PAUSE_S = 0.5
 SETUP_DEADLINE_S = 60.0
-WORKLOADS = {"cas": 2, "send": 1, "exclusive": 2, "pop": 2}
+WORKLOADS = {"cas": 2, "send": 1, "exclusive": 2, "pop": 2, "sizes": 1}
+# A write's answer comes within the meta service's own deadline (its forwarding and proposal retries end there), plus
+# reading and parsing a body of up to ~0.9 MB on a loaded machine; a paused node's stop is not counted against it.
+ANSWER_BUDGET_S = limits.PROPOSE_TIMEOUT_S + 3.0
+POST_RUN_WRITE_S = 10.0         # the small write after the heal (a healthy cluster takes milliseconds)
+REPLICAS_DEADLINE_S = 60.0      # until the three images are compared at one version
+DIGEST_WAIT_S = 5.0
+SNAPSHOT_EVENTS = {"raft_snapshot_installed": "installed", "raft_snapshot_written": "written"}
+INSTALL_AFTER_HEAL_S = 30.0     # an install fault's follower installing a snapshot this soon after it counts for it
 
 
 class RunFailed(RuntimeError):
@@ -99,6 +114,8 @@ async def _setup(env: Env) -> str:
                            deadline_s=SETUP_DEADLINE_S) as admin:
         for topic in (CAS_TOPIC, LOG_TOPIC, EX_TOPIC, POP_TOPIC):
             await admin.create_topic(topic, workloads.QUEUES)
+        for topic in SIZE_TOPICS.values():
+            await admin.create_topic(topic, 1)
         await admin.set_config(CAS_TOPIC, {CAS_KEY: "init"})
         await admin.set_group_config(EX_GROUP, {"mode": "exclusive", "lease_ms": workloads.EX_LEASE_MS,
                                                 "heartbeat_interval_ms": workloads.EX_HEARTBEAT_MS})
@@ -114,6 +131,8 @@ async def _exercise(t: topology.Topology, env: Env, faults: list[nemesis.Fault],
               for topic in (LOG_TOPIC, EX_TOPIC, POP_TOPIC) for _ in range(WORKLOADS["send"])]
     tasks += [asyncio.create_task(workloads.exclusive(env, f"ex-{i}")) for i in range(WORKLOADS["exclusive"])]
     tasks += [asyncio.create_task(workloads.popper(env, f"pop-{i}")) for i in range(WORKLOADS["pop"])]
+    tasks += [asyncio.create_task(workloads.sizes(env, f"sz-{cls}-{i}", cls))
+              for cls in workloads.SIZE_CLASSES for i in range(WORKLOADS["sizes"])]
     try:
         await asyncio.wait_for(nem.run(), duration_s + nemesis.STOP_WAIT_S * 2 * max(1, len(faults)))
         await asyncio.sleep(max(0.0, duration_s - (env.rec.now() - start)))
@@ -128,30 +147,186 @@ async def _exercise(t: topology.Topology, env: Env, faults: list[nemesis.Fault],
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()
     say(f"chaos: {len(nem.applied)} faults injected; healing and reading everything back")
-    violations: list[dict[str, Any]] = []
-    try:
-        await asyncio.wait_for(asyncio.to_thread(devcluster.wait_ready, _member_urls(t), READY_TIMEOUT_S),
-                               READY_TIMEOUT_S + 10)
-    except (TimeoutError, asyncio.TimeoutError) as e:
-        violations.append(checker.violation("recovery", f"the cluster did not recover after every heal: {e}"))
+    return await _verdict(t, env, nem, initial, start)
+
+
+async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial: str, start: float
+                   ) -> dict[str, Any]:
+    """After the last heal: wait for the cluster, read everything back, check the history; the summary."""
+    violations = await _recovered(t)
+    post_run_write_s = await _post_run_write(env)
+    if post_run_write_s is None:
+        violations.append(checker.violation("post_run_write", f"a small write did not commit within "
+                                            f"{POST_RUN_WRITE_S:g} s of the healed cluster being ready: writes stall",
+                                            attempts=[o.to_json() for o in env.rec.ops if o.process == "probe"]))
+    await _read_sized(env)
     final = {}
     for topic in (LOG_TOPIC, EX_TOPIC, POP_TOPIC):
         final.update(await _read_topic(env, topic))
     await _drain_pops(env)
     dead = await _dead_lettered(env, t)
+    digests = await _image_digests(env, t)
     ops = env.rec.ops
-    register, register_stats = checker.cas_register(ops, initial)
-    pops, pop_stats = checker.pops_acked_or_redelivered(ops, dead, POP_TOPIC)
-    violations += register + checker.monotonic_versions(ops) + checker.no_lost_sends(ops, final)
-    violations += checker.exclusive_commits(ops) + pops
+    found, stats = _checks(ops, initial, final, dead, _paused(nem.applied, t, start))
+    violations += found + checker.replicas_agree(digests)
     with open(os.path.join(t.dir, "history.json"), "w") as f:
         json.dump({"faults": nem.applied, "ops": [o.to_json() for o in ops]}, f)
     outcomes = Counter((o.kind, o.outcome) for o in ops)
+    snapshots, installs = _snapshot_events(t)
     return {"faults_injected": len(nem.applied), "operations_checked": checker.count_checked(ops),
             "operations": {f"{k}:{o}": n for (k, o), n in sorted(outcomes.items())},
-            "checks": {**register_stats, **pop_stats, "messages_read_back": sum(len(v) for v in final.values())},
+            "checks": {**stats, "messages_read_back": sum(len(v) for v in final.values()),
+                       "post_run_write_s": post_run_write_s,
+                       "replicas": {n: {k: d.get(k) for k in ("version", "sha256", "bytes", "error")}
+                                    for n, d in digests.items()}},
             "violations": violations, "nemesis_errors": nem.errors,
-            "fault_kinds_injected": dict(Counter(f["kind"] for f in nem.applied))}
+            "fault_kinds_injected": dict(Counter(f["kind"] for f in nem.applied)),
+            "snapshot_installs_seen": sum(n["installed"] for n in snapshots.values()),
+            "install_faults_followed_by_install": _installs_after_faults(nem.applied, installs),
+            "snapshots": snapshots}
+
+
+async def _recovered(t: topology.Topology) -> list[dict[str, Any]]:
+    try:
+        await asyncio.wait_for(asyncio.to_thread(devcluster.wait_ready, _member_urls(t), READY_TIMEOUT_S),
+                               READY_TIMEOUT_S + 10)
+    except (TimeoutError, asyncio.TimeoutError) as e:
+        return [checker.violation("recovery", f"the cluster did not recover after every heal: {e}")]
+    return []
+
+
+def _checks(ops: list[Any], initial: str, final: dict[tuple[str, int], dict[int, str]],
+            dead: set[tuple[str, int, int]], paused: dict[str, list[tuple[float, float]]]
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    register, register_stats = checker.cas_register(ops, initial)
+    pops, pop_stats = checker.pops_acked_or_redelivered(ops, dead, POP_TOPIC)
+    sized, sized_stats = checker.sized_registers(ops)
+    violations = register + checker.monotonic_versions(ops) + checker.no_lost_sends(ops, final)
+    violations += checker.exclusive_commits(ops) + pops + sized
+    violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
+    return violations, {**register_stats, **pop_stats, **sized_stats, **_sized_classes(ops)}
+
+
+async def _post_run_write(env: Env) -> float | None:
+    """Seconds a small write took to commit after the heal (attempts recorded), or None past POST_RUN_WRITE_S."""
+    topic = SIZE_TOPICS["tiny"]
+    started = time.monotonic()
+    n = 0
+    while (left := POST_RUN_WRITE_S - (time.monotonic() - started)) > 0:
+        n += 1
+        tag = key = f"probe-{n}"
+        try:
+            version = await workloads.sized_read(env, "probe", topic)
+            config = {"v": tag}
+            await workloads.sized_put(env, "probe", topic, config, tag=tag, key=key, version=version,
+                                      nbytes=workloads.envelope_bytes(topic, config, key, version),
+                                      timeout_s=max(0.1, POST_RUN_WRITE_S - (time.monotonic() - started)))
+            return round(time.monotonic() - started, 3)
+        except StatorError:
+            await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, left)))
+    return None
+
+
+async def _read_sized(env: Env) -> None:
+    """The last linearizable read of every sized topic through every node (recorded: checker.sized_registers checks
+    them with the rest). One reader per topic: a reader's versions are one topic's, which only grow."""
+    for url in env.meta_urls:
+        for topic in SIZE_TOPICS.values():
+            await _retrying(f"reading {topic} back from {url}",
+                            lambda: workloads.sized_read(env, f"final-{topic}", topic, url), FINAL_DEADLINE_S)
+
+
+async def _image_digests(env: Env, t: topology.Topology) -> dict[str, dict[str, Any]]:
+    """Every meta node's image digest at one version: asked again with the highest version seen until all answer
+    the same one (the expiries of the stopped workloads' group members may still move it for a moment)."""
+    names = dict(zip(env.meta_urls, t.meta_names))
+    deadline = time.monotonic() + REPLICAS_DEADLINE_S
+    version = 0
+    while True:
+        answers = await asyncio.gather(*(_digest(env, url, version) for url in env.meta_urls))
+        digests = {names[url]: a for url, a in zip(env.meta_urls, answers)}
+        versions = {d.get("version") for d in digests.values()}
+        if len(versions) == 1 and None not in versions or time.monotonic() > deadline:
+            return digests
+        version = max(v for v in versions if v is not None) if versions - {None} else version
+        await asyncio.sleep(RETRY_PAUSE_S)
+
+
+async def _digest(env: Env, url: str, version: int) -> dict[str, Any]:
+    try:
+        a = await request_once(env.session, "GET", f"{url}/v1/admin/image-digest", token=env.admin_token,
+                               params={"min_version": version, "wait": DIGEST_WAIT_S},
+                               timeout_s=DIGEST_WAIT_S + workloads.REQUEST_TIMEOUT_S)
+    except StatorError as e:
+        return {"error": str(e)[:300]}
+    return a.body
+
+
+def _paused(applied: list[dict[str, Any]], t: topology.Topology, start: float) -> dict[str, list[tuple[float, float]]]:
+    """Each meta node's pauses on the history's clock (the nemesis counts from the workloads' start)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    urls = dict(zip(t.meta_names, (t.meta_url(i) for i in range(topology.METAS))))
+    for f in applied:
+        if f["kind"] == "pause" and f["target"] in urls:
+            out.setdefault(urls[f["target"]], []).append((f["started_s"] + start, f["healed_s"] + start))
+    return out
+
+
+def _sized_classes(ops: list[Any]) -> dict[str, Any]:
+    """What the sizes workload got through: writes acknowledged per class, and the sizes that went through the log
+    (acknowledged, or refused in apply for their expected version): which 64 KiB multiples, the largest."""
+    puts = [o for o in ops if o.kind == "put"]
+    acked = [o for o in puts if o.outcome == "ok"]
+    logged = acked + [o for o in puts if o.output.get("code") == "VERSION_MISMATCH"]
+    step = workloads.SIZE_STEP_BYTES
+    near = [o.input["bytes"] for o in logged
+            if abs(o.input["bytes"] - round(o.input["bytes"] / step) * step) <= workloads.SIZE_WINDOW_BYTES]
+    multiples = sorted({round(n / step) for n in near})
+    return {"sized_acked_by_class": dict(Counter(o.input["topic"].removeprefix("chaos-sz-") for o in acked)),
+            "sized_logged_by_class": dict(Counter(o.input["topic"].removeprefix("chaos-sz-") for o in logged)),
+            "sized_bytes_logged": sum(o.input["bytes"] for o in logged),
+            "sized_64k_multiples_logged": multiples,
+            "sized_largest_logged_bytes": max((o.input["bytes"] for o in logged), default=0)}
+
+
+def _snapshot_events(t: topology.Topology) -> tuple[dict[str, dict[str, int]], dict[str, list[float]]]:
+    """Per meta node, from its log: how many snapshots it installed from a leader and wrote by its own compaction,
+    and when (wall clock) it installed each."""
+    counts, installs = {}, {}
+    for name in t.meta_names:
+        counts[name] = dict.fromkeys(SNAPSHOT_EVENTS.values(), 0)
+        installs[name] = []
+        for event, at in _log_events(os.path.join(t.dir, "logs", f"{name}.log"), "raft_snapshot_"):
+            if event in SNAPSHOT_EVENTS:
+                counts[name][SNAPSHOT_EVENTS[event]] += 1
+            if event == "raft_snapshot_installed" and at is not None:
+                installs[name].append(at)
+    return counts, installs
+
+
+def _log_events(path: str, prefix: str) -> list[tuple[str, float | None]]:
+    """(event, wall time) of the JSON lines of a member's log whose event starts with ``prefix``."""
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if prefix not in line:
+                    continue
+                with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    d = json.loads(line)
+                    if str(d.get("event", "")).startswith(prefix):
+                        at = d.get("timestamp")
+                        out.append((d["event"], datetime.fromisoformat(at).timestamp() if at else None))
+    return out
+
+
+def _installs_after_faults(applied: list[dict[str, Any]], installs: dict[str, list[float]]) -> dict[str, int]:
+    """Install faults whose follower installed a snapshot between its cut and INSTALL_AFTER_HEAL_S after the heal."""
+    faults = [f for f in applied if f["kind"] == "install" and f.get("isolated")]
+    followed = sum(1 for f in faults
+                   if any(f["started_wall"] <= at <= f["healed_wall"] + INSTALL_AFTER_HEAL_S
+                          for at in installs.get(f["isolated"], [])))
+    return {"install_faults": len(faults), "followed": followed}
 
 
 def _member_urls(t: topology.Topology) -> list[str]:

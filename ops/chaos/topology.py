@@ -33,8 +33,19 @@ PORT_SPAN = 100
 PORT_LOW, PORT_HIGH = 20000, 32000     # five digits each: raft addresses compare as strings, so digits must match
 # A pid that can never exist (Linux pid_max is at most 2**22): devcluster.restart_all then starts every member.
 NEVER_STARTED_PID = 2**22 + 1
+# Every meta node compacts its log every few seconds under the workloads (the defaults, 20,000 entries or 300 s,
+# would never compact in a run): a member that was away for a fault comes back behind its leader's first entry as
+# often as not, and must be sent a snapshot (nemesis.py ``install`` makes sure of it). Each node compacts in a slot
+# of its own once per COMPACTION_MIN_TIME_S (pysyncobj's logCompactionSplit), when it holds more than
+# COMPACTION_MIN_ENTRIES entries or its last compaction is older than that period: the slots are a period apart, so
+# in practice the entries decide, and with 50 (fewer than a faulted cluster appends in 3 s) a node compacted only
+# every other period.
+COMPACTION_MIN_TIME_S = 3
+COMPACTION_MIN_ENTRIES = 20
 # Short enough that a killed or partitioned broker is fenced (and its queues move) within a fault's hold time.
-META_EXTRA = {"session_timeout_ms": 4000, "heartbeat_interval_ms": 1000}
+META_EXTRA = {"session_timeout_ms": 4000, "heartbeat_interval_ms": 1000,
+              "raft_tuning": {"compaction_min_entries": COMPACTION_MIN_ENTRIES,
+                              "compaction_min_time_s": COMPACTION_MIN_TIME_S}}
 
 
 @dataclass

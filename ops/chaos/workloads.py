@@ -10,11 +10,15 @@ checks need every request's own outcome. Each loop runs until ``stop`` is set; e
   partition from meta or a silence of its own (EX_SILENT_S): the broker's fencing, not the client's caution, must
   keep two owners from committing.
 - ``pop``: pops from the brokers holding the topic's heads, acks most messages, leaves some unacked to come back.
+- ``sizes``: meta commands of every size class, tiny to the largest the API takes, as topic config writes, each
+  class on a topic of its own; a linearizable read after every refusal or doubt (see the section below).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import random
 from typing import Any
 
@@ -22,8 +26,9 @@ import aiohttp
 
 from client.errors import StatorError
 from client.http import request_once
+from meta import limits
 
-from .history import Recorder
+from .history import UNKNOWN, Recorder, outcome_of
 
 CAS_TOPIC, LOG_TOPIC, EX_TOPIC, POP_TOPIC = "chaos-cas", "chaos-log", "chaos-ex", "chaos-pop"
 CAS_KEY = "v"
@@ -251,3 +256,190 @@ async def popper(env: Env, process: str) -> None:
         except StatorError:
             env.forget_route(POP_TOPIC)
             await env.pause(ERROR_PAUSE_S)
+
+
+# -- sizes: meta commands of every size class --------------------------------------------------------------------
+# Each class writes its own topic's config from one process, one write at a time, each with ``expected_version``: an
+# in-doubt write can then never take effect after a later acknowledged one (its version no longer matches), so a read
+# must name the last acknowledged write or an in-doubt one invoked after it (checker.sized_registers).
+# The carrier is PUT /v1/topics/{topic}/config. A config value is at most CONFIG_VALUE_CHARS_MAX characters and a
+# topic at most CONFIG_KEYS_MAX keys, so a single value cannot reach 64 KiB, let alone 1 MiB: a write names all 64
+# keys, with values (and keys) of astral characters, which the log's envelope (ASCII JSON) stores as two \uXXXX
+# escapes, 12 bytes each. That is the largest command the HTTP API lets a client make, ~0.84 MiB (64 x (128 + 1024)
+# characters): the "~1 MiB" class is that maximum, and the 64 KiB multiples stop at 13 (14..16 x 64 KiB are out of
+# reach of every command the API takes; tests/test_raft_entry_sizes.py sweeps them below the API).
+SIZE_CLASSES = ("tiny", "mid", "big")
+SIZE_TOPICS = {c: f"chaos-sz-{c}" for c in SIZE_CLASSES}
+SIZE_PACE_S = {"tiny": 0.25, "mid": 2.0, "big": 2.0}
+# Of the mid and big writes, one every SIZE_APPLY_EVERY_S is meant to take effect (the next one again after a write
+# that was not acknowledged); the others carry a stale expected_version on purpose: they travel the whole way (HTTP,
+# forwarding, the log, every journal) at full size, are refused in apply, where the version is checked, and must
+# never be seen. Why not all: an acknowledged config write keeps its
+# result, the topic's whole config, in the image's idempotency table for an hour (meta/state_machine.py _remember),
+# so each adds ~0.3 MB to every later snapshot (~90 ms of a writer's CPU per MB, every few seconds on every node):
+# one a second would need more than two cores within minutes.
+SIZE_APPLY_EVERY_S = {"tiny": 0.0, "mid": 30.0, "big": 30.0}
+SIZE_STEP_BYTES = 64 * 1024
+SIZE_WINDOW_BYTES = 64                  # the envelope lands this close to a multiple of SIZE_STEP_BYTES
+SIZE_MULTIPLES = (2, 13)
+SIZED_KEYS = limits.CONFIG_KEYS_MAX
+ASTRAL_ESCAPED_BYTES = 12               # one astral character in the envelope: a \uXXXX surrogate pair
+FILL_CHAR, PAD_CHAR = "\U0001F4E6", "."
+SIZED_KEY_NAMES = tuple(f"k{i:02d}" + "\U0001F511" * (limits.CONFIG_KEY_CHARS_MAX - 3) for i in range(SIZED_KEYS))
+VALUE_CHARS_MAX = limits.CONFIG_VALUE_CHARS_MAX
+SIZED_TIMEOUT_S = 20.0                  # well past the answer budget, so that a late answer is seen, not cut off
+OFFSET_BUDGET = limits.OFFSET_BUDGET_DEFAULT   # the chaos cluster's meta nodes keep the default
+_envelope_json = json.JSONEncoder(separators=(",", ":")).encode   # the log's encoding (meta/raft_node.py)
+
+
+def envelope_bytes(topic: str, config: dict[str, str | None], key: str, expected_version: int | None) -> int:
+    """The bytes of the command's envelope as the node proposes it (meta/raft_node.py RaftNode.propose): what
+    COMMAND_BYTES_MAX bounds and what the log carries, after the leader's stamp line."""
+    cmd: dict[str, Any] = {"type": "SetTopicConfig", "topic": topic, "config": config}
+    if expected_version is not None:
+        cmd["expected_version"] = expected_version
+    return len(_envelope_json({"rid": f"admin:key:{key}", "ts": 0, "budget": OFFSET_BUDGET, "actor": "admin",
+                               "cmd": cmd}))
+
+
+def sized_config(topic: str, tag: str, key: str, version: int | None, target: int | None) -> dict[str, str | None]:
+    """A config of SIZED_KEYS keys whose envelope is exactly ``target`` bytes (None: as big as the API allows).
+    Every value starts with ``tag``: a read names the write it saw, and a torn one shows two tags. Keys a smaller
+    write does not need are removed (None), so after any write the config is exactly that write's values."""
+    head = tag + ":"
+    room = VALUE_CHARS_MAX - len(head)
+    used = SIZED_KEYS
+    if target is not None:
+        for used in range(1, SIZED_KEYS + 1):
+            base = envelope_bytes(topic, _values(head, used, 0, 0, room), key, version)
+            # room for the pad (fewer than 12 characters) left in the last value
+            if base + ASTRAL_ESCAPED_BYTES * (used * room - ASTRAL_ESCAPED_BYTES) >= target:
+                break
+        astral, pad = divmod(target - base, ASTRAL_ESCAPED_BYTES)
+    else:
+        astral, pad = used * room, 0
+    config = _values(head, used, astral, pad, room)
+    if target is not None and envelope_bytes(topic, config, key, version) != target:
+        raise AssertionError(f"sized_config missed its target {target}")   # a bug here, not in the system
+    return config
+
+
+def _values(head: str, used: int, astral: int, pad: int, room: int) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for i, name in enumerate(SIZED_KEY_NAMES):
+        if i >= used:
+            out[name] = None
+            continue
+        n = min(room, astral)
+        astral -= n
+        out[name] = head + FILL_CHAR * n + (PAD_CHAR * pad if i == used - 1 else "")
+    return out
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """Of the config a write leaves (its non-null values): a read's config must hash the same."""
+    kept = {k: v for k, v in config.items() if v is not None}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def config_tag(config: dict[str, Any]) -> str | None:
+    """The write a read config comes from: the tag every value starts with (None: empty; ``torn:...``: several)."""
+    tags = sorted({v.split(":", 1)[0] for v in config.values() if isinstance(v, str)})
+    if not tags:
+        return None
+    return tags[0] if len(tags) == 1 else "torn:" + ",".join(tags)
+
+
+def _size_target(env: Env, cls: str) -> int | None:
+    if cls != "mid":
+        return None
+    multiple = env.rng.randint(*SIZE_MULTIPLES)
+    return multiple * SIZE_STEP_BYTES + env.rng.randint(-SIZE_WINDOW_BYTES, SIZE_WINDOW_BYTES)
+
+
+def _size_payload(env: Env, cls: str, topic: str, tag: str, key: str, version: int | None
+                  ) -> tuple[dict[str, str | None], int]:
+    if cls == "tiny":
+        config: dict[str, str | None] = {"v": tag}
+    else:
+        config = sized_config(topic, tag, key, version, _size_target(env, cls))
+    return config, envelope_bytes(topic, config, key, version)
+
+
+async def sized_read(env: Env, process: str, topic: str, url: str | None = None) -> int:
+    """A linearizable read of a sized topic, recorded; returns the topic's version."""
+    url = url or env.meta()
+    async with env.rec.op(process, "sread", topic=topic, node=url) as op:
+        a = await request_once(env.session, "GET", f"{url}/v1/topics/{topic}", token=env.client_token,
+                               params={"consistency": "linearizable"}, timeout_s=REQUEST_TIMEOUT_S)
+        config = a.body["config"]
+        op.output = {"value": config_tag(config), "digest": config_digest(config), "version": a.body["version"]}
+    return op.output["version"]
+
+
+async def sized_put(env: Env, process: str, topic: str, config: dict[str, str | None], *, tag: str, key: str,
+                    nbytes: int, version: int | None, stale: bool = False, retry_of: str | None = None,
+                    timeout_s: float = SIZED_TIMEOUT_S) -> int:
+    """One PUT of a sized config, recorded with the time its answer took (``answered_s``, also for an error answer),
+    or ``unanswered_s`` when none came before the timeout (not for a reset connection: its node died); the budget
+    check reads both. Returns the new version."""
+    url = env.meta()
+    async with env.rec.op(process, "put", topic=topic, value=tag, digest=config_digest(config), bytes=nbytes,
+                          expected_version=version, stale=stale, key=key, node=url, retry_of=retry_of) as op:
+        started = env.rec.now()
+        try:
+            a = await request_once(env.session, "PUT", f"{url}/v1/topics/{topic}/config", token=env.admin_token,
+                                   json=config, params={"expected_version": version},
+                                   headers={"Idempotency-Key": key}, timeout_s=timeout_s)
+        except StatorError as e:
+            took = round(env.rec.now() - started, 4)
+            if e.status:
+                op.output = {"answered_s": took, "status": e.status, "code": e.code}
+            elif isinstance(getattr(e, "cause", None), TimeoutError):
+                op.output = {"unanswered_s": took}
+            raise
+        op.output = {"version": a.body["version"], "answered_s": round(env.rec.now() - started, 4)}
+    return op.output["version"]
+
+
+async def sizes(env: Env, process: str, cls: str) -> None:
+    topic = SIZE_TOPICS[cls]
+    version: int | None = None
+    applied_at = -SIZE_APPLY_EVERY_S[cls]
+    n = 0
+    while not env.stop.is_set():
+        try:
+            if version is None:
+                version = await sized_read(env, process, topic)
+            n += 1
+            tag, key = f"{process}-{n}", f"chaos-{process}-{n}"
+            stale = env.rec.now() - applied_at < SIZE_APPLY_EVERY_S[cls]
+            expected = version - 1 if stale else version   # versions only grow: version - 1 is gone for good
+            config, nbytes = _size_payload(env, cls, topic, tag, key, expected)
+            version = await _put_or_learn(env, process, topic, config, tag, key, nbytes, expected, stale)
+            if version is not None and not stale:
+                applied_at = env.rec.now()
+        except StatorError:
+            version = None
+            await env.pause(ERROR_PAUSE_S)
+        await env.pause(SIZE_PACE_S[cls])
+
+
+async def _put_or_learn(env: Env, process: str, topic: str, config: dict[str, str | None], tag: str, key: str,
+                        nbytes: int, version: int | None, stale: bool) -> int | None:
+    """The write; after an unknown outcome, once more with the same Idempotency-Key (its own recorded attempt):
+    the key's first outcome answers it, so fewer writes stay in doubt and idempotency is exercised at every size.
+    Returns the new version, or None when the next write must read it first (after any refusal: a read then checks
+    that the refused write left nothing behind)."""
+    try:
+        return await sized_put(env, process, topic, config, tag=tag, key=key, nbytes=nbytes, version=version,
+                               stale=stale)
+    except StatorError as e:
+        if outcome_of(e) != UNKNOWN:
+            return None
+    await env.pause(ERROR_PAUSE_S)
+    try:
+        return await sized_put(env, process, topic, config, tag=tag, key=key, nbytes=nbytes, version=version,
+                               stale=stale, retry_of=key)
+    except StatorError:
+        return None
