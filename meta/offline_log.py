@@ -27,7 +27,8 @@ from . import snapshot_file
 from .config import MetaConfig
 from .image import Image
 from .raft_journal import journal_exists, read_journal
-from .raft_node import SNAPSHOT_FILE, decode_entry
+from .raft_entry import decode_entry
+from .raft_node import SNAPSHOT_FILE
 from .state_machine import StateMachine
 
 
@@ -52,7 +53,8 @@ def image_from_data_dir(data_dir: str, keep_trimmed: bool = False) -> Image:
         for command, index, _term in journal.entries:
             payload = shim.envelope_bytes(command)
             if last_index < index <= journal.commit_index and payload is not None:
-                machine.apply(decode_entry(payload))
+                for envelope in decode_entry(payload):
+                    machine.apply(envelope)
     return image
 
 

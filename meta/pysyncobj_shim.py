@@ -164,7 +164,7 @@ class CommandsAsBytes(abc.ABC):
 
 
 def propose(so: SyncObj, payload: bytes, callback: Callable[[Any, int], None]) -> None:
-    """Queue one envelope's bytes for the log (the leader appends it; a follower forwards it to the leader)."""
+    """Queue one entry's payload for the log (the leader appends it; a follower forwards it to the leader)."""
     so._applyCommand(bytes([REGULAR_COMMAND]) + payload, callback)
 
 

@@ -1,13 +1,15 @@
 """The thin pysyncobj adapter: propose, commit, apply, answer.
 
 The driver loop, as pysyncobj runs it on its own tick thread:
-  1. ``propose`` (asyncio) stamps the leader's time into an envelope and hands it to pysyncobj as JSON bytes
-     (never a pickled object: the envelope is data the state machine validates; ``pysyncobj_shim.CommandsAsBytes``).
-  2. pysyncobj replicates the entry; once a majority has it, the tick thread calls ``apply_command`` on every node.
-  3. ``apply_command`` runs the pure state machine under ``image_lock`` (readers on the asyncio thread take the
-     same lock, so they never see half of a command) and posts the changed topics to the event loop.
-  4. The proposer's callback fires on the tick thread and is hopped to the event loop, batched once per tick
-     (``LoopBridge``).
+  1. ``propose`` (asyncio) encodes an envelope as JSON bytes and queues it (never a pickled object: the envelope is
+     data the state machine validates; ``pysyncobj_shim.CommandsAsBytes``).
+  2. The next tick puts every queued proposal of this node into one log entry under the leader's stamp (its time
+     and settings; ``raft_entry``, ``raft_proposals``) and hands it to pysyncobj, which replicates it; once a
+     majority has it, pysyncobj's apply hook queues it for the apply thread (``raft_applier``).
+  3. The apply thread runs the pure state machine on each envelope of the entry under ``image_lock`` (readers on
+     the asyncio thread take the same lock, so they never see half of a command) and posts the changed topics to
+     the event loop.
+  4. Each proposer's callback gets its own outcome and is hopped to the event loop, batched (``LoopBridge``).
 
 The replicated state is one attribute, ``image_data`` (plain data). A snapshot is that image written as JSON by
 ``snapshot_file`` (never pysyncobj's pickle of the object's attributes); every other attribute is set before
@@ -25,7 +27,6 @@ import collections
 import contextlib
 import functools
 import gc
-import json
 import os
 import threading
 import time
@@ -42,9 +43,11 @@ from . import pysyncobj_shim as shim
 from client.wire.errors import ApiError, rejection
 from .image import Image, restoring_pairs
 from .raft_applier import DISCARDED, Applier, Pending
+from .raft_entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope, encode_stamp, restamped
 from .raft_group_commit import GroupCommit
 from .raft_journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .raft_journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
+from .raft_proposals import Proposals, batch_callback
 from .raft_transport import RaftLink, StatorTransport
 from .snapshot_file import BackgroundWriter, SnapshotFormatError, WriterState, sync_file
 from .snapshot_file import read as read_snapshot
@@ -131,9 +134,7 @@ SNAPSHOT_FILE = "raft.snapshot"
 PYSYNCOBJ_JOURNAL_FILE = "raft.journal"   # Stator 0.1's journal (pysyncobj's format): refused by name
 # pysyncobj's append messages carry entries up to this many bytes; an entry of at least this size would be sent in
 # pieces, which pysyncobj gets wrong for some sizes (pysyncobj_shim._append_as_raft): above the largest entry.
-ENVELOPE_OVERHEAD_BYTES_MAX = 4096  # rid, ts, budget and actor around the command
-RAFT_ENTRY_BYTES_MAX = 1 + limits.COMMAND_BYTES_MAX + ENVELOPE_OVERHEAD_BYTES_MAX   # type byte + envelope
-APPEND_BATCH_BYTES = RAFT_ENTRY_BYTES_MAX + 1
+APPEND_BATCH_BYTES = ENTRY_BYTES_MAX + 1
 RAFT_BIND_ATTEMPTS_MAX = 10   # x bindRetryTime 0.2 s: a taken raft port stops the node in ~2 s, not a busy loop forever
 KEEPALIVE = {"type": "keepalive"}   # any message type pysyncobj does not handle is read and ignored
 KEEPALIVE_INTERVAL_S = 0.5
@@ -162,8 +163,8 @@ class _LocalState:
     journal: GroupCommit | None = None        # group commit of the journal (journal_sync)
     transport: StatorTransport | None = None
     held: shim.HeldEntries | None = None      # appends that repeated held entries (pysyncobj_shim.py)
-    # Leader: a follower's envelope, stamped with this leader's time and settings (RaftNode.restamp); None: as is.
-    restamp: Callable[[bytes], bytes | None] | None = None
+    # The leader's stamp (its clock and settings) for the next entry (RaftNode.leader_fields); None: unstamped.
+    stamp: Callable[[], dict[str, Any]] | None = None
 
 
 class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
@@ -180,6 +181,7 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         self.commands_queue_max = tuning.commands_queue_max
         self._local = _LocalState()
         self._applier = Applier(self._apply_entry, bridge.flush)
+        self._proposals = Proposals(tuning.commands_queue_max)
         os.makedirs(data_dir, exist_ok=True)
         snapshot_path = os.path.join(data_dir, SNAPSHOT_FILE)
         old_journal = os.path.join(data_dir, PYSYNCOBJ_JOURNAL_FILE)
@@ -288,34 +290,57 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
             self._local.freeze_pending = False
             gc.freeze()
 
-    def _applyCommand(self, command, callback, commandType=None):
-        if commandType is None and shim.is_forwarded(callback):
-            command = self._stamped(command)
-        if not isinstance(command, bytes) or len(command) > RAFT_ENTRY_BYTES_MAX:
-            # Never from a proposal of ours (propose checks the size); an entry past the append batch would be sent
-            # in pieces, which stalls the log (APPEND_BATCH_BYTES).
-            shim.refuse_command(self, callback)
+    # -- proposals: one entry per node per tick (meta/raft_proposals.py) ---------------------------------------
+    def propose(self, envelope: bytes, callback: Callable[[Any, int], None]) -> None:
+        """Event loop: queue one proposal's envelope for the next tick's entry; ``callback(outcome, err)`` fires
+        on the tick or apply thread."""
+        if not self._proposals.add(envelope, callback):
+            callback(None, FAIL_REASON.QUEUE_FULL)
             return
-        super()._applyCommand(command, callback, commandType)
-        # One wake-up per tick is enough: the tick drains the whole queue. The flag is cleared before draining,
-        # so a command queued after that point always wakes the next tick.
+        # One wake-up per tick is enough: the tick takes every waiting proposal. The flag is cleared before taking,
+        # so a proposal queued after that point always wakes the next tick.
         if self._local.pipe is not None and not self._local.wake_pending:
             self._local.wake_pending = True
             self._local.pipe.notify()
 
+    def _checkCommandsToApply(self):
+        self._local.wake_pending = False
+        batches = self._proposals.take()
+        if batches:
+            stamp = self._stamp() if self.is_leader() else encode_stamp({})
+            for batch in batches:
+                shim.propose(self, encode_entry(stamp, batch.envelopes),
+                             batch_callback(batch.callbacks, self._applier.lock))
+        super()._checkCommandsToApply()
+
+    def _applyCommand(self, command, callback, commandType=None):
+        # Our own entries (shim.propose) and, on the leader, the entries a follower forwarded (pysyncobj's
+        # apply_command message, with a ``(node, request id)`` callback).
+        if commandType is None and shim.is_forwarded(callback):
+            command = self._stamped(command)
+        if not isinstance(command, bytes) or len(command) > ENTRY_BYTES_MAX:
+            # Never from an entry of ours (batches stay within the bound); an entry past the append batch would be
+            # sent in pieces, which stalls the log (APPEND_BATCH_BYTES).
+            shim.refuse_command(self, callback)
+            return
+        super()._applyCommand(command, callback, commandType)
+
+    def _stamp(self) -> bytes:
+        stamp = self._local.stamp
+        return encode_stamp(stamp() if stamp is not None else {})
+
     def _stamped(self, command: Any) -> Any:
-        # A follower proposes with ts 0 and its own settings; only the leader's clock and settings may enter the log,
-        # so the leader stamps its own into the envelope before appending it, as if it had been proposed here. A
-        # command it cannot read goes to the log unchanged (apply rejects it, the same way on every replica).
-        restamp = self._local.restamp
+        # A follower's entry carries an empty stamp; only the leader's clock and settings may enter the log, so the
+        # leader stamps its own over the first line before appending it, as if it had been proposed here. An entry
+        # it cannot read goes to the log unchanged (apply rejects it, the same way on every replica).
         payload = shim.envelope_bytes(command)
-        if restamp is None or payload is None or not self.is_leader():
+        if self._local.stamp is None or payload is None or not self.is_leader():
             return command
-        stamped = restamp(payload)
+        stamped = restamped(payload, self._stamp())
         return command if stamped is None else shim.with_envelope(stamped)
 
-    def set_restamp(self, restamp: Callable[[bytes], bytes | None]) -> None:
-        self._local.restamp = restamp
+    def set_stamp(self, stamp: Callable[[], dict[str, Any]]) -> None:
+        self._local.stamp = stamp
 
     def _onTick(self, timeToWait=0.0):
         # pysyncobj judges the leader dead at the start of a tick, before it reads the messages that arrived
@@ -334,10 +359,6 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         self._local.transport.flush()
         if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:
             journal.check_commit(self.raftCommitIndex, synced)
-
-    def _checkCommandsToApply(self):
-        self._local.wake_pending = False
-        super()._checkCommandsToApply()
 
     def _send_new_entries(self) -> None:
         local = self._local
@@ -453,31 +474,37 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         return self._applier.submit(index, payload)
 
     def _apply_entry(self, index: int, payload: bytes | None) -> Any:
-        """Apply thread: one committed entry, in log order, on every replica."""
-        envelope = decode_entry(payload) if payload is not None else None
+        """Apply thread: one committed entry, in log order, on every replica; the outcome of each of its
+        proposals, in order (None for a new term's no-op)."""
+        envelopes = decode_entry(payload) if payload is not None else []
+        outcomes: list[dict[str, Any]] = []
+        changed: set[str] = set()
         with self.image_lock:
             if index <= self._local.installed_through:
                 return DISCARDED   # a snapshot installed meanwhile holds it already
             if payload is None:
                 return None        # a new term's no-op
             image = self.current_image()
-            started = time.perf_counter()   # the adapter times apply; nothing inside apply reads a clock
-            try:
-                outcome, changed = self._machine.apply(envelope)
-            except Exception:
-                # Replay failed half-way: this replica's image can no longer be trusted. Stop rather than diverge;
-                # on restart the journal replays the same entry, so the bug must be fixed, not skipped.
-                log.critical("apply_failed", index=index, payload=payload[:2000].decode("utf-8", "replace"),
-                             exc_info=True)
-                os._exit(EXIT_REPLICA_UNTRUSTED)
+            for envelope in envelopes:
+                started = time.perf_counter()   # the adapter times apply; nothing inside apply reads a clock
+                try:
+                    outcome, touched = self._machine.apply(envelope)
+                except Exception:
+                    # Replay failed half-way: this replica's image can no longer be trusted. Stop rather than
+                    # diverge; on restart the journal replays the same entry, so the bug must be fixed, not skipped.
+                    log.critical("apply_failed", index=index, payload=payload[:2000].decode("utf-8", "replace"),
+                                 exc_info=True)
+                    os._exit(EXIT_REPLICA_UNTRUSTED)
+                if self._local.observe_apply_s is not None:
+                    self._local.observe_apply_s(time.perf_counter() - started)
+                if outcome.get("ok") and envelope["cmd"]["type"] in LARGE_COMMANDS:
+                    self._local.freeze_pending = True
+                outcomes.append(outcome)
+                changed |= touched
             version = image.version
-            if self._local.observe_apply_s is not None:
-                self._local.observe_apply_s(time.perf_counter() - started)
-            if outcome.get("ok") and envelope["cmd"]["type"] in LARGE_COMMANDS:
-                self._local.freeze_pending = True
-        if changed or outcome.get("ok"):
+        if changed or any(o.get("ok") for o in outcomes):
             self._on_applied(version, changed)
-        return outcome
+        return outcomes
 
     @property
     def applier_lock(self) -> threading.Lock:
@@ -529,35 +556,6 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         return self._local.journal.stats()
 
 
-# An entry's payload is two lines of compact JSON (which never holds a raw newline): the leader's stamp (its clock,
-# offset budget and history window) and the proposer's envelope. The leader stamps a follower's proposal by
-# replacing the first line, without decoding and re-encoding an envelope of up to 8 MiB on its tick thread.
-STAMP_FIELDS = frozenset({"ts", "budget", "history"})
-_compact = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def encode_entry(stamp: dict[str, Any], envelope: dict[str, Any]) -> bytes:
-    return _compact(stamp).encode() + b"\n" + _compact(envelope).encode()   # ASCII: ensure_ascii
-
-
-def decode_entry(payload: Any) -> Any:
-    """The envelope of a log entry, the leader's stamp merged in; anything undecodable becomes None, which apply
-    rejects like any bad envelope."""
-    if isinstance(payload, str):
-        payload = payload.encode("utf-8", "surrogatepass")
-    if not isinstance(payload, bytes) or len(payload) > limits.COMMAND_BYTES_MAX + ENVELOPE_OVERHEAD_BYTES_MAX:
-        return None
-    head, separator, body = payload.partition(b"\n")
-    try:
-        stamp, envelope = json.loads(head), json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not separator or not isinstance(stamp, dict) or not set(stamp) <= STAMP_FIELDS or not isinstance(envelope, dict):
-        return None
-    envelope.update(stamp)
-    return envelope
-
-
 class RaftNode:
     """Asyncio face of the log: ``propose`` and ``barrier`` return when the command is applied on this node."""
 
@@ -568,7 +566,7 @@ class RaftNode:
         self.offset_budget = offset_budget
         self.history_window = history_window
         self.failures: collections.Counter[str] = collections.Counter()   # failed proposals by code, for metrics
-        sync.set_restamp(self.restamp)
+        sync.set_stamp(self.leader_fields)
 
     def leader_fields(self) -> dict[str, Any]:
         """What only the leader puts into an envelope: its clock, its offset budget and its history window."""
@@ -577,36 +575,28 @@ class RaftNode:
         # cannot make it flap.
         return {"ts": int(time.time() * 1000), "budget": self.offset_budget, "history": self.history_window}
 
-    def restamp(self, payload: bytes) -> bytes | None:
-        """Tick thread, on the leader: a follower's entry with this leader's stamp; None if it has no stamp line."""
-        _head, separator, envelope = payload.partition(b"\n")
-        return _compact(self.leader_fields()).encode() + separator + envelope if separator else None
-
     def envelope(self, cmd: dict[str, Any], rid: str | None, actor: str) -> dict[str, Any]:
         return {"rid": rid, "ts": 0, "budget": self.offset_budget, "actor": actor, "cmd": cmd}
 
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
-        # Only the leader's clock and settings enter the log (apply reads nothing of a node's own): a follower's
-        # proposal carries an empty stamp and travels to the leader in pysyncobj's apply_command message; the leader
-        # puts its own stamp on it before appending (MetaSyncObj._stamped). An entry left unstamped keeps ts 0,
-        # which the state machine's max(ts, last_ts) turns into log time.
-        envelope = _compact(self.envelope(cmd, rid, actor)).encode()
+        # Only the leader's clock and settings enter the log (apply reads nothing of a node's own): the tick puts
+        # this node's proposals into one entry under the leader's stamp, or under an empty one on a follower, whose
+        # entry travels to the leader in pysyncobj's apply_command message and is stamped there
+        # (MetaSyncObj._stamped). An entry left unstamped keeps ts 0, which the state machine's max(ts, last_ts)
+        # turns into log time.
+        envelope = encode_envelope(self.envelope(cmd, rid, actor))
         if len(envelope) > limits.COMMAND_BYTES_MAX:
             raise rejection(413, "TOO_LARGE", f"the command exceeds {limits.COMMAND_BYTES_MAX} bytes")
-        stamp = self.leader_fields() if self.sync.is_leader() else {}
-        payload = _compact(stamp).encode() + b"\n" + envelope
         fut: asyncio.Future = self.loop.create_future()
 
-        def done(result: Any, err: int) -> None:  # tick thread; a Pending's waiter runs on the apply thread
-            if err == FAIL_REASON.SUCCESS and isinstance(result, Pending):
-                result.then(lambda outcome: done(outcome, err), self.sync.applier_lock)
-            elif result is DISCARDED:   # a snapshot installed from the leader covered it before it was applied here
+        def done(outcome: Any, err: int) -> None:   # the tick or the apply thread
+            if outcome is DISCARDED:   # a snapshot installed from the leader covered it before it was applied here
                 self.sync.bridge.post(_resolve, fut, None, FAIL_REASON.UNKNOWN_OUTCOME)
             else:
-                self.sync.bridge.post(_resolve, fut, result, err)
+                self.sync.bridge.post(_resolve, fut, outcome, err)
 
-        shim.propose(self.sync, payload, done)
+        self.sync.propose(envelope, done)
         try:
             result, err = await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError:

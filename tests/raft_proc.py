@@ -18,16 +18,19 @@ import sys
 from aiohttp import web
 
 from client.wire.errors import ApiError
-from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning, encode_entry
+from meta.raft_entry import encode_entry, encode_envelope, encode_stamp
+from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 
 PROPOSE_TIMEOUT_S = 5.0
 
 
 def padded_barrier(raft: RaftNode, entry_bytes: int) -> dict:
-    """A Barrier whose log entry, as the leader stamps it, is ``entry_bytes`` long (ts has 13 digits until 2286)."""
+    """A Barrier whose log entry, as the leader stamps it, is ``entry_bytes`` long when it is alone in its entry
+    (ts has 13 digits until 2286; the sweep proposes one at a time)."""
     def length(pad: int) -> int:
         cmd = {"type": "Barrier", "pad": "x" * pad}
-        return 1 + len(encode_entry(raft.leader_fields(), raft.envelope(cmd, None, "system")))
+        envelope = encode_envelope(raft.envelope(cmd, None, "system"))
+        return 1 + len(encode_entry(encode_stamp(raft.leader_fields()), [envelope]))
     return {"type": "Barrier", "pad": "x" * (entry_bytes - length(0))}
 
 

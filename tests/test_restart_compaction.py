@@ -17,7 +17,8 @@ from meta import pysyncobj_shim as shim
 from meta import snapshot_file
 from meta.image import Image
 from meta.raft_journal import read_journal
-from meta.raft_node import SNAPSHOT_FILE, decode_entry
+from meta.raft_entry import decode_entry
+from meta.raft_node import SNAPSHOT_FILE
 from meta.state_machine import StateMachine
 from ops import devcluster
 from tests import cluster as cluster_mod
@@ -36,7 +37,8 @@ def _snapshot_at(data_dir: str, cluster: tuple[str, ...], position: int) -> snap
     for command, _index, _term in entries[:position + 1]:
         payload = shim.envelope_bytes(command)
         if payload is not None:
-            machine.apply(decode_entry(payload))
+            for envelope in decode_entry(payload):
+                machine.apply(envelope)
     return snapshot_file.Snapshot(machine.image.data, snapshot_file.LogEntry(last[1], last[2], last[0]),
                                   snapshot_file.LogEntry(previous[1], previous[2], previous[0]), cluster)
 

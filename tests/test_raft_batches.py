@@ -1,0 +1,138 @@
+"""Proposals that wait for the same tick share one log entry, and each is still decided and answered on its own
+(meta/raft_entry.py, meta/raft_proposals.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+from pysyncobj import FAIL_REASON
+
+from meta import pysyncobj_shim as shim
+from meta.raft_applier import DISCARDED, Pending
+from meta.raft_entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX, decode_entry,
+                             encode_entry, encode_envelope, encode_stamp, restamped)
+from meta.raft_journal import read_journal
+from meta.raft_node import RaftNode
+from meta.raft_proposals import Proposals, batch_callback
+from tests.raft_nodes import leader_of, start_nodes
+
+STAMP = {"ts": 1_700_000_000_000, "budget": 1000, "history": 100_000}
+WAIT_S = 20.0
+
+
+def envelope(i: int) -> bytes:
+    return encode_envelope({"rid": f"r{i}", "ts": 0, "budget": 1000, "actor": "system", "cmd": {"type": "Barrier"}})
+
+
+# -- the format ----------------------------------------------------------------------------------------------------
+def test_an_entry_holds_its_envelopes_in_order_each_under_the_stamp():
+    payload = encode_entry(encode_stamp(STAMP), [envelope(i) for i in range(3)])
+    decoded = decode_entry(payload)
+    assert [e["rid"] for e in decoded] == ["r0", "r1", "r2"]
+    assert all(e["ts"] == STAMP["ts"] and e["history"] == STAMP["history"] for e in decoded)
+
+
+def test_a_bad_envelope_spoils_only_itself_and_a_bad_stamp_spoils_its_entry():
+    good, bad = envelope(1), b'{"rid": unquoted}'
+    assert [e is None for e in decode_entry(encode_entry(encode_stamp(STAMP), [good, bad, good]))] == \
+        [False, True, False]
+    assert [e is None for e in decode_entry(b'[1,2]' + b"\n" + good + b"\n" + good)] == [True, True]
+    assert decode_entry(encode_entry(encode_stamp({"ts": 1, "evil": 2}), [good])) == [None]   # unknown stamp field
+    assert decode_entry(good) == [None]            # no stamp line at all
+    assert decode_entry(b"\xff" * 10) == [None]
+    assert decode_entry(12) == [None]
+
+
+def test_restamping_replaces_the_stamp_line_and_keeps_every_envelope():
+    payload = encode_entry(encode_stamp({}), [envelope(1), envelope(2)])
+    stamped = decode_entry(restamped(payload, encode_stamp(STAMP)))
+    assert [e["rid"] for e in stamped] == ["r1", "r2"] and all(e["ts"] == STAMP["ts"] for e in stamped)
+    assert restamped(b"no stamp line", encode_stamp(STAMP)) is None
+
+
+# -- the batcher ---------------------------------------------------------------------------------------------------
+def test_take_packs_in_order_within_the_entry_bounds():
+    p = Proposals(count_max=10_000)
+    big = b"x" * (ENVELOPE_BYTES_MAX // 3)
+    for e in (big, big, big, b"a", b"b"):
+        assert p.add(e, lambda outcome, err: None)
+    batches = p.take()
+    assert [b.envelopes for b in batches] == [[big, big], [big, b"a", b"b"]]
+    for b in batches:
+        assert len(encode_entry(b"s" * STAMP_BYTES_MAX, b.envelopes)) <= ENVELOPE_BYTES_MAX
+    assert p.take() == [] and len(p) == 0
+
+    for i in range(PROPOSALS_PER_ENTRY_MAX + 1):
+        p.add(b"%d" % i, lambda outcome, err: None)
+    assert [len(b.envelopes) for b in p.take()] == [PROPOSALS_PER_ENTRY_MAX, 1]
+
+
+def test_a_full_queue_refuses():
+    p = Proposals(count_max=2)
+    assert p.add(b"1", print) and p.add(b"2", print)
+    assert not p.add(b"3", print)
+    assert len(p.take()[0].envelopes) == 2 and p.add(b"3", print)
+
+
+def test_each_proposal_gets_its_own_outcome_or_the_entrys_failure():
+    lock = threading.Lock()
+    got: list[tuple] = []
+    callbacks = [lambda o, e, i=i: got.append((i, o, e)) for i in range(3)]
+
+    pending = Pending(7)
+    batch_callback(callbacks, lock)(pending, FAIL_REASON.SUCCESS)
+    assert got == []                                   # not applied yet
+    pending._resolve(["a", "b", "c"], lock)
+    assert got == [(0, "a", FAIL_REASON.SUCCESS), (1, "b", FAIL_REASON.SUCCESS), (2, "c", FAIL_REASON.SUCCESS)]
+
+    got.clear()
+    pending = Pending(8)
+    batch_callback(callbacks, lock)(pending, FAIL_REASON.SUCCESS)
+    pending._resolve(DISCARDED, lock)                  # a snapshot install covered the entry: outcome unknown
+    assert [o for _, o, _ in got] == [DISCARDED] * 3
+
+    got.clear()
+    batch_callback(callbacks, lock)(None, FAIL_REASON.LEADER_CHANGED)
+    assert got == [(i, None, FAIL_REASON.LEADER_CHANGED) for i in range(3)]
+
+
+# -- on real nodes -------------------------------------------------------------------------------------------------
+async def test_concurrent_proposals_share_entries_and_are_decided_one_by_one(tmp_path):
+    nodes = start_nodes(tmp_path, "batches-test-secret")
+    try:
+        leader, on_leader = await leader_of(nodes, WAIT_S)
+        follower = next(n for n in nodes if n is not leader)
+        follower.bridge.loop = asyncio.get_running_loop()
+        on_follower = RaftNode(follower, follower.bridge.loop, offset_budget=1000)
+        before = leader.raftCommitIndex
+        proposals = 120
+
+        async def one(i: int) -> dict:
+            # Every third command is one the state machine refuses: its neighbours in the entry must not notice.
+            cmd = {"type": "NoSuchCommand"} if i % 3 == 1 else {"type": "Barrier"}
+            raft = on_follower if i % 2 else on_leader
+            return await raft.propose(cmd, f"rid-{i}", "system", timeout_s=WAIT_S)
+
+        outcomes = await asyncio.gather(*(one(i) for i in range(proposals)))
+        assert [o["ok"] for o in outcomes] == [i % 3 != 1 for i in range(proposals)], outcomes
+        assert all(o["error"]["status"] == 400 for i, o in enumerate(outcomes) if i % 3 == 1)
+        entries = leader.raftCommitIndex - before
+        assert 0 < entries < proposals / 2, f"{proposals} proposals in {entries} entries"
+        deadline = time.monotonic() + WAIT_S
+        while any(n.applied_index < leader.applied_index for n in nodes):
+            assert time.monotonic() < deadline, [n.applied_index for n in nodes]
+            await asyncio.sleep(0.05)
+    finally:
+        for n in nodes:
+            n.stop()
+    # In the journal: entries of several envelopes, every one stamped by the leader (the follower's too).
+    for i in range(3):
+        regular = [c for c, _i, _t in read_journal(str(tmp_path / f"n{i}")).entries if c != shim.NO_OP_COMMAND]
+        envelopes = [e for c in regular for e in decode_entry(shim.envelope_bytes(c))]
+        assert sorted(e["rid"] for e in envelopes) == sorted(f"rid-{k}" for k in range(proposals))
+        assert max(len(c.split(b"\n")) - 1 for c in regular) > 1
+        assert all(e["ts"] > 0 for e in envelopes), "an entry reached the log without the leader's stamp"
+        assert all(json.loads(c[1:].split(b"\n")[0]).keys() == {"ts", "budget", "history"} for c in regular)
