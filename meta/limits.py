@@ -44,6 +44,9 @@ HISTORY_SCAN_EVENTS_MAX = 50_000  # events one /v1/history call may read past wh
 # is held in memory: a topic of a thousand queues is an event of ~130 KB), the bounded backoff between failed
 # rounds, and the deadline of one page's call to the peers.
 PROJECTION_FILL_PAGE_EVENTS = 1_000
+# A history read older than the image waits this long for a node's projection to open after a start (migrations run
+# first), then is refused HISTORY_UNAVAILABLE: a client asks another node.
+PROJECTION_OPEN_WAIT_S = 10.0
 PROJECTION_FILL_BACKOFF_S_MIN = 0.2
 PROJECTION_FILL_BACKOFF_S_MAX = 30.0
 PROJECTION_FILL_CALL_S_MAX = 30.0

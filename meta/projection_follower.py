@@ -13,6 +13,7 @@ only then goes on from the image; ``gap_versions()`` is what /readyz and the met
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ class ProjectionFollower:
         self.reader = None      # this process's own connection for reads of history
         self.position = 0       # the store's position as last applied: versions 1..position are all in it
         self.opened = False     # until then position is not known (0), and the gap not either
+        self._opened = asyncio.Event()
         self.hole: tuple[int, int] | None = None  # versions missing below the position (written by older code)
         self.gaps = 0
         self.filler = GapFiller(peers, token, ssl_context)
@@ -67,6 +69,14 @@ class ProjectionFollower:
             log.error("projection_has_holes", first=self.hole[0], last=self.hole[1], position=store.position(),
                       fix="stop the node; stator meta rebuild-projection --from-peer URL (or --from-export DIR)")
         return store
+
+    async def wait_opened(self, timeout_s: float) -> bool:
+        """Whether the projection is open (its position known) within ``timeout_s``: right after a start, history
+        the node holds on disk is served once its projection is open, not refused while it opens."""
+        if not self.opened:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._opened.wait(), timeout_s)
+        return self.opened
 
     def served_through(self) -> int:
         """Versions 1..this are all in the projection: what /v1/history may serve from it."""
@@ -111,6 +121,7 @@ class ProjectionFollower:
         self.store = await loop.run_in_executor(None, self._open)
         self.position = await loop.run_in_executor(None, self.store.position)
         self.opened = True
+        self._opened.set()
         while True:
             batch, start = self.service.read(self._next_batch)
             if start > self.position + 1 and not batch:

@@ -106,6 +106,8 @@ async def history(request: web.Request) -> web.Response:
     limit = nonneg_int(request.query.get("limit"), "limit", 1000)
     limit = max(1, min(limit, limits.HISTORY_PAGE_MAX))
     topic = request.query.get("topic") or None
+    if after + 1 < svc.read(lambda im: im.data["history_start"]):
+        await svc.projection.wait_opened(limits.PROJECTION_OPEN_WAIT_S)   # older than the image: from the projection
     # The projection's position first: it only grows, and versions 1..through stay in it whatever the image does next.
     through = svc.projection.served_through()
     start, version = svc.read(lambda im: (im.data["history_start"], im.version))
@@ -117,9 +119,11 @@ async def history(request: web.Request) -> web.Response:
         # A short page read the projection through ``through``: the next page starts there (maybe in the image).
         next_after = events[-1]["version"] if len(events) >= limit else through
     else:
+        why = ("not in its projection yet: it fills them from peers" if svc.projection.opened
+               else "its projection is still opening")
         raise rejection(503, "HISTORY_UNAVAILABLE",
                         f"this node holds versions 1..{through} and {start}..{version}, not {after + 1}..{start - 1} "
-                        "(not in its projection yet: it fills them from peers): ask another node",
+                        f"({why}): ask another node",
                         node=svc.config.node, missing_first=after + 1, missing_last=start - 1)
     return respond({"events": events, "next_after": next_after})
 
