@@ -121,12 +121,13 @@ async def export(meta_urls: Sequence[str], token: str | None, out: str,
     first = chunk_first(exported_after + 1)
     result = ExportResult(exported_after, exported_after, 0)
     async with MetaCaller(list(meta_urls), token) as meta:
-        if not await _read_range(meta, exported_after, exported_after + 1):
+        head = await _log_head(meta)
+        if not await _read_range(meta, exported_after, exported_after + 1, head):
             return result               # nothing new: leave every file as it is
         cursor = first - 1
         while True:
             last_of_chunk = first + CHUNK_VERSIONS - 1
-            events = await _read_range(meta, cursor, last_of_chunk)
+            events = await _read_range(meta, cursor, last_of_chunk, head)
             if not events:
                 return result
             result.files += _write_chunk(dest, first, last_of_chunk, events)
@@ -139,14 +140,26 @@ async def export(meta_urls: Sequence[str], token: str | None, out: str,
             first, cursor = last_of_chunk + 1, last_of_chunk
 
 
-async def _read_range(meta: MetaCaller, after: int, last: int) -> list[dict[str, Any]]:
-    """Events after ``after`` up to ``last`` (inclusive), contiguous, from the node's history pages."""
+async def _log_head(meta: MetaCaller) -> int:
+    """The log's version when the run starts (a read barrier through the leader): every write acknowledged before
+    the run is exported, whichever node, maybe a lagging follower, answers the history reads (``min_version``)."""
+    try:
+        answer = await meta.call("GET", "/v1/cluster", params={"consistency": "linearizable"},
+                                 deadline_s=HISTORY_CALL_DEADLINE_S)
+    except StatorError as e:
+        raise ExportError(f"the log's head could not be read: {e}") from None
+    return answer.body["applied_version"]
+
+
+async def _read_range(meta: MetaCaller, after: int, last: int, head: int) -> list[dict[str, Any]]:
+    """Events after ``after`` up to ``last`` (inclusive), contiguous, from a node that applied ``head``."""
     events: list[dict[str, Any]] = []
     cursor = after
     while cursor < last:
         try:
             answer = await meta.call("GET", "/v1/history", params={
-                "after": cursor, "limit": min(HISTORY_PAGE_EVENTS, last - cursor)}, deadline_s=HISTORY_CALL_DEADLINE_S)
+                "after": cursor, "limit": min(HISTORY_PAGE_EVENTS, last - cursor), "min_version": head},
+                deadline_s=HISTORY_CALL_DEADLINE_S)
         except StatorError as e:
             raise ExportError(f"history after version {cursor} could not be read: {e}") from None
         page = answer.body["events"]
