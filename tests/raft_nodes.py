@@ -34,3 +34,11 @@ async def leader_of(nodes: list[MetaSyncObj], timeout_s: float) -> tuple[MetaSyn
     loop = asyncio.get_running_loop()
     leader.bridge.loop = loop
     return leader, RaftNode(leader, loop, offset_budget=1000)
+
+
+async def all_applied(nodes: list[MetaSyncObj], leader: MetaSyncObj, timeout_s: float) -> None:
+    """Until every node applied what the leader has (a follower may lag a tick)."""
+    deadline = time.monotonic() + timeout_s
+    while any(n.applied_index < leader.applied_index for n in nodes):
+        assert time.monotonic() < deadline, [n.applied_index for n in nodes]
+        await asyncio.sleep(0.05)

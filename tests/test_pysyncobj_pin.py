@@ -8,19 +8,17 @@ to review when the pin moves. And the log itself holds no pickle: an entry is th
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import pathlib
 import re
-import time
 
 import pysyncobj.syncobj as syncobj_mod
 from pysyncobj import SyncObj
 
 from meta import pysyncobj_shim as shim
 from meta.raft_journal import read_journal
-from tests.raft_nodes import leader_of, start_nodes
+from tests.raft_nodes import all_applied, leader_of, start_nodes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name pysyncobj's private attributes
@@ -53,10 +51,7 @@ async def test_the_log_holds_the_type_byte_and_json_never_a_pickle(tmp_path):
         leader, raft = await leader_of(nodes, 15.0)
         outcome = await raft.propose({"type": "Barrier"}, "rid-pin", "system")
         assert outcome["ok"], outcome
-        deadline = time.monotonic() + 15.0
-        while any(n.applied_index < leader.applied_index for n in nodes):   # the third node may lag a tick
-            assert time.monotonic() < deadline, [n.applied_index for n in nodes]
-            await asyncio.sleep(0.05)
+        await all_applied(nodes, leader, 15.0)
     finally:
         for n in nodes:
             n.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 
 from pysyncobj import FAIL_REASON
 
@@ -17,7 +16,7 @@ from meta.raft_entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_
 from meta.raft_journal import read_journal
 from meta.raft_node import RaftNode
 from meta.raft_proposals import Proposals, batch_callback
-from tests.raft_nodes import leader_of, start_nodes
+from tests.raft_nodes import all_applied, leader_of, start_nodes
 
 STAMP = {"ts": 1_700_000_000_000, "budget": 1000, "history": 100_000}
 WAIT_S = 20.0
@@ -121,10 +120,7 @@ async def test_concurrent_proposals_share_entries_and_are_decided_one_by_one(tmp
         assert all(o["error"]["status"] == 400 for i, o in enumerate(outcomes) if i % 3 == 1)
         entries = leader.raftCommitIndex - before
         assert 0 < entries < proposals / 2, f"{proposals} proposals in {entries} entries"
-        deadline = time.monotonic() + WAIT_S
-        while any(n.applied_index < leader.applied_index for n in nodes):
-            assert time.monotonic() < deadline, [n.applied_index for n in nodes]
-            await asyncio.sleep(0.05)
+        await all_applied(nodes, leader, WAIT_S)
     finally:
         for n in nodes:
             n.stop()
