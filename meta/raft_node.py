@@ -141,6 +141,7 @@ KEEPALIVE_INTERVAL_S = 0.5
 SLOW_TICK_S = 0.25   # the shortest election timeout: a tick longer than this can cost the cluster its leader
 RESTART_ELECTION_GRACE_S = 1.5
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
+SNAPSHOT_KINDS = ("written", "installed", "superseded")
 EXIT_REPLICA_UNTRUSTED = 70  # this replica's image cannot be trusted: stop rather than serve or spread it
 
 
@@ -159,6 +160,8 @@ class _LocalState:
     snapshot_queued: bool = False     # the snapshot writer waits on the apply thread for its index
     snapshot_start_failed: bool = False
     role_changes: dict[str, int] = field(default_factory=dict)   # times this node became leader/follower/candidate
+    # snapshots this node wrote itself, installed from the leader, and wrote only to drop (an install was newer)
+    snapshots: collections.Counter[str] = field(default_factory=collections.Counter)
     observe_apply_s: Callable[[float], None] | None = None       # apply latency, for metrics (set by the service)
     journal: GroupCommit | None = None        # group commit of the journal (journal_sync)
     transport: StatorTransport | None = None
@@ -403,8 +406,10 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         superseded = self._snapshots.superseded
         state = self._snapshots.poll()
         if state is WriterState.DONE:
+            self._local.snapshots["written"] += 1
             log.info("raft_snapshot_written", index=self._snapshots.on_disk_index)
         elif self._snapshots.superseded > superseded:
+            self._local.snapshots["superseded"] += 1
             log.info("raft_snapshot_superseded", installed=self._snapshots.on_disk_index)
         return shim.serializer_state(state)
 
@@ -422,6 +427,7 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         # Entries the snapshot covers that still wait on the apply thread must not be applied on top of it.
         self._applier.discard_through(snapshot.last_applied.index)
         if self._tick_thread is not None:   # not the start-up load: the leader's snapshot, just received
+            self._local.snapshots["installed"] += 1
             log.info("raft_snapshot_installed", index=snapshot.last_applied.index)
         if shim.finish_interrupted_compaction(self, snapshot):
             log.warning("raft_compaction_finished_on_start", path=path, journal_starts_at=snapshot.previous.index)
@@ -550,6 +556,10 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
     def held_entries(self) -> shim.HeldEntries:
         """How often an append message repeated entries this node held (kept, where pysyncobj deleted them)."""
         return self._local.held
+
+    def snapshot_counts(self) -> dict[str, int]:
+        """Snapshots since start: ``written`` here, ``installed`` from the leader, ``superseded`` (written, dropped)."""
+        return {kind: self._local.snapshots[kind] for kind in SNAPSHOT_KINDS}
 
     def journal_stats(self) -> dict[str, Any]:
         """Group commit counters: syncs, and acknowledgements / commits checked against the synced index."""

@@ -84,6 +84,8 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
             assert value(s, "stator_meta_journal_commits_unsynced_total") == 0
             # The raft thread's health: counted on every node (tests/test_raft_entry_sizes.py reads them under load).
             assert value(s, "stator_meta_raft_ticks_slow_total") >= 0
+            for kind in ("written", "installed", "superseded"):
+                assert value(s, "stator_meta_raft_snapshots_total", kind=kind) >= 0
             assert value(s, "stator_meta_journal_syncs_slow_total") >= 0
             for kind in ("trimmed", "repeat"):   # exported on every node (counted in tests/test_raft_repeated_appends)
                 assert value(s, "stator_meta_raft_held_entries_appends_total", kind=kind) >= 0

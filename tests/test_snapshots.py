@@ -20,7 +20,9 @@ import sys
 import time
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from meta import pysyncobj_shim as shim
 from meta import snapshot_file
@@ -314,8 +316,21 @@ async def test_a_follower_behind_the_compacted_log_installs_the_leaders_snapshot
         assert len({d["sha256"] for d in digests}) == 1, digests
         installed = snapshot_file.read(os.path.join(c.dir, behind, "data", SNAPSHOT_FILE))
         assert installed.last_applied.index >= min(s.last_applied.index for s in cut)
+        # What the operator sees: the install on the node that was behind, the snapshots the others wrote.
+        assert (await _snapshot_counts(c, furl))["installed"] >= 1
+        for u in live:
+            assert (await _snapshot_counts(c, u))["written"] >= 1, u
 
         # The installed image goes on to apply new commands exactly like the others.
         b = await write_through(c, [furl], "PUT", "/v1/topics/x/config", {"after": "install"})
         digests = await wait_until(lambda: same_image(b["version"]), WAIT_S, "every node to apply the next write")
         assert len({d["sha256"] for d in digests}) == 1, digests
+
+
+async def _snapshot_counts(c, url: str) -> dict[str, float]:
+    """stator_meta_raft_snapshots_total by kind, from the node's /metrics."""
+    async with c.session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=10.0)) as r:
+        text = await r.text()
+    return {sample.labels["kind"]: sample.value for family in text_string_to_metric_families(text)
+            if family.name == "stator_meta_raft_snapshots" for sample in family.samples
+            if sample.name == "stator_meta_raft_snapshots_total"}

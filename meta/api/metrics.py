@@ -92,6 +92,12 @@ class NodeStateCollector:
         yield CounterMetricFamily("stator_meta_raft_ticks_slow", "Raft ticks longer than the shortest election "
                                   "timeout (meta/raft_node.py SLOW_TICK_S): heartbeats were held back",
                                   value=svc.sync.slow_ticks)
+        snapshots = CounterMetricFamily("stator_meta_raft_snapshots", "Snapshots since start: written by this node, "
+                                        "installed from the leader, or written and dropped because an install was "
+                                        "newer", labels=["kind"])
+        for kind, count in svc.sync.snapshot_counts().items():
+            snapshots.add_metric([kind], count)
+        yield snapshots
         failures = CounterMetricFamily("stator_meta_proposal_failures", "Proposals that failed, by reason",
                                        labels=["reason"])
         for reason in sorted(set(PROPOSAL_FAILURES) | set(svc.raft.failures)):
