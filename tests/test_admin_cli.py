@@ -222,7 +222,14 @@ def test_error_paths(dev, tmp_path):
 def _stator(*args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
     return subprocess.Popen([sys.executable, "-m", "ops.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_interruptible)
+
+
+def _interruptible() -> None:
+    # As a terminal gives it: a test suite started in the background (`ops/test.sh &`, nohup, some CI runners)
+    # ignores SIGINT and its children inherit that, so the interrupt below was never delivered and the stream ran
+    # until the test gave up (the hang of `route --watch` seen under loaded runs).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _read_lines(proc: subprocess.Popen, count: int) -> list[str]:
