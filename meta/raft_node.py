@@ -172,7 +172,9 @@ class _LocalState:
 
 class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
     def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
-                 on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge):
+                 on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge,
+                 link: RaftLink | None = None):
+        """``link``: how the raft port talks (mutual TLS or not); by default under ``secret`` alone."""
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
         self.image_lock = threading.RLock()
         # What the image's window trims, kept for this node's projection (meta/image.py, trimmed_to).
@@ -227,7 +229,7 @@ class MetaSyncObj(shim.CommandsAsBytes, SyncObj):
         self._tick_period_s = 0.05
         with shim.journal_of_our_own(journal):
             super().__init__(self_raft, partners, conf,
-                             transportClass=functools.partial(StatorTransport, RaftLink(secret=secret)))
+                             transportClass=functools.partial(StatorTransport, link or RaftLink(secret=secret)))
         self._local.held = shim.keep_matching_entries(self)   # a repeated append must not take back entries
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data

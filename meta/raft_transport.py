@@ -31,7 +31,12 @@ its end. Refusals are logged once per (peer host, reason) and counted in ``refus
 Not supported (pysyncobj features TCPTransport has): read-only nodes (``selfNode`` None) and pysyncobj's utility
 messages (``syncobj_admin``: status, add, remove, set_version, transfer over the raft port); ``conf.password``,
 ``sendBufferSize``, ``recvBufferSize`` and ``tcp_keepalive`` are not used (the kernel sizes the buffers; the idle
-timeout and the application's keepalives find dead links). TLS is not implemented.
+timeout and the application's keepalives find dead links).
+
+Mutual TLS: when the link has TLS contexts (the node's ``tls`` with a ``ca``: ``RaftLink.with_tls``), every
+connection first completes a TLS handshake in which both sides present a certificate the cluster's CA signed (the
+dialing side also checks the peer's certificate names the host it dialed); the HELLO/AUTH handshake and the sealed
+frames then run inside it, unchanged. A node without TLS and a node with it never link (refused as ``tls``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import errno
 import functools
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -73,12 +79,31 @@ _ERROR = POLL_EVENT_TYPE.ERROR
 
 @dataclass(frozen=True)
 class RaftLink:
-    """What the transport needs from the node's config: the cluster secret every node shares."""
+    """What the transport needs from the node's config: the cluster secret every node shares, and the TLS contexts
+    when the raft port speaks mutual TLS (both or neither)."""
     secret: str = field(repr=False)
+    server_tls: ssl.SSLContext | None = field(default=None, repr=False)   # accepted connections
+    client_tls: ssl.SSLContext | None = field(default=None, repr=False)   # dialed connections
 
     def __post_init__(self) -> None:
         if not isinstance(self.secret, str) or not self.secret:
             raise ValueError("RaftLink needs the cluster secret, a non-empty string")
+        if (self.server_tls is None) != (self.client_tls is None):
+            raise ValueError("RaftLink's TLS needs both contexts: the raft port accepts and dials")
+        for ctx in (self.server_tls, self.client_tls):
+            if ctx is not None and ctx.verify_mode != ssl.CERT_REQUIRED:
+                raise ValueError("the raft port's TLS is mutual: both contexts must require the peer's certificate")
+
+    @classmethod
+    def with_tls(cls, secret: str, cert: str, key: str, ca: str) -> RaftLink:
+        """Mutual TLS under the cluster's CA: this node's certificate both ways, peers' verified against ``ca``."""
+        from client.tls import TlsFiles, client_context, server_context
+        files = TlsFiles(cert=cert, key=key, ca=ca)
+        return cls(secret=secret, server_tls=server_context(files), client_tls=client_context(files))
+
+    @property
+    def tls(self) -> bool:
+        return self.server_tls is not None
 
     @property
     def master_key(self) -> bytes:
@@ -88,6 +113,7 @@ class RaftLink:
 
 class _State:
     CONNECTING = 0      # outgoing TCP connect in progress
+    TLS = 5             # TLS handshake in progress (a link with TLS only)
     HELLO = 1           # waiting for the peer's HELLO (or REFUSE)
     AUTH = 2            # keys derived, waiting for the peer's AUTH
     OPEN = 3
@@ -128,6 +154,7 @@ class StatorTransport(Transport):
         self._poller = syncObj._poller
         self._self = selfNode
         self._key = link.master_key
+        self._link = link
         self._log = log.bind(node=selfNode.address)     # several nodes may share a process (tests, benches)
         self._nodes: dict[str, Node] = {}                  # raft address -> node
         self._links: dict[Node, _Conn] = {}                # authenticated links only
@@ -366,7 +393,10 @@ class StatorTransport(Transport):
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, False, None, peer, _State.HELLO, now)
+            tls = self._link.server_tls
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            conn = _Conn(sock, False, None, peer, _State.TLS if tls is not None else _State.HELLO, now)
             self._incoming.add(conn)
             self._watch(conn, _READ | _ERROR)
 
@@ -383,6 +413,9 @@ class StatorTransport(Transport):
         if conn.state == _State.CONNECTING:
             if event & (_WRITE | _ERROR):
                 self._on_dialed(conn)
+            return
+        if conn.state == _State.TLS:
+            self._tls_handshake(conn)
             return
         if event & _ERROR:
             if conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
@@ -404,18 +437,61 @@ class StatorTransport(Transport):
             conn.sock.getpeername()
         except OSError:
             return          # a spurious event (an fd reused within one poll): the connect is still in progress
+        tls = self._link.client_tls
+        if tls is not None:
+            assert conn.node is not None
+            conn.sock = tls.wrap_socket(conn.sock, server_hostname=conn.node.host,
+                                        do_handshake_on_connect=False)
+            conn.state = _State.TLS
+            self._tls_handshake(conn)
+            return
+        self._send_hello(conn)
+
+    def _send_hello(self, conn: _Conn) -> None:
         conn.state = _State.HELLO
         conn.hello = wire.encode_hello(os.urandom(wire.HELLO_NONCE_BYTES), self._self.address)
         conn.wbuf += wire.frame(conn.hello)
         self.frames_sent += 1
         self._write(conn)
 
+    def _tls_handshake(self, conn: _Conn) -> None:
+        """One step of the TLS handshake; once done, the dialing side sends its HELLO (the other waits for it)."""
+        sock = conn.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._set_mask(conn, _READ | _ERROR)
+            return
+        except ssl.SSLWantWriteError:
+            self._set_mask(conn, _READ | _WRITE | _ERROR)
+            return
+        except (ssl.SSLError, ssl.CertificateError, OSError) as e:
+            detail = getattr(e, "verify_message", None) or getattr(e, "reason", None) or type(e).__name__
+            if conn.outgoing:
+                self._unreachable(conn.peer, f"tls: {detail}")
+            self._refuse(conn, Reason.TLS, str(detail))
+            return
+        conn.last_recv = time.monotonic()
+        if conn.outgoing:
+            self._send_hello(conn)
+        else:
+            conn.state = _State.HELLO
+            self._set_mask(conn, _READ | _ERROR)
+            if sock.pending():
+                self._read(conn)   # the peer's HELLO came with the handshake's last flight
+
+    def _set_mask(self, conn: _Conn, mask: int) -> None:
+        if mask != conn.mask:
+            conn.mask = mask
+            self._poller.subscribe(conn.fd, conn.callback, mask)
+
     def _write(self, conn: _Conn) -> None:
         wbuf = conn.wbuf
         while wbuf:
             try:
                 sent = conn.sock.send(wbuf)
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 break
             except OSError:
                 self._close(conn, "socket_error")
@@ -425,10 +501,7 @@ class StatorTransport(Transport):
         if len(wbuf) > WRITE_BUFFER_BYTES_MAX:
             self._close(conn, "write_buffer_full")
             return
-        mask = _READ | _ERROR | (_WRITE if wbuf else 0)
-        if mask != conn.mask:
-            conn.mask = mask
-            self._poller.subscribe(conn.fd, conn.callback, mask)
+        self._set_mask(conn, _READ | _ERROR | (_WRITE if wbuf else 0))
 
     def _read(self, conn: _Conn) -> None:
         budget = READ_BYTES_PER_EVENT_MAX
@@ -436,7 +509,7 @@ class StatorTransport(Transport):
         while budget > 0:
             try:
                 got = conn.sock.recv_into(self._scratch)
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 break
             except OSError:
                 self._close(conn, "socket_error")
@@ -451,8 +524,10 @@ class StatorTransport(Transport):
             conn.last_recv = time.monotonic()
             conn.reader.feed(self._scratch_view[:got])
             dispatched |= self._frames(conn)
-            if conn.state == _State.CLOSED or got < RECV_CHUNK_BYTES:
-                break       # a short read: the socket is (almost surely) drained, spare the EAGAIN round trip
+            if conn.state == _State.CLOSED or (got < RECV_CHUNK_BYTES and not _tls_pending(conn.sock)):
+                # A short read: the socket is (almost surely) drained, spare the EAGAIN round trip. TLS hands out
+                # one record per read and may hold more already decrypted, which no poll would announce.
+                break
         if dispatched:
             self.flush()    # the acknowledgements those messages caused leave now, not at the next tick
 
@@ -657,3 +732,7 @@ class StatorTransport(Transport):
         if was_open and node is not None:
             self._log.info("raft_peer_disconnected", peer=node.address, reason=reason)
             self._onNodeDisconnected(node)
+
+
+def _tls_pending(sock: socket.socket) -> int:
+    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0

@@ -111,6 +111,7 @@ class Reason:
     COUNTER_EXHAUSTED = "counter_exhausted"  # 2**64 frames in one direction: reconnect for fresh keys
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     TOO_MANY_UNAUTHENTICATED = "too_many_unauthenticated"
+    TLS = "tls"                              # the TLS handshake failed (no, or an untrusted, certificate; not TLS)
 
 
 class WireError(Exception):

@@ -29,6 +29,7 @@ from .forwarder import Answer, LeaderForwarder
 from .group_sessions import GroupSessions
 from .projection_follower import ProjectionFollower
 from .raft_node import LoopBridge, MetaSyncObj, RaftNode
+from .raft_transport import RaftLink
 from .reads import ReadFacade
 from .route_warmer import RouteWarmer
 from ops.logging import set_position_provider
@@ -40,6 +41,19 @@ def client_tls_context(files):
     """The context for this node's calls to other nodes over https:// (None for plain HTTP)."""
     from client.tls import client_context
     return client_context(files) if files is not None else None
+
+
+def raft_link(config: MetaConfig) -> RaftLink:
+    """Mutual TLS on the raft port when the node's TLS has a CA to verify its peers by (the cluster's CA), as every
+    HTTP listener then requires client certificates; else the cluster secret alone authenticates and encrypts."""
+    tls = config.tls
+    if tls is not None and tls.ca:
+        log.info("raft_tls", mode="mutual", ca=tls.ca)
+        return RaftLink.with_tls(config.secret, tls.cert, tls.key, tls.ca)
+    if tls is not None:
+        log.warning("raft_tls", mode="off", why="tls has no ca: peers' certificates cannot be verified; frames are "
+                                                 "still authenticated and encrypted under the cluster secret")
+    return RaftLink(secret=config.secret)
 
 
 class MetaService:
@@ -77,7 +91,7 @@ class MetaService:
             bridge.post(self.feed.publish, version, changed)
 
         self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
-                                self.config.raft_tuning, on_applied, bridge)
+                                self.config.raft_tuning, on_applied, bridge, raft_link(self.config))
         # The restored image's version, before any reader or the route warmer starts: waiters start from it, and the
         # change log reaches back no further (a watch stream asking for an older version gets a full scan).
         self.feed.publish(self.sync.image_data["version"], None)

@@ -217,13 +217,13 @@ def test_a_batch_past_the_frame_limit_splits_in_order(monkeypatch):
 
 # -- a real cluster --------------------------------------------------------------------------------------------
 class Counter(SyncObj):
-    def __init__(self, me: str, others: list[str], **conf: Any):
+    def __init__(self, me: str, others: list[str], link: RaftLink = LINK, **conf: Any):
         self.before_flush: list[str] = []
         settings = dict(autoTick=True, appendEntriesUseBatch=False, raftMinTimeout=0.25, raftMaxTimeout=0.5,
                         appendEntriesPeriod=0.05, connectionTimeout=5, connectionRetryTime=0.3,
                         leaderFallbackTimeout=1.0, logCompactionMinEntries=10 ** 9, logCompactionMinTime=10 ** 9)
         settings.update(conf)
-        super().__init__(me, others, SyncObjConf(**settings), transportClass=functools.partial(StatorTransport, LINK))
+        super().__init__(me, others, SyncObjConf(**settings), transportClass=functools.partial(StatorTransport, link))
         self.transport: StatorTransport = shim.transport(self)   # pysyncobj has no public accessor for it
         # The application's part: a flush at the end of its tick phase, and the group-commit hook.
         self.addOnTickCallback(self.transport.flush)

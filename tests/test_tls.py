@@ -144,3 +144,48 @@ async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster):
     assert bad.exit_code == 1 and bad.stderr.startswith("error: UNAVAILABLE: ") and bad.stderr.count("\n") == 1
     missing = await asyncio.to_thread(cli, "--cacert", "/nonexistent/ca.pem")
     assert missing.exit_code == 1 and missing.stderr.startswith("error: INVALID_ARGUMENT: TLS CA /nonexistent/ca.pem")
+
+
+async def test_three_meta_nodes_link_over_mutual_tls_and_commit_through_a_follower(tmp_path):
+    # With a CA in `tls`, the raft port speaks mutual TLS too (meta/service.py raft_link): the nodes must elect,
+    # replicate and forward a follower's write over it.
+    certs = tls_certs.make(str(tmp_path))
+    base = devcluster.free_base_port()
+    tls = {"cert": certs.node.cert, "key": certs.node.key, "ca": certs.ca}
+    members = [{"node": f"m{i + 1}", "raft": f"127.0.0.1:{base + 2 * i + 1}",
+                "url": f"https://127.0.0.1:{base + 2 * i}"} for i in range(3)]
+    procs = [_start(str(tmp_path), m["node"], "meta", {
+        "node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("https://"), "secret": "s" * 24,
+        "tokens": TOKENS, "members": members, "tls": tls}) for m in members]
+    try:
+        ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
+        for m, p in zip(members, procs):
+            await _ready(m["url"], ctx, p)   # ready: a leader known and caught up, so the raft links are up
+        async with AdminClient([m["url"] for m in members], TOKENS["admin"], ssl_context=ctx) as admin:
+            leader = (await admin.cluster())["leader"]
+        follower = next(m for m in members if m["node"] != leader)
+        # A write through a follower travels to the leader over the raft link (a broker's registration: no broker
+        # needs to run).
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+            async with s.put(f"{follower['url']}/v1/brokers/b0", json={"address": "https://127.0.0.1:1"},
+                             headers={"Authorization": f"Bearer {TOKENS['broker']}"},
+                             timeout=aiohttp.ClientTimeout(total=30)) as r:
+                assert r.status == 200, await r.text()
+                version = (await r.json())["version"]
+        async with AdminClient([m["url"] for m in members], TOKENS["admin"], ssl_context=ctx) as admin:
+            assert any(b["broker"] == "b0" for b in await admin.brokers()), version
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    for m in members:
+        with open(os.path.join(tmp_path, f"{m['node']}.log")) as f:
+            lines = [json.loads(line) for line in f if line.startswith("{")]
+        assert any(x["event"] == "raft_tls" and x.get("mode") == "mutual" for x in lines), m["node"]
+        assert any(x["event"] == "raft_peer_connected" for x in lines), f"{m['node']} never linked over TLS"
+        assert not any(x["event"] == "raft_peer_refused" for x in lines), m["node"]
