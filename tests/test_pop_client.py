@@ -15,6 +15,9 @@ from tests import cluster as cluster_mod
 from tests.meta_helpers import wait_until
 
 
+HANDLE_S = 0.1   # each job's work
+
+
 async def test_pop_consumers_share_a_topic_ack_on_success_extend_slow_handlers_and_nack_failures(tmp_path):
     async with cluster_mod.running(str(tmp_path), 3, 2,
                                    meta={"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}) as c:
@@ -36,6 +39,8 @@ async def test_pop_consumers_share_a_topic_ack_on_success_extend_slow_handlers_a
                         raise RuntimeError("first attempt fails")
                     if m.body == "job-3":
                         await asyncio.sleep(2.5)          # past the 1 s invisible time: kept by extensions
+                    else:
+                        await asyncio.sleep(HANDLE_S)
                     assert m.body not in done, f"{m.body} handled again after success"
                     done[m.body] = (name, m.attempt)
                 except RuntimeError:
@@ -45,8 +50,12 @@ async def test_pop_consumers_share_a_topic_ack_on_success_extend_slow_handlers_a
                     raise
             return handle
 
+        # Each consumer takes at most a few messages at a time and a handler takes a moment: whichever consumer
+        # starts first cannot take all 40 before the others ask, however the machine schedules them (with the
+        # defaults, one consumer popping 32 per broker sometimes did, and the share check failed under load).
         consumers = [PopConsumer(c.meta_urls, c.token("client"), "jobs", "workers", handler_of(f"c{i}"),
-                                 invisible_ms=1000, wait_ms=1000, nack_backoff=Backoff(1.0, 1.0))
+                                 invisible_ms=1000, wait_ms=1000, nack_backoff=Backoff(1.0, 1.0),
+                                 max_messages=2, concurrency=4)
                      for i in range(3)]
         runs = [asyncio.create_task(x.run()) for x in consumers]
         try:
