@@ -263,7 +263,8 @@ def test_sized_commands_land_on_their_target_size_as_the_node_encodes_them():
     from client.wire.shapes import validate
     from meta import commands, limits
     from meta.api import models
-    from meta.raft_node import RaftNode, _compact
+    from meta.raft_entry import encode_envelope
+    from meta.raft_node import RaftNode
 
     budget = types.SimpleNamespace(offset_budget=limits.OFFSET_BUDGET_DEFAULT)
     step = workloads.SIZE_STEP_BYTES
@@ -274,7 +275,7 @@ def test_sized_commands_land_on_their_target_size_as_the_node_encodes_them():
         body = validate(models.TopicConfig, config)
         cmd = commands.validate({"type": "SetTopicConfig", "topic": "chaos-sz-mid", "config": body,
                                  "expected_version": version})
-        size = len(_compact(RaftNode.envelope(budget, cmd, f"admin:key:{key}", "admin")).encode())
+        size = len(encode_envelope(RaftNode.envelope(budget, cmd, f"admin:key:{key}", "admin")))
         assert size == workloads.envelope_bytes("chaos-sz-mid", config, key, version)
         if target is not None:
             assert size == target
