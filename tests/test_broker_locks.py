@@ -8,6 +8,7 @@ processes (three meta nodes, two brokers) with short leases.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -237,7 +238,7 @@ from ops import devcluster                                                      
 from tests import cluster as cluster_mod                                          # noqa: E402
 from tests.meta_helpers import ok, wait_until                                     # noqa: E402
 from tests.test_broker_e2e import admin, all_writable, send, wait_route          # noqa: E402
-from tests.test_groups_meta import beat, held, short_leases                       # noqa: E402
+from tests.test_groups_meta import HEARTBEAT_MS, beat, held, short_leases         # noqa: E402
 
 SESSION = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
 STALE_OR_CATCHING_UP = {(409, "STALE_TOKEN"), (503, "LOCKS_CATCHING_UP")}
@@ -376,6 +377,13 @@ async def test_a_restarted_broker_never_takes_the_old_token_after_a_new_grant(tw
     assert new > old
     devcluster.start(c.dir, name, wait=False)   # polled from its first answer on, before it has followed the log
 
+    async def b_stays_alive():
+        # b's lease is 2 s and a broker takes about that long to start: without heartbeats, meta expired b and
+        # released its queue before the restarted broker could be asked, and the new token rightly read as stale.
+        while True:
+            await beat(c, "b")
+            await asyncio.sleep(HEARTBEAT_MS / 1000)
+
     async def new_token_works():
         for token in (old, new):
             try:
@@ -388,9 +396,16 @@ async def test_a_restarted_broker_never_takes_the_old_token_after_a_new_grant(tw
                 assert code(s, b) in STALE_OR_CATCHING_UP, (s, b)
                 return None
         return True
-    await wait_until(new_token_works, 20, "the restarted broker to take the new token", interval_s=0.02)
-    assert code(*await commit(c, r, 0, 1, old)) == (409, "STALE_TOKEN")
-    assert code(*await commit(c, r, 0, 1, new)) == (200, None)
+    alive = asyncio.create_task(b_stays_alive())
+    try:
+        await wait_until(new_token_works, 20, "the restarted broker to take the new token", interval_s=0.02)
+        assert code(*await commit(c, r, 0, 1, old)) == (409, "STALE_TOKEN")
+        assert code(*await commit(c, r, 0, 1, new)) == (200, None)
+    finally:
+        alive.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await alive
+    assert held(await beat(c, "b"))[0] == new, "b kept its queue, under the same token, throughout"
 
 
 async def test_another_groups_newer_table_does_not_make_this_groups_new_grant_look_stale():
