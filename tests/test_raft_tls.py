@@ -12,9 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from meta.raft_transport import RaftLink
-from ops.devcluster import free_base_port
 from tests import tls_certs
-from tests.test_raft_transport import SECRET, Cluster, Counter, agree, apply_all, wait_until
+from tests.test_raft_transport import SECRET, Cluster, Counter, agree, apply_all, running_cluster, wait_until
 
 CLOSE_WAIT_S = 5.0
 
@@ -26,18 +25,7 @@ def certs(tmp_path_factory) -> tls_certs.Certs:
 
 @pytest.fixture(scope="module")
 def tls_cluster(certs) -> Iterator[Cluster]:
-    link = RaftLink.with_tls(SECRET, certs.node.cert, certs.node.key, certs.ca)
-    base = free_base_port()
-    addresses = [f"127.0.0.1:{base + i}" for i in (1, 2, 3)]
-    nodes = [Counter(a, [b for b in addresses if b != a], link) for a in addresses]
-    c = Cluster(addresses, nodes)
-    try:
-        wait_until(c.leader, what="a leader over mutual TLS")
-        yield c
-    finally:
-        for node in nodes:
-            if node.tick_thread_alive():
-                node.destroy_synchronous()
+    yield from running_cluster(RaftLink.with_tls(SECRET, certs.node.cert, certs.node.key, certs.ca))
 
 
 def _refused_tls(node: Counter) -> int:

@@ -332,11 +332,11 @@ def agree(cluster: Cluster, expected: int | None = None) -> int:
     return alive[0].total()
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def running_cluster(link: RaftLink = LINK) -> Iterator[Cluster]:
+    """Three Counter nodes on free loopback ports, linked by ``link``, once they have a leader; destroyed after."""
     base = free_base_port()
     addresses = [f"127.0.0.1:{base + i}" for i in (1, 2, 3)]
-    nodes = [Counter(a, [b for b in addresses if b != a]) for a in addresses]
+    nodes = [Counter(a, [b for b in addresses if b != a], link) for a in addresses]
     c = Cluster(addresses, nodes)
     try:
         wait_until(c.leader, what="a leader")
@@ -345,6 +345,11 @@ def cluster() -> Iterator[Cluster]:
         for node in nodes:
             if node.tick_thread_alive():
                 node.destroy_synchronous()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    yield from running_cluster()
 
 
 def test_three_nodes_replicate_writes_from_every_node(cluster):

@@ -41,6 +41,18 @@ def _start(directory: str, name: str, role: str, cfg: dict) -> subprocess.Popen:
         log.close()
 
 
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to every process, then wait for each (kill -9 past STOP_TIMEOUT_S)."""
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 async def _ready(url: str, ctx: ssl.SSLContext, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
@@ -74,14 +86,7 @@ async def tls_cluster(tmp_path):
         await _ready(broker_url, ctx, procs[1])   # ready: registered with meta, over TLS
         yield certs, meta_url, broker_url
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop(procs)
 
 
 async def _refused(url: str, ctx: ssl.SSLContext | bool) -> str:
@@ -175,14 +180,7 @@ async def test_three_meta_nodes_link_over_mutual_tls_and_commit_through_a_follow
         async with AdminClient([m["url"] for m in members], TOKENS["admin"], ssl_context=ctx) as admin:
             assert any(b["broker"] == "b0" for b in await admin.brokers()), version
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop(procs)
     for m in members:
         with open(os.path.join(tmp_path, f"{m['node']}.log")) as f:
             lines = [json.loads(line) for line in f if line.startswith("{")]
