@@ -106,7 +106,7 @@ async def history(request: web.Request) -> web.Response:
     limit = nonneg_int(request.query.get("limit"), "limit", 1000)
     limit = max(1, min(limit, limits.HISTORY_PAGE_MAX))
     topic = request.query.get("topic") or None
-    if after + 1 < svc.read(lambda im: im.data["history_start"]):
+    if not svc.projection.opened and after + 1 < svc.read(lambda im: im.data["history_start"]):
         await svc.projection.wait_opened(limits.PROJECTION_OPEN_WAIT_S)   # older than the image: from the projection
     # The projection's position first: it only grows, and versions 1..through stay in it whatever the image does next.
     through = svc.projection.served_through()
