@@ -37,6 +37,8 @@ import json
 from collections import deque
 from typing import Any
 
+from client.wire import json_body
+
 from . import allocation, chains, history_lines, limits
 from .events import GROUP_EVENTS, UnknownEvent, stored
 
@@ -48,7 +50,7 @@ def group_key(name: str) -> str:
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json_body.canonical(value).decode()
 
 
 def restoring_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

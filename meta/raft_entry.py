@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from client.wire import json_body
+
 from . import limits
 
 STAMP_FIELDS = frozenset({"ts", "budget", "history"})
@@ -28,11 +30,14 @@ ENTRY_BYTES_MAX = 1 + ENVELOPE_BYTES_MAX
 STAMP_BYTES_MAX = 256                # three integers and their names
 PROPOSALS_PER_ENTRY_MAX = 1024       # bounds the work of one entry's apply, whatever the sizes
 
+# Entries are written ASCII (ensure_ascii), once, by the node that proposes; every replica reads them with orjson.
+# ASCII keeps an entry's size what API limits were drawn for: an astral character costs 12 bytes, so the largest
+# HTTP body still makes a ~1 MiB entry (ops/chaos sizes workload, tests/test_raft_entry_sizes.py).
 compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def encode_stamp(stamp: dict[str, Any]) -> bytes:
-    return compact(stamp).encode()   # ASCII: ensure_ascii
+    return compact(stamp).encode()
 
 
 def encode_envelope(envelope: dict[str, Any]) -> bytes:
@@ -62,7 +67,7 @@ def decode_entry(payload: Any) -> list[Any]:
     if len(lines) < 2:
         return [None]
     try:
-        stamp = json.loads(lines[0])
+        stamp = json_body.decode(lines[0])
     except (ValueError, RecursionError):
         stamp = None
     if not isinstance(stamp, dict) or not set(stamp) <= STAMP_FIELDS:
@@ -74,7 +79,7 @@ def _envelope(line: bytes, stamp: dict[str, Any]) -> Any:
     if len(line) > ENVELOPE_BYTES_MAX:
         return None
     try:
-        envelope = json.loads(line)
+        envelope = json_body.decode(line)
     except (ValueError, RecursionError):
         return None
     if not isinstance(envelope, dict):

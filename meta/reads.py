@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import json
 import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+from client.wire import json_body
 from client.wire.errors import ApiError, invalid, rejection
 from client.wire.params import nonneg_int, seconds
 
@@ -28,7 +28,7 @@ BARRIER_RETRY_S = 0.05
 
 
 def _encode(view: object) -> bytes:
-    return json.dumps(view, separators=(",", ":")).encode()
+    return json_body.encode(view)
 
 
 class ReadFacade:

@@ -10,7 +10,6 @@ No clock, randomness or I/O: the leader's time arrives in ``envelope["ts"]``.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from typing import Any
 
@@ -19,7 +18,7 @@ from .commands import validate
 from client.wire import json_body
 from client.wire.errors import ApiError, invalid, rejection
 from .events import make
-from .image import Image, canonical_json
+from .image import Image
 
 Outcome = dict[str, Any]
 
@@ -56,7 +55,7 @@ class StateMachine:
                     return _failed(rejection(409, "IDEMPOTENCY_KEY_REUSED",
                                              "this Idempotency-Key was used for a different request"),
                                    self.image.version), set()
-                return copy.deepcopy(seen[2]), set()
+                return json_body.copied(seen[2]), set()
         self._budget = budget
         try:
             validate(cmd)
@@ -73,7 +72,7 @@ class StateMachine:
                 changed |= self.image.replay(ev, ts)
             outcome = {"ok": True, "result": {**result, "version": self.image.version}, "version": self.image.version}
         if rid:
-            self._remember(rid, fingerprint, ts, copy.deepcopy(outcome))  # the caller may not change the image
+            self._remember(rid, fingerprint, ts, json_body.copied(outcome))  # the caller may not change the image
         return outcome, changed
 
     def _remember(self, rid: str, fingerprint: str, ts: int, outcome: Outcome) -> None:
@@ -491,11 +490,15 @@ def _check_envelope(envelope: Any) -> tuple[str | None, int, int, int | None, st
     if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 2 * limits.REQUEST_ID_CHARS_MAX):
         raise invalid("request id must be a non-empty string")
     try:
-        text = canonical_json(envelope.get("cmd")).encode("utf-8")
-        json_body.check(envelope, "command", strings=False)
+        cmd = envelope.get("cmd")
+        text = json_body.canonical(cmd)
+        # Only a command whose text could hide a violation is walked: nesting is at most as deep as the text has
+        # brackets, and orjson writes a non-finite float as null. Apply never reads the envelope's other fields.
+        if b"null" in text or text.count(b"{") + text.count(b"[") > json_body.JSON_DEPTH_MAX:
+            json_body.check(cmd, "command", strings=False)
     except (ValueError, RecursionError, UnicodeError, TypeError, ApiError):
-        raise invalid("the command is not encodable JSON text (a lone surrogate, a non-finite number or too deep)") \
-            from None
+        raise invalid("the command is not encodable JSON text (a lone surrogate, a non-finite number, an integer "
+                      "outside 64 bits or too deep)") from None
     if len(text) > limits.COMMAND_BYTES_MAX:
         raise invalid(f"the command exceeds {limits.COMMAND_BYTES_MAX} bytes")
     if rid is not None and not json_body.is_scalar_text(rid):

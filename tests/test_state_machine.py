@@ -1385,11 +1385,14 @@ def _deep(depth: int) -> list:
     ({"type": "CreateTopic", "topic": "u", "queues": 1, "config": {"k": "v"}}, "r" + LONE),
     ({"type": "SetTopicConfig", "topic": "t", "config": {"k": float("nan")}}, None),
     ({"type": "SetTopicConfig", "topic": "t", "config": {"k": float("inf")}}, "r1"),
+    ({"type": "RemapTopic", "topic": "t", "brokers": [["b1", [float("nan")]]]}, "r2"),
+    ({"type": "SetTopicConfig", "topic": "t", "config": {"k": 2**64}}, None),
+    ({"type": "SetTopicConfig", "topic": "t", "config": {"k": -2**63 - 1}}, "r3"),
     ({"type": "RemapTopic", "topic": "t", "brokers": NESTED * 3}, None),
     ({"type": "Barrier", "deep": _deep(5000)}, None),
     ({"type": "SetTopicConfig", "topic": "t", "config": {"k": "v" * (limits.COMMAND_BYTES_MAX + 1)}}, None),
-], ids=["config-value", "config-key", "address", "zone", "rid", "nan", "inf-with-rid", "nested-list",
-        "nesting-past-the-stack", "oversized"])
+], ids=["config-value", "config-key", "address", "zone", "rid", "nan", "inf-with-rid", "nan-nested",
+        "int-past-64-bits", "int-below-64-bits", "nested-list", "nesting-past-the-stack", "oversized"])
 def test_unencodable_or_oversized_commands_are_rejected_the_same_on_every_replica(cmd, rid):
     """A lone surrogate once stopped every replica in apply (and again on every restart): encoding the history or
     the request fingerprint raised. Now the entry is a rejection that changes nothing, and the image still encodes."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -23,7 +22,7 @@ def service(request: web.Request) -> MetaService:
 
 
 def respond(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status, content_type=JSON)
+    return web.Response(body=json_body.encode(data), status=status, content_type=JSON)
 
 
 async def body_object(request: web.Request) -> dict[str, Any]:
