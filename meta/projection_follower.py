@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import threading
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -46,7 +47,8 @@ class ProjectionFollower:
         self.url = url
         self.service = service
         self.store = None       # the writer process: every write, the position and the hole
-        self.reader = None      # this process's own connection for reads of history
+        self.reader = None      # this process's own connection for reads of history, made at the first one
+        self._reader_lock = threading.Lock()   # history is read from executor threads
         self.position = 0       # the store's position as last applied: versions 1..position are all in it
         self.opened = False     # until then position is not known (0), and the gap not either
         self._opened = asyncio.Event()
@@ -55,12 +57,10 @@ class ProjectionFollower:
         self.filler = GapFiller(peers, token, ssl_context)
 
     def _open(self):
-        from .projection import SqlProjection  # imported lazily: SQLAlchemy start-up stays off the import path
         from .projection.writer_process import WriterProcess
         config = self.service.config
         store = WriterProcess(self.url, config.log_level, node=config.node)
         store.migrate()
-        self.reader = SqlProjection(self.url)
         self.hole = store.first_hole()
         if self.hole is not None:
             # Written before apply refused holes: its state tables were folded over the hole. Nothing is dropped
@@ -146,11 +146,20 @@ class ProjectionFollower:
         # by position); parsed by the writer process: a topic of a thousand queues is an event of ~130 KB.
         return self.store.apply_lines(history_lines.unpacked(kept, BATCH_CHARS_MAX))
 
+    def _reader(self):
+        # Made at the first read, not at start: most nodes never read history older than their image, and the
+        # reader is what would import SQLAlchemy into the node's process (~0.4 s of CPU at every start).
+        with self._reader_lock:
+            if self.reader is None:
+                from .projection import SqlProjection
+                self.reader = SqlProjection(self.url)
+            return self.reader
+
     def history(self, after: int, topic: str | None, limit: int, through: int) -> list[dict]:
-        if self.reader is None:
+        if not self.opened:
             return []
         try:
-            return self.reader.history(after=after, topic=topic, limit=limit, through=through)
+            return self._reader().history(after=after, topic=topic, limit=limit, through=through)
         except Exception as e:  # noqa: BLE001 - the database away is the caller's 503, not a 500
             log.warning("projection_history_failed", error=repr(e))
             raise rejection(503, "HISTORY_UNAVAILABLE", "this node's projection database could not be read: "
@@ -159,5 +168,6 @@ class ProjectionFollower:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
-        if self.reader is not None:
-            self.reader.close()
+        with self._reader_lock:
+            if self.reader is not None:
+                self.reader.close()
