@@ -49,10 +49,6 @@ def group_key(name: str) -> str:
     return GROUP_KEY_PREFIX + name
 
 
-def canonical_json(value: Any) -> str:
-    return json_body.canonical(value).decode()
-
-
 def restoring_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object of a snapshot being parsed (json's object_pairs_hook): a topic is made compact at once, so that
     its parsed lists are freed before the next topic is parsed. Only a topic has these keys with these types (a
@@ -182,7 +178,7 @@ class Image:
 
     def _record(self, stored_event: dict[str, Any]) -> None:
         history = self.data["history"]
-        history.append(history_lines.pack(canonical_json(stored_event)))
+        history.append(history_lines.pack(json_body.canonical(stored_event).decode()))
         # Trim in chunks so that trimming is amortised O(1) yet deterministic.
         window = self.data["history_window"]
         excess = len(history) - window

@@ -49,6 +49,7 @@ class ProjectionFollower:
         self.store = None       # the writer process: every write, the position and the hole
         self.reader = None      # this process's own connection for reads of history, made at the first one
         self._reader_lock = threading.Lock()   # history is read from executor threads
+        self._closed = False
         self.position = 0       # the store's position as last applied: versions 1..position are all in it
         self.opened = False     # until then position is not known (0), and the gap not either
         self._opened = asyncio.Event()
@@ -150,6 +151,8 @@ class ProjectionFollower:
         # Made at the first read, not at start: most nodes never read history older than their image, and the
         # reader is what would import SQLAlchemy into the node's process (~0.4 s of CPU at every start).
         with self._reader_lock:
+            if self._closed:
+                raise RuntimeError("the projection is closed: the node is stopping")
             if self.reader is None:
                 from .projection import SqlProjection
                 self.reader = SqlProjection(self.url)
@@ -169,5 +172,6 @@ class ProjectionFollower:
         if self.store is not None:
             self.store.close()
         with self._reader_lock:
+            self._closed = True   # a read still in flight must not open a reader that nothing would close
             if self.reader is not None:
                 self.reader.close()

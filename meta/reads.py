@@ -27,10 +27,6 @@ T = TypeVar("T")
 BARRIER_RETRY_S = 0.05
 
 
-def _encode(view: object) -> bytes:
-    return json_body.encode(view)
-
-
 class ReadFacade:
     def __init__(self, sync: MetaSyncObj, raft: RaftNode, feed: ChangeFeed, version_waiters: Admission):
         self.sync = sync
@@ -110,7 +106,7 @@ class ReadFacade:
             rendered = view(image, entry)
             if encode_unlocked:
                 return entry["version"], None, rendered
-            body = _encode(rendered)
+            body = json_body.encode(rendered)
             self._route_cache.put(key, entry["version"], body)
             return entry["version"], body, None
         found = self.read(look)
@@ -118,7 +114,7 @@ class ReadFacade:
             return None
         version, body, rendered = found
         if body is None:
-            body = _encode(rendered)
+            body = json_body.encode(rendered)
             if keep:
                 with self.sync.image_lock:
                     self._route_cache.put(key, version, body)

@@ -493,7 +493,8 @@ def _check_envelope(envelope: Any) -> tuple[str | None, int, int, int | None, st
         cmd = envelope.get("cmd")
         text = json_body.canonical(cmd)
         # Only a command whose text could hide a violation is walked: nesting is at most as deep as the text has
-        # brackets, and orjson writes a non-finite float as null. Apply never reads the envelope's other fields.
+        # brackets, and orjson writes a non-finite float as null. Of the rest of the envelope, apply reads only the
+        # fields checked above (never ``actor``).
         if b"null" in text or text.count(b"{") + text.count(b"[") > json_body.JSON_DEPTH_MAX:
             json_body.check(cmd, "command", strings=False)
     except (ValueError, RecursionError, UnicodeError, TypeError, ApiError):

@@ -122,8 +122,9 @@ def canonical(value: Any) -> bytes:
 
 
 def decode(raw: bytes | str) -> Any:
-    """JSON text that we wrote (a log entry, a peer's answer): ValueError if it is not JSON. Integers outside 64 bits
-    read as floats, which ``encode`` never writes."""
+    """JSON text that we wrote (a log entry, a peer's answer): ValueError if it is not JSON. An integer outside 64 bits
+    would read as a float: none reaches what we write, since ``check`` refuses them in bodies from outside and our
+    own numbers are bounded far below (meta/limits.py)."""
     return orjson.loads(raw)
 
 
