@@ -75,13 +75,15 @@ async def _status(session: aiohttp.ClientSession, url: str) -> dict | None:
 
 
 async def _leader(session: aiohttp.ClientSession, urls: list[str]) -> str:
+    """The leader's URL, once every node process answers: two nodes elect a leader while the third may still be
+    importing, and a sweep sent to a follower that is not listening yet fails on connect, not on the log."""
     deadline = time.monotonic() + WAIT_S
     while True:
-        for url in urls:
-            s = await _status(session, url)
-            if s and s["leader"]:
-                return url
-        assert time.monotonic() < deadline, "no leader among the node processes"
+        statuses = [await _status(session, url) for url in urls]
+        leaders = [url for url, s in zip(urls, statuses) if s and s["leader"]]
+        if all(statuses) and leaders:
+            return leaders[0]
+        assert time.monotonic() < deadline, f"no leader among answering node processes: {statuses}"
         await asyncio.sleep(0.1)
 
 
