@@ -117,6 +117,9 @@ def restore(path: str, data_dir: str, node: str, projection_url: str | None = No
         raise BackupError(f"{data_dir} is not empty: restore seeds a new node only (move the old data away first)")
     os.makedirs(data_dir, exist_ok=True)
     last, previous = shim.seed_entries()
+    # A restored cluster is a new one: its nodes bootstrap their own membership (meta/raft_membership.py) with the
+    # disks they have, not the voters of the cluster the backup was taken from.
+    image["members"] = []
     projection = SqlProjection(projection_url or f"sqlite:///{os.path.join(data_dir, 'projection.db')}")
     try:
         projection.migrate()

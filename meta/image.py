@@ -76,7 +76,8 @@ def _restore_topic(t: dict[str, Any]) -> None:
 def empty_data() -> dict[str, Any]:
     return {"version": 0, "commands": 0, "last_ts": 0, "brokers": {}, "load": {}, "hosting": {}, "topics": {}, "requests": {},
             "history": [], "history_start": 1, "groups": {}, "lock_token": 0, "member_count": 0,
-            "subscriptions": {}, "revoking": {}, "history_window": limits.HISTORY_EVENTS_MAX}
+            "subscriptions": {}, "revoking": {}, "history_window": limits.HISTORY_EVENTS_MAX,
+            "members": []}   # the voters (meta/raft_membership.py): set by membership entries, not by events
 
 
 class Image:
@@ -152,6 +153,9 @@ class Image:
         """The image as bytes, keys in insertion order: the order is itself state (the oldest remembered request
         is evicted first) and replaying the same log inserts in the same order on every replica."""
         data = {**self.data, "history": self.history_lines()}  # the same key order; lines compared unpacked
+        # Who serves the metadata is not part of it: a cluster restored from a backup has other disks, and its own
+        # membership (raft_membership.py); replicas compare their voters through the cluster status.
+        data.pop("members", None)
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
     # -- replay ------------------------------------------------------------------------------------------------

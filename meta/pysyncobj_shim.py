@@ -23,12 +23,13 @@ from typing import Any
 
 import pysyncobj.syncobj as _syncobj_mod
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObj
-from pysyncobj.syncobj import _COMMAND_TYPE
+from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 from pysyncobj.monotonic import monotonic
 from pysyncobj.node import Node, TCPNode
 from pysyncobj.version import VERSION
 
 from .raft_journal import StatorJournal
+from .raft_membership import MEMBERSHIP_COMMAND
 from .snapshot_file import LogEntry, Snapshot, WriterState
 
 PYSYNCOBJ_VERSION = "0.3.17"
@@ -142,7 +143,59 @@ def poll_sockets(so: SyncObj) -> None:
 # request id)``, appends it to the log and answers with its index; the follower's callback fires when it applied
 # that index itself.
 REGULAR_COMMAND = _COMMAND_TYPE.REGULAR   # the first byte of an entry that carries an envelope
+_REGULAR_BYTE = bytes([REGULAR_COMMAND])
+if _COMMAND_TYPE.MEMBERSHIP != MEMBERSHIP_COMMAND:   # the journal recognises membership entries by this byte
+    raise ImportError(f"pysyncobj's MEMBERSHIP entry type is {_COMMAND_TYPE.MEMBERSHIP}, not {MEMBERSHIP_COMMAND}")
+_MEMBERSHIP_BYTE = bytes([MEMBERSHIP_COMMAND])
 NO_OP_COMMAND = bytes([_COMMAND_TYPE.NO_OP])   # a new term's first entry (pysyncobj writes the type byte alone)
+
+
+class MembershipPayload(bytes):
+    """The payload of a MEMBERSHIP entry: the voters, for the state machine's ``apply_membership``."""
+
+
+def propose_membership(so: SyncObj, payload: bytes, callback: Callable[[Any, int], None]) -> None:
+    """Queue a membership entry (the leader appends it alone, never batched)."""
+    so._applyCommand(_MEMBERSHIP_BYTE + payload, callback)
+
+
+def voted_for(so: SyncObj) -> Any:
+    return so._SyncObj__votedForNodeId
+
+
+def set_voted_for(so: SyncObj, node_id: Any) -> None:
+    """Record a vote for ``node_id`` in the current term (durably, as pysyncobj records its own)."""
+    so._SyncObj__setCurrentTerm(so.raftCurrentTerm, node_id)
+
+
+def step_down(so: SyncObj) -> None:
+    """A candidate (or leader) becomes a follower; the next leader's append says who leads."""
+    so._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+
+
+class Acknowledgements(abc.ABC):
+    """Mixin for a SyncObj subclass: every acknowledgement a node sends the leader (pysyncobj's ``next_node_idx``,
+    after an append or a snapshot) goes through ``acknowledge`` first, which may send its own instead."""
+
+    def _SyncObj__sendNextNodeIdx(self, node: Node, reset: bool = False,  # noqa: N802 - the private name it replaces
+                                  nextNodeIdx: int | None = None, success: bool = False) -> None:
+        if nextNodeIdx is None:
+            nextNodeIdx = current_log_index(self) + 1
+        if not self.acknowledge(node, nextNodeIdx, reset, success):
+            SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+
+    @abc.abstractmethod
+    def acknowledge(self, node: Node, next_index: int, reset: bool, success: bool) -> bool:
+        """Tick thread: True if this acknowledgement was sent here (pysyncobj then sends none)."""
+
+
+def set_next_index(so: SyncObj, node: Node, index: int) -> bool:
+    """Leader: send ``node`` entries from ``index`` on; False if the leader does not replicate to it."""
+    next_index = so._SyncObj__raftNextIndex
+    if node not in next_index:
+        return False
+    next_index[node] = index
+    return True
 
 
 class CommandsAsBytes(abc.ABC):
@@ -155,7 +208,13 @@ class CommandsAsBytes(abc.ABC):
     skipped the same way on every replica (pysyncobj would raise on a code version newer than its own)."""
 
     def _SyncObj__doApplyCommand(self, command: bytes) -> Any:   # noqa: N802 - the private name it replaces
-        payload = command[1:] if command[:1] == bytes([REGULAR_COMMAND]) else None
+        kind = command[:1]
+        if kind == _REGULAR_BYTE:
+            payload: bytes | None = command[1:]
+        elif kind == _MEMBERSHIP_BYTE:
+            payload = MembershipPayload(command[1:])
+        else:
+            payload = None
         return self.committed(self.raftLastApplied + 1, payload)
 
     @abc.abstractmethod
@@ -291,12 +350,15 @@ class HeldEntries:
         self.pieces_refused = 0   # an entry sent in pieces (see _append_as_raft): never from a node of ours
 
 
-def keep_matching_entries(so: SyncObj) -> HeldEntries:
-    """Route the node's incoming raft messages through ``_append_as_raft`` (see above). Before the node ticks."""
+def keep_matching_entries(so: SyncObj, admit: Callable[[Node, Any], bool]) -> HeldEntries:
+    """Route the node's incoming raft messages through ``_append_as_raft`` (see above). Before the node ticks.
+    ``admit(node, message)`` sees each message first; pysyncobj never sees those it answers False for."""
     handle = so._SyncObj__onMessageReceived
     counts = HeldEntries()
 
     def received(node: Node, message: Any) -> None:
+        if not admit(node, message):
+            return
         if isinstance(message, dict) and message.get("type") == _APPEND and "prevLogIdx" in message:
             message = _append_as_raft(so, node, message, handle, counts)
             if message is None:

@@ -110,6 +110,8 @@ from typing import Any
 import structlog
 from pysyncobj.journal import Journal
 
+from .raft_membership import MEMBERSHIP_COMMAND, MembershipTrail
+
 log = structlog.get_logger("meta.raft.journal")
 
 JOURNAL_FILE = "raft.log"             # the segments' name prefix: raft.log.<seq>; alone, an earlier build's log
@@ -156,6 +158,9 @@ Entry = tuple[bytes, int, int]          # (command, index, term), what pysyncobj
 
 REJOIN_ADVICE = ("this node cannot trust its raft log: stop it, move its data directory aside and restart it, so it "
                  "rejoins the cluster from a peer")
+
+
+_MEMBERSHIP_BYTE = bytes([MEMBERSHIP_COMMAND])
 
 
 class JournalDamaged(RuntimeError):
@@ -790,6 +795,11 @@ class StatorJournal(Journal):
                 log.warning("raft_journal_torn_tail_truncated", path=last.path, offset=loaded.end,
                             bytes_dropped=loaded.torn_bytes, last_index=self.last_index)
         self._state = self._saved_state = loaded.state
+        # The membership entries of the log, kept current as it changes (meta/raft_membership.py).
+        self.membership = MembershipTrail()
+        for command, idx, _term in self._entries:
+            if command[:1] == _MEMBERSHIP_BYTE:
+                self.membership.appended(idx, command)
         # Its thread starts at the first dead segment (see _unlink_dead).
         self._unlinker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raft-journal-unlink")
         self._unlinks: list[concurrent.futures.Future[None]] = []
@@ -830,6 +840,8 @@ class StatorJournal(Journal):
         self._offsets.append(self._end)
         self._end += len(record)
         self.dirty = True
+        if command[:1] == _MEMBERSHIP_BYTE:
+            self.membership.appended(idx, command)
 
     def _next_segment(self) -> None:
         # The full segment goes to disk whole first (its name too, if no sync covered it yet): then only the last
@@ -861,6 +873,7 @@ class StatorJournal(Journal):
         start = slice(entryFrom, None).indices(len(self._entries))[0]
         if start >= len(self._entries):
             return
+        self.membership.truncated_from(self._entries[start][1])
         if start == 0:
             # The state file's first index may name a dropped entry, and what follows may start anywhere.
             self._clear()
@@ -903,6 +916,7 @@ class StatorJournal(Journal):
                                     first_index=self._entries[start][1])
         self._write_state(state)   # the compaction is durable from here: the dead segments are dead
         self._state = state
+        self.membership.compacted_before(self._entries[start][1])
         del self._entries[:start]
         del self._offsets[:start]
         del self._segments[:first]
@@ -934,6 +948,7 @@ class StatorJournal(Journal):
         self._end = FILE_HEADER_BYTES
         self._directory_dirty = self.dirty = True
         self.synced_index = 0
+        self.membership.cleared()
 
     def _unlink_dead(self, paths: list[str]) -> None:
         # On a thread of their own, not pysyncobj's tick thread: unlinking a synced 64 MiB file took 100-120 ms on

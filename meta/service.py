@@ -91,7 +91,8 @@ class MetaService:
             bridge.post(self.feed.publish, version, changed)
 
         self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
-                                self.config.raft_tuning, on_applied, bridge, raft_link(self.config))
+                                self.config.raft_tuning, on_applied, bridge, raft_link(self.config),
+                                names={m.raft: m.node for m in self.config.members})
         # The restored image's version, before any reader or the route warmer starts: waiters start from it, and the
         # change log reaches back no further (a watch stream asking for an older version gets a full scan).
         self.feed.publish(self.sync.image_data["version"], None)

@@ -19,6 +19,7 @@ from client.wire import json_body
 from client.wire.errors import ApiError, invalid, rejection
 from .events import make
 from .image import Image
+from . import raft_membership
 
 Outcome = dict[str, Any]
 
@@ -29,6 +30,16 @@ class StateMachine:
         self._budget = limits.OFFSET_BUDGET_DEFAULT  # the grant stamped into the envelope being applied
 
     # -- the entry point ---------------------------------------------------------------------------------------
+    def apply_membership(self, envelope: Any) -> Outcome:
+        """A membership entry (meta/raft_membership.py): the voters, recorded in the image so that snapshots carry
+        them. It changes no topic and makes no event; what is not a well-formed membership changes nothing."""
+        cmd = envelope.get("cmd") if isinstance(envelope, dict) else None
+        members = raft_membership.parse(cmd)
+        if members is None:
+            return _failed(invalid("not a well-formed membership entry"), self.image.version)
+        self.image.data["members"] = [m.to_json() for m in members]
+        return {"ok": True, "result": {"members": self.image.data["members"]}, "version": self.image.version}
+
     def apply(self, envelope: Any) -> tuple[Outcome, set[str]]:
         """Returns (outcome, topics whose route changed). An outcome is {"ok", "result"|"error", "version"}.
 

@@ -56,7 +56,8 @@ async def main(address: str, peers: str, data_dir: str, secret: str, http_port: 
             digest = hashlib.sha256(node.current_image().canonical_bytes()).hexdigest()
         return web.json_response({"leader": node.is_leader(), "commit": node.raftCommitIndex,
                                   "applied": node.applied_index, "digest": digest,
-                                  "slow_ticks": node.slow_ticks, "role_changes": node.role_changes})
+                                  "slow_ticks": node.slow_ticks, "role_changes": node.role_changes,
+                                  **node.membership_status()})
 
     app = web.Application()
     app.router.add_post("/propose", propose)

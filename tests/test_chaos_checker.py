@@ -322,3 +322,22 @@ def test_installs_are_read_from_the_logs_and_matched_to_their_fault(tmp_path):
     late = {**fault, "started_wall": base + 60, "healed_wall": base + 70}
     elsewhere = {**fault, "isolated": "m3"}
     assert runner._installs_after_faults([late, elsewhere], installs) == {"install_faults": 2, "followed": 0}
+
+
+# -- the voters after the final heal ------------------------------------------------------------------------------
+def _status(disk: str, voter: bool, disks: dict[str, str]) -> dict:
+    return {"disk": disk, "voter": voter, "members": [{"node": n, "disk": d} for n, d in disks.items()]}
+
+
+def test_voters_agree_only_when_every_node_votes_with_its_own_disk_on_record():
+    disks = {"m1": "a" * 32, "m2": "b" * 32, "m3": "c" * 32}
+    good = {n: _status(d, True, disks) for n, d in disks.items()}
+    assert checker.voters_agree(good) == []
+    # a wiped node never promoted: still a learner
+    learner = {**good, "m2": _status("d" * 32, False, disks)}
+    assert [v["check"] for v in checker.voters_agree(learner)] == ["voters_agree"]
+    # promoted in one node's view only
+    split = {**good, "m1": _status(disks["m1"], True, {**disks, "m2": "d" * 32})}
+    assert [v["check"] for v in checker.voters_agree(split)] == ["voters_agree"]
+    # a node that does not answer
+    assert checker.voters_agree({**good, "m3": {"error": "timeout"}})

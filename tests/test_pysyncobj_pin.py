@@ -17,6 +17,7 @@ import pysyncobj.syncobj as syncobj_mod
 from pysyncobj import SyncObj
 
 from meta import pysyncobj_shim as shim
+from meta.raft_membership import MEMBERSHIP_COMMAND
 from meta.raft_journal import read_journal
 from tests.raft_nodes import all_applied, leader_of, start_nodes
 
@@ -57,10 +58,14 @@ async def test_the_log_holds_the_type_byte_and_json_never_a_pickle(tmp_path):
             n.stop()
     for i in range(3):
         entries = read_journal(str(tmp_path / f"n{i}")).entries
-        regular = [command for command, _index, _term in entries if command != shim.NO_OP_COMMAND]
+        kept = [command for command, _index, _term in entries if command != shim.NO_OP_COMMAND]
+        regular = [command for command in kept if command[:1] == bytes([shim.REGULAR_COMMAND])]
         assert regular, f"node {i} holds no envelope"
+        # Besides the envelopes, only the bootstrap's membership entry (meta/raft_membership.py), in JSON too.
+        others = [command for command in kept if command[:1] != bytes([shim.REGULAR_COMMAND])]
+        assert [command[:1] for command in others] == [bytes([MEMBERSHIP_COMMAND])], others
+        assert json.loads(others[0][1:].split(b"\n")[1])["cmd"]["reason"] == "bootstrap"
         for command in regular:
-            assert command[:1] == bytes([shim.REGULAR_COMMAND])
             stamp, envelope = (json.loads(line) for line in command[1:].split(b"\n"))   # two lines of JSON
             assert set(stamp) == {"ts", "budget", "history"}
             assert envelope["rid"] == "rid-pin" and envelope["cmd"] == {"type": "Barrier"}

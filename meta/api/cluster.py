@@ -24,10 +24,16 @@ async def cluster(request: web.Request) -> web.Response:
     svc = service(request)
     await svc.reads.before_read(request.query)
     leader = svc.leader()
+    ours = svc.sync.membership_status()
+    disks = {v["name"]: v["disk"] for v in ours["voters"]}
     return respond({
         "node": svc.config.node, "role": svc.role(), "leader": leader.node if leader else None,
         "term": svc.term(), "commit_index": svc.commit_index(), "applied_version": svc.applied_version,
-        "members": [{"node": m.node, "raft": m.raft, "url": m.url} for m in svc.config.members],
+        # The disk this node runs on, and whether the membership in its log counts it as a voter (a learner
+        # catches up first: a wiped or replaced disk, meta/raft_membership.py).
+        "disk": ours["disk"], "voter": ours["voter"], "membership_index": ours["membership_index"],
+        "members": [{"node": m.node, "raft": m.raft, "url": m.url, "disk": disks.get(m.node)}
+                    for m in svc.config.members],
     })
 
 

@@ -133,6 +133,7 @@ class Member(TypedDict):
     node: str
     raft: str
     url: str
+    disk: str | None     # the disk id the membership in this node's log records for it (None: not a voter there)
 
 
 @with_config(OPEN)
@@ -143,6 +144,9 @@ class Cluster(TypedDict):
     term: int
     commit_index: int
     applied_version: int
+    disk: str                     # this node's data directory id (meta/disk_identity.py)
+    voter: bool                   # False: a learner, catching up before it is promoted (meta/raft_membership.py)
+    membership_index: int | None  # the log index of the membership in force on this node
     members: list[Member]
 
 

@@ -329,6 +329,21 @@ def answered_in_budget(ops: Iterable[Op], budget_s: float,
     return out
 
 
+def voters_agree(statuses: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``statuses``: node -> its /v1/cluster answer, or {"error": ...}. After the final heal every node votes (a
+    wiped disk was caught up and promoted, meta/raft_membership.py) and every node names the same disk for each
+    voter, its own disk for itself."""
+    if any("error" in s or not s.get("voter") for s in statuses.values()):
+        return [violation("voters_agree", "a meta node is not a voter after the final heal",
+                          statuses={n: {k: s.get(k) for k in ("voter", "disk", "error")} for n, s in statuses.items()})]
+    views = {n: {m["node"]: m["disk"] for m in s["members"]} for n, s in statuses.items()}
+    if len({tuple(sorted(v.items())) for v in views.values()}) != 1 or any(
+            views[n].get(n) != s["disk"] for n, s in statuses.items()):
+        return [violation("voters_agree", "the meta nodes do not agree on the voters' disks", views=views,
+                          disks={n: s["disk"] for n, s in statuses.items()})]
+    return []
+
+
 def replicas_agree(digests: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``digests``: node -> its /v1/admin/image-digest answer (version, commands, sha256), or {"error": ...} for a
     node that never reached the version the others hold. Every node must hold the same image at the same version."""

@@ -5,6 +5,10 @@ Faults come one after another (a gap, a fault held for a bounded time, its heal)
 to whole between two faults; what a fault does to the cluster's parts is as real as it gets on one machine: kill -9
 and restart of the process, SIGSTOP/SIGCONT of its process group, SIGTERM and restart, and cut proxies (topology.py).
 
+``wipe`` kills a meta node with kill -9, removes its whole data directory (journal, snapshot, disk identity,
+projection) and starts it again empty, as an operator who replaced a failed disk would: it must rejoin as a learner,
+catch up from the leader and be promoted (meta/raft_membership.py) without the cluster losing an acknowledged write.
+
 ``install`` makes the leader send a follower its snapshot: the follower is cut from both peers for longer than the
 leader takes to compact its log (topology.COMPACTION_MIN_TIME_S: every node compacts every few seconds under the
 workloads), so once healed it is behind the leader's first entry and only a snapshot brings it back; some installs
@@ -17,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import time
 import urllib.error
@@ -29,11 +34,11 @@ from ops import devcluster
 from .topology import COMPACTION_MIN_TIME_S, Topology
 
 
-KINDS = ("kill", "pause", "restart", "partition", "install")
+KINDS = ("kill", "pause", "restart", "partition", "install", "wipe")
 GAP_S = (0.2, 1.0)                  # between a heal and the next fault
 # An install's cut lasts two compaction periods and more: the leader compacts once per period in a slot of its own
 # (pysyncobj's logCompactionSplit), and its snapshot must be written and its log cut past the follower's last entry.
-HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "partition": (1.0, 5.0),
+HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "partition": (1.0, 5.0), "wipe": (0.5, 3.0),
           "install": (2 * COMPACTION_MIN_TIME_S + 1.5, 2 * COMPACTION_MIN_TIME_S + 4.5)}
 INSTALL_KILL_SHARE = 0.5            # installs that end in a kill -9 of the follower ...
 INSTALL_KILL_AFTER_S = (0.0, 1.5)   # ... this long after the heal: the snapshot is sent or installed by then
@@ -77,6 +82,8 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_name
             target = f"{rng.choice(metas)}|rest"
             if rng.random() < INSTALL_KILL_SHARE:
                 kill_after = round(rng.uniform(*INSTALL_KILL_AFTER_S), 3)
+        elif kind == "wipe":
+            target = rng.choice(metas)   # a broker's disk is its messages: not what this fault is about
         else:
             target = rng.choice(metas + brokers)
         if t + hold + (kill_after or 0.0) > duration_s:
@@ -125,6 +132,9 @@ class Nemesis:
                 self.t.links[link].set_cut(True)
         elif f.kind == "kill":
             await self._stop(name, signal.SIGKILL)
+        elif f.kind == "wipe":
+            await self._stop(name, signal.SIGKILL)
+            await asyncio.to_thread(shutil.rmtree, os.path.join(self.t.dir, name, "data"))
         elif f.kind == "restart":
             await self._stop(name, signal.SIGTERM)
         elif f.kind == "pause":
@@ -137,7 +147,7 @@ class Nemesis:
     async def _heal(self, f: Fault) -> None:
         name = f.target.split("|")[0]
         try:
-            if f.kind in ("kill", "restart"):
+            if f.kind in ("kill", "restart", "wipe"):
                 await self._start(name)
             elif f.kind == "pause":
                 self._signal(name, signal.SIGCONT)

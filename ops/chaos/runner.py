@@ -168,7 +168,7 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
     digests = await _image_digests(env, t)
     ops = env.rec.ops
     found, stats = _checks(ops, initial, final, dead, _paused(nem.applied, t, start))
-    violations += found + checker.replicas_agree(digests)
+    violations += found + checker.replicas_agree(digests) + checker.voters_agree(await _voters(env, t))
     with open(os.path.join(t.dir, "history.json"), "w") as f:
         json.dump({"faults": nem.applied, "ops": [o.to_json() for o in ops]}, f)
     outcomes = Counter((o.kind, o.outcome) for o in ops)
@@ -250,6 +250,28 @@ async def _image_digests(env: Env, t: topology.Topology) -> dict[str, dict[str, 
             return digests
         version = max(v for v in versions if v is not None) if versions - {None} else version
         await asyncio.sleep(RETRY_PAUSE_S)
+
+
+async def _voters(env: Env, t: topology.Topology) -> dict[str, dict[str, Any]]:
+    """Every meta node's /v1/cluster, asked again until all agree on the voters (a wiped node is promoted once it
+    caught up) or REPLICAS_DEADLINE_S passed."""
+    names = dict(zip(env.meta_urls, t.meta_names))
+    deadline = time.monotonic() + REPLICAS_DEADLINE_S
+    while True:
+        answers = await asyncio.gather(*(_cluster_status(env, url) for url in env.meta_urls))
+        statuses = {names[url]: a for url, a in zip(env.meta_urls, answers)}
+        if not checker.voters_agree(statuses) or time.monotonic() > deadline:
+            return statuses
+        await asyncio.sleep(RETRY_PAUSE_S)
+
+
+async def _cluster_status(env: Env, url: str) -> dict[str, Any]:
+    try:
+        a = await request_once(env.session, "GET", f"{url}/v1/cluster", token=env.admin_token,
+                               timeout_s=workloads.REQUEST_TIMEOUT_S)
+    except StatorError as e:
+        return {"error": str(e)[:300]}
+    return a.body
 
 
 async def _digest(env: Env, url: str, version: int) -> dict[str, Any]:

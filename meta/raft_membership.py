@@ -1,0 +1,140 @@
+"""Who the voters are: the cluster's membership, kept in the log itself.
+
+A membership entry is an entry of its own (pysyncobj's MEMBERSHIP type byte, never batched with other proposals)
+holding one envelope whose command is ``SetMembership``: the whole list of voters, each a node name, its raft
+address (as the node that wrote the entry reaches it) and the id of its disk (``meta/disk_identity.py``). Raft takes a configuration from the newest membership
+entry in a node's log, committed or not, so the journal tracks them as they are appended, truncated and compacted
+(``MembershipTrail``); a snapshot carries the membership of its index in the image (``image["members"]``).
+
+A node is a voter only while that membership lists its name with its own disk id. Otherwise it is a
+learner: it never stands for election, never answers a vote request, and its acknowledgements tell the leader
+where to send from but never count toward a commit (``learner_progress`` messages, not ``next_node_idx``). The
+leader promotes a learner whose disk replaced a voter's once it holds every committed entry, by appending a
+membership entry with the new disk id (``MetaSyncObj._membership_tick``).
+
+Before the first membership entry the cluster bootstraps: a node whose log is empty votes only when every peer
+in its config says, in its keepalives, that its log is empty too (a first start of a whole cluster); a node with
+entries but no membership yet took part in that bootstrap and votes. The first leader appends the membership.
+So a wiped node among nodes with data never votes its way into a second, empty cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .disk_identity import is_disk_id
+from .raft_entry import decode_entry
+
+MEMBERSHIP_COMMAND = 2          # pysyncobj's _COMMAND_TYPE.MEMBERSHIP (test_pysyncobj_pin holds the value)
+COMMAND_TYPE = "SetMembership"
+MEMBERS_MAX = 9
+NAME_CHARS_MAX = 128
+RAFT_ADDRESS_CHARS_MAX = 262    # a DNS name, a colon and a port
+REASONS = frozenset({"bootstrap", "rejoin"})
+
+
+@dataclass(frozen=True, order=True)
+class Member:
+    raft: str
+    name: str
+    disk: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "raft": self.raft, "disk": self.disk}
+
+
+Members = tuple[Member, ...]
+
+
+def command(members: Members, reason: str) -> dict[str, Any]:
+    return {"type": COMMAND_TYPE, "reason": reason, "members": [m.to_json() for m in sorted(members)]}
+
+
+def parse(cmd: Any) -> Members | None:
+    """The voters a ``SetMembership`` command names, or None if it is not a well-formed one."""
+    if not isinstance(cmd, dict) or cmd.get("type") != COMMAND_TYPE or cmd.get("reason") not in REASONS:
+        return None
+    raw = cmd.get("members")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MEMBERS_MAX:
+        return None
+    members = []
+    for m in raw:
+        if not isinstance(m, dict) or set(m) != {"name", "raft", "disk"}:
+            return None
+        name, raft, disk = m["name"], m["raft"], m["disk"]
+        if not (isinstance(name, str) and 0 < len(name) <= NAME_CHARS_MAX and isinstance(raft, str)
+                and 0 < len(raft) <= RAFT_ADDRESS_CHARS_MAX and ":" in raft and is_disk_id(disk)):
+            return None
+        members.append(Member(raft=raft, name=name, disk=disk))
+    if len({m.raft for m in members}) != len(members) or len({m.name for m in members}) != len(members):
+        return None
+    return tuple(sorted(members))
+
+
+def parse_entry(command_bytes: bytes) -> Members | None:
+    """The voters of a journal entry of the MEMBERSHIP type (type byte included), or None if malformed."""
+    envelopes = decode_entry(command_bytes[1:])
+    if len(envelopes) != 1 or not isinstance(envelopes[0], dict):
+        return None
+    return parse(envelopes[0].get("cmd"))
+
+
+def from_image(image_members: Any) -> Members | None:
+    """The membership an image holds (``image["members"]``, the list ``command`` writes), None when it has none."""
+    if not image_members:
+        return None
+    return parse({"type": COMMAND_TYPE, "reason": "bootstrap", "members": image_members})
+
+
+def is_voter(members: Members, name: str, disk: str) -> bool:
+    # By name: nodes may reach one another at different addresses (a proxy, NAT, a DNS alias), a name is one.
+    return any(m.name == name and m.disk == disk for m in members)
+
+
+class MembershipTrail:
+    """The membership entries of one node's log, newest last, fed by the journal as it changes.
+
+    ``current()`` is the newest: of the entries still in the log, or the snapshot's (``base``) when the log holds
+    none after it. Not thread-safe: the tick thread feeds and reads it (the journal is only touched there)."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, Members | None]] = []
+        self._base: tuple[int, Members] | None = None
+        self.changes = 0           # bumped at every change: readers recompute what they derived from it
+
+    def appended(self, index: int, command_bytes: bytes) -> None:
+        # A malformed one is kept as None: it is not a membership (apply rejects it the same way on every node).
+        self._entries.append((index, parse_entry(command_bytes)))
+        self.changes += 1
+
+    def truncated_from(self, index: int) -> None:
+        """Entries at ``index`` and after left the log (a conflict with the leader's)."""
+        kept = [(i, m) for i, m in self._entries if i < index]
+        if len(kept) != len(self._entries):
+            self._entries = kept
+            self.changes += 1
+
+    def compacted_before(self, index: int) -> None:
+        """Entries before ``index`` left the log (compaction): the newest of them stays, it is still in force."""
+        older = [e for e in self._entries if e[0] < index and e[1] is not None]
+        newer = [e for e in self._entries if e[0] >= index]
+        self._entries = older[-1:] + newer
+
+    def cleared(self) -> None:
+        """Every entry left the log (a snapshot installed from the leader: ``set_base`` says what it held)."""
+        if self._entries:
+            self._entries = []
+            self.changes += 1
+
+    def set_base(self, index: int, members: Members | None) -> None:
+        self._base = (index, members) if members else None
+        self.changes += 1
+
+    def current(self) -> tuple[int, Members] | None:
+        """(log index, voters) of the membership in force on this node, or None before the first one."""
+        newest = next(((i, m) for i, m in reversed(self._entries) if m is not None), None)
+        base = self._base
+        if newest is None or (base is not None and base[0] >= newest[0]):
+            return base
+        return newest
