@@ -143,6 +143,21 @@ class AdminClient:
         """The answering node's view: node, role, leader, term, commit_index, applied_version, members."""
         return await self._read("/v1/cluster")
 
+    # -- the meta cluster's members (one change at a time, through the log) -------------------------------------
+    async def members(self) -> dict[str, Any]:
+        """``{"membership_index","members":[{"node","raft","url","disk","voter"}]}``."""
+        return await self._read("/v1/cluster/members")
+
+    async def add_member(self, node: str, raft: str, url: str) -> dict[str, Any]:
+        """Add meta node ``node`` as a learner; it catches up, then ``promote_member`` makes it a voter."""
+        return await self._write("POST", "/v1/cluster/members", {"node": node, "raft": raft, "url": url})
+
+    async def promote_member(self, node: str) -> dict[str, Any]:
+        return await self._write("POST", f"/v1/cluster/members/{_seg(node)}/promote")
+
+    async def remove_member(self, node: str) -> dict[str, Any]:
+        return await self._write("DELETE", f"/v1/cluster/members/{_seg(node)}")
+
     async def history(self, *, topic: str | None = None, after: int = 0, limit: int | None = None) -> dict[str, Any]:
         """One page of events after version ``after``: ``{"events":[...],"next_after"}``."""
         return await self._read("/v1/history", {"topic": topic, "after": after, "limit": limit})

@@ -53,8 +53,9 @@ class LeaderForwarder:
         return self._http
 
     def leader_url(self) -> str | None:
-        m = self.config.member_by_raft(self.sync.leader_address())
-        return m.url if m else None
+        address = self.sync.leader_address()
+        # A member added through the log (meta/raft_roles.py) is in no config: its URL is the membership's.
+        return self.sync.roles.url_of(address) if address is not None else None
 
     async def to_leader(self, on_leader: Callable[[float], Awaitable[Answer]],
                         forward: Callable[[str], Awaitable[Answer]]) -> Answer:

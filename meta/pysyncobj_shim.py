@@ -168,6 +168,34 @@ def set_voted_for(so: SyncObj, node_id: Any) -> None:
     so._SyncObj__setCurrentTerm(so.raftCurrentTerm, node_id)
 
 
+def set_members(so: SyncObj, voters: set[Node], learners: set[Node]) -> None:
+    """pysyncobj's voters (a majority is counted over them and the node itself) and its read-only nodes (the leader
+    sends them entries, never counts them): the transport links to each, and forgets a node in neither."""
+    other, readonly = so._SyncObj__otherNodes, so._SyncObj__readonlyNodes
+    next_index, match_index = so._SyncObj__raftNextIndex, so._SyncObj__raftMatchIndex
+    responded = so._SyncObj__lastResponseTime
+    link = transport(so)
+    wanted = voters | learners
+    for node in (other | readonly) - wanted:
+        link.dropNode(node)
+        next_index.pop(node, None)
+        match_index.pop(node, None)
+        responded.pop(node, None)
+        so._SyncObj__connectedNodes.discard(node)
+    last = current_log_index(so)
+    for node in wanted - (other | readonly):
+        link.addNode(node)
+        next_index[node] = last + 1
+        match_index[node] = 0
+    for node in voters - other:
+        # The leader steps down when too few voters answered lately: a new voter has not had the chance yet.
+        responded[node] = monotonic()
+    other.clear()
+    other.update(voters)
+    readonly.clear()
+    readonly.update(learners)
+
+
 def step_down(so: SyncObj) -> None:
     """A candidate (or leader) becomes a follower; the next leader's append says who leads."""
     so._SyncObj__setState(_RAFT_STATE.FOLLOWER)

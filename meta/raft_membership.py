@@ -6,8 +6,8 @@ address (as the node that wrote the entry reaches it) and the id of its disk (``
 entry in a node's log, committed or not, so the journal tracks them as they are appended, truncated and compacted
 (``MembershipTrail``); a snapshot carries the membership of its index in the image (``image["members"]``).
 
-A node is a voter only while that membership lists its name with its own disk id. Otherwise it is a
-learner: it never stands for election, never answers a vote request, and its acknowledgements tell the leader
+A node is a voter only while that membership lists its name, as a voter, with its own disk id. Otherwise it is a
+learner (a member added by an operator is one until promoted, meta/raft_members.py): it never stands for election, never answers a vote request, and its acknowledgements tell the leader
 where to send from but never count toward a commit (``learner_progress`` messages, not ``next_node_idx``). The
 leader promotes a learner whose disk replaced a voter's once it holds every committed entry, by appending a
 membership entry with the new disk id (``MetaSyncObj._membership_tick``).
@@ -31,28 +31,45 @@ COMMAND_TYPE = "SetMembership"
 MEMBERS_MAX = 9
 NAME_CHARS_MAX = 128
 RAFT_ADDRESS_CHARS_MAX = 262    # a DNS name, a colon and a port
-REASONS = frozenset({"bootstrap", "rejoin"})
+URL_CHARS_MAX = 2048
+REASONS = frozenset({"bootstrap", "rejoin", "add", "promote", "remove"})
 
 
 @dataclass(frozen=True, order=True)
 class Member:
-    raft: str
+    raft: str            # as the node that wrote the entry reached it
     name: str
-    disk: str
+    disk: str | None     # None: a learner added by an operator that has not been heard from yet
+    url: str | None      # its HTTP API (None in a bootstrap written by a node whose config did not say)
+    voter: bool
 
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "raft": self.raft, "disk": self.disk}
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "raft": self.raft, "disk": self.disk, "url": self.url, "voter": self.voter}
 
 
 Members = tuple[Member, ...]
+_KEYS = {"name", "raft", "disk", "url", "voter"}
 
 
 def command(members: Members, reason: str) -> dict[str, Any]:
     return {"type": COMMAND_TYPE, "reason": reason, "members": [m.to_json() for m in sorted(members)]}
 
 
+def valid_name(name: Any) -> bool:
+    return isinstance(name, str) and 0 < len(name) <= NAME_CHARS_MAX
+
+
+def valid_raft(raft: Any) -> bool:
+    return isinstance(raft, str) and 0 < len(raft) <= RAFT_ADDRESS_CHARS_MAX and ":" in raft
+
+
+def valid_url(url: Any) -> bool:
+    return isinstance(url, str) and 0 < len(url) <= URL_CHARS_MAX and url.startswith(("http://", "https://"))
+
+
 def parse(cmd: Any) -> Members | None:
-    """The voters a ``SetMembership`` command names, or None if it is not a well-formed one."""
+    """The members a ``SetMembership`` command names, or None if it is not a well-formed one: at least one voter,
+    names and raft addresses unique, every voter with a disk id."""
     if not isinstance(cmd, dict) or cmd.get("type") != COMMAND_TYPE or cmd.get("reason") not in REASONS:
         return None
     raw = cmd.get("members")
@@ -60,14 +77,16 @@ def parse(cmd: Any) -> Members | None:
         return None
     members = []
     for m in raw:
-        if not isinstance(m, dict) or set(m) != {"name", "raft", "disk"}:
+        if not isinstance(m, dict) or set(m) != _KEYS:
             return None
-        name, raft, disk = m["name"], m["raft"], m["disk"]
-        if not (isinstance(name, str) and 0 < len(name) <= NAME_CHARS_MAX and isinstance(raft, str)
-                and 0 < len(raft) <= RAFT_ADDRESS_CHARS_MAX and ":" in raft and is_disk_id(disk)):
+        name, raft, disk, url, voter = m["name"], m["raft"], m["disk"], m["url"], m["voter"]
+        if not (valid_name(name) and valid_raft(raft) and isinstance(voter, bool)
+                and (disk is None and not voter or is_disk_id(disk)) and (url is None or valid_url(url))):
             return None
-        members.append(Member(raft=raft, name=name, disk=disk))
+        members.append(Member(raft=raft, name=name, disk=disk, url=url, voter=voter))
     if len({m.raft for m in members}) != len(members) or len({m.name for m in members}) != len(members):
+        return None
+    if not any(m.voter for m in members):
         return None
     return tuple(sorted(members))
 
@@ -89,7 +108,16 @@ def from_image(image_members: Any) -> Members | None:
 
 def is_voter(members: Members, name: str, disk: str) -> bool:
     # By name: nodes may reach one another at different addresses (a proxy, NAT, a DNS alias), a name is one.
-    return any(m.name == name and m.disk == disk for m in members)
+    return any(m.name == name and m.disk == disk and m.voter for m in members)
+
+
+def by_name(members: Members, name: str) -> Member | None:
+    return next((m for m in members if m.name == name), None)
+
+
+def replaced(members: Members, member: Member) -> Members:
+    """``members`` with ``member`` in place of the one of its name (or added)."""
+    return tuple(sorted([m for m in members if m.name != member.name] + [member]))
 
 
 class MembershipTrail:
@@ -101,19 +129,15 @@ class MembershipTrail:
     def __init__(self) -> None:
         self._entries: list[tuple[int, Members | None]] = []
         self._base: tuple[int, Members] | None = None
-        self.changes = 0           # bumped at every change: readers recompute what they derived from it
 
     def appended(self, index: int, command_bytes: bytes) -> None:
         # A malformed one is kept as None: it is not a membership (apply rejects it the same way on every node).
         self._entries.append((index, parse_entry(command_bytes)))
-        self.changes += 1
 
     def truncated_from(self, index: int) -> None:
         """Entries at ``index`` and after left the log (a conflict with the leader's)."""
         kept = [(i, m) for i, m in self._entries if i < index]
-        if len(kept) != len(self._entries):
-            self._entries = kept
-            self.changes += 1
+        self._entries = kept
 
     def compacted_before(self, index: int) -> None:
         """Entries before ``index`` left the log (compaction): the newest of them stays, it is still in force."""
@@ -123,13 +147,10 @@ class MembershipTrail:
 
     def cleared(self) -> None:
         """Every entry left the log (a snapshot installed from the leader: ``set_base`` says what it held)."""
-        if self._entries:
-            self._entries = []
-            self.changes += 1
+        self._entries = []
 
     def set_base(self, index: int, members: Members | None) -> None:
         self._base = (index, members) if members else None
-        self.changes += 1
 
     def current(self) -> tuple[int, Members] | None:
         """(log index, voters) of the membership in force on this node, or None before the first one."""

@@ -40,7 +40,6 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
 from . import disk_identity, limits
 from . import pysyncobj_shim as shim
-from . import raft_membership as membership
 from client.wire.errors import ApiError, rejection
 from .image import Image, restoring_pairs
 from .raft_applier import DISCARDED, Applier, Pending
@@ -49,6 +48,8 @@ from .raft_group_commit import GroupCommit
 from .raft_journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .raft_journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
 from .raft_proposals import Proposals, batch_callback
+from .raft_membership import from_image as members_of_image
+from .raft_roles import Roles
 from .raft_transport import RaftLink, StatorTransport
 from .snapshot_file import BackgroundWriter, SnapshotFormatError, WriterState, sync_file
 from .snapshot_file import read as read_snapshot
@@ -137,13 +138,6 @@ PYSYNCOBJ_JOURNAL_FILE = "raft.journal"   # Stator 0.1's journal (pysyncobj's fo
 # pieces, which pysyncobj gets wrong for some sizes (pysyncobj_shim._append_as_raft): above the largest entry.
 APPEND_BATCH_BYTES = ENTRY_BYTES_MAX + 1
 RAFT_BIND_ATTEMPTS_MAX = 10   # x bindRetryTime 0.2 s: a taken raft port stops the node in ~2 s, not a busy loop forever
-KEEPALIVE_INTERVAL_S = 0.5
-# Before the first membership entry a node hears every peer's keepalive before it may vote (raft_membership.py):
-# sent each tick then, a first start of a cluster waits one tick for it, not half a second.
-BOOTSTRAP_KEEPALIVE_INTERVAL_S = 0.05
-MEMBERSHIP_PROPOSAL_TIMEOUT_S = 5.0   # a membership entry neither committed nor failed by then is proposed again
-LEARNER_ELECTION_HOLD_S = 1.0         # a learner pushes its election deadline this far ahead at every tick
-PROMOTION_LAG_ENTRIES_MAX = 1000      # a learner this close to the commit index is promoted (see _membership_tick)
 SLOW_TICK_S = 0.25   # the shortest election timeout: a tick longer than this can cost the cluster its leader
 RESTART_ELECTION_GRACE_S = 1.5
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
@@ -174,24 +168,17 @@ class _LocalState:
     held: shim.HeldEntries | None = None      # appends that repeated held entries (pysyncobj_shim.py)
     # The leader's stamp (its clock and settings) for the next entry (RaftNode.leader_fields); None: unstamped.
     stamp: Callable[[], dict[str, Any]] | None = None
-    # -- membership (meta/raft_membership.py) --
-    disk: str = ""                # this data directory's id (meta/disk_identity.py)
-    name: str = ""                # this node's name, as the membership records it
-    names: dict[str, str] = field(default_factory=dict)   # raft address -> node name, from the config
-    voter: bool = False           # else a learner: no vote, no campaign, acknowledgements that never count
-    role_from: int = -1           # the trail's change count the role was decided at
-    peers: dict[str, tuple[str, bool]] = field(default_factory=dict)   # raft address -> (disk, log empty), heard
-    learners: dict[str, tuple[str, int]] = field(default_factory=dict)  # leader: name -> (disk, last index held)
-    membership_proposed_at: float | None = None   # monotonic; None: no membership entry of ours in flight
-    membership: tuple[int, Any] | None = None     # the trail's current one, as of this tick (for other threads)
+    roles: Roles | None = None    # voter or learner, and the leader's membership changes (meta/raft_roles.py)
 
 
 class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
                  on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge,
-                 link: RaftLink | None = None, names: dict[str, str] | None = None):
+                 link: RaftLink | None = None, names: dict[str, str] | None = None,
+                 urls: dict[str, str] | None = None):
         """``link``: how the raft port talks (mutual TLS or not); by default under ``secret`` alone. ``names``: the
-        node name of each raft address (this node's and its partners'), as the membership records them."""
+        node name of each raft address of the config (this node's and its partners'), ``urls``: the HTTP URL of each
+        node name, as the membership records them (meta/raft_roles.py); by default the raft addresses, none."""
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
         self.image_lock = threading.RLock()
         # What the image's window trims, kept for this node's projection (meta/image.py, trimmed_to).
@@ -213,11 +200,11 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             raise JournalFormatError(old_journal, "pysyncobj's journal of Stator 0.1",
                                      f"{JOURNAL_FILE}.<seq> segments (STATOR-RAFT-LOG version {JOURNAL_FORMAT_VERSION}) only")
         # Before the journal: a directory whose identity file is gone is a new disk, whatever else it holds.
-        self._local.disk, created = disk_identity.load_or_create(data_dir)
-        self._local.names = dict(names or {})
-        self._local.name = self._local.names.get(self_raft, self_raft)
+        disk, created = disk_identity.load_or_create(data_dir)
+        names = {address: address for address in [self_raft, *partners]} | dict(names or {})
+        self._local.roles = Roles(self, names[self_raft], names, dict(urls or {}), disk)
         if created:
-            log.info("raft_disk_identity_created", disk=self._local.disk, data_dir=data_dir)
+            log.info("raft_disk_identity_created", disk=disk, data_dir=data_dir)
         # Checked whole before pysyncobj reads a single entry: a damaged record stops the node naming file and offset.
         journal = StatorJournal(data_dir, journal_io(tuning.journal_io))
         self._snapshots = BackgroundWriter(snapshot_path)
@@ -255,7 +242,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
                              transportClass=functools.partial(StatorTransport, link or RaftLink(secret=secret)))
         # A repeated append must not take back entries; keepalives, learners' progress and (to a learner) vote
         # requests are ours to handle.
-        self._local.held = shim.keep_matching_entries(self, self._admit)
+        self._local.held = shim.keep_matching_entries(self, self._local.roles.admit)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
         self._local.journal = GroupCommit(shim.journal_of(self), tuning.journal_sync == "fsync")
@@ -284,7 +271,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
         self.addOnTickCallback(self._keep_links_alive)
-        self.addOnTickCallback(self._membership_tick)
+        self.addOnTickCallback(self._local.roles.leader_tick)
         if self.raftCurrentTerm > 0:
             # A node restarting on its own data must not stand for election before it could hear the leader:
             # pysyncobj has no pre-vote, so its higher term would depose a healthy leader (one more election).
@@ -294,140 +281,23 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # pysyncobj drops a connection that has read nothing for connectionTimeout, and two followers never talk
         # until an election: their link was down much of the time, so the first candidate's vote request was lost
         # and every failover took a second election. A small message now and then keeps every link up.
-        # Each one also says which disk this node runs on and whether its log is empty (a bootstrap needs every
-        # peer's), and a leader learns from them whom it may promote.
-        now = time.monotonic()
-        bootstrapping = self._trail().current() is None
-        if now - self._local.last_keepalive < (BOOTSTRAP_KEEPALIVE_INTERVAL_S if bootstrapping else KEEPALIVE_INTERVAL_S):
-            return
-        self._local.last_keepalive = now
-        keepalive = {"type": "keepalive", "disk": self._local.disk, "fresh": self._log_is_empty()}
-        for node in self.otherNodes:
-            shim.send_message(self, node, keepalive)
-
-    # -- membership: voters and learners (meta/raft_membership.py) ----------------------------------------------
-    def _trail(self) -> membership.MembershipTrail:
-        return shim.journal_of(self).membership
-
-    def _log_is_empty(self) -> bool:
-        """No membership and no entry past pysyncobj's first no-op: a directory that never took part in a cluster."""
-        return self._trail().current() is None and shim.current_log_index(self) <= 1
-
-    def _decide_role(self) -> None:
-        """Tick thread, at the start of each tick: voter or learner, from the newest membership in the log."""
-        local = self._local
-        current = local.membership = self._trail().current()
-        if current is not None:
-            voter = membership.is_voter(current[1], local.name, local.disk)
-        elif not self._log_is_empty():
-            voter = True    # took part in a bootstrap whose membership entry is not in this log yet
-        else:
-            heard = [local.peers.get(node.address) for node in self.otherNodes]
-            voter = all(p is not None and p[1] for p in heard)   # a first start of the whole cluster
-        if voter == local.voter:
-            return
-        local.voter = voter
-        leader = shim.leader(self)
-        if voter and leader is not None and shim.voted_for(self) is None:
-            # This term's leader may have won with the vote this node's old disk gave; a vote for another
-            # candidate in the same term could elect a second leader.
-            shim.set_voted_for(self, leader.id)
-        if not voter and shim.is_leader(self):
-            shim.step_down(self)
-        log.info("raft_membership_role", role="voter" if voter else "learner", disk=local.disk,
-                 membership_index=current[0] if current else None)
-
-    def _admit(self, node: Any, message: Any) -> bool:
-        """Tick thread: False for the messages pysyncobj must not see."""
-        if not isinstance(message, dict):
-            return True
-        kind = message.get("type")
-        if kind == "keepalive":
-            disk, fresh = message.get("disk"), message.get("fresh")
-            if disk_identity.is_disk_id(disk) and isinstance(fresh, bool):
-                self._local.peers[node.address] = (disk, fresh)
-            return False
-        if kind == "learner_progress":
-            self._learner_progress(node, message)
-            return False
-        if kind in ("request_vote", "timeout_now") and not self._local.voter:
-            return False   # a learner never votes, nor stands for election on a leader's word
-        return True
+        # Each one also says which disk this node runs on and whether its log is empty (meta/raft_roles.py).
+        keepalive = self._local.roles.keepalive()
+        if keepalive is not None:
+            for node in self.otherNodes | self.readonlyNodes:
+                shim.send_message(self, node, keepalive)
 
     def acknowledge(self, node: Any, next_index: int, reset: bool, success: bool) -> bool:
-        # A learner's acknowledgement tells the leader where to send from, never what counts toward a commit.
-        if self._local.voter:
-            return False
-        shim.send_message(self, node, {"type": "learner_progress", "next": next_index, "reset": reset,
-                                       "success": success, "disk": self._local.disk})
-        return True
+        return self._local.roles.acknowledge(node, next_index, reset, success)
 
-    def _learner_progress(self, node: Any, message: dict[str, Any]) -> None:
-        if not shim.is_leader(self):
-            return
-        nxt, disk = message.get("next"), message.get("disk")
-        if not (isinstance(nxt, int) and nxt >= 1 and disk_identity.is_disk_id(disk)):
-            return
-        if message.get("reset") is True:
-            shim.set_next_index(self, node, nxt)
-        name = self._local.names.get(node.address, node.address)
-        held = self._local.learners.get(name)
-        match = nxt - 1 if message.get("success") is True else (held[1] if held and held[0] == disk else 0)
-        self._local.learners[name] = (disk, match)
+    def wake(self) -> None:
+        """Any thread: run the next tick now."""
+        if self._local.pipe is not None:
+            self._local.pipe.notify()
 
-    def _membership_tick(self) -> None:
-        """Leader: append the bootstrap membership, or promote a learner whose disk replaced a voter's once it
-        holds every committed entry. One membership entry in flight at a time."""
-        local = self._local
-        if not shim.is_leader(self):
-            local.membership_proposed_at = None
-            local.learners.clear()
-            return
-        if local.membership_proposed_at is not None:
-            if time.monotonic() - local.membership_proposed_at < MEMBERSHIP_PROPOSAL_TIMEOUT_S:
-                return
-            local.membership_proposed_at = None
-        current = self._trail().current()
-        if current is None:
-            members = self._bootstrap_members()
-            if members is not None:
-                self._propose_membership(members, "bootstrap")
-            return
-        index, members = current
-        if index > self.raftCommitIndex:
-            return   # the last change is not committed yet: Raft's single-server changes go one at a time
-        # Promoting a learner that lags is safe: it becomes a voter only once it appends the promotion entry, which
-        # it can only do holding every entry before it, committed ones included (and any node that acknowledges
-        # the entry does). The lag bound is for liveness: under steady writes a learner is always a few entries
-        # behind the commit index, and a voter far behind would not help a commit for a while.
-        for m in members:
-            held = local.learners.get(m.name)
-            if held is not None and held[0] != m.disk and held[1] >= self.raftCommitIndex - PROMOTION_LAG_ENTRIES_MAX:
-                promoted = membership.Member(raft=m.raft, name=m.name, disk=held[0])
-                self._propose_membership(tuple(sorted(promoted if x is m else x for x in members)), "rejoin")
-                return
-
-    def _bootstrap_members(self) -> membership.Members | None:
-        local = self._local
-        members = [membership.Member(raft=self.selfNode.address, name=local.name, disk=local.disk)]
-        for node in self.otherNodes:
-            heard = local.peers.get(node.address)
-            if heard is None:
-                return None   # every voter's disk goes into the first membership
-            members.append(membership.Member(raft=node.address, name=local.names.get(node.address, node.address),
-                                             disk=heard[0]))
-        return tuple(sorted(members))
-
-    def _propose_membership(self, members: membership.Members, reason: str) -> None:
-        local = self._local
-        envelope = encode_envelope({"rid": None, "actor": "system", "cmd": membership.command(members, reason)})
-        local.membership_proposed_at = time.monotonic()
-
-        def done(_result: Any, _err: int) -> None:   # tick thread: committed, or failed
-            local.membership_proposed_at = None
-
-        shim.propose_membership(self, encode_entry(self._stamp(), [envelope]), done)
-        log.info("raft_membership_proposed", reason=reason, members=[m.to_json() for m in members])
+    def stamp_bytes(self) -> bytes:
+        """The stamp line of the next entry: the leader's clock and settings (meta/raft_entry.py)."""
+        return self._stamp()
 
     def _log_state_change(self, old: int, new: int) -> None:
         # Elections are the first thing to look at when latency jumps: every change of role is a log line.
@@ -503,9 +373,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # pysyncobj judges the leader dead at the start of a tick, before it reads the messages that arrived
         # meanwhile. After a long tick (a follower applying a batch of large entries) the leader's heartbeats are
         # already waiting in the socket: read them first, so being busy is never mistaken for a dead leader.
-        self._decide_role()
-        if not self._local.voter:
-            shim.postpone_election(self, LEARNER_ELECTION_HOLD_S)
+        self._local.roles.decide()
         if self._tick_thread is not None:
             shim.poll_sockets(self)
             self._local.transport.flush()   # what answering them queued (a follower's acknowledgements)
@@ -592,7 +460,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             self.image_data = snapshot.image
             self._local.installed_through = snapshot.last_applied.index
         # The voters as of the snapshot's index: the journal's membership entries before it are gone with it.
-        self._trail().set_base(snapshot.last_applied.index, membership.from_image(snapshot.image.get("members")))
+        shim.journal_of(self).membership.set_base(snapshot.last_applied.index, members_of_image(snapshot.image.get("members")))
         self._local.freeze_pending = True
         return shim.raft_state_of(snapshot)
 
@@ -614,6 +482,12 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
                 # A tick this long held back heartbeats (or their answers) past the shortest election timeout.
                 self._local.slow_ticks += 1
                 log.warning("raft_tick_slow", seconds=round(took, 3), leader=shim.is_leader(self))
+
+    def stop_ticking(self, timeout_s: float = 5.0) -> None:
+        """Tests: the node stays up (sockets open) but never ticks again, as a process stopped by SIGSTOP."""
+        self._stop.set()
+        if self._tick_thread is not None:
+            self._tick_thread.join(timeout_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
@@ -684,13 +558,13 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         return self._applier.applied_index
 
     # -- status -----------------------------------------------------------------------------------------------
+    @property
+    def roles(self) -> Roles:
+        """This node's place in the membership, and the leader's changes (meta/raft_roles.py)."""
+        return self._local.roles
+
     def membership_status(self) -> dict[str, Any]:
-        """This node's disk, whether it votes, and the voters of the newest membership in its log (any thread)."""
-        local = self._local
-        current = local.membership
-        return {"disk": local.disk, "voter": local.voter,
-                "membership_index": current[0] if current else None,
-                "voters": [m.to_json() for m in current[1]] if current else []}
+        return self._local.roles.status()
 
     def leader_address(self) -> str | None:
         leader = shim.leader(self)

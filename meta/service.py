@@ -92,7 +92,8 @@ class MetaService:
 
         self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
                                 self.config.raft_tuning, on_applied, bridge, raft_link(self.config),
-                                names={m.raft: m.node for m in self.config.members})
+                                names={m.raft: m.node for m in self.config.members},
+                                urls={m.node: m.url for m in self.config.members})
         # The restored image's version, before any reader or the route warmer starts: waiters start from it, and the
         # change log reaches back no further (a watch stream asking for an older version gets a full scan).
         self.feed.publish(self.sync.image_data["version"], None)
@@ -135,7 +136,15 @@ class MetaService:
         return self.sync.is_leader()
 
     def leader(self) -> Member | None:
-        return self.config.member_by_raft(self.sync.leader_address())
+        address = self.sync.leader_address()
+        if address is None:
+            return None
+        member = self.config.member_by_raft(address)
+        if member is not None:
+            return member
+        # A member added through the log (meta/raft_roles.py): in no config, named by the membership.
+        roles = self.sync.roles
+        return Member(roles.name_of(address), address, roles.url_of(address) or "")
 
     def term(self) -> int:
         return self.sync.term()
@@ -149,7 +158,7 @@ class MetaService:
         return "follower" if self.sync.leader_address() else "candidate"
 
     def ready(self) -> bool:
-        return self.sync.isReady() and self.sync.leader_address() is not None
+        return self.sync.isReady() and self.sync.leader_address() is not None and not self.sync.roles.removed
 
     # -- writes ------------------------------------------------------------------------------------------------
     async def submit(self, cmd: dict[str, Any], *, actor: str, idempotency_key: str | None,

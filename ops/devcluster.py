@@ -223,6 +223,26 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
     return cluster
 
 
+def add_meta(dir_: str, name: str, http_port: int, raft_port: int) -> dict[str, Any]:
+    """Start one more meta node, ``name``, on the given ports: its config lists the cluster's members and itself
+    (how to reach the cluster), and it joins as a learner once ``stator cluster members add`` put it in the log.
+    Not waited for: a learner is not ready until it has caught up. Returns its entry in cluster.json."""
+    dir_ = os.path.abspath(dir_)
+    cluster = load(dir_)
+    if any(_name(m) == name for m in cluster["meta"] + cluster["brokers"]):
+        raise RuntimeError(f"{name} is already in {dir_}/cluster.json")
+    with open(cluster["meta"][0]["config"]) as f:
+        template = json.load(f)
+    me = {"node": name, "raft": f"127.0.0.1:{raft_port}", "url": f"http://127.0.0.1:{http_port}"}
+    cfg = {**template, "node": name, "http": me["url"].removeprefix("http://"),
+           "members": [m for m in template["members"] if m["node"] != name] + [me]}
+    path = write_config(dir_, name, cfg)
+    member = {"node": name, "url": me["url"], "pid": _spawn(dir_, name, _meta_argv(path)), "config": path}
+    cluster["meta"].append(member)
+    save(dir_, cluster)
+    return member
+
+
 def write_config(dir_: str, name: str, cfg: dict[str, Any]) -> str:
     """A member's config.json in its own directory under ``dir_``; returns its path."""
     os.makedirs(os.path.join(dir_, name), exist_ok=True)

@@ -13,7 +13,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+
+from ops import devcluster
 
 PG_USER = "stator"             # the superuser role initdb creates; trust auth, loopback only
 RUN_AS = "postgres"            # OS user that owns the cluster when the tests run as root (initdb refuses root)
@@ -78,9 +79,9 @@ def _run(cmd: list[str], user: pwd.struct_passwd | None) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Below the ephemeral range, like every port a test binds: one the kernel handed out for an outgoing connection
+    # could be taken again by the next outgoing connection while the server starts.
+    return devcluster.free_base_port()
 
 
 def _tail(path: Path, lines: int = 30) -> str:

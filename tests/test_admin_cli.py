@@ -74,6 +74,24 @@ def test_cluster_status_and_members(dev):
     assert sorted(r[0] for r in table(dev, "cluster", "members")[1:]) == ["m1", "m2", "m3"]
 
 
+def test_members_add_promote_remove(dev):
+    """A member that never comes up: added as a learner, not promotable, removed; refusals are one line each."""
+    added = cli_json(dev, "cluster", "members", "add", "m9", "--raft", "127.0.0.1:1", "--url", "http://127.0.0.1:1")
+    assert {m["node"]: m["voter"] for m in added["members"]} == {"m1": True, "m2": True, "m3": True, "m9": False}
+    listed = cli_json(dev, "cluster", "members")["members"]
+    assert [(m["node"], m["voter"], m["disk"]) for m in listed if m["node"] == "m9"] == [("m9", False, None)]
+    assert all(len(m["disk"]) == 32 for m in listed if m["node"] != "m9")
+    refused = cli("cluster", "members", "promote", "m9", "--dir", dev.dir, code=1)
+    assert error_line(refused).startswith("error: NOT_CAUGHT_UP: ")
+    refused = cli("cluster", "members", "add", "m9", "--raft", "127.0.0.1:2", "--url", "http://x", "--dir", dev.dir,
+                  code=1)
+    assert error_line(refused).startswith("error: MEMBER_EXISTS: ")
+    removed = cli_json(dev, "cluster", "members", "remove", "m9")
+    assert sorted(m["node"] for m in removed["members"]) == ["m1", "m2", "m3"]
+    rows = table(dev, "cluster", "members")
+    assert rows[0] == ["NODE", "RAFT", "URL", "VOTER", "DISK", "LEADER"] and len(rows) == 4
+
+
 def test_global_options_stand_anywhere(dev):
     """Before the noun, between noun and verb, after the verb; glued or spaced; env for endpoints and token."""
     want = cli_json(dev, "cluster", "members")

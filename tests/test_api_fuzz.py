@@ -52,8 +52,11 @@ TOPIC = "fuzztopic"                 # the broker's topic: longer than schemathes
 GROUP = "fuzzgroup"                 # never name it by chance
 BROKER = "b1"
 
-# The SSE stream never ends by design; the integration tests cover it.
-meta_schema = schemathesis.openapi.from_dict(META_SPEC).exclude(path="/v1/watch")
+# The SSE stream never ends by design; the integration tests cover it. Membership changes are left out: a generated
+# name may be a real member's ("m1"), and removing one changes the cluster under the fuzzer; their bad input is
+# tested by name in tests/test_meta_members.py.
+meta_schema = (schemathesis.openapi.from_dict(META_SPEC).exclude(path="/v1/watch")
+               .exclude(path_regex="^/v1/cluster/members/").exclude(path="/v1/cluster/members", method="POST"))
 broker_schema = schemathesis.openapi.from_dict(BROKER_SPEC)
 
 

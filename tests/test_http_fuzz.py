@@ -99,6 +99,10 @@ META_OPS = [
     Op("meta", "PUT", "/v1/groups/{group}/config", ("expected_version",), (), mutating=True),
     Op("meta", "GET", "/v1/groups", READ_QUERY),
     Op("meta", "GET", "/v1/groups/{group}"),
+    Op("meta", "GET", "/v1/cluster/members", READ_QUERY),
+    Op("meta", "POST", "/v1/cluster/members", (), ("node", "raft", "url"), mutating=True),
+    Op("meta", "POST", "/v1/cluster/members/{node}/promote", (), mutating=True),
+    Op("meta", "DELETE", "/v1/cluster/members/{node}", (), mutating=True),
 ]
 BROKER_OPS = [
     Op("broker", "POST", "/v1/messages/{topic}/{queue}", (), ("messages",), mutating=True),
@@ -188,6 +192,10 @@ FIELD_VALUES = {
     "wait_ms": st.sampled_from([0, 1, 200, 30_001, -1]),
     "handles": st.one_of(st.lists(any_text, max_size=3), json_values), "handle": any_text,
     "deliveries": st.one_of(st.lists(st.lists(small_ints, max_size=3), max_size=3), json_values),
+    # A member added here never comes up (a learner: the majority is untouched); one raft address for all of them,
+    # so at most one is ever added.
+    "node": names, "raft": st.sampled_from(["127.0.0.1:1", "no-port", "x" * 300 + ":1"]),
+    "url": st.sampled_from(["http://127.0.0.1:1", "ftp://x", ""]),
 }
 QUERY_VALUES = st.one_of(
     st.sampled_from(["0", "1", "-1", "x", "", "1.5", "1e400", "nan", "inf", str(2**62), str(2**63), "9" * 5000,
@@ -206,7 +214,9 @@ def path_params(op: Op) -> st.SearchStrategy[dict[str, str]]:
     queue = st.sampled_from(["0", "1", "2", "-1", "x", str(2**64), "1.0"]) | any_text
     pq = st.sampled_from(["fz.q0.g0.i4", "..", "%2e%2e", "nope"]) | any_text
     group = st.sampled_from([GROUP, "g"]) | any_text
-    known = {"topic": topic, "queue": queue, "broker": broker, "pq": pq, "group": group}
+    # Never a real member's name (m1..m3): removing one would change the cluster under the fuzzer.
+    node = st.sampled_from(["fz-node", "nope"]) | any_text.filter(lambda t: not re.fullmatch(r"m[0-9]+", t))
+    known = {"topic": topic, "queue": queue, "broker": broker, "pq": pq, "group": group, "node": node}
     wanted = re.findall(r"{(\w+)}", op.path)
     return st.fixed_dictionaries({k: known[k] for k in wanted})
 
@@ -605,7 +615,7 @@ def _every_field(op: Op, value_text: str) -> bytes:
 
 
 def deterministic_requests() -> list[tuple[str, Request]]:
-    params = {"topic": TOPIC, "queue": "0", "broker": FAKE_BROKER, "group": GROUP, "pq": "nope"}
+    params = {"topic": TOPIC, "queue": "0", "broker": FAKE_BROKER, "group": GROUP, "pq": "nope", "node": "fz-node"}
     out = []
     for op in BODY_OPS:
         role = "broker" if "/brokers/" in op.path else "client" if op.service == "broker" else "admin"

@@ -85,6 +85,11 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
         await call("GET", "/v1/cluster", "client", expect=200)
         await call("GET", "/v1/history", "client", expect=200)
         await call("GET", "/v1/admin/image-digest", expect=200)
+        await call("GET", "/v1/cluster/members", "client", expect=200)
+        spare = {"node": "m9", "raft": "127.0.0.1:1", "url": "http://127.0.0.1:1"}   # added, never started
+        await call("POST", "/v1/cluster/members", json_body=spare, expect=201)
+        await call("POST", "/v1/cluster/members/{node}/promote", expect=409, node="m9")
+        await call("DELETE", "/v1/cluster/members/{node}", expect=200, node="m9")
 
         heartbeat = {"member": "c1", "topics": ["t"], "mode": "exclusive"}
         await call("PUT", "/v1/groups/{group}/config", json_body={"lease_ms": 30_000, "mode": "exclusive"},

@@ -7,15 +7,15 @@ from aiohttp import web
 from .. import limits
 from ..config import MetaConfig
 from ..service import MetaService
-from . import brokers, cluster, groups, topics, watch
+from . import brokers, cluster, groups, members, topics, watch
 from ..admission import Admission
 from .keys import ADMISSIONS, METRICS, SERVICE
 from .metrics import MetaMetrics
-from .middleware import add_version_header, errors_and_auth
+from .middleware import add_version_header, errors_and_auth, refuse_when_removed
 
 
 def make_app(config: MetaConfig) -> web.Application:
-    app = web.Application(middlewares=[errors_and_auth], client_max_size=limits.REQUEST_BODY_BYTES_MAX)
+    app = web.Application(middlewares=[errors_and_auth, refuse_when_removed], client_max_size=limits.REQUEST_BODY_BYTES_MAX)
     metrics = app[METRICS] = MetaMetrics()
     app[SERVICE] = MetaService(config, Admission(
         "version_waiters", limits.VERSION_WAITERS_MAX, metrics.version_waiters, metrics.rejections,
@@ -35,6 +35,6 @@ def make_app(config: MetaConfig) -> web.Application:
 
     app.cleanup_ctx.append(service_ctx)
     app.on_response_prepare.append(add_version_header)
-    for module in (topics, brokers, groups, watch, cluster):
+    for module in (topics, brokers, groups, watch, cluster, members):
         module.add_routes(app)
     return app

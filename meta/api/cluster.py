@@ -25,16 +25,26 @@ async def cluster(request: web.Request) -> web.Response:
     await svc.reads.before_read(request.query)
     leader = svc.leader()
     ours = svc.sync.membership_status()
-    disks = {v["name"]: v["disk"] for v in ours["voters"]}
     return respond({
         "node": svc.config.node, "role": svc.role(), "leader": leader.node if leader else None,
         "term": svc.term(), "commit_index": svc.commit_index(), "applied_version": svc.applied_version,
         # The disk this node runs on, and whether the membership in its log counts it as a voter (a learner
-        # catches up first: a wiped or replaced disk, meta/raft_membership.py).
+        # catches up first: a wiped or replaced disk, a member just added; meta/raft_roles.py).
         "disk": ours["disk"], "voter": ours["voter"], "membership_index": ours["membership_index"],
-        "members": [{"node": m.node, "raft": m.raft, "url": m.url, "disk": disks.get(m.node)}
-                    for m in svc.config.members],
+        "members": members_view(svc, ours["members"]),
     })
+
+
+def members_view(svc, recorded: list[dict]) -> list[dict]:
+    """The members as the log records them (before the first membership entry: the config's), each with the raft
+    address and URL this node reaches it at, its disk, and whether it votes."""
+    config = {m.node: m for m in svc.config.members}
+    if not recorded:
+        return [{"node": m.node, "raft": m.raft, "url": m.url, "disk": None, "voter": True}
+                for m in svc.config.members]
+    return [{"node": m["name"], "raft": config[m["name"]].raft if m["name"] in config else m["raft"],
+             "url": config[m["name"]].url if m["name"] in config else m["url"], "disk": m["disk"],
+             "voter": m["voter"]} for m in recorded]
 
 
 @requires("admin")

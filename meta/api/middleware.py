@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from client.wire.errors import rejection
 from client.wire.server import error_middleware, route_name
 
 from .keys import METRICS, SERVICE
@@ -37,3 +38,20 @@ async def add_version_header(request: web.Request, response: web.StreamResponse)
     svc = request.app.get(SERVICE)
     if svc is not None and svc.reads is not None:
         response.headers["X-Meta-Version"] = str(svc.applied_version)
+
+
+# What a node removed from the members still answers: how it sees itself and the cluster, so an operator learns why.
+ANSWERED_WHEN_REMOVED = frozenset({"/healthz", "/readyz", "/metrics", "/v1/cluster", "/v1/cluster/members",
+                                   "/v1/openapi.json"})
+
+
+@web.middleware
+async def refuse_when_removed(request: web.Request, handler):
+    """A node the membership no longer names gets no more of the log: it stops serving (meta/raft_roles.py)."""
+    svc = request.app.get(SERVICE)
+    if (svc is not None and svc.sync is not None and svc.sync.roles.removed
+            and request.path not in ANSWERED_WHEN_REMOVED):
+        raise rejection(503, "NOT_A_MEMBER", "this meta node was removed from the cluster's members and no longer "
+                        "gets the log; stop it, or add it again with `stator cluster members add`",
+                        node=svc.config.node)
+    return await handler(request)

@@ -17,7 +17,7 @@ from typing_extensions import NotRequired, TypedDict
 from client.wire import route as route_model
 from client.wire.shapes import OPEN, STRICT
 
-from .. import limits
+from .. import limits, raft_membership
 from ..commands import GROUP_CONFIG_INTS
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$", min_length=1, max_length=127)]
@@ -121,6 +121,16 @@ class GroupConfig(TypedDict, total=False):
     mode: Literal["exclusive", "shared"] | None
 
 
+@with_config(STRICT)
+class AddMember(TypedDict):
+    """A meta node to add as a learner (meta/raft_roles.py): its name, and where the others reach it."""
+    node: Name
+    raft: Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]+:[0-9]{1,5}$",
+                                           max_length=raft_membership.RAFT_ADDRESS_CHARS_MAX)]
+    url: Annotated[str, StringConstraints(pattern=r"^https?://[\x21-\x7e]+$",
+                                          max_length=raft_membership.URL_CHARS_MAX)]
+
+
 # -- responses -------------------------------------------------------------------------------------------------
 @with_config(OPEN)
 class WriteResult(TypedDict):
@@ -133,7 +143,8 @@ class Member(TypedDict):
     node: str
     raft: str
     url: str
-    disk: str | None     # the disk id the membership in this node's log records for it (None: not a voter there)
+    disk: str | None     # the disk id the membership in this node's log records for it (None: not heard from yet)
+    voter: bool          # False: a learner (added and not promoted yet)
 
 
 @with_config(OPEN)
@@ -147,6 +158,12 @@ class Cluster(TypedDict):
     disk: str                     # this node's data directory id (meta/disk_identity.py)
     voter: bool                   # False: a learner, catching up before it is promoted (meta/raft_membership.py)
     membership_index: int | None  # the log index of the membership in force on this node
+    members: list[Member]
+
+
+@with_config(OPEN)
+class ClusterMembers(TypedDict):
+    membership_index: NotRequired[int | None]   # in the list's answer: the log index of the membership in force
     members: list[Member]
 
 

@@ -48,6 +48,16 @@ SPEC: dict[str, Any] = {
     "security": [{"bearer": []}],
     "paths": {
         "/v1/cluster": {"get": _op("Cluster status", params=_READ, answer=M.Cluster)},
+        "/v1/cluster/members": {
+            "get": _op("The meta cluster's members, as the log records them", params=_READ,
+                       answer=M.ClusterMembers),
+            "post": _op("Add a meta node as a learner (one membership change at a time)", roles="admin",
+                        body=M.AddMember, ok="201", answer=M.ClusterMembers)},
+        "/v1/cluster/members/{node}/promote": {"post": _op("Promote a learner that caught up to a voter",
+                                                           roles="admin", params=[_p("node")],
+                                                           answer=M.ClusterMembers)},
+        "/v1/cluster/members/{node}": {"delete": _op("Remove a meta node from the members", roles="admin",
+                                                     params=[_p("node")], answer=M.ClusterMembers)},
         "/v1/brokers": {"get": _op("List brokers", params=_READ, answer=M.Brokers)},
         "/v1/brokers/{broker}": {"put": _op("Register a broker (new epoch)", roles="broker", params=[_p("broker")],
                                             body=M.RegisterBroker)},

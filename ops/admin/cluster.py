@@ -1,4 +1,4 @@
-"""``stator cluster status|members``: the meta nodes as each one sees itself."""
+"""``stator cluster status|members``: the meta nodes as each one sees itself, and changes of the members."""
 
 from __future__ import annotations
 
@@ -58,12 +58,52 @@ async def status(g: Globals) -> None:
         ("applied", "applied_version"), ("lag", "lag"), ("health", "health"), ("error", "error")]))
 
 
-@cluster.command("members")
+@cluster.group("members", cls=GlobalOptionsGroup, invoke_without_command=True)
 @global_options
 async def members(g: Globals) -> None:
-    """Members with their raft and HTTP addresses."""
+    """The members as the log records them, with their raft and HTTP addresses, disk and vote; with a subcommand,
+    change them (one change at a time: add a learner, promote it once it caught up, remove a member)."""
+    if click.get_current_context().invoked_subcommand is not None:
+        return
     async with g.admin() as admin:
         view = await admin.cluster()
-    data = {"members": [{**m, "leader": m["node"] == view["leader"]} for m in view["members"]]}
+        listed = await admin.members()
+    data = {"membership_index": listed.get("membership_index"),
+            "members": [{**m, "leader": m["node"] == view["leader"]} for m in listed["members"]]}
     output.emit(g.json, data, lambda d: output.table(d["members"], [
-        ("node", "node"), ("raft", "raft"), ("url", "url"), ("leader", "leader")]))
+        ("node", "node"), ("raft", "raft"), ("url", "url"), ("voter", "voter"), ("disk", "disk"),
+        ("leader", "leader")]))
+
+
+def _changed(g: Globals, answer: dict[str, Any]) -> None:
+    output.emit(g.json, answer, lambda d: output.table(d["members"], [
+        ("node", "node"), ("raft", "raft"), ("url", "url"), ("voter", "voter"), ("disk", "disk")]))
+
+
+@members.command("add")
+@click.argument("node")
+@click.option("--raft", required=True, metavar="HOST:PORT", help="where the other meta nodes reach its raft port")
+@click.option("--url", required=True, metavar="URL", help="its HTTP API")
+@global_options
+async def add(g: Globals, node: str, raft: str, url: str) -> None:
+    """Add meta node NODE as a learner: it gets the log, never votes, until promoted."""
+    async with g.admin() as admin:
+        _changed(g, await admin.add_member(node, raft, url))
+
+
+@members.command("promote")
+@click.argument("node")
+@global_options
+async def promote(g: Globals, node: str) -> None:
+    """Make learner NODE a voter, once it has caught up with the log."""
+    async with g.admin() as admin:
+        _changed(g, await admin.promote_member(node))
+
+
+@members.command("remove")
+@click.argument("node")
+@global_options
+async def remove(g: Globals, node: str) -> None:
+    """Remove NODE from the members (the leader hands over first when it is the one removed)."""
+    async with g.admin() as admin:
+        _changed(g, await admin.remove_member(node))
