@@ -9,6 +9,11 @@ and restart of the process, SIGSTOP/SIGCONT of its process group, SIGTERM and re
 projection) and starts it again empty, as an operator who replaced a failed disk would: it must rejoin as a learner,
 catch up from the leader and be promoted (meta/raft_membership.py) without the cluster losing an acknowledged write.
 
+``replace`` takes a meta node out of the members through the log (``DELETE /v1/cluster/members/X``: when it leads,
+it hands its leadership over first), kills it and wipes its disk, then adds it back as a new member on the same
+addresses (the proxies stay the node's), starts it empty and promotes it once it caught up, as an operator who
+replaces a host would, one membership change at a time.
+
 ``install`` makes the leader send a follower its snapshot: the follower is cut from both peers for longer than the
 leader takes to compact its log (topology.COMPACTION_MIN_TIME_S: every node compacts every few seconds under the
 workloads), so once healed it is behind the leader's first entry and only a snapshot brings it back; some installs
@@ -34,17 +39,23 @@ from ops import devcluster
 from .topology import COMPACTION_MIN_TIME_S, Topology
 
 
-KINDS = ("kill", "pause", "restart", "partition", "install", "wipe")
+KINDS = ("kill", "pause", "restart", "partition", "install", "wipe", "replace")
 GAP_S = (0.2, 1.0)                  # between a heal and the next fault
 # An install's cut lasts two compaction periods and more: the leader compacts once per period in a slot of its own
 # (pysyncobj's logCompactionSplit), and its snapshot must be written and its log cut past the follower's last entry.
 HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "partition": (1.0, 5.0), "wipe": (0.5, 3.0),
+          "replace": (0.5, 2.0),
           "install": (2 * COMPACTION_MIN_TIME_S + 1.5, 2 * COMPACTION_MIN_TIME_S + 4.5)}
 INSTALL_KILL_SHARE = 0.5            # installs that end in a kill -9 of the follower ...
 INSTALL_KILL_AFTER_S = (0.0, 1.5)   # ... this long after the heal: the snapshot is sent or installed by then
 STATUS_TIMEOUT_S = 1.0              # asking a node who leads
 FIRST_FAULT_S = 1.0                 # let the workloads start first
 STOP_WAIT_S = 15.0                  # a stop or start of one member (devcluster waits up to 10 s + 5 s for a kill)
+MEMBERSHIP_DEADLINE_S = 60.0        # a membership change that keeps being refused (another in flight, no leader)
+MEMBERSHIP_RETRY_S = 0.25
+# (method, on the collection): the refusal that means an earlier attempt did it
+DONE_ALREADY = {("DELETE", False): "MEMBER_NOT_FOUND", ("POST", True): "MEMBER_EXISTS",
+                ("POST", False): "ALREADY_VOTER"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,7 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_name
             target = f"{rng.choice(metas)}|rest"
             if rng.random() < INSTALL_KILL_SHARE:
                 kill_after = round(rng.uniform(*INSTALL_KILL_AFTER_S), 3)
-        elif kind == "wipe":
+        elif kind in ("wipe", "replace"):
             target = rng.choice(metas)   # a broker's disk is its messages: not what this fault is about
         else:
             target = rng.choice(metas + brokers)
@@ -135,6 +146,10 @@ class Nemesis:
         elif f.kind == "wipe":
             await self._stop(name, signal.SIGKILL)
             await asyncio.to_thread(shutil.rmtree, os.path.join(self.t.dir, name, "data"))
+        elif f.kind == "replace":
+            await asyncio.to_thread(self._membership, "DELETE", f"/{name}", None, name)
+            await self._stop(name, signal.SIGKILL)
+            await asyncio.to_thread(shutil.rmtree, os.path.join(self.t.dir, name, "data"))
         elif f.kind == "restart":
             await self._stop(name, signal.SIGTERM)
         elif f.kind == "pause":
@@ -149,6 +164,8 @@ class Nemesis:
         try:
             if f.kind in ("kill", "restart", "wipe"):
                 await self._start(name)
+            elif f.kind == "replace":
+                await self._rejoin(name)
             elif f.kind == "pause":
                 self._signal(name, signal.SIGCONT)
                 self._paused.discard(name)
@@ -168,6 +185,44 @@ class Nemesis:
         await asyncio.sleep(f.kill_after_s)
         await self._stop(name, signal.SIGKILL)
         await self._start(name)
+
+    async def _rejoin(self, name: str) -> None:
+        i = self.t.meta_names.index(name)
+        member = {"node": name, "raft": f"127.0.0.1:{self.t.raft_port(i)}", "url": self.t.meta_url(i)}
+        await asyncio.to_thread(self._membership, "POST", "", member, name)
+        await self._start(name)
+        await asyncio.to_thread(self._membership, "POST", f"/{name}/promote", None, name)
+
+    def _membership(self, method: str, path: str, body: dict[str, Any] | None, name: str) -> None:
+        """One membership change, through any other meta node (forwarded to the leader), retried while it is
+        refused for now (another change in flight, a learner not caught up yet, no leader) until the deadline."""
+        cluster = self.t.cluster()
+        others = [self.t.meta_url(i) for i, n in enumerate(self.t.meta_names) if n != name]
+        deadline = time.monotonic() + MEMBERSHIP_DEADLINE_S
+        k, last = 0, ""
+        while time.monotonic() < deadline:
+            url = others[k % len(others)]
+            k += 1
+            req = urllib.request.Request(f"{url}/v1/cluster/members{path}", method=method,
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Authorization": f"Bearer {cluster['admin_token']}",
+                                                  "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=MEMBERSHIP_DEADLINE_S / 4) as r:
+                    r.read()
+                    return
+            except urllib.error.HTTPError as e:
+                answer = e.read(4096).decode("utf-8", "replace")
+                # Done already by an earlier attempt whose answer was lost (a leader change in between).
+                if _error_code(answer) == DONE_ALREADY[(method, path == "")]:
+                    return
+                last = f"{e.code} {answer[:300]}"
+                if e.code not in (409, 503):
+                    break
+            except (urllib.error.URLError, OSError) as e:
+                last = repr(e)
+            time.sleep(MEMBERSHIP_RETRY_S)
+        raise RuntimeError(f"{method} /v1/cluster/members{path} for {name}: not done in time; last answer {last}")
 
     def _follower(self, preferred: str) -> str:
         """``preferred`` unless it says it leads; then the next meta node (which, with one leader, follows)."""
@@ -231,6 +286,13 @@ class Nemesis:
         for name in list(self._paused):
             self._signal(name, signal.SIGCONT)
         self._paused.clear()
+
+
+def _error_code(text: str) -> str | None:
+    try:
+        return json.loads(text)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _pid(t: Topology, name: str) -> int:
