@@ -483,12 +483,6 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
                 self._local.slow_ticks += 1
                 log.warning("raft_tick_slow", seconds=round(took, 3), leader=shim.is_leader(self))
 
-    def stop_ticking(self, timeout_s: float = 5.0) -> None:
-        """Tests: the node stays up (sockets open) but never ticks again, as a process stopped by SIGSTOP."""
-        self._stop.set()
-        if self._tick_thread is not None:
-            self._tick_thread.join(timeout_s)
-
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         if self._tick_thread is not None:
