@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from client.wire import json_body
 from client.wire.errors import invalid
 from client.wire.shapes import validate
-from client.wire.server import error_middleware, public, requires
+from client.wire.server import error_middleware, public, require_declared_roles, requires
 from client.wire.params import int_in
 
 from ..config import BrokerConfig
@@ -270,4 +270,5 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
     r.add_get("/v1/openapi.json", openapi)
+    require_declared_roles(app, "broker")
     return app

@@ -39,6 +39,18 @@ def public(handler):
     return handler
 
 
+_UNDECLARED = object()   # a handler marked neither @requires nor @public
+
+
+def require_declared_roles(app: web.Application, what: str) -> None:
+    """Refuse to serve an app with a route whose handler says nobody's role (neither ``@requires`` nor ``@public``):
+    authentication fails closed, at start-up, not open on the first request."""
+    undeclared = sorted({f"{r.method} {r.resource.canonical}" for r in app.router.routes()
+                         if getattr(r.handler, "roles", _UNDECLARED) is _UNDECLARED})
+    if undeclared:
+        raise RuntimeError(f"{what}: routes whose handler declares no role (@requires or @public): {undeclared}")
+
+
 def role_of(token: str, tokens: Mapping[str, str | None]) -> str | None:
     """The role whose token this is, compared in constant time (no early exit, no short-circuit compare)."""
     presented = token.encode("utf-8", "surrogateescape")  # aiohttp decodes header bytes with surrogateescape
@@ -91,8 +103,13 @@ def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None
             limit = request.app.get(CONNECTION_LIMIT)
             if limit is not None:
                 limit.check(request)
-            roles = getattr(request.match_info.handler, "roles", None)
-            if roles is not None:
+            roles = getattr(request.match_info.handler, "roles", _UNDECLARED)
+            if roles is _UNDECLARED:
+                # A route nobody declared roles for (require_declared_roles refuses such an app at start-up): refused.
+                # Unmatched paths (404/405) have no marker either, and answer as such.
+                if request.match_info.http_exception is None:
+                    raise ApiError("this route declares no role: refused", code="PERMISSION_DENIED", status=403)
+            elif roles is not None:
                 request["role"] = authenticate(request, tokens(request.app), roles)
             resp = await handler(request)
             status = resp.status

@@ -11,11 +11,13 @@ from . import brokers, cluster, groups, members, topics, watch
 from ..admission import Admission
 from .keys import ADMISSIONS, METRICS, SERVICE
 from .metrics import MetaMetrics
+from client.wire.server import require_declared_roles
 from .middleware import add_version_header, errors_and_auth, refuse_when_removed
 
 
 def make_app(config: MetaConfig) -> web.Application:
-    app = web.Application(middlewares=[errors_and_auth, refuse_when_removed], client_max_size=limits.REQUEST_BODY_BYTES_MAX)
+    app = web.Application(middlewares=[errors_and_auth, refuse_when_removed],
+                          client_max_size=limits.REQUEST_BODY_BYTES_MAX)
     metrics = app[METRICS] = MetaMetrics()
     app[SERVICE] = MetaService(config, Admission(
         "version_waiters", limits.VERSION_WAITERS_MAX, metrics.version_waiters, metrics.rejections,
@@ -37,4 +39,5 @@ def make_app(config: MetaConfig) -> web.Application:
     app.on_response_prepare.append(add_version_header)
     for module in (topics, brokers, groups, watch, cluster, members):
         module.add_routes(app)
+    require_declared_roles(app, "meta node")
     return app
