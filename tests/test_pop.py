@@ -376,3 +376,35 @@ async def test_deliveries_that_came_due_on_the_old_head_before_anyone_popped_the
     assert sorted((m["offset"], m["attempt"]) for m in back) == [(0, 2), (1, 2)]
     assert [r["code"] for r in await ack(c, b1, "g", [m["handle"] for m in first])] == ["HANDLE_EXPIRED"] * 2
     assert all(r["ok"] for r in await ack(c, b2, "g", [m["handle"] for m in back]))
+
+
+async def test_contended_pops_wait_for_a_busy_queue_instead_of_answering_empty(cluster):
+    """Six consumers, ten pops of up to 8 each (no long poll) on one 200-message queue: a pop that finds the queue
+    held by another pop waits for it (BUSY_QUEUE_WAIT_MS), so the 60 pops hand out all 200, each once. A pop used to
+    skip the busy queue and answer empty: the six were handed 152-184 of the 200."""
+    c = cluster
+    await topic(c, "contend", 1, messages=200)
+    b1 = c.url("b1")
+    handed: list[int] = []
+
+    async def consumer() -> None:
+        for _ in range(10):
+            handed.extend(m["offset"] for m in await pop_all(c, b1, "contend", "gc", max=8, wait_ms=0,
+                                                             invisible_ms=600_000))
+
+    await asyncio.gather(*(consumer() for _ in range(6)))
+    assert sorted(handed) == list(range(200)), (len(handed), len(set(handed)))
+
+
+async def test_pop_locks_live_only_while_a_pop_holds_them(cluster):
+    """Group names are the client's: 300 of them leave no lock behind (the table used to keep one per key forever)."""
+    c = cluster
+    await topic(c, "lockkeys", 1, messages=1)
+    b1 = c.url("b1")
+    await asyncio.gather(*(pop(c, b1, "lockkeys", f"lk{i}", max=1, invisible_ms=600_000) for i in range(300)))
+
+    async def locks() -> float | None:
+        s, text, _ = await c.call("GET", f"{b1}/metrics", None)
+        line = next(line for line in text.splitlines() if line.startswith("stator_pop_locks "))
+        return float(line.split()[1]) == 0 or None
+    await wait_until(locks, 10.0, "no pop lock left")

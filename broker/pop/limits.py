@@ -12,6 +12,10 @@ IN_FLIGHT_PER_QUEUE_MAX = 20_000    # invisible messages of one (group, topic, q
 IN_FLIGHT_MAX = 2_000_000           # invisible messages of every group on this broker
 POP_QUEUES_MAX = 100_000            # (group, topic, queue) keys with pop state on this broker
 POP_WAITERS_MAX = 1_000             # long-polling pops parked at once
+# A pop that found nothing on the free queues waits this long at most for one that another pop holds, whatever its
+# wait_ms (which is for new messages): the holder is done in milliseconds, and an empty answer while messages wait
+# behind it would be wrong.
+BUSY_QUEUE_WAIT_MS = 1_000
 JOURNAL_WAITERS_MAX = 10_000        # acks and changes waiting for their fsync
 JOURNAL_WAIT_S = 30.0               # a disk that stops answering fails the ack instead of hanging it
 ACK_OUTCOMES_REMEMBERED_MAX = 100_000  # recent acks kept to tell a repeated ack from a superseded handle

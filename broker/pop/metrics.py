@@ -36,3 +36,5 @@ class PopCollector:
         yield GaugeMetricFamily("stator_pop_journal_lines_written", "journal lines written since start",
                                 value=s.journal.lines_written)
         yield GaugeMetricFamily("stator_pop_revive_heap", "entries in the revive heap", value=len(s.reviver))
+        yield GaugeMetricFamily("stator_pop_locks", "(group, topic, queue) locks held or waited for right now",
+                                value=len(s.locks))

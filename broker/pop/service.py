@@ -29,7 +29,8 @@ from ..writes import not_leader
 from . import journal as journal_mod
 from .dlq import DeadLetters
 from .handles import Handle, HandleCodec, load_secret
-from .limits import (ACK_OUTCOMES_REMEMBERED_MAX, DLQ_RETRY_MS, HANDOVER_PEERS_MAX, IN_FLIGHT_MAX,
+from .keyed_locks import KeyedLocks
+from .limits import (ACK_OUTCOMES_REMEMBERED_MAX, BUSY_QUEUE_WAIT_MS, DLQ_RETRY_MS, HANDOVER_PEERS_MAX, IN_FLIGHT_MAX,
                      IN_FLIGHT_PER_QUEUE_MAX, POP_QUEUES_MAX, POP_WAITERS_MAX)
 from .revive import Reviver
 from .settings import GroupSettings
@@ -86,7 +87,7 @@ class PopService:
         self.journal = journal_mod.Journal(os.path.join(root, "journal.log"), states, whole)
         self.dlq = DeadLetters(os.path.join(root, "dlq"))
         self.reviver = Reviver(self._fire)
-        self._locks: dict[Key, asyncio.Lock] = {}
+        self.locks = KeyedLocks(lambda key: self.signals.notify(key[1]))
         self._outcomes: OrderedDict[tuple[Key, int], tuple[int, str]] = OrderedDict()
         self._chores = Chores("pop_chore_failed")
         self._handing: set[Key] = set()
@@ -133,12 +134,6 @@ class PopService:
             if len(self.reviver) > 4 * live + HEAP_CHECK_EVERY:
                 self.reviver.rebuild((d.deadline_ms, d.seq, k, o) for k, st in self.states.items()
                                      for o, d in st.in_flight.items() if not d.dead and o not in st.ready)
-
-    def _lock(self, key: Key) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
 
     def _remember(self, key: Key, offset: int, seq: int, outcome: str) -> None:
         self._outcomes[(key, offset)] = (seq, outcome)
@@ -202,33 +197,55 @@ class PopService:
         self._in_flight_total = self.in_flight_total()
         out: list[RawPopped] = []
         saturated = 0
+        busy: list[Key] = []
         for phase in ("retry", "new"):          # redeliveries first, over every queue, so retries never starve
             for q, _ in queues:
                 if len(out) >= max_n:
                     break
                 key = (group, topic, q)
-                lock = self._lock(key)
-                if queue is None and lock.locked():
-                    continue                     # another pop works on this queue: never share a delivery
-                try:
-                    async with lock:
-                        st = await self._state_for(key)
-                        if st is None:
-                            continue
-                        if phase == "new" and (len(st.in_flight) >= IN_FLIGHT_PER_QUEUE_MAX
-                                               or self._in_flight_total >= IN_FLIGHT_MAX):
-                            saturated += 1
-                            continue
-                        out += await self._take(st, phase, max_n - len(out), invisible_ms, order)
-                except ApiError as e:
-                    if queue is not None:
-                        raise
-                    log.info("pop_queue_skipped", topic=topic, queue=q, code=e.code)
+                if queue is None and self.locks.busy(key):
+                    if phase == "new":
+                        busy.append(key)   # another pop works on it: never share a delivery
+                    continue
+                taken = await self._take_under_lock(key, phase, max_n - len(out), invisible_ms, order, queue)
+                if taken is None:
+                    saturated += 1
+                else:
+                    out += taken
+        for key in busy:
+            # Nothing (or not enough) on the free queues: wait for a busy one rather than answer without it.
+            if len(out) >= max_n:
+                break
+            try:
+                async with asyncio.timeout(BUSY_QUEUE_WAIT_MS / 1000):
+                    for phase in ("retry", "new"):
+                        out += await self._take_under_lock(key, phase, max_n - len(out), invisible_ms, order,
+                                                           queue) or []
+            except TimeoutError:
+                log.info("pop_busy_queue_skipped", topic=topic, queue=key[2], waited_ms=BUSY_QUEUE_WAIT_MS)
         if not out and saturated and saturated == len(queues):
             raise rejection(409, "TOO_MANY_IN_FLIGHT", "every queue popped holds as many invisible messages as it "
                             "may: ack some first", in_flight_per_queue_max=IN_FLIGHT_PER_QUEUE_MAX,
                             in_flight_max=IN_FLIGHT_MAX)
         return out
+
+    async def _take_under_lock(self, key: Key, phase: str, n: int, invisible_ms: int, order: bool,
+                               queue: int | None) -> list[RawPopped] | None:
+        """What one queue hands out in ``phase`` under its lock; None when it is saturated (no new delivery)."""
+        try:
+            async with self.locks.hold(key):
+                st = await self._state_for(key)
+                if st is None or n <= 0:
+                    return []
+                if phase == "new" and (len(st.in_flight) >= IN_FLIGHT_PER_QUEUE_MAX
+                                       or self._in_flight_total >= IN_FLIGHT_MAX):
+                    return None
+                return await self._take(st, phase, n, invisible_ms, order)
+        except ApiError as e:
+            if queue is not None:
+                raise
+            log.info("pop_queue_skipped", topic=key[1], queue=key[2], code=e.code)
+            return []
 
     async def _take(self, st: QueueState, phase: str, n: int, invisible_ms: int, order: bool) -> list[RawPopped]:
         if st.frozen:
@@ -469,7 +486,7 @@ class PopService:
         head = self.routes.head(topic, queue)
         if head is not None and head.broker == self.me:
             raise rejection(409, "NOT_LEADER", "this broker holds the queue's head: its pop state is current here")
-        async with self._lock(key):
+        async with self.locks.hold(key):
             st = self.states.get(key)
             if st is None:
                 return {"found": False}
@@ -527,7 +544,7 @@ class PopService:
         head = self.routes.head(topic, queue)
         if head is None or head.broker != self.me:
             raise not_leader(topic, queue, head)
-        async with self._lock(key):
+        async with self.locks.hold(key):
             st = await self._state_for(key)
             if st is None:
                 raise not_leader(topic, queue, self.routes.head(topic, queue))
