@@ -10,6 +10,10 @@ Lease safety ("a member loses its queues when its lease ends, never before"):
 - a member the leader decided to expire is held out of heartbeats until that expiry has applied, so no answer can
   renew a lease the log is about to end;
 - a revoked queue's lease runs from when the leader first saw it revoked, after the last answer that listed it;
+- a lease lasts what the answer that granted it said: an admin who shortens ``lease_ms`` shortens the leases of the
+  answers after, never one already promised (the leader counts each member's silence against the longer of its
+  group's ``lease_ms`` and the one its last answer carried, and a revoked queue's against the longest its group's
+  members were promised);
 - a new leader starts every lease afresh, and answers heartbeats only after a barrier of its own term has applied,
   so every expiry an older leader committed is in its image first.
 A deposed leader that does not know it yet can still answer heartbeats from its stale image, until it steps down
@@ -52,6 +56,7 @@ class GroupSessions:
         self.sync = sync
         self._seen: dict[Key, float] = {}          # monotonic s of the last heartbeat received
         self._seen_wall: dict[Key, int] = {}       # wall ms of it, for display
+        self._promised_s: dict[Key, float] = {}    # the lease_ms of the member's last answer, in seconds
         self._revoked_at: dict[LockKey, float] = {}
         self._expiring: dict[Key, asyncio.Event] = {}
         self._led_term: int | None = None
@@ -83,6 +88,7 @@ class GroupSessions:
                 self._seen[key], self._seen_wall[key] = before
             raise
         version, mine, config = self._assignments(group, member)
+        self._promised_s[key] = config["lease_ms"] / 1000
         lease_end = wall_ms + config["lease_ms"]
         return {"assignments": [{**a, "lease_expires_ms": lease_end} for a in mine["owned"]],
                 "revoking": mine["revoking"],
@@ -120,6 +126,7 @@ class GroupSessions:
         """The member left: its lease no longer runs."""
         self._seen.pop((group, member), None)
         self._seen_wall.pop((group, member), None)
+        self._promised_s.pop((group, member), None)
 
     def lease_expires_ms(self, group: str, member: str, lease_ms: int) -> int | None:
         wall = self._seen_wall.get((group, member))
@@ -171,6 +178,7 @@ class GroupSessions:
         wall_ms = int(time.time() * 1000)
         self._seen = {k: now for k in self.reads.read(members)}
         self._seen_wall = {k: wall_ms for k in self._seen}   # the lease ends shown are this leader's
+        self._promised_s = {}
         self._revoked_at = {}
         self._answers = {}
 
@@ -178,13 +186,16 @@ class GroupSessions:
         """Members silent for their group's lease, and revoked locks whose lease ended. Under the image lock."""
         members: dict[str, list[str]] = {}
         lease_s_of: dict[str, float] = {}
+        promised_s_of: dict[str, float] = {}   # per group: the longest lease its members' last answers carried
+        for key, promised in self._promised_s.items():
+            promised_s_of[key[0]] = max(promised, promised_s_of.get(key[0], 0.0))
         for key in list(self._seen):
             group, member = key
             g = image.groups.get(group)
             lease_s = lease_s_of.get(group)
             if lease_s is None:
                 lease_s = lease_s_of[group] = groups.effective_config(group, g)["lease_ms"] / 1000
-            if now - self._seen[key] <= lease_s:
+            if now - self._seen[key] <= max(lease_s, self._promised_s.get(key, 0.0)):
                 continue
             if g is not None and member in g["members"]:
                 members.setdefault(group, []).append(member)
@@ -200,7 +211,7 @@ class GroupSessions:
         current: set[LockKey] = set()
         for group in image.data["revoking"]:
             g = image.groups[group]
-            lease_s = groups.effective_config(group, g)["lease_ms"] / 1000
+            lease_s = max(groups.effective_config(group, g)["lease_ms"] / 1000, promised_s_of.get(group, 0.0))
             for topic, qs in g["locks"].items():
                 for q, lk in qs.items():
                     if groups.owned(lk):

@@ -1,21 +1,14 @@
-"""Who the voters are: the cluster's membership, kept in the log itself.
+"""Who the members are: the cluster's membership, kept in the log itself.
 
 A membership entry is an entry of its own (pysyncobj's MEMBERSHIP type byte, never batched with other proposals)
-holding one envelope whose command is ``SetMembership``: the whole list of voters, each a node name, its raft
-address (as the node that wrote the entry reaches it) and the id of its disk (``meta/disk_identity.py``). Raft takes a configuration from the newest membership
-entry in a node's log, committed or not, so the journal tracks them as they are appended, truncated and compacted
+holding one envelope whose command is ``SetMembership``: the whole member list, each a node name, its raft address
+(as the node that wrote the entry reaches it), its HTTP URL, the id of its disk (``meta/disk_identity.py``; none for
+a learner not heard from yet) and whether it votes. Raft takes a configuration from the newest membership entry in a
+node's log, committed or not, so the journal tracks them as they are appended, truncated and compacted
 (``MembershipTrail``); a snapshot carries the membership of its index in the image (``image["members"]``).
 
-A node is a voter only while that membership lists its name, as a voter, with its own disk id. Otherwise it is a
-learner (a member added by an operator is one until promoted, meta/raft_members.py): it never stands for election, never answers a vote request, and its acknowledgements tell the leader
-where to send from but never count toward a commit (``learner_progress`` messages, not ``next_node_idx``). The
-leader promotes a learner whose disk replaced a voter's once it holds every committed entry, by appending a
-membership entry with the new disk id (``MetaSyncObj._membership_tick``).
-
-Before the first membership entry the cluster bootstraps: a node whose log is empty votes only when every peer
-in its config says, in its keepalives, that its log is empty too (a first start of a whole cluster); a node with
-entries but no membership yet took part in that bootstrap and votes. The first leader appends the membership.
-So a wiped node among nodes with data never votes its way into a second, empty cluster.
+This module is the format and the trail; what a node does with them (voter or learner, bootstrap, promotions,
+operators' changes) is ``meta/raft_roles.py``.
 """
 
 from __future__ import annotations

@@ -193,3 +193,27 @@ async def test_a_leader_change_keeps_every_live_member_s_queues_and_tokens(meta_
     assert sum(e["type"] == "LockReleased" and e["data"]["reason"] == "lease_expired"
                for e in hist["events"]) == expired_before
     assert not [e for e in hist["events"] if e["type"] == "GroupMemberLeft"]
+
+
+async def test_a_shorter_lease_applies_from_the_next_answer_never_to_a_lease_already_promised(meta_cluster):
+    """a holds the queue under a 6 s lease; the admin shortens lease_ms to 2 s and a goes silent: by a's clock it
+    keeps the queue until its answer's lease end, so nobody may be granted it before then (the leader used to expire
+    a by the new 2 s and hand the queue to b while a still held it). After that end, b gets it."""
+    c = meta_cluster
+    await brokerless_topic(c, "promised", 1)
+    await ok(c, "PUT", "/v1/groups/gp/config", "admin", {"lease_ms": 6000, "heartbeat_interval_ms": HEARTBEAT_MS})
+    a = await beat(c, "a", topics=("promised",), group="gp")
+    assert held(a) and a["lease_ms"] == 6000
+    promised_end_ms = a["assignments"][0]["lease_expires_ms"]
+    await ok(c, "PUT", "/v1/groups/gp/config", "admin", {"lease_ms": LEASE_MS, "heartbeat_interval_ms": HEARTBEAT_MS})
+    while time.time() * 1000 < promised_end_ms - 500:
+        b = await beat(c, "b", topics=("promised",), group="gp")
+        early_ms = promised_end_ms - time.time() * 1000
+        assert held(b) == {}, f"b was granted a's queue {early_ms:.0f} ms before a's lease end"
+        await asyncio.sleep(0.2)
+
+    async def granted():
+        b = await beat(c, "b", topics=("promised",), group="gp")
+        return held(b) or None
+    await wait_until(granted, 20.0, "b granted the queue after a's lease ended")
+    assert (await beat(c, "b", topics=("promised",), group="gp"))["lease_ms"] == LEASE_MS
