@@ -22,7 +22,7 @@ from client.wire.errors import ApiError, rejection
 
 from ..chores import Chores
 from ..codec import RawMessage, RawPopped
-from ..reads import Reader
+from ..reads import PULL_BYTES_MAX, Reader
 from ..routing import RouteTable, Segment
 from ..storage import files
 from ..writes import not_leader
@@ -287,7 +287,7 @@ class PopService:
         if not offsets:
             return []
         group, topic, queue = st.key
-        found = await self._read_offsets(topic, queue, offsets)
+        found, gone = await self._read_offsets(topic, queue, offsets)
         now = now_ms()
         out = []
         for offset in offsets:
@@ -295,8 +295,9 @@ class PopService:
                 continue                        # acked late while this pop read
             m = found.get(offset)
             if m is None:
-                st.ack(offset)                  # gone from the queue (retention): nothing left to deliver
-                continue
+                if offset in gone:
+                    st.ack(offset)              # the queue no longer holds it (retention): nothing to deliver
+                continue                        # not read this time (byte budget, a broker down): a later pop
             seq = self._next_seq()
             d = st.redeliver(offset, seq, now, invisible_ms)
             self._schedule(st.key, offset, seq, d.deadline_ms)
@@ -310,20 +311,31 @@ class PopService:
         return RawPopped(queue, m.offset, self.codec.encode(group, Handle(topic, queue, m.offset, seq)), attempt,
                          m.payload)
 
-    async def _read_offsets(self, topic: str, queue: int, offsets: list[int]) -> dict[int, RawMessage]:
-        """The messages at ``offsets`` (absent ones were deleted by retention), read run by run."""
+    async def _read_offsets(self, topic: str, queue: int, offsets: list[int]) -> tuple[dict[int, RawMessage],
+                                                                                          set[int]]:
+        """The messages at ``offsets`` that one pop's byte budget reads, run by run, and the offsets the storage says
+        it no longer holds (below its oldest message, or stepped over as a dead broker's bounded gap). An offset in
+        neither was not read this time (the budget, a broker down) and stays ready for a later pop: a read that
+        stops early is not a retention that deleted it."""
         found: dict[int, RawMessage] = {}
+        gone: set[int] = set()
         runs: list[list[int]] = []
         for o in sorted(offsets):
             if runs and o == runs[-1][-1] + 1:
                 runs[-1].append(o)
             else:
                 runs.append([o])
+        budget = PULL_BYTES_MAX
         for run in runs:
+            if budget <= 0:
+                break
             res = await self.reader.read_history(topic, queue, run[0], len(run))
             for m in res["messages"]:
                 found[m.offset] = m
-        return found
+                budget -= len(m.payload)
+            stepped = res["next_offset"] if not res.get("unavailable") else res["min_offset"]
+            gone.update(o for o in run if o not in found and (o < res["min_offset"] or o < stepped))
+        return found, gone
 
     # -- ack and change of invisible time ------------------------------------------------------------------------
     def _check(self, group: str, raw: Any) -> tuple[str, Handle | None, QueueState | None]:
@@ -410,14 +422,17 @@ class PopService:
             await self.journal.durable()
         if not (resumed and await asyncio.to_thread(self.dlq.holds, group, topic, queue, offset)):
             try:
-                found = await self._read_offsets(topic, queue, [offset])
+                found, gone = await self._read_offsets(topic, queue, [offset])
+                code = None if offset in found or offset in gone else "NOT_READ"
             except ApiError as e:
-                if not (e.code == "TOPIC_NOT_FOUND" and self._ready()):
-                    log.warning("dead_letter_read_failed", key=key, offset=offset, code=e.code)
-                    await asyncio.sleep(DLQ_RETRY_MS / 1000)
-                    self._spawn(self._dead_letter(key, offset, resumed=True), "dead letter again")
-                    return
-                found = {}          # the topic was deleted: there is no message left to keep
+                code = e.code
+                if e.code == "TOPIC_NOT_FOUND" and self._ready():
+                    found, gone, code = {}, {offset}, None   # the topic was deleted: no message left to keep
+            if code is not None:
+                log.warning("dead_letter_read_failed", key=key, offset=offset, code=code)
+                await asyncio.sleep(DLQ_RETRY_MS / 1000)
+                self._spawn(self._dead_letter(key, offset, resumed=True), "dead letter again")
+                return
             m = found.get(offset)
             if m is not None:
                 await self.dlq.append(group, [{"topic": topic, "queue": queue, "origin_offset": offset,
