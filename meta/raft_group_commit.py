@@ -11,7 +11,8 @@ Where a node promises durability in pysyncobj's flow:
 
 With ``durable`` False nothing is synced but the same bookkeeping runs, so a test and an operator see the
 difference: ``acks_unsynced`` / ``commits_unsynced`` count acknowledgements and leader commits that covered entries
-no sync had covered yet (always 0 when durable).
+no sync had covered yet (always 0 when durable). An acknowledgement is checked as it is written to its link
+(``sent``), not where the sync is, so one sent before its sync by any path is counted.
 """
 
 from __future__ import annotations
@@ -59,14 +60,17 @@ class GroupCommit:
 
     def before_flush(self, messages: list[dict[str, Any]]) -> None:
         """The transport's hook: acknowledgements about to leave must cover only entries on disk."""
-        acks = [m for m in messages if m.get("type") == ACK_MESSAGE and m.get("success")]
-        if not acks:
-            return
-        self.sync()
-        for ack in acks:
-            self.acks_checked += 1
-            if ack["next_node_idx"] - 1 > self._journal.synced_index:
-                self.acks_unsynced += 1
+        if any(m.get("type") == ACK_MESSAGE and m.get("success") for m in messages):
+            self.sync()
+
+    def sent(self, messages: list[dict[str, Any]]) -> None:
+        """The transport's hook once messages are written to a link: an acknowledgement that left covering an
+        entry no sync had covered by then is counted (wherever it was sent from, whatever synced or not before)."""
+        for m in messages:
+            if m.get("type") == ACK_MESSAGE and m.get("success"):
+                self.acks_checked += 1
+                if m["next_node_idx"] - 1 > self._journal.synced_index:
+                    self.acks_unsynced += 1
 
     def check_commit(self, commit_index: int, synced_before: int) -> None:
         """After a leader's tick that advanced its commit index: the index must not pass what was synced before

@@ -163,6 +163,7 @@ class StatorTransport(Transport):
         self._last_dial: dict[Node, float] = {}
         self._pending: dict[Node, list[dict[str, Any]]] = {}
         self._before_flush: Callable[[list[dict[str, Any]]], None] | None = None
+        self._sent: Callable[[list[dict[str, Any]]], None] | None = None
         self._server: socket.socket | None = None
         self._ready = False
         self._destroyed = False
@@ -243,11 +244,14 @@ class StatorTransport(Transport):
         self._bind_over.set()
 
     # -- batching ------------------------------------------------------------------------------------------------
-    def set_before_flush(self, callback: Callable[[list[dict[str, Any]]], None] | None) -> None:
+    def set_before_flush(self, callback: Callable[[list[dict[str, Any]]], None] | None,
+                         sent: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         """``callback(messages)`` runs once per flush that has messages, with every queued message (all nodes), on
         the tick thread, before any is framed. If it raises, those messages are dropped (Raft resends them) and
-        the exception propagates to the caller of flush."""
+        the exception propagates to the caller of flush. ``sent(messages)`` runs with each node's messages once
+        they are written to its link (what left, checked when it left: group commit's acknowledgement check)."""
         self._before_flush = callback
+        self._sent = sent
 
     def flush(self) -> None:
         """Frame, seal and write every queued message: one frame per node (several only past FRAME_BYTES_MAX)."""
@@ -261,6 +265,8 @@ class StatorTransport(Transport):
             conn = self._links.get(node)
             if conn is not None:       # else the link went down since send(): pysyncobj resends after a reconnect
                 self._send_messages(conn, messages)
+                if self._sent is not None:
+                    self._sent(messages)
 
     def _send_messages(self, conn: _Conn, messages: list[dict[str, Any]]) -> None:
         try:

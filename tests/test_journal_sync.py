@@ -18,6 +18,7 @@ import time
 import pytest
 
 from meta import config as meta_config
+from meta.raft_group_commit import GroupCommit
 from meta.raft_node import MetaSyncObj, RaftTuning
 from ops import devcluster
 from tests import cluster as cluster_mod
@@ -134,3 +135,13 @@ async def test_every_acknowledged_write_survives_power_loss_of_all_nodes_in_fsyn
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_an_acknowledgement_sent_before_its_sync_is_counted(tmp_path, monkeypatch):
+    # A planted bug: followers acknowledge without syncing first (the group commit's sync skipped). The counter is
+    # checked as the acknowledgements leave, so it sees them; it used to be computed right after that same sync, and
+    # stayed 0 whatever the order.
+    monkeypatch.setattr(GroupCommit, "before_flush", lambda self, messages: None)
+    lead, followers = await _stats_after_load(tmp_path, "fsync")
+    assert lead["durable"]
+    assert all(f["acks_checked"] > 0 and f["acks_unsynced"] > 0 for f in followers), followers
