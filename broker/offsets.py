@@ -1,5 +1,9 @@
 """Consumer offsets kept beside the data: one small append-only file per broker, replayed into a dict on start.
 
+Each offset is kept with the gen of the queue's head segment it was committed on: a logic queue's offset belongs to
+the queue across all its segments, and when a queue moves away and back, the broker's own older value must lose to
+a newer one committed on another broker meanwhile (broker/reads.py ``read_offset``: the highest gen wins).
+
 Each commit is one checked JSON line (storage/lines.py: a CRC-32 and a format version), acknowledged only once an
 fsync covering it has returned. One syncer thread owns the file: each round it takes every commit queued since the
 last one, writes their lines in one write and covers them with one fsync (group commit), so the event loop never
@@ -44,9 +48,14 @@ Key = tuple[str, str, int]
 Refusal = Callable[[], ApiError]
 
 
+class Committed(NamedTuple):
+    offset: int
+    gen: int      # of the head segment it was committed on
+
+
 class _Commit(NamedTuple):
     key: Key
-    offset: int
+    value: Committed
     future: asyncio.Future
 
 
@@ -63,7 +72,7 @@ def _unavailable() -> ApiError:
 class OffsetStore:
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
-        self._offsets: dict[Key, int] = {}  # durable commits only; written by the syncer thread alone
+        self._offsets: dict[Key, Committed] = {}  # durable commits only; written by the syncer thread alone
         self._lines = 0
         self._fd = self._open_file()
         self._cond = threading.Condition()
@@ -102,23 +111,28 @@ class OffsetStore:
 
     def _replay_value(self, value: object) -> None:
         try:
-            g, t, q, o = value  # type: ignore[misc]
+            g, t, q, o, gen = value  # type: ignore[misc]
         except (ValueError, TypeError):
-            raise CorruptFile(f"{self.path}: a line that passed its check is not [group, topic, queue, offset]: "
-                              f"{str(value)[:200]}", path=self.path) from None
-        self._offsets[(g, t, q)] = o
+            raise CorruptFile(f"{self.path}: a line that passed its check is not [group, topic, queue, offset, gen] "
+                              f"(an offsets file of a build before gens is refused too): {str(value)[:200]}",
+                              path=self.path) from None
+        self._offsets[(g, t, q)] = Committed(o, gen)
         self._lines += 1
 
     # Committing.
 
     def get(self, group: str, topic: str, queue: int) -> int | None:
+        committed = self._offsets.get((group, topic, queue))
+        return None if committed is None else committed.offset
+
+    def get_committed(self, group: str, topic: str, queue: int) -> Committed | None:
         return self._offsets.get((group, topic, queue))
 
     def snapshot(self) -> dict[Key, int]:
-        """Every durable commit, as of now (a copy: the syncer thread goes on writing the store's own map)."""
-        return dict(self._offsets)
+        """Every durable commit's offset, as of now (a copy: the syncer thread goes on writing the store's own map)."""
+        return {k: v.offset for k, v in list(self._offsets.items())}
 
-    async def commit(self, group: str, topic: str, queue: int, offset: int) -> None:
+    async def commit(self, group: str, topic: str, queue: int, offset: int, *, gen: int) -> None:
         """Returns once an fsync covering this commit's line has returned; raises the ApiErrors listed above."""
         future = asyncio.get_running_loop().create_future()
         with self._cond:
@@ -127,7 +141,7 @@ class OffsetStore:
             if self._waiting >= COMMITS_WAITING_MAX:
                 raise rejection(503, "TOO_MANY_WAITERS", "too many offset commits wait for the disk; retry shortly",
                                 limit=COMMITS_WAITING_MAX)
-            self._queue.append(_Commit((group, topic, queue), offset, future))
+            self._queue.append(_Commit((group, topic, queue), Committed(offset, gen), future))
             self._waiting += 1
             self._cond.notify()
         try:
@@ -164,7 +178,7 @@ class OffsetStore:
                     refusals.append(_too_many_offsets)
                     continue
                 new_keys.add(c.key)
-            out.append(lines.encode([*c.key, c.offset]))
+            out.append(lines.encode([*c.key, *c.value]))
             refusals.append(None)
         if not out:
             return refusals
@@ -177,7 +191,7 @@ class OffsetStore:
             return [r or _unavailable for r in refusals]
         for c, refusal in zip(batch, refusals):
             if refusal is None:
-                self._offsets[c.key] = c.offset
+                self._offsets[c.key] = c.value
         self._lines += len(out)
         return refusals
 
@@ -185,7 +199,7 @@ class OffsetStore:
         if self._failed or not (self._lines > COMPACT_AFTER_LINES and self._lines > 2 * len(self._offsets)):
             return
         tmp = self.path + files.TMP_SUFFIX
-        body = b"".join(lines.encode([g, t, q, o]) for (g, t, q), o in self._offsets.items())
+        body = b"".join(lines.encode([g, t, q, *v]) for (g, t, q), v in self._offsets.items())
         try:
             files.write_atomic(self.path, body)
         except OSError:

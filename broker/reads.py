@@ -208,10 +208,17 @@ class Reader:
 
     # -- offsets and stats -------------------------------------------------------------------------------------
     async def read_offset(self, group: str, topic: str, queue: int, local_only: bool) -> int:
-        """Newest segment first, then the brokers of older segments (RocketMQ's double-read check)."""
-        own = self.offsets.get(group, topic, queue)
-        if own is not None or local_only:
-            return -1 if own is None else own
+        return (await self.read_committed(group, topic, queue, local_only))[0]
+
+    async def read_committed(self, group: str, topic: str, queue: int, local_only: bool) -> tuple[int, int]:
+        """(offset, gen of the head it was committed on); (-1, -1) when never. The newest commit wins wherever it
+        is: this broker's own when it was made on the current head, else the highest gen among the brokers of the
+        queue's segments (a queue that moved away and back must not read the value it left behind)."""
+        own = self.offsets.get_committed(group, topic, queue)
+        best = (own.offset, own.gen) if own is not None else (-1, -1)
+        head = self.routes.head(topic, queue)
+        if local_only or (own is not None and head is not None and own.gen >= head.gen):
+            return best
         asked = {self.me}
         for seg in reversed(self.routes.segments(topic, queue) or []):
             if seg.broker in asked:
@@ -222,9 +229,10 @@ class Reader:
                                                  f"{queue}?local=1")
             except ApiError:
                 continue
-            if body.get("offset", -1) >= 0:
-                return body["offset"]
-        return -1
+            offset, gen = body.get("offset", -1), body.get("gen", -1)
+            if isinstance(offset, int) and isinstance(gen, int) and offset >= 0 and gen > best[1]:
+                best = (offset, gen)
+        return best
 
     async def min_offset(self, topic: str, queue: int) -> int:
         """A queue's min logic offset, wherever its head is (a barrier's old queue may be on another broker)."""

@@ -182,5 +182,5 @@ class Writer:
             raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker")
         if head.broker != self.me:
             raise not_leader(topic, queue, head)
-        await self.offsets.commit(group, topic, queue, offset)
+        await self.offsets.commit(group, topic, queue, offset, gen=head.gen)
         return offset

@@ -339,3 +339,42 @@ async def test_a_record_over_the_storage_limit_is_413_and_stores_nothing(full_cl
     s, b, _ = await c.call("POST", f"{addr}/v1/messages/big/0", "client", json={"messages": [{"body": huge}]})
     assert (s, b["error"]["code"]) == (413, "TOO_LARGE"), (s, b)
     assert await send(c, "big", 0, ["small"]) == [0]
+
+
+async def test_a_committed_offset_is_the_newest_whatever_path_the_queue_took(full_cluster):
+    """Commit 5 on b1, remap to b2, commit 9 there, remap back to b1: the offset is 9 on b1 (it read its own 5, the
+    value it had left behind: consumers rewound and a deliberate rewind made on b2 was lost). Then a rewind to 2 on
+    b1 holds on every later head."""
+    c = full_cluster
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": "offpath", "queues": 1, "brokers": ["b1"]})
+    assert s == 201, b
+    await wait_route(c, "offpath", all_writable)
+    await send(c, "offpath", 0, [f"m{i}" for i in range(12)])
+
+    async def commit(offset: int) -> str:
+        r = await wait_route(c, "offpath", all_writable)
+        addr = r["queues"][0]["address"]
+        s, b, _ = await c.call("PUT", f"{addr}/v1/offsets/g/offpath/0", "client", json={"offset": offset})
+        assert s == 200, b
+        return addr
+
+    async def committed() -> int:
+        r = await wait_route(c, "offpath", all_writable)
+        s, b, _ = await c.call("GET", f"{r['queues'][0]['address']}/v1/offsets/g/offpath/0", "client")
+        assert s == 200, b
+        return b["offset"]
+
+    async def move(to: str) -> None:
+        s, b = await admin(c, "POST", 1, "/v1/topics/offpath/remap", json={"brokers": [to]})
+        assert s == 200, b
+        await wait_route(c, "offpath", lambda r: all_writable(r) and r["queues"][0]["address"] == c.url(to))
+
+    assert await commit(5) == c.url("b1")
+    await move("b2")
+    assert await committed() == 5            # read through from the older head
+    assert await commit(9) == c.url("b2")
+    await move("b1")
+    assert await committed() == 9, "the queue came back to b1, which read the 5 it had left behind"
+    await commit(2)                          # a deliberate rewind, on b1
+    await move("b3")
+    assert await committed() == 2

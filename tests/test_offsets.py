@@ -49,12 +49,12 @@ def lines(path) -> list[bytes]:
 async def test_commit_is_acknowledged_only_after_the_fsync_covering_it(tmp_path, monkeypatch):
     store = OffsetStore(str(tmp_path / "offsets.log"))
     held = HeldSync(monkeypatch)
-    task = asyncio.create_task(store.commit("g", "t", 0, 42))
+    task = asyncio.create_task(store.commit("g", "t", 0, 42, gen=0))
     await held.wait_entered()
     await asyncio.sleep(0)  # give the loop every chance to run an early acknowledgement
     assert not task.done(), "acknowledged before its fsync returned"
     assert store.get("g", "t", 0) is None, "readable before it is durable"
-    assert lines(tmp_path / "offsets.log") == [checked_lines.encode(["g", "t", 0, 42])]  # written, not yet synced
+    assert lines(tmp_path / "offsets.log") == [checked_lines.encode(["g", "t", 0, 42, 0])]  # written, not yet synced
     held.release.set()
     await asyncio.wait_for(task, WAIT_S)
     assert store.get("g", "t", 0) == 42
@@ -66,9 +66,9 @@ async def test_concurrent_commits_share_fsyncs_and_all_survive_reopen(tmp_path, 
     store = OffsetStore(path)
     held = HeldSync(monkeypatch)
     commits = 200
-    first = asyncio.create_task(store.commit("g", "t", 0, 0))
+    first = asyncio.create_task(store.commit("g", "t", 0, 0, gen=0))
     await held.wait_entered()  # the first fsync is under way: every later commit queues behind it
-    rest = [asyncio.create_task(store.commit("g", f"t{i % 7}", i, i)) for i in range(1, commits)]
+    rest = [asyncio.create_task(store.commit("g", f"t{i % 7}", i, i, gen=0)) for i in range(1, commits)]
     await asyncio.sleep(0)  # each task runs up to its await, so every commit is queued
     held.holding = False
     held.release.set()
@@ -84,7 +84,7 @@ async def test_concurrent_commits_share_fsyncs_and_all_survive_reopen(tmp_path, 
 async def test_commits_do_not_block_the_event_loop(tmp_path, monkeypatch):
     store = OffsetStore(str(tmp_path / "offsets.log"))
     held = HeldSync(monkeypatch)
-    task = asyncio.create_task(store.commit("g", "t", 0, 1))
+    task = asyncio.create_task(store.commit("g", "t", 0, 1, gen=0))
     await held.wait_entered()
     # The fsync is held; the loop must still serve other work meanwhile.
     assert await asyncio.wait_for(asyncio.to_thread(lambda: "served"), WAIT_S) == "served"
@@ -97,14 +97,14 @@ async def test_key_limit_is_a_coded_refusal(tmp_path, monkeypatch):
     monkeypatch.setattr(offsets, "KEYS_MAX", 3)
     store = OffsetStore(str(tmp_path / "offsets.log"))
     for q in range(3):
-        await store.commit("g", "t", q, q)
+        await store.commit("g", "t", q, q, gen=0)
     # Two new keys in one round must not slip past the bound together.
-    results = await asyncio.gather(store.commit("g", "t", 3, 3), store.commit("g", "t", 4, 4),
+    results = await asyncio.gather(store.commit("g", "t", 3, 3, gen=0), store.commit("g", "t", 4, 4, gen=0),
                                    return_exceptions=True)
     for err in results:
         assert isinstance(err, ApiError), err
         assert (err.status, err.code) == (409, "TOO_MANY_OFFSETS")
-    await store.commit("g", "t", 1, 100)  # keys already held still move
+    await store.commit("g", "t", 1, 100, gen=0)  # keys already held still move
     assert store.get("g", "t", 1) == 100 and store.get("g", "t", 3) is None
     store.close()
 
@@ -113,15 +113,15 @@ async def test_waiting_commits_are_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(offsets, "COMMITS_WAITING_MAX", 2)
     store = OffsetStore(str(tmp_path / "offsets.log"))
     held = HeldSync(monkeypatch)
-    waiting = [asyncio.create_task(store.commit("g", "t", q, q)) for q in range(2)]
+    waiting = [asyncio.create_task(store.commit("g", "t", q, q, gen=0)) for q in range(2)]
     await held.wait_entered()
     with pytest.raises(ApiError) as refused:
-        await store.commit("g", "t", 2, 2)
+        await store.commit("g", "t", 2, 2, gen=0)
     assert (refused.value.status, refused.value.code) == (503, "TOO_MANY_WAITERS")
     held.holding = False
     held.release.set()
     await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
-    await store.commit("g", "t", 2, 2)  # room again once the others are answered
+    await store.commit("g", "t", 2, 2, gen=0)  # room again once the others are answered
     store.close()
 
 
@@ -134,7 +134,7 @@ async def test_failed_fsync_refuses_that_commit_and_every_later_one(tmp_path, mo
     monkeypatch.setattr(files, "sync_data", failing_sync)
     for _ in range(2):
         with pytest.raises(ApiError) as refused:
-            await store.commit("g", "t", 0, 1)
+            await store.commit("g", "t", 0, 1, gen=0)
         assert (refused.value.status, refused.value.code) == (503, "STORAGE_UNAVAILABLE")
     assert store.get("g", "t", 0) is None
     store.close()
@@ -164,7 +164,7 @@ async def test_directory_is_synced_after_create_and_after_compaction(tmp_path, m
     assert syncs.seen == [0]
     monkeypatch.setattr(offsets, "COMPACT_AFTER_LINES", 5)
     for i in range(8):
-        await store.commit("g", "t", i % 2, i)
+        await store.commit("g", "t", i % 2, i, gen=0)
     await asyncio.to_thread(store.close)
     assert syncs.seen[1:], "the compaction's rename must be made durable"
     assert syncs.seen[1] == 2, "synced after the compacted file took the name: two keys, two lines"
@@ -176,12 +176,12 @@ async def test_directory_is_synced_after_create_and_after_compaction(tmp_path, m
 async def test_close_waits_for_queued_commits(tmp_path):
     path = str(tmp_path / "offsets.log")
     store = OffsetStore(path)
-    tasks = [asyncio.create_task(store.commit("g", "t", q, q)) for q in range(5)]
+    tasks = [asyncio.create_task(store.commit("g", "t", q, q, gen=0)) for q in range(5)]
     await asyncio.sleep(0)  # queued, not yet answered
     store.close()
     await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
     with pytest.raises(ApiError) as refused:
-        await store.commit("g", "t", 9, 9)
+        await store.commit("g", "t", 9, 9, gen=0)
     assert refused.value.code == "STORAGE_UNAVAILABLE"
     reopened = OffsetStore(path)
     assert [reopened.get("g", "t", q) for q in range(5)] == list(range(5))
@@ -190,10 +190,10 @@ async def test_close_waits_for_queued_commits(tmp_path):
 
 async def test_torn_last_line_is_ignored_and_cut_before_new_commits(tmp_path):
     path = tmp_path / "offsets.log"
-    path.write_bytes(b'["g", "t", 0, 5]\n["g", "t", 1, 6]\n["g", "t", 0, 9')  # format 0, a crash mid-write
+    path.write_bytes(b'["g", "t", 0, 5, 0]\n["g", "t", 1, 6, 0]\n["g", "t", 0, 9')  # format 0, a crash mid-write
     store = OffsetStore(str(path))
     assert (store.get("g", "t", 0), store.get("g", "t", 1)) == (5, 6)
-    await store.commit("g", "t", 2, 7)
+    await store.commit("g", "t", 2, 7, gen=0)
     store.close()
     reopened = OffsetStore(str(path))
     assert [reopened.get("g", "t", q) for q in range(3)] == [5, 6, 7], "the new line was glued to the torn one"

@@ -180,7 +180,7 @@ def load_offsets(path: Path) -> dict:
 async def _commit_offsets(path: Path) -> None:
     store = OffsetStore(str(path))
     for i in range(12):
-        await store.commit("g", "t", i % 3, 100 + i)
+        await store.commit("g", "t", i % 3, 100 + i, gen=0)
     store.close()
 
 
@@ -263,17 +263,25 @@ def test_a_damaged_pop_journal_loads_a_prefix_or_is_refused_naming_it(tmp_path, 
 
 def test_lines_of_the_old_format_still_load_and_new_lines_follow_them(tmp_path):
     path = tmp_path / "offsets.log"
-    path.write_bytes(b'["g", "t", 0, 5]\n["g", "t", 1, 6]\n')   # format 0, written by an older broker
+    path.write_bytes(b'["g", "t", 0, 5, 0]\n["g", "t", 1, 6, 2]\n')   # format 0 (no check), written by an older broker
 
     async def commit() -> None:
         store = OffsetStore(str(path))
         assert (store.get("g", "t", 0), store.get("g", "t", 1)) == (5, 6)
-        await store.commit("g", "t", 0, 7)
+        await store.commit("g", "t", 0, 7, gen=1)
         store.close()
 
     asyncio.run(commit())
     assert path.read_bytes().splitlines()[-1].startswith(b"v1 ")
     assert load_offsets(path) == {("g", "t", 0): 7, ("g", "t", 1): 6}
+
+
+def test_an_offsets_file_from_before_gens_is_refused_by_name(tmp_path):
+    # Offsets were kept without the gen of the head they were committed on (no deployed brokers: no conversion).
+    path = tmp_path / "offsets.log"
+    path.write_bytes(b'["g", "t", 0, 5]\n')
+    with pytest.raises(CorruptFile, match="before gens"):
+        OffsetStore(str(path))
 
 
 # -- the meta snapshot ---------------------------------------------------------------------------------------------

@@ -128,7 +128,9 @@ async def read_offset(request: web.Request) -> web.Response:
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
     local = request.query.get("local") == "1"
-    return _respond({"offset": await node.reader.read_offset(group, topic, queue, local)})
+    offset, gen = await node.reader.read_committed(group, topic, queue, local)
+    # A broker asking for this one's own value (local=1) also learns the gen it was committed on: the newest wins.
+    return _respond({"offset": offset, "gen": gen} if local else {"offset": offset})
 
 
 @requires("client", "broker")

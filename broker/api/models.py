@@ -108,6 +108,7 @@ class Pulled(TypedDict):
 @with_config(OPEN)
 class CommittedOffset(TypedDict):
     offset: int
+    gen: NotRequired[int]   # with local=1: the gen of the head segment it was committed on (-1: never)
 
 
 @with_config(OPEN)
