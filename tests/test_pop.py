@@ -8,6 +8,8 @@ machine; "not before the invisible time" is checked exactly (a redelivery never 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -434,3 +436,29 @@ async def test_a_redelivery_past_one_reads_byte_budget_leaves_the_rest_for_the_n
                                                                              for m in again]
     s = await stats(c, b1, "gb")
     assert sum(q["in_flight"] for q in s["queues"]) == 3, s
+
+
+async def test_a_late_ack_on_the_old_head_never_answers_ok_for_a_delivery_the_new_head_will_make(cluster):
+    """A delivery that came due on the old head after the queue moved is handed over to the new head, which delivers
+    it again. b2 is stopped while b1 hands it over, and the consumer acks it on b1 meanwhile: b1 used to answer ok
+    and b2, once it continued, adopted and delivered it again anyway. Now b1 answers HANDLE_EXPIRED."""
+    c = cluster
+    await topic(c, "handack", 1, messages=1)
+    b1, b2 = c.url("b1"), c.url("b2")
+    first = await pop_all(c, b1, "handack", "gh", max=1, invisible_ms=1000)
+    await ok(c, "POST", "/v1/topics/handack/remap", json={"brokers": ["b2"]})
+    await wait_route(c, "handack", lambda r: all_writable(r) and r["queues"][0]["broker"] == "b2")
+    assert await pop_all(c, b2, "handack", "gh", wait_ms=0) == []   # b2 takes over the state: b1's is frozen
+    pid = c.pid("b2")
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(1.6)   # due on b1, which hands it to b2 and waits for an answer that does not come
+        result = (await ack(c, b1, "gh", [first[0]["handle"]]))[0]
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    back = []
+    deadline = time.monotonic() + 10.0
+    while not back and time.monotonic() < deadline:
+        back = await pop_all(c, b2, "handack", "gh", wait_ms=2000, invisible_ms=60_000)
+    assert not result.get("ok") and result["code"] == "HANDLE_EXPIRED", (result, back)
+    assert [(m["offset"], m["attempt"]) for m in back] == [(0, 2)], "delivered again by the new head"

@@ -347,6 +347,10 @@ class PopService:
             return "INVALID_HANDLE", h, None
         verdict = st.check(h.offset, h.seq)
         if verdict == LIVE:
+            if st.frozen and h.offset in st.ready:
+                # It came due after the queue moved: it is the new head's to deliver again (handed over, or being
+                # handed over right now); an ok here could not stop that delivery.
+                return "HANDLE_EXPIRED", h, st
             return "", h, st
         if verdict == EXPIRED:
             return "HANDLE_EXPIRED", h, st
