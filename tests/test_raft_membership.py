@@ -20,7 +20,8 @@ DISKS = ["a" * 32, "b" * 32, "c" * 32]
 
 
 def _members(*disks: str) -> tuple[Member, ...]:
-    return tuple(Member(raft=f"127.0.0.1:{7000 + i}", name=f"m{i + 1}", disk=d) for i, d in enumerate(disks))
+    return tuple(Member(raft=f"127.0.0.1:{7000 + i}", name=f"m{i + 1}", disk=d, url=f"http://127.0.0.1:{7100 + i}",
+                        voter=True) for i, d in enumerate(disks))
 
 
 def _entry(members: tuple[Member, ...], reason: str = "bootstrap") -> bytes:
@@ -64,6 +65,10 @@ def test_parse_takes_only_a_whole_well_formed_membership():
         {**good, "members": [{**good["members"][0], "extra": 1}]},
         {**good, "members": [{**good["members"][0], "raft": "no-port"}]},
         {**good, "members": [{**good["members"][0], "name": ""}]}, None, [], "x",
+        {**good, "members": [{**good["members"][0], "voter": "yes"}]},
+        {**good, "members": [{**good["members"][0], "url": "ftp://x"}]},
+        {**good, "members": [{**m, "voter": False} for m in good["members"]]},              # no voter at all
+        {**good, "members": [{**good["members"][0], "disk": None}]},                        # a voter without a disk
     ]
     assert [raft_membership.parse(cmd) for cmd in bad] == [None] * len(bad)
     assert raft_membership.parse_entry(_entry(members)) == members
@@ -75,6 +80,10 @@ def test_a_voter_is_its_name_with_its_own_disk():
     assert raft_membership.is_voter(members, "m2", DISKS[1])
     assert not raft_membership.is_voter(members, "m2", "d" * 32)    # a wiped m2
     assert not raft_membership.is_voter(members, "m4", DISKS[1])
+    learner = raft_membership.replaced(members, Member(raft="127.0.0.1:7009", name="m4", disk=None, url=None,
+                                                       voter=False))
+    assert raft_membership.parse(raft_membership.command(learner, "add")) == learner
+    assert not raft_membership.is_voter(learner, "m4", DISKS[1])
 
 
 # -- the trail -------------------------------------------------------------------------------------------------------

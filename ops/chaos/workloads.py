@@ -67,6 +67,7 @@ class Env:
         self.stop = asyncio.Event()
         self.rng = random.Random(seed)
         self._routes: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.size_turn = self.rng.randrange(SIZE_MULTIPLES[1] - SIZE_MULTIPLES[0] + 1)   # the next 64 KiB multiple
 
     def meta(self) -> str:
         return self.rng.choice(self.meta_urls)
@@ -353,7 +354,11 @@ def config_tag(config: dict[str, Any]) -> str | None:
 def _size_target(env: Env, cls: str) -> int | None:
     if cls != "mid":
         return None
-    multiple = env.rng.randint(*SIZE_MULTIPLES)
+    # In turn, not at random: a run that gets few mid-sized writes through (faults that hold the log) still lands
+    # them on as many different multiples as it has writes.
+    lo, hi = SIZE_MULTIPLES
+    multiple = lo + env.size_turn % (hi - lo + 1)
+    env.size_turn += 1
     return multiple * SIZE_STEP_BYTES + env.rng.randint(-SIZE_WINDOW_BYTES, SIZE_WINDOW_BYTES)
 
 
