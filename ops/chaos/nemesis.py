@@ -145,11 +145,11 @@ class Nemesis:
             await self._stop(name, signal.SIGKILL)
         elif f.kind == "wipe":
             await self._stop(name, signal.SIGKILL)
-            await asyncio.to_thread(shutil.rmtree, os.path.join(self.t.dir, name, "data"))
+            await asyncio.to_thread(_wipe, os.path.join(self.t.dir, name, "data"))
         elif f.kind == "replace":
             await asyncio.to_thread(self._membership, "DELETE", f"/{name}", None, name)
             await self._stop(name, signal.SIGKILL)
-            await asyncio.to_thread(shutil.rmtree, os.path.join(self.t.dir, name, "data"))
+            await asyncio.to_thread(_wipe, os.path.join(self.t.dir, name, "data"))
         elif f.kind == "restart":
             await self._stop(name, signal.SIGTERM)
         elif f.kind == "pause":
@@ -286,6 +286,15 @@ class Nemesis:
         for name in list(self._paused):
             self._signal(name, signal.SIGCONT)
         self._paused.clear()
+
+
+def _wipe(data_dir: str) -> None:
+    """Remove a member's data directory; one that is not there yet (a member started a moment ago, still importing
+    when it was stopped again) is as wiped as it gets."""
+    try:
+        shutil.rmtree(data_dir)
+    except FileNotFoundError:
+        pass
 
 
 def _error_code(text: str) -> str | None:
