@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import limits
 from .disk_identity import is_disk_id
 from .raft_entry import decode_entry
 
 MEMBERSHIP_COMMAND = 2          # pysyncobj's _COMMAND_TYPE.MEMBERSHIP (test_pysyncobj_pin holds the value)
 COMMAND_TYPE = "SetMembership"
 MEMBERS_MAX = 9
-NAME_CHARS_MAX = 128
+NAME_CHARS_MAX = limits.BROKER_NAME_CHARS_MAX   # a node's name: the config's rule (ops/config_file.py)
 RAFT_ADDRESS_CHARS_MAX = 262    # a DNS name, a colon and a port
 URL_CHARS_MAX = 2048
 REASONS = frozenset({"bootstrap", "rejoin", "add", "promote", "remove"})
@@ -49,6 +50,8 @@ def command(members: Members, reason: str) -> dict[str, Any]:
 
 
 def valid_name(name: Any) -> bool:
+    # Length only: a node without a configured name (tests' in-process nodes) goes by its raft address. The HTTP API
+    # holds an operator's names to the config's pattern too (meta/api/members.py).
     return isinstance(name, str) and 0 < len(name) <= NAME_CHARS_MAX
 
 

@@ -110,11 +110,6 @@ class Roles:
         return member.url if member else None
 
     @property
-    def change_in_flight(self) -> bool:
-        """Leader: a membership entry of its own is appended and not committed yet (any thread)."""
-        return self._proposed_at is not None
-
-    @property
     def removed(self) -> bool:
         """The membership in this node's log does not name it (any thread): it was removed, and gets no more."""
         current = self.current
@@ -201,7 +196,7 @@ class Roles:
         """The keepalive to send every peer now, or None: it also says which disk this node runs on and whether
         its log is empty (a bootstrap needs every peer's)."""
         now = time.monotonic()
-        interval = BOOTSTRAP_KEEPALIVE_INTERVAL_S if self._trail().current() is None else KEEPALIVE_INTERVAL_S
+        interval = BOOTSTRAP_KEEPALIVE_INTERVAL_S if self.current is None else KEEPALIVE_INTERVAL_S   # this tick's
         if now - self._last_keepalive < interval:
             return None
         self._last_keepalive = now

@@ -185,6 +185,8 @@ async def test_an_add_that_never_comes_up_is_undone_and_bad_changes_are_refused(
             ("POST", "", {**nowhere, "node": "m7", "url": "ftp://x"}, 400, "INVALID_ARGUMENT"),
             ("POST", "", {**nowhere, "node": "m7", "raft": "no-port"}, 400, "INVALID_ARGUMENT"),
             ("POST", "", {**nowhere, "node": "m 7"}, 400, "INVALID_ARGUMENT"),
+            ("POST", "", {**nowhere, "node": "m" * 65}, 400, "INVALID_ARGUMENT"),   # no config could name it
+            ("DELETE", "/" + "m" * 65, None, 400, "INVALID_ARGUMENT"),
             ("POST", "", {**nowhere, "node": "m7", "zone": "a"}, 400, "INVALID_ARGUMENT"),
             ("DELETE", "/m%207", None, 400, "INVALID_ARGUMENT"),
         ]

@@ -65,6 +65,7 @@ def test_parse_takes_only_a_whole_well_formed_membership():
         {**good, "members": [{**good["members"][0], "extra": 1}]},
         {**good, "members": [{**good["members"][0], "raft": "no-port"}]},
         {**good, "members": [{**good["members"][0], "name": ""}]}, None, [], "x",
+        {**good, "members": [{**good["members"][0], "name": "n" * 65}]},                  # past the config's rule
         {**good, "members": [{**good["members"][0], "voter": "yes"}]},
         {**good, "members": [{**good["members"][0], "url": "ftp://x"}]},
         {**good, "members": [{**m, "voter": False} for m in good["members"]]},              # no voter at all

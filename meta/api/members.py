@@ -12,17 +12,16 @@ import asyncio
 
 from aiohttp import web
 
+from .. import raft_membership
 from ..commands import NAME_RE
 from ..raft_node import ProposeFailed
 from ..raft_roles import HandingOver
-from client.wire.errors import rejection
+from client.wire.errors import invalid, rejection
 from client.wire.server import requires
 
 from . import models
 from .cluster import members_view
 from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service
-
-NAME_CHARS_MAX = 127   # as models.Name
 
 
 @requires("client", "broker")
@@ -52,8 +51,9 @@ async def remove_member(request: web.Request) -> web.Response:
 
 def _node(request: web.Request) -> str:
     node = request.match_info["node"]
-    if len(node) > NAME_CHARS_MAX or not NAME_RE.fullmatch(node):
-        raise rejection(400, "INVALID_ARGUMENT", "a node name is letters, digits, '_' and '-'", node=node[:200])
+    if not raft_membership.valid_name(node) or not NAME_RE.fullmatch(node):
+        raise invalid(f"a node name is 1-{raft_membership.NAME_CHARS_MAX} characters of A-Z a-z 0-9 _ -",
+                      node=node[:200])
     return node
 
 

@@ -123,8 +123,10 @@ class GroupConfig(TypedDict, total=False):
 
 @with_config(STRICT)
 class AddMember(TypedDict):
-    """A meta node to add as a learner (meta/raft_roles.py): its name, and where the others reach it."""
-    node: Name
+    """A meta node to add as a learner (meta/raft_roles.py): its name (the config's rule), and where the others
+    reach it."""
+    node: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$", min_length=1,
+                                           max_length=raft_membership.NAME_CHARS_MAX)]
     raft: Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]+:[0-9]{1,5}$",
                                            max_length=raft_membership.RAFT_ADDRESS_CHARS_MAX)]
     url: Annotated[str, StringConstraints(pattern=r"^https?://[\x21-\x7e]+$",
