@@ -15,7 +15,8 @@ from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, L
                              TlsSchema, split_host_port, tls_files)
 
 from .storage.config import FLUSH_FSYNC, FLUSH_POLICIES
-from .storage.limits import FLUSH_INTERVAL_MS_MAX, TS_MS_MAX
+from .storage.limits import (FLUSH_INTERVAL_MS_MAX, SEGMENT_BYTES_LIMIT_MAX, SEGMENT_BYTES_LIMIT_MIN,
+                             SEGMENT_BYTES_MAX_DEFAULT, TS_MS_MAX)
 
 __all__ = ["BrokerConfig", "ConfigError", "load", "parse"]
 
@@ -40,6 +41,7 @@ class BrokerConfig:
     flush_interval_ms: int = FLUSH_INTERVAL_MS_DEFAULT
     retention_ms: int | None = None      # delete whole segment files older than this (None keeps everything)
     retention_bytes: int | None = None   # ... or beyond this size per physical queue
+    segment_bytes_max: int = SEGMENT_BYTES_MAX_DEFAULT   # a segment file rolls before a batch takes it past this
     log_level: str = "info"
     advertise: str | None = None         # the URL others reach this broker at, when it differs from the bind address
     tls: TlsFiles | None = None          # HTTPS for the API and for calls to meta and other brokers (client/tls.py)
@@ -75,6 +77,7 @@ class _BrokerSchema(Schema):
     flush_interval_ms: int = Field(FLUSH_INTERVAL_MS_DEFAULT, ge=1, le=FLUSH_INTERVAL_MS_MAX)
     retention_ms: int | None = Field(None, ge=1, le=TS_MS_MAX)
     retention_bytes: int | None = Field(None, ge=1, le=RETENTION_BYTES_MAX)
+    segment_bytes_max: int = Field(SEGMENT_BYTES_MAX_DEFAULT, ge=SEGMENT_BYTES_LIMIT_MIN, le=SEGMENT_BYTES_LIMIT_MAX)
     log_level: LogLevel = "info"
     tls: TlsSchema | None = None
     http_connections_max: int = Field(HTTP_CONNECTIONS_MAX_DEFAULT, ge=1, le=HTTP_CONNECTIONS_LIMIT_MAX)
@@ -112,5 +115,6 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
         broker=s.broker, data_dir=os.path.join(base_dir, s.data_dir), http_host=host, http_port=port,
         meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
         admin_token=s.tokens.admin, zone=s.zone, flush=s.flush, flush_interval_ms=s.flush_interval_ms,
-        retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, log_level=s.log_level,
+        retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, segment_bytes_max=s.segment_bytes_max,
+        log_level=s.log_level,
         advertise=s.advertise, tls=tls_files(s.tls, base_dir), http_connections_max=s.http_connections_max)

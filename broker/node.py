@@ -45,7 +45,8 @@ class BrokerNode:
         os.makedirs(config.data_dir, exist_ok=True)
         qcfg = QueueConfig(flush_policy=FLUSH_FSYNC if config.flush == "fsync" else FLUSH_INTERVAL,
                            flush_interval_ms=config.flush_interval_ms, retention_ms=config.retention_ms,
-                           retention_bytes=config.retention_bytes, observe_sync_s=self.metrics.fsync.observe)
+                           retention_bytes=config.retention_bytes, segment_bytes_max=config.segment_bytes_max,
+                           observe_sync_s=self.metrics.fsync.observe)
         self.store = QueueStore(os.path.join(config.data_dir, "queues"), qcfg)
         self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"))
         self.routes = RouteTable(config.broker)

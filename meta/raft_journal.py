@@ -110,6 +110,8 @@ from typing import Any
 import structlog
 from pysyncobj.journal import Journal
 
+from ops import power_loss
+
 from .raft_membership import MEMBERSHIP_COMMAND, MembershipTrail
 
 log = structlog.get_logger("meta.raft.journal")
@@ -279,18 +281,21 @@ class OsJournalIO(JournalIO):
             for piece in _batched(chunks, COMPACTION_WRITE_BYTES):
                 _write_all(fd, piece)
             os.fsync(fd)
+            size = os.fstat(fd).st_size
         finally:
             os.close(fd)
         os.replace(tmp_path, path)
         # The rename is in the directory, not in the file: without this a power loss may bring the old name back.
         _fsync_directory(os.path.dirname(os.path.abspath(path)))
+        power_loss.synced_whole(path, size)
 
     def remove(self, path: str) -> bool:
         try:
             os.remove(path)
-            return True
         except FileNotFoundError:
             return False
+        power_loss.removed(path)
+        return True
 
     def remove_dead(self, path: str) -> bool:
         # Freeing a file's blocks on ext4 mounted with discard trims them in the journal commit, which every
@@ -312,7 +317,9 @@ class OsJournalIO(JournalIO):
 
     def create(self, path: str) -> int:
         # O_EXCL: a segment is never created over a file, so a bug can cost an error, never a segment's records.
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        power_loss.created(path)
+        return handle
 
     def open_append(self, path: str) -> int:
         return os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -325,8 +332,9 @@ class OsJournalIO(JournalIO):
 
     def sync(self, handle: int) -> None:
         # fdatasync, not fsync: the size change is included (the data needs it), timestamps are not worth a second
-        # write. os.fdatasync releases the GIL, so the node's other threads run while the disk works.
-        os.fdatasync(handle)
+        # write. os.fdatasync releases the GIL, so the node's other threads run while the disk works. The power-loss
+        # ledger (tests only) records what the sync made durable.
+        power_loss.sync_fd(handle)
 
     def sync_directory(self, path: str) -> None:
         _fsync_directory(path)
@@ -416,6 +424,7 @@ def _fsync_directory(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    power_loss.dir_synced(os.path.abspath(path))
 
 
 def _batched(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:

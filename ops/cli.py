@@ -52,12 +52,15 @@ def meta() -> None:
 
 @meta.command("serve")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
-def meta_serve(config_path: str) -> None:
+@click.option("--unsafe-power-loss-ledger", "power_loss_ledger", is_flag=True,
+              help="tests only: record every sync in a ledger, so that a kill -9 plus ops/power_loss.lose_unsynced "
+                   "loses what a power loss would")
+def meta_serve(config_path: str, power_loss_ledger: bool) -> None:
     """Run a meta node in the foreground."""
     from meta.raft_journal import JournalDamaged
     from ops.serve import run_meta
     with one_line_errors(JournalDamaged):
-        run_meta(config_path)
+        run_meta(config_path, power_loss_ledger)
 
 
 @meta.command("rebuild-projection")
@@ -96,12 +99,15 @@ def broker() -> None:
 
 @broker.command("serve")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
-def broker_serve(config_path: str) -> None:
+@click.option("--unsafe-power-loss-ledger", "power_loss_ledger", is_flag=True,
+              help="tests only: record every sync in a ledger, so that a kill -9 plus ops/power_loss.lose_unsynced "
+                   "loses what a power loss would")
+def broker_serve(config_path: str, power_loss_ledger: bool) -> None:
     """Run a broker in the foreground."""
     from broker.serve import run_broker
     from broker.storage.errors import CorruptFile
     with one_line_errors(CorruptFile):
-        run_broker(config_path)
+        run_broker(config_path, power_loss_ledger)
 
 
 @main.group()

@@ -1,7 +1,7 @@
 """`stator dev up / start / down`: a local cluster of real processes on loopback (API.md, local cluster tool).
 
-Layout of DIR: ``cluster.json`` (API.md shape, plus each member's config path), ``NAME/`` data and config of each
-member, ``logs/NAME.log``. Processes run in their own session so `down` can signal the whole group.
+Layout of DIR: ``cluster.json`` (API.md shape, plus each member's config path and, for tests, ``serve_flags``: extra
+flags of its serve command, such as ops/power_loss.FLAG), ``NAME/`` data and config of each member, ``logs/NAME.log``. Processes run in their own session so `down` can signal the whole group.
 """
 
 from __future__ import annotations
@@ -177,18 +177,26 @@ def _undone_on_failure(dir_: str, cluster: dict[str, Any], names: list[str]) -> 
         raise
 
 
-def _meta_argv(config_path: str) -> list[str]:
-    return [sys.executable, "-m", "ops.cli", "meta", "serve", "--config", config_path]
+def _meta_argv(member: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", "ops.cli", "meta", "serve", "--config", member["config"],
+            *member.get("serve_flags", [])]
 
 
-def _broker_argv(config_path: str) -> list[str]:
-    return [sys.executable, "-m", "ops.cli", "broker", "serve", "--config", config_path]
+def _broker_argv(member: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", "ops.cli", "broker", "serve", "--config", member["config"],
+            *member.get("serve_flags", [])]
+
+
+def _with_flags(member: dict[str, Any], serve_flags: list[str] | None) -> dict[str, Any]:
+    return {**member, "serve_flags": list(serve_flags)} if serve_flags else member
 
 
 def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra_meta: dict | None = None,
-       extra_broker: dict | None = None, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+       extra_broker: dict | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
+       serve_flags: list[str] | None = None) -> dict[str, Any]:
     """Start the cluster and return once every member is ready; if any is not, stop every member, undo the new
-    cluster (see _undone_on_failure) and raise MemberFailed naming the member and its log."""
+    cluster (see _undone_on_failure) and raise MemberFailed naming the member and its log. ``serve_flags`` go to every
+    member's serve command, now and at every restart."""
     dir_ = os.path.abspath(dir_)
     os.makedirs(dir_, exist_ok=True)
     if os.path.exists(os.path.join(dir_, "cluster.json")):
@@ -206,18 +214,20 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
         for m in members:
             cfg = {"node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("http://"), "secret": secret,
                    "tokens": tokens, "members": members, **(extra_meta or {})}
-            path = write_config(dir_, m["node"], cfg)
-            pid = _spawn(dir_, m["node"], _meta_argv(path))
-            cluster["meta"].append({"node": m["node"], "url": m["url"], "pid": pid, "config": path})
+            member = _with_flags({"node": m["node"], "url": m["url"], "config": write_config(dir_, m["node"], cfg)},
+                                 serve_flags)
+            member["pid"] = _spawn(dir_, m["node"], _meta_argv(member))
+            cluster["meta"].append(member)
         save(dir_, cluster)
         _wait_members(dir_, cluster["meta"], ready_timeout_s)
         for i, name in enumerate(broker_names):
             port = _broker_port(base_port, i)
             cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}", "tokens": tokens,
                    "meta": [m["url"] for m in members], **(extra_broker or {})}
-            path = write_config(dir_, name, cfg)
-            pid = _spawn(dir_, name, _broker_argv(path))
-            cluster["brokers"].append({"broker": name, "url": f"http://127.0.0.1:{port}", "pid": pid, "config": path})
+            member = _with_flags({"broker": name, "url": f"http://127.0.0.1:{port}",
+                                  "config": write_config(dir_, name, cfg)}, serve_flags)
+            member["pid"] = _spawn(dir_, name, _broker_argv(member))
+            cluster["brokers"].append(member)
             save(dir_, cluster)
         _wait_members(dir_, cluster["brokers"], ready_timeout_s)
     return cluster
@@ -236,8 +246,9 @@ def add_meta(dir_: str, name: str, http_port: int, raft_port: int) -> dict[str, 
     me = {"node": name, "raft": f"127.0.0.1:{raft_port}", "url": f"http://127.0.0.1:{http_port}"}
     cfg = {**template, "node": name, "http": me["url"].removeprefix("http://"),
            "members": [m for m in template["members"] if m["node"] != name] + [me]}
-    path = write_config(dir_, name, cfg)
-    member = {"node": name, "url": me["url"], "pid": _spawn(dir_, name, _meta_argv(path)), "config": path}
+    member = _with_flags({"node": name, "url": me["url"], "config": write_config(dir_, name, cfg)},
+                         cluster["meta"][0].get("serve_flags"))
+    member["pid"] = _spawn(dir_, name, _meta_argv(member))
     cluster["meta"].append(member)
     save(dir_, cluster)
     return member
@@ -290,7 +301,7 @@ def restart_all(dir_: str, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str
     with _stopped_on_failure(lambda: started):
         for kind, argv in (("meta", _meta_argv), ("brokers", _broker_argv)):
             for m in cluster[kind]:
-                m["pid"] = _spawn(dir_, _name(m), argv(m["config"]))
+                m["pid"] = _spawn(dir_, _name(m), argv(m))
                 started.append(m)
             save(dir_, cluster)
             _wait_members(dir_, cluster[kind], ready_timeout_s)
@@ -305,7 +316,7 @@ def start(dir_: str, name: str, wait: bool = True) -> dict[str, Any]:
             if _name(m) == name:
                 if _alive(m["pid"]):
                     raise RuntimeError(f"{name} is already running (pid {m['pid']})")
-                m["pid"] = _spawn(dir_, name, argv(m["config"]))
+                m["pid"] = _spawn(dir_, name, argv(m))
                 save(dir_, cluster)
                 # A lone meta node is ready only once a majority is back: start it without waiting. A member that is
                 # slow to get ready is left running (a bench measures how long it takes); one that exited is named.

@@ -112,7 +112,16 @@ def check_raft_address(raft: str) -> None:
     listening_socket("::" if ":" in host else "0.0.0.0", port, f"raft address {raft}").close()
 
 
-def run_meta(config_path: str) -> None:
+def start_power_loss_ledger(data_dir: str) -> None:
+    """The test-only power-loss mode (ops/power_loss.py), on before any durable file is opened; logged loudly."""
+    import structlog
+
+    from ops import power_loss
+    ledger = power_loss.enable(data_dir)
+    structlog.get_logger("serve").warning("unsafe_power_loss_ledger_on", ledger=ledger.path)
+
+
+def run_meta(config_path: str, power_loss_ledger: bool = False) -> None:
     from pysyncobj import SyncObjException
 
     from meta.api.app import make_app
@@ -121,6 +130,8 @@ def run_meta(config_path: str) -> None:
 
     config = load(config_path)
     configure(config.log_level, node=config.node)
+    if power_loss_ledger:
+        start_power_loss_ledger(config.data_dir)
     # The Raft tick thread must get the interpreter promptly while the event loop is busy (heartbeats, commits):
     # hand the GIL over every 1 ms instead of every 5 ms.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)

@@ -116,5 +116,6 @@ async def running(tmp_dir: str, metas: int = 3, brokers: int = 0, **extra):
 def up(tmp_dir: str, metas: int = 3, brokers: int = 0, **extra) -> Cluster:
     base = free_base_port()
     info = devcluster.up(os.path.join(tmp_dir, "cluster"), metas, brokers, base,
-                         extra_meta=extra.get("meta"), extra_broker=extra.get("broker"))
+                         extra_meta=extra.get("meta"), extra_broker=extra.get("broker"),
+                         serve_flags=extra.get("serve_flags"))
     return Cluster(os.path.join(tmp_dir, "cluster"), info)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 
+from ops import power_loss
+
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TMP_SUFFIX = ".tmp"
@@ -35,10 +37,8 @@ def parse_index_name(name: str) -> int | None:
 
 def sync_data(fd: int) -> None:
     # fdatasync skips metadata that reading the data back does not need (mtime); the size is still flushed.
-    if hasattr(os, "fdatasync"):
-        os.fdatasync(fd)
-    else:
-        os.fsync(fd)
+    # Every fsync of storage's data goes through here: the power-loss ledger (tests only) records it.
+    power_loss.sync_fd(fd, os.fdatasync if hasattr(os, "fdatasync") else os.fsync)
 
 
 def sync_dir(path: str) -> None:
@@ -48,6 +48,7 @@ def sync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    power_loss.dir_synced(path)
 
 
 def write_atomic(path: str, data: bytes) -> None:
@@ -62,6 +63,7 @@ def write_atomic(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    power_loss.synced_whole(path, len(data))
 
 
 def read_file(path: str) -> bytes | None:
@@ -76,6 +78,7 @@ def read_file(path: str) -> bytes | None:
 def remove_if_exists(path: str) -> bool:
     try:
         os.unlink(path)
+        power_loss.removed(path)
         return True
     except FileNotFoundError:
         return False

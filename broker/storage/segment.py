@@ -13,6 +13,8 @@ from bisect import bisect_right
 from contextlib import contextmanager
 from typing import Iterator
 
+from ops import power_loss
+
 from . import files, limits
 from .config import QueueConfig
 from .errors import CorruptData, QueueFailed
@@ -52,6 +54,7 @@ class Segment:
         """A new, empty, active segment; the caller syncs the directory."""
         segment = cls(directory, base, _new_index(config), pool)
         segment.fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | files.O_CLOEXEC, 0o644)
+        power_loss.created(segment.path)
         return segment
 
     @classmethod

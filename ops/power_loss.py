@@ -1,0 +1,248 @@
+"""Power loss for tests: a sync ledger, so that a kill -9 followed by ``lose_unsynced`` loses exactly what a power
+loss would have lost. Never on in production: only a node started with FLAG (``stator meta serve`` and ``stator broker
+serve``) turns it on. There is no config key for it on purpose: a config file is copied from host to host, a command
+line is typed for one test (the config schemas refuse unknown keys, so a key in a config is refused by name).
+
+Why a ledger: a kill -9 keeps the page cache, so every write the process made survives it, synced or not. With the
+mode on, every durable file the node writes (meta's journal segments and state file, the broker's segment and index
+files, offsets file, pop journal, DLQ queues) reports to the ledger after each fsync/fdatasync returns and before the
+caller acknowledges anything: "P is durable up to L bytes" (L is the size *before* the sync started: a sync covers
+what was written before it, nothing after). After the process is gone, ``lose_unsynced`` cuts every file the ledger
+knows back to its durable length, as the disk would hold it after a power loss.
+
+The writes still go to the files at once, so the process reads its own unsynced writes back from the page cache, as
+it does in production. That is more faithful than holding them in the process's memory
+(meta/raft_journal.py MemoryUntilSyncJournalIO does that for the journal alone): no second code path for reads, and
+what the disk holds before the cut is byte for byte what the node wrote.
+
+The ledger is an append-only file in the node's data directory written with plain os.write and never synced: a
+kill -9 keeps it whole as the process left it (only a real power loss would lose it, and this mode is for tests run
+on a machine that keeps its power). A kill between a sync and its record loses a write nobody was told about.
+
+Records, one line each (``<kind> <number> <path>``; path absolute, last on the line so it may hold spaces):
+- ``D <length> <path>``: synced up to length (a whole-file write, ``write_atomic``, counts as synced at its size);
+- ``N 0 <path>``: created; until a ``C`` of its directory, a power loss may lose the file itself;
+- ``C 0 <dir>``: the directory was synced: files created in it so far are there to stay;
+- ``R 0 <path>``: removed (the path and everything under it are forgotten).
+
+What the model leaves out, on purpose: an unsynced rename or unlink is taken as durable (the old content is gone, so
+a power loss that undoes a rename cannot be played); an unsynced truncation is never undone; a file is never made
+longer than it is. Each of these makes the mode lose less than a real power loss might, never more.
+Writers must not sync one file from two threads at once (the broker holds the queue's lock through its fsync,
+offsets and the pop journal have one syncer thread, meta's journal syncs on its tick thread): the last record wins.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+FLAG = "--unsafe-power-loss-ledger"
+LEDGER_NAME = "power-loss-ledger"
+# The ledger is rewritten from its in-memory state once it grows past this (a long run syncs thousands of times).
+LEDGER_COMPACT_BYTES = 4 * 1024 * 1024
+# A torn write keeps between 1 byte and this much of the lost tail (sector and page sizes are 512 B to 4 KiB).
+TEAR_BYTES_MAX = 8 * 1024
+
+DURABLE, CREATED, DIR_SYNCED, REMOVED = "D", "N", "C", "R"
+
+
+@dataclass
+class _File:
+    durable: int = 0
+    created: bool = False      # made since its directory was last synced
+
+
+class _State:
+    """Every file the ledger knows, as its records so far say."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, _File] = {}
+
+    def apply(self, kind: str, number: int, path: str) -> None:
+        if kind == DURABLE:
+            self.files.setdefault(path, _File()).durable = number
+        elif kind == CREATED:
+            self.files[path] = _File(0, True)
+        elif kind == DIR_SYNCED:
+            for name, f in self.files.items():
+                if f.created and os.path.dirname(name) == path:
+                    f.created = False
+        elif kind == REMOVED:
+            under = path.rstrip("/") + "/"
+            for name in [n for n in self.files if n == path or n.startswith(under)]:
+                del self.files[name]
+
+    def lines(self) -> bytes:
+        out = []
+        for path, f in self.files.items():
+            if f.created:
+                out.append(f"{CREATED} 0 {path}\n")
+            out.append(f"{DURABLE} {f.durable} {path}\n")
+        return "".join(out).encode()
+
+
+class Ledger:
+    def __init__(self, data_dir: str):
+        self.path = os.path.join(os.path.abspath(data_dir), LEDGER_NAME)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._state = _read_state(self.path)
+        self._lock = threading.Lock()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._bytes = os.fstat(self._fd).st_size
+
+    def record(self, kind: str, number: int, path: str) -> None:
+        path = os.path.abspath(path)
+        line = f"{kind} {number} {path}\n".encode()
+        with self._lock:
+            self._state.apply(kind, number, path)
+            os.write(self._fd, line)   # one write of one line: a kill -9 keeps it whole or not at all
+            self._bytes += len(line)
+            if self._bytes > LEDGER_COMPACT_BYTES:
+                self._compact()
+
+    def _compact(self) -> None:
+        body = self._state.lines()
+        tmp = self.path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)   # atomic for a kill -9: the old ledger or the new one
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._bytes = len(body)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+# The one switch every writer's hook checks: None (production, and tests that do not ask) costs one comparison.
+ledger: Ledger | None = None
+
+
+def enable(data_dir: str) -> Ledger:
+    global ledger
+    ledger = Ledger(data_dir)
+    return ledger
+
+
+def disable() -> None:
+    global ledger
+    if ledger is not None:
+        ledger.close()
+    ledger = None
+
+
+# Hooks for the writers. Each does nothing beyond the system call when the mode is off.
+
+def sync_fd(fd: int, sync: Callable[[int], None] = os.fdatasync) -> None:
+    """``sync(fd)``, then, with the mode on, the record that the file is durable up to its size before the sync."""
+    current = ledger
+    if current is None:
+        sync(fd)
+        return
+    size = os.fstat(fd).st_size
+    sync(fd)
+    path = _fd_path(fd)
+    if path is not None:
+        current.record(DURABLE, size, path)
+
+
+def synced_whole(path: str, size: int) -> None:
+    """``path`` was replaced by a synced file of ``size`` bytes (write, fsync, rename)."""
+    if ledger is not None:
+        ledger.record(DURABLE, size, path)
+
+
+def created(path: str) -> None:
+    if ledger is not None:
+        ledger.record(CREATED, 0, path)
+
+
+def dir_synced(path: str) -> None:
+    if ledger is not None:
+        ledger.record(DIR_SYNCED, 0, path)
+
+
+def removed(path: str) -> None:
+    if ledger is not None:
+        ledger.record(REMOVED, 0, path)
+
+
+def _fd_path(fd: int) -> str | None:
+    """The path the descriptor was opened at (Linux); None once the file was unlinked (nothing left to cut)."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    return None if path.endswith(" (deleted)") else path
+
+
+# After the process is gone.
+
+@dataclass
+class Loss:
+    files_cut: int = 0
+    files_removed: int = 0
+    bytes_lost: int = 0
+    torn: int = 0              # files left with a piece of their lost tail
+
+    def as_dict(self) -> dict[str, int]:
+        return {"files_cut": self.files_cut, "files_removed": self.files_removed, "bytes_lost": self.bytes_lost,
+                "torn": self.torn}
+
+
+def lose_unsynced(data_dir: str, rng: random.Random, tear: bool) -> Loss:
+    """On a *stopped* node's data directory: cut every file the ledger knows back to its durable length (with
+    ``tear``, keep a random piece of each lost tail, as a write cut mid-way leaves), remove files created since
+    their directory's last sync, then reset the ledger. A directory without a ledger (the mode was off, or the node
+    never started) loses nothing."""
+    path = os.path.join(os.path.abspath(data_dir), LEDGER_NAME)
+    loss = Loss()
+    if not os.path.exists(path):
+        return loss
+    state = _read_state(path)
+    for name in sorted(state.files):
+        f = state.files[name]
+        try:
+            size = os.stat(name).st_size
+        except FileNotFoundError:
+            continue
+        if f.created:
+            os.remove(name)
+            loss.files_removed += 1
+            loss.bytes_lost += size
+            continue
+        if size <= f.durable:
+            continue
+        keep = f.durable
+        lost = size - keep
+        if tear and lost > 1:
+            keep += rng.randint(1, min(lost - 1, TEAR_BYTES_MAX))
+            loss.torn += 1
+        os.truncate(name, keep)
+        loss.files_cut += 1
+        loss.bytes_lost += size - keep
+    os.remove(path)
+    return loss
+
+
+def _read_state(path: str) -> _State:
+    state = _State()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return state
+    for line in raw.decode("utf-8", "replace").splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0] in (DURABLE, CREATED, DIR_SYNCED, REMOVED) and parts[1].isdigit():
+            state.apply(parts[0], int(parts[1]), parts[2])
+    return state

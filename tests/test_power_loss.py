@@ -1,0 +1,192 @@
+"""The power-loss mode (ops/power_loss.py) on real processes: kill -9, ``lose_unsynced``, start again.
+
+What was acknowledged must survive a power loss: a broker's messages under flush policy fsync, committed offsets,
+pop acks (the pop journal), and meta writes with journal_sync fsync even when every meta node loses power at once.
+The same steps with what does not sync before acknowledging (flush policy interval, journal_sync none) must lose
+something, or the mode would not be dropping anything. And the mode is never on by accident.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+
+import aiohttp
+
+from ops import power_loss
+from tests import cluster as cluster_mod
+from tests.meta_helpers import history, ok, write_configs_until
+from tests.test_broker_e2e import all_writable, read_all, wait_route
+
+FLAGS = [power_loss.FLAG]
+SEGMENT_BYTES = 4096           # segments roll every few batches: segment creation and sealed indexes are covered
+BATCHES = 40
+BATCH = 10
+BODY = "x" * 80
+WAIT_S = 60.0
+
+
+def data_dir(c, name: str) -> str:
+    return os.path.join(c.dir, name, "data")
+
+
+def ledger_text(c, name: str) -> str:
+    with open(os.path.join(data_dir(c, name), power_loss.LEDGER_NAME)) as f:
+        return f.read()
+
+
+async def send_batches(c, topic: str, batches: int) -> list[tuple[int, str]]:
+    r = await wait_route(c, topic, all_writable)
+    addr = r["queues"][0]["address"]
+    acked: list[tuple[int, str]] = []
+    for i in range(batches):
+        bodies = [f"{i}-{k}-{BODY}" for k in range(BATCH)]
+        s, b, _ = await c.call("POST", f"{addr}/v1/messages/{topic}/0", "client",
+                               json={"messages": [{"body": x} for x in bodies]})
+        assert s == 200, b
+        acked += zip(b["offsets"], bodies)
+    return acked
+
+
+async def power_loss_of(c, name: str, rng: random.Random, tear: bool) -> power_loss.Loss:
+    await asyncio.to_thread(c.kill9, name)
+    loss = power_loss.lose_unsynced(data_dir(c, name), rng, tear)
+    await asyncio.to_thread(c.start, name)
+    return loss
+
+
+async def test_a_broker_keeps_every_acked_message_offset_and_pop_ack_through_a_torn_power_loss(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 1, 1, broker={"segment_bytes_max": SEGMENT_BYTES},
+                                   serve_flags=FLAGS) as c:
+        await ok(c, "POST", "/v1/topics", json={"topic": "pl", "queues": 1, "brokers": ["b1"]}, expect=(201,))
+        acked = await send_batches(c, "pl", BATCHES)
+        b1 = c.url("b1")
+        s, b, _ = await c.call("PUT", f"{b1}/v1/offsets/g/pl/0", "client", json={"offset": 123})
+        assert s == 200, b
+        s, b, _ = await c.call("POST", f"{b1}/v1/pop/pl", "client", json={"group": "p", "max": 7})
+        assert s == 200 and len(b["messages"]) == 7, b
+        popped = {m["offset"] for m in b["messages"]}
+        s, b, _ = await c.call("POST", f"{b1}/v1/ack", "client",
+                               json={"group": "p", "handles": [m["handle"] for m in b["messages"]]})
+        assert s == 200 and all(r["ok"] for r in b["results"]), b
+        # (c): the offsets file and the pop journal report their syncs, as the segments and indexes do
+        text = ledger_text(c, "b1")
+        for name in ("offsets.log", os.path.join("pop", "journal.log"), ".index", ".log"):
+            assert name in text, f"the ledger never saw a sync of {name}"
+
+        loss = await power_loss_of(c, "b1", random.Random(5), tear=True)
+        await wait_route(c, "pl", all_writable, timeout_s=WAIT_S)
+        got = {(m["offset"], m["body"]) for m in await read_all(c, "pl", 0)}
+        missing = [a for a in acked if a not in got]
+        assert not missing, f"{len(missing)} acked messages lost in the power loss ({loss}), e.g. {missing[:3]}"
+        s, b, _ = await c.call("GET", f"{b1}/v1/offsets/g/pl/0", "client")
+        assert (s, b.get("offset")) == (200, 123), (b, loss)
+        s, b, _ = await c.call("POST", f"{b1}/v1/pop/pl", "client", json={"group": "p", "max": 50})
+        assert s == 200, b
+        back = popped & {m["offset"] for m in b["messages"]}
+        assert not back, f"acked pops {sorted(back)} delivered again after the power loss ({loss})"
+
+
+async def test_a_broker_that_acks_before_its_fsync_loses_acked_messages_in_a_power_loss(tmp_path):
+    """Flush policy interval acknowledges before the data is synced: the mode must make that visible."""
+    broker = {"flush": "interval", "flush_interval_ms": 60_000, "segment_bytes_max": SEGMENT_BYTES}
+    async with cluster_mod.running(str(tmp_path), 1, 1, broker=broker, serve_flags=FLAGS) as c:
+        await ok(c, "POST", "/v1/topics", json={"topic": "pl", "queues": 1, "brokers": ["b1"]}, expect=(201,))
+        acked = await send_batches(c, "pl", BATCHES)
+        loss = await power_loss_of(c, "b1", random.Random(6), tear=False)
+        assert loss.bytes_lost > 0 and loss.files_cut > 0, loss
+        got = await _readable(c, "pl")
+        missing = [a for a in acked if a not in got]
+        assert missing, f"every acked message survived though nothing was synced ({loss})"
+
+
+async def _readable(c, topic: str) -> set[tuple[int, str]]:
+    """What the queue still serves from offset 0, wherever its route now starts."""
+    r = await wait_route(c, topic, all_writable, timeout_s=WAIT_S)
+    addr, out, offset = r["queues"][0]["address"], set(), 0
+    for _ in range(1000):
+        s, b, _ = await c.call("GET", f"{addr}/v1/messages/{topic}/0?offset={offset}&max=500", "client")
+        if s != 200 or b["next_offset"] <= offset:
+            return out
+        out |= {(m["offset"], m["body"]) for m in b["messages"]}
+        offset = b["next_offset"]
+    return out
+
+
+META_WRITERS = 6
+WRITE_S = 3.0
+
+
+async def _meta_power_loss(tmp_path, journal_sync: str) -> tuple[object, dict[int, tuple[str, str]], list]:
+    """Three meta nodes (and a broker to own the topic) under writers; then every member loses power at once."""
+    tuning = {"journal_sync": journal_sync, "compaction_min_entries": 200, "compaction_min_time_s": 1}
+    c = cluster_mod.up(str(tmp_path), 3, 1, meta={"raft_tuning": tuning}, serve_flags=FLAGS)
+    c.session = aiohttp.ClientSession()
+    await ok(c, "POST", "/v1/topics", json={"topic": "t", "queues": 1, "brokers": ["b1"]}, expect=(201,))
+    acked: dict[int, tuple[str, str]] = {}
+    stop = asyncio.Event()
+    writing = asyncio.create_task(write_configs_until(c, "t", META_WRITERS, stop, acked, pad=200))
+    await asyncio.sleep(WRITE_S)
+    # the whole machine: the broker loses power too (restart_all starts a stopped cluster only)
+    names = [m["node"] for m in c.info["meta"]] + ["b1"]
+    rng = random.Random(7)
+    try:
+        await asyncio.gather(*(asyncio.to_thread(c.kill9, n) for n in names))
+    finally:
+        stop.set()
+        await writing
+    losses = [power_loss.lose_unsynced(data_dir(c, n), rng, tear=rng.random() < 0.5) for n in names]
+    return c, acked, losses
+
+
+async def test_every_meta_node_losing_power_at_once_keeps_every_acked_write_with_journal_sync_fsync(tmp_path):
+    c, acked, losses = await _meta_power_loss(tmp_path, "fsync")
+    try:
+        assert len(acked) > 50, len(acked)
+        await asyncio.to_thread(cluster_mod.devcluster.restart_all, c.dir)
+        c.reload()
+        for url in c.meta_urls:
+            events = {e["version"]: e for e in await history(c, url, max(acked))}
+            missing = [v for v, (key, value) in acked.items()
+                       if events.get(v, {}).get("type") != "TopicConfigChanged"
+                       or events[v]["data"]["config"].get(key) != value]
+            assert not missing, f"{url} lost {len(missing)} acked writes ({losses}), e.g. {missing[:5]}"
+    finally:
+        await c.session.close()
+        cluster_mod.devcluster.down(c.dir)
+
+
+async def test_meta_nodes_that_never_sync_their_journal_lose_it_in_a_power_loss(tmp_path):
+    c, acked, losses = await _meta_power_loss(tmp_path, "none")
+    try:
+        assert acked, "no write was acknowledged"
+        # journal_sync none acknowledges from the page cache: the power loss cuts what every node acknowledged
+        assert all(loss.bytes_lost > 0 for loss in losses[:3]), losses
+    finally:
+        await c.session.close()
+        cluster_mod.devcluster.down(c.dir)
+
+
+def test_the_mode_is_only_on_with_the_flag(tmp_path):
+    """No flag, no ledger: a node never loses data by accident; and no config key turns the mode on."""
+    cfg = {"broker": "b1", "data_dir": "data", "http": "127.0.0.1:1", "meta": ["http://127.0.0.1:2"],
+           "tokens": {"broker": "b" * 32, "client": "c" * 32}, "unsafe_power_loss_ledger": True}
+    path = tmp_path / "broker.json"
+    path.write_text(json.dumps(cfg))
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "broker", "serve", "--config", str(path)],
+                          capture_output=True, text=True, timeout=WAIT_S, cwd=os.getcwd())
+    assert done.returncode == 2 and "unsafe_power_loss_ledger" in done.stderr, (done.returncode, done.stderr)
+
+    c = cluster_mod.up(str(tmp_path / "plain"), 1, 1)
+    try:
+        assert not os.path.exists(os.path.join(data_dir(c, "b1"), power_loss.LEDGER_NAME))
+        assert not os.path.exists(os.path.join(data_dir(c, "m1"), power_loss.LEDGER_NAME))
+        c.kill9("b1")
+        assert power_loss.lose_unsynced(data_dir(c, "b1"), random.Random(1), True).as_dict() == \
+            power_loss.Loss().as_dict()
+    finally:
+        cluster_mod.devcluster.down(c.dir)
