@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from ops.chaos import checker, nemesis, topology, workloads
+from ops.chaos import bodies, checker, nemesis, topology, workloads
 from ops.chaos.history import FAIL, OK, UNKNOWN, Op
 
 
@@ -74,15 +74,85 @@ def test_versions_going_back_for_one_client_is_a_violation():
 
 
 # -- acknowledged sends --------------------------------------------------------------------------------------------
-def send(body, queue, offset, outcome=OK):
-    return op("s", "send", 0, 1, outcome, {"queue": queue, "offset": offset}, topic="t", queue=queue, body=body)
+def send(tag, queue, offsets, sizes=None, outcome=OK, topic="t"):
+    sizes = sizes if sizes is not None else [0] * len(offsets)
+    return op("s", "send", 0, 1, outcome, {"queue": queue, "offsets": offsets}, topic=topic, queue=queue, tag=tag,
+              sizes=sizes)
+
+
+def fp(tag, size=0):
+    return bodies.fingerprint(bodies.body(tag, size))
 
 
 def test_lost_or_changed_acknowledged_message_is_a_violation():
-    h = [send("x", 0, 0), send("y", 0, 1), send("z", 1, 0, UNKNOWN)]
-    assert checker.no_lost_sends(h, {("t", 0): {0: "x", 1: "y"}}) == []
-    assert len(checker.no_lost_sends(h, {("t", 0): {0: "x"}})) == 1
-    assert "holds 'other'" in checker.no_lost_sends(h, {("t", 0): {0: "x", 1: "other"}})[0]["message"]
+    big = 3 * 1024 * 1024
+    h = [send("x", 0, [0, 1], [0, big]), send("y", 0, [2], [3]), send("z", 1, [0], outcome=UNKNOWN)]
+    final = {("t", 0): {0: fp("x.0"), 1: fp("x.1", big), 2: fp("y.0", 3)}}
+    assert checker.no_lost_sends(h, final) == []
+    assert len(checker.no_lost_sends(h, {("t", 0): {0: fp("x.0"), 2: fp("y.0", 3)}})) == 1
+    # a big body with one byte changed is caught by its fingerprint
+    changed = bodies.body("x.1", big)
+    changed = changed[:-1] + ("a" if changed[-1] != "a" else "b")
+    assert len(checker.no_lost_sends(h, {("t", 0): {**final[("t", 0)], 1: bodies.fingerprint(changed)}})) == 1
+    assert "holds 'other'" in checker.no_lost_sends(h, {("t", 0): {**final[("t", 0)], 2: "other"}})[0]["message"]
+    # an answer with fewer offsets than messages sent
+    assert "answered with 1 offsets" in checker.no_lost_sends([send("w", 0, [0], [0, 0])], final)[0]["message"]
+
+
+def test_bodies_span_one_byte_to_megabytes_and_are_a_function_of_tag_and_size():
+    import random
+    rng = random.Random(1)
+    sizes = [s for _ in range(400) for s in bodies.sizes(rng, 50)]
+    assert min(s for s in sizes if s) == 1 and max(sizes) > 1024 * 1024 and sizes.count(0) > len(sizes) // 2
+    assert all(len(bodies.body("send-a-1.0", n)) == n for n in (1, 5, 11, 12, 4000))
+    assert bodies.body("t", 0) == "t" and bodies.body("tag-1.2", 100) == bodies.body("tag-1.2", 100)
+    assert bodies.tag_of(fp("send-a-1.0", 5000)) == "send-a-1.0" and bodies.tag_of(fp("send-a-1.0", 3)) is None
+
+
+def test_gaps_and_duplicates_in_a_queue_are_violations():
+    one = {("t", 0): [(0, None)], ("t", 1): [(0, None)]}
+    good = {("t", 0): {0: fp("a-1.0"), 1: fp("a-1.1", 300), 2: fp("a-1.2", 2)}, ("t", 1): {}}
+    assert checker.queues_contiguous(good, one, 100) == ([], {"segments_read": 2, "budget_jumps": 0})
+    gap = {("t", 0): {0: fp("a-1.0"), 2: fp("a-1.2", 2)}}
+    assert "first missing: 1" in checker.queues_contiguous(gap, one, 100)[0][0]["message"]
+    late_start = {("t", 0): {1: fp("a-1.0")}}
+    assert len(checker.queues_contiguous(late_start, one, 100)[0]) == 1
+    twice = {("t", 0): {0: fp("a-1.0")}, ("t", 1): {0: fp("a-1.0")}}
+    assert "stored twice" in checker.queues_contiguous(twice, one, 100)[0][0]["message"]
+    # short untagged bodies may repeat
+    assert checker.queues_contiguous({("t", 0): {0: fp("a-1.0", 1), 1: fp("a-1.0", 1)}}, one, 100)[0] == []
+    # a seal at the budget's end: a jump between segments, allowed up to one budget
+    chain = {("t", 0): [(0, 50), (50, None)]}
+    jumped = {("t", 0): {0: fp("a-1.0"), 1: fp("a-1.1"), 50: fp("a-1.2")}}
+    assert checker.queues_contiguous(jumped, chain, 100) == ([], {"segments_read": 2, "budget_jumps": 1})
+    assert "more than one offset budget" in checker.queues_contiguous(jumped, chain, 40)[0][0]["message"]
+    # the next segment must start at its own start, not anywhere after it
+    assert len(checker.queues_contiguous({("t", 0): {0: fp("a-1.0"), 51: fp("a-1.2")}}, chain, 100)[0]) == 1
+    # an offset outside every segment
+    assert "lie in no segment" in checker.queues_contiguous(good, {("t", 0): [(1, None)]}, 100)[0][-1]["message"]
+
+
+def oread(t0, t1, offset, queue=0):
+    return op("c", "oread", t0, t1, OK, {"offset": offset}, topic="t", queue=queue)
+
+
+def ocommit(t0, t1, offset, outcome=OK, queue=0):
+    return op("c", "commit", t0, t1 if outcome != UNKNOWN else None, outcome, {"offset": offset}, topic="t",
+              queue=queue, token=1, offset=offset)
+
+
+def test_a_committed_offset_read_never_goes_back_past_an_acknowledged_commit():
+    h = [ocommit(0, 1, 5), oread(2, 3, 5), ocommit(4, 5, 9), oread(6, 7, 9), oread(6, 7, 9, queue=1)]
+    assert checker.committed_offsets(h) == []
+    # the remap-back bug of issue 20: after 9 was acknowledged, a read answers 5
+    back = h + [oread(8, 9, 5)]
+    v = checker.committed_offsets(back)
+    assert len(v) == 1 and "answered 5" in v[0]["message"]
+    # concurrent with a later commit, or after one of unknown outcome: either value may be seen
+    assert checker.committed_offsets(h + [ocommit(8, 10, 12), oread(8.5, 9, 12), oread(8.5, 9, 9)]) == []
+    assert checker.committed_offsets(h + [ocommit(8, None, 3, outcome=UNKNOWN), oread(20, 21, 3)]) == []
+    # a refused commit changes nothing
+    assert len(checker.committed_offsets(h + [ocommit(8, 8.5, 3, outcome=FAIL), oread(9, 9.5, 3)])) == 1
 
 
 # -- exclusive commits ---------------------------------------------------------------------------------------------
@@ -111,8 +181,7 @@ def ack(t, *handles, outcome=OK, ok=True):
 
 
 def test_popped_message_neither_acked_nor_redelivered_is_a_violation():
-    sends = [op("s", "send", 0, 0.1, OK, {"queue": 0, "offset": o}, topic="tp", queue=0, body=f"m{o}")
-             for o in range(3)]
+    sends = [send(f"m{o}", 0, [o], topic="tp") for o in range(3)]
     good = sends + [pop(1, (0, 0, "h0"), (0, 1, "h1"), (0, 2, "h2")), ack(2, "h0"), ack(2.1, "h1", outcome=UNKNOWN),
                     pop(5, (0, 2, "h2b")), ack(6, "h2b")]
     violations, stats = checker.pops_acked_or_redelivered(good, set(), "tp")
@@ -137,8 +206,7 @@ def test_popped_message_neither_acked_nor_redelivered_is_a_violation():
 
 
 def test_acknowledged_send_to_the_pop_topic_never_popped_is_a_violation():
-    sends = [op("s", "send", 0, 0.1, OK, {"queue": 0, "offset": o}, topic="tp", queue=0, body=f"m{o}")
-             for o in range(2)]
+    sends = [send(f"m{o}", 0, [o], topic="tp") for o in range(2)]
     violations, _ = checker.pops_acked_or_redelivered(sends + [pop(1, (0, 0, "h0")), ack(2, "h0")], set(), "tp")
     assert len(violations) == 1 and "never popped" in violations[0]["message"]
 

@@ -3,7 +3,10 @@
 
 - ``cas_register``: the topic-config register is linearizable (Wing & Gong search with memoisation, as Porcupine).
 - ``monotonic_versions``: the topic version each client sees never goes back.
-- ``no_lost_sends``: every acknowledged message is in the final read, at its offset, with its body.
+- ``no_lost_sends``: every message of every acknowledged batch is in the final read, at its offset, with its body.
+- ``queues_contiguous``: each segment's offsets run from its start without a gap, a jump between segments is at most
+  one offset budget, and no message is stored twice.
+- ``committed_offsets``: a read of a committed offset never sees one older than a commit acknowledged before it.
 - ``exclusive_commits``: per queue, once a commit with token T was accepted, no commit with a smaller token is
   accepted afterwards (two owners never both commit).
 - ``pops_acked_or_redelivered``: every delivery of a popped message was acked, delivered again, or dead-lettered;
@@ -21,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import bodies
 from .history import FAIL, OK, UNKNOWN, Op
 
 SEARCH_STATES_MAX = 2_000_000    # the linearizability search's bound; beyond it the answer is "inconclusive"
@@ -131,18 +135,107 @@ def monotonic_versions(ops: Iterable[Op]) -> list[dict[str, Any]]:
 
 
 # -- acknowledged messages -------------------------------------------------------------------------------------------
-def no_lost_sends(ops: Iterable[Op], final: Mapping[tuple[str, int], Mapping[int, str]]) -> list[dict[str, Any]]:
-    """``final[(topic, queue)]`` maps each offset read back at the end to its body."""
+def sent_messages(o: Op) -> list[tuple[int, str, str | None]]:
+    """An acknowledged batch's messages: (offset, tag, the fingerprint of the body it sent) each."""
+    tag = o.input["tag"]
+    return [(offset, f"{tag}.{i}", bodies.fingerprint(bodies.body(f"{tag}.{i}", size)))
+            for i, (offset, size) in enumerate(zip(o.output["offsets"], o.input["sizes"]))]
+
+
+def no_lost_sends(ops: Iterable[Op], final: Mapping[tuple[str, int], Mapping[int, str | None]]
+                  ) -> list[dict[str, Any]]:
+    """``final[(topic, queue)]`` maps each offset read back at the end to its body's fingerprint (bodies.py): every
+    message of every acknowledged batch is there, at its offset, with its bytes."""
     out = []
     for o in ops:
         if o.kind != "send" or o.outcome != OK:
             continue
-        topic, queue, offset, body = o.input["topic"], o.output["queue"], o.output["offset"], o.input["body"]
-        got = final.get((topic, queue), {}).get(offset)
-        if got != body:
-            what = "missing" if got is None else f"holds {got!r}"
-            out.append(violation("no_lost_sends", f"acknowledged message {body!r} at {topic}/{queue}@{offset} is "
-                                 f"{what} in the final read", op=_brief(o)))
+        topic, queue = o.input["topic"], o.output["queue"]
+        if len(o.output["offsets"]) != len(o.input["sizes"]):
+            out.append(violation("no_lost_sends", f"a batch of {len(o.input['sizes'])} to {topic}/{queue} was "
+                                 f"answered with {len(o.output['offsets'])} offsets", op=_brief(o)))
+            continue
+        for offset, tag, expected in sent_messages(o):
+            got = final.get((topic, queue), {}).get(offset, _MISSING)
+            if got != expected:
+                what = "missing" if got is _MISSING else f"holds {str(got)[:80]!r}"
+                out.append(violation("no_lost_sends", f"acknowledged message {tag!r} at {topic}/{queue}@{offset} is "
+                                     f"{what} in the final read", op=_brief(o)))
+                if len(out) >= EVIDENCE_OPS_MAX * 10:
+                    return out
+    return out
+
+
+_MISSING = object()
+
+
+def queues_contiguous(final: Mapping[tuple[str, int], Mapping[int, str | None]],
+                      segments: Mapping[tuple[str, int], list[tuple[int, int | None]]],
+                      budget: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Each queue's offsets read back fill every segment from its logic start without a gap (nothing is retained
+    away in a run); between two segments the offsets may jump, by at most one offset budget, where a seal could not
+    learn its broker's exact end (DESIGN.md, invariant 5). No tagged body appears twice in a topic: every send is a
+    single attempt, so a second copy is the system's. ``segments[(topic, queue)]``: (logic_start, logic_end or None
+    for the head) of each segment, in order."""
+    out = []
+    jumps = 0
+    seen: dict[tuple[str, str], tuple[int, int]] = {}
+    for (topic, queue), got in sorted(final.items()):
+        offsets = sorted(got)
+        chain = segments.get((topic, queue), [])
+        placed = 0
+        for start, end in chain:
+            inside = [o for o in offsets if o >= start and (end is None or o < end)]
+            placed += len(inside)
+            if inside != list(range(start, start + len(inside))):
+                first_gap = next((start + i for i, o in enumerate(inside) if o != start + i), None)
+                out.append(violation("queues_contiguous", f"{topic}/{queue}: the segment from {start} holds offsets "
+                                     f"with a gap (first missing: {first_gap}, {len(inside)} read)"))
+            if end is not None and end > start + len(inside):
+                jumps += 1
+                if end - (start + len(inside)) > budget:
+                    out.append(violation("queues_contiguous", f"{topic}/{queue}: the segment from {start} ends at "
+                                         f"{end}, {end - start - len(inside)} offsets after its last message: more "
+                                         f"than one offset budget ({budget})"))
+        if placed != len(offsets):
+            out.append(violation("queues_contiguous", f"{topic}/{queue}: {len(offsets) - placed} offsets read back "
+                                 f"lie in no segment of the queue ({chain})"))
+        for offset in offsets:
+            tag = bodies.tag_of(got[offset])
+            if tag is None:
+                continue
+            if (topic, tag) in seen:
+                out.append(violation("queues_contiguous", f"{topic}: message {tag!r} is stored twice, at "
+                                     f"{seen[(topic, tag)]} and {(queue, offset)}"))
+            else:
+                seen[(topic, tag)] = (queue, offset)
+    return out, {"segments_read": sum(len(c) for c in segments.values()), "budget_jumps": jumps}
+
+
+# -- committed offsets -----------------------------------------------------------------------------------------------
+def committed_offsets(ops: Iterable[Op]) -> list[dict[str, Any]]:
+    """A read of a queue's committed offset (``oread``, ok) sees the last commit acknowledged before it began, or a
+    commit that may have taken effect since (acknowledged or of unknown outcome, invoked before the read ended),
+    whatever broker answers it and whatever path the queue took between brokers. A commit refused (stale token)
+    changes nothing."""
+    by_queue: dict[Any, list[Op]] = defaultdict(list)
+    for o in ops:
+        if o.kind in ("commit", "oread") and o.outcome in (OK, UNKNOWN):
+            by_queue[(o.input["topic"], o.input["queue"])].append(o)
+    out = []
+    for queue, qops in sorted(by_queue.items()):
+        commits = [o for o in qops if o.kind == "commit"]
+        for r in (o for o in qops if o.kind == "oread" and o.outcome == OK):
+            before = [c for c in commits if c.outcome == OK and c.complete < r.invoke]
+            if not before:
+                continue
+            last = max(before, key=lambda c: c.complete)
+            allowed = {last.input["offset"]} | {c.input["offset"] for c in commits
+                                                 if c.invoke < r.complete and c.complete > last.complete}
+            if r.output["offset"] not in allowed:
+                out.append(violation("committed_offsets", f"{queue[0]}/{queue[1]}: a read of the committed offset "
+                                     f"answered {r.output['offset']}, but {last.input['offset']} was committed and "
+                                     f"acknowledged before the read began", read=_brief(r), commit=_brief(last)))
     return out
 
 
@@ -212,16 +305,18 @@ def pops_acked_or_redelivered(ops: Iterable[Op], dead_lettered: set[tuple[str, i
                                      "neither acked, nor delivered again, nor dead-lettered", pop=_brief(o)))
     for o in ops:
         if o.kind == "send" and o.outcome == OK and o.input["topic"] == pop_topic:
-            key = (o.output["queue"], o.output["offset"])
-            if key not in deliveries and (pop_topic, *key) not in dead_lettered:
-                out.append(violation("pops_acked_or_redelivered", f"acknowledged message {o.input['body']!r} at "
-                                     f"{pop_topic}/{key[0]}@{key[1]} was never popped", send=_brief(o)))
+            for offset, tag, _ in sent_messages(o):
+                key = (o.output["queue"], offset)
+                if key not in deliveries and (pop_topic, *key) not in dead_lettered:
+                    out.append(violation("pops_acked_or_redelivered", f"acknowledged message {tag!r} at "
+                                         f"{pop_topic}/{key[0]}@{key[1]} was never popped", send=_brief(o)))
     return out, {"deliveries": sum(len(d) for d in deliveries.values()),
                  "redelivered_after_ack": len(redelivered_after_ack),
                  "redelivered_after_ack_examples": redelivered_after_ack[:EVIDENCE_OPS_MAX]}
 
 
-CHECKED_KINDS = frozenset({"cas", "read", "read_mv", "send", "commit", "pop", "ack", "put", "sread"})
+CHECKED_KINDS = frozenset({"cas", "read", "read_mv", "send", "commit", "oread", "pop", "ack", "put", "sread",
+                           "remap", "grow", "lease"})
 
 
 def count_checked(ops: Iterable[Op]) -> int:

@@ -28,7 +28,7 @@ from client.http import new_session, request_once
 from meta import limits
 from ops import devcluster
 
-from . import checker, nemesis, topology, workloads
+from . import bodies, checker, nemesis, operators, topology, workloads
 from .history import Recorder
 from .workloads import CAS_KEY, CAS_TOPIC, EX_GROUP, EX_TOPIC, LOG_TOPIC, POP_GROUP, POP_TOPIC, SIZE_TOPICS, Env
 
@@ -41,7 +41,7 @@ DRAIN_DEADLINE_S = 90.0         # the pop drain; quiet for DRAIN_QUIET_S means d
 DRAIN_QUIET_S = workloads.POP_INVISIBLE_MS / 1000 * 2
 RETRY_PAUSE_S = 0.5
 SETUP_DEADLINE_S = 60.0
-WORKLOADS = {"cas": 2, "send": 1, "exclusive": 2, "pop": 2, "sizes": 1}
+WORKLOADS = {"cas": 2, "send": 2, "exclusive": 2, "pop": 3, "sizes": 1}
 # A write's answer comes within the meta service's own deadline (its forwarding and proposal retries end there), plus
 # reading and parsing a body of up to ~0.9 MB on a loaded machine; a paused node's stop is not counted against it.
 ANSWER_BUDGET_S = limits.PROPOSE_TIMEOUT_S + 3.0
@@ -127,12 +127,15 @@ async def _exercise(t: topology.Topology, env: Env, faults: list[nemesis.Fault],
     start = env.rec.now()
     nem = nemesis.Nemesis(t, faults, lambda: env.rec.now() - start)
     tasks = [asyncio.create_task(workloads.cas(env, f"cas-{i}")) for i in range(WORKLOADS["cas"])]
-    tasks += [asyncio.create_task(workloads.send(env, f"send-{topic}", topic))
-              for topic in (LOG_TOPIC, EX_TOPIC, POP_TOPIC) for _ in range(WORKLOADS["send"])]
+    tasks += [asyncio.create_task(workloads.send(env, f"send-{topic}-{i}", topic))
+              for topic in (LOG_TOPIC, EX_TOPIC, POP_TOPIC) for i in range(WORKLOADS["send"])]
     tasks += [asyncio.create_task(workloads.exclusive(env, f"ex-{i}")) for i in range(WORKLOADS["exclusive"])]
     tasks += [asyncio.create_task(workloads.popper(env, f"pop-{i}")) for i in range(WORKLOADS["pop"])]
     tasks += [asyncio.create_task(workloads.sizes(env, f"sz-{cls}-{i}", cls))
               for cls in workloads.SIZE_CLASSES for i in range(WORKLOADS["sizes"])]
+    tasks += [asyncio.create_task(operators.remapper(env, "remapper", t.broker_names)),
+              asyncio.create_task(operators.grower(env, "grower", duration_s)),
+              asyncio.create_task(operators.lease_changer(env, "leases"))]
     try:
         await asyncio.wait_for(nem.run(), duration_s + nemesis.STOP_WAIT_S * 2 * max(1, len(faults)))
         await asyncio.sleep(max(0.0, duration_s - (env.rec.now() - start)))
@@ -160,14 +163,16 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
                                             f"{POST_RUN_WRITE_S:g} s of the healed cluster being ready: writes stall",
                                             attempts=[o.to_json() for o in env.rec.ops if o.process == "probe"]))
     await _read_sized(env)
-    final = {}
+    final, segments = {}, {}
     for topic in (LOG_TOPIC, EX_TOPIC, POP_TOPIC):
         final.update(await _read_topic(env, topic))
+        segments.update(await _retrying(f"the segments of {topic}", lambda: _segments(env, topic), FINAL_DEADLINE_S))
     await _drain_pops(env)
+    await _read_committed(env)
     dead = await _dead_lettered(env, t)
     digests = await _image_digests(env, t)
     ops = env.rec.ops
-    found, stats = _checks(ops, initial, final, dead, _paused(nem.applied, t, start))
+    found, stats = _checks(ops, initial, final, segments, dead, _paused(nem.applied, t, start))
     violations += found + checker.replicas_agree(digests) + checker.voters_agree(await _voters(env, t))
     with open(os.path.join(t.dir, "history.json"), "w") as f:
         json.dump({"faults": nem.applied, "ops": [o.to_json() for o in ops]}, f)
@@ -181,6 +186,7 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
                                     for n, d in digests.items()}},
             "violations": violations, "nemesis_errors": nem.errors,
             "fault_kinds_injected": dict(Counter(f["kind"] for f in nem.applied)),
+            "operator_changes": {k: outcomes.get((k, "ok"), 0) for k in ("remap", "grow", "lease")},
             "snapshot_installs_seen": sum(n["installed"] for n in snapshots.values()),
             "install_faults_followed_by_install": _installs_after_faults(nem.applied, installs),
             "snapshots": snapshots}
@@ -196,15 +202,18 @@ async def _recovered(t: topology.Topology) -> list[dict[str, Any]]:
 
 
 def _checks(ops: list[Any], initial: str, final: dict[tuple[str, int], dict[int, str]],
+            segments: dict[tuple[str, int], list[tuple[int, int | None]]],
             dead: set[tuple[str, int, int]], paused: dict[str, list[tuple[float, float]]]
             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     register, register_stats = checker.cas_register(ops, initial)
     pops, pop_stats = checker.pops_acked_or_redelivered(ops, dead, POP_TOPIC)
     sized, sized_stats = checker.sized_registers(ops)
     violations = register + checker.monotonic_versions(ops) + checker.no_lost_sends(ops, final)
+    contiguous, contiguous_stats = checker.queues_contiguous(final, segments, workloads.OFFSET_BUDGET)
+    violations += contiguous + checker.committed_offsets(ops)
     violations += checker.exclusive_commits(ops) + pops + sized
     violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
-    return violations, {**register_stats, **pop_stats, **sized_stats, **_sized_classes(ops)}
+    return violations, {**register_stats, **pop_stats, **sized_stats, **contiguous_stats, **_sized_classes(ops)}
 
 
 async def _post_run_write(env: Env) -> float | None:
@@ -371,7 +380,8 @@ async def _retrying(what: str, fn: Callable[[], Awaitable[T]], deadline_s: float
 async def _read_topic(env: Env, topic: str) -> dict[tuple[str, int], dict[int, str]]:
     """Every message of every queue, from the broker holding each queue's head (it serves the whole history)."""
     out: dict[tuple[str, int], dict[int, str]] = {}
-    for queue in range(workloads.QUEUES):
+    route = await _retrying(f"the route of {topic}", lambda: env.route(topic, fresh=True), FINAL_DEADLINE_S)
+    for queue in range(len(route["queues"])):
         async def read_queue() -> dict[int, str]:
             route = await env.route(topic, fresh=True)
             address = workloads.queue_address(route, queue)
@@ -384,12 +394,33 @@ async def _read_topic(env: Env, topic: str) -> dict[tuple[str, int], dict[int, s
                                        token=env.client_token, params={"offset": offset, "max": 1000},
                                        timeout_s=workloads.REQUEST_TIMEOUT_S)
                 for m in a.body["messages"]:
-                    got[m["offset"]] = m.get("body")
+                    got[m["offset"]] = bodies.fingerprint(m.get("body"))
                 if a.body["next_offset"] >= a.body["max_offset"] or a.body["next_offset"] <= offset:
                     return got
                 offset = a.body["next_offset"]
         out[(topic, queue)] = await _retrying(f"reading back {topic}/{queue}", read_queue, FINAL_DEADLINE_S)
     return out
+
+
+async def _segments(env: Env, topic: str) -> dict[tuple[str, int], list[tuple[int, int | None]]]:
+    """Each queue's chain of segments, (logic_start, logic_end or None for the head), from a linearizable read."""
+    a = await request_once(env.session, "GET", f"{env.meta()}/v1/topics/{topic}", token=env.client_token,
+                           params={"consistency": "linearizable"}, timeout_s=workloads.REQUEST_TIMEOUT_S)
+    return {(topic, q["queue"]): [(s["logic_start"], s["logic_end"]) for s in q["segments"]]
+            for q in a.body["logic_queues"]}
+
+
+async def _read_committed(env: Env) -> None:
+    """The exclusive group's committed offset of every queue, read once more after the heal (recorded: the
+    committed_offsets check reads them with the rest)."""
+    route = await _retrying(f"the route of {EX_TOPIC}", lambda: env.route(EX_TOPIC, fresh=True), FINAL_DEADLINE_S)
+    for queue in range(len(route["queues"])):
+        async def read() -> int:
+            address = workloads.queue_address(await env.route(EX_TOPIC, fresh=True), queue)
+            if address is None:
+                raise StatorError(503, "NO_ROUTE", f"{EX_TOPIC}/{queue} has no address yet")
+            return await workloads.read_committed(env, "final-offsets", queue, address)
+        await _retrying(f"reading the committed offset of {EX_TOPIC}/{queue}", read, FINAL_DEADLINE_S)
 
 
 async def _drain_pops(env: Env) -> None:

@@ -28,6 +28,7 @@ from client.errors import StatorError
 from client.http import request_once
 from meta import limits
 
+from . import bodies
 from .history import UNKNOWN, Recorder, outcome_of
 
 CAS_TOPIC, LOG_TOPIC, EX_TOPIC, POP_TOPIC = "chaos-cas", "chaos-log", "chaos-ex", "chaos-pop"
@@ -42,7 +43,8 @@ READ_MV_EVERY = 3
 POP_INVISIBLE_MS = 2000
 POP_WAIT_MS = 300
 POP_MAX = 8
-UNACKED_SHARE = 0.15         # pops deliberately left unacked: they must come back
+UNACKED_SHARE = 0.15         # pops deliberately left unacked (a consumer that crashed): they must come back
+POP_ONE_QUEUE_SHARE = 0.5    # pops naming one queue rather than the whole topic
 EX_LEASE_MS = 3000
 EX_HEARTBEAT_MS = 500
 # A member goes silent (no heartbeats) for longer than its lease now and then, yet keeps pulling and committing with
@@ -52,6 +54,11 @@ EX_SILENT_S = EX_LEASE_MS / 1000 + 3.0
 EX_SILENT_EVERY_S = (10.0, 25.0)
 EX_FIRST_SILENCE_S = (5.0, 10.0)
 PULL_MAX = 50
+# Messages per send request, per topic: the log topic takes the issue's 10-100; the pop and exclusive topics fewer,
+# so that their consumers (a few messages per pop, a pull and commit per round) keep up and the final drain ends.
+SEND_BATCH = {LOG_TOPIC: (10, 100), EX_TOPIC: (1, 20), POP_TOPIC: (1, 8)}
+SEND_PACE_S = 0.2
+SEND_TIMEOUT_S = 15.0        # a batch with a body of a few MiB, fsynced, on a loaded machine
 
 
 class Env:
@@ -132,22 +139,28 @@ async def cas(env: Env, process: str) -> None:
 
 
 async def send(env: Env, process: str, topic: str) -> None:
+    """Batches of SEND_BATCH[topic] messages to a random queue of the topic (as many queues as its route has: the
+    topic grows during the run), bodies of every size (bodies.py); the history keeps each batch's tag and sizes."""
     n = 0
     while not env.stop.is_set():
         n += 1
-        queue = env.rng.randrange(QUEUES)
-        body = f"{process}-{n}"
         try:
-            address = queue_address(await env.route(topic), queue)
+            route = await env.route(topic)
+            queue = env.rng.randrange(max(1, len(route.get("queues", []))))
+            address = queue_address(route, queue)
             if address is None:
                 await env.pause(ERROR_PAUSE_S)
                 continue
-            async with env.rec.op(process, "send", topic=topic, queue=queue, body=body, address=address) as op:
+            tag = f"{process}-{n}"
+            sizes = bodies.sizes(env.rng, env.rng.randint(*SEND_BATCH[topic]))
+            messages = [{"body": bodies.body(f"{tag}.{i}", size)} for i, size in enumerate(sizes)]
+            async with env.rec.op(process, "send", topic=topic, queue=queue, tag=tag, sizes=sizes,
+                                  address=address) as op:
                 a = await request_once(env.session, "POST", f"{address}/v1/messages/{topic}/{queue}",
-                                       token=env.client_token, json={"messages": [{"body": body}]},
-                                       timeout_s=REQUEST_TIMEOUT_S)
-                op.output = {"queue": a.body["queue"], "offset": a.body["offsets"][0]}
-            await env.pause(PACE_S)
+                                       token=env.client_token, json={"messages": messages},
+                                       timeout_s=SEND_TIMEOUT_S)
+                op.output = {"queue": a.body["queue"], "offsets": a.body["offsets"]}
+            await env.pause(SEND_PACE_S)
         except StatorError:
             env.forget_route(topic)
             await env.pause(ERROR_PAUSE_S)
@@ -201,8 +214,7 @@ async def _consume_once(env: Env, process: str, queue: int, token: int, position
         return
     base = f"{address}/v1/offsets/{EX_GROUP}/{EX_TOPIC}/{queue}"
     if queue not in positions:
-        a = await request_once(env.session, "GET", base, token=env.client_token, timeout_s=REQUEST_TIMEOUT_S)
-        positions[queue] = max(0, a.body["offset"])
+        positions[queue] = max(0, await read_committed(env, process, queue, address))
     if silent:
         nxt = positions[queue]
     else:
@@ -218,18 +230,35 @@ async def _consume_once(env: Env, process: str, queue: int, token: int, position
     positions[queue] = nxt
 
 
+async def read_committed(env: Env, process: str, queue: int, address: str) -> int:
+    """The group's committed offset of an EX_TOPIC queue, recorded (checker.committed_offsets: never older than a
+    commit acknowledged before the read began, whatever broker holds the queue by then)."""
+    async with env.rec.op(process, "oread", topic=EX_TOPIC, queue=queue, address=address) as op:
+        a = await request_once(env.session, "GET", f"{address}/v1/offsets/{EX_GROUP}/{EX_TOPIC}/{queue}",
+                               token=env.client_token, timeout_s=REQUEST_TIMEOUT_S)
+        op.output = {"offset": a.body["offset"]}
+    return op.output["offset"]
+
+
 async def pop(env: Env, process: str, *, drain: bool = False) -> int:
     """One pop round against one head broker (every head when draining); returns how many messages came."""
     got = 0
     route = await env.route(POP_TOPIC, fresh=drain)
     heads = sorted({q["address"].rstrip("/") for q in route["queues"] if q.get("address")})
-    for address in (heads if drain else [env.rng.choice(heads)] if heads else []):
+    ask: dict[str, Any] = {"group": POP_GROUP, "max": POP_MAX, "invisible_ms": POP_INVISIBLE_MS, "wait_ms": POP_WAIT_MS}
+    if drain:
+        targets = heads
+    elif heads and env.rng.random() < POP_ONE_QUEUE_SHARE:
+        # one queue by name: the poppers meet on it (a pop that finds it busy waits for it, broker/pop/service.py)
+        q = env.rng.choice([q for q in route["queues"] if q.get("address")])
+        targets, ask["queue"] = [q["address"].rstrip("/")], q["queue"]
+    else:
+        targets = [env.rng.choice(heads)] if heads else []
+    for address in targets:
         try:
-            async with env.rec.op(process, "pop", address=address) as op:
+            async with env.rec.op(process, "pop", address=address, queue=ask.get("queue")) as op:
                 a = await request_once(env.session, "POST", f"{address}/v1/pop/{POP_TOPIC}", token=env.client_token,
-                                       json={"group": POP_GROUP, "max": POP_MAX, "invisible_ms": POP_INVISIBLE_MS,
-                                             "wait_ms": POP_WAIT_MS},
-                                       timeout_s=REQUEST_TIMEOUT_S)
+                                       json=ask, timeout_s=REQUEST_TIMEOUT_S)
                 op.output = {"messages": [{"queue": m["queue"], "offset": m["offset"], "handle": m["handle"],
                                            "attempt": m.get("attempt")} for m in a.body["messages"]]}
         except StatorError:
