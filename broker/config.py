@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from ops import config_file
 from client.tls import TlsFiles
+from client.wire.credentials import BROKER_TOKENS_MAX, check_hash, token_hash
 from client.wire.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
 from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
                              TlsSchema, split_host_port, tls_files)
@@ -33,7 +35,7 @@ class BrokerConfig:
     http_host: str
     http_port: int
     meta_urls: tuple[str, ...]
-    token: str                  # broker-role token for meta and for reads between brokers
+    token: str                  # this broker's own token: it proves this broker's id to meta and to other brokers
     client_token: str           # accepted from clients
     admin_token: str | None = None
     zone: str | None = None
@@ -46,6 +48,8 @@ class BrokerConfig:
     advertise: str | None = None         # the URL others reach this broker at, when it differs from the bind address
     tls: TlsFiles | None = None          # HTTPS for the API and for calls to meta and other brokers (client/tls.py)
     http_connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT   # more open connections are refused 503
+    # Other brokers' tokens by hash (broker id -> "sha256:<hex>"): the peers whose calls this broker accepts.
+    broker_tokens: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -55,7 +59,7 @@ class BrokerConfig:
 
 
 class _TokensSchema(Schema):
-    broker: Secret | None = None
+    broker: Secret | None = None   # this broker's own token (meta names it by its hash under broker_tokens)
     client: Secret | None = None
     admin: Secret | None = None
 
@@ -81,11 +85,17 @@ class _BrokerSchema(Schema):
     log_level: LogLevel = "info"
     tls: TlsSchema | None = None
     http_connections_max: int = Field(HTTP_CONNECTIONS_MAX_DEFAULT, ge=1, le=HTTP_CONNECTIONS_LIMIT_MAX)
+    # The peers' tokens by hash, as in meta's config: pop handovers and reads between brokers come with them.
+    broker_tokens: dict[Name, Annotated[str, AfterValidator(check_hash)]] = Field(
+        default_factory=dict, max_length=BROKER_TOKENS_MAX)
 
     @model_validator(mode="after")
     def _consistent(self) -> _BrokerSchema:
         if self.effective_broker_token is None:
-            raise ValueError("missing the broker token: give tokens.broker (or token)")
+            raise ValueError("missing the broker token: give tokens.broker (or token), this broker's own")
+        mine = self.broker_tokens.get(self.broker)
+        if mine is not None and mine != token_hash(self.effective_broker_token):
+            raise ValueError(f"broker_tokens.{self.broker}: not the hash of this broker's own token")
         if self.effective_client_token is None:
             raise ValueError("missing the client token: give tokens.client (or client_token)")
         if len(set(self.meta)) < len(self.meta):
@@ -117,4 +127,5 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
         admin_token=s.tokens.admin, zone=s.zone, flush=s.flush, flush_interval_ms=s.flush_interval_ms,
         retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, segment_bytes_max=s.segment_bytes_max,
         log_level=s.log_level,
-        advertise=s.advertise, tls=tls_files(s.tls, base_dir), http_connections_max=s.http_connections_max)
+        advertise=s.advertise, tls=tls_files(s.tls, base_dir), http_connections_max=s.http_connections_max,
+        broker_tokens=dict(s.broker_tokens))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
@@ -14,6 +15,7 @@ from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, L
 
 from client.tls import TlsFiles
 from client.wire.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
+from client.wire.credentials import BROKER_TOKENS_MAX, check_hash, token_hash
 from client.wire.server import role_of
 
 from . import limits
@@ -32,11 +34,11 @@ class Member:
 @dataclass(frozen=True)
 class Tokens:
     admin: str
-    broker: str
     client: str
 
     def by_role(self) -> dict[str, str]:
-        return {"admin": self.admin, "broker": self.broker, "client": self.client}
+        # No "broker" role token: each broker proves its own id with its own token (MetaConfig.broker_tokens).
+        return {"admin": self.admin, "client": self.client}
 
     def role_of(self, token: str) -> str | None:
         return role_of(token, self.by_role())
@@ -53,6 +55,7 @@ class MetaConfig:
     tokens: Tokens
     members: tuple[Member, ...]
     projection_url: str
+    broker_tokens: Mapping[str, str] = field(default_factory=dict)   # broker id -> "sha256:<hex>" of its token
     offset_budget: int = limits.OFFSET_BUDGET_DEFAULT
     session_timeout_ms: int = limits.BROKER_SESSION_TIMEOUT_MS
     heartbeat_interval_ms: int = limits.BROKER_HEARTBEAT_INTERVAL_MS
@@ -141,17 +144,31 @@ class _MemberSchema(Schema):
     url: HttpUrl
 
 
+REMOVED_SHARED_BROKER_TOKEN = ("tokens.broker is no longer read: one token shared by every broker let any broker act "
+                               "as another. Give each broker its own token and name it here by its hash under "
+                               '[broker_tokens] (b1 = "sha256:<hex>"; see docs/operations.md)')
+
+
 class _TokensSchema(Schema):
     admin: Secret
-    broker: Secret
     client: Secret
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_shared_broker_token(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "broker" in raw:
+            raise ValueError(REMOVED_SHARED_BROKER_TOKEN)
+        return raw
 
     @model_validator(mode="after")
     def _distinct(self) -> _TokensSchema:
         # Tokens.role_of takes the first role whose token matches: a shared token would grant the higher role.
-        if len({self.admin, self.broker, self.client}) < 3:
-            raise ValueError("tokens.admin, tokens.broker and tokens.client must differ")
+        if self.admin == self.client:
+            raise ValueError("tokens.admin and tokens.client must differ")
         return self
+
+
+BrokerTokenHash = Annotated[str, AfterValidator(check_hash)]
 
 
 class _MetaSchema(Schema):
@@ -161,6 +178,8 @@ class _MetaSchema(Schema):
     secret: Secret
     tokens: _TokensSchema
     members: list[_MemberSchema] = Field(min_length=1, max_length=META_MEMBERS_MAX)
+    # Each broker's own token, by its hash: a broker proves its id with it, and acts for no other (issue 20, 7b).
+    broker_tokens: dict[Name, BrokerTokenHash] = Field(default_factory=dict, max_length=BROKER_TOKENS_MAX)
     projection_url: Annotated[str, Field(min_length=1), AfterValidator(_database_url)] | None = None
     offset_budget: int = Field(limits.OFFSET_BUDGET_DEFAULT, ge=1, le=OFFSET_BUDGET_MAX)
     session_timeout_ms: int = Field(limits.BROKER_SESSION_TIMEOUT_MS, ge=1, le=SESSION_TIMEOUT_MS_MAX)
@@ -177,6 +196,10 @@ class _MetaSchema(Schema):
             values = [getattr(m, key) for m in self.members]
             if len(set(values)) < len(values):
                 raise ValueError(f"members: each {key} must be unique")
+        if len(set(self.broker_tokens.values())) < len(self.broker_tokens):
+            raise ValueError("broker_tokens: each broker needs its own token (two hashes are equal)")
+        if {token_hash(self.tokens.admin), token_hash(self.tokens.client)} & set(self.broker_tokens.values()):
+            raise ValueError("broker_tokens: a broker's token must differ from tokens.admin and tokens.client")
         if self.node not in {m.node for m in self.members}:
             raise ValueError(f"node {self.node!r} is not among members")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
@@ -197,7 +220,7 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> MetaConfig:
     return MetaConfig(
         node=s.node, data_dir=data_dir, http_host=host, http_port=port,
         raft=next(m.raft for m in members if m.node == s.node), secret=s.secret,
-        tokens=Tokens(**s.tokens.model_dump()), members=members,
+        tokens=Tokens(**s.tokens.model_dump()), members=members, broker_tokens=dict(s.broker_tokens),
         projection_url=s.projection_url or f"sqlite:///{os.path.join(data_dir, 'projection.db')}",
         offset_budget=s.offset_budget, session_timeout_ms=s.session_timeout_ms,
         heartbeat_interval_ms=s.heartbeat_interval_ms, raft_tuning=RaftTuning(**s.raft_tuning.model_dump()),

@@ -22,6 +22,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from client.wire.credentials import token_hash
+
 PORT_SPAN = 100           # a cluster uses base..base+13 (meta) and base+50.. (brokers)
 READY_TIMEOUT_S = 60.0
 READY_POLL_INTERVAL_S = 0.1
@@ -201,19 +203,21 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
     os.makedirs(dir_, exist_ok=True)
     if os.path.exists(os.path.join(dir_, "cluster.json")):
         return restart_all(dir_, ready_timeout_s)
-    tokens = {r: secrets.token_hex(16) for r in ("admin", "broker", "client")}
+    tokens = {r: secrets.token_hex(16) for r in ("admin", "client")}
+    broker_names = [f"b{i + 1}" for i in range(brokers)]
+    broker_tokens = issue_broker_tokens(broker_names)
     secret = secrets.token_hex(24)
     members = []
     for i in range(metas):
         http, raft = _meta_ports(base_port, i)
         members.append({"node": f"m{i + 1}", "raft": f"127.0.0.1:{raft}", "url": f"http://127.0.0.1:{http}"})
     cluster: dict[str, Any] = {"meta": [], "brokers": [], "admin_token": tokens["admin"],
-                               "broker_token": tokens["broker"], "client_token": tokens["client"]}
-    broker_names = [f"b{i + 1}" for i in range(brokers)]
+                               "client_token": tokens["client"], "broker_tokens": broker_tokens}
+    hashes = {b: token_hash(t) for b, t in broker_tokens.items()}
     with _undone_on_failure(dir_, cluster, [m["node"] for m in members] + broker_names):
         for m in members:
             cfg = {"node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("http://"), "secret": secret,
-                   "tokens": tokens, "members": members, **(extra_meta or {})}
+                   "tokens": tokens, "broker_tokens": hashes, "members": members, **(extra_meta or {})}
             member = _with_flags({"node": m["node"], "url": m["url"], "config": write_config(dir_, m["node"], cfg)},
                                  serve_flags)
             member["pid"] = _spawn(dir_, m["node"], _meta_argv(member))
@@ -222,7 +226,8 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
         _wait_members(dir_, cluster["meta"], ready_timeout_s)
         for i, name in enumerate(broker_names):
             port = _broker_port(base_port, i)
-            cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}", "tokens": tokens,
+            cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}",
+                   "tokens": {**tokens, "broker": broker_tokens[name]}, "broker_tokens": hashes,
                    "meta": [m["url"] for m in members], **(extra_broker or {})}
             member = _with_flags({"broker": name, "url": f"http://127.0.0.1:{port}",
                                   "config": write_config(dir_, name, cfg)}, serve_flags)
@@ -231,6 +236,12 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
             save(dir_, cluster)
         _wait_members(dir_, cluster["brokers"], ready_timeout_s)
     return cluster
+
+
+def issue_broker_tokens(names: list[str]) -> dict[str, str]:
+    """A token of its own for each broker (meta's config names each by its hash). A cluster without broker
+    processes still issues one, for b1: a test or tool can then play that broker with its own credential."""
+    return {b: secrets.token_hex(16) for b in (names or ["b1"])}
 
 
 def add_meta(dir_: str, name: str, http_port: int, raft_port: int) -> dict[str, Any]:

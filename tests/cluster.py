@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import aiohttp
 from ops import devcluster
 
 free_base_port = devcluster.free_base_port
+_BROKER_PATH = re.compile(r"/v1/brokers/([^/?]+)")
 
 
 @dataclass
@@ -39,10 +41,26 @@ class Cluster:
         return [b["url"] for b in self.info["brokers"]]
 
     def token(self, role: str) -> str:
+        """A role's token; "broker" is the first broker's own (each broker has its own: broker_token(name))."""
+        if role == "broker":
+            return next(iter(self.info["broker_tokens"].values()))
         return self.info[f"{role}_token"]
+
+    def broker_token(self, name: str) -> str:
+        return self.info["broker_tokens"][name]
 
     def headers(self, role: str = "admin", **extra: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token(role)}", **extra}
+
+    def _headers_for(self, role: str, url: str) -> dict[str, str]:
+        """A call as role "broker" on /v1/brokers/{name}[/...] acts as that broker: with its own token, or, for a
+        simulated broker the cluster issued none to, with the admin's (operators act for any broker)."""
+        if role == "broker":
+            m = _BROKER_PATH.search(url)
+            if m is not None:
+                token = self.info["broker_tokens"].get(m.group(1))
+                return {"Authorization": f"Bearer {token or self.token('admin')}"}
+        return self.headers(role)
 
     def pid(self, name: str) -> int:
         self.reload()
@@ -66,7 +84,7 @@ class Cluster:
 
     async def call(self, method: str, url: str, role: str = "admin", json: Any = None, data: bytes | None = None,
                    headers: dict[str, str] | None = None, timeout_s: float = 15.0) -> tuple[int, Any, dict]:
-        h = self.headers(role) if role else {}
+        h = self._headers_for(role, url) if role else {}
         h.update(headers or {})
         async with self.session.request(method, url, json=json, data=data, headers=h,
                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:

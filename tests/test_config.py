@@ -18,10 +18,11 @@ from ops.config_file import ConfigError
 CLI_TIMEOUT_S = 30.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENS = {"admin": "a" * 16, "broker": "b" * 16, "client": "c" * 16}
+META_TOKENS = {"admin": TOKENS["admin"], "client": TOKENS["client"]}   # brokers: each its own, by hash
 
 
 def meta_raw(**changes) -> dict:
-    raw = {"node": "m1", "data_dir": "data", "http": "127.0.0.1:7100", "secret": "s" * 16, "tokens": dict(TOKENS),
+    raw = {"node": "m1", "data_dir": "data", "http": "127.0.0.1:7100", "secret": "s" * 16, "tokens": dict(META_TOKENS),
            "members": [{"node": "m1", "raft": "127.0.0.1:7101", "url": "http://127.0.0.1:7100"},
                        {"node": "m2", "raft": "127.0.0.1:7103", "url": "http://127.0.0.1:7102/"}]}
     return {**raw, **changes}
@@ -49,7 +50,8 @@ def test_a_meta_file_becomes_the_same_dataclass_as_before(tmp_path):
     assert c.data_dir == os.path.join(tmp_path, "data")
     assert c.projection_url == f"sqlite:///{os.path.join(tmp_path, 'data', 'projection.db')}"
     assert c.members[1] == meta_config.Member("m2", "127.0.0.1:7103", "http://127.0.0.1:7102")
-    assert c.partners == ["127.0.0.1:7103"] and c.tokens.role_of(TOKENS["broker"]) == "broker"
+    assert c.partners == ["127.0.0.1:7103"] and c.tokens.role_of(TOKENS["client"]) == "client"
+    assert c.tokens.role_of(TOKENS["broker"]) is None   # no shared broker token: each broker has its own
     assert c.raft_tuning == RaftTuning() and c.log_level == "info" and c.history_window == 200_000
     assert meta_config.parse(meta_raw(history_window=50)).history_window == 50
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -84,7 +86,7 @@ def test_the_raft_tuning_schema_knows_every_raft_tuning_field():
 @pytest.mark.parametrize("raw, key", [
     (meta_raw(projection_ulr="postgresql+psycopg://db/x"), "'projection_ulr' (did you mean 'projection_url'?)"),
     (meta_raw(raft_tuning={"election_timeout_s": 1.0}), "'raft_tuning.election_timeout_s'"),
-    (meta_raw(tokens={**TOKENS, "admn": "x" * 16}), "'tokens.admn' (did you mean 'admin'?)"),
+    (meta_raw(tokens={**META_TOKENS, "admn": "x" * 16}), "'tokens.admn' (did you mean 'admin'?)"),
     (meta_raw(members=[{"node": "m1", "raft": "127.0.0.1:7101", "url": "http://127.0.0.1:7100", "zone": "a"}]),
      "'members.0.zone'"),
 ])
@@ -111,7 +113,7 @@ def test_broker_refuses_an_unknown_key_by_name(raw, key):
     ({"http": "127.0.0.1:65536"}, "http: port must be an integer in [1, 65535]"),
     ({"http": "7100"}, "http: must be host:port"),
     ({"secret": "s" * 15}, "secret: String should have at least 16 characters"),
-    ({"tokens": {**TOKENS, "client": TOKENS["admin"]}}, "tokens.admin, tokens.broker and tokens.client must differ"),
+    ({"tokens": {**META_TOKENS, "client": TOKENS["admin"]}}, "tokens.admin and tokens.client must differ"),
     ({"node": "m9"}, "node 'm9' is not among members"),
     ({"members": [{"node": "m1", "raft": "127.0.0.1:7101", "url": "http://127.0.0.1:7100"},
                   {"node": "m1", "raft": "127.0.0.1:7103", "url": "http://127.0.0.1:7102"}]},

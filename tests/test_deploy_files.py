@@ -15,6 +15,7 @@ import tomllib
 import yaml
 
 from broker import config as broker_config
+from client.wire.credentials import token_hash
 from meta import config as meta_config
 from ops.config_file import split_host_port
 
@@ -26,7 +27,7 @@ def installed_copy(tmp_path) -> str:
     refuses a secrets file others may read)."""
     copy = shutil.copytree(DEPLOY, os.path.join(tmp_path, "deploy"))
     secrets = glob.glob(os.path.join(copy, "**", "*-secrets.toml"), recursive=True)
-    assert len(secrets) == 2 + 3 * 2   # compose's two, and two on each host
+    assert len(secrets) == 1 + 3 + 3 * 2   # compose's meta one and one per broker, and two on each host
     for path in secrets:
         os.chmod(path, 0o600)
     return copy
@@ -34,19 +35,22 @@ def installed_copy(tmp_path) -> str:
 
 def _check_cluster(metas: dict[str, meta_config.MetaConfig], brokers: dict[str, broker_config.BrokerConfig],
                    host_of: dict[str, str]) -> None:
-    """Three meta nodes that name the same members, secret and tokens; three brokers that know every meta node and
+    """Three meta nodes that name the same members, secret, tokens and broker token hashes; three brokers that know
+    every meta node, each with a token of its own that the meta nodes and the other brokers know by its hash, and
     advertise the host they run on; every address on the host its node runs on."""
     assert sorted(metas) == ["m1", "m2", "m3"] and sorted(brokers) == ["b1", "b2", "b3"]
     first = metas["m1"]
     for node, c in metas.items():
-        assert (c.members, c.secret, c.tokens) == (first.members, first.secret, first.tokens), node
+        assert (c.members, c.secret, c.tokens, c.broker_tokens) == \
+            (first.members, first.secret, first.tokens, first.broker_tokens), node
         me = next(m for m in c.members if m.node == node)
         assert urlsplit(me.url).hostname == split_host_port(me.raft)[0] == host_of[node]
         assert urlsplit(me.url).port == c.http_port and c.http_host == "0.0.0.0"
         assert os.path.isabs(c.data_dir)
     for name, b in brokers.items():
         assert list(b.meta_urls) == [m.url for m in first.members], name
-        assert (b.token, b.client_token) == (first.tokens.broker, first.tokens.client), name
+        assert (token_hash(b.token), b.client_token) == (first.broker_tokens[name], first.tokens.client), name
+        assert b.broker_tokens == first.broker_tokens, name
         assert b.http_host == "0.0.0.0" and b.advertise is not None
         assert urlsplit(b.url).hostname == host_of[name] and urlsplit(b.url).port == b.http_port
 

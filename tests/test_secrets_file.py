@@ -10,7 +10,7 @@ import pytest
 from broker import config as broker_config
 from meta import config as meta_config
 from ops.config_file import ConfigError
-from tests.test_config import TOKENS, broker_raw, meta_raw
+from tests.test_config import META_TOKENS, TOKENS, broker_raw, meta_raw
 
 
 def _files(tmp_path, config: dict, secrets: dict, mode: int = 0o600) -> str:
@@ -24,7 +24,7 @@ def test_the_secrets_come_from_the_secrets_file(tmp_path):
     raw = meta_raw()
     secrets = {"secret": raw.pop("secret"), "tokens": raw.pop("tokens")}
     c = meta_config.load(_files(tmp_path, raw, secrets))
-    assert c.secret == "s" * 16 and c.tokens.by_role() == TOKENS
+    assert c.secret == "s" * 16 and c.tokens.by_role() == META_TOKENS
     b = broker_raw()
     path = _files(tmp_path, {k: v for k, v in b.items() if k != "tokens"}, {"tokens": b["tokens"]})
     assert broker_config.load(path).token == TOKENS["broker"]

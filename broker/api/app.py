@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -9,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from client.wire import json_body
 from client.wire.errors import invalid
 from client.wire.shapes import validate
+from client.wire.credentials import caller_broker
 from client.wire.server import error_middleware, public, require_declared_roles, requires
 from client.wire.params import int_in
 
@@ -42,7 +44,11 @@ async def _json(request: web.Request, model) -> dict:
 
 def _tokens(app: web.Application) -> dict[str, str | None]:
     cfg = app[NODE].config
-    return {"admin": cfg.admin_token, "broker": cfg.token, "client": cfg.client_token}
+    return {"admin": cfg.admin_token, "client": cfg.client_token}
+
+
+def _broker_tokens(app: web.Application) -> Mapping[str, str]:
+    return app[NODE].config.broker_tokens
 
 
 def _observe(request: web.Request, status: int, seconds: float) -> None:
@@ -53,7 +59,7 @@ def _refused(request: web.Request, code: str) -> None:
     request.app[NODE].metrics.refusals.labels(code).inc()
 
 
-middleware = error_middleware(_tokens, "broker", _observe, _refused)
+middleware = error_middleware(_tokens, "broker", _observe, _refused, _broker_tokens)
 
 
 async def _route_version(request: web.Request, response: web.StreamResponse) -> None:
@@ -204,7 +210,7 @@ async def pop_handover(request: web.Request) -> web.Response:
     key = (_name(request.match_info["group"], "group"), _name(request.match_info["topic"], "topic"),
            int_in(request.match_info["queue"], "queue"))
     version = int_in(request.query.get("route_version"), "route_version", 0)
-    return _respond(await node.pop.freeze(key, version))
+    return _respond(await node.pop.freeze(key, version, caller_broker(request)))
 
 
 @requires("broker")
@@ -213,7 +219,8 @@ async def pop_adopt(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = (_name(request.match_info["group"], "group"), _name(request.match_info["topic"], "topic"),
            int_in(request.match_info["queue"], "queue"))
-    return _respond({"adopted": await node.pop.adopt(key, pop_params.adopt_request(await _json(request, models.Adopt)))})
+    deliveries = pop_params.adopt_request(await _json(request, models.Adopt))
+    return _respond({"adopted": await node.pop.adopt(key, deliveries, caller_broker(request))})
 
 
 @public

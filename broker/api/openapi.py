@@ -75,10 +75,12 @@ SPEC: dict[str, Any] = {
         "/v1/pop-stats/{group}": {"get": _op("Pop offset, in-flight, revive backlog per queue; DLQ size", M.PopStats,
                                              params=_p("group"))},
         "/v1/pop-handover/{group}/{topic}/{queue}": {"post": _op(
-            "A new head takes over this broker's pop state of a queue", M.Handover, roles="broker",
+            "A new head takes over this broker's pop state of a queue", M.Handover,
+            roles="broker, the queue's head in the log only",
             params=_p("group", "topic", "queue") + _q("route_version"))},
         "/v1/pop-adopt/{group}/{topic}/{queue}": {"post": _op(
-            "An old head hands over deliveries that came due", M.Adopted, roles="broker",
+            "An old head hands over deliveries that came due", M.Adopted,
+            roles="broker, an older head of the queue in the log only",
             params=_p("group", "topic", "queue"), body=M.Adopt)},
         "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {
             "200": {"description": "ok", "content": _SPEC_SCHEMAS.content(M.Health)}}}},

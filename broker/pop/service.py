@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import structlog
 
+from client.wire.credentials import require_broker
 from client.wire.errors import ApiError, rejection
 
 from ..chores import Chores
@@ -493,9 +494,10 @@ class PopService:
                          f"?route_version={self.routes.version}")
         return (body["gen"], body["next_offset"]) if body.get("found") else None
 
-    async def freeze(self, key: Key, route_version: int) -> dict[str, Any]:
+    async def freeze(self, key: Key, route_version: int, caller: str | None = None) -> dict[str, Any]:
         """A new head asks for this broker's pop state of ``key``: once this broker's routes are as new as the
-        asker's and it is no longer the head, no pop here can move the pop offset again; freeze it and answer."""
+        asker's and it is no longer the head, no pop here can move the pop offset again; freeze it and answer.
+        A broker ``caller`` must be the head the log names (None: an admin)."""
         group, topic, queue = key
         deadline = time.monotonic() + HANDOVER_WAIT_S
         while self.routes.version < route_version:
@@ -503,6 +505,8 @@ class PopService:
                 raise rejection(503, "CATCHING_UP", "this broker has not seen the route that moved the queue yet")
             await asyncio.sleep(0.02)
         head = self.routes.head(topic, queue)
+        require_broker(caller, {head.broker} if head is not None else set(),
+                       f"take over the pop state of queue {queue} of {topic!r}: it is not the queue's head")
         if head is not None and head.broker == self.me:
             raise rejection(409, "NOT_LEADER", "this broker holds the queue's head: its pop state is current here")
         async with self.locks.hold(key):
@@ -557,12 +561,17 @@ class PopService:
         await self.journal.durable()
         return not st.ready
 
-    async def adopt(self, key: Key, deliveries: list[list[int]]) -> int:
-        """Expired deliveries of an older head: delivered again from here, before anything new."""
+    async def adopt(self, key: Key, deliveries: list[list[int]], caller: str | None = None) -> int:
+        """Expired deliveries of an older head: delivered again from here, before anything new. A broker
+        ``caller`` must be one the log names as an older head of the queue (None: an admin)."""
         group, topic, queue = key
         head = self.routes.head(topic, queue)
         if head is None or head.broker != self.me:
             raise not_leader(topic, queue, head)
+        if caller is not None:
+            older = {seg.broker for seg in await self.reader.history(topic, queue) if seg.gen < head.gen}
+            require_broker(caller, older - {self.me},
+                           f"hand over deliveries of queue {queue} of {topic!r}: it never held the queue's head")
         async with self.locks.hold(key):
             st = await self._state_for(key)
             if st is None:

@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 
 from .connection_limit import CONNECTION_LIMIT
+from .credentials import broker_of
 from .errors import ApiError
 
 ROLES = ("admin", "broker", "client")
@@ -62,16 +63,22 @@ def role_of(token: str, tokens: Mapping[str, str | None]) -> str | None:
     return found
 
 
-def authenticate(request: web.Request, tokens: Mapping[str, str | None], allowed: frozenset[str]) -> str:
+def authenticate(request: web.Request, tokens: Mapping[str, str | None], allowed: frozenset[str],
+                 broker_tokens: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """(role, broker id): a broker is known by its own token only (credentials.py), never by a shared one."""
     auth = request.headers.get("Authorization", "")
     if not auth.startswith("Bearer "):
         raise ApiError("missing bearer token", code="UNAUTHENTICATED", status=401)
-    role = role_of(auth[7:].strip(), tokens)
+    presented = auth[7:].strip()
+    role = role_of(presented, {r: t for r, t in tokens.items() if r != "broker"})
+    broker = broker_of(presented, broker_tokens or {})
+    if role is None and broker is not None:
+        role = "broker"
     if role is None:
         raise ApiError("unknown token", code="UNAUTHENTICATED", status=401)
     if role not in allowed:
         raise ApiError(f"role {role!r} may not call this", code="PERMISSION_DENIED", status=403)
-    return role
+    return role, broker if role == "broker" else None
 
 
 def error_response(err: ApiError) -> web.Response:
@@ -86,8 +93,11 @@ def route_name(request: web.Request) -> str:
 
 def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None]], what: str,
                      observe: Callable[[web.Request, int, float], None],
-                     refused: Callable[[web.Request, str], None] | None = None):
-    """The middleware of a service: authenticate by the handler's marker, answer every error in API.md's shape,
+                     refused: Callable[[web.Request, str], None] | None = None,
+                     broker_tokens: Callable[[web.Application], Mapping[str, str]] | None = None):
+    """The middleware of a service: authenticate by the handler's marker (the admin and client tokens of
+    ``tokens(app)``, each broker's own token by its hash in ``broker_tokens(app)``; the request keeps "role" and
+    "broker", the id a broker caller proved), answer every error in API.md's shape,
     and report each request's status and duration to ``observe(request, status, seconds)`` and each error answer's
     code to ``refused(request, code)`` (the refusals metric: limits show there by their codes). A request on a
     connection past the server's connection limit (connection_limit.py) is refused first, and its connection closed."""
@@ -110,7 +120,8 @@ def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None
                 if request.match_info.http_exception is None:
                     raise ApiError("this route declares no role: refused", code="PERMISSION_DENIED", status=403)
             elif roles is not None:
-                request["role"] = authenticate(request, tokens(request.app), roles)
+                request["role"], request["broker"] = authenticate(
+                    request, tokens(request.app), roles, broker_tokens(request.app) if broker_tokens else None)
             resp = await handler(request)
             status = resp.status
             if status >= 400:

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from .. import limits, views
 from ..commands import validate
+from client.wire.credentials import act_for
 from client.wire.errors import invalid
 from client.wire.server import requires
 
@@ -13,18 +14,27 @@ from . import models
 from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
 
 
+def _broker(request: web.Request) -> str:
+    """The broker id in the path, which a broker caller must hold the token of (an admin acts for any)."""
+    broker = request.match_info["broker"]
+    act_for(request, broker)
+    return broker
+
+
 @requires("broker")
 async def register(request: web.Request) -> web.Response:
+    broker = _broker(request)
     body = await body_of(request, models.RegisterBroker)
-    cmd = {"type": "RegisterBroker", "broker": request.match_info["broker"], "address": body.get("address"),
+    cmd = {"type": "RegisterBroker", "broker": broker, "address": body.get("address"),
            "zone": body.get("zone")}
     return await submit(request, cmd)
 
 
 @requires("broker")
 async def seal(request: web.Request) -> web.Response:
+    broker = _broker(request)
     body = await body_of(request, models.Seal)
-    cmd = {"type": "SealSegment", "broker": request.match_info["broker"],
+    cmd = {"type": "SealSegment", "broker": broker,
            **{k: body.get(k) for k in ("epoch", "topic", "queue", "gen", "end_offset")}}
     if body.get("physical_queue") is not None:
         cmd["physical_queue"] = body["physical_queue"]
@@ -35,8 +45,9 @@ async def seal(request: web.Request) -> web.Response:
 async def seal_many(request: web.Request) -> web.Response:
     """Many seal reports in one command: ``{"epoch", "seals": [{topic, queue, gen, end_offset, physical_queue}]}``
     answers ``{"results": [{"ok", "logic_end"} | {"ok": false, "code", "status"}], "version"}`` in order."""
+    broker = _broker(request)
     body = await body_of(request, models.Seals)
-    cmd = {"type": "SealSegments", "broker": request.match_info["broker"], "epoch": body.get("epoch"),
+    cmd = {"type": "SealSegments", "broker": broker, "epoch": body.get("epoch"),
            "seals": body.get("seals")}
     return await submit(request, cmd)
 
@@ -44,8 +55,8 @@ async def seal_many(request: web.Request) -> web.Response:
 @requires("broker")
 async def heartbeat(request: web.Request) -> web.Response:
     svc = service(request)
+    broker = _broker(request)
     body = await body_of(request, models.BrokerHeartbeat)
-    broker = request.match_info["broker"]
     queues = body.get("queues", {})
     validate({"type": "UnfenceBroker", "broker": broker, "epoch": body.get("epoch")})
     if not isinstance(queues, dict) or len(queues) > limits.HEARTBEAT_QUEUES_MAX:

@@ -3,6 +3,8 @@ header every answer carries."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aiohttp import web
 
 from client.wire.errors import rejection
@@ -13,6 +15,10 @@ from .keys import METRICS, SERVICE
 
 def _tokens(app: web.Application) -> dict[str, str]:
     return app[SERVICE].config.tokens.by_role()
+
+
+def _broker_tokens(app: web.Application) -> Mapping[str, str]:
+    return app[SERVICE].config.broker_tokens
 
 
 UNTIMED_ROUTES = frozenset({"/v1/watch"})
@@ -31,7 +37,7 @@ def _refused(request: web.Request, code: str) -> None:
     request.app[METRICS].refusals.labels(code).inc()
 
 
-errors_and_auth = error_middleware(_tokens, "meta node", _observe, _refused)
+errors_and_auth = error_middleware(_tokens, "meta node", _observe, _refused, _broker_tokens)
 
 
 async def add_version_header(request: web.Request, response: web.StreamResponse) -> None:

@@ -15,6 +15,10 @@ from . import models
 _SPEC_SCHEMAS = SpecSchemas()
 
 
+# A broker's own token proves its id: it may act for the broker in the path only (the admin token for any).
+_THIS_BROKER = "broker, the one in the path only"
+
+
 def _op(summary: str, *, body: Any = None, params: list[dict] | None = None, ok: str = "200",
         roles: str = "client", answer: Any = models.WriteResult) -> dict[str, Any]:
     err = {"description": "error", "content": _SPEC_SCHEMAS.content(Error)}
@@ -59,13 +63,14 @@ SPEC: dict[str, Any] = {
         "/v1/cluster/members/{node}": {"delete": _op("Remove a meta node from the members", roles="admin",
                                                      params=[_p("node")], answer=M.ClusterMembers)},
         "/v1/brokers": {"get": _op("List brokers", params=_READ, answer=M.Brokers)},
-        "/v1/brokers/{broker}": {"put": _op("Register a broker (new epoch)", roles="broker", params=[_p("broker")],
+        "/v1/brokers/{broker}": {"put": _op("Register a broker (new epoch)", roles=_THIS_BROKER, params=[_p("broker")],
                                             body=M.RegisterBroker)},
-        "/v1/brokers/{broker}/heartbeat": {"post": _op("Broker heartbeat", roles="broker", params=[_p("broker")],
+        "/v1/brokers/{broker}/heartbeat": {"post": _op("Broker heartbeat", roles=_THIS_BROKER, params=[_p("broker")],
                                                        body=M.BrokerHeartbeat, answer=M.BrokerHeartbeatAnswer)},
-        "/v1/brokers/{broker}/seal": {"post": _op("Report a sealed segment's end", roles="broker",
+        "/v1/brokers/{broker}/seal": {"post": _op("Report a sealed segment's end", roles=_THIS_BROKER,
                                                   params=[_p("broker")], body=M.Seal)},
-        "/v1/brokers/{broker}/seals": {"post": _op("Report many sealed segments' ends in one command", roles="broker",
+        "/v1/brokers/{broker}/seals": {"post": _op("Report many sealed segments' ends in one command",
+                                                   roles=_THIS_BROKER,
                                                    params=[_p("broker")], body=M.Seals, answer=M.SealResults)},
         "/v1/topics/{topic}/queues/{queue}/segments": {"get": _op(
             "Every segment of one logic queue, oldest first", params=[_p("topic"), _p("queue")] + _READ,

@@ -185,7 +185,8 @@ async def terms(s: aiohttp.ClientSession, c: BenchCluster) -> dict[str, int | No
 
 # -- simulated brokers ------------------------------------------------------------------------------------------
 class SimBrokers:
-    """Registers brokers that exist only as names and keeps their sessions alive with empty heartbeats."""
+    """Registers brokers that exist only as names and keeps their sessions alive with empty heartbeats, with the
+    admin token: they have no tokens of their own, and an operator may act for any broker."""
 
     def __init__(self, s: aiohttp.ClientSession, c: BenchCluster, names: tuple[str, ...] = SIM_BROKERS):
         self.s, self.c, self.names = s, c, names
@@ -198,7 +199,7 @@ class SimBrokers:
             for attempt in range(50):
                 node = self.c.nodes[attempt % len(self.c.nodes)]
                 try:
-                    st, body = await call(self.s, "PUT", f"{self.c.url(node)}/v1/brokers/{b}", self.c.headers("broker"),
+                    st, body = await call(self.s, "PUT", f"{self.c.url(node)}/v1/brokers/{b}", self.c.headers("admin"),
                                           {"address": SIM_BROKER_ADDRESS}, timeout_s=10)
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
                     st, body = 0, None
@@ -219,7 +220,7 @@ class SimBrokers:
                 node = self.c.nodes[i % len(self.c.nodes)]
                 try:
                     st, _ = await call(self.s, "POST", f"{self.c.url(node)}/v1/brokers/{b}/heartbeat",
-                                       self.c.headers("broker"), {"epoch": epoch, "queues": {}}, timeout_s=2)
+                                       self.c.headers("admin"), {"epoch": epoch, "queues": {}}, timeout_s=2)
                     if st != 200:
                         self.heartbeat_errors += 1
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError):

@@ -10,6 +10,8 @@ How nodes are made to talk through proxies while each binds its own port:
 - Meta HTTP between nodes (followers forward writes to the leader): each node's config gives every other member's
   ``url`` as a proxy made for that ordered pair.
 - Broker to meta: each broker's ``meta`` list is its own proxy per meta node.
+- Every member runs with the power-loss ledger (ops/power_loss.py, SERVE_FLAGS), so the nemesis's ``power`` fault
+  can make a kill -9 lose what a power loss would.
 - Clients and brokers reach a broker at its ``advertise`` URL, a proxy in front of its port (never cut: it is there
   so every HTTP port has one; the nemesis cuts meta-meta and broker-meta links).
 The runner's own clients talk to meta nodes directly: a partition is between the cluster's parts, not from the client.
@@ -23,7 +25,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops import devcluster
+from client.wire.credentials import token_hash
+from ops import devcluster, power_loss
 
 from .proxy import Link
 
@@ -42,6 +45,13 @@ NEVER_STARTED_PID = 2**22 + 1
 # every other period.
 COMPACTION_MIN_TIME_S = 3
 COMPACTION_MIN_ENTRIES = 20
+# Every member's serve command: the ledger is always on in chaos runs (the power fault needs it on every member).
+SERVE_FLAGS = [power_loss.FLAG]
+# Segments roll every few dozen small batches, and a big message takes a segment of its own: the workloads' sends
+# cross segment boundaries (rolls, sealed indexes, a new file's creation) many times per run. The broker's minimum
+# is broker/storage/limits.py SEGMENT_BYTES_LIMIT_MIN (1 KiB).
+BROKER_SEGMENT_BYTES = 16 * 1024
+BROKER_EXTRA = {"segment_bytes_max": BROKER_SEGMENT_BYTES}
 # Short enough that a killed or partitioned broker is fenced (and its queues move) within a fault's hold time.
 META_EXTRA = {"session_timeout_ms": 4000, "heartbeat_interval_ms": 1000,
               "raft_tuning": {"compaction_min_entries": COMPACTION_MIN_ENTRIES,
@@ -106,10 +116,12 @@ def plan(dir_: str, base: int) -> Topology:
     def add(name: str, listen: int, target: int) -> Link:
         return t.links.setdefault(name, Link(name, listen, target))
 
-    tokens = {r: secrets.token_hex(16) for r in ("admin", "broker", "client")}
+    tokens = {r: secrets.token_hex(16) for r in ("admin", "client")}
+    broker_tokens = devcluster.issue_broker_tokens(list(t.broker_names))
+    hashes = {b: token_hash(tok) for b, tok in broker_tokens.items()}
     secret = secrets.token_hex(24)
     cluster: dict[str, Any] = {"meta": [], "brokers": [], "admin_token": tokens["admin"],
-                               "broker_token": tokens["broker"], "client_token": tokens["client"]}
+                               "client_token": tokens["client"], "broker_tokens": broker_tokens}
     names = t.meta_names
     for i in range(METAS):
         members = []
@@ -128,17 +140,20 @@ def plan(dir_: str, base: int) -> Topology:
                 if name not in t.meta_pair_links[frozenset((names[i], names[j]))]:
                     t.meta_pair_links[frozenset((names[i], names[j]))].append(name)
         cfg = {"node": names[i], "data_dir": "data", "http": t.meta_url(i).removeprefix("http://"), "secret": secret,
-               "tokens": tokens, "members": members, **META_EXTRA}
+               "tokens": tokens, "broker_tokens": hashes, "members": members, **META_EXTRA}
         path = devcluster.write_config(dir_, names[i], cfg)
-        cluster["meta"].append({"node": names[i], "url": t.meta_url(i), "pid": NEVER_STARTED_PID, "config": path})
+        cluster["meta"].append({"node": names[i], "url": t.meta_url(i), "pid": NEVER_STARTED_PID, "config": path,
+                                "serve_flags": SERVE_FLAGS})
     for b, bname in enumerate(t.broker_names):
         metas = [add(f"http:{bname}->{names[m]}", base + 40 + 3 * b + m, base + 10 + m) for m in range(METAS)]
         t.broker_meta_links[bname] = [link.name for link in metas]
         front = add(f"front:{bname}", base + 70 + b, base + 60 + b)
         cfg = {"broker": bname, "data_dir": "data", "http": t.broker_url(b).removeprefix("http://"),
-               "advertise": front.url, "tokens": tokens, "meta": [link.url for link in metas]}
+               "advertise": front.url, "tokens": {**tokens, "broker": broker_tokens[bname]}, "broker_tokens": hashes,
+               "meta": [link.url for link in metas]}
+        cfg.update(BROKER_EXTRA)
         path = devcluster.write_config(dir_, bname, cfg)
         cluster["brokers"].append({"broker": bname, "url": t.broker_url(b), "pid": NEVER_STARTED_PID,
-                                   "config": path})
+                                   "config": path, "serve_flags": SERVE_FLAGS})
     devcluster.save(dir_, cluster)
     return t
