@@ -409,3 +409,12 @@ def test_voters_agree_only_when_every_node_votes_with_its_own_disk_on_record():
     assert [v["check"] for v in checker.voters_agree(split)] == ["voters_agree"]
     # a node that does not answer
     assert checker.voters_agree({**good, "m3": {"error": "timeout"}})
+
+
+def test_replicas_must_serve_the_same_history():
+    h = {"version": 9, "events": 9, "sha256": "a"}
+    assert checker.histories_agree({"m1": h, "m2": dict(h), "m3": dict(h)}) == []
+    assert checker.histories_agree({}) == []
+    assert len(checker.histories_agree({"m1": h, "m2": {**h, "sha256": "b"}, "m3": h})) == 1
+    assert len(checker.histories_agree({"m1": h, "m2": {**h, "events": 8}, "m3": h})) == 1
+    assert len(checker.histories_agree({"m1": h, "m2": {"error": "HISTORY_UNAVAILABLE"}, "m3": h})) == 1

@@ -15,6 +15,7 @@
   a write in doubt invoked after that one, with that write's exact bytes: no acknowledged write lost, none torn.
 - ``answered_in_budget``: no sized write is answered later than the meta service's own deadline allows.
 - ``replicas_agree``: the meta replicas' images are the same bytes at the same version after the final heal.
+- ``histories_agree``: and every replica serves the same history of events through that version.
 """
 
 from __future__ import annotations
@@ -449,4 +450,17 @@ def replicas_agree(digests: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
     if len({d["sha256"] for d in digests.values()}) != 1 or len({d["commands"] for d in digests.values()}) != 1:
         return [violation("replicas_agree", f"the replicas hold different images at version "
                           f"{next(iter(versions.values()))}", digests=dict(digests))]
+    return []
+
+
+def histories_agree(histories: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``histories``: node -> {version, events, sha256} of its whole /v1/history through the version the images
+    agree at, or {"error": ...}. Every node must serve the same events (the images' digests could agree while the
+    replicas' histories, the lineage's source, differ). Empty when the images never agreed: replicas_agree says so."""
+    if not histories:
+        return []
+    if any("error" in h for h in histories.values()) or len({(h["events"], h["sha256"])
+                                                               for h in histories.values()}) != 1:
+        return [violation("histories_agree", "the meta nodes serve different histories through the version their "
+                          "images agree at", histories=dict(histories))]
     return []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -171,9 +172,11 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
     await _read_committed(env)
     dead = await _dead_lettered(env, t)
     digests = await _image_digests(env, t)
+    histories = await _history_digests(env, t, _agreed_version(digests))
     ops = env.rec.ops
     found, stats = _checks(ops, initial, final, segments, dead, _paused(nem.applied, t, start))
     violations += found + checker.replicas_agree(digests) + checker.voters_agree(await _voters(env, t))
+    violations += checker.histories_agree(histories)
     with open(os.path.join(t.dir, "history.json"), "w") as f:
         json.dump({"faults": nem.applied, "ops": [o.to_json() for o in ops]}, f)
     outcomes = Counter((o.kind, o.outcome) for o in ops)
@@ -183,12 +186,14 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
             "checks": {**stats, "messages_read_back": sum(len(v) for v in final.values()),
                        "post_run_write_s": post_run_write_s,
                        "replicas": {n: {k: d.get(k) for k in ("version", "sha256", "bytes", "error")}
-                                    for n, d in digests.items()}},
+                                    for n, d in digests.items()},
+                       "histories": histories},
             "violations": violations, "nemesis_errors": nem.errors,
             "fault_kinds_injected": dict(Counter(f["kind"] for f in nem.applied)),
             "operator_changes": {k: outcomes.get((k, "ok"), 0) for k in ("remap", "grow", "lease")},
             "snapshot_installs_seen": sum(n["installed"] for n in snapshots.values()),
             "install_faults_followed_by_install": _installs_after_faults(nem.applied, installs),
+            "power_losses": _power_losses(nem.applied),
             "snapshots": snapshots}
 
 
@@ -259,6 +264,40 @@ async def _image_digests(env: Env, t: topology.Topology) -> dict[str, dict[str, 
             return digests
         version = max(v for v in versions if v is not None) if versions - {None} else version
         await asyncio.sleep(RETRY_PAUSE_S)
+
+
+def _agreed_version(digests: dict[str, dict[str, Any]]) -> int | None:
+    versions = {d.get("version") for d in digests.values()}
+    return versions.pop() if len(versions) == 1 else None
+
+
+async def _history_digests(env: Env, t: topology.Topology, version: int | None) -> dict[str, dict[str, Any]]:
+    """Every meta node's whole history through ``version`` (the one their images agree at), paged from each node
+    itself and hashed: the replicas must tell one story, not only end in one state."""
+    if version is None:
+        return {}
+    names = dict(zip(env.meta_urls, t.meta_names))
+    out = {}
+    for url in env.meta_urls:
+        async def read_all() -> dict[str, Any]:
+            digest, after, events = hashlib.sha256(), 0, 0
+            while after < version:
+                a = await request_once(env.session, "GET", f"{url}/v1/history", token=env.client_token,
+                                       params={"after": after, "limit": limits.HISTORY_PAGE_MAX},
+                                       timeout_s=workloads.REQUEST_TIMEOUT_S * 2)
+                for e in a.body["events"]:
+                    if e["version"] <= version:
+                        digest.update(json.dumps(e, sort_keys=True).encode())
+                        events += 1
+                if a.body["next_after"] <= after:
+                    raise StatorError(503, "HISTORY_SHORT", f"{url} serves history only through {after}")
+                after = a.body["next_after"]
+            return {"version": version, "events": events, "sha256": digest.hexdigest()}
+        try:
+            out[names[url]] = await _retrying(f"the history of {url}", read_all, FINAL_DEADLINE_S)
+        except RunFailed as e:
+            out[names[url]] = {"error": str(e)[:300]}
+    return out
 
 
 async def _voters(env: Env, t: topology.Topology) -> dict[str, dict[str, Any]]:
@@ -358,6 +397,16 @@ def _installs_after_faults(applied: list[dict[str, Any]], installs: dict[str, li
                    if any(f["started_wall"] <= at <= f["healed_wall"] + INSTALL_AFTER_HEAL_S
                           for at in installs.get(f["isolated"], [])))
     return {"install_faults": len(faults), "followed": followed}
+
+
+# The nemesis's power faults (nemesis.py ``power``): what the members lost, summed over the run.
+def _power_losses(applied: list[dict[str, Any]]) -> dict[str, int]:
+    faults = [f for f in applied if f["kind"] == "power" and "power_loss" in f]
+    lost = [m for f in faults for m in f["power_loss"].values()]
+    return {"faults": len(faults), "whole_machine": sum(1 for f in faults if f["target"] == nemesis.POWER_ALL),
+            "members_cut": sum(1 for m in lost if m["files_cut"] or m["files_removed"]),
+            "files_cut": sum(m["files_cut"] for m in lost), "files_removed": sum(m["files_removed"] for m in lost),
+            "bytes_lost": sum(m["bytes_lost"] for m in lost), "torn": sum(m["torn"] for m in lost)}
 
 
 def _member_urls(t: topology.Topology) -> list[str]:
