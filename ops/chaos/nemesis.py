@@ -18,6 +18,15 @@ replaces a host would, one membership change at a time.
 leader takes to compact its log (topology.COMPACTION_MIN_TIME_S: every node compacts every few seconds under the
 workloads), so once healed it is behind the leader's first entry and only a snapshot brings it back; some installs
 end in a kill -9 of the follower a moment after the heal, while the snapshot is on its way or being installed.
+
+``power`` is a power loss: kill -9 of a member, then ops/power_loss.lose_unsynced on its data directory (every
+member runs with the power-loss ledger in chaos runs, topology.py), so it loses every write it had not synced, and
+half of the time a piece of the lost tail stays behind as a torn write; then it starts again. One power fault in
+POWER_ALL_SHARE is the whole machine's: every member at once. What each lost is in the fault's record.
+
+``leader_cut`` cuts the meta leader of the moment from both peers, for longer than the others take to elect a new
+one, then heals. The runner's clients keep talking to every meta node directly, so they keep sending writes to the
+cut-off leader: none of them may be acknowledged unless the new majority has it.
 """
 
 from __future__ import annotations
@@ -34,26 +43,32 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ops import devcluster
+from ops import devcluster, power_loss
 
 from .topology import COMPACTION_MIN_TIME_S, Topology
 
 
-KINDS = ("kill", "pause", "restart", "partition", "install", "wipe", "replace")
+KINDS = ("kill", "pause", "restart", "partition", "install", "wipe", "replace", "power", "leader_cut")
 GAP_S = (0.2, 1.0)                  # between a heal and the next fault
 # An install's cut lasts two compaction periods and more: the leader compacts once per period in a slot of its own
 # (pysyncobj's logCompactionSplit), and its snapshot must be written and its log cut past the follower's last entry.
 HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "partition": (1.0, 5.0), "wipe": (0.5, 3.0),
-          "replace": (0.5, 2.0),
+          "replace": (0.5, 2.0), "power": (0.2, 2.0),
+          # longer than an election (meta's election timeout is at most 0.5 s, then a vote round)
+          "leader_cut": (2.0, 5.0),
           "install": (2 * COMPACTION_MIN_TIME_S + 1.5, 2 * COMPACTION_MIN_TIME_S + 4.5)}
 INSTALL_KILL_SHARE = 0.5            # installs that end in a kill -9 of the follower ...
 INSTALL_KILL_AFTER_S = (0.0, 1.5)   # ... this long after the heal: the snapshot is sent or installed by then
+POWER_ALL_SHARE = 0.25              # power faults that take every member down at once
+POWER_TEAR_SHARE = 0.5              # power faults that leave a piece of each lost tail behind
 STATUS_TIMEOUT_S = 1.0              # asking a node who leads
 FIRST_FAULT_S = 1.0                 # let the workloads start first
 STOP_WAIT_S = 15.0                  # a stop or start of one member (devcluster waits up to 10 s + 5 s for a kill)
 MEMBERSHIP_DEADLINE_S = 60.0        # a membership change that keeps being refused (another in flight, no leader)
 MEMBERSHIP_RETRY_S = 0.25
 # (method, on the collection): the refusal that means an earlier attempt did it
+POWER_ALL = "all"                   # a power fault's target: every member
+LEADER = "leader"                   # a leader_cut's target: the meta leader when the fault is applied
 DONE_ALREADY = {("DELETE", False): "MEMBER_NOT_FOUND", ("POST", True): "MEMBER_EXISTS",
                 ("POST", False): "ALREADY_VOTER"}
 
@@ -66,10 +81,12 @@ class Fault:
     hold_s: float
     # install only: kill -9 the follower this long after the heal (None: let the install finish)
     kill_after_s: float | None = None
+    tear: bool | None = None   # power only: whether the lost tails are torn
 
     def describe(self) -> str:
         kill = f", kill -9 {self.kill_after_s:.2f}s after" if self.kill_after_s is not None else ""
-        return f"{self.at_s:7.2f}s {self.kind:<9} {self.target:<8} for {self.hold_s:.2f}s{kill}"
+        tear = ", torn" if self.tear else ""
+        return f"{self.at_s:7.2f}s {self.kind:<9} {self.target:<8} for {self.hold_s:.2f}s{kill}{tear}"
 
 
 def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_names: tuple[list[str], list[str]]
@@ -82,7 +99,7 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_name
     while True:
         kind = rng.choice(kinds)
         hold = round(rng.uniform(*HOLD_S[kind]), 3)
-        kill_after = None
+        kill_after = tear = None
         if kind == "partition":
             if rng.random() < 0.5:
                 target = f"{rng.choice(metas)}|rest"
@@ -95,11 +112,16 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_name
                 kill_after = round(rng.uniform(*INSTALL_KILL_AFTER_S), 3)
         elif kind in ("wipe", "replace"):
             target = rng.choice(metas)   # a broker's disk is its messages: not what this fault is about
+        elif kind == "power":
+            target = POWER_ALL if rng.random() < POWER_ALL_SHARE else rng.choice(metas + brokers)
+            tear = rng.random() < POWER_TEAR_SHARE
+        elif kind == "leader_cut":
+            target = f"{LEADER}|rest"    # who leads is known only when the fault comes
         else:
             target = rng.choice(metas + brokers)
         if t + hold + (kill_after or 0.0) > duration_s:
             return faults
-        faults.append(Fault(round(t, 3), kind, target, hold, kill_after))
+        faults.append(Fault(round(t, 3), kind, target, hold, kill_after, tear))
         t += hold + (kill_after or 0.0) + rng.uniform(*GAP_S)
 
 
@@ -114,7 +136,8 @@ class Nemesis:
         self.errors: list[str] = []
         self._paused: set[str] = set()
         self._down: set[str] = set()
-        self._cut: dict[Fault, str] = {}   # install: the follower actually cut
+        self._cut: dict[Fault, str] = {}   # install: the follower actually cut; leader_cut: the leader
+        self._lost: dict[Fault, dict[str, dict[str, int]]] = {}   # power: what each member lost
 
     async def run(self) -> None:
         for f in self.faults:
@@ -133,6 +156,8 @@ class Nemesis:
                       "started_wall": round(started_wall, 3), "healed_wall": round(time.time(), 3)}
             if f in self._cut:
                 record["isolated"] = self._cut.pop(f)
+            if f in self._lost:
+                record["power_loss"] = self._lost.pop(f)
             self.applied.append(record)
 
     async def _apply(self, f: Fault) -> None:
@@ -141,6 +166,12 @@ class Nemesis:
             self._cut[f] = await asyncio.to_thread(self._follower, name)
             for link in self._links(f"{self._cut[f]}|rest"):
                 self.t.links[link].set_cut(True)
+        elif f.kind == "leader_cut":
+            self._cut[f] = await asyncio.to_thread(self._leader)
+            for link in self._links(f"{self._cut[f]}|rest"):
+                self.t.links[link].set_cut(True)
+        elif f.kind == "power":
+            await self._power_loss(f)
         elif f.kind == "kill":
             await self._stop(name, signal.SIGKILL)
         elif f.kind == "wipe":
@@ -174,6 +205,12 @@ class Nemesis:
                     self.t.links[link].set_cut(False)
             elif f.kind == "install" and f in self._cut:
                 await self._end_install(f, self._cut[f])
+            elif f.kind == "leader_cut" and f in self._cut:
+                for link in self._links(f"{self._cut[f]}|rest"):
+                    self.t.links[link].set_cut(False)
+            elif f.kind == "power":
+                for member in self._power_targets(f):   # meta nodes first: brokers register with them
+                    await self._start(member)
         except Exception as e:   # noqa: BLE001 -- reported in the summary; heal_all tries again at the end
             self.errors.append(f"healing {f.describe()}: {type(e).__name__}: {e}")
 
@@ -223,6 +260,30 @@ class Nemesis:
                 last = repr(e)
             time.sleep(MEMBERSHIP_RETRY_S)
         raise RuntimeError(f"{method} /v1/cluster/members{path} for {name}: not done in time; last answer {last}")
+
+    def _power_targets(self, f: Fault) -> list[str]:
+        return self.t.meta_names + self.t.broker_names if f.target == POWER_ALL else [f.target]
+
+    async def _power_loss(self, f: Fault) -> None:
+        """kill -9 of every target at once, then each loses what it had not synced (the tear's length drawn from
+        a generator seeded by the fault, so a run's losses are as repeatable as the kernel lets them be)."""
+        names = self._power_targets(f)
+        await asyncio.gather(*(self._stop(n, signal.SIGKILL) for n in names))
+        rng = random.Random(f"{f.at_s}/{f.target}")
+        lost = {}
+        for n in names:
+            loss = await asyncio.to_thread(power_loss.lose_unsynced, os.path.join(self.t.dir, n, "data"), rng,
+                                           bool(f.tear))
+            lost[n] = loss.as_dict()
+        self._lost[f] = lost
+
+    def _leader(self) -> str:
+        """The meta node that says it leads; RuntimeError when none does (an election under way): the fault is then
+        reported as not applied rather than cutting a follower and calling it the leader."""
+        for name in self.t.meta_names:
+            if self._role(name) == "leader":
+                return name
+        raise RuntimeError("no meta node says it leads")
 
     def _follower(self, preferred: str) -> str:
         """``preferred`` unless it says it leads; then the next meta node (which, with one leader, follows)."""
