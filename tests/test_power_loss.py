@@ -190,3 +190,41 @@ def test_the_mode_is_only_on_with_the_flag(tmp_path):
             power_loss.Loss().as_dict()
     finally:
         cluster_mod.devcluster.down(c.dir)
+
+
+def test_lose_unsynced_cuts_to_the_last_sync_tears_within_the_lost_tail_and_drops_unsynced_creations(tmp_path):
+    """The ledger's rules on files written in this process: no cluster needed."""
+    from broker.storage import files
+    d = str(tmp_path)
+    power_loss.enable(d)
+    try:
+        synced = os.path.join(d, "synced.log")
+        fd = os.open(synced, os.O_RDWR | os.O_CREAT)
+        os.write(fd, b"a" * 100)
+        files.sync_data(fd)
+        os.write(fd, b"b" * 20_000)           # never synced
+        os.close(fd)
+        sub = os.path.join(d, "q")
+        os.mkdir(sub)
+        kept, lost = os.path.join(sub, "kept.log"), os.path.join(sub, "lost.log")
+        for path in (kept, lost):
+            if path == lost:
+                files.sync_dir(sub)           # kept's creation is durable, lost's is not
+            power_loss.created(path)
+            with open(path, "wb") as f:
+                f.write(b"c" * 10)
+        gone = os.path.join(d, "gone.log")
+        power_loss.synced_whole(gone, 5)
+        power_loss.removed(gone)
+        with open(gone, "wb") as f:            # a new file at a path the ledger forgot: not cut
+            f.write(b"d" * 50)
+    finally:
+        power_loss.disable()
+    loss = power_loss.lose_unsynced(d, random.Random(3), tear=True)
+    assert 100 < os.path.getsize(synced) <= 100 + power_loss.TEAR_BYTES_MAX
+    with open(synced, "rb") as f:
+        assert f.read(101) == b"a" * 100 + b"b", "the torn piece is a prefix of what was written"
+    assert os.path.getsize(kept) > 0 and not os.path.exists(lost) and os.path.getsize(gone) == 50
+    assert (loss.files_cut, loss.files_removed, loss.torn) == (2, 1, 2), loss
+    assert not os.path.exists(os.path.join(d, power_loss.LEDGER_NAME)), "the ledger is reset"
+    assert power_loss.lose_unsynced(d, random.Random(3), tear=True) == power_loss.Loss()
