@@ -52,7 +52,7 @@ class Cluster:
     def headers(self, role: str = "admin", **extra: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token(role)}", **extra}
 
-    def _headers_for(self, role: str, url: str) -> dict[str, str]:
+    def headers_for(self, role: str, url: str) -> dict[str, str]:
         """A call as role "broker" on /v1/brokers/{name}[/...] acts as that broker: with its own token, or, for a
         simulated broker the cluster issued none to, with the admin's (operators act for any broker)."""
         if role == "broker":
@@ -84,7 +84,7 @@ class Cluster:
 
     async def call(self, method: str, url: str, role: str = "admin", json: Any = None, data: bytes | None = None,
                    headers: dict[str, str] | None = None, timeout_s: float = 15.0) -> tuple[int, Any, dict]:
-        h = self._headers_for(role, url) if role else {}
+        h = self.headers_for(role, url) if role else {}
         h.update(headers or {})
         async with self.session.request(method, url, json=json, data=data, headers=h,
                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:

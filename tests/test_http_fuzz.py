@@ -321,9 +321,9 @@ def url_of(c, req: Request) -> yarl.URL:
     return yarl.URL(base + path + ("?" + qs if qs else ""), encoded=True)
 
 
-def auth_headers(c, role: str) -> dict[str, str]:
+def auth_headers(c, role: str, url: str = "") -> dict[str, str]:
     if role in ("admin", "broker", "client"):
-        return c.headers(role)
+        return c.headers_for(role, url)   # a broker acts as the broker its path names (each has its own token)
     return {"wrong": {"Authorization": "Bearer not-a-token"}, "basic": {"Authorization": "Basic eDp5"},
             "none": {}}[role]
 
@@ -336,7 +336,7 @@ class Answer:
 
 
 async def send(c, req: Request) -> Answer:
-    headers = {**auth_headers(c, req.role), **req.headers}
+    headers = {**auth_headers(c, req.role, str(url_of(c, req))), **req.headers}
     if req.content_type is not None and req.body is not None:
         headers["Content-Type"] = req.content_type
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)

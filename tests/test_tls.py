@@ -19,11 +19,13 @@ from click.testing import CliRunner
 
 from client import AdminClient, Producer, PullConsumer, RouteSubscription, Unavailable
 from client.tls import TlsFiles, client_context, client_session
+from client.wire.credentials import token_hash
 from ops import devcluster
 from ops.cli import main
 from tests import tls_certs
 
-TOKENS = {"admin": "a" * 24, "broker": "b" * 24, "client": "c" * 24}
+TOKENS = {"admin": "a" * 24, "broker": "b" * 24, "client": "c" * 24}   # "broker": b1's own
+META_TOKENS = {"admin": TOKENS["admin"], "client": TOKENS["client"]}   # meta knows b1's by its hash only
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
@@ -75,7 +77,9 @@ async def tls_cluster(tmp_path):
     meta_url, broker_url = f"https://127.0.0.1:{base}", f"https://127.0.0.1:{base + 50}"
     tls = {"cert": certs.node.cert, "key": certs.node.key, "ca": certs.ca}
     procs = [_start(str(tmp_path), "m1", "meta", {
-        "node": "m1", "data_dir": "data", "http": f"127.0.0.1:{base}", "secret": "s" * 24, "tokens": TOKENS,
+        "node": "m1", "data_dir": "data", "http": f"127.0.0.1:{base}", "secret": "s" * 24,
+        "tokens": META_TOKENS,
+        "broker_tokens": {"b1": token_hash(TOKENS["broker"])},   # b1's own token, by its hash
         "members": [{"node": "m1", "raft": f"127.0.0.1:{base + 1}", "url": meta_url}], "tls": tls})]
     try:
         ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
@@ -161,7 +165,8 @@ async def test_three_meta_nodes_link_over_mutual_tls_and_commit_through_a_follow
                 "url": f"https://127.0.0.1:{base + 2 * i}"} for i in range(3)]
     procs = [_start(str(tmp_path), m["node"], "meta", {
         "node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("https://"), "secret": "s" * 24,
-        "tokens": TOKENS, "members": members, "tls": tls}) for m in members]
+        "tokens": META_TOKENS, "broker_tokens": {"b0": token_hash(TOKENS["broker"])}, "members": members,
+        "tls": tls}) for m in members]
     try:
         ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
         for m, p in zip(members, procs):
