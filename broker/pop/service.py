@@ -563,14 +563,14 @@ class PopService:
 
     async def adopt(self, key: Key, deliveries: list[list[int]], caller: str | None = None) -> int:
         """Expired deliveries of an older head: delivered again from here, before anything new. A broker
-        ``caller`` must be one the log names as an older head of the queue (None: an admin)."""
+        ``caller`` must be one the log names as an older head of the queue, or this broker itself (None: an admin)."""
         group, topic, queue = key
         head = self.routes.head(topic, queue)
         if head is None or head.broker != self.me:
             raise not_leader(topic, queue, head)
         if caller is not None:
             older = {seg.broker for seg in await self.reader.history(topic, queue) if seg.gen < head.gen}
-            require_broker(caller, older - {self.me},
+            require_broker(caller, older | {self.me},
                            f"hand over deliveries of queue {queue} of {topic!r}: it never held the queue's head")
         async with self.locks.hold(key):
             st = await self._state_for(key)
