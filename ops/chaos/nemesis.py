@@ -61,7 +61,9 @@ INSTALL_KILL_SHARE = 0.5            # installs that end in a kill -9 of the foll
 INSTALL_KILL_AFTER_S = (0.0, 1.5)   # ... this long after the heal: the snapshot is sent or installed by then
 POWER_ALL_SHARE = 0.25              # power faults that take every member down at once
 POWER_TEAR_SHARE = 0.5              # power faults that leave a piece of each lost tail behind
-STATUS_TIMEOUT_S = 1.0              # asking a node who leads
+STATUS_TIMEOUT_S = 1.0
+LEADER_WAIT_S = 15.0                # leader_cut: an election after the previous fault (a whole-machine power loss
+LEADER_POLL_S = 0.2                 # restarts every meta node: each takes seconds to start) must end by then              # asking a node who leads
 FIRST_FAULT_S = 1.0                 # let the workloads start first
 STOP_WAIT_S = 15.0                  # a stop or start of one member (devcluster waits up to 10 s + 5 s for a kill)
 MEMBERSHIP_DEADLINE_S = 60.0        # a membership change that keeps being refused (another in flight, no leader)
@@ -278,12 +280,17 @@ class Nemesis:
         self._lost[f] = lost
 
     def _leader(self) -> str:
-        """The meta node that says it leads; RuntimeError when none does (an election under way): the fault is then
-        reported as not applied rather than cutting a follower and calling it the leader."""
-        for name in self.t.meta_names:
-            if self._role(name) == "leader":
-                return name
-        raise RuntimeError("no meta node says it leads")
+        """The meta node that says it leads, asked again while an election is under way (the previous fault's heal
+        may have just started one); RuntimeError when none does by LEADER_WAIT_S: the fault is then reported as not
+        applied rather than cutting a follower and calling it the leader."""
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while True:
+            for name in self.t.meta_names:
+                if self._role(name) == "leader":
+                    return name
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no meta node said it leads within {LEADER_WAIT_S:g} s")
+            time.sleep(LEADER_POLL_S)
 
     def _follower(self, preferred: str) -> str:
         """``preferred`` unless it says it leads; then the next meta node (which, with one leader, follows)."""
