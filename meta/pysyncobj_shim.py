@@ -376,6 +376,7 @@ class HeldEntries:
         self.trimmed = 0     # a held prefix was dropped: pysyncobj would have deleted the entries after it
         self.repeats = 0     # every entry was held and the log went on: pysyncobj would have deleted the rest
         self.pieces_refused = 0   # an entry sent in pieces (see _append_as_raft): never from a node of ours
+        self.snapshot_commits_held = 0   # a snapshot piece that would have raised the commit index (see above)
 
 
 def keep_matching_entries(so: SyncObj, admit: Callable[[Node, Any], bool]) -> HeldEntries:
@@ -387,7 +388,10 @@ def keep_matching_entries(so: SyncObj, admit: Callable[[Node, Any], bool]) -> He
     def received(node: Node, message: Any) -> None:
         if not admit(node, message):
             return
-        if isinstance(message, dict) and message.get("type") == _APPEND and "prevLogIdx" in message:
+        if isinstance(message, dict) and message.get("type") == _APPEND:
+            if "prevLogIdx" not in message:
+                _snapshot_piece_as_raft(so, node, message, handle, counts)
+                return
             message = _append_as_raft(so, node, message, handle, counts)
             if message is None:
                 return
@@ -395,6 +399,24 @@ def keep_matching_entries(so: SyncObj, admit: Callable[[Node, Any], bool]) -> He
 
     transport(so).setOnMessageReceivedCallback(received)
     return counts
+
+
+def _snapshot_piece_as_raft(so: SyncObj, node: Node, message: dict[str, Any], handle: Callable[[Node, Any], None],
+                            counts: HeldEntries) -> None:
+    """A piece of the leader's snapshot (``serialized``, no prevLogIdx): pysyncobj let it raise the follower's
+    commit index to min(leader's commit, own last index), though the piece shows nothing of the follower's log to
+    match the leader's. A follower with an uncommitted tail from an old term (a leader cut off from its peers keeps
+    appending) then applied that tail: it answered its clients ok for writes no majority held, and the snapshot it
+    installed next took them back (found by the chaos runner's leader_cut fault). The piece reaches pysyncobj with
+    the follower's own commit index. Once the snapshot is loaded, the leader's next append (from the snapshot's
+    index, which then matches) raises the commit index as Raft does; until then it may lag what the snapshot
+    applied, which pysyncobj's apply loop and the journal take as nothing left to apply."""
+    if message["term"] < so.raftCurrentTerm or message["commit_index"] <= so.raftCommitIndex:
+        handle(node, message)
+        return
+    counts.snapshot_commits_held += 1
+    handle(node, {**message, "commit_index": so.raftCommitIndex})
+    so._SyncObj__leaderCommitIndex = message["commit_index"]   # what the leader has committed, for readiness
 
 
 def _append_as_raft(so: SyncObj, node: Node, message: dict[str, Any], handle: Callable[[Node, Any], None],

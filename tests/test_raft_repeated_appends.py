@@ -83,6 +83,12 @@ class Follower:
         self._receive(self.leader, {**base, "transmission": "finish", "data": data[len(data) // 2:]})
         return list(self.sent)
 
+    def snapshot_piece(self, term: int, commit: int) -> None:
+        """Hand the follower one message of a snapshot transfer as a leader sends it (``serialized``: a piece of
+        the snapshot, None while the leader's serializer has none ready)."""
+        self._receive(self.leader, {"type": "append_entries", "term": term, "commit_index": commit,
+                                    "serialized": None})
+
     def _answer(self) -> dict[str, Any]:
         answers = [m for m in self.sent if m.get("type") == ACK_MESSAGE]
         assert len(answers) == 1, self.sent
@@ -170,6 +176,23 @@ async def test_commit_stops_at_the_last_entry_the_message_showed_to_match(follow
     assert f.last == last + 2
     assert f.node.raftCommitIndex == last, "committed entries the new leader never showed to match"
     assert answer["success"] and answer["next_node_idx"] == last + 1, answer
+
+
+async def test_a_snapshot_piece_commits_nothing_of_the_followers_own_tail(follower):
+    # A leader cut off from its peers kept appending in its old term; the new leader, whose log went on without
+    # those entries, sends it a snapshot. A piece of it shows nothing of the follower's log to match: pysyncobj
+    # raised the commit index over the old tail and applied it, answering ok for a write no majority held (the
+    # chaos runner's leader_cut fault found it: a compare-and-set acknowledged, then gone).
+    f = follower
+    last, term, commit = f.last, f.term, f.node.raftCommitIndex
+    command = f.entry(last)[0]
+    f.append(term, last, [(command, last + 1, term), (command, last + 2, term)], commit)
+    assert f.last == last + 2 and f.node.raftCommitIndex == commit
+    held = f.node.held_entries().snapshot_commits_held
+    f.snapshot_piece(term + 1, commit=last + 10)
+    assert f.node.raftCommitIndex == commit, "a snapshot piece committed the follower's own uncommitted entries"
+    assert f.node.raftCurrentTerm == term + 1   # the rest of the message still counts: the new leader's term
+    assert f.node.held_entries().snapshot_commits_held == held + 1
 
 
 async def test_an_entry_bigger_than_one_message_reaches_both_followers(tmp_path):

@@ -114,6 +114,7 @@ class NodeStateCollector:
                                    "keeps them (meta/pysyncobj_shim.py)", labels=["kind"])
         kept.add_metric(["trimmed"], held.trimmed)
         kept.add_metric(["repeat"], held.repeats)
+        kept.add_metric(["snapshot_commit_held"], held.snapshot_commits_held)
         yield kept
         yield from self._image_gauges()
         cached = GaugeMetricFamily("stator_meta_route_cache_bytes", "Routes kept rendered, by form", labels=["form"])
