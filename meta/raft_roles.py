@@ -80,6 +80,7 @@ class Roles:
         self.voter = False
         self._peers: dict[str, tuple[str, bool]] = {}         # raft address -> (disk, log empty), from keepalives
         self._learners: dict[str, tuple[str, int]] = {}       # leader: name -> (disk, last index it holds)
+        self._learners_since: int | None = None               # the membership index _learners was heard under
         self._proposed_at: float | None = None                # monotonic: a membership entry of ours in flight
         self._applied: tuple[int, membership.Members] | None = None   # the membership raft's view was set from
         self._last_keepalive = 0.0
@@ -235,6 +236,12 @@ class Roles:
                 self._propose(members, "bootstrap", None)
             return
         index, members = current
+        if index != self._learners_since:
+            # Progress heard under an older membership may be another process's: a member removed and added again
+            # under its name was promoted at once, with the disk and progress of the instance before it (found by
+            # the chaos runner's replace fault). Learners report with every append answer: they are heard again.
+            self._learners.clear()
+            self._learners_since = index
         if index > self.so.raftCommitIndex:
             self._refuse_requests(_in_progress())
             return   # the last change is not committed yet: Raft's single-server changes go one at a time
