@@ -211,7 +211,10 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
     for i in range(metas):
         http, raft = _meta_ports(base_port, i)
         members.append({"node": f"m{i + 1}", "raft": f"127.0.0.1:{raft}", "url": f"http://127.0.0.1:{http}"})
+    # API.md's cluster.json names one "broker_token": the first broker's own (it acts only as that broker);
+    # "broker_tokens" adds every broker's.
     cluster: dict[str, Any] = {"meta": [], "brokers": [], "admin_token": tokens["admin"],
+                               "broker_token": next(iter(broker_tokens.values())),
                                "client_token": tokens["client"], "broker_tokens": broker_tokens}
     hashes = {b: token_hash(t) for b, t in broker_tokens.items()}
     with _undone_on_failure(dir_, cluster, [m["node"] for m in members] + broker_names):

@@ -121,7 +121,8 @@ def plan(dir_: str, base: int) -> Topology:
     hashes = {b: token_hash(tok) for b, tok in broker_tokens.items()}
     secret = secrets.token_hex(24)
     cluster: dict[str, Any] = {"meta": [], "brokers": [], "admin_token": tokens["admin"],
-                               "client_token": tokens["client"], "broker_tokens": broker_tokens}
+                               "broker_token": broker_tokens["b1"], "client_token": tokens["client"],
+                               "broker_tokens": broker_tokens}
     names = t.meta_names
     for i in range(METAS):
         members = []
