@@ -49,6 +49,10 @@ PROPOSAL_TIMEOUT_S = 5.0              # a membership entry neither committed nor
 LEARNER_ELECTION_HOLD_S = 1.0         # a learner pushes its election deadline this far ahead at every tick
 PROMOTION_LAG_ENTRIES_MAX = 1000      # a learner this close to the commit index is promoted (see the module text)
 REQUESTS_MAX = 16                     # operators' changes waiting for the tick thread; more are refused
+# A voter the leader heard a keepalive from this recently, from the disk the membership names, counts as live for
+# the quorum check of an operator's change (etcd's strict reconfiguration check): several keepalive periods, so that
+# a loaded machine's late keepalive does not refuse a change that is safe.
+LIVE_WITHIN_S = 10 * KEEPALIVE_INTERVAL_S
 OPERATIONS = ("add", "promote", "remove")
 
 
@@ -79,6 +83,7 @@ class Roles:
         self._urls = dict(urls)
         self.voter = False
         self._peers: dict[str, tuple[str, bool]] = {}         # raft address -> (disk, log empty), from keepalives
+        self._heard: dict[str, tuple[str, float]] = {}        # name -> (disk, monotonic time of its last keepalive)
         self._learners: dict[str, tuple[str, int]] = {}       # leader: name -> (disk, last index it holds)
         self._learners_since: int | None = None               # the membership index _learners was heard under
         self._proposed_at: float | None = None                # monotonic: a membership entry of ours in flight
@@ -164,6 +169,7 @@ class Roles:
             disk, fresh = message.get("disk"), message.get("fresh")
             if disk_identity.is_disk_id(disk) and isinstance(fresh, bool):
                 self._peers[node.address] = (disk, fresh)
+                self._heard[self.name_of(node.address)] = (disk, time.monotonic())
             return False
         if kind == "learner_progress":
             self._learner_progress(node, message)
@@ -290,10 +296,13 @@ class Roles:
                                 holds=held[1] if held else None, commit_index=self.so.raftCommitIndex)
             promoted = membership.Member(raft=existing.raft, name=existing.name, disk=held[0], url=existing.url,
                                          voter=True)
-            return membership.replaced(members, promoted)
+            changed = membership.replaced(members, promoted)
+            self._refuse_quorum_loss(changed, request.name)
+            return changed
         # remove
         if existing.voter and sum(m.voter for m in members) == 1:
             raise rejection(409, "LAST_VOTER", f"{request.name!r} is the last voter", node=request.name)
+        self._refuse_quorum_loss(tuple(m for m in members if m.name != request.name), request.name)
         if request.name == self.name:
             # Raft lets a leader outside the new configuration lead until it commits it; pysyncobj always counts
             # the leader toward a majority, so the leader hands over first and the new one removes this node.
@@ -301,6 +310,27 @@ class Roles:
             raise HandingOver("the leader hands its leadership over before it is removed; retry",
                               {"node": request.name})
         return tuple(m for m in members if m.name != request.name)
+
+    def _refuse_quorum_loss(self, changed: membership.Members, name: str) -> None:
+        """Refuse a change after which the voters this leader knows to be live are no majority (etcd's
+        --strict-reconfig-check): removing a healthy voter while another's disk is gone would leave a configuration
+        whose majority needs the lost disk, and no leader could ever be elected again (the chaos runner's replace
+        fault just after a wipe did exactly that). The learner being promoted is live: it just reported."""
+        voters = [m for m in changed if m.voter]
+        now = time.monotonic()
+
+        def live(m: membership.Member) -> bool:
+            if m.name == self.name:
+                return m.disk == self.disk
+            if m.name == name:
+                return True
+            heard = self._heard.get(m.name)
+            return heard is not None and heard[0] == m.disk and now - heard[1] <= LIVE_WITHIN_S
+        down = [m.name for m in voters if not live(m)]
+        if len(voters) - len(down) < len(voters) // 2 + 1:
+            raise rejection(409, "WOULD_LOSE_QUORUM", f"after this change {len(voters)} voters would need "
+                            f"{len(voters) // 2 + 1}, and {', '.join(down)} did not answer from the disk the log "
+                            "names: bring them back (or remove them) first", node=name, not_live=down)
 
     def _refuse_requests(self, error: ApiError) -> None:
         while self._requests:

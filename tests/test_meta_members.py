@@ -18,6 +18,7 @@ import time
 import pytest
 
 from client import AdminClient
+from meta import raft_roles
 from ops import devcluster
 from tests import cluster as cluster_mod
 from tests.meta_helpers import NET_ERRORS, BrokerSim, cluster_status, name_of, node_urls, ok, wait_until
@@ -224,6 +225,24 @@ async def test_a_member_added_again_is_promoted_only_on_what_its_new_instance_re
         s, b, _ = await c.call("POST", f"{c.meta_urls[0]}/v1/cluster/members/m4/promote", timeout_s=30.0)
         assert (s, b.get("error", {}).get("code")) == (409, "NOT_CAUGHT_UP"), (s, b)
         assert (await _voters(c, c.meta_urls[0]))["m4"] is False
+
+
+async def test_a_removal_that_would_leave_no_live_majority_is_refused(tmp_path):
+    # One voter is down; removing a healthy one would leave two voters whose majority needs the dead one: no leader
+    # could ever be elected again. The leader refuses it (etcd's strict reconfiguration check); removing the dead
+    # one is what keeps the cluster whole.
+    async with cluster_mod.running(str(tmp_path), 3, 0) as c:
+        leader, lurl, followers = await node_urls(c)
+        dead, healthy = name_of(c, followers[0]), name_of(c, followers[1])
+        await asyncio.to_thread(c.kill9, dead)
+        # A voter counts as down once the leader has not heard its keepalive for LIVE_WITHIN_S.
+        await asyncio.sleep(raft_roles.LIVE_WITHIN_S + 1.0)
+        s, b, _ = await c.call("DELETE", f"{lurl}/v1/cluster/members/{healthy}", timeout_s=30.0)
+        assert (s, b.get("error", {}).get("code")) == (409, "WOULD_LOSE_QUORUM"), (s, b)
+        assert b["error"]["details"]["not_live"] == [dead], b
+        assert await _voters(c, lurl) == {"m1": True, "m2": True, "m3": True}
+        answer = await _change(c, "DELETE", f"/{dead}")
+        assert sorted(m["node"] for m in answer["members"]) == sorted([leader, healthy])
 
 
 async def test_a_second_change_while_one_is_in_flight_is_refused_with_409(tmp_path):

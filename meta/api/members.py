@@ -3,7 +3,8 @@
 Changes go to the leader (forwarded as they came when this node follows) and answer once the membership entry is
 committed: ``POST /v1/cluster/members`` adds a learner, ``POST /v1/cluster/members/{node}/promote`` makes a learner
 that caught up a voter, ``DELETE /v1/cluster/members/{node}`` removes a member. A change while another is not
-committed yet is 409 ``MEMBERSHIP_CHANGE_IN_PROGRESS``.
+committed yet is 409 ``MEMBERSHIP_CHANGE_IN_PROGRESS``; one that would leave no live majority of voters is 409
+``WOULD_LOSE_QUORUM``.
 """
 
 from __future__ import annotations
