@@ -1,0 +1,134 @@
+"""The chaos runner proves itself: each small, realistic bug below is planted in a copy of the tree, and a run of
+`stator chaos run` at one fixed seed on that copy must report a violation within MUTANT_RUN_S seconds of faults; the
+same run on the unchanged copy must report none (so what the mutants trip on is the bug, not the run).
+
+Marked ``mutants`` and left out of the default run (pyproject.toml): eleven runs of ~3 minutes each do not fit the
+suite's budget. Run them with::
+
+    pytest -m mutants tests/test_chaos_mutants.py
+
+Each mutant is one exact text replacement (found exactly once, or the test fails: a mutant that no longer applies
+must be rewritten, not skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEED = 9
+MUTANT_RUN_S = 120
+RUN_TIMEOUT_S = 900       # setup, 120 s of faults, heal, read-back and drain of a cluster under a bug: generous
+
+pytestmark = [pytest.mark.mutants, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+
+
+MUTANTS = [
+    # meta: a compare-and-set that lets a stale expected_version through (only a newer one is refused)
+    Mutant("cas_skips_expected_version", "meta/state_machine.py",
+           "if ev is not None and ev != current:", "if ev is not None and ev > current:"),
+    # meta: a read whose min_version is misspelt, so it is ignored and a lagging node answers older state
+    Mutant("read_ignores_min_version", "meta/reads.py",
+           'if query.get("min_version") is not None:', 'if query.get("min_verison") is not None:'),
+    # broker: any token the broker has heard of passes, not only the queue's current one
+    Mutant("stale_token_accepted", "broker/locks.py",
+           'return "ok" if token is not None and token == self.current(group, topic, queue) else "stale"',
+           'return "ok" if token is not None and token <= horizon else "stale"'),
+    # broker: a redelivery round that leaves out the first ready offset, every time
+    Mutant("redelivery_skips_an_offset", "broker/pop/service.py",
+           "        for offset in offsets:\n            if offset not in st.ready:",
+           "        for offset in offsets[1:]:\n            if offset not in st.ready:"),
+    # broker: every 500th append is answered with offsets but never written
+    Mutant("broker_drops_every_500th_append", "broker/storage/queue.py",
+           "        with self._lock:\n            return self._append(payloads, count, ts_ms)",
+           "        with self._lock:\n"
+           "            global _MUTANT_APPENDS\n"
+           "            _MUTANT_APPENDS = globals().get('_MUTANT_APPENDS', 0) + 1\n"
+           "            if _MUTANT_APPENDS % 500 == 0:\n"
+           "                return self._segments[-1].end_offset\n"
+           "            return self._append(payloads, count, ts_ms)"),
+    # broker: sends acknowledged before (without) their fsync
+    Mutant("broker_acks_without_fsync", "broker/storage/queue.py",
+           "        if self._fsync_each:\n            self._sync()",
+           "        if False and self._fsync_each:\n            self._sync()"),
+    # meta: a follower's acknowledgement leaves before the journal sync that should cover it
+    Mutant("follower_acks_before_sync", "meta/raft_group_commit.py",
+           '        if any(m.get("type") == ACK_MESSAGE and m.get("success") for m in messages):\n            self.sync()',
+           '        if False:\n            self.sync()'),
+    # meta: a follower answering a repeated append lets its commit index pass what it matched by one entry
+    Mutant("follower_commit_cap_one_too_far", "meta/pysyncobj_shim.py",
+           'heartbeat["commit_index"] = min(message["commit_index"], matched)',
+           'heartbeat["commit_index"] = min(message["commit_index"], matched + 1)'),
+    # meta: a seal whose next segment starts one offset low (the old segment's last message is shadowed)
+    Mutant("seal_next_segment_one_low", "meta/state_machine.py",
+           "logic_start=logic_end))", "logic_start=logic_end - 1))"),
+    # broker: a committed offset keyed without its gen: the broker's own value wins, even one left behind
+    Mutant("offset_keyed_without_gen", "broker/reads.py",
+           "if local_only or (own is not None and head is not None and own.gen >= head.gen):",
+           "if local_only or own is not None:"),
+]
+
+
+def _copy_tree(dest: str) -> None:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        src = os.path.join(ROOT, rel)
+        if not os.path.isfile(src):
+            continue   # deleted in the working tree
+        os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+        shutil.copy2(src, os.path.join(dest, rel))
+
+
+def _plant(tree: str, m: Mutant) -> None:
+    path = os.path.join(tree, m.path)
+    with open(path) as f:
+        text = f.read()
+    assert text.count(m.old) == 1, f"mutant {m.name}: its text is found {text.count(m.old)} times in {m.path}"
+    with open(path, "w") as f:
+        f.write(text.replace(m.old, m.new))
+
+
+def _run(tree: str, work: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "ops.cli", "chaos", "run", "--seed", str(SEED), "--duration",
+                           str(MUTANT_RUN_S), "--json", "--work-dir", work],
+                          cwd=tree, env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.stdout.strip(), f"no summary (exit {proc.returncode}): {proc.stderr[-3000:]}"
+    summary = json.loads(proc.stdout)
+    summary["returncode"] = proc.returncode
+    return summary
+
+
+def test_the_unchanged_tree_passes_the_mutants_run(tmp_path):
+    tree = str(tmp_path / "tree")
+    _copy_tree(tree)
+    summary = _run(tree, str(tmp_path / "work"))
+    assert summary["violations"] == [] and summary["nemesis_errors"] == [], json.dumps(summary)[:4000]
+    assert summary["returncode"] == 0
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_the_runner_reports_a_planted_bug(tmp_path, mutant):
+    tree = str(tmp_path / "tree")
+    _copy_tree(tree)
+    _plant(tree, mutant)
+    summary = _run(tree, str(tmp_path / "work"))
+    caught = sorted({v["check"] for v in summary["violations"]})
+    print(f"{mutant.name}: caught by {caught} in a {MUTANT_RUN_S} s run at seed {SEED}")
+    assert caught, f"{mutant.name} went unnoticed: {json.dumps(summary)[:3000]}"
+    assert summary["returncode"] == 1
