@@ -258,14 +258,26 @@ def add_meta(dir_: str, name: str, http_port: int, raft_port: int) -> dict[str, 
     with open(cluster["meta"][0]["config"]) as f:
         template = json.load(f)
     me = {"node": name, "raft": f"127.0.0.1:{raft_port}", "url": f"http://127.0.0.1:{http_port}"}
+    # Every meta node this cluster ever started, each as its own config names it: the first node's list is only
+    # the cluster it started with, and a node added since (m4) that leads now must be known to the new one, or the
+    # new node refuses the leader's connection as an unknown node and never gets the log.
     cfg = {**template, "node": name, "http": me["url"].removeprefix("http://"),
-           "members": [m for m in template["members"] if m["node"] != name] + [me]}
+           "members": _meta_members(cluster) + [me]}
     member = _with_flags({"node": name, "url": me["url"], "config": write_config(dir_, name, cfg)},
                          cluster["meta"][0].get("serve_flags"))
     member["pid"] = _spawn(dir_, name, _meta_argv(member))
     cluster["meta"].append(member)
     save(dir_, cluster)
     return member
+
+
+def _meta_members(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    members = []
+    for m in cluster["meta"]:
+        with open(m["config"]) as f:
+            own = json.load(f)
+        members += [e for e in own["members"] if e["node"] == m["node"]]
+    return members
 
 
 def write_config(dir_: str, name: str, cfg: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -79,8 +80,13 @@ async def _add_and_promote(c, name: str) -> None:
     base = devcluster.free_base_port()
     await _change(c, "POST", "", {"node": name, "raft": f"127.0.0.1:{base + 1}", "url": f"http://127.0.0.1:{base}"},
                   expect=(201,))
-    await asyncio.to_thread(devcluster.add_meta, c.dir, name, base, base + 1)
+    member = await asyncio.to_thread(devcluster.add_meta, c.dir, name, base, base + 1)
     c.reload()
+    # The new node knows every meta node started before it, a node added since the start (which may lead by now)
+    # included: a connection from a node its config does not name is refused, and it would never get the log.
+    with open(member["config"]) as f:
+        named = {m["node"] for m in json.load(f)["members"]}
+    assert named == {m["node"] for m in c.info["meta"]}, (named, c.info["meta"])
 
     async def promoted():
         # through any node that answers: the first one may be a member this test removed and killed
