@@ -213,7 +213,13 @@ class Reader:
     async def read_committed(self, group: str, topic: str, queue: int, local_only: bool) -> tuple[int, int]:
         """(offset, gen of the head it was committed on); (-1, -1) when never. The newest commit wins wherever it
         is: this broker's own when it was made on the current head, else the highest gen among the brokers of the
-        queue's segments (a queue that moved away and back must not read the value it left behind)."""
+        queue's segments (a queue that moved away and back must not read the value it left behind).
+
+        A broker is asked only while it could beat what is known: a commit's gen is that of a segment its broker
+        held, and the segments are walked newest first, each broker once. One that could and does not answer makes
+        the read 503 BROKER_UNAVAILABLE (retry), never an older value: after a power loss of the whole machine, a
+        new head answered -1 for a queue whose commit of 761 sat on the previous head, still starting (the chaos
+        runner's committed_offsets check). A commit on the current head settles it without any other broker."""
         own = self.offsets.get_committed(group, topic, queue)
         best = (own.offset, own.gen) if own is not None else (-1, -1)
         head = self.routes.head(topic, queue)
@@ -221,14 +227,18 @@ class Reader:
             return best
         asked = {self.me}
         for seg in reversed(self.routes.segments(topic, queue) or []):
+            if seg.gen <= best[1]:
+                break                          # this and every older segment's broker can hold no newer commit
             if seg.broker in asked:
                 continue
             asked.add(seg.broker)
             try:
                 body = await self.peers.get(seg, f"/v1/offsets/{quote(group, safe='')}/{quote(topic, safe='')}/"
                                                  f"{queue}?local=1")
-            except ApiError:
-                continue
+            except ApiError as e:
+                raise rejection(503, "BROKER_UNAVAILABLE", f"the committed offset of {group!r} on {topic}/{queue} may "
+                                f"be newer on broker {seg.broker!r}, which held its segment of gen {seg.gen} and does "
+                                f"not answer now ({e.code}); retry", broker=seg.broker, gen=seg.gen) from None
             offset, gen = body.get("offset", -1), body.get("gen", -1)
             if isinstance(offset, int) and isinstance(gen, int) and offset >= 0 and gen > best[1]:
                 best = (offset, gen)

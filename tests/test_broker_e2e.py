@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from ops import devcluster
+from tests.meta_helpers import wait_until
 
 
 SESSION_MS = 3000  # the full_cluster fixture's broker session (tests/conftest.py)
@@ -378,3 +379,17 @@ async def test_a_committed_offset_is_the_newest_whatever_path_the_queue_took(ful
     await commit(2)                          # a deliberate rewind, on b1
     await move("b3")
     assert await committed() == 2
+    # b1, which holds that newest commit, is down: b3 must not answer the older 9 it can still read on b2.
+    await asyncio.to_thread(c.kill9, "b1")
+    s, b, _ = await c.call("GET", f"{c.url('b3')}/v1/offsets/g/offpath/0", "client")
+    assert (s, b.get("error", {}).get("code")) == (503, "BROKER_UNAVAILABLE"), (s, b)
+    await asyncio.to_thread(c.start, "b1")
+
+    async def back() -> int | None:
+        s, b, _ = await c.call("GET", f"{c.url('b3')}/v1/offsets/g/offpath/0", "client")
+        return b["offset"] if s == 200 else None
+    assert await wait_until(back, 30.0, "b1 answering for its commit again") == 2
+    # A commit on the head settles it without the other brokers.
+    await commit(4)
+    await asyncio.to_thread(c.kill9, "b1")
+    assert await committed() == 4
