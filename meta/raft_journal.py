@@ -281,13 +281,12 @@ class OsJournalIO(JournalIO):
             for piece in _batched(chunks, COMPACTION_WRITE_BYTES):
                 _write_all(fd, piece)
             os.fsync(fd)
-            size = os.fstat(fd).st_size
         finally:
             os.close(fd)
         os.replace(tmp_path, path)
         # The rename is in the directory, not in the file: without this a power loss may bring the old name back.
         _fsync_directory(os.path.dirname(os.path.abspath(path)))
-        power_loss.synced_whole(path, size)
+        power_loss.synced_whole(path)
 
     def remove(self, path: str) -> bool:
         try:

@@ -20,7 +20,7 @@ kill -9 keeps it whole as the process left it (only a real power loss would lose
 on a machine that keeps its power). A kill between a sync and its record loses a write nobody was told about.
 
 Records, one line each (``<kind> <number> <path>``; path absolute, last on the line so it may hold spaces):
-- ``D <length> <path>``: synced up to length (a whole-file write, ``write_atomic``, counts as synced at its size);
+- ``D <length> <path>``: synced up to length (a file replaced whole by a rename, ``write_atomic``, is WHOLE: never cut);
 - ``N 0 <path>``: created; until a ``C`` of its directory, a power loss may lose the file itself;
 - ``C 0 <dir>``: the directory was synced: files created in it so far are there to stay;
 - ``R 0 <path>``: removed (the path and everything under it are forgotten).
@@ -48,6 +48,7 @@ LEDGER_COMPACT_BYTES = 4 * 1024 * 1024
 TEAR_BYTES_MAX = 8 * 1024
 
 DURABLE, CREATED, DIR_SYNCED, REMOVED = "D", "N", "C", "R"
+WHOLE = 2**62   # the durable length of a file replaced whole by a rename: longer than any file, so never cut
 
 
 @dataclass
@@ -155,10 +156,13 @@ def sync_fd(fd: int, sync: Callable[[int], None] = os.fdatasync) -> None:
         current.record(DURABLE, size, path)
 
 
-def synced_whole(path: str, size: int) -> None:
-    """``path`` was replaced by a synced file of ``size`` bytes (write, fsync, rename)."""
+def synced_whole(path: str) -> None:
+    """``path`` was replaced by a synced file (write, fsync, rename): it is never cut. A rename is atomic, so after a
+    power loss the path holds the old file or the new one, each synced whole; recorded by its length, a kill
+    between the rename and this record cut the new file to the old one's length and tore it (a meta node then
+    refused its damaged raft.state: a harness-made fault, found by the mutants' control run)."""
     if ledger is not None:
-        ledger.record(DURABLE, size, path)
+        ledger.record(DURABLE, WHOLE, path)
 
 
 def created(path: str) -> None:

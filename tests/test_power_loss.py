@@ -214,8 +214,17 @@ def test_lose_unsynced_cuts_to_the_last_sync_tears_within_the_lost_tail_and_drop
             with open(path, "wb") as f:
                 f.write(b"c" * 10)
         gone = os.path.join(d, "gone.log")
-        power_loss.synced_whole(gone, 5)
+        power_loss.synced_whole(gone)
         power_loss.removed(gone)
+        # A file replaced whole by a rename (raft.state), killed between the rename and its record: the new, longer
+        # content at the path is synced whole and must not be cut to the old one's length.
+        whole = os.path.join(d, "raft.state")
+        with open(whole, "wb") as f:
+            f.write(b"e" * 5)
+        power_loss.synced_whole(whole)
+        with open(whole + ".tmp", "wb") as f:
+            f.write(b"f" * 30)
+        os.replace(whole + ".tmp", whole)
         with open(gone, "wb") as f:            # a new file at a path the ledger forgot: not cut
             f.write(b"d" * 50)
     finally:
@@ -225,6 +234,8 @@ def test_lose_unsynced_cuts_to_the_last_sync_tears_within_the_lost_tail_and_drop
     with open(synced, "rb") as f:
         assert f.read(101) == b"a" * 100 + b"b", "the torn piece is a prefix of what was written"
     assert os.path.getsize(kept) > 0 and not os.path.exists(lost) and os.path.getsize(gone) == 50
+    with open(whole, "rb") as f:
+        assert f.read() == b"f" * 30
     assert (loss.files_cut, loss.files_removed, loss.torn) == (2, 1, 2), loss
     assert not os.path.exists(os.path.join(d, power_loss.LEDGER_NAME)), "the ledger is reset"
     assert power_loss.lose_unsynced(d, random.Random(3), tear=True) == power_loss.Loss()

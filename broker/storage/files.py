@@ -63,7 +63,7 @@ def write_atomic(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    power_loss.synced_whole(path, len(data))
+    power_loss.synced_whole(path)
 
 
 def read_file(path: str) -> bytes | None:
