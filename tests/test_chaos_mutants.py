@@ -9,6 +9,10 @@ suite's budget. Run them with::
 
 Each mutant is one exact text replacement (found exactly once, or the test fails: a mutant that no longer applies
 must be rewritten, not skipped).
+
+Status (2026-11-26): this module does not pass yet. At seed 9 the control run found a committed offset read going
+back after a broker restart (a product bug under investigation), and ``follower_acks_before_sync`` went unnoticed
+in its 120 s run; the closing note of that session lists which mutants were caught and by which check.
 """
 
 from __future__ import annotations
