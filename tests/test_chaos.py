@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 
+from ops.chaos import runner
+
 SEED = 884
 DURATION_S = 40
 RUN_TIMEOUT_S = 240     # setup ~5 s + 40 s of faults + heal, read-back and pop drain: ~75 s on a loaded machine
@@ -23,9 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_chaos_run_fixed_seed_finds_no_violation(tmp_path):
     work = tmp_path / "chaos"
-    proc = subprocess.run([sys.executable, "-m", "ops.cli", "chaos", "run", "--seed", str(SEED), "--duration",
-                           str(DURATION_S), "--json", "--work-dir", str(work)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ops.cli", "chaos", "run", "--seed", str(SEED), "--duration",
+                               str(DURATION_S), "--json", "--work-dir", str(work)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    finally:
+        runner.stop_cluster(str(work))   # a runner killed by the timeout leaves its members running
     assert proc.stderr.splitlines()[0] == f"seed: {SEED}", proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["violations"] == [], json.dumps(summary["violations"], indent=1)[:4000]

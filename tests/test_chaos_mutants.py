@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from ops.chaos import runner
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 9
 MUTANT_RUN_S = 120
@@ -108,10 +110,13 @@ def _plant(tree: str, m: Mutant) -> None:
 
 
 def _run(tree: str, work: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "ops.cli", "chaos", "run", "--seed", str(SEED), "--duration",
-                           str(MUTANT_RUN_S), "--json", "--work-dir", work],
-                          cwd=tree, env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ops.cli", "chaos", "run", "--seed", str(SEED), "--duration",
+                               str(MUTANT_RUN_S), "--json", "--work-dir", work],
+                              cwd=tree, env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
+    finally:
+        runner.stop_cluster(work)   # a runner killed by the timeout leaves its members running
     assert proc.stdout.strip(), f"no summary (exit {proc.returncode}): {proc.stderr[-3000:]}"
     summary = json.loads(proc.stdout)
     summary["returncode"] = proc.returncode

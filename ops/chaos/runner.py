@@ -82,12 +82,18 @@ def run(seed: int, duration_s: float, kinds: tuple[str, ...], dir_: str | None =
 
 
 def _stop_everything(t: topology.Topology) -> None:
+    stop_cluster(t.dir)
+
+
+def stop_cluster(dir_: str) -> None:
+    """Stop every member of the chaos cluster in ``dir_``, paused ones included. Also for a caller whose runner
+    process was killed (a test's timeout): its members outlive it otherwise."""
     with contextlib.suppress(FileNotFoundError):
-        cluster = devcluster.load(t.dir)
+        cluster = devcluster.load(dir_)
         for m in cluster["meta"] + cluster["brokers"]:   # a paused process would not see SIGTERM
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(m["pid"], signal.SIGCONT)
-        devcluster.down(t.dir)
+        devcluster.down(dir_)
 
 
 async def _session(t: topology.Topology, seed: int, duration_s: float, faults: list[nemesis.Fault],
