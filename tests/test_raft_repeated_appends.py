@@ -83,6 +83,15 @@ class Follower:
         self._receive(self.leader, {**base, "transmission": "finish", "data": data[len(data) // 2:]})
         return list(self.sent)
 
+    def uncommitted_tail(self) -> tuple[int, int, int, Any]:
+        """Two entries this term's leader appends after the follower's last and does not commit; returns the
+        follower's (last, term, commit index) from before them and the command they carry."""
+        last, term, commit = self.last, self.term, self.node.raftCommitIndex
+        command = self.entry(last)[0]
+        self.append(term, last, [(command, last + 1, term), (command, last + 2, term)], commit)
+        assert self.last == last + 2 and self.node.raftCommitIndex == commit
+        return last, term, commit, command
+
     def snapshot_piece(self, term: int, commit: int) -> None:
         """Hand the follower one message of a snapshot transfer as a leader sends it (``serialized``: a piece of
         the snapshot, None while the leader's serializer has none ready)."""
@@ -151,12 +160,8 @@ async def test_an_entry_in_pieces_is_refused_and_changes_nothing(follower):
 
 async def test_a_conflicting_entry_still_replaces_the_rest_from_there(follower):
     f = follower
-    last, term, commit = f.last, f.term, f.node.raftCommitIndex
-    command = f.entry(last)[0]
-    # Two entries this term's leader appended but did not commit...
-    f.append(term, last, [(command, last + 1, term), (command, last + 2, term)], commit)
-    assert f.last == last + 2 and f.node.raftCommitIndex == commit
-    # ...then a new leader whose log agrees on the first and not the second: the first stays, the second goes.
+    last, term, commit, command = f.uncommitted_tail()
+    # Two entries this term's leader appended but did not commit, then a new leader whose log agrees on the first and not the second: the first stays, the second goes.
     trimmed = f.node.held_entries().trimmed
     answer = f.append(term + 1, last, [(command, last + 1, term), (command, last + 2, term + 1)], commit)
     assert f.last == last + 2
@@ -167,9 +172,7 @@ async def test_a_conflicting_entry_still_replaces_the_rest_from_there(follower):
 
 async def test_commit_stops_at_the_last_entry_the_message_showed_to_match(follower):
     f = follower
-    last, term, commit = f.last, f.term, f.node.raftCommitIndex
-    command = f.entry(last)[0]
-    f.append(term, last, [(command, last + 1, term), (command, last + 2, term)], commit)
+    last, term, _, _ = f.uncommitted_tail()
     # A new leader repeats entry `last` and has committed two more entries of its own. The follower's two
     # uncommitted entries need not be those: they stay (no conflict was shown) but may not be committed.
     answer = f.append(term + 1, last - 1, [f.entry(last)], last + 2)
@@ -184,10 +187,7 @@ async def test_a_snapshot_piece_commits_nothing_of_the_followers_own_tail(follow
     # raised the commit index over the old tail and applied it, answering ok for a write no majority held (the
     # chaos runner's leader_cut fault found it: a compare-and-set acknowledged, then gone).
     f = follower
-    last, term, commit = f.last, f.term, f.node.raftCommitIndex
-    command = f.entry(last)[0]
-    f.append(term, last, [(command, last + 1, term), (command, last + 2, term)], commit)
-    assert f.last == last + 2 and f.node.raftCommitIndex == commit
+    last, term, commit, _ = f.uncommitted_tail()
     held = f.node.held_entries().snapshot_commits_held
     f.snapshot_piece(term + 1, commit=last + 10)
     assert f.node.raftCommitIndex == commit, "a snapshot piece committed the follower's own uncommitted entries"
