@@ -70,7 +70,7 @@ class BrokerNode:
         self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self._queue_max_offsets))
         self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.head,
                                                     self.writer.max_physical))
-        self.barriers = Barriers(lambda g, t, q: self.reader.read_offset(g, t, q, False), self.reader.min_offset)
+        self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
         self._tasks: list[asyncio.Task] = []
 
     def _queue_max_offsets(self) -> dict[str, int]:

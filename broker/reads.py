@@ -210,23 +210,40 @@ class Reader:
     async def read_offset(self, group: str, topic: str, queue: int, local_only: bool) -> int:
         return (await self.read_committed(group, topic, queue, local_only))[0]
 
-    async def read_committed(self, group: str, topic: str, queue: int, local_only: bool) -> tuple[int, int]:
-        """(offset, gen of the head it was committed on); (-1, -1) when never. The newest commit wins wherever it
-        is: this broker's own when it was made on the current head, else the highest gen among the brokers of the
-        queue's segments (a queue that moved away and back must not read the value it left behind).
+    async def committed_at_head(self, group: str, topic: str, queue: int) -> int:
+        """The group's committed offset of a queue whose head may be on another broker (a growth barrier's old
+        queue): read here when the head is here, else asked of the head, which alone may answer."""
+        head = self.routes.head(topic, queue)
+        if head is None:
+            raise rejection(404, "QUEUE_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker",
+                            topic=topic, queue=queue)
+        if head.broker == self.me:
+            return await self.read_offset(group, topic, queue, False)
+        body = await self.peers.get(head, f"/v1/offsets/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}")
+        return body["offset"]
 
-        A broker is asked only while it could beat what is known: a commit's gen is that of a segment its broker
-        held, and the segments are walked newest first, each broker once. One that could and does not answer makes
-        the read 503 BROKER_UNAVAILABLE (retry), never an older value: after a power loss of the whole machine, a
-        new head answered -1 for a queue whose commit of 761 sat on the previous head, still starting (the chaos
-        runner's committed_offsets check). A commit on the current head settles it without any other broker."""
+    async def read_committed(self, group: str, topic: str, queue: int, local_only: bool) -> tuple[int, int]:
+        """(offset, gen of the head it was committed on); (-1, -1) when never. ``local_only``: this broker's own
+        value, for a head walking the queue's older brokers.
+
+        Answered by the queue's head only, and only while it may take writes (Writer.offsets_head): a broker whose
+        routes are behind, whose segment was sealed or whose session lapsed cannot know of a newer head's commits.
+        The newest commit wins wherever it is: the head's own when made on the current head, else the highest gen
+        among the brokers of the queue's segments (a queue that moved away and back must not read the value it left
+        behind). A broker is asked only while it could beat what is known: a commit's gen is that of a segment its
+        broker held, and the segments are walked newest first, each broker once. One that could and does not answer
+        makes the read 503 BROKER_UNAVAILABLE (retry), never an older value: after a power loss of the whole
+        machine, a new head answered -1 for a queue whose commit of 761 sat on the previous head, still starting
+        (the chaos runner's committed_offsets check)."""
         own = self.offsets.get_committed(group, topic, queue)
         best = (own.offset, own.gen) if own is not None else (-1, -1)
-        head = self.routes.head(topic, queue)
-        if local_only or (own is not None and head is not None and own.gen >= head.gen):
+        if local_only:
+            return best
+        head = self.writer.offsets_head(topic, queue)
+        if own is not None and own.gen >= head.gen:
             return best
         asked = {self.me}
-        for seg in reversed(self.routes.segments(topic, queue) or []):
+        for seg in reversed(await self._chain(topic, queue)):
             if seg.gen <= best[1]:
                 break                          # this and every older segment's broker can hold no newer commit
             if seg.broker in asked:
@@ -242,6 +259,9 @@ class Reader:
             offset, gen = body.get("offset", -1), body.get("gen", -1)
             if isinstance(offset, int) and isinstance(gen, int) and offset >= 0 and gen > best[1]:
                 best = (offset, gen)
+        if self.writer.offsets_head(topic, queue) != head:
+            raise rejection(503, "SEALING", "the queue was remapped while its committed offset was read; retry at "
+                            "its new head", topic=topic, queue=queue)
         return best
 
     async def min_offset(self, topic: str, queue: int) -> int:
@@ -256,8 +276,14 @@ class Reader:
     async def group_offsets(self, group: str, topic: str) -> list[dict[str, Any]]:
         """Per queue whose head is here: the group's committed offset (-1: never) and the queue's max offset."""
         stats = await self.queue_stats(topic)
-        committed = await asyncio.gather(*(self.read_offset(group, topic, s["queue"], False) for s in stats))
-        return [{"queue": s["queue"], "offset": o, "max_offset": s["max_offset"]} for s, o in zip(stats, committed)]
+        committed = await asyncio.gather(*(self.read_offset(group, topic, s["queue"], False) for s in stats),
+                                         return_exceptions=True)
+        for c in committed:
+            if isinstance(c, BaseException) and not isinstance(c, ApiError):
+                raise c
+        # A queue being remapped (or whose older broker does not answer) is left out: its lag is unknown for now.
+        return [{"queue": s["queue"], "offset": o, "max_offset": s["max_offset"]} for s, o in zip(stats, committed)
+                if not isinstance(o, BaseException)]
 
     async def offset_for_time(self, topic: str, queue: int, ts_ms: int) -> int:
         """The first logic offset stored at or after ``ts_ms`` (max_offset when none), across the queue's segments."""

@@ -176,11 +176,20 @@ class Writer:
             return self.max_physical(seg)
 
     # -- consumer offsets --------------------------------------------------------------------------------------
+    def offsets_head(self, topic: str, queue: int) -> Segment:
+        """The queue's head, when this broker may speak for its committed offsets: the same conditions as a write.
+
+        A commit is stored with its head's gen and the newest gen wins (reads.Reader.read_committed), so a commit
+        accepted on a head that was sealed, or whose broker's session lapsed (meta may have moved the queue without
+        it), could be acknowledged and then lose to an older value on the new head; and a read answered there could
+        miss the new head's newer commits."""
+        return self._writable_head(topic, queue)
+
     async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> int:
-        head = self.routes.head(topic, queue)
-        if head is None:
-            raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} queue {queue} is unknown to this broker")
-        if head.broker != self.me:
-            raise not_leader(topic, queue, head)
+        head = self.offsets_head(topic, queue)
         await self.offsets.commit(group, topic, queue, offset, gen=head.gen)
+        if head.physical_queue in self._sealed_here or self.routes.head(topic, queue) != head:
+            # Sealed while the commit reached the disk: a newer head may already hold a newer commit, which wins.
+            raise rejection(503, "SEALING", "the queue was remapped while the commit was stored; commit again at "
+                            "its new head", topic=topic, queue=queue)
         return offset

@@ -305,6 +305,9 @@ async def test_a_broker_cut_off_from_meta_stops_taking_writes_until_it_renews(fu
     r = await wait_route(c, "cut", all_writable)
     addr = r["queues"][0]["address"]
     assert await send(c, "cut", 0, ["before"]) == [0]
+    offsets = f"{addr}/v1/offsets/g/cut/0"
+    s, b, _ = await c.call("PUT", offsets, "client", json={"offset": 1})
+    assert (s, b) == (200, {"offset": 1})
     for m in ("m1", "m2", "m3"):
         c.kill9(m)
     deadline = time.monotonic() + SESSION_MS / 1000 + 10
@@ -317,6 +320,11 @@ async def test_a_broker_cut_off_from_meta_stops_taking_writes_until_it_renews(fu
         await asyncio.sleep(0.2)
     s, b, _ = await c.call("GET", f"{addr}/readyz", None)
     assert s == 503
+    # nor commits or answers for committed offsets: meta may have moved the queue, whose new head takes newer ones
+    s, b, _ = await c.call("PUT", offsets, "client", json={"offset": 2})
+    assert s == 503 and b["error"]["code"] in ("FENCED", "LOCKS_CATCHING_UP"), b   # the lock table's own check
+    s, b, _ = await c.call("GET", offsets, "client")
+    assert (s, b["error"]["code"]) == (503, "FENCED"), b
     for m in ("m1", "m2", "m3"):  # b1 renews its session with the restarted meta cluster
         devcluster.start(c.dir, m, wait=False)
     devcluster.wait_ready(c.meta_urls)
@@ -328,6 +336,8 @@ async def test_a_broker_cut_off_from_meta_stops_taking_writes_until_it_renews(fu
             break
         assert time.monotonic() < deadline, (s, b)
         await asyncio.sleep(0.2)
+    s, b, _ = await c.call("GET", offsets, "client")
+    assert (s, b) == (200, {"offset": 1})
 
 
 async def test_a_record_over_the_storage_limit_is_413_and_stores_nothing(full_cluster):

@@ -418,3 +418,21 @@ def test_replicas_must_serve_the_same_history():
     assert len(checker.histories_agree({"m1": h, "m2": {**h, "sha256": "b"}, "m3": h})) == 1
     assert len(checker.histories_agree({"m1": h, "m2": {**h, "events": 8}, "m3": h})) == 1
     assert len(checker.histories_agree({"m1": h, "m2": {"error": "HISTORY_UNAVAILABLE"}, "m3": h})) == 1
+
+
+
+def test_exclusive_members_go_silent_one_at_a_time_and_only_while_holding_queues():
+    from ops.chaos import operators, workloads
+    turns = workloads.SilenceTurns(0.0)
+    first = workloads.EX_FIRST_SILENCE_S
+    assert not turns.is_silent("ex-0", first - 0.1, True)                  # not before the first turn
+    assert not turns.is_silent("ex-1", first, False)                       # holding nothing: shows nothing
+    assert turns.is_silent("ex-0", first, True)
+    assert not turns.is_silent("ex-1", first + 1, True)                    # one at a time
+    assert turns.is_silent("ex-0", first + 1, False)                       # a silence runs its length
+    end = first + workloads.EX_SILENT_S
+    assert not turns.is_silent("ex-0", end, True)
+    assert not turns.is_silent("ex-1", end + workloads.EX_SILENT_GAP_S - 0.1, True)
+    assert turns.is_silent("ex-1", end + workloads.EX_SILENT_GAP_S, True)
+    # a silence outlasts the longest lease the operator sets, with a margin for the expiry to reach the broker
+    assert workloads.EX_SILENT_S >= max(operators.LEASES_MS) / 1000 + 5

@@ -53,7 +53,7 @@ SPEC: dict[str, Any] = {
         "/v1/offsets/{group}/{topic}/{queue}": {
             "put": _op("Commit a consumer offset", M.CommittedOffset, params=_p("group", "topic", "queue"),
                        body=M.Commit),
-            "get": _op("A committed offset (-1: never)", M.CommittedOffset,
+            "get": _op("A committed offset (-1: never), answered by the queue's head", M.CommittedOffset,
                        params=_p("group", "topic", "queue") + _q("local")),
         },
         "/v1/offsets/{group}/{topic}": {"get": _op("Committed offsets and queue ends", M.GroupOffsets,

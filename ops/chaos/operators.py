@@ -19,8 +19,8 @@ from typing import Any
 from client.errors import StatorError
 from client.http import request_once
 
-from .workloads import (ERROR_PAUSE_S, EX_GROUP, EX_HEARTBEAT_MS, EX_TOPIC, LOG_TOPIC, POP_TOPIC, REQUEST_TIMEOUT_S,
-                        Env)
+from .workloads import (ERROR_PAUSE_S, EX_GROUP, EX_HEARTBEAT_MS, EX_LEASE_MAX_MS, EX_TOPIC, LOG_TOPIC, POP_TOPIC,
+                        REQUEST_TIMEOUT_S, Env)
 
 DATA_TOPICS = (LOG_TOPIC, EX_TOPIC, POP_TOPIC)
 REMAP_PACE_S = (1.5, 4.0)
@@ -28,7 +28,7 @@ GROW_AT = (0.3, 0.6)            # fractions of the run's duration
 LEASES_MS = (2000, 3000, 4000)  # every one longer than two heartbeats (EX_HEARTBEAT_MS)
 LEASE_PACE_S = (6.0, 12.0)
 WRITE_TIMEOUT_S = REQUEST_TIMEOUT_S
-assert min(LEASES_MS) > 2 * EX_HEARTBEAT_MS
+assert min(LEASES_MS) > 2 * EX_HEARTBEAT_MS and max(LEASES_MS) <= EX_LEASE_MAX_MS
 
 
 async def remapper(env: Env, process: str, brokers: list[str]) -> None:

@@ -133,10 +133,11 @@ async def _exercise(t: topology.Topology, env: Env, faults: list[nemesis.Fault],
                     say: Callable[[str], None]) -> dict[str, Any]:
     start = env.rec.now()
     nem = nemesis.Nemesis(t, faults, lambda: env.rec.now() - start)
+    turns = workloads.SilenceTurns(env.rec.now())
     tasks = [asyncio.create_task(workloads.cas(env, f"cas-{i}")) for i in range(WORKLOADS["cas"])]
     tasks += [asyncio.create_task(workloads.send(env, f"send-{topic}-{i}", topic))
               for topic in (LOG_TOPIC, EX_TOPIC, POP_TOPIC) for i in range(WORKLOADS["send"])]
-    tasks += [asyncio.create_task(workloads.exclusive(env, f"ex-{i}")) for i in range(WORKLOADS["exclusive"])]
+    tasks += [asyncio.create_task(workloads.exclusive(env, f"ex-{i}", turns)) for i in range(WORKLOADS["exclusive"])]
     tasks += [asyncio.create_task(workloads.popper(env, f"pop-{i}")) for i in range(WORKLOADS["pop"])]
     tasks += [asyncio.create_task(workloads.sizes(env, f"sz-{cls}-{i}", cls))
               for cls in workloads.SIZE_CLASSES for i in range(WORKLOADS["sizes"])]

@@ -49,10 +49,17 @@ EX_LEASE_MS = 3000
 EX_HEARTBEAT_MS = 500
 # A member goes silent (no heartbeats) for longer than its lease now and then, yet keeps pulling and committing with
 # the tokens it holds, like a client in a long GC pause: meta gives its queues to the other member, and the broker
-# must refuse the silent one's commits (409 STALE_TOKEN).
-EX_SILENT_S = EX_LEASE_MS / 1000 + 3.0
-EX_SILENT_EVERY_S = (10.0, 25.0)
-EX_FIRST_SILENCE_S = (5.0, 10.0)
+# must refuse the silent one's commits (409 STALE_TOKEN). Only a member holding queues goes silent (meta does not
+# spread an exclusive group's queues: the first member often holds them all, and a silence of one holding nothing
+# shows nothing), one at a time (SilenceTurns), so that a live member takes the queues over. A silence outlasts the
+# longest lease the operator may set (EX_LEASE_MAX_MS, which operators.LEASES_MS keeps to) by EX_SILENT_MARGIN_S, for
+# the expiry to reach the log and the broker even through a leader election; every run longer than
+# EX_FIRST_SILENCE_S + EX_SILENT_S has one.
+EX_LEASE_MAX_MS = 4000
+EX_SILENT_MARGIN_S = 6.0
+EX_SILENT_S = EX_LEASE_MAX_MS / 1000 + EX_SILENT_MARGIN_S
+EX_SILENT_GAP_S = 2.0        # between one silence and the next
+EX_FIRST_SILENCE_S = 6.0
 PULL_MAX = 50
 # Messages per send request, per topic: the log topic takes the issue's 10-100; the pop and exclusive topics fewer,
 # so that their consumers (a few messages per pop, a pull and commit per round) keep up and the final drain ends.
@@ -166,17 +173,30 @@ async def send(env: Env, process: str, topic: str) -> None:
             await env.pause(ERROR_PAUSE_S)
 
 
-async def exclusive(env: Env, process: str) -> None:
+class SilenceTurns:
+    """Whose turn it is to go silent: one member at a time, the first EX_FIRST_SILENCE_S after the start, the next
+    EX_SILENT_GAP_S after the last one ended."""
+
+    def __init__(self, now: float):
+        self.next_at = now + EX_FIRST_SILENCE_S
+        self.silent: str | None = None
+        self.until = 0.0
+
+    def is_silent(self, process: str, now: float, holding: bool) -> bool:
+        if self.silent == process and now >= self.until:
+            self.silent, self.next_at = None, now + EX_SILENT_GAP_S
+        if self.silent is None and holding and now >= self.next_at:
+            self.silent, self.until = process, now + EX_SILENT_S
+        return self.silent == process
+
+
+async def exclusive(env: Env, process: str, turns: SilenceTurns) -> None:
     held: dict[int, int] = {}          # queue -> token
     positions: dict[int, int] = {}     # queue -> next offset to read
     next_heartbeat = 0.0
-    started = env.rec.now()
-    silent_from = started + env.rng.uniform(*EX_FIRST_SILENCE_S)
     while not env.stop.is_set():
         now = env.rec.now()
-        if now >= silent_from + EX_SILENT_S:
-            silent_from = now + env.rng.uniform(*EX_SILENT_EVERY_S)
-        silent = silent_from <= now
+        silent = turns.is_silent(process, now, bool(held))
         if not silent and now >= next_heartbeat:
             next_heartbeat = env.rec.now() + EX_HEARTBEAT_MS / 1000
             try:
