@@ -85,8 +85,8 @@ MUTANTS = [
            "logic_start=logic_end))", "logic_start=logic_end - 1))"),
     # broker: a committed offset keyed without its gen: the broker's own value wins, even one left behind
     Mutant("offset_keyed_without_gen", "broker/reads.py",
-           "if local_only or (own is not None and head is not None and own.gen >= head.gen):",
-           "if local_only or own is not None:"),
+           "if own is not None and own.gen >= head.gen:",
+           "if own is not None:"),
 ]
 
 
