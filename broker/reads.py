@@ -32,6 +32,12 @@ REMOTE_MIN_OFFSETS_CACHED_MAX = 100_000
 OLDER_CHAINS_CACHED_MAX = 1_024   # queues whose segments older than their route's are kept from meta
 
 
+def _physical_path(seg: Segment, **params: int) -> str:
+    """A read of ``seg``'s physical queue at its broker, telling it where the log says the queue starts."""
+    query = "&".join(f"{k}={v}" for k, v in {**params, "start": seg.physical_start}.items())
+    return f"/v1/physical/{seg.physical_queue}?{query}"
+
+
 class Reader:
     def __init__(self, me: str, routes: RouteTable, writer: Writer, offsets: OffsetStore, peers: Peers,
                  link: MetaLink, metrics: BrokerMetrics | None = None):
@@ -153,7 +159,7 @@ class Reader:
                 return records, pq.max_offset
             except OffsetOutOfRange:
                 return [], pq.max_offset
-        body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset={physical}&max={max_n}")
+        body = await self.peers.get(seg, _physical_path(seg, offset=physical, max=max_n))
         return [stored_record(r) for r in body["records"]], body["max_offset"]
 
     async def _min_offset(self, seg: Segment) -> tuple[int, list[dict[str, Any]]]:
@@ -165,7 +171,7 @@ class Reader:
         if cached is not None and cached[1] > time.monotonic():
             return cached[0], []
         try:
-            body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0")
+            body = await self.peers.get(seg, _physical_path(seg, offset=0, max=0))
         except ApiError as e:
             if e.code != "BROKER_UNAVAILABLE":
                 raise
@@ -181,19 +187,27 @@ class Reader:
             return seg.logic_end
         if seg.broker == self.me:
             return seg.logic(self.writer.max_physical(seg))
-        body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0")
+        body = await self.peers.get(seg, _physical_path(seg, offset=0, max=0))
         return seg.logic(body["max_offset"])
 
     # -- answers for other brokers -----------------------------------------------------------------------------
-    async def physical_read(self, pq_name: str, offset: int, max_n: int, ts_ms: int | None = None) -> dict[str, Any]:
+    async def physical_read(self, pq_name: str, offset: int, max_n: int, ts_ms: int | None = None,
+                            start: int | None = None) -> dict[str, Any]:
         """Records of a physical queue stored here, for the broker holding the queue's head. Older segments may have
-        left this broker's routes (a route carries only the newest), so the store, not the routes, decides."""
+        left this broker's routes (a route carries only the newest), so the store, not the routes, decides.
+
+        A queue the log gave this broker but that is not in its store was never created here, so nothing was ever
+        acknowledged in it (a queue exists on disk, directory synced, before its first append is answered): a
+        broker that lost power before it got to create a new head's queue. It is empty from its start, which the
+        routes give, or the asking head (``start``, from the log) once the segment left them; without either, 404.
+        Answering 404 there made every pull across that range fail for good (the chaos runner's read-back)."""
         seg = self.routes.hosted.get(pq_name)
+        if start is None and seg is not None:
+            start = seg.physical_start
         if pq_name in self.writer.store:
             pq = self.writer.store.get(pq_name)
-        elif seg is not None:
-            return {"records": [], "min_offset": seg.physical_start, "max_offset": seg.physical_start,
-                    "offset_for_time": seg.physical_start}
+        elif start is not None:
+            return {"records": [], "min_offset": start, "max_offset": start, "offset_for_time": start}
         else:
             raise rejection(404, "QUEUE_NOT_FOUND", f"no physical queue {pq_name!r} here")
         records = []
@@ -294,7 +308,7 @@ class Reader:
                 found, end = ((await asyncio.to_thread(pq.offset_for_time, ts_ms), pq.max_offset) if pq
                               else (seg.physical_start,) * 2)
             else:
-                body = await self.peers.get(seg, f"/v1/physical/{seg.physical_queue}?offset=0&max=0&ts={ts_ms}")
+                body = await self.peers.get(seg, _physical_path(seg, offset=0, max=0, ts=ts_ms))
                 found, end = body["offset_for_time"], body["max_offset"]
             if found < end:
                 return seg.logic(found)

@@ -1,9 +1,15 @@
-"""Fixtures shared by the integration tests: real clusters of processes on loopback."""
+"""Fixtures shared by the integration tests: real clusters of processes on loopback, and one broker node in the
+test's process (its real store, offsets file, writer and reader; routes and session set by the test, as the watch
+stream and the meta link would)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from broker.config import BrokerConfig
+from broker.node import BrokerNode
 from tests import cluster as cluster_mod
 
 
@@ -31,3 +37,17 @@ def spark():
                                         "spark.sql.session.timeZone": "UTC"})
     yield s
     s.stop()
+
+
+@pytest.fixture
+async def broker_node(tmp_path):
+    """Broker b1 with an active session and no routes yet (``node.routes.update(route)``)."""
+    n = BrokerNode(BrokerConfig(broker="b1", data_dir=str(tmp_path / "b1"), http_host="127.0.0.1", http_port=1,
+                                meta_urls=("http://127.0.0.1:9",), token="bt", client_token="ct"))
+    n.session.epoch, n.session.state, n.session.last_ack_sent = 1, "active", time.monotonic() + 3600
+    try:
+        yield n
+    finally:
+        n.writer.stop()
+        n.store.close()
+        n.offsets.close()

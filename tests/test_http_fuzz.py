@@ -112,7 +112,7 @@ BROKER_OPS = [
     Op("broker", "GET", "/v1/offsets/{group}/{topic}"),
     Op("broker", "GET", "/v1/queues/{topic}"),
     Op("broker", "GET", "/v1/queues/{topic}/{queue}/offset", ("ts",)),
-    Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts")),
+    Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts", "start")),
     Op("broker", "GET", "/healthz"), Op("broker", "GET", "/readyz"), Op("broker", "GET", "/metrics"),
     Op("broker", "GET", "/v1/openapi.json"),
     Op("broker", "POST", "/v1/pop/{topic}", (), ("group", "max", "invisible_ms", "queue", "order", "wait_ms"),

@@ -15,8 +15,6 @@ import time
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.node import BrokerNode
 from broker.storage import files
 from client.wire import route as route_model
 from client.wire.errors import ApiError
@@ -39,17 +37,9 @@ def route(version: int, heads: list[tuple[str, int]]) -> dict:
 
 
 @pytest.fixture
-async def node(tmp_path):
-    n = BrokerNode(BrokerConfig(broker="b1", data_dir=str(tmp_path), http_host="127.0.0.1", http_port=1,
-                                meta_urls=("http://127.0.0.1:9",), token="bt", client_token="ct"))
-    n.session.epoch, n.session.state, n.session.last_ack_sent = 1, "active", time.monotonic() + 3600
-    n.routes.update(route(5, [("b1", 0)]))
-    try:
-        yield n
-    finally:
-        n.writer.stop()
-        n.store.close()
-        n.offsets.close()
+async def node(broker_node):
+    broker_node.routes.update(route(5, [("b1", 0)]))
+    return broker_node
 
 
 async def refused(awaitable) -> tuple[int, str]:

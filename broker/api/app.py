@@ -150,9 +150,10 @@ async def physical(request: web.Request) -> web.Response:
     node = request.app[NODE]
     offset = int_in(request.query.get("offset"), "offset", 0)
     max_n = int_in(request.query.get("max"), "max", 32, 0, 1000)
-    ts = request.query.get("ts")
+    ts, start = request.query.get("ts"), request.query.get("start")
     return _respond(await node.reader.physical_read(request.match_info["pq"], offset, max_n,
-                                            None if ts is None else int_in(ts, "ts")))
+                                                    None if ts is None else int_in(ts, "ts"),
+                                                    None if start is None else int_in(start, "start")))
 
 
 @requires("client", "broker")

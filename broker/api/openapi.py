@@ -63,7 +63,7 @@ SPEC: dict[str, Any] = {
         "/v1/queues/{topic}/{queue}/offset": {"get": _op("First offset at or after a time", M.OffsetForTime,
                                                          params=_p("topic", "queue") + _q("ts"))},
         "/v1/physical/{pq}": {"get": _op("Records of a physical queue", M.PhysicalRead, roles="broker",
-                                         params=_p("pq") + _q("offset", "max", "ts"))},
+                                         params=_p("pq") + _q("offset", "max", "ts", "start"))},
         "/v1/pop/{topic}": {"post": _op("Pop: messages hidden for invisible_ms, each with a handle", M.Popped,
                                         params=_p("topic"), body=M.Pop)},
         "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle)", M.Acked,
