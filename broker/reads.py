@@ -273,9 +273,7 @@ class Reader:
             offset, gen = body.get("offset", -1), body.get("gen", -1)
             if isinstance(offset, int) and isinstance(gen, int) and offset >= 0 and gen > best[1]:
                 best = (offset, gen)
-        if self.writer.offsets_head(topic, queue) != head:
-            raise rejection(503, "SEALING", "the queue was remapped while its committed offset was read; retry at "
-                            "its new head", topic=topic, queue=queue)
+        self.writer.still_offsets_head(head, "its committed offset was read")
         return best
 
     async def min_offset(self, topic: str, queue: int) -> int:

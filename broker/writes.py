@@ -185,11 +185,18 @@ class Writer:
         miss the new head's newer commits."""
         return self._writable_head(topic, queue)
 
+    def still_offsets_head(self, head: Segment, what: str) -> None:
+        """After an await that began at ``head``: 503 SEALING if the queue was sealed or moved on meanwhile (a newer
+        head may hold a newer commit, which wins). The same physical queue is the same head: a budget renewal
+        rewrites the route's segment too."""
+        now = self.routes.head(head.topic, head.queue)
+        if (head.physical_queue in self._sealed_here or now is None
+                or now.physical_queue != head.physical_queue):
+            raise rejection(503, "SEALING", f"the queue was remapped while {what}; retry at its new head",
+                            topic=head.topic, queue=head.queue)
+
     async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> int:
         head = self.offsets_head(topic, queue)
         await self.offsets.commit(group, topic, queue, offset, gen=head.gen)
-        if head.physical_queue in self._sealed_here or self.routes.head(topic, queue) != head:
-            # Sealed while the commit reached the disk: a newer head may already hold a newer commit, which wins.
-            raise rejection(503, "SEALING", "the queue was remapped while the commit was stored; commit again at "
-                            "its new head", topic=topic, queue=queue)
+        self.still_offsets_head(head, "the commit was stored")
         return offset

@@ -22,15 +22,16 @@ from client.wire.errors import ApiError
 WAIT_S = 10.0
 
 
-def route(version: int, heads: list[tuple[str, int]]) -> dict:
-    """Topic "t", one queue whose segments are ``heads`` ((broker, gen), oldest first), 10 messages each."""
+def route(version: int, heads: list[tuple[str, int]], budget_end: int = 1_000_000) -> dict:
+    """Topic "t", one queue whose segments are ``heads`` ((broker, gen), oldest first), 10 messages each; the head
+    may write up to ``budget_end``."""
     segs = []
     for i, (broker, gen) in enumerate(heads):
         last = i == len(heads) - 1
         segs.append(route_model.segment_json(
             gen=gen, broker=broker, address=f"http://127.0.0.1:{9 + i}", physical_queue=f"t.q0.g{gen}",
             physical_start=0, logic_start=10 * i, logic_end=None if last else 10 * i + 10,
-            state="active" if last else "sealed", budget_end=1_000_000))
+            state="active" if last else "sealed", budget_end=budget_end))
     return route_model.route_json(topic="t", version=version, slots=16, order="best_tried", config={},
                                   slot_table=[[0, 16, 0]], slot_table_version=version, barriers=[],
                                   queues=[route_model.queue_json(0, True, segs)])
@@ -58,24 +59,48 @@ async def test_a_sealed_head_neither_takes_nor_answers_commits(node):
     assert await node.reader.read_committed("g", "t", 0, True) == (5, 0)
 
 
+class HeldSync:
+    """Holds the next fsync of the process until released (files.sync_data wrapped)."""
+
+    def __init__(self, monkeypatch):
+        self.holding, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
+        real = files.sync_data
+
+        def held(fd: int) -> None:
+            if self.holding.is_set():
+                self.entered.set()
+                assert self.release.wait(WAIT_S), "the test never released the fsync"
+            real(fd)
+
+        monkeypatch.setattr(files, "sync_data", held)
+        self.holding.set()
+
+    async def wait_entered(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, WAIT_S), "the commit never reached its fsync"
+
+    def let_go(self) -> None:
+        self.holding.clear()
+        self.release.set()
+
+
 async def test_a_commit_whose_fsync_a_seal_overtakes_is_not_acknowledged(node, monkeypatch):
-    holding, entered, release = threading.Event(), threading.Event(), threading.Event()
-    real = files.sync_data
-
-    def held(fd: int) -> None:
-        if holding.is_set():
-            entered.set()
-            assert release.wait(WAIT_S), "the test never released the fsync"
-        real(fd)
-
-    monkeypatch.setattr(files, "sync_data", held)
-    holding.set()
+    held = HeldSync(monkeypatch)
     commit = asyncio.create_task(node.writer.commit_offset("g", "t", 0, 9))
-    assert await asyncio.to_thread(entered.wait, WAIT_S), "the commit never reached its fsync"
+    await held.wait_entered()
     await node.writer.seal(node.routes.head("t", 0))
-    holding.clear()
-    release.set()
+    held.let_go()
     assert await refused(asyncio.wait_for(commit, WAIT_S)) == (503, "SEALING")
+
+
+async def test_a_budget_renewal_during_a_commit_is_not_mistaken_for_a_remap(node, monkeypatch):
+    # A renewal rewrites the head's budget_end in the route, nothing else: the head is the same segment.
+    held = HeldSync(monkeypatch)
+    commit = asyncio.create_task(node.writer.commit_offset("g", "t", 0, 9))
+    await held.wait_entered()
+    node.routes.update(route(6, [("b1", 0)], budget_end=2_000_000))
+    held.let_go()
+    assert await asyncio.wait_for(commit, WAIT_S) == 9
+    assert await node.reader.read_offset("g", "t", 0, False) == 9
 
 
 async def test_a_broker_whose_session_lapsed_neither_takes_nor_answers_commits(node):
