@@ -10,8 +10,6 @@ import time
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.node import BrokerNode
 from broker.pop import service as service_mod
 from client.wire import route as route_model
 from client.wire.errors import ApiError
@@ -27,19 +25,13 @@ def route(version: int = 5) -> dict:
 
 
 @pytest.fixture
-async def node(tmp_path):
-    n = BrokerNode(BrokerConfig(broker="b1", data_dir=str(tmp_path), http_host="127.0.0.1", http_port=1,
-                                meta_urls=("http://127.0.0.1:9",), token="bt", client_token="ct"))
-    n.session.epoch, n.session.state, n.session.last_ack_sent = 1, "active", time.monotonic() + 3600
-    n.routes.update(route())
-    await n.pop.start()
+async def node(broker_node):
+    broker_node.routes.update(route())
+    await broker_node.pop.start()
     try:
-        yield n
+        yield broker_node
     finally:
-        await n.pop.stop()
-        n.writer.stop()
-        n.store.close()
-        n.offsets.close()
+        await broker_node.pop.stop()
 
 
 async def test_a_queue_full_of_invisible_messages_refuses_more_until_some_are_acked(node, monkeypatch):
