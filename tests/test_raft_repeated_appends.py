@@ -161,7 +161,8 @@ async def test_an_entry_in_pieces_is_refused_and_changes_nothing(follower):
 async def test_a_conflicting_entry_still_replaces_the_rest_from_there(follower):
     f = follower
     last, term, commit, command = f.uncommitted_tail()
-    # Two entries this term's leader appended but did not commit, then a new leader whose log agrees on the first and not the second: the first stays, the second goes.
+    # Two entries this term's leader appended but did not commit, then a new leader whose log agrees on the first
+    # and not the second: the first stays, the second goes.
     trimmed = f.node.held_entries().trimmed
     answer = f.append(term + 1, last, [(command, last + 1, term), (command, last + 2, term + 1)], commit)
     assert f.last == last + 2

@@ -71,7 +71,7 @@ def run(seed: int, duration_s: float, kinds: tuple[str, ...], dir_: str | None =
     try:
         summary = asyncio.run(_session(t, seed, duration_s, faults, say))
     finally:
-        _stop_everything(t)
+        stop_cluster(t.dir)
     summary.update(seed=seed, duration_s=duration_s, faults=list(kinds), dir=dir_,
                    wall_s=round(time.monotonic() - started, 1))
     found = summary["violations"] or summary["nemesis_errors"] or summary["checks"].get("redelivered_after_ack")
@@ -79,10 +79,6 @@ def run(seed: int, duration_s: float, kinds: tuple[str, ...], dir_: str | None =
         shutil.rmtree(dir_, ignore_errors=True)
         summary["dir"] = None
     return summary
-
-
-def _stop_everything(t: topology.Topology) -> None:
-    stop_cluster(t.dir)
 
 
 def stop_cluster(dir_: str) -> None:
