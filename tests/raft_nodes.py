@@ -25,15 +25,24 @@ def start_nodes(base_dir, secret: str, journal_sync: str = "fsync",
 
 
 async def leader_of(nodes: list[MetaSyncObj], timeout_s: float) -> tuple[MetaSyncObj, RaftNode]:
-    """The leader once there is one, and a RaftNode on the running loop to propose through it."""
+    """The leader once there is one and it has committed its bootstrap membership, and a RaftNode on the running
+    loop to propose through it. A new leader proposes that entry a tick or more after it wins: a test that started
+    before would see it land after its own first entries, shifting every index it reads."""
     deadline = time.monotonic() + timeout_s
-    while not any(n.is_leader() for n in nodes):
-        assert time.monotonic() < deadline, "no leader among the in-process nodes"
+    while (leader := _settled_leader(nodes)) is None:
+        assert time.monotonic() < deadline, "no leader with a committed membership among the in-process nodes"
         await asyncio.sleep(0.05)
-    leader = next(n for n in nodes if n.is_leader())
     loop = asyncio.get_running_loop()
     leader.bridge.loop = loop
     return leader, RaftNode(leader, loop, offset_budget=1000)
+
+
+def _settled_leader(nodes: list[MetaSyncObj]) -> MetaSyncObj | None:
+    for n in nodes:
+        index = n.membership_status()["membership_index"]
+        if n.is_leader() and index is not None and n.raftCommitIndex >= index:
+            return n
+    return None
 
 
 async def all_applied(nodes: list[MetaSyncObj], leader: MetaSyncObj, timeout_s: float) -> None:
