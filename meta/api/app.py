@@ -8,6 +8,7 @@ from .. import limits
 from ..config import MetaConfig
 from ..service import MetaService
 from . import brokers, cluster, groups, members, topics, watch
+from ..console import pages as console
 from ..admission import Admission
 from .keys import ADMISSIONS, METRICS, SERVICE
 from .metrics import MetaMetrics
@@ -37,7 +38,7 @@ def make_app(config: MetaConfig) -> web.Application:
 
     app.cleanup_ctx.append(service_ctx)
     app.on_response_prepare.append(add_version_header)
-    for module in (topics, brokers, groups, watch, cluster, members):
+    for module in (topics, brokers, groups, watch, cluster, members, console):
         module.add_routes(app)
     require_declared_roles(app, "meta node")
     return app

@@ -1,0 +1,439 @@
+"""The web console's pages: server-rendered HTML over the node's own API, live through one SSE stream.
+
+Every page is the rendering of one or a few API calls that the node makes to itself with the logged-in session's
+token (sessions.py), so the console shows exactly what the API answers and checks exactly what the API checks;
+``?format=json`` answers those calls' bodies, and each page names the calls it shows. ``?fragment=1`` answers only
+the page's content: console.js fetches it whenever ``/console/events`` says the log moved, so pages change in place
+without a reload.
+
+Authentication: the API's middleware sees every console route as public (``@public``) and ``console_page`` checks
+the session cookie instead; a page without a session redirects to the login form, a JSON or fragment request gets
+401. Forms (remap, group settings) carry the session's CSRF token and need the admin role.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import jinja2
+from aiohttp import web
+
+from client.wire.server import public, role_of
+
+from .. import limits
+from ..api.http import service
+from ..api.keys import ADMISSIONS
+from ..commands import NAME_RE
+from ..changefeed import ANY
+from . import timeline as timeline_mod
+from .sessions import COOKIE, CONSOLE_ROLES, Session, Sessions, csrf_ok
+
+SESSIONS = web.AppKey("console_sessions", Sessions)
+SESSION = "console_session"     # request key: the Session of this request
+HERE = Path(__file__).parent
+TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+TEMPLATES.filters["utc"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + " UTC"
+CALL_TIMEOUT_S = 10.0           # one API call of a page (a history page of 10,000 events included)
+MEMBER_TIMEOUT_S = 2.0          # the cluster page asks each member how it sees itself: a dead one costs this
+TIMELINE_EVENTS_MAX = 20_000    # events one timeline draws (two history pages)
+HISTORY_SHOWN_MAX = 500         # events one history page shows
+TOPICS_SCANNED_MAX = 200        # topics the brokers page reads to count the queues each broker holds
+EVENTS_KEEPALIVE_S = 15.0
+NAME_CHARS_MAX = 255          # a topic or group name in a console path (the API has its own, tighter bounds)
+
+
+class ApiCallFailed(Exception):
+    def __init__(self, call: str, status: int, body: Any):
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        super().__init__(f"{call}: {err.get('code', status)}: {err.get('message', body)}")
+        self.status = status
+        self.code = err.get("code")
+
+
+class NodeApi:
+    """The API calls of one page, made to this node with the session's token and kept for ``?format=json``."""
+
+    def __init__(self, request: web.Request, session: Session):
+        svc = service(request)
+        self._http = svc.forwarder.http_session()
+        self._base = next(m.url for m in svc.config.members if m.node == svc.config.node).rstrip("/")
+        self._headers = {"Authorization": f"Bearer {session.token}"}
+        self.calls: dict[str, Any] = {}
+
+    async def get(self, path: str, base: str | None = None, timeout_s: float = CALL_TIMEOUT_S,
+                  keep: bool = True) -> Any:
+        status, body = await self.call("GET", path, base=base, timeout_s=timeout_s)
+        if status != 200:
+            raise ApiCallFailed(f"GET {path}", status, body)
+        if keep:
+            self.calls[f"GET {path}" if base is None else f"GET {base}{path}"] = body
+        return body
+
+    async def call(self, method: str, path: str, json_body: Any = None, base: str | None = None,
+                   timeout_s: float = CALL_TIMEOUT_S, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        url = (base or self._base).rstrip("/") + path
+        async with self._http.request(method, url, json=json_body, headers={**self._headers, **(headers or {})},
+                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            text = await r.text()
+        try:
+            return r.status, json.loads(text) if text else None
+        except ValueError:
+            return r.status, text
+
+
+def console_page(role: str = "client"):
+    """The handler needs a console session of ``role`` (admin may do everything)."""
+    def wrap(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        @public   # for the API middleware: the console authenticates by its own cookie, here
+        @functools.wraps(handler)
+        async def checked(request: web.Request) -> web.StreamResponse:
+            session = request.app[SESSIONS].get(request.cookies.get(COOKIE))
+            if session is None:
+                if _wants_page(request):
+                    raise web.HTTPSeeOther("/console/login?next=" + quote(request.path, safe="/"))
+                raise web.HTTPUnauthorized(text="log in to the console first", content_type="text/plain")
+            if role == "admin" and session.role != "admin":
+                return _error_page(request, session, 403, "this needs the admin token")
+            request[SESSION] = session
+            try:
+                return await handler(request)
+            except ApiCallFailed as e:
+                return _error_page(request, session, e.status if 400 <= e.status < 600 else 502, str(e))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                return _error_page(request, session, 502, f"this node did not answer its own API: {e!r}")
+        return checked
+    return wrap
+
+
+def _wants_page(request: web.Request) -> bool:
+    """A person's page load (else a script's call: the event stream, a fragment, JSON or a form's POST)."""
+    return (request.method == "GET" and request.path != "/console/events"
+            and request.query.get("format") != "json" and request.query.get("fragment") != "1")
+
+
+def render(request: web.Request, template: str, api: NodeApi, **context: Any) -> web.Response:
+    if request.query.get("format") == "json":
+        return web.json_response({"api": api.calls})
+    session: Session = request[SESSION]
+    html = TEMPLATES.get_template(template).render(
+        fragment=request.query.get("fragment") == "1", role=session.role, csrf=session.csrf,
+        node=service(request).config.node, path=request.path, calls=list(api.calls), **context)
+    return web.Response(text=html, content_type="text/html", headers=_NO_STORE)
+
+
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _error_page(request: web.Request, session: Session, status: int, message: str) -> web.Response:
+    if request.query.get("format") == "json":
+        return web.json_response({"error": message}, status=status)
+    html = TEMPLATES.get_template("error.html").render(
+        fragment=request.query.get("fragment") == "1", role=session.role, csrf=session.csrf,
+        node=service(request).config.node, path=request.path, calls=[], status=status, message=message)
+    return web.Response(text=html, status=status, content_type="text/html", headers=_NO_STORE)
+
+
+# -- login ------------------------------------------------------------------------------------------------------
+@public
+async def login_form(request: web.Request) -> web.Response:
+    html = TEMPLATES.get_template("login.html").render(fragment=False, role=None, node=service(request).config.node,
+                                                       path=request.path, calls=[], failed=False,
+                                                       next=_safe_next(request.query.get("next")))
+    return web.Response(text=html, content_type="text/html", headers=_NO_STORE)
+
+
+@public
+async def login(request: web.Request) -> web.Response:
+    form = await request.post()
+    token = str(form.get("token", "")).strip()
+    role = role_of(token, service(request).config.tokens.by_role()) if token else None
+    if role not in CONSOLE_ROLES:
+        html = TEMPLATES.get_template("login.html").render(fragment=False, role=None, path=request.path, calls=[],
+                                                           node=service(request).config.node, failed=True,
+                                                           next=_safe_next(str(form.get("next", ""))))
+        return web.Response(text=html, status=401, content_type="text/html", headers=_NO_STORE)
+    sid = request.app[SESSIONS].open(role, token)
+    resp = web.HTTPSeeOther(_safe_next(str(form.get("next", ""))))
+    resp.set_cookie(COOKIE, sid, path="/console", httponly=True, samesite="Strict", secure=request.secure)
+    raise resp
+
+
+def _safe_next(value: str | None) -> str:
+    """Only a console path of this node: never another site (an open redirect) or a scheme."""
+    if value and value.startswith("/console") and "//" not in value and "\\" not in value:
+        return value
+    return "/console"
+
+
+@console_page()
+async def logout(request: web.Request) -> web.Response:
+    form = await request.post()
+    if not csrf_ok(request[SESSION], form.get("csrf")):
+        raise web.HTTPForbidden(text="stale form: reload the page", content_type="text/plain")
+    request.app[SESSIONS].close(request.cookies.get(COOKIE))
+    resp = web.HTTPSeeOther("/console/login")
+    resp.del_cookie(COOKIE, path="/console")
+    raise resp
+
+
+# -- live updates -----------------------------------------------------------------------------------------------
+@console_page()
+async def events(request: web.Request) -> web.StreamResponse:
+    """``change`` (id and data: the applied version) whenever this node applies a version: pages refetch their
+    content. Counted among the node's watch streams, with their bound."""
+    svc = service(request)
+    admission = request.app[ADMISSIONS]["watch_streams"]
+    admission.enter()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       "X-Accel-Buffering": "no"})
+    try:
+        await resp.prepare(request)
+        sent = svc.feed.version
+        await resp.write(b"retry: 2000\n\n")
+        while True:
+            if svc.feed.version > sent:
+                sent = svc.feed.version
+                await resp.write(b"event: change\nid: %d\ndata: %d\n\n" % (sent, sent))
+            elif not await svc.feed.wait(ANY, EVENTS_KEEPALIVE_S):
+                await resp.write(b": keepalive\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        admission.leave()
+    return resp
+
+
+# -- pages ------------------------------------------------------------------------------------------------------
+@console_page()
+async def cluster_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    here = await api.get("/v1/cluster")
+    members = await asyncio.gather(*(_member(api, m) for m in here["members"]))
+    applied = [m["applied_version"] for m in members if m.get("applied_version") is not None]
+    newest = max(applied, default=None)
+    for m in members:
+        m["behind"] = newest - m["applied_version"] if m.get("applied_version") is not None else None
+    return render(request, "cluster.html", api, here=here, members=members)
+
+
+async def _member(api: NodeApi, member: dict[str, Any]) -> dict[str, Any]:
+    """How a member sees itself (its own /v1/cluster and /readyz), or why it could not say."""
+    out = {"node": member["node"], "url": member.get("url"), "voter": member.get("voter")}
+    if not member.get("url"):
+        return {**out, "error": "no URL known"}
+    try:
+        status, body = await api.call("GET", "/v1/cluster", base=member["url"], timeout_s=MEMBER_TIMEOUT_S)
+        ready, _ = await api.call("GET", "/readyz", base=member["url"], timeout_s=MEMBER_TIMEOUT_S)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        return {**out, "error": f"unreachable ({type(e).__name__})"}
+    if status != 200:
+        return {**out, "error": f"answered {status}"}
+    api.calls[f"GET {member['url']}/v1/cluster"] = body
+    return {**out, "role": body.get("role"), "term": body.get("term"), "commit_index": body.get("commit_index"),
+            "applied_version": body.get("applied_version"), "ready": ready == 200}
+
+
+@console_page()
+async def brokers_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    brokers = (await api.get("/v1/brokers"))["brokers"]
+    topics = (await api.get("/v1/topics"))["topics"]
+    held: dict[str, int] = {b["broker"]: 0 for b in brokers}
+    for t in topics[:TOPICS_SCANNED_MAX]:
+        detail = await api.get(f"/v1/topics/{quote(t['topic'])}", keep=False)
+        for q in detail["logic_queues"]:
+            head = q["segments"][-1]["broker"] if q["segments"] else None
+            if head is not None:
+                held[head] = held.get(head, 0) + 1
+    now_ms = int(time.time() * 1000)
+    return render(request, "brokers.html", api, brokers=brokers, held=held, now_ms=now_ms,
+                  partial=len(topics) > TOPICS_SCANNED_MAX, scanned=TOPICS_SCANNED_MAX)
+
+
+@console_page()
+async def topics_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    return render(request, "topics.html", api, topics=(await api.get("/v1/topics"))["topics"])
+
+
+@console_page()
+async def topic_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    topic = _name(request.match_info["topic"])
+    detail = await api.get(f"/v1/topics/{quote(topic)}")
+    brokers = (await api.get("/v1/brokers"))["brokers"]
+    return render(request, "topic.html", api, t=detail, brokers=brokers,
+                  flash=request.query.get("flash", "")[:200])
+
+
+@console_page("admin")
+async def remap(request: web.Request) -> web.Response:
+    """The topic page's remap form: POST /v1/topics/{topic}/remap with the chosen brokers (and queues)."""
+    session: Session = request[SESSION]
+    form = await request.post()
+    if not csrf_ok(session, form.get("csrf")):
+        raise web.HTTPForbidden(text="stale form: reload the page", content_type="text/plain")
+    topic = _name(request.match_info["topic"])
+    body: dict[str, Any] = {"brokers": [str(b) for b in form.getall("brokers", [])]}
+    queues = str(form.get("queues", "")).strip()
+    if queues:
+        try:
+            body["queues"] = [int(q) for q in queues.replace(",", " ").split()]
+        except ValueError:
+            return _error_page(request, session, 400, f"queues: {queues!r} is not a list of queue numbers")
+    api = NodeApi(request, session)
+    status, answer = await api.call("POST", f"/v1/topics/{quote(topic)}/remap", json_body=body,
+                                    headers={"Idempotency-Key": secrets.token_hex(16)})
+    if status != 200:
+        raise ApiCallFailed(f"POST /v1/topics/{topic}/remap", status, answer)
+    moved = ", ".join(f"q{m['queue']} {m['from']}→{m['to']}" for m in answer.get("moved", [])) or "nothing moved"
+    flash = f"remap at v{answer['version']}: {moved}"
+    raise web.HTTPSeeOther(f"/console/topics/{quote(topic)}?flash={quote(flash)}")
+
+
+@console_page()
+async def timeline_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    topic = _name(request.match_info["topic"])
+    after = _int(request.query.get("after"), 0)
+    events: list[dict[str, Any]] = []
+    cursor = after
+    while len(events) < TIMELINE_EVENTS_MAX:
+        page = await api.get(f"/v1/history?topic={quote(topic)}&after={cursor}&limit={limits.HISTORY_PAGE_MAX}",
+                             keep=False)
+        events.extend(page["events"])
+        if not page["events"] or page["next_after"] <= cursor:
+            break
+        cursor = page["next_after"]
+    events = events[:TIMELINE_EVENTS_MAX]
+    api.calls[f"GET /v1/history?topic={topic}&after={after}"] = {"events": len(events), "next_after": cursor}
+    tl = timeline_mod.build(topic, events, int(time.time() * 1000))
+    return render(request, "timeline.html", api, tl=tl, g=timeline_mod.Geometry(), after=after,
+                  truncated=len(events) >= TIMELINE_EVENTS_MAX)
+
+
+@console_page()
+async def groups_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    return render(request, "groups.html", api, groups=(await api.get("/v1/groups"))["groups"])
+
+
+@console_page()
+async def group_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    group = _name(request.match_info["group"])
+    detail = await api.get(f"/v1/groups/{quote(group)}")
+    return render(request, "group.html", api, g=detail, now_ms=int(time.time() * 1000),
+                  flash=request.query.get("flash", "")[:200])
+
+
+@console_page("admin")
+async def group_config(request: web.Request) -> web.Response:
+    session: Session = request[SESSION]
+    form = await request.post()
+    if not csrf_ok(session, form.get("csrf")):
+        raise web.HTTPForbidden(text="stale form: reload the page", content_type="text/plain")
+    group = _name(request.match_info["group"])
+    body: dict[str, Any] = {}
+    for key in ("max_attempts", "lease_ms"):
+        raw = str(form.get(key, "")).strip()
+        if raw:
+            try:
+                body[key] = int(raw)
+            except ValueError:
+                return _error_page(request, session, 400, f"{key}: {raw!r} is not a whole number")
+    api = NodeApi(request, session)
+    status, answer = await api.call("PUT", f"/v1/groups/{quote(group)}/config", json_body=body,
+                                    headers={"Idempotency-Key": secrets.token_hex(16)})
+    if status != 200:
+        raise ApiCallFailed(f"PUT /v1/groups/{group}/config", status, answer)
+    flash = f"settings saved at v{answer['version']}"
+    raise web.HTTPSeeOther(f"/console/groups/{quote(group)}?flash={quote(flash)}")
+
+
+@console_page()
+async def pop_page(request: web.Request) -> web.Response:
+    """The group's pop state on every active broker (pop state lives on brokers, not in the log)."""
+    api = NodeApi(request, request[SESSION])
+    group = _name(request.match_info["group"])
+    brokers = (await api.get("/v1/brokers"))["brokers"]
+
+    async def one(b: dict[str, Any]) -> dict[str, Any]:
+        if b["state"] != "active":
+            return {"broker": b["broker"], "error": b["state"]}
+        try:
+            return await api.get(f"/v1/pop-stats/{quote(group)}", base=b["address"], timeout_s=MEMBER_TIMEOUT_S)
+        except (ApiCallFailed, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return {"broker": b["broker"], "error": str(e) or type(e).__name__}
+    stats = await asyncio.gather(*(one(b) for b in brokers))
+    return render(request, "pop.html", api, group=group, stats=stats)
+
+
+@console_page()
+async def history_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    topic = request.query.get("topic", "").strip()
+    kind = request.query.get("type", "").strip()
+    after = _int(request.query.get("after"), 0)
+    limit = max(1, min(_int(request.query.get("limit"), 100), HISTORY_SHOWN_MAX))
+    path = f"/v1/history?after={after}&limit={limit}" + (f"&topic={quote(_name(topic))}" if topic else "")
+    page = await api.get(path)
+    shown = [e for e in page["events"] if not kind or e["type"] == kind]
+    return render(request, "history.html", api, events=shown, topic=topic, kind=kind, after=after, limit=limit,
+                  next_after=page["next_after"], json=lambda d: json.dumps(d, sort_keys=True))
+
+
+def _name(value: str) -> str:
+    if len(value) > NAME_CHARS_MAX or not NAME_RE.fullmatch(value):
+        raise web.HTTPBadRequest(text=f"not a valid name: {value[:100]!r}", content_type="text/plain")
+    return value
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return max(0, int(value)) if value not in (None, "") else default
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"not a whole number: {value[:30]!r}", content_type="text/plain") from None
+
+
+@public
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in STATIC_FILES:
+        raise web.HTTPNotFound()
+    return web.Response(body=STATIC_FILES[name][1], content_type=STATIC_FILES[name][0],
+                        headers={"Cache-Control": "max-age=300"})
+
+
+STATIC_FILES = {name: (kind, (HERE / "static" / name).read_bytes())
+                for name, kind in (("console.js", "application/javascript"), ("console.css", "text/css"))}
+
+
+def add_routes(app: web.Application) -> None:
+    app[SESSIONS] = Sessions()
+    r = app.router
+    r.add_get("/console", cluster_page)
+    r.add_get("/console/login", login_form)
+    r.add_post("/console/login", login)
+    r.add_post("/console/logout", logout)
+    r.add_get("/console/events", events)
+    r.add_get("/console/brokers", brokers_page)
+    r.add_get("/console/topics", topics_page)
+    r.add_get("/console/topics/{topic}", topic_page)
+    r.add_post("/console/topics/{topic}/remap", remap)
+    r.add_get("/console/topics/{topic}/timeline", timeline_page)
+    r.add_get("/console/groups", groups_page)
+    r.add_get("/console/groups/{group}", group_page)
+    r.add_post("/console/groups/{group}/config", group_config)
+    r.add_get("/console/groups/{group}/pop", pop_page)
+    r.add_get("/console/history", history_page)
+    r.add_get("/console/static/{name}", static)

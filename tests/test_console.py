@@ -1,0 +1,177 @@
+"""The web console in a real browser: Debian's Chromium driven by Playwright, against a real cluster.
+
+Each page is opened, what it shows is checked against the API answer it renders, and a screenshot of it is saved
+under the test's tmp dir. A remap made through the API appears on an open timeline without a reload; a remap made
+through the console's form is in the API afterwards. Tokens stay out of URLs, cookies readable by scripts and logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.async_api import async_playwright, expect
+
+from tests import cluster as cluster_mod
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Chromium on a machine with a closed network: no background calls home, no sandbox (the tests run as root).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+UI_TIMEOUT_MS = 20_000     # a page or a live change on a loaded 2-core machine
+TOPIC = "orders"
+QUEUES = 4
+
+
+@pytest.fixture
+async def console(tmp_path):
+    async with cluster_mod.running(str(tmp_path), 3, 3) as c:
+        status, body, _ = await c.call("POST", c.meta_urls[0] + "/v1/topics",
+                                       json={"topic": TOPIC, "queues": QUEUES, "brokers": ["b1"]})
+        assert status == 201, body
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                yield c, browser
+            finally:
+                await browser.close()
+
+
+async def _login(browser, c, role: str, node_url: str):
+    ctx = await browser.new_context(viewport={"width": 1200, "height": 800})
+    page = await ctx.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    await page.goto(node_url + "/console/topics")
+    assert "/console/login" in page.url, "a page without a session must ask for a login"
+    await page.fill("input[name=token]", c.token(role))
+    await page.click("button[type=submit]")
+    await page.wait_for_url(node_url + "/console/topics")
+    return ctx, page
+
+
+async def _shot(page, tmp_path: Path, name: str) -> None:
+    path = tmp_path / "screenshots" / f"{name}.png"
+    await page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 5_000, f"{name}: an empty screenshot"
+
+
+async def test_every_page_shows_what_the_api_answers(console, tmp_path):
+    c, browser = console
+    url = c.meta_urls[1]    # any node serves the console: a follower or the leader
+    ctx, page = await _login(browser, c, "client", url)
+    assert c.token("client") not in page.url
+    assert await page.evaluate("document.cookie") == "", "the session cookie must be HttpOnly"
+
+    _, cluster, _ = await c.call("GET", url + "/v1/cluster")
+    await page.goto(url + "/console")
+    await expect(page.locator("#leader")).to_have_text(cluster["leader"])
+    await expect(page.locator("#members tbody tr")).to_have_count(3)
+    for m in cluster["members"]:
+        await expect(page.locator(f'#members tr[data-node="{m["node"]}"] td.role-leader, '
+                                  f'#members tr[data-node="{m["node"]}"] td.role-follower')).to_have_count(1)
+    await _shot(page, tmp_path, "cluster")
+
+    _, brokers, _ = await c.call("GET", url + "/v1/brokers")
+    await page.goto(url + "/console/brokers")
+    for b in brokers["brokers"]:
+        held = QUEUES if b["broker"] == "b1" else 0
+        await expect(page.locator(f'#brokers tr[data-broker="{b["broker"]}"] td.held')).to_have_text(str(held))
+    await _shot(page, tmp_path, "brokers")
+
+    _, topic, _ = await c.call("GET", url + f"/v1/topics/{TOPIC}")
+    await page.goto(url + "/console/topics")
+    await expect(page.locator(f'#topics tr[data-topic="{TOPIC}"]')).to_have_count(1)
+    await page.click(f'#topics tr[data-topic="{TOPIC}"] a >> nth=0')
+    await expect(page.locator("#queues tbody tr")).to_have_count(len(topic["logic_queues"]))
+    await expect(page.locator("#version")).to_have_text(str(topic["version"]))
+    assert await page.locator("form#remap").count() == 0, "the client token sees no remap form"
+    await _shot(page, tmp_path, "topic")
+
+    await page.goto(url + f"/console/topics/{TOPIC}/timeline")
+    await expect(page.locator("svg#timeline rect.segment")).to_have_count(QUEUES)
+    await _shot(page, tmp_path, "timeline")
+
+    await page.goto(url + f"/console/history?topic={TOPIC}")
+    _, hist, _ = await c.call("GET", url + f"/v1/history?topic={TOPIC}&after=0&limit=100")
+    await expect(page.locator("#history tbody tr[data-version]")).to_have_count(len(hist["events"]))
+    await _shot(page, tmp_path, "history")
+
+    await page.goto(url + "/console/groups")
+    await expect(page.locator("h1")).to_have_text("Consumer groups")
+    await _shot(page, tmp_path, "groups")
+
+    # ?format=json answers the API's own bodies
+    answer = await page.evaluate("fetch('/console/topics/%s?format=json').then(r => r.json())" % TOPIC)
+    assert answer["api"][f"GET /v1/topics/{TOPIC}"] == topic
+    await ctx.close()
+
+
+async def test_a_remap_appears_on_an_open_timeline_without_a_reload(console, tmp_path):
+    c, browser = console
+    url = c.meta_urls[2]
+    ctx, page = await _login(browser, c, "admin", url)
+    await page.goto(url + f"/console/topics/{TOPIC}/timeline")
+    await expect(page.locator("svg#timeline rect.segment")).to_have_count(QUEUES)
+    await page.evaluate("window.stillTheSamePage = true")
+    status, moved, _ = await c.call("POST", c.meta_urls[0] + f"/v1/topics/{TOPIC}/remap",
+                                    json={"brokers": ["b2"], "queues": [0, 1]})
+    assert status == 200, moved
+    # each moved queue gains a segment on b2, and the old ones get their sealing mark
+    await expect(page.locator('svg#timeline rect.segment[data-broker="b2"]')).to_have_count(2)
+    await expect(page.locator("svg#timeline line.sealing")).to_have_count(2)
+    assert await page.evaluate("window.stillTheSamePage === true"), "the page was reloaded"
+    assert int(await page.evaluate("document.body.dataset.refreshed")) >= 1
+    await _shot(page, tmp_path, "timeline-after-remap")
+
+    # the console's own remap form: queue 3 to b3, then the API has it
+    await page.goto(url + f"/console/topics/{TOPIC}")
+    await page.check('form#remap input[value="b3"]')
+    await page.fill('form#remap input[name="queues"]', "3")
+    await page.click("form#remap button[type=submit]")
+    await expect(page.locator(".flash")).to_contain_text("q3 b1→b3")
+    _, topic, _ = await c.call("GET", url + f"/v1/topics/{TOPIC}")
+    assert topic["logic_queues"][3]["segments"][-1]["broker"] == "b3"
+    await ctx.close()
+
+
+async def test_sessions_roles_and_forms_are_checked(console):
+    c, browser = console
+    url = c.meta_urls[0]
+    status, _, _ = await c.call("GET", url + "/console?format=json", role="")
+    assert status == 401
+    status, _, _ = await c.call("GET", url + "/console/events", role="")
+    assert status == 401
+    ctx, page = await _login(browser, c, "client", url)
+    # a client session may not remap, even by posting the form by hand with a valid CSRF token
+    await page.goto(url + f"/console/topics/{TOPIC}")
+    status = await page.evaluate("""async () => {
+        const csrf = document.querySelector('input[name=csrf]').value;
+        const r = await fetch('/console/topics/%s/remap', {method: 'POST',
+            body: new URLSearchParams({csrf, brokers: 'b2'})});
+        return r.status; }""" % TOPIC)
+    assert status == 403
+    await ctx.close()
+    ctx, page = await _login(browser, c, "admin", url)
+    # an admin form without the session's CSRF token is refused, and nothing moves
+    status = await page.evaluate("""async () => (await fetch('/console/topics/%s/remap', {method: 'POST',
+        body: new URLSearchParams({csrf: 'forged', brokers: 'b2'})})).status""" % TOPIC)
+    assert status == 403
+    _, topic, _ = await c.call("GET", url + f"/v1/topics/{TOPIC}")
+    assert all(q["segments"][-1]["broker"] == "b1" for q in topic["logic_queues"])
+    # a wrong token gets the login form again, with a 401
+    bad = await browser.new_page()
+    await bad.goto(url + "/console/login")
+    await bad.fill("input[name=token]", "not-a-token")
+    response_status = []
+    bad.on("response", lambda r: response_status.append(r.status) if r.url.endswith("/console/login") else None)
+    await bad.click("button[type=submit]")
+    await expect(bad.locator("p.error")).to_be_visible()
+    assert 401 in response_status
+    await ctx.close()
+    # no token in any log of the cluster
+    for name in os.listdir(os.path.join(c.dir, "logs")):
+        text = Path(c.dir, "logs", name).read_text(errors="replace")
+        assert c.token("admin") not in text and c.token("client") not in text, name
