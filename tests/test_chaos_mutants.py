@@ -13,8 +13,14 @@ must be rewritten, not skipped).
 Status (2026-11-26, at seed 9): the control run passes and nine of the ten mutants are caught (which check caught
 each is printed with ``-s``). ``follower_commit_cap_one_too_far`` is not: it does harm only when a follower holds an
 entry of an older term right after the prefix a repeated append matched and the message's commit index passes that
-prefix (two leader changes apart, the first leader losing power between sending an entry and syncing it), which no
-120 s run has reached; ``tests/test_raft_repeated_appends.py`` builds that case and fails with it planted.
+prefix; ``tests/test_raft_repeated_appends.py`` builds that case and fails with it planted. No run can reach it
+while pysyncobj sends as it does (2026-11-26, read from pysyncobj 0.3.17's send and reject paths): a leader's next
+index for a follower starts past its own log and moves back only by the follower's rejects, which name either the
+follower's last index + 1 or the index whose term differs, so it never goes below the first entry where the
+follower's log leaves the leader's; a repeat ending before that entry is either a stale message (whose commit
+index was at most its own last entry) or a batch cut short by appendEntriesBatchSizeBytes, which a resend from
+that low never is. The cap stays as defence in depth. Tried and also not caught in 120 s at seed 9: the same +1 in
+the snapshot-piece cap (``_snapshot_piece_as_raft``) with half the leader_cuts held as long as an install.
 """
 
 from __future__ import annotations
