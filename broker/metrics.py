@@ -1,8 +1,11 @@
 """Prometheus metrics of one broker, in its node's registry (tests run several brokers in one process).
 
 Traffic and latency are counted where they happen (writes.py, reads.py, the storage's fsync); the session's state,
-the disk's free bytes and each physical queue's max offset are read when /metrics is scraped (``StateCollector``),
-and so is each group's lag on the queues whose head is here (``ConsumerLagCollector``).
+the disk's free bytes and the end offset of each logic queue whose head is here are read when /metrics is scraped
+(``StateCollector``), and so is each group's lag on the queues whose head is here (``ConsumerLagCollector``).
+
+Labels name topics and logic queues, never physical queues: a physical queue's name carries its generation, so a
+series labelled by it would end at every remap and a new one begin, and a dashboard would lose the queue's history.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, Platf
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 SESSION_STATES = ("unregistered", "active", "fenced")
-# One series per physical queue: above this many, the per-queue gauge is left out of the scrape (a scrape of a broker
+# One series per logic queue: above this many, the per-queue gauges are left out of the scrape (a scrape of a broker
 # with a million queues would be megabytes) and stator_broker_queues still says how many there are.
 QUEUE_SERIES_MAX = 10_000
 LATENCY_BUCKETS_S = (.0001, .0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 5)
@@ -62,13 +65,15 @@ class BrokerMetrics:
 
 
 class StateCollector:
-    """``session_state()``, ``queue_max_offsets()`` and the free bytes under ``data_dir``, at each scrape."""
+    """``session_state()``, the free bytes under ``data_dir``, how many live segments this broker hosts
+    (``live_segments()``) and, per logic queue whose open head segment is among them, its end offset."""
 
-    def __init__(self, data_dir: str, session_state: Callable[[], str],
-                 queue_max_offsets: Callable[[], dict[str, int]]):
+    def __init__(self, data_dir: str, session_state: Callable[[], str], live_segments: Callable[[], list[Any]],
+                 max_physical: Callable[[Any], int]):
         self.data_dir = data_dir
         self.session_state = session_state
-        self.queue_max_offsets = queue_max_offsets
+        self.live_segments = live_segments
+        self.max_physical = max_physical
 
     def collect(self) -> Iterator[Metric]:
         state = self.session_state()
@@ -79,14 +84,24 @@ class StateCollector:
         yield session
         yield GaugeMetricFamily("stator_broker_disk_free_bytes", "Free bytes on the data directory's file system",
                                 value=shutil.disk_usage(os.path.abspath(self.data_dir)).free)
-        offsets = self.queue_max_offsets()
-        yield GaugeMetricFamily("stator_broker_queues", "Physical queues stored here", value=len(offsets))
-        if len(offsets) <= QUEUE_SERIES_MAX:
+        live = self.live_segments()
+        yield GaugeMetricFamily("stator_broker_queues", "Physical queues stored here", value=len(live))
+        if len(live) <= QUEUE_SERIES_MAX:
+            # Only the open head counts (a queue's end is where its head writes next), so a queue has one series on
+            # one broker and summing over brokers counts it once. A head whose logic start waits for the seal of
+            # the segment before it has no logic end yet and is left out until the seal.
+            heads: dict[tuple[str, int], Any] = {}
+            for seg in live:
+                if seg.state != "active" or seg.logic_end is not None or seg.logic_start is None:
+                    continue
+                key = (seg.topic, seg.queue)
+                if key not in heads or seg.gen > heads[key].gen:
+                    heads[key] = seg
             per_queue = GaugeMetricFamily("stator_broker_queue_max_offset",
-                                          "Next physical offset to be written, per physical queue",
-                                          labels=["physical_queue"])
-            for name, offset in sorted(offsets.items()):
-                per_queue.add_metric([name], offset)
+                                          "Next logic offset to be written, per logic queue whose head is here",
+                                          labels=["topic", "queue"])
+            for (topic, queue), seg in sorted(heads.items()):
+                per_queue.add_metric([topic, str(queue)], seg.logic(self.max_physical(seg)))
             yield per_queue
 
 

@@ -67,15 +67,12 @@ class BrokerNode:
                               lambda: self.session.writable(self.routes.version), self.group_settings,
                               self.pop_signals)
         self.registry.register(PopCollector(self.pop))
-        self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self._queue_max_offsets))
+        self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self.routes.live_hosted,
+                                              self.writer.max_physical))
         self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.head,
                                                     self.writer.max_physical))
         self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
         self._tasks: list[asyncio.Task] = []
-
-    def _queue_max_offsets(self) -> dict[str, int]:
-        # What each heartbeat reports: the physical queues of the live segments this broker hosts.
-        return self.writer.max_offsets(self.routes.live_hosted())
 
     async def start(self) -> None:
         await self.peers.start()

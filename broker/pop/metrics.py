@@ -33,8 +33,9 @@ class PopCollector:
         totals.add_metric(["again"], s.redelivered)
         totals.add_metric(["dead_letter"], s.dead_lettered)
         yield from (offset, in_flight, backlog, dlq, totals)
-        yield GaugeMetricFamily("stator_pop_journal_lines_written", "journal lines written since start",
-                                value=s.journal.lines_written)
+        # A count since start: a counter, so rate() and increase() see a restart as a reset, not a drop.
+        yield CounterMetricFamily("stator_pop_journal_lines_written", "journal lines written since start",
+                                  value=s.journal.lines_written)
         yield GaugeMetricFamily("stator_pop_revive_heap", "entries in the revive heap", value=len(s.reviver))
         yield GaugeMetricFamily("stator_pop_locks", "(group, topic, queue) locks held or waited for right now",
                                 value=len(s.locks))
