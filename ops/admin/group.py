@@ -19,16 +19,20 @@ def group() -> None:
 @group.command("list")
 @global_options
 async def list_groups(g: Globals) -> None:
-    """Every group with its mode, members, locks and version."""
+    """Every group with its mode, members, locks and version, and the groups only brokers know (committed offsets,
+    never joined through meta: pull consumers)."""
     async with g.admin() as admin:
-        data = {"groups": await admin.list_groups()}
+        # Not AdminClient.list_groups(): the brokers are asked only on include=brokers, which an operator wants and
+        # a program listing groups often need not pay for.
+        data = {"groups": (await admin._read("/v1/groups", {"include": "brokers"}))["groups"]}
     output.emit(g.json, data, lambda d: output.table(d["groups"], [
-        ("group", "group"), ("mode", "mode"), ("members", "members"), ("locks", "locks"), ("version", "version")]))
+        ("group", "group"), ("mode", "mode"), ("members", "members"), ("locks", "locks"), ("version", "version"),
+        ("known to", "source")]))
 
 
 def _describe_text(d: dict[str, Any]) -> str:
     head = output.fields([("group", d["group"]), ("mode", d["mode"]), ("version", d["version"]),
-                          ("config", d.get("config"))])
+                          ("config", d.get("config")), ("known to", d.get("source"))])
     members = output.table(d["members"], [
         ("member", "member"), ("topics", "topics"), ("mode", "mode"), ("joined", lambda m: output.when(m["joined_ms"])),
         ("lease expires", lambda m: output.when(m.get("lease_expires_ms")))])
@@ -36,14 +40,18 @@ def _describe_text(d: dict[str, Any]) -> str:
         ("topic", "topic"), ("queue", "queue"), ("member", "member"), ("token", "token"), ("state", "state"),
         ("lease expires", lambda a: output.when(a.get("lease_expires_ms"))), ("committed", "committed_offset"),
         ("max offset", "max_offset"), ("lag", "lag")])
-    return f"{head}\n\n{members}\n\n{assignments}"
+    offsets = output.table(d.get("offsets", []), [
+        ("topic", "topic"), ("queue", "queue"), ("committed", "committed_offset"), ("max offset", "max_offset"),
+        ("lag", "lag")])
+    return f"{head}\n\n{members}\n\n{assignments}\n\n{offsets}"
 
 
 @group.command("describe")
 @click.argument("name")
 @global_options
 async def describe(name: str, g: Globals) -> None:
-    """Members, assignments with tokens and lease ends, committed offset and lag per queue."""
+    """Members, assignments with tokens and lease ends, committed offset and lag per queue: of every queue the
+    group committed on, a pull group's too."""
     async with g.admin() as admin:
         data = await admin.describe_group(name)
     output.emit(g.json, data, _describe_text)
