@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -64,9 +65,17 @@ def test_cluster_status_and_members(dev):
     assert sorted(n["node"] for n in nodes) == ["m1", "m2", "m3"]
     assert [n["role"] for n in nodes].count("leader") == 1
     assert all(n["health"] == "ready" and n["lag"] >= 0 and n["term"] >= 1 for n in nodes)
-    assert all(n["commit_index"] >= n["applied_version"] for n in nodes)
+    # Like with like: raft entries against raft entries (a raft index is no version: an idle healthy cluster has
+    # more entries than events). Idle, every node has applied what it knows committed and is at the leader's version.
+    assert all(n["applied_index"] <= n["commit_index"] and n["apply_lag"] >= 0 for n in nodes)
+    deadline = time.monotonic() + STREAM_WAIT_S
+    while any(n["apply_lag"] or n["lag"] for n in nodes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        nodes = cli_json(dev, "cluster", "status")["nodes"]
+    assert [(n["apply_lag"], n["lag"]) for n in nodes] == [(0, 0)] * 3, nodes
     rows = table(dev, "cluster", "status")
-    assert rows[0][:4] == ["NODE", "URL", "ROLE", "TERM"] and sorted(r[0] for r in rows[1:]) == ["m1", "m2", "m3"]
+    assert rows[0][:11] == ["NODE", "URL", "ROLE", "TERM", "RAFT", "COMMIT", "RAFT", "APPLIED", "APPLY", "LAG",
+                            "VERSION"] and sorted(r[0] for r in rows[1:]) == ["m1", "m2", "m3"]
 
     members = cli_json(dev, "cluster", "members")["members"]
     assert {m["node"]: m["url"] for m in members} == {m["node"]: m["url"] for m in dev.info["meta"]}
@@ -237,10 +246,16 @@ def test_error_paths(dev, tmp_path):
         f"error: INVALID_ARGUMENT: token file {tmp_path / 'missing'}: ")
 
 
-def _stator(*args: str) -> subprocess.Popen:
+def _stator(*args: str, sigint_ignored: bool = False) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
     return subprocess.Popen([sys.executable, "-m", "ops.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_interruptible)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_ignore_interrupts if sigint_ignored else _interruptible)
+
+
+def _ignore_interrupts() -> None:
+    # As a shell without job control starts `stator route T --watch &`, and as a backgrounded test run did.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _interruptible() -> None:
@@ -302,6 +317,22 @@ def test_real_process_exit_codes_and_streams(dev):
         assert later["version"] > created["version"] and len(later["queues"]) == 2
         assert json.loads(_read_lines(follow, 1)[0]) == cli_json(
             dev, "history", "--topic", "stream", "--after", str(created["version"]), "--limit", "1")["events"][0]
+    finally:
+        rc_watch, err_watch = _interrupt(watch)
+        rc_follow, err_follow = _interrupt(follow)
+    assert (rc_watch, err_watch) == (0, "") and (rc_follow, err_follow) == (0, "")
+
+
+def test_streams_end_on_an_interrupt_even_when_started_with_it_ignored(dev):
+    """A stream ends only when interrupted: started the way a script's `&` starts it (SIGINT ignored, which Python
+    keeps), it must still end on SIGINT, with status 0 and nothing on stderr, not run on until killed."""
+    created = cli_json(dev, "topic", "create", "bgstream", "--queues", "1")
+    watch = _stator("route", "bgstream", "--watch", "--dir", dev.dir, "-w", "json", sigint_ignored=True)
+    follow = _stator("history", "--follow", "--topic", "bgstream", "--after", str(created["version"] - 1),
+                     "--dir", dev.dir, "-w", "json", sigint_ignored=True)
+    try:
+        assert json.loads(_read_lines(watch, 1)[0])["version"] == created["version"]
+        assert json.loads(_read_lines(follow, 1)[0])["type"] == "TopicCreated"
     finally:
         rc_watch, err_watch = _interrupt(watch)
         rc_follow, err_follow = _interrupt(follow)

@@ -44,7 +44,7 @@ async def _follow(admin: AdminClient, g: Globals, topic: str | None, after: int)
               help="at most this many events (without --follow)")
 @click.option("--follow", is_flag=True, help="then print each new event as it is applied, until interrupted; "
                                              "with -w json, one JSON document per line")
-@global_options
+@global_options(stream_flag="follow")
 async def history(topic: str | None, after: int, limit: int, follow: bool, g: Globals) -> None:
     """Events in version order, each with the time the leader stamped on it."""
     async with g.admin() as admin:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
 import ssl
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,7 +128,7 @@ def _dev_cluster(dir_: str) -> tuple[list[str], str]:
         raise CliError(INVALID_ARGUMENT, f"--dir {dir_}: cluster.json is not a `stator dev` cluster's: {e}") from None
 
 
-def _endpoint_list(raw: str) -> list[str]:
+def endpoint_list(raw: str) -> list[str]:
     urls = [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
     if not urls or len(urls) > ENDPOINTS_MAX:
         raise CliError(INVALID_ARGUMENT, f"--endpoints needs 1 to {ENDPOINTS_MAX} URLs, comma-separated")
@@ -156,7 +158,7 @@ def resolve(ctx: click.Context, endpoints: str | None, token: str | None, token_
         raise click.UsageError("give --token or --token-file, not both")
     dev_urls, dev_token = _dev_cluster(dir_) if dir_ else (None, None)
     if endpoints and (from_command_line("endpoints") or dev_urls is None):
-        urls = _endpoint_list(endpoints)
+        urls = endpoint_list(endpoints)
     else:
         urls = dev_urls or [DEFAULT_ENDPOINT]
     if token_file:
@@ -168,12 +170,30 @@ def resolve(ctx: click.Context, endpoints: str | None, token: str | None, token_
     return Globals(urls, token or None, write_out, _tls(*tls))
 
 
-def global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the global options to a command; it receives them as one ``Globals`` named ``g``."""
+def take_interrupts() -> None:
+    """Let SIGINT end this process even when it was started with SIGINT ignored.
+
+    A shell without job control (a script's ``cmd &``, ``nohup``, CI runners, a test suite run in the background)
+    starts its children with SIGINT ignored, and Python then leaves it ignored: asyncio.run installs its handler only
+    over the default one. A stream that ends only when interrupted (``route --watch``, ``history --follow``) then
+    never ends on ``kill -INT``: ``route --watch`` under a backgrounded test run did not exit 30 s after its
+    interrupt. Called before the event loop starts, so the interrupt cancels the stream and it ends cleanly."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def global_options(fn: Callable[..., Any] | None = None, *, stream_flag: str | None = None) -> Any:
+    """Add the global options to a command; it receives them as one ``Globals`` named ``g``. ``stream_flag`` names
+    the command's flag that makes it a stream ended only by an interrupt (see ``take_interrupts``)."""
+    if fn is None:
+        return functools.partial(global_options, stream_flag=stream_flag)
+
     @functools.wraps(fn)
     def wrapper(*args: Any, endpoints: str | None, token: str | None, token_file: str | None, write_out: str,
                 dir_: str | None, cacert: str | None, cert: str | None, key: str | None, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
+        if stream_flag is not None and kwargs.get(stream_flag):
+            take_interrupts()
         return run(lambda: fn(*args, g=resolve(ctx, endpoints, token, token_file, write_out, dir_,
                                                (cacert, cert, key)), **kwargs))
 

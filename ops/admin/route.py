@@ -46,7 +46,7 @@ async def _watch(g: Globals, topic: str) -> None:
 @click.argument("topic")
 @click.option("--watch", is_flag=True, help="print every new version as it arrives (SSE) until interrupted; "
                                             "with -w json, one JSON document per line")
-@global_options
+@global_options(stream_flag="watch")
 async def route(topic: str, watch: bool, g: Globals) -> None:
     """TOPIC's route: each queue's writable broker and newest segments."""
     if watch:
