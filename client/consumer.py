@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ import aiohttp
 
 from .errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
 from .http import Backoff, Deadline, request_once
-from .lifecycle import TopicClient
+from .lifecycle import TopicClient, lone_tls
 from .routes import Route, RouteSubscription
 
 log = logging.getLogger("stator.client.consumer")
@@ -75,7 +76,8 @@ class PullConsumer(TopicClient):
     def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, group: str,
                  queues: Iterable[int] | None = None, *, routes: RouteSubscription | None = None,
                  route_mode: str = "sse", session: aiohttp.ClientSession | None = None,
-                 max_messages: int = PULL_MESSAGES_MAX_DEFAULT, request_timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
+                 ssl_context: ssl.SSLContext | None = None, max_messages: int = PULL_MESSAGES_MAX_DEFAULT,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
                  attempts_max: int = ATTEMPTS_MAX_DEFAULT, deadline_s: float = DEADLINE_S_DEFAULT,
                  backoff: Backoff | None = None, idle_pause_s: float = IDLE_PAUSE_S):
         if not 1 <= max_messages <= PULL_MESSAGES_MAX:
@@ -85,7 +87,9 @@ class PullConsumer(TopicClient):
         self.token = token
         self._queues = sorted(set(queues)) if queues is not None else None
         self._owns_routes = routes is None
-        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session)
+        self._ssl_context = lone_tls(session, ssl_context)
+        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session,
+                                                  ssl_context=ssl_context)
         self._session = session
         self._owns_session = session is None
         self.max_messages = max_messages

@@ -35,6 +35,7 @@ import os
 import re
 import secrets
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,7 @@ from .background import BackgroundTasks
 from .consumer import IDLE_PAUSE_S, PULL_MESSAGES_MAX_DEFAULT, PullConsumer, PullResult, ReceivedMessage
 from .errors import Closed, NotLeader, StaleToken, StatorError, TopicNotFound
 from .http import Backoff, MetaCaller, new_session
-from .lifecycle import StartedByWith
+from .lifecycle import StartedByWith, lone_tls
 from .producer import Producer
 
 log = logging.getLogger("stator.client.exclusive")
@@ -124,7 +125,8 @@ class ExclusiveConsumer(StartedByWith):
                  handler_timeout_s: float | None = HANDLER_TIMEOUT_S_DEFAULT,
                  stop_grace_s: float = STOP_GRACE_S_DEFAULT, idle_pause_s: float = IDLE_PAUSE_S,
                  handler_backoff: Backoff | None = None, error_backoff: Backoff | None = None,
-                 route_mode: str = "sse", session: aiohttp.ClientSession | None = None):
+                 route_mode: str = "sse", session: aiohttp.ClientSession | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
         if order is not None and order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}")
         self.member = member if member is not None else default_member()
@@ -148,6 +150,7 @@ class ExclusiveConsumer(StartedByWith):
         self.handler_backoff = handler_backoff or Backoff(HANDLER_BACKOFF_BASE_S, HANDLER_BACKOFF_CAP_S)
         self.error_backoff = error_backoff or Backoff(ERROR_BACKOFF_BASE_S, ERROR_BACKOFF_CAP_S)
         self._route_mode = route_mode
+        self._ssl_context = lone_tls(session, ssl_context)
         self._session = session
         self._owns_session = session is None
         self._meta: MetaCaller | None = None
@@ -189,7 +192,7 @@ class ExclusiveConsumer(StartedByWith):
             return
         self._started = True
         if self._session is None:
-            self._session = new_session()
+            self._session = new_session(self._ssl_context)
         self._meta = MetaCaller(self._meta_urls, self._token, session=self._session)
         self._consumer = PullConsumer(self._meta_urls, self._token, self.topic, self.group,
                                       route_mode=self._route_mode, session=self._session,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import aiohttp
 
@@ -31,12 +32,21 @@ class StartedByWith:
         await self.close()
 
 
+def lone_tls(session: aiohttp.ClientSession | None, ssl_context: ssl.SSLContext | None) -> ssl.SSLContext | None:
+    """``ssl_context``, refused beside a lent session: that session's connector already decides TLS, and the context
+    would be silently ignored."""
+    if session is not None and ssl_context is not None:
+        raise ValueError("give session or ssl_context, not both")
+    return ssl_context
+
+
 class TopicClient(StartedByWith):
     topic: str
     routes: RouteSubscription
     _owns_routes: bool
     _session: aiohttp.ClientSession | None
     _owns_session: bool
+    _ssl_context: ssl.SSLContext | None = None   # for the session the client makes (and closes)
     _closed: bool
     deadline_s: float
     _kind = "client"
@@ -48,7 +58,7 @@ class TopicClient(StartedByWith):
     def session(self) -> aiohttp.ClientSession:
         self._check_open()
         if self._session is None:
-            self._session = new_session()
+            self._session = new_session(self._ssl_context)
         return self._session
 
     async def _route(self, deadline: Deadline) -> Route:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ import aiohttp
 from .background import BackgroundTasks
 from .errors import Closed, StatorError, TopicNotFound
 from .http import Backoff, new_session, request_once
-from .lifecycle import TopicClient
+from .lifecycle import TopicClient, lone_tls
 from .routes import RouteSubscription
 
 log = logging.getLogger("stator.client.pop")
@@ -72,7 +73,8 @@ class PopConsumer(TopicClient):
 
     def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, group: str, handler: Handler, *,
                  routes: RouteSubscription | None = None, route_mode: str = "sse",
-                 session: aiohttp.ClientSession | None = None, max_messages: int = POP_MAX_DEFAULT,
+                 session: aiohttp.ClientSession | None = None, ssl_context: ssl.SSLContext | None = None,
+                 max_messages: int = POP_MAX_DEFAULT,
                  invisible_ms: int = INVISIBLE_MS_DEFAULT, wait_ms: int = WAIT_MS_DEFAULT,
                  concurrency: int = CONCURRENCY_DEFAULT, order: bool = False,
                  nack_backoff: Backoff | None = None, error_backoff: Backoff | None = None):
@@ -85,7 +87,9 @@ class PopConsumer(TopicClient):
         self.token = token
         self.handler = handler
         self._owns_routes = routes is None
-        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session)
+        self._ssl_context = lone_tls(session, ssl_context)
+        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session,
+                                                  ssl_context=ssl_context)
         self._session = session
         self._owns_session = session is None
         self.max_messages = max_messages
@@ -292,5 +296,5 @@ class PopConsumer(TopicClient):
     def session(self) -> aiohttp.ClientSession:
         self._check_open()
         if self._session is None:
-            self._session = new_session()
+            self._session = new_session(self._ssl_context)
         return self._session

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ import aiohttp
 from .errors import Fenced, NotLeader, Sealing, StatorError, TopicNotFound, Unavailable
 from .fault import LatencyFaultAvoidance
 from .http import Backoff, Deadline, request_once
-from .lifecycle import TopicClient
+from .lifecycle import TopicClient, lone_tls
 from .routes import Route, RouteSubscription
 from .selection import KeySelector, Message, QueueSelector, as_selector
 
@@ -73,7 +74,8 @@ class Producer(TopicClient):
     def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, *,
                  selector: QueueSelector | Any = None, fault_avoidance: bool | LatencyFaultAvoidance = True,
                  routes: RouteSubscription | None = None, route_mode: str = "sse",
-                 session: aiohttp.ClientSession | None = None, send_timeout_s: float = SEND_TIMEOUT_S_DEFAULT,
+                 session: aiohttp.ClientSession | None = None, ssl_context: ssl.SSLContext | None = None,
+                 send_timeout_s: float = SEND_TIMEOUT_S_DEFAULT,
                  attempts_max: int = SEND_ATTEMPTS_MAX_DEFAULT, deadline_s: float = SEND_DEADLINE_S_DEFAULT,
                  backoff: Backoff | None = None, sealing_wait_s: float = SEALING_WAIT_S_MAX):
         assert attempts_max >= 1 and send_timeout_s > 0 and deadline_s > 0
@@ -85,7 +87,9 @@ class Producer(TopicClient):
         else:
             self.fault = LatencyFaultAvoidance(enabled=bool(fault_avoidance))
         self._owns_routes = routes is None
-        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session)
+        self._ssl_context = lone_tls(session, ssl_context)
+        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session,
+                                                  ssl_context=ssl_context)
         self._session = session
         self._owns_session = session is None
         self.send_timeout_s = send_timeout_s

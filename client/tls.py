@@ -2,8 +2,9 @@
 client certificates signed by it) and the client's (verify servers against the CA, present a certificate when the
 servers require one). Used by meta, broker and the client library alike.
 
-The client library's classes take ``ssl_context=`` (AdminClient, RouteSubscription) or a ``session=`` built with
-``client_session`` (Producer, PullConsumer, ExclusiveConsumer)."""
+Every class of the client library takes ``ssl_context=`` and then makes, owns and closes its sessions with it. A
+``session=`` built with ``client_session`` and lent to a client stays the lender's to close (``async with``): the
+client cannot know who else uses it."""
 
 from __future__ import annotations
 
