@@ -7,10 +7,8 @@ someone looks. A broker that does not answer in time leaves its queues' offsets 
 
 A group need not be in the image to have offsets: a pull group commits on the brokers and never heartbeats meta, and
 an exclusive group whose members all left holds no lock naming the topics it read. Which groups and topics have
-commits only the brokers know; no broker call lists them but ``/metrics``, whose
-``stator_broker_consumer_committed_offset{group,topic,queue}`` each head broker exports from local state (no token,
-no peer calls). It is read to find the (group, topic) pairs only: the numbers shown come from
-``GET /v1/offsets/{group}/{topic}``, which walks the queue's older brokers for the newest commit.
+commits only the brokers know: each lists its own (``GET /v1/offsets``); the numbers shown come from
+``GET /v1/offsets/{group}/{topic}`` of each queue's head, which walks the queue's older brokers for the newest commit.
 """
 
 from __future__ import annotations
@@ -22,15 +20,10 @@ from urllib.parse import quote
 
 import aiohttp
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 
 log = structlog.get_logger("meta.group_lag")
 BROKER_ASK_TIMEOUT_S = 2.0
 BROKER_ASKS_IN_FLIGHT_MAX = 16
-# A scrape carries every other series of the broker too (up to QUEUE_SERIES_MAX per family): more time than one ask.
-BROKER_SCRAPE_TIMEOUT_S = 5.0
-COMMITTED_METRIC = "stator_broker_consumer_committed_offset"
-COMMITTED_LINES_MAX = 100_000   # 10x a broker's own cap on the family (broker/metrics.py QUEUE_SERIES_MAX)
 
 Heads = dict[tuple[str, int], "str | None"]
 
@@ -82,38 +75,29 @@ async def fill_offsets(http: aiohttp.ClientSession, token: str, group: str, assi
         a.update(found.get((a["topic"], a["queue"]), {"committed_offset": None, "max_offset": None, "lag": None}))
 
 
-async def committed_on_brokers(http: aiohttp.ClientSession, addresses: Iterable[str],
+async def committed_on_brokers(http: aiohttp.ClientSession, token: str, addresses: Iterable[str],
                                group: str | None = None) -> dict[str, set[str]]:
-    """``{group: {topic, ...}}``: the (group, topic) pairs the brokers at ``addresses`` report commits for in their
-    ``/metrics`` (only ``group``'s when given). A broker that does not answer adds nothing."""
+    """``{group: {topic, ...}}``: the groups the brokers at ``addresses`` hold commits of, with their topics (only
+    ``group``'s when given), from each broker's ``GET /v1/offsets``. A broker that does not answer adds nothing."""
     found: dict[str, set[str]] = {}
+    query = f"?group={quote(group, safe='')}" if group is not None else ""
 
-    async def scrape(address: str) -> None:
-        lines: list[str] = []
+    async def ask(address: str) -> None:
         try:
-            async with http.get(f"{address.rstrip('/')}/metrics",
-                                timeout=aiohttp.ClientTimeout(total=BROKER_SCRAPE_TIMEOUT_S)) as r:
+            async with http.get(f"{address.rstrip('/')}/v1/offsets{query}",
+                                headers={"Authorization": f"Bearer {token}"},
+                                timeout=aiohttp.ClientTimeout(total=BROKER_ASK_TIMEOUT_S)) as r:
+                body = await r.json() if r.status == 200 else None
                 if r.status != 200:
-                    log.info("group_scrape_refused", broker=address, status=r.status)
+                    log.info("group_listing_refused", broker=address, status=r.status)
                     return
-                # Line by line, keeping only the one family: the rest of the scrape may be megabytes.
-                async for raw in r.content:
-                    if raw.startswith(COMMITTED_METRIC.encode() + b"{"):
-                        lines.append(raw.decode("utf-8", "replace"))
-                        if len(lines) >= COMMITTED_LINES_MAX:
-                            break
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-            log.info("group_scrape_unavailable", broker=address, error=type(e).__name__)
+            log.info("group_listing_unavailable", broker=address, error=type(e).__name__)
             return
-        try:
-            families = list(text_string_to_metric_families("".join(lines)))
-        except ValueError as e:
-            log.info("group_scrape_unreadable", broker=address, error=str(e)[:200])
-            return
-        for family in families:
-            for s in family.samples:
-                g, topic = s.labels.get("group"), s.labels.get("topic")
-                if g and topic and s.value >= 0 and (group is None or g == group):
-                    found.setdefault(g, set()).add(topic)
-    await asyncio.gather(*(scrape(a) for a in set(addresses)))
+        if isinstance(body, dict) and body.get("truncated"):
+            log.warning("group_listing_truncated", broker=address)
+        for g in body.get("groups", []) if isinstance(body, dict) else []:
+            if isinstance(g, dict) and isinstance(g.get("group"), str) and isinstance(g.get("topics"), list):
+                found.setdefault(g["group"], set()).update(t for t in g["topics"] if isinstance(t, str))
+    await asyncio.gather(*(ask(a) for a in set(addresses)))
     return found

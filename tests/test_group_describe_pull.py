@@ -14,7 +14,7 @@ from ops.cli import main
 from tests.meta_helpers import ok, wait_until
 
 NO_ENV = {"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}
-SEEN_WAIT_S = 20.0   # a commit reaches the broker's /metrics once durable (the offsets file's group commit)
+SEEN_WAIT_S = 20.0   # a commit is listed by its broker once durable (the offsets file's group commit)
 
 
 def _cli(c, *args: str, code: int = 0):
@@ -44,7 +44,7 @@ async def _describe_offsets(c, group: str, want: dict) -> dict:
     async def shown() -> bool:
         result = await asyncio.to_thread(CliRunner().invoke, main, ["group", "describe", group, "--dir", c.dir,
                                                                      "-w", "json"], env=NO_ENV)
-        if result.exit_code != 0:   # not on the brokers' /metrics yet: GROUP_NOT_FOUND
+        if result.exit_code != 0:   # not listed by the brokers yet: GROUP_NOT_FOUND
             seen["last"] = result.stderr
             return False
         d = json.loads(result.stdout)
@@ -94,3 +94,17 @@ async def test_a_pull_group_and_a_memberless_exclusive_group_show_offsets_and_la
     assert "billing" not in {g["group"] for g in plain["groups"]}
     bad = await c.call("GET", c.meta_urls[0] + "/v1/groups?include=everything", "client")
     assert bad[0] == 400 and bad[1]["error"]["code"] == "INVALID_ARGUMENT"
+
+
+async def test_a_pull_group_is_found_after_its_queue_moved_on_since_its_last_commit(full_cluster):
+    # The new head broker holds no commit of the group; the old one still does, on an older segment.
+    c = full_cluster
+    await ok(c, "POST", "/v1/topics", json={"topic": "audit", "queues": 1, "brokers": ["b1"]}, expect=(201,))
+    head = await _send(c, "audit", 0, 4)
+    await ok(c, "PUT", "/v1/offsets/auditors/audit/0", "client", url=head, json={"offset": 3})
+    await ok(c, "POST", "/v1/topics/audit/remap", json={"brokers": ["b2"]})
+    listing = await ok(c, "GET", "/v1/offsets?group=auditors", "client", url=head)
+    assert listing == {"groups": [{"group": "auditors", "topics": ["audit"]}], "truncated": False}
+    d = await _describe_offsets(c, "auditors", {("audit", 0): (3, 4, 1)})
+    assert d["source"] == "brokers"
+    assert "auditors" in {g["group"] for g in (await cli_json(c, "group", "list"))["groups"]}

@@ -166,6 +166,8 @@ async def test_live_broker_answers_match_the_broker_spec(tmp_path):
                    topic="t", queue=0)
         await call("GET", "/v1/offsets/{group}/{topic}/{queue}", group="g", topic="t", queue=0)
         await call("GET", "/v1/offsets/{group}/{topic}", group="g", topic="t")
+        listed = await call("GET", "/v1/offsets?group=g")
+        assert listed == {"groups": [{"group": "g", "topics": ["t"]}], "truncated": False}
         await call("GET", "/v1/queues/{topic}", topic="t")
         await call("GET", "/v1/queues/{topic}/{queue}/offset?ts=0", topic="t", queue=0)
         route = (await c.call("GET", c.meta_urls[0] + "/v1/routes/t", "client"))[1]

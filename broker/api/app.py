@@ -127,6 +127,25 @@ async def group_offsets(request: web.Request) -> web.Response:
     return _respond({"queues": await node.reader.group_offsets(group, topic)})
 
 
+COMMITTED_GROUPS_LISTED_MAX = 10_000   # groups one listing answers; ``truncated`` says there are more
+
+
+@requires("client", "broker")
+async def committed_groups(request: web.Request) -> web.Response:
+    """The groups with a commit stored here, each with its topics (``?group=`` for one): how meta finds the pull
+    groups, which commit on brokers and never tell meta. Every commit this broker holds counts, on a head or on an
+    older segment, so a group whose queues all moved on since its last commit is still found."""
+    node = request.app[NODE]
+    only = _name(request.query["group"], "group") if "group" in request.query else None
+    topics: dict[str, set[str]] = {}
+    for group, topic, _queue in node.offsets.snapshot():
+        if only is None or group == only:
+            topics.setdefault(group, set()).add(topic)
+    names = sorted(topics)
+    return _respond({"groups": [{"group": g, "topics": sorted(topics[g])} for g in names[:COMMITTED_GROUPS_LISTED_MAX]],
+                     "truncated": len(names) > COMMITTED_GROUPS_LISTED_MAX})
+
+
 @requires("client", "broker")
 async def read_offset(request: web.Request) -> web.Response:
     node = request.app[NODE]
@@ -266,6 +285,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_put("/v1/offsets/{group}/{topic}/{queue}", commit_offset)
     r.add_get("/v1/offsets/{group}/{topic}/{queue}", read_offset)
     r.add_get("/v1/offsets/{group}/{topic}", group_offsets)
+    r.add_get("/v1/offsets", committed_groups)
     r.add_get("/v1/queues/{topic}", queues)
     r.add_get("/v1/queues/{topic}/{queue}/offset", offset_for_time)
     r.add_get("/v1/physical/{pq}", physical)

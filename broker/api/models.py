@@ -124,6 +124,18 @@ class GroupOffsets(TypedDict):
 
 
 @with_config(OPEN)
+class CommittedGroup(TypedDict):
+    group: str
+    topics: list[str]
+
+
+@with_config(OPEN)
+class CommittedGroups(TypedDict):
+    groups: list[CommittedGroup]
+    truncated: bool
+
+
+@with_config(OPEN)
 class QueueRange(TypedDict):
     queue: int
     min_offset: int

@@ -58,6 +58,8 @@ SPEC: dict[str, Any] = {
         },
         "/v1/offsets/{group}/{topic}": {"get": _op("Committed offsets and queue ends", M.GroupOffsets,
                                                    params=_p("group", "topic"))},
+        "/v1/offsets": {"get": _op("Groups with a commit stored here, and their topics", M.CommittedGroups,
+                                   params=_q("group"))},
         "/v1/queues/{topic}": {"get": _op("Logic min and max of the queues headed here", M.QueueRanges,
                                           params=_p("topic"))},
         "/v1/queues/{topic}/{queue}/offset": {"get": _op("First offset at or after a time", M.OffsetForTime,

@@ -82,7 +82,7 @@ def _heads(image, topics) -> dict[tuple[str, int], str | None]:
 @requires("client", "broker")
 async def list_groups(request: web.Request) -> web.Response:
     """The image's groups; with ``include=brokers`` also the groups only brokers know (a pull group commits offsets
-    and never joins through meta): found in the brokers' /metrics, so asked for only by who wants them (the CLI)."""
+    and never joins through meta): each broker lists its own (GET /v1/offsets), asked only by who wants them (the CLI)."""
     svc = service(request)
     include = request.query.get("include")
     if include is not None and include not in INCLUDE:
@@ -94,7 +94,8 @@ async def list_groups(request: web.Request) -> web.Response:
         known = {g["group"] for g in groups}
         for g in groups:
             g["source"] = "meta"
-        committed = await group_lag.committed_on_brokers(svc.forwarder.http_session(), addresses)
+        committed = await group_lag.committed_on_brokers(svc.forwarder.http_session(), svc.config.tokens.client,
+                                                             addresses)
         groups += [{"group": name, "mode": None, "members": 0, "locks": 0, "version": 0, "source": "brokers"}
                    for name in committed if name not in known]
         groups.sort(key=lambda g: g["group"])
@@ -125,7 +126,8 @@ async def describe(request: web.Request) -> web.Response:
             return detail, topics, _active_broker_addresses(image)
         detail, topics, addresses = svc.read(look)
         http = svc.forwarder.http_session()
-        topics |= (await group_lag.committed_on_brokers(http, addresses, name)).get(name, set())
+        topics |= (await group_lag.committed_on_brokers(http, svc.config.tokens.client, addresses, name)).get(
+            name, set())
         if detail is None and not topics:
             raise _group_not_found(name)
         heads = svc.read(lambda image: _heads(image, sorted(topics)))
