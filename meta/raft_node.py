@@ -383,6 +383,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self._leader_sync()
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         super()._onTick(timeToWait)
+        shim.forget_unreachable_leader(self)
         # The tick ends in a poll that handled what arrived: its answers leave now, not a tick later.
         self._local.transport.flush()
         if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:

@@ -91,6 +91,11 @@ def route_name(request: web.Request) -> str:
     return info.canonical if info is not None else "unmatched"
 
 
+# A probe's 503 answers the question it was asked ("not ready yet"): counted as a refusal, every start and every
+# election would raise the refusals an operator alerts on.
+PROBES = frozenset({"/healthz", "/readyz"})
+
+
 def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None]], what: str,
                      observe: Callable[[web.Request, int, float], None],
                      refused: Callable[[web.Request, str], None] | None = None,
@@ -151,7 +156,7 @@ def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None
             return error_response(ApiError(f"internal error; see the {what}'s log", code="INTERNAL", status=500))
         finally:
             observe(request, status, time.perf_counter() - started)
-            if refused is not None and code is not None:
+            if refused is not None and code is not None and request.path not in PROBES:
                 refused(request, code)
             structlog.contextvars.unbind_contextvars("request_id")
 
