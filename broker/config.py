@@ -14,7 +14,8 @@ from client.tls import TlsFiles
 from client.wire.credentials import BROKER_TOKENS_MAX, check_hash, token_hash
 from client.wire.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
 from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
-                             TlsSchema, split_host_port, tls_files)
+                             MetricsListen, MetricsListener, TlsSchema, metrics_listener, split_host_port,
+                             tls_files)
 
 from .storage.config import FLUSH_FSYNC, FLUSH_POLICIES
 from .storage.limits import (FLUSH_INTERVAL_MS_MAX, SEGMENT_BYTES_LIMIT_MAX, SEGMENT_BYTES_LIMIT_MIN,
@@ -47,6 +48,7 @@ class BrokerConfig:
     log_level: str = "info"
     advertise: str | None = None         # the URL others reach this broker at, when it differs from the bind address
     tls: TlsFiles | None = None          # HTTPS for the API and for calls to meta and other brokers (client/tls.py)
+    metrics_listen: MetricsListener | None = None   # a second listener for /metrics and the health checks
     http_connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT   # more open connections are refused 503
     # Other brokers' tokens by hash (broker id -> "sha256:<hex>"): the peers whose calls this broker accepts.
     broker_tokens: Mapping[str, str] = field(default_factory=dict)
@@ -84,6 +86,7 @@ class _BrokerSchema(Schema):
     segment_bytes_max: int = Field(SEGMENT_BYTES_MAX_DEFAULT, ge=SEGMENT_BYTES_LIMIT_MIN, le=SEGMENT_BYTES_LIMIT_MAX)
     log_level: LogLevel = "info"
     tls: TlsSchema | None = None
+    metrics_listen: MetricsListen | None = None   # /metrics, /healthz, /readyz without client certificates
     http_connections_max: int = Field(HTTP_CONNECTIONS_MAX_DEFAULT, ge=1, le=HTTP_CONNECTIONS_LIMIT_MAX)
     # The peers' tokens by hash, as in meta's config: pop handovers and reads between brokers come with them.
     broker_tokens: dict[Name, Annotated[str, AfterValidator(check_hash)]] = Field(
@@ -128,4 +131,5 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
         retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, segment_bytes_max=s.segment_bytes_max,
         log_level=s.log_level,
         advertise=s.advertise, tls=tls_files(s.tls, base_dir), http_connections_max=s.http_connections_max,
+        metrics_listen=metrics_listener(s.metrics_listen, tls_files(s.tls, base_dir), port),
         broker_tokens=dict(s.broker_tokens))

@@ -17,4 +17,4 @@ def run_broker(config_path: str, power_loss_ledger: bool = False) -> None:
     if power_loss_ledger:
         start_power_loss_ledger(config.data_dir)
     asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,
-                          config.http_connections_max))
+                          config.http_connections_max, config.metrics_listen))

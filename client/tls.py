@@ -1,6 +1,6 @@
-"""TLS for Stator's HTTP: the server's context (certificate, key, and a CA that, when given, makes the server require
-client certificates signed by it) and the client's (verify servers against the CA, present a certificate when the
-servers require one). Used by meta, broker and the client library alike.
+"""TLS for Stator's HTTP: the server's context (certificate and key, and, when client authentication is on, the CA
+whose signature a client certificate must bear) and the client's (verify servers against the CA, present a
+certificate when the servers require one). Used by meta, broker and the client library alike.
 
 Every class of the client library takes ``ssl_context=`` and then makes, owns and closes its sessions with it. A
 ``session=`` built with ``client_session`` and lent to a client stays the lender's to close (``async with``): the
@@ -8,6 +8,7 @@ client cannot know who else uses it."""
 
 from __future__ import annotations
 
+import socket
 import ssl
 from dataclasses import dataclass
 
@@ -22,7 +23,14 @@ class TlsError(ValueError):
 class TlsFiles:
     cert: str | None = None
     key: str | None = None
-    ca: str | None = None
+    ca: str | None = None            # trust: the CA that verifies the servers called (and clients, with client_auth)
+    # Whether a server demands client certificates signed by ``ca``. None keeps the behaviour from before the key
+    # existed: demanded whenever ``ca`` is given, so configs written then keep meaning what they meant.
+    client_auth: bool | None = None
+
+    @property
+    def requires_client_cert(self) -> bool:
+        return self.client_auth if self.client_auth is not None else self.ca is not None
 
 
 def _load(what: str, fn, *args) -> None:
@@ -38,10 +46,17 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     _load("TLS certificate/key", ctx.load_cert_chain, files.cert, files.key)
-    if files.ca:
+    if files.requires_client_cert:
+        if not files.ca:
+            raise TlsError("client_auth needs ca: the CA that signs the clients' certificates")
         _load("TLS CA", ctx.load_verify_locations, files.ca)
         ctx.verify_mode = ssl.CERT_REQUIRED   # only clients with a certificate the CA signed get in
     return ctx
+
+
+def without_client_auth(files: TlsFiles) -> TlsFiles:
+    """The same certificate, for a listener that asks no client for one (metrics_listen)."""
+    return TlsFiles(cert=files.cert, key=files.key, ca=files.ca, client_auth=False)
 
 
 def client_context(files: TlsFiles) -> ssl.SSLContext:
@@ -55,6 +70,38 @@ def client_context(files: TlsFiles) -> ssl.SSLContext:
             raise TlsError("a client certificate needs both cert and key")
         _load("TLS client certificate/key", ctx.load_cert_chain, files.cert, files.key)
     return ctx
+
+
+CERTIFICATE_REQUEST = 13   # the TLS handshake message type (RFC 8446 4.3.2, RFC 5246 7.4.4)
+
+
+def client_certificate_required(host: str, port: int, files: TlsFiles, timeout_s: float) -> bool:
+    """Whether the server at host:port asked for a client certificate and then gave no answer to a request made
+    without one: the cause of a bare "Server disconnected" (TLS 1.3) or "Connection reset" (TLS 1.2), as an asyncio
+    server closes such a connection without sending the alert that would say why. Blocking; False when it cannot
+    tell (no such server, another failure, an answer)."""
+    probe = TlsFiles(ca=files.ca)   # without the client's certificate, whatever it had
+    try:
+        ctx = client_context(probe)
+    except TlsError:
+        return False
+    asked = []
+    # The message callback is CPython's debugging hook (ssl.SSLContext._msg_callback, since 3.8): the only way
+    # the ssl module shows which handshake messages arrived. Without it, nothing is claimed.
+    if not hasattr(ctx, "_msg_callback"):
+        return False
+    ctx._msg_callback = lambda _conn, direction, _version, _kind, msg_type, _data: (
+        asked.append(True) if direction == "read" and msg_type == CERTIFICATE_REQUEST else None)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host) as conn:
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: stator\r\nConnection: close\r\n\r\n")
+                answered = bool(conn.recv(1))
+    except ssl.SSLCertVerificationError:
+        return False   # the server's certificate is the problem, and the client's error says so already
+    except OSError:
+        answered = False
+    return bool(asked) and not answered
 
 
 def connector(ctx: ssl.SSLContext | None) -> aiohttp.TCPConnector | None:

@@ -11,7 +11,8 @@ from pydantic import AfterValidator, Field, model_validator
 
 from ops import config_file
 from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
-                             TlsSchema, split_host_port, tls_files)
+                             MetricsListen, MetricsListener, TlsSchema, metrics_listener, split_host_port,
+                             tls_files)
 
 from client.tls import TlsFiles
 from client.wire.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
@@ -65,6 +66,7 @@ class MetaConfig:
     # (replicas never diverge); give every member the same value, or the window changes with the leader.
     history_window: int = limits.HISTORY_EVENTS_MAX
     tls: TlsFiles | None = None   # HTTPS for the API and for calls to other nodes (client/tls.py)
+    metrics_listen: MetricsListener | None = None   # a second listener for /metrics and the health checks
     http_connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT   # more open connections are refused 503
 
     @property
@@ -188,6 +190,7 @@ class _MetaSchema(Schema):
     log_level: LogLevel = "info"
     history_window: int = Field(limits.HISTORY_EVENTS_MAX, ge=limits.HISTORY_WINDOW_MIN, le=limits.HISTORY_WINDOW_MAX)
     tls: TlsSchema | None = None
+    metrics_listen: MetricsListen | None = None   # /metrics, /healthz, /readyz without client certificates
     http_connections_max: int = Field(HTTP_CONNECTIONS_MAX_DEFAULT, ge=1, le=HTTP_CONNECTIONS_LIMIT_MAX)
 
     @model_validator(mode="after")
@@ -225,5 +228,6 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> MetaConfig:
         offset_budget=s.offset_budget, session_timeout_ms=s.session_timeout_ms,
         heartbeat_interval_ms=s.heartbeat_interval_ms, raft_tuning=RaftTuning(**s.raft_tuning.model_dump()),
         log_level=s.log_level, history_window=s.history_window, tls=tls_files(s.tls, base_dir),
+        metrics_listen=metrics_listener(s.metrics_listen, tls_files(s.tls, base_dir), port),
         http_connections_max=s.http_connections_max,
     )

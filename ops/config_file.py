@@ -14,10 +14,11 @@ import tomllib
 import types
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from meta.commands import NAME_RE
 from meta.limits import BROKER_NAME_CHARS_MAX
@@ -213,11 +214,19 @@ def _inner_model(annotation: Any) -> type[BaseModel] | None:
 
 
 class TlsSchema(Schema):
-    """``tls = {cert, key, ca?}``: serve HTTPS with this certificate and key; with ``ca``, require every client (and
-    every other node) to present a certificate that CA signed, and verify other nodes against it."""
+    """``tls = {cert, key, ca?, client_auth?}``: serve HTTPS with this certificate and key. ``ca`` is trust: the node
+    verifies the nodes it calls against it and, with ``client_auth``, requires every client (and every other node) to
+    present a certificate it signed. ``client_auth`` defaults to whether ``ca`` is given, as before the key existed."""
     cert: Path
     key: Path
     ca: Path | None = None
+    client_auth: bool | None = None
+
+    @model_validator(mode="after")
+    def _client_auth_needs_a_ca(self) -> TlsSchema:
+        if self.client_auth and self.ca is None:
+            raise ValueError("client_auth = true needs ca: the CA whose signature a client certificate must bear")
+        return self
 
 
 def tls_files(schema: TlsSchema | None, base_dir: str):
@@ -226,4 +235,40 @@ def tls_files(schema: TlsSchema | None, base_dir: str):
     if schema is None:
         return None
     at = lambda p: os.path.join(base_dir, p) if p is not None else None  # noqa: E731
-    return TlsFiles(cert=at(schema.cert), key=at(schema.key), ca=at(schema.ca))
+    return TlsFiles(cert=at(schema.cert), key=at(schema.key), ca=at(schema.ca), client_auth=schema.client_auth)
+
+
+@dataclass(frozen=True)
+class MetricsListener:
+    """Where /metrics, /healthz and /readyz are also served, and nothing else: never a client certificate asked
+    for there, so a Prometheus server or a load balancer's health check needs none while the API demands them."""
+    host: str
+    port: int
+    tls: bool   # HTTPS with the node's certificate (server-only TLS), or plain HTTP
+
+
+def _metrics_listen(value: str) -> str:
+    scheme, sep, rest = value.partition("://")
+    if sep and scheme not in ("http", "https"):
+        raise ValueError("must be host:port, http://host:port or https://host:port")
+    split_host_port(rest if sep else value)
+    return value
+
+
+# ``host:port`` (HTTPS when the node has tls, else HTTP), ``http://host:port`` or ``https://host:port``.
+MetricsListen = Annotated[str, Field(max_length=HOST_CHARS_MAX + 14), AfterValidator(_metrics_listen)]
+
+
+def metrics_listener(value: str | None, tls: Any, http_port: int) -> MetricsListener | None:
+    """The checked ``metrics_listen`` of a config whose API listens on ``http_port`` with ``tls`` (TlsFiles)."""
+    if value is None:
+        return None
+    scheme, sep, rest = value.partition("://")
+    host, port = split_host_port(rest if sep else value)
+    https = scheme == "https" if sep else tls is not None
+    if https and tls is None:
+        raise ConfigError(f"metrics_listen {value!r}: https needs the node's tls (its cert and key)")
+    # The server tells the two listeners apart by the local port a request arrived on.
+    if port == http_port:
+        raise ConfigError(f"metrics_listen {value!r}: needs a port of its own, not the API's {http_port}")
+    return MetricsListener(host, port, https)

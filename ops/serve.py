@@ -44,16 +44,26 @@ def listening_socket(host: str, port: int, label: str) -> socket.socket:
 
 
 async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
-                    connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT) -> None:
+                    connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT, metrics: Any = None) -> None:
     """``tls``: the config's TlsFiles (client/tls.py) to serve HTTPS, None for plain HTTP. ``connections_max``: open
-    connections beyond it are answered 503 TOO_MANY_CONNECTIONS (client/wire/connection_limit.py)."""
-    from client.tls import server_context
+    connections beyond it are answered 503 TOO_MANY_CONNECTIONS (client/wire/connection_limit.py). ``metrics``: the
+    config's MetricsListener (ops/config_file.py), a second listener for the scrape and health paths only."""
+    from client.tls import server_context, without_client_auth
     from client.wire.connection_limit import CONNECTION_LIMIT, ConnectionLimit
     ssl_context = server_context(tls) if tls is not None else None   # a bad file fails here, before the port
+    metrics_ssl = server_context(without_client_auth(tls)) if metrics is not None and metrics.tls else None
     # The HTTP port is taken before the app starts (and so before a meta node joins Raft): a port in use fails at
     # once with its address, and nothing else can take the port while the app starts. Requests that arrive
     # meanwhile wait in the listen backlog instead of being refused.
     sock = listening_socket(host, port, f"HTTP address {host}:{port}")
+    try:
+        metrics_sock = listening_socket(metrics.host, metrics.port, f"metrics address {metrics.host}:{metrics.port}") \
+            if metrics is not None else None
+    except StartupError:
+        sock.close()
+        raise
+    if metrics_sock is not None:
+        app.middlewares.insert(0, only_scrape_paths_on(metrics.port))   # outermost: before any token is asked for
     open_files_for(connections_max)
     # handler_cancellation: a long poll or watch whose client went away stops at once instead of holding its
     # waiter slot until its wait ends.
@@ -67,6 +77,8 @@ async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
         await runner.setup()
         limit.attach(runner.server)
         await web.SockSite(runner, sock, backlog=HTTP_BACKLOG, ssl_context=ssl_context).start()
+        if metrics_sock is not None:
+            await web.SockSite(runner, metrics_sock, backlog=HTTP_BACKLOG, ssl_context=metrics_ssl).start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -75,6 +87,31 @@ async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
     finally:
         await runner.cleanup()
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
+
+
+SCRAPE_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+
+
+def only_scrape_paths_on(metrics_port: int):
+    """A middleware that answers 404 NOT_FOUND to anything but a GET of the scrape and health paths arriving on the
+    metrics listener: that listener asks for no client certificate, so the API must not be reachable through it.
+    Both listeners share one app (one meta node, one set of metrics); the local port tells them apart, as the
+    Host header is the caller's to choose."""
+    from client.wire.errors import ApiError
+    from client.wire.server import error_response
+
+    @web.middleware
+    async def middleware(request: web.Request, handler) -> web.StreamResponse:
+        local = request.transport.get_extra_info("sockname") if request.transport is not None else None
+        on_metrics = local is None or local[1] == metrics_port   # a connection gone: refuse rather than guess
+        if on_metrics and not (request.method in ("GET", "HEAD") and request.path in SCRAPE_PATHS):
+            return error_response(ApiError(f"{request.method} {request.path}: the metrics listener serves "
+                                           f"{', '.join(sorted(SCRAPE_PATHS))} only", code="NOT_FOUND", status=404))
+        return await handler(request)
+
+    return middleware
 
 
 OPEN_FILES_RESERVE = 1_024   # descriptors beyond the HTTP connections: segment files, raft links, outgoing calls
@@ -138,7 +175,7 @@ def run_meta(config_path: str, power_loss_ledger: bool = False) -> None:
     check_raft_address(config.raft)
     try:
         asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,
-                              config.http_connections_max))
+                              config.http_connections_max, config.metrics_listen))
     except SyncObjException as e:
         # pysyncobj gave up binding after conf.maxBindRetries attempts (the port was taken after the check above).
         if e.errorCode != "BindError":

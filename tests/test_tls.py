@@ -1,10 +1,13 @@
 """TLS on every HTTP listener and in the client: a meta node and a broker serving HTTPS with a CA that makes them
 require client certificates. A client without the CA (or without a certificate the CA signed) is refused; one with
-them works, for meta's API, the broker's, and the watch stream; the broker itself reaches meta over TLS."""
+them works, for meta's API, the broker's, and the watch stream; the broker itself reaches meta over TLS. Trust apart
+from client authentication: with ``client_auth = false`` the CA only verifies the servers called, and clients need
+no certificate. ``metrics_listen`` serves the scrape and health paths, and only them, without client certificates."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -76,19 +79,31 @@ async def tls_cluster(tmp_path):
     base = devcluster.free_base_port()
     meta_url, broker_url = f"https://127.0.0.1:{base}", f"https://127.0.0.1:{base + 50}"
     tls = {"cert": certs.node.cert, "key": certs.node.key, "ca": certs.ca}
+    # The scrape listeners: meta's in the API's scheme (server-only TLS), the broker's plain HTTP by choice.
+    metrics = {"meta": f"127.0.0.1:{base + 2}", "broker": f"http://127.0.0.1:{base + 51}"}
+    async with _cluster(tmp_path, base, tls, metrics, client_context(
+            TlsFiles(certs.client.cert, certs.client.key, certs.ca))):
+        yield certs, meta_url, broker_url
+
+
+@contextlib.asynccontextmanager
+async def _cluster(tmp_path, base: int, tls: dict, metrics: dict[str, str], ctx: ssl.SSLContext):
+    """m1 on base (raft base + 1) and b1 on base + 50, both with ``tls``, ready (b1 registered with m1)."""
+    meta_url, broker_url = f"https://127.0.0.1:{base}", f"https://127.0.0.1:{base + 50}"
     procs = [_start(str(tmp_path), "m1", "meta", {
         "node": "m1", "data_dir": "data", "http": f"127.0.0.1:{base}", "secret": "s" * 24,
         "tokens": META_TOKENS,
         "broker_tokens": {"b1": token_hash(TOKENS["broker"])},   # b1's own token, by its hash
-        "members": [{"node": "m1", "raft": f"127.0.0.1:{base + 1}", "url": meta_url}], "tls": tls})]
+        "members": [{"node": "m1", "raft": f"127.0.0.1:{base + 1}", "url": meta_url}], "tls": tls,
+        **({"metrics_listen": metrics["meta"]} if "meta" in metrics else {})})]
     try:
-        ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
         await _ready(meta_url, ctx, procs[0])
         procs.append(_start(str(tmp_path), "b1", "broker", {
             "broker": "b1", "data_dir": "data", "http": f"127.0.0.1:{base + 50}", "meta": [meta_url],
-            "tokens": {"broker": TOKENS["broker"], "client": TOKENS["client"]}, "tls": tls}))
+            "tokens": {"broker": TOKENS["broker"], "client": TOKENS["client"]}, "tls": tls,
+            **({"metrics_listen": metrics["broker"]} if "broker" in metrics else {})}))
         await _ready(broker_url, ctx, procs[1])   # ready: registered with meta, over TLS
-        yield certs, meta_url, broker_url
+        yield
     finally:
         _stop(procs)
 
@@ -149,8 +164,16 @@ async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster):
                                          "-w", "json", *extra], env={"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None})
     ok = await asyncio.to_thread(cli, "--cacert", certs.ca, "--cert", certs.client.cert, "--key", certs.client.key)
     assert ok.exit_code == 0 and json.loads(ok.stdout)["members"][0]["url"] == meta_url
+    # Without --cert/--key the server only closes the connection; the CLI finds out why and says so.
     bad = await asyncio.to_thread(cli, "--cacert", certs.ca)
-    assert bad.exit_code == 1 and bad.stderr.startswith("error: UNAVAILABLE: ") and bad.stderr.count("\n") == 1
+    assert bad.exit_code == 1 and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith(f"error: UNAUTHENTICATED: {meta_url} requires a client certificate"), bad.stderr
+    assert "--cert and --key" in bad.stderr
+    # A server that is down is still just unavailable: no certificate is blamed for it.
+    down = await asyncio.to_thread(lambda: CliRunner().invoke(main, [
+        "cluster", "members", "--endpoints", f"https://127.0.0.1:{devcluster.free_base_port()}",
+        "--token", TOKENS["admin"], "--cacert", certs.ca], env={"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}))
+    assert down.exit_code == 1 and down.stderr.startswith("error: UNAVAILABLE: "), down.stderr
     missing = await asyncio.to_thread(cli, "--cacert", "/nonexistent/ca.pem")
     assert missing.exit_code == 1 and missing.stderr.startswith("error: INVALID_ARGUMENT: TLS CA /nonexistent/ca.pem")
 
@@ -192,3 +215,114 @@ async def test_three_meta_nodes_link_over_mutual_tls_and_commit_through_a_follow
         assert any(x["event"] == "raft_tls" and x.get("mode") == "mutual" for x in lines), m["node"]
         assert any(x["event"] == "raft_peer_connected" for x in lines), f"{m['node']} never linked over TLS"
         assert not any(x["event"] == "raft_peer_refused" for x in lines), m["node"]
+
+
+HEARTBEAT_SEEN_TIMEOUT_S = 15.0   # the broker heartbeats every 2 s (meta/limits.py)
+
+
+async def test_server_only_tls_with_a_private_ca_needs_no_client_certificate(tmp_path):
+    # `ca` is trust, `client_auth = false` asks no client for a certificate: the broker verifies meta against the CA,
+    # registers and heartbeats; clients and the CLI come with the CA alone.
+    certs = tls_certs.make(str(tmp_path))
+    base = devcluster.free_base_port()
+    meta_url, broker_url = f"https://127.0.0.1:{base}", f"https://127.0.0.1:{base + 50}"
+    tls = {"cert": certs.node.cert, "key": certs.node.key, "ca": certs.ca, "client_auth": False}
+    ca_only = client_context(TlsFiles(None, None, certs.ca))
+    async with _cluster(tmp_path, base, tls, {}, ca_only):
+        async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ca_only) as admin:
+            first = next(b for b in await admin.brokers() if b["broker"] == "b1")
+            assert (first["address"], first["state"]) == (broker_url, "active")
+            deadline = time.monotonic() + HEARTBEAT_SEEN_TIMEOUT_S
+            while (now := next(b for b in await admin.brokers() if b["broker"] == "b1"))["last_heartbeat_ms"] == \
+                    first["last_heartbeat_ms"]:
+                assert time.monotonic() < deadline, "no heartbeat from b1 over server-only TLS"
+                await asyncio.sleep(0.3)
+            assert now["state"] == "active"
+            await admin.create_topic("open", queues=1)
+        async with Producer(meta_url, TOKENS["client"], "open", ssl_context=ca_only) as producer:
+            sent = await producer.send("no client certificate")
+        async with PullConsumer(meta_url, TOKENS["client"], "open", "g", ssl_context=ca_only) as consumer:
+            got = []
+            for _ in range(20):
+                got += await consumer.poll(timeout_s=0.5)
+                if got:
+                    break
+        assert [(m.offset, m.body) for m in got] == [(sent.offsets[0], "no client certificate")]
+        # Trust still holds: without the CA, the servers' certificates do not verify.
+        no_ca = client_context(TlsFiles(None, None, None))
+        for url in (meta_url + "/healthz", broker_url + "/healthz"):
+            assert "certificate verify failed" in await _refused(url, no_ca), url
+
+        def cli(*args: str):
+            return CliRunner().invoke(main, [*args, "--endpoints", meta_url, "--token", TOKENS["admin"], "-w", "json",
+                                             "--cacert", certs.ca],
+                                      env={"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None})
+        listed = await asyncio.to_thread(cli, "broker", "list")
+        assert listed.exit_code == 0, listed.stderr
+        assert [(b["broker"], b["state"]) for b in json.loads(listed.stdout)["brokers"]] == [("b1", "active")]
+        status = await asyncio.to_thread(cli, "cluster", "status")
+        assert status.exit_code == 0, status.stderr
+        assert [n["health"] for n in json.loads(status.stdout)["nodes"]] == ["ready"]
+
+
+async def _get(url: str, ctx: ssl.SSLContext | None, token: str | None = None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx if ctx is not None else False)) as s:
+        async with s.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
+            return r.status, await r.text()
+
+
+async def test_metrics_listen_serves_the_scrape_and_health_paths_only_and_asks_no_certificate(tls_cluster):
+    certs, meta_url, broker_url = tls_cluster
+    base = int(meta_url.rsplit(":", 1)[1])
+    meta_scrape, broker_scrape = f"https://127.0.0.1:{base + 2}", f"http://127.0.0.1:{base + 51}"
+    ca_only = client_context(TlsFiles(None, None, certs.ca))   # what a Prometheus server without a certificate has
+    for scrape, ctx in ((meta_scrape, ca_only), (broker_scrape, None)):
+        status, text = await _get(scrape + "/metrics", ctx)
+        assert status == 200 and "# TYPE stator_" in text, (scrape, status, text[:200])
+        for path in ("/healthz", "/readyz"):
+            assert (await _get(scrape + path, ctx))[0] == 200, (scrape, path)
+        # Nothing else, whatever the token: the API stays behind the client certificate.
+        for path in ("/v1/cluster", "/v1/brokers", "/v1/topics", "/v1/openapi.json"):
+            status, text = await _get(scrape + path, ctx, TOKENS["admin"])
+            assert status == 404 and json.loads(text)["error"]["code"] == "NOT_FOUND", (scrape, path, text)
+    # The metrics listener of meta is TLS with the node's certificate, verified against the CA.
+    assert "certificate verify failed" in await _refused(meta_scrape + "/metrics",
+                                                         client_context(TlsFiles(None, None, None)))
+    # The API's own port still demands a certificate, for /metrics too.
+    await _refused(meta_url + "/metrics", ca_only)
+    await _refused(broker_url + "/metrics", ca_only)
+
+
+def test_tls_config_keys_are_checked_by_name(tmp_path):
+    from broker import config as broker_config
+    from meta import config as meta_config
+    from ops.config_file import ConfigError
+    meta = {"node": "m1", "data_dir": "data", "http": "127.0.0.1:7100", "secret": "s" * 24, "tokens": META_TOKENS,
+            "members": [{"node": "m1", "raft": "127.0.0.1:7101", "url": "https://127.0.0.1:7100"}]}
+    files = {"cert": "n.pem", "key": "n.key"}
+    # Today's configs keep their meaning: a ca demands client certificates, none asks for nothing.
+    assert meta_config.parse({**meta, "tls": {**files, "ca": "ca.pem"}}).tls.requires_client_cert
+    assert not meta_config.parse({**meta, "tls": files}).tls.requires_client_cert
+    trust_only = meta_config.parse({**meta, "tls": {**files, "ca": "ca.pem", "client_auth": False}}, "/etc/x").tls
+    assert (trust_only.ca, trust_only.requires_client_cert) == ("/etc/x/ca.pem", False)
+    with pytest.raises(ConfigError, match="tls: client_auth = true needs ca"):
+        meta_config.parse({**meta, "tls": {**files, "client_auth": True}})
+    with pytest.raises(ConfigError, match="tls.client_auth: Input should be a valid boolean"):
+        meta_config.parse({**meta, "tls": {**files, "ca": "ca.pem", "client_auth": "yes"}})
+    with pytest.raises(ConfigError, match="unknown key 'tls.client_cert'"):
+        meta_config.parse({**meta, "tls": {**files, "client_cert": True}})
+
+    listen = lambda value, **kw: meta_config.parse({**meta, **kw, "metrics_listen": value}).metrics_listen  # noqa
+    assert listen("0.0.0.0:9100", tls=files) == listen("https://0.0.0.0:9100", tls=files)
+    assert (listen("0.0.0.0:9100", tls=files).tls, listen("0.0.0.0:9100").tls) == (True, False)
+    assert not listen("http://0.0.0.0:9100", tls=files).tls
+    with pytest.raises(ConfigError, match="metrics_listen 'https://0.0.0.0:9100': https needs the node's tls"):
+        listen("https://0.0.0.0:9100")
+    with pytest.raises(ConfigError, match="needs a port of its own, not the API's 7100"):
+        listen("127.0.0.2:7100")
+    with pytest.raises(ConfigError, match="metrics_listen: must be host:port"):
+        listen("ftp://0.0.0.0:9100")
+    broker = {"broker": "b1", "data_dir": "data", "http": "127.0.0.1:7200", "meta": ["https://127.0.0.1:7100"],
+              "tokens": {"broker": TOKENS["broker"], "client": TOKENS["client"]}, "tls": files}
+    assert broker_config.parse({**broker, "metrics_listen": "127.0.0.1:9200"}).metrics_listen.port == 9200

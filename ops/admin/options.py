@@ -16,13 +16,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 from click.core import ParameterSource
 
 from client import AdminClient
-from client.errors import INVALID_ARGUMENT, UNAUTHENTICATED, StatorError
-from client.tls import TlsError, TlsFiles, client_context
+from client.errors import INVALID_ARGUMENT, UNAUTHENTICATED, StatorError, Unavailable
+from client.tls import TlsError, TlsFiles, client_certificate_required, client_context
 
 from . import output
 
@@ -194,8 +195,9 @@ def global_options(fn: Callable[..., Any] | None = None, *, stream_flag: str | N
         ctx = click.get_current_context()
         if stream_flag is not None and kwargs.get(stream_flag):
             take_interrupts()
-        return run(lambda: fn(*args, g=resolve(ctx, endpoints, token, token_file, write_out, dir_,
-                                               (cacert, cert, key)), **kwargs))
+        return run(lambda: explain_tls_refusal(
+            fn(*args, g=resolve(ctx, endpoints, token, token_file, write_out, dir_, (cacert, cert, key)), **kwargs),
+            cacert, cert))
 
     for option in reversed((
         click.option("--endpoints", envvar="STATOR_ENDPOINTS", metavar="URL[,URL...]",
@@ -212,6 +214,32 @@ def global_options(fn: Callable[..., Any] | None = None, *, stream_flag: str | N
     )):
         wrapper = option(wrapper)
     return wrapper
+
+
+TLS_PROBE_TIMEOUT_S = 5.0
+
+
+def explain_tls_refusal(result: Any, cacert: str | None, cert: str | None) -> Any:
+    """``result``, a command's coroutine, with an UNAVAILABLE from a server that requires a client certificate we did
+    not give turned into an error that says so: such a server only closes the connection ("Server disconnected")."""
+    if cert or not asyncio.iscoroutine(result):
+        return result
+
+    async def explained() -> Any:
+        try:
+            return await result
+        except Unavailable as e:
+            where = urlsplit(e.url or "")
+            if where.scheme != "https" or not where.hostname:
+                raise
+            port = where.port or 443
+            if not await asyncio.to_thread(client_certificate_required, where.hostname, port, TlsFiles(ca=cacert),
+                                           TLS_PROBE_TIMEOUT_S):
+                raise
+            raise CliError(UNAUTHENTICATED, f"{where.scheme}://{where.netloc} requires a client certificate (its "
+                                            "tls has client_auth): give --cert and --key, a certificate its CA "
+                                            "signed") from None
+    return explained()
 
 
 def run(make: Callable[[], Any]) -> Any:
