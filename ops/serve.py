@@ -136,17 +136,13 @@ def open_files_for(connections_max: int) -> int:
 
 
 def check_raft_address(raft: str) -> None:
-    """A StartupError naming ``raft`` if pysyncobj could not bind it.
-
-    pysyncobj binds its own socket inside SyncObj.__init__ and, with its default maxBindRetries=0, retries a failed
-    bind in a busy loop forever: a taken raft port would spin at 100% CPU and log nothing. So we bind the same
-    address the same way (all interfaces, SO_REUSEADDR, as its TcpTransport does when no bindAddress is set) and let
-    it go just before the service starts. A port taken in between is still caught if MetaSyncObj passes
-    maxBindRetries (see run_meta)."""
+    """A StartupError naming ``raft`` if its address cannot be bound: found before the raft transport, which retries
+    a failed bind in the background, starts. Bound as the transport binds it (meta/raft_transport.py): the node's own
+    host, never every interface, and let go at once."""
     from ops.config_file import split_host_port
 
     host, port = split_host_port(raft)
-    listening_socket("::" if ":" in host else "0.0.0.0", port, f"raft address {raft}").close()
+    listening_socket(host, port, f"raft address {raft}").close()
 
 
 def start_power_loss_ledger(data_dir: str) -> None:
