@@ -2,7 +2,8 @@
 # The system packages the tests need beside Python: PostgreSQL server binaries (the projection's PostgreSQL tests,
 # tests/pg.py), a Java runtime, 17 or newer, for Spark (the lineage tests), Chromium for the web console's browser
 # tests (Playwright drives the system binary: its own browser download is not reachable everywhere) and promtool
-# (Debian's prometheus package) to check the alert rules in ops/deploy/. Installs what is missing on Debian or
+# and prometheus (Debian's prometheus package) to check the alert rules in ops/deploy/ and scrape the netns
+# deploy test, with iproute2 for that test's namespaces. Installs what is missing on Debian or
 # Ubuntu when run as root; otherwise prints the exact command to run and exits 1. Installs nothing that is present.
 # Usage: system-packages.sh [postgres] [java] [chromium] [promtool]   (default: all; the demo needs only java)
 set -euo pipefail
@@ -24,7 +25,9 @@ java_major() {
 [[ $needs != *" postgres "* ]] || have_postgres || missing+=(postgresql)
 [[ $needs != *" java "* ]] || (( $(java_major) >= 17 )) || missing+=(openjdk-17-jre-headless)
 [[ $needs != *" chromium "* ]] || command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-[[ $needs != *" promtool "* ]] || command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+[[ $needs != *" promtool "* ]] || { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus)
+# tests/test_netns_deploy.py makes its hosts with ip netns, veth and a bridge
+[[ $needs != *" promtool "* ]] || command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 # tests/pg.py runs the server as this user when the tests run as root (initdb refuses root).
 if [[ $needs == *" postgres "* ]] && [[ $(id -u) -eq 0 ]] && ! id postgres >/dev/null 2>&1 && [[ ! " ${missing[*]} " == *" postgresql "* ]]; then
     echo "system-packages: creating the system user 'postgres' (tests/pg.py runs PostgreSQL as it under root)" >&2
