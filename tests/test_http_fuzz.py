@@ -104,12 +104,31 @@ META_OPS = [
     Op("meta", "POST", "/v1/cluster/members/{node}/promote", (), mutating=True),
     Op("meta", "DELETE", "/v1/cluster/members/{node}", (), mutating=True),
 ]
+# The web console (meta/console): the fuzzer has no session, so pages redirect to the login form and everything
+# else is refused in the API's error shape; a refused form changes nothing.
+PAGE_QUERY = ("format", "fragment")
+CONSOLE_OPS = [
+    Op("meta", "GET", "/console", PAGE_QUERY), Op("meta", "GET", "/console/login", ("next",)),
+    Op("meta", "POST", "/console/login", (), ("token", "next")),
+    Op("meta", "POST", "/console/logout", (), ("csrf",)),
+    Op("meta", "GET", "/console/events", (), stream=True),
+    Op("meta", "GET", "/console/brokers", PAGE_QUERY), Op("meta", "GET", "/console/topics", PAGE_QUERY),
+    Op("meta", "GET", "/console/topics/{topic}", PAGE_QUERY),
+    Op("meta", "POST", "/console/topics/{topic}/remap", (), ("csrf", "brokers", "queues"), mutating=True),
+    Op("meta", "GET", "/console/topics/{topic}/timeline", PAGE_QUERY + ("after",)),
+    Op("meta", "GET", "/console/groups", PAGE_QUERY), Op("meta", "GET", "/console/groups/{group}", PAGE_QUERY),
+    Op("meta", "POST", "/console/groups/{group}/config", (), ("csrf", "max_attempts", "lease_ms"), mutating=True),
+    Op("meta", "GET", "/console/groups/{group}/pop", PAGE_QUERY),
+    Op("meta", "GET", "/console/history", PAGE_QUERY + ("topic", "type", "after", "limit")),
+    Op("meta", "GET", "/console/static/{name}"),
+]
 BROKER_OPS = [
     Op("broker", "POST", "/v1/messages/{topic}/{queue}", (), ("messages",), mutating=True),
     Op("broker", "GET", "/v1/messages/{topic}/{queue}", ("offset", "max", "group", "token")),
     Op("broker", "PUT", "/v1/offsets/{group}/{topic}/{queue}", (), ("offset", "token"), mutating=True),
     Op("broker", "GET", "/v1/offsets/{group}/{topic}/{queue}", ("local",)),
     Op("broker", "GET", "/v1/offsets/{group}/{topic}"),
+    Op("broker", "GET", "/v1/offsets", ("group",)),
     Op("broker", "GET", "/v1/queues/{topic}"),
     Op("broker", "GET", "/v1/queues/{topic}/{queue}/offset", ("ts",)),
     Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts", "start")),
@@ -124,7 +143,7 @@ BROKER_OPS = [
     Op("broker", "POST", "/v1/pop-handover/{group}/{topic}/{queue}", ("route_version",), mutating=True),
     Op("broker", "POST", "/v1/pop-adopt/{group}/{topic}/{queue}", (), ("deliveries",), mutating=True),
 ]
-ALL_OPS = META_OPS + BROKER_OPS
+ALL_OPS = META_OPS + CONSOLE_OPS + BROKER_OPS
 BODY_OPS = [op for op in ALL_OPS if op.fields is not None]
 
 
@@ -216,7 +235,8 @@ def path_params(op: Op) -> st.SearchStrategy[dict[str, str]]:
     group = st.sampled_from([GROUP, "g"]) | any_text
     # Never a real member's name (m1..m3): removing one would change the cluster under the fuzzer.
     node = st.sampled_from(["fz-node", "nope"]) | any_text.filter(lambda t: not re.fullmatch(r"m[0-9]+", t))
-    known = {"topic": topic, "queue": queue, "broker": broker, "pq": pq, "group": group, "node": node}
+    name = st.sampled_from(["console.js", "console.css", "nope", "..%2fpages.py"]) | any_text
+    known = {"topic": topic, "queue": queue, "broker": broker, "pq": pq, "group": group, "node": node, "name": name}
     wanted = re.findall(r"{(\w+)}", op.path)
     return st.fixed_dictionaries({k: known[k] for k in wanted})
 

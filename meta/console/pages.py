@@ -27,6 +27,7 @@ import aiohttp
 import jinja2
 from aiohttp import web
 
+from client.wire.errors import ApiError, invalid
 from client.wire.server import public, role_of
 
 from .. import limits
@@ -100,7 +101,7 @@ def console_page(role: str = "client"):
             if session is None:
                 if _wants_page(request):
                     raise web.HTTPSeeOther("/console/login?next=" + quote(request.path, safe="/"))
-                raise web.HTTPUnauthorized(text="log in to the console first", content_type="text/plain")
+                raise ApiError("log in to the console first: POST /console/login", code="UNAUTHENTICATED", status=401)
             if role == "admin" and session.role != "admin":
                 return _error_page(request, session, 403, "this needs the admin token")
             request[SESSION] = session
@@ -135,7 +136,8 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 def _error_page(request: web.Request, session: Session, status: int, message: str) -> web.Response:
     if request.query.get("format") == "json":
-        return web.json_response({"error": message}, status=status)
+        code = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}.get(status, "UNAVAILABLE")
+        return web.json_response({"error": {"code": code, "message": message, "details": {}}}, status=status)
     html = TEMPLATES.get_template("error.html").render(
         fragment=request.query.get("fragment") == "1", role=session.role, csrf=session.csrf,
         node=service(request).config.node, path=request.path, calls=[], status=status, message=message)
@@ -153,6 +155,8 @@ async def login_form(request: web.Request) -> web.Response:
 
 @public
 async def login(request: web.Request) -> web.Response:
+    if request.content_type not in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        raise invalid("the console's login takes a form with the token (application/x-www-form-urlencoded)")
     form = await request.post()
     token = str(form.get("token", "")).strip()
     role = role_of(token, service(request).config.tokens.by_role()) if token else None
@@ -167,6 +171,11 @@ async def login(request: web.Request) -> web.Response:
     raise resp
 
 
+def _stale_form() -> ApiError:
+    return ApiError("the form's CSRF token is not this session's: reload the page", code="PERMISSION_DENIED",
+                    status=403)
+
+
 def _safe_next(value: str | None) -> str:
     """Only a console path of this node: never another site (an open redirect) or a scheme."""
     if value and value.startswith("/console") and "//" not in value and "\\" not in value:
@@ -178,7 +187,7 @@ def _safe_next(value: str | None) -> str:
 async def logout(request: web.Request) -> web.Response:
     form = await request.post()
     if not csrf_ok(request[SESSION], form.get("csrf")):
-        raise web.HTTPForbidden(text="stale form: reload the page", content_type="text/plain")
+        raise _stale_form()
     request.app[SESSIONS].close(request.cookies.get(COOKIE))
     resp = web.HTTPSeeOther("/console/login")
     resp.del_cookie(COOKIE, path="/console")
@@ -281,7 +290,7 @@ async def remap(request: web.Request) -> web.Response:
     session: Session = request[SESSION]
     form = await request.post()
     if not csrf_ok(session, form.get("csrf")):
-        raise web.HTTPForbidden(text="stale form: reload the page", content_type="text/plain")
+        raise _stale_form()
     topic = _name(request.match_info["topic"])
     body: dict[str, Any] = {"brokers": [str(b) for b in form.getall("brokers", [])]}
     queues = str(form.get("queues", "")).strip()
@@ -341,7 +350,7 @@ async def group_config(request: web.Request) -> web.Response:
     session: Session = request[SESSION]
     form = await request.post()
     if not csrf_ok(session, form.get("csrf")):
-        raise web.HTTPForbidden(text="stale form: reload the page", content_type="text/plain")
+        raise _stale_form()
     group = _name(request.match_info["group"])
     body: dict[str, Any] = {}
     for key in ("max_attempts", "lease_ms"):
@@ -394,7 +403,7 @@ async def history_page(request: web.Request) -> web.Response:
 
 def _name(value: str) -> str:
     if len(value) > NAME_CHARS_MAX or not NAME_RE.fullmatch(value):
-        raise web.HTTPBadRequest(text=f"not a valid name: {value[:100]!r}", content_type="text/plain")
+        raise invalid(f"not a valid name: {value[:100]!r}")
     return value
 
 
@@ -402,14 +411,14 @@ def _int(value: str | None, default: int) -> int:
     try:
         return max(0, int(value)) if value not in (None, "") else default
     except ValueError:
-        raise web.HTTPBadRequest(text=f"not a whole number: {value[:30]!r}", content_type="text/plain") from None
+        raise invalid(f"not a whole number: {value[:30]!r}") from None
 
 
 @public
 async def static(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in STATIC_FILES:
-        raise web.HTTPNotFound()
+        raise ApiError(f"no console file {name[:100]!r}", code="NOT_FOUND", status=404)
     return web.Response(body=STATIC_FILES[name][1], content_type=STATIC_FILES[name][0],
                         headers={"Cache-Control": "max-age=300"})
 
