@@ -206,8 +206,9 @@ class IsoTime(click.ParamType):
 def lineage_options(f):
     """--data, --master, --remote and --json, accepted before or after the subcommand (API.md puts them after)."""
     f = click.option("--json", "as_json", is_flag=True, help="print one JSON document (API.md's shapes)")(f)
-    f = click.option("--remote", help="Spark Connect instead of a master: sc://host:15002")(f)
-    f = click.option("--master", help="Spark master: local[*] (default), spark://, yarn, k8s://")(f)
+    f = click.option("--remote", help="a Spark Connect server instead of a master: sc://host:15002 (its client "
+                                      "packages come with pip install 'stator[spark]')")(f)
+    f = click.option("--master", help="a Spark master: local[*] (default), spark://host:7077, yarn, k8s://")(f)
     return click.option("--data", help="the export: the directory (or s3a://, hdfs:// URI) `stator export` wrote")(f)
 
 

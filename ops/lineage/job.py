@@ -18,8 +18,6 @@ import sys
 import uuid
 from collections.abc import Sequence
 
-from meta.export import schema
-
 SEGMENTS = "segments"
 LOCK_INTERVALS = "lock_intervals"
 
@@ -46,6 +44,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", choices=("summary", "openlineage"), default="summary",
                         help="summary: one JSON line of counts; openlineage: run events START and COMPLETE (or FAIL)")
     args = parser.parse_args(argv)
+    from ops.lineage.errors import LineageError, packages_needed
+    try:
+        with packages_needed():
+            return _run(args)
+    except LineageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: under packages_needed, a missing pyarrow or pyspark is the one-line error.
+    from meta.export import schema
     from ops.lineage import openlineage, session, tables
     from ops.lineage.errors import LineageError
     out = (args.out or args.data).rstrip("/")
@@ -58,14 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(openlineage.run_event(event_type, run_id, "stator-lineage-job", inputs, outputs)))
     said("START", [openlineage.dataset(f"{out}/{name}") for name in (SEGMENTS, LOCK_INTERVALS)])
     try:
-        if tables.missing_locally(args.data):
+        if args.remote is None and tables.missing_locally(args.data):   # a Connect server reads its own disks
             raise tables.no_export(args.data)
         spark = session.build(master=args.master, remote=args.remote, app_name="stator-lineage-job")
         counts = write_derived(spark, args.data, args.out)
-    except LineageError as e:
+    except LineageError:
         said("FAIL", [])
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        raise
     said("COMPLETE", [openlineage.dataset(f"{out}/{name}", _fields(spark.read.parquet(f"{out}/{name}").schema), n)
                       for name, n in counts.items()])
     if args.format == "summary":

@@ -1,6 +1,8 @@
 """One lineage command from request to answer: the CLI parses into a ``Request``, ``answer`` runs it on Spark.
 
-The export's absence on a local disk is said before any JVM starts; everything else needs the session.
+The export's absence on a local disk is said before any JVM starts (unless Spark Connect reads it, on the server's
+disks); everything else needs the session. A package of the `spark` extra that is missing is one coded error whatever
+the master (ops/lineage/errors.py).
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ class Request:
 
 
 def answer(request: Request) -> Any:
-    from . import tables
+    from .errors import packages_needed
     if request.command not in COMMANDS:
         raise ValueError(request.command)
-    if tables.missing_locally(request.data):
-        raise tables.no_export(request.data)
-    from . import session
-    spark = session.build(master=request.master, remote=request.remote)
-    return run_on(spark, request)
+    with packages_needed():
+        from . import tables
+        # A Spark Connect server reads the export from its own disks: only it can say that a path holds none.
+        if request.remote is None and tables.missing_locally(request.data):
+            raise tables.no_export(request.data)
+        from . import session
+        spark = session.build(master=request.master, remote=request.remote)
+        return run_on(spark, request)
 
 
 def run_on(spark, request: Request) -> Any:

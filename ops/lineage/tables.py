@@ -51,7 +51,7 @@ def read(spark: SparkSession, data: str) -> Export:
 
 def no_export(data: str) -> LineageError:
     return LineageError("EXPORT_NOT_FOUND", f"no export at {data} (neither {schema.MAPPING}/ nor {schema.LOCKS}/ in "
-                        "it; `stator export --meta URL --out DIR` makes one)")
+                        "it; `stator export --endpoints URL --out DIR` makes one)")
 
 
 def spark_schema(table: str):
@@ -61,6 +61,8 @@ def spark_schema(table: str):
 def _read_table(spark: SparkSession, path: str, table: str) -> DataFrame | None:
     try:
         df = spark.read.parquet(path)
+        # Spark Connect reads lazily: without asking for the schema here, a missing path would fail the first query.
+        df.schema
     except AnalysisException as e:
         if e.getCondition() == "PATH_NOT_FOUND":
             return None
