@@ -16,6 +16,7 @@ import pytest
 from playwright.async_api import async_playwright, expect
 
 from tests import cluster as cluster_mod
+from tests.test_tls import TOKENS, tls_cluster  # noqa: F401  (test_tls's mutual-TLS cluster, as a fixture here)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Chromium on a machine with a closed network: no background calls home, no sandbox (the tests run as root).
@@ -175,3 +176,34 @@ async def test_sessions_roles_and_forms_are_checked(console):
     for name in os.listdir(os.path.join(c.dir, "logs")):
         text = Path(c.dir, "logs", name).read_text(errors="replace")
         assert c.token("admin") not in text and c.token("client") not in text, name
+
+
+# -- behind TLS ---------------------------------------------------------------------------------------------------
+
+
+async def test_the_console_works_behind_mutual_tls(tls_cluster, tmp_path):
+    # The browser shows a client certificate the cluster's CA signed; the console calls its own node's API over
+    # TLS with the node's own client settings; the session cookie is Secure.
+    certs, meta_url, _ = tls_cluster
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            ctx = await browser.new_context(
+                ignore_https_errors=True,   # the cluster's private CA is not the browser's
+                client_certificates=[{"origin": meta_url, "certPath": certs.client.cert,
+                                      "keyPath": certs.client.key}])
+            page = await ctx.new_page()
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            await page.goto(meta_url + "/console")
+            await page.fill("input[name=token]", TOKENS["client"])
+            await page.click("button[type=submit]")
+            await page.wait_for_url(meta_url + "/console")
+            await expect(page.locator("#leader")).to_have_text("m1")
+            await expect(page.locator('#members tr[data-node="m1"] td.ok')).to_have_text("ready")
+            cookies = await ctx.cookies(meta_url + "/console")   # the cookie is scoped to /console
+            assert [(k["name"], k["secure"], k["httpOnly"]) for k in cookies] == [("stator_console", True, True)]
+            await page.goto(meta_url + "/console/brokers")
+            await expect(page.locator('#brokers tr[data-broker="b1"] td.ok')).to_have_text("active")
+            await _shot(page, tmp_path, "cluster-tls")
+        finally:
+            await browser.close()

@@ -91,8 +91,9 @@ def route_name(request: web.Request) -> str:
     return info.canonical if info is not None else "unmatched"
 
 
-# A probe's 503 answers the question it was asked ("not ready yet"): counted as a refusal, every start and every
-# election would raise the refusals an operator alerts on.
+# A probe's own 503 answers the question it was asked ("not ready yet"): counted as a refusal, every start and
+# every election would raise the refusals an operator alerts on. A probe refused before it was asked (the
+# connection limit, a malformed request) still counts.
 PROBES = frozenset({"/healthz", "/readyz"})
 
 
@@ -156,7 +157,8 @@ def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None
             return error_response(ApiError(f"internal error; see the {what}'s log", code="INTERNAL", status=500))
         finally:
             observe(request, status, time.perf_counter() - started)
-            if refused is not None and code is not None and request.path not in PROBES:
+            probe_answer = request.path in PROBES and code is not None and code.startswith("HTTP_")
+            if refused is not None and code is not None and not probe_answer:
                 refused(request, code)
             structlog.contextvars.unbind_contextvars("request_id")
 
