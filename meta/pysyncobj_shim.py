@@ -81,18 +81,15 @@ def postpone_election(so: SyncObj, delay_s: float) -> None:
     so._SyncObj__raftElectionDeadline = monotonic() + delay_s
 
 
-def forget_unreachable_leader(so: SyncObj) -> bool:
-    """A follower connected to no peer never campaigns (pysyncobj starts an election only when connected to anyone),
-    so it went on naming the leader it last heard, and reporting ready, for as long as it stayed alone (found with
-    the two others killed: /readyz 200 for minutes). Past its election deadline, which every append from the leader
-    pushes back, it forgets that leader as a campaign would: commands waiting on it fail LEADER_CHANGED, and
-    readiness and the watch streams say it follows nobody until a leader's append names one again. True if it did."""
-    if (so._SyncObj__raftState == _RAFT_STATE.FOLLOWER and so._SyncObj__raftLeader is not None
-            and so._SyncObj__raftElectionDeadline < monotonic() and not so._SyncObj__connectedToAnyone()):
-        so._SyncObj__raftLeader = None
-        so._SyncObj__onLeaderChanged()
-        return True
-    return False
+def leader_out_of_reach(so: SyncObj) -> bool:
+    """Whether this follower has heard from no leader for an election timeout while connected to no peer.
+
+    pysyncobj's follower campaigns only while connected to a peer, and a campaign is what clears the leader it last
+    heard: a node whose two peers were killed went on naming the dead leader, and answering ready, for as long as
+    it stayed alone (found with the two others killed: /readyz 200 for minutes). Its election deadline, which
+    every append from the leader pushes back, says how long it has heard nothing."""
+    return (not so._isLeader() and so._SyncObj__raftElectionDeadline < monotonic()
+            and not so._SyncObj__connectedNodes)
 
 
 def load_snapshot_before_any_apply(so: SyncObj) -> None:

@@ -383,7 +383,6 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self._leader_sync()
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         super()._onTick(timeToWait)
-        shim.forget_unreachable_leader(self)
         # The tick ends in a poll that handled what arrived: its answers leave now, not a tick later.
         self._local.transport.flush()
         if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:
@@ -570,8 +569,12 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         return self._local.roles.status()
 
     def leader_address(self) -> str | None:
+        """The leader this node follows, or None; None too for a leader it has not heard from for an election
+        timeout while connected to no peer (shim.leader_out_of_reach), so readiness and watch streams say so."""
         leader = shim.leader(self)
-        return leader.address if leader is not None else None
+        if leader is None or shim.leader_out_of_reach(self):
+            return None
+        return leader.address
 
     def is_leader(self) -> bool:
         return shim.is_leader(self)

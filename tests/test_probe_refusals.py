@@ -2,7 +2,7 @@
 refusal: the refusals counter (what operators alert on) must not grow while a node is not ready, yet must still
 count the writes it refuses meanwhile. pysyncobj's follower campaigns only while connected to a peer, so a lone
 one kept naming its dead leader and answered ready for as long as it stayed alone
-(``pysyncobj_shim.forget_unreachable_leader``)."""
+(``pysyncobj_shim.leader_out_of_reach``)."""
 
 from __future__ import annotations
 
