@@ -41,15 +41,16 @@ class MemberFailed(RuntimeError):
 def free_base_port() -> int:
     """A base port whose whole span is free, below the ephemeral range: a port in that range can be handed to an
     outgoing connection, and a connect to a node not yet listening can then connect to itself (TCP self-connect)."""
-    low, high = 20000, _ephemeral_low() - PORT_SPAN
+    low, high = 20000, ephemeral_low() - PORT_SPAN
     for _ in range(500):
         base = random.randrange(low, high) // PORT_SPAN * PORT_SPAN
-        if all(_port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
+        if all(port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
             return base
     raise RuntimeError("no free port range")
 
 
-def _ephemeral_low() -> int:
+def ephemeral_low() -> int:
+    """The kernel's first ephemeral port: tests and benches bind below it (the kernel hands out the rest)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             return int(f.read().split()[0])
@@ -57,7 +58,7 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))

@@ -160,6 +160,14 @@ async def test_sessions_roles_and_forms_are_checked(console):
     status = await page.evaluate("""async () => (await fetch('/console/topics/%s/remap', {method: 'POST',
         body: new URLSearchParams({csrf: 'forged', brokers: 'b2'})})).status""" % TOPIC)
     assert status == 403
+    # a bad queue list, with the session's CSRF token: 400 in the API's shape
+    await page.goto(url + f"/console/topics/{TOPIC}")
+    answer = await page.evaluate("""async () => {
+        const csrf = document.querySelector('input[name=csrf]').value;
+        const r = await fetch('/console/topics/%s/remap', {method: 'POST',
+            body: new URLSearchParams({csrf, brokers: 'b2', queues: '0 x'})});
+        return [r.status, await r.json()]; }""" % TOPIC)
+    assert answer[0] == 400 and answer[1]["error"]["code"] == "INVALID_ARGUMENT", answer
     _, topic, _ = await c.call("GET", url + f"/v1/topics/{TOPIC}")
     assert all(q["segments"][-1]["broker"] == "b1" for q in topic["logic_queues"])
     # a wrong token gets the login form again, with a 401

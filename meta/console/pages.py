@@ -49,6 +49,7 @@ TIMELINE_EVENTS_MAX = 20_000    # events one timeline draws (two history pages)
 HISTORY_SHOWN_MAX = 500         # events one history page shows
 TOPICS_SCANNED_MAX = 200        # topics the brokers page reads to count the queues each broker holds
 EVENTS_KEEPALIVE_S = 15.0
+FLASH_CHARS_MAX = 200         # the outcome line a form's redirect carries back to its page
 NAME_CHARS_MAX = 255          # a topic or group name in a console path (the API has its own, tighter bounds)
 
 
@@ -185,9 +186,7 @@ def _safe_next(value: str | None) -> str:
 
 @console_page()
 async def logout(request: web.Request) -> web.Response:
-    form = await request.post()
-    if not csrf_ok(request[SESSION], form.get("csrf")):
-        raise _stale_form()
+    await _checked_form(request)
     request.app[SESSIONS].close(request.cookies.get(COOKIE))
     resp = web.HTTPSeeOther("/console/login")
     resp.del_cookie(COOKIE, path="/console")
@@ -281,16 +280,13 @@ async def topic_page(request: web.Request) -> web.Response:
     detail = await api.get(f"/v1/topics/{quote(topic)}")
     brokers = (await api.get("/v1/brokers"))["brokers"]
     return render(request, "topic.html", api, t=detail, brokers=brokers,
-                  flash=request.query.get("flash", "")[:200])
+                  flash=_flash(request))
 
 
 @console_page("admin")
 async def remap(request: web.Request) -> web.Response:
     """The topic page's remap form: POST /v1/topics/{topic}/remap with the chosen brokers (and queues)."""
-    session: Session = request[SESSION]
-    form = await request.post()
-    if not csrf_ok(session, form.get("csrf")):
-        raise _stale_form()
+    form = await _checked_form(request)
     topic = _name(request.match_info["topic"])
     body: dict[str, Any] = {"brokers": [str(b) for b in form.getall("brokers", [])]}
     queues = str(form.get("queues", "")).strip()
@@ -298,15 +294,34 @@ async def remap(request: web.Request) -> web.Response:
         try:
             body["queues"] = [int(q) for q in queues.replace(",", " ").split()]
         except ValueError:
-            return _error_page(request, session, 400, f"queues: {queues!r} is not a list of queue numbers")
-    api = NodeApi(request, session)
-    status, answer = await api.call("POST", f"/v1/topics/{quote(topic)}/remap", json_body=body,
-                                    headers={"Idempotency-Key": secrets.token_hex(16)})
-    if status != 200:
-        raise ApiCallFailed(f"POST /v1/topics/{topic}/remap", status, answer)
+            raise invalid(f"queues: {queues!r} is not a list of queue numbers") from None
+    answer = await _submit(request, "POST", f"/v1/topics/{quote(topic)}/remap", body)
     moved = ", ".join(f"q{m['queue']} {m['from']}→{m['to']}" for m in answer.get("moved", [])) or "nothing moved"
-    flash = f"remap at v{answer['version']}: {moved}"
-    raise web.HTTPSeeOther(f"/console/topics/{quote(topic)}?flash={quote(flash)}")
+    _back_to(f"/console/topics/{quote(topic)}", f"remap at v{answer['version']}: {moved}")
+
+
+async def _checked_form(request: web.Request):
+    form = await request.post()
+    if not csrf_ok(request[SESSION], form.get("csrf")):
+        raise _stale_form()
+    return form
+
+
+async def _submit(request: web.Request, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One change through the node's API, once (an idempotency key: a retried form applies nothing twice)."""
+    status, answer = await NodeApi(request, request[SESSION]).call(
+        method, path, json_body=body, headers={"Idempotency-Key": secrets.token_hex(16)})
+    if status != 200:
+        raise ApiCallFailed(f"{method} {path}", status, answer)
+    return answer
+
+
+def _back_to(page: str, flash: str) -> None:
+    raise web.HTTPSeeOther(f"{page}?flash={quote(flash)}")
+
+
+def _flash(request: web.Request) -> str:
+    return request.query.get("flash", "")[:FLASH_CHARS_MAX]
 
 
 @console_page()
@@ -342,15 +357,12 @@ async def group_page(request: web.Request) -> web.Response:
     group = _name(request.match_info["group"])
     detail = await api.get(f"/v1/groups/{quote(group)}")
     return render(request, "group.html", api, g=detail, now_ms=int(time.time() * 1000),
-                  flash=request.query.get("flash", "")[:200])
+                  flash=_flash(request))
 
 
 @console_page("admin")
 async def group_config(request: web.Request) -> web.Response:
-    session: Session = request[SESSION]
-    form = await request.post()
-    if not csrf_ok(session, form.get("csrf")):
-        raise _stale_form()
+    form = await _checked_form(request)
     group = _name(request.match_info["group"])
     body: dict[str, Any] = {}
     for key in ("max_attempts", "lease_ms"):
@@ -359,14 +371,9 @@ async def group_config(request: web.Request) -> web.Response:
             try:
                 body[key] = int(raw)
             except ValueError:
-                return _error_page(request, session, 400, f"{key}: {raw!r} is not a whole number")
-    api = NodeApi(request, session)
-    status, answer = await api.call("PUT", f"/v1/groups/{quote(group)}/config", json_body=body,
-                                    headers={"Idempotency-Key": secrets.token_hex(16)})
-    if status != 200:
-        raise ApiCallFailed(f"PUT /v1/groups/{group}/config", status, answer)
-    flash = f"settings saved at v{answer['version']}"
-    raise web.HTTPSeeOther(f"/console/groups/{quote(group)}?flash={quote(flash)}")
+                raise invalid(f"{key}: {raw!r} is not a whole number") from None
+    answer = await _submit(request, "PUT", f"/v1/groups/{quote(group)}/config", body)
+    _back_to(f"/console/groups/{quote(group)}", f"settings saved at v{answer['version']}")
 
 
 @console_page()

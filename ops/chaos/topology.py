@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,18 +92,10 @@ def free_span() -> int:
     import random
     for _ in range(500):
         base = random.randrange(PORT_LOW, PORT_HIGH - PORT_SPAN) // PORT_SPAN * PORT_SPAN
-        if all(_port_free(base + i) for i in range(PORT_SPAN)):
+        if all(devcluster.port_free(base + i) for i in range(PORT_SPAN)):
             return base
     raise RuntimeError("no free port range for the chaos cluster")
 
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def plan(dir_: str, base: int) -> Topology:

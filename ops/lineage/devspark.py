@@ -19,13 +19,14 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+
+from ops import devcluster
 
 CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 CONNECT_SERVICE = "org.apache.spark.sql.connect.service.SparkConnectService"   # the name its log binds the port under
@@ -43,30 +44,15 @@ def free_ports(n: int) -> list[int]:
     """``n`` consecutive ports free now, at a random place between 20000 and the ephemeral range (a port in that range
     may be handed to an outgoing connection meanwhile). SystemRandom: processes started alike (a suite's workers)
     would otherwise draw alike."""
-    low, high = 20000, _ephemeral_low() - n
+    low, high = 20000, devcluster.ephemeral_low() - n
     pick = random.SystemRandom()
     for _ in range(500):
         base = pick.randrange(low, high)
-        if all(port_free(base + i) for i in range(n)):
+        if all(devcluster.port_free(base + i) for i in range(n)):
             return list(range(base, base + n))
     raise RuntimeError("no free port range")
 
 
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def spark_home() -> str:
@@ -117,7 +103,7 @@ def started(name: str, argv: list[str], workdir: str, port: int, service: str,
     """``argv`` started in ``workdir`` (its log: ``workdir/NAME.log``), yielded once its log says that its
     ``service`` listens on ``port``: a port that merely answers could be another process's (a JVM takes long enough
     to start that someone else may take the port first)."""
-    if not port_free(port):
+    if not devcluster.port_free(port):
         raise PortTaken(f"{name}: port {port} is taken")
     os.makedirs(workdir, exist_ok=True)
     log = os.path.join(workdir, f"{name}.log")
