@@ -144,9 +144,11 @@ class AdminClient:
         return await self._read("/v1/cluster")
 
     # -- the meta cluster's members (one change at a time, through the log) -------------------------------------
-    async def members(self) -> dict[str, Any]:
-        """``{"membership_index","members":[{"node","raft","url","disk","voter"}]}``."""
-        return await self._read("/v1/cluster/members")
+    async def members(self, consistency: str = "linearizable") -> dict[str, Any]:
+        """``{"membership_index","members":[{"node","raft","url","disk","voter"}]}``. Read through the leader by
+        default, as etcd's member list is: the next change is decided on it. ``"serializable"`` answers from the
+        node's own applied state, which a cluster without a leader still has."""
+        return await self._read("/v1/cluster/members", consistency=consistency)
 
     async def add_member(self, node: str, raft: str, url: str) -> dict[str, Any]:
         """Add meta node ``node`` as a learner; it catches up, then ``promote_member`` makes it a voter."""

@@ -81,6 +81,8 @@ def test_cluster_status_and_members(dev):
     assert {m["node"]: m["url"] for m in members} == {m["node"]: m["url"] for m in dev.info["meta"]}
     assert all(m["raft"].startswith("127.0.0.1:") for m in members) and sum(m["leader"] for m in members) == 1
     assert sorted(r[0] for r in table(dev, "cluster", "members")[1:]) == ["m1", "m2", "m3"]
+    local = cli_json(dev, "cluster", "members", "--serializable")["members"]
+    assert {m["node"]: m["url"] for m in local} == {m["node"]: m["url"] for m in members}
 
 
 def test_members_add_promote_remove(dev):

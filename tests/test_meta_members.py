@@ -107,7 +107,10 @@ async def _add_and_promote(c, name: str) -> None:
 
 
 async def _voters(c, url: str) -> dict[str, bool]:
-    return {m["node"]: m["voter"] for m in (await ok(c, "GET", "/v1/cluster/members", url=url))["members"]}
+    # Reads answer from the node's applied state (API.md): a follower may not have applied a change the leader has
+    # just acknowledged, so the members are read through a barrier, as `etcdctl member list` reads them.
+    members = await ok(c, "GET", "/v1/cluster/members?consistency=linearizable", url=url)
+    return {m["node"]: m["voter"] for m in members["members"]}
 
 
 async def _same_image(c, urls: list[str]) -> None:

@@ -65,15 +65,17 @@ async def status(g: Globals) -> None:
 
 
 @cluster.group("members", cls=GlobalOptionsGroup, invoke_without_command=True)
+@click.option("--serializable", is_flag=True,
+              help="answer from the node's applied state, without the leader (as when no leader can be elected)")
 @global_options
-async def members(g: Globals) -> None:
+async def members(g: Globals, serializable: bool) -> None:
     """The members as the log records them, with their raft and HTTP addresses, disk and vote; with a subcommand,
     change them (one change at a time: add a learner, promote it once it caught up, remove a member)."""
     if click.get_current_context().invoked_subcommand is not None:
         return
     async with g.admin() as admin:
         view = await admin.cluster()
-        listed = await admin.members()
+        listed = await admin.members("serializable" if serializable else "linearizable")
     data = {"membership_index": listed.get("membership_index"),
             "members": [{**m, "leader": m["node"] == view["leader"]} for m in listed["members"]]}
     output.emit(g.json, data, lambda d: output.table(d["members"], [
