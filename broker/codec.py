@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from client.wire.errors import invalid
+from wire.errors import invalid
 
 from .storage import Record
 

@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from ops import config_file
-from client.tls import TlsFiles
-from client.wire.credentials import BROKER_TOKENS_MAX, check_hash, token_hash
-from client.wire.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
-from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
+from runtime import config_file
+from wire.tls import TlsFiles
+from runtime.credentials import BROKER_TOKENS_MAX, check_hash, token_hash
+from runtime.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
+from runtime.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
                              MetricsListen, MetricsListener, TlsSchema, metrics_listener, split_host_port,
                              tls_files)
 
@@ -47,7 +47,7 @@ class BrokerConfig:
     segment_bytes_max: int = SEGMENT_BYTES_MAX_DEFAULT   # a segment file rolls before a batch takes it past this
     log_level: str = "info"
     advertise: str | None = None         # the URL others reach this broker at, when it differs from the bind address
-    tls: TlsFiles | None = None          # HTTPS for the API and for calls to meta and other brokers (client/tls.py)
+    tls: TlsFiles | None = None          # HTTPS for the API and for calls to meta and other brokers (wire/tls.py)
     metrics_listen: MetricsListener | None = None   # a second listener for /metrics and the health checks
     http_connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT   # more open connections are refused 503
     # Other brokers' tokens by hash (broker id -> "sha256:<hex>"): the peers whose calls this broker accepts.

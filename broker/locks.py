@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from client.wire.errors import ApiError, rejection
+from wire.errors import ApiError, rejection
 
 log = structlog.get_logger("broker.locks")
 

@@ -20,9 +20,9 @@ import aiohttp
 import structlog
 from prometheus_client import Counter
 
-from client.tls import connector
-from client.wire.sse import SseEvent, SseParser
-from client.wire.errors import ApiError
+from wire.tls import connector
+from wire.sse import SseEvent, SseParser
+from wire.errors import ApiError
 
 from .chores import Chores
 from .locks import LockTable
@@ -47,7 +47,7 @@ class MetaLink:
     def __init__(self, broker: str, address: str, zone: str | None, meta_urls: tuple[str, ...], token: str,
                  routes: RouteTable, session: MetaSession, writer: Writer, heartbeats: Counter, locks: LockTable,
                  group_settings: GroupSettings | None = None, ssl_context: Any = None):
-        self._ssl_context = ssl_context   # meta's https:// URLs (client/tls.py)
+        self._ssl_context = ssl_context   # meta's https:// URLs (wire/tls.py)
         self.broker = broker
         self.address = address
         self.zone = zone

@@ -11,7 +11,7 @@ import time
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
-from client.tls import client_context
+from wire.tls import client_context
 
 from .config import BrokerConfig
 from .locks import Barriers, LockTable

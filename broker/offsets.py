@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple
 
 import structlog
 
-from client.wire.errors import ApiError, rejection
+from wire.errors import ApiError, rejection
 
 from .storage import files, lines
 from .storage.errors import CorruptFile

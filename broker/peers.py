@@ -12,8 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from client.tls import connector
-from client.wire.errors import ApiError, rejection
+from wire.tls import connector
+from wire.errors import ApiError, rejection
 
 from .routing import Segment
 
@@ -32,7 +32,7 @@ def unavailable(seg: Segment, reason: str) -> ApiError:
 
 class Peers:
     def __init__(self, token: str, ssl_context: Any = None):
-        self._ssl_context = ssl_context   # other brokers' https:// URLs (client/tls.py)
+        self._ssl_context = ssl_context   # other brokers' https:// URLs (wire/tls.py)
         self._headers = {"Authorization": f"Bearer {token}"}
         self._http: aiohttp.ClientSession | None = None
         self._down_until: dict[str, float] = {}   # broker -> monotonic time until which it is not asked

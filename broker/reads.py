@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import quote
 
-from client.wire.errors import ApiError, rejection
+from wire.errors import ApiError, rejection
 
 from .codec import RawMessage, RawRecord, stored_record
 from .meta_link import MetaLink

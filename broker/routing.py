@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.wire import route as route_model
-from client.wire.route import Segment
-from client.wire.route import segment as segment_of
+from wire import route as route_model
+from wire.route import Segment
+from wire.route import segment as segment_of
 
 __all__ = ["RouteTable", "Segment", "segment_of"]
 

@@ -6,8 +6,8 @@ import asyncio
 
 
 def run_broker(config_path: str, power_loss_ledger: bool = False) -> None:
-    from ops.logging import configure
-    from ops.serve import serve_app, start_power_loss_ledger
+    from runtime.logging import configure
+    from runtime.serve import serve_app, start_power_loss_ledger
 
     from .api.app import make_app
     from .config import load

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from client.wire.errors import ApiError, invalid, rejection
+from wire.errors import ApiError, invalid, rejection
 
 from .codec import encode_message
 from .offsets import OffsetStore

@@ -17,18 +17,18 @@ wrappers for scripts (``client.sync``).
 
 from .admin import AdminClient
 from .consumer import PullConsumer, PullResult, ReceivedMessage
-from .errors import (Closed, Fenced, GroupNotFound, LocksCatchingUp, NoLeader, NotLeader, Sealing, StaleToken,
+from wire.errors import (Closed, Fenced, GroupNotFound, LocksCatchingUp, NoLeader, NotLeader, Sealing, StaleToken,
                      StatorError, TopicExists, TopicNotFound, Unavailable, VersionMismatch)
 from .exclusive import ExclusiveConsumer
 from .fault import LatencyFaultAvoidance, avoidance_ms
-from .http import Backoff, MetaCaller
+from wire.caller import Backoff, MetaCaller
 from .pop import PopConsumer, PoppedMessage
 from .producer import Producer, SendResult
 from .routes import RouteSubscription
 from .selection import (CallableSelector, KeySelector, Message, QueueSelector, RandomSelector, RoundRobinSelector,
                         as_selector)
 from .slots import SlotTable, queue_for_key, queue_for_slot, slot_of
-from .wire.sse import SseEvent, SseParser
+from wire.sse import SseEvent, SseParser
 from .sync import SyncAdminClient, SyncExclusiveConsumer, SyncProducer, SyncPullConsumer
 
 __all__ = [

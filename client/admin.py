@@ -20,8 +20,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .errors import VERSION_NOT_REACHED, StatorError
-from .http import META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQUEST_TIMEOUT_S_DEFAULT, Backoff, MetaCaller
+from wire.errors import VERSION_NOT_REACHED, StatorError
+from wire.caller import META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQUEST_TIMEOUT_S_DEFAULT, Backoff, MetaCaller
 
 
 HISTORY_WAIT_S_DEFAULT = 10.0   # a history long poll; well under the server's READ_WAIT_S_MAX (60 s)

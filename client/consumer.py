@@ -22,8 +22,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
-from .http import Backoff, Deadline, request_once
+from wire.errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
+from wire.caller import Backoff, Deadline, request_once
 from .lifecycle import TopicClient, lone_tls
 from .routes import Route, RouteSubscription
 

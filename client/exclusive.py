@@ -45,8 +45,8 @@ import aiohttp
 
 from .background import BackgroundTasks
 from .consumer import IDLE_PAUSE_S, PULL_MESSAGES_MAX_DEFAULT, PullConsumer, PullResult, ReceivedMessage
-from .errors import Closed, NotLeader, StaleToken, StatorError, TopicNotFound
-from .http import Backoff, MetaCaller, new_session
+from wire.errors import Closed, NotLeader, StaleToken, StatorError, TopicNotFound
+from wire.caller import Backoff, MetaCaller, new_session
 from .lifecycle import StartedByWith, lone_tls
 from .producer import Producer
 

@@ -9,8 +9,8 @@ import ssl
 
 import aiohttp
 
-from .errors import Closed, StatorError, TopicNotFound, Unavailable
-from .http import Deadline, new_session
+from wire.errors import Closed, StatorError, TopicNotFound, Unavailable
+from wire.caller import Deadline, new_session
 from .routes import Route, RouteSubscription
 
 log = logging.getLogger("stator.client")

@@ -26,8 +26,8 @@ from urllib.parse import quote
 import aiohttp
 
 from .background import BackgroundTasks
-from .errors import Closed, StatorError, TopicNotFound
-from .http import Backoff, new_session, request_once
+from wire.errors import Closed, StatorError, TopicNotFound
+from wire.caller import Backoff, new_session, request_once
 from .lifecycle import TopicClient, lone_tls
 from .routes import RouteSubscription
 

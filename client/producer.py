@@ -28,9 +28,9 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .errors import Fenced, NotLeader, Sealing, StatorError, TopicNotFound, Unavailable
+from wire.errors import Fenced, NotLeader, Sealing, StatorError, TopicNotFound, Unavailable
 from .fault import LatencyFaultAvoidance
-from .http import Backoff, Deadline, request_once
+from wire.caller import Backoff, Deadline, request_once
 from .lifecycle import TopicClient, lone_tls
 from .routes import Route, RouteSubscription
 from .selection import KeySelector, Message, QueueSelector, as_selector

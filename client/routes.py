@@ -25,12 +25,12 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .errors import Closed, StatorError, TopicNotFound
-from .http import (META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQUEST_TIMEOUT_S_DEFAULT, TRANSPORT_ERRORS,
+from wire.errors import Closed, StatorError, TopicNotFound
+from wire.caller import (META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQUEST_TIMEOUT_S_DEFAULT, TRANSPORT_ERRORS,
                    Backoff, MetaCaller, auth_headers, client_timeout)
-from .wire import route as route_model
-from .wire.route import RouteError
-from .wire.sse import SseEvent, SseParser, SseProtocolError
+from wire import route as route_model
+from wire.route import RouteError
+from wire.sse import SseEvent, SseParser, SseProtocolError
 
 log = logging.getLogger("stator.client.routes")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from client.wire.errors import rejection
+from wire.errors import rejection
 
 
 class Admission:

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from client.wire.errors import ApiError, rejection
+from wire.errors import ApiError, rejection
 
 from . import allocation
 from .config import MetaConfig

@@ -12,9 +12,9 @@ import re
 from typing import Any
 
 from . import limits
-from client.wire.errors import invalid
+from wire.errors import invalid
+from wire.names import NAME_RE
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 ADDRESS_RE = re.compile(r"^[\x21-\x7e]+$")  # a URL: routes carry it, and their size bound counts it as ASCII
 ORDERS = ("best_tried", "strict")
 

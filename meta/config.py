@@ -9,15 +9,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from ops import config_file
-from ops.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
+from runtime import config_file
+from runtime.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUrl, LogLevel, Name, Path, Schema, Secret,
                              MetricsListen, MetricsListener, TlsSchema, metrics_listener, split_host_port,
                              tls_files)
 
-from client.tls import TlsFiles
-from client.wire.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
-from client.wire.credentials import BROKER_TOKENS_MAX, check_hash, token_hash
-from client.wire.server import role_of
+from wire.tls import TlsFiles
+from runtime.connection_limit import HTTP_CONNECTIONS_LIMIT_MAX, HTTP_CONNECTIONS_MAX_DEFAULT
+from runtime.credentials import BROKER_TOKENS_MAX, check_hash, token_hash
+from runtime.server import role_of
 
 from . import limits
 from .raft_node import RaftTuning
@@ -65,7 +65,7 @@ class MetaConfig:
     # Events the image's history keeps. The leader stamps its own into every command, so the log decides the window
     # (replicas never diverge); give every member the same value, or the window changes with the leader.
     history_window: int = limits.HISTORY_EVENTS_MAX
-    tls: TlsFiles | None = None   # HTTPS for the API and for calls to other nodes (client/tls.py)
+    tls: TlsFiles | None = None   # HTTPS for the API and for calls to other nodes (wire/tls.py)
     metrics_listen: MetricsListener | None = None   # a second listener for /metrics and the health checks
     http_connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT   # more open connections are refused 503
 

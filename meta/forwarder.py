@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from client.wire.errors import ApiError, rejection
+from wire.errors import ApiError, rejection
 
 from . import limits
 from .config import MetaConfig
@@ -39,7 +39,7 @@ class LeaderForwarder:
         self._my_url = next(m.url for m in config.members if m.node == config.node)
 
     async def start(self) -> None:
-        from client import tls
+        from wire import tls
         ctx = tls.client_context(self.config.tls) if self.config.tls is not None else None
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.FORWARD_TIMEOUT_S),
                                            connector=tls.connector(ctx))

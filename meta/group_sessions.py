@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from client.wire.errors import rejection
+from wire.errors import rejection
 
 from . import groups, limits
 from .broker_sessions import answer

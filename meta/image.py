@@ -37,7 +37,7 @@ import json
 from collections import deque
 from typing import Any
 
-from client.wire import json_body
+from wire import json_body
 
 from . import allocation, chains, history_lines, limits
 from .events import GROUP_EVENTS, UnknownEvent, stored

@@ -1,11 +1,11 @@
 """Every bound of the meta service in one place, each with its unit last (DESIGN.md invariant 9)."""
 
-from client.wire import sse as _sse
-from client.wire import headers as _headers
+from wire import sse as _sse
+from wire import headers as _headers
+from wire.names import BROKER_NAME_CHARS_MAX
 
 REQUEST_BODY_BYTES_MAX = 1 * 1024 * 1024
 TOPIC_NAME_CHARS_MAX = 127
-BROKER_NAME_CHARS_MAX = 64
 ADDRESS_CHARS_MAX = 256
 # What one topic's route and one remap can carry on this design: at 16,384 queues every seal re-rendered a 7.6 MB
 # route on each meta node, a whole-topic remap held the Raft tick for over a second (past the election timeout) and
@@ -24,7 +24,7 @@ SEALS_PER_REPORT_MAX = 1_024     # seal reports one POST /v1/brokers/{b}/seals (
 # Idempotency: outcomes of the last requests are kept in the image (replicated), bounded by count and age.
 REQUEST_OUTCOMES_MAX = 100_000
 REQUEST_OUTCOME_AGE_MS_MAX = 3_600_000
-REQUEST_ID_CHARS_MAX = _headers.REQUEST_ID_CHARS_MAX  # checked at the edge (client/wire/headers.py)
+REQUEST_ID_CHARS_MAX = _headers.REQUEST_ID_CHARS_MAX  # checked at the edge (wire/headers.py)
 
 # One command as stored in the log (JSON text of its envelope). A heartbeat's budget grants are the largest command:
 # at most HEARTBEAT_QUEUES_MAX grants of well under 80 bytes each.

@@ -17,18 +17,16 @@ import contextlib
 import itertools
 import json
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
-from client.wire.errors import rejection
+from wire.errors import rejection
 
 from . import history_lines
-from .changefeed import ANY
+from .changefeed import ANY, ChangeFeed
 from .projection_gap import GapFiller
-
-if TYPE_CHECKING:
-    from .service import MetaService
 
 log = structlog.get_logger("meta.projection")
 
@@ -43,9 +41,15 @@ BATCH_PAUSE_S = 0.2
 
 
 class ProjectionFollower:
-    def __init__(self, url: str, service: "MetaService", peers: list[str], token: str, ssl_context: Any = None):
+    def __init__(self, url: str, *, node: str, log_level: str, feed: ChangeFeed, read: Callable[[Callable], Any],
+                 peers: list[str], token: str, ssl_context: Any = None):
+        """``read(fn)`` runs ``fn`` on the applied image (the service's reads, ready once the node has started);
+        ``feed`` wakes the follower when versions are applied."""
         self.url = url
-        self.service = service
+        self.node = node
+        self.log_level = log_level
+        self.feed = feed
+        self.read = read
         self.store = None       # the writer process: every write, the position and the hole
         self.reader = None      # this process's own connection for reads of history, made at the first one
         self._reader_lock = threading.Lock()   # history is read from executor threads
@@ -59,8 +63,7 @@ class ProjectionFollower:
 
     def _open(self):
         from .projection.writer_process import WriterProcess
-        config = self.service.config
-        store = WriterProcess(self.url, config.log_level, node=config.node)
+        store = WriterProcess(self.url, self.log_level, node=self.node)
         store.migrate()
         self.hole = store.first_hole()
         if self.hole is not None:
@@ -93,10 +96,10 @@ class ProjectionFollower:
                 held = max(held, trimmed[-1][0])
             return max(0, image.data["history_start"] - 1 - held)
         hole = self.hole[1] - self.hole[0] + 1 if self.hole is not None else 0
-        return hole + self.service.read(gap)
+        return hole + self.read(gap)
 
     def _image_start(self) -> tuple[int, dict | None]:
-        start, kept = self.service.read(lambda im: (im.data["history_start"], im.history_kept_after(0, 1)))
+        start, kept = self.read(lambda im: (im.data["history_start"], im.history_kept_after(0, 1)))
         return start, json.loads(history_lines.unpack(kept[0])) if kept else None
 
     def _next_batch(self, image) -> tuple[list[str], int]:
@@ -124,7 +127,7 @@ class ProjectionFollower:
         self.opened = True
         self._opened.set()
         while True:
-            batch, start = self.service.read(self._next_batch)
+            batch, start = self.read(self._next_batch)
             if start > self.position + 1 and not batch:
                 # The image no longer holds these events (a snapshot installed past them, an empty projection in an
                 # old cluster, or a window trimmed faster than the projection applied): take them from peers first.
@@ -133,7 +136,7 @@ class ProjectionFollower:
                 self.position = await self.filler.fill(self.store, self.position, self._image_start, self._applied)
                 continue
             if not batch:
-                await self.service.feed.wait(ANY, IDLE_WAIT_S)
+                await self.feed.wait(ANY, IDLE_WAIT_S)
                 continue
             try:
                 self.position = await loop.run_in_executor(None, self._apply, batch)
@@ -166,7 +169,7 @@ class ProjectionFollower:
         except Exception as e:  # noqa: BLE001 - the database away is the caller's 503, not a 500
             log.warning("projection_history_failed", error=repr(e))
             raise rejection(503, "HISTORY_UNAVAILABLE", "this node's projection database could not be read: "
-                            f"{type(e).__name__}; ask another node", node=self.service.config.node) from None
+                            f"{type(e).__name__}; ask another node", node=self.node) from None
 
     def close(self) -> None:
         if self.store is not None:

@@ -27,8 +27,8 @@ from typing import Any
 
 import structlog
 
-from client.errors import StatorError
-from client.http import Backoff
+from wire.errors import StatorError
+from wire.caller import Backoff
 
 from . import limits
 
@@ -40,7 +40,7 @@ CALL_ATTEMPTS_PER_PEER = 2
 
 class GapFiller:
     def __init__(self, peers: list[str], token: str, ssl_context: Any = None):
-        self.ssl_context = ssl_context   # peers' https:// URLs (client/tls.py)
+        self.ssl_context = ssl_context   # peers' https:// URLs (wire/tls.py)
         self.peers = peers
         self.token = token
         self.backoff = Backoff(limits.PROJECTION_FILL_BACKOFF_S_MIN, limits.PROJECTION_FILL_BACKOFF_S_MAX)

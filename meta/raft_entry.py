@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from client.wire import json_body
+from wire import json_body
 
 from . import limits
 

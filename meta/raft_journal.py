@@ -110,7 +110,7 @@ from typing import Any
 import structlog
 from pysyncobj.journal import Journal
 
-from ops import power_loss
+from runtime import power_loss
 
 from .raft_membership import MEMBERSHIP_COMMAND, MembershipTrail
 

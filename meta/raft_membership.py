@@ -23,7 +23,7 @@ from .raft_entry import decode_entry
 MEMBERSHIP_COMMAND = 2          # pysyncobj's _COMMAND_TYPE.MEMBERSHIP (test_pysyncobj_pin holds the value)
 COMMAND_TYPE = "SetMembership"
 MEMBERS_MAX = 9
-NAME_CHARS_MAX = limits.BROKER_NAME_CHARS_MAX   # a node's name: the config's rule (ops/config_file.py)
+NAME_CHARS_MAX = limits.BROKER_NAME_CHARS_MAX   # a node's name: the config's rule (runtime/config_file.py)
 RAFT_ADDRESS_CHARS_MAX = 262    # a DNS name, a colon and a port
 URL_CHARS_MAX = 2048
 REASONS = frozenset({"bootstrap", "rejoin", "add", "promote", "remove"})

@@ -40,7 +40,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
 from . import disk_identity, limits
 from . import pysyncobj_shim as shim
-from client.wire.errors import ApiError, rejection
+from wire.errors import ApiError, rejection
 from .image import Image, restoring_pairs
 from .raft_applier import DISCARDED, Applier, Pending
 from .raft_entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope, encode_stamp, restamped

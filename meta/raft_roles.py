@@ -36,7 +36,7 @@ from pysyncobj.node import TCPNode
 from . import disk_identity
 from . import pysyncobj_shim as shim
 from . import raft_membership as membership
-from client.wire.errors import ApiError, rejection
+from wire.errors import ApiError, rejection
 from .raft_entry import encode_entry, encode_envelope
 
 log = structlog.get_logger("meta.raft.roles")

@@ -97,7 +97,7 @@ class RaftLink:
     @classmethod
     def with_tls(cls, secret: str, cert: str, key: str, ca: str) -> RaftLink:
         """Mutual TLS under the cluster's CA: this node's certificate both ways, peers' verified against ``ca``."""
-        from client.tls import TlsFiles, client_context, server_context
+        from wire.tls import TlsFiles, client_context, server_context
         files = TlsFiles(cert=cert, key=key, ca=ca)
         return cls(secret=secret, server_tls=server_context(files), client_tls=client_context(files))
 

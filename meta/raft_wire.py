@@ -71,7 +71,7 @@ KEY_BYTES = 32
 TAG_BYTES = 16
 COUNTER_MAX = 2 ** 64 - 1
 # OWASP's 2023 figure for PBKDF2-HMAC-SHA256 (~0.2 s here, once per process): cluster secrets are human-chosen
-# strings of >= 16 characters (ops/config_file.py), and pysyncobj's Fernet key cost 100,000 iterations already.
+# strings of >= 16 characters (runtime/config_file.py), and pysyncobj's Fernet key cost 100,000 iterations already.
 SECRET_STRETCH_ITERATIONS = 600_000
 SECRET_STRETCH_SALT = b"stator raft wire secret v1"
 KEY_LABEL = b"stator raft wire v1 keys"

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from client.wire import json_body
-from client.wire.errors import ApiError, invalid, rejection
-from client.wire.params import nonneg_int, seconds
+from wire import json_body
+from wire.errors import ApiError, invalid, rejection
+from wire.params import nonneg_int, seconds
 
 from . import limits, views
 from .admission import Admission

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from client.wire.errors import invalid
+from wire.errors import invalid
 
 from . import limits
 from .admission import Admission
@@ -32,14 +32,14 @@ from .raft_node import LoopBridge, MetaSyncObj, RaftNode
 from .raft_transport import RaftLink
 from .reads import ReadFacade
 from .route_warmer import RouteWarmer
-from ops.logging import set_position_provider
+from runtime.logging import set_position_provider
 
 log = structlog.get_logger("meta.service")
 
 
 def client_tls_context(files):
     """The context for this node's calls to other nodes over https:// (None for plain HTTP)."""
-    from client.tls import client_context
+    from wire.tls import client_context
     return client_context(files) if files is not None else None
 
 
@@ -69,8 +69,9 @@ class MetaService:
         self.groups: GroupSessions | None = None
         self.route_warmer: RouteWarmer | None = None
         peers = [m.url for m in config.members if m.node != config.node]
-        self.projection = ProjectionFollower(config.projection_url, self, peers, config.tokens.client,
-                                             client_tls_context(config.tls))
+        self.projection = ProjectionFollower(config.projection_url, node=config.node, log_level=config.log_level,
+                                             feed=self.feed, read=self.read, peers=peers, token=config.tokens.client,
+                                             ssl_context=client_tls_context(config.tls))
         self._tasks: list[asyncio.Task] = []
         self.started_at = time.time()
         self._request_prefix = f"{config.node}.{uuid.uuid4().hex[:12]}."

@@ -15,8 +15,8 @@ from typing import Any
 
 from . import allocation, chains, groups, limits
 from .commands import validate
-from client.wire import json_body
-from client.wire.errors import ApiError, invalid, rejection
+from wire import json_body
+from wire.errors import ApiError, invalid, rejection
 from .events import make
 from .image import Image
 from . import raft_membership

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from client.wire import route as route_model
+from wire import route as route_model
 
 from . import allocation, chains, groups, limits
 from .image import Image

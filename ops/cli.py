@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import click
 from click.core import ParameterSource
 
-from client.errors import INVALID_ARGUMENT
+from wire.errors import INVALID_ARGUMENT
 from ops.admin.options import GlobalOptionsGroup, global_options
 
 EXIT_FAILED = 1   # the command could not do its work (an address in use, a member that did not start)
@@ -26,8 +26,8 @@ def one_line_errors(*also: type[Exception]) -> Iterator[None]:
     """Errors the operator must act on become `error: <message>` on stderr and an exit code, never a traceback.
 
     Only the errors named here: anything else is a bug and keeps its traceback."""
-    from ops.config_file import ConfigError
-    from ops.serve import StartupError
+    from runtime.config_file import ConfigError
+    from runtime.serve import StartupError
     try:
         yield
     except ConfigError as e:
@@ -55,12 +55,12 @@ def meta() -> None:
 @meta.command("serve")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--unsafe-power-loss-ledger", "power_loss_ledger", is_flag=True,
-              help="tests only: record every sync in a ledger, so that a kill -9 plus ops/power_loss.lose_unsynced "
+              help="tests only: record every sync in a ledger, so that a kill -9 plus runtime/power_loss.lose_unsynced "
                    "loses what a power loss would")
 def meta_serve(config_path: str, power_loss_ledger: bool) -> None:
     """Run a meta node in the foreground."""
     from meta.raft_journal import JournalDamaged
-    from ops.serve import run_meta
+    from meta.serve import run_meta
     with one_line_errors(JournalDamaged):
         run_meta(config_path, power_loss_ledger)
 
@@ -78,7 +78,7 @@ def meta_rebuild_projection(config_path: str, from_peer: str | None, from_export
     """Drop the node's SQL projection and rebuild it from the node's log (the node must be stopped).
 
     The log keeps only the newest events (history_window): the older ones come from a peer or an export."""
-    from client.errors import StatorError
+    from wire.errors import StatorError
     from meta.config import load
     from meta.offline_log import rebuild_projection
     from meta.projection import ProjectionGap
@@ -102,7 +102,7 @@ def broker() -> None:
 @broker.command("serve")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--unsafe-power-loss-ledger", "power_loss_ledger", is_flag=True,
-              help="tests only: record every sync in a ledger, so that a kill -9 plus ops/power_loss.lose_unsynced "
+              help="tests only: record every sync in a ledger, so that a kill -9 plus runtime/power_loss.lose_unsynced "
                    "loses what a power loss would")
 def broker_serve(config_path: str, power_loss_ledger: bool) -> None:
     """Run a broker in the foreground."""

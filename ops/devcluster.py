@@ -1,7 +1,7 @@
 """`stator dev up / start / down`: a local cluster of real processes on loopback (API.md, local cluster tool).
 
 Layout of DIR: ``cluster.json`` (API.md shape, plus each member's config path and, for tests, ``serve_flags``: extra
-flags of its serve command, such as ops/power_loss.FLAG), ``NAME/`` data and config of each member, ``logs/NAME.log``. Processes run in their own session so `down` can signal the whole group.
+flags of its serve command, such as runtime/power_loss.FLAG), ``NAME/`` data and config of each member, ``logs/NAME.log``. Processes run in their own session so `down` can signal the whole group.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from client.wire.credentials import token_hash
+from runtime.credentials import token_hash
 
 PORT_SPAN = 100           # a cluster uses base..base+13 (meta) and base+50.. (brokers)
 READY_TIMEOUT_S = 60.0

@@ -17,7 +17,7 @@ import sys
 
 from aiohttp import web
 
-from client.wire.errors import ApiError
+from wire.errors import ApiError
 from meta.raft_entry import encode_entry, encode_envelope, encode_stamp
 from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 

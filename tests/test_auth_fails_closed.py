@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from client.wire.server import error_middleware, public, require_declared_roles, requires
+from runtime.server import error_middleware, public, require_declared_roles, requires
 from ops import devcluster
 
 TOKENS = {"admin": "a" * 32, "client": "c" * 32, "broker": None}

@@ -12,9 +12,9 @@ import pytest
 import pytest_asyncio
 
 from broker import config as broker_config
-from client.wire.credentials import broker_of, token_hash
+from runtime.credentials import broker_of, token_hash
 from meta import config as meta_config
-from ops.config_file import ConfigError
+from runtime.config_file import ConfigError
 from tests import cluster as cluster_mod
 from tests.meta_helpers import ok
 from tests.test_broker_e2e import all_writable, send, wait_route

@@ -14,7 +14,7 @@ import time
 import aiohttp
 import pytest
 
-from client.wire.sse import SseParser
+from wire.sse import SseParser
 from tests import cluster as cluster_mod
 from tests.test_broker_e2e import admin, all_writable, read_all, route, send, wait_route
 

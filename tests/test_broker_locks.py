@@ -18,8 +18,8 @@ from broker import locks as locks_mod
 from broker.config import BrokerConfig
 from broker.locks import Barriers, LockEventError, LockTable, parse_event
 from broker.node import BrokerNode
-from client.wire.errors import ApiError
-from client.wire.sse import SseEvent
+from wire.errors import ApiError
+from wire.sse import SseEvent
 
 
 def event(group="g", version=10, mode="exclusive", locks=None) -> dict:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from client.wire.errors import ApiError
-from client.wire.route import Segment
+from wire.errors import ApiError
+from wire.route import Segment
 
 
 async def test_a_queue_never_created_here_is_empty_from_the_start_the_asker_names(broker_node):

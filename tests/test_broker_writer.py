@@ -7,7 +7,7 @@ import threading
 
 from broker.storage import QueueStore
 from broker.writes import Writer
-from client.wire.route import Segment
+from wire.route import Segment
 
 
 def _segment(physical_queue: str, physical_start: int = 0) -> Segment:

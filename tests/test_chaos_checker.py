@@ -328,7 +328,7 @@ def test_sized_commands_land_on_their_target_size_as_the_node_encodes_them():
     the API's own validation: the check of 'a multiple of 64 KiB +- 64 bytes' is about the bytes the log gets."""
     import types
 
-    from client.wire.shapes import validate
+    from wire.shapes import validate
     from meta import commands, limits
     from meta.api import models
     from meta.raft_entry import encode_envelope

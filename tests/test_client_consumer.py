@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from client import PullConsumer, SyncPullConsumer
-from client.http import Backoff
+from wire.caller import Backoff
 from tests.test_client_fakes import DEAD_ADDRESS, TOKEN, Fakes, fakes_in_thread, make_route
 
 FAST = Backoff(0.01, 0.05)

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from client.wire import route as route_model
+from wire import route as route_model
 from meta import allocation, limits
 
 TOKEN = "client-token"

@@ -1,4 +1,4 @@
-"""client/errors.py and client/http.py: the error shape, failover across meta nodes, bounded retries."""
+"""wire/errors.py and wire/caller.py: the error shape, failover across meta nodes, bounded retries."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from client.errors import NoLeader, NotLeader, StatorError, Unavailable, VersionMismatch
-from client.http import Backoff, MetaCaller
+from wire.errors import NoLeader, NotLeader, StatorError, Unavailable, VersionMismatch
+from wire.caller import Backoff, MetaCaller
 from tests.test_client_fakes import DEAD_ADDRESS
 
 FAST = Backoff(0.01, 0.02)

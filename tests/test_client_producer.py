@@ -11,7 +11,7 @@ import pytest
 
 from client import (Fenced, LatencyFaultAvoidance, NotLeader, Producer, RoundRobinSelector, Sealing, StatorError,
                     SyncProducer, TopicNotFound, Unavailable, queue_for_key)
-from client.http import Backoff
+from wire.caller import Backoff
 from tests.test_client_fakes import DEAD_ADDRESS, TOKEN, Fakes, fakes_in_thread, make_route
 
 FAST = Backoff(0.01, 0.05)

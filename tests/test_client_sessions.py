@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from client import Producer, PullConsumer
-from client.tls import TlsFiles, client_context
+from wire.tls import TlsFiles, client_context
 from tests.test_tls import TOKENS, tls_cluster  # noqa: F401 (the fixture: one meta node and one broker, mutual TLS)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.wire.sse import SseEvent, SseParser, SseProtocolError
+from wire.sse import SseEvent, SseParser, SseProtocolError
 
 # What meta/api/watch.py writes: route events, a delete, and a keepalive comment.
 ROUTE_A = {"topic": "a", "version": 5, "queues": []}

@@ -13,7 +13,7 @@ import pytest
 from broker import config as broker_config
 from meta import config as meta_config
 from meta.raft_node import RaftTuning
-from ops.config_file import ConfigError
+from runtime.config_file import ConfigError
 
 CLI_TIMEOUT_S = 30.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ import pytest
 from broker import config as broker_config
 from client import AdminClient, Producer, PullConsumer
 from ops import devcluster
-from ops.config_file import ConfigError
+from runtime.config_file import ConfigError
 from tests import cluster as cluster_mod
 from tests.test_config import broker_raw
 

@@ -15,9 +15,9 @@ import tomllib
 import yaml
 
 from broker import config as broker_config
-from client.wire.credentials import token_hash
+from runtime.credentials import token_hash
 from meta import config as meta_config
-from ops.config_file import split_host_port
+from runtime.config_file import split_host_port
 
 DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops", "deploy")
 

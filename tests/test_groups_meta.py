@@ -12,7 +12,7 @@ import time
 
 import aiohttp
 
-from client.wire.sse import SseParser
+from wire.sse import SseParser
 from tests.meta_helpers import assert_error_shape, call_any, ok, wait_until
 
 LEASE_MS = 2000

@@ -1,7 +1,7 @@
 """Limits that protect a node from its clients, on real processes: each refusal is a clear API.md error and shows in
 the service's refusals metric (stator_<service>_http_refusals_total{code}).
 
-- open HTTP connections (client/wire/connection_limit.py): past ``http_connections_max`` a new connection's requests
+- open HTTP connections (runtime/connection_limit.py): past ``http_connections_max`` a new connection's requests
   are 503 TOO_MANY_CONNECTIONS and the connection is closed; the connections already open keep being served, and once
   some close new ones are served again;
 - request bodies (meta 1 MiB, broker 32 MiB): 413 TOO_LARGE;
@@ -199,7 +199,7 @@ def test_a_waiter_past_its_bound_is_refused_and_counted():
     many for a test to hold open, so its one implementation is checked directly."""
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
-    from client.wire.errors import ApiError
+    from wire.errors import ApiError
     from meta.admission import Admission
 
     r = CollectorRegistry()
@@ -220,7 +220,7 @@ def test_the_open_file_limit_is_raised_to_fit_the_connection_bound():
     """Below the bound, accept() would fail with EMFILE first and clients would wait unanswered: a child process
     (its limits are its own) starts from a low soft limit and gets it raised up to the hard one."""
     code = ("import resource\n"
-            "from ops.serve import open_files_for, OPEN_FILES_RESERVE\n"
+            "from runtime.serve import open_files_for, OPEN_FILES_RESERVE\n"
             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
             "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
             "want = min(hard, 2_000 + OPEN_FILES_RESERVE) if hard != resource.RLIM_INFINITY "

@@ -1,4 +1,4 @@
-"""The one JSON parser of bodies from outside (client/wire/json_body.py) and the encoders behind it: what the parser
+"""The one JSON parser of bodies from outside (wire/json_body.py) and the encoders behind it: what the parser
 lets through, orjson encodes exactly and the same way every time; what it would not, the parser refuses by name."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from client.wire import json_body
-from client.wire.errors import ApiError
+from wire import json_body
+from wire.errors import ApiError
 
 
 @pytest.mark.parametrize("raw, says", [

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from client import AdminClient, Producer, PullConsumer
-from client.tls import TlsFiles, client_context
+from wire.tls import TlsFiles, client_context
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY_HOSTS = os.path.join(ROOT, "ops", "deploy", "hosts")

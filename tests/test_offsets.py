@@ -14,7 +14,7 @@ from broker import offsets
 from broker.offsets import OffsetStore
 from broker.storage import files
 from broker.storage import lines as checked_lines
-from client.wire.errors import ApiError
+from wire.errors import ApiError
 
 WAIT_S = 10.0  # bound on every wait for the syncer thread; the tests need far less
 

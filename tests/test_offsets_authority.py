@@ -16,8 +16,8 @@ import time
 import pytest
 
 from broker.storage import files
-from client.wire import route as route_model
-from client.wire.errors import ApiError
+from wire import route as route_model
+from wire.errors import ApiError
 
 WAIT_S = 10.0
 

@@ -15,8 +15,8 @@ import pytest
 
 from broker.api import models as broker_models
 from broker.codec import encode_message
-from client.wire.errors import ApiError
-from client.wire.shapes import validate
+from wire.errors import ApiError
+from wire.shapes import validate
 from meta.api import models
 from tests import cluster as cluster_mod
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from broker.pop import service as service_mod
-from client.wire import route as route_model
-from client.wire.errors import ApiError
+from wire import route as route_model
+from wire.errors import ApiError
 
 
 def route(version: int = 5) -> dict:

@@ -17,7 +17,7 @@ from broker.pop.handles import Handle, HandleCodec, load_secret
 from broker.pop.limits import DELIVERY_WRITE_DELAY_MS, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MIN, WAIT_MS_MAX
 from broker.pop.settings import GroupSettings
 from broker.pop.state import DONE, EXPIRED, LIVE, UNKNOWN, QueueState, replay_line
-from client.wire.errors import ApiError
+from wire.errors import ApiError
 
 KEY = ("g", "t", 0)
 

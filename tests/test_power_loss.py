@@ -1,4 +1,4 @@
-"""The power-loss mode (ops/power_loss.py) on real processes: kill -9, ``lose_unsynced``, start again.
+"""The power-loss mode (runtime/power_loss.py) on real processes: kill -9, ``lose_unsynced``, start again.
 
 What was acknowledged must survive a power loss: a broker's messages under flush policy fsync, committed offsets,
 pop acks (the pop journal), and meta writes with journal_sync fsync even when every meta node loses power at once.
@@ -17,7 +17,7 @@ import sys
 
 import aiohttp
 
-from ops import power_loss
+from runtime import power_loss
 from tests import cluster as cluster_mod
 from tests.meta_helpers import history, ok, write_configs_until
 from tests.test_broker_e2e import all_writable, read_all, wait_route

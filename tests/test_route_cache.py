@@ -7,7 +7,7 @@ import json
 import aiohttp
 
 from meta.route_cache import RouteCache
-from client.wire.sse import SseParser
+from wire.sse import SseParser
 from tests import cluster as cluster_mod
 from tests.meta_helpers import snapshot_or_none, wait_until
 from tests.test_metrics_scrape import scrape, value

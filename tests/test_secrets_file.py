@@ -9,7 +9,7 @@ import pytest
 
 from broker import config as broker_config
 from meta import config as meta_config
-from ops.config_file import ConfigError
+from runtime.config_file import ConfigError
 from tests.test_config import META_TOKENS, TOKENS, broker_raw, meta_raw
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from broker.api.send_body import read_send
 from broker.codec import encode_message, plain_json_text
-from client.wire import json_body
-from client.wire.errors import ApiError, invalid
+from wire import json_body
+from wire.errors import ApiError, invalid
 
 
 def _full(raw: bytes):

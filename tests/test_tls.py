@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 
 from client import AdminClient, Producer, PullConsumer, RouteSubscription, Unavailable
-from client.tls import TlsFiles, client_context, client_session
-from client.wire.credentials import token_hash
+from wire.tls import TlsFiles, client_context, client_session
+from runtime.credentials import token_hash
 from ops import devcluster
 from ops.cli import main
 from tests import tls_certs
@@ -297,7 +297,7 @@ async def test_metrics_listen_serves_the_scrape_and_health_paths_only_and_asks_n
 def test_tls_config_keys_are_checked_by_name(tmp_path):
     from broker import config as broker_config
     from meta import config as meta_config
-    from ops.config_file import ConfigError
+    from runtime.config_file import ConfigError
     meta = {"node": "m1", "data_dir": "data", "http": "127.0.0.1:7100", "secret": "s" * 24, "tokens": META_TOKENS,
             "members": [{"node": "m1", "raft": "127.0.0.1:7101", "url": "https://127.0.0.1:7100"}]}
     files = {"cert": "n.pem", "key": "n.key"}

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from client.wire import json_body
-from client.wire.errors import invalid
-from client.wire.shapes import validate
-from client.wire.credentials import caller_broker
-from client.wire.server import error_middleware, public, require_declared_roles, requires
-from client.wire.params import int_in
+from wire import json_body
+from wire.errors import invalid
+from wire.shapes import validate
+from runtime.credentials import caller_broker
+from runtime.server import error_middleware, public, require_declared_roles, requires
+from wire.params import int_in
 
 from ..config import BrokerConfig
 from ..codec import dumps_with_raw

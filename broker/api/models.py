@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints, with_config
 from typing_extensions import NotRequired, TypedDict
 
-from client.wire.shapes import OPEN, STRICT
+from wire.shapes import OPEN, STRICT
 
 from ..writes import MESSAGES_PER_SEND_MAX
 from ..pop.limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,

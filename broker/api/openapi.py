@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.wire.shapes import Error, SpecSchemas
+from wire.shapes import Error, SpecSchemas
 
 from . import models as M
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
-_NUMBER = {"type": "integer", "minimum": 0, "maximum": 2**62}   # queue ids in paths (client/wire/params.py)
+_NUMBER = {"type": "integer", "minimum": 0, "maximum": 2**62}   # queue ids in paths (wire/params.py)
 _SPEC_SCHEMAS = SpecSchemas()
 
 

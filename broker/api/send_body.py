@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from client.wire import json_body
-from client.wire.errors import ApiError, invalid
+from wire import json_body
+from wire.errors import ApiError, invalid
 
 from ..codec import plain_json_text
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import structlog
 
-from client.wire.errors import ApiError, rejection
+from wire.errors import ApiError, rejection
 
 from ..storage import files, lines
 from ..storage.errors import CorruptFile

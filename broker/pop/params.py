@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from client.wire import json_body
-from client.wire.errors import invalid
-from client.wire.params import int_in
+from wire import json_body
+from wire.errors import invalid
+from wire.params import int_in
 
 from .limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_DEFAULT, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN,
                      POP_MESSAGES_DEFAULT, POP_MESSAGES_MAX, WAIT_MS_MAX)

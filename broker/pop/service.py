@@ -18,8 +18,8 @@ from urllib.parse import quote
 
 import structlog
 
-from client.wire.credentials import require_broker
-from client.wire.errors import ApiError, rejection
+from runtime.credentials import require_broker
+from wire.errors import ApiError, rejection
 
 from ..chores import Chores
 from ..codec import RawMessage, RawPopped

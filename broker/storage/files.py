@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from ops import power_loss
+from runtime import power_loss
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"

@@ -13,7 +13,7 @@ from bisect import bisect_right
 from contextlib import contextmanager
 from typing import Iterator
 
-from ops import power_loss
+from runtime import power_loss
 
 from . import files, limits
 from .config import QueueConfig

@@ -12,7 +12,7 @@ from ..console import pages as console
 from ..admission import Admission
 from .keys import ADMISSIONS, METRICS, SERVICE
 from .metrics import MetaMetrics
-from client.wire.server import require_declared_roles
+from runtime.server import require_declared_roles
 from .middleware import add_version_header, errors_and_auth, refuse_when_removed
 
 

@@ -6,9 +6,9 @@ from aiohttp import web
 
 from .. import limits, views
 from ..commands import validate
-from client.wire.credentials import act_for
-from client.wire.errors import invalid
-from client.wire.server import requires
+from runtime.credentials import act_for
+from wire.errors import invalid
+from runtime.server import requires
 
 from . import models
 from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit

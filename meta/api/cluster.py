@@ -10,9 +10,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import history_lines, limits
-from client.wire.errors import rejection
-from client.wire.params import nonneg_int
-from client.wire.server import public, requires
+from wire.errors import rejection
+from wire.params import nonneg_int
+from runtime.server import public, requires
 
 from .http import respond, service
 from .keys import METRICS

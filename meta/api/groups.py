@@ -7,8 +7,8 @@ from aiohttp import web
 from .. import chains, group_lag, views
 from .. import groups as groups_model
 from ..commands import validate
-from client.wire.errors import invalid, rejection
-from client.wire.server import requires
+from wire.errors import invalid, rejection
+from runtime.server import requires
 
 from . import models
 from .http import (body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit,

@@ -6,11 +6,11 @@ from typing import Any
 
 from aiohttp import web
 
-from client.wire import json_body
-from client.wire.errors import ApiError
-from client.wire.params import int_in
-from client.wire.headers import request_id_header
-from client.wire.shapes import validate
+from wire import json_body
+from wire.errors import ApiError
+from wire.params import int_in
+from wire.headers import request_id_header
+from wire.shapes import validate
 from ..service import MetaService
 from .keys import SERVICE
 

@@ -14,11 +14,11 @@ import asyncio
 from aiohttp import web
 
 from .. import raft_membership
-from ..commands import NAME_RE
+from wire.names import NAME_RE
 from ..raft_node import ProposeFailed
 from ..raft_roles import HandingOver
-from client.wire.errors import invalid, rejection
-from client.wire.server import requires
+from wire.errors import invalid, rejection
+from runtime.server import requires
 
 from . import models
 from .cluster import members_view

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from client.wire.errors import rejection
-from client.wire.server import error_middleware, route_name
+from wire.errors import rejection
+from runtime.server import error_middleware, route_name
 
 from .keys import METRICS, SERVICE
 

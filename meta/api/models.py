@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints, with_config
 from typing_extensions import NotRequired, TypedDict
 
-from client.wire import route as route_model
-from client.wire.shapes import OPEN, STRICT
+from wire import route as route_model
+from wire.shapes import OPEN, STRICT
 
 from .. import limits, raft_membership
 from ..commands import GROUP_CONFIG_INTS

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.wire.shapes import Error, SpecSchemas
+from wire.shapes import Error, SpecSchemas
 
 from . import models
 

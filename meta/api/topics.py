@@ -5,10 +5,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from .. import chains, limits, views
-from client.wire.params import int_in
-from client.wire.errors import invalid, rejection
-from client.wire.server import requires
-from client.wire.shapes import validate
+from wire.params import int_in
+from wire.errors import invalid, rejection
+from runtime.server import requires
+from wire.shapes import validate
 
 from . import models
 from .http import body_object, body_of, respond, service, submit, with_expected_version

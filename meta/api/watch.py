@@ -14,9 +14,9 @@ from aiohttp import web
 from .. import limits
 from ..changefeed import ANY, TOPICS
 from ..image import GROUP_KEY_PREFIX, group_key
-from client.wire.errors import invalid, rejection
-from client.wire.params import nonneg_int, seconds
-from client.wire.server import requires
+from wire.errors import invalid, rejection
+from wire.params import nonneg_int, seconds
+from runtime.server import requires
 
 from .http import JSON, service
 from .keys import ADMISSIONS

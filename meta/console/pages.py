@@ -27,13 +27,13 @@ import aiohttp
 import jinja2
 from aiohttp import web
 
-from client.wire.errors import ApiError, invalid
-from client.wire.server import public, role_of
+from wire.errors import ApiError, invalid
+from runtime.server import public, role_of
 
 from .. import limits
 from ..api.http import service
 from ..api.keys import ADMISSIONS
-from ..commands import NAME_RE
+from wire.names import NAME_RE
 from ..changefeed import ANY
 from . import timeline as timeline_mod
 from .sessions import COOKIE, CONSOLE_ROLES, Session, Sessions, csrf_ok

@@ -26,8 +26,8 @@ from typing import Any
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from client.errors import StatorError
-from client.http import MetaCaller
+from wire.errors import StatorError
+from wire.caller import MetaCaller
 
 from . import schema
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection
 
-import migrations
-
-ALEMBIC_INI = Path(migrations.__file__).resolve().with_name("alembic.ini")
+# The scripts' files are located, not imported: migrations/env.py imports the schema from here, and the migrations
+# package stands above meta.
+ALEMBIC_INI = Path(find_spec("migrations").origin).resolve().with_name("alembic.ini")
 
 
 def config() -> Config:

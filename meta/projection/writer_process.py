@@ -146,7 +146,7 @@ def _answer_error(conn: Connection, e: BaseException) -> None:
 
 def serve(conn: Connection) -> None:
     from meta.projection.store import SqlProjection
-    from ops.logging import configure
+    from runtime.logging import configure
     url, logging = conn.recv()
     configure(**logging)   # the node's JSON lines, on the node's stderr
     try:

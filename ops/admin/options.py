@@ -22,14 +22,14 @@ import click
 from click.core import ParameterSource
 
 from client import AdminClient
-from client.errors import INVALID_ARGUMENT, UNAUTHENTICATED, StatorError, Unavailable
-from client.tls import TlsError, TlsFiles, client_certificate_required, client_context
+from wire.errors import INVALID_ARGUMENT, UNAUTHENTICATED, StatorError, Unavailable
+from wire.tls import TlsError, TlsFiles, client_certificate_required, client_context
 
 from . import output
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:7100"
 ENDPOINTS_MAX = 16              # a meta cluster has at most 7 members; more is a mistake on the command line
-TOKEN_FILE_BYTES_MAX = 4096     # a token is at most 1,024 characters (ops/config_file.py SECRET_CHARS_MAX)
+TOKEN_FILE_BYTES_MAX = 4096     # a token is at most 1,024 characters (runtime/config_file.py SECRET_CHARS_MAX)
 WRITE_OUT = ("table", "json")
 # Options taking a value, as they may appear before a subcommand ("-w" also glued: "-wjson").
 _VALUED = frozenset({"--endpoints", "--token", "--token-file", "-w", "--write-out", "--dir", "--cacert", "--cert",
@@ -100,7 +100,7 @@ class Globals:
 def read_token_file(path: str) -> str:
     """The token in ``path``. Like ssh with a private key, a file that group or others may read is refused: the
     token would already be out of the operator's hands."""
-    from ops.config_file import ConfigError, check_private
+    from runtime.config_file import ConfigError, check_private
     try:
         check_private(path)
     except ConfigError as e:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from client.errors import INVALID_ARGUMENT
+from wire.errors import INVALID_ARGUMENT
 
 from . import output
 from .options import CliError, Globals, GlobalOptionsGroup, global_options

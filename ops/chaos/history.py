@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from client.errors import StatorError
+from wire.errors import StatorError
 
 OK, FAIL, UNKNOWN = "ok", "fail", "unknown"
 

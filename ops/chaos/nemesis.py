@@ -19,7 +19,7 @@ leader takes to compact its log (topology.COMPACTION_MIN_TIME_S: every node comp
 workloads), so once healed it is behind the leader's first entry and only a snapshot brings it back; some installs
 end in a kill -9 of the follower a moment after the heal, while the snapshot is on its way or being installed.
 
-``power`` is a power loss: kill -9 of a member, then ops/power_loss.lose_unsynced on its data directory (every
+``power`` is a power loss: kill -9 of a member, then runtime/power_loss.lose_unsynced on its data directory (every
 member runs with the power-loss ledger in chaos runs, topology.py), so it loses every write it had not synced, and
 half of the time a piece of the lost tail stays behind as a torn write; then it starts again. One power fault in
 POWER_ALL_SHARE is the whole machine's: every member at once. What each lost is in the fault's record.
@@ -43,7 +43,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ops import devcluster, power_loss
+from ops import devcluster
+from runtime import power_loss
 
 from .topology import COMPACTION_MIN_TIME_S, Topology
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.errors import StatorError
-from client.http import request_once
+from wire.errors import StatorError
+from wire.caller import request_once
 
 from .workloads import (ERROR_PAUSE_S, EX_GROUP, EX_HEARTBEAT_MS, EX_LEASE_MAX_MS, EX_TOPIC, LOG_TOPIC, POP_TOPIC,
                         REQUEST_TIMEOUT_S, Env)

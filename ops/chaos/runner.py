@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from client.admin import AdminClient
-from client.errors import StatorError
-from client.http import new_session, request_once
+from wire.errors import StatorError
+from wire.caller import new_session, request_once
 from meta import limits
 from ops import devcluster
 

@@ -10,7 +10,7 @@ How nodes are made to talk through proxies while each binds its own port:
 - Meta HTTP between nodes (followers forward writes to the leader): each node's config gives every other member's
   ``url`` as a proxy made for that ordered pair.
 - Broker to meta: each broker's ``meta`` list is its own proxy per meta node.
-- Every member runs with the power-loss ledger (ops/power_loss.py, SERVE_FLAGS), so the nemesis's ``power`` fault
+- Every member runs with the power-loss ledger (runtime/power_loss.py, SERVE_FLAGS), so the nemesis's ``power`` fault
   can make a kill -9 lose what a power loss would.
 - Clients and brokers reach a broker at its ``advertise`` URL, a proxy in front of its port (never cut: it is there
   so every HTTP port has one; the nemesis cuts meta-meta and broker-meta links).
@@ -24,8 +24,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.wire.credentials import token_hash
-from ops import devcluster, power_loss
+from runtime.credentials import token_hash
+from ops import devcluster
+from runtime import power_loss
 
 from .proxy import Link
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from client.errors import StatorError
-from client.http import request_once
+from wire.errors import StatorError
+from wire.caller import request_once
 from meta import limits
 
 from . import bodies

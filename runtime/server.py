@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 import structlog
 from aiohttp import web
 
-from .connection_limit import CONNECTION_LIMIT
-from .credentials import broker_of
-from .errors import ApiError
+from runtime.connection_limit import CONNECTION_LIMIT
+from runtime.credentials import broker_of
+from wire.errors import ApiError
 
 ROLES = ("admin", "broker", "client")
 # Log correlation ids for requests that bring none: a counter under a per-process prefix, no syscall per request.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import invalid
+from wire.errors import invalid
 
 
 def int_in(raw: object, name: str, default: int | None = None, lo: int = 0, hi: int = 2**62) -> int:

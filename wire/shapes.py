@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
-from .errors import invalid
+from wire.errors import invalid
 
 STRICT = ConfigDict(extra="forbid", strict=True)   # requests: no coercion, unknown fields refused by name
 OPEN = ConfigDict(extra="allow")                   # answers: they may grow fields (API.md: add, never rename)

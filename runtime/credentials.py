@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from .errors import rejection
+from wire.errors import rejection
 
 HASH_PREFIX = "sha256:"
 HASH_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -29,7 +29,7 @@ def token_hash(token: str) -> str:
 def check_hash(value: str) -> str:
     if not HASH_RE.match(value):
         raise ValueError('must be "sha256:" and 64 lowercase hex digits: the hash of the broker\'s token '
-                         "(`python -m client.wire.credentials < TOKEN_FILE` prints it), never the token itself")
+                         "(`python -m runtime.credentials < TOKEN_FILE` prints it), never the token itself")
     return value
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from . import tls
-from .errors import Closed, StatorError, Unavailable, VersionHeaders
+from wire import tls
+from wire.errors import Closed, StatorError, Unavailable, VersionHeaders
 
 REQUEST_TIMEOUT_S_DEFAULT = 12.0    # a meta write may wait up to 5 s for a proposal, plus forwarding to the leader
 CONNECT_TIMEOUT_S_DEFAULT = 3.0
@@ -146,7 +146,7 @@ class MetaCaller:
         self._index = 0
         self._session = session
         self._owns_session = session is None
-        self._ssl_context = ssl_context   # for the session this caller makes (https:// endpoints; client/tls.py)
+        self._ssl_context = ssl_context   # for the session this caller makes (https:// endpoints; wire/tls.py)
         self._closed = False
         self.max_version_seen = 0  # newest X-Meta-Version (or written version) of any answer, error or not
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from .errors import invalid
+from wire.errors import invalid
 
 REQUEST_ID_CHARS_MAX = 200
 # Printable ASCII only: aiohttp decodes header bytes with surrogateescape, so any other byte would reach the log as a

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from .errors import invalid
+from wire.errors import invalid
 
 JSON_DEPTH_MAX = 32
 INT_MIN, INT_END = -2**63, 2**64   # orjson encodes int64 and uint64; anything else would be a TypeError on the way out

@@ -20,8 +20,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from meta.commands import NAME_RE
-from meta.limits import BROKER_NAME_CHARS_MAX
+from wire.names import BROKER_NAME_CHARS_MAX, NAME_RE
 
 META_MEMBERS_MAX = 7           # a larger Raft group only slows every commit
 PORT_MIN = 1
@@ -231,7 +230,7 @@ class TlsSchema(Schema):
 
 def tls_files(schema: TlsSchema | None, base_dir: str):
     """The TLS files of a config (paths relative to the config file's directory), or None for plain HTTP."""
-    from client.tls import TlsFiles
+    from wire.tls import TlsFiles
     if schema is None:
         return None
     at = lambda p: os.path.join(base_dir, p) if p is not None else None  # noqa: E731

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .errors import ApiError
+from wire.errors import ApiError
 
 HTTP_CONNECTIONS_MAX_DEFAULT = 10_000
 HTTP_CONNECTIONS_LIMIT_MAX = 1_000_000   # the config's bound on the setting

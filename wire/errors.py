@@ -1,9 +1,10 @@
-"""Errors the client raises: the API's error shape (API.md, Conventions) as exceptions, one subclass per code we act on.
+"""The API's error shape (API.md, Conventions), on both sides of the wire.
 
-Every service answers an error with an HTTP status plus ``{"error": {"code", "message", "details"}}``.
-``StatorError.from_response`` turns that into the most specific subclass so callers can ``except NotLeader:``;
-codes without a subclass stay plain ``StatorError`` with ``.code`` set. Transport failures (refused, reset,
-timed out) are ``Unavailable`` with status 0: the request may or may not have reached the server.
+Every service answers an error with an HTTP status plus ``{"error": {"code", "message", "details"}}``. A server
+raises ``ApiError`` anywhere (``rejection``, ``invalid``, ``too_large``); the error middleware renders it once. A
+caller turns the answer back with ``StatorError.from_response`` into the most specific subclass so it can
+``except NotLeader:``; codes without a subclass stay plain ``StatorError`` with ``.code`` set. Transport failures
+(refused, reset, timed out) are ``Unavailable`` with status 0: the request may or may not have reached the server.
 """
 
 from __future__ import annotations
@@ -176,3 +177,44 @@ _BY_CODE: dict[str, type[StatorError]] = {
 
 def _code_for_status(status: int) -> str:
     return {400: INVALID_ARGUMENT, 401: UNAUTHENTICATED, 403: PERMISSION_DENIED, 413: TOO_LARGE}.get(status, INTERNAL)
+
+
+# -- raised by a server, rendered by the error middleware (runtime/server.py) ------------------------
+
+
+class ApiError(Exception):
+    status = 400
+    code = "INVALID_ARGUMENT"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None, *, code: str | None = None,
+                 status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+    @classmethod
+    def from_dict(cls, status: int, body: Any) -> "ApiError":
+        err = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(err, dict):
+            return cls(f"answer without an error body (HTTP {status})", code="INTERNAL", status=status)
+        return cls(str(err.get("message", "")), err.get("details") if isinstance(err.get("details"), dict) else None,
+                   code=str(err.get("code", "INTERNAL")), status=status)
+
+
+def rejection(status: int, code: str, message: str, **details: Any) -> ApiError:
+    return ApiError(message, details, code=code, status=status)
+
+
+def invalid(message: str, **details: Any) -> ApiError:
+    return ApiError(message, details, code="INVALID_ARGUMENT", status=400)
+
+
+def too_large(message: str, **details: Any) -> ApiError:
+    return ApiError(message, details, code="TOO_LARGE", status=413)

@@ -1,18 +1,17 @@
-"""Running a meta node in the foreground until SIGTERM/SIGINT."""
+"""The HTTP server shell of a node, meta or broker: its listening sockets, TLS, the connection limit, the
+metrics listener, and running until SIGTERM/SIGINT (meta/serve.py and broker/serve.py start their own node)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import socket
-import sys
 from typing import Any
 
 from aiohttp import web
 
-from client.wire.connection_limit import HTTP_CONNECTIONS_MAX_DEFAULT
+from runtime.connection_limit import HTTP_CONNECTIONS_MAX_DEFAULT
 
-GIL_SWITCH_INTERVAL_S = 0.001
 HTTP_BACKLOG = 2048
 HTTP_SHUTDOWN_TIMEOUT_S = 2.0
 HTTP_REQUEST_LINE_BYTES_MAX = 256 * 1024   # 1,000 topic names of 127 characters, with room
@@ -45,11 +44,11 @@ def listening_socket(host: str, port: int, label: str) -> socket.socket:
 
 async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
                     connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT, metrics: Any = None) -> None:
-    """``tls``: the config's TlsFiles (client/tls.py) to serve HTTPS, None for plain HTTP. ``connections_max``: open
-    connections beyond it are answered 503 TOO_MANY_CONNECTIONS (client/wire/connection_limit.py). ``metrics``: the
-    config's MetricsListener (ops/config_file.py), a second listener for the scrape and health paths only."""
-    from client.tls import server_context, without_client_auth
-    from client.wire.connection_limit import CONNECTION_LIMIT, ConnectionLimit
+    """``tls``: the config's TlsFiles (wire/tls.py) to serve HTTPS, None for plain HTTP. ``connections_max``: open
+    connections beyond it are answered 503 TOO_MANY_CONNECTIONS (runtime/connection_limit.py). ``metrics``: the
+    config's MetricsListener (runtime/config_file.py), a second listener for the scrape and health paths only."""
+    from wire.tls import server_context, without_client_auth
+    from runtime.connection_limit import CONNECTION_LIMIT, ConnectionLimit
     ssl_context = server_context(tls) if tls is not None else None   # a bad file fails here, before the port
     metrics_ssl = server_context(without_client_auth(tls)) if metrics is not None and metrics.tls else None
     # The HTTP port is taken before the app starts (and so before a meta node joins Raft): a port in use fails at
@@ -99,8 +98,8 @@ def only_scrape_paths_on(metrics_port: int):
     metrics listener: that listener asks for no client certificate, so the API must not be reachable through it.
     Both listeners share one app (one meta node, one set of metrics); the local port tells them apart, as the
     Host header is the caller's to choose."""
-    from client.wire.errors import ApiError
-    from client.wire.server import error_response
+    from wire.errors import ApiError
+    from runtime.server import error_response
 
     @web.middleware
     async def middleware(request: web.Request, handler) -> web.StreamResponse:
@@ -135,45 +134,10 @@ def open_files_for(connections_max: int) -> int:
     return soft
 
 
-def check_raft_address(raft: str) -> None:
-    """A StartupError naming ``raft`` if its address cannot be bound: found before the raft transport, which retries
-    a failed bind in the background, starts. Bound as the transport binds it (meta/raft_transport.py): the node's own
-    host, never every interface, and let go at once."""
-    from ops.config_file import split_host_port
-
-    host, port = split_host_port(raft)
-    listening_socket(host, port, f"raft address {raft}").close()
-
-
 def start_power_loss_ledger(data_dir: str) -> None:
-    """The test-only power-loss mode (ops/power_loss.py), on before any durable file is opened; logged loudly."""
+    """The test-only power-loss mode (runtime/power_loss.py), on before any durable file is opened; logged loudly."""
     import structlog
 
-    from ops import power_loss
+    from runtime import power_loss
     ledger = power_loss.enable(data_dir)
     structlog.get_logger("serve").warning("unsafe_power_loss_ledger_on", ledger=ledger.path)
-
-
-def run_meta(config_path: str, power_loss_ledger: bool = False) -> None:
-    from pysyncobj import SyncObjException
-
-    from meta.api.app import make_app
-    from meta.config import load
-    from ops.logging import configure
-
-    config = load(config_path)
-    configure(config.log_level, node=config.node)
-    if power_loss_ledger:
-        start_power_loss_ledger(config.data_dir)
-    # The Raft tick thread must get the interpreter promptly while the event loop is busy (heartbeats, commits):
-    # hand the GIL over every 1 ms instead of every 5 ms.
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    check_raft_address(config.raft)
-    try:
-        asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,
-                              config.http_connections_max, config.metrics_listen))
-    except SyncObjException as e:
-        # pysyncobj gave up binding after conf.maxBindRetries attempts (the port was taken after the check above).
-        if e.errorCode != "BindError":
-            raise
-        raise StartupError(f"raft address {config.raft} is not available: pysyncobj could not bind it") from None

@@ -1,0 +1,4 @@
+"""The ground floor every part stands on: what crosses the wire between Stator's processes and its clients.
+
+Errors and codes, JSON bodies and their limits, query parameters, headers, SSE, the route shape, names and their
+rules, TLS contexts, and the one HTTP caller with its backoff. Nothing here imports meta, broker, client or ops."""
