@@ -17,8 +17,8 @@ from wire.errors import ApiError, rejection
 from . import allocation
 from .config import MetaConfig
 from .image import Image
+from .log import Log
 from .periodic import run_every
-from .raft_node import MetaSyncObj, RaftNode
 from .reads import ReadFacade
 
 log = structlog.get_logger("meta.sessions")
@@ -60,11 +60,10 @@ class BrokerSessions:
     """The leader's duties towards brokers: heartbeats refresh the tracker above; fencing, unfencing and budget grants
     are commands in the log, decided from the image and proposed here."""
 
-    def __init__(self, config: MetaConfig, reads: ReadFacade, raft: RaftNode, sync: MetaSyncObj):
+    def __init__(self, config: MetaConfig, reads: ReadFacade, log: Log):
         self.config = config
         self.reads = reads
-        self.raft = raft
-        self.sync = sync
+        self.log = log
         self.tracker = SessionTracker(config.session_timeout_ms)
         self.expiries = 0   # sessions this node fenced for silence while it led
         self._led_term: int | None = None
@@ -98,11 +97,11 @@ class BrokerSessions:
         state, grants = self.reads.read(look)
         self.tracker.heartbeat(broker, epoch, _monotonic_ms(), int(time.time() * 1000))
         if state == "fenced":
-            answer(await self.raft.propose({"type": "UnfenceBroker", "broker": broker, "epoch": epoch}, None,
-                                           f"broker:{broker}"))
+            answer(await self.log.propose({"type": "UnfenceBroker", "broker": broker, "epoch": epoch}, None,
+                                          f"broker:{broker}"))
         if grants:
-            answer(await self.raft.propose({"type": "GrantOffsetBudget", "broker": broker, "epoch": epoch,
-                                            "grants": grants}, None, f"broker:{broker}"))
+            answer(await self.log.propose({"type": "GrantOffsetBudget", "broker": broker, "epoch": epoch,
+                                           "grants": grants}, None, f"broker:{broker}"))
 
         def granted(image: Image):
             out = {}
@@ -121,11 +120,11 @@ class BrokerSessions:
         await run_every(SESSION_CHECK_INTERVAL_S, self._check_sessions, "broker_sessions_failed")
 
     async def _check_sessions(self) -> None:
-        if not self.sync.is_leader():
+        if not self.log.is_leader():
             self._led_term = None
             return
         active = self.reads.read(lambda im: [(b, v["epoch"]) for b, v in im.brokers.items() if v["state"] == "active"])
-        term = self.sync.term()
+        term = self.log.term()
         if self._led_term != term:
             # A new leader cannot know when the old one last heard each broker: every session starts afresh.
             self._led_term = term
@@ -134,8 +133,8 @@ class BrokerSessions:
         for broker, epoch in self.tracker.expired(active, _monotonic_ms()):
             log.warning("broker_session_expired", broker=broker, epoch=epoch)
             self.expiries += 1   # stator_meta_broker_session_expiries_total (meta/api/metrics.py)
-            await self.raft.propose({"type": "FenceBroker", "broker": broker, "epoch": epoch,
-                                     "reason": "session_expired"}, None, "system")
+            await self.log.propose({"type": "FenceBroker", "broker": broker, "epoch": epoch,
+                                    "reason": "session_expired"}, None, "system")
 
 
 def answer(outcome: dict[str, Any]) -> tuple[int, dict[str, Any]]:

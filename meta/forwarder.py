@@ -19,7 +19,8 @@ from wire.errors import ApiError, rejection
 
 from . import limits
 from .config import MetaConfig
-from .raft_node import MetaSyncObj, ProposeFailed
+from .log import Log
+from .raft_node import ProposeFailed
 
 RETRY_PAUSE_S = 0.05
 LEADER_POLL_S = 0.02
@@ -32,37 +33,34 @@ class BecameLeader(ProposeFailed):
 
 
 class LeaderForwarder:
-    def __init__(self, config: MetaConfig, sync: MetaSyncObj):
-        self.config = config
-        self.sync = sync
-        self._http: aiohttp.ClientSession | None = None
-        self._my_url = next(m.url for m in config.members if m.node == config.node)
-
-    async def start(self) -> None:
+    def __init__(self, config: MetaConfig, log: Log):
+        """Built inside the running event loop: the HTTP session and its connector belong to it."""
         from wire import tls
-        ctx = tls.client_context(self.config.tls) if self.config.tls is not None else None
+        self.config = config
+        self.log = log
+        ctx = tls.client_context(config.tls) if config.tls is not None else None
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.FORWARD_TIMEOUT_S),
                                            connector=tls.connector(ctx))
+        self._my_url = next(m.url for m in config.members if m.node == config.node)
 
     async def stop(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+        await self._http.close()
 
     def http_session(self) -> aiohttp.ClientSession:
         """The node's outgoing HTTP session (also used to ask brokers); callers pass their own timeouts."""
         return self._http
 
     def leader_url(self) -> str | None:
-        address = self.sync.leader_address()
+        address = self.log.leader_address()
         # A member added through the log (meta/raft_roles.py) is in no config: its URL is the membership's.
-        return self.sync.roles.url_of(address) if address is not None else None
+        return self.log.member_url(address) if address is not None else None
 
     async def to_leader(self, on_leader: Callable[[float], Awaitable[Answer]],
                         forward: Callable[[str], Awaitable[Answer]]) -> Answer:
         """``on_leader(seconds left)`` when this node leads, else ``forward(leader url)``; retried until
         PROPOSE_TIMEOUT_S. A forwarded answer of NO_LEADER / LEADER_CHANGED means the leader moved: retry."""
         async def attempt(deadline: float) -> Answer:
-            if self.sync.is_leader():
+            if self.log.is_leader():
                 return await on_leader(max(0.1, deadline - time.monotonic()))
             answer = await forward(await self._await_leader_url(deadline))
             body = answer[1]
@@ -81,7 +79,7 @@ class LeaderForwarder:
         async def attempt(deadline: float) -> Answer:
             # Without a known leader pysyncobj would hold the command in its queue (commandsWaitLeader) until the
             # proposal's own timeout and answer UNKNOWN_OUTCOME; waiting here says NO_LEADER, as to_leader does.
-            while not self.sync.is_leader() and self.sync.leader_address() is None:
+            while not self.log.is_leader() and self.log.leader_address() is None:
                 if time.monotonic() > deadline:
                     raise rejection(503, "NO_LEADER", "the meta cluster has no leader right now")
                 await asyncio.sleep(LEADER_POLL_S)
@@ -105,7 +103,7 @@ class LeaderForwarder:
             url = self.leader_url()
             if url is not None and url != self._my_url:
                 return url
-            if self.sync.is_leader():
+            if self.log.is_leader():
                 raise BecameLeader("this node became the leader", code="NO_LEADER")  # loop back, serve here
             if time.monotonic() > deadline:
                 raise rejection(503, "NO_LEADER", "the meta cluster has no leader right now")

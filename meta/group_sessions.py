@@ -36,8 +36,8 @@ from wire.errors import rejection
 from . import groups, limits
 from .broker_sessions import answer
 from .image import Image
+from .log import Log
 from .periodic import run_every
-from .raft_node import MetaSyncObj, RaftNode
 from .reads import ReadFacade
 
 log = structlog.get_logger("meta.groups")
@@ -50,10 +50,9 @@ LockKey = tuple[str, str, int, int]  # (group, topic, queue, token)
 
 
 class GroupSessions:
-    def __init__(self, reads: ReadFacade, raft: RaftNode, sync: MetaSyncObj):
+    def __init__(self, reads: ReadFacade, log: Log):
         self.reads = reads
-        self.raft = raft
-        self.sync = sync
+        self.log = log
         self._seen: dict[Key, float] = {}          # monotonic s of the last heartbeat received
         self._seen_wall: dict[Key, int] = {}       # wall ms of it, for display
         self._promised_s: dict[Key, float] = {}    # the lease_ms of the member's last answer, in seconds
@@ -101,11 +100,11 @@ class GroupSessions:
         g = self.reads.image.groups.get(group)   # one dict lookup: a stale answer only costs a redundant JoinGroup
         m = g["members"].get(member) if g is not None else None
         if m is None or m["topics"] != topics or m["mode"] != mode:
-            answer(await self.raft.propose({"type": "JoinGroup", "group": group, "member": member, "topics": topics,
-                                            "mode": mode}, None, f"client:{member}"))
+            answer(await self.log.propose({"type": "JoinGroup", "group": group, "member": member, "topics": topics,
+                                           "mode": mode}, None, f"client:{member}"))
         if released:
-            answer(await self.raft.propose({"type": "ReleaseLocks", "group": group, "member": member,
-                                            "locks": released}, None, f"client:{member}"))
+            answer(await self.log.propose({"type": "ReleaseLocks", "group": group, "member": member,
+                                           "locks": released}, None, f"client:{member}"))
 
     def _assignments(self, group: str, member: str) -> tuple[int, dict[str, list[dict[str, Any]]], dict[str, Any]]:
         """The member's owned and revoking queues, from a per-group-version cache (bounded by GROUPS_MAX): a heartbeat
@@ -130,13 +129,13 @@ class GroupSessions:
 
     def lease_expires_ms(self, group: str, member: str, lease_ms: int) -> int | None:
         wall = self._seen_wall.get((group, member))
-        return wall + lease_ms if wall is not None and self.sync.is_leader() else None
+        return wall + lease_ms if wall is not None and self.log.is_leader() else None
 
     async def _ready(self) -> None:
         """A new leader serves heartbeats once a barrier of its own term applied (see the module's docstring), and
         once its leases started afresh: the expiry loop may not have run in this term yet, and a reset after a
         heartbeat's answer would move the lease end that answer showed."""
-        term = self.sync.term()
+        term = self.log.term()
         if self._ready_term != term:
             await self.reads.barrier(BARRIER_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
             self._begin_term(term, time.monotonic())
@@ -156,11 +155,11 @@ class GroupSessions:
         await run_every(LEASE_CHECK_INTERVAL_S, self._check, "group_lease_check_failed")
 
     async def _check(self) -> None:
-        if not self.sync.is_leader():
+        if not self.log.is_leader():
             self._led_term = None
             return
         now = time.monotonic()
-        if self._begin_term(self.sync.term(), now):
+        if self._begin_term(self.log.term(), now):
             return
         members, locks = self.reads.read(lambda im: self._due(im, now))
         for group, names in sorted(members.items()):
@@ -169,7 +168,7 @@ class GroupSessions:
             for i in range(0, len(refs), limits.EXPIRIES_PER_COMMAND_MAX):
                 chunk = refs[i:i + limits.EXPIRIES_PER_COMMAND_MAX]
                 log.info("group_revocations_expired", group=group, locks=len(chunk))
-                await self.raft.propose({"type": "ExpireLocks", "group": group, "locks": chunk}, None, "system")
+                await self.log.propose({"type": "ExpireLocks", "group": group, "locks": chunk}, None, "system")
 
     def _reset(self, now: float) -> None:
         """A new leader cannot know when the old one last heard each member: every lease starts afresh."""
@@ -232,7 +231,7 @@ class GroupSessions:
                 self.forget(group, m)
             log.warning("group_members_expired", group=group, members=chunk[:20], count=len(chunk))
             try:
-                await self.raft.propose({"type": "ExpireMembers", "group": group, "members": chunk}, None, "system")
+                await self.log.propose({"type": "ExpireMembers", "group": group, "members": chunk}, None, "system")
             finally:
                 for m in chunk:
                     self._expiring.pop((group, m), None)

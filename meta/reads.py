@@ -20,7 +20,8 @@ from . import limits, views
 from .admission import Admission
 from .changefeed import ChangeFeed
 from .image import GROUP_KEY_PREFIX, Image
-from .raft_node import MetaSyncObj, ProposeFailed, RaftNode
+from .log import Log
+from .raft_node import ProposeFailed
 from .route_cache import RouteCache
 
 T = TypeVar("T")
@@ -28,9 +29,8 @@ BARRIER_RETRY_S = 0.05
 
 
 class ReadFacade:
-    def __init__(self, sync: MetaSyncObj, raft: RaftNode, feed: ChangeFeed, version_waiters: Admission):
-        self.sync = sync
-        self.raft = raft
+    def __init__(self, log: Log, feed: ChangeFeed, version_waiters: Admission):
+        self.log = log
         self.feed = feed
         self.version_waiters = version_waiters
         self._route_cache = RouteCache(limits.ROUTE_CACHE_BYTES_MAX)
@@ -39,7 +39,7 @@ class ReadFacade:
 
     @property
     def image(self) -> Image:
-        return self.sync.current_image()
+        return self.log.image
 
     @property
     def applied_version(self) -> int:
@@ -47,8 +47,7 @@ class ReadFacade:
 
     def read(self, fn: Callable[[Image], T]) -> T:
         """Run ``fn(image)`` under the image lock so it never sees half of an applied command."""
-        with self.sync.image_lock:
-            return fn(self.image)
+        return self.log.read(fn)
 
     def route_bytes(self, topic: str, keep: bool = True) -> tuple[int, bytes] | None:
         """The topic's route as JSON, rendered once per version and shared by every subscriber. The view is built
@@ -116,7 +115,7 @@ class ReadFacade:
         if body is None:
             body = json_body.encode(rendered)
             if keep:
-                with self.sync.image_lock:
+                with self.log.image_lock:
                     self._route_cache.put(key, version, body)
         return version, body
 
@@ -144,7 +143,7 @@ class ReadFacade:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                await self.raft.propose({"type": "Barrier"}, None, "system", max(0.1, deadline - time.monotonic()))
+                await self.log.propose({"type": "Barrier"}, None, "system", max(0.1, deadline - time.monotonic()))
                 return
             except ApiError as e:
                 # A barrier changes nothing, so a timed-out one has no outcome to learn: for the reader it means only
@@ -158,9 +157,9 @@ class ReadFacade:
     def follows_log(self) -> bool:
         """Whether this node follows a leader closely enough to serve watch streams (see api/watch.py)."""
         now = time.monotonic()
-        if self.sync.leader_address() is None:
+        if self.log.leader_address() is None:
             if self._leaderless_since is None:
                 self._leaderless_since = now
             return now - self._leaderless_since < limits.WATCH_LEADERLESS_S_MAX
         self._leaderless_since = None
-        return self.sync.commit_lag() <= limits.WATCH_LAG_ENTRIES_MAX
+        return self.log.commit_lag() <= limits.WATCH_LAG_ENTRIES_MAX

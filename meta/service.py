@@ -1,11 +1,12 @@
 """One meta node as a service: the Raft node, and the parts HTTP handlers talk to, started and stopped as one.
 
+- ``log`` (meta/log.py): the Raft node as the parts see it: who leads, proposals, the applied image, the membership;
 - ``reads`` (meta/reads.py): the applied image, rendered routes, min_version and linearizable waits;
 - ``forwarder`` (meta/forwarder.py): the one retry loop that gets a request to the leader;
 - ``brokers`` (meta/broker_sessions.py): the leader's duties towards brokers, decided through the log;
 - ``groups`` (meta/group_sessions.py): the leader's duties towards group members: leases, expiry;
 - ``projection`` (meta/projection_follower.py): the SQL projection following the applied log.
-Handlers (meta/api/) parse and answer; they ask this class and never touch the pysyncobj object.
+Handlers (meta/api/) parse and answer; they ask this class and its ``log``, and never touch the pysyncobj object.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .commands import validate
 from .config import Member, MetaConfig
 from .forwarder import Answer, LeaderForwarder
 from .group_sessions import GroupSessions
+from .log import Log
 from .projection_follower import ProjectionFollower
 from .raft_node import LoopBridge, MetaSyncObj, RaftNode
 from .raft_transport import RaftLink
@@ -57,21 +59,39 @@ def raft_link(config: MetaConfig) -> RaftLink:
 
 
 class MetaService:
+    """Built whole inside the running event loop (meta/api/app.py builds it as the app starts), never half: the
+    Raft node binds its port as it is built, and the HTTP port is taken first (runtime/serve.py); proposals'
+    futures and the forwarder's HTTP session belong to the loop. ``start`` starts threads and tasks, nothing more."""
+
     def __init__(self, config: MetaConfig, version_waiters: Admission):
+        loop = asyncio.get_running_loop()
+        ssl_context = client_tls_context(config.tls)   # a bad file fails here, before the raft port is bound
         self.config = config
         self.feed = ChangeFeed()
         self.version_waiters = version_waiters
-        self.sync: MetaSyncObj | None = None
-        self.raft: RaftNode | None = None
-        self.reads: ReadFacade | None = None
-        self.forwarder: LeaderForwarder | None = None
-        self.brokers: BrokerSessions | None = None
-        self.groups: GroupSessions | None = None
-        self.route_warmer: RouteWarmer | None = None
+        bridge = LoopBridge()
+        bridge.loop = loop
+
+        def on_applied(version: int, changed: set[str] | None) -> None:  # tick thread
+            bridge.post(self.feed.publish, version, changed)
+
+        node = MetaSyncObj(config.raft, config.partners, config.data_dir, config.secret, config.raft_tuning,
+                           on_applied, bridge, raft_link(config), names={m.raft: m.node for m in config.members},
+                           urls={m.node: m.url for m in config.members})
+        # The RaftNode before the node starts: it gives the node the leader's stamp for commands followers forward.
+        self.log = Log(node, RaftNode(node, loop, config.offset_budget, config.history_window))
+        # The restored image's version, before any reader or the route warmer starts: waiters start from it, and the
+        # change log reaches back no further (a watch stream asking for an older version gets a full scan).
+        self.feed.publish(self.log.data_version(), None)
+        self.reads = ReadFacade(self.log, self.feed, self.version_waiters)
+        self.forwarder = LeaderForwarder(config, self.log)
+        self.brokers = BrokerSessions(config, self.reads, self.log)
+        self.groups = GroupSessions(self.reads, self.log)
+        self.route_warmer = RouteWarmer(self.reads, self.feed)
         peers = [m.url for m in config.members if m.node != config.node]
         self.projection = ProjectionFollower(config.projection_url, node=config.node, log_level=config.log_level,
-                                             feed=self.feed, read=self.read, peers=peers, token=config.tokens.client,
-                                             ssl_context=client_tls_context(config.tls))
+                                             feed=self.feed, read=self.reads.read, peers=peers,
+                                             token=config.tokens.client, ssl_context=ssl_context)
         self._tasks: list[asyncio.Task] = []
         self.started_at = time.time()
         self._request_prefix = f"{config.node}.{uuid.uuid4().hex[:12]}."
@@ -84,30 +104,8 @@ class MetaService:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        bridge = LoopBridge()
-        bridge.loop = loop
-
-        def on_applied(version: int, changed: set[str] | None) -> None:  # tick thread
-            bridge.post(self.feed.publish, version, changed)
-
-        self.sync = MetaSyncObj(self.config.raft, self.config.partners, self.config.data_dir, self.config.secret,
-                                self.config.raft_tuning, on_applied, bridge, raft_link(self.config),
-                                names={m.raft: m.node for m in self.config.members},
-                                urls={m.node: m.url for m in self.config.members})
-        # The restored image's version, before any reader or the route warmer starts: waiters start from it, and the
-        # change log reaches back no further (a watch stream asking for an older version gets a full scan).
-        self.feed.publish(self.sync.image_data["version"], None)
-        # The RaftNode first: it gives the node the leader's stamp for commands forwarded by followers.
-        self.raft = RaftNode(self.sync, loop, self.config.offset_budget, self.config.history_window)
-        self.sync.start()
-        set_position_provider(lambda: {"term": self.sync.term(), "version": self.sync.image_data["version"]})
-        self.reads = ReadFacade(self.sync, self.raft, self.feed, self.version_waiters)
-        self.forwarder = LeaderForwarder(self.config, self.sync)
-        await self.forwarder.start()
-        self.brokers = BrokerSessions(self.config, self.reads, self.raft, self.sync)
-        self.groups = GroupSessions(self.reads, self.raft, self.sync)
-        self.route_warmer = RouteWarmer(self.reads, self.feed)
+        self.log.start()
+        set_position_provider(lambda: {"term": self.log.term(), "version": self.log.data_version()})
         self._tasks = [asyncio.create_task(self.brokers.run(), name="broker-sessions"),
                        asyncio.create_task(self.groups.run(), name="group-leases"),
                        asyncio.create_task(self.projection.run(), name="projection"),
@@ -119,10 +117,8 @@ class MetaService:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.feed.close()
-        if self.forwarder is not None:
-            await self.forwarder.stop()
-        if self.sync is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.sync.stop)
+        await self.forwarder.stop()
+        await asyncio.get_running_loop().run_in_executor(None, self.log.stop)
         self.projection.close()
 
     # -- state, for handlers and the projection -----------------------------------------------------------------
@@ -134,32 +130,31 @@ class MetaService:
         return self.reads.applied_version
 
     def is_leader(self) -> bool:
-        return self.sync.is_leader()
+        return self.log.is_leader()
 
     def leader(self) -> Member | None:
-        address = self.sync.leader_address()
+        address = self.log.leader_address()
         if address is None:
             return None
         member = self.config.member_by_raft(address)
         if member is not None:
             return member
         # A member added through the log (meta/raft_roles.py): in no config, named by the membership.
-        roles = self.sync.roles
-        return Member(roles.name_of(address), address, roles.url_of(address) or "")
+        return Member(self.log.member_name(address), address, self.log.member_url(address) or "")
 
     def term(self) -> int:
-        return self.sync.term()
+        return self.log.term()
 
     def commit_index(self) -> int:
-        return self.sync.raftCommitIndex
+        return self.log.commit_index()
 
     def role(self) -> str:
-        if self.sync.is_leader():
+        if self.log.is_leader():
             return "leader"
-        return "follower" if self.sync.leader_address() else "candidate"
+        return "follower" if self.log.leader_address() else "candidate"
 
     def ready(self) -> bool:
-        return self.sync.isReady() and self.sync.leader_address() is not None and not self.sync.roles.removed
+        return self.log.is_ready() and self.log.leader_address() is not None and not self.log.removed
 
     # -- writes ------------------------------------------------------------------------------------------------
     async def submit(self, cmd: dict[str, Any], *, actor: str, idempotency_key: str | None,
@@ -181,7 +176,7 @@ class MetaService:
             raise invalid(f"request ids are at most {limits.REQUEST_ID_CHARS_MAX} characters")
 
         async def propose(left_s: float) -> Answer:
-            status, body = answer(await self.raft.propose(cmd, rid, actor, left_s))
+            status, body = answer(await self.log.propose(cmd, rid, actor, left_s))
             return status, body, None
 
         status, body, _ = await self.forwarder.through_log(propose)

@@ -1,4 +1,4 @@
-"""The meta node's aiohttp application: one factory, the service as a cleanup context, the routes."""
+"""The meta node's aiohttp application: one factory, the service built and started in a cleanup context, the routes."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ def make_app(config: MetaConfig) -> web.Application:
     app = web.Application(middlewares=[errors_and_auth, refuse_when_removed],
                           client_max_size=limits.REQUEST_BODY_BYTES_MAX)
     metrics = app[METRICS] = MetaMetrics()
-    app[SERVICE] = MetaService(config, Admission(
+    version_waiters = Admission(
         "version_waiters", limits.VERSION_WAITERS_MAX, metrics.version_waiters, metrics.rejections,
-        "too many reads wait for a min_version on this node; use another node or retry"))
+        "too many reads wait for a min_version on this node; use another node or retry")
     app[ADMISSIONS] = {
         "long_polls": Admission("long_poll_waiters", limits.LONG_POLL_WAITERS_MAX, metrics.long_polls,
                                 metrics.rejections, "too many long polls wait on this node; use another node or SSE"),
@@ -31,10 +31,13 @@ def make_app(config: MetaConfig) -> web.Application:
     }
 
     async def service_ctx(app: web.Application):
-        await app[SERVICE].start()
-        metrics.watch_node(app[SERVICE])
+        # Built as the app starts, not with the app: the node binds its raft port as it is built, after the HTTP
+        # port (runtime/serve.py), and its parts belong to the running loop (meta/service.py).
+        svc = app[SERVICE] = MetaService(config, version_waiters)
+        await svc.start()
+        metrics.watch_node(svc)
         yield
-        await app[SERVICE].stop()
+        await svc.stop()
 
     app.cleanup_ctx.append(service_ctx)
     app.on_response_prepare.append(add_version_header)

@@ -24,14 +24,14 @@ async def cluster(request: web.Request) -> web.Response:
     svc = service(request)
     await svc.reads.before_read(request.query)
     leader = svc.leader()
-    ours = svc.sync.membership_status()
+    ours = svc.log.membership_status()
     return respond({
         "node": svc.config.node, "role": svc.role(), "leader": leader.node if leader else None,
         "term": svc.term(), "commit_index": svc.commit_index(), "applied_version": svc.applied_version,
         # The raft index of the last entry in the image: what commit_index is to be compared with (both count raft
         # entries), unlike applied_version, which counts events (an entry may carry several commands, or none
         # that makes an event: a membership change, a leader's no-op).
-        "applied_index": svc.sync.applied_index,
+        "applied_index": svc.log.applied_index,
         # The disk this node runs on, and whether the membership in its log counts it as a voter (a learner
         # catches up first: a wiped or replaced disk, a member just added; meta/raft_roles.py).
         "disk": ours["disk"], "voter": ours["voter"], "membership_index": ours["membership_index"],

@@ -29,7 +29,7 @@ from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond
 async def list_members(request: web.Request) -> web.Response:
     svc = service(request)
     await svc.reads.before_read(request.query)
-    ours = svc.sync.membership_status()
+    ours = svc.log.membership_status()
     return respond({"membership_index": ours["membership_index"], "members": members_view(svc, ours["members"])})
 
 
@@ -64,7 +64,7 @@ async def _change(request: web.Request, raw: bytes, op: str, node: str, raft: st
     refuse_if_no_longer_leader(request)
 
     async def here(left_s: float):
-        answer = svc.sync.roles.request(op, node, raft, url)
+        answer = svc.log.change_membership(op, node, raft, url)
         try:
             members = await asyncio.wait_for(asyncio.wrap_future(answer), left_s)
         except HandingOver as e:   # the forwarder retries, on the new leader once there is one

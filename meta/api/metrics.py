@@ -66,7 +66,7 @@ class MetaMetrics:
     def watch_node(self, svc: Any) -> None:
         """Report ``svc``'s state at every scrape; its apply latency from now on."""
         self.registry.register(NodeStateCollector(svc))
-        svc.sync.set_apply_observer(self.apply.observe)
+        svc.log.set_apply_observer(self.apply.observe)
 
 
 class NodeStateCollector:
@@ -80,35 +80,35 @@ class NodeStateCollector:
         yield commit
         lag = GaugeMetricFamily("stator_meta_follower_lag_entries",
                                 "Leader only: log entries each follower has yet to acknowledge", labels=["follower"])
-        for follower, entries in sorted(svc.sync.follower_lag().items()):
+        for follower, entries in sorted(svc.log.follower_lag().items()):
             lag.add_metric([follower], entries)
         yield lag
         roles = CounterMetricFamily("stator_meta_raft_role_changes", "Times this node took each Raft role "
                                     "(to leader: an election it won)", labels=["role"])
-        changes = svc.sync.role_changes
+        changes = svc.log.role_changes
         for role in ROLES:
             roles.add_metric([role], changes.get(role, 0))
         yield roles
         yield CounterMetricFamily("stator_meta_raft_ticks_slow", "Raft ticks longer than the shortest election "
                                   "timeout (meta/raft_node.py SLOW_TICK_S): heartbeats were held back",
-                                  value=svc.sync.slow_ticks)
+                                  value=svc.log.slow_ticks)
         snapshots = CounterMetricFamily("stator_meta_raft_snapshots", "Snapshots since start: written by this node, "
                                         "installed from the leader, or written and dropped because an install was "
                                         "newer", labels=["kind"])
-        for kind, count in svc.sync.snapshot_counts().items():
+        for kind, count in svc.log.snapshot_counts().items():
             snapshots.add_metric([kind], count)
         yield snapshots
         failures = CounterMetricFamily("stator_meta_proposal_failures", "Proposals that failed, by reason",
                                        labels=["reason"])
-        for reason in sorted(set(PROPOSAL_FAILURES) | set(svc.raft.failures)):
-            failures.add_metric([reason], svc.raft.failures.get(reason, 0))
+        for reason in sorted(set(PROPOSAL_FAILURES) | set(svc.log.proposal_failures)):
+            failures.add_metric([reason], svc.log.proposal_failures.get(reason, 0))
         yield failures
         expiries = CounterMetricFamily("stator_meta_broker_session_expiries",
                                        "Broker sessions this node fenced for silence while it led")
-        expiries.add_metric([], svc.brokers.expiries if svc.brokers is not None else 0)
+        expiries.add_metric([], svc.brokers.expiries)
         yield expiries
-        yield from self._journal_counters(svc.sync.journal_stats())
-        held = svc.sync.held_entries()
+        yield from self._journal_counters(svc.log.journal_stats())
+        held = svc.log.held_entries()
         kept = CounterMetricFamily("stator_meta_raft_held_entries_appends", "Append messages that repeated entries "
                                    "this follower held; pysyncobj would have deleted the entries after them, Raft "
                                    "keeps them (meta/pysyncobj_shim.py)", labels=["kind"])
@@ -123,7 +123,7 @@ class NodeStateCollector:
         yield cached
         warmed = CounterMetricFamily("stator_meta_routes_prerendered", "Big topics' routes rendered and gzip'd as "
                                      "they changed, before any reader asked (meta/route_warmer.py)")
-        warmed.add_metric([], svc.route_warmer.rendered if svc.route_warmer is not None else 0)
+        warmed.add_metric([], svc.route_warmer.rendered)
         yield warmed
 
     @staticmethod

@@ -42,7 +42,7 @@ errors_and_auth = error_middleware(_tokens, "meta node", _observe, _refused, _br
 
 async def add_version_header(request: web.Request, response: web.StreamResponse) -> None:
     svc = request.app.get(SERVICE)
-    if svc is not None and svc.reads is not None:
+    if svc is not None:
         response.headers["X-Meta-Version"] = str(svc.applied_version)
 
 
@@ -55,8 +55,7 @@ ANSWERED_WHEN_REMOVED = frozenset({"/healthz", "/readyz", "/metrics", "/v1/clust
 async def refuse_when_removed(request: web.Request, handler):
     """A node the membership no longer names gets no more of the log: it stops serving (meta/raft_roles.py)."""
     svc = request.app.get(SERVICE)
-    if (svc is not None and svc.sync is not None and svc.sync.roles.removed
-            and request.path not in ANSWERED_WHEN_REMOVED):
+    if svc is not None and svc.log.removed and request.path not in ANSWERED_WHEN_REMOVED:
         raise rejection(503, "NOT_A_MEMBER", "this meta node was removed from the cluster's members and no longer "
                         "gets the log; stop it, or add it again with `stator cluster members add`",
                         node=svc.config.node)

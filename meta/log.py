@@ -1,0 +1,131 @@
+"""The log as a meta node's parts see it: who leads and in which term, a proposal answered by this node's own apply,
+the applied image under its lock, the membership, and the counters the metrics report.
+
+One object over the two that make the Raft node, ``MetaSyncObj`` (pysyncobj: elections, replication, apply, on its
+own threads) and ``RaftNode`` (its asyncio face), so that no part holds both or reaches into either. It only
+delegates: what each call does is said where it is done (meta/raft_node.py, meta/raft_roles.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from . import limits
+from . import pysyncobj_shim as shim
+from .image import Image
+from .raft_node import MetaSyncObj, RaftNode
+
+T = TypeVar("T")
+
+
+class Log:
+    def __init__(self, node: MetaSyncObj, raft: RaftNode):
+        self._node = node
+        self._raft = raft
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Starts the apply and tick threads."""
+        self._node.start()
+
+    def stop(self) -> None:
+        """Blocking: run it in an executor."""
+        self._node.stop()
+
+    # -- who leads ---------------------------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        return self._node.is_leader()
+
+    def leader_address(self) -> str | None:
+        return self._node.leader_address()
+
+    def term(self) -> int:
+        return self._node.term()
+
+    def is_ready(self) -> bool:
+        return self._node.isReady()
+
+    # -- writes ------------------------------------------------------------------------------------------------
+    async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
+                      timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
+        """The command's outcome once this node applied it (meta/raft_node.py RaftNode.propose)."""
+        return await self._raft.propose(cmd, rid, actor, timeout_s)
+
+    # -- the applied image -------------------------------------------------------------------------------------
+    @property
+    def image(self) -> Image:
+        return self._node.current_image()
+
+    @property
+    def image_lock(self) -> threading.RLock:
+        """Held by the apply thread while it applies an entry."""
+        return self._node.image_lock
+
+    def read(self, fn: Callable[[Image], T]) -> T:
+        """``fn(image)`` under the image lock, so it never sees half of an applied command."""
+        with self._node.image_lock:
+            return fn(self.image)
+
+    def data_version(self) -> int:
+        """The version of the replicated image data as it stands (the image is not rebound: any thread)."""
+        return self._node.image_data["version"]
+
+    def commit_index(self) -> int:
+        return self._node.raftCommitIndex
+
+    def commit_lag(self) -> int:
+        return self._node.commit_lag()
+
+    @property
+    def applied_index(self) -> int:
+        return self._node.applied_index
+
+    # -- the membership (meta/raft_roles.py) -------------------------------------------------------------------
+    def member_name(self, address: str) -> str:
+        return self._node.roles.name_of(address)
+
+    def member_url(self, address: str) -> str | None:
+        return self._node.roles.url_of(address)
+
+    @property
+    def removed(self) -> bool:
+        return self._node.roles.removed
+
+    def membership_status(self) -> dict[str, Any]:
+        return self._node.membership_status()
+
+    def change_membership(self, op: str, name: str, raft: str | None = None,
+                          url: str | None = None) -> concurrent.futures.Future:
+        return self._node.roles.request(op, name, raft, url)
+
+    # -- for the metrics ---------------------------------------------------------------------------------------
+    def set_apply_observer(self, observe: Callable[[float], None]) -> None:
+        self._node.set_apply_observer(observe)
+
+    def follower_lag(self) -> dict[str, int]:
+        return self._node.follower_lag()
+
+    @property
+    def role_changes(self) -> dict[str, int]:
+        return self._node.role_changes
+
+    @property
+    def slow_ticks(self) -> int:
+        return self._node.slow_ticks
+
+    def snapshot_counts(self) -> dict[str, int]:
+        return self._node.snapshot_counts()
+
+    def journal_stats(self) -> dict[str, Any]:
+        return self._node.journal_stats()
+
+    def held_entries(self) -> shim.HeldEntries:
+        return self._node.held_entries()
+
+    @property
+    def proposal_failures(self) -> collections.Counter[str]:
+        return self._raft.failures
