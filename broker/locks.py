@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from wire import group_event
 from wire.errors import ApiError, rejection
 
 log = structlog.get_logger("broker.locks")
@@ -34,11 +35,8 @@ log = structlog.get_logger("broker.locks")
 LOCK_CATCH_UP_WAIT_S = 2.0        # how long a request with a token newer than the broker's table waits for the stream
 LOCK_WAITERS_MAX = 10_000         # requests waiting for the lock table at once; more are refused at once
 PASSED_BARRIERS_MAX = 100_000     # (group, topic, queue, barrier) passes remembered; the oldest is checked again
-MODES = ("exclusive", "shared")
 
-
-class LockEventError(ValueError):
-    """A ``group`` event that does not have the contract's shape: it changes nothing."""
+LockEventError = group_event.GroupEventError   # a malformed ``group`` event: it changes nothing
 
 
 @dataclass(frozen=True)
@@ -49,36 +47,10 @@ class GroupLocks:
     tokens_through: int                  # every grant with a token up to here is in ``locks`` (current or gone)
 
 
-def _nonneg_int(v: Any, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise LockEventError(f"{what} must be a non-negative integer")
-    return v
-
-
 def parse_event(body: Any) -> tuple[str, GroupLocks]:
-    """The group name and its lock table from a ``group`` event's data, or LockEventError."""
-    if not isinstance(body, dict):
-        raise LockEventError("a group event must be an object")
-    group = body.get("group")
-    if not isinstance(group, str) or not group:
-        raise LockEventError("group must be a non-empty string")
-    version = _nonneg_int(body.get("version"), "version")
-    mode = body.get("mode")
-    if mode is not None and mode not in MODES:
-        raise LockEventError(f"mode must be one of {MODES} or null")
-    raw = body.get("locks")
-    if not isinstance(raw, dict):
-        raise LockEventError("locks must be an object")
-    locks: dict[str, list[int | None]] = {}
-    for topic, tokens in raw.items():
-        if not isinstance(topic, str) or not topic or not isinstance(tokens, list):
-            raise LockEventError("locks must map topic names to lists of tokens")
-        locks[topic] = [None if t is None else _nonneg_int(t, f"token of {topic}") for t in tokens]
-    held = max((t for ts in locks.values() for t in ts if t is not None), default=0)
-    through = _nonneg_int(body.get("tokens_through", held), "tokens_through")
-    if through < held:
-        raise LockEventError("tokens_through is below a token the table holds")
-    return group, GroupLocks(version, mode, locks, through)
+    """The group name and its lock table from a ``group`` event's data (wire/group_event.py), or LockEventError."""
+    e = group_event.parse(body, group_event.LOCK_FIELDS)
+    return e["group"], GroupLocks(e["version"], e["mode"], e["locks"], e["tokens_through"])
 
 
 def stale_token(group: str, topic: str, queue: int, token: int | None) -> ApiError:

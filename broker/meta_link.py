@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from typing import Any
 from urllib.parse import quote
@@ -20,9 +19,9 @@ import aiohttp
 import structlog
 from prometheus_client import Counter
 
-from wire.tls import connector
+from wire.caller import Answer, Backoff, auth_headers, new_session, request_once
 from wire.sse import SseEvent, SseParser
-from wire.errors import ApiError
+from wire.errors import ApiError, StatorError
 
 from .chores import Chores
 from .locks import LockTable
@@ -34,13 +33,26 @@ from .writes import Writer
 log = structlog.get_logger("broker.meta")
 
 REQUEST_TIMEOUT_S = 5.0
+ANY_STATUS = range(100, 600)     # every answer comes back to the link, which reads its status and code itself
+RETRY_BACKOFF_S = 0.05           # the first pause of a failed heartbeat or watch; it doubles up to RETRY_BACKOFF_MAX_S
 RETRY_BACKOFF_MAX_S = 2.0
+REFETCH_RETRY_S = 0.2            # the first pause of a failed route fetch; it doubles up to REFETCH_RETRY_S_MAX
+REFETCH_RETRY_S_MAX = 30.0
 SEAL_RETRY_S = 0.2               # the first pause after a failed seal report; it doubles up to SEAL_RETRY_S_MAX
 SEAL_RETRY_S_MAX = 5.0
 SEALS_PER_REPORT_MAX = 512       # within meta's SEALS_PER_REPORT_MAX (1,024)
 SEAL_SETTLED_CODES = ("ALREADY_SEALED", "SEGMENT_NOT_FOUND", "TOPIC_NOT_FOUND")  # nothing more to report
 WATCH_READ_TIMEOUT_S = 60.0      # four of meta's 15 s keepalives: a silent stream is dead
 REFETCHES_MAX = 1_024            # topics whose route is being fetched again after a failed event
+
+
+# The pauses of the link's retry loops (wire/caller.py Backoff; the n-th pause after n failures in a row). The
+# heartbeat's, the refetch's and the seal report's double exactly; the watch's waits between its pause and twice it
+# (equal jitter's range is half its ceiling to all of it, so its base and cap are twice the heartbeat's).
+HEARTBEAT_BACKOFF = Backoff(RETRY_BACKOFF_S, RETRY_BACKOFF_MAX_S, jitter=False)
+WATCH_BACKOFF = Backoff(2 * RETRY_BACKOFF_S, 2 * RETRY_BACKOFF_MAX_S)
+REFETCH_BACKOFF = Backoff(REFETCH_RETRY_S, REFETCH_RETRY_S_MAX, jitter=False)
+SEAL_BACKOFF = Backoff(SEAL_RETRY_S, SEAL_RETRY_S_MAX, jitter=False)
 
 
 class MetaLink:
@@ -57,7 +69,7 @@ class MetaLink:
         self.writer = writer
         self.locks = locks
         self.group_settings = group_settings
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._token = token
         self.route_changed = asyncio.Event()
         self._heartbeats = heartbeats
         self._to_seal: dict[str, Segment] = {}   # physical queue -> a sealing segment whose end meta has not recorded
@@ -71,10 +83,8 @@ class MetaLink:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
-                                           connector=connector(self._ssl_context))
-        self._beat_http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
-                                                connector=connector(self._ssl_context))
+        self._http = new_session(self._ssl_context)        # each request states its own timeout
+        self._beat_http = new_session(self._ssl_context)
         self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="heartbeats"),
                        asyncio.create_task(self._watch_loop(), name="watch"),
                        asyncio.create_task(self._seal_loop(), name="seal-reports")]
@@ -95,14 +105,17 @@ class MetaLink:
         self._meta_i += 1
 
     async def _call(self, method: str, path: str, body: dict | None = None,
-                    http: aiohttp.ClientSession | None = None) -> tuple[int, Any]:
-        async with (http or self._http).request(method, self._meta() + path, json=body, headers=self._headers) as r:
-            return r.status, await r.json(content_type=None)
+                    http: aiohttp.ClientSession | None = None) -> Answer:
+        """One request to the meta node the link talks to now (wire/caller.py ``request_once``), bounded by
+        REQUEST_TIMEOUT_S; any status is returned, no answer raises ``Unavailable``."""
+        return await request_once(http or self._http, method, self._meta() + path, token=self._token, json=body,
+                                  timeout_s=REQUEST_TIMEOUT_S, ok=ANY_STATUS)
 
     # -- session -----------------------------------------------------------------------------------------------
     async def _register(self) -> None:
-        status, body = await self._call("PUT", f"/v1/brokers/{self.broker}", {"address": self.address, "zone": self.zone},
-                                        self._beat_http)
+        answer = await self._call("PUT", f"/v1/brokers/{self.broker}", {"address": self.address, "zone": self.zone},
+                                  self._beat_http)
+        status, body = answer.status, answer.body
         if status != 200:
             raise RuntimeError(f"registration refused: {status} {body}")
         s = self.session
@@ -118,8 +131,9 @@ class MetaLink:
         was_active = s.active()
         queues = self.writer.max_offsets(self.routes.live_hosted())
         self._heartbeats.inc()
-        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/heartbeat",
-                                        {"epoch": s.epoch, "queues": queues}, self._beat_http)
+        answer = await self._call("POST", f"/v1/brokers/{self.broker}/heartbeat", {"epoch": s.epoch, "queues": queues},
+                                  self._beat_http)
+        status, body = answer.status, answer.body
         code = body.get("error", {}).get("code") if isinstance(body, dict) else None
         if status == 200:
             if not was_active:
@@ -138,19 +152,19 @@ class MetaLink:
             raise RuntimeError(f"heartbeat refused: {status} {code}")
 
     async def _heartbeat_loop(self) -> None:
-        backoff = 0.05
+        failures = 0
         while True:
             try:
                 await self._heartbeat()
-                backoff = 0.05
+                failures = 0
                 wait = self.session.heartbeat_interval_ms / 1000
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("heartbeat_failed", meta=self._meta(), error=f"{type(e).__name__}: {e}")
                 self._next_meta()
-                wait = backoff
-                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+                wait = HEARTBEAT_BACKOFF.delay_s(failures)
+                failures += 1
             self.session.beat_requested.clear()
             try:
                 await asyncio.wait_for(self.session.beat_requested.wait(), wait)
@@ -159,16 +173,16 @@ class MetaLink:
 
     # -- watch stream ------------------------------------------------------------------------------------------
     async def _watch_loop(self) -> None:
-        backoff = 0.05
+        failures = 0
         while True:
             url = f"{self._meta()}/v1/watch?after={self.routes.version}"
             try:
                 timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT_S,
                                                 sock_read=WATCH_READ_TIMEOUT_S)
-                async with self._http.get(url, headers=self._headers, timeout=timeout) as r:
+                async with self._http.get(url, headers=auth_headers(self._token), timeout=timeout) as r:
                     if r.status != 200:
                         raise RuntimeError(f"watch refused: {r.status}")
-                    backoff = 0.05
+                    failures = 0
                     await self._forget_deleted_topics()
                     parser = SseParser()
                     async for chunk in r.content.iter_any():
@@ -180,18 +194,18 @@ class MetaLink:
             except Exception as e:
                 log.warning("watch_failed", meta=self._meta(), error=f"{type(e).__name__}: {e}")
                 self._next_meta()
-                await asyncio.sleep(backoff + random.random() * backoff)
-                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+                await asyncio.sleep(WATCH_BACKOFF.delay_s(failures))
+                failures += 1
 
     async def _forget_deleted_topics(self) -> None:
         """A stream opened with ``after=V`` on a node whose change log no longer reaches V cannot name topics deleted
         while this broker was not listening: drop every route whose topic meta no longer lists."""
         # Read at least at the version this broker already knows: a meta node still replaying its log after a
         # restart would otherwise list too few topics, and live routes would be dropped.
-        status, body = await self._call("GET", f"/v1/topics?min_version={self.routes.version}")
-        if status != 200:
-            raise RuntimeError(f"topic list refused: {status}")
-        listed = {t["topic"] for t in body["topics"]}
+        answer = await self._call("GET", f"/v1/topics?min_version={self.routes.version}")
+        if answer.status != 200:
+            raise RuntimeError(f"topic list refused: {answer.status}")
+        listed = {t["topic"] for t in answer.body["topics"]}
         for topic in [t for t in self.routes.routes if t not in listed]:
             self._dropped(self.routes.delete(topic, self.routes.version))
 
@@ -259,11 +273,12 @@ class MetaLink:
 
     async def _refetch(self, topic: str) -> None:
         """Fetch one topic's route by itself until it applies (or the topic is gone)."""
-        backoff = 0.2
+        failures = 0
         try:
             while True:
                 try:
-                    status, body = await self._call("GET", f"/v1/routes/{quote(topic, safe='')}")
+                    answer = await self._call("GET", f"/v1/routes/{quote(topic, safe='')}")
+                    status, body = answer.status, answer.body
                     if status == 404:
                         self._dropped(self.routes.delete(topic, self.routes.version))
                         return
@@ -276,18 +291,18 @@ class MetaLink:
                 except Exception as e:
                     log.warning("route_refetch_failed", topic=topic, error=f"{type(e).__name__}: {e}")
                     self._next_meta()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                await asyncio.sleep(REFETCH_BACKOFF.delay_s(failures))
+                failures += 1
         finally:
             self._refetching.pop(topic, None)
 
     async def queue_segments(self, topic: str, queue: int, min_version: int) -> list[Segment]:
         """Every segment of one queue, older ones included (a route carries only the newest)."""
-        status, body = await self._call(
+        answer = await self._call(
             "GET", f"/v1/topics/{quote(topic, safe='')}/queues/{queue}/segments?min_version={min_version}")
-        if status != 200:
-            raise ApiError.from_dict(status, body)
-        return [segment_of(topic, queue, s) for s in body["segments"]]
+        if answer.status != 200:
+            raise ApiError.from_dict(answer.status, answer.body)
+        return [segment_of(topic, queue, s) for s in answer.body["segments"]]
 
     # -- seals -----------------------------------------------------------------------------------------------
     async def _seal_loop(self) -> None:
@@ -297,7 +312,7 @@ class MetaLink:
         route version and one route rendering on every meta node each, and flooded meta. Writes to a segment stop
         (``writer.seal``) before its end is read, so a report retried later carries the same end.
         """
-        pause = SEAL_RETRY_S
+        failures = 0
         while True:
             if not self._to_seal:
                 self._seal_wanted.clear()
@@ -309,13 +324,14 @@ class MetaLink:
                 continue
             try:
                 if await self._report_seals(batch):
-                    pause = SEAL_RETRY_S
+                    failures = 0
                     continue
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            except (StatorError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                # StatorError: no answer (Unavailable), or one that is not JSON
                 log.warning("seal_report_failed", segments=len(batch), error=type(e).__name__)
                 self._next_meta()
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, SEAL_RETRY_S_MAX)
+            await asyncio.sleep(SEAL_BACKOFF.delay_s(failures))
+            failures += 1
 
     def _seal_done(self, pq: str) -> bool:
         current = self.routes.hosted.get(pq)
@@ -325,8 +341,9 @@ class MetaLink:
         """One report of many segments; returns whether any of them is now settled."""
         reports = [{"topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "end_offset": await self.writer.seal(seg),
                     "physical_queue": seg.physical_queue} for seg in batch]
-        status, body = await self._call("POST", f"/v1/brokers/{self.broker}/seals",
-                                        {"epoch": self.session.epoch, "seals": reports})
+        answer = await self._call("POST", f"/v1/brokers/{self.broker}/seals",
+                                  {"epoch": self.session.epoch, "seals": reports})
+        status, body = answer.status, answer.body
         if status != 200:
             code = body.get("error", {}).get("code") if isinstance(body, dict) else None
             if code == "STALE_EPOCH":

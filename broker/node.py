@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter
 from wire.tls import client_context
 
 from .config import BrokerConfig
+from .fencing import FencingGate
 from .locks import Barriers, LockTable
 from .metrics import BrokerMetrics, ConsumerLagCollector, StateCollector
 from .meta_link import MetaLink
@@ -72,6 +73,7 @@ class BrokerNode:
         self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.head,
                                                     self.writer.max_physical))
         self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
+        self.gate = FencingGate(self.locks, self.barriers, self.routes)   # every fenced read and commit asks it
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from wire import group_event as group_event_shape
 from wire import route as route_model
 
 from . import allocation, chains, groups, limits
@@ -72,14 +73,13 @@ def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, A
             "state": b["state"], "last_heartbeat_ms": last_heartbeat_ms if last_heartbeat_ms else b["last_seen_ms"]}
 
 
-def group_event(image: Image, g: dict[str, Any]) -> dict[str, Any]:
-    """What brokers enforce, sent on all-topic watch streams as a ``group`` event (one per group version)."""
-    # tokens_through: every grant up to this token is in this table, superseded or current (tokens grow with the
-    # log, and the table is the group's state after all of them); a broker takes a larger token as "I am behind".
-    # config: the group's settings with defaults filled in; brokers read max_attempts from it for pop.
-    return {"group": g["group"], "version": g["version"], "mode": g["mode"],
-            "tokens_through": image.data["lock_token"], "locks": groups.lock_table(g, image.queue_count),
-            "config": groups.effective_config(g["group"], g)}
+def group_event(image: Image, g: dict[str, Any]) -> group_event_shape.GroupEvent:
+    """What brokers enforce, sent on all-topic watch streams as a ``group`` event (one per group version); the shape
+    and what each field means: wire/group_event.py."""
+    # tokens_through: meta's whole counter of lock tokens when it rendered the group's state.
+    return group_event_shape.GroupEvent(
+        group=g["group"], version=g["version"], mode=g["mode"], tokens_through=image.data["lock_token"],
+        locks=groups.lock_table(g, image.queue_count), config=groups.effective_config(g["group"], g))
 
 
 def group_summary(g: dict[str, Any]) -> dict[str, Any]:

@@ -45,18 +45,20 @@ class Answer(VersionHeaders):
 
 
 class Backoff:
-    """Exponential backoff with "equal jitter": attempt n waits between half and all of min(cap, base * 2**n)."""
+    """Exponential backoff with "equal jitter": attempt n waits between half and all of min(cap, base * 2**n).
+    ``jitter=False``: attempt n waits exactly min(cap, base * 2**n)."""
 
     def __init__(self, base_s: float = BACKOFF_BASE_S_DEFAULT, cap_s: float = BACKOFF_CAP_S_DEFAULT,
-                 rng: Callable[[], float] = random.random):
+                 rng: Callable[[], float] = random.random, *, jitter: bool = True):
         assert 0 < base_s <= cap_s
         self.base_s = base_s
         self.cap_s = cap_s
+        self.jitter = jitter
         self._rng = rng
 
     def delay_s(self, attempt: int) -> float:
         ceiling = min(self.cap_s, self.base_s * (2 ** min(attempt, 30)))
-        return ceiling * (0.5 + 0.5 * self._rng())
+        return ceiling * (0.5 + 0.5 * self._rng()) if self.jitter else ceiling
 
 
 class Deadline:

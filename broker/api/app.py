@@ -95,13 +95,8 @@ async def pull(request: web.Request) -> web.Response:
     offset = int_in(q.get("offset"), "offset", 0)
     max_n = int_in(q.get("max"), "max", 32, 1, 1000)
     token = _token(q.get("token"))
-    held_by = None
-    if "group" in q:
-        group = _name(q["group"], "group")
-        await node.locks.check(group, topic, queue, token)
-        route = node.routes.routes.get(topic)
-        if node.locks.exclusive(group) and route is not None:
-            held_by = await node.barriers.holding(group, route, queue)
+    group = _name(q["group"], "group") if "group" in q else None
+    held_by = await node.gate.pull(group, topic, queue, token)
     return _respond(await node.reader.pull(topic, queue, offset, max_n, held_by))
 
 
@@ -114,7 +109,7 @@ async def commit_offset(request: web.Request) -> web.Response:
     group = _name(request.match_info["group"], "group")
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
-    await node.locks.check(group, topic, queue, token)
+    await node.gate.commit(group, topic, queue, token)
     return _respond({"offset": await node.writer.commit_offset(group, topic, queue, offset)})
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from wire import group_event
+
 MAX_ATTEMPTS_DEFAULT = 16        # meta/limits.py MAX_ATTEMPTS_DEFAULT
 MAX_ATTEMPTS_MAX = 1_000         # meta/limits.py MAX_ATTEMPTS_MAX
 GROUPS_REMEMBERED_MAX = 100_000  # meta's GROUPS_MAX is far below
@@ -17,12 +19,12 @@ class GroupSettings:
         self._max_attempts: dict[str, tuple[int, int]] = {}   # group -> (version, max_attempts)
 
     def apply(self, body: Any) -> None:
-        """Take a ``group`` event (already checked by the lock table); an event without a usable config is a no-op."""
-        if not isinstance(body, dict) or not isinstance(body.get("config"), dict):
+        """Take a ``group`` event (wire/group_event.py); an event without a usable config is a no-op."""
+        try:
+            event = group_event.parse(body, ("config",))
+        except group_event.GroupEventError:
             return
-        group, version, value = body.get("group"), body.get("version"), body["config"].get("max_attempts")
-        if not isinstance(group, str) or type(version) is not int:
-            return
+        group, version, value = event["group"], event["version"], event["config"].get("max_attempts")
         if type(value) is not int or not 1 <= value <= MAX_ATTEMPTS_MAX:
             return
         old = self._max_attempts.get(group)
