@@ -87,6 +87,11 @@ def chains(topic: dict[str, Any]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         yield q, chain(topic, q)
 
 
+def logic_end(seg: dict[str, Any], physical_end: int) -> int:
+    """The logic offset (exclusive) segment ``seg`` (a dict: ``as_dict``) ends at when it ends at ``physical_end``."""
+    return seg["logic_start"] + (physical_end - seg["physical_start"])
+
+
 # -- from a snapshot ----------------------------------------------------------------------------------------------
 def restore(topic: dict[str, Any]) -> None:
     """Turn a topic's chains read from a snapshot into the compact form in place: JSON lists back into tuples,

@@ -83,7 +83,7 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "logic_start": "logic offset of the segment's first message",
     }),
     # Consumer groups. Lock events name their topic too (history filters by it), but they change the group, never the
-    # topic's route: image.replay keys them by group (GROUP_EVENTS).
+    # topic's route: image.replay keys them by group (GROUP_EVENTS, below).
     "GroupMemberJoined": (1, {
         "group": "group name", "member": "member id chosen by the client",
         "topics": "topics the member consumes", "mode": "'exclusive' (ordered, locks) or 'shared' (pop)",
@@ -112,7 +112,20 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
     }),
 }
 
-GROUP_EVENTS = frozenset(name for name, (_, fields) in EVENT_SCHEMAS.items() if "group" in fields)
+# Each event's domain, named (tests/test_deciders.py: every event in exactly one). The image replays each domain's
+# events in its own section (meta/image.py's *_REPLAYS); the projection and the export keep a group's events apart.
+BROKER_EVENTS = frozenset({"BrokerRegistered", "BrokerFenced", "BrokerUnfenced"})
+# Topics and their segments: each names its topic, and changes that topic's route (and version).
+TOPIC_EVENTS = frozenset({
+    "TopicCreated", "TopicGrown", "TopicConfigChanged", "TopicDeleted",
+    "OffsetBudgetGranted", "SegmentSealing", "SegmentSealed", "SegmentOpened", "LogicStartDecided",
+})
+# Consumer groups and their locks: each names its group, and changes the group, never a topic's route, even when it
+# names a topic too (image.replay keys them by group).
+GROUP_EVENTS = frozenset({
+    "GroupMemberJoined", "GroupMemberLeft", "GroupConfigChanged", "LockGranted", "LockTargetChanged", "LockReleased",
+})
+DOMAINS: dict[str, frozenset[str]] = {"brokers": BROKER_EVENTS, "topics": TOPIC_EVENTS, "groups": GROUP_EVENTS}
 
 
 class UnknownEvent(ValueError):

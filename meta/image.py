@@ -2,7 +2,9 @@
 
 The image is plain data (dicts, lists, ints, strings) so that a snapshot is the data itself, never a pickle of live
 objects, and so that two replicas that replayed the same events compare byte for byte (``canonical_bytes``).
-Replay does no I/O and reads no clock: times come from the leader's stamp on the command (``ts``).
+Replay does no I/O and reads no clock: times come from the leader's stamp on the command (``ts``). Each domain's
+events are replayed in their own section, named in a table at the end of this file (``BROKER_REPLAYS``,
+``TOPIC_REPLAYS``, ``GROUP_REPLAYS``); the commands that make them are decided in meta/deciders/.
 
 Layout of ``Image.data``::
 
@@ -161,12 +163,12 @@ class Image:
     # -- replay ------------------------------------------------------------------------------------------------
     def replay(self, event: dict[str, Any], ts: int) -> set[str]:
         """Fold one event in; returns the topics whose route changed."""
-        handler = getattr(self, "_on_" + event["type"], None)
+        handler = REPLAYS.get(event["type"])
         if handler is None:
             raise UnknownEvent(event["type"])
         self.data["version"] += 1
         version = self.data["version"]
-        changed = handler(event, ts) or set()
+        changed = handler(self, event, ts) or set()
         if event["type"] in GROUP_EVENTS:
             # A lock event names its topic for history, but changes the group, never the topic's route.
             self.data["groups"][event["group"]]["version"] = version
@@ -214,7 +216,7 @@ class Image:
             if not topics:
                 del self.data["hosting"][broker]
 
-    # brokers
+    # -- replay of brokers' events (BROKER_REPLAYS) ---------------------------------------------------------------
     def _on_BrokerRegistered(self, e, ts):
         old = self.data["brokers"].get(e["broker"])
         self.data["brokers"][e["broker"]] = {
@@ -235,7 +237,7 @@ class Image:
         b["last_seen_ms"] = ts
         return set(self.topics_on(e["broker"]))
 
-    # topics
+    # -- replay of topics' and segments' events (TOPIC_REPLAYS) ---------------------------------------------------
     def _on_TopicCreated(self, e, ts):
         t = self.data["topics"][e["topic"]] = {
             "topic": e["topic"], "incarnation": e["incarnation"], "queues": e["queues"], "slots": e["slots"],
@@ -276,7 +278,6 @@ class Image:
     def _on_OffsetBudgetGranted(self, e, ts):
         self._change_segment(e["topic"], e["queue"], e["gen"], budget_end=e["budget_end"])
 
-    # segments
     def _on_SegmentSealing(self, e, ts):
         self._change_segment(e["topic"], e["queue"], e["gen"], state="sealing")
 
@@ -301,8 +302,7 @@ class Image:
             if b["after_queue"] == e["queue"] and b["after_gen"] == e["gen"]:
                 b["after_offset"] = e["logic_start"]
 
-
-    # groups
+    # -- replay of groups' and locks' events (GROUP_REPLAYS) ------------------------------------------------------
     def _on_GroupMemberJoined(self, e, ts):
         g = self._group(e["group"], ts)
         if g["mode"] is None:
@@ -370,3 +370,32 @@ class Image:
                 self.data["revoking"][group] = n
             else:
                 del self.data["revoking"][group]
+
+
+# Which method replays each event, one table per domain (meta/events.py: BROKER_EVENTS, TOPIC_EVENTS, GROUP_EVENTS;
+# tests/test_deciders.py checks they match).
+BROKER_REPLAYS = {
+    "BrokerRegistered": Image._on_BrokerRegistered,
+    "BrokerFenced": Image._on_BrokerFenced,
+    "BrokerUnfenced": Image._on_BrokerUnfenced,
+}
+TOPIC_REPLAYS = {
+    "TopicCreated": Image._on_TopicCreated,
+    "TopicGrown": Image._on_TopicGrown,
+    "TopicConfigChanged": Image._on_TopicConfigChanged,
+    "TopicDeleted": Image._on_TopicDeleted,
+    "OffsetBudgetGranted": Image._on_OffsetBudgetGranted,
+    "SegmentSealing": Image._on_SegmentSealing,
+    "SegmentSealed": Image._on_SegmentSealed,
+    "SegmentOpened": Image._on_SegmentOpened,
+    "LogicStartDecided": Image._on_LogicStartDecided,
+}
+GROUP_REPLAYS = {
+    "GroupMemberJoined": Image._on_GroupMemberJoined,
+    "GroupMemberLeft": Image._on_GroupMemberLeft,
+    "GroupConfigChanged": Image._on_GroupConfigChanged,
+    "LockGranted": Image._on_LockGranted,
+    "LockTargetChanged": Image._on_LockTargetChanged,
+    "LockReleased": Image._on_LockReleased,
+}
+REPLAYS = {**BROKER_REPLAYS, **TOPIC_REPLAYS, **GROUP_REPLAYS}

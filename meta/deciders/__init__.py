@@ -1,0 +1,35 @@
+"""The state machine's decisions, one file per domain: which command is decided where.
+
+- ``brokers.py``   RegisterBroker, FenceBroker, UnfenceBroker, GrantOffsetBudget (a broker's session, its epochs and
+                   its write budgets)
+- ``topics.py``    CreateTopic, GrowTopic, SetTopicConfig, DeleteTopic, RemapTopic (and the seal-then-switch of one
+                   queue that a remap and a growth make: ``topics.move``)
+- ``segments.py``  SealSegment, SealSegments (a broker reports where a segment being sealed ends)
+- ``groups.py``    JoinGroup, LeaveGroup, ExpireMembers, ReleaseLocks, ExpireLocks, SetGroupConfig (members and
+                   locks; who gets which queue is meta/groups.py)
+- ``history.py``   Barrier (a no-op a linearizable read waits on) and the history window an envelope carries
+
+Every file ends with its ``DECIDERS`` table, command type -> decider; meta/state_machine.py dispatches through the
+union of these tables (its ``DECIDERS``). A decider is a pure function ``(image, cmd, ts, budget) -> (events,
+result)``: ``cmd`` passed meta/commands.py's static validation, ``ts`` is the leader's stamp and ``budget`` the offset
+budget a new segment is granted. It reads the image and never changes it (the events it returns do, when replayed);
+a rejection is a raised ``ApiError``. No clock, randomness or I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from wire.errors import rejection
+
+Events = list[dict[str, Any]]
+Decider = Callable[[Any, dict[str, Any], int, int], tuple[Events, dict[str, Any]]]
+
+
+def expect_version(cmd: dict[str, Any], current: int) -> None:
+    """A command's optional ``expected_version`` (of a topic or a group) must be the current one."""
+    ev = cmd.get("expected_version")
+    if ev is not None and ev != current:
+        raise rejection(409, "VERSION_MISMATCH", f"expected version {ev}, current is {current}",
+                        current_version=current, expected_version=ev)

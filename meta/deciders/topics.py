@@ -1,0 +1,159 @@
+"""Decisions about topics: create, grow, configure, delete, remap; and the seal-then-switch of one queue that a remap
+and a growth make (``move``, DESIGN.md "The flow of one remap"; the seal a broker reports back is segments.py).
+
+Where queues go and how slots split is meta/allocation.py; what a topic change does to the groups naming it is
+groups.topic_changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import allocation, chains, limits
+from ..events import make
+from ..image import Image
+from wire.errors import invalid, rejection
+from . import Decider, Events, expect_version
+from .brokers import active_brokers, seal_at_budget
+from .groups import topic_changed
+
+
+def existing_topic(image: Image, cmd: dict[str, Any]) -> dict[str, Any]:
+    """The topic ``cmd`` names (404 when there is none), at the command's ``expected_version`` if it has one."""
+    t = image.topic(cmd["topic"])
+    if t is None:
+        raise rejection(404, "TOPIC_NOT_FOUND", f"topic {cmd['topic']!r} does not exist", topic=cmd["topic"])
+    expect_version(cmd, t["version"])
+    return t
+
+
+def writable_head(t: dict[str, Any], queue: int) -> dict[str, Any]:
+    head = chains.head_of(t, queue)
+    if head["state"] != "active" or head["logic_start"] is None:
+        raise rejection(503, "SEALING", f"queue {queue} of {t['topic']!r} is still being remapped; retry shortly",
+                        topic=t["topic"], queue=queue, gen=head["gen"])
+    return head
+
+
+def move(image: Image, t: dict[str, Any], queue: int, to: str, cause: str, budget: int) -> Events:
+    """Seal-then-switch of one queue (DESIGN.md, the flow of one remap). Returns the events."""
+    old = chains.head_of(t, queue)
+    gen = old["gen"] + 1
+    topic = t["topic"]
+    opened = make("SegmentOpened", topic=topic, queue=queue, gen=gen, broker=to, from_broker=old["broker"],
+                  physical_queue=allocation.physical_queue_name(topic, t["incarnation"], queue, gen),
+                  physical_start=0, budget_end=budget, cause=cause)
+    if image.brokers[old["broker"]]["state"] == "active":
+        return [make("SegmentSealing", topic=topic, queue=queue, gen=old["gen"], broker=old["broker"]), opened]
+    # The old broker's session has expired: it can write nothing beyond its budget, so the budget end is a safe end.
+    return [*seal_at_budget(topic, queue, old), opened,
+            make("LogicStartDecided", topic=topic, queue=queue, gen=gen,
+                 logic_start=chains.logic_end(old, old["budget_end"]))]
+
+
+# -- the commands ------------------------------------------------------------------------------------------------
+def create(image: Image, c, ts, budget):
+    name = c["topic"]
+    if name in image.topics:
+        raise rejection(409, "TOPIC_EXISTS", f"topic {name!r} already exists", topic=name,
+                        current_version=image.topics[name]["version"])
+    expect_version(c, 0)
+    if len(image.topics) >= limits.TOPICS_MAX:
+        raise rejection(409, "TOO_MANY_TOPICS", f"at most {limits.TOPICS_MAX} topics")
+    if c.get("brokers"):
+        brokers = active_brokers(image, c["brokers"])
+    else:
+        brokers = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
+        if not brokers:
+            raise rejection(409, "NO_BROKERS", "no active broker to place the topic on")
+    slots = c.get("slots", limits.SLOTS_DEFAULT)
+    incarnation = image.version + 1
+    placement = allocation.balanced_assignment(range(c["queues"]), brokers, image.data["load"])
+    segments = [{"queue": q, "broker": b, "physical_queue": allocation.physical_queue_name(name, incarnation, q, 0),
+                 "budget_end": budget} for q, b in sorted(placement.items())]
+    config = {k: v for k, v in sorted(c.get("config", {}).items()) if v is not None}
+    ev = make("TopicCreated", topic=name, incarnation=incarnation, queues=c["queues"], slots=slots,
+              order=c.get("order", "best_tried"), config=config,
+              slot_table=allocation.initial_slot_table(slots, c["queues"]), segments=segments)
+    return [ev, *topic_changed(image, name, c["queues"])], {"topic": name, "queues": c["queues"]}
+
+
+def grow(image: Image, c, ts, budget):
+    t = existing_topic(image, c)
+    new_count = c["queues"]
+    if new_count < t["queues"]:
+        raise invalid(f"a static topic only grows: it has {t['queues']} queues", queues=t["queues"])
+    if new_count > t["slots"]:
+        raise invalid(f"queues cannot exceed slots ({t['slots']})", slots=t["slots"])
+    if new_count == t["queues"]:
+        return [], {"topic": t["topic"], "queues": new_count}
+    table, splits = allocation.grow_slot_table(allocation.slot_table(t["slot_table"]), range(t["queues"], new_count))
+    split_queues = sorted({old for _, old in splits})
+    heads = {q: writable_head(t, q) for q in split_queues}
+    hosts = sorted({b for b in {chains.head(e)[chains.BROKER] for e in t["chains"]}
+                    if image.brokers[b]["state"] == "active"})
+    if not hosts:
+        hosts = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
+    if not hosts:
+        raise rejection(409, "NO_BROKERS", "no active broker to place the new queues on")
+    placement = allocation.balanced_assignment(range(t["queues"], new_count), hosts, image.data["load"])
+    segments = [{"queue": q, "broker": b,
+                 "physical_queue": allocation.physical_queue_name(t["topic"], t["incarnation"], q, 0),
+                 "budget_end": budget} for q, b in sorted(placement.items())]
+    barriers = [{"queue": nq, "after_queue": old, "after_gen": heads[old]["gen"] + 1} for nq, old in splits]
+    events = [make("TopicGrown", topic=t["topic"], queues=new_count, slot_table=table, barriers=barriers,
+                   segments=segments)]
+    # The split point must be exact, so each split queue is sealed and continues in a new generation on the
+    # same broker: the barrier offset is that generation's logic start.
+    for q in split_queues:
+        events += move(image, t, q, heads[q]["broker"], "grow", budget)
+    events += topic_changed(image, t["topic"], new_count)
+    return events, {"topic": t["topic"], "queues": new_count}
+
+
+def set_config(image: Image, c, ts, budget):
+    t = existing_topic(image, c)
+    config = dict(t["config"])
+    for k, v in c["config"].items():
+        if v is None:
+            config.pop(k, None)
+        else:
+            config[k] = v
+    if len(config) > limits.CONFIG_KEYS_MAX:
+        raise invalid(f"a topic has at most {limits.CONFIG_KEYS_MAX} config keys")
+    if config == t["config"]:
+        return [], {"topic": t["topic"], "config": config}
+    config = dict(sorted(config.items()))
+    ev = make("TopicConfigChanged", topic=t["topic"], config=config, changed=sorted(c["config"]))
+    return [ev], {"topic": t["topic"], "config": config}
+
+
+def delete(image: Image, c, ts, budget):
+    t = existing_topic(image, c)
+    return ([make("TopicDeleted", topic=t["topic"]), *topic_changed(image, t["topic"], None)],
+            {"topic": t["topic"]})
+
+
+def remap(image: Image, c, ts, budget):
+    t = existing_topic(image, c)
+    targets = active_brokers(image, c["brokers"])
+    queues = c.get("queues") or list(range(t["queues"]))
+    for q in queues:
+        if q >= t["queues"]:
+            raise invalid(f"queue {q} does not exist; the topic has {t['queues']} queues", queue=q)
+    heads = {q: writable_head(t, q) for q in queues}
+    moves = allocation.rebalance({q: h["broker"] for q, h in heads.items()}, targets)
+    events, moved = [], []
+    for q, to in sorted(moves.items()):
+        events += move(image, t, q, to, "remap", budget)
+        moved.append({"queue": q, "from": heads[q]["broker"], "to": to, "gen": heads[q]["gen"] + 1})
+    return events, {"topic": t["topic"], "moved": moved}
+
+
+DECIDERS: dict[str, Decider] = {
+    "CreateTopic": create,
+    "GrowTopic": grow,
+    "SetTopicConfig": set_config,
+    "DeleteTopic": delete,
+    "RemapTopic": remap,
+}
