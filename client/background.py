@@ -47,3 +47,17 @@ class BackgroundTasks:
             self._log.error(self._what, exc_info=(type(e), e, e.__traceback__),
                             extra={**self._context, "task": task.get_name()})
             self.done.set()
+
+
+class InBackground:
+    """What a client object that keeps ``BackgroundTasks`` as ``_background`` shows of them."""
+
+    _background: BackgroundTasks
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure of a background task (``run()`` raises it)."""
+        return self._background.failure
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
+        return self._background.spawn(coro, name)

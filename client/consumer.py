@@ -24,7 +24,7 @@ import aiohttp
 
 from wire.errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
 from wire.caller import Backoff, Deadline, request_once
-from .lifecycle import TopicClient, lone_tls
+from .lifecycle import TopicClient
 from .routes import Route, RouteSubscription
 
 log = logging.getLogger("stator.client.consumer")
@@ -86,12 +86,7 @@ class PullConsumer(TopicClient):
         self.group = group
         self.token = token
         self._queues = sorted(set(queues)) if queues is not None else None
-        self._owns_routes = routes is None
-        self._ssl_context = lone_tls(session, ssl_context)
-        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session,
-                                                  ssl_context=ssl_context)
-        self._session = session
-        self._owns_session = session is None
+        self._take_routes(meta_urls, token, routes, route_mode, session, ssl_context)
         self.max_messages = max_messages
         self.request_timeout_s = request_timeout_s
         self.attempts_max = attempts_max
@@ -249,11 +244,8 @@ class PullConsumer(TopicClient):
                     await self._refresh(e.route_version, deadline)
                 else:
                     raise
-            if attempt + 1 < self.attempts_max:
-                pause = self.backoff.delay_s(attempt)
-                if pause >= deadline.left_s():
-                    break
-                await asyncio.sleep(pause)
+            if not await self._pause_before_retry(attempt, deadline):
+                break
         raise last or Unavailable(f"{method} {path}: no attempt within {self.deadline_s} s")
 
 

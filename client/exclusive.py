@@ -43,7 +43,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .background import BackgroundTasks
+from .background import BackgroundTasks, InBackground
 from .consumer import IDLE_PAUSE_S, PULL_MESSAGES_MAX_DEFAULT, PullConsumer, PullResult, ReceivedMessage
 from wire.errors import Closed, NotLeader, StaleToken, StatorError, TopicNotFound
 from wire.caller import Backoff, MetaCaller, new_session
@@ -115,7 +115,7 @@ class _Lease:
     task: asyncio.Task | None = None
 
 
-class ExclusiveConsumer(StartedByWith):
+class ExclusiveConsumer(InBackground, StartedByWith):
     """Consumes ``topic`` for the exclusive ``group`` with ``handler`` (an async function of one
     ``ReceivedMessage``). ``run()`` runs until ``close()``; or ``start()`` then ``close()``; or ``async with``."""
 
@@ -255,15 +255,6 @@ class ExclusiveConsumer(StartedByWith):
                 await part.close()
         if self._owns_session and self._session is not None:
             await self._session.close()
-
-    # -- background tasks --------------------------------------------------------------------------------------
-    @property
-    def failure(self) -> BaseException | None:
-        """The first failure of a background task (run() and close() raise it)."""
-        return self._background.failure
-
-    def _spawn(self, coro, name: str) -> asyncio.Task:
-        return self._background.spawn(coro, name)
 
     # -- heartbeats --------------------------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Sequence
 
 import aiohttp
 
 from wire.errors import Closed, StatorError, TopicNotFound, Unavailable
-from wire.caller import Deadline, new_session
+from wire.caller import Backoff, Deadline, new_session
 from .routes import Route, RouteSubscription
 
 log = logging.getLogger("stator.client")
@@ -49,7 +50,21 @@ class TopicClient(StartedByWith):
     _ssl_context: ssl.SSLContext | None = None   # for the session the client makes (and closes)
     _closed: bool
     deadline_s: float
+    attempts_max: int        # of one call, for _pause_before_retry
+    backoff: Backoff
     _kind = "client"
+
+    def _take_routes(self, meta_urls: Sequence[str] | str, token: str, routes: RouteSubscription | None,
+                     route_mode: str, session: aiohttp.ClientSession | None,
+                     ssl_context: ssl.SSLContext | None) -> None:
+        """The route subscription and the HTTP session: lent ones are used and left open on ``close``, else the
+        client opens its own (for ``self.topic``) and closes them. ``ssl_context`` only beside no lent session."""
+        self._owns_routes = routes is None
+        self._ssl_context = lone_tls(session, ssl_context)
+        self.routes = routes or RouteSubscription(meta_urls, token, [self.topic], route_mode, session=session,
+                                                  ssl_context=ssl_context)
+        self._session = session
+        self._owns_session = session is None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -79,6 +94,17 @@ class TopicClient(StartedByWith):
             raise
         except (StatorError, TimeoutError) as e:  # meta unreachable: keep the route held; the next attempt decides
             log.info("route_refresh_failed", extra={"topic": self.topic, "kind": self._kind, "error": repr(e)})
+
+    async def _pause_before_retry(self, attempt: int, deadline: Deadline) -> bool:
+        """After failed attempt ``attempt`` (from 0), wait the backoff before the next one. False, at once, when there
+        is no next one: that was attempt ``attempts_max``, or the pause would outlast the call's deadline."""
+        if attempt + 1 >= self.attempts_max:
+            return False
+        pause = self.backoff.delay_s(attempt)
+        if pause >= deadline.left_s():
+            return False
+        await asyncio.sleep(pause)
+        return True
 
     async def start(self) -> None:
         """Fetch the route now (else the first call does)."""

@@ -25,10 +25,10 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .background import BackgroundTasks
+from .background import BackgroundTasks, InBackground
 from wire.errors import Closed, StatorError, TopicNotFound
 from wire.caller import Backoff, new_session, request_once
-from .lifecycle import TopicClient, lone_tls
+from .lifecycle import TopicClient
 from .routes import RouteSubscription
 
 log = logging.getLogger("stator.client.pop")
@@ -68,7 +68,7 @@ def _decode(topic: str, broker: str, m: Mapping[str, Any]) -> PoppedMessage:
                          m.get("key"), m.get("props") or {})
 
 
-class PopConsumer(TopicClient):
+class PopConsumer(InBackground, TopicClient):
     _kind = "pop consumer"
 
     def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, group: str, handler: Handler, *,
@@ -86,12 +86,7 @@ class PopConsumer(TopicClient):
         self.group = group
         self.token = token
         self.handler = handler
-        self._owns_routes = routes is None
-        self._ssl_context = lone_tls(session, ssl_context)
-        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session,
-                                                  ssl_context=ssl_context)
-        self._session = session
-        self._owns_session = session is None
+        self._take_routes(meta_urls, token, routes, route_mode, session, ssl_context)
         self.max_messages = max_messages
         self.invisible_ms = invisible_ms
         self.wait_ms = wait_ms
@@ -139,14 +134,6 @@ class PopConsumer(TopicClient):
         await self._background.cancel_all()
         self._background.done.set()
         await super().close()
-
-    @property
-    def failure(self) -> BaseException | None:
-        """The first failure of a background task (run() raises it)."""
-        return self._background.failure
-
-    def _spawn(self, coro, name: str) -> asyncio.Task:
-        return self._background.spawn(coro, name)
 
     # -- popping -------------------------------------------------------------------------------------------------
     async def _supervise(self) -> None:

@@ -31,7 +31,7 @@ import aiohttp
 from wire.errors import Fenced, NotLeader, Sealing, StatorError, TopicNotFound, Unavailable
 from .fault import LatencyFaultAvoidance
 from wire.caller import Backoff, Deadline, request_once
-from .lifecycle import TopicClient, lone_tls
+from .lifecycle import TopicClient
 from .routes import Route, RouteSubscription
 from .selection import KeySelector, Message, QueueSelector, as_selector
 
@@ -86,12 +86,7 @@ class Producer(TopicClient):
             self.fault = fault_avoidance
         else:
             self.fault = LatencyFaultAvoidance(enabled=bool(fault_avoidance))
-        self._owns_routes = routes is None
-        self._ssl_context = lone_tls(session, ssl_context)
-        self.routes = routes or RouteSubscription(meta_urls, token, [topic], route_mode, session=session,
-                                                  ssl_context=ssl_context)
-        self._session = session
-        self._owns_session = session is None
+        self._take_routes(meta_urls, token, routes, route_mode, session, ssl_context)
         self.send_timeout_s = send_timeout_s
         self.attempts_max = attempts_max
         self.deadline_s = deadline_s
@@ -144,11 +139,8 @@ class Producer(TopicClient):
                 # lengthen every remap's write pause for real producers.
                 if isinstance(e, (NotLeader, Sealing)) and self.routes.version(self.topic) > route["version"]:
                     continue
-            if attempt + 1 < self.attempts_max:
-                pause = self.backoff.delay_s(attempt)
-                if pause >= deadline.left_s():
-                    break
-                await asyncio.sleep(pause)
+            if not await self._pause_before_retry(attempt, deadline):
+                break
         if last is None:
             raise Unavailable(f"send to {self.topic!r}: no attempt within {self.deadline_s} s")
         raise last
