@@ -267,10 +267,17 @@ async def brokers_page(request: web.Request) -> web.Response:
                   partial=len(topics) > TOPICS_SCANNED_MAX, scanned=TOPICS_SCANNED_MAX)
 
 
-@console_page()
-async def topics_page(request: web.Request) -> web.Response:
-    api = NodeApi(request, request[SESSION])
-    return render(request, "topics.html", api, topics=(await api.get("/v1/topics"))["topics"])
+def _list_page(what: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The page of every topic or group: ``GET /v1/{what}``, drawn by ``{what}.html``."""
+    async def page(request: web.Request) -> web.Response:
+        api = NodeApi(request, request[SESSION])
+        return render(request, f"{what}.html", api, **{what: (await api.get(f"/v1/{what}"))[what]})
+    page.__name__ = page.__qualname__ = f"{what}_page"
+    return console_page()(page)
+
+
+topics_page = _list_page("topics")
+groups_page = _list_page("groups")
 
 
 @console_page()
@@ -343,12 +350,6 @@ async def timeline_page(request: web.Request) -> web.Response:
     tl = timeline_mod.build(topic, events, int(time.time() * 1000))
     return render(request, "timeline.html", api, tl=tl, g=timeline_mod.Geometry(), after=after,
                   truncated=len(events) >= TIMELINE_EVENTS_MAX)
-
-
-@console_page()
-async def groups_page(request: web.Request) -> web.Response:
-    api = NodeApi(request, request[SESSION])
-    return render(request, "groups.html", api, groups=(await api.get("/v1/groups"))["groups"])
 
 
 @console_page()

@@ -6,15 +6,13 @@ import click
 
 
 from . import output
-from .options import Globals, global_options
+from .options import Globals, emit_listing, global_options
 
 
 @click.command("list")
 @global_options
 async def list_brokers(g: Globals) -> None:
     """Brokers with address, epoch, state and last heartbeat."""
-    async with g.admin() as admin:
-        data = {"brokers": await admin.brokers()}
-    output.emit(g.json, data, lambda d: output.table(d["brokers"], [
+    await emit_listing(g, "brokers", lambda admin: admin.brokers(), [
         ("broker", "broker"), ("address", "address"), ("epoch", "epoch"), ("state", "state"),
-        ("last heartbeat", lambda b: output.when(b.get("last_heartbeat_ms")))]))
+        ("last heartbeat", lambda b: output.when(b.get("last_heartbeat_ms")))])

@@ -6,9 +6,10 @@ from typing import Any
 
 import click
 
+from client import AdminClient
 
 from . import output
-from .options import Globals, GlobalOptionsGroup, global_options
+from .options import Globals, GlobalOptionsGroup, emit_listing, global_options
 
 
 @click.group(cls=GlobalOptionsGroup)
@@ -21,13 +22,13 @@ def group() -> None:
 async def list_groups(g: Globals) -> None:
     """Every group with its mode, members, locks and version, and the groups only brokers know (committed offsets,
     never joined through meta: pull consumers)."""
-    async with g.admin() as admin:
-        # Not AdminClient.list_groups(): the brokers are asked only on include=brokers, which an operator wants and
-        # a program listing groups often need not pay for.
-        data = {"groups": (await admin._read("/v1/groups", {"include": "brokers"}))["groups"]}
-    output.emit(g.json, data, lambda d: output.table(d["groups"], [
+    # Not AdminClient.list_groups(): the brokers are asked only on include=brokers, which an operator wants and
+    # a program listing groups often need not pay for.
+    async def read(admin: AdminClient) -> list[Any]:
+        return (await admin._read("/v1/groups", {"include": "brokers"}))["groups"]
+    await emit_listing(g, "groups", read, [
         ("group", "group"), ("mode", "mode"), ("members", "members"), ("locks", "locks"), ("version", "version"),
-        ("known to", "source")]))
+        ("known to", "source")])
 
 
 def _describe_text(d: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import functools
 import signal
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -95,6 +95,15 @@ class Globals:
         if not self.token:
             raise CliError(UNAUTHENTICATED, "no token: give --token, --token-file or --dir, or set STATOR_TOKEN")
         return self.token
+
+
+async def emit_listing(g: Globals, key: str, read: Callable[[AdminClient], Awaitable[list[Any]]],
+                       columns: Sequence[output.Column]) -> None:
+    """A listing command's work: ``{key: rows}`` from one admin call, printed as a table of ``columns`` (or as that
+    JSON document)."""
+    async with g.admin() as admin:
+        data = {key: await read(admin)}
+    output.emit(g.json, data, lambda d: output.table(d[key], columns))
 
 
 def read_token_file(path: str) -> str:

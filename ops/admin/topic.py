@@ -9,7 +9,7 @@ import click
 from wire.errors import INVALID_ARGUMENT
 
 from . import output
-from .options import CliError, Globals, GlobalOptionsGroup, global_options
+from .options import CliError, Globals, GlobalOptionsGroup, emit_listing, global_options
 from .remap_wait import REMAP_WAIT_S_DEFAULT, wait_writable
 
 ORDERS = ("best_tried", "strict")
@@ -56,10 +56,8 @@ async def create(name: str, queues: int, brokers: str | None, slots: int | None,
 @global_options
 async def list_topics(g: Globals) -> None:
     """Every topic with its queues and version."""
-    async with g.admin() as admin:
-        data = {"topics": await admin.list_topics()}
-    output.emit(g.json, data, lambda d: output.table(d["topics"], [
-        ("topic", "topic"), ("queues", "queues"), ("version", "version")]))
+    await emit_listing(g, "topics", lambda admin: admin.list_topics(), [
+        ("topic", "topic"), ("queues", "queues"), ("version", "version")])
 
 
 def _describe_text(t: dict[str, Any]) -> str:
