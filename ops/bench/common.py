@@ -7,6 +7,7 @@ Every benchmark prints ONE JSON object on stdout; progress goes to stderr throug
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -256,6 +257,31 @@ def latency_summary(seconds: list[float]) -> dict[str, float | None]:
     v = sorted(seconds)
     r = lambda x: None if x is None else round(x * 1000, 3)  # noqa: E731
     return {"p50_ms": r(pct(v, 50)), "p90_ms": r(pct(v, 90)), "p99_ms": r(pct(v, 99)), "max_ms": r(v[-1] if v else None)}
+
+
+class WriteTally:
+    """The closed-loop writes of one run: every success, warm-up included (CPU per write covers both), and the
+    latencies and error codes of the writes sent in the measured window (from ``t_measure`` on)."""
+
+    def __init__(self, t_measure: float):
+        self.t_measure = t_measure
+        self.ok_all = 0
+        self.latencies: list[float] = []
+        self.errors: collections.Counter[str] = collections.Counter()
+
+    def add(self, t0: float, code: str | None) -> float | None:
+        """One write sent at ``t0`` (``time.perf_counter``) and answered now; ``code`` is None on success. Its
+        latency when it counts in the window (sent in it, and succeeded), else None."""
+        t1 = time.perf_counter()
+        if code is None:
+            self.ok_all += 1
+        if t0 < self.t_measure:
+            return None
+        if code is not None:
+            self.errors[code] += 1
+            return None
+        self.latencies.append(t1 - t0)
+        return t1 - t0
 
 
 def node_rss_mib(pid: int) -> float | None:

@@ -80,16 +80,14 @@ async def _write(s: aiohttp.ClientSession, sysm: System, i: int, value: str, tim
 
 # -- throughput ---------------------------------------------------------------------------------------------------
 async def _round(sysm: System, concurrency: int, warmup_s: float, duration_s: float, tag: str) -> dict[str, Any]:
-    lat: list[float] = []
     by_entry: dict[str, list[float]] = {"leader": [], "followers": []}   # which endpoint the write was sent to
-    errors: collections.Counter[str] = collections.Counter()
     counter = [0]
-    ok_all = [0]
     members = sysm.extra["members"]
     leader_idx = members.index(await sysm.extra["leader"]())
     async with common.session(limit=max(concurrency, 1), timeout_s=REQUEST_TIMEOUT_S) as s:
         t_start = time.perf_counter()
         t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+        tally = common.WriteTally(t_measure)
 
         async def worker(w: int) -> None:
             while counter[0] < MAX_WRITES_PER_ROUND:
@@ -99,15 +97,9 @@ async def _round(sysm: System, concurrency: int, warmup_s: float, duration_s: fl
                 counter[0] += 1
                 n = counter[0]
                 code = await _write(s, sysm, n, f"{tag}-{w}-{n}", REQUEST_TIMEOUT_S)
-                t1 = time.perf_counter()
-                if code is None:
-                    ok_all[0] += 1
-                if t0 >= t_measure:
-                    if code is None:
-                        lat.append(t1 - t0)
-                        by_entry["leader" if n % len(sysm.urls) == leader_idx else "followers"].append(t1 - t0)
-                    else:
-                        errors[code] += 1
+                latency = tally.add(t0, code)
+                if latency is not None:
+                    by_entry["leader" if n % len(sysm.urls) == leader_idx else "followers"].append(latency)
 
         pids = sysm.pids()
         cpu0 = [common.cpu_seconds(p) for p in pids]
@@ -115,9 +107,10 @@ async def _round(sysm: System, concurrency: int, warmup_s: float, duration_s: fl
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         cpu1 = [common.cpu_seconds(p) for p in pids]
     cpu = sum(b - a for a, b in zip(cpu0, cpu1) if a is not None and b is not None)
+    lat = tally.latencies
     return {"writes_ok": len(lat), "writes_per_s": round(len(lat) / duration_s, 1), "latencies": lat,
             "latencies_by_entry": by_entry,
-            "errors": dict(errors), "cpu_ms_per_write": round(cpu * 1000 / max(1, ok_all[0]), 3),
+            "errors": dict(tally.errors), "cpu_ms_per_write": round(cpu * 1000 / max(1, tally.ok_all), 3),
             "loadavg_before": load0}
 
 

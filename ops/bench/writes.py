@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import os
 import time
@@ -37,10 +36,7 @@ async def _phase(c: common.BenchCluster, node: str, concurrency: int, warmup_s: 
                  tag: str) -> dict[str, Any]:
     url = f"{c.url(node)}/v1/topics/{TOPIC}/config"
     headers = {**c.headers("admin"), "Content-Type": "application/json"}
-    lat: list[float] = []
-    errors: collections.Counter[str] = collections.Counter()
     sent = [0]
-    ok_all = [0]  # successes in warm-up and window: the CPU figures below cover both
     async with common.session(limit=max(concurrency, 1), timeout_s=REQUEST_TIMEOUT_S) as s:
         # open every connection before the clock starts
         async def touch() -> None:
@@ -50,6 +46,7 @@ async def _phase(c: common.BenchCluster, node: str, concurrency: int, warmup_s: 
         t_start = time.perf_counter()
         t_measure = t_start + warmup_s
         t_end = t_measure + duration_s
+        tally = common.WriteTally(t_measure)
 
         async def worker(i: int) -> None:
             seq = 0
@@ -71,14 +68,7 @@ async def _phase(c: common.BenchCluster, node: str, concurrency: int, warmup_s: 
                                 code = str(r.status)
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                     code = type(e).__name__
-                t1 = time.perf_counter()
-                if code is None:
-                    ok_all[0] += 1
-                if t0 >= t_measure:
-                    if code is None:
-                        lat.append(t1 - t0)
-                    else:
-                        errors[code] += 1
+                tally.add(t0, code)
 
         cpu0 = {n: common.cpu_seconds(c.pid(n)) for n in c.nodes}
         client_cpu0 = time.process_time()
@@ -87,10 +77,11 @@ async def _phase(c: common.BenchCluster, node: str, concurrency: int, warmup_s: 
         wall = time.perf_counter() - t_start
         cpu1 = {n: common.cpu_seconds(c.pid(n)) for n in c.nodes}
         client_cpu = time.process_time() - client_cpu0
+    lat, errors = tally.latencies, tally.errors
     ok = len(lat)
     cpu = {n: cpu1[n] - cpu0[n] for n in c.nodes if cpu0[n] is not None and cpu1[n] is not None}
-    cpu_ms_per_write = {n: round(v * 1000 / max(1, ok_all[0]), 3) for n, v in cpu.items()}
-    cpu_ms_per_write["bench_client"] = round(client_cpu * 1000 / max(1, ok_all[0]), 3)
+    cpu_ms_per_write = {n: round(v * 1000 / max(1, tally.ok_all), 3) for n, v in cpu.items()}
+    cpu_ms_per_write["bench_client"] = round(client_cpu * 1000 / max(1, tally.ok_all), 3)
     cluster_ms = sum(v for k, v in cpu_ms_per_write.items() if k != "bench_client")
     return {
         "target_node": node, "concurrency": concurrency, "duration_s": duration_s, "warmup_s": warmup_s,
