@@ -10,7 +10,7 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.node import BrokerNode
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from ops import devcluster
 from ops.cli import main
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
 
 NO_ENV = {"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}
 STREAM_WAIT_S = 30.0

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meta import allocation
+from tests.support.allocation_checks import minimal_moves
 
 BROKER_NAMES = ["a", "b", "c", "d", "e"]
 
@@ -32,18 +33,6 @@ def owner_of_each_slot(table: list[list[int]], slots: int) -> list[int]:
         expected_lo = hi
     assert expected_lo == slots, f"table ends at {expected_lo}, not {slots}"
     return owners  # type: ignore[return-value]
-
-
-def minimal_moves(current: dict[int, str], targets: list[str]) -> int:
-    """Fewest moves that leave the queues spread over the targets with counts differing by at most 1.
-
-    The r = n % k targets allowed one extra queue should be those holding the most queues now (exchange argument).
-    """
-    n, k = len(current), len(targets)
-    base, extra = divmod(n, k)
-    have = sorted((sum(1 for b in current.values() if b == t) for t in targets), reverse=True)
-    kept = sum(min(c, base + (1 if i < extra else 0)) for i, c in enumerate(have))
-    return n - kept
 
 
 # -- balanced_assignment -------------------------------------------------------------------------------------------

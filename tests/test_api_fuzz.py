@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from broker.api.openapi import SPEC as BROKER_SPEC
 from meta.api.openapi import SPEC as META_SPEC
 from ops import devcluster
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
 
 CASES_PER_OPERATION = 12
 REQUEST_TIMEOUT_S = 20.0

@@ -15,10 +15,10 @@ from broker import config as broker_config
 from runtime.credentials import broker_of, token_hash
 from meta import config as meta_config
 from runtime.config_file import ConfigError
-from tests import cluster as cluster_mod
-from tests.meta_helpers import ok
-from tests.test_broker_e2e import all_writable, send, wait_route
-from tests.test_config import broker_raw, meta_raw
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import ok
+from tests.support.broker_http import all_writable, send, wait_route
+from tests.support.config_files import broker_raw, meta_raw
 
 live = pytest.mark.asyncio(loop_scope="module")
 

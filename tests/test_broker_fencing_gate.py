@@ -99,10 +99,11 @@ def test_the_broker_handlers_ask_the_gate_and_never_the_locks_barriers_or_routes
 
 # -- a real broker -------------------------------------------------------------------------------------------------
 
-from tests.support.meta_http import wait_until                                  # noqa: E402
-from tests.test_broker_e2e import admin, all_writable, send, wait_route        # noqa: E402
-from tests.test_broker_locks import _owns, code, commit, pull, topic, two_brokers  # noqa: E402,F401
-from tests.test_groups_meta import short_leases                                # noqa: E402
+from tests.support.broker_http import admin, all_writable, send, wait_route       # noqa: E402
+from tests.support.group_locks_http import a_owns_all, code, commit, pull, topic  # noqa: E402
+from tests.support.group_locks_http import two_brokers                            # noqa: E402,F401  (a fixture)
+from tests.support.group_members import short_leases                             # noqa: E402
+from tests.support.meta_http import wait_until                                    # noqa: E402
 
 
 def split_decided(r: dict) -> bool:
@@ -117,7 +118,7 @@ async def test_each_fenced_route_of_a_broker_refuses_a_stale_token_and_holds_beh
     assert grown[0] == 200, grown
     r = await wait_route(c, "t", split_decided)
     await send(c, "t", 1, ["moved-key"])
-    tokens = await wait_until(lambda: _owns(c, 2), 10, "a to own both queues")
+    tokens = await wait_until(lambda: a_owns_all(c, 2), 10, "a to own both queues")
     for q in (0, 1):   # the current token passes, once the broker heard of the grant (it waits for it)
         s, b = await pull(c, r, q, tokens[q])
         assert s == 200, b

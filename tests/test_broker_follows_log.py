@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from wire.sse import SseParser
-from tests import cluster as cluster_mod
-from tests.test_broker_e2e import admin, all_writable, read_all, route, send, wait_route
+from tests.support import cluster as cluster_mod
+from tests.support.broker_http import admin, all_writable, read_all, route, send, wait_route
 
 
 async def test_a_topic_whose_route_outgrew_the_old_line_bound_does_not_blind_the_brokers(full_cluster):

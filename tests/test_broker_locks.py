@@ -235,49 +235,13 @@ async def test_remembered_passes_are_bounded(monkeypatch):
 # -- real processes ------------------------------------------------------------------------------------------------
 
 from ops import devcluster                                                        # noqa: E402
-from tests import cluster as cluster_mod                                          # noqa: E402
-from tests.meta_helpers import ok, wait_until                                     # noqa: E402
-from tests.test_broker_e2e import admin, all_writable, send, wait_route          # noqa: E402
-from tests.test_groups_meta import HEARTBEAT_MS, beat, held, short_leases         # noqa: E402
+from tests.support.broker_http import admin, all_writable, send, wait_route       # noqa: E402
+from tests.support.group_locks_http import a_owns_all, code, commit, head, pull, topic  # noqa: E402
+from tests.support.group_locks_http import two_brokers                            # noqa: E402,F401  (a fixture)
+from tests.support.group_members import HEARTBEAT_MS, beat, held, short_leases    # noqa: E402
+from tests.support.meta_http import ok, wait_until                                # noqa: E402
 
-SESSION = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 500}
 STALE_OR_CATCHING_UP = {(409, "STALE_TOKEN"), (503, "LOCKS_CATCHING_UP")}
-
-
-@pytest.fixture
-async def two_brokers(tmp_path):
-    async with cluster_mod.running(str(tmp_path), 3, 2, meta=SESSION) as c:
-        yield c
-
-
-async def topic(c, name: str, queues: int, messages: int, slots: int = 16) -> dict:
-    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": name, "queues": queues, "slots": slots})
-    assert s == 201, b
-    await wait_route(c, name, all_writable)
-    for q in range(queues):
-        await send(c, name, q, [f"{name}{q}-{i}" for i in range(messages)])
-    return await wait_route(c, name, all_writable)
-
-
-def head(r: dict, queue: int) -> str:
-    return r["queues"][queue]["address"]
-
-
-async def pull(c, r: dict, queue: int, token=None, group: str | None = "g", offset: int = 0) -> tuple[int, dict]:
-    query = f"offset={offset}&max=100" + (f"&group={group}" if group else "") + (
-        f"&token={token}" if token is not None else "")
-    s, b, _ = await c.call("GET", f"{head(r, queue)}/v1/messages/{r['topic']}/{queue}?{query}", "client")
-    return s, b
-
-
-async def commit(c, r: dict, queue: int, offset: int, token=None) -> tuple[int, dict]:
-    body = {"offset": offset} if token is None else {"offset": offset, "token": token}
-    s, b, _ = await c.call("PUT", f"{head(r, queue)}/v1/offsets/g/{r['topic']}/{queue}", "client", json=body)
-    return s, b
-
-
-def code(s: int, b) -> tuple[int, str | None]:
-    return s, b.get("error", {}).get("code") if isinstance(b, dict) else None
 
 
 async def owner_moves_to_b(c, queues: int, topics=("t",)) -> dict[int, int]:
@@ -345,7 +309,7 @@ async def test_a_grown_topics_new_queue_is_held_until_the_group_committed_past_t
                          and r["barriers"] and r["barriers"][0]["after_offset"] is not None)
     assert r["barriers"] == [{"queue": 1, "after_queue": 0, "after_offset": 4}]
     await send(c, "t", 1, ["moved-key"])
-    tokens = await wait_until(lambda: _owns(c, 2), 10, "a to own both queues")
+    tokens = await wait_until(lambda: a_owns_all(c, 2), 10, "a to own both queues")
     s, b = await pull(c, r, 1, tokens[1])
     assert s == 200 and b["messages"] == [] and b["next_offset"] == 0, b
     assert b["held_by"] == {"queue": 0, "after_offset": 4}, "never committed on queue 0: it stands at its start"
@@ -357,11 +321,6 @@ async def test_a_grown_topics_new_queue_is_held_until_the_group_committed_past_t
     assert code(*await commit(c, r, 0, 4, tokens[0])) == (200, None)
     s, b = await pull(c, r, 1, tokens[1])
     assert s == 200 and [m["offset"] for m in b["messages"]] == [0] and "held_by" not in b, b
-
-
-async def _owns(c, queues: int) -> dict[int, int] | None:
-    got = held(await beat(c, "a"))
-    return got if sorted(got) == list(range(queues)) else None
 
 
 async def test_a_restarted_broker_never_takes_the_old_token_after_a_new_grant(two_brokers):

@@ -4,7 +4,7 @@ paging through topic-filtered history that a single call cannot scan in one go."
 from __future__ import annotations
 
 from client import AdminClient
-from tests.test_client_fakes import TOKEN, Fakes, make_route
+from tests.support.client_fakes import TOKEN, Fakes, make_route
 
 SCAN_EVENTS = 5           # the fake's stand-in for meta/limits.py HISTORY_SCAN_EVENTS_MAX (50,000)
 UNRELATED_BETWEEN = 12    # more unrelated events between two matches than one call scans

@@ -8,7 +8,7 @@ import pytest
 
 from client import PullConsumer, SyncPullConsumer
 from wire.caller import Backoff
-from tests.test_client_fakes import DEAD_ADDRESS, TOKEN, Fakes, fakes_in_thread, make_route
+from tests.support.client_fakes import DEAD_ADDRESS, TOKEN, Fakes, fakes_in_thread, make_route
 
 FAST = Backoff(0.01, 0.05)
 

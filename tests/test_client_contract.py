@@ -1,4 +1,4 @@
-"""One contract suite, run against the fakes (tests/test_client_fakes.py) and against real servers (the
+"""One contract suite, run against the fakes (tests/support/client_fakes.py) and against real servers (the
 ``full_cluster`` fixture: three meta nodes and three brokers), so the fakes the client tests rely on cannot drift from
 what the servers answer. It checks only what the client relies on: route shape and long-poll 200/304, history pages,
 send / pull / commit answers, NOT_LEADER from a broker that does not hold the queue, and the error body shape.
@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.test_client_fakes import TOKEN, Fakes, make_route
+from tests.support.client_fakes import TOKEN, Fakes, make_route
 
 ROUTE_KEYS = {"topic", "version", "slots", "slot_table", "barriers", "queues"}
 ROUTE_QUEUE_KEYS = {"queue", "broker", "address", "physical_queue", "gen", "writable", "segments"}

@@ -18,8 +18,8 @@ from client import (AdminClient, Closed, ExclusiveConsumer, Producer, PullConsum
                     SyncExclusiveConsumer)
 from client.exclusive import lease_margin_s, retry_props
 from client.selection import KeySelector
-from tests import cluster as cluster_mod
-from tests.meta_helpers import wait_until
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import wait_until
 
 live = pytest.mark.asyncio(loop_scope="module")   # the tests that share the module's cluster
 

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from wire.errors import NoLeader, NotLeader, StatorError, Unavailable, VersionMismatch
 from wire.caller import Backoff, MetaCaller
-from tests.test_client_fakes import DEAD_ADDRESS
+from tests.support.client_fakes import DEAD_ADDRESS
 
 FAST = Backoff(0.01, 0.02)
 

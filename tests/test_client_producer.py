@@ -1,4 +1,4 @@
-"""client/producer.py against fake brokers and a fake meta (tests/test_client_fakes.py): queue choice, retries,
+"""client/producer.py against fake brokers and a fake meta (tests/support/client_fakes.py): queue choice, retries,
 route refresh on NOT_LEADER, strict order, fault avoidance, bounds."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from client import (Fenced, LatencyFaultAvoidance, NotLeader, Producer, RoundRobinSelector, Sealing, StatorError,
                     SyncProducer, TopicNotFound, Unavailable, queue_for_key)
 from wire.caller import Backoff
-from tests.test_client_fakes import DEAD_ADDRESS, TOKEN, Fakes, fakes_in_thread, make_route
+from tests.support.client_fakes import DEAD_ADDRESS, TOKEN, Fakes, fakes_in_thread, make_route
 
 FAST = Backoff(0.01, 0.05)
 

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from client import Closed, RouteSubscription, TopicNotFound
-from tests.test_client_fakes import TOKEN, Fakes, make_route
+from tests.support.client_fakes import TOKEN, Fakes, make_route
 
 
 @pytest.fixture

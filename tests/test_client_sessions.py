@@ -15,7 +15,7 @@ import pytest
 
 from client import Producer, PullConsumer
 from wire.tls import TlsFiles, client_context
-from tests.test_tls import TOKENS, tls_cluster  # noqa: F401 (the fixture: one meta node and one broker, mutual TLS)
+from tests.support.tls_cluster import TOKENS, tls_cluster  # noqa: F401 (the fixture: one meta node and one broker, mutual TLS)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "docs", "operations.md")

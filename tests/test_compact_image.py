@@ -12,7 +12,7 @@ import pytest
 from meta import allocation, chains, history_lines, snapshot_file
 from meta.image import Image, restoring_pairs
 from meta.state_machine import StateMachine
-from tests.test_state_machine import Log, check_image_invariants
+from tests.support.state_machine_builders import Log, check_image_invariants
 
 # Measured 55: a pointer to a shared segment, a packed slot range, a share of a packed history line (a dict per
 # segment and a list per slot range were about 800).

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright, expect
 
-from tests import cluster as cluster_mod
-from tests.test_tls import TOKENS, tls_cluster  # noqa: F401  (test_tls's mutual-TLS cluster, as a fixture here)
+from tests.support import cluster as cluster_mod
+from tests.support.tls_cluster import TOKENS, tls_cluster  # noqa: F401  (test_tls's mutual-TLS cluster, as a fixture here)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Chromium on a machine with a closed network: no background calls home, no sandbox (the tests run as root).

@@ -14,8 +14,8 @@ from broker import config as broker_config
 from client import AdminClient, Producer, PullConsumer
 from ops import devcluster
 from runtime.config_file import ConfigError
-from tests import cluster as cluster_mod
-from tests.test_config import broker_raw
+from tests.support import cluster as cluster_mod
+from tests.support.config_files import broker_raw
 
 STOP_TIMEOUT_S = 15.0
 

@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from meta.export import exporter, schema
-from tests.meta_helpers import ok
+from tests.support.meta_http import ok
 
 
 def read_back(out: str) -> dict[str, pa.Table]:

@@ -10,8 +10,8 @@ import json
 from click.testing import CliRunner
 
 from ops.cli import main
-from tests import tls_certs
-from tests.meta_helpers import ok
+from tests.support import tls_certs
+from tests.support.meta_http import ok
 
 NO_ENV = {"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}
 

@@ -9,9 +9,10 @@ import time
 
 import aiohttp
 
-from tests import cluster as cluster_mod
-from tests.meta_helpers import wait_until
-from tests.test_metrics_scrape import scrape, value
+from wire.sse import SseParser
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import wait_until
+from tests.support.metrics import scrape, value
 
 SUBSCRIBERS = 150   # per kind, all on one node: enough that a fan-out takes longer than the write's answer
 WAIT_S = 30
@@ -41,19 +42,15 @@ async def test_a_change_reaches_every_subscriber_with_its_version_and_the_ack_go
         async def sse(s: aiohttp.ClientSession, name: str) -> None:
             async with s.get(f"{m}/v1/watch", headers=auth, params={"topics": "t", "after": str(versions["t"])}) as r:
                 assert r.status == 200, (name, r.status)
-                event: dict[str, str] = {}
+                parser = SseParser()
                 while True:
-                    line = (await r.content.readline()).decode()
-                    assert line, f"{name}: the stream ended"
-                    if line.strip() == "":
-                        if event.get("event") == "route":
-                            received[name] = (time.monotonic(), json.loads(event["data"])["version"])
-                            assert int(event["id"]) == received[name][1]
+                    chunk = await r.content.readany()
+                    assert chunk, f"{name}: the stream ended"
+                    for event in parser.feed(chunk):
+                        if event.event == "route":
+                            received[name] = (time.monotonic(), json.loads(event.data)["version"])
+                            assert int(event.id) == received[name][1]
                             return
-                        event = {}
-                    elif not line.startswith(":"):
-                        key, _, val = line.rstrip("\n").partition(": ")
-                        event[key] = val
 
         timeout = aiohttp.ClientTimeout(total=WAIT_S + 30)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as s:

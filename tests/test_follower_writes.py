@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.meta_helpers import BrokerSim, history, node_urls, ok
+from tests.support.meta_http import BrokerSim, history, node_urls, ok
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import json
 from click.testing import CliRunner
 
 from ops.cli import main
-from tests.meta_helpers import ok, wait_until
+from tests.support.meta_http import ok, wait_until
 
 NO_ENV = {"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}
 SEEN_WAIT_S = 20.0   # a commit is listed by its broker once durable (the offsets file's group commit)

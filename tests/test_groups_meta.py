@@ -13,26 +13,8 @@ import time
 import aiohttp
 
 from wire.sse import SseParser
-from tests.meta_helpers import assert_error_shape, call_any, ok, wait_until
-
-LEASE_MS = 2000
-HEARTBEAT_MS = 500
-
-
-async def beat(c, member: str, topics=("t",), group: str = "g", mode: str = "exclusive", released=None,
-               url: str | None = None) -> dict:
-    body = {"member": member, "topics": list(topics), "mode": mode}
-    if released:
-        body["released"] = released
-    return await ok(c, "POST", f"/v1/groups/{group}/heartbeat", "client", body, url=url)
-
-
-def held(answer: dict) -> dict[int, int]:
-    return {a["queue"]: a["token"] for a in answer["assignments"]}
-
-
-async def short_leases(c, group: str = "g") -> None:
-    await ok(c, "PUT", f"/v1/groups/{group}/config", "admin", {"lease_ms": LEASE_MS, "heartbeat_interval_ms": HEARTBEAT_MS})
+from tests.support.meta_http import assert_error_shape, call_any, ok, wait_until
+from tests.support.group_members import HEARTBEAT_MS, LEASE_MS, beat, held, short_leases
 
 
 async def brokerless_topic(c, name: str, queues: int) -> None:

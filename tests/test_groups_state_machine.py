@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from meta import groups as group_rules
-from meta.image import Image, group_key
+from meta.image import group_key
 from meta.state_machine import StateMachine
-from tests.test_state_machine import Log, events_after
+from tests.support.state_machine_builders import Log, events_after
+from tests.support.group_checks import check_group_invariants
 
 
 def setup(queues: int = 8, topic: str = "t") -> Log:
@@ -37,24 +38,6 @@ def locks(log: Log, group: str = "g", topic: str = "t") -> dict[int, dict[str, A
 
 def owners(log: Log, **kw: Any) -> dict[int, str]:
     return {q: lk["member"] for q, lk in locks(log, **kw).items()}
-
-
-def check_group_invariants(image: Image) -> None:
-    tokens = []
-    for name, g in image.groups.items():
-        for topic, qs in g["locks"].items():
-            n = image.queue_count(topic)
-            assert n is not None, f"{name} holds a lock on missing topic {topic}"
-            for q, lk in qs.items():
-                assert 0 <= int(q) < n
-                assert lk["member"] in g["members"], "a lock outlived its owner's membership"
-                assert lk["target"] is None or lk["target"] in g["members"]
-                tokens.append(lk["token"])
-        assert image.data["revoking"].get(name, 0) == sum(
-            not group_rules.owned(lk) for qs in g["locks"].values() for lk in qs.values())
-    assert len(tokens) == len(set(tokens)), "two locks share a token"
-    assert all(t <= image.data["lock_token"] for t in tokens)
-    assert image.data["member_count"] == sum(len(g["members"]) for g in image.groups.values())
 
 
 def test_members_split_the_queues_disjointly_balanced_and_covering():

@@ -30,7 +30,7 @@ import pytest
 
 from broker.writes import MESSAGES_PER_SEND_MAX
 from meta.limits import REQUEST_BODY_BYTES_MAX as META_BODY_BYTES_MAX
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
 
 BROKER_CONNECTIONS_MAX = 3
 META_CONNECTIONS_MAX = 12       # the broker keeps a few connections to meta of its own

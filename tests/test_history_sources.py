@@ -21,9 +21,10 @@ from meta.export import exporter
 from meta.export import schema as export_schema
 from meta.projection import ProjectionGap, schema
 from meta.projection.sources import PageChecker, SourceError, export_events
-from tests.pg import pg_url  # noqa: F401  (a fixture)
-from tests.test_projection import new_url, projection, scenario, snapshot, url  # noqa: F401  (fixtures)
-from tests.test_state_machine import Log
+from tests.support.pg import pg_url  # noqa: F401  (a fixture)
+from tests.support.projection_backends import scenario, snapshot
+from tests.support.projection_backends import new_url, projection, url  # noqa: F401  (fixtures)
+from tests.support.state_machine_builders import Log
 
 
 def _lock_event(version: int) -> dict:

@@ -28,10 +28,10 @@ from meta.projection import SqlProjection
 from meta.projection import schema as projection_schema
 from meta.raft_node import SNAPSHOT_FILE
 from ops import devcluster
-from tests import cluster as cluster_mod
-from tests.meta_helpers import (cluster_status, name_of, node_urls, snapshot_or_none, wait_until,
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import (cluster_status, name_of, node_urls, snapshot_or_none, wait_until,
                                 write_through)
-from tests.pg import create_database, pg_url  # noqa: F401  (pg_url is a fixture)
+from tests.support.pg import create_database, pg_url  # noqa: F401  (pg_url is a fixture)
 
 WINDOW = 50
 CONFIG = {"history_window": WINDOW, "session_timeout_ms": 600_000,

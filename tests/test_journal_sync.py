@@ -21,10 +21,10 @@ from meta import config as meta_config
 from meta.raft_group_commit import GroupCommit
 from meta.raft_node import MetaSyncObj, RaftTuning
 from ops import devcluster
-from tests import cluster as cluster_mod
-from tests.raft_nodes import leader_of, start_nodes
-from tests.meta_helpers import call_any, history, ok, wait_until, write_configs_until
-from tests.test_config import meta_raw
+from tests.support import cluster as cluster_mod
+from tests.support.raft_nodes import leader_of, start_nodes
+from tests.support.meta_http import call_any, history, ok, wait_until, write_configs_until
+from tests.support.config_files import meta_raw
 
 SECRET = "journal-sync-test-secret"
 PROPOSALS = 300

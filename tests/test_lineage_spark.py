@@ -1,7 +1,7 @@
 """Lineage on Spark (issue 8, parts 2 and 3) over a real cluster's export and over hand-built histories.
 
 All tests share ONE local[2] session (tests/conftest.py ``spark``). The real history is made once for the module
-(tests/lineage_story.py) and every answer is checked against what the cluster's own HTTP API said at the time: the
+(tests/support/lineage_story.py) and every answer is checked against what the cluster's own HTTP API said at the time: the
 segment chains of GET /v1/topics/T, the routes read after each step, the remap answers, the history's lock events.
 Hand-built histories (ops/bench/lineage_events.py, written by the exporter's own writer) plant the faults a real
 cluster never makes.
@@ -21,8 +21,8 @@ from ops.cli import EXIT_FINDINGS, main
 from ops.lineage import job, lock_intervals, queries, segments, tables, verify
 from ops.lineage.errors import LineageError
 from ops.times import iso
-from tests import lineage_story
-from tests.lineage_story import AGAIN, GROUP, TOPIC
+from tests.support import lineage_story
+from tests.support.lineage_story import AGAIN, GROUP, TOPIC
 
 
 @pytest.fixture(scope="module")

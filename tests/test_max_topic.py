@@ -5,7 +5,7 @@ route this large, blinding every broker; this is the proof at QUEUES_PER_TOPIC_M
 
 A route of this topic is megabytes, so the test keeps one copy and fetches it again only when a send finds it stale
 (with a long poll, so waiting for the next version costs meta no renders), instead of once per request as the small
-helpers in tests/test_broker_e2e.py do.
+helpers in tests/support/broker_http.py do.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 
 from meta import limits
-from tests import cluster as cluster_mod
-from tests.test_broker_e2e import admin, all_writable
-from tests.test_broker_e2e import send as send_following_routes
+from tests.support import cluster as cluster_mod
+from tests.support.broker_http import admin, all_writable
+from tests.support.broker_http import send as send_following_routes
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ class RouteCache:
 
 
 async def send(routes: RouteCache, queue: int, bodies: list[str], unknown: list[list[str]]) -> list[int]:
-    """tests/test_broker_e2e.py's send, following this test's shared route instead of reading a 3 MB route again.
+    """tests/support/broker_http.py's send, following this test's shared route instead of reading a 3 MB route again.
     Bodies of attempts whose outcome is unknown (timed out under load, then retried) are added to ``unknown``."""
     async def newer(held: dict | None) -> dict:
         return routes.route if held is None else await routes.newer_than(held["version"])

@@ -1,7 +1,7 @@
 """Integration tests of the three-node meta cluster over HTTP (API.md meta section, DESIGN.md invariants 1, 3, 5, 9).
 
 Every test gets its own cluster of three real meta processes on loopback (the ``meta_cluster`` fixture, broker
-sessions of 3 s). Brokers are simulated with the broker token (tests/meta_helpers.BrokerSim). Blocking cluster
+sessions of 3 s). Brokers are simulated with the broker token (tests/support/meta_http.BrokerSim). Blocking cluster
 tools (kill, start, restart) run in a thread so background heartbeats and writers keep running meanwhile.
 """
 
@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from ops import devcluster
-from tests.meta_helpers import (
+from tests.support.meta_http import (
     NET_ERRORS, SIM_ADDRESS, BrokerSim, SseReader, assert_error_shape, call_any, cluster_status, history, log_tail,
     name_of, node_urls, ok, wait_until,
 )

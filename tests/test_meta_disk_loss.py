@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from tests import cluster as cluster_mod
-from tests.meta_helpers import NET_ERRORS, BrokerSim, cluster_status, node_urls, ok, wait_until
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import NET_ERRORS, BrokerSim, cluster_status, node_urls, ok, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ import pytest
 from client import AdminClient
 from meta import raft_roles
 from ops import devcluster
-from tests import cluster as cluster_mod
-from tests.meta_helpers import NET_ERRORS, BrokerSim, cluster_status, name_of, node_urls, ok, wait_until
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import NET_ERRORS, BrokerSim, cluster_status, name_of, node_urls, ok, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ import re
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.meta_helpers import wait_until
-from tests.test_broker_e2e import admin, all_writable, send, wait_route
-from tests.test_metrics_scrape import scrape
+from tests.support.meta_http import wait_until
+from tests.support.broker_http import admin, all_writable, send, wait_route
+from tests.support.metrics import scrape
 
 # The shape of allocation.physical_queue_name: "<topic>.q<queue>.g<gen>.i<incarnation>".
 PHYSICAL_QUEUE_NAME = re.compile(r"\.q\d+\.g\d+\.i\d+$")

@@ -8,31 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from client import AdminClient, Producer, PullConsumer, RouteSubscription
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
+from tests.support.metrics import scrape, value
 
 EXPIRY_WAIT_S = 30.0
-
-
-async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, list]:
-    """Every sample of the scrape by sample name: [(labels, value)]."""
-    async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=15)) as r:
-        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
-        text = await r.text()
-    samples: dict[str, list] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples.setdefault(s.name, []).append((s.labels, s.value))
-    return samples
-
-
-def value(samples: dict[str, list], name: str, **labels: str) -> float:
-    found = [v for ls, v in samples.get(name, []) if all(ls.get(k) == w for k, w in labels.items())]
-    assert len(found) == 1, (name, labels, samples.get(name))
-    return found[0]
 
 
 async def test_meta_and_broker_metrics_from_real_processes(tmp_path):

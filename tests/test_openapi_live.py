@@ -18,7 +18,7 @@ from broker.codec import encode_message
 from wire.errors import ApiError
 from wire.shapes import validate
 from meta.api import models
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
 
 SEALING_TRIES = 300   # 30 s: generous for a broker on a loaded machine to report a seal
 

@@ -1,7 +1,7 @@
 """Ordered consumption end to end (issue 7): meta decides the locks, brokers enforce the tokens, consumers obey leases.
 
 Real processes: three meta nodes, two brokers, and exclusive consumers both in this test's process and in processes
-of their own (tests/ordered_consumer_proc.py), which the tests pause with SIGSTOP or kill with SIGKILL.
+of their own (tests/support/ordered_consumer_proc.py), which the tests pause with SIGSTOP or kill with SIGKILL.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections import defaultdict
 import pytest
 
 from client import AdminClient, ExclusiveConsumer, KeySelector, Producer, queue_for_key
-from tests import cluster as cluster_mod
-from tests.meta_helpers import ok, wait_until
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import ok, wait_until
 
 LEASE_MS = 3000
 HEARTBEAT_MS = 500
@@ -51,7 +51,7 @@ async def owned_by(c, group: str, member: str) -> dict[int, int]:
 def start_proc(c, tmp_path, topic: str, group: str, member: str) -> tuple[subprocess.Popen, str]:
     out = str(tmp_path / f"{member}.jsonl")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.ordered_consumer_proc", os.path.join(c.dir, "cluster.json"),
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.ordered_consumer_proc", os.path.join(c.dir, "cluster.json"),
                              topic, group, member, out], env=env, stderr=subprocess.PIPE)
     return proc, out
 

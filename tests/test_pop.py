@@ -15,9 +15,9 @@ import time
 import pytest
 import pytest_asyncio
 
-from tests import cluster as cluster_mod
-from tests.meta_helpers import ok, wait_until
-from tests.test_broker_e2e import all_writable, send, wait_route
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import ok, wait_until
+from tests.support.broker_http import all_writable, send, wait_route
 
 live = pytest.mark.asyncio(loop_scope="module")
 pytestmark = live

@@ -11,8 +11,8 @@ import time
 
 from client import AdminClient, Backoff, PopConsumer, PoppedMessage, Producer
 from client.selection import RoundRobinSelector
-from tests import cluster as cluster_mod
-from tests.meta_helpers import wait_until
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import wait_until
 
 
 HANDLE_S = 0.1   # each job's work

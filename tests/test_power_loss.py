@@ -18,9 +18,9 @@ import sys
 import aiohttp
 
 from runtime import power_loss
-from tests import cluster as cluster_mod
-from tests.meta_helpers import history, ok, write_configs_until
-from tests.test_broker_e2e import all_writable, read_all, wait_route
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import history, ok, write_configs_until
+from tests.support.broker_http import all_writable, read_all, wait_route
 
 FLAGS = [power_loss.FLAG]
 SEGMENT_BYTES = 4096           # segments roll every few batches: segment creation and sealed indexes are covered

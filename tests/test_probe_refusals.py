@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests import cluster as cluster_mod
-from tests.test_metrics_scrape import scrape
+from tests.support import cluster as cluster_mod
+from tests.support.metrics import scrape
 
 NOT_READY_WAIT_S = 30.0   # the survivor's election timeout passes and it has no leader: generous for a loaded machine
 

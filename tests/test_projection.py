@@ -1,13 +1,12 @@
 """The SQL projection (DESIGN.md invariant 8): one test class, run against every backend.
 
 As in eventsourcing's tests/persistence.py, the backend is the only thing that varies: the ``new_url`` fixture is
-parametrised over SQLite (a temp file) and PostgreSQL (a throw-away server from tests/pg.py; the tests fail, not
+parametrised over SQLite (a temp file) and PostgreSQL (a throw-away server from tests/support/pg.py; the tests fail, not
 skip, when it cannot start).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -20,121 +19,12 @@ from alembic.migration import MigrationContext
 
 from meta.events import EVENT_SCHEMAS, make, stored
 from meta.projection import SqlProjection, fold, rebuild, schema, store
-from tests.pg import create_database, drop_database, pg_url  # noqa: F401  (pg_url is a fixture)
-
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture(params=BACKENDS)
-def new_url(request, tmp_path):
-    """Factory of empty databases on the backend under test."""
-    if request.param == "sqlite":
-        names = itertools.count()
-        yield lambda: f"sqlite:///{tmp_path}/projection-{next(names)}.db"
-        return
-    server = request.getfixturevalue("pg_url")
-    made: list[str] = []
-
-    def new() -> str:
-        made.append(create_database(server))
-        return made[-1]
-
-    yield new
-    for url in made:
-        drop_database(server, url)
-
-
-@pytest.fixture
-def url(new_url) -> str:
-    return new_url()
-
-
-@pytest.fixture
-def projection(url):
-    p = SqlProjection(url)
-    p.migrate()
-    yield p
-    p.close()
-
-
-class Log:
-    """Builds stored events the way the meta node stores them: versions 1, 2, ..., ts = 1000 + version."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def add(self, event_type: str, **fields: Any) -> int:
-        version = len(self.events) + 1
-        self.events.append(stored(version, 1_000 + version, make(event_type, **fields)))
-        return version
-
-
-def _segments(topic: str, inc: int, placement: dict[int, str]) -> list[dict[str, Any]]:
-    return [{"queue": q, "broker": b, "physical_queue": f"{topic}-{inc}-{q}-0", "budget_end": 1_000}
-            for q, b in placement.items()]
-
-
-def scenario() -> list[dict[str, Any]]:
-    """A topic's life: created with 4 queues on 2 brokers, queue 1 remapped, grown to 6 with barriers, broker
-    sessions fenced and renewed, config changed; then a second topic created and the first deleted (v22, v23)."""
-    log = Log()
-    log.add("BrokerRegistered", broker="b1", address="http://b1:8080", zone="z1", epoch=1)            # 1
-    log.add("BrokerRegistered", broker="b2", address="http://b2:8080", zone="z2", epoch=1)            # 2
-    log.add("TopicCreated", topic="orders", incarnation=3, queues=4, slots=16, order="strict",        # 3
-            config={"retention_ms": 86_400_000},
-            slot_table=[[0, 3, 0], [4, 7, 1], [8, 11, 2], [12, 15, 3]],
-            segments=_segments("orders", 3, {0: "b1", 1: "b2", 2: "b1", 3: "b2"}))
-    log.add("OffsetBudgetGranted", topic="orders", queue=1, gen=0, broker="b2", budget_end=2_000)    # 4
-    # remap queue 1 from b2 to b1
-    log.add("SegmentSealing", topic="orders", queue=1, gen=0, broker="b2")                           # 5
-    log.add("SegmentOpened", topic="orders", queue=1, gen=1, broker="b1", from_broker="b2",          # 6
-            physical_queue="orders-3-1-1", physical_start=0, budget_end=1_000, cause="remap")
-    log.add("SegmentSealed", topic="orders", queue=1, gen=0, broker="b2", physical_end=1_500,        # 7
-            logic_end=1_500, by="broker")
-    log.add("LogicStartDecided", topic="orders", queue=1, gen=1, logic_start=1_500)                  # 8
-    # grow to 6 queues: queue 4 takes slots 6-7 from queue 1, queue 5 takes 14-15 from queue 3
-    log.add("SegmentSealing", topic="orders", queue=1, gen=1, broker="b1")                           # 9
-    log.add("SegmentOpened", topic="orders", queue=1, gen=2, broker="b1", from_broker="b1",          # 10
-            physical_queue="orders-3-1-1", physical_start=300, budget_end=1_300, cause="grow")
-    log.add("SegmentSealing", topic="orders", queue=3, gen=0, broker="b2")                           # 11
-    log.add("SegmentOpened", topic="orders", queue=3, gen=1, broker="b2", from_broker="b2",          # 12
-            physical_queue="orders-3-3-0", physical_start=700, budget_end=1_700, cause="grow")
-    log.add("TopicGrown", topic="orders", queues=6,                                                  # 13
-            slot_table=[[0, 3, 0], [4, 5, 1], [6, 7, 4], [8, 11, 2], [12, 13, 3], [14, 15, 5]],
-            barriers=[{"queue": 4, "after_queue": 1, "after_gen": 2}, {"queue": 5, "after_queue": 3, "after_gen": 1}],
-            segments=_segments("orders", 3, {4: "b2", 5: "b1"}))
-    log.add("SegmentSealed", topic="orders", queue=1, gen=1, broker="b1", physical_end=300,          # 14
-            logic_end=1_800, by="broker")
-    log.add("LogicStartDecided", topic="orders", queue=1, gen=2, logic_start=1_800)                  # 15
-    # broker sessions: b2 expires and comes back with epoch 2; a late fence of epoch 1 must not touch epoch 2
-    log.add("BrokerFenced", broker="b2", epoch=1, reason="session_expired")                          # 16
-    log.add("BrokerRegistered", broker="b2", address="http://b2-new:8080", zone="z2", epoch=2)        # 17
-    log.add("BrokerFenced", broker="b2", epoch=1, reason="registered_again")                         # 18
-    log.add("BrokerFenced", broker="b1", epoch=1, reason="session_expired")                          # 19
-    log.add("BrokerUnfenced", broker="b1", epoch=1)                                                  # 20
-    log.add("TopicConfigChanged", topic="orders", config={"retention_ms": 3_600_000, "max_bytes": 1 << 20},
-            changed=["retention_ms", "max_bytes"])                                                   # 21
-    log.add("TopicCreated", topic="audit", incarnation=22, queues=1, slots=4, order="best_tried",    # 22
-            config={}, slot_table=[[0, 3, 0]], segments=_segments("audit", 22, {0: "b1"}))
-    log.add("TopicDeleted", topic="orders")                                                          # 23
-    return log.events
+from tests.support.pg import pg_url  # noqa: F401  (a fixture: new_url asks for it by name)
+from tests.support.projection_backends import Log, rows, scenario, segments_of, snapshot
+from tests.support.projection_backends import new_url, projection, url  # noqa: F401  (fixtures)
 
 
 BEFORE_DELETE = 21  # events[:21]: every fold applied, nothing deleted yet
-
-
-def rows(url: str, table: sa.Table) -> list[dict[str, Any]]:
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    try:
-        with engine.connect() as conn:
-            query = sa.select(table).order_by(*table.primary_key.columns)
-            return [dict(r._mapping) for r in conn.execute(query)]
-    finally:
-        engine.dispose()
-
-
-def snapshot(url: str) -> dict[str, list[dict[str, Any]]]:
-    return {t.name: rows(url, t) for t in schema.metadata.sorted_tables}
 
 
 def seg(topic, queue, gen, broker, pq, pstart, lstart, lend, budget, state, opened, sealed_ms=None) -> dict:
@@ -191,7 +81,7 @@ class TestProjection:
         log.events = events
         log.add("TopicGrown", topic="orders", queues=7, slot_table=[[0, 3, 6], [4, 15, 1]],
                 barriers=[{"queue": 6, "after_queue": 1, "after_gen": 1}],
-                segments=_segments("orders", 3, {6: "b1"}))
+                segments=segments_of("orders", 3, {6: "b1"}))
         projection.apply(log.events)
         assert rows(url, schema.barriers)[-1] == {"topic": "orders", "queue": 6, "after_queue": 1, "after_gen": 1,
                                                   "after_offset": 1_500}
@@ -241,7 +131,7 @@ class TestProjection:
         # a second TopicCreated for a live topic breaks the topics primary key half-way through the batch
         clash = stored(9, 1_009, make("TopicCreated", topic="orders", incarnation=9, queues=1, slots=1,
                                       order="strict", config={}, slot_table=[[0, 0, 0]],
-                                      segments=_segments("orders", 9, {0: "b1"})))
+                                      segments=segments_of("orders", 9, {0: "b1"})))
         with pytest.raises(sa.exc.IntegrityError):
             projection.apply([*events[5:8], clash])
         assert projection.position() == 5
@@ -393,7 +283,7 @@ def throughput_events(n: int) -> list[dict[str, Any]]:
     log.add("BrokerRegistered", broker="b1", address="http://b1", zone=None, epoch=1)
     log.add("TopicCreated", topic="t", incarnation=2, queues=16, slots=64, order="best_tried", config={},
             slot_table=[[q * 4, q * 4 + 3, q] for q in range(16)],
-            segments=_segments("t", 2, {q: "b1" for q in range(16)}))
+            segments=segments_of("t", 2, {q: "b1" for q in range(16)}))
     gens = [0] * 16
     while len(log.events) < n:
         v = len(log.events) + 1

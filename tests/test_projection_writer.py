@@ -12,9 +12,9 @@ import pytest
 
 from meta.projection import ProjectionGap, SqlProjection
 from meta.projection.writer_process import WriterProcess
-from tests import cluster as cluster_mod
-from tests.meta_helpers import wait_until
-from tests.test_state_machine import Log
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import wait_until
+from tests.support.state_machine_builders import Log
 
 WAIT_S = 60.0
 

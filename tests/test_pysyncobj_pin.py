@@ -19,7 +19,7 @@ from pysyncobj import SyncObj
 from meta import pysyncobj_shim as shim
 from meta.raft_membership import MEMBERSHIP_COMMAND
 from meta.raft_journal import read_journal
-from tests.raft_nodes import all_applied, leader_of, start_nodes
+from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name pysyncobj's private attributes

@@ -16,7 +16,7 @@ from meta.raft_entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_
 from meta.raft_journal import read_journal
 from meta.raft_node import RaftNode
 from meta.raft_proposals import Proposals, batch_callback
-from tests.raft_nodes import all_applied, leader_of, start_nodes
+from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
 STAMP = {"ts": 1_700_000_000_000, "budget": 1000, "history": 100_000}
 WAIT_S = 20.0

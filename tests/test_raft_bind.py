@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import socket
 
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
 
 
 def _connects(host: str, port: int) -> bool:

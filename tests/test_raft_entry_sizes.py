@@ -4,7 +4,7 @@ pysyncobj sends an entry of at least ``appendEntriesBatchSizeBytes`` (64 KiB by 
 sizes just under a multiple of 64 KiB, marked two pieces 'finish': the entry was never appended, the leader resent
 the same pieces forever and every later write answered UNKNOWN_OUTCOME. The sweep goes one byte at a time through
 +-64 bytes around every 64 KiB multiple up to 1 MiB, then a few sizes up to the 8 MiB command limit, through three
-real MetaSyncObj processes (tests/raft_proc.py: real pysyncobj, Stator's journal and transport, TCP on loopback),
+real MetaSyncObj processes (tests/support/raft_proc.py: real pysyncobj, Stator's journal and transport, TCP on loopback),
 half of it proposed through a follower (forwarded to the leader and stamped there). Every proposal must be answered
 within 5 s, a small write after the sweep must commit within 1 s, and the replicas must end on the same image.
 """
@@ -53,7 +53,7 @@ def nodes(tmp_path):
         log = open(tmp_path / f"n{i}.log", "wb")
         peers = ",".join(r for r in rafts if r != raft)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.raft_proc", raft, peers, str(tmp_path / f"n{i}"), SECRET, str(https[i]),
+            [sys.executable, "-m", "tests.support.raft_proc", raft, peers, str(tmp_path / f"n{i}"), SECRET, str(https[i]),
              json.dumps(TUNING)], stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd()))
         log.close()
     try:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from tests import cluster as cluster_mod
-from tests.meta_helpers import history, ok, wait_until, write_configs_until
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import history, ok, wait_until, write_configs_until
 
 KILLS = 30
 WRITERS = 8

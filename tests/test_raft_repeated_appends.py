@@ -24,10 +24,10 @@ import pytest
 from meta import pysyncobj_shim as shim
 from meta.raft_group_commit import ACK_MESSAGE
 from meta.raft_node import MetaSyncObj
-from tests import cluster as cluster_mod
-from tests.meta_helpers import ok, write_configs_until
-from tests.raft_nodes import leader_of, start_nodes
-from tests.test_metrics_scrape import scrape
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import ok, write_configs_until
+from tests.support.raft_nodes import leader_of, start_nodes
+from tests.support.metrics import scrape
 
 SECRET = "repeated-appends-test-secret"
 WAIT_S = 20.0

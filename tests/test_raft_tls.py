@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from meta.raft_transport import RaftLink
-from tests import tls_certs
-from tests.test_raft_transport import SECRET, Cluster, Counter, agree, apply_all, running_cluster, wait_until
+from tests.support import tls_certs
+from tests.support.raft_counter_cluster import SECRET, Cluster, Counter, agree, apply_all, running_cluster, wait_until
 
 CLOSE_WAIT_S = 5.0
 

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 
 from meta.raft_node import SNAPSHOT_FILE
 from ops import devcluster
-from tests import cluster as cluster_mod
-from tests.meta_helpers import config_writes
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import config_writes
 
 
 async def test_rebuild_projection_from_the_log_equals_the_live_projection(tmp_path):

@@ -21,8 +21,8 @@ from meta.raft_entry import decode_entry
 from meta.raft_node import SNAPSHOT_FILE
 from meta.state_machine import StateMachine
 from ops import devcluster
-from tests import cluster as cluster_mod
-from tests.meta_helpers import config_writes, wait_until
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import config_writes, wait_until
 
 NO_COMPACTION = {"compaction_min_entries": 10_000_000, "compaction_min_time_s": 86_400}
 WRITES = 30

@@ -8,9 +8,9 @@ import aiohttp
 
 from meta.route_cache import RouteCache
 from wire.sse import SseParser
-from tests import cluster as cluster_mod
-from tests.meta_helpers import snapshot_or_none, wait_until
-from tests.test_metrics_scrape import scrape, value
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import snapshot_or_none, wait_until
+from tests.support.metrics import scrape, value
 
 WARM_WAIT_S = 30.0
 

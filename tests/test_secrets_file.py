@@ -10,7 +10,7 @@ import pytest
 from broker import config as broker_config
 from meta import config as meta_config
 from runtime.config_file import ConfigError
-from tests.test_config import META_TOKENS, TOKENS, broker_raw, meta_raw
+from tests.support.config_files import META_TOKENS, TOKENS, broker_raw, meta_raw
 
 
 def _files(tmp_path, config: dict, secrets: dict, mode: int = 0o600) -> str:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from client import AdminClient
 from ops import devcluster
 from ops.cli import main
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
 
 NO_ENV = {"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}
 WINDOW = 10   # meta/limits.py HISTORY_WINDOW_MIN: most of the history is outside the image

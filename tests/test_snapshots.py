@@ -29,8 +29,8 @@ from meta import snapshot_file
 from meta.image import Image
 from meta.raft_node import EXIT_REPLICA_UNTRUSTED, SNAPSHOT_FILE, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
-from tests import cluster as cluster_mod
-from tests.meta_helpers import (cluster_status, name_of, node_urls, snapshot_or_none, wait_until,
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import (cluster_status, name_of, node_urls, snapshot_or_none, wait_until,
                                 write_through)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

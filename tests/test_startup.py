@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ops import devcluster
-from tests.test_config import broker_raw, meta_raw, write
+from tests.support.config_files import broker_raw, meta_raw, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXIT_WITHIN_S = 10.0       # a node whose port is taken must be gone by then

@@ -22,8 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from meta.image import Image
 from meta.state_machine import StateMachine
-from tests.test_allocation import minimal_moves
-from tests.test_state_machine import CATCH_ALL, STATUS, chains_of, check_image_invariants, slot_owners, stable, table_of
+from tests.support.allocation_checks import minimal_moves
+from tests.support.state_machine_builders import (CATCH_ALL, STATUS, chains_of, check_image_invariants, slot_owners,
+                                                  stable, table_of)
 
 BUDGET = 1000
 BROKERS = ["b0", "b1", "b2", "b3"]

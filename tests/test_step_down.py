@@ -18,9 +18,9 @@ import pytest
 
 from meta import config as meta_config
 from meta.raft_node import RaftTuning
-from tests import cluster as cluster_mod
-from tests.meta_helpers import NET_ERRORS, call_any, node_urls, ok
-from tests.test_config import meta_raw
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import NET_ERRORS, call_any, node_urls, ok
+from tests.support.config_files import meta_raw
 
 FALLBACK_S = RaftTuning().leader_fallback_timeout_s
 STEP_DOWN_BOUND_S = 5 * FALLBACK_S      # generous for a loaded 2-core machine; pysyncobj's default is 30 s

@@ -25,15 +25,12 @@ from broker.storage import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArg
 from broker.storage import HandlePool, files, limits
 from broker.storage.index import ENTRY_BYTES
 from broker.storage.record import HEADER_BYTES
+from tests.support.storage_payloads import payload
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Small files and a dense index, so that a few records exercise rolls and index lookups.
 SMALL = QueueConfig(segment_bytes_max=1024, index_interval_bytes=64, index_interval_records=3)
-
-
-def payload(offset: int) -> bytes:
-    return f"record-{offset}|".encode() * (1 + offset % 5)
 
 
 def fill(queue: PhysicalQueue, count: int, ts_ms: int = 1_000, batch: int = 3) -> list[int]:
@@ -717,7 +714,7 @@ CHILD = """
 import sys
 sys.path.insert(0, sys.argv[2])
 from broker.storage import PhysicalQueue, QueueConfig
-from tests.test_storage import payload
+from tests.support.storage_payloads import payload
 queue = PhysicalQueue.create(sys.argv[1], 7, QueueConfig(segment_bytes_max=8192, index_interval_bytes=256))
 i = 0
 while True:

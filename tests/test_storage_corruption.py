@@ -46,7 +46,7 @@ from meta import pysyncobj_shim as shim
 from meta import snapshot_file
 from meta.raft_journal import STATE_FILE, JournalDamaged, StatorJournal, journal_files, read_journal, segment_name
 from meta.image import Image
-from tests import cluster as cluster_mod
+from tests.support import cluster as cluster_mod
 
 EXAMPLES = 120
 SEGMENT_EXAMPLES = 80

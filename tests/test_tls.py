@@ -7,13 +7,9 @@ no certificate. ``metrics_listen`` serves the scrape and health paths, and only 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import ssl
-import subprocess
-import sys
 import time
 
 import aiohttp
@@ -25,87 +21,9 @@ from wire.tls import TlsFiles, client_context, client_session
 from runtime.credentials import token_hash
 from ops import devcluster
 from ops.cli import main
-from tests import tls_certs
-
-TOKENS = {"admin": "a" * 24, "broker": "b" * 24, "client": "c" * 24}   # "broker": b1's own
-META_TOKENS = {"admin": TOKENS["admin"], "client": TOKENS["client"]}   # meta knows b1's by its hash only
-READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
-
-
-def _start(directory: str, name: str, role: str, cfg: dict) -> subprocess.Popen:
-    os.makedirs(os.path.join(directory, name), exist_ok=True)
-    path = os.path.join(directory, name, "config.json")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    log = open(os.path.join(directory, f"{name}.log"), "wb")
-    try:
-        return subprocess.Popen([sys.executable, "-m", "ops.cli", role, "serve", "--config", path],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=os.path.join(directory, name))
-    finally:
-        log.close()
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to every process, then wait for each (kill -9 past STOP_TIMEOUT_S)."""
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-async def _ready(url: str, ctx: ssl.SSLContext, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
-        while True:
-            assert proc.poll() is None, f"{url} exited with {proc.returncode}"
-            try:
-                async with s.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                    if r.status == 200:
-                        return
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                pass
-            assert time.monotonic() < deadline, f"{url} not ready"
-            await asyncio.sleep(0.2)
-
-
-@pytest.fixture
-async def tls_cluster(tmp_path):
-    certs = tls_certs.make(str(tmp_path))
-    base = devcluster.free_base_port()
-    meta_url, broker_url = f"https://127.0.0.1:{base}", f"https://127.0.0.1:{base + 50}"
-    tls = {"cert": certs.node.cert, "key": certs.node.key, "ca": certs.ca}
-    # The scrape listeners: meta's in the API's scheme (server-only TLS), the broker's plain HTTP by choice.
-    metrics = {"meta": f"127.0.0.1:{base + 2}", "broker": f"http://127.0.0.1:{base + 51}"}
-    async with _cluster(tmp_path, base, tls, metrics, client_context(
-            TlsFiles(certs.client.cert, certs.client.key, certs.ca))):
-        yield certs, meta_url, broker_url
-
-
-@contextlib.asynccontextmanager
-async def _cluster(tmp_path, base: int, tls: dict, metrics: dict[str, str], ctx: ssl.SSLContext):
-    """m1 on base (raft base + 1) and b1 on base + 50, both with ``tls``, ready (b1 registered with m1)."""
-    meta_url, broker_url = f"https://127.0.0.1:{base}", f"https://127.0.0.1:{base + 50}"
-    procs = [_start(str(tmp_path), "m1", "meta", {
-        "node": "m1", "data_dir": "data", "http": f"127.0.0.1:{base}", "secret": "s" * 24,
-        "tokens": META_TOKENS,
-        "broker_tokens": {"b1": token_hash(TOKENS["broker"])},   # b1's own token, by its hash
-        "members": [{"node": "m1", "raft": f"127.0.0.1:{base + 1}", "url": meta_url}], "tls": tls,
-        **({"metrics_listen": metrics["meta"]} if "meta" in metrics else {})})]
-    try:
-        await _ready(meta_url, ctx, procs[0])
-        procs.append(_start(str(tmp_path), "b1", "broker", {
-            "broker": "b1", "data_dir": "data", "http": f"127.0.0.1:{base + 50}", "meta": [meta_url],
-            "tokens": {"broker": TOKENS["broker"], "client": TOKENS["client"]}, "tls": tls,
-            **({"metrics_listen": metrics["broker"]} if "broker" in metrics else {})}))
-        await _ready(broker_url, ctx, procs[1])   # ready: registered with meta, over TLS
-        yield
-    finally:
-        _stop(procs)
+from tests.support import tls_certs
+from tests.support.tls_cluster import META_TOKENS, TOKENS, running_pair, start_process, stop_processes, wait_ready
+from tests.support.tls_cluster import tls_cluster  # noqa: F401  (the fixture: one meta node and one broker, mutual TLS)
 
 
 async def _refused(url: str, ctx: ssl.SSLContext | bool) -> str:
@@ -186,14 +104,14 @@ async def test_three_meta_nodes_link_over_mutual_tls_and_commit_through_a_follow
     tls = {"cert": certs.node.cert, "key": certs.node.key, "ca": certs.ca}
     members = [{"node": f"m{i + 1}", "raft": f"127.0.0.1:{base + 2 * i + 1}",
                 "url": f"https://127.0.0.1:{base + 2 * i}"} for i in range(3)]
-    procs = [_start(str(tmp_path), m["node"], "meta", {
+    procs = [start_process(str(tmp_path), m["node"], "meta", {
         "node": m["node"], "data_dir": "data", "http": m["url"].removeprefix("https://"), "secret": "s" * 24,
         "tokens": META_TOKENS, "broker_tokens": {"b0": token_hash(TOKENS["broker"])}, "members": members,
         "tls": tls}) for m in members]
     try:
         ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
         for m, p in zip(members, procs):
-            await _ready(m["url"], ctx, p)   # ready: a leader known and caught up, so the raft links are up
+            await wait_ready(m["url"], ctx, p)   # ready: a leader known and caught up, so the raft links are up
         async with AdminClient([m["url"] for m in members], TOKENS["admin"], ssl_context=ctx) as admin:
             leader = (await admin.cluster())["leader"]
         follower = next(m for m in members if m["node"] != leader)
@@ -208,7 +126,7 @@ async def test_three_meta_nodes_link_over_mutual_tls_and_commit_through_a_follow
         async with AdminClient([m["url"] for m in members], TOKENS["admin"], ssl_context=ctx) as admin:
             assert any(b["broker"] == "b0" for b in await admin.brokers()), version
     finally:
-        _stop(procs)
+        stop_processes(procs)
     for m in members:
         with open(os.path.join(tmp_path, f"{m['node']}.log")) as f:
             lines = [json.loads(line) for line in f if line.startswith("{")]
@@ -228,7 +146,7 @@ async def test_server_only_tls_with_a_private_ca_needs_no_client_certificate(tmp
     meta_url, broker_url = f"https://127.0.0.1:{base}", f"https://127.0.0.1:{base + 50}"
     tls = {"cert": certs.node.cert, "key": certs.node.key, "ca": certs.ca, "client_auth": False}
     ca_only = client_context(TlsFiles(None, None, certs.ca))
-    async with _cluster(tmp_path, base, tls, {}, ca_only):
+    async with running_pair(tmp_path, base, tls, {}, ca_only):
         async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ca_only) as admin:
             first = next(b for b in await admin.brokers() if b["broker"] == "b1")
             assert (first["address"], first["state"]) == (broker_url, "active")

@@ -1,6 +1,6 @@
 """An exclusive consumer in its own process, for tests that pause (SIGSTOP) or kill it.
 
-    python -m tests.ordered_consumer_proc CLUSTER_JSON TOPIC GROUP MEMBER OUT_FILE
+    python -m tests.support.ordered_consumer_proc CLUSTER_JSON TOPIC GROUP MEMBER OUT_FILE
 
 Each handled message is appended to OUT_FILE as one JSON line ``{"member","queue","offset","key","body","t"}`` and
 flushed before the handler returns, so a test reads exactly what was handled even after a kill -9. SIGTERM closes the

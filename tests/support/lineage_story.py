@@ -13,8 +13,8 @@ from typing import Any
 
 from client import AdminClient, Producer, Sealing
 from meta.export import exporter
-from tests import cluster as cluster_mod
-from tests.meta_helpers import ok
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import ok
 
 TOPIC, AGAIN, GROUP = "orders", "again", "billing"
 LEASE_MS = 2000

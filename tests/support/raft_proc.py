@@ -1,6 +1,6 @@
 """One real MetaSyncObj node in its own process, driven over a small HTTP face: for tests of the log itself.
 
-    python -m tests.raft_proc ADDRESS PEERS DATA_DIR SECRET HTTP_PORT TUNING_JSON
+    python -m tests.support.raft_proc ADDRESS PEERS DATA_DIR SECRET HTTP_PORT TUNING_JSON
 
 The meta service's API cannot carry commands near the log's 8 MiB limit (request bodies stop at 1 MiB), so this
 face builds them in the node: ``POST /propose?entry_bytes=N`` proposes a Barrier padded so that its log entry (the

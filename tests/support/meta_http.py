@@ -7,14 +7,16 @@ background so its 3 s session stays alive, and seal reports on demand.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 from typing import Any
 
 import aiohttp
 
+from wire.sse import SseEvent, SseParser
 from meta import snapshot_file
-from tests.cluster import Cluster
+from tests.support.cluster import Cluster
 
 NET_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
 SIM_ADDRESS = "http://127.0.0.1:1"
@@ -204,51 +206,40 @@ class BrokerSim:
         return s, b
 
 
-def parse_sse_block(lines: list[str]) -> dict[str, str]:
-    ev: dict[str, str] = {}
-    for line in lines:
-        if line.startswith(":") or ":" not in line:
-            continue
-        k, _, v = line.partition(":")
-        v = v[1:] if v.startswith(" ") else v
-        ev[k] = ev[k] + "\n" + v if k in ev and k == "data" else v
-    return ev
-
-
 class SseReader:
-    """Reads ``event``/``id``/``data`` blocks from an open SSE response."""
+    """Reads the events of an open SSE response, parsed by the production parser (wire/sse.py): each a dict of
+    ``event``, ``data``, ``id`` (when the stream has one) and ``json`` (when the data is JSON)."""
 
     def __init__(self, resp: aiohttp.ClientResponse):
         self.resp = resp
+        self._parser = SseParser()
+        self._ready: collections.deque[SseEvent] = collections.deque()
 
     async def next_event(self, timeout_s: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout_s
-        block: list[str] = []
-        while True:
+        while not self._ready:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             try:
-                raw = await asyncio.wait_for(self.resp.content.readline(), left)
+                chunk = await asyncio.wait_for(self.resp.content.readany(), left)
             except asyncio.TimeoutError:
                 return None
-            if not raw:
+            if not chunk:
                 raise AssertionError("SSE stream closed by the server")
-            line = raw.decode().rstrip("\r\n")
-            if line == "":
-                if not block:
-                    continue
-                ev = parse_sse_block(block)
-                block = []
-                if "event" not in ev and "data" not in ev:
-                    continue  # comment-only block (keepalive)
-                if "data" in ev:
-                    try:
-                        ev["json"] = json.loads(ev["data"])
-                    except ValueError:
-                        pass
-                return ev
-            block.append(line)
+            self._ready.extend(self._parser.feed(chunk))   # keepalive comments complete no event
+        return as_dict(self._ready.popleft())
+
+
+def as_dict(event: SseEvent) -> dict[str, Any]:
+    ev: dict[str, Any] = {"event": event.event, "data": event.data}
+    if event.id is not None:
+        ev["id"] = event.id
+    try:
+        ev["json"] = json.loads(event.data)
+    except ValueError:
+        pass
+    return ev
 
 
 async def write_through(c: Cluster, urls: list[str], method: str, path: str, body: dict, role: str = "admin") -> dict:
