@@ -171,12 +171,10 @@ class Nemesis:
         name = f.target.split("|")[0]
         if f.kind == "install":
             self._cut[f] = await asyncio.to_thread(self._follower, name)
-            for link in self._links(f"{self._cut[f]}|rest"):
-                self.t.links[link].set_cut(True)
+            self._set_cut(f"{self._cut[f]}|rest", True)
         elif f.kind == "leader_cut":
             self._cut[f] = await asyncio.to_thread(self._leader)
-            for link in self._links(f"{self._cut[f]}|rest"):
-                self.t.links[link].set_cut(True)
+            self._set_cut(f"{self._cut[f]}|rest", True)
         elif f.kind == "power":
             await self._power_loss(f)
         elif f.kind == "kill":
@@ -196,8 +194,7 @@ class Nemesis:
             self._signal(name, signal.SIGSTOP)
             self._paused.add(name)
         elif f.kind == "partition":
-            for link in self._links(f.target):
-                self.t.links[link].set_cut(True)
+            self._set_cut(f.target, True)
 
     async def _heal(self, f: Fault) -> None:
         name = f.target.split("|")[0]
@@ -210,13 +207,11 @@ class Nemesis:
                 self._signal(name, signal.SIGCONT)
                 self._paused.discard(name)
             elif f.kind == "partition":
-                for link in self._links(f.target):
-                    self.t.links[link].set_cut(False)
+                self._set_cut(f.target, False)
             elif f.kind == "install" and f in self._cut:
                 await self._end_install(f, self._cut[f])
             elif f.kind == "leader_cut" and f in self._cut:
-                for link in self._links(f"{self._cut[f]}|rest"):
-                    self.t.links[link].set_cut(False)
+                self._set_cut(f"{self._cut[f]}|rest", False)
             elif f.kind == "power":
                 for member in self._power_targets(f):   # meta nodes first: brokers register with them
                     await self._start(member)
@@ -224,8 +219,7 @@ class Nemesis:
             self.errors.append(f"healing {f.describe()}: {type(e).__name__}: {e}")
 
     async def _end_install(self, f: Fault, name: str) -> None:
-        for link in self._links(f"{name}|rest"):
-            self.t.links[link].set_cut(False)
+        self._set_cut(f"{name}|rest", False)
         if f.kill_after_s is None:
             return
         await asyncio.sleep(f.kill_after_s)
@@ -333,6 +327,11 @@ class Nemesis:
                 return
             time.sleep(MEMBERSHIP_RETRY_S)
         raise RuntimeError(f"not every meta node votes after {VOTERS_DEADLINE_S:g} s: no disk taken away now")
+
+    def _set_cut(self, target: str, cut: bool) -> None:
+        """Cut (or reconnect) every link of ``target`` ("NAME|meta" or "NAME|rest")."""
+        for link in self._links(target):
+            self.t.links[link].set_cut(cut)
 
     def _links(self, target: str) -> list[str]:
         name, side = target.split("|")
