@@ -5,9 +5,15 @@ The model knows brokers (epoch, state) and, per topic, each logic queue's chain 
 (gen, broker, logic_start, logic_end, physical_end, budget, state), updated from what each command must do
 (DESIGN.md, the flow of one remap) rather than from the image. Placement is the one decision the model leaves to the
 machine: it reads which broker got a queue and checks only that the choice was allowed.
+Consumer groups ride along: members join, leave and have their leases expire; locks are released by their owner or
+expire while revoked, sometimes named with a stale token. Who gets which queue is again the machine's decision; the
+model keeps each group's members and follows the lock events.
 After every step: versions only grow; segments chain without gap or overlap; at most one writable head per queue;
 the slot table partitions [0, slots); load counters equal a recount; the image equals the model; a replica fed the
-same envelopes (sometimes restored from a snapshot of the canonical bytes on the way) is byte-identical.
+same envelopes (sometimes restored from a snapshot of the canonical bytes on the way) is byte-identical; a queue of a
+group has at most one owner, granted only after the last one's lock was released, and every grant's fencing token is
+larger than every earlier one; a released or expired lock is no longer held; the image rebuilt from its event log
+alone equals the image.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from meta.image import Image
+from meta import groups as group_rules
+from meta.events import GROUP_EVENTS
+from meta.image import Image, group_key
 from meta.state_machine import StateMachine
 from tests.support.allocation_checks import minimal_moves
+from tests.support.group_checks import check_group_invariants, folded, lock_holders, replayed
 from tests.support.state_machine_builders import (CATCH_ALL, STATUS, chains_of, check_image_invariants, slot_owners,
                                                   stable, table_of)
 
@@ -31,6 +40,10 @@ BROKERS = ["b0", "b1", "b2", "b3"]
 TOPICS = ["t0", "t1", "t2"]
 SLOTS = [None, 3, 5, 6, 7, 12]  # None: the default (1024); small odd counts make uneven splits
 GROW_BY_MAX = 3
+GROUPS = ["g0", "g1"]
+MEMBERS = ["m0", "m1", "m2"]
+STALE = 1000   # added to a token: a lock named as the caller saw it long ago
+CODES = {**STATUS, "GROUP_NOT_FOUND": 404, "GROUP_MODE_MISMATCH": 409}
 
 brokers_st = st.lists(st.sampled_from(BROKERS), min_size=1, max_size=3, unique=True)
 
@@ -49,6 +62,11 @@ class StateMachineVsModel(RuleBasedStateMachine):
         # the model
         self.brokers: dict[str, dict[str, Any]] = {}  # name -> {"epoch", "state"}
         self.topics: dict[str, dict[str, Any]] = {}  # name -> {"queues", "slots", "config", "segs": [[seg]]}
+        self.groups: dict[str, dict[str, list[str]]] = {}  # name -> {member: its topics}
+        # the lock events seen so far, followed: (group, topic, queue) -> the current token; the last grant's token
+        self.events_seen = 0
+        self.held: dict[tuple[str, str, int], int] = {}
+        self.top_token = 0
 
     # -- plumbing ------------------------------------------------------------------------------------------------
     def submit(self, cmd: dict[str, Any], rid: bool = True, expect: set[str] | None = None,
@@ -74,18 +92,21 @@ class StateMachineVsModel(RuleBasedStateMachine):
         if outcome["ok"]:
             assert outcome["result"]["version"] == outcome["version"]
             stored = [json.loads(s) for s in self.sm.image.history_lines()[n_hist:]]
-            touched = {e["topic"] for e in stored if e["topic"] is not None}
+            # a lock event names its topic but changes its group, never the topic's route
+            touched = {e["topic"] for e in stored if e["topic"] is not None and e["type"] not in GROUP_EVENTS}
+            touched |= {group_key(e["data"]["group"]) for e in stored if e["type"] in GROUP_EVENTS}
             assert touched <= changed
             for name, t in self.sm.image.topics.items():  # a topic's version is that of the last event touching it
                 if name in changed:
                     assert t["version"] > version
-                    assert t["version"] >= max([e["version"] for e in stored if e["topic"] == name], default=0)
+                    assert t["version"] >= max([e["version"] for e in stored if e["topic"] == name
+                                                and e["type"] not in GROUP_EVENTS], default=0)
                 else:
                     assert t["version"] == topic_versions[name]
         else:
             err = outcome["error"]
             assert not err["message"].startswith(CATCH_ALL), err["message"]
-            assert err["status"] == STATUS[err["code"]], err
+            assert err["status"] == CODES[err["code"]], err
             assert n_events == 0 and changed == set()
             assert stable(self.sm) == before, "a rejection changed the image"
         allowed = (expect or set()) | (may_reject or set())
@@ -434,6 +455,113 @@ class StateMachineVsModel(RuleBasedStateMachine):
         else:
             assert outcome == first
 
+    # -- groups --------------------------------------------------------------------------------------------------
+    def group_locks(self, group: str) -> dict[tuple[str, int], dict[str, Any]]:
+        return {(t, q): lk for (g, t, q), lk in lock_holders(self.sm.image).items() if g == group}
+
+    def pick_group(self, data) -> str:
+        """Mostly a group that exists, sometimes any name (which may not exist)."""
+        if self.groups and data.draw(st.integers(0, 5), label="existing group?"):
+            return data.draw(st.sampled_from(sorted(self.groups)), label="group")
+        return data.draw(st.sampled_from(GROUPS), label="group")
+
+    def pick_refs(self, data, group: str) -> list[dict[str, Any]]:
+        """Some of the group's locks as a member names them, now and then with a token that is no longer current."""
+        locks = sorted(self.group_locks(group).items())
+        chosen = data.draw(st.lists(st.sampled_from(locks), max_size=4, unique_by=lambda x: x[0]) if locks
+                           else st.just([]), label="locks")
+        return [{"topic": t, "queue": q, "token": lk["token"] + (STALE if data.draw(st.integers(0, 4)) == 0 else 0)}
+                for (t, q), lk in chosen]
+
+    def released_now(self, group: str, before: dict[tuple[str, int], dict[str, Any]], freed: list[tuple[str, int]],
+                     reason: str, v: int) -> None:
+        """What a release, leave or expiry must leave behind: the freed locks no longer held with their token, every
+        other lock as it was unless the queue was free, the release events stamped with the leader's time."""
+        after = self.group_locks(group)
+        for key in freed:
+            assert after.get(key, {}).get("token") != before[key]["token"], f"{key} still held after its release"
+        for key, lk in before.items():
+            if key not in freed:
+                assert after.get(key, {}).get("token") == lk["token"], f"{key} changed hands without a release"
+        events = [json.loads(line) for line in self.sm.image.history_after(v, 10**9)]
+        releases = [e for e in events if e["type"] == "LockReleased"]
+        assert sorted((e["data"]["topic"], e["data"]["queue"]) for e in releases) == sorted(freed)
+        for e in releases:
+            assert e["data"]["reason"] == reason and e["ts"] == self.sm.image.data["last_ts"], e
+
+    @rule(data=st.data(), member=st.sampled_from(MEMBERS))
+    def join_group(self, data, member):
+        group = self.pick_group(data)
+        pool = sorted(self.topics) if self.topics and data.draw(st.integers(0, 3), label="existing topics?") else TOPICS
+        topics = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2, unique=True), label="topics")
+        out = self.submit({"type": "JoinGroup", "group": group, "member": member, "topics": topics,
+                           "mode": "exclusive"})
+        members = self.groups.setdefault(group, {})
+        assert out["result"]["joined"] is (members.get(member) != topics)
+        members[member] = topics
+
+    @rule(group=st.sampled_from(GROUPS), member=st.sampled_from(MEMBERS))
+    def join_shared(self, group, member):
+        """A member asking for another mode than the group's is refused while the group is exclusive."""
+        if group in self.groups and self.groups[group]:
+            self.submit({"type": "JoinGroup", "group": group, "member": member, "topics": ["t0"], "mode": "shared"},
+                        expect={"GROUP_MODE_MISMATCH"})
+
+    def leave_or_expire(self, group: str, gone: list[str], cmd: dict[str, Any], reason: str) -> None:
+        if group not in self.groups:
+            self.submit(cmd, expect={"GROUP_NOT_FOUND"})
+            return
+        before, v = self.group_locks(group), self.sm.image.version
+        out = self.submit(cmd)
+        removed = [m for m in gone if m in self.groups[group]]
+        assert out["result"]["removed"] == removed
+        for m in removed:
+            del self.groups[group][m]
+        self.released_now(group, before, [key for key, lk in before.items() if lk["member"] in removed], reason, v)
+
+    @rule(data=st.data(), member=st.sampled_from(MEMBERS))
+    def leave_group(self, data, member):
+        group = self.pick_group(data)
+        self.leave_or_expire(group, [member], {"type": "LeaveGroup", "group": group, "member": member}, "left")
+
+    @rule(data=st.data(), members=st.lists(st.sampled_from(MEMBERS + ["ghost"]), min_size=1, max_size=3, unique=True))
+    def expire_members(self, data, members):
+        """The leader saw these leases end (at the time it stamps on the command)."""
+        group = self.pick_group(data)
+        self.leave_or_expire(group, members, {"type": "ExpireMembers", "group": group, "members": members},
+                             "lease_expired")
+
+    def release_or_expire(self, group: str, cmd: dict[str, Any], which, reason: str) -> None:
+        if group not in self.groups:
+            self.submit(cmd, expect={"GROUP_NOT_FOUND"})
+            return
+        before, v = self.group_locks(group), self.sm.image.version
+        freed = [(r["topic"], r["queue"]) for r in cmd["locks"]
+                 if (r["topic"], r["queue"]) in before and before[(r["topic"], r["queue"])]["token"] == r["token"]
+                 and which(before[(r["topic"], r["queue"])])]
+        out = self.submit(cmd)
+        assert out["result"]["released"] == len(freed), (cmd, before)
+        self.released_now(group, before, freed, reason, v)
+
+    @rule(data=st.data())
+    def release_locks(self, data):
+        """The member gives up locks (its own are released; another's, or a stale token, change nothing)."""
+        group = self.pick_group(data)
+        refs = self.pick_refs(data, group)
+        owners = sorted({lk["member"] for lk in self.group_locks(group).values()})
+        member = data.draw(st.sampled_from(owners if owners and data.draw(st.integers(0, 3)) else MEMBERS),
+                           label="member")
+        self.release_or_expire(group, {"type": "ReleaseLocks", "group": group, "member": member, "locks": refs},
+                               lambda lk: lk["member"] == member, "released")
+
+    @rule(data=st.data())
+    def expire_locks(self, data):
+        """The leader saw revoked locks' leases end: only locks being revoked expire so."""
+        group = self.pick_group(data)
+        refs = self.pick_refs(data, group)
+        self.release_or_expire(group, {"type": "ExpireLocks", "group": group, "locks": refs},
+                               lambda lk: not group_rules.owned(lk), "lease_expired")
+
     # -- invariants ----------------------------------------------------------------------------------------------
     @invariant()
     def versions_and_time_only_grow(self):
@@ -473,6 +601,39 @@ class StateMachineVsModel(RuleBasedStateMachine):
                     assert nxt["start"] is None or nxt["start"] == prev["end"]
                 assert sum(1 for s in msegs if s["state"] != "sealed") <= 2
                 assert sum(1 for s in msegs if s["state"] == "active" and s["start"] is not None) <= 1
+
+    @invariant()
+    def one_owner_per_queue_and_tokens_only_grow(self):
+        """Follows the lock events: a queue is granted only once its last lock was released, each grant's token is
+        larger than every earlier one, a release ends exactly the current token; the image holds what they say."""
+        image = self.sm.image
+        for line in image.history_after(self.events_seen, 10**9):
+            ev = json.loads(line)
+            self.events_seen = ev["version"]
+            if ev["type"] not in ("LockGranted", "LockReleased"):
+                continue
+            d = ev["data"]
+            key = (d["group"], d["topic"], d["queue"])
+            if ev["type"] == "LockGranted":
+                assert key not in self.held, f"{key} granted to {d['member']} while token {self.held.get(key)} holds it"
+                assert d["token"] > self.top_token, f"token {d['token']} after {self.top_token}"
+                self.top_token = self.held[key] = d["token"]
+            else:
+                assert self.held.pop(key, None) == d["token"], f"{key} released with a token that was not current"
+        assert self.held == {key: lk["token"] for key, lk in lock_holders(image).items()}
+        assert image.data["lock_token"] == self.top_token
+        check_group_invariants(image)
+
+    @invariant()
+    def groups_equal_model(self):
+        image = self.sm.image
+        assert set(image.groups) == set(self.groups)
+        for name, members in self.groups.items():
+            assert {m: v["topics"] for m, v in image.groups[name]["members"].items()} == members
+
+    @invariant()
+    def the_event_log_replays_to_the_image(self):
+        assert folded(replayed(self.sm.image)) == folded(self.sm.image)
 
 
 StateMachineVsModel.TestCase.settings = settings(max_examples=75, stateful_step_count=40, deadline=None,

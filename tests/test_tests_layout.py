@@ -67,7 +67,8 @@ def test_the_walk_sees_every_kind_of_import(tmp_path):
         "from . import test_config": ["tests.test_config"],
         "import tests.test_config": ["tests.test_config"],
         "def f():\n    from tests.test_config import meta_raw\n": ["tests.test_config", "tests.test_config.meta_raw"],
-        'CHILD = """\nfrom tests.test_storage import payload\n"""': ["tests.test_storage", "tests.test_storage.payload"],
+        'CHILD = """\nfrom tests.test_storage import payload\n"""':
+            ["tests.test_storage", "tests.test_storage.payload"],
         "from tests.support.config_files import meta_raw": [],
     }
     for source, expected in cases.items():
