@@ -4,6 +4,7 @@ A command is a dict ``{"type": <name>, ...fields}`` carried in an envelope
 ``{"rid": request id, "ts": leader time ms, "actor": role:name, "cmd": command}``.
 ``validate`` checks only what needs no state (types, ranges, names); the state machine calls it again inside apply
 so a command that bypassed the HTTP layer is still rejected cleanly, then checks everything that needs the image.
+Each type's decision is in meta/deciders/, one file per domain (``state_machine.DECIDERS`` names which).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Consumer groups as the state machine decides them: who owns which queue, with which fencing token.
 
-Pure functions of the image (no clock, no I/O): the state machine calls them inside apply.
+Pure functions of the image (no clock, no I/O): the group commands' deciders (meta/deciders/groups.py) call them
+inside apply.
 
 An exclusive group's lock on a (topic, queue) is ``{"member", "token", "target", "granted_ms"}`` in
 ``group["locks"][topic][str(queue)]``; a queue without an entry has no owner. ``target`` is where the balanced, sticky
