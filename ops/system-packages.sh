@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The system packages the tests need beside Python: PostgreSQL server binaries (the projection's PostgreSQL tests,
-# tests/pg.py), a Java runtime, 17 or newer, for Spark (the lineage tests), Chromium for the web console's browser
+# tests/support/pg.py), a Java runtime, 17 or newer, for Spark (the lineage tests), Chromium for the web console's browser
 # tests (Playwright drives the system binary: its own browser download is not reachable everywhere) and promtool
 # and prometheus (Debian's prometheus package) to check the alert rules in ops/deploy/ and scrape the netns
 # deploy test, with iproute2 for that test's namespaces. Installs what is missing on Debian or
@@ -28,9 +28,9 @@ java_major() {
 [[ $needs != *" promtool "* ]] || { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus)
 # tests/test_netns_deploy.py makes its hosts with ip netns, veth and a bridge
 [[ $needs != *" promtool "* ]] || command -v ip >/dev/null 2>&1 || missing+=(iproute2)
-# tests/pg.py runs the server as this user when the tests run as root (initdb refuses root).
+# tests/support/pg.py runs the server as this user when the tests run as root (initdb refuses root).
 if [[ $needs == *" postgres "* ]] && [[ $(id -u) -eq 0 ]] && ! id postgres >/dev/null 2>&1 && [[ ! " ${missing[*]} " == *" postgresql "* ]]; then
-    echo "system-packages: creating the system user 'postgres' (tests/pg.py runs PostgreSQL as it under root)" >&2
+    echo "system-packages: creating the system user 'postgres' (tests/support/pg.py runs PostgreSQL as it under root)" >&2
     useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
 fi
 (( ${#missing[@]} == 0 )) && exit 0
