@@ -103,6 +103,8 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
                                 group="g")
         assert answer["assignments"], answer
         await call("GET", "/v1/groups", "client", expect=200)
+        listed = await call("GET", "/v1/groups?include=brokers", "client", expect=200)
+        assert {g["source"] for g in listed["groups"]} <= {"meta", "brokers"} and listed["groups"], listed
         detail = await call("GET", "/v1/groups/{group}", "client", expect=200, group="g")
         assert detail["assignments"]
         await call("POST", "/v1/groups/{group}/leave", "client", json_body={"member": "c1"}, expect=200, group="g")

@@ -156,6 +156,7 @@ class Cluster(TypedDict):
     leader: str | None
     term: int
     commit_index: int
+    applied_index: int            # the raft entries applied here: compare with commit_index, not applied_version
     applied_version: int
     disk: str                     # this node's data directory id (meta/disk_identity.py)
     voter: bool                   # False: a learner, catching up before it is promoted (meta/raft_membership.py)
@@ -266,6 +267,7 @@ class GroupSummary(TypedDict):
     members: int
     locks: int
     version: int
+    source: NotRequired[Literal["meta", "brokers"]]   # with ?include=brokers: who knows the group
 
 
 @with_config(OPEN)
@@ -298,6 +300,15 @@ class Assignment(TypedDict):
 
 
 @with_config(OPEN)
+class GroupOffset(TypedDict):
+    topic: str
+    queue: int
+    committed_offset: int | None
+    max_offset: int | None
+    lag: int | None
+
+
+@with_config(OPEN)
 class GroupDetail(TypedDict):
     group: str
     mode: str | None
@@ -305,6 +316,8 @@ class GroupDetail(TypedDict):
     version: int
     members: list[GroupMember]
     assignments: list[Assignment]
+    source: Literal["meta", "brokers"]   # "brokers": a pull group meta has no record of, known by its offsets
+    offsets: list[GroupOffset]           # every queue the group committed on, assigned or not
 
 
 @with_config(OPEN)

@@ -103,7 +103,9 @@ SPEC: dict[str, Any] = {
                                                "X-Image-Sha256): a backup's source (roles: admin)", "parameters": _READ,
                                     "responses": {"200": {"description": "the image (meta/image.py)",
                                                           "content": {"application/json": {"schema": {"type": "object"}}}}}}},
-        "/v1/groups": {"get": _op("List consumer groups", params=_READ, answer=M.Groups)},
+        "/v1/groups": {"get": _op("List consumer groups", params=[
+            _q("include", "string", "brokers: also the pull groups only brokers know, by their committed offsets "
+               "(each group then says its source)"), *_READ], answer=M.Groups)},
         "/v1/groups/{group}": {"get": _op("A group's members, assignments, tokens, lease ends, committed offsets and "
                                           "lag (served by the leader)", params=[_p("group")], answer=M.GroupDetail)},
         "/v1/groups/{group}/heartbeat": {"post": _op(
