@@ -48,8 +48,13 @@ async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster):
         await _refused(url, rogue)
         await _refused(url.replace("https://", "http://"), False)   # plain HTTP on a TLS port gets no answer
     async with AdminClient(meta_url, TOKENS["admin"], ssl_context=no_ca, attempts_max=1) as admin:
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable) as refused:
             await admin.cluster()
+        assert "client certificate" not in str(refused.value)   # the server's certificate is what failed here
+    async with AdminClient(meta_url, TOKENS["admin"], ssl_context=no_cert, attempts_max=1) as admin:
+        with pytest.raises(Unavailable) as refused:
+            await admin.cluster()
+        assert "requires client certificates" in str(refused.value), refused.value
 
     ctx = client_context(good)
     async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:

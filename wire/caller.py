@@ -93,6 +93,17 @@ def auth_headers(token: str | None, extra: Mapping[str, str] | None = None) -> d
     return h
 
 
+def _tls_hint(url: str, e: BaseException) -> str:
+    """What a bare disconnect on https most often means. A server whose tls has client_auth closes the connection
+    of a caller without a client certificate and sends no alert that would say why (wire/tls.py,
+    client_certificate_required, which the CLI runs to say it for sure)."""
+    if not url.startswith("https://") or isinstance(e, aiohttp.ClientSSLError) or not isinstance(
+            e, (aiohttp.ServerDisconnectedError, ConnectionResetError, aiohttp.ClientOSError)):
+        return ""   # a certificate that did not verify says so itself
+    return (" (a server that requires client certificates closes the connection this way: give the client an "
+            "ssl_context with a certificate its CA signed, wire.tls.client_context(TlsFiles(cert, key, ca)))")
+
+
 async def request_once(session: aiohttp.ClientSession, method: str, url: str, *, token: str | None,
                        json: Any = None, params: Mapping[str, Any] | None = None,
                        headers: Mapping[str, str] | None = None, timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
@@ -106,7 +117,7 @@ async def request_once(session: aiohttp.ClientSession, method: str, url: str, *,
             raw = await resp.read()
             status, resp_headers = resp.status, resp.headers
     except TRANSPORT_ERRORS as e:
-        raise Unavailable(f"{method} {url}: {type(e).__name__}: {e}", url=url, cause=e) from e
+        raise Unavailable(f"{method} {url}: {type(e).__name__}: {e}{_tls_hint(url, e)}", url=url, cause=e) from e
     body: Any = None
     is_json = True
     if raw:
