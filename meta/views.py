@@ -68,6 +68,17 @@ def topic_summary(t: dict[str, Any]) -> dict[str, Any]:
     return {"topic": t["topic"], "queues": t["queues"], "version": t["version"]}
 
 
+def heads_held(image: Image) -> dict[str, int]:
+    """How many logic queues each broker holds the head (writable or newest segment) of. One pass over every
+    queue of every topic: asked for by operators (``GET /v1/brokers?include=heads``), not on any hot path."""
+    held: dict[str, int] = {}
+    for t in image.topics.values():
+        for entry in t["chains"]:
+            b = chains.head(entry)[chains.BROKER]
+            held[b] = held.get(b, 0) + 1
+    return held
+
+
 def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, Any]:
     return {"broker": b["broker"], "address": b["address"], "zone": b["zone"], "epoch": b["epoch"],
             "state": b["state"], "last_heartbeat_ms": last_heartbeat_ms if last_heartbeat_ms else b["last_seen_ms"]}

@@ -82,6 +82,13 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
                    topic="t")
         await call("GET", "/v1/topics/{topic}/queues/{queue}/segments", "client", expect=200, topic="t", queue=0)
         await call("GET", "/v1/routes/{topic}", "client", expect=200, topic="t")
+        route = await call("GET", "/v1/routes/{topic}", "client", expect=200, topic="t")
+        heads: dict[str, int] = {}
+        for q in route["queues"]:
+            heads[q["segments"][-1]["broker"]] = heads.get(q["segments"][-1]["broker"], 0) + 1
+        listed = await call("GET", "/v1/brokers?include=heads", "client", expect=200)
+        assert {b["broker"]: b["heads"] for b in listed["brokers"]} == {n: heads.get(n, 0) for n in names}, listed
+        await call("GET", "/v1/brokers?include=nope", "client", expect=400)
         await call("GET", "/v1/cluster", "client", expect=200)
         await call("GET", "/v1/history", "client", expect=200)
         await call("GET", "/v1/admin/image-digest", expect=200)

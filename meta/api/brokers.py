@@ -8,6 +8,7 @@ from .. import views
 from ..commands import validate
 from runtime.credentials import act_for
 from runtime.server import requires
+from wire.errors import invalid
 
 from . import models
 from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
@@ -71,10 +72,19 @@ async def heartbeat(request: web.Request) -> web.Response:
 @requires("client", "broker")
 async def list_brokers(request: web.Request) -> web.Response:
     svc = service(request)
+    include = request.query.get("include")
+    if include not in (None, "heads"):
+        raise invalid("include must be heads", field="include")
     await svc.reads.before_read(request.query)
-    brokers = svc.read(lambda im: [views.broker_view(im.brokers[b], svc.brokers.last_heartbeat_ms(b))
-                                   for b in sorted(im.brokers)])
-    return respond({"brokers": brokers})
+
+    def look(im):
+        brokers = [views.broker_view(im.brokers[b], svc.brokers.last_heartbeat_ms(b)) for b in sorted(im.brokers)]
+        if include == "heads":
+            held = views.heads_held(im)
+            for b in brokers:
+                b["heads"] = held.get(b["broker"], 0)
+        return brokers
+    return respond({"brokers": svc.read(look)})
 
 
 def add_routes(app: web.Application) -> None:

@@ -178,6 +178,7 @@ class Broker(TypedDict):
     epoch: int
     state: Literal["active", "fenced"]
     last_heartbeat_ms: int | None
+    heads: NotRequired[int]    # with ?include=heads: the logic queues whose head segment it holds
 
 
 @with_config(OPEN)

@@ -62,7 +62,9 @@ SPEC: dict[str, Any] = {
                                                            answer=M.ClusterMembers)},
         "/v1/cluster/members/{node}": {"delete": _op("Remove a meta node from the members", roles="admin",
                                                      params=[_p("node")], answer=M.ClusterMembers)},
-        "/v1/brokers": {"get": _op("List brokers", params=_READ, answer=M.Brokers)},
+        "/v1/brokers": {"get": _op("List brokers", params=[
+            _q("include", "string", "heads: also how many logic queues each holds the head of (one pass over every "
+               "queue)"), *_READ], answer=M.Brokers)},
         "/v1/brokers/{broker}": {"put": _op("Register a broker (new epoch)", roles=_THIS_BROKER, params=[_p("broker")],
                                             body=M.RegisterBroker)},
         "/v1/brokers/{broker}/heartbeat": {"post": _op("Broker heartbeat", roles=_THIS_BROKER, params=[_p("broker")],

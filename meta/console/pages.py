@@ -47,7 +47,6 @@ CALL_TIMEOUT_S = 10.0           # one API call of a page (a history page of 10,0
 MEMBER_TIMEOUT_S = 2.0          # the cluster page asks each member how it sees itself: a dead one costs this
 TIMELINE_EVENTS_MAX = 20_000    # events one timeline draws (two history pages)
 HISTORY_SHOWN_MAX = 500         # events one history page shows
-TOPICS_SCANNED_MAX = 200        # topics the brokers page reads to count the queues each broker holds
 EVENTS_KEEPALIVE_S = 15.0
 FLASH_CHARS_MAX = 200         # the outcome line a form's redirect carries back to its page
 NAME_CHARS_MAX = 255          # a topic or group name in a console path (the API has its own, tighter bounds)
@@ -253,18 +252,9 @@ async def _member(api: NodeApi, member: dict[str, Any]) -> dict[str, Any]:
 @console_page()
 async def brokers_page(request: web.Request) -> web.Response:
     api = NodeApi(request, request[SESSION])
-    brokers = (await api.get("/v1/brokers"))["brokers"]
-    topics = (await api.get("/v1/topics"))["topics"]
-    held: dict[str, int] = {b["broker"]: 0 for b in brokers}
-    for t in topics[:TOPICS_SCANNED_MAX]:
-        detail = await api.get(f"/v1/topics/{quote(t['topic'])}", keep=False)
-        for q in detail["logic_queues"]:
-            head = q["segments"][-1]["broker"] if q["segments"] else None
-            if head is not None:
-                held[head] = held.get(head, 0) + 1
+    brokers = (await api.get("/v1/brokers?include=heads"))["brokers"]
     now_ms = int(time.time() * 1000)
-    return render(request, "brokers.html", api, brokers=brokers, held=held, now_ms=now_ms,
-                  partial=len(topics) > TOPICS_SCANNED_MAX, scanned=TOPICS_SCANNED_MAX)
+    return render(request, "brokers.html", api, brokers=brokers, now_ms=now_ms)
 
 
 def _list_page(what: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
