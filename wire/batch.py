@@ -1,0 +1,243 @@
+"""The binary batch: messages between clients and brokers without a JSON parse (or escape) of their bodies.
+
+The format is docs/batch-format.md; tests/vectors/batch-v1.json holds batches a client in another language can check
+its encoder and decoder against. All integers are little-endian.
+
+    header, 16 bytes
+      magic    2 bytes  b"SB"
+      version  u8       1 (any other is refused by name)
+      kind     u8       0 SEND: records as a producer writes them; 1 STORED: each record follows its offset and
+                        timestamp, as a pull answers
+      count    u32      records that follow
+      length   u32      bytes that follow the header: all the records, nothing else
+      crc      u32      CRC-32 (zlib's, IEEE 802.3) of those ``length`` bytes
+    each record
+      offset   u64      STORED only: the message's logic offset
+      ts_ms    u64      STORED only: its append time (ms since the epoch)
+      size     u32      bytes of the record from ``attrs`` to the end of its body
+      attrs    u8       bit 0: the body is text (UTF-8), so a JSON reader gets it as "body", else as "body_b64";
+                        the other bits are 0
+      key_len  u32      0xFFFFFFFF: no key
+      props_len u32     bytes of the properties
+      body_len u32
+      key               UTF-8
+      props             each: name_len u16, name (UTF-8), value_len u32, value (UTF-8)
+      body              raw bytes
+
+The lengths stand together in front so that one unpack checks that a record's parts fill it: the broker's work per
+record is that, a slice, and the key's UTF-8 check (properties, rare, are walked only when present).
+
+A record's bytes from ``attrs`` on are what a broker stores (``record``): a send is split into them after the header,
+the CRC and every record's lengths are checked, and a pull frames stored records back with their offsets. Neither
+step looks inside a body.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from .errors import invalid, too_large
+
+CONTENT_TYPE = "application/vnd.stator.batch"
+VERSION = 1
+MAGIC = b"SB"
+SEND = 0
+STORED = 1
+TEXT = 0x01             # attrs: the body is UTF-8 text
+NO_KEY = 0xFFFFFFFF
+
+HEADER = struct.Struct("<2sBBIII")
+HEADER_BYTES = HEADER.size
+_SIZE = struct.Struct("<I")
+_STAMP = struct.Struct("<QQI")          # offset, ts_ms, size: what a STORED record follows
+_LEAD = struct.Struct("<BIII")          # attrs, key_len, props_len, body_len
+_SIZED_LEAD = struct.Struct("<IBIII")   # a SEND record's size, then its lead
+_PROP_NAME = struct.Struct("<H")
+_PROP_VALUE = struct.Struct("<I")
+LEAD_BYTES = _LEAD.size
+
+assert HEADER_BYTES == 16
+
+
+class Message(NamedTuple):
+    """One message as the batch carries it."""
+    key: str | None
+    props: Mapping[str, str] | None
+    body: bytes
+    text: bool = False      # the body is UTF-8 text (a JSON reader gets "body")
+
+
+class Stored(NamedTuple):
+    """A message as a pull answers it: its logic offset, append time and stored record."""
+    offset: int
+    ts_ms: int
+    record: bytes
+
+
+def record(m: Message) -> bytes:
+    """The stored form of one message: attrs, the three lengths, key, props, body."""
+    key = m.key.encode() if m.key is not None else b""
+    props = b"".join(_prop(n, v) for n, v in m.props.items()) if m.props else b""
+    return b"".join((_LEAD.pack(TEXT if m.text else 0, NO_KEY if m.key is None else len(key), len(props),
+                                len(m.body)), key, props, m.body))
+
+
+def _prop(name: str, value: str) -> bytes:
+    n, v = name.encode(), value.encode()
+    return _PROP_NAME.pack(len(n)) + n + _PROP_VALUE.pack(len(v)) + v
+
+
+def encode(messages: Iterable[Message]) -> bytes:
+    """A SEND batch of ``messages``."""
+    parts = []
+    count = 0
+    for m in messages:
+        r = record(m)
+        parts += (_SIZE.pack(len(r)), r)
+        count += 1
+    return _framed(SEND, count, b"".join(parts))
+
+
+def encode_stored(records: Iterable[Stored]) -> bytes:
+    """A STORED batch: each stored record behind its offset and timestamp (a pull's answer). Bodies are not read."""
+    parts = []
+    count = 0
+    pack = _STAMP.pack
+    for s in records:
+        parts += (pack(s.offset, s.ts_ms, len(s.record)), s.record)
+        count += 1
+    return _framed(STORED, count, b"".join(parts))
+
+
+def _framed(kind: int, count: int, body: bytes) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, kind, count, len(body), zlib.crc32(body)) + body
+
+
+def _header(raw: bytes, kind: int, count_max: int, count_min: int) -> int:
+    """The record count of a checked header of ``kind``; the CRC is checked too."""
+    if len(raw) < HEADER_BYTES:
+        raise invalid(f"a batch is at least its {HEADER_BYTES}-byte header; got {len(raw)} bytes", field="batch")
+    magic, version, got_kind, count, length, crc = HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise invalid(f"not a Stator batch: the magic is {magic!r}, not {MAGIC!r}", field="batch")
+    if version != VERSION:
+        raise invalid(f"batch version {version} is not supported; this side speaks version {VERSION}",
+                      field="batch", version=version, supported=[VERSION])
+    if got_kind != kind:
+        raise invalid(f"batch kind {got_kind} where {kind} was expected", field="batch", kind=got_kind)
+    if length != len(raw) - HEADER_BYTES:
+        raise invalid(f"the header says {length} bytes of records, {len(raw) - HEADER_BYTES} follow", field="batch")
+    if count < count_min or count > count_max:
+        raise (too_large if count > count_max else invalid)(
+            f"a batch holds {count_min} to {count_max} records; this one says {count}", field="batch", count=count)
+    if zlib.crc32(memoryview(raw)[HEADER_BYTES:]) != crc:
+        raise invalid("the batch's CRC does not match its records: damaged on the way", field="batch")
+    return count
+
+
+def split(raw: bytes, *, count_max: int, record_bytes_max: int) -> tuple[list[bytes], list[str | None]]:
+    """The stored records of a SEND batch and their keys, after checking the header, the CRC and that every record's
+    lengths fill it (key and property texts must be UTF-8). Bodies are sliced, never read. Refusals are 400
+    INVALID_ARGUMENT (413 TOO_LARGE past a limit), naming the record."""
+    count = _header(raw, SEND, count_max, 1)
+    records: list[bytes] = []
+    keys: list[str | None] = []
+    end = len(raw)
+    pos = HEADER_BYTES
+    lead_of = _SIZED_LEAD.unpack_from
+    for i in range(count):
+        if pos + _SIZED_LEAD.size > end:
+            raise invalid(f"record {i}: the batch ends before it (the header says {count})", field="batch")
+        size, attrs, key_len, props_len, body_len = lead_of(raw, pos)
+        start = pos + 4
+        pos = start + size
+        if pos > end:
+            raise invalid(f"record {i}: {size} bytes said, {end - start} left", field="batch")
+        if size > record_bytes_max:
+            raise too_large(f"record {i}: {size} bytes, at most {record_bytes_max}", field="batch")
+        if attrs & ~TEXT:
+            raise invalid(f"record {i}: attrs {attrs:#x} sets bits no version 1 batch sets", field="batch")
+        key_bytes = 0 if key_len == NO_KEY else key_len
+        if LEAD_BYTES + key_bytes + props_len + body_len != size:
+            raise invalid(f"record {i}: its lengths ({key_bytes} + {props_len} + {body_len} after the "
+                          f"{LEAD_BYTES}-byte lead) do not fill its size of {size}", field="batch")
+        at = start + LEAD_BYTES
+        try:
+            keys.append(None if key_len == NO_KEY else str(raw[at:at + key_len], "utf-8"))
+        except UnicodeDecodeError:
+            raise invalid(f"record {i}: its key is not UTF-8", field="batch") from None
+        if props_len:
+            _props(raw, at + key_bytes, at + key_bytes + props_len, i)
+        records.append(raw[start:pos])
+    if pos != end:
+        raise invalid(f"{end - pos} bytes after the last of {count} records", field="batch")
+    return records, keys
+
+
+def _props(raw: bytes, pos: int, stop: int, i: int) -> dict[str, str]:
+    """The properties in raw[pos:stop], which must fill it exactly."""
+    props: dict[str, str] = {}
+    try:
+        while pos < stop:
+            (n,) = _PROP_NAME.unpack_from(raw, pos)
+            name_at = pos + 2
+            (v,) = _PROP_VALUE.unpack_from(raw, name_at + n)
+            value_at = name_at + n + 4
+            pos = value_at + v
+            if pos > stop:
+                break
+            props[str(raw[name_at:name_at + n], "utf-8")] = str(raw[value_at:pos], "utf-8")
+    except struct.error:
+        pos = stop + 1
+    except UnicodeDecodeError:
+        raise invalid(f"record {i}: a property is not UTF-8", field="batch") from None
+    if pos != stop:
+        raise invalid(f"record {i}: its properties do not fill their {stop - pos} bytes", field="batch")
+    return props
+
+
+def message(rec: bytes) -> Message:
+    """A stored record back as a Message (a JSON answer's rendering, the client's reading). Raises ApiError 400 on
+    a damaged record."""
+    try:
+        attrs, key_len, props_len, body_len = _LEAD.unpack_from(rec, 0)
+    except struct.error:
+        raise invalid("a record shorter than its lead", field="batch") from None
+    key_bytes = 0 if key_len == NO_KEY else key_len
+    if LEAD_BYTES + key_bytes + props_len + body_len != len(rec):
+        raise invalid("a record whose lengths do not fill it", field="batch")
+    at = LEAD_BYTES
+    try:
+        key = None if key_len == NO_KEY else str(rec[at:at + key_len], "utf-8")
+    except UnicodeDecodeError:
+        raise invalid("a record whose key is not UTF-8", field="batch") from None
+    props = _props(rec, at + key_bytes, at + key_bytes + props_len, 0) if props_len else {}
+    return Message(key, props, rec[len(rec) - body_len:], bool(attrs & TEXT))
+
+
+def decode_stored(raw: bytes, *, count_max: int = 1 << 30) -> list[tuple[int, int, Message]]:
+    """A STORED batch (a pull's answer) as (offset, ts_ms, message) triples; raises ApiError on a damaged batch."""
+    count = _header(raw, STORED, count_max, 0)   # 0: a pull that found nothing
+    out = []
+    pos = HEADER_BYTES
+    end = len(raw)
+    for i in range(count):
+        if pos + _STAMP.size > end:
+            raise invalid(f"record {i}: the batch ends before it", field="batch")
+        offset, ts_ms, size = _STAMP.unpack_from(raw, pos)
+        pos += _STAMP.size
+        if pos + size > end:
+            raise invalid(f"record {i}: {size} bytes said, {end - pos} left", field="batch")
+        out.append((offset, ts_ms, message(raw[pos:pos + size])))
+        pos += size
+    if pos != end:
+        raise invalid(f"{end - pos} bytes after the last of {count} records", field="batch")
+    return out
+
+
+def empty_stored() -> bytes:
+    """A STORED batch of no records: a pull that found nothing (the one batch with a count of 0)."""
+    return _framed(STORED, 0, b"")
