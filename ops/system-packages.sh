@@ -3,11 +3,12 @@
 # tests/support/pg.py), a Java runtime, 17 or newer, for Spark (the lineage tests), Chromium for the web console's browser
 # tests (Playwright drives the system binary: its own browser download is not reachable everywhere) and promtool
 # and prometheus (Debian's prometheus package) to check the alert rules in ops/deploy/ and scrape the netns
-# deploy test, with iproute2 for that test's namespaces. Installs what is missing on Debian or
-# Ubuntu when run as root; otherwise prints the exact command to run and exits 1. Installs nothing that is present.
-# Usage: system-packages.sh [postgres] [java] [chromium] [promtool]   (default: all; the demo needs only java)
+# deploy test, with iproute2 for that test's namespaces, and redis-server, the peer ops/bench/broker_vs_redis runs
+# (and its test). Installs what is missing on Debian or Ubuntu when run as root; otherwise prints the exact command
+# to run and exits 1. Installs nothing that is present.
+# Usage: system-packages.sh [postgres] [java] [chromium] [promtool] [redis]   (default: all; the demo needs only java)
 set -euo pipefail
-needs=" ${*:-postgres java chromium promtool} "
+needs=" ${*:-postgres java chromium promtool redis} "
 
 missing=()
 have_postgres() {
@@ -28,6 +29,7 @@ java_major() {
 [[ $needs != *" promtool "* ]] || { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus)
 # tests/test_netns_deploy.py makes its hosts with ip netns, veth and a bridge
 [[ $needs != *" promtool "* ]] || command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+[[ $needs != *" redis "* ]] || command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 # tests/support/pg.py runs the server as this user when the tests run as root (initdb refuses root).
 if [[ $needs == *" postgres "* ]] && [[ $(id -u) -eq 0 ]] && ! id postgres >/dev/null 2>&1 && [[ ! " ${missing[*]} " == *" postgresql "* ]]; then
     echo "system-packages: creating the system user 'postgres' (tests/support/pg.py runs PostgreSQL as it under root)" >&2

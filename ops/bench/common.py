@@ -11,6 +11,7 @@ import collections
 import contextlib
 import json
 import os
+import random
 import resource
 import shutil
 import sys
@@ -56,6 +57,17 @@ def raise_fd_limit(want: int = 65536) -> int:
 
 # -- ports and the cluster --------------------------------------------------------------------------------------
 free_base_port = devcluster.free_base_port  # below the ephemeral range, see ops/devcluster.py
+
+
+def free_port(low: int = 20000, tries: int = 500) -> int:
+    """One free port on 127.0.0.1 below the ephemeral range (for a peer server such as redis-server), for the same
+    reason as ``free_base_port``."""
+    high = devcluster.ephemeral_low()
+    for _ in range(tries):
+        port = random.randrange(low, high)
+        if devcluster.port_free(port):
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @contextlib.contextmanager
