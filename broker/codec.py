@@ -1,10 +1,20 @@
-"""How messages are stored and answered: the stored JSON object of a message, spliced into answers as raw bytes."""
+"""How messages are stored and answered, in the form each came in.
+
+A message sent as JSON is stored as its JSON object ``{"key":..,"props":..,"body"|"body_b64":..}`` (``encode_message``;
+its first byte is ``{``); one sent in a binary batch is stored as the ``wire.batch`` record it came as (its first byte
+is the record's attrs, 0x00 or 0x01). Answers splice stored payloads as raw bytes, converting at the edge only where
+the forms differ (``as_json_object``, ``as_record``), as Kafka down-converts for older consumers: a message sent in
+one form reads back byte-identical in the other (body bytes, key, props, text-ness).
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any, NamedTuple
 
+from wire import batch
 from wire.errors import invalid
 
 from .storage import Record
@@ -46,25 +56,79 @@ def encode_message(m: Any, plain: bool = False) -> bytes:
             + (_compact(props) if props else "{}") + "," + field + _json_str(text) + "}").encode()
 
 
+_JSON_OBJECT = 0x7B   # b"{": the first byte of a payload stored as a JSON object; a binary record's is 0x00 or 0x01
+
+
+def as_json_object(payload: bytes) -> bytes:
+    """A stored payload as the JSON object ``encode_message`` writes: itself when stored as JSON, else its binary
+    record rendered with "body" (UTF-8 text: the record's TEXT bit) or "body_b64". A body marked text that is not
+    UTF-8 (a batch's bodies are never read on the way in) is rendered as "body_b64": JSON cannot carry it as text."""
+    if payload[:1] == b"{":
+        return payload
+    m = batch.message(payload)
+    body: str | None = None
+    if m.text:
+        try:
+            body = str(m.body, "utf-8")
+        except UnicodeDecodeError:
+            body = None
+    field, text = ('"body":', body) if body is not None else ('"body_b64":', str(base64.b64encode(m.body), "ascii"))
+    return ('{"key":' + (_json_str(m.key) if m.key is not None else "null") + ',"props":'
+            + (_compact(m.props) if m.props else "{}") + "," + field + _json_str(text) + "}").encode()
+
+
+def as_record(payload: bytes) -> bytes:
+    """A stored payload as a ``wire.batch`` record: itself when stored as one, else its JSON object's key, props and
+    body ("body" as UTF-8 text with the TEXT bit; "body_b64" decoded) in a record."""
+    if payload[:1] != b"{":
+        return payload
+    obj = json.loads(payload)
+    text = obj.get("body")
+    if text is not None:
+        body = text.encode("utf-8", "surrogatepass")
+    else:
+        body = _b64decode(obj["body_b64"])
+    return batch.record(batch.Message(obj.get("key"), obj.get("props"), body, text=text is not None))
+
+
+def _b64decode(text: str) -> bytes:
+    """A stored "body_b64" as bytes. A JSON send never checked that it is base64 (it is stored as sent), so one that
+    is not is decoded leniently, as most decoders do: characters outside the alphabet skipped, padding completed, a
+    dangling last character dropped."""
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError):
+        kept = "".join(c for c in text if c.isascii() and (c.isalnum() or c in "+/"))
+        kept = kept[:len(kept) - 1] if len(kept) % 4 == 1 else kept
+        return binascii.a2b_base64(kept + "=" * (-len(kept) % 4))
+
+
 class RawMessage(NamedTuple):
-    """A stored message with its logic offset. Its payload is already a JSON object (written by ``_encode``), so
-    answers splice it into the response instead of parsing and re-encoding every message."""
+    """A stored message with its logic offset, spliced into a JSON answer as its JSON object (``as_json_object``)
+    instead of parsing and re-encoding every message."""
     offset: int
     ts: int
     payload: bytes
 
     def to_json(self) -> bytes:
-        return b'{"offset":%d,"ts":%d,' % (self.offset, self.ts) + self.payload[1:]
+        p = self.payload
+        if p[:1] != b"{":
+            p = as_json_object(p)
+        return b'{"offset":%d,"ts":%d,' % (self.offset, self.ts) + p[1:]
 
 
 class RawRecord(NamedTuple):
-    """A physical record for another broker: the same splice, with the stored object under "payload"."""
+    """A physical record for another broker, byte-exact in either form: a JSON object under "payload", a binary
+    record base64-encoded under "payload_b64" (``stored_record`` reads both back)."""
     offset: int
     ts: int
     payload: bytes
 
     def to_json(self) -> bytes:
-        return b'{"offset":%d,"ts":%d,"payload":' % (self.offset, self.ts) + self.payload + b"}"
+        if self.payload[:1] == b"{":
+            return b'{"offset":%d,"ts":%d,"payload":' % (self.offset, self.ts) + self.payload + b"}"
+        return b'{"offset":%d,"ts":%d,"payload_b64":"' % (self.offset, self.ts) + base64.b64encode(self.payload) \
+            + b'"}'
 
 
 class RawPopped(NamedTuple):
@@ -77,11 +141,13 @@ class RawPopped(NamedTuple):
 
     def to_json(self) -> bytes:
         return (b'{"queue":%d,"offset":%d,"handle":"%s","attempt":%d,' % (
-            self.queue, self.offset, self.handle.encode(), self.attempt) + self.payload[1:])
+            self.queue, self.offset, self.handle.encode(), self.attempt) + as_json_object(self.payload)[1:])
 
 
 def stored_record(r: dict[str, Any]) -> Record:
-    """A record another broker sent as RawRecord JSON, back as a storage record with its stored bytes."""
+    """A record another broker sent as RawRecord JSON, back as a storage record with its stored bytes (either form)."""
+    if "payload_b64" in r:
+        return Record(r["offset"], r["ts"], base64.b64decode(r["payload_b64"]))
     return Record(r["offset"], r["ts"], json.dumps(r["payload"], separators=(",", ":")).encode())
 
 

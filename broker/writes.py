@@ -81,7 +81,7 @@ class Writer:
         return {s.physical_queue: self.max_physical(s) for s in segs}
 
     # -- send --------------------------------------------------------------------------------------------------
-    def _refuse_stale_slot_table(self, topic: str, queue: int, messages: list[Any], sender: int | None) -> None:
+    def _refuse_stale_slot_table(self, topic: str, queue: int, keys: list[str | None], sender: int | None) -> None:
         """A keyed message chosen with a slot table older than this broker's must not land here: after a growth
         its key may belong to a new queue, and one written to the old queue after the split point would be
         consumed after the key's newer messages (DESIGN.md invariant 7). NOT_LEADER makes the sender re-read the
@@ -89,7 +89,7 @@ class Writer:
         route = self.routes.routes.get(topic)
         if sender is None or route is None or sender >= route.get("slot_table_version", 0):
             return
-        if any(isinstance(m, dict) and m.get("key") is not None for m in messages):
+        if any(k is not None for k in keys):
             raise rejection(409, "NOT_LEADER", "the sender's route predates the topic's slot table: re-read the "
                             "route and choose the queue again", topic=topic, queue=queue,
                             slot_table_version=route.get("slot_table_version", 0))
@@ -111,12 +111,22 @@ class Writer:
 
     async def send(self, topic: str, queue: int, messages: list[Any], sender_route_version: int | None = None,
                    plain: bool = False) -> list[int]:
-        """``sender_route_version``: the route version the sender chose the queue with (``X-Route-Version``);
-        ``plain``: the messages were parsed from a body ``codec.plain_json_text`` accepted."""
+        """A JSON send: each message stored as its JSON object (``codec.encode_message``). ``sender_route_version``:
+        the route version the sender chose the queue with (``X-Route-Version``); ``plain``: the messages were parsed
+        from a body ``codec.plain_json_text`` accepted."""
         if not messages or len(messages) > MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
-        self._refuse_stale_slot_table(topic, queue, messages, sender_route_version)
         payloads = [encode_message(m, plain) for m in messages]
+        keys = [m.get("key") for m in messages]   # every message is a dict: encode_message checked
+        return await self.send_stored(topic, queue, payloads, keys, sender_route_version)
+
+    async def send_stored(self, topic: str, queue: int, payloads: list[bytes], keys: list[str | None],
+                          sender_route_version: int | None = None) -> list[int]:
+        """Append payloads in their stored form (JSON objects, or the records of a binary batch as they came, checked
+        by ``wire.batch.split``), ``keys`` being their messages' keys: where both forms of a send meet."""
+        if not payloads or len(payloads) > MESSAGES_PER_SEND_MAX:
+            raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
+        self._refuse_stale_slot_table(topic, queue, keys, sender_route_version)
         while True:
             head = self._writable_head(topic, queue)
             async with self._lock(head.physical_queue):

@@ -106,6 +106,17 @@ class Pulled(TypedDict):
 
 
 @with_config(OPEN)
+class PullFields(TypedDict):
+    """The ``X-Pull`` header of a binary pull's answer (compact JSON): every field of the JSON answer but
+    ``messages``, which the body carries as a STORED batch."""
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    unavailable: NotRequired[list[dict[str, Any]]]
+    held_by: NotRequired[dict[str, Any]]
+
+
+@with_config(OPEN)
 class CommittedOffset(TypedDict):
     offset: int
     gen: NotRequired[int]   # with local=1: the gen of the head segment it was committed on (-1: never)
@@ -155,9 +166,12 @@ class OffsetForTime(TypedDict):
 
 @with_config(OPEN)
 class PhysicalRecord(TypedDict):
+    """A stored record, byte-exact: a message stored as JSON under "payload", one stored as a binary batch record
+    (docs/batch-format.md) base64-encoded under "payload_b64"."""
     offset: int
     ts: int
-    payload: dict[str, Any]
+    payload: NotRequired[dict[str, Any]]
+    payload_b64: NotRequired[str]
 
 
 @with_config(OPEN)

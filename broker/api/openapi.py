@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from wire import batch
 from wire.shapes import Error, SpecSchemas
 
 from . import models as M
@@ -29,6 +30,34 @@ def _op(summary: str, answer: Any, *, body: Any = None, params: list[dict] | Non
     return op
 
 
+_BATCH = {batch.CONTENT_TYPE: {"schema": {"type": "string", "contentMediaType": batch.CONTENT_TYPE,
+                                          "description": f"a binary batch, version {batch.VERSION} "
+                                                         "(docs/batch-format.md)"}}}
+
+
+def _send() -> dict[str, Any]:
+    """The send: a JSON body or a SEND batch (Content-Type), a JSON answer either way; another type is 415."""
+    op = _op("Send to the queue's writable head: JSON, or a binary SEND batch (Content-Type: "
+             f"{batch.CONTENT_TYPE})", M.Sent, params=_p("topic", "queue"), body=M.Send)
+    op["requestBody"]["content"].update(_BATCH)
+    op["responses"]["415"] = {"description": "a Content-Type other than application/json and the batch's",
+                              "content": _SPEC_SCHEMAS.content(Error)}
+    return op
+
+
+def _pull() -> dict[str, Any]:
+    """The pull: JSON, or with ``Accept`` naming the batch type a STORED batch and the other fields in X-Pull."""
+    op = _op(f"Pull over the queue's whole history: JSON, or a binary STORED batch (Accept: {batch.CONTENT_TYPE}) "
+             "with the answer's other fields in the X-Pull header", M.Pulled, params=_p("topic", "queue")
+             + _q("offset", "max", "group", "token"))
+    ok = op["responses"]["200"]
+    ok["content"].update(_BATCH)
+    ok["headers"] = {"X-Pull": {
+        "description": f"on a {batch.CONTENT_TYPE} answer only: every field of the JSON answer but messages, as "
+                       "compact JSON", "content": _SPEC_SCHEMAS.content(M.PullFields)}}
+    return op
+
+
 def _q(*names: str) -> list[dict]:
     return [{"name": n, "in": "query", "required": False, "schema": _STR if n in ("group", "local") else _INT}
             for n in names]
@@ -46,9 +75,8 @@ SPEC: dict[str, Any] = {
     "security": [{"bearer": []}],
     "paths": {
         "/v1/messages/{topic}/{queue}": {
-            "post": _op("Send to the queue's writable head", M.Sent, params=_p("topic", "queue"), body=M.Send),
-            "get": _op("Pull over the queue's whole history", M.Pulled, params=_p("topic", "queue")
-                       + _q("offset", "max", "group", "token")),
+            "post": _send(),
+            "get": _pull(),
         },
         "/v1/offsets/{group}/{topic}/{queue}": {
             "put": _op("Commit a consumer offset", M.CommittedOffset, params=_p("group", "topic", "queue"),

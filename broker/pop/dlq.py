@@ -1,6 +1,7 @@
 """The dead-letter queues: per group, one physical queue in a store of their own, fsynced per append.
 
-A record is the JSON ``{"group","topic","queue","origin_offset","attempts","message": <the stored message>}``; DLQ
+A record is the JSON ``{"group","topic","queue","origin_offset","attempts","message": <the message's JSON object>}``
+(a message stored as a binary record is rendered as its JSON object, ``codec.as_json_object``); DLQ
 offsets count from 0 per group. Writes happen in a thread (they fsync). The queue name is a hash of the group, so
 any group name fits the store's name rules; the group itself is in every record.
 """
@@ -12,6 +13,7 @@ import hashlib
 import json
 from typing import Any
 
+from ..codec import as_json_object
 from ..storage import FLUSH_FSYNC, QueueConfig, QueueStore
 from .limits import DLQ_TAIL_SCAN_MAX
 
@@ -45,10 +47,11 @@ class DeadLetters:
         return first
 
     async def append(self, group: str, entries: list[dict[str, Any]], ts_ms: int) -> None:
-        """``entries``: {"topic","queue","origin_offset","attempts","message": stored message bytes}."""
+        """``entries``: {"topic","queue","origin_offset","attempts","message": stored message bytes, either form}."""
         payloads = [b'{"group":' + json.dumps(group).encode() + b',"topic":' + json.dumps(e["topic"]).encode()
                     + b',"queue":%d,"origin_offset":%d,"attempts":%d,"message":' % (
-                        e["queue"], e["origin_offset"], e["attempts"]) + e["message"] + b"}" for e in entries]
+                        e["queue"], e["origin_offset"], e["attempts"]) + as_json_object(e["message"]) + b"}"
+                    for e in entries]
         await asyncio.to_thread(self._append, group, payloads, ts_ms)
 
     def holds(self, group: str, topic: str, queue: int, origin_offset: int) -> bool:
