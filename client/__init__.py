@@ -7,12 +7,15 @@ wrappers for scripts (``client.sync``).
         result = await producer.send("paid", key="order-17")
     async with PullConsumer(meta_urls, client_token, "orders", "billing") as consumer:
         for m in await consumer.poll(timeout_s=1.0):
-            ...
+            ...     # m.body is bytes (a str was sent as UTF-8); m.text decodes it
         await consumer.commit_positions()
     async with ExclusiveConsumer(meta_urls, client_token, "orders", "billing", handle) as consumer:
         await consumer.run()   # one owner per queue at a time, in order; until close() or a failure
     async with PopConsumer(meta_urls, client_token, "orders", "mailer", handle) as consumer:
         await consumer.run()   # shared: acked on success, extended while slow, nacked with backoff on failure
+
+Producer and PullConsumer (and the ExclusiveConsumer over it) send and pull the binary batch (docs/batch-format.md)
+by default; ``wire_format="json"`` makes them use JSON.
 """
 
 from .admin import AdminClient

@@ -7,12 +7,14 @@ committed, and reading then starts at the queue's ``min_offset`` (as a pull repo
 
 A pull or commit answered ``NOT_LEADER`` re-reads the route (the queue moved) and tries again; no answer or a 5xx is
 retried with backoff within ``attempts_max`` and ``deadline_s``; any other error is raised at once.
+
+Pulls are binary batches by default (``wire_format="json"`` for JSON; client/formats.py). Either way a message's
+``body`` is ``bytes``; ``text`` decodes it as UTF-8 for messages sent as text.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -23,7 +25,8 @@ from urllib.parse import quote
 import aiohttp
 
 from wire.errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
-from wire.caller import Backoff, Deadline, request_once
+from wire.caller import Answer, Backoff, Deadline
+from .formats import WIRE_FORMAT_DEFAULT, Body, Outgoing, Pulled, check_wire_format, pull_headers, pulled, request
 from .lifecycle import TopicClient
 from .routes import Route, RouteSubscription
 
@@ -39,14 +42,17 @@ PULLS_IN_FLIGHT_MAX = 8      # concurrent pulls of one poll round
 
 
 @dataclass(frozen=True)
-class ReceivedMessage:
+class ReceivedMessage(Body):
+    """One message as pulled. ``body`` is the bytes sent (a ``str`` was sent as its UTF-8 bytes); ``is_text``: it was
+    sent as text."""
     topic: str
     queue: int
     offset: int
-    body: str | bytes
+    body: bytes
     key: str | None = None
     props: Mapping[str, str] = field(default_factory=dict)
     ts: int | None = None
+    is_text: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,18 +64,14 @@ class PullResult:
     max_offset: int | None
 
 
-def _decode(topic: str, queue: int, m: Mapping[str, Any]) -> ReceivedMessage:
-    body: str | bytes
-    if m.get("body_b64") is not None:
-        body = base64.b64decode(m["body_b64"])
-    else:
-        body = m.get("body", "")
-    return ReceivedMessage(topic, queue, int(m["offset"]), body, m.get("key"), m.get("props") or {}, m.get("ts"))
+def _received(topic: str, queue: int, m: Pulled) -> ReceivedMessage:
+    return ReceivedMessage(topic, queue, m.offset, m.body, m.key, m.props, m.ts, m.text)
 
 
 class PullConsumer(TopicClient):
     """Reads ``queues`` (default: every queue of the topic, growth included) of ``topic`` for ``group``.
-    ``routes`` may be a shared ``RouteSubscription`` (then not closed with the consumer)."""
+    ``routes`` may be a shared ``RouteSubscription`` (then not closed with the consumer). ``wire_format``: pulls as
+    ``"binary"`` batches (the default) or ``"json"``."""
 
     _kind = "consumer"
 
@@ -79,10 +81,12 @@ class PullConsumer(TopicClient):
                  ssl_context: ssl.SSLContext | None = None, max_messages: int = PULL_MESSAGES_MAX_DEFAULT,
                  request_timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
                  attempts_max: int = ATTEMPTS_MAX_DEFAULT, deadline_s: float = DEADLINE_S_DEFAULT,
-                 backoff: Backoff | None = None, idle_pause_s: float = IDLE_PAUSE_S):
+                 backoff: Backoff | None = None, idle_pause_s: float = IDLE_PAUSE_S,
+                 wire_format: str = WIRE_FORMAT_DEFAULT):
         if not 1 <= max_messages <= PULL_MESSAGES_MAX:
             raise ValueError(f"max_messages must be within [1, {PULL_MESSAGES_MAX}]")
         self.topic = topic
+        self.wire_format = check_wire_format(wire_format)
         self.group = group
         self.token = token
         self._queues = sorted(set(queues)) if queues is not None else None
@@ -119,7 +123,7 @@ class PullConsumer(TopicClient):
     async def committed(self, queue: int) -> int:
         """The group's committed offset of ``queue`` (-1 when never committed)."""
         answer = await self._broker_call("GET", queue, self._offsets_path(queue))
-        return int(answer["offset"])
+        return int(_fields(answer)["offset"])
 
     async def min_offset(self, queue: int, *, lock_token: int | None = None) -> int:
         """The oldest offset the logic queue still has, across all its segments: the ``min_offset`` of a pull from 0
@@ -139,7 +143,7 @@ class PullConsumer(TopicClient):
         if lock_token is not None:
             body["token"] = lock_token
         answer = await self._broker_call("PUT", queue, self._offsets_path(queue), json=body)
-        return int(answer.get("offset", offset))
+        return int(_fields(answer).get("offset", offset))
 
     async def commit_positions(self) -> dict[int, int]:
         """Commit the current position of every queue this consumer has read."""
@@ -161,11 +165,12 @@ class PullConsumer(TopicClient):
         n = max_messages or self.max_messages
         params: dict[str, Any] = {"offset": offset, "max": n, "group": self.group, "token": lock_token}
         path = f"/v1/messages/{quote(self.topic, safe='')}/{queue}"
-        answer = await self._broker_call("GET", queue, path, params=params)
-        msgs = sorted((_decode(self.topic, queue, m) for m in answer.get("messages", [])), key=lambda m: m.offset)
+        answer = await self._broker_call("GET", queue, path, params=params, headers=pull_headers(self.wire_format))
+        fields, got = pulled(answer)
+        msgs = sorted((_received(self.topic, queue, m) for m in got), key=lambda m: m.offset)
         msgs = [m for m in msgs if m.offset >= offset]
-        next_offset = int(answer.get("next_offset", msgs[-1].offset + 1 if msgs else offset))
-        min_offset, max_offset = answer.get("min_offset"), answer.get("max_offset")
+        next_offset = int(fields.get("next_offset", msgs[-1].offset + 1 if msgs else offset))
+        min_offset, max_offset = fields.get("min_offset"), fields.get("max_offset")
         if not msgs and isinstance(min_offset, int) and min_offset > max(offset, next_offset):
             next_offset = min_offset  # the data before min_offset is gone: continue from the oldest kept
         return PullResult(queue, msgs, max(next_offset, offset), min_offset, max_offset)
@@ -223,7 +228,8 @@ class PullConsumer(TopicClient):
 
     # -- one broker call with route refresh and retries --------------------------------------------------------
     async def _broker_call(self, method: str, queue: int, path: str, *, params: Mapping[str, Any] | None = None,
-                           json: Any = None) -> dict[str, Any]:
+                           json: Any = None, headers: Mapping[str, str] | None = None) -> Answer:
+        """One call to the broker holding ``queue``'s head (the answer's body is a batch's bytes or parsed JSON)."""
         deadline = Deadline(self.deadline_s)
         last: StatorError | None = None
         for attempt in range(self.attempts_max):
@@ -232,10 +238,9 @@ class PullConsumer(TopicClient):
             try:
                 route = await self._route(deadline)
                 address = _address(route, queue)
-                answer = await request_once(self.session(), method, address + path, token=self.token,
-                                            params=params, json=json,
-                                            timeout_s=max(0.001, min(self.request_timeout_s, deadline.left_s())))
-                return answer.body if isinstance(answer.body, dict) else {}
+                return await request(self.session(), method, address + path, token=self.token, params=params,
+                                     body=Outgoing(json=json), headers=headers,
+                                     timeout_s=max(0.001, min(self.request_timeout_s, deadline.left_s())))
             except StatorError as e:
                 last = e
                 if isinstance(e, TopicNotFound):
@@ -247,6 +252,10 @@ class PullConsumer(TopicClient):
             if not await self._pause_before_retry(attempt, deadline):
                 break
         raise last or Unavailable(f"{method} {path}: no attempt within {self.deadline_s} s")
+
+
+def _fields(answer: Answer) -> Mapping[str, Any]:
+    return answer.body if isinstance(answer.body, dict) else {}
 
 
 def _address(route: Route, queue: int) -> str:

@@ -48,6 +48,7 @@ from .consumer import IDLE_PAUSE_S, PULL_MESSAGES_MAX_DEFAULT, PullConsumer, Pul
 from wire.errors import Closed, NotLeader, StaleToken, StatorError, TopicNotFound
 from wire.caller import Backoff, MetaCaller, new_session
 from .lifecycle import StartedByWith, lone_tls
+from .formats import WIRE_FORMAT_DEFAULT, check_wire_format
 from .producer import Producer
 
 log = logging.getLogger("stator.client.exclusive")
@@ -117,7 +118,8 @@ class _Lease:
 
 class ExclusiveConsumer(InBackground, StartedByWith):
     """Consumes ``topic`` for the exclusive ``group`` with ``handler`` (an async function of one
-    ``ReceivedMessage``). ``run()`` runs until ``close()``; or ``start()`` then ``close()``; or ``async with``."""
+    ``ReceivedMessage``). ``run()`` runs until ``close()``; or ``start()`` then ``close()``; or ``async with``.
+    ``wire_format``: how it pulls and sends to the retry topic, ``"binary"`` (the default) or ``"json"``."""
 
     def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, group: str, handler: Handler, *,
                  member: str | None = None, order: str | None = None, lease_margin_s: float | None = None,
@@ -126,7 +128,7 @@ class ExclusiveConsumer(InBackground, StartedByWith):
                  stop_grace_s: float = STOP_GRACE_S_DEFAULT, idle_pause_s: float = IDLE_PAUSE_S,
                  handler_backoff: Backoff | None = None, error_backoff: Backoff | None = None,
                  route_mode: str = "sse", session: aiohttp.ClientSession | None = None,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, wire_format: str = WIRE_FORMAT_DEFAULT):
         if order is not None and order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}")
         self.member = member if member is not None else default_member()
@@ -150,6 +152,7 @@ class ExclusiveConsumer(InBackground, StartedByWith):
         self.handler_backoff = handler_backoff or Backoff(HANDLER_BACKOFF_BASE_S, HANDLER_BACKOFF_CAP_S)
         self.error_backoff = error_backoff or Backoff(ERROR_BACKOFF_BASE_S, ERROR_BACKOFF_CAP_S)
         self._route_mode = route_mode
+        self.wire_format = check_wire_format(wire_format)
         self._ssl_context = lone_tls(session, ssl_context)
         self._session = session
         self._owns_session = session is None
@@ -196,7 +199,8 @@ class ExclusiveConsumer(InBackground, StartedByWith):
         self._meta = MetaCaller(self._meta_urls, self._token, session=self._session)
         self._consumer = PullConsumer(self._meta_urls, self._token, self.topic, self.group,
                                       route_mode=self._route_mode, session=self._session,
-                                      max_messages=self.max_messages, idle_pause_s=self.idle_pause_s)
+                                      max_messages=self.max_messages, idle_pause_s=self.idle_pause_s,
+                                      wire_format=self.wire_format)
         await self._beat(raise_transient=True)
         self._heartbeat_task = self._background.spawn(self._heartbeat_loop(), f"group-heartbeat-{self.group}")
 
@@ -468,7 +472,7 @@ class ExclusiveConsumer(InBackground, StartedByWith):
     async def _to_retry_topic(self, m: ReceivedMessage, failures: int) -> bool:
         """Send ``m`` to the group's retry topic; False when that failed (the caller retries in place)."""
         try:
-            await self._retry_producer().send(m.body, key=m.key, props=retry_props(m, failures))
+            await self._retry_producer().send(m.sent_body, key=m.key, props=retry_props(m, failures))
             return True
         except StatorError as e:
             log.warning("retry_topic_send_failed", extra={"group": self.group, "queue": m.queue,
@@ -480,7 +484,8 @@ class ExclusiveConsumer(InBackground, StartedByWith):
         topic = self.config.get("retry_topic") or f"{self.group}-retry"
         if self._producer is None or self._producer.topic != topic:
             old, self._producer = self._producer, Producer(self._meta_urls, self._token, topic,
-                                                           routes=self._consumer.routes, session=self._session)
+                                                           routes=self._consumer.routes, session=self._session,
+                                                           wire_format=self.wire_format)
             if old is not None:
                 self._spawn(old.close(), "retry-producer-close")
         return self._producer

@@ -15,7 +15,6 @@ hands out one batch per queue at a time, and this consumer handles each queue's 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -28,6 +27,7 @@ import aiohttp
 from .background import BackgroundTasks, InBackground
 from wire.errors import Closed, StatorError, TopicNotFound
 from wire.caller import Backoff, new_session, request_once
+from .formats import Body, body_bytes
 from .lifecycle import TopicClient
 from .routes import RouteSubscription
 
@@ -47,25 +47,28 @@ EXTEND_AT = 0.6                         # extend the invisible time once this sh
 
 
 @dataclass(frozen=True)
-class PoppedMessage:
+class PoppedMessage(Body):
+    """One popped message. ``body`` is the bytes sent (a ``str`` was sent as its UTF-8 bytes; ``text`` decodes it);
+    ``is_text``: it was sent as text."""
     topic: str
     queue: int
     offset: int
-    body: str | bytes
+    body: bytes
     attempt: int
     handle: str
     broker: str                         # the address that popped it: acks go there
     key: str | None = None
     props: Mapping[str, str] = field(default_factory=dict)
+    is_text: bool = False
 
 
 Handler = Callable[[PoppedMessage], Awaitable[None]]
 
 
 def _decode(topic: str, broker: str, m: Mapping[str, Any]) -> PoppedMessage:
-    body: str | bytes = base64.b64decode(m["body_b64"]) if m.get("body_b64") is not None else m.get("body", "")
+    body, text = body_bytes(m)
     return PoppedMessage(topic, int(m["queue"]), int(m["offset"]), body, int(m["attempt"]), m["handle"], broker,
-                         m.get("key"), m.get("props") or {})
+                         m.get("key"), m.get("props") or {}, text)
 
 
 class PopConsumer(InBackground, TopicClient):

@@ -30,7 +30,8 @@ import aiohttp
 
 from wire.errors import Fenced, NotLeader, Sealing, StatorError, TopicNotFound, Unavailable
 from .fault import LatencyFaultAvoidance
-from wire.caller import Backoff, Deadline, request_once
+from wire.caller import Backoff, Deadline
+from .formats import WIRE_FORMAT_DEFAULT, Outgoing, check_wire_format, request, send_body
 from .lifecycle import TopicClient
 from .routes import Route, RouteSubscription
 from .selection import KeySelector, Message, QueueSelector, as_selector
@@ -67,7 +68,9 @@ class Producer(TopicClient):
     """Sends to one topic. ``selector``: ``None``/``"key"`` (by key, else round robin), ``"round_robin"``, ``"random"``,
     a ``QueueSelector`` or a callable ``(route, message) -> queue``. ``fault_avoidance``: on/off, or a shared
     ``LatencyFaultAvoidance``. ``routes``: a ``RouteSubscription`` to share between producers and consumers (it is then
-    not closed with the producer); without it the producer opens its own (``route_mode`` "sse" or "long_poll")."""
+    not closed with the producer); without it the producer opens its own (``route_mode`` "sse" or "long_poll").
+    ``wire_format``: ``"binary"`` (the batch format, the default) or ``"json"``; a ``str`` body is sent as UTF-8 text,
+    ``bytes`` as they are, in either."""
 
     _kind = "producer"
 
@@ -77,9 +80,11 @@ class Producer(TopicClient):
                  session: aiohttp.ClientSession | None = None, ssl_context: ssl.SSLContext | None = None,
                  send_timeout_s: float = SEND_TIMEOUT_S_DEFAULT,
                  attempts_max: int = SEND_ATTEMPTS_MAX_DEFAULT, deadline_s: float = SEND_DEADLINE_S_DEFAULT,
-                 backoff: Backoff | None = None, sealing_wait_s: float = SEALING_WAIT_S_MAX):
+                 backoff: Backoff | None = None, sealing_wait_s: float = SEALING_WAIT_S_MAX,
+                 wire_format: str = WIRE_FORMAT_DEFAULT):
         assert attempts_max >= 1 and send_timeout_s > 0 and deadline_s > 0
         self.topic = topic
+        self.wire_format = check_wire_format(wire_format)
         self.token = token
         self.selector = as_selector(selector)
         if isinstance(fault_avoidance, LatencyFaultAvoidance):
@@ -107,7 +112,7 @@ class Producer(TopicClient):
         msgs = [as_message(m) for m in messages]
         if not msgs or len(msgs) > BATCH_MESSAGES_MAX:
             raise ValueError(f"a batch has 1-{BATCH_MESSAGES_MAX} messages")
-        payload = {"messages": [m.to_json() for m in msgs]}
+        payload = send_body(msgs, self.wire_format)
         deadline = Deadline(self.deadline_s)
         route = await self._route(deadline)
         q, movable = self._first_choice(route, msgs, queue)
@@ -169,7 +174,7 @@ class Producer(TopicClient):
             return self.selector.select(route, msgs[0])
         return q
 
-    async def _send_once(self, entry: Mapping[str, Any], q: int, payload: dict, deadline: Deadline,
+    async def _send_once(self, entry: Mapping[str, Any], q: int, payload: Outgoing, deadline: Deadline,
                          attempts: int, route_version: int) -> SendResult:
         address, broker = entry.get("address"), entry.get("broker")
         if not address:
@@ -179,9 +184,9 @@ class Producer(TopicClient):
         started = loop.time()
         # The route version the queue was chosen with: a broker whose slot table is newer refuses keyed messages
         # (NOT_LEADER), and the retry chooses again with the fresh route (per-key order across a growth).
-        answer = await request_once(self.session(), "POST", url, token=self.token, json=payload,
-                                    headers={"X-Route-Version": str(route_version)},
-                                    timeout_s=max(0.001, min(self.send_timeout_s, deadline.left_s())))
+        answer = await request(self.session(), "POST", url, token=self.token, body=payload,
+                               headers={"X-Route-Version": str(route_version)},
+                               timeout_s=max(0.001, min(self.send_timeout_s, deadline.left_s())))
         self.fault.update(broker, (loop.time() - started) * 1000.0)
         body = answer.body if isinstance(answer.body, dict) else {}
         return SendResult(self.topic, body.get("queue", q), list(body.get("offsets", [])), broker, attempts)

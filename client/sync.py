@@ -7,7 +7,8 @@
 
 Every call waits at most ``call_timeout_s`` (plus a poll's own timeout) on top of the bounds of the async client, then
 raises ``TimeoutError``. ``close()`` (or leaving ``with``) closes the client and stops the loop and its thread.
-Not for use from inside a running event loop: use the async classes there.
+Not for use from inside a running event loop: use the async classes there. Bodies come back as ``bytes`` (``m.text``
+decodes them), and ``wire_format`` passes through to the async client as every other argument does.
 """
 
 from __future__ import annotations

@@ -117,6 +117,8 @@ def main() -> None:
                 break
         consumer.commit_positions()
         print(f"  group demo-client read {len(got)} messages across every segment and committed its positions")
+        if got:   # the client pulls binary batches by default; a body is bytes, .text its UTF-8 reading
+            print(f"  a message's body is bytes: {got[-1].body!r}; its text: {got[-1].text!r}")
 
     step("mapping history of the topic (the replicated event log)")
     hist = call("GET", f"{meta[2]}/v1/history?topic={topic}&limit=1000", client)

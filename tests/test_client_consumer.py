@@ -37,7 +37,7 @@ async def test_reads_from_min_offset_in_order_commits_and_resumes(fakes):
             if not batch:
                 break
             got += batch
-        by_queue = {q: [(m.offset, m.body) for m in got if m.queue == q] for q in (0, 1)}
+        by_queue = {q: [(m.offset, m.text) for m in got if m.queue == q] for q in (0, 1)}
         assert by_queue[0] == [(5 + i, f"a{i}") for i in range(10)]
         assert by_queue[1] == [(0, "b0"), (1, "b1"), (2, "b2")]
         assert await c.commit_positions() == {0: 15, 1: 3}
@@ -45,7 +45,7 @@ async def test_reads_from_min_offset_in_order_commits_and_resumes(fakes):
     fakes.b1.load("t", 0, [f"a{i}" for i in range(12)], start=5)
     async with consumer(fakes, queues=[0]) as c:
         assert await c.position(0) == 15
-        assert [m.body for m in await c.poll()] == ["a10", "a11"]
+        assert [m.text for m in await c.poll()] == ["a10", "a11"]
         assert await c.queues() == [0]
 
 
@@ -58,7 +58,7 @@ async def test_not_leader_on_pull_refreshes_the_route(fakes):
         fakes.b1.fail("GET", 0, 409, "NOT_LEADER")
         fakes.b2.load("t", 0, ["x", "y"])
         r = await c.pull(0, offset=0)
-    assert [m.body for m in r.messages] == ["x", "y"] and r.next_offset == 2
+    assert [m.text for m in r.messages] == ["x", "y"] and r.next_offset == 2
     assert ("t", {"min_version": str(v)}) in fakes.meta.requests
 
 
@@ -67,7 +67,7 @@ async def test_a_dead_broker_does_not_stop_the_other_queues(fakes):
     fakes.b2.load("t", 1, ["ok"])
     async with consumer(fakes, attempts_max=2) as c:
         c.seek(0, 0)
-        assert [m.body for m in await c.poll()] == ["ok"]
+        assert [m.text for m in await c.poll()] == ["ok"]
 
 
 async def test_no_lock_token_api_until_a_server_enforces_tokens(fakes):
@@ -78,25 +78,29 @@ async def test_no_lock_token_api_until_a_server_enforces_tokens(fakes):
     fakes.b1.load("t", 0, ["x"])
     async with consumer(fakes) as c:
         c.seek(0, 0)
-        assert [m.body for m in await c.poll()] == ["x"]
+        assert [m.text for m in await c.poll()] == ["x"]
         assert "token" not in fakes.b1.requests[-1][3]
         await c.commit(0, 1)
         assert fakes.b1.requests[-1][3] == {"offset": 1}
 
 
-async def test_binary_bodies_and_iteration(fakes):
+@pytest.mark.parametrize("send_form", ["binary", "json"])
+@pytest.mark.parametrize("pull_form", ["binary", "json"])
+async def test_binary_bodies_and_iteration(fakes, send_form, pull_form):
     fakes.meta.set_route(make_route("t", [("b1", fakes.b1.url)]))
-    async with consumer(fakes) as c:
+    async with consumer(fakes, wire_format=pull_form) as c:
         from client import Producer
-        async with Producer([fakes.meta.url], TOKEN, "t") as p:
+        async with Producer([fakes.meta.url], TOKEN, "t", wire_format=send_form) as p:
             await p.send(b"\x00bin")
             await p.send("text")
         got = []
         async for m in c:
-            got.append(m.body)
+            got.append(m)
             if len(got) == 2:
                 break
-    assert got == [b"\x00bin", "text"]
+    assert [m.body for m in got] == [b"\x00bin", b"text"]   # bytes out, whichever form carried them
+    assert [m.is_text for m in got] == [False, True] and got[1].text == "text"
+    assert set(fakes.b1.forms) == {("POST", send_form), ("GET", pull_form)}
 
 
 async def test_poll_waits_at_most_its_timeout(fakes):
@@ -115,7 +119,7 @@ def test_blocking_consumer():
             f.b1.load("t", 0, ["a", "b"])
         asyncio.run_coroutine_threadsafe(setup(), loop).result(5)
         with SyncPullConsumer([f.meta.url], TOKEN, "t", "g", backoff=FAST) as c:
-            assert [m.body for m in c.poll(timeout_s=1.0)] == ["a", "b"]
+            assert [m.text for m in c.poll(timeout_s=1.0)] == ["a", "b"]
             assert c.commit(0, 2) == 2
             assert c.committed(0) == 2
             c.seek(0, 1)

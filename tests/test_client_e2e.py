@@ -8,7 +8,7 @@ import asyncio
 import collections
 
 
-from client import AdminClient, KeySelector, Producer, PullConsumer, Sealing, queue_for_key
+from client import AdminClient, KeySelector, Message, Producer, PullConsumer, Sealing, queue_for_key
 
 
 async def test_keys_keep_queue_and_order_across_remaps_and_the_consumer_resumes(full_cluster):
@@ -63,7 +63,7 @@ async def test_keys_keep_queue_and_order_across_remaps_and_the_consumer_resumes(
                 break
         assert len(got) == total, (len(got), total)
         for m in got:
-            by_queue[m.queue].append(m.body)
+            by_queue[m.queue].append(m.text)
         await consumer.commit_positions()
         committed = {q: await consumer.committed(q) for q in range(4)}
     for q, bodies in by_queue.items():
@@ -80,4 +80,23 @@ async def test_keys_keep_queue_and_order_across_remaps_and_the_consumer_resumes(
             again += await consumer.poll(timeout_s=0.3)
             if again:
                 break
-        assert [(m.queue, m.offset, m.body) for m in again] == [(late.queue, late.offsets[0], "late")]
+        assert [(m.queue, m.offset, m.text) for m in again] == [(late.queue, late.offsets[0], "late")]
+
+
+async def test_what_one_form_sends_the_other_reads_byte_identical(full_cluster):
+    c = full_cluster
+    async with AdminClient(c.meta_urls, c.token("admin")) as admin:
+        await admin.create_topic("forms", queues=1)
+    sent = [Message(b"\x00\xff raw", "k1", {"p": "1"}), Message("héllo", None, None), Message(b"", "k2", None)]
+    for form in ("binary", "json"):
+        async with Producer(c.meta_urls, c.token("client"), "forms", wire_format=form) as producer:
+            await producer.send_batch(sent, queue=0)
+    read = {}
+    for form in ("binary", "json"):
+        async with PullConsumer(c.meta_urls, c.token("client"), "forms", "g-forms", wire_format=form) as consumer:
+            read[form] = [(m.offset, m.body, m.is_text, m.key, dict(m.props))
+                          for m in (await consumer.pull(0, offset=0, max_messages=10)).messages]
+    expected = [(i, m.body.encode() if isinstance(m.body, str) else m.body, isinstance(m.body, str), m.key,
+                 dict(m.props or {})) for i, m in enumerate(sent + sent)]
+    assert read["binary"] == expected
+    assert read["json"] == expected

@@ -56,7 +56,7 @@ async def _true(v: bool) -> bool:
 
 
 def parse(m: ReceivedMessage) -> tuple[str, int]:
-    key, seq = m.body.split(":")
+    key, seq = m.text.split(":")
     return key, int(seq)
 
 
@@ -141,8 +141,8 @@ async def test_strict_retries_a_failing_message_in_place_and_blocks_its_queue(cl
 
     async def handle(m: ReceivedMessage) -> None:
         nonlocal failures_left
-        calls.append(m.body)
-        if m.body == "m2" and failures_left:
+        calls.append(m.text)
+        if m.text == "m2" and failures_left:
             failures_left -= 1
             raise RuntimeError("not yet")
 
@@ -165,9 +165,9 @@ async def test_best_tried_moves_a_failing_message_to_the_retry_topic_and_goes_on
     handled: list[str] = []
 
     async def handle(m: ReceivedMessage) -> None:
-        if m.body == "c1":
+        if m.text == "c1":
             raise ValueError("poison")
-        handled.append(m.body)
+        handled.append(m.text)
 
     async with consumer(c, "clicks", "stats", handle, "b1") as ex:
         await wait_until(lambda: _true(ex.positions().get(0) == offsets[-1] + 1), SETTLE_S, "all of the queue done")
@@ -175,7 +175,8 @@ async def test_best_tried_moves_a_failing_message_to_the_retry_topic_and_goes_on
     assert handled == ["c0", "c2", "c3", "c4"], "the failing message did not block its queue"
     async with PullConsumer(c.meta_urls, c.token("client"), "stats-retry", "inspect") as pc:
         retried = (await pc.pull(0, offset=0)).messages
-    assert [m.body for m in retried] == ["c1"]
+    assert [m.text for m in retried] == ["c1"]
+    assert retried[0].is_text, "resent as the text it was sent as"
     assert retried[0].key == "user-1"
     assert dict(retried[0].props) == {"origin_topic": "clicks", "origin_queue": "0",
                                       "origin_offset": str(offsets[1]), "attempt": "1"}
@@ -191,8 +192,8 @@ async def test_best_tried_without_a_retry_topic_retries_in_place_and_loses_nothi
     calls: list[str] = []
 
     async def handle(m: ReceivedMessage) -> None:
-        calls.append(m.body)
-        if m.body == "v1" and calls.count("v1") < 3:
+        calls.append(m.text)
+        if m.text == "v1" and calls.count("v1") < 3:
             raise ValueError("flaky")
 
     async with consumer(c, "views", "nowhere", handle, "n1"):   # "nowhere-retry" does not exist
@@ -212,7 +213,7 @@ async def test_a_member_whose_grant_ended_behind_its_back_restarts_with_its_new_
     bodies: list[str] = []
 
     async def handle(m: ReceivedMessage) -> None:
-        bodies.append(m.body)
+        bodies.append(m.text)
         await asyncio.sleep(0.01)
 
     async with consumer(c, "stream", "mirror", handle, "r1") as ex:
@@ -281,7 +282,7 @@ async def test_a_failure_of_a_background_task_is_raised_from_run_and_close(clust
         await p.send("boom", queue=0)
 
     async def handle(m: ReceivedMessage) -> None:
-        raise Fatal(m.body)
+        raise Fatal(m.text)
 
     ex = consumer(c, "alerts", "pager", handle, "f1")
     with pytest.raises(Fatal):
@@ -300,7 +301,7 @@ async def test_sync_wrapper_runs_a_plain_handler_in_the_background(cluster):
     got: list[str] = []
 
     def sync_flow() -> dict[int, int]:
-        with SyncExclusiveConsumer(c.meta_urls, c.token("client"), "jobs", "workers", lambda m: got.append(m.body),
+        with SyncExclusiveConsumer(c.meta_urls, c.token("client"), "jobs", "workers", lambda m: got.append(m.text),
                                    member="sync1") as ex:
             ex.start()
             for _ in range(300):
@@ -325,7 +326,7 @@ async def test_a_member_cut_off_from_meta_stops_within_its_lease_and_resumes_whe
         calls: list[tuple[float, str]] = []
 
         async def handle(m: ReceivedMessage) -> None:
-            calls.append((loop.time(), m.body))
+            calls.append((loop.time(), m.text))
             await asyncio.sleep(0.1)
 
         async with consumer(c, "feed", "watchers", handle, "w1"):

@@ -29,11 +29,11 @@ def producer(f: Fakes, **kw) -> Producer:
     return Producer([f.meta.url], TOKEN, kw.pop("topic", "t"), **kw)
 
 
-@pytest.mark.parametrize("mode", ["sse", "long_poll"])
-async def test_key_goes_to_its_queue_and_bodies_are_encoded(fakes, mode):
+@pytest.mark.parametrize("mode,form", [("sse", "binary"), ("long_poll", "binary"), ("sse", "json")])
+async def test_key_goes_to_its_queue_and_bodies_are_encoded(fakes, mode, form):
     route = make_route("t", [("b1", fakes.b1.url), ("b2", fakes.b2.url), ("b1", fakes.b1.url)])
     fakes.meta.set_route(route)
-    async with producer(fakes, route_mode=mode) as p:
+    async with producer(fakes, route_mode=mode, wire_format=form) as p:
         for key in ("a", "b", "c", "d", "e"):
             r = await p.send("hello", key=key, props={"k": "v"})
             assert r.queue == queue_for_key(route, key)
@@ -44,6 +44,13 @@ async def test_key_goes_to_its_queue_and_bodies_are_encoded(fakes, mode):
     assert sent[0][1] == [{"body": "hello", "key": "a", "props": {"k": "v"}}]
     last = next(m for q, ms in sent for m in ms if "body_b64" in m)
     assert base64.b64decode(last["body_b64"]) == b"\x00\x01"
+    assert {f for _, f in fakes.b1.forms + fakes.b2.forms} == {form}
+
+
+async def test_wire_format_is_binary_or_json(fakes):
+    assert producer(fakes).wire_format == "binary"
+    with pytest.raises(ValueError, match="wire_format"):
+        producer(fakes, wire_format="xml")
 
 
 async def test_not_leader_refreshes_the_route_with_min_version_and_retries(fakes):

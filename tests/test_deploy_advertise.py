@@ -53,7 +53,7 @@ async def test_a_broker_bound_to_0_0_0_0_registers_and_serves_its_advertised_url
                 sent = await producer.send("over the advertised address")
             async with PullConsumer(c.meta_urls, c.token("client"), "far", "readers") as consumer:
                 got = await consumer.poll(timeout_s=5.0)
-            assert [(m.offset, m.body) for m in got] == [(sent.offsets[0], "over the advertised address")]
+            assert [(m.offset, m.text) for m in got] == [(sent.offsets[0], "over the advertised address")]
         finally:
             proc.terminate()
             try:

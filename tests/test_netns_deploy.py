@@ -284,7 +284,7 @@ async def _check_cluster(tmp: str, host_dirs: list[str], hosts: Hosts, operator:
         deadline = time.monotonic() + CLI_TIMEOUT_S
         while len(got) < len(sent) and time.monotonic() < deadline:
             got += await consumer.poll(timeout_s=0.5)
-    assert sorted(m.body for m in got) == [f"order {i}" for i in range(6)]
+    assert sorted(m.text for m in got) == [f"order {i}" for i in range(6)]
     assert len({s.queue for s in sent}) > 1   # the keys spread over the queues, and so over the three brokers' hosts
     async with AdminClient(metas, admin_token, ssl_context=ctx) as admin:
         route = await admin.route("orders")

@@ -136,7 +136,7 @@ async def test_a_crashed_owner_s_queues_move_only_after_its_lease_and_nothing_is
     got: list[dict] = []
 
     async def handle(m):
-        got.append({"queue": m.queue, "offset": m.offset, "key": m.key, "body": m.body})
+        got.append({"queue": m.queue, "offset": m.offset, "key": m.key, "body": m.text})
     try:
         await wait_until(lambda: _len_is(owned_by(c, "g", "crashed"), 3), SETTLE_S, "the first member to own all")
         sent = await produce(c, "o", keys=6, per_key=4)
@@ -175,7 +175,7 @@ async def test_per_key_order_holds_across_handovers_and_growth(cluster):
 
     def handler_of(member: str):
         async def handle(m):
-            seen.append((m.key, int(m.body), member))
+            seen.append((m.key, int(m.text), member))
         return handle
 
     def consumer(member: str) -> ExclusiveConsumer:

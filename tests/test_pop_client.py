@@ -34,15 +34,15 @@ async def test_pop_consumers_share_a_topic_ack_on_success_extend_slow_handlers_a
         def handler_of(name: str):
             async def handle(m: PoppedMessage) -> None:
                 try:
-                    calls[m.body] += 1
-                    if m.body == "job-7" and m.attempt == 1:
+                    calls[m.text] += 1
+                    if m.text == "job-7" and m.attempt == 1:
                         raise RuntimeError("first attempt fails")
-                    if m.body == "job-3":
+                    if m.text == "job-3":
                         await asyncio.sleep(2.5)          # past the 1 s invisible time: kept by extensions
                     else:
                         await asyncio.sleep(HANDLE_S)
-                    assert m.body not in done, f"{m.body} handled again after success"
-                    done[m.body] = (name, m.attempt)
+                    assert m.text not in done, f"{m.text} handled again after success"
+                    done[m.text] = (name, m.attempt)
                 except RuntimeError:
                     raise
                 except BaseException as e:              # an assertion in a handler must fail the test
@@ -77,3 +77,12 @@ async def test_pop_consumers_share_a_topic_ack_on_success_extend_slow_handlers_a
 
 async def _true(v: bool) -> bool:
     return v
+
+
+def test_a_popped_body_is_bytes_whichever_json_field_carried_it():
+    from client.pop import _decode
+    common = {"queue": 0, "offset": 3, "attempt": 1, "handle": "h"}
+    text = _decode("t", "http://b", {**common, "body": "héllo"})
+    binary = _decode("t", "http://b", {**common, "body_b64": "AP8="})
+    assert (text.body, text.text, text.is_text) == ("héllo".encode(), "héllo", True)
+    assert (binary.body, binary.is_text, binary.sent_body) == (b"\x00\xff", False, b"\x00\xff")

@@ -78,7 +78,7 @@ async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster):
                 got += await consumer.poll(timeout_s=0.5)
                 if got:
                     break
-    assert [(m.queue, m.offset, m.body) for m in got] == [(sent.queue, sent.offsets[0], "over TLS")]
+    assert [(m.queue, m.offset, m.text) for m in got] == [(sent.queue, sent.offsets[0], "over TLS")]
 
     # The CLI: --cacert/--cert/--key, and a clear one-line error without them. (It runs its own event loop: in a
     # thread, beside this test's.)
@@ -170,7 +170,7 @@ async def test_server_only_tls_with_a_private_ca_needs_no_client_certificate(tmp
                 got += await consumer.poll(timeout_s=0.5)
                 if got:
                     break
-        assert [(m.offset, m.body) for m in got] == [(sent.offsets[0], "no client certificate")]
+        assert [(m.offset, m.text) for m in got] == [(sent.offsets[0], "no client certificate")]
         # Trust still holds: without the CA, the servers' certificates do not verify.
         no_ca = client_context(TlsFiles(None, None, None))
         for url in (meta_url + "/healthz", broker_url + "/healthz"):

@@ -6,11 +6,15 @@ A fake broker holds a queue when the newest route its meta has for the topic put
 address (the real one learns that from meta's watch stream); elsewhere it answers ``NOT_LEADER`` as the real one does.
 It is also scripted: ``broker.fail(method, queue, status, code, times)`` makes the next ``times`` requests of that
 kind answer with that error (``code="DROP"`` closes the connection without an answer).
+A fake broker speaks both forms of a send and a pull, JSON and the binary batch (wire/batch.py), as the real one does:
+a binary send is kept and logged in its JSON shape (``body`` for text, ``body_b64`` for bytes), so ``sent()`` reads
+the same whichever form the client used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import json
@@ -22,7 +26,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from wire import route as route_model
+from wire import batch, route as route_model
+from wire.errors import ApiError
 from meta import allocation, limits
 
 TOKEN = "client-token"
@@ -224,6 +229,7 @@ class FakeBroker:
         self.min_offsets: dict[tuple[str, int], int] = {}
         self.committed: dict[tuple[str, str, int], int] = {}
         self.requests: list[tuple[str, str, int, Any]] = []   # (method, topic, queue, body or query)
+        self.forms: list[tuple[str, str]] = []   # (method, "binary" or "json") of each send and pull
         self.route_version: int | None = None   # None: the newest version its meta has (brokers follow it closely)
         self._script: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
         app = web.Application(middlewares=[_stamping("X-Route-Version", self._route_version)])
@@ -279,7 +285,16 @@ class FakeBroker:
 
     async def _send(self, request: web.Request) -> web.Response:
         topic, q = request.match_info["topic"], int(request.match_info["queue"])
-        body = await request.json()
+        binary = request.content_type == batch.CONTENT_TYPE
+        self.forms.append(("POST", "binary" if binary else "json"))
+        if binary:
+            try:
+                body = {"messages": [_json_message(batch.message(r)) for r in
+                                     batch.split(await request.read(), count_max=1024, record_bytes_max=1 << 22)[0]]}
+            except ApiError as e:
+                return error(e.status, e.code, str(e), **e.details)
+        else:
+            body = await request.json()
         self.requests.append(("POST", topic, q, body))
         refused = self._refusal(request, "POST", topic, q)
         if refused is not None:
@@ -301,6 +316,7 @@ class FakeBroker:
     async def _pull(self, request: web.Request) -> web.Response:
         topic, q = request.match_info["topic"], int(request.match_info["queue"])
         self.requests.append(("GET", topic, q, dict(request.query)))
+        self.forms.append(("GET", "binary" if batch_wanted(request) else "json"))
         refused = self._refusal(request, "GET", topic, q)
         if refused is not None:
             return refused
@@ -308,14 +324,19 @@ class FakeBroker:
         log = self.messages[(topic, q)]
         lo = self.min_offsets.get((topic, q), 0)
         hi = log[-1]["offset"] + 1 if log else lo
-        batch = [m for m in log if m["offset"] >= offset][:n] if lo <= offset < hi else []
+        page = [m for m in log if m["offset"] >= offset][:n] if lo <= offset < hi else []
         if offset < lo:
             nxt = lo                   # below the oldest kept message: move forward, never back
         elif offset >= hi:
             nxt = min(offset, hi)      # at or past the end: the end
         else:
-            nxt = batch[-1]["offset"] + 1
-        return web.json_response({"messages": batch, "next_offset": nxt, "min_offset": lo, "max_offset": hi})
+            nxt = page[-1]["offset"] + 1
+        fields = {"next_offset": nxt, "min_offset": lo, "max_offset": hi}
+        if batch_wanted(request):
+            return web.Response(body=batch.encode_stored(batch.Stored(m["offset"], m["ts"], batch.record(
+                _batch_message(m))) for m in page), content_type=batch.CONTENT_TYPE,
+                headers={"X-Pull": json.dumps(fields, separators=(",", ":"))})
+        return web.json_response({"messages": page, **fields})
 
     async def _commit(self, request: web.Request) -> web.Response:
         g, topic, q = request.match_info["group"], request.match_info["topic"], int(request.match_info["queue"])
@@ -337,6 +358,27 @@ class FakeBroker:
         if scripted is not None:
             return scripted
         return web.json_response({"offset": self.committed.get((g, topic, q), -1)})
+
+
+def batch_wanted(request: web.Request) -> bool:
+    return batch.CONTENT_TYPE in request.headers.get("Accept", "")
+
+
+def _json_message(m: batch.Message) -> dict:
+    """A batch's message in the JSON shape of a send."""
+    out: dict = {"body": m.body.decode()} if m.text else {"body_b64": base64.b64encode(m.body).decode()}
+    if m.key is not None:
+        out["key"] = m.key
+    if m.props:
+        out["props"] = dict(m.props)
+    return out
+
+
+def _batch_message(m: dict) -> batch.Message:
+    """A stored JSON-shaped message as the batch carries it."""
+    if m.get("body_b64") is not None:
+        return batch.Message(m.get("key"), m.get("props"), base64.b64decode(m["body_b64"]), False)
+    return batch.Message(m.get("key"), m.get("props"), m["body"].encode(), True)
 
 
 class Fakes:

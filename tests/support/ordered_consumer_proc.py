@@ -24,7 +24,7 @@ async def main(cluster_json: str, topic: str, group: str, member: str, out_path:
     out = open(out_path, "a", buffering=1)
 
     async def handle(m) -> None:
-        out.write(json.dumps({"member": member, "queue": m.queue, "offset": m.offset, "key": m.key, "body": m.body,
+        out.write(json.dumps({"member": member, "queue": m.queue, "offset": m.offset, "key": m.key, "body": m.text,
                               "t": time.monotonic()}) + "\n")
         out.flush()
 

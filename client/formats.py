@@ -1,0 +1,153 @@
+"""The form messages take between the client and a broker: the binary batch (wire/batch.py, docs/batch-format.md),
+the default, or JSON (``wire_format="json"``: what people and ``curl`` read, kept so it stays tested).
+
+One place decides it for both directions:
+- a send (``send_body``) is a SEND batch with ``Content-Type: application/vnd.stator.batch``, or ``{"messages": [...]}``;
+  its answer is JSON either way;
+- a pull asks with ``Accept: application/vnd.stator.batch`` (``pull_headers``) and gets a STORED batch whose other
+  fields (next_offset, min_offset, max_offset, unavailable, held_by) come in the ``X-Pull`` header as JSON; a JSON
+  answer (no Accept, or a broker that answered JSON anyway) is read too (``pulled``).
+Bodies are bytes on the way out of either form: a JSON ``body`` is its UTF-8 bytes (``text``), ``body_b64`` its
+decoded bytes. A ``str`` body is sent as UTF-8 marked as text, ``bytes`` as they are.
+"""
+
+from __future__ import annotations
+
+import base64
+import json as jsonlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import aiohttp
+
+from wire import batch
+from wire.caller import (ERROR_TEXT_CHARS_MAX, TRANSPORT_ERRORS, Answer, _tls_hint, auth_headers, client_timeout)
+from wire.errors import ApiError, StatorError, Unavailable
+from .selection import Message
+
+BINARY = "binary"
+JSON = "json"
+WIRE_FORMATS = (BINARY, JSON)
+WIRE_FORMAT_DEFAULT = BINARY
+PULL_HEADER = "X-Pull"          # a binary pull's fields other than its messages, as compact JSON
+
+
+def check_wire_format(value: str) -> str:
+    """``value`` when it names a form, else ValueError."""
+    if value not in WIRE_FORMATS:
+        raise ValueError(f"wire_format must be one of {WIRE_FORMATS}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A request's body in one form: JSON, or bytes with their headers."""
+    json: Any = None
+    data: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Body:
+    """What a received message (pulled or popped) says of its body: ``body`` is bytes; ``is_text``: sent as text."""
+    body: bytes
+    is_text: bool
+
+    @property
+    def text(self) -> str:
+        """The body decoded as UTF-8 (for messages sent as text; raises ``UnicodeDecodeError`` on other bytes)."""
+        return self.body.decode("utf-8")
+
+    @property
+    def sent_body(self) -> str | bytes:
+        """The body as it was sent: ``str`` when sent as text, else ``bytes`` (to send it on with its form)."""
+        return self.text if self.is_text else self.body
+
+
+class Pulled(NamedTuple):
+    """One message of a pull's answer, whichever form it came in."""
+    offset: int
+    ts: int | None
+    key: str | None
+    props: Mapping[str, str]
+    body: bytes
+    text: bool              # sent as text (a JSON reader gets "body")
+
+
+def body_bytes(m: Mapping[str, Any]) -> tuple[bytes, bool]:
+    """A JSON message's body as bytes, and whether it was text: ``body`` as UTF-8, ``body_b64`` decoded."""
+    if m.get("body_b64") is not None:
+        return base64.b64decode(m["body_b64"]), False
+    return str(m.get("body", "")).encode(), True
+
+
+def batch_message(m: Message) -> batch.Message:
+    """``m`` as the batch carries it: a ``str`` body as UTF-8 marked as text, ``bytes`` as they are."""
+    if isinstance(m.body, str):
+        return batch.Message(m.key, m.props, m.body.encode(), True)
+    if isinstance(m.body, (bytes, bytearray, memoryview)):
+        return batch.Message(m.key, m.props, bytes(m.body), False)
+    raise TypeError(f"a message body is str or bytes, not {type(m.body).__name__}")
+
+
+def send_body(messages: Iterable[Message], form: str) -> Outgoing:
+    """The body of a send of ``messages`` in ``form``."""
+    if form == JSON:
+        return Outgoing(json={"messages": [m.to_json() for m in messages]})
+    return Outgoing(data=batch.encode(batch_message(m) for m in messages),
+                    headers={"Content-Type": batch.CONTENT_TYPE})
+
+
+def pull_headers(form: str) -> dict[str, str]:
+    """What a pull in ``form`` asks for."""
+    return {"Accept": batch.CONTENT_TYPE} if form == BINARY else {}
+
+
+def pulled(answer: Answer) -> tuple[Mapping[str, Any], list[Pulled]]:
+    """A pull's fields (next_offset, min_offset, ...) and its messages, from a batch or a JSON answer. A damaged
+    batch is ``Unavailable`` (it was damaged on the way: another try may get it whole)."""
+    if not isinstance(answer.body, bytes):
+        fields = answer.body if isinstance(answer.body, dict) else {}
+        return fields, [Pulled(int(m["offset"]), m.get("ts"), m.get("key"), m.get("props") or {}, *body_bytes(m))
+                        for m in fields.get("messages", [])]
+    try:
+        fields = jsonlib.loads(answer.headers.get(PULL_HEADER, ""))
+        triples = batch.decode_stored(answer.body)
+    except (ValueError, ApiError) as e:
+        raise Unavailable(f"GET {answer.url}: the batch answer cannot be read ({PULL_HEADER}: "
+                          f"{answer.headers.get(PULL_HEADER)!r}): {e}", url=answer.url) from e
+    if not isinstance(fields, dict):
+        raise Unavailable(f"GET {answer.url}: {PULL_HEADER} is not a JSON object", url=answer.url)
+    return fields, [Pulled(offset, ts, m.key, m.props or {}, m.body, m.text) for offset, ts, m in triples]
+
+
+async def request(session: aiohttp.ClientSession, method: str, url: str, *, token: str | None,
+                  body: Outgoing | None = None, params: Mapping[str, Any] | None = None,
+                  headers: Mapping[str, str] | None = None, timeout_s: float) -> Answer:
+    """``wire.caller.request_once`` for both forms: ``body`` may be bytes, and a batch answer (200/201 with the batch
+    content type) is returned with its bytes as ``Answer.body``. Any other answer is JSON, and an error status is
+    raised as the API error, as ``request_once`` does."""
+    body = body or Outgoing()
+    q = {k: str(v) for k, v in (params or {}).items() if v is not None}
+    try:
+        async with session.request(method, url, json=body.json, data=body.data, params=q,
+                                   headers=auth_headers(token, {**(headers or {}), **body.headers}),
+                                   timeout=client_timeout(timeout_s)) as resp:
+            raw = await resp.read()
+            status, resp_headers, content_type = resp.status, resp.headers, resp.content_type
+    except TRANSPORT_ERRORS as e:
+        raise Unavailable(f"{method} {url}: {type(e).__name__}: {e}{_tls_hint(url, e)}", url=url, cause=e) from e
+    ok = status in (200, 201)
+    if ok and content_type == batch.CONTENT_TYPE:
+        return Answer(status, raw, resp_headers, url)
+    try:
+        parsed: Any = jsonlib.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        parsed = raw[:ERROR_TEXT_CHARS_MAX].decode("utf-8", "replace")
+        if ok:
+            raise StatorError(status, "INTERNAL", f"{method} {url}: answer is not JSON: {parsed[:100]!r}", url=url)
+    if not ok:
+        err = StatorError.from_response(status, parsed, url=url)
+        err.headers = resp_headers
+        raise err
+    return Answer(status, parsed, resp_headers, url)
