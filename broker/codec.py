@@ -105,10 +105,21 @@ def _b64decode(text: str) -> bytes:
 
 class RawMessage(NamedTuple):
     """A stored message with its logic offset, spliced into a JSON answer as its JSON object (``as_json_object``)
-    instead of parsing and re-encoding every message."""
+    instead of parsing and re-encoding every message. It also reads as a ``wire.batch.Stored`` (``ts_ms``,
+    ``record``), so a binary pull frames the reader's messages as they are: no object per message."""
     offset: int
     ts: int
     payload: bytes
+
+    @property
+    def ts_ms(self) -> int:
+        return self.ts
+
+    @property
+    def record(self) -> bytes:
+        """The message as a ``wire.batch`` record: its payload when stored as one, else converted (``as_record``)."""
+        p = self.payload
+        return p if p[:1] != b"{" else as_record(p)
 
     def to_json(self) -> bytes:
         p = self.payload

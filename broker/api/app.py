@@ -16,7 +16,7 @@ from runtime.server import error_middleware, public, require_declared_roles, req
 from wire.params import int_in
 
 from ..config import BrokerConfig
-from ..codec import as_record, dumps_with_raw
+from ..codec import dumps_with_raw
 from ..node import BrokerNode
 from ..pop import params as pop_params
 from ..storage.limits import RECORD_BYTES_MAX
@@ -146,12 +146,11 @@ async def pull(request: web.Request) -> web.Response:
     answer = await node.reader.pull(topic, queue, offset, max_n, held_by)
     if not _wants_batch(request.headers.get("Accept")):
         return _respond(answer)
-    # The binary answer: the messages as a STORED batch (binary-stored records framed as they are, JSON-stored ones
-    # converted), every other field of the JSON answer in one header.
+    # The binary answer: the messages (codec.RawMessage, which reads as a batch.Stored) as a STORED batch,
+    # binary-stored records framed as they are and JSON-stored ones converted; every other field of the JSON answer
+    # in one header.
     messages = answer.pop("messages")
-    body = batch.encode_stored(batch.Stored(m.offset, m.ts, m.payload if m.payload[:1] != b"{" else
-                                            as_record(m.payload)) for m in messages) if messages \
-        else batch.empty_stored()
+    body = batch.encode_stored(messages) if messages else batch.empty_stored()
     return web.Response(body=body, headers={"Content-Type": batch.CONTENT_TYPE,
                                             "X-Pull": json.dumps(answer, separators=(",", ":"))})
 
