@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import pathlib
 import struct
-import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -87,7 +86,7 @@ def test_any_batch_round_trips(ms, first, ts):
 
 def _reframed(body: bytes, count: int) -> bytes:
     """A header that agrees with ``body``: the damage is then inside the records, past the CRC's reach."""
-    return batch.HEADER.pack(batch.MAGIC, batch.VERSION, batch.SEND, count, len(body), zlib.crc32(body)) + body
+    return batch.HEADER.pack(batch.MAGIC, batch.VERSION, batch.SEND, count, len(body), batch.crc(body)) + body
 
 
 @settings(max_examples=500, deadline=None)
@@ -117,3 +116,8 @@ def test_random_bytes_are_refused_by_both_decoders(raw):
             decode(raw)
         except ApiError as e:
             assert e.status in (400, 413)
+
+
+def test_the_vectors_file_is_what_the_format_writes():
+    from tests.vectors.make_batch_vectors import vectors
+    assert vectors() == VECTORS, "run python -m tests.vectors.make_batch_vectors after a change of version"

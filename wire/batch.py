@@ -10,7 +10,7 @@ its encoder and decoder against. All integers are little-endian.
                         timestamp, as a pull answers
       count    u32      records that follow
       length   u32      bytes that follow the header: all the records, nothing else
-      crc      u32      CRC-32 (zlib's, IEEE 802.3) of those ``length`` bytes
+      crc      u32      CRC-32C (Castagnoli, as Kafka's record batch) of those ``length`` bytes
     each record
       offset   u64      STORED only: the message's logic offset
       ts_ms    u64      STORED only: its append time (ms since the epoch)
@@ -35,9 +35,10 @@ step looks inside a body.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
+
+import google_crc32c
 
 from .errors import invalid, too_large
 
@@ -112,15 +113,21 @@ def encode_stored(records: Iterable[Stored]) -> bytes:
     return _framed(STORED, count, b"".join(parts))
 
 
+def crc(data) -> int:
+    """CRC-32C: the CPU's own instruction through google-crc32c. A batch's CRC was a third of a send's check and half
+    of a pull's framing with zlib's CRC-32, which has no such instruction."""
+    return google_crc32c.value(data)
+
+
 def _framed(kind: int, count: int, body: bytes) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, kind, count, len(body), zlib.crc32(body)) + body
+    return HEADER.pack(MAGIC, VERSION, kind, count, len(body), crc(body)) + body
 
 
 def _header(raw: bytes, kind: int, count_max: int, count_min: int) -> int:
     """The record count of a checked header of ``kind``; the CRC is checked too."""
     if len(raw) < HEADER_BYTES:
         raise invalid(f"a batch is at least its {HEADER_BYTES}-byte header; got {len(raw)} bytes", field="batch")
-    magic, version, got_kind, count, length, crc = HEADER.unpack_from(raw)
+    magic, version, got_kind, count, length, said_crc = HEADER.unpack_from(raw)
     if magic != MAGIC:
         raise invalid(f"not a Stator batch: the magic is {magic!r}, not {MAGIC!r}", field="batch")
     if version != VERSION:
@@ -133,7 +140,7 @@ def _header(raw: bytes, kind: int, count_max: int, count_min: int) -> int:
     if count < count_min or count > count_max:
         raise (too_large if count > count_max else invalid)(
             f"a batch holds {count_min} to {count_max} records; this one says {count}", field="batch", count=count)
-    if zlib.crc32(memoryview(raw)[HEADER_BYTES:]) != crc:
+    if crc(raw[HEADER_BYTES:]) != said_crc:
         raise invalid("the batch's CRC does not match its records: damaged on the way", field="batch")
     return count
 
