@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -124,3 +125,26 @@ def test_blocking_consumer():
             assert c.committed(0) == 2
             c.seek(0, 1)
             assert c.position(0) == 1
+
+
+def test_a_pull_answer_reads_the_same_in_either_form_and_a_damaged_batch_is_unavailable():
+    from multidict import CIMultiDict
+
+    from client.formats import pulled
+    from client import Unavailable
+    from wire import batch
+    from wire.caller import Answer
+    fields = {"next_offset": 9, "min_offset": 0, "max_offset": 9}
+    raw = batch.encode_stored([batch.Stored(7, 5, batch.record(batch.Message("k", {"p": "1"}, b"\xff", False))),
+                               batch.Stored(8, 6, batch.record(batch.Message(None, None, "é".encode(), True)))])
+    as_batch = pulled(Answer(200, raw, CIMultiDict({"X-Pull": json.dumps(fields)}), "http://b"))
+    as_json = pulled(Answer(200, {**fields, "messages": [
+        {"offset": 7, "ts": 5, "key": "k", "props": {"p": "1"}, "body_b64": "/w=="},
+        {"offset": 8, "ts": 6, "key": None, "props": {}, "body": "é"}]}, CIMultiDict(), "http://b"))
+    assert as_batch[1] == as_json[1] and as_batch[0] == fields and as_json[0]["next_offset"] == 9
+    assert [(m.body, m.text) for m in as_batch[1]] == [(b"\xff", False), ("é".encode(), True)]
+    damaged = raw[:-1] + bytes([raw[-1] ^ 1])
+    with pytest.raises(Unavailable, match="cannot be read"):
+        pulled(Answer(200, damaged, CIMultiDict({"X-Pull": json.dumps(fields)}), "http://b"))
+    with pytest.raises(Unavailable, match="cannot be read"):
+        pulled(Answer(200, raw, CIMultiDict(), "http://b"))   # no X-Pull
