@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 import aiohttp
 
 from wire import batch
-from wire.caller import (ERROR_TEXT_CHARS_MAX, TRANSPORT_ERRORS, Answer, _tls_hint, auth_headers, client_timeout)
-from wire.errors import ApiError, StatorError, Unavailable
+from wire.caller import Answer, request_once
+from wire.errors import ApiError, Unavailable
 from .selection import Message
 
 BINARY = "binary"
@@ -124,30 +124,8 @@ def pulled(answer: Answer) -> tuple[Mapping[str, Any], list[Pulled]]:
 async def request(session: aiohttp.ClientSession, method: str, url: str, *, token: str | None,
                   body: Outgoing | None = None, params: Mapping[str, Any] | None = None,
                   headers: Mapping[str, str] | None = None, timeout_s: float) -> Answer:
-    """``wire.caller.request_once`` for both forms: ``body`` may be bytes, and a batch answer (200/201 with the batch
-    content type) is returned with its bytes as ``Answer.body``. Any other answer is JSON, and an error status is
-    raised as the API error, as ``request_once`` does."""
+    """``wire.caller.request_once`` with ``body`` in either form; a batch answer comes back with its bytes."""
     body = body or Outgoing()
-    q = {k: str(v) for k, v in (params or {}).items() if v is not None}
-    try:
-        async with session.request(method, url, json=body.json, data=body.data, params=q,
-                                   headers=auth_headers(token, {**(headers or {}), **body.headers}),
-                                   timeout=client_timeout(timeout_s)) as resp:
-            raw = await resp.read()
-            status, resp_headers, content_type = resp.status, resp.headers, resp.content_type
-    except TRANSPORT_ERRORS as e:
-        raise Unavailable(f"{method} {url}: {type(e).__name__}: {e}{_tls_hint(url, e)}", url=url, cause=e) from e
-    ok = status in (200, 201)
-    if ok and content_type == batch.CONTENT_TYPE:
-        return Answer(status, raw, resp_headers, url)
-    try:
-        parsed: Any = jsonlib.loads(raw) if raw else None
-    except (ValueError, UnicodeDecodeError):
-        parsed = raw[:ERROR_TEXT_CHARS_MAX].decode("utf-8", "replace")
-        if ok:
-            raise StatorError(status, "INTERNAL", f"{method} {url}: answer is not JSON: {parsed[:100]!r}", url=url)
-    if not ok:
-        err = StatorError.from_response(status, parsed, url=url)
-        err.headers = resp_headers
-        raise err
-    return Answer(status, parsed, resp_headers, url)
+    return await request_once(session, method, url, token=token, json=body.json, data=body.data, params=params,
+                              headers={**(headers or {}), **body.headers}, timeout_s=timeout_s,
+                              raw_answer=batch.CONTENT_TYPE)

@@ -36,7 +36,8 @@ TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, a
 
 @dataclass(frozen=True)
 class Answer(VersionHeaders):
-    """One HTTP answer: status, parsed JSON body (None when empty), headers, and the URL that answered."""
+    """One HTTP answer: status, parsed JSON body (None when empty; bytes for a ``raw_answer``), headers, and the URL
+    that answered."""
     status: int
     body: Any
     headers: Mapping[str, str]
@@ -105,19 +106,23 @@ def _tls_hint(url: str, e: BaseException) -> str:
 
 
 async def request_once(session: aiohttp.ClientSession, method: str, url: str, *, token: str | None,
-                       json: Any = None, params: Mapping[str, Any] | None = None,
+                       json: Any = None, data: bytes | None = None, params: Mapping[str, Any] | None = None,
                        headers: Mapping[str, str] | None = None, timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
-                       ok: Iterable[int] = (200, 201)) -> Answer:
+                       ok: Iterable[int] = (200, 201), raw_answer: str | None = None) -> Answer:
     """One request, bounded by ``timeout_s``. Returns the answer when its status is in ``ok``; raises the API error
-    (``StatorError`` subclass) for any other status and ``Unavailable`` when there is no answer."""
+    (``StatorError`` subclass) for any other status and ``Unavailable`` when there is no answer. ``data``: a body of
+    bytes (its Content-Type in ``headers``) instead of ``json``. ``raw_answer``: a content type whose successful
+    answers are returned with their bytes as ``Answer.body`` (a binary batch); every other answer is JSON."""
     q = {k: str(v) for k, v in (params or {}).items() if v is not None}
     try:
-        async with session.request(method, url, json=json, params=q, headers=auth_headers(token, headers),
+        async with session.request(method, url, json=json, data=data, params=q, headers=auth_headers(token, headers),
                                    timeout=client_timeout(timeout_s)) as resp:
             raw = await resp.read()
-            status, resp_headers = resp.status, resp.headers
+            status, resp_headers, content_type = resp.status, resp.headers, resp.content_type
     except TRANSPORT_ERRORS as e:
         raise Unavailable(f"{method} {url}: {type(e).__name__}: {e}{_tls_hint(url, e)}", url=url, cause=e) from e
+    if raw_answer is not None and content_type == raw_answer and status in tuple(ok):
+        return Answer(status, raw, resp_headers, url)
     body: Any = None
     is_json = True
     if raw:
