@@ -246,6 +246,11 @@ async def test_every_refused_vector_is_400_and_stores_nothing(cluster):
     assert (s, b["error"]["code"]) == (400, "INVALID_ARGUMENT"), b
     s, b = await post(c, "refused", data=b'{"messages":[{"body":"a"}]}', headers=BATCH)
     assert (s, b["error"]["code"]) == (400, "INVALID_ARGUMENT"), b
+    # A JSON body_b64 that is not base64 has no bytes a binary reader could be given: refused whole, by name.
+    for bad in ("AAE", "AA=E", "not base64!", "AAEC/w==x"):
+        s, b = await post(c, "refused", json_body={"messages": [{"body": "ok"}, {"body_b64": bad}]})
+        assert (s, b["error"]["code"], b["error"]["details"].get("field")) == (400, "INVALID_ARGUMENT", "body_b64"), \
+            (bad, s, b)
     assert await max_offset(c, "refused") == 1
     # JSON under the types tools put on a body whose caller named none is still taken as JSON.
     for kind in ("application/json; charset=utf-8", "application/octet-stream", None):

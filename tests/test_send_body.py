@@ -4,6 +4,7 @@ refuse with the same code, message and details."""
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 
@@ -81,6 +82,13 @@ def test_plain_bodies_are_told_from_the_rest():
     assert not plain_json_text(b'{"body":"\x7f"}')
 
 
+@pytest.mark.parametrize("bad", ["AAE", "AA=E", "plain text", "AAEC/w==x", "\u00e9"])
+def test_bad_base64_is_refused_the_same_on_both_paths(bad):
+    raw = json.dumps({"messages": [{"body_b64": bad}]}).encode()
+    fast = _fast(raw)
+    assert fast == _full(raw) and fast["error"]["code"] == "INVALID_ARGUMENT", fast
+
+
 def test_random_messages_store_the_same_bytes_either_way():
     """Messages of characters the escaper treats each its own way, written as clients write them (spaces or not,
     ASCII-escaped or raw UTF-8): the hot path must store exactly the bytes the full path stores."""
@@ -93,7 +101,9 @@ def test_random_messages_store_the_same_bytes_either_way():
         alphabet = rnd.choice([plain, escaped])
         messages = []
         for _ in range(rnd.randint(1, 5)):
-            m = {rnd.choice(["body", "body_b64"]): text() if rnd.random() < 0.5 else "plain text"}
+            value = text() if rnd.random() < 0.5 else "plain text"
+            # body_b64 carries base64 (anything else is refused on both paths, test_bad_base64_...).
+            m = {"body": value} if rnd.random() < 0.5 else {"body_b64": base64.b64encode(value.encode()).decode()}
             if rnd.random() < 0.5:
                 m["key"] = text() if rnd.random() < 0.5 else None
             if rnd.random() < 0.3:
