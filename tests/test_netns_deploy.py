@@ -16,7 +16,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from client import AdminClient, Producer, PullConsumer
+from tests.support.tls_cluster import stop_processes
 from wire.tls import TlsFiles, client_context
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +40,6 @@ HOSTS = 3
 IP_TIMEOUT_S = 10.0          # one `ip` command
 READY_TIMEOUT_S = 90.0       # six processes starting at once on a loaded machine
 CLI_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 15.0
 POLL_S = 0.3
 CERT_VALID_DAYS = 2
 META_PORT, BROKER_PORT = 7100, 7200             # the example's ports, each in its own namespace
@@ -176,18 +175,6 @@ def start(namespace: str, host_dir: str, role: str) -> subprocess.Popen:
                                 stdout=log, stderr=subprocess.STDOUT, cwd=host_dir)
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(STOP_TIMEOUT_S)
-
-
 def _tail(host_dirs: list[str]) -> str:
     out = []
     for d in host_dirs:
@@ -242,7 +229,7 @@ async def test_the_three_host_example_runs_with_tls_in_network_namespaces(tmp_pa
             await wait_ready(metas + brokers, ctx, procs, host_dirs)
             await _check_cluster(tmp, host_dirs, hosts, operator, ctx, metas, brokers, prometheus)
         finally:
-            stop(procs)
+            stop_processes(procs)
         for d in host_dirs:
             with open(os.path.join(d, "meta.log")) as f:
                 lines = [json.loads(line) for line in f if line.startswith("{")]
