@@ -1,4 +1,4 @@
-"""Physical queue storage: append-only segment files of framed records, by physical offset. Pure storage, no HTTP.
+"""Physical queue storage: append-only segment files of frames of records, by physical offset. Pure storage, no HTTP.
 
     store = QueueStore(root)                      # many queues by name under one directory
     queue = store.create("orders.q3.g1.i7", start_offset=0)
@@ -15,12 +15,12 @@ from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, 
 from .handles import HandlePool
 from .names import dir_name, queue_name
 from .queue import PhysicalQueue
-from .record import Record
+from .record import Record, Run
 from .store import QueueStore
 
 __all__ = [
     "FLUSH_FSYNC", "FLUSH_INTERVAL", "QueueConfig",
     "BatchTooLarge", "CorruptData", "CorruptQueue", "InvalidArgument", "InvalidQueueName", "OffsetOutOfRange",
     "QueueClosed", "QueueExists", "QueueFailed", "QueueNotFound", "RecordTooLarge", "StorageError", "TooManyQueues",
-    "HandlePool", "dir_name", "queue_name", "PhysicalQueue", "Record", "QueueStore",
+    "HandlePool", "dir_name", "queue_name", "PhysicalQueue", "Record", "Run", "QueueStore",
 ]

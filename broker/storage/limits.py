@@ -4,13 +4,15 @@ KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 
-# One record: its payload (the broker's JSON of body, key and props) and its framing header.
+# One record: its payload (a message in the form the broker stored it), behind its 4-byte size.
 RECORD_BYTES_MAX = 4 * MIB
-RECORD_HEADER_BYTES = 24
+RECORD_SIZE_BYTES = 4
 
-# One append call: a batch is framed into one buffer and written with one write, never split across files.
+# One append call: a batch is one frame (record.py), written with one write, never split across files.
 BATCH_RECORDS_MAX = 10_000
 BATCH_BYTES_MAX = 16 * MIB
+FRAME_HEADER_BYTES = 32
+FRAME_BYTES_MAX = BATCH_BYTES_MAX + BATCH_RECORDS_MAX * RECORD_SIZE_BYTES   # the records of one frame
 
 # One read call. A read returns at least one record when one exists, even if it alone exceeds its byte budget,
 # so that a consumer with a small budget is never stuck behind a large record.
@@ -29,7 +31,7 @@ SCAN_CHUNK_BYTES = 1 * MIB
 SEGMENT_BYTES_MAX_DEFAULT = 64 * MIB
 SEGMENT_BYTES_LIMIT_MIN = 1 * KIB
 SEGMENT_BYTES_LIMIT_MAX = 1 * GIB
-SEGMENT_FILE_BYTES_MAX = SEGMENT_BYTES_LIMIT_MAX + BATCH_BYTES_MAX + BATCH_RECORDS_MAX * RECORD_HEADER_BYTES
+SEGMENT_FILE_BYTES_MAX = SEGMENT_BYTES_LIMIT_MAX + FRAME_HEADER_BYTES + FRAME_BYTES_MAX
 
 # Sparse index: an entry every so many bytes or records, whichever comes first. Its memory is about
 # 16 bytes per interval of data (64 KiB per full default segment); a lookup scans at most one interval.

@@ -23,7 +23,7 @@ from .config import FLUSH_FSYNC, QueueConfig
 from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, OffsetOutOfRange, QueueClosed,
                      QueueExists, QueueFailed, RecordTooLarge)
 from .handles import HandlePool
-from .record import Record, encode_batch
+from .record import HEADER_BYTES, SIZE_BYTES, Record, Run, frame_header, pack_records, records_fill, records_of
 from .segment import Segment
 
 CREATING_PREFIX = ".creating-"
@@ -175,39 +175,54 @@ class PhysicalQueue:
 
     # Writing.
 
-    def append(self, payloads: Sequence[bytes], ts_ms: int) -> int:
-        """Appends a batch at offsets first, first + 1, ... and returns first. With flush policy "fsync" the batch
-        is on disk when this returns. Timestamps are kept non-decreasing: a ts_ms below the last one is stored as
-        the last one, so that lookups by time stay binary searches when the clock steps back."""
+    def append(self, payloads: Sequence[bytes], ts_ms: int, tag: int = 0) -> int:
+        """Appends a batch at offsets first, first + 1, ... as one frame and returns first. With flush policy "fsync"
+        the batch is on disk when this returns. Timestamps are kept non-decreasing: a ts_ms below the last one is
+        stored as the last one, so that lookups by time stay binary searches when the clock steps back. `tag` is
+        kept with the frame and handed back with every run read from it (record.py)."""
         if not isinstance(payloads, (list, tuple)):
             raise InvalidArgument("payloads must be a list of bytes", type=type(payloads).__name__)
         count = len(payloads)
-        if not 0 < count <= limits.BATCH_RECORDS_MAX:
-            raise BatchTooLarge(f"a batch holds 1 to {limits.BATCH_RECORDS_MAX} records", records=count)
-        _check_int("ts_ms", ts_ms, 0, limits.TS_MS_MAX)
+        _check_count(count)
         try:
             longest, total = max(map(len, payloads)), sum(map(len, payloads))
         except TypeError:
             raise InvalidArgument("payloads must be a list of bytes") from None
         if longest > limits.RECORD_BYTES_MAX:
             raise RecordTooLarge(f"a record holds at most {limits.RECORD_BYTES_MAX} bytes", record_bytes=longest)
-        if total > limits.BATCH_BYTES_MAX:
-            raise BatchTooLarge(f"a batch holds at most {limits.BATCH_BYTES_MAX} bytes", batch_bytes=total)
-        with self._lock:
-            return self._append(payloads, count, ts_ms)
+        _check_batch_bytes(total)
+        return self._checked_append(pack_records(payloads), count, ts_ms, tag)
 
-    def _append(self, payloads: Sequence[bytes], count: int, ts_ms: int) -> int:
+    def append_records(self, records: bytes, count: int, ts_ms: int, tag: int = 0) -> int:
+        """append() of `count` records already framed as a frame holds them (size u32, bytes; a ``wire.batch`` SEND
+        batch's records are): written as they are, no copy per record."""
+        _check_count(count)
+        if type(records) is not bytes:
+            raise InvalidArgument("records must be bytes", type=type(records).__name__)
+        _check_batch_bytes(len(records) - SIZE_BYTES * count)
+        if not records_fill(records, count):
+            raise InvalidArgument(f"records must be {count} records of at most {limits.RECORD_BYTES_MAX} bytes, "
+                                  "each behind its u32 size, and nothing else")
+        return self._checked_append(records, count, ts_ms, tag)
+
+    def _checked_append(self, records: bytes, count: int, ts_ms: int, tag: int) -> int:
+        _check_int("ts_ms", ts_ms, 0, limits.TS_MS_MAX)
+        _check_int("tag", tag, 0, 2**32 - 1)
+        with self._lock:
+            return self._append(records, count, ts_ms, tag)
+
+    def _append(self, records: bytes, count: int, ts_ms: int, tag: int) -> int:
         self._check_writable()
         active = self._segments[-1]
         first = active.end_offset
         if first + count > limits.OFFSET_MAX:
             raise InvalidArgument("the queue has run out of offsets", max_offset=first)
         ts = ts_ms if ts_ms > self._last_ts else self._last_ts
-        buf, starts = encode_batch(payloads, first, ts)
-        if active.end_pos and active.end_pos + len(buf) > self.config.segment_bytes_max:
+        if active.end_pos and active.end_pos + HEADER_BYTES + len(records) > self.config.segment_bytes_max:
             active = self._roll()
+        header = frame_header(records, count, first, ts, tag)
         try:
-            active.append(buf, starts, ts, count)
+            active.append(header, records, ts, count)
         except QueueFailed:
             self._failed = True
             raise
@@ -273,22 +288,28 @@ class PhysicalQueue:
              max_bytes: int = limits.READ_BYTES_DEFAULT) -> list[Record]:
         """Records from `offset` on, at most max_records of them and max_bytes of payload (but at least one record
         when offset < max_offset). Empty at or past max_offset; OffsetOutOfRange below min_offset."""
+        return [r for run in self.read_runs(offset, max_records, max_bytes) for r in records_of(run)]
+
+    def read_runs(self, offset: int, max_records: int = limits.READ_RECORDS_DEFAULT,
+                  max_bytes: int = limits.READ_BYTES_DEFAULT) -> list[Run]:
+        """read() as runs of records still framed as stored, one or more per frame read (record.py)."""
         _check_int("offset", offset, 0, limits.OFFSET_MAX)
         _check_int("max_records", max_records, 1, limits.READ_RECORDS_MAX)
         _check_int("max_bytes", max_bytes, 1, limits.READ_BYTES_MAX)
         with self._lock:
             return self._read(offset, max_records, max_bytes)
 
-    def _read(self, offset: int, max_records: int, max_bytes: int) -> list[Record]:
+    def _read(self, offset: int, max_records: int, max_bytes: int) -> list[Run]:
         self._check_open()
         if offset < self._bases[0]:
             raise OffsetOutOfRange("offset is below the first kept record", offset=offset,
                                    min_offset=self._bases[0], max_offset=self._max_offset())
         if offset >= self._max_offset():
             return []
-        out: list[Record] = []
+        out: list[Run] = []
         i = bisect_right(self._bases, offset) - 1
         budget = max_bytes
+        left = max_records
         while True:
             segment = self._segments[i]
             if offset >= segment.end_offset:
@@ -297,9 +318,10 @@ class PhysicalQueue:
                     return out
                 raise CorruptData("records are missing from a damaged segment file", offset=offset,
                                   next_offset=self._bases[i + 1])
-            budget = segment.read(offset, max_records, budget, out)
-            offset = out[-1].offset + 1
-            if (len(out) >= max_records or offset < segment.end_offset or i + 1 == len(self._segments)
+            taken, budget = segment.read(offset, left, budget, out)
+            left -= taken
+            offset = out[-1].offset + out[-1].count
+            if (not left or offset < segment.end_offset or i + 1 == len(self._segments)
                     or self._bases[i + 1] != offset):
                 return out
             i += 1
@@ -411,6 +433,16 @@ def _take_clean_marker(path: str, active_base: int) -> int | None:
     if type(base) is not int or type(file_bytes) is not int or base != active_base:
         return None
     return file_bytes
+
+
+def _check_count(count: int) -> None:
+    if not 0 < count <= limits.BATCH_RECORDS_MAX:
+        raise BatchTooLarge(f"a batch holds 1 to {limits.BATCH_RECORDS_MAX} records", records=count)
+
+
+def _check_batch_bytes(total: int) -> None:
+    if total > limits.BATCH_BYTES_MAX:
+        raise BatchTooLarge(f"a batch holds at most {limits.BATCH_BYTES_MAX} bytes", batch_bytes=total)
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:

@@ -1,4 +1,4 @@
-"""One segment: a data file of framed records named by its first offset, and its sparse index file.
+"""One segment: a data file of frames (record.py) named by its first offset, and its sparse index file.
 
 The last segment of a queue is active: it holds a read-write descriptor and is appended to; its index lives in
 memory and is written out when it is sealed or the queue closes cleanly. Every other segment is sealed: read-only,
@@ -20,7 +20,7 @@ from .config import QueueConfig
 from .errors import CorruptData, QueueFailed
 from .handles import HandlePool
 from .index import ENTRY_BYTES, TRAILER, SparseIndex
-from .record import HEADER_BYTES, STOP_BAD, STOP_LIMIT, Record, frame_bytes_at, parse
+from .record import HEADER_BYTES, SIZE_BYTES, STOP_BAD, STOP_LIMIT, Run, frame_at, frame_bytes_at, parse
 from .scan import ScanResult, scan
 
 
@@ -131,24 +131,27 @@ class Segment:
 
     # Writing (active segment only).
 
-    def append(self, buf: bytes, starts: list[int], ts_ms: int, count: int) -> None:
-        """Writes one framed batch at the end. On failure the file is cut back, so a failed append leaves nothing."""
+    def append(self, header: bytes, records: bytes, ts_ms: int, count: int) -> None:
+        """Writes one frame at the end. On failure the file is cut back, so a failed append leaves nothing."""
         pos = self.end_pos
-        view = memoryview(buf)
+        size = len(header) + len(records)
         try:
-            done = 0
-            while done < len(view):
-                written = os.pwrite(self.fd, view[done:], pos + done)
-                if not written:
-                    raise OSError(errno.ENOSPC, "write made no progress", self.path)
-                done += written
+            done = os.pwritev(self.fd, (header, records), pos)
+            if done < size:   # a short write: the rest from one joined buffer
+                rest = memoryview(header + records)
+                try:
+                    while done < size:
+                        written = os.pwrite(self.fd, rest[done:], pos + done)
+                        if not written:
+                            raise OSError(errno.ENOSPC, "write made no progress", self.path)
+                        done += written
+                finally:
+                    rest.release()
         except OSError:
             self._undo(pos)
             raise
-        finally:
-            view.release()
-        self.index.add_batch(self.end_offset - self.base, starts, pos, ts_ms)
-        self.end_pos = self.file_bytes = pos + len(buf)
+        self.index.add_batch(self.end_offset - self.base, (0,), pos, ts_ms)
+        self.end_pos = self.file_bytes = pos + size
         self.end_offset += count
         self.last_ts = ts_ms
 
@@ -180,40 +183,43 @@ class Segment:
 
     # Reading.
 
-    def read(self, offset: int, records_max: int, bytes_budget: int, out: list[Record]) -> int:
-        """Appends records from `offset` on (base <= offset < end_offset) to `out`; returns the remaining budget.
+    def read(self, offset: int, records_max: int, bytes_budget: int, out: list[Run]) -> tuple[int, int]:
+        """Appends runs of records from `offset` on (base <= offset < end_offset) to `out`; returns (records taken,
+        the remaining budget).
 
-        A record that fails its check ends the read; it raises CorruptData only when it is the first one wanted,
-        so a reader always gets every good record before the damage and then learns where to resume."""
-        if offset == self._hint_offset:
-            cursor, pos = offset, self._hint_pos
-        else:
-            rel, pos = self.index.floor_offset(offset - self.base)
-            cursor = self.base + rel
-        records_max = min(records_max, len(out) + self.end_offset - offset)
+        A frame that fails its check ends the read; it raises CorruptData only when nothing was taken yet, so a
+        reader always gets every good record before the damage and then learns where to resume."""
+        rel, pos = self.index.floor_offset(offset - self.base)
+        cursor = self.base + rel
+        if cursor <= self._hint_offset <= offset and self._hint_pos >= pos:
+            cursor, pos = self._hint_offset, self._hint_pos   # reading on from where the last read stopped
+        records_max = min(records_max, self.end_offset - offset)
         with self._reading() as fd:
             return self._read_from(fd, offset, cursor, pos, records_max, bytes_budget, out)
 
     def _read_from(self, fd: int, offset: int, cursor: int, pos: int, records_max: int, bytes_budget: int,
-                   out: list[Record]) -> int:
+                   out: list[Run]) -> tuple[int, int]:
         need = 0
-        while pos < self.end_pos and len(out) < records_max:
-            want = self._chunk_bytes(pos, need, records_max - len(out), bytes_budget, cursor < offset)
+        taken = 0
+        while pos < self.end_pos and taken < records_max:
+            want = self._chunk_bytes(pos, need, records_max - taken, bytes_budget, cursor < offset)
             buf = os.pread(fd, want, pos)
             if len(buf) < want:
                 raise CorruptData("segment file shrank under the reader", offset=cursor, next_offset=None)
-            used, cursor, bytes_budget, stop = parse(buf, 0, cursor, offset, records_max, bytes_budget, out)
+            used, cursor, got, bytes_budget, stop = parse(buf, 0, cursor, offset, records_max - taken,
+                                                          bytes_budget, out)
+            taken += got
             pos += used
             if stop == STOP_LIMIT:
                 break
             need = frame_bytes_at(buf, used) if used < len(buf) else 0
             if stop == STOP_BAD or pos + need > self.end_pos:
-                if out:
+                if taken:
                     break
-                raise CorruptData("a record failed its check on read", offset=cursor,
-                                  next_offset=self._resume_after(cursor))
+                raise CorruptData("a record failed its check on read", offset=max(cursor, offset),
+                                  next_offset=self._resume_after(max(cursor, offset)))
         self._hint_offset, self._hint_pos = cursor, pos
-        return bytes_budget
+        return taken, bytes_budget
 
     @contextmanager
     def _reading(self) -> Iterator[int]:
@@ -226,10 +232,11 @@ class Segment:
 
     def _chunk_bytes(self, pos: int, need: int, records_left: int, bytes_budget: int, skipping: bool) -> int:
         """How much to pread: the records and bytes still wanted, guessed from this file's mean record size (a short
-        guess costs one more pread, a long one a useless copy), plus one index interval when the read starts at an
-        index entry before the wanted offset; bounded both ways, and never less than the next whole record."""
-        mean_frame = self.end_pos // max(1, self.end_offset - self.base) + 1
-        ahead = min(records_left * HEADER_BYTES + bytes_budget, (records_left + 1) * mean_frame)
+        guess costs one more pread, a long one a useless copy), plus one frame header, plus one index interval when
+        the read starts at an index entry before the wanted offset; bounded both ways, and never less than the next
+        whole frame."""
+        mean_record = self.end_pos // max(1, self.end_offset - self.base) + 1
+        ahead = min(records_left * SIZE_BYTES + bytes_budget, (records_left + 1) * mean_record) + HEADER_BYTES
         if skipping:
             ahead += self.index.interval_bytes
         ahead = min(max(ahead, limits.READ_CHUNK_BYTES_MIN), limits.READ_CHUNK_BYTES_MAX)
@@ -248,13 +255,16 @@ class Segment:
         if i < 0:
             return self.base
         stop = self.end_pos if next_pos is None else next_pos
-        records: list[Record] = []
         with self._reading() as fd:
             buf = os.pread(fd, stop - pos, pos)
-        parse(buf, 0, self.base + self.index.rels[i], 0, 2**63, 2**63, records)
-        for record in records:
-            if record.ts_ms >= ts_ms:
-                return record.offset
+        at, offset = 0, self.base + self.index.rels[i]
+        while True:
+            status, count, frame_ts, _tag, end = frame_at(buf, at, offset)
+            if status >= 0:
+                break
+            if frame_ts >= ts_ms:
+                return offset
+            at, offset = end, offset + count
         return None if next_rel is None else self.base + next_rel
 
     # Closing.

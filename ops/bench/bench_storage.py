@@ -20,7 +20,7 @@ import time
 
 from broker.storage import FLUSH_FSYNC, FLUSH_INTERVAL, PhysicalQueue, QueueConfig
 from broker.storage.files import sync_data
-from broker.storage.limits import RECORD_HEADER_BYTES
+from broker.storage.limits import FRAME_HEADER_BYTES, RECORD_SIZE_BYTES
 
 READ_BATCH_RECORDS = 1_000
 READ_BATCH_BYTES = 4 * 1024 * 1024
@@ -32,7 +32,7 @@ DISK_CEILING_SECONDS = 1.0
 def disk_ceiling(seconds: float, batch: int, message_bytes: int, directory: str) -> dict:
     """Bare appends of one batch's bytes with fdatasync after each, no framing, no Python beyond the loop."""
     path = os.path.join(directory, "ceiling.bin")
-    buf = os.urandom(batch * (message_bytes + RECORD_HEADER_BYTES))
+    buf = os.urandom(FRAME_HEADER_BYTES + batch * (message_bytes + RECORD_SIZE_BYTES))
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         batches, pos = 0, 0
