@@ -17,7 +17,13 @@ from typing import Any, NamedTuple
 from wire import batch
 from wire.errors import invalid
 
-from .storage import Record
+from .storage import Record, Run
+from .storage.record import SIZE, records_of
+
+# The tag each stored frame carries (storage keeps it opaque): the form of all its records. A binary pull forwards a
+# TAG_RECORDS run as it lies on disk; only TAG_JSON runs are converted, record by record.
+TAG_RECORDS = 0   # wire.batch records, as a binary send brought them
+TAG_JSON = 1      # JSON objects, as encode_message wrote a JSON send's messages
 
 _json_str = json.encoder.encode_basestring_ascii  # the C escaper json.dumps uses for strings
 _compact = json.JSONEncoder(separators=(",", ":")).encode
@@ -101,22 +107,35 @@ def _b64decode(text: str) -> bytes:
 
 class RawMessage(NamedTuple):
     """A stored message with its logic offset, spliced into a JSON answer as its JSON object (``as_json_object``)
-    instead of parsing and re-encoding every message. It also reads as a ``wire.batch.Stored`` (``ts_ms``,
-    ``record``), so a binary pull frames the reader's messages as they are: no object per message."""
+    instead of parsing and re-encoding every message."""
     offset: int
     ts: int
     payload: bytes
 
-    @property
-    def ts_ms(self) -> int:
-        return self.ts
-
-    @property
-    def record(self) -> bytes:
-        return as_record(self.payload)
-
     def to_json(self) -> bytes:
         return b'{"offset":%d,"ts":%d,' % (self.offset, self.ts) + as_json_object(self.payload)[1:]
+
+
+def messages(runs: list[Run]) -> list[RawMessage]:
+    """The messages of runs read for a pull (logic offsets), one by one: a JSON answer's, a pop's."""
+    return [RawMessage(r.offset, r.ts_ms, r.payload) for run in runs for r in records_of(run)]
+
+
+def binary_runs(runs: list[Run]) -> list[batch.Run]:
+    """Runs as a STORED batch answers them: a binary send's records as stored, a JSON send's converted."""
+    out = []
+    for run in runs:
+        records = run.records
+        if run.tag != TAG_RECORDS:
+            records = batch.sized(as_record(r.payload) for r in records_of(run))
+        out.append(batch.Run(run.offset, run.ts_ms, run.count, records))
+    return out
+
+
+def run_of(record: Record) -> Run:
+    """One record another broker sent (``stored_record``) as a run of its own, tagged by its form."""
+    tag = TAG_JSON if record.payload[:1] == b"{" else TAG_RECORDS
+    return Run(record.offset, record.ts_ms, 1, tag, SIZE.pack(len(record.payload)) + record.payload)
 
 
 class RawRecord(NamedTuple):
@@ -154,9 +173,12 @@ def stored_record(r: dict[str, Any]) -> Record:
 
 
 def dumps_with_raw(value: Any) -> bytes:
-    """json.dumps that writes RawMessage / RawRecord / RawPopped items of lists as their spliced bytes."""
+    """json.dumps that writes RawMessage / RawRecord / RawPopped items of lists as their spliced bytes, and a list
+    of runs (a pull's) as the messages in them."""
     if isinstance(value, dict):
         return b"{" + b",".join(json.dumps(k).encode() + b":" + dumps_with_raw(v) for k, v in value.items()) + b"}"
+    if isinstance(value, list) and value and isinstance(value[0], Run):
+        value = messages(value)
     if isinstance(value, list) and value and isinstance(value[0], (RawMessage, RawRecord, RawPopped)):
         return b"[" + b",".join(v.to_json() for v in value) + b"]"
     return _compact(value).encode()

@@ -54,14 +54,14 @@ class BrokerMetrics:
         self.fsync = Histogram("stator_broker_fsync_seconds", "One fsync of a queue's active segment file",
                                registry=r, buckets=LATENCY_BUCKETS_S)
 
-    def stored(self, topic: str, payloads: list[bytes]) -> None:
-        self.messages_in.labels(topic).inc(len(payloads))
-        self.bytes_in.labels(topic).inc(sum(len(p) for p in payloads))
+    def stored(self, topic: str, messages: int, payload_bytes: int) -> None:
+        self.messages_in.labels(topic).inc(messages)
+        self.bytes_in.labels(topic).inc(payload_bytes)
 
-    def served(self, topic: str, payloads: list[bytes]) -> None:
-        if payloads:
-            self.messages_out.labels(topic).inc(len(payloads))
-            self.bytes_out.labels(topic).inc(sum(len(p) for p in payloads))
+    def served(self, topic: str, messages: int, payload_bytes: int) -> None:
+        if messages:
+            self.messages_out.labels(topic).inc(messages)
+            self.bytes_out.labels(topic).inc(payload_bytes)
 
 
 class StateCollector:

@@ -16,13 +16,13 @@ from urllib.parse import quote
 
 from wire.errors import ApiError, rejection
 
-from .codec import RawMessage, RawRecord, stored_record
+from .codec import RawRecord, run_of, stored_record
 from .meta_link import MetaLink
 from .metrics import BrokerMetrics
 from .offsets import OffsetStore
 from .peers import Peers
 from .routing import RouteTable, Segment
-from .storage import OffsetOutOfRange, Record
+from .storage import OffsetOutOfRange, Run
 from .writes import Writer, not_leader
 
 PULL_MAX = 1_000
@@ -115,52 +115,52 @@ class Reader:
         if offset >= max_offset:
             out["next_offset"] = max_offset if offset > max_offset else offset
             return out
-        msgs: list[RawMessage] = []
+        runs: list[Run] = []
+        taken = 0
         cursor = offset
         for i, seg in enumerate(decided):
             end = seg.logic_end if seg.logic_end is not None else (
                 decided[i + 1].logic_start if i + 1 < len(decided) else None)
             if end is not None and cursor >= end:
                 continue
+            want = max_n - taken if end is None else min(max_n - taken, end - cursor)
             try:
-                records, physical_max = await self._read(seg, seg.physical(cursor), max_n - len(msgs))
+                read, physical_max = await self._read(seg, seg.physical(cursor), want)
             except ApiError as e:
-                if e.code != "BROKER_UNAVAILABLE" or not msgs:
+                if e.code != "BROKER_UNAVAILABLE" or not runs:
                     raise
                 break  # answer what the live brokers gave; the next pull names the unreachable range
-            for r in records:
-                lo = seg.logic(r.offset)
-                if end is not None and lo >= end:
-                    break
-                msgs.append(RawMessage(lo, r.ts_ms, r.payload))
-                cursor = lo + 1
-            if len(msgs) >= max_n or end is None:
+            for run in read:
+                runs.append(run._replace(offset=seg.logic(run.offset)))
+                taken += run.count
+                cursor = runs[-1].offset + run.count
+            if taken >= max_n or end is None:
                 break
             if cursor < seg.logic(physical_max):
                 break  # the read stopped at its byte budget inside this segment
             # This segment is exhausted; anything between its last message and its end is the bounded gap of a
             # broker that died before sealing: move on to the next segment's start.
             cursor = end
-        out["messages"] = msgs
+        out["messages"] = runs
         out["next_offset"] = cursor
         if self.metrics is not None:
-            self.metrics.served(topic, [m.payload for m in msgs])
+            self.metrics.served(topic, taken, sum(run.payload_bytes for run in runs))
         return out
 
-    async def _read(self, seg: Segment, physical: int, max_n: int) -> tuple[list[Record], int]:
-        """Records from ``physical`` on, and the segment's physical end as far as its broker knows."""
+    async def _read(self, seg: Segment, physical: int, max_n: int) -> tuple[list[Run], int]:
+        """Runs of records from ``physical`` on, and the segment's physical end as far as its broker knows."""
         if seg.broker == self.me:
             pq = self.writer.local_queue(seg)
             if pq is None:
                 return [], seg.physical_start
             try:  # in a thread: the queue's lock may be held by an append's fsync
-                records = await asyncio.to_thread(pq.read, max(physical, pq.min_offset), max_records=max_n,
-                                                  max_bytes=PULL_BYTES_MAX)
-                return records, pq.max_offset
+                runs = await asyncio.to_thread(pq.read_runs, max(physical, pq.min_offset), max_records=max_n,
+                                               max_bytes=PULL_BYTES_MAX)
+                return runs, pq.max_offset
             except OffsetOutOfRange:
                 return [], pq.max_offset
         body = await self.peers.get(seg, _physical_path(seg, offset=physical, max=max_n))
-        return [stored_record(r) for r in body["records"]], body["max_offset"]
+        return [run_of(stored_record(r)) for r in body["records"]], body["max_offset"]
 
     async def _min_offset(self, seg: Segment) -> tuple[int, list[dict[str, Any]]]:
         """The queue's min offset and, when the broker holding it is down, the range that cannot be read now."""

@@ -12,9 +12,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from wire import batch
 from wire.errors import ApiError, invalid, rejection
 
-from .codec import encode_message
+from .codec import TAG_JSON, encode_message
 from .offsets import OffsetStore
 from .pop.wakeup import TopicSignals
 from .routing import RouteTable, Segment
@@ -81,7 +82,7 @@ class Writer:
         return {s.physical_queue: self.max_physical(s) for s in segs}
 
     # -- send --------------------------------------------------------------------------------------------------
-    def _refuse_stale_slot_table(self, topic: str, queue: int, keys: list[str | None], sender: int | None) -> None:
+    def _refuse_stale_slot_table(self, topic: str, queue: int, keyed: bool, sender: int | None) -> None:
         """A keyed message chosen with a slot table older than this broker's must not land here: after a growth
         its key may belong to a new queue, and one written to the old queue after the split point would be
         consumed after the key's newer messages (DESIGN.md invariant 7). NOT_LEADER makes the sender re-read the
@@ -89,7 +90,7 @@ class Writer:
         route = self.routes.routes.get(topic)
         if sender is None or route is None or sender >= route.get("slot_table_version", 0):
             return
-        if any(k is not None for k in keys):
+        if keyed:
             raise rejection(409, "NOT_LEADER", "the sender's route predates the topic's slot table: re-read the "
                             "route and choose the queue again", topic=topic, queue=queue,
                             slot_table_version=route.get("slot_table_version", 0))
@@ -117,27 +118,30 @@ class Writer:
         if not messages or len(messages) > MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
         payloads = [encode_message(m, plain) for m in messages]
-        keys = [m.get("key") for m in messages]   # every message is a dict: encode_message checked
-        return await self.send_stored(topic, queue, payloads, keys, sender_route_version)
+        keyed = any(m.get("key") is not None for m in messages)   # every message is a dict: encode_message checked
+        records = batch.Send(batch.sized(payloads), len(payloads), keyed, sum(map(len, payloads)))
+        return await self.send_records(topic, queue, records, TAG_JSON, sender_route_version, checked=False)
 
-    async def send_stored(self, topic: str, queue: int, payloads: list[bytes], keys: list[str | None],
-                          sender_route_version: int | None = None) -> list[int]:
-        """Append payloads in their stored form (JSON objects, or the records of a binary batch as they came, checked
-        by ``wire.batch.split``), ``keys`` being their messages' keys: where both forms of a send meet."""
-        if not payloads or len(payloads) > MESSAGES_PER_SEND_MAX:
+    async def send_records(self, topic: str, queue: int, send: batch.Send, tag: int,
+                           sender_route_version: int | None = None, checked: bool = True) -> list[int]:
+        """Append a send's records as one frame tagged with their form (``codec.TAG_*``): a binary batch's records
+        as they came, walked already by ``wire.batch.check_send`` (``checked``), or a JSON send's objects, which
+        storage walks for their sizes. Where both forms meet."""
+        if not 0 < send.count <= MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
-        self._refuse_stale_slot_table(topic, queue, keys, sender_route_version)
+        self._refuse_stale_slot_table(topic, queue, send.keyed, sender_route_version)
         while True:
             head = self._writable_head(topic, queue)
             async with self._lock(head.physical_queue):
                 # The route may have moved on while this send waited for the lock: the lock held must be that of
                 # the segment written, or a seal of the new head could read its end while this append runs.
                 if self._writable_head(topic, queue).physical_queue == head.physical_queue:
-                    first = await self._append(head, payloads)
+                    first = await self._append(head, send, tag, checked)
                     break
         if self._appended is not None:
             self._appended.notify(topic)
-        return [head.logic(first + i) for i in range(len(payloads))]
+        first = head.logic(first)
+        return list(range(first, first + send.count))
 
     async def prepare(self, seg: Segment) -> None:
         """Create a new segment's physical queue as soon as the route opens it, on a writer thread.
@@ -154,11 +158,11 @@ class Writer:
             pq = await asyncio.get_running_loop().run_in_executor(self._threads, self.local_queue, seg, True)
         return pq
 
-    async def _append(self, head: Segment, payloads: list[bytes]) -> int:
+    async def _append(self, head: Segment, send: batch.Send, tag: int, checked: bool) -> int:
         """Append within the segment's offset budget; the caller holds the segment's lock."""
         pq = await self._create(head)
         budget = max(self.session.budgets.get(head.physical_queue, 0), head.budget_end)
-        end = pq.max_offset + len(payloads)
+        end = pq.max_offset + send.count
         if end > budget:
             self.session.beat_soon()
             raise rejection(503, "BUDGET_EXHAUSTED", "waiting for meta to renew this queue's offset budget",
@@ -168,7 +172,7 @@ class Writer:
         started = time.perf_counter()
         try:
             first = await asyncio.get_running_loop().run_in_executor(
-                self._threads, pq.append, payloads, int(time.time() * 1000))
+                self._threads, pq.append_records, send.records, send.count, int(time.time() * 1000), tag, checked)
         except InvalidArgument as e:  # too large a record or batch, in storage's terms
             raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
         except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
@@ -176,7 +180,7 @@ class Writer:
                             topic=head.topic, queue=head.queue) from None
         if self.metrics is not None:
             self.metrics.append.observe(time.perf_counter() - started)
-            self.metrics.stored(head.topic, payloads)
+            self.metrics.stored(head.topic, send.count, send.record_bytes)
         return first
 
     async def seal(self, seg: Segment) -> int:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from wire import batch
 from wire.errors import ApiError
 
-VECTORS = json.loads((pathlib.Path(__file__).parent / "vectors" / "batch-v1.json").read_text())
+VECTORS = json.loads((pathlib.Path(__file__).parent / "vectors" / "batch-v2.json").read_text())
 LIMITS = {"count_max": 10_000, "record_bytes_max": 4 * 1024 * 1024}
 
 
@@ -23,48 +23,62 @@ def _message(v: dict) -> batch.Message:
 
 
 @pytest.mark.parametrize("case", VECTORS["send"], ids=lambda c: c["description"])
-def test_a_send_vector_encodes_to_its_bytes_and_splits_back(case):
+def test_a_send_vector_encodes_to_its_bytes_and_checks_back(case):
     messages = [_message(m) for m in case["messages"]]
     raw = batch.encode(messages)
     assert raw.hex() == case["batch_hex"]
-    records, keys = batch.split(raw, **LIMITS)
-    assert keys == [m.key for m in messages]
+    send = batch.check_send(raw, **LIMITS)
+    assert send.records == raw[batch.HEADER_BYTES:] and send.count == len(messages)
+    assert send.keyed == any(m.key is not None for m in messages)
+    records = batch.records_of(send.records, send.count)
     assert [batch.message(r) for r in records] == messages
+    assert send.record_bytes == sum(map(len, records))
 
 
 @pytest.mark.parametrize("case", VECTORS["stored"], ids=lambda c: c["description"])
 def test_a_stored_vector_decodes_to_its_records(case):
     decoded = batch.decode_stored(bytes.fromhex(case["batch_hex"]))
     assert [(o, ts, m) for o, ts, m in decoded] == [(r["offset"], r["ts_ms"], _message(r)) for r in case["records"]]
-    stored = [batch.Stored(r["offset"], r["ts_ms"], batch.record(_message(r))) for r in case["records"]]
-    assert (batch.encode_stored(stored) if stored else batch.empty_stored()).hex() == case["batch_hex"]
+    runs: list[batch.Run] = []   # records at consecutive offsets with one time make one run, as a broker answers
+    for r in case["records"]:
+        rec = batch.sized([batch.record(_message(r))])
+        last = runs[-1] if runs else None
+        if last and last.ts_ms == r["ts_ms"] and last.offset + last.count == r["offset"]:
+            runs[-1] = last._replace(count=last.count + 1, records=last.records + rec)
+        else:
+            runs.append(batch.Run(r["offset"], r["ts_ms"], 1, rec))
+    assert (batch.encode_stored(runs) if runs else batch.empty_stored()).hex() == case["batch_hex"]
 
 
 @pytest.mark.parametrize("case", VECTORS["refused"], ids=lambda c: c["description"])
 def test_a_damaged_vector_is_refused_with_400(case):
     with pytest.raises(ApiError) as refused:
-        batch.split(bytes.fromhex(case["batch_hex"]), **LIMITS)
+        batch.check_send(bytes.fromhex(case["batch_hex"]), **LIMITS)
     assert (refused.value.status, refused.value.code) in ((400, "INVALID_ARGUMENT"), (413, "TOO_LARGE"))
 
 
 def test_an_unknown_version_is_refused_by_name():
     good = bytes.fromhex(VECTORS["send"][0]["batch_hex"])
-    v2 = good[:2] + bytes([2]) + good[3:]
-    with pytest.raises(ApiError) as refused:
-        batch.split(v2, **LIMITS)
-    assert "version 2" in refused.value.message and refused.value.details["supported"] == [1]
+    for version in (1, 3):
+        other = good[:2] + bytes([version]) + good[3:]
+        with pytest.raises(ApiError) as refused:
+            batch.check_send(other, **LIMITS)
+        assert f"version {version}" in refused.value.message and refused.value.details["supported"] == [2]
+        with pytest.raises(ApiError) as refused:
+            batch.decode_stored(other[:3] + bytes([batch.STORED]) + other[4:])
+        assert f"version {version}" in refused.value.message
 
 
 def test_limits_are_held_at_their_edge():
     one = batch.encode([batch.Message(None, None, b"x" * 100)])
     size = 100 + batch.LEAD_BYTES
-    assert batch.split(one, count_max=1, record_bytes_max=size)[0][0].endswith(b"x" * 100)
+    assert batch.check_send(one, count_max=1, record_bytes_max=size).records.endswith(b"x" * 100)
     with pytest.raises(ApiError) as refused:
-        batch.split(one, count_max=1, record_bytes_max=size - 1)
+        batch.check_send(one, count_max=1, record_bytes_max=size - 1)
     assert refused.value.status == 413
     two = batch.encode([batch.Message(None, None, b"")] * 2)
     with pytest.raises(ApiError) as refused:
-        batch.split(two, count_max=1, record_bytes_max=size)
+        batch.check_send(two, count_max=1, record_bytes_max=size)
     assert refused.value.status == 413
 
 
@@ -74,14 +88,18 @@ messages = st.builds(batch.Message, st.none() | texts, st.none() | st.dictionari
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(messages, min_size=1, max_size=20), st.integers(0, 2**62), st.integers(0, 2**62))
-def test_any_batch_round_trips(ms, first, ts):
-    records, keys = batch.split(batch.encode(ms), **LIMITS)
-    assert keys == [m.key for m in ms]
+@given(st.lists(messages, min_size=1, max_size=20), st.integers(0, 2**62), st.integers(0, 2**62), st.data())
+def test_any_batch_round_trips(ms, first, ts, data):
+    send = batch.check_send(batch.encode(ms), **LIMITS)
+    assert send.keyed == any(m.key is not None for m in ms)
+    records = batch.records_of(send.records, send.count)
     expected = [batch.Message(m.key, dict(m.props or {}), m.body, m.text) for m in ms]
     assert [batch.message(r) for r in records] == expected
-    stored = batch.encode_stored(batch.Stored(first + i, ts, r) for i, r in enumerate(records))
-    assert batch.decode_stored(stored) == [(first + i, ts, m) for i, m in enumerate(expected)]
+    cut = data.draw(st.integers(0, len(records)))   # the records answered as one run or two, with two times
+    runs = [batch.Run(first, ts, cut, batch.sized(records[:cut])), batch.Run(first + cut, ts + 1, len(records) - cut,
+                                                                         batch.sized(records[cut:]))]
+    stored = batch.encode_stored(r for r in runs if r.count)
+    assert batch.decode_stored(stored) == [(first + i, ts if i < cut else ts + 1, m) for i, m in enumerate(expected)]
 
 
 def _reframed(body: bytes, count: int) -> bytes:
@@ -100,18 +118,19 @@ def test_a_damaged_batch_is_refused_or_read_whole_never_anything_else(ms, data):
         count = struct.unpack_from("<I", raw, 4)[0]
         raw = bytearray(_reframed(bytes(raw[batch.HEADER_BYTES:]), count))
     try:
-        records, keys = batch.split(bytes(raw), **LIMITS)
+        send = batch.check_send(bytes(raw), **LIMITS)
     except ApiError as e:
         assert (e.status, e.code) in ((400, "INVALID_ARGUMENT"), (413, "TOO_LARGE")), e
         return
     # Accepted: then every record reads back whole, as a broker's JSON answer would read it.
-    assert len(keys) == len(records) and all(isinstance(batch.message(r), batch.Message) for r in records)
+    records = batch.records_of(send.records, send.count)
+    assert len(records) == send.count and all(isinstance(batch.message(r), batch.Message) for r in records)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_are_refused_by_both_decoders(raw):
-    for decode in (lambda b: batch.split(b, **LIMITS), batch.decode_stored):
+    for decode in (lambda b: batch.check_send(b, **LIMITS), batch.decode_stored):
         try:
             decode(raw)
         except ApiError as e:

@@ -3,7 +3,7 @@ JSON, a pull as a STORED batch (Accept) or as JSON, and the two forms interopera
 
 A message is stored in the form it came in and converted at the edge only when the forms differ, so a message sent
 in one form reads back in the other with the same body bytes, key, props and text-ness. Damaged batches (the
-"refused" vectors of tests/vectors/batch-v1.json) are refused before anything is stored. One cluster (one meta node,
+"refused" vectors of tests/vectors/batch-v2.json) are refused before anything is stored. One cluster (one meta node,
 two brokers) serves the module; each test has its own topic.
 """
 
@@ -30,7 +30,7 @@ from wire.batch import Message
 live = pytest.mark.asyncio(loop_scope="module")
 pytestmark = live
 
-VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "vectors", "batch-v1.json")))
+VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "vectors", "batch-v2.json")))
 BATCH = {"Content-Type": batch.CONTENT_TYPE}
 WANT_BATCH = {"Accept": batch.CONTENT_TYPE}
 
@@ -105,17 +105,30 @@ async def pull_binary(c, name: str, offset: int = 0, max_n: int = 1000) -> tuple
         return body, json.loads(r.headers["X-Pull"])
 
 
+def stored_runs(raw: bytes) -> list[tuple[int, int, int, bytes]]:
+    """A STORED batch's runs as (offset, ts_ms, count, sized records), read by hand, not by wire.batch."""
+    magic, version, kind, count, length, crc = batch.HEADER.unpack_from(raw)
+    assert (magic, version, kind, length) == (batch.MAGIC, 2, batch.STORED, len(raw) - batch.HEADER_BYTES)
+    out, pos = [], batch.HEADER_BYTES
+    while pos < len(raw):
+        offset, ts_ms, run_count, run_bytes = struct.unpack_from("<QQII", raw, pos)
+        pos += 24
+        out.append((offset, ts_ms, run_count, raw[pos:pos + run_bytes]))
+        pos += run_bytes
+    assert pos == len(raw) and sum(r[2] for r in out) == count
+    return out
+
+
 def stored_records(raw: bytes) -> list[tuple[int, int, bytes]]:
     """A STORED batch's (offset, ts_ms, record bytes), read by hand: the raw records must be the senders' own."""
-    magic, version, kind, count, length, crc = batch.HEADER.unpack_from(raw)
-    assert (magic, version, kind, length) == (batch.MAGIC, 1, batch.STORED, len(raw) - batch.HEADER_BYTES)
-    out, pos = [], batch.HEADER_BYTES
-    for _ in range(count):
-        offset, ts_ms, size = struct.unpack_from("<QQI", raw, pos)
-        pos += 20
-        out.append((offset, ts_ms, raw[pos:pos + size]))
-        pos += size
-    assert pos == len(raw)
+    out = []
+    for offset, ts_ms, count, records in stored_runs(raw):
+        pos = 0
+        for i in range(count):
+            (size,) = struct.unpack_from("<I", records, pos)
+            out.append((offset + i, ts_ms, records[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        assert pos == len(records)
     return out
 
 
@@ -160,6 +173,9 @@ async def test_a_binary_send_reads_back_the_same_in_json_and_in_binary(cluster):
     assert [r for _, _, r in records] == [batch.record(m) for m in expected], "stored records served as they came"
     assert [(o, ts) for o, ts, _ in records] == [(m["offset"], m["ts"]) for m in got["messages"]]
     assert [m for _, _, m in batch.decode_stored(raw)] == expected
+    # Each send is one run, its records the very bytes the sender's batch carried after its header.
+    sends = [batch.encode(MESSAGES)] + [bytes.fromhex(v["batch_hex"]) for v in VECTORS["send"]]
+    assert [records for _, _, _, records in stored_runs(raw)] == [b[batch.HEADER_BYTES:] for b in sends]
 
 
 async def test_a_json_send_reads_back_the_same_in_binary(cluster):

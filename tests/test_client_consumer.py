@@ -135,8 +135,9 @@ def test_a_pull_answer_reads_the_same_in_either_form_and_a_damaged_batch_is_unav
     from wire import batch
     from wire.caller import Answer
     fields = {"next_offset": 9, "min_offset": 0, "max_offset": 9}
-    raw = batch.encode_stored([batch.Stored(7, 5, batch.record(batch.Message("k", {"p": "1"}, b"\xff", False))),
-                               batch.Stored(8, 6, batch.record(batch.Message(None, None, "é".encode(), True)))])
+    raw = batch.encode_stored([
+        batch.Run(7, 5, 1, batch.sized([batch.record(batch.Message("k", {"p": "1"}, b"\xff", False))])),
+        batch.Run(8, 6, 1, batch.sized([batch.record(batch.Message(None, None, "é".encode(), True))]))])
     as_batch = pulled(Answer(200, raw, CIMultiDict({"X-Pull": json.dumps(fields)}), "http://b"))
     as_json = pulled(Answer(200, {**fields, "messages": [
         {"offset": 7, "ts": 5, "key": "k", "props": {"p": "1"}, "body_b64": "/w=="},

@@ -16,7 +16,7 @@ from runtime.server import error_middleware, public, require_declared_roles, req
 from wire.params import int_in
 
 from ..config import BrokerConfig
-from ..codec import dumps_with_raw
+from ..codec import TAG_RECORDS, binary_runs, dumps_with_raw
 from ..node import BrokerNode
 from ..pop import params as pop_params
 from ..storage.limits import RECORD_BYTES_MAX
@@ -116,15 +116,17 @@ async def send(request: web.Request) -> web.Response:
     if kind == batch.CONTENT_TYPE:
         # The binary batch: its header, CRC and every record's lengths are checked before anything is appended;
         # the records are stored as they came, bodies never read.
-        payloads, keys = batch.split(raw, count_max=MESSAGES_PER_SEND_MAX, record_bytes_max=RECORD_BYTES_MAX)
-        offsets = await node.writer.send_stored(topic, queue, payloads, keys, sender_version)
+        send = batch.check_send(raw, count_max=MESSAGES_PER_SEND_MAX, record_bytes_max=RECORD_BYTES_MAX)
+        offsets = await node.writer.send_records(topic, queue, send, TAG_RECORDS, sender_version)
     else:
         # The hot path: the envelope is checked in send_body.py, each message by the codec as it encodes it (a model
         # check of 100 messages would cost a fifth of the encoding again); tests/test_openapi_live.py holds the two
         # together.
         messages, plain = read_send(raw)
         offsets = await node.writer.send(topic, queue, messages, sender_version, plain)
-    return _respond({"queue": queue, "offsets": offsets})
+    # The answer of every send, written directly: a hundred offsets through dumps_with_raw was a tenth of a send.
+    return web.Response(body=b'{"queue":%d,"offsets":[%s]}' % (queue, ",".join(map(str, offsets)).encode()),
+                        content_type="application/json")
 
 
 def _token(raw: object) -> int | None:
@@ -146,11 +148,10 @@ async def pull(request: web.Request) -> web.Response:
     answer = await node.reader.pull(topic, queue, offset, max_n, held_by)
     if not _wants_batch(request.headers.get("Accept")):
         return _respond(answer)
-    # The binary answer: the messages (codec.RawMessage, which reads as a batch.Stored) as a STORED batch,
-    # binary-stored records framed as they are and JSON-stored ones converted; every other field of the JSON answer
-    # in one header.
-    messages = answer.pop("messages")
-    body = batch.encode_stored(messages) if messages else batch.empty_stored()
+    # The binary answer: the runs read as a STORED batch, a binary send's records as they lie on disk and a JSON
+    # send's converted; every other field of the JSON answer in one header.
+    runs = answer.pop("messages")
+    body = batch.encode_stored(binary_runs(runs)) if runs else batch.empty_stored()
     return web.Response(body=body, headers={"Content-Type": batch.CONTENT_TYPE,
                                             "X-Pull": json.dumps(answer, separators=(",", ":"))})
 

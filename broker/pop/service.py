@@ -22,7 +22,7 @@ from runtime.credentials import require_broker
 from wire.errors import ApiError, rejection
 
 from ..chores import Chores
-from ..codec import RawMessage, RawPopped
+from ..codec import RawMessage, RawPopped, messages
 from ..reads import PULL_BYTES_MAX, Reader
 from ..routing import RouteTable, Segment
 from ..storage import files
@@ -271,7 +271,7 @@ class PopService:
         res = await self.reader.pull(topic, queue, st.next_offset, n)
         now = now_ms()
         out = []
-        for m in res["messages"]:
+        for m in messages(res["messages"]):
             if m.offset < st.next_offset:
                 continue
             seq = self._next_seq()
@@ -331,7 +331,7 @@ class PopService:
             if budget <= 0:
                 break
             res = await self.reader.read_history(topic, queue, run[0], len(run))
-            for m in res["messages"]:
+            for m in messages(res["messages"]):
                 found[m.offset] = m
                 budget -= len(m.payload)
             stepped = res["next_offset"] if not res.get("unavailable") else res["min_offset"]

@@ -28,7 +28,7 @@ from typing import NamedTuple, Sequence
 import google_crc32c
 
 from . import limits
-from .errors import InvalidArgument
+from .errors import InvalidArgument, RecordTooLarge
 
 HEADER = struct.Struct("<IIQQII")
 HEADER_BYTES = HEADER.size
@@ -90,19 +90,21 @@ def frame_header(records: bytes, count: int, first_offset: int, ts_ms: int, tag:
                        first_offset, ts_ms, count, tag)
 
 
-def records_fill(records: bytes, count: int) -> bool:
-    """Whether `records` is exactly `count` sized records (what an append of prebuilt records must be)."""
+def check_records(records: bytes, count: int) -> None:
+    """Refuses `records` unless they are exactly `count` sized records (what an append of prebuilt records must be),
+    none past limits.RECORD_BYTES_MAX."""
     pos, end = 0, len(records)
     unpack = SIZE.unpack_from
     try:
         for _ in range(count):
             (size,) = unpack(records, pos)
             if size > limits.RECORD_BYTES_MAX:
-                return False
+                raise RecordTooLarge(f"a record holds at most {limits.RECORD_BYTES_MAX} bytes", record_bytes=size)
             pos += SIZE_BYTES + size
     except struct.error:
-        return False
-    return pos == end
+        pos = end + 1
+    if pos != end:
+        raise InvalidArgument(f"records must be {count} records, each behind its u32 size, and nothing else")
 
 
 def records_of(run: Run) -> list[Record]:

@@ -289,8 +289,9 @@ class FakeBroker:
         self.forms.append(("POST", "binary" if binary else "json"))
         if binary:
             try:
-                body = {"messages": [_json_message(batch.message(r)) for r in
-                                     batch.split(await request.read(), count_max=1024, record_bytes_max=1 << 22)[0]]}
+                send = batch.check_send(await request.read(), count_max=1024, record_bytes_max=1 << 22)
+                body = {"messages": [_json_message(batch.message(r))
+                                     for r in batch.records_of(send.records, send.count)]}
             except ApiError as e:
                 return error(e.status, e.code, str(e), **e.details)
         else:
@@ -333,8 +334,8 @@ class FakeBroker:
             nxt = page[-1]["offset"] + 1
         fields = {"next_offset": nxt, "min_offset": lo, "max_offset": hi}
         if batch_wanted(request):
-            return web.Response(body=batch.encode_stored(batch.Stored(m["offset"], m["ts"], batch.record(
-                _batch_message(m))) for m in page), content_type=batch.CONTENT_TYPE,
+            return web.Response(body=batch.encode_stored(batch.Run(m["offset"], m["ts"], 1, batch.sized([batch.record(
+                _batch_message(m))])) for m in page), content_type=batch.CONTENT_TYPE,
                 headers={"X-Pull": json.dumps(fields, separators=(",", ":"))})
         return web.json_response({"messages": page, **fields})
 

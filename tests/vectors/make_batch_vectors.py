@@ -1,4 +1,4 @@
-"""Writes tests/vectors/batch-v1.json from wire/batch.py: ``python -m tests.vectors.make_batch_vectors``.
+"""Writes tests/vectors/batch-v2.json from wire/batch.py: ``python -m tests.vectors.make_batch_vectors``.
 
 Run it only when the format's version changes: the file is what clients in other languages check against, and
 tests/test_batch_format.py holds the encoder to it byte for byte."""
@@ -11,7 +11,7 @@ import struct
 
 from wire import batch
 
-OUT = pathlib.Path(__file__).with_name("batch-v1.json")
+OUT = pathlib.Path(__file__).with_name("batch-v2.json")
 
 
 def _m(key, props, body, text) -> batch.Message:
@@ -27,7 +27,7 @@ SENDS = [
 ]
 
 
-def _header(body: bytes, count: int = 1, version: int = 1, kind: int = batch.SEND, magic: bytes = b"SB") -> bytes:
+def _header(body: bytes, count: int = 1, version: int = batch.VERSION, kind: int = batch.SEND, magic: bytes = b"SB") -> bytes:
     return batch.HEADER.pack(magic, version, kind, count, len(body), batch.crc(body)) + body
 
 
@@ -48,7 +48,7 @@ def vectors() -> dict:
         ("a bad CRC", _flipped(good, len(good) - 1)),
         ("short: cut inside the header", good[:10]),
         ("short: cut inside the records", good[:-2]),
-        ("version 2", _header(records, version=2)),
+        ("version 1, the format before runs", _header(records, version=1)),
         ("a STORED batch sent", _header(records, kind=batch.STORED)),
         ("wrong magic", _header(records, magic=b"XB")),
         ("the count says two, one follows", _header(records, count=2)),
@@ -58,18 +58,21 @@ def vectors() -> dict:
         ("a key that is not UTF-8", _header(struct.pack("<IBIII", 15, 0, 2, 0, 0) + b"\xff\xfe")),
     ]
     three = SENDS[2][1]
-    stored_records, _ = batch.split(batch.encode(three), count_max=10, record_bytes_max=1 << 20)
+    sized = batch.check_send(batch.encode(three), count_max=10, record_bytes_max=1 << 20).records
+    first_two = len(batch.sized(batch.record(m) for m in three[:2]))
     ts0 = 1_764_000_000_000
+    times = [ts0, ts0, ts0 + 5]
     return {
         "format": "docs/batch-format.md", "version": batch.VERSION,
         "crc": "CRC-32C (Castagnoli; crc32c(b'123456789') == 0xe3069283) of the bytes after the 16-byte header",
         "send": [{"description": d, "messages": [_as_json(m) for m in ms], "batch_hex": batch.encode(ms).hex()}
                  for d, ms in SENDS],
         "stored": [
-            {"description": "a pull's answer: the three messages above at offsets 41, 42, 43",
-             "records": [{"offset": 41 + i, "ts_ms": ts0 + i, **_as_json(m)} for i, m in enumerate(three)],
-             "batch_hex": batch.encode_stored(batch.Stored(41 + i, ts0 + i, r)
-                                              for i, r in enumerate(stored_records)).hex()},
+            {"description": "a pull's answer: the three messages above at offsets 41, 42, 43, the first two "
+                            "appended together (one run), the third later (a run of its own)",
+             "records": [{"offset": 41 + i, "ts_ms": times[i], **_as_json(m)} for i, m in enumerate(three)],
+             "batch_hex": batch.encode_stored([batch.Run(41, ts0, 2, sized[:first_two]),
+                                               batch.Run(43, ts0 + 5, 1, sized[first_two:])]).hex()},
             {"description": "a pull that found nothing", "records": [], "batch_hex": batch.empty_stored().hex()},
         ],
         "refused": [{"description": d, "batch_hex": raw.hex()} for d, raw in refused],
