@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
+from runtime import event_loop
 from runtime.serve import StartupError, listening_socket, serve_app, start_power_loss_ledger
 
 GIL_SWITCH_INTERVAL_S = 0.001
@@ -36,8 +36,8 @@ def run_meta(config_path: str, power_loss_ledger: bool = False) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     check_raft_address(config.raft)
     try:
-        asyncio.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,
-                              config.http_connections_max, config.metrics_listen))
+        event_loop.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,
+                                 config.http_connections_max, config.metrics_listen))
     except SyncObjException as e:
         # pysyncobj gave up binding after conf.maxBindRetries attempts (the port was taken after the check above).
         if e.errorCode != "BindError":

@@ -1,6 +1,7 @@
 """Produce and consume throughput of a broker (or of several on one machine): 1 KB x 100 per batch, fsync per batch.
 
     python -m ops.bench.broker_throughput [--seconds 10] [--queues 8] [--concurrency 16] [--generators 2] [--brokers 1]
+                                          [--wire binary|json] [--pull-max 100]
 
 Starts its own cluster (3 meta nodes, ``--brokers`` brokers) in a temp dir, produces for a fixed time over several
 queues, then consumes everything back with pulls of 100; prints one JSON object: messages/s each way, batch and pull
@@ -35,6 +36,7 @@ from ops.bench.common import cpu_seconds, free_base_port, metric_sums
 BATCH = 100
 BODY = "x" * 1000
 WIRE = "binary"   # the form of sends and pulls: "binary" (wire/batch.py, the client's default) or "json"
+PULL_MAX = BATCH  # messages a consumer's pull asks for (the API allows up to 1,000; a Kafka fetch takes up to 500)
 START_DELAY_S = 1.0          # generators start together, this long after they are handed their work
 DISK_CEILING_SECONDS = 2.0
 
@@ -74,7 +76,8 @@ async def consume(session, url, token, topic, queue, end, lat) -> int:
     offset, got = 0, 0
     while offset < end:
         t = time.perf_counter()
-        async with session.get(f"{url}/v1/messages/{topic}/{queue}?offset={offset}&max={BATCH}", headers=headers) as r:
+        async with session.get(f"{url}/v1/messages/{topic}/{queue}?offset={offset}&max={PULL_MAX}",
+                               headers=headers) as r:
             if WIRE == "binary":
                 # The count from the header, not a decode of every record: the figure is the broker's, and a
                 # generator decoding 300,000 messages a second would measure itself.
@@ -215,7 +218,7 @@ def run(args) -> dict:
             disk = ceiling["messages_per_s"]
             return {
                 "benchmark": "broker_throughput", "message_bytes": len(BODY), "batch": BATCH, "flush": "fsync",
-                "wire": WIRE,
+                "wire": WIRE, "pull_max": PULL_MAX,
                 "queues": args.queues, "concurrency": args.concurrency, "generators": args.generators,
                 "brokers": args.brokers,
                 "disk_ceiling": ceiling,
@@ -228,7 +231,7 @@ def run(args) -> dict:
 
 
 def main() -> None:
-    global WIRE
+    global WIRE, PULL_MAX
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--queues", type=int, default=8)
@@ -236,8 +239,11 @@ def main() -> None:
     ap.add_argument("--generators", type=int, default=2, help="load generator processes")
     ap.add_argument("--brokers", type=int, default=1, help="broker processes the topic's queues are spread over")
     ap.add_argument("--wire", choices=("binary", "json"), default=WIRE, help="the form of sends and pulls")
+    ap.add_argument("--pull-max", type=int, default=PULL_MAX, help="messages a pull asks for (1-1000)")
     args = ap.parse_args()
-    WIRE = args.wire   # before the generator processes fork
+    WIRE, PULL_MAX = args.wire, args.pull_max   # before the generator processes fork
+    if not 1 <= PULL_MAX <= 1000:
+        ap.error("--pull-max must be between 1 and 1000")
     if args.brokers < 1 or args.queues < args.brokers:
         ap.error("--brokers must be between 1 and --queues")
     print(json.dumps(run(args)))
