@@ -13,8 +13,8 @@ from CONCURRENCY connections, closed loop, for ``--duration`` seconds each, Redi
   the replies), packed once per connection as Stator's payload is encoded once. With ``appendfsync always``
   Redis fsyncs its AOF once per event-loop turn, before it answers the commands read in that turn: a pipelined
   batch is acknowledged only once on disk, as a Stator batch is.
-- consume: everything each side holds (its warm-up included) read back; Stator with ``broker_throughput``'s pulls of
-  ``--batch``, Redis with XRANGE pages of REDIS_PAGE.
+- consume: everything each side holds (its warm-up included) read back in pages of REDIS_PAGE: Stator with
+  ``broker_throughput``'s pulls (``max`` = the page), Redis with XRANGE (COUNT = the page).
 
 Per side and phase: messages, msg/s, latency per batch (pull or page on consume) p50/p99/max in ms, the server
 process's CPU seconds (utime+stime from /proc over the phase, the generators' 1 s start wait included, idle for
@@ -43,7 +43,7 @@ from ops.bench.common import cpu_seconds, emit, free_base_port, free_port, loada
 
 QUEUES = 8                  # broker_throughput's defaults: queues, and connections spread over them
 CONCURRENCY = 16
-REDIS_PAGE = 1000           # XRANGE COUNT of one consume request
+REDIS_PAGE = 1000           # messages of one consume request: XRANGE's COUNT, a Stator pull's max
 REDIS_READY_TIMEOUT_S = 30.0
 REDIS_STOP_TIMEOUT_S = 10.0
 REDIS_SOCKET_TIMEOUT_S = 30.0   # every redis-py call: connect, and each answer
@@ -233,7 +233,7 @@ def _streams() -> list[str]:
 def _use_shape(batch: int, size: int) -> None:
     """broker_throughput keeps its message shape in module constants (BATCH, BODY) that its produce, consume and
     _phase read when they run: set here in this process and, as the pool's initializer, in each generator."""
-    bt.BATCH, bt.BODY = batch, "x" * size
+    bt.BATCH, bt.BODY, bt.PULL_MAX = batch, "x" * size, REDIS_PAGE
 
 
 def _within(timeout_s: float, fn, *args):
@@ -326,7 +326,7 @@ def run(args: argparse.Namespace, binary: str) -> dict:
                            f"per connection, redis-py asyncio, hiredis {'yes' if _hiredis() else 'no'}; "
                            f"consume: XRANGE pages of {REDIS_PAGE}",
                   "stator": f"1 broker, 3 meta nodes (broker_throughput's); produce: one POST of {args.batch} per "
-                            f"batch, fsync per batch; consume: pulls of {args.batch}",
+                            f"batch, fsync per batch; consume: pulls of {REDIS_PAGE}",
                   "server_cpu_s": "utime+stime of the server process over the phase, the 1 s start wait included",
                   "nproc": os.cpu_count()},
         "redis": redis_side,
