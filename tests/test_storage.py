@@ -371,10 +371,6 @@ def test_damage_found_on_read_names_where_to_resume(tmp_path):
         check_records(read_all(q, resume), resume, 50)
 
 
-@pytest.mark.xfail(strict=True, raises=CorruptData,
-                   reason="storage bug: Segment._read_from raises CorruptData when it took nothing in its own file, "
-                          "though the queue read already holds records of the previous file; the reader gets an "
-                          "error naming a later offset and, resuming at its next_offset, never gets those records")
 def test_a_read_reaching_into_a_damaged_file_first_returns_the_good_records_before_it(tmp_path):
     path = tmp_path / "q"
     q = PhysicalQueue.create(str(path), 0, SMALL)

@@ -105,6 +105,8 @@ def served(path: Path) -> dict[int, tuple[int, bytes]]:
             try:
                 records = q.read(offset, 7)
             except CorruptData as e:
+                # It names the offset asked for: a read never skips good records in front of the damage.
+                assert e.offset == offset, (e.offset, offset)
                 assert e.next_offset is not None and e.next_offset > offset, e.details
                 offset = e.next_offset
                 continue

@@ -214,7 +214,7 @@ class Segment:
                 break
             need = frame_bytes_at(buf, used) if used < len(buf) else 0
             if stop == STOP_BAD or pos + need > self.end_pos:
-                if taken:
+                if out:   # records of this read, or of an earlier file of the same read
                     break
                 raise CorruptData("a record failed its check on read", offset=max(cursor, offset),
                                   next_offset=self._resume_after(max(cursor, offset)))
