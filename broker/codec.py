@@ -132,6 +132,12 @@ def binary_runs(runs: list[Run]) -> list[batch.Run]:
     return out
 
 
+def popped_batch(deliveries: list["RawPopped"]) -> bytes:
+    """A pop's deliveries as a POPPED batch, each message as a record (``as_record``)."""
+    return batch.encode_popped(batch.Popped(d.queue, d.offset, d.attempt, d.handle, as_record(d.payload))
+                               for d in deliveries)
+
+
 def run_of(record: Record) -> Run:
     """One record another broker sent (``stored_record``) as a run of its own, tagged by its form."""
     tag = TAG_JSON if record.payload[:1] == b"{" else TAG_RECORDS

@@ -26,7 +26,7 @@ import aiohttp
 
 from wire.errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
 from wire.caller import Answer, Backoff, Deadline
-from .formats import WIRE_FORMAT_DEFAULT, Body, Outgoing, Pulled, check_wire_format, pull_headers, pulled, request
+from .formats import WIRE_FORMAT_DEFAULT, Body, Outgoing, Pulled, check_wire_format, accept_headers, pulled, request
 from .lifecycle import TopicClient
 from .routes import Route, RouteSubscription
 
@@ -165,7 +165,7 @@ class PullConsumer(TopicClient):
         n = max_messages or self.max_messages
         params: dict[str, Any] = {"offset": offset, "max": n, "group": self.group, "token": lock_token}
         path = f"/v1/messages/{quote(self.topic, safe='')}/{queue}"
-        answer = await self._broker_call("GET", queue, path, params=params, headers=pull_headers(self.wire_format))
+        answer = await self._broker_call("GET", queue, path, params=params, headers=accept_headers(self.wire_format))
         fields, got = pulled(answer)
         msgs = sorted((_received(self.topic, queue, m) for m in got), key=lambda m: m.offset)
         msgs = [m for m in msgs if m.offset >= offset]

@@ -4,9 +4,11 @@ the default, or JSON (``wire_format="json"``: what people and ``curl`` read, kep
 One place decides it for both directions:
 - a send (``send_body``) is a SEND batch with ``Content-Type: application/vnd.stator.batch``, or ``{"messages": [...]}``;
   its answer is JSON either way;
-- a pull asks with ``Accept: application/vnd.stator.batch`` (``pull_headers``) and gets a STORED batch whose other
+- a pull asks with ``Accept: application/vnd.stator.batch`` (``accept_headers``) and gets a STORED batch whose other
   fields (next_offset, min_offset, max_offset, unavailable, held_by) come in the ``X-Pull`` header as JSON; a JSON
-  answer (no Accept, or a broker that answered JSON anyway) is read too (``pulled``).
+  answer (no Accept, or a broker that answered JSON anyway) is read too (``pulled``);
+- a pop asks the same way and gets a POPPED batch, each message behind its queue, offset, attempt and receipt handle,
+  or JSON (``popped``).
 Bodies are bytes on the way out of either form: a JSON ``body`` is its UTF-8 bytes (``text``), ``body_b64`` its
 decoded bytes. A ``str`` body is sent as UTF-8 marked as text, ``bytes`` as they are.
 """
@@ -98,8 +100,8 @@ def send_body(messages: Iterable[Message], form: str) -> Outgoing:
                     headers={"Content-Type": batch.CONTENT_TYPE})
 
 
-def pull_headers(form: str) -> dict[str, str]:
-    """What a pull in ``form`` asks for."""
+def accept_headers(form: str) -> dict[str, str]:
+    """What a pull or a pop in ``form`` asks for."""
     return {"Accept": batch.CONTENT_TYPE} if form == BINARY else {}
 
 
@@ -119,6 +121,31 @@ def pulled(answer: Answer) -> tuple[Mapping[str, Any], list[Pulled]]:
     if not isinstance(fields, dict):
         raise Unavailable(f"GET {answer.url}: {PULL_HEADER} is not a JSON object", url=answer.url)
     return fields, [Pulled(offset, ts, m.key, m.props or {}, m.body, m.text) for offset, ts, m in triples]
+
+
+class Delivered(NamedTuple):
+    """One message of a pop's answer, whichever form it came in."""
+    queue: int
+    offset: int
+    attempt: int
+    handle: str
+    key: str | None
+    props: Mapping[str, str]
+    body: bytes
+    text: bool
+
+
+def popped(answer: Answer) -> list[Delivered]:
+    """A pop's messages, from a POPPED batch or a JSON answer. A damaged batch is ``Unavailable``."""
+    if not isinstance(answer.body, bytes):
+        fields = answer.body if isinstance(answer.body, dict) else {}
+        return [Delivered(int(m["queue"]), int(m["offset"]), int(m["attempt"]), m["handle"], m.get("key"),
+                          m.get("props") or {}, *body_bytes(m)) for m in fields.get("messages", [])]
+    try:
+        deliveries = batch.decode_popped(answer.body)
+    except ApiError as e:
+        raise Unavailable(f"POST {answer.url}: the batch answer cannot be read: {e}", url=answer.url) from e
+    return [Delivered(q, o, a, h, m.key, m.props or {}, m.body, m.text) for q, o, a, h, m in deliveries]
 
 
 async def request(session: aiohttp.ClientSession, method: str, url: str, *, token: str | None,

@@ -9,7 +9,8 @@ One popper per broker holding queue heads (taken from the route, so a remap move
 - The handler raises: a nack: the invisible time is set to a backoff growing with the attempt, so the message
   comes back (with ``attempt`` + 1) after it, or goes to the group's dead-letter queue after ``max_attempts``.
 Acks and nacks go to the broker that popped the message (handles are that broker's). With ``order=True`` the broker
-hands out one batch per queue at a time, and this consumer handles each queue's batch in offset order.
+hands out one batch per queue at a time, and this consumer handles each queue's batch in offset order. Pops answer
+binary batches by default (``wire_format="json"`` for JSON; client/formats.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -27,7 +27,8 @@ import aiohttp
 from .background import BackgroundTasks, InBackground
 from wire.errors import Closed, StatorError, TopicNotFound
 from wire.caller import Backoff, new_session, request_once
-from .formats import Body, body_bytes
+from .formats import (WIRE_FORMAT_DEFAULT, Body, Delivered, Outgoing, accept_headers, check_wire_format, popped,
+                      request)
 from .lifecycle import TopicClient
 from .routes import RouteSubscription
 
@@ -65,10 +66,8 @@ class PoppedMessage(Body):
 Handler = Callable[[PoppedMessage], Awaitable[None]]
 
 
-def _decode(topic: str, broker: str, m: Mapping[str, Any]) -> PoppedMessage:
-    body, text = body_bytes(m)
-    return PoppedMessage(topic, int(m["queue"]), int(m["offset"]), body, int(m["attempt"]), m["handle"], broker,
-                         m.get("key"), m.get("props") or {}, text)
+def _decode(topic: str, broker: str, d: Delivered) -> PoppedMessage:
+    return PoppedMessage(topic, d.queue, d.offset, d.body, d.attempt, d.handle, broker, d.key, d.props, d.text)
 
 
 class PopConsumer(InBackground, TopicClient):
@@ -80,7 +79,8 @@ class PopConsumer(InBackground, TopicClient):
                  max_messages: int = POP_MAX_DEFAULT,
                  invisible_ms: int = INVISIBLE_MS_DEFAULT, wait_ms: int = WAIT_MS_DEFAULT,
                  concurrency: int = CONCURRENCY_DEFAULT, order: bool = False,
-                 nack_backoff: Backoff | None = None, error_backoff: Backoff | None = None):
+                 nack_backoff: Backoff | None = None, error_backoff: Backoff | None = None,
+                 wire_format: str = WIRE_FORMAT_DEFAULT):
         if not INVISIBLE_MS_MIN <= invisible_ms:
             raise ValueError(f"invisible_ms must be at least {INVISIBLE_MS_MIN}")
         if not 1 <= max_messages <= 1000 or not 1 <= concurrency or not 0 <= wait_ms <= 30_000:
@@ -89,6 +89,7 @@ class PopConsumer(InBackground, TopicClient):
         self.group = group
         self.token = token
         self.handler = handler
+        self.wire_format = check_wire_format(wire_format)
         self._take_routes(meta_urls, token, routes, route_mode, session, ssl_context)
         self.max_messages = max_messages
         self.invisible_ms = invisible_ms
@@ -157,9 +158,12 @@ class PopConsumer(InBackground, TopicClient):
             await self._gate.acquire()          # room for at least one handler before asking for more
             self._gate.release()
             try:
-                answer = await request_once(self.session(), "POST", path, token=self.token, timeout_s=self.deadline_s,
-                                            json={"group": self.group, "max": self.max_messages, "order": self.order,
-                                                  "invisible_ms": self.invisible_ms, "wait_ms": self.wait_ms})
+                answer = await request(self.session(), "POST", path, token=self.token, timeout_s=self.deadline_s,
+                                       body=Outgoing(json={"group": self.group, "max": self.max_messages,
+                                                           "order": self.order, "invisible_ms": self.invisible_ms,
+                                                           "wait_ms": self.wait_ms}),
+                                       headers=accept_headers(self.wire_format))
+                deliveries = popped(answer)
                 failures = 0
             except StatorError as e:
                 if e.status in (400, 401, 403) or isinstance(e, TopicNotFound):
@@ -168,7 +172,7 @@ class PopConsumer(InBackground, TopicClient):
                 log.info("pop_failed", extra={"broker": address, "error": repr(e)})
                 await asyncio.sleep(self.error_backoff.delay_s(failures))
                 continue
-            messages = [_decode(self.topic, address, m) for m in answer.body.get("messages", [])]
+            messages = [_decode(self.topic, address, d) for d in deliveries]
             if self.order:
                 by_queue: dict[int, list[PoppedMessage]] = {}
                 for m in sorted(messages, key=lambda m: m.offset):

@@ -50,6 +50,14 @@ def test_a_stored_vector_decodes_to_its_records(case):
     assert (batch.encode_stored(runs) if runs else batch.empty_stored()).hex() == case["batch_hex"]
 
 
+@pytest.mark.parametrize("case", VECTORS["popped"], ids=lambda c: c["description"])
+def test_a_popped_vector_decodes_to_its_deliveries(case):
+    raw = bytes.fromhex(case["batch_hex"])
+    want = [(d["queue"], d["offset"], d["attempt"], d["handle"], _message(d)) for d in case["deliveries"]]
+    assert batch.decode_popped(raw) == want
+    assert batch.encode_popped(batch.Popped(q, o, a, h, batch.record(m)) for q, o, a, h, m in want) == raw
+
+
 @pytest.mark.parametrize("case", VECTORS["refused"], ids=lambda c: c["description"])
 def test_a_damaged_vector_is_refused_with_400(case):
     with pytest.raises(ApiError) as refused:
@@ -102,6 +110,15 @@ def test_any_batch_round_trips(ms, first, ts, data):
     assert batch.decode_stored(stored) == [(first + i, ts if i < cut else ts + 1, m) for i, m in enumerate(expected)]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**62), st.integers(1, 2**32 - 1),
+                          st.text(alphabet="abcXYZ019-_.", max_size=40), messages), max_size=10))
+def test_any_pop_answer_round_trips(deliveries):
+    raw = batch.encode_popped(batch.Popped(q, o, a, h, batch.record(m)) for q, o, a, h, m in deliveries)
+    assert batch.decode_popped(raw) == [(q, o, a, h, batch.Message(m.key, dict(m.props or {}), m.body, m.text))
+                                        for q, o, a, h, m in deliveries]
+
+
 def _reframed(body: bytes, count: int) -> bytes:
     """A header that agrees with ``body``: the damage is then inside the records, past the CRC's reach."""
     return batch.HEADER.pack(batch.MAGIC, batch.VERSION, batch.SEND, count, len(body), batch.crc(body)) + body
@@ -130,7 +147,7 @@ def test_a_damaged_batch_is_refused_or_read_whole_never_anything_else(ms, data):
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_are_refused_by_both_decoders(raw):
-    for decode in (lambda b: batch.check_send(b, **LIMITS), batch.decode_stored):
+    for decode in (lambda b: batch.check_send(b, **LIMITS), batch.decode_stored, batch.decode_popped):
         try:
             decode(raw)
         except ApiError as e:

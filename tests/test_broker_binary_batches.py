@@ -351,3 +351,26 @@ async def test_pop_and_dead_letters_of_binary_sent_messages_are_json(cluster):
     dlq = await wait_until(dead_lettered, 15, "the message in the DLQ")
     assert [(m["topic"], m["queue"], m["origin_offset"]) for m in dlq] == [("binpop", 0, 0)]
     assert fields(dlq[0]) == as_json(MESSAGES[0])
+
+
+async def test_a_binary_pop_answers_both_forms_byte_identical_and_its_handles_ack(cluster):
+    c = cluster
+    await topic(c, "popbin", brokers=("b1",))
+    await send_batch(c, "popbin", MESSAGES)
+    sent_json = [{"body": "caf\u00e9", "key": "k"}, {"body_b64": "AP8=", "props": {"p": "1"}}]
+    await send_json(c, "popbin", sent_json)
+    expected = MESSAGES + [of_json(m) for m in sent_json]
+    b1 = c.url("b1")
+    async with c.session.post(f"{b1}/v1/pop/popbin", json={"group": "popbin-g", "max": 100, "invisible_ms": 5000},
+                              headers=c.headers("client", **WANT_BATCH)) as r:
+        raw = await r.read()
+        assert r.status == 200 and r.headers["Content-Type"] == batch.CONTENT_TYPE, raw[:300]
+    deliveries = sorted(batch.decode_popped(raw), key=lambda d: d[1])
+    assert [(q, o, a) for q, o, a, _, _ in deliveries] == [(0, i, 1) for i in range(len(expected))]
+    assert [m for _, _, _, _, m in deliveries] == expected
+    s, acked, _ = await c.call("POST", f"{b1}/v1/ack", "client",
+                               json={"group": "popbin-g", "handles": [h for _, _, _, h, _ in deliveries]})
+    assert s == 200 and [r["ok"] for r in acked["results"]] == [True] * len(expected), acked
+    async with c.session.post(f"{b1}/v1/pop/popbin", json={"group": "popbin-g", "max": 100, "wait_ms": 0},
+                              headers=c.headers("client", **WANT_BATCH)) as r:
+        assert r.status == 200 and batch.decode_popped(await r.read()) == []   # all acked: an empty POPPED batch

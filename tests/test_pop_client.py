@@ -9,6 +9,8 @@ import asyncio
 import collections
 import time
 
+import pytest
+
 from client import AdminClient, Backoff, PopConsumer, PoppedMessage, Producer
 from client.selection import RoundRobinSelector
 from tests.support import cluster as cluster_mod
@@ -79,10 +81,24 @@ async def _true(v: bool) -> bool:
     return v
 
 
-def test_a_popped_body_is_bytes_whichever_json_field_carried_it():
+def test_a_popped_body_is_bytes_whichever_form_carried_it():
+    from multidict import CIMultiDict
+
+    from client import Unavailable
+    from client.formats import popped
     from client.pop import _decode
+    from wire import batch
+    from wire.caller import Answer
     common = {"queue": 0, "offset": 3, "attempt": 1, "handle": "h"}
-    text = _decode("t", "http://b", {**common, "body": "héllo"})
-    binary = _decode("t", "http://b", {**common, "body_b64": "AP8="})
+    as_json = popped(Answer(200, {"messages": [{**common, "body": "héllo"}, {**common, "key": "k", "props": {"p": "1"},
+                                                                             "body_b64": "AP8="}]},
+                            CIMultiDict(), "http://b"))
+    raw = batch.encode_popped([batch.Popped(0, 3, 1, "h", batch.record(batch.Message(None, None, "héllo".encode(), True))),
+                               batch.Popped(0, 3, 1, "h", batch.record(batch.Message("k", {"p": "1"}, b"\x00\xff")))])
+    as_batch = popped(Answer(200, raw, CIMultiDict(), "http://b"))
+    assert as_json == as_batch
+    text, binary = (_decode("t", "http://b", d) for d in as_batch)
     assert (text.body, text.text, text.is_text) == ("héllo".encode(), "héllo", True)
-    assert (binary.body, binary.is_text, binary.sent_body) == (b"\x00\xff", False, b"\x00\xff")
+    assert (binary.body, binary.is_text, binary.sent_body, binary.key) == (b"\x00\xff", False, b"\x00\xff", "k")
+    with pytest.raises(Unavailable, match="cannot be read"):
+        popped(Answer(200, raw[:-1] + bytes([raw[-1] ^ 1]), CIMultiDict(), "http://b"))

@@ -7,7 +7,8 @@ its encoder and decoder against. All integers are little-endian.
       magic    2 bytes  b"SB"
       version  u8       1 (any other is refused by name)
       kind     u8       0 SEND: records as a producer writes them; 1 STORED: runs of records, each run behind
-                        its first offset, timestamp, count and length, as a pull answers
+                        its first offset, timestamp, count and length, as a pull answers; 2 POPPED: records each
+                        behind its queue, offset, delivery attempt and receipt handle, as a pop answers
       count    u32      records that follow
       length   u32      bytes that follow the header: all the records, nothing else
       crc      u32      CRC-32C (Castagnoli, as Kafka's record batch) of those ``length`` bytes
@@ -16,7 +17,13 @@ its encoder and decoder against. All integers are little-endian.
       ts_ms    u64      their append time (ms since the epoch)
       count    u32      records in the run, at least 1
       length   u32      bytes of the run's records
-    each record (SEND: all of them after the header; STORED: a run's)
+    POPPED only, in front of each record
+      queue    u32      its logic queue
+      offset   u64      its logic offset
+      attempt  u32      its delivery attempt, 1 for the first
+      handle_len u16    bytes of the receipt handle (ASCII) that follows: what an ack or a change of invisible time
+                        names
+    each record (SEND: all of them after the header; STORED: a run's; POPPED: one behind each delivery)
       size     u32      bytes of the record from ``attrs`` to the end of its body
       attrs    u8       bit 0: the body is text (UTF-8), so a JSON reader gets it as "body", else as "body_b64";
                         the other bits are 0
@@ -50,6 +57,7 @@ VERSION = 2
 MAGIC = b"SB"
 SEND = 0
 STORED = 1
+POPPED = 2
 TEXT = 0x01             # attrs: the body is UTF-8 text
 NO_KEY = 0xFFFFFFFF
 
@@ -59,6 +67,7 @@ _SIZE = struct.Struct("<I")
 _RUN = struct.Struct("<QQII")           # offset, ts_ms, count, length: what a STORED run's records follow
 _LEAD = struct.Struct("<BIII")          # attrs, key_len, props_len, body_len
 _SIZED_LEAD = struct.Struct("<IBIII")   # a SEND record's size, then its lead
+_DELIVERY = struct.Struct("<IQIH")      # queue, offset, attempt, handle_len: what a POPPED record follows
 _PROP_NAME = struct.Struct("<H")
 _PROP_VALUE = struct.Struct("<I")
 LEAD_BYTES = _LEAD.size
@@ -81,6 +90,15 @@ class Run(NamedTuple):
     ts_ms: int
     count: int
     records: bytes
+
+
+class Popped(NamedTuple):
+    """One delivery of a pop's answer: where the message is, which attempt, its receipt handle, its record."""
+    queue: int
+    offset: int
+    attempt: int
+    handle: str
+    record: bytes
 
 
 class Send(NamedTuple):
@@ -128,6 +146,18 @@ def encode_stored(runs: Iterable[Run]) -> bytes:
         parts += (pack(run.offset, run.ts_ms, run.count, len(run.records)), run.records)
         count += run.count
     return _framed(STORED, count, b"".join(parts))
+
+
+def encode_popped(deliveries: Iterable[Popped]) -> bytes:
+    """A POPPED batch (a pop's answer; no deliveries is a count of 0)."""
+    parts = []
+    count = 0
+    pack, size = _DELIVERY.pack, _SIZE.pack
+    for d in deliveries:
+        handle = d.handle.encode("ascii")
+        parts += (pack(d.queue, d.offset, d.attempt, len(handle)), handle, size(len(d.record)), d.record)
+        count += 1
+    return _framed(POPPED, count, b"".join(parts))
 
 
 def crc(data) -> int:
@@ -304,6 +334,35 @@ def decode_stored(raw: bytes, *, count_max: int = 1 << 30) -> list[tuple[int, in
                           field="batch")
     if len(out) != count:
         raise invalid(f"the header says {count} records, the runs hold {len(out)}", field="batch")
+    return out
+
+
+def decode_popped(raw: bytes, *, count_max: int = 1 << 30) -> list[tuple[int, int, int, str, Message]]:
+    """A POPPED batch as (queue, offset, attempt, handle, message); raises ApiError on a damaged batch."""
+    count = _header(raw, POPPED, count_max, 0)
+    out: list[tuple[int, int, int, str, Message]] = []
+    pos = HEADER_BYTES
+    end = len(raw)
+    for i in range(count):
+        if pos + _DELIVERY.size > end:
+            raise invalid(f"delivery {i}: the batch ends before it", field="batch")
+        queue, offset, attempt, handle_len = _DELIVERY.unpack_from(raw, pos)
+        pos += _DELIVERY.size
+        if pos + handle_len + _SIZE.size > end:
+            raise invalid(f"delivery {i}: the batch ends inside it", field="batch")
+        try:
+            handle = str(raw[pos:pos + handle_len], "ascii")
+        except UnicodeDecodeError:
+            raise invalid(f"delivery {i}: its handle is not ASCII", field="batch") from None
+        pos += handle_len
+        (size,) = _SIZE.unpack_from(raw, pos)
+        pos += _SIZE.size
+        if pos + size > end:
+            raise invalid(f"delivery {i}: {size} bytes said, {end - pos} left", field="batch")
+        out.append((queue, offset, attempt, handle, message(raw[pos:pos + size])))
+        pos += size
+    if pos != end:
+        raise invalid(f"{end - pos} bytes after the last of {count} deliveries", field="batch")
     return out
 
 

@@ -16,7 +16,7 @@ from runtime.server import error_middleware, public, require_declared_roles, req
 from wire.params import int_in
 
 from ..config import BrokerConfig
-from ..codec import TAG_RECORDS, binary_runs, dumps_with_raw
+from ..codec import TAG_RECORDS, binary_runs, dumps_with_raw, popped_batch
 from ..node import BrokerNode
 from ..pop import params as pop_params
 from ..storage.limits import RECORD_BYTES_MAX
@@ -243,6 +243,8 @@ async def pop(request: web.Request) -> web.Response:
     topic = _name(request.match_info["topic"], "topic")
     p = pop_params.pop_request(await _json(request, models.Pop))
     messages = await node.pop.pop(topic, p.group, p.max, p.invisible_ms, p.queue, p.order, p.wait_ms)
+    if _wants_batch(request.headers.get("Accept")):
+        return web.Response(body=popped_batch(messages), headers={"Content-Type": batch.CONTENT_TYPE})
     return _respond({"messages": messages})
 
 

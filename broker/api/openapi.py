@@ -58,6 +58,14 @@ def _pull() -> dict[str, Any]:
     return op
 
 
+def _pop() -> dict[str, Any]:
+    """The pop: JSON, or with ``Accept`` naming the batch type a POPPED batch."""
+    op = _op(f"Pop: messages hidden for invisible_ms, each with a handle: JSON, or a binary POPPED batch (Accept: "
+             f"{batch.CONTENT_TYPE})", M.Popped, params=_p("topic"), body=M.Pop)
+    op["responses"]["200"]["content"].update(_BATCH)
+    return op
+
+
 def _q(*names: str) -> list[dict]:
     return [{"name": n, "in": "query", "required": False, "schema": _STR if n in ("group", "local") else _INT}
             for n in names]
@@ -94,8 +102,7 @@ SPEC: dict[str, Any] = {
                                                          params=_p("topic", "queue") + _q("ts"))},
         "/v1/physical/{pq}": {"get": _op("Records of a physical queue", M.PhysicalRead, roles="broker",
                                          params=_p("pq") + _q("offset", "max", "ts", "start"))},
-        "/v1/pop/{topic}": {"post": _op("Pop: messages hidden for invisible_ms, each with a handle", M.Popped,
-                                        params=_p("topic"), body=M.Pop)},
+        "/v1/pop/{topic}": {"post": _pop()},
         "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle)", M.Acked,
                                 body=M.Ack)},
         "/v1/invisible": {"post": _op("Change a delivery's invisible time: a new handle, the old one expires",

@@ -75,6 +75,14 @@ def vectors() -> dict:
                                                batch.Run(43, ts0 + 5, 1, sized[first_two:])]).hex()},
             {"description": "a pull that found nothing", "records": [], "batch_hex": batch.empty_stored().hex()},
         ],
+        "popped": [
+            {"description": "a pop's answer: the three messages above delivered from queue 2, the second one again",
+             "deliveries": [{"queue": 2, "offset": 41 + i, "attempt": 1 + (i == 1), "handle": f"h{i}.AbC-_",
+                             **_as_json(m)} for i, m in enumerate(three)],
+             "batch_hex": batch.encode_popped(batch.Popped(2, 41 + i, 1 + (i == 1), f"h{i}.AbC-_", batch.record(m))
+                                              for i, m in enumerate(three)).hex()},
+            {"description": "a pop that found nothing", "deliveries": [], "batch_hex": batch.encode_popped([]).hex()},
+        ],
         "refused": [{"description": d, "batch_hex": raw.hex()} for d, raw in refused],
     }
 
