@@ -24,6 +24,8 @@ from typing import Any
 
 from runtime.credentials import token_hash
 
+PORTS_LOW = 20000
+PORTS_ENV = "STATOR_PORTS"
 PORT_SPAN = 100           # a cluster uses base..base+13 (meta) and base+50.. (brokers)
 READY_TIMEOUT_S = 60.0
 READY_POLL_INTERVAL_S = 0.1
@@ -41,12 +43,24 @@ class MemberFailed(RuntimeError):
 def free_base_port() -> int:
     """A base port whose whole span is free, below the ephemeral range: a port in that range can be handed to an
     outgoing connection, and a connect to a node not yet listening can then connect to itself (TCP self-connect)."""
-    low, high = 20000, ephemeral_low() - PORT_SPAN
+    low, high = port_range()
     for _ in range(500):
-        base = random.randrange(low, high) // PORT_SPAN * PORT_SPAN
-        if all(port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
+        base = random.randrange(low, high - PORT_SPAN) // PORT_SPAN * PORT_SPAN
+        if base >= low and all(port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
             return base
     raise RuntimeError("no free port range")
+
+
+def port_range() -> tuple[int, int]:
+    """The ports tests and benches bind, [low, high): from 20000 to the ephemeral range; ``STATOR_PORTS=LOW-HIGH``
+    narrows it (tests/conftest.py gives each parallel test worker a slice of its own, so that two workers never
+    draw the same free range between its check and its bind)."""
+    low, high = PORTS_LOW, ephemeral_low()
+    raw = os.environ.get(PORTS_ENV)
+    if raw:
+        lo, _, hi = raw.partition("-")
+        low, high = max(low, int(lo)), min(high, int(hi))
+    return low, high
 
 
 def ephemeral_low() -> int:

@@ -33,6 +33,11 @@ def check_hash(value: str) -> str:
     return value
 
 
+# What the auth middleware (runtime/server.py) proved of a request's caller: its role, and a broker caller's id.
+ROLE = web.RequestKey("role", str)
+BROKER = web.RequestKey("broker", str)
+
+
 def broker_of(token: str, hashes: Mapping[str, str]) -> str | None:
     """The broker whose token this is, or None; every hash is compared, whatever matched first."""
     presented = token_hash(token).encode()
@@ -45,13 +50,13 @@ def broker_of(token: str, hashes: Mapping[str, str]) -> str | None:
 
 def act_for(request: web.Request, broker: str) -> None:
     """Refuse a broker that acts under another broker's id; an admin acts for any broker (operators)."""
-    if request.get("role") == "broker":
-        require_broker(request.get("broker"), {broker}, f"act as broker {broker!r}")
+    if request.get(ROLE) == "broker":
+        require_broker(request.get(BROKER), {broker}, f"act as broker {broker!r}")
 
 
 def caller_broker(request: web.Request) -> str | None:
     """The broker id a broker caller proved; None for an admin (who may act for any broker)."""
-    return request.get("broker") if request.get("role") == "broker" else None
+    return request.get(BROKER) if request.get(ROLE) == "broker" else None
 
 
 def require_broker(caller: str | None, allowed: set[str], what: str) -> None:

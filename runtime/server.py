@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 
 from runtime.connection_limit import CONNECTION_LIMIT
-from runtime.credentials import broker_of
+from runtime.credentials import BROKER, ROLE, broker_of
 from wire.errors import ApiError
 
 ROLES = ("admin", "broker", "client")
@@ -126,7 +126,7 @@ def error_middleware(tokens: Callable[[web.Application], Mapping[str, str | None
                 if request.match_info.http_exception is None:
                     raise ApiError("this route declares no role: refused", code="PERMISSION_DENIED", status=403)
             elif roles is not None:
-                request["role"], request["broker"] = authenticate(
+                request[ROLE], request[BROKER] = authenticate(
                     request, tokens(request.app), roles, broker_tokens(request.app) if broker_tokens else None)
             resp = await handler(request)
             status = resp.status

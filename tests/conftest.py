@@ -4,13 +4,27 @@ stream and the meta link would)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
 from broker.config import BrokerConfig
 from broker.node import BrokerNode
+from ops import devcluster
 from tests.support import cluster as cluster_mod
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker draws its free port ranges from a slice of its own (STATOR_PORTS): a range
+    found free by one worker could otherwise be taken by another between the check and the bind."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count:
+        return
+    low, high = devcluster.PORTS_LOW, devcluster.ephemeral_low()
+    size = (high - low) // int(count) // devcluster.PORT_SPAN * devcluster.PORT_SPAN
+    first = low + int(worker.removeprefix("gw")) * size
+    os.environ[devcluster.PORTS_ENV] = f"{first}-{first + size}"
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from runtime.credentials import ROLE
 from wire import json_body
 from wire.errors import ApiError
 from wire.params import int_in
@@ -60,7 +61,7 @@ async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200
     svc = service(request)
     refuse_if_no_longer_leader(request)
     status, data = await svc.submit(
-        cmd, actor=request["role"], idempotency_key=request_id_header(request.headers, "Idempotency-Key"),
+        cmd, actor=request[ROLE], idempotency_key=request_id_header(request.headers, "Idempotency-Key"),
         request_id=request_id_header(request.headers, "X-Request-Id"))
     if status == 200 and ok_status != 200:
         status = ok_status

@@ -59,10 +59,10 @@ def raise_fd_limit(want: int = 65536) -> int:
 free_base_port = devcluster.free_base_port  # below the ephemeral range, see ops/devcluster.py
 
 
-def free_port(low: int = 20000, tries: int = 500) -> int:
+def free_port(tries: int = 500) -> int:
     """One free port on 127.0.0.1 below the ephemeral range (for a peer server such as redis-server), for the same
     reason as ``free_base_port``."""
-    high = devcluster.ephemeral_low()
+    low, high = devcluster.port_range()
     for _ in range(tries):
         port = random.randrange(low, high)
         if devcluster.port_free(port):

@@ -91,9 +91,11 @@ class Topology:
 def free_span() -> int:
     """A base port whose whole span of PORT_SPAN ports is free (below the ephemeral range, as devcluster's)."""
     import random
+    low, high = devcluster.port_range()
+    low, high = max(low, PORT_LOW), min(high, PORT_HIGH)
     for _ in range(500):
-        base = random.randrange(PORT_LOW, PORT_HIGH - PORT_SPAN) // PORT_SPAN * PORT_SPAN
-        if all(devcluster.port_free(base + i) for i in range(PORT_SPAN)):
+        base = random.randrange(low, high - PORT_SPAN) // PORT_SPAN * PORT_SPAN
+        if base >= low and all(devcluster.port_free(base + i) for i in range(PORT_SPAN)):
             return base
     raise RuntimeError("no free port range for the chaos cluster")
 
