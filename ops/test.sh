@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ops/system-packages.sh
 bash ops/setup-env.sh dev
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two workers (pytest-xdist), each taking whole modules: most tests wait on real processes, so two share the two
+# cores well; tests/conftest.py gives each worker its own ports and starts the longest modules first.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadscope "$@"

@@ -27,6 +27,18 @@ def pytest_configure(config):
     os.environ[devcluster.PORTS_ENV] = f"{first}-{first + size}"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules holding a test marked ``long(seconds=N)`` first, longest first, each keeping its own order: the parallel
+    workers (ops/test.sh, --dist loadscope) take modules in this order, and a two-minute test started last kept one
+    worker busy alone at the end."""
+    seconds: dict[object, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("long")
+        if mark is not None:
+            seconds[item.module] = max(seconds.get(item.module, 0), mark.kwargs["seconds"])
+    items.sort(key=lambda item: -seconds.get(item.module, 0))
+
+
 @pytest.fixture
 async def meta_cluster(tmp_path):
     """Three meta nodes, no brokers; short broker sessions so expiry tests stay quick."""

@@ -176,6 +176,7 @@ def assert_meta_unchanged(c, before: tuple[int, dict[str, Any]], what: str) -> N
     assert not own, f"a refused request logged events {own}: {what}"
 
 
+@pytest.mark.long(seconds=55)   # its module alone, measured on 2 cores (tests/conftest.py)
 def test_meta_api_keeps_the_contract_whatever_the_input(fuzz_cluster):
     c = fuzz_cluster
     counts: collections.Counter = collections.Counter()

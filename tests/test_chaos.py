@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ops.chaos import runner
 
 SEED = 884
@@ -23,6 +25,7 @@ RUN_TIMEOUT_S = 240     # setup ~5 s + 40 s of faults + heal, read-back and pop 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.long(seconds=60)   # its module alone, measured on 2 cores (tests/conftest.py)
 def test_chaos_run_fixed_seed_finds_no_violation(tmp_path):
     work = tmp_path / "chaos"
     try:

@@ -569,6 +569,7 @@ class LoopRunner:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(RUN_TIMEOUT_S)
 
 
+@pytest.mark.long(seconds=65)   # its module alone, measured on 2 cores (tests/conftest.py)
 @pytest.mark.slow
 async def test_every_operation_keeps_the_contract_whatever_the_input(full_cluster):
     c = full_cluster

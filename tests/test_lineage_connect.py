@@ -62,6 +62,7 @@ COMMANDS = {   # the command's arguments, and its request for run.run_on
 }
 
 
+@pytest.mark.long(seconds=55)   # its module alone, measured on 2 cores (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.timeout(900)   # a JVM start and four commands: minutes on a 2-core machine running the suite beside
 def test_remote_answers_equal_the_local_runs(spark, export, tmp_path):

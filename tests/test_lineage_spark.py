@@ -46,6 +46,7 @@ def event_ts(story, kind: str, **match) -> int:
     return found[0]
 
 
+@pytest.mark.long(seconds=70)   # its module alone, measured on 2 cores (tests/conftest.py)
 def test_locate_every_segment_boundary_across_two_remaps(spark, story, export):
     probes, expected = [], {}
     for q, chain in story.chains.items():

@@ -37,6 +37,7 @@ def timed(argv: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 # Two daemons and two applications, each a driver and an executor JVM: ~10 min on 2 cores with the suite beside.
+@pytest.mark.long(seconds=70)   # its module alone, measured on 2 cores (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_the_job_and_the_cli_on_a_standalone_master_with_one_worker(tmp_path):

@@ -130,6 +130,7 @@ class Phases:
         self.t = now
 
 
+@pytest.mark.long(seconds=80)   # its module alone, measured on 2 cores (tests/conftest.py)
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("queues", QUEUE_COUNTS)
 async def test_a_topic_at_the_queue_limit_survives_three_remaps_under_load(tmp_path, queues):

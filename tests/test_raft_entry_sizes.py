@@ -94,6 +94,7 @@ async def _propose(session: aiohttp.ClientSession, url: str, entry_bytes: int) -
         return await r.json(), time.monotonic() - started
 
 
+@pytest.mark.long(seconds=27)   # its module alone, measured on 2 cores (tests/conftest.py)
 async def test_every_entry_size_is_answered_and_the_log_keeps_going(nodes):
     async with aiohttp.ClientSession() as session:
         leader = await _leader(session, nodes)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import history, ok, wait_until, write_configs_until
 
@@ -31,6 +33,7 @@ async def _digest(c, url: str, version: int) -> str | None:
     return b["sha256"] if s == 200 else None
 
 
+@pytest.mark.long(seconds=110)   # its module alone, measured on 2 cores (tests/conftest.py)
 async def test_acknowledged_writes_survive_kills_during_compaction_and_snapshot_install(tmp_path):
     rng = random.Random(SEED)
     async with cluster_mod.running(str(tmp_path), 3, 0, meta={"raft_tuning": TUNING}) as c:

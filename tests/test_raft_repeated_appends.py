@@ -221,6 +221,7 @@ KILLS = 3
 WRITERS = 16
 
 
+@pytest.mark.long(seconds=25)   # its module alone, measured on 2 cores (tests/conftest.py)
 async def test_followers_never_take_back_applied_entries_while_leaders_are_killed(tmp_path):
     # Writes through every node while the leader is killed (-9) and restarted: the restarted node rejects appends
     # it cannot place, each reject resets the leader's next index, and the leader resends from behind. Measured on
