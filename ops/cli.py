@@ -107,8 +107,8 @@ def broker() -> None:
 def broker_serve(config_path: str, power_loss_ledger: bool) -> None:
     """Run a broker in the foreground."""
     from broker.serve import run_broker
-    from broker.storage.errors import CorruptFile
-    with one_line_errors(CorruptFile):
+    from broker.storage.errors import CorruptFile, UnsupportedFormat
+    with one_line_errors(CorruptFile, UnsupportedFormat):
         run_broker(config_path, power_loss_ledger)
 
 

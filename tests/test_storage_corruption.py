@@ -342,6 +342,23 @@ def test_a_broker_refuses_to_start_on_a_damaged_file_with_one_line_naming_it(tmp
     assert err[0].startswith("error: ") and str(data / damaged) in err[0] and "line 1 (byte 0)" in err[0], err
 
 
+def test_a_broker_refuses_to_start_on_queues_of_another_storage_format_with_one_line(tmp_path):
+    """Queues of storage format 1 (no format file) are refused by name at start, never recovered as damaged."""
+    data = tmp_path / "data"
+    old = data / "queues" / "t.q0"
+    old.mkdir(parents=True)
+    (old / files.log_name(0)).write_bytes(b"\x05\x00\x00\x00" + bytes(20) + b"hello")
+    config = tmp_path / "broker.json"
+    config.write_text(json.dumps({"broker": "b1", "data_dir": str(data), "http": "127.0.0.1:1",
+                                  "meta": ["http://127.0.0.1:2"], "token": "t" * 16, "client_token": "c" * 16}))
+    run = subprocess.run([sys.executable, "-m", "ops.cli", "broker", "serve", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    err = run.stderr.strip().splitlines()
+    assert run.returncode != 0 and len(err) == 1, run.stderr
+    assert err[0].startswith("error: ") and str(data / "queues") in err[0] and "storage format 1" in err[0], err
+    assert (old / files.log_name(0)).stat().st_size == 29, "the old file was left as it was"
+
+
 # -- the meta node's raft journal (meta/raft_journal.py: a CRC over every record) ----------------------------------
 
 def journal_entries() -> list[tuple[bytes, int, int]]:

@@ -412,3 +412,24 @@ def test_random_batches_and_reads_against_a_list_model(plan, start, config):
                 offset = runs[-1].offset + runs[-1].count
         finally:
             q.close()
+
+
+def test_a_store_refuses_queues_of_another_storage_format_by_name(tmp_path):
+    from broker.storage import QueueStore, UnsupportedFormat
+    from broker.storage.store import FORMAT_FILE
+    root = tmp_path / "queues"
+    store = QueueStore(str(root))
+    store.create("a.q0").append([b"x"], 1)
+    store.close()
+    assert (root / FORMAT_FILE).read_bytes() == b"stator-queues 2\n"
+    QueueStore(str(root)).close()   # its own format opens
+    (root / FORMAT_FILE).write_bytes(b"stator-queues 3\n")
+    with pytest.raises(UnsupportedFormat, match="storage format b'stator-queues 3"):
+        QueueStore(str(root))
+    (root / FORMAT_FILE).unlink()   # format 1 wrote no file: its queues are refused, not read as damaged and cut
+    size = sum(f.stat().st_size for f in root.rglob("*.log"))
+    with pytest.raises(UnsupportedFormat, match="storage format 1") as refused:
+        QueueStore(str(root))
+    assert refused.value.code == "UNSUPPORTED_FORMAT" and sum(f.stat().st_size for f in root.rglob("*.log")) == size
+    QueueStore(str(tmp_path / "empty")).close()   # a root with no queues takes this build's format
+    assert (tmp_path / "empty" / FORMAT_FILE).exists()

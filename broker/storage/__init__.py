@@ -11,7 +11,7 @@ Layout and recovery: see segment.py; record framing: record.py; every bound: lim
 from .config import FLUSH_FSYNC, FLUSH_INTERVAL, QueueConfig
 from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, InvalidQueueName, OffsetOutOfRange,
                      QueueClosed, QueueExists, QueueFailed, QueueNotFound, RecordTooLarge, StorageError,
-                     TooManyQueues)
+                     TooManyQueues, UnsupportedFormat)
 from .handles import HandlePool
 from .names import dir_name, queue_name
 from .queue import PhysicalQueue
@@ -22,5 +22,6 @@ __all__ = [
     "FLUSH_FSYNC", "FLUSH_INTERVAL", "QueueConfig",
     "BatchTooLarge", "CorruptData", "CorruptQueue", "InvalidArgument", "InvalidQueueName", "OffsetOutOfRange",
     "QueueClosed", "QueueExists", "QueueFailed", "QueueNotFound", "RecordTooLarge", "StorageError", "TooManyQueues",
+    "UnsupportedFormat",
     "HandlePool", "dir_name", "queue_name", "PhysicalQueue", "Record", "Run", "QueueStore",
 ]

@@ -89,3 +89,10 @@ class CorruptFile(StorageError):
     The message is one line naming the file and where in it the damage begins."""
 
     code = "CORRUPT_FILE"
+
+
+class UnsupportedFormat(StorageError):
+    """The store's directory holds queues in a storage format this build does not read (before 1.0 there is no
+    upgrade path): refused by name, never read as damaged data and cut."""
+
+    code = "UNSUPPORTED_FORMAT"

@@ -17,12 +17,18 @@ from typing import Callable, TypeVar
 
 from . import files, limits
 from .config import QueueConfig
-from .errors import QueueExists, QueueNotFound, TooManyQueues
+from .errors import QueueExists, QueueNotFound, TooManyQueues, UnsupportedFormat
 from .handles import HandlePool
 from .names import dir_name, queue_name
 from .queue import CREATING_PREFIX, PhysicalQueue
 
 DELETING_PREFIX = ".deleting-"
+# The storage format of every queue under a store's root, in a file of its own: 2 is one frame per append
+# (record.py). Format 1 (a header per record) wrote no such file; read as format 2 its files would look damaged and
+# recovery would cut them, so a root with queues and no FORMAT file is refused by name too.
+FORMAT_FILE = ".format"   # a leading dot: no queue's directory is spelled so (names.dir_name escapes it)
+FORMAT_NAME = "stator-queues"
+FORMAT_VERSION = 2
 T = TypeVar("T")
 
 
@@ -36,6 +42,7 @@ class QueueStore:
         self._lock = threading.Lock()
         os.makedirs(self.root, exist_ok=True)
         self._names = self._scan_root()
+        self._check_format()
 
     def _scan_root(self) -> set[str]:
         """Names of the queues on disk, after finishing deletions and dropping creations a crash interrupted."""
@@ -48,6 +55,25 @@ class QueueStore:
             if name is not None and os.path.isdir(os.path.join(self.root, entry)):
                 names.add(name)
         return names
+
+    def _check_format(self) -> None:
+        """Refuses a root whose queues are in another storage format; marks a root without queues as this one's."""
+        path = os.path.join(self.root, FORMAT_FILE)
+        data = files.read_file(path)
+        if data is None:
+            if self._names:
+                raise UnsupportedFormat(f"{self.root}: {len(self._names)} queues and no {FORMAT_FILE} file: storage "
+                                        f"format 1 (a header per record); this build reads format {FORMAT_VERSION}, "
+                                        "and Stator keeps no upgrade path before 1.0: start on an empty directory",
+                                        path=self.root, version=1, supported=[FORMAT_VERSION])
+            files.write_atomic(path, f"{FORMAT_NAME} {FORMAT_VERSION}\n".encode())
+            files.sync_dir(self.root)
+            return
+        name, _, version = data.decode("ascii", "replace").strip().partition(" ")
+        if name != FORMAT_NAME or version != str(FORMAT_VERSION):
+            raise UnsupportedFormat(f"{path}: storage format {data[:40]!r}; this build reads "
+                                    f"'{FORMAT_NAME} {FORMAT_VERSION}', and Stator keeps no upgrade path before 1.0",
+                                    path=path, supported=[FORMAT_VERSION])
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, dir_name(name))
