@@ -41,7 +41,8 @@ SEED = 9
 MUTANT_RUN_S = 120
 RUN_TIMEOUT_S = 900       # setup, 120 s of faults, heal, read-back and drain of a cluster under a bug: generous
 
-pytestmark = [pytest.mark.mutants, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT_S + 120)
+RUNS = pytest.mark.mutants   # the chaos runs: left out of the suite unless asked for (pyproject's addopts)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Mutant:
 
 MUTANTS = [
     # meta: a compare-and-set that lets a stale expected_version through (only a newer one is refused)
-    Mutant("cas_skips_expected_version", "meta/state_machine.py",
+    Mutant("cas_skips_expected_version", "meta/deciders/__init__.py",
            "if ev is not None and ev != current:", "if ev is not None and ev > current:"),
     # meta: a read whose min_version is misspelt, so it is ignored and a lagging node answers older state
     Mutant("read_ignores_min_version", "meta/reads.py",
@@ -71,12 +72,12 @@ MUTANTS = [
     # (Counted by offset, not by process: a chaos broker lives 10-30 s between faults, ~250 appends, so "every 500th
     # append of the process" was never reached in a 120 s run.)
     Mutant("broker_drops_the_append_past_every_500th_offset", "broker/storage/queue.py",
-           "        with self._lock:\n            return self._append(payloads, count, ts_ms)",
+           "        with self._lock:\n            return self._append(records, count, ts_ms, tag)",
            "        with self._lock:\n"
            "            end = self._segments[-1].end_offset\n"
            "            if end // 500 != (end + count) // 500:\n"
            "                return end\n"
-           "            return self._append(payloads, count, ts_ms)"),
+           "            return self._append(records, count, ts_ms, tag)"),
     # broker: sends acknowledged before (without) their fsync
     Mutant("broker_acks_without_fsync", "broker/storage/queue.py",
            "        if self._fsync_each:\n            self._sync()",
@@ -90,7 +91,7 @@ MUTANTS = [
            'heartbeat["commit_index"] = min(message["commit_index"], matched)',
            'heartbeat["commit_index"] = min(message["commit_index"], matched + 1)'),
     # meta: a seal whose next segment starts one offset low (the old segment's last message is shadowed)
-    Mutant("seal_next_segment_one_low", "meta/state_machine.py",
+    Mutant("seal_next_segment_one_low", "meta/deciders/segments.py",
            "logic_start=logic_end))", "logic_start=logic_end - 1))"),
     # broker: a committed offset keyed without its gen: the broker's own value wins, even one left behind
     Mutant("offset_keyed_without_gen", "broker/reads.py",
@@ -132,6 +133,15 @@ def _run(tree: str, work: str) -> dict:
     return summary
 
 
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_each_mutant_s_text_stands_once_in_today_s_tree(mutant):
+    """Runs in the suite (no mutants mark): a refactoring that moves a planted bug's site fails here at once, not in
+    the next mutants run (three sites had drifted unnoticed after meta's deciders moved and storage took frames)."""
+    with open(os.path.join(ROOT, mutant.path)) as f:
+        assert f.read().count(mutant.old) == 1, f"mutant {mutant.name}: its text is not found once in {mutant.path}"
+
+
+@RUNS
 def test_the_unchanged_tree_passes_the_mutants_run(tmp_path):
     tree = str(tmp_path / "tree")
     _copy_tree(tree)
@@ -140,6 +150,7 @@ def test_the_unchanged_tree_passes_the_mutants_run(tmp_path):
     assert summary["returncode"] == 0
 
 
+@RUNS
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_the_runner_reports_a_planted_bug(tmp_path, mutant):
     tree = str(tmp_path / "tree")
