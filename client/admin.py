@@ -42,10 +42,12 @@ class AdminClient:
     def __init__(self, meta_urls: Sequence[str] | str, token: str, *, session: aiohttp.ClientSession | None = None,
                  timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT, attempts_max: int = META_ATTEMPTS_MAX_DEFAULT,
                  deadline_s: float = META_DEADLINE_S_DEFAULT, backoff: Backoff | None = None,
-                 monotonic_reads: bool = True, ssl_context: ssl.SSLContext | None = None):
+                 monotonic_reads: bool = True, ssl_context: ssl.SSLContext | None = None,
+                 consistency: str | None = None):
         self.meta = MetaCaller(meta_urls, token, session=session, timeout_s=timeout_s, attempts_max=attempts_max,
                                deadline_s=deadline_s, backoff=backoff, ssl_context=ssl_context)
         self.monotonic_reads = monotonic_reads
+        self.consistency = consistency   # of reads that name none; None: the server's default (serializable)
 
     @property
     def seen_version(self) -> int:
@@ -65,6 +67,7 @@ class AdminClient:
     async def _read(self, path: str, params: dict[str, Any] | None = None, *,
                     consistency: str | None = None) -> dict[str, Any]:
         q = dict(params or {})
+        consistency = consistency or self.consistency
         if consistency is not None:
             q["consistency"] = consistency
         if self.monotonic_reads and self.seen_version > 0:
@@ -140,8 +143,9 @@ class AdminClient:
         return (await self._read("/v1/brokers"))["brokers"]
 
     async def cluster(self) -> dict[str, Any]:
-        """The answering node's view: node, role, leader, term, commit_index, applied_version, members."""
-        return await self._read("/v1/cluster")
+        """The answering node's view: node, role, leader, term, commit_index, applied_version, members. Always its
+        own state: the view is what tells an operator there is no leader."""
+        return await self._read("/v1/cluster", consistency="serializable")
 
     # -- the meta cluster's members (one change at a time, through the log) -------------------------------------
     async def members(self, consistency: str = "linearizable") -> dict[str, Any]:

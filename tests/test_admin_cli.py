@@ -196,8 +196,13 @@ def test_group_list_and_describe(dev):
     joined = _client_call(dev, "POST", "/v1/groups/workers/heartbeat",
                           {"member": "w1", "topics": ["jobs"], "mode": "exclusive"})
     assert len(joined["assignments"]) == 2
+    # Read through the leader by default (--consistency), as etcdctl reads: the join above went to one node, and a
+    # follower answering from its own state could list the group before it applied the join.
     groups = {g["group"]: g for g in cli_json(dev, "group", "list")["groups"]}
     assert groups["workers"]["members"] == 1 and groups["workers"]["locks"] == 2
+    assert cli_json(dev, "group", "list", "--consistency", "serializable")["groups"] is not None
+    bad = cli("group", "list", "--dir", dev.dir, "--consistency", "eventual", code=2)
+    assert "'eventual' is not one of 'linearizable', 'serializable'" in bad.stderr, bad.stderr
     assert ["workers", "exclusive", "1", "2"] == table(dev, "group", "list")[1][:4]
 
     d = cli_json(dev, "group", "describe", "workers")

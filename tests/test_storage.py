@@ -25,6 +25,7 @@ from broker.storage import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArg
 from broker.storage import HandlePool, files, limits
 from broker.storage.index import ENTRY_BYTES, SparseIndex
 from broker.storage.record import HEADER_BYTES, SIZE_BYTES
+from broker.storage.store import FORMAT_FILE
 from tests.support.storage_payloads import FIELD_AT, encode_frame, frame_bytes, payload, payloads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -548,6 +549,8 @@ def test_queue_store(tmp_path):
             with pytest.raises(InvalidQueueName):
                 store.create(bad)
     entries = sorted(os.listdir(tmp_path / "root"))
+    assert entries.count(FORMAT_FILE) == 1 and (tmp_path / "root" / FORMAT_FILE).is_file()   # the store's format
+    entries.remove(FORMAT_FILE)
     assert len(entries) == len(names)
     assert all("/" not in e and e not in (".", "..") and not e.startswith(".") for e in entries)
     (tmp_path / "root" / ".creating-0123").mkdir()

@@ -75,7 +75,7 @@ async def members(g: Globals, serializable: bool) -> None:
         return
     async with g.admin() as admin:
         view = await admin.cluster()
-        listed = await admin.members("serializable" if serializable else "linearizable")
+        listed = await admin.members("serializable" if serializable else g.consistency)
     data = {"membership_index": listed.get("membership_index"),
             "members": [{**m, "leader": m["node"] == view["leader"]} for m in listed["members"]]}
     output.emit(g.json, data, lambda d: output.table(d["members"], [

@@ -82,14 +82,16 @@ class Globals:
     token: str | None
     output: str
     ssl_context: ssl.SSLContext | None = None   # https:// endpoints with our own CA or a client certificate
+    consistency: str = "linearizable"            # of reads (--consistency): each CLI call is a new client
 
     @property
     def json(self) -> bool:
         return self.output == "json"
 
     def admin(self, **kwargs: Any) -> AdminClient:
-        """An AdminClient for the endpoints, with the token and TLS settings."""
-        return AdminClient(self.endpoints, self.need_token(), ssl_context=self.ssl_context, **kwargs)
+        """An AdminClient for the endpoints, with the token, TLS settings and the reads' consistency."""
+        return AdminClient(self.endpoints, self.need_token(), ssl_context=self.ssl_context,
+                           consistency=self.consistency, **kwargs)
 
     def need_token(self) -> str:
         if not self.token:
@@ -158,8 +160,8 @@ def _tls(cacert: str | None, cert: str | None, key: str | None) -> ssl.SSLContex
 
 
 def resolve(ctx: click.Context, endpoints: str | None, token: str | None, token_file: str | None,
-            write_out: str, dir_: str | None, tls: tuple[str | None, str | None, str | None] = (None, None, None)
-            ) -> Globals:
+            write_out: str, dir_: str | None, tls: tuple[str | None, str | None, str | None] = (None, None, None),
+            consistency: str = "linearizable") -> Globals:
     """The command line wins, then ``--dir``, then the environment, then the default."""
     def from_command_line(name: str) -> bool:
         return ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
@@ -177,7 +179,7 @@ def resolve(ctx: click.Context, endpoints: str | None, token: str | None, token_
         token = token.strip()
     else:
         token = dev_token
-    return Globals(urls, token or None, write_out, _tls(*tls))
+    return Globals(urls, token or None, write_out, _tls(*tls), consistency)
 
 
 def take_interrupts() -> None:
@@ -200,12 +202,14 @@ def global_options(fn: Callable[..., Any] | None = None, *, stream_flag: str | N
 
     @functools.wraps(fn)
     def wrapper(*args: Any, endpoints: str | None, token: str | None, token_file: str | None, write_out: str,
-                dir_: str | None, cacert: str | None, cert: str | None, key: str | None, **kwargs: Any) -> Any:
+                dir_: str | None, cacert: str | None, cert: str | None, key: str | None, consistency: str,
+                **kwargs: Any) -> Any:
         ctx = click.get_current_context()
         if stream_flag is not None and kwargs.get(stream_flag):
             take_interrupts()
         return run(lambda: explain_tls_refusal(
-            fn(*args, g=resolve(ctx, endpoints, token, token_file, write_out, dir_, (cacert, cert, key)), **kwargs),
+            fn(*args, g=resolve(ctx, endpoints, token, token_file, write_out, dir_, (cacert, cert, key), consistency),
+               **kwargs),
             cacert, cert))
 
     for option in reversed((
@@ -220,6 +224,10 @@ def global_options(fn: Callable[..., Any] | None = None, *, stream_flag: str | N
         click.option("--key", metavar="FILE", help="the client certificate's key"),
         click.option("--dir", "dir_", metavar="DIR", help="a `stator dev` cluster: endpoints and admin token from "
                                                           "its cluster.json"),
+        click.option("--consistency", type=click.Choice(("linearizable", "serializable")), default="linearizable",
+                     show_default=True, help="reads through the leader's read barrier (see every write acknowledged "
+                                             "before, as etcdctl's default), or from the answering node's own state "
+                                             "(no leader needed)"),
     )):
         wrapper = option(wrapper)
     return wrapper
