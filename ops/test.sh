@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ops/system-packages.sh
 bash ops/setup-env.sh dev
-# Two workers (pytest-xdist), each taking whole modules: most tests wait on real processes, so two share the two
-# cores well; tests/conftest.py gives each worker its own ports and starts the longest modules first.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadscope "$@"
+# One process. `-n 2 --dist loadscope` (pytest-xdist) runs the suite in 14 min instead of 22 (tests/conftest.py gives
+# each worker its own ports and starts the longest modules first), but the load of two workers on two cores still
+# breaks a few timing-bound tests now and then: see the closing note of 2026-11-27 for which.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -29,8 +29,10 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Modules holding a test marked ``long(seconds=N)`` first, longest first, each keeping its own order: the parallel
-    workers (ops/test.sh, --dist loadscope) take modules in this order, and a two-minute test started last kept one
-    worker busy alone at the end."""
+    workers (pytest -n 2 --dist loadscope) take modules in this order, and a two-minute test started last kept one
+    worker busy alone at the end. One process keeps the collection's order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     seconds: dict[object, float] = {}
     for item in items:
         mark = item.get_closest_marker("long")
