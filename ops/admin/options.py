@@ -90,8 +90,8 @@ class Globals:
 
     def admin(self, **kwargs: Any) -> AdminClient:
         """An AdminClient for the endpoints, with the token, TLS settings and the reads' consistency."""
-        return AdminClient(self.endpoints, self.need_token(), ssl_context=self.ssl_context,
-                           consistency=self.consistency, **kwargs)
+        kwargs.setdefault("consistency", self.consistency)
+        return AdminClient(self.endpoints, self.need_token(), ssl_context=self.ssl_context, **kwargs)
 
     def need_token(self) -> str:
         if not self.token:

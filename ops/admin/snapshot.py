@@ -22,7 +22,9 @@ def snapshot() -> None:
 async def save(file: str, g: Globals) -> None:
     """Write the image and the whole history, checksummed, to FILE (replaced atomically)."""
     from meta.backup import BackupError, save as save_backup
-    async with g.admin() as admin:
+    # One node's image and the history up to it, read from that node's own state: a linearizable read would pass a
+    # barrier through the log for every page, and each barrier changes the image the backup was just taken of.
+    async with g.admin(consistency="serializable") as admin:
         try:
             header = await save_backup(admin, file)
         except BackupError as e:
