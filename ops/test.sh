@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 bash ops/system-packages.sh
 bash ops/setup-env.sh dev
 # One process. `-n 2 --dist loadscope` (pytest-xdist) runs the suite in 14 min instead of 22 (tests/conftest.py gives
-# each worker its own ports and starts the longest modules first), but the load of two workers on two cores still
-# breaks a few timing-bound tests now and then: see the closing note of 2026-11-27 for which.
+# each worker its own ports and starts the longest modules first); it stays off until a whole run under it is green
+# after the fixes of 2026-11-27 (that session's closing note names the failures its rehearsals met).
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
