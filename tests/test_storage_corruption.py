@@ -326,12 +326,8 @@ DAMAGED_FIRST_LINES = {   # a first line whose CRC does not match, followed by a
 }
 
 
-@pytest.mark.parametrize("damaged", sorted(DAMAGED_FIRST_LINES))
-def test_a_broker_refuses_to_start_on_a_damaged_file_with_one_line_naming_it(tmp_path, damaged):
-    data = tmp_path / "data"
-    (data / "pop").mkdir(parents=True)
-    bad, good = DAMAGED_FIRST_LINES[damaged]
-    (data / damaged).write_bytes(bad + lines.encode(good))
+def broker_start_refusal(tmp_path, data) -> list[str]:
+    """`stator broker serve` on ``data``: it must exit non-zero with one line on stderr, returned."""
     config = tmp_path / "broker.json"
     config.write_text(json.dumps({"broker": "b1", "data_dir": str(data), "http": "127.0.0.1:1",
                                   "meta": ["http://127.0.0.1:2"], "token": "t" * 16, "client_token": "c" * 16}))
@@ -339,6 +335,16 @@ def test_a_broker_refuses_to_start_on_a_damaged_file_with_one_line_naming_it(tmp
                          capture_output=True, text=True, timeout=60)
     err = run.stderr.strip().splitlines()
     assert run.returncode != 0 and len(err) == 1, run.stderr
+    return err
+
+
+@pytest.mark.parametrize("damaged", sorted(DAMAGED_FIRST_LINES))
+def test_a_broker_refuses_to_start_on_a_damaged_file_with_one_line_naming_it(tmp_path, damaged):
+    data = tmp_path / "data"
+    (data / "pop").mkdir(parents=True)
+    bad, good = DAMAGED_FIRST_LINES[damaged]
+    (data / damaged).write_bytes(bad + lines.encode(good))
+    err = broker_start_refusal(tmp_path, data)
     assert err[0].startswith("error: ") and str(data / damaged) in err[0] and "line 1 (byte 0)" in err[0], err
 
 
@@ -348,13 +354,7 @@ def test_a_broker_refuses_to_start_on_queues_of_another_storage_format_with_one_
     old = data / "queues" / "t.q0"
     old.mkdir(parents=True)
     (old / files.log_name(0)).write_bytes(b"\x05\x00\x00\x00" + bytes(20) + b"hello")
-    config = tmp_path / "broker.json"
-    config.write_text(json.dumps({"broker": "b1", "data_dir": str(data), "http": "127.0.0.1:1",
-                                  "meta": ["http://127.0.0.1:2"], "token": "t" * 16, "client_token": "c" * 16}))
-    run = subprocess.run([sys.executable, "-m", "ops.cli", "broker", "serve", "--config", str(config)],
-                         capture_output=True, text=True, timeout=60)
-    err = run.stderr.strip().splitlines()
-    assert run.returncode != 0 and len(err) == 1, run.stderr
+    err = broker_start_refusal(tmp_path, data)
     assert err[0].startswith("error: ") and str(data / "queues") in err[0] and "storage format 1" in err[0], err
     assert (old / files.log_name(0)).stat().st_size == 29, "the old file was left as it was"
 
