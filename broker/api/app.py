@@ -151,7 +151,7 @@ async def pull(request: web.Request) -> web.Response:
     # The binary answer: the runs read as a STORED batch, a binary send's records as they lie on disk and a JSON
     # send's converted; every other field of the JSON answer in one header.
     runs = answer.pop("messages")
-    body = batch.encode_stored(binary_runs(runs)) if runs else batch.empty_stored()
+    body = batch.encode_stored(binary_runs(runs))   # no runs: the empty STORED batch
     return web.Response(body=body, headers={"Content-Type": batch.CONTENT_TYPE,
                                             "X-Pull": json.dumps(answer, separators=(",", ":"))})
 
