@@ -77,8 +77,10 @@ def is_leader(so: SyncObj) -> bool:
 
 
 def postpone_election(so: SyncObj, delay_s: float) -> None:
-    """No election from this node before ``delay_s`` from now (pysyncobj's own monotonic clock)."""
-    so._SyncObj__raftElectionDeadline = monotonic() + delay_s
+    """No election from this node before ``delay_s`` from now (pysyncobj's own monotonic clock). Never earlier than
+    the deadline it had: a learner's hold of 1 s at every tick, left behind when it became a voter, cut a configured
+    30 s election timeout to about a second (tests/test_startup.py's never-ready cluster got a leader)."""
+    so._SyncObj__raftElectionDeadline = max(so._SyncObj__raftElectionDeadline, monotonic() + delay_s)
 
 
 def leader_out_of_reach(so: SyncObj) -> bool:
