@@ -4,7 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ops/system-packages.sh
 bash ops/setup-env.sh dev
-# One process. `-n 2 --dist loadscope` (pytest-xdist) runs the suite in 14 min instead of 22 (tests/conftest.py gives
-# each worker its own ports and starts the longest modules first); it stays off until a whole run under it is green
-# after the fixes of 2026-11-27 (that session's closing note names the failures its rehearsals met).
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two workers (pytest-xdist, `--dist loadscope`: a module's tests stay on one worker): 14 min instead of 22 on the
+# 2-core CI machine. tests/conftest.py gives each worker its own port slice and starts the longest modules first.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadscope "$@"

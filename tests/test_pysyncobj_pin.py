@@ -85,3 +85,25 @@ async def test_the_log_holds_the_type_byte_and_json_never_a_pickle(tmp_path):
             stamp, envelope = (json.loads(line) for line in command[1:].split(b"\n"))   # two lines of JSON
             assert set(stamp) == {"ts", "budget", "history"}
             assert envelope["rid"] == "rid-pin" and envelope["cmd"] == {"type": "Barrier"}
+
+
+def test_postponing_an_election_never_brings_it_earlier():
+    """A learner pushes its election at least 1 s ahead at every tick (meta/raft_roles.py). Once it may vote, the
+    election timeout it was configured with must stand: a hold that *set* the deadline left it a second away, and a
+    two-node cluster configured for 30 s elections elected a leader within 2 s (tests/test_startup.py's never-ready
+    cluster, about half the runs)."""
+    from pysyncobj import SyncObjConf
+    from pysyncobj.monotonic import monotonic
+
+    from ops import devcluster
+
+    so = SyncObj(f"127.0.0.1:{devcluster.free_base_port()}", [],
+                 SyncObjConf(autoTick=False, raftMinTimeout=30.0, raftMaxTimeout=31.0, connectionTimeout=31.0))
+    try:
+        assert shim.leader_out_of_reach(so) is False   # the deadline is where pysyncobj put it, ~30 s ahead
+        shim.postpone_election(so, 1.0)
+        assert getattr(so, PRIVATE + "raftElectionDeadline") > monotonic() + 25.0
+        shim.postpone_election(so, 60.0)
+        assert getattr(so, PRIVATE + "raftElectionDeadline") > monotonic() + 55.0
+    finally:
+        so.destroy()
