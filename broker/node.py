@@ -112,6 +112,7 @@ class BrokerNode:
         await self.pop.stop()
         await self.link.stop()
         await self.peers.stop()
+        self.reader.stop()
         self.writer.stop()
         self.store.close()
         self.offsets.close()

@@ -23,10 +23,12 @@ from .offsets import OffsetStore
 from .peers import Peers
 from .routing import RouteTable, Segment
 from .storage import OffsetOutOfRange, Run
+from .storage_threads import StorageThreads
 from .writes import Writer, not_leader
 
 PULL_MAX = 1_000
 PULL_BYTES_MAX = 8 * 1024 * 1024
+READER_THREADS = 8               # local reads at once (page cache mostly; a queue's lock may be held by an fsync)
 MIN_OFFSET_CACHE_S = 1.0          # how long another broker's min offset of an older segment is trusted
 REMOTE_MIN_OFFSETS_CACHED_MAX = 100_000
 OLDER_CHAINS_CACHED_MAX = 1_024   # queues whose segments older than their route's are kept from meta
@@ -48,8 +50,12 @@ class Reader:
         self.offsets = offsets
         self.peers = peers
         self.link = link
+        self._threads = StorageThreads(READER_THREADS, "read")
         self._remote_min: dict[str, tuple[int, float]] = {}        # physical queue -> (min offset, expires)
         self._older: OrderedDict[str, list[Segment]] = OrderedDict()  # first carried pq -> older segments (LRU)
+
+    def stop(self) -> None:
+        self._threads.stop()
 
     # -- the segment chain -------------------------------------------------------------------------------------
     def _carried(self, topic: str, queue: int) -> list[Segment]:
@@ -154,8 +160,7 @@ class Reader:
             if pq is None:
                 return [], seg.physical_start
             try:  # in a thread: the queue's lock may be held by an append's fsync
-                runs = await asyncio.to_thread(pq.read_runs, max(physical, pq.min_offset), max_records=max_n,
-                                               max_bytes=PULL_BYTES_MAX)
+                runs = await self._threads.run(pq.read_runs, max(physical, pq.min_offset), max_n, PULL_BYTES_MAX)
                 return runs, pq.max_offset
             except OffsetOutOfRange:
                 return [], pq.max_offset
@@ -212,8 +217,7 @@ class Reader:
             raise rejection(404, "QUEUE_NOT_FOUND", f"no physical queue {pq_name!r} here")
         records = []
         if max_n > 0 and offset < pq.max_offset:
-            read = await asyncio.to_thread(pq.read, max(offset, pq.min_offset), max_records=max_n,
-                                           max_bytes=PULL_BYTES_MAX)
+            read = await self._threads.run(pq.read, max(offset, pq.min_offset), max_n, PULL_BYTES_MAX)
             records = [RawRecord(r.offset, r.ts_ms, r.payload) for r in read]
         out = {"records": records, "min_offset": pq.min_offset, "max_offset": pq.max_offset}
         if ts_ms is not None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from wire import batch
 from wire.errors import ApiError, invalid, rejection
 
+from .storage_threads import StorageThreads
 from .codec import TAG_JSON, encode_message
 from .offsets import OffsetStore
 from .pop.wakeup import TopicSignals
@@ -49,10 +49,10 @@ class Writer:
         self._locks: dict[str, asyncio.Lock] = {}
         self._sealed_here: set[str] = set()
         # Appends block in fsync; queues are independent files, so they may sync in parallel.
-        self._threads = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="append")
+        self._threads = StorageThreads(WRITER_THREADS, "append")
 
     def stop(self) -> None:
-        self._threads.shutdown(wait=True)
+        self._threads.stop()
 
     def forget(self, physical_queues: set[str]) -> None:
         """Drop per-queue state of physical queues the routes no longer host here."""
@@ -155,7 +155,7 @@ class Writer:
     async def _create(self, seg: Segment) -> PhysicalQueue:
         pq = self.local_queue(seg)
         if pq is None:
-            pq = await asyncio.get_running_loop().run_in_executor(self._threads, self.local_queue, seg, True)
+            pq = await self._threads.run(self.local_queue, seg, True)
         return pq
 
     async def _append(self, head: Segment, send: batch.Send, tag: int, checked: bool) -> int:
@@ -171,8 +171,8 @@ class Writer:
             self.session.beat_soon()  # renew early so writers never wait for the budget
         started = time.perf_counter()
         try:
-            first = await asyncio.get_running_loop().run_in_executor(
-                self._threads, pq.append_records, send.records, send.count, int(time.time() * 1000), tag, checked)
+            first = await self._threads.run(pq.append_records, send.records, send.count, int(time.time() * 1000), tag,
+                                            checked)
         except InvalidArgument as e:  # too large a record or batch, in storage's terms
             raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
         except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
