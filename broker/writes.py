@@ -14,7 +14,6 @@ from typing import Any
 from wire import batch
 from wire.errors import ApiError, invalid, rejection
 
-from .storage_threads import StorageThreads
 from .codec import TAG_JSON, encode_message
 from .offsets import OffsetStore
 from .pop.wakeup import TopicSignals
@@ -22,6 +21,7 @@ from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
 from .storage import InvalidArgument, PhysicalQueue, QueueStore, StorageError
+from .storage_threads import StorageThreads
 
 MESSAGES_PER_SEND_MAX = 10_000
 WRITER_THREADS = 16
