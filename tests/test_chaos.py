@@ -35,6 +35,7 @@ def test_chaos_run_fixed_seed_finds_no_violation(tmp_path):
     finally:
         runner.stop_cluster(str(work))   # a runner killed by the timeout leaves its members running
     assert proc.stderr.splitlines()[0] == f"seed: {SEED}", proc.stderr
+    assert proc.stdout.strip(), f"no summary (exit {proc.returncode}); the runner's stderr ends: {proc.stderr[-4000:]}"
     summary = json.loads(proc.stdout)
     assert summary["violations"] == [], json.dumps(summary["violations"], indent=1)[:4000]
     assert summary["nemesis_errors"] == []
