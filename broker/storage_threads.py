@@ -1,10 +1,10 @@
 """The threads a broker's storage calls block in, handed work from the event loop: appends (write and fsync) and
 reads (a queue's lock may be held by an append's fsync).
 
-The hand-off is on the produce and consume paths once per send and per local pull: ``loop.run_in_executor`` cost 23 us of CPU per call here (the
-executor's locks, semaphore and work item, a concurrent future chained to an asyncio one), this one 4-5 us (a C
-queue and one ``call_soon_threadsafe``): ``python -m ops.bench.storage_handoff``. The loop is the broker's limit
-(one core), so that is ~3% of a send of 100 x 1 KB and ~5% of a pull of 100.
+The hand-off is on the produce and consume paths once per send and per local pull: ``loop.run_in_executor`` cost
+26-29 us of CPU per call here (the executor's locks, semaphore and work item, a concurrent future chained to an
+asyncio one), this one 7 us (a C queue and one ``call_soon_threadsafe``): ``python -m ops.bench.storage_handoff``.
+The loop is the broker's limit (one core), so that is ~3% of a send of 100 x 1 KB and ~6% of a pull of 100.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ STOP_TIMEOUT_S = 10.0   # per thread: an fsync in progress finishes first
 
 
 class StorageThreads:
-    """Up to ``threads`` threads, started as calls arrive (a broker that never appends starts no append thread). Calls run in
-    the order given, each on whichever thread is free; a call's result or exception reaches its awaiting caller."""
+    """Up to ``threads`` threads: one more is started with each call until there are that many (a broker that never
+    appends starts no append thread). Calls are taken in the order given, each by whichever thread is free; a
+    call's result or exception reaches its awaiting caller."""
 
     def __init__(self, threads: int, name: str):
         self._max = threads
