@@ -221,7 +221,7 @@ class Reader:
             records = [RawRecord(r.offset, r.ts_ms, r.payload) for r in read]
         out = {"records": records, "min_offset": pq.min_offset, "max_offset": pq.max_offset}
         if ts_ms is not None:
-            out["offset_for_time"] = await asyncio.to_thread(pq.offset_for_time, ts_ms)
+            out["offset_for_time"] = await self._threads.run(pq.offset_for_time, ts_ms)
         return out
 
     # -- offsets and stats -------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ class Reader:
         for seg in decided:
             if seg.broker == self.me:
                 pq = self.writer.local_queue(seg)
-                found, end = ((await asyncio.to_thread(pq.offset_for_time, ts_ms), pq.max_offset) if pq
+                found, end = ((await self._threads.run(pq.offset_for_time, ts_ms), pq.max_offset) if pq
                               else (seg.physical_start,) * 2)
             else:
                 body = await self.peers.get(seg, _physical_path(seg, offset=0, max=0, ts=ts_ms))

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from typing import Any, Callable
 
-STOP_TIMEOUT_S = 10.0   # per thread: an fsync in progress finishes first
+STOP_TIMEOUT_S = 10.0   # for all the threads: an fsync in progress finishes first
 
 
 class StorageThreads:
@@ -42,12 +43,13 @@ class StorageThreads:
         return await future
 
     def stop(self) -> None:
-        """Lets every queued call finish, then ends the threads (each within STOP_TIMEOUT_S)."""
+        """Lets every queued call finish, then ends the threads; waits STOP_TIMEOUT_S for all of them together."""
         self._stopped = True
         for _ in self._threads:
             self._calls.put(None)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         for thread in self._threads:
-            thread.join(STOP_TIMEOUT_S)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _work(self) -> None:
         while True:
@@ -71,8 +73,8 @@ def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any
 
 
 def _set(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return   # the caller went away (its request was cancelled); the append itself is done or failed
+    if future.done():
+        return   # the caller went away (its request was cancelled); the call itself is done or failed
     if error is not None:
         future.set_exception(error)
     else:

@@ -57,3 +57,22 @@ async def test_a_caller_that_goes_away_leaves_the_threads_working():
         assert await asyncio.wait_for(threads.run(lambda: "next"), 10.0) == "next"
     finally:
         threads.stop()
+
+
+async def test_stop_waits_for_all_threads_together_at_most_its_timeout(monkeypatch):
+    """A call stuck in the kernel (an fsync on a dying disk) must not hold a broker's shutdown for a timeout per
+    thread: stop gives all of them STOP_TIMEOUT_S together, then returns."""
+    import time
+
+    from broker import storage_threads
+    monkeypatch.setattr(storage_threads, "STOP_TIMEOUT_S", 0.5)
+    threads = StorageThreads(4, "stuck")
+    release = threading.Event()
+    tasks = [asyncio.ensure_future(threads.run(release.wait, 30.0)) for _ in range(4)]
+    await asyncio.sleep(0.1)
+    started = time.monotonic()
+    threads.stop()
+    took = time.monotonic() - started
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10.0)
+    assert took < 1.5, took   # four threads, each stuck: one timeout, not four
