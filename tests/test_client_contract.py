@@ -169,6 +169,10 @@ async def test_route_answer_and_long_poll(target, http):
     ahead = await call(http, target, "GET", f"{routes}c-route?min_version={10**9}&wait={NO_CHANGE_WAIT_S}")
     assert_error(ahead, 503, "VERSION_NOT_REACHED")
     assert header_int(ahead, "X-Meta-Version") >= v2
+    # the watch stream is a read too: a node behind the reader's version refuses it instead of streaming older routes
+    watch_ahead = await call(http, target, "GET", f"{target.meta_url}/v1/watch?topics=c-route&min_version={10**9}"
+                                                  f"&wait={NO_CHANGE_WAIT_S}")
+    assert_error(watch_ahead, 503, "VERSION_NOT_REACHED")
     assert_error(await call(http, target, "GET", routes + "c-route", auth=False), 401, "UNAUTHENTICATED")
 
 

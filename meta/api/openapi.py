@@ -93,7 +93,7 @@ SPEC: dict[str, Any] = {
         "/v1/routes/{topic}": {"get": _op("Route, long poll (304 when unchanged after the wait)",
                                           params=[_p("topic"), _q("after"), _q("wait", "number")], answer=M.Route)},
         "/v1/watch": {"get": {"summary": "Server-sent events: one 'route' event per topic change, id = version",
-                              "parameters": [_q("topics", "string"), _q("after")],
+                              "parameters": [_q("topics", "string"), _q("after"), *_READ],
                               "responses": {"200": {"description": "event stream",
                                                     "content": {"text/event-stream": {"schema": {"type": "string"}}}}}}},
         "/v1/history": {"get": _op("Events in version order, every version once; 503 HISTORY_UNAVAILABLE names a range "

@@ -65,6 +65,10 @@ async def watch(request: web.Request) -> web.StreamResponse:
     if len(topics) > limits.WATCH_TOPICS_PER_STREAM_MAX:
         raise invalid(f"at most {limits.WATCH_TOPICS_PER_STREAM_MAX} topics per watch stream")
     after = nonneg_int(request.query.get("after") or request.headers.get("Last-Event-ID"), "after", -1)
+    # A read like any other (API.md): min_version (bounded by wait) and consistency hold the stream's first pass
+    # until this node has applied what the reader already saw elsewhere. Ignored, a reader resuming on a node a
+    # version behind got a topic as of an older version than the one it had asked for.
+    await svc.reads.before_read({k: v for k, v in request.query.items() if k in ("min_version", "consistency", "wait")})
     request.app[ADMISSIONS]["watch_streams"].enter()
     try:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",

@@ -193,6 +193,9 @@ class FakeMeta:
         topics = [t for t in request.query.get("topics", "").split(",") if t]
         after = int(request.query.get("after", -1))
         self.requests.append(("*watch*", dict(request.query)))
+        refused = self._version_not_reached(request.query)
+        if refused is not None:
+            return refused
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Meta-Version": str(self.version)})
         await resp.prepare(request)
         sent: dict[str, int] = {}
