@@ -33,6 +33,23 @@ def _version() -> str:
         return "unknown"
 
 
+class Children:
+    """A metric's children by the value of its one label, kept once made: prometheus_client's ``labels()`` checks
+    the value and takes a lock on every call, and a send or a pull counts into three series. Children are never
+    removed (a topic's series outlive its queues here), so the map holds one entry per value ever seen, as the
+    metric itself does."""
+
+    def __init__(self, metric: Counter):
+        self._metric = metric
+        self._children: dict[str, Any] = {}
+
+    def __call__(self, value: str) -> Any:
+        child = self._children.get(value)
+        if child is None:
+            child = self._children[value] = self._metric.labels(value)
+        return child
+
+
 class BrokerMetrics:
     def __init__(self, registry: CollectorRegistry):
         r = registry
@@ -54,14 +71,19 @@ class BrokerMetrics:
         self.fsync = Histogram("stator_broker_fsync_seconds", "One fsync of a queue's active segment file",
                                registry=r, buckets=LATENCY_BUCKETS_S)
 
+        self.requests = Children(Counter("stator_broker_http_requests_total", "HTTP requests", ["status"],
+                                         registry=r))
+        self._messages_in, self._bytes_in = Children(self.messages_in), Children(self.bytes_in)
+        self._messages_out, self._bytes_out = Children(self.messages_out), Children(self.bytes_out)
+
     def stored(self, topic: str, messages: int, payload_bytes: int) -> None:
-        self.messages_in.labels(topic).inc(messages)
-        self.bytes_in.labels(topic).inc(payload_bytes)
+        self._messages_in(topic).inc(messages)
+        self._bytes_in(topic).inc(payload_bytes)
 
     def served(self, topic: str, messages: int, payload_bytes: int) -> None:
         if messages:
-            self.messages_out.labels(topic).inc(messages)
-            self.bytes_out.labels(topic).inc(payload_bytes)
+            self._messages_out(topic).inc(messages)
+            self._bytes_out(topic).inc(payload_bytes)
 
 
 class StateCollector:

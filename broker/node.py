@@ -40,8 +40,6 @@ class BrokerNode:
         self.config = config
         self.registry = CollectorRegistry()
         tls_context = client_context(config.tls) if config.tls is not None else None
-        self.metrics_requests = Counter("stator_broker_http_requests_total", "HTTP requests", ["status"],
-                                        registry=self.registry)
         self.metrics = BrokerMetrics(self.registry)
         os.makedirs(config.data_dir, exist_ok=True)
         qcfg = QueueConfig(flush_policy=FLUSH_FSYNC if config.flush == "fsync" else FLUSH_INTERVAL,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 
@@ -55,7 +56,7 @@ def _broker_tokens(app: web.Application) -> Mapping[str, str]:
 
 
 def _observe(request: web.Request, status: int, seconds: float) -> None:
-    request.app[NODE].metrics_requests.labels(str(status)).inc()
+    request.app[NODE].metrics.requests(str(status)).inc()
 
 
 def _refused(request: web.Request, code: str) -> None:
@@ -124,9 +125,16 @@ async def send(request: web.Request) -> web.Response:
         # together.
         messages, plain = read_send(raw)
         offsets = await node.writer.send(topic, queue, messages, sender_version, plain)
-    # The answer of every send, written directly: a hundred offsets through dumps_with_raw was a tenth of a send.
-    return web.Response(body=b'{"queue":%d,"offsets":[%s]}' % (queue, ",".join(map(str, offsets)).encode()),
-                        content_type="application/json")
+    # The answer of every send, written directly: a hundred offsets through dumps_with_raw was a tenth of a send,
+    # and one bytes format of them all half of joining their strings (7 against 14 us for 100).
+    return web.Response(body=b'{"queue":%d,"offsets":[' % queue + _offsets_format(len(offsets)) % tuple(offsets)
+                        + b"]}", content_type="application/json")
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets_format(count: int) -> bytes:
+    """``%d,%d,...`` for ``count`` offsets; a send's count repeats (a producer's batch size)."""
+    return b",".join([b"%d"] * count)
 
 
 def _token(raw: object) -> int | None:
