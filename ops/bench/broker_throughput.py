@@ -92,7 +92,7 @@ async def consume(session, url, token, topic, queue, end, lat) -> int:
     return got
 
 
-def _generate(kind: str, token: str, topic: str, work: list, start_at: float, seconds: float) -> dict:
+def generate(kind: str, token: str, topic: str, work: list, start_at: float, seconds: float) -> dict:
     """One generator process: ``work`` is (broker url, queue) pairs (produce: one connection each, for ``seconds``
     from ``start_at`` wall time) or (broker url, queue, end) (consume: until each queue's end). Returns its counts,
     latencies and own CPU seconds."""
@@ -150,7 +150,7 @@ def _brokers_cpu(pids: list[int]) -> float | None:
 def _phase(pool: ProcessPoolExecutor, kind: str, urls: list[str], token: str, work: list, generators: int,
            seconds: float, broker_pids: list[int]) -> dict:
     start_at = time.time() + START_DELAY_S
-    futures = [pool.submit(_generate, kind, token, "bench", part, start_at, seconds)
+    futures = [pool.submit(generate, kind, token, "bench", part, start_at, seconds)
                for part in _split(work, generators)]
     time.sleep(max(0.0, start_at - time.time()))
     broker_cpu0, t0, storage0 = _brokers_cpu(broker_pids), time.monotonic(), _append_figures(urls)

@@ -161,7 +161,7 @@ async def _redis_consume(r, key: str, end: int, lat: list[float]) -> int:
 
 def _redis_generate(kind: str, port: int, work: list, start_at: float, seconds: float, batch: int,
                     size: int) -> dict:
-    """One generator process, Redis's counterpart of broker_throughput._generate (same answer): ``work`` is
+    """One generator process, Redis's counterpart of broker_throughput.generate (same answer): ``work`` is
     (stream,) (produce: one connection each, for ``seconds`` from ``start_at`` wall time) or (stream, end)."""
     async def go() -> tuple[int, list[float]]:
         lat: list[float] = []
