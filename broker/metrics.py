@@ -70,7 +70,6 @@ class BrokerMetrics:
                                 "policy fsync)", registry=r, buckets=LATENCY_BUCKETS_S)
         self.fsync = Histogram("stator_broker_fsync_seconds", "One fsync of a queue's active segment file",
                                registry=r, buckets=LATENCY_BUCKETS_S)
-
         self.requests = Children(Counter("stator_broker_http_requests_total", "HTTP requests", ["status"],
                                          registry=r))
         self._messages_in, self._bytes_in = Children(self.messages_in), Children(self.bytes_in)
