@@ -13,7 +13,8 @@ waiting (the nodes' own gauges `stator_meta_long_poll_waiters` / `stator_meta_wa
 the benchmark sends `PUT /v1/topics/{t}/config` to the leader and measures, for each subscriber, the time from just
 before the send to the moment the subscriber has read the new route. Each mode uses its own topic. Each round also
 reports the CPU each node and the client processes spent in it (/proc/PID/task/*/schedstat). Prints one JSON object.
-Target (issue 11): median < 50 ms. etcd here: 77 ms to 1,000 watchers (median).
+Targets (issue 23): median <= 50 ms for long polls, <= 30 ms for SSE (issue 11 asked < 50 of both). etcd here: 77 ms to
+1,000 watchers (median).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ ROUND_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 60.0
 CONNECT_PARALLEL = 100
 WORKER_REPLY_TIMEOUT_S = ROUND_TIMEOUT_S + 30.0
+TARGET_MEDIAN_MS = {"longpoll": 50, "sse": 30}
 
 
 def _cpu_s(pid: int) -> float:
@@ -380,13 +382,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "fanout",
         "setup": {"subscribers": args.subscribers, "rounds": args.rounds,
-                  "client": f"{args.client_procs} processes, one aiohttp loop each",
+                  "client": f"{args.client_procs} processes, one aiohttp session on uvloop each, no garbage "
+                            "collection inside a round",
                   "spread": "round robin over the 3 nodes", "change": "PUT /v1/topics/{t}/config on the leader",
                   "latency": "from just before the write is sent to the subscriber having read the new route",
                   "long_poll_repoll": args.repoll, "fd_limit": fd_limit},
         "results": results, "leader_changes": watcher.summary(), "node_log_warning_lines": warnings,
-        "target": {"median_ms_max": 50}, "etcd_anchor_median_ms": 77,
-        "checks": {f"{r['mode']}_median_lt_50ms": r["median_ms"] is not None and r["median_ms"] < 50 for r in results},
+        # issue 23's targets: long poll 50 ms, SSE 30 ms (issue 11 had asked 50 of both)
+        "target": {"median_ms_max": TARGET_MEDIAN_MS}, "etcd_anchor_median_ms": 77,
+        "checks": {f"{r['mode']}_median_le_{TARGET_MEDIAN_MS[r['mode']]}ms":
+                   r["median_ms"] is not None and r["median_ms"] <= TARGET_MEDIAN_MS[r["mode"]] for r in results},
         "loadavg_end": common.loadavg(),
     }
 
