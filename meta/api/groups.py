@@ -118,6 +118,8 @@ async def describe(request: web.Request) -> web.Response:
     refuse_if_no_longer_leader(request)
 
     async def here(_left_s: float):
+        await svc.reads.before_read(request.query)   # on the leader: a read like any other (API.md)
+
         def look(image):
             g = image.groups.get(name)
             detail = None if g is None else views.group_detail(

@@ -109,7 +109,8 @@ SPEC: dict[str, Any] = {
             _q("include", "string", "brokers: also the pull groups only brokers know, by their committed offsets "
                "(each group then says its source)"), *_READ], answer=M.Groups)},
         "/v1/groups/{group}": {"get": _op("A group's members, assignments, tokens, lease ends, committed offsets and "
-                                          "lag (served by the leader)", params=[_p("group")], answer=M.GroupDetail)},
+                                          "lag (served by the leader)", params=[_p("group"), *_READ],
+                                          answer=M.GroupDetail)},
         "/v1/groups/{group}/heartbeat": {"post": _op(
             "Join or renew a member; answers its owned queues with tokens and lease ends", params=[_p("group")],
             body=M.GroupHeartbeat, answer=M.GroupHeartbeatAnswer)},
