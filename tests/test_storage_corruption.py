@@ -263,6 +263,21 @@ def test_a_damaged_pop_journal_loads_a_prefix_or_is_refused_naming_it(tmp_path, 
         assert not flipped_inside_a_line(original, flips, cut), f"{what}: a damaged whole line was taken for a tear"
 
 
+def test_a_torn_line_s_zeros_excuse_no_other_damaged_line(tmp_path):
+    """Found by the pop journal's hypothesis test in CI: a flip that made a zero in one line let a damaged whole
+    line after it (a flipped digit, no zero) load as a tear, and the file loaded empty. A tear leaves zeros in every
+    line it touched, so each bad line needs its own."""
+    good, second, third = lines.encode([1]), lines.encode([2]), lines.encode([3])
+    path = tmp_path / "f.log"
+    zeroed = second[:5] + b"\0" + second[6:]
+    flipped = third.replace(b"[3]", b"[4]")
+    path.write_bytes(good + zeroed + flipped)
+    with pytest.raises(CorruptFile, match=r"line 3 \(byte %d\)" % (len(good) + len(second))):
+        lines.read(str(path))
+    path.write_bytes(good + zeroed + third[:-1].replace(b"[3]", b"\0\0\0") + b"\n")   # both torn: a prefix
+    assert lines.read(str(path)) == lines.Loaded([[1]], len(good))
+
+
 def test_lines_of_the_old_format_still_load_and_new_lines_follow_them(tmp_path):
     path = tmp_path / "offsets.log"
     path.write_bytes(b'["g", "t", 0, 5, 0]\n["g", "t", 1, 6, 2]\n')   # format 0 (no check), written by an older broker

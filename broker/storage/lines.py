@@ -63,7 +63,9 @@ def read(path: str) -> Loaded:
     values: list[Any] = []
     whole = pos = 0
     first_bad: tuple[int, int, str] | None = None   # (line number, byte position, why) of the first bad line
-    torn_zeros = False                               # a bad line since the last good one holds a zero byte
+    # The first bad line with no zero byte. A tear leaves zeros in every line it touched and the lines it did not
+    # touch intact, so each bad line must hold a zero of its own: one torn line's zeros excuse no other line.
+    not_torn: tuple[int, int, str] | None = None
     with f:
         for number, line in enumerate(f, 1):
             start, pos = pos, pos + len(line)
@@ -74,7 +76,8 @@ def read(path: str) -> Loaded:
             except (ValueError, RecursionError) as e:
                 if first_bad is None:
                     first_bad = (number, start, str(e))
-                torn_zeros = torn_zeros or b"\0" in line
+                if not_torn is None and b"\0" not in line:
+                    not_torn = (number, start, str(e))
                 continue
             if first_bad is not None:
                 number_bad, start_bad, why = first_bad
@@ -83,8 +86,8 @@ def read(path: str) -> Loaded:
                                   path=path, line=number_bad, position=start_bad)
             values.append(value)
             whole = pos
-        if first_bad is not None and not torn_zeros:
-            number_bad, start_bad, why = first_bad
+        if not_torn is not None:
+            number_bad, start_bad, why = not_torn
             raise CorruptFile(f"{path}: line {number_bad} (byte {start_bad}) is damaged ({why}) and is no torn write "
                               "(whole, no zero bytes): acknowledged data was lost; restore the file or cut it at that "
                               "byte", path=path, line=number_bad, position=start_bad)
