@@ -391,6 +391,19 @@ def _signal_and_wait(pids: list[int], sig: int) -> None:
         _wait_gone(pids, KILL_TIMEOUT_S)
 
 
+def stop_process(proc: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM to a child this process started (a bench's server, a test's lone broker), then kill -9 once it has
+    not ended within ``timeout_s``; returns once it is gone."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(KILL_TIMEOUT_S)
+
+
 def _wait_gone(pids: list[int], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while any(_alive(p) for p in pids):

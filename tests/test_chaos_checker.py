@@ -11,6 +11,8 @@ import pytest
 
 from ops.chaos import bodies, checker, nemesis, topology, workloads
 from ops.chaos.history import FAIL, OK, UNKNOWN, Op
+from ops.chaos.runner import segment_chains
+from wire.errors import StatorError
 
 
 def op(process, kind, invoke, complete, outcome=OK, output=None, **input) -> Op:
@@ -133,14 +135,9 @@ def test_gaps_and_duplicates_in_a_queue_are_violations():
     # an offset outside every segment
     assert "lie in no segment" in checker.queues_contiguous(good, {("t", 0): [(1, None)]}, 100)[0][-1]["message"]
 
-
-
 def test_segment_chains_refuse_a_queue_whose_new_head_has_no_logic_start_yet():
     """A remap begun just before the read-back: its new head's logic start is null until the seal is in the log.
     The chains refuse it as not settled (the read-back retries), rather than the checker crashing on the null."""
-    from ops.chaos.runner import segment_chains
-    from wire.errors import StatorError
-
     def topic(second_start):
         segs = [{"logic_start": 0, "logic_end": 7}, {"logic_start": second_start, "logic_end": None}]
         return {"topic": "t", "logic_queues": [{"queue": 0, "segments": segs[:1]}, {"queue": 1, "segments": segs}]}
@@ -148,6 +145,7 @@ def test_segment_chains_refuse_a_queue_whose_new_head_has_no_logic_start_yet():
     with pytest.raises(StatorError) as e:
         segment_chains(topic(None))
     assert e.value.code == "NOT_SETTLED" and e.value.status == 503 and "queue 1" in e.value.message
+
 
 def oread(t0, t1, offset, queue=0):
     return op("c", "oread", t0, t1, OK, {"offset": offset}, topic="t", queue=queue)

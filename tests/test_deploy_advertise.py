@@ -55,10 +55,5 @@ async def test_a_broker_bound_to_0_0_0_0_registers_and_serves_its_advertised_url
                 got = await consumer.poll(timeout_s=5.0)
             assert [(m.offset, m.text) for m in got] == [(sent.offsets[0], "over the advertised address")]
         finally:
-            proc.terminate()
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            devcluster.stop_process(proc, STOP_TIMEOUT_S)
             log.close()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
+from broker import storage_threads
 from broker.storage_threads import StorageThreads
 
 
@@ -62,9 +64,6 @@ async def test_a_caller_that_goes_away_leaves_the_threads_working():
 async def test_stop_waits_for_all_threads_together_at_most_its_timeout(monkeypatch):
     """A call stuck in the kernel (an fsync on a dying disk) must not hold a broker's shutdown for a timeout per
     thread: stop gives all of them STOP_TIMEOUT_S together, then returns."""
-    import time
-
-    from broker import storage_threads
     monkeypatch.setattr(storage_threads, "STOP_TIMEOUT_S", 0.5)
     threads = StorageThreads(4, "stuck")
     release = threading.Event()

@@ -33,6 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from aiohttp import web
 
+from ops import devcluster
 from ops.bench import broker_throughput
 from ops.bench.common import cpu_seconds, emit, free_base_port, loadavg, say
 
@@ -122,12 +123,7 @@ def _layer(pool: ProcessPoolExecutor, layer: str, args: argparse.Namespace) -> d
         results = [f.result() for f in futures]
         cpu_s, wall_s = cpu_seconds(proc.pid) - cpu0, time.monotonic() - t0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        devcluster.stop_process(proc, STOP_TIMEOUT_S)
     batches = sum(r["count"] for r in results) / broker_throughput.BATCH
     seconds = args.seconds
     out = {"layer": layer, "batches_per_s": round(batches / seconds),

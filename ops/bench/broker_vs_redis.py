@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -65,7 +64,7 @@ def _redis_start(binary: str, dir_: str) -> tuple[subprocess.Popen, int]:
     try:
         _redis_wait_ready(proc, port, dir_)
     except BaseException:
-        _redis_stop(proc)
+        devcluster.stop_process(proc, REDIS_STOP_TIMEOUT_S)
         raise
     say(f"redis: ready on 127.0.0.1:{port}, pid {proc.pid}, data in {dir_}")
     return proc, port
@@ -94,17 +93,6 @@ def _log_tail(dir_: str) -> str:
             return " | ".join(line.strip() for line in f.readlines()[-3:])
     except OSError:
         return "(no log)"
-
-
-def _redis_stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=REDIS_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=devcluster.KILL_TIMEOUT_S)
 
 
 def _redis_version(binary: str) -> str:
@@ -314,7 +302,7 @@ def run(args: argparse.Namespace, binary: str) -> dict:
                 if os.path.exists(os.path.join(cluster_dir, "cluster.json")):
                     devcluster.down(cluster_dir)
             finally:
-                _redis_stop(redis_proc)
+                devcluster.stop_process(redis_proc, REDIS_STOP_TIMEOUT_S)
     redis_side = _side(r_prod, r_prod_cpu, r_cons, r_cons_cpu, sum(r_before.values()), sum(r_after.values()))
     stator_side = _side(s_prod, s_prod_cpu, s_cons, s_cons_cpu, sum(s_before.values()), sum(s_after.values()))
     return {
