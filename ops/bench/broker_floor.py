@@ -43,6 +43,7 @@ WRITER_THREADS = 16          # as broker/writes.py
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 START_DELAY_S = 1.0
+GENERATOR_SLACK_S = 60.0     # past its seconds, a generator's last requests finish well within this
 
 
 def _answer(count: int) -> bytes:
@@ -81,15 +82,18 @@ def serve(layer: str, port: int) -> None:
                 await threads.run(append, files[queue], raw)
         return web.Response(body=answer, content_type="application/json")
 
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ready")
+
     async def main() -> None:
         app = web.Application(client_max_size=32 * 1024 * 1024)
         app.router.add_post("/v1/messages/{topic}/{queue}", send)
+        app.router.add_get("/readyz", ready)   # what devcluster.wait_ready asks
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        print("ready", flush=True)
         await stop.wait()
         await runner.cleanup()
 
@@ -104,14 +108,10 @@ def serve(layer: str, port: int) -> None:
 
 def _layer(pool: ProcessPoolExecutor, layer: str, args: argparse.Namespace) -> dict:
     port = free_base_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ops.bench.broker_floor", "--serve", layer, "--port", str(port)],
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "ops.bench.broker_floor", "--serve", layer, "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while proc.stdout.readline().strip() != b"ready":
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the {layer} server did not start")
-        url = f"http://127.0.0.1:{port}"
+        devcluster.wait_ready([url], READY_TIMEOUT_S)
         work = [(url, i % args.queues) for i in range(args.concurrency)]
         shares = [work[g::args.generators] for g in range(args.generators)]
         start_at = time.time() + START_DELAY_S
@@ -120,7 +120,7 @@ def _layer(pool: ProcessPoolExecutor, layer: str, args: argparse.Namespace) -> d
         # the stand-ins check no token and keep no topic: the generators send them anyway, as to a broker
         futures = [pool.submit(broker_throughput.generate, "produce", "unchecked", "floor", share, start_at,
                                args.seconds) for share in shares]
-        results = [f.result() for f in futures]
+        results = [f.result(timeout=START_DELAY_S + args.seconds + GENERATOR_SLACK_S) for f in futures]
         cpu_s, wall_s = cpu_seconds(proc.pid) - cpu0, time.monotonic() - t0
     finally:
         devcluster.stop_process(proc, STOP_TIMEOUT_S)
