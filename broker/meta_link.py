@@ -129,7 +129,7 @@ class MetaLink:
             await self._register()
         sent = time.monotonic()
         was_active = s.active()
-        queues = self.writer.max_offsets(self.routes.live_hosted())
+        queues = self.writer.next_offsets(self.routes.live_hosted())
         self._heartbeats.inc()
         answer = await self._call("POST", f"/v1/brokers/{self.broker}/heartbeat", {"epoch": s.epoch, "queues": queues},
                                   self._beat_http)

@@ -66,9 +66,10 @@ class BrokerMetrics:
                                     registry=r)
         self.bytes_out = Counter("stator_broker_bytes_out_total", "Bytes of messages served to pulls (encoded)",
                                  ["topic"], registry=r)
-        self.append = Histogram("stator_broker_append_seconds", "One batch appended (with its fsync under flush "
-                                "policy fsync)", registry=r, buckets=LATENCY_BUCKETS_S)
-        self.fsync = Histogram("stator_broker_fsync_seconds", "One fsync of a queue's active segment file",
+        self.append = Histogram("stator_broker_append_seconds", "One batch appended (and on disk, with flush "
+                                "fsync)", registry=r, buckets=LATENCY_BUCKETS_S)
+        self.fsync = Histogram("stator_broker_fsync_seconds", "One sync of queue data: a syncfs covering every queue "
+                               "written meanwhile (sync_scope filesystem), or an fdatasync of one queue's file",
                                registry=r, buckets=LATENCY_BUCKETS_S)
         self.requests = Children(Counter("stator_broker_http_requests_total", "HTTP requests", ["status"],
                                          registry=r))

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from wire.tls import client_context
 
-from .config import BrokerConfig
+from .config import SYNC_SCOPE_FILESYSTEM, BrokerConfig
 from .fencing import FencingGate
 from .locks import Barriers, LockTable
 from .metrics import BrokerMetrics, ConsumerLagCollector, StateCollector
@@ -28,7 +28,7 @@ from .reads import Reader
 from .routing import RouteTable
 from .session import MetaSession
 from .writes import Writer
-from .storage import FLUSH_FSYNC, FLUSH_INTERVAL, QueueConfig, QueueStore
+from .storage import FLUSH_FSYNC, FLUSH_GROUP, FLUSH_INTERVAL, QueueConfig, QueueStore
 
 log = structlog.get_logger("broker")
 FLUSH_TICK_S = 0.05
@@ -42,7 +42,7 @@ class BrokerNode:
         tls_context = client_context(config.tls) if config.tls is not None else None
         self.metrics = BrokerMetrics(self.registry)
         os.makedirs(config.data_dir, exist_ok=True)
-        qcfg = QueueConfig(flush_policy=FLUSH_FSYNC if config.flush == "fsync" else FLUSH_INTERVAL,
+        qcfg = QueueConfig(flush_policy=_flush_policy(config),
                            flush_interval_ms=config.flush_interval_ms, retention_ms=config.retention_ms,
                            retention_bytes=config.retention_bytes, segment_bytes_max=config.segment_bytes_max,
                            observe_sync_s=self.metrics.fsync.observe)
@@ -114,3 +114,9 @@ class BrokerNode:
         self.writer.stop()
         self.store.close()
         self.offsets.close()
+
+
+def _flush_policy(config: BrokerConfig) -> str:
+    if config.flush == FLUSH_INTERVAL:
+        return FLUSH_INTERVAL
+    return FLUSH_GROUP if config.sync_scope == SYNC_SCOPE_FILESYSTEM else FLUSH_FSYNC

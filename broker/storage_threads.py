@@ -1,5 +1,6 @@
-"""The threads a broker's storage calls block in, handed work from the event loop: appends (write and fsync) and
-reads (a queue's lock may be held by an append's fsync).
+"""The threads a broker's storage calls block in, handed work from the event loop: appends (write and fsync; with
+group commit only an append that would wait, for a roll's syncs or its queue's lock) and reads (a queue's lock may be
+held by an append's fsync).
 
 The hand-off is on the produce and consume paths once per send and per local pull: ``loop.run_in_executor`` cost
 26-29 us of CPU per call here (the executor's locks, semaphore and work item, a concurrent future chained to an

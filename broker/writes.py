@@ -15,12 +15,13 @@ from wire import batch
 from wire.errors import ApiError, invalid, rejection
 
 from .codec import TAG_JSON, encode_message
+from .group_commit import GroupCommit
 from .offsets import OffsetStore
 from .pop.wakeup import TopicSignals
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
-from .storage import InvalidArgument, PhysicalQueue, QueueStore, StorageError
+from .storage import FLUSH_GROUP, InvalidArgument, PhysicalQueue, QueueStore, StorageError
 from .storage_threads import StorageThreads
 
 MESSAGES_PER_SEND_MAX = 10_000
@@ -48,11 +49,16 @@ class Writer:
         self._appended = appended   # wakes pops long-polling the topic
         self._locks: dict[str, asyncio.Lock] = {}
         self._sealed_here: set[str] = set()
-        # Appends block in fsync; queues are independent files, so they may sync in parallel.
+        # Appends block in write or fsync; queues are independent files, so they may sync in parallel.
         self._threads = StorageThreads(WRITER_THREADS, "append")
+        # Storage's flush policy "group": appends only write, and one sync covers every queue's (group_commit.py).
+        self._commit = (GroupCommit(store.root, store.config.observe_sync_s)
+                        if store.config.flush_policy == FLUSH_GROUP else None)
 
     def stop(self) -> None:
         self._threads.stop()
+        if self._commit is not None:
+            self._commit.close()
 
     def forget(self, physical_queues: set[str]) -> None:
         """Drop per-queue state of physical queues the routes no longer host here."""
@@ -75,11 +81,17 @@ class Writer:
         return self.store.open_or_create(seg.physical_queue, seg.physical_start) if create else None
 
     def max_physical(self, seg: Segment) -> int:
+        """The segment's readable end here (``PhysicalQueue.max_offset``)."""
         q = self.local_queue(seg)
         return q.max_offset if q is not None else seg.physical_start
 
-    def max_offsets(self, segs: list[Segment]) -> dict[str, int]:
-        return {s.physical_queue: self.max_physical(s) for s in segs}
+    def next_offsets(self, segs: list[Segment]) -> dict[str, int]:
+        """Where each segment's next append lands (synced or not): what its offset budget must cover."""
+        out = {}
+        for s in segs:
+            q = self.local_queue(s)
+            out[s.physical_queue] = q.next_offset if q is not None else s.physical_start
+        return out
 
     # -- send --------------------------------------------------------------------------------------------------
     def _refuse_stale_slot_table(self, topic: str, queue: int, keyed: bool, sender: int | None) -> None:
@@ -136,8 +148,19 @@ class Writer:
                 # The route may have moved on while this send waited for the lock: the lock held must be that of
                 # the segment written, or a seal of the new head could read its end while this append runs.
                 if self._writable_head(topic, queue).physical_queue == head.physical_queue:
-                    first = await self._append(head, send, tag, checked)
+                    started = time.perf_counter()
+                    pq, first = await self._append(head, send, tag, checked)
                     break
+        # Outside the lock, so the next send to this queue writes meanwhile and one sync covers both. A seal waits
+        # for this sync too (seal), so a sealed end never holds a record that is not on disk.
+        try:
+            await self._durable(pq, first + send.count)
+        except StorageError as e:
+            raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
+                            topic=head.topic, queue=head.queue) from None
+        if self.metrics is not None:
+            self.metrics.append.observe(time.perf_counter() - started)
+            self.metrics.stored(head.topic, send.count, send.record_bytes)
         if self._appended is not None:
             self._appended.notify(topic)
         first = head.logic(first)
@@ -158,36 +181,53 @@ class Writer:
             pq = await self._threads.run(self.local_queue, seg, True)
         return pq
 
-    async def _append(self, head: Segment, send: batch.Send, tag: int, checked: bool) -> int:
+    async def _durable(self, pq: PhysicalQueue, end: int) -> None:
+        """Returns once ``pq``'s records below ``end`` are on disk (at once unless storage's flush policy is
+        "group": with "fsync" the append synced, with "interval" durability is the interval's)."""
+        if self._commit is not None:
+            await self._commit.durable(pq, end)
+
+    async def _append(self, head: Segment, send: batch.Send, tag: int, checked: bool) -> tuple[PhysicalQueue, int]:
         """Append within the segment's offset budget; the caller holds the segment's lock."""
         pq = await self._create(head)
         budget = max(self.session.budgets.get(head.physical_queue, 0), head.budget_end)
-        end = pq.max_offset + send.count
+        end = pq.next_offset + send.count
         if end > budget:
             self.session.beat_soon()
             raise rejection(503, "BUDGET_EXHAUSTED", "waiting for meta to renew this queue's offset budget",
                             topic=head.topic, queue=head.queue)
         if self.session.renewal_due(budget, end):
             self.session.beat_soon()  # renew early so writers never wait for the budget
-        started = time.perf_counter()
+        ts_ms = int(time.time() * 1000)
         try:
-            first = await self._threads.run(pq.append_records, send.records, send.count, int(time.time() * 1000), tag,
-                                            checked)
+            # With group commit an append only writes to the page cache: on the loop it costs less than the hand-off
+            # to a thread and back (0.08 ms against ~1.4 ms of latency and more CPU here, with 16 sends in flight).
+            # What would wait (the queue's lock held elsewhere, a roll's syncs) still goes to a thread.
+            first = (pq.try_append_records(send.records, send.count, ts_ms, tag, checked)
+                     if self._commit is not None else None)
+            if first is None:
+                first = await self._threads.run(pq.append_records, send.records, send.count, ts_ms, tag, checked)
         except InvalidArgument as e:  # too large a record or batch, in storage's terms
             raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
         except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
             raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
                             topic=head.topic, queue=head.queue) from None
-        if self.metrics is not None:
-            self.metrics.append.observe(time.perf_counter() - started)
-            self.metrics.stored(head.topic, send.count, send.record_bytes)
-        return first
+        return pq, first
 
     async def seal(self, seg: Segment) -> int:
-        """Stop writes to a sealing segment and return its exact physical end."""
+        """Stop writes to a sealing segment and return its exact physical end: every record written and on disk.
+        Sends still waiting for their sync are answered once it covers them; a record whose sync failed was never
+        acknowledged, so the end then stops before it."""
         async with self._lock(seg.physical_queue):
             self._sealed_here.add(seg.physical_queue)
-            return self.max_physical(seg)
+            pq = self.local_queue(seg)
+            if pq is None:
+                return seg.physical_start
+            try:
+                await self._durable(pq, pq.next_offset)
+            except StorageError:
+                pass
+            return pq.max_offset
 
     # -- consumer offsets --------------------------------------------------------------------------------------
     def offsets_head(self, topic: str, queue: int) -> Segment:

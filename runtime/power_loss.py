@@ -28,7 +28,8 @@ Records, one line each (``<kind> <number> <path>``; path absolute, last on the l
 What the model leaves out, on purpose: an unsynced rename or unlink is taken as durable (the old content is gone, so
 a power loss that undoes a rename cannot be played); an unsynced truncation is never undone; a file is never made
 longer than it is. Each of these makes the mode lose less than a real power loss might, never more.
-Writers must not sync one file from two threads at once (the broker holds the queue's lock through its fsync,
+Writers must not sync one file from two threads at once (the broker holds the queue's lock through its fsync, and
+group commit records a file a syncfs covered under that lock, only when it moves the durable length forward,
 offsets and the pop journal have one syncer thread, meta's journal syncs on its tick thread): the last record wins.
 """
 
@@ -154,6 +155,13 @@ def sync_fd(fd: int, sync: Callable[[int], None] = os.fdatasync) -> None:
     path = _fd_path(fd)
     if path is not None:
         current.record(DURABLE, size, path)
+
+
+def synced_to(path: str, length: int) -> None:
+    """``path`` is durable up to ``length``: a sync that covered the file without naming it (a syncfs of its file
+    system, broker/group_commit.py) returned, and the file held ``length`` bytes before it began."""
+    if ledger is not None:
+        ledger.record(DURABLE, length, path)
 
 
 def synced_whole(path: str) -> None:

@@ -121,6 +121,8 @@ def test_meta_refuses_a_bad_value_naming_its_key(changes, says):
     ({"retention_bytes": 0}, "retention_bytes: Input should be greater than or equal to 1"),
     ({"retention_bytes": 1.5}, "retention_bytes: Input should be a valid integer"),
     ({"flush": "sometimes"}, "flush: Input should be 'fsync' or 'interval'"),
+    ({"flush": "group"}, "flush: Input should be 'fsync' or 'interval'"),   # storage's own policy, not a broker's
+    ({"sync_scope": "disk"}, "sync_scope: Input should be 'filesystem' or 'file'"),
     ({"flush_interval_ms": 0}, "flush_interval_ms: Input should be greater than or equal to 1"),
     ({"http": "127.0.0.1:99999"}, "http: port must be an integer in [1, 65535]"),
     ({"meta": []}, "meta: List should have at least 1 item"),

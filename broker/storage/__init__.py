@@ -8,7 +8,7 @@
 Layout and recovery: see segment.py; record framing: record.py; every bound: limits.py.
 """
 
-from .config import FLUSH_FSYNC, FLUSH_INTERVAL, QueueConfig
+from .config import FLUSH_FSYNC, FLUSH_GROUP, FLUSH_INTERVAL, QueueConfig
 from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, InvalidQueueName, OffsetOutOfRange,
                      QueueClosed, QueueExists, QueueFailed, QueueNotFound, RecordTooLarge, StorageError,
                      TooManyQueues, UnsupportedFormat)
@@ -19,7 +19,7 @@ from .record import Record, Run
 from .store import QueueStore
 
 __all__ = [
-    "FLUSH_FSYNC", "FLUSH_INTERVAL", "QueueConfig",
+    "FLUSH_FSYNC", "FLUSH_GROUP", "FLUSH_INTERVAL", "QueueConfig",
     "BatchTooLarge", "CorruptData", "CorruptQueue", "InvalidArgument", "InvalidQueueName", "OffsetOutOfRange",
     "QueueClosed", "QueueExists", "QueueFailed", "QueueNotFound", "RecordTooLarge", "StorageError", "TooManyQueues",
     "UnsupportedFormat",

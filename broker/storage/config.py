@@ -10,7 +10,8 @@ from .errors import InvalidArgument
 
 FLUSH_FSYNC = "fsync"
 FLUSH_INTERVAL = "interval"
-FLUSH_POLICIES = (FLUSH_FSYNC, FLUSH_INTERVAL)
+FLUSH_GROUP = "group"
+FLUSH_POLICIES = (FLUSH_FSYNC, FLUSH_INTERVAL, FLUSH_GROUP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,8 @@ class QueueConfig:
     index_interval_bytes: int = limits.INDEX_INTERVAL_BYTES_DEFAULT
     index_interval_records: int = limits.INDEX_INTERVAL_RECORDS_DEFAULT
     # "fsync": every append is on disk before it returns. "interval": the owner calls maybe_flush(now_ms).
+    # "group": an append returns once written and the owner syncs many appends of many queues at once
+    # (pending_sync, synced: group commit); readers see only what a sync covered (max_offset).
     flush_policy: str = FLUSH_FSYNC
     flush_interval_ms: int = limits.FLUSH_INTERVAL_MS_DEFAULT
     # Retention deletes whole files only; None keeps everything.

@@ -4,7 +4,8 @@ Thread-safe: appends run in worker threads while reads, retention and flushes co
 threads, so every public method holds the queue's own lock while it touches files, the index or the dirty state.
 Without it a read could pread a descriptor a roll or retention just closed, and a flush could mark clean records
 appended while it fsynced. The lock is per queue, so different queues still write and fsync in parallel.
-Nothing here runs in the background; the owner drives flushing and retention with maybe_flush and apply_retention.
+Nothing here runs in the background; the owner drives flushing and retention with maybe_flush and apply_retention,
+and with flush policy "group" the syncs too (pending_sync, synced: broker/group_commit.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import shutil
 import threading
 import time
 from bisect import bisect_right
-from typing import Sequence
+from typing import NamedTuple, Sequence
+
+from runtime import power_loss
 
 from . import files, limits
-from .config import FLUSH_FSYNC, QueueConfig
+from .config import FLUSH_FSYNC, FLUSH_GROUP, QueueConfig
 from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, OffsetOutOfRange, QueueClosed,
                      QueueExists, QueueFailed, RecordTooLarge)
 from .handles import HandlePool
@@ -30,6 +33,13 @@ from .segment import Segment
 CREATING_PREFIX = ".creating-"
 # Handles for a queue opened on its own, without a store's shared pool.
 OWN_READ_HANDLES_MAX = 16
+
+
+class PendingSync(NamedTuple):
+    """What a group commit's sync will cover of one queue: its active file as it stood before the sync began."""
+    end_offset: int
+    path: str
+    file_bytes: int
 
 
 class PhysicalQueue:
@@ -43,6 +53,7 @@ class PhysicalQueue:
         self._bases = [s.base for s in segments]
         self._last_ts = next((s.last_ts for s in reversed(segments) if s.last_ts is not None), 0)
         self._fsync_each = config.flush_policy == FLUSH_FSYNC
+        self._group = config.flush_policy == FLUSH_GROUP
         self._dirty_since_ms: int | None = None
         self._flushed_offset = segments[-1].end_offset
         self._closed = False
@@ -107,6 +118,7 @@ class PhysicalQueue:
         try:
             if not self._failed:
                 active.sync()
+                self._flushed_offset = active.end_offset
                 active.write_index()
                 marker = {"base": active.base, "file_bytes": active.file_bytes}
                 files.write_atomic(os.path.join(self.path, files.CLEAN_MARKER), json.dumps(marker).encode())
@@ -134,11 +146,21 @@ class PhysicalQueue:
 
     @property
     def max_offset(self) -> int:
-        """The offset the next record will get: the exclusive end of the queue."""
+        """The exclusive end of what reads return. With flush policy "group" that is the end of the last sync: a
+        record a crash could still take back is never read, or its offset could later name another record. With
+        the other policies it is next_offset."""
+        return self._readable_end()
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next record will get: the exclusive end of what was written, synced or not."""
         return self._max_offset()
 
     def _max_offset(self) -> int:
         return self._segments[-1].end_offset
+
+    def _readable_end(self) -> int:
+        return self._flushed_offset if self._group else self._max_offset()
 
     @property
     def flushed_offset(self) -> int:
@@ -199,17 +221,29 @@ class PhysicalQueue:
         batch's records are): written as they are, no copy per record. ``checked``: the caller has walked them
         already as ``record.check_records`` does (``wire.batch.check_send`` does more), so they are not walked
         again; a frame's CRC guards the disk, not its writer's bugs."""
-        _check_count(count)
-        if type(records) is not bytes:
-            raise InvalidArgument("records must be bytes", type=type(records).__name__)
-        _check_batch_bytes(len(records) - SIZE_BYTES * count)
-        if not checked:
-            check_records(records, count)
+        _check_framed(records, count, checked)
         return self._checked_append(records, count, ts_ms, tag)
 
+    def try_append_records(self, records: bytes, count: int, ts_ms: int, tag: int = 0,
+                           checked: bool = False) -> int | None:
+        """append_records() if it can run without waiting, else None and nothing done: the queue's lock is held
+        elsewhere (a read, a sync's bookkeeping), or the append would roll to a new file or sync (flush policy
+        "fsync"), which waits for the disk. For a caller that must not block, the broker's event loop with flush
+        policy "group": the write itself lands in the page cache. On None, call append_records on a thread."""
+        _check_framed(records, count, checked)
+        _check_append_args(ts_ms, tag)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            end_pos = self._segments[-1].end_pos
+            if self._fsync_each or (end_pos and end_pos + HEADER_BYTES + len(records) > self.config.segment_bytes_max):
+                return None
+            return self._append(records, count, ts_ms, tag)
+        finally:
+            self._lock.release()
+
     def _checked_append(self, records: bytes, count: int, ts_ms: int, tag: int) -> int:
-        _check_int("ts_ms", ts_ms, 0, limits.TS_MS_MAX)
-        _check_int("tag", tag, 0, 2**32 - 1)
+        _check_append_args(ts_ms, tag)
         with self._lock:
             return self._append(records, count, ts_ms, tag)
 
@@ -252,6 +286,34 @@ class PhysicalQueue:
             self._check_writable()
             if self._dirty_since_ms is not None:
                 self._sync()
+
+    # Group commit (flush policy "group"): the owner takes pending_sync() of every queue a sync will cover, syncs
+    # them together (one syncfs of their file system), and hands each back to synced(), or calls sync_failed().
+
+    def pending_sync(self) -> PendingSync | None:
+        """What a sync starting now would make durable; None when there is nothing to sync (or the queue is closed
+        or failed: a close syncs, a failed queue's unsynced records are never acknowledged)."""
+        with self._lock:
+            if self._closed or self._failed or self._flushed_offset == self._max_offset():
+                return None
+            active = self._segments[-1]
+            return PendingSync(active.end_offset, active.path, active.file_bytes)
+
+    def synced(self, pending: PendingSync) -> None:
+        """A sync that began after pending_sync() returned `pending` has returned: readers may see its records."""
+        with self._lock:
+            if pending.end_offset <= self._flushed_offset:
+                return   # a roll, close or flush synced past it meanwhile
+            self._flushed_offset = pending.end_offset
+            power_loss.synced_to(pending.path, pending.file_bytes)
+            if pending.end_offset == self._max_offset():
+                self._dirty_since_ms = None
+
+    def sync_failed(self) -> None:
+        """A sync covering this queue failed: the kernel may have dropped its dirty pages, so nothing unsynced can
+        be trusted (as after a failed fsync, _sync)."""
+        with self._lock:
+            self._failed = True
 
     def _sync(self) -> None:
         active = self._segments[-1]
@@ -303,15 +365,16 @@ class PhysicalQueue:
 
     def _read(self, offset: int, max_records: int, max_bytes: int) -> list[Run]:
         self._check_open()
+        end = self._readable_end()
         if offset < self._bases[0]:
             raise OffsetOutOfRange("offset is below the first kept record", offset=offset,
-                                   min_offset=self._bases[0], max_offset=self._max_offset())
-        if offset >= self._max_offset():
+                                   min_offset=self._bases[0], max_offset=end)
+        if offset >= end:
             return []
         out: list[Run] = []
         i = bisect_right(self._bases, offset) - 1
         budget = max_bytes
-        left = max_records
+        left = min(max_records, end - offset)   # a sync covers whole appends, so the end is a frame's end
         while True:
             segment = self._segments[i]
             if offset >= segment.end_offset:
@@ -333,7 +396,7 @@ class PhysicalQueue:
         _check_int("ts_ms", ts_ms, -limits.TS_MS_MAX, limits.TS_MS_MAX)
         with self._lock:
             self._check_open()
-            return self._offset_for_time(ts_ms)
+            return min(self._offset_for_time(ts_ms), self._readable_end())
 
     def _offset_for_time(self, ts_ms: int) -> int:
         for segment in self._segments:
@@ -435,6 +498,20 @@ def _take_clean_marker(path: str, active_base: int) -> int | None:
     if type(base) is not int or type(file_bytes) is not int or base != active_base:
         return None
     return file_bytes
+
+
+def _check_framed(records: bytes, count: int, checked: bool) -> None:
+    _check_count(count)
+    if type(records) is not bytes:
+        raise InvalidArgument("records must be bytes", type=type(records).__name__)
+    _check_batch_bytes(len(records) - SIZE_BYTES * count)
+    if not checked:
+        check_records(records, count)
+
+
+def _check_append_args(ts_ms: int, tag: int) -> None:
+    _check_int("ts_ms", ts_ms, 0, limits.TS_MS_MAX)
+    _check_int("tag", tag, 0, 2**32 - 1)
 
 
 def _check_count(count: int) -> None:

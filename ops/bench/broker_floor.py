@@ -1,7 +1,7 @@
 """What the broker's send path costs with none of the broker in it: the floor under `broker_cpu_ms_per_batch`.
 
     python -m ops.bench.broker_floor [--seconds 8] [--generators 2] [--concurrency 16] [--queues 8]
-                                     [--layers http,handoff,sync]
+                                     [--layers http,handoff,sync,syncfs]
 
 Each layer is a stand-in server process on uvloop, driven by `broker_throughput`'s own generator processes with the
 same POST of a binary batch of 100 x 1 KB over the same queues and connections, one layer after the other:
@@ -12,6 +12,9 @@ same POST of a binary batch of 100 x 1 KB over the same queues and connections, 
   ``broker/storage_threads.py`` under a per-queue ``asyncio.Lock``, as the broker's writer does, without a sync.
 - ``sync``: as ``handoff``, with an ``fdatasync`` after each write: the storage floor of a durable send. A file is
   emptied when it passes FILE_BYTES_MAX, as a rolled and retained segment would be, so a long run fills no disk.
+- ``syncfs``: the broker's group commit (``broker/group_commit.py``): the body is written on the event loop, and one
+  ``syncfs`` of the file system covers every write made before it began, of every queue; a send is answered when a
+  sync covered it. The rounds here are driven from the loop, the broker's by a thread of their own.
 
 Prints one JSON object: per layer batches/s, messages/s and the server's CPU (utime + stime from /proc) per batch.
 The broker's own figure (`broker_throughput`) less the ``sync`` layer is what the broker's code adds: checks,
@@ -37,7 +40,7 @@ from ops import devcluster
 from ops.bench import broker_throughput
 from ops.bench.common import cpu_seconds, emit, free_base_port, loadavg, say
 
-LAYERS = ("http", "handoff", "sync")
+LAYERS = ("http", "handoff", "sync", "syncfs")
 FILE_BYTES_MAX = 256 * 1024 * 1024
 WRITER_THREADS = 16          # as broker/writes.py
 READY_TIMEOUT_S = 30.0
@@ -53,6 +56,7 @@ def _answer(count: int) -> bytes:
 
 def serve(layer: str, port: int) -> None:
     """The stand-in server of one layer (a process of its own); stops on SIGTERM and removes its files."""
+    from broker.storage.files import sync_filesystem
     from broker.storage_threads import StorageThreads
     from runtime import event_loop
 
@@ -61,6 +65,21 @@ def serve(layer: str, port: int) -> None:
     files: dict[str, list[int]] = {}   # queue -> [fd, position]
     locks: dict[str, asyncio.Lock] = {}
     threads = StorageThreads(WRITER_THREADS, "append")
+    dir_fd = os.open(directory, os.O_RDONLY)
+    unsynced: list[asyncio.Future] = []   # syncfs layer: sends written since the running round began
+    rounds: list[asyncio.Task] = []       # the running round, if any
+
+    async def sync_rounds() -> None:
+        try:
+            while unsynced:
+                covered = unsynced[:]
+                unsynced.clear()
+                await threads.run(sync_filesystem, dir_fd)
+                for future in covered:
+                    if not future.done():
+                        future.set_result(None)
+        finally:
+            rounds.clear()
 
     def append(state: list[int], raw: bytes) -> None:
         fd, pos = state
@@ -78,8 +97,16 @@ def serve(layer: str, port: int) -> None:
             if queue not in files:
                 files[queue] = [os.open(os.path.join(directory, queue), os.O_RDWR | os.O_CREAT, 0o644), 0]
                 locks[queue] = asyncio.Lock()
-            async with locks[queue]:
-                await threads.run(append, files[queue], raw)
+            if layer == "syncfs":
+                append(files[queue], raw)   # the page cache only, on the loop
+                future = asyncio.get_running_loop().create_future()
+                unsynced.append(future)
+                if not rounds:
+                    rounds.append(asyncio.create_task(sync_rounds()))
+                await future
+            else:
+                async with locks[queue]:
+                    await threads.run(append, files[queue], raw)
         return web.Response(body=answer, content_type="application/json")
 
     async def ready(request: web.Request) -> web.Response:
@@ -103,6 +130,7 @@ def serve(layer: str, port: int) -> None:
         threads.stop()
         for fd, _ in files.values():
             os.close(fd)
+        os.close(dir_fd)
         shutil.rmtree(directory, ignore_errors=True)
 
 
