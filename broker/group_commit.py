@@ -77,7 +77,12 @@ class GroupCommit:
                 if self._stopping:
                     return
                 queues, self._asked = self._asked, set()
-            self._sync(queues)
+            try:
+                self._sync(queues)
+            except Exception:  # noqa: BLE001 - the thread must live on, or every later send would wait for ever
+                log.exception("sync_round_failed", queues=len(queues))
+                for queue in queues:
+                    queue.sync_failed()
             loop = self._loop
             if loop is not None:
                 try:

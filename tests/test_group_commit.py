@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from broker.group_commit import GroupCommit
-from broker.storage import FLUSH_GROUP, QueueConfig, QueueFailed, QueueStore, files
+from broker.storage import FLUSH_GROUP, PhysicalQueue, QueueConfig, QueueFailed, QueueStore, files
 from broker.storage.record import pack_records
 from tests.support.local_routes import one_queue_route
 from wire.errors import ApiError
@@ -162,3 +162,23 @@ async def test_a_send_whose_sync_failed_is_refused_and_a_seal_ends_before_it(nod
     assert await asyncio.wait_for(node.writer.seal(head), WAIT_S) == 0, "a refused record is not in the sealed end"
     assert node.writer.local_queue(head).read(0) == []
     held.check()
+
+
+async def test_a_round_that_breaks_fails_its_queues_and_the_syncer_lives_on(store, commit, monkeypatch):
+    """Anything but a failed sync (a bug, the ledger's disk in tests) must not end the syncer thread: every later
+    send would wait for ever."""
+    a, b = store.create("a"), store.create("b")
+    real = PhysicalQueue.synced
+
+    def broken(self, pending):
+        raise RuntimeError("injected: bookkeeping after the sync broke")
+
+    monkeypatch.setattr(PhysicalQueue, "synced", broken)
+    a.append([b"a0"], 1)
+    with pytest.raises(QueueFailed):
+        await asyncio.wait_for(commit.durable(a, 1), WAIT_S)
+    assert a.failed, "what that round covered cannot be vouched for"
+    monkeypatch.setattr(PhysicalQueue, "synced", real)
+    b.append([b"b0"], 1)
+    await asyncio.wait_for(commit.durable(b, 1), WAIT_S)
+    assert b.max_offset == 1
