@@ -144,6 +144,26 @@ def test_a_damaged_batch_is_refused_or_read_whole_never_anything_else(ms, data):
     assert len(records) == send.count and all(isinstance(batch.message(r), batch.Message) for r in records)
 
 
+@settings(max_examples=500, deadline=None)
+@given(st.integers(1, 30), st.integers(0, 60), st.booleans(), st.data())
+def test_the_shortcut_for_like_records_accepts_only_what_the_record_walk_accepts(count, body_len, text, data):
+    """check_send's shortcut for a batch of records of one size (wire/batch.py _equal_plain_records) compares the
+    records' leads by strided slices; whatever it accepts, damaged or not, the walk over each record accepts too."""
+    raw = bytearray(batch.encode([batch.Message(None, None, b"b" * body_len, text)] * count))
+    assert batch._equal_plain_records(bytes(raw), count, LIMITS["record_bytes_max"]), "the shape it is for"
+    stride = len(raw[batch.HEADER_BYTES:]) // count
+    for _ in range(data.draw(st.integers(0, 3))):
+        if data.draw(st.booleans()):   # a byte of some record's size or lead, where the shortcut looks
+            at = batch.HEADER_BYTES + data.draw(st.integers(0, count - 1)) * stride + data.draw(st.integers(0, 16))
+        else:
+            at = data.draw(st.integers(batch.HEADER_BYTES, len(raw) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    said = data.draw(st.sampled_from([count, count - 1, count + 1]))
+    for limit in (LIMITS["record_bytes_max"], data.draw(st.integers(0, 100))):
+        if batch._equal_plain_records(bytes(raw), said, limit):
+            assert batch._walked_plain_records(bytes(raw), said, limit)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_are_refused_by_both_decoders(raw):
