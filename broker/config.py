@@ -18,7 +18,7 @@ from runtime.config_file import (META_MEMBERS_MAX, ConfigError, HostPort, HttpUr
                              tls_files)
 
 from .storage.config import FLUSH_FSYNC, FLUSH_INTERVAL
-from .storage.files import HAVE_SYNCFS
+from .storage.files import syncfs_unusable
 from .storage.limits import (FLUSH_INTERVAL_MS_MAX, SEGMENT_BYTES_LIMIT_MAX, SEGMENT_BYTES_LIMIT_MIN,
                              SEGMENT_BYTES_MAX_DEFAULT, TS_MS_MAX)
 
@@ -47,7 +47,7 @@ class BrokerConfig:
     admin_token: str | None = None
     zone: str | None = None
     flush: str = FLUSH_FSYNC    # "fsync" per batch or "interval"
-    sync_scope: str = SYNC_SCOPE_FILESYSTEM if HAVE_SYNCFS else SYNC_SCOPE_FILE
+    sync_scope: str = SYNC_SCOPE_FILESYSTEM if syncfs_unusable() is None else SYNC_SCOPE_FILE
     flush_interval_ms: int = FLUSH_INTERVAL_MS_DEFAULT
     retention_ms: int | None = None      # delete whole segment files older than this (None keeps everything)
     retention_bytes: int | None = None   # ... or beyond this size per physical queue
@@ -87,7 +87,8 @@ class _BrokerSchema(Schema):
     client_token: Secret | None = None
     zone: Annotated[str, Field(min_length=1, max_length=ZONE_CHARS_MAX)] | None = None
     flush: Literal[FLUSHES] = FLUSH_FSYNC  # type: ignore[valid-type]
-    sync_scope: Literal[SYNC_SCOPES] = SYNC_SCOPE_FILESYSTEM  # type: ignore[valid-type]
+    # None: "filesystem" where syncfs can be trusted (Linux 5.8 and later), else "file"
+    sync_scope: Literal[SYNC_SCOPES] | None = None  # type: ignore[valid-type]
     flush_interval_ms: int = Field(FLUSH_INTERVAL_MS_DEFAULT, ge=1, le=FLUSH_INTERVAL_MS_MAX)
     retention_ms: int | None = Field(None, ge=1, le=TS_MS_MAX)
     retention_bytes: int | None = Field(None, ge=1, le=RETENTION_BYTES_MAX)
@@ -109,8 +110,8 @@ class _BrokerSchema(Schema):
             raise ValueError(f"broker_tokens.{self.broker}: not the hash of this broker's own token")
         if self.effective_client_token is None:
             raise ValueError("missing the client token: give tokens.client (or client_token)")
-        if self.sync_scope == SYNC_SCOPE_FILESYSTEM and not HAVE_SYNCFS:
-            raise ValueError('sync_scope "filesystem" needs syncfs(2), which this system lacks: set sync_scope "file"')
+        if self.sync_scope == SYNC_SCOPE_FILESYSTEM and syncfs_unusable() is not None:
+            raise ValueError(f'sync_scope "filesystem": {syncfs_unusable()}; set sync_scope "file"')
         if len(set(self.meta)) < len(self.meta):
             raise ValueError("meta: each URL must be unique")
         if self.advertise is None and split_host_port(self.http)[0] in UNSPECIFIED_HOSTS:
@@ -137,7 +138,8 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
     return BrokerConfig(
         broker=s.broker, data_dir=os.path.join(base_dir, s.data_dir), http_host=host, http_port=port,
         meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
-        admin_token=s.tokens.admin, zone=s.zone, flush=s.flush, sync_scope=s.sync_scope,
+        admin_token=s.tokens.admin, zone=s.zone, flush=s.flush,
+        sync_scope=s.sync_scope or (SYNC_SCOPE_FILESYSTEM if syncfs_unusable() is None else SYNC_SCOPE_FILE),
         flush_interval_ms=s.flush_interval_ms,
         retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, segment_bytes_max=s.segment_bytes_max,
         log_level=s.log_level,

@@ -185,3 +185,20 @@ def test_rebuild_projection_names_an_unreadable_snapshot_in_one_line(tmp_path):
     assert out.returncode == 1, out
     assert out.stderr.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_sync_scope_filesystem_only_where_syncfs_reports_write_back_errors(monkeypatch):
+    """Before Linux 5.8 syncfs(2) returned 0 after a failed write-back: group commit would acknowledge records the
+    disk had dropped. There the default is "file", and "filesystem" asked for by name is refused, naming why."""
+    def kernel(release: str) -> None:
+        real = os.uname()
+        monkeypatch.setattr(os, "uname", lambda: os.uname_result(
+            (real.sysname, real.nodename, release, real.version, real.machine)))
+
+    kernel("5.8.0")
+    assert broker_config.parse(broker_raw()).sync_scope == "filesystem"
+    kernel("5.4.0-150-generic")
+    assert broker_config.parse(broker_raw()).sync_scope == "file"
+    with pytest.raises(ConfigError) as e:
+        broker_config.parse(broker_raw(sync_scope="filesystem"))
+    assert "Linux 5.4.0-150-generic does not report write-back errors" in str(e.value)

@@ -53,7 +53,19 @@ def _libc_syncfs():
 
 
 _syncfs = _libc_syncfs()
-HAVE_SYNCFS = _syncfs is not None
+SYNCFS_ERRORS_SINCE = (5, 8)   # Linux reports write-back errors to syncfs from this release on
+
+
+def syncfs_unusable() -> str | None:
+    """Why sync_filesystem cannot be trusted here, or None. Before Linux 5.8 syncfs returned 0 after a write-back
+    error, so a broker would acknowledge records the disk had failed to store."""
+    if _syncfs is None:
+        return "this system has no syncfs(2) (Linux only)"
+    release = os.uname().release
+    found = re.match(r"(\d+)\.(\d+)", release)
+    if found is None or (int(found.group(1)), int(found.group(2))) < SYNCFS_ERRORS_SINCE:
+        return f"Linux {release} does not report write-back errors to syncfs(2) (5.8 and later do)"
+    return None
 
 
 def sync_filesystem(fd: int) -> None:
