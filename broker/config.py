@@ -35,6 +35,11 @@ SYNC_SCOPE_FILESYSTEM, SYNC_SCOPE_FILE = "filesystem", "file"
 SYNC_SCOPES = (SYNC_SCOPE_FILESYSTEM, SYNC_SCOPE_FILE)
 
 
+def default_sync_scope() -> str:
+    """"filesystem" where syncfs can be trusted (Linux 5.8 and later: storage/files.syncfs_unusable), else "file"."""
+    return SYNC_SCOPE_FILESYSTEM if syncfs_unusable() is None else SYNC_SCOPE_FILE
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     broker: str
@@ -47,7 +52,7 @@ class BrokerConfig:
     admin_token: str | None = None
     zone: str | None = None
     flush: str = FLUSH_FSYNC    # "fsync" per batch or "interval"
-    sync_scope: str = SYNC_SCOPE_FILESYSTEM if syncfs_unusable() is None else SYNC_SCOPE_FILE
+    sync_scope: str = field(default_factory=default_sync_scope)
     flush_interval_ms: int = FLUSH_INTERVAL_MS_DEFAULT
     retention_ms: int | None = None      # delete whole segment files older than this (None keeps everything)
     retention_bytes: int | None = None   # ... or beyond this size per physical queue
@@ -87,8 +92,7 @@ class _BrokerSchema(Schema):
     client_token: Secret | None = None
     zone: Annotated[str, Field(min_length=1, max_length=ZONE_CHARS_MAX)] | None = None
     flush: Literal[FLUSHES] = FLUSH_FSYNC  # type: ignore[valid-type]
-    # None: "filesystem" where syncfs can be trusted (Linux 5.8 and later), else "file"
-    sync_scope: Literal[SYNC_SCOPES] | None = None  # type: ignore[valid-type]
+    sync_scope: Literal[SYNC_SCOPES] | None = None  # type: ignore[valid-type]  # None: default_sync_scope()
     flush_interval_ms: int = Field(FLUSH_INTERVAL_MS_DEFAULT, ge=1, le=FLUSH_INTERVAL_MS_MAX)
     retention_ms: int | None = Field(None, ge=1, le=TS_MS_MAX)
     retention_bytes: int | None = Field(None, ge=1, le=RETENTION_BYTES_MAX)
@@ -139,7 +143,7 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
         broker=s.broker, data_dir=os.path.join(base_dir, s.data_dir), http_host=host, http_port=port,
         meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
         admin_token=s.tokens.admin, zone=s.zone, flush=s.flush,
-        sync_scope=s.sync_scope or (SYNC_SCOPE_FILESYSTEM if syncfs_unusable() is None else SYNC_SCOPE_FILE),
+        sync_scope=s.sync_scope or default_sync_scope(),
         flush_interval_ms=s.flush_interval_ms,
         retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, segment_bytes_max=s.segment_bytes_max,
         log_level=s.log_level,

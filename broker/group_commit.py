@@ -4,9 +4,9 @@ With ``flush = "fsync"`` a send is answered only once its records are on disk. W
 file (``sync_scope = "file"``), every batch pays a journal commit, a flush of the device's cache and a hand-off to a
 thread and back: 0.10-0.17 ms of the broker's CPU per batch of 100 x 1 KB here (``python -m ops.bench.broker_floor
 --layers sync,syncfs``). With ``sync_scope = "filesystem"`` (the default) appends only write (storage's flush policy
-"group"), and one syncer thread syncs for all of them: a round takes every queue a send waits on since the last round, syncs
-their file system once (syncfs), and wakes every send it covered. Writes that land while a round runs go into the
-next, which starts as soon as this one ends, so the busier the broker, the more each sync covers. RocketMQ's
+"group"), and one syncer thread syncs for all of them: a round takes every queue a send has waited on since the last
+round, syncs their file system once (syncfs), and wakes every send it covered. Writes that land while a round runs go
+into the next, which starts as soon as this one ends, so the busier the broker, the more each sync covers. RocketMQ's
 GroupCommitService does this for its one commit log, PostgreSQL's WAL writer for its one log; here the file system's
 journal is the one log.
 
