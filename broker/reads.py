@@ -159,8 +159,14 @@ class Reader:
             pq = self.writer.local_queue(seg)
             if pq is None:
                 return [], seg.physical_start
-            try:  # in a thread: the queue's lock may be held by an append's fsync
-                runs = await self._threads.run(pq.read_runs, max(physical, pq.min_offset), max_n, PULL_BYTES_MAX)
+            start = max(physical, pq.min_offset)
+            try:
+                # On the loop when the records are in the page cache: 0.24 ms of CPU per pull of 100 x 1 KB
+                # instead of 0.29-0.33 through a thread (broker_throughput's consume). Else in a thread: the disk, or
+                # the queue's lock held by an append's fsync, would stall every request.
+                runs = pq.try_read_runs(start, max_n, PULL_BYTES_MAX)
+                if runs is None:
+                    runs = await self._threads.run(pq.read_runs, start, max_n, PULL_BYTES_MAX)
                 return runs, pq.max_offset
             except OffsetOutOfRange:
                 return [], pq.max_offset

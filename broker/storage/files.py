@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import re
 import sys
@@ -76,6 +77,27 @@ def sync_filesystem(fd: int) -> None:
     if _syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"syncfs: {os.strerror(err)}")
+
+
+class WouldWait(Exception):
+    """A read asked not to wait found its bytes not (all) in the page cache: read them on a thread instead."""
+
+
+def pread_cached(fd: int, size: int, pos: int) -> bytes:
+    """os.pread of what the page cache holds, never waiting for the disk (preadv2 with RWF_NOWAIT, Linux 4.14 and
+    later): WouldWait when any of it would have to be read from the disk, or the file system cannot tell."""
+    buf = bytearray(size)
+    try:
+        got = os.preadv(fd, [buf], pos, os.RWF_NOWAIT)
+    except BlockingIOError:
+        raise WouldWait from None
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise WouldWait from None
+        raise
+    if got < size:   # the rest is not cached (or the file is shorter: the waiting read decides what that means)
+        raise WouldWait
+    return bytes(buf)
 
 
 def sync_dir(path: str) -> None:

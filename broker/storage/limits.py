@@ -23,6 +23,8 @@ READ_BYTES_DEFAULT = 1 * MIB
 # pread sizes for reads: small enough not to copy much more than asked, large enough to amortise the syscall.
 READ_CHUNK_BYTES_MIN = 16 * KIB
 READ_CHUNK_BYTES_MAX = 4 * MIB
+# A read that must not wait (PhysicalQueue.try_read_runs, on the broker's event loop) copies chunks up to this size.
+CACHED_READ_CHUNK_BYTES_MAX = 1 * MIB
 # pread size while scanning a whole file on recovery or index rebuild.
 SCAN_CHUNK_BYTES = 1 * MIB
 

@@ -183,9 +183,11 @@ class Segment:
 
     # Reading.
 
-    def read(self, offset: int, records_max: int, bytes_budget: int, out: list[Run]) -> tuple[int, int]:
+    def read(self, offset: int, records_max: int, bytes_budget: int, out: list[Run],
+             cached_only: bool = False) -> tuple[int, int]:
         """Appends runs of records from `offset` on (base <= offset < end_offset) to `out`; returns (records taken,
-        the remaining budget).
+        the remaining budget). ``cached_only``: files.WouldWait rather than wait for the disk or copy a chunk past
+        limits.CACHED_READ_CHUNK_BYTES_MAX (`out` then holds part of the read: the caller drops it).
 
         A frame that fails its check ends the read; it raises CorruptData only when nothing was taken yet, so a
         reader always gets every good record before the damage and then learns where to resume."""
@@ -195,15 +197,20 @@ class Segment:
             cursor, pos = self._hint_offset, self._hint_pos   # reading on from where the last read stopped
         records_max = min(records_max, self.end_offset - offset)
         with self._reading() as fd:
-            return self._read_from(fd, offset, cursor, pos, records_max, bytes_budget, out)
+            return self._read_from(fd, offset, cursor, pos, records_max, bytes_budget, out, cached_only)
 
     def _read_from(self, fd: int, offset: int, cursor: int, pos: int, records_max: int, bytes_budget: int,
-                   out: list[Run]) -> tuple[int, int]:
+                   out: list[Run], cached_only: bool) -> tuple[int, int]:
         need = 0
         taken = 0
         while pos < self.end_pos and taken < records_max:
             want = self._chunk_bytes(pos, need, records_max - taken, bytes_budget, cursor < offset)
-            buf = os.pread(fd, want, pos)
+            if not cached_only:
+                buf = os.pread(fd, want, pos)
+            elif want > limits.CACHED_READ_CHUNK_BYTES_MAX:
+                raise files.WouldWait
+            else:
+                buf = files.pread_cached(fd, want, pos)
             if len(buf) < want:
                 raise CorruptData("segment file shrank under the reader", offset=cursor, next_offset=None)
             used, cursor, got, bytes_budget, stop = parse(buf, 0, cursor, offset, records_max - taken,
