@@ -27,18 +27,23 @@ from collections.abc import Callable
 
 import structlog
 
-from .storage import PhysicalQueue, QueueFailed
+from .storage import PhysicalQueue, QueueFailed, StorageError
 from .storage import files
 
 STOP_TIMEOUT_S = 10.0   # a sync in progress finishes first
+# A send waits this long for a sync to cover it, then is answered 503. Its records may still become durable and
+# readable later, never acknowledged: the client's retry may store them twice, as after any lost answer.
+SYNC_WAIT_TIMEOUT_S = 30.0
 
 log = structlog.get_logger("group_commit")
 
 
 class GroupCommit:
-    def __init__(self, root: str, observe_sync_s: Callable[[float], None] | None = None):
+    def __init__(self, root: str, observe_sync_s: Callable[[float], None] | None = None,
+                 wait_timeout_s: float = SYNC_WAIT_TIMEOUT_S):
         """``root``: a directory on the file system of every queue synced here; ``observe_sync_s``: told the seconds
-        of each sync. The syncer thread starts with the first wait."""
+        of each sync; ``wait_timeout_s``: how long ``durable`` waits. The syncer thread starts with the first wait."""
+        self._wait_timeout_s = wait_timeout_s
         # One descriptor for the broker's life: syncfs reports a writeback error once per descriptor, so one opened
         # per round would miss an error that happened between rounds.
         self._fd = os.open(root, os.O_RDONLY | files.O_CLOEXEC)
@@ -52,8 +57,12 @@ class GroupCommit:
 
     async def durable(self, queue: PhysicalQueue, end: int) -> None:
         """Returns once ``queue``'s records below ``end``, written already, are on disk. QueueFailed when the sync
-        that should have covered them failed: the queue then refuses writes until reopened. Bounded by the sync
-        itself, as an fdatasync is."""
+        that should have covered them failed: the queue then refuses writes until reopened. SyncTimedOut after
+        ``wait_timeout_s``: a hung disk answers 503, it does not hold the request for ever.
+
+        The timeouts of a queue's waiters fire in the order they began waiting. A seal waits last (it holds the
+        queue's lock, so every send in flight registered before it): when its own wait times out, every send whose
+        records lie past the readable end it then returns has been refused already."""
         loop = self._loop = asyncio.get_running_loop()   # before the check: a round ending after it wakes this loop
         if queue.max_offset >= end:
             return
@@ -67,7 +76,21 @@ class GroupCommit:
                 self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
                 self._thread.start()
             self._wanted.notify()
-        await future
+        timer = loop.call_later(self._wait_timeout_s, _time_out, future, queue, self._wait_timeout_s)
+        try:
+            await future
+        except BaseException:
+            self._forget(queue, end, future)   # timed out or cancelled: no round will clear it while the disk hangs
+            raise
+        finally:
+            timer.cancel()   # a plain timer, not wait_for: no task per send on the hot path
+
+    def _forget(self, queue: PhysicalQueue, end: int, future: asyncio.Future) -> None:
+        waiters = self._waiting.get(queue)
+        if waiters is not None and (end, future) in waiters:
+            waiters.remove((end, future))
+            if not waiters:
+                del self._waiting[queue]
 
     def _run(self) -> None:
         while True:
@@ -140,6 +163,15 @@ class GroupCommit:
         self._wake(failing=True)
         if self._thread is None or not self._thread.is_alive():
             os.close(self._fd)   # else a syncfs still holds it: leave it to the process's end
+
+
+class SyncTimedOut(StorageError):
+    code = "SYNC_TIMED_OUT"
+
+
+def _time_out(future: asyncio.Future, queue: PhysicalQueue, seconds: float) -> None:
+    if not future.done():
+        future.set_exception(SyncTimedOut(f"no sync covered this append within {seconds} s", path=queue.path))
 
 
 def _not_synced(queue: PhysicalQueue) -> QueueFailed:

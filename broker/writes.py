@@ -33,6 +33,11 @@ def not_leader(topic: str, queue: int, head: Segment | None) -> ApiError:
                      queue=queue, broker=head.broker if head else None, address=head.address if head else None)
 
 
+def _storage_unavailable(head: Segment, e: StorageError) -> ApiError:
+    return rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
+                     topic=head.topic, queue=head.queue)
+
+
 def unknown_topic(topic: str) -> ApiError:
     return rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} is unknown to this broker", topic=topic)
 
@@ -156,8 +161,7 @@ class Writer:
         try:
             await self._durable(pq, first + send.count)
         except StorageError as e:
-            raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
-                            topic=head.topic, queue=head.queue) from None
+            raise _storage_unavailable(head, e) from None
         if self.metrics is not None:
             self.metrics.append.observe(time.perf_counter() - started)
             self.metrics.stored(head.topic, send.count, send.record_bytes)
@@ -210,8 +214,7 @@ class Writer:
         except InvalidArgument as e:  # too large a record or batch, in storage's terms
             raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
         except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
-            raise rejection(503, "STORAGE_UNAVAILABLE", f"the broker could not store the batch: {e.code}",
-                            topic=head.topic, queue=head.queue) from None
+            raise _storage_unavailable(head, e) from None
         return pq, first
 
     async def seal(self, seg: Segment) -> int:
@@ -226,7 +229,7 @@ class Writer:
             try:
                 await self._durable(pq, pq.next_offset)
             except StorageError:
-                pass
+                pass   # failed or timed out: the readable end holds every record acknowledged (GroupCommit.durable)
             return pq.max_offset
 
     # -- consumer offsets --------------------------------------------------------------------------------------

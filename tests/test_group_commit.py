@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from broker.group_commit import GroupCommit
+from broker.group_commit import GroupCommit, SyncTimedOut
 from broker.storage import FLUSH_GROUP, PhysicalQueue, QueueConfig, QueueFailed, QueueStore, files
 from broker.storage.record import pack_records
 from tests.support.local_routes import one_queue_route
@@ -182,3 +182,23 @@ async def test_a_round_that_breaks_fails_its_queues_and_the_syncer_lives_on(stor
     b.append([b"b0"], 1)
     await asyncio.wait_for(commit.durable(b, 1), WAIT_S)
     assert b.max_offset == 1
+
+
+async def test_a_send_no_sync_covers_in_time_is_refused_and_its_records_come_later(store, monkeypatch):
+    """A hung disk answers 503 after the wait's bound, and holds nothing: the waiter is gone from the table."""
+    held = HeldSyncs(monkeypatch)
+    commit = GroupCommit(store.root, wait_timeout_s=0.2)
+    try:
+        q = store.create("a")
+        q.append([b"late"], 1)
+        with pytest.raises(SyncTimedOut):
+            await asyncio.wait_for(commit.durable(q, 1), WAIT_S)
+        assert commit._waiting == {}, "a timed-out waiter must not stay behind"
+        assert q.max_offset == 0 and not q.failed
+        held.release.set()
+        await asyncio.wait_for(commit.durable(q, 1), WAIT_S)   # the disk came back: the record is durable after all
+        assert [r.payload for r in q.read(0)] == [b"late"]
+        held.check()
+    finally:
+        commit.close()
+
