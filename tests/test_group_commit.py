@@ -202,3 +202,20 @@ async def test_a_send_no_sync_covers_in_time_is_refused_and_its_records_come_lat
     finally:
         commit.close()
 
+
+async def test_the_offset_budget_counts_records_still_waiting_for_their_sync(node, monkeypatch):
+    """DESIGN.md invariant 5: a write stays within the offset budget the log granted. Records written but not yet
+    synced are not readable (max_offset) yet hold their offsets: the budget and the heartbeat that renews it must
+    count them (next_offset), or a second send would be granted offsets past the budget's end."""
+    node.routes.update(one_queue_route(6, [("b1", 0)], budget_end=5))
+    held = HeldSyncs(monkeypatch)
+    first = asyncio.create_task(node.writer.send("t", 0, [{"body": "a"}] * 3))
+    await held.wait_entered()
+    head = node.routes.head("t", 0)
+    assert node.writer.next_offsets([head]) == {head.physical_queue: 3}, "what the heartbeat asks a renewal for"
+    with pytest.raises(ApiError) as e:
+        await asyncio.wait_for(node.writer.send("t", 0, [{"body": "b"}] * 3), WAIT_S)
+    assert (e.value.status, e.value.code) == (503, "BUDGET_EXHAUSTED")
+    held.release.set()
+    assert await asyncio.wait_for(first, WAIT_S) == [0, 1, 2]
+    held.check()
