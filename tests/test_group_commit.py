@@ -10,45 +10,16 @@ A real store and a real broker node in this process; syncfs is held or failed by
 from __future__ import annotations
 
 import asyncio
-import errno
-import threading
 
 import pytest
 
 from broker.group_commit import GroupCommit, SyncTimedOut
-from broker.storage import FLUSH_GROUP, PhysicalQueue, QueueConfig, QueueFailed, QueueStore, files
+from broker.storage import FLUSH_GROUP, PhysicalQueue, QueueConfig, QueueFailed, QueueStore
 from broker.storage.record import pack_records
+from tests.support.held_syncs import WAIT_S, HeldSyncs
 from tests.support.local_routes import one_queue_route
 from wire.errors import ApiError
 
-WAIT_S = 10.0
-
-
-class HeldSyncs:
-    """Each syncfs of the process waits until ``release`` is set, then runs (or fails with EIO, ``fail``)."""
-
-    def __init__(self, monkeypatch, fail: bool = False):
-        self.entered, self.release = threading.Event(), threading.Event()
-        self.count = 0
-        self.timed_out = False
-        real = files.sync_filesystem
-
-        def held(fd: int) -> None:
-            self.count += 1
-            self.entered.set()
-            # No assert here: this runs on the syncer thread, where a failure would not reach the test.
-            self.timed_out |= not self.release.wait(WAIT_S)
-            if fail:
-                raise OSError(errno.EIO, "injected: the disk failed the write-back")
-            real(fd)
-
-        monkeypatch.setattr(files, "sync_filesystem", held)
-
-    async def wait_entered(self) -> None:
-        assert await asyncio.to_thread(self.entered.wait, WAIT_S), "no sync started"
-
-    def check(self) -> None:
-        assert not self.timed_out, "a sync waited for a release that never came"
 
 
 @pytest.fixture
@@ -66,7 +37,7 @@ def commit(store):
 
 
 async def test_a_reader_sees_only_what_a_sync_covered(store, commit, monkeypatch):
-    held = HeldSyncs(monkeypatch)
+    held = HeldSyncs(monkeypatch, "sync_filesystem")
     q = store.create("a")
     assert q.append([b"one", b"two", b"three"], 1) == 0
     # written, not synced: the next append goes after it, and no reader sees it
@@ -84,7 +55,7 @@ async def test_a_reader_sees_only_what_a_sync_covered(store, commit, monkeypatch
 
 
 async def test_one_sync_covers_every_queue_that_waited_during_the_last(store, commit, monkeypatch):
-    held = HeldSyncs(monkeypatch)
+    held = HeldSyncs(monkeypatch, "sync_filesystem")
     queues = [store.create(f"q{i}") for i in range(8)]
     queues[0].append([b"first"], 1)
     waits = [asyncio.create_task(commit.durable(queues[0], 1))]
@@ -95,13 +66,13 @@ async def test_one_sync_covers_every_queue_that_waited_during_the_last(store, co
     await asyncio.sleep(0.1)   # every waiter has asked before the first round ends
     held.release.set()
     await asyncio.wait_for(asyncio.gather(*waits), WAIT_S)
-    assert held.count == 2, "the seven queues that waited during the first sync share the second"
+    assert held.calls == 2, "the seven queues that waited during the first sync share the second"
     assert [q.max_offset for q in queues] == [1, 1, 2, 3, 4, 5, 6, 7]
     held.check()
 
 
 async def test_a_failed_sync_fails_each_send_it_covered_and_none_of_their_records_is_read(store, commit, monkeypatch):
-    held = HeldSyncs(monkeypatch, fail=True)
+    held = HeldSyncs(monkeypatch, "sync_filesystem", fail=True)
     held.release.set()
     a, b = store.create("a"), store.create("b")
     a.append([b"a0", b"a1"], 1)
@@ -140,7 +111,7 @@ async def node(broker_node):
 
 
 async def test_a_seal_waits_for_the_sync_of_a_send_in_flight_and_its_end_holds_it(node, monkeypatch):
-    held = HeldSyncs(monkeypatch)
+    held = HeldSyncs(monkeypatch, "sync_filesystem")
     send = asyncio.create_task(node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(3)]))
     await held.wait_entered()
     seal = asyncio.create_task(node.writer.seal(node.routes.head("t", 0)))
@@ -153,7 +124,7 @@ async def test_a_seal_waits_for_the_sync_of_a_send_in_flight_and_its_end_holds_i
 
 
 async def test_a_send_whose_sync_failed_is_refused_and_a_seal_ends_before_it(node, monkeypatch):
-    held = HeldSyncs(monkeypatch, fail=True)
+    held = HeldSyncs(monkeypatch, "sync_filesystem", fail=True)
     held.release.set()
     with pytest.raises(ApiError) as e:
         await asyncio.wait_for(node.writer.send("t", 0, [{"body": "lost"}]), WAIT_S)
@@ -186,7 +157,7 @@ async def test_a_round_that_breaks_fails_its_queues_and_the_syncer_lives_on(stor
 
 async def test_a_send_no_sync_covers_in_time_is_refused_and_its_records_come_later(store, monkeypatch):
     """A hung disk answers 503 after the wait's bound, and holds nothing: the waiter is gone from the table."""
-    held = HeldSyncs(monkeypatch)
+    held = HeldSyncs(monkeypatch, "sync_filesystem")
     commit = GroupCommit(store.root, wait_timeout_s=0.2)
     try:
         q = store.create("a")
@@ -208,7 +179,7 @@ async def test_the_offset_budget_counts_records_still_waiting_for_their_sync(nod
     synced are not readable (max_offset) yet hold their offsets: the budget and the heartbeat that renews it must
     count them (next_offset), or a second send would be granted offsets past the budget's end."""
     node.routes.update(one_queue_route(6, [("b1", 0)], budget_end=5))
-    held = HeldSyncs(monkeypatch)
+    held = HeldSyncs(monkeypatch, "sync_filesystem")
     first = asyncio.create_task(node.writer.send("t", 0, [{"body": "a"}] * 3))
     await held.wait_entered()
     head = node.routes.head("t", 0)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 
 import pytest
 
@@ -14,31 +13,8 @@ from broker import offsets
 from broker.offsets import OffsetStore
 from broker.storage import files
 from broker.storage import lines as checked_lines
+from tests.support.held_syncs import WAIT_S, HeldSyncs
 from wire.errors import ApiError
-
-WAIT_S = 10.0  # bound on every wait for the syncer thread; the tests need far less
-
-
-class HeldSync:
-    """Wraps files.sync_data: counts fsyncs, and holds each one until released while `holding` is set."""
-
-    def __init__(self, monkeypatch):
-        self.real = files.sync_data
-        self.calls = 0
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.holding = True
-        monkeypatch.setattr(files, "sync_data", self)
-
-    def __call__(self, fd: int) -> None:
-        self.calls += 1
-        self.entered.set()
-        if self.holding:
-            assert self.release.wait(WAIT_S), "the test never released the fsync"
-        self.real(fd)
-
-    async def wait_entered(self) -> None:
-        assert await asyncio.to_thread(self.entered.wait, WAIT_S), "no fsync started"
 
 
 def lines(path) -> list[bytes]:
@@ -48,7 +24,7 @@ def lines(path) -> list[bytes]:
 
 async def test_commit_is_acknowledged_only_after_the_fsync_covering_it(tmp_path, monkeypatch):
     store = OffsetStore(str(tmp_path / "offsets.log"))
-    held = HeldSync(monkeypatch)
+    held = HeldSyncs(monkeypatch)
     task = asyncio.create_task(store.commit("g", "t", 0, 42, gen=0))
     await held.wait_entered()
     await asyncio.sleep(0)  # give the loop every chance to run an early acknowledgement
@@ -58,22 +34,23 @@ async def test_commit_is_acknowledged_only_after_the_fsync_covering_it(tmp_path,
     held.release.set()
     await asyncio.wait_for(task, WAIT_S)
     assert store.get("g", "t", 0) == 42
+    held.check()
     store.close()
 
 
 async def test_concurrent_commits_share_fsyncs_and_all_survive_reopen(tmp_path, monkeypatch):
     path = str(tmp_path / "offsets.log")
     store = OffsetStore(path)
-    held = HeldSync(monkeypatch)
+    held = HeldSyncs(monkeypatch)
     commits = 200
     first = asyncio.create_task(store.commit("g", "t", 0, 0, gen=0))
     await held.wait_entered()  # the first fsync is under way: every later commit queues behind it
     rest = [asyncio.create_task(store.commit("g", f"t{i % 7}", i, i, gen=0)) for i in range(1, commits)]
     await asyncio.sleep(0)  # each task runs up to its await, so every commit is queued
-    held.holding = False
-    held.release.set()
+    held.let_go()
     await asyncio.wait_for(asyncio.gather(first, *rest), WAIT_S)
     assert held.calls == 2, "the queued commits should have shared one fsync"
+    held.check()
     store.close()
     reopened = OffsetStore(path)
     assert reopened.get("g", "t", 0) == 0
@@ -83,13 +60,14 @@ async def test_concurrent_commits_share_fsyncs_and_all_survive_reopen(tmp_path, 
 
 async def test_commits_do_not_block_the_event_loop(tmp_path, monkeypatch):
     store = OffsetStore(str(tmp_path / "offsets.log"))
-    held = HeldSync(monkeypatch)
+    held = HeldSyncs(monkeypatch)
     task = asyncio.create_task(store.commit("g", "t", 0, 1, gen=0))
     await held.wait_entered()
     # The fsync is held; the loop must still serve other work meanwhile.
     assert await asyncio.wait_for(asyncio.to_thread(lambda: "served"), WAIT_S) == "served"
     held.release.set()
     await asyncio.wait_for(task, WAIT_S)
+    held.check()
     store.close()
 
 
@@ -112,16 +90,16 @@ async def test_key_limit_is_a_coded_refusal(tmp_path, monkeypatch):
 async def test_waiting_commits_are_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(offsets, "COMMITS_WAITING_MAX", 2)
     store = OffsetStore(str(tmp_path / "offsets.log"))
-    held = HeldSync(monkeypatch)
+    held = HeldSyncs(monkeypatch)
     waiting = [asyncio.create_task(store.commit("g", "t", q, q, gen=0)) for q in range(2)]
     await held.wait_entered()
     with pytest.raises(ApiError) as refused:
         await store.commit("g", "t", 2, 2, gen=0)
     assert (refused.value.status, refused.value.code) == (503, "TOO_MANY_WAITERS")
-    held.holding = False
-    held.release.set()
+    held.let_go()
     await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
     await store.commit("g", "t", 2, 2, gen=0)  # room again once the others are answered
+    held.check()
     store.close()
 
 

@@ -10,16 +10,13 @@ have moved the queue without it) could be lost; and a read answered there could 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
 
-from broker.storage import files
+from tests.support.held_syncs import WAIT_S, HeldSyncs
 from tests.support.local_routes import one_queue_route as route
 from wire.errors import ApiError
-
-WAIT_S = 10.0
 
 
 @pytest.fixture
@@ -44,48 +41,26 @@ async def test_a_sealed_head_neither_takes_nor_answers_commits(node):
     assert await node.reader.read_committed("g", "t", 0, True) == (5, 0)
 
 
-class HeldSync:
-    """Holds the next fsync of the process until released (files.sync_data wrapped)."""
-
-    def __init__(self, monkeypatch):
-        self.holding, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
-        real = files.sync_data
-
-        def held(fd: int) -> None:
-            if self.holding.is_set():
-                self.entered.set()
-                assert self.release.wait(WAIT_S), "the test never released the fsync"
-            real(fd)
-
-        monkeypatch.setattr(files, "sync_data", held)
-        self.holding.set()
-
-    async def wait_entered(self) -> None:
-        assert await asyncio.to_thread(self.entered.wait, WAIT_S), "the commit never reached its fsync"
-
-    def let_go(self) -> None:
-        self.holding.clear()
-        self.release.set()
-
-
 async def test_a_commit_whose_fsync_a_seal_overtakes_is_not_acknowledged(node, monkeypatch):
-    held = HeldSync(monkeypatch)
+    held = HeldSyncs(monkeypatch)
     commit = asyncio.create_task(node.writer.commit_offset("g", "t", 0, 9))
     await held.wait_entered()
     await node.writer.seal(node.routes.head("t", 0))
     held.let_go()
     assert await refused(asyncio.wait_for(commit, WAIT_S)) == (503, "SEALING")
+    held.check()
 
 
 async def test_a_budget_renewal_during_a_commit_is_not_mistaken_for_a_remap(node, monkeypatch):
     # A renewal rewrites the head's budget_end in the route, nothing else: the head is the same segment.
-    held = HeldSync(monkeypatch)
+    held = HeldSyncs(monkeypatch)
     commit = asyncio.create_task(node.writer.commit_offset("g", "t", 0, 9))
     await held.wait_entered()
     node.routes.update(route(6, [("b1", 0)], budget_end=2_000_000))
     held.let_go()
     assert await asyncio.wait_for(commit, WAIT_S) == 9
     assert await node.reader.read_offset("g", "t", 0, False) == 9
+    held.check()
 
 
 async def test_a_broker_whose_session_lapsed_neither_takes_nor_answers_commits(node):
