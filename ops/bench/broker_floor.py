@@ -17,8 +17,8 @@ same POST of a binary batch of 100 x 1 KB over the same queues and connections, 
   sync covered it. The rounds here are driven from the loop, the broker's by a thread of their own.
 
 Prints one JSON object: per layer batches/s, messages/s and the server's CPU (utime + stime from /proc) per batch.
-The broker's own figure (`broker_throughput`) less the ``sync`` layer is what the broker's code adds: checks,
-routing, authentication, metrics, framing.
+The broker's own figure (`broker_throughput`) less the ``syncfs`` layer (``sync`` with ``--sync-scope file``) is what
+the broker's code adds: checks, routing, authentication, metrics, framing.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import aiohttp
 
+from broker.config import SYNC_SCOPE_FILESYSTEM, SYNC_SCOPES
 from ops import devcluster
 from wire import batch
 from ops.bench.bench_storage import disk_ceiling
@@ -244,7 +245,7 @@ def main() -> None:
     ap.add_argument("--brokers", type=int, default=1, help="broker processes the topic's queues are spread over")
     ap.add_argument("--wire", choices=("binary", "json"), default=WIRE, help="the form of sends and pulls")
     ap.add_argument("--pull-max", type=int, default=PULL_MAX, help="messages a pull asks for (1-1000)")
-    ap.add_argument("--sync-scope", choices=("filesystem", "file"), default="filesystem",
+    ap.add_argument("--sync-scope", choices=SYNC_SCOPES, default=SYNC_SCOPE_FILESYSTEM,
                     help="the brokers' sync_scope: one syncfs for many queues (group commit), or an fdatasync each")
     args = ap.parse_args()
     WIRE, PULL_MAX = args.wire, args.pull_max   # before the generator processes fork
