@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from .. import limits
@@ -10,10 +12,11 @@ from ..service import MetaService
 from . import brokers, cluster, groups, members, topics, watch
 from ..console import pages as console
 from ..admission import Admission
-from .keys import ADMISSIONS, METRICS, SERVICE
+from .keys import ADMISSIONS, METRICS, PARKED_POLLS, SERVICE
 from .metrics import MetaMetrics
 from runtime.server import require_declared_roles
-from .middleware import add_version_header, errors_and_auth, refuse_when_removed
+from .middleware import VERSION_HEADER, add_version_header, errors_and_auth, refuse_when_removed
+from .parked_polls import ParkedPolls
 
 
 def make_app(config: MetaConfig) -> web.Application:
@@ -34,10 +37,18 @@ def make_app(config: MetaConfig) -> web.Application:
         # Built as the app starts, not with the app: the node binds its raft port as it is built, after the HTTP
         # port (runtime/serve.py), and its parts belong to the running loop (meta/service.py).
         svc = app[SERVICE] = MetaService(config, version_waiters)
+        parked = app[PARKED_POLLS] = ParkedPolls(svc.reads, svc.feed, VERSION_HEADER,
+                                                 metrics.long_polls_answered_parked)
         await svc.start()
+        answering = asyncio.create_task(parked.run(), name="parked-polls")
         metrics.watch_node(svc)
-        yield
-        await svc.stop()
+        try:
+            yield
+        finally:
+            answering.cancel()
+            await asyncio.gather(answering, return_exceptions=True)
+            parked.close()
+            await svc.stop()
 
     app.cleanup_ctx.append(service_ctx)
     app.on_response_prepare.append(add_version_header)

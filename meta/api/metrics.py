@@ -49,6 +49,9 @@ class MetaMetrics:
         self.term = Gauge("stator_meta_raft_term", "Current Raft term", registry=r)
         self.is_leader = Gauge("stator_meta_is_leader", "1 when this node leads", registry=r)
         self.long_polls = Gauge("stator_meta_long_poll_waiters", "Long-poll requests waiting", registry=r)
+        self.long_polls_answered_parked = Counter(
+            "stator_meta_long_polls_answered_parked_total", "Long polls answered whole by the parked-poll writer, "
+            "one rendered answer per topic version (the rest answer from their own handler)", registry=r)
         self.watch_streams = Gauge("stator_meta_watch_streams", "Open SSE watch streams", registry=r)
         self.version_waiters = Gauge("stator_meta_version_waiters", "Reads waiting for a min_version", registry=r)
         self.topics = Gauge("stator_meta_topics", "Topics in the image", registry=r)

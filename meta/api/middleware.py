@@ -40,10 +40,13 @@ def _refused(request: web.Request, code: str) -> None:
 errors_and_auth = error_middleware(_tokens, "meta node", _observe, _refused, _broker_tokens)
 
 
+VERSION_HEADER = "X-Meta-Version"
+
+
 async def add_version_header(request: web.Request, response: web.StreamResponse) -> None:
     svc = request.app.get(SERVICE)
     if svc is not None:
-        response.headers["X-Meta-Version"] = str(svc.applied_version)
+        response.headers[VERSION_HEADER] = str(svc.applied_version)
 
 
 # What a node removed from the members still answers: how it sees itself and the cluster, so an operator learns why.

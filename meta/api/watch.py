@@ -1,7 +1,8 @@
 """Route subscriptions: long poll (``GET /v1/routes/{topic}?after=V&wait=S``) and SSE (``GET /v1/watch``).
 
-Both wait on the change feed per topic and send the route rendered once per version, so a change reaches a
-thousand subscribers with a thousand writes of the same bytes and no per-subscriber work.
+Both send the route rendered once per version. A parked long poll is answered by parked_polls.py, which writes the
+whole HTTP answer, built once, to every connection waiting on the topic; a watch stream waits on the change feed
+and writes the same event bytes as every other stream of its topic.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from wire.params import nonneg_int, seconds
 from runtime.server import requires
 
 from .http import JSON, service
-from .keys import ADMISSIONS
+from .keys import ADMISSIONS, PARKED_POLLS
+from .parked_polls import AnsweredResponse, Outcome
 
 SSE_KEEPALIVE_S = 15.0
 WATCH_HEALTH_CHECK_S = 1.0   # how often an idle stream checks that its node still follows the leader
@@ -27,7 +29,7 @@ WATCH_HEALTH_CHECK_S = 1.0   # how often an idle stream checks that its node sti
 
 
 @requires("client", "broker")
-async def long_poll_route(request: web.Request) -> web.Response:
+async def long_poll_route(request: web.Request) -> web.StreamResponse:
     svc = service(request)
     topic = request.match_info["topic"]
     after = nonneg_int(request.query.get("after"), "after", -1)
@@ -39,6 +41,7 @@ async def long_poll_route(request: web.Request) -> web.Response:
     gzip_ok = "gzip" in request.headers.get("Accept-Encoding", "")
     try:
         while True:
+            seen = svc.feed.version
             route = await svc.reads.route_for(topic, gzip_ok)
             if route is None:
                 raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} does not exist", topic=topic)
@@ -51,7 +54,10 @@ async def long_poll_route(request: web.Request) -> web.Response:
             if not waiting:
                 request.app[ADMISSIONS]["long_polls"].enter()
                 waiting = True
-            await svc.feed.wait(topic, left)
+            if svc.feed.version != seen:
+                continue   # a change was published while the route was read: parked now, it would wait for the next
+            if await request.app[PARKED_POLLS].wait(request, topic, after, gzip_ok, left) is Outcome.ANSWERED:
+                return AnsweredResponse()
     finally:
         if waiting:
             request.app[ADMISSIONS]["long_polls"].leave()

@@ -1,0 +1,167 @@
+"""Long polls parked on a topic, answered together: the route's whole HTTP answer is built once per version and
+written to every parked connection from one task.
+
+A parked long poll used to be a handler waiting on the change feed: a change woke each one, and each read the
+route, built a response and wrote it through aiohttp, ~60 µs of a node's loop per subscriber (a bare aiohttp
+handler woken the same way costs ~30). Here one task per node reads the route once, builds the status line,
+headers and body once per encoding, and writes those bytes to each waiting connection in turn: the answers leave
+in a few milliseconds, and the handlers finish afterwards, with nothing left to write.
+
+A handler whose answer was written this way returns ``AnsweredResponse``. Only a keep-alive HTTP/1.1 GET is
+answered directly; any other request, a deleted topic, or a failed render wakes its handler, which answers as
+every read does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import enum
+
+import structlog
+from aiohttp import web
+from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
+from prometheus_client import Counter
+
+from ..changefeed import TOPICS
+
+log = structlog.get_logger("meta.parked_polls")
+
+IDLE_WAIT_S = 60.0      # the answering task's wait for a change; it only bounds the wait, nothing is polled
+ANSWER_SLICE = 64       # answers written per loop pass (~12 µs each): the write's own answer is not queued behind
+FAILURE_PAUSE_S = 0.2
+
+
+class Outcome(enum.Enum):
+    ANSWERED = "answered"   # the whole answer was written to the connection
+    CHANGED = "changed"     # the route changed: the handler answers itself
+    TIMED_OUT = "timed_out"
+
+
+class AnsweredResponse(web.StreamResponse):
+    """Returned by a handler whose answer ParkedPolls wrote: aiohttp writes nothing more and keeps the connection.
+
+    aiohttp's ``prepare`` and ``write_eof`` return at once for a response whose EOF was sent, and the server keeps
+    the connection open when the response's ``keep_alive`` is true; both are private state (aiohttp 3.9 to 3.14),
+    held to by tests/test_parked_polls.py on the real server (a second request on the same connection)."""
+
+    def __init__(self) -> None:
+        super().__init__(status=200)
+        self._eof_sent = True
+        self._keep_alive = True
+
+
+class _Poll:
+    __slots__ = ("transport", "after", "gzip_ok", "direct", "fut")
+
+    def __init__(self, transport, after: int, gzip_ok: bool, direct: bool, fut: asyncio.Future):
+        self.transport = transport
+        self.after = after
+        self.gzip_ok = gzip_ok
+        self.direct = direct
+        self.fut = fut
+
+
+class ParkedPolls:
+    def __init__(self, reads, feed, version_header: str, answered: Counter):
+        self.reads = reads
+        self.feed = feed
+        self.version_header = version_header
+        self.answered = answered   # answers written here
+        self._parked: dict[str, set[_Poll]] = {}
+
+    async def wait(self, request: web.Request, topic: str, after: int, gzip_ok: bool, timeout_s: float) -> Outcome:
+        """Park the request until its topic's route passes ``after`` (or ``timeout_s``)."""
+        loop = asyncio.get_running_loop()
+        transport = request.transport
+        direct = (transport is not None and request.method == "GET" and request.version == HttpVersion11
+                  and request.keep_alive)
+        poll = _Poll(transport, after, gzip_ok, direct, loop.create_future())
+        polls = self._parked.get(topic)
+        if polls is None:
+            polls = self._parked[topic] = set()
+        polls.add(poll)
+        timer = loop.call_later(timeout_s, _settle, poll.fut, Outcome.TIMED_OUT)
+        try:
+            return await poll.fut
+        finally:
+            timer.cancel()
+            polls.discard(poll)
+            if not polls and self._parked.get(topic) is polls:
+                del self._parked[topic]
+
+    async def run(self) -> None:
+        """Until cancelled: after every topic change, answer the polls parked on the changed topics."""
+        scanned = self.feed.version
+        while True:
+            if self.feed.version == scanned:
+                await self.feed.wait(TOPICS, IDLE_WAIT_S)
+            changed = self.feed.changed_since(scanned)
+            scanned = self.feed.version
+            topics = list(self._parked) if changed is None else [t for t in changed if t in self._parked]
+            for topic in topics:
+                try:
+                    await self._answer(topic)
+                except Exception:  # noqa: BLE001 - one topic's failure must not leave every other poll parked
+                    log.exception("parked_polls_answer_failed", topic=topic)
+                    self._wake_all(topic)
+                    await asyncio.sleep(FAILURE_PAUSE_S)
+
+    async def _answer(self, topic: str) -> None:
+        polls = self._parked.get(topic)
+        if not polls:
+            return
+        routes = {}
+        for gzip_ok in {p.gzip_ok for p in polls}:
+            routes[gzip_ok] = await self.reads.route_for(topic, gzip_ok)
+        # The tick thread hands the loop a command's changes and its proposer's answer together: yield once, so that
+        # the write's own answer leaves before its subscribers' (tests/test_fanout.py).
+        await asyncio.sleep(0)
+        wires: dict[bool, bytes] = {}
+        written = 0
+        for poll in list(self._parked.get(topic, ())):   # as parked now: the render may have awaited a thread
+            if poll.fut.done():
+                continue
+            route = routes.get(poll.gzip_ok)
+            if route is None:   # deleted, or parked with an encoding not rendered above: the handler reads again
+                poll.fut.set_result(Outcome.CHANGED)
+                continue
+            if route[0] <= poll.after:
+                continue   # it has seen this version already (read on a node ahead of this one)
+            if not poll.direct or poll.transport.is_closing():
+                poll.fut.set_result(Outcome.CHANGED)
+                continue
+            wire = wires.get(poll.gzip_ok)
+            if wire is None:
+                wire = wires[poll.gzip_ok] = self._wire(route[1], route[2])
+            poll.transport.write(wire)
+            poll.fut.set_result(Outcome.ANSWERED)
+            self.answered.inc()
+            written += 1
+            if written % ANSWER_SLICE == 0:
+                await asyncio.sleep(0)
+
+    def _wire(self, body: bytes, gzipped: bool) -> bytes:
+        """The whole HTTP answer, as aiohttp would write it for ``web.Response(body=body, content_type=JSON)``."""
+        head = [b"HTTP/1.1 200 OK", b"Content-Type: application/json", b"Content-Length: %d" % len(body),
+                b"Date: " + email.utils.formatdate(usegmt=True).encode(), b"Server: " + SERVER_SOFTWARE.encode(),
+                self.version_header.encode() + b": %d" % self.reads.applied_version]
+        if gzipped:
+            head += [b"Content-Encoding: gzip", b"Vary: Accept-Encoding"]
+        return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+    def _wake_all(self, topic: str) -> None:
+        for poll in list(self._parked.get(topic, ())):
+            _settle(poll.fut, Outcome.CHANGED)
+
+    def close(self) -> None:
+        for polls in self._parked.values():
+            for poll in polls:
+                if not poll.fut.done():
+                    poll.fut.cancel()
+        self._parked.clear()
+
+
+def _settle(fut: asyncio.Future, outcome: Outcome) -> None:
+    if not fut.done():
+        fut.set_result(outcome)
