@@ -91,6 +91,7 @@ class Roles:
         self._last_keepalive = 0.0
         self._requests: collections.deque[_Request] = collections.deque()
         self.current: tuple[int, membership.Members] | None = None   # as of this tick, for other threads
+        self._removed = False   # current does not name this node
 
     # -- the log's membership ------------------------------------------------------------------------------------
     def _trail(self) -> membership.MembershipTrail:
@@ -117,15 +118,16 @@ class Roles:
 
     @property
     def removed(self) -> bool:
-        """The membership in this node's log does not name it (any thread): it was removed, and gets no more."""
-        current = self.current
-        return current is not None and membership.by_name(current[1], self.name) is None
+        """The membership in this node's log does not name it (any thread): it was removed, and gets no more.
+        Decided once per tick with ``current``: every request asks, and a scan of the members each time showed."""
+        return self._removed
 
     # -- role, at the start of each tick ---------------------------------------------------------------------------
     def decide(self) -> None:
-        was_removed = self.removed
+        was_removed = self._removed
         current = self.current = self._trail().current()
-        if self.removed and not was_removed:
+        self._removed = current is not None and membership.by_name(current[1], self.name) is None
+        if self._removed and not was_removed:
             log.warning("raft_membership_removed", membership_index=current[0],
                         members=[m.name for m in current[1]], hint="the node no longer gets the log and refuses "
                         "requests (NOT_A_MEMBER): stop it, or add it again")

@@ -64,16 +64,24 @@ class ReadFacade:
         the route is big, else as rendered. A big route is rendered and compressed in a worker thread (encoding
         yields the GIL every few ms, zlib releases it), so the event loop goes on serving meanwhile."""
         def cached(image: Image):
+            # One pass under the lock finds what most reads want, the answer as rendered or gzip'd already.
             t = image.topic(topic)
             if t is None:
                 return None
-            return t["version"], t["queues"], self._route_gzip_cache.get(topic, t["version"]) if gzip_ok else None
+            version = t["version"]
+            packed = self._route_gzip_cache.get(topic, version) if gzip_ok else None
+            if packed is not None:
+                return (version, packed, True), t["queues"]
+            body = self._route_cache.get(topic, version)
+            if body is not None and (not gzip_ok or len(body) < limits.ROUTE_GZIP_MIN_BYTES):
+                return (version, body, False), t["queues"]
+            return None, t["queues"]
         found = self.read(cached)
         if found is None:
             self._route_gzip_cache.drop(topic)
             return None
-        if found[2] is not None:
-            return found[0], found[2], True
+        if found[0] is not None:
+            return found[0]
         if found[1] < limits.ROUTE_RENDER_OFFLOAD_QUEUES_MIN:
             route = self.route_bytes(topic)
         else:   # big: it will be gzip'd (ROUTE_GZIP_MIN_BYTES), and the rendered form need not take the cache
