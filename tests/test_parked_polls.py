@@ -9,6 +9,7 @@ import asyncio
 import gzip
 import json
 
+import pytest
 import yarl
 
 from tests.support import cluster as cluster_mod
@@ -60,97 +61,96 @@ async def _create(c, url: str, topic: str, queues: int) -> int:
     return b["version"]
 
 
-async def test_a_parked_poll_gets_the_handlers_answer_whole_and_its_connection_serves_the_next_request(tmp_path):
+@pytest.fixture
+async def node(tmp_path):
+    """One meta node with a broker registered: (cluster, its URL, the client's Authorization header)."""
     async with cluster_mod.running(str(tmp_path), 1, 0, meta={"session_timeout_ms": 600_000}) as c:
         m = c.meta_urls[0]
         s, b, _ = await c.call("PUT", m + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
         assert s == 200, b
-        v0 = await _create(c, m, "t", 4)
-        conn = await Connection.open(m, c.headers("client")["Authorization"])
-        try:
-            conn.send(f"/v1/routes/t?after={v0}&wait=30")
-            await _parked(c, m, 1)
-            s, b, _ = await c.call("PUT", m + "/v1/topics/t/config", json={"k": "v"})
-            assert s == 200, b
-            status, headers, body = await conn.answer()
-            assert status == 200, body
-            assert json.loads(body)["version"] == b["version"]
-            assert headers["content-type"] == "application/json"
-            assert int(headers["x-meta-version"]) >= b["version"]
-            assert "date" in headers and "server" in headers and "content-encoding" not in headers
-            assert "connection" not in headers   # kept alive, as aiohttp says it for HTTP/1.1
-            # the same bytes and headers as the handler's own answer to a read of the route
-            async with c.session.get(m + "/v1/routes/t", headers=c.headers("client")) as r:
-                assert r.status == 200 and await r.read() == body
-                assert {h.lower() for h in r.headers} == set(headers)
-            assert value(await scrape(c.session, m), PARKED) == 1
-            # aiohttp wrote nothing more on the connection, and kept it: the next requests are answered on it
-            conn.send(f"/v1/routes/t?after={b['version']}&wait=0")
-            status, _, empty = await conn.answer()
-            assert (status, empty) == (304, b"")
-            conn.send("/v1/routes/t")
-            status, _, again = await conn.answer()
-            assert (status, again) == (200, body)
-        finally:
+        yield c, m, c.headers("client")["Authorization"]
+
+
+async def test_a_parked_poll_gets_the_handlers_answer_whole_and_its_connection_serves_the_next_request(node):
+    c, m, auth = node
+    v0 = await _create(c, m, "t", 4)
+    conn = await Connection.open(m, auth)
+    try:
+        conn.send(f"/v1/routes/t?after={v0}&wait=30")
+        await _parked(c, m, 1)
+        s, b, _ = await c.call("PUT", m + "/v1/topics/t/config", json={"k": "v"})
+        assert s == 200, b
+        status, headers, body = await conn.answer()
+        assert status == 200, body
+        assert json.loads(body)["version"] == b["version"]
+        assert headers["content-type"] == "application/json"
+        assert int(headers["x-meta-version"]) >= b["version"]
+        assert "date" in headers and "server" in headers and "content-encoding" not in headers
+        assert "connection" not in headers   # kept alive, as aiohttp says it for HTTP/1.1
+        # the same bytes and headers as the handler's own answer to a read of the route
+        async with c.session.get(m + "/v1/routes/t", headers=c.headers("client")) as r:
+            assert r.status == 200 and await r.read() == body
+            assert {h.lower() for h in r.headers} == set(headers)
+        assert value(await scrape(c.session, m), PARKED) == 1
+        # aiohttp wrote nothing more on the connection, and kept it: the next requests are answered on it
+        conn.send(f"/v1/routes/t?after={b['version']}&wait=0")
+        status, _, empty = await conn.answer()
+        assert (status, empty) == (304, b"")
+        conn.send("/v1/routes/t")
+        status, _, again = await conn.answer()
+        assert (status, again) == (200, body)
+    finally:
+        conn.close()
+
+
+async def test_each_parked_poll_gets_its_encoding_and_one_closing_its_connection_gets_the_handlers_answer(node):
+    c, m, auth = node
+    v0 = await _create(c, m, "big", BIG_QUEUES)
+    plain, packed, closing = [await Connection.open(m, auth) for _ in range(3)]
+    try:
+        plain.send(f"/v1/routes/big?after={v0}&wait=30")
+        packed.send(f"/v1/routes/big?after={v0}&wait=30", "Accept-Encoding: gzip")
+        closing.send(f"/v1/routes/big?after={v0}&wait=30", "Connection: close")
+        await _parked(c, m, 3)
+        s, b, _ = await c.call("PUT", m + "/v1/topics/big/config", json={"k": "v"})
+        assert s == 200, b
+        (s1, h1, plain_body), (s2, h2, packed_body), (s3, h3, closing_body) = await asyncio.gather(
+            plain.answer(), packed.answer(), closing.answer())
+        assert (s1, s2, s3) == (200, 200, 200)
+        assert "content-encoding" not in h1 and len(plain_body) > 16 * 1024
+        assert h2["content-encoding"] == "gzip" and h2["vary"] == "Accept-Encoding"
+        assert gzip.decompress(packed_body) == plain_body == closing_body
+        assert json.loads(plain_body)["version"] == b["version"]
+        # the handler answered the poll that asked to close, and closed: the writer answers keep-alive polls only
+        assert h3["connection"] == "close"
+        assert await asyncio.wait_for(closing.reader.read(), ANSWER_TIMEOUT_S) == b""
+        assert value(await scrape(c.session, m), PARKED) == 2
+    finally:
+        for conn in (plain, packed, closing):
             conn.close()
 
 
-async def test_each_parked_poll_gets_its_encoding_and_one_closing_its_connection_gets_the_handlers_answer(tmp_path):
-    async with cluster_mod.running(str(tmp_path), 1, 0, meta={"session_timeout_ms": 600_000}) as c:
-        m = c.meta_urls[0]
-        s, b, _ = await c.call("PUT", m + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
+async def test_a_deleted_topic_answers_its_parked_polls_404_and_a_poll_ahead_of_the_change_stays_parked(node):
+    c, m, auth = node
+    v0 = await _create(c, m, "gone", 2)
+    parked, ahead = await Connection.open(m, auth), await Connection.open(m, auth)
+    try:
+        parked.send(f"/v1/routes/gone?after={v0}&wait=30")
+        # it read version v0 + 5 elsewhere: the next change does not pass it, so its wait runs out
+        ahead.send(f"/v1/routes/gone?after={v0 + 5}&wait=3")
+        await _parked(c, m, 2)
+        s, b, _ = await c.call("PUT", m + "/v1/topics/gone/config", json={"k": "v"})
+        assert s == 200 and b["version"] <= v0 + 5, b
+        status, _, body = await parked.answer()
+        assert status == 200 and json.loads(body)["version"] == b["version"]
+        status, _, body = await ahead.answer()   # its wait ran out: the change did not answer it
+        assert (status, body) == (304, b"")
+        parked.send(f"/v1/routes/gone?after={b['version']}&wait=30")
+        await _parked(c, m, 1)
+        s, b, _ = await c.call("DELETE", m + "/v1/topics/gone")
         assert s == 200, b
-        v0 = await _create(c, m, "big", BIG_QUEUES)
-        auth = c.headers("client")["Authorization"]
-        plain, packed, closing = [await Connection.open(m, auth) for _ in range(3)]
-        try:
-            plain.send(f"/v1/routes/big?after={v0}&wait=30")
-            packed.send(f"/v1/routes/big?after={v0}&wait=30", "Accept-Encoding: gzip")
-            closing.send(f"/v1/routes/big?after={v0}&wait=30", "Connection: close")
-            await _parked(c, m, 3)
-            s, b, _ = await c.call("PUT", m + "/v1/topics/big/config", json={"k": "v"})
-            assert s == 200, b
-            (s1, h1, plain_body), (s2, h2, packed_body), (s3, h3, closing_body) = await asyncio.gather(
-                plain.answer(), packed.answer(), closing.answer())
-            assert (s1, s2, s3) == (200, 200, 200)
-            assert "content-encoding" not in h1 and len(plain_body) > 16 * 1024
-            assert h2["content-encoding"] == "gzip" and h2["vary"] == "Accept-Encoding"
-            assert gzip.decompress(packed_body) == plain_body == closing_body
-            assert json.loads(plain_body)["version"] == b["version"]
-            # the handler answered the poll that asked to close, and closed: the writer answers keep-alive polls only
-            assert h3["connection"] == "close"
-            assert await asyncio.wait_for(closing.reader.read(), ANSWER_TIMEOUT_S) == b""
-            assert value(await scrape(c.session, m), PARKED) == 2
-        finally:
-            for conn in (plain, packed, closing):
-                conn.close()
-
-
-async def test_a_deleted_topic_answers_its_parked_polls_404_and_a_poll_ahead_of_the_change_stays_parked(tmp_path):
-    async with cluster_mod.running(str(tmp_path), 1, 0, meta={"session_timeout_ms": 600_000}) as c:
-        m = c.meta_urls[0]
-        s, b, _ = await c.call("PUT", m + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
-        assert s == 200, b
-        v0 = await _create(c, m, "gone", 2)
-        auth = c.headers("client")["Authorization"]
-        parked, ahead = await Connection.open(m, auth), await Connection.open(m, auth)
-        try:
-            parked.send(f"/v1/routes/gone?after={v0}&wait=30")
-            # it read version v0 + 5 elsewhere: the next change does not pass it, so its wait runs out
-            ahead.send(f"/v1/routes/gone?after={v0 + 5}&wait=3")
-            await _parked(c, m, 2)
-            s, b, _ = await c.call("PUT", m + "/v1/topics/gone/config", json={"k": "v"})
-            assert s == 200 and b["version"] <= v0 + 5, b
-            status, _, body = await parked.answer()
-            assert status == 200 and json.loads(body)["version"] == b["version"]
-            status, _, body = await ahead.answer()   # its wait ran out: the change did not answer it
-            assert (status, body) == (304, b"")
-            parked.send(f"/v1/routes/gone?after={b['version']}&wait=30")
-            await _parked(c, m, 1)
-            s, b, _ = await c.call("DELETE", m + "/v1/topics/gone")
-            assert s == 200, b
-            status, _, body = await parked.answer()
-            assert status == 404 and json.loads(body)["error"]["code"] == "TOPIC_NOT_FOUND"
-        finally:
-            parked.close()
-            ahead.close()
+        status, _, body = await parked.answer()
+        assert status == 404 and json.loads(body)["error"]["code"] == "TOPIC_NOT_FOUND"
+    finally:
+        parked.close()
+        ahead.close()

@@ -139,6 +139,19 @@ class Subscribers:
         self.want = None
         return [min((t for v, t in r.items() if v >= version), default=None) for r in self.received]
 
+    async def _answered(self, k: int, status: int, raw: bytes, t: float, after: int) -> int:
+        """A long poll's answer, read at ``t``: the version to poll after next."""
+        if status == 200:
+            v = json.loads(raw)["version"]
+            self._got(k, v, t)
+            if self.hold_repoll:
+                await self.resume.wait()
+            return max(after, v)
+        if status != 304:
+            self.errors[str(status)] += 1
+            await asyncio.sleep(0.2)
+        return after
+
     async def long_poll(self, k: int) -> None:
         url = f"{self.c.url(self.node_of(k))}/v1/routes/{self.topic}"
         headers = self.c.headers("client")
@@ -155,15 +168,7 @@ class Subscribers:
                 self.errors[type(e).__name__] += 1
                 await asyncio.sleep(0.2)
                 continue
-            if status == 200:
-                v = json.loads(raw)["version"]
-                self._got(k, v, t)
-                after = max(after, v)
-                if self.hold_repoll:
-                    await self.resume.wait()
-            elif status != 304:
-                self.errors[str(status)] += 1
-                await asyncio.sleep(0.2)
+            after = await self._answered(k, status, raw, t, after)
 
     async def long_poll_lean(self, k: int) -> None:
         """``long_poll`` through lean_http: the same requests and the same receipts, at about half the CPU."""
@@ -186,15 +191,7 @@ class Subscribers:
                     conn = None
                 await asyncio.sleep(0.2)
                 continue
-            if status == 200:
-                v = json.loads(raw)["version"]
-                self._got(k, v, t)
-                after = max(after, v)
-                if self.hold_repoll:
-                    await self.resume.wait()
-            elif status != 304:
-                self.errors[str(status)] += 1
-                await asyncio.sleep(0.2)
+            after = await self._answered(k, status, raw, t, after)
 
     async def sse(self, k: int) -> None:
         url = f"{self.c.url(self.node_of(k))}/v1/watch"
