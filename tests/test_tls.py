@@ -217,6 +217,50 @@ async def test_metrics_listen_serves_the_scrape_and_health_paths_only_and_asks_n
     await _refused(broker_url + "/metrics", ca_only)
 
 
+async def test_a_parked_long_poll_is_answered_whole_over_tls_and_its_connection_serves_the_next_request(tls_cluster):
+    """meta/api/parked_polls.py writes the answer to the TLS transport itself, beside aiohttp's writer."""
+    certs, meta_url, _ = tls_cluster
+    base = int(meta_url.rsplit(":", 1)[1])
+    ca_only = client_context(TlsFiles(None, None, certs.ca))
+
+    async def scraped(name: str) -> float:
+        status, text = await _get(f"https://127.0.0.1:{base + 2}/metrics", ca_only)
+        assert status == 200
+        return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+    ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
+    async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
+        created = await admin.create_topic("parked", queues=1)
+    auth = {"Authorization": f"Bearer {TOKENS['client']}"}
+    timeout = aiohttp.ClientTimeout(total=60)
+    # The connections the session opens are counted: the second request must be answered on the first's.
+    opened = []
+    trace = aiohttp.TraceConfig()
+
+    async def on_create(session, context, params) -> None:
+        opened.append(params)
+    trace.on_connection_create_end.append(on_create)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=1), timeout=timeout,
+                                     trace_configs=[trace]) as s:
+        async def poll(after: int, wait: int) -> tuple[int, bytes]:
+            async with s.get(f"{meta_url}/v1/routes/parked", headers=auth,
+                             params={"after": str(after), "wait": str(wait)}) as r:
+                return r.status, await r.read()
+
+        parked = asyncio.create_task(poll(created["version"], 30))
+        deadline = time.monotonic() + 30
+        while await scraped("stator_meta_long_poll_waiters") != 1:
+            assert time.monotonic() < deadline and not parked.done(), "the long poll never parked"
+            await asyncio.sleep(0.1)
+        async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
+            changed = await admin.set_config("parked", {"k": "v"})
+        status, body = await asyncio.wait_for(parked, 30)
+        assert status == 200 and json.loads(body)["version"] == changed["version"]
+        assert await scraped("stator_meta_long_polls_answered_parked_total") == 1
+        assert await poll(changed["version"], 0) == (304, b"")
+        assert len(opened) == 1
+
+
 def test_tls_config_keys_are_checked_by_name(tmp_path):
     from broker import config as broker_config
     from meta import config as meta_config
