@@ -15,7 +15,7 @@ object.
 The clients share the machine's two cores with the nodes they measure, so their CPU is in the figure. Modes:
 - ``longpoll``: one aiohttp session per process (the client of every earlier run of this benchmark, and of the etcd
   anchor). It spends ~85 µs of CPU per answer (a 2.6 KB route), ~85 ms a round, several times the nodes' ~12 ms each.
-- ``longpoll-lean``: the same requests through lean_http.py, a keep-alive GET client of a few dozen lines, at about
+- ``longpoll-lean``: the same requests through lean_http.py, a keep-alive GET client of ~100 lines, at about
   half the CPU; the nearest this machine gets to subscribers on machines of their own.
 - ``sse``: one aiohttp session per process, reading the stream line by line.
 
@@ -441,6 +441,9 @@ def main() -> None:
                    help="long poll: poll again once every subscriber got the change, or at once")
     p.add_argument("--pause", type=float, default=0.5, help="seconds between all waiting and the next change")
     args = p.parse_args()
+    unknown = [m for m in args.modes.split(",") if m and m not in TARGET_MEDIAN_MS]
+    if unknown:
+        p.error(f"unknown modes {unknown}: --modes takes {', '.join(TARGET_MEDIAN_MS)}")
     if args.client_procs < 1 or args.subscribers < args.client_procs:
         p.error("--client-procs must be between 1 and --subscribers")
     common.emit(asyncio.run(run(args)))
