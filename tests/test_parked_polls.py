@@ -1,17 +1,22 @@
 """Parked long polls answered whole by the parked-poll writer (meta/api/parked_polls.py), on a real node, read byte
 for byte off their connections: the answer is the one the handler would give, the connection serves the next
-request, and what the writer cannot answer (a closing connection, a deleted topic, a version not yet passed) is
-answered by the handler as before."""
+request, and what the writer cannot answer (a closing connection, a deleted topic, a version not yet passed, a
+failed render) is answered by the handler as before."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
 import json
+from types import SimpleNamespace
 
 import pytest
 import yarl
+from aiohttp.http import HttpVersion11
+from prometheus_client import CollectorRegistry, Counter
 
+from meta.api.parked_polls import Outcome, ParkedPolls
+from meta.changefeed import ChangeFeed
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import wait_until
 from tests.support.metrics import scrape, value
@@ -154,3 +159,45 @@ async def test_a_deleted_topic_answers_its_parked_polls_404_and_a_poll_ahead_of_
     finally:
         parked.close()
         ahead.close()
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written = b""
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_a_failed_render_wakes_its_polls_for_their_handlers_and_the_writer_goes_on():
+    """In process, with the route reads standing in: a render that raises (nothing on a real node raises on
+    demand) must not leave its polls parked until their wait runs out, nor end the writer's task."""
+    class Reads:
+        applied_version = 1
+        fail = True
+
+        async def route_for(self, topic: str, gzip_ok: bool):
+            if self.fail:
+                raise RuntimeError("render failed")
+            return 2, b'{"version":2}', False
+
+    feed, reads, registry = ChangeFeed(), Reads(), CollectorRegistry()
+    parked = ParkedPolls(reads, feed, "X-Meta-Version", Counter("answered", "answered", registry=registry))
+    writer = asyncio.create_task(parked.run())
+    try:
+        request = SimpleNamespace(transport=_Transport(), method="GET", version=HttpVersion11, keep_alive=True)
+        for version, outcome in ((1, Outcome.CHANGED), (2, Outcome.ANSWERED)):
+            waiting = asyncio.create_task(parked.wait(request, "t", 1, False, ANSWER_TIMEOUT_S))
+            await asyncio.sleep(0)   # parked
+            feed.publish(version, {"t"})
+            assert await asyncio.wait_for(waiting, ANSWER_TIMEOUT_S) is outcome
+            reads.fail = False
+        assert request.transport.written.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert request.transport.written.endswith(b'\r\n\r\n{"version":2}')
+        assert not writer.done()
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)

@@ -91,7 +91,8 @@ class ParkedPolls:
                 del self._parked[topic]
 
     async def run(self) -> None:
-        """Until cancelled: after every topic change, answer the polls parked on the changed topics."""
+        """Until cancelled: after every topic change, answer the polls parked on the changed topics. A failure
+        wakes the polls concerned, whose handlers answer; the task goes on."""
         scanned = self.feed.version
         while True:
             if self.feed.version == scanned:
