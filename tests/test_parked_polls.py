@@ -190,7 +190,7 @@ async def test_a_failed_render_wakes_its_polls_for_their_handlers_and_the_writer
     try:
         request = SimpleNamespace(transport=_Transport(), method="GET", version=HttpVersion11, keep_alive=True)
         for version, outcome in ((1, Outcome.CHANGED), (2, Outcome.ANSWERED)):
-            waiting = asyncio.create_task(parked.wait(request, "t", 1, False, ANSWER_TIMEOUT_S))
+            waiting = asyncio.create_task(parked.wait(request, "t", 1, False, ANSWER_TIMEOUT_S, feed.version))
             await asyncio.sleep(0)   # parked
             feed.publish(version, {"t"})
             assert await asyncio.wait_for(waiting, ANSWER_TIMEOUT_S) is outcome
@@ -198,6 +198,30 @@ async def test_a_failed_render_wakes_its_polls_for_their_handlers_and_the_writer
         assert request.transport.written.startswith(b"HTTP/1.1 200 OK\r\n")
         assert request.transport.written.endswith(b'\r\n\r\n{"version":2}')
         assert not writer.done()
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+
+
+async def test_a_change_published_while_the_route_was_read_is_not_waited_past():
+    """The handler reads the route, then parks. A change published in between (a big route renders on a thread)
+    finds nothing parked, so the writer passes it over: the poll must not park, or it waits for the next change."""
+    class Reads:
+        applied_version = 1
+
+        async def route_for(self, topic: str, gzip_ok: bool):
+            return 2, b'{"version":2}', False
+
+    feed, registry = ChangeFeed(), CollectorRegistry()
+    parked = ParkedPolls(Reads(), feed, "X-Meta-Version", Counter("answered", "answered", registry=registry))
+    writer = asyncio.create_task(parked.run())
+    try:
+        seen = feed.version   # the handler's read of the route begins
+        feed.publish(2, {"t"})
+        await asyncio.sleep(0)   # the writer finds no poll on t
+        request = SimpleNamespace(transport=_Transport(), method="GET", version=HttpVersion11, keep_alive=True)
+        outcome = await asyncio.wait_for(parked.wait(request, "t", 1, False, ANSWER_TIMEOUT_S, seen), 1.0)
+        assert outcome is Outcome.CHANGED and request.transport.written == b""
     finally:
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)

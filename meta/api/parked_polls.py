@@ -70,8 +70,13 @@ class ParkedPolls:
         self.answered = answered   # answers written here
         self._parked: dict[str, set[_Poll]] = {}
 
-    async def wait(self, request: web.Request, topic: str, after: int, gzip_ok: bool, timeout_s: float) -> Outcome:
-        """Park the request until its topic's route passes ``after`` (or ``timeout_s``)."""
+    async def wait(self, request: web.Request, topic: str, after: int, gzip_ok: bool, timeout_s: float,
+                   seen_version: int) -> Outcome:
+        """Park the request until its topic's route passes ``after`` (or ``timeout_s``). ``seen_version``: the
+        feed's version before the caller read the route. A change published since (a big route renders on a
+        thread) may have found no poll parked and been passed over: CHANGED at once, and the caller reads again."""
+        if self.feed.version != seen_version:
+            return Outcome.CHANGED
         loop = asyncio.get_running_loop()
         transport = request.transport
         direct = (transport is not None and request.method == "GET" and request.version == HttpVersion11

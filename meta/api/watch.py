@@ -54,9 +54,7 @@ async def long_poll_route(request: web.Request) -> web.StreamResponse:
             if not waiting:
                 request.app[ADMISSIONS]["long_polls"].enter()
                 waiting = True
-            if svc.feed.version != seen:
-                continue   # a change was published while the route was read: parked now, it would wait for the next
-            if await request.app[PARKED_POLLS].wait(request, topic, after, gzip_ok, left) is Outcome.ANSWERED:
+            if await request.app[PARKED_POLLS].wait(request, topic, after, gzip_ok, left, seen) is Outcome.ANSWERED:
                 return AnsweredResponse()
     finally:
         if waiting:
