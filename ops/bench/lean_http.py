@@ -100,8 +100,8 @@ class LeanConnection:
 
     async def get(self, path_and_query: str, timeout_s: float) -> tuple[int, bytes]:
         p = self._protocol
-        if p.closed is not None:
-            raise LeanHttpError(f"connection closed: {p.closed}")
+        if p.closed is not None or self._transport.is_closing():
+            raise LeanHttpError(f"connection closed: {p.closed or 'by this side'}")
         loop = asyncio.get_running_loop()
         p.waiter = loop.create_future()
         timer = loop.call_later(timeout_s, _expire, p.waiter, timeout_s)
