@@ -90,13 +90,14 @@ class Writer:
         q = self.local_queue(seg)
         return q.max_offset if q is not None else seg.physical_start
 
+    def next_physical(self, seg: Segment) -> int:
+        """Where the segment's next append lands here, synced or not (``PhysicalQueue.next_offset``)."""
+        q = self.local_queue(seg)
+        return q.next_offset if q is not None else seg.physical_start
+
     def next_offsets(self, segs: list[Segment]) -> dict[str, int]:
-        """Where each segment's next append lands (synced or not): what its offset budget must cover."""
-        out = {}
-        for s in segs:
-            q = self.local_queue(s)
-            out[s.physical_queue] = q.next_offset if q is not None else s.physical_start
-        return out
+        """Each segment's next_physical: what its offset budget must cover (the heartbeat's renewal)."""
+        return {s.physical_queue: self.next_physical(s) for s in segs}
 
     # -- send --------------------------------------------------------------------------------------------------
     def _refuse_stale_slot_table(self, topic: str, queue: int, keyed: bool, sender: int | None) -> None:
