@@ -114,8 +114,9 @@ class _BrokerSchema(Schema):
             raise ValueError(f"broker_tokens.{self.broker}: not the hash of this broker's own token")
         if self.effective_client_token is None:
             raise ValueError("missing the client token: give tokens.client (or client_token)")
-        if self.sync_scope == SYNC_SCOPE_FILESYSTEM and syncfs_unusable() is not None:
-            raise ValueError(f'sync_scope "filesystem": {syncfs_unusable()}; set sync_scope "file"')
+        unusable = syncfs_unusable() if self.sync_scope == SYNC_SCOPE_FILESYSTEM else None
+        if unusable is not None:
+            raise ValueError(f'sync_scope "filesystem": {unusable}; set sync_scope "file"')
         if len(set(self.meta)) < len(self.meta):
             raise ValueError("meta: each URL must be unique")
         if self.advertise is None and split_host_port(self.http)[0] in UNSPECIFIED_HOSTS:
