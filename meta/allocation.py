@@ -27,6 +27,33 @@ def balanced_assignment(queues: Iterable[int], brokers: Iterable[str], load: Map
     return out
 
 
+def followers(leader: str, count: int, brokers: Iterable[str], zones: Mapping[str, str | None]) -> list[str]:
+    """``count`` brokers other than ``leader`` to hold copies of its queue: the brokers after it in name order (so
+    the copies of queues led by different brokers spread over different brokers, as Kafka's replica assignment
+    shifts by partition), taking first those in a zone not used yet, leader's included (RocketMQ and Kafka's
+    rack awareness: one zone lost loses no queue)."""
+    ring = sorted(set(brokers) - {leader})
+    ring = [b for b in ring if b > leader] + [b for b in ring if b < leader]
+    chosen: list[str] = []
+    used = {zones.get(leader)}
+    for b in ring:   # first pass: a new zone each (brokers that name no zone count as one zone of their own each)
+        z = zones.get(b)
+        if len(chosen) < count and (z is None or z not in used):
+            chosen.append(b)
+            used.add(z)
+    for b in ring:
+        if len(chosen) < count and b not in chosen:
+            chosen.append(b)
+    return chosen
+
+
+def replica_sets(leaders: Mapping[int, str], replicas: int, brokers: Iterable[str],
+                 zones: Mapping[str, str | None]) -> dict[int, list[str]]:
+    """Each queue's replicas, leader first, ``replicas`` of them or as many brokers as there are."""
+    pool = sorted(set(brokers) | set(leaders.values()))
+    return {q: [b, *followers(b, replicas - 1, pool, zones)] for q, b in leaders.items()}
+
+
 def rebalance(current: Mapping[int, str], targets: Iterable[str]) -> dict[int, str]:
     """Spread the given queues over the target brokers with as few moves as possible.
 

@@ -24,20 +24,31 @@ from typing import Any
 
 from .allocation import physical_queue_name
 
+# ``broker`` is the segment's leader (where sends go); ``replicas`` every broker holding a copy, leader first;
+# ``in_sync`` those the leader waits for before it acknowledges (DESIGN.md invariant 12); ``sealer`` the broker that
+# must report a sealing segment's end: its leader, or after a failover the in-sync replica elected in its place.
+# The leader epoch of a queue is its head's gen: a new leader always starts a new generation.
 FIELDS = ("gen", "broker", "physical_queue", "physical_start", "logic_start", "logic_end", "physical_end",
-          "budget_end", "state", "opened_ms", "sealed_ms", "sealed_by")
+          "budget_end", "state", "opened_ms", "sealed_ms", "sealed_by", "replicas", "in_sync", "sealer")
 (GEN, BROKER, PHYSICAL_QUEUE, PHYSICAL_START, LOGIC_START, LOGIC_END, PHYSICAL_END, BUDGET_END, STATE, OPENED_MS,
- SEALED_MS, SEALED_BY) = range(len(FIELDS))
+ SEALED_MS, SEALED_BY, REPLICAS, IN_SYNC, SEALER) = range(len(FIELDS))
 _INDEX = {name: i for i, name in enumerate(FIELDS)}
 
 Segment = tuple
 
 
+def names(values: Any) -> tuple[str, ...]:
+    """A list of broker names as the image keeps it: a tuple of interned strings (equal sets share their strings)."""
+    return tuple(sys.intern(v) for v in values)
+
+
 def new_segment(topic: dict[str, Any], queue: int, gen: int, broker: str, physical_queue: str,
-                physical_start: int, logic_start: int | None, budget_end: int, ts: int) -> Segment:
+                physical_start: int, logic_start: int | None, budget_end: int, ts: int,
+                replicas: tuple[str, ...], in_sync: tuple[str, ...]) -> Segment:
     if physical_queue == physical_queue_name(topic["topic"], topic["incarnation"], queue, gen):
         physical_queue = None
-    return (gen, broker, physical_queue, physical_start, logic_start, None, None, budget_end, "active", ts, None, None)
+    return (gen, broker, physical_queue, physical_start, logic_start, None, None, budget_end, "active", ts, None, None,
+            names(replicas), names(in_sync), None)
 
 
 def replaced(seg: Segment, **changes: Any) -> Segment:
@@ -70,7 +81,14 @@ def physical_queue(topic: dict[str, Any], queue: int, seg: Segment) -> str:
 def as_dict(topic: dict[str, Any], queue: int, seg: Segment) -> dict[str, Any]:
     out = dict(zip(FIELDS, seg))
     out["physical_queue"] = physical_queue(topic, queue, seg)
+    out["replicas"], out["in_sync"] = list(seg[REPLICAS]), list(seg[IN_SYNC])
+    out["sealer"] = sealer(seg)
     return out
+
+
+def sealer(seg: Segment) -> str:
+    """Who must report the segment's end: the broker elected for it, else its leader."""
+    return seg[SEALER] if seg[SEALER] is not None else seg[BROKER]
 
 
 def chain(topic: dict[str, Any], queue: int) -> list[dict[str, Any]]:
@@ -105,9 +123,14 @@ def restore(topic: dict[str, Any]) -> None:
             if values[PHYSICAL_QUEUE] == physical_queue_name(topic["topic"], topic["incarnation"], queue,
                                                              values[GEN]):
                 values[PHYSICAL_QUEUE] = None
+            if values[SEALER] == values[BROKER]:   # as_dict resolves it; the image keeps None for "its leader"
+                values[SEALER] = None
         else:
             values = list(seg)
+        if len(values) != len(FIELDS):
+            raise ValueError(f"a segment has {len(values)} fields, not {len(FIELDS)}: a snapshot of another version")
         values[BROKER] = sys.intern(values[BROKER])
+        values[REPLICAS], values[IN_SYNC] = names(values[REPLICAS]), names(values[IN_SYNC])
         t = tuple(values)
         return shared.setdefault(t, t)
 

@@ -103,6 +103,12 @@ def _v_create_topic(c):
         raise invalid("order must be 'best_tried' or 'strict'", field="order")
     _config(c.get("config", {}))
     _optional_version(c)
+    # replicas and min_insync as asked; default_* the cluster config's, which the node that took the request adds
+    for key in ("replicas", "min_insync", "default_replicas", "default_min_insync"):
+        if c.get(key) is not None:
+            _int(c[key], key, 1, limits.REPLICAS_MAX)
+    if c.get("replicas") is not None and c.get("min_insync") is not None and c["min_insync"] > c["replicas"]:
+        raise invalid("min_insync cannot exceed replicas", field="min_insync")
 
 
 def _v_grow_topic(c):
@@ -163,6 +169,28 @@ def _v_seal_report(c):
     _int(c.get("end_offset"), "end_offset", 0, 2**62)
     if c.get("physical_queue") is not None and (not isinstance(c["physical_queue"], str) or len(c["physical_queue"]) > 300):
         raise invalid("physical_queue must be a string", field="physical_queue")
+
+
+def _v_alter_in_sync(c):
+    _v_broker_epoch(c)
+    changes = c.get("changes")
+    if not isinstance(changes, list) or not 1 <= len(changes) <= limits.IN_SYNC_CHANGES_MAX:
+        raise invalid(f"changes must be a list of 1 to {limits.IN_SYNC_CHANGES_MAX} changes", field="changes")
+    seen = set()
+    for ch in changes:
+        if not isinstance(ch, dict) or set(ch) != {"topic", "queue", "gen", "in_sync"}:
+            raise invalid("each change must be {topic, queue, gen, in_sync}", field="changes")
+        _name(ch["topic"], "topic", limits.TOPIC_NAME_CHARS_MAX)
+        _int(ch["queue"], "queue", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
+        _int(ch["gen"], "gen", 0, 2**62)
+        in_sync = ch["in_sync"]
+        if not isinstance(in_sync, list) or not 1 <= len(in_sync) <= limits.REPLICAS_MAX:
+            raise invalid(f"in_sync must list 1 to {limits.REPLICAS_MAX} brokers", field="in_sync")
+        _broker_list(in_sync, "in_sync")
+        key = (ch["topic"], ch["queue"])
+        if key in seen:   # two changes of one queue in one command would both be decided on the same image
+            raise invalid("changes names one queue twice", field="changes", topic=ch["topic"], queue=ch["queue"])
+        seen.add(key)
 
 
 GROUP_MODES = ("exclusive", "shared")
@@ -263,6 +291,7 @@ VALIDATORS = {
     "RemapTopic": _v_remap,
     "SealSegment": _v_seal,
     "SealSegments": _v_seal_many,
+    "AlterInSync": _v_alter_in_sync,
     "Barrier": lambda c: None,
     "JoinGroup": _v_join_group,
     "LeaveGroup": _v_leave_group,

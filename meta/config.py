@@ -60,6 +60,9 @@ class MetaConfig:
     offset_budget: int = limits.OFFSET_BUDGET_DEFAULT
     session_timeout_ms: int = limits.BROKER_SESSION_TIMEOUT_MS
     heartbeat_interval_ms: int = limits.BROKER_HEARTBEAT_INTERVAL_MS
+    # A new topic's copies when it names none, each capped at the active brokers it is placed over
+    default_replicas: int = limits.REPLICAS_DEFAULT
+    default_min_insync: int = limits.MIN_INSYNC_DEFAULT
     raft_tuning: RaftTuning = field(default_factory=RaftTuning)
     log_level: str = "info"
     # Events the image's history keeps. The leader stamps its own into every command, so the log decides the window
@@ -186,6 +189,8 @@ class _MetaSchema(Schema):
     offset_budget: int = Field(limits.OFFSET_BUDGET_DEFAULT, ge=1, le=OFFSET_BUDGET_MAX)
     session_timeout_ms: int = Field(limits.BROKER_SESSION_TIMEOUT_MS, ge=1, le=SESSION_TIMEOUT_MS_MAX)
     heartbeat_interval_ms: int = Field(limits.BROKER_HEARTBEAT_INTERVAL_MS, ge=1, le=HEARTBEAT_INTERVAL_MS_MAX)
+    default_replicas: int = Field(limits.REPLICAS_DEFAULT, ge=1, le=limits.REPLICAS_MAX)
+    default_min_insync: int = Field(limits.MIN_INSYNC_DEFAULT, ge=1, le=limits.REPLICAS_MAX)
     raft_tuning: _RaftTuningSchema = Field(default_factory=_RaftTuningSchema)
     log_level: LogLevel = "info"
     history_window: int = Field(limits.HISTORY_EVENTS_MAX, ge=limits.HISTORY_WINDOW_MIN, le=limits.HISTORY_WINDOW_MAX)
@@ -226,7 +231,8 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> MetaConfig:
         tokens=Tokens(**s.tokens.model_dump()), members=members, broker_tokens=dict(s.broker_tokens),
         projection_url=s.projection_url or f"sqlite:///{os.path.join(data_dir, 'projection.db')}",
         offset_budget=s.offset_budget, session_timeout_ms=s.session_timeout_ms,
-        heartbeat_interval_ms=s.heartbeat_interval_ms, raft_tuning=RaftTuning(**s.raft_tuning.model_dump()),
+        heartbeat_interval_ms=s.heartbeat_interval_ms, default_replicas=s.default_replicas,
+        default_min_insync=s.default_min_insync, raft_tuning=RaftTuning(**s.raft_tuning.model_dump()),
         log_level=s.log_level, history_window=s.history_window, tls=tls_files(s.tls, base_dir),
         metrics_listen=metrics_listener(s.metrics_listen, tls_files(s.tls, base_dir), port),
         http_connections_max=s.http_connections_max,

@@ -35,22 +35,25 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "broker": "broker hosting the segment",
         "budget_end": "physical offset (exclusive) the broker may write up to in this segment",
     }),
-    "TopicCreated": (1, {
+    "TopicCreated": (2, {
         "topic": "topic name",
         "incarnation": "metadata version that created it; part of every physical queue name",
         "queues": "number of logic queues",
         "slots": "number of key slots",
         "order": "'best_tried' or 'strict'",
         "config": "initial config map",
+        "replicas": "copies of each queue's head (1-5)",
+        "min_insync": "in-sync copies below which a send is refused (1-replicas)",
         "slot_table": "[[lo, hi, queue]] covering every slot exactly once",
-        "segments": "[{queue, broker, physical_queue, budget_end}]: gen 0 of each queue, logic_start 0",
+        "segments": "[{queue, broker, physical_queue, budget_end, replicas}]: gen 0 of each queue, logic_start 0; "
+                    "replicas leader first, every one in sync",
     }),
-    "TopicGrown": (1, {
+    "TopicGrown": (2, {
         "topic": "topic name",
         "queues": "the new number of logic queues",
         "slot_table": "the new slot table",
         "barriers": "[{queue, after_queue, after_gen}]: new queue waits for after_queue's segment after_gen to start",
-        "segments": "[{queue, broker, physical_queue, budget_end}]: gen 0 of each new queue",
+        "segments": "[{queue, broker, physical_queue, budget_end, replicas}]: gen 0 of each new queue",
     }),
     "TopicConfigChanged": (1, {
         "topic": "topic name",
@@ -60,7 +63,8 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
     "TopicDeleted": (1, {"topic": "topic name"}),
     "SegmentSealing": (1, {
         "topic": "topic name", "queue": "logic queue id", "gen": "generation being sealed",
-        "broker": "broker that must stop writes and report the end",
+        "broker": "broker that must stop writes and report the end: the segment's leader, or the in-sync replica "
+                  "elected when its leader was fenced",
     }),
     "SegmentSealed": (1, {
         "topic": "topic name", "queue": "logic queue id", "gen": "sealed generation",
@@ -69,14 +73,22 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "logic_end": "logic offset (exclusive) the segment ends at",
         "by": "'broker' (reported end) or 'session_expired' (end of the granted budget)",
     }),
-    "SegmentOpened": (1, {
-        "topic": "topic name", "queue": "logic queue id", "gen": "new generation",
-        "broker": "broker hosting the new segment",
+    "SegmentOpened": (2, {
+        "topic": "topic name", "queue": "logic queue id", "gen": "new generation (the queue's new leader epoch)",
+        "broker": "broker hosting the new segment: its leader",
         "from_broker": "broker of the previous generation",
-        "physical_queue": "name of the physical queue on the broker",
+        "physical_queue": "name of the physical queue on the broker (the same on every replica)",
         "physical_start": "first physical offset of this segment",
         "budget_end": "initial write budget (physical, exclusive)",
-        "cause": "'remap' or 'grow'",
+        "replicas": "brokers holding a copy, leader first",
+        "in_sync": "replicas the leader waits for before it acknowledges (the leader among them)",
+        "cause": "'remap', 'grow' or 'failover' (the previous leader was fenced; an in-sync replica leads)",
+    }),
+    "InSyncChanged": (1, {
+        "topic": "topic name", "queue": "logic queue id", "gen": "generation (the leader epoch it was asked in)",
+        "in_sync": "the in-sync set after the change, leader first",
+        "reason": "'caught_up' or 'lagging' (the leader asked), or 'fenced' (a replica's broker was fenced or "
+                  "registered again: it may have lost its disk)",
     }),
     "LogicStartDecided": (1, {
         "topic": "topic name", "queue": "logic queue id", "gen": "generation",
@@ -118,7 +130,7 @@ BROKER_EVENTS = frozenset({"BrokerRegistered", "BrokerFenced", "BrokerUnfenced"}
 # Topics and their segments: each names its topic, and changes that topic's route (and version).
 TOPIC_EVENTS = frozenset({
     "TopicCreated", "TopicGrown", "TopicConfigChanged", "TopicDeleted",
-    "OffsetBudgetGranted", "SegmentSealing", "SegmentSealed", "SegmentOpened", "LogicStartDecided",
+    "OffsetBudgetGranted", "SegmentSealing", "SegmentSealed", "SegmentOpened", "LogicStartDecided", "InSyncChanged",
 })
 # Consumer groups and their locks: each names its group, and changes the group, never a topic's route, even when it
 # names a topic too (image.replay keys them by group).

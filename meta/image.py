@@ -14,9 +14,9 @@ Layout of ``Image.data``::
     last_ts        leader time of the last applied command (ms)
     brokers        {name: {broker, address, zone, epoch, state, registered_ms, last_seen_ms}}
     load           {broker: number of logic queues whose newest segment it hosts}
-    hosting        {broker: {topic: number of its segments, of any generation, on that broker}}: which topics a
-                   broker event touches, without a scan of every segment
-    topics         {name: {topic, incarnation, queues, slots, order, config, version, created_ms,
+    hosting        {broker: {topic: number of its segments, of any generation, it holds a copy of}}: which topics
+                   a broker event touches, without a scan of every segment
+    topics         {name: {topic, incarnation, queues, slots, order, config, version, created_ms, replicas, min_insync,
                            slot_table, slot_table_version (the version that last changed it), barriers,
                            chains: per queue its segments in compact form (meta/chains.py)}}
     groups         {name: {group, mode, config, version, created_ms, members: {member: {member, topics, mode,
@@ -242,6 +242,7 @@ class Image:
         t = self.data["topics"][e["topic"]] = {
             "topic": e["topic"], "incarnation": e["incarnation"], "queues": e["queues"], "slots": e["slots"],
             "order": e["order"], "config": dict(e["config"]), "version": 0, "created_ms": ts,
+            "replicas": e["replicas"], "min_insync": e["min_insync"],
             "slot_table": allocation.packed_slot_table(e["slot_table"]), "slot_table_version": self.data["version"],
             "barriers": [], "chains": [None] * e["queues"]}
         self._place_first_segments(t, e["segments"], ts)
@@ -249,10 +250,12 @@ class Image:
     def _place_first_segments(self, t: dict[str, Any], placed: list[dict[str, Any]], ts: int) -> None:
         shared: dict[tuple, tuple] = {}  # queues placed alike share one segment (meta/chains.py)
         for s in placed:
-            seg = chains.new_segment(t, s["queue"], 0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts)
+            seg = chains.new_segment(t, s["queue"], 0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts,
+                                     s["replicas"], s["replicas"])
             t["chains"][s["queue"]] = shared.setdefault(seg, seg)
             self._load(s["broker"], 1)
-            self._host(s["broker"], t["topic"], 1)
+            for b in s["replicas"]:
+                self._host(b, t["topic"], 1)
 
     def _on_TopicGrown(self, e, ts):
         t = self.data["topics"][e["topic"]]
@@ -273,13 +276,16 @@ class Image:
         for entry in t["chains"]:
             self._load(chains.head(entry)[chains.BROKER], -1)
             for seg in chains.segments(entry):
-                self._host(seg[chains.BROKER], e["topic"], -1)
+                for b in seg[chains.REPLICAS]:
+                    self._host(b, e["topic"], -1)
 
     def _on_OffsetBudgetGranted(self, e, ts):
         self._change_segment(e["topic"], e["queue"], e["gen"], budget_end=e["budget_end"])
 
     def _on_SegmentSealing(self, e, ts):
-        self._change_segment(e["topic"], e["queue"], e["gen"], state="sealing")
+        seg = self.segment(e["topic"], e["queue"], e["gen"])
+        self._change_segment(e["topic"], e["queue"], e["gen"], state="sealing",
+                             sealer=e["broker"] if e["broker"] != seg["broker"] else None)
 
     def _on_SegmentSealed(self, e, ts):
         self._change_segment(e["topic"], e["queue"], e["gen"], state="sealed", logic_end=e["logic_end"],
@@ -290,10 +296,14 @@ class Image:
         segs = chains.segments(t["chains"][e["queue"]])
         self._load(segs[-1][chains.BROKER], -1)
         opened = chains.new_segment(t, e["queue"], e["gen"], e["broker"], e["physical_queue"], e["physical_start"],
-                                    None, e["budget_end"], ts)
+                                    None, e["budget_end"], ts, e["replicas"], e["in_sync"])
         t["chains"][e["queue"]] = (*segs, opened)
         self._load(e["broker"], 1)
-        self._host(e["broker"], e["topic"], 1)
+        for b in e["replicas"]:
+            self._host(b, e["topic"], 1)
+
+    def _on_InSyncChanged(self, e, ts):
+        self._change_segment(e["topic"], e["queue"], e["gen"], in_sync=chains.names(e["in_sync"]))
 
     def _on_LogicStartDecided(self, e, ts):
         t = self.data["topics"][e["topic"]]
@@ -389,6 +399,7 @@ TOPIC_REPLAYS = {
     "SegmentSealed": Image._on_SegmentSealed,
     "SegmentOpened": Image._on_SegmentOpened,
     "LogicStartDecided": Image._on_LogicStartDecided,
+    "InSyncChanged": Image._on_InSyncChanged,
 }
 GROUP_REPLAYS = {
     "GroupMemberJoined": Image._on_GroupMemberJoined,

@@ -20,6 +20,12 @@ CONFIG_KEY_CHARS_MAX = 128
 CONFIG_VALUE_CHARS_MAX = 1024
 HEARTBEAT_QUEUES_MAX = 100_000
 SEALS_PER_REPORT_MAX = 1_024     # seal reports one POST /v1/brokers/{b}/seals (one command) carries
+# Replicas of a queue's head (DESIGN.md invariant 12). The defaults are the cluster config's (MetaConfig), each
+# capped at the active brokers a topic is created over: three copies where three brokers exist, one where one does.
+REPLICAS_MAX = 5
+REPLICAS_DEFAULT = 3
+MIN_INSYNC_DEFAULT = 2
+IN_SYNC_CHANGES_MAX = 10_000     # changes one POST /v1/brokers/{b}/in-sync (one command) carries
 
 # Idempotency: outcomes of the last requests are kept in the image (replicated), bounded by count and age.
 REQUEST_OUTCOMES_MAX = 100_000
@@ -86,11 +92,15 @@ WATCH_LAG_ENTRIES_MAX = 10_000
 # addresses are ASCII; numbers at most 19 digits), so that the largest route the limits allow fits the SSE parser.
 ROUTE_SEGMENTS_PER_QUEUE_MAX = 3   # the head, the one it continues (maybe sealing) and one more
 _NAME_BYTES = max(TOPIC_NAME_CHARS_MAX, BROKER_NAME_CHARS_MAX) + 64   # a physical queue name: topic + suffix
-_ROUTE_SEGMENT_BYTES_MAX = 200 + BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + _NAME_BYTES + 6 * 20
-_ROUTE_QUEUE_BYTES_MAX = (150 + BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + _NAME_BYTES + 2 * 20
+_REPLICA_NAMES_BYTES_MAX = 40 + 2 * REPLICAS_MAX * (BROKER_NAME_CHARS_MAX + 3)   # replicas and in_sync
+_ROUTE_SEGMENT_BYTES_MAX = (200 + 2 * BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + _NAME_BYTES + 6 * 20
+                            + _REPLICA_NAMES_BYTES_MAX)
+_ROUTE_QUEUE_BYTES_MAX = (150 + BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + _NAME_BYTES + 3 * 20
+                          + _REPLICA_NAMES_BYTES_MAX
                           + ROUTE_SEGMENTS_PER_QUEUE_MAX * _ROUTE_SEGMENT_BYTES_MAX)
 ROUTE_BYTES_MAX = (QUEUES_PER_TOPIC_MAX * (_ROUTE_QUEUE_BYTES_MAX + 3 * 20 + 80)   # queue, slot range, barrier
-                   + CONFIG_KEYS_MAX * 6 * (CONFIG_KEY_CHARS_MAX + CONFIG_VALUE_CHARS_MAX) + 64 * 1024)
+                   + CONFIG_KEYS_MAX * 6 * (CONFIG_KEY_CHARS_MAX + CONFIG_VALUE_CHARS_MAX) + 64 * 1024
+                   + BROKERS_MAX * (BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + 8))   # the replicas' addresses
 assert ROUTE_BYTES_MAX <= _sse.LINE_BYTES_MAX, (ROUTE_BYTES_MAX, _sse.LINE_BYTES_MAX)
 
 # Rendered routes kept per node (least recently used evicted first): a 1,000-queue route is ~340 KB.

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import limits, raft_membership
 from .commands import validate
-from .deciders import Decider, brokers, groups, history, segments, topics
+from .deciders import Decider, brokers, groups, history, replicas, segments, topics
 from wire import json_body
 from wire.errors import ApiError, invalid, rejection
 from .image import Image
@@ -30,6 +30,7 @@ DECIDERS: dict[str, Decider] = {
     **brokers.DECIDERS,     # RegisterBroker, FenceBroker, UnfenceBroker, GrantOffsetBudget
     **topics.DECIDERS,      # CreateTopic, GrowTopic, SetTopicConfig, DeleteTopic, RemapTopic
     **segments.DECIDERS,    # SealSegment, SealSegments
+    **replicas.DECIDERS,    # AlterInSync
     **groups.DECIDERS,      # JoinGroup, LeaveGroup, ExpireMembers, ReleaseLocks, ExpireLocks, SetGroupConfig
     **history.DECIDERS,     # Barrier
 }

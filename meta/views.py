@@ -25,7 +25,8 @@ def segment_ref(brokers: dict[str, tuple[str, bool]], t: dict[str, Any], queue: 
         gen=s[chains.GEN], broker=s[chains.BROKER], address=brokers.get(s[chains.BROKER], (None,))[0],
         physical_queue=chains.physical_queue(t, queue, s), physical_start=s[chains.PHYSICAL_START],
         logic_start=s[chains.LOGIC_START], logic_end=s[chains.LOGIC_END], state=s[chains.STATE],
-        budget_end=s[chains.BUDGET_END])
+        budget_end=s[chains.BUDGET_END], replicas=list(s[chains.REPLICAS]), in_sync=list(s[chains.IN_SYNC]),
+        sealer=chains.sealer(s))
 
 
 def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
@@ -34,17 +35,23 @@ def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
     compact chains directly (meta/chains.py): a route of a thousand queues is rendered often."""
     brokers = broker_states(image)
     queues = []
+    named: set[str] = set()
     for q, entry in enumerate(t["chains"]):
         segs = chains.segments(entry)
         head = segs[-1]
         active = brokers.get(head[chains.BROKER], (None, False))[1]
-        writable = head[chains.STATE] == "active" and head[chains.LOGIC_START] is not None and active
-        carried = [segment_ref(brokers, t, q, s) for s in segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]]
-        queues.append(route_model.queue_json(q, writable, carried))
+        writable = (head[chains.STATE] == "active" and head[chains.LOGIC_START] is not None and active
+                    and len(head[chains.IN_SYNC]) >= t["min_insync"])
+        kept = segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]
+        for s in kept:
+            named.update(s[chains.REPLICAS])
+        queues.append(route_model.queue_json(q, writable, [segment_ref(brokers, t, q, s) for s in kept]))
     # Copies of the topic's config and slot table: the view holds nothing the apply thread may change, so it can be
     # encoded after the image lock is released (meta/reads.py).
     return route_model.route_json(
         topic=t["topic"], version=t["version"], slots=t["slots"], order=t["order"], config=dict(t["config"]),
+        replicas=t["replicas"], min_insync=t["min_insync"],
+        addresses={b: brokers[b][0] for b in sorted(named) if b in brokers},
         slot_table=allocation.slot_table(t["slot_table"]), slot_table_version=t.get("slot_table_version", 0), queues=queues,
         barriers=[{"queue": b["queue"], "after_queue": b["after_queue"], "after_offset": b["after_offset"]}
                   for b in t["barriers"]])
@@ -56,10 +63,11 @@ def topic_detail(t: dict[str, Any]) -> dict[str, Any]:
         ranges.setdefault(q, []).append([lo, hi])
     return {"topic": t["topic"], "queues": t["queues"], "slots": t["slots"], "order": t["order"],
             "version": t["version"], "incarnation": t["incarnation"], "created_ms": t["created_ms"],
-            "config": t["config"],
+            "config": t["config"], "replicas": t["replicas"], "min_insync": t["min_insync"],
             "logic_queues": [{"queue": q, "slot_ranges": ranges.get(q, []),
                               "segments": [{k: s[k] for k in ("gen", "broker", "physical_queue", "physical_start",
-                                                               "logic_start", "logic_end", "state", "budget_end")}
+                                                               "logic_start", "logic_end", "state", "budget_end",
+                                                               "replicas", "in_sync", "sealer")}
                                            for s in segs]}
                              for q, segs in chains.chains(t)]}
 

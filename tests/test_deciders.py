@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 
 from meta import commands, events, image, state_machine
-from meta.deciders import brokers, groups, history, segments, topics
+from meta.deciders import brokers, groups, history, replicas, segments, topics
 from meta.projection import fold
 from meta.state_machine import StateMachine
 
 DOMAIN_TABLES = {"brokers": brokers.DECIDERS, "topics": topics.DECIDERS, "segments": segments.DECIDERS,
-                 "groups": groups.DECIDERS, "history": history.DECIDERS}
+                 "replicas": replicas.DECIDERS, "groups": groups.DECIDERS, "history": history.DECIDERS}
 
 
 def test_every_validated_command_has_exactly_one_decider():

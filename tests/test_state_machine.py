@@ -58,8 +58,8 @@ def test_register_broker_and_register_again():
 
 
 def test_register_again_reactivates_a_fenced_broker_and_bumps_its_topics(log):
-    log.create("t", 2, brokers=["a"])
-    log.create("u", 1, brokers=["b"])
+    log.create("t", 2, brokers=["a"], replicas=1)
+    log.create("u", 1, brokers=["b"], replicas=1)
     log.fence("a")
     assert log.sm.image.brokers["a"]["state"] == "fenced"
     u_version = log.topic("u")["version"]
@@ -72,7 +72,7 @@ def test_register_again_reactivates_a_fenced_broker_and_bumps_its_topics(log):
 
 
 def test_register_again_same_address_while_active_does_not_touch_routes(log):
-    log.create("t", 1, brokers=["a"])
+    log.create("t", 1, brokers=["a"], replicas=1)
     tv = log.topic("t")["version"]
     log.register("a")
     assert log.changed == set()
@@ -93,8 +93,8 @@ def test_register_too_many_brokers(monkeypatch):
 
 # -- FenceBroker / UnfenceBroker -----------------------------------------------------------------------------------
 def test_fence_and_unfence(log):
-    log.create("t", 3, brokers=["a"])
-    log.create("u", 3, brokers=["b"])
+    log.create("t", 3, brokers=["a"], replicas=1)
+    log.create("u", 3, brokers=["b"], replicas=1)
     uv = log.topic("u")["version"]
     v = log.version
     r = log.fence("a")
@@ -197,7 +197,7 @@ def test_duplicate_grants_in_one_heartbeat_never_shrink_the_budget(log):
 def test_create_topic(log):
     v = log.version
     r = log.create("t", 4)
-    assert r == {"topic": "t", "queues": 4, "version": v + 1}
+    assert r == {"topic": "t", "queues": 4, "replicas": 3, "min_insync": 2, "version": v + 1}
     assert log.changed == {"t"}
     t = log.topic("t")
     assert (t["queues"], t["slots"], t["order"], t["config"], t["barriers"]) == (4, limits.SLOTS_DEFAULT,
@@ -383,7 +383,7 @@ def test_remap_while_sealing_is_rejected(log):
 
 
 def test_remap_from_a_fenced_broker_seals_at_the_budget_end(log):
-    log.create("t", 1, brokers=["a"])
+    log.create("t", 1, brokers=["a"], replicas=1)
     log.ok({"type": "GrantOffsetBudget", "broker": "a", "epoch": 1,
             "grants": [{"topic": "t", "queue": 0, "gen": 0, "budget_end": 1500}]})
     log.fence("a")
@@ -400,8 +400,8 @@ def test_remap_from_a_fenced_broker_seals_at_the_budget_end(log):
 
 
 def test_fence_of_a_broker_with_a_sealing_segment_seals_it_at_the_budget_end(log):
-    log.create("t", 2, brokers=["a"], slots=4)
-    log.create("u", 1, brokers=["a"])
+    log.create("t", 2, brokers=["a"], replicas=1, slots=4)
+    log.create("u", 1, brokers=["a"], replicas=1)
     log.remap("t", ["b"], queues=[0])
     log.remap("u", ["c"])
     v = log.version
@@ -437,7 +437,7 @@ def test_second_seal_is_idempotent_another_end_is_already_sealed(log):
 def test_already_sealed_says_who_sealed_it(log):
     """A broker told ALREADY_SEALED learns the end that counts and why: its own earlier report, or the expiry of its
     session. A segment the broker sealed itself must not be reported as sealed by session expiry."""
-    log.create("t", 1, brokers=["a"])
+    log.create("t", 1, brokers=["a"], replicas=1)
     log.remap("t", ["b"])
     log.seal("t", 0, 0, 42)
     err = log.reject(log.seal_cmd("t", 0, 0, 43), "ALREADY_SEALED")
@@ -509,7 +509,7 @@ def test_seal_at_zero_makes_an_empty_segment(log):
 
 
 def test_seal_rejections(log):
-    log.create("t", 2, brokers=["a"])
+    log.create("t", 2, brokers=["a"], replicas=1)
     log.reject(log.seal_cmd("t", 0, 0, 10), "NOT_SEALING")
     log.remap("t", ["b"], queues=[0])
     log.reject(log.seal_cmd("t", 0, 0, 10, broker="b"), "SEGMENT_NOT_FOUND")  # another broker's segment
@@ -630,7 +630,7 @@ def test_grow_several_queues_from_two(log):
 
 
 def test_grow_with_the_split_owner_fenced_decides_the_barrier_at_once(log):
-    log.create("t", 1, brokers=["a"], slots=4)
+    log.create("t", 1, brokers=["a"], replicas=1, slots=4)
     log.fence("a")
     log.grow("t", 2)
     old, new = log.segs("t", 0)

@@ -2,9 +2,11 @@
 stateful tests).
 
 The model knows brokers (epoch, state) and, per topic, each logic queue's chain of segments as
-(gen, broker, logic_start, logic_end, physical_end, budget, state), updated from what each command must do
-(DESIGN.md, the flow of one remap) rather than from the image. Placement is the one decision the model leaves to the
-machine: it reads which broker got a queue and checks only that the choice was allowed.
+(gen, broker, logic_start, logic_end, physical_end, budget, state, replicas, in_sync, sealer), updated from what each
+command must do (DESIGN.md, the flow of one remap, and invariant 12: a lost broker's heads fail over to the first
+in-sync replica, it leaves every in-sync set, and what it was sealing is sealed by an in-sync copy or at its budget)
+rather than from the image. Placement is the one decision the model leaves to the machine: it reads which brokers got
+a queue and its copies and checks only that the choice was allowed.
 Consumer groups ride along: members join, leave and have their leases expire; locks are released by their owner or
 expire while revoked, sometimes named with a stale token. Who gets which queue is again the machine's decision; the
 model keeps each group's members and follows the lock events.
@@ -126,14 +128,61 @@ class StateMachineVsModel(RuleBasedStateMachine):
         """Seal-then-switch in the model: the old head seals now when its broker is fenced, later otherwise."""
         segs = self.topics[name]["segs"][q]
         head = segs[-1]
+        replicas = self.placed_copies(name, q, to, head["gen"] + 1)
         new = {"gen": head["gen"] + 1, "broker": to, "start": None, "end": None, "pend": None, "budget": BUDGET,
-               "state": "active"}
+               "state": "active", "replicas": replicas, "in_sync": list(replicas), "sealer": None}
         if self.brokers[head["broker"]]["state"] == "fenced":
             self.seal_model(head, head["budget"])
             new["start"] = head["end"]
         else:
             head["state"] = "sealing"
         segs.append(new)
+
+    def placed_copies(self, name: str, q: int, leader: str, gen: int) -> list[str]:
+        """The copies the machine chose for a new segment: the topic's count where active brokers allow, distinct,
+        the leader first, the others active."""
+        seg = next(s for s in chains_of(self.sm.image.topics[name])[q] if s["gen"] == gen)
+        active = {n for n, b in self.brokers.items() if b["state"] == "active"} - {leader}
+        want = 1 + min(self.topics[name]["replicas"] - 1, len(active))
+        assert seg["replicas"][0] == leader and len(seg["replicas"]) == want, (seg["replicas"], want)
+        assert set(seg["replicas"][1:]) <= active and len(set(seg["replicas"])) == want
+        return list(seg["replicas"])
+
+    def lost(self, name: str, fenced: bool) -> None:
+        """What the log must decide when broker ``name`` is fenced or registers again (``fenced`` False)."""
+        live = {n for n, b in self.brokers.items() if b["state"] == "active"} - {name}
+
+        def elected(seg):
+            return next((b for b in seg["replicas"] if b != name and b in live and b in seg["in_sync"]), None)
+
+        for tname in sorted(self.topics):
+            for segs in self.topics[tname]["segs"]:
+                head = segs[-1]
+                if len(segs) >= 2 and segs[-2]["state"] == "sealing" and (segs[-2]["sealer"] or segs[-2]["broker"]) == name:
+                    new = elected(segs[-2])
+                    if new is not None:
+                        segs[-2]["sealer"] = None if new == segs[-2]["broker"] else new
+                    elif fenced:
+                        self.seal_model(segs[-2], segs[-2]["budget"])
+                        head["start"] = segs[-2]["end"]
+                elif head["state"] == "active" and name in head["replicas"]:
+                    if head["broker"] != name:
+                        if name in head["in_sync"]:
+                            head["in_sync"].remove(name)
+                        continue
+                    new = elected(head)
+                    if new is None or head["start"] is None:
+                        continue
+                    head["state"], head["sealer"] = "sealing", new
+                    segs.append({"gen": head["gen"] + 1, "broker": new, "start": None, "end": None, "pend": None,
+                                 "budget": BUDGET, "state": "active",
+                                 "replicas": [new, *(b for b in head["replicas"] if b not in (new, name)), name],
+                                 "in_sync": [new, *(b for b in head["in_sync"] if b not in (new, name))],
+                                 "sealer": None})
+
+    @staticmethod
+    def sealer(seg: dict[str, Any]) -> str:
+        return seg["sealer"] or seg["broker"]
 
     @staticmethod
     def seal_model(seg: dict[str, Any], physical_end: int) -> None:
@@ -177,9 +226,12 @@ class StateMachineVsModel(RuleBasedStateMachine):
     @rule(name=st.sampled_from(BROKERS), address=st.sampled_from(["http://first", "http://second"]))
     def register(self, name, address):
         out = self.submit({"type": "RegisterBroker", "broker": name, "address": address})
+        known = name in self.brokers
         epoch = self.brokers.get(name, {"epoch": 0})["epoch"] + 1
         assert out["result"]["epoch"] == epoch
         self.brokers[name] = {"epoch": epoch, "state": "active"}
+        if known:
+            self.lost(name, fenced=False)
 
     @rule(name=st.sampled_from(BROKERS), stale=st.booleans())
     def fence(self, name, stale):
@@ -193,11 +245,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
         if stale or b["state"] == "fenced":
             return
         b["state"] = "fenced"
-        for tname in sorted(self.topics):
-            for segs in self.topics[tname]["segs"]:
-                if len(segs) >= 2 and segs[-2]["broker"] == name and segs[-2]["state"] == "sealing":
-                    self.seal_model(segs[-2], segs[-2]["budget"])
-                    segs[-1]["start"] = segs[-2]["end"]
+        self.lost(name, fenced=True)
 
     @rule(name=st.sampled_from(BROKERS), stale=st.booleans())
     def unfence(self, name, stale):
@@ -249,13 +297,19 @@ class StateMachineVsModel(RuleBasedStateMachine):
             return
         allowed = set(brokers) if brokers else {n for n, b in self.brokers.items() if b["state"] == "active"}
         t = self.sm.image.topics[name]
+        live = {n for n, b in self.brokers.items() if b["state"] == "active"}
+        replicas = min(3, len(live))   # limits.REPLICAS_DEFAULT where as many brokers are active
+        assert (t["replicas"], t["min_insync"]) == (replicas, min(2, replicas))
         segs = []
         for q in range(queues):
             [seg] = chains_of(t)[q]
-            assert seg["broker"] in allowed
+            assert seg["broker"] in allowed and seg["replicas"][0] == seg["broker"]
+            assert set(seg["replicas"][1:]) <= live and len(set(seg["replicas"])) == replicas
             segs.append([{"gen": 0, "broker": seg["broker"], "start": 0, "end": None, "pend": None,
-                          "budget": BUDGET, "state": "active"}])
-        self.topics[name] = {"queues": queues, "slots": slots or 1024, "config": {}, "order": order, "segs": segs}
+                          "budget": BUDGET, "state": "active", "replicas": list(seg["replicas"]),
+                          "in_sync": list(seg["replicas"]), "sealer": None}])
+        self.topics[name] = {"queues": queues, "slots": slots or 1024, "config": {}, "order": order, "segs": segs,
+                             "replicas": replicas}
         assert out["result"]["queues"] == queues
 
     @rule(data=st.data(), add=st.integers(0, GROW_BY_MAX))
@@ -301,7 +355,10 @@ class StateMachineVsModel(RuleBasedStateMachine):
             [seg] = chains_of(t)[q]
             assert seg["broker"] in active, "a new queue was placed on a fenced broker"
             mt["segs"].append([{"gen": 0, "broker": seg["broker"], "start": 0, "end": None, "pend": None,
-                                "budget": BUDGET, "state": "active"}])
+                                "budget": BUDGET, "state": "active", "replicas": None, "in_sync": None,
+                                "sealer": None}])
+            copies = self.placed_copies(name, q, seg["broker"], 0)
+            mt["segs"][q][0].update(replicas=copies, in_sync=list(copies))
         mt["queues"] = new
 
     @rule(data=st.data(), ev=st.sampled_from([None, None, "right", "wrong"]))
@@ -356,7 +413,8 @@ class StateMachineVsModel(RuleBasedStateMachine):
         name, q, seg = data.draw(st.sampled_from(self.segments(lambda s: s["state"] == "sealing")))
         beyond = data.draw(st.integers(0, 9)) == 0
         end = seg["budget"] + data.draw(st.integers(1, 10)) if beyond else data.draw(st.integers(0, seg["budget"]))
-        cmd = {"type": "SealSegment", "broker": seg["broker"], "epoch": self.brokers[seg["broker"]]["epoch"],
+        by = self.sealer(seg)
+        cmd = {"type": "SealSegment", "broker": by, "epoch": self.brokers[by]["epoch"],
                "topic": name, "queue": q, "gen": seg["gen"], "end_offset": end}
         if beyond:
             self.submit(cmd, expect={"INVALID_ARGUMENT"})
@@ -374,7 +432,8 @@ class StateMachineVsModel(RuleBasedStateMachine):
     def seal_again(self, data, same):
         name, q, seg = data.draw(st.sampled_from(self.segments(lambda s: s["state"] == "sealed")))
         end = seg["pend"] if same else (seg["pend"] + 1) % (seg["budget"] + 1)
-        cmd = {"type": "SealSegment", "broker": seg["broker"], "epoch": self.brokers[seg["broker"]]["epoch"],
+        by = self.sealer(seg)
+        cmd = {"type": "SealSegment", "broker": by, "epoch": self.brokers[by]["epoch"],
                "topic": name, "queue": q, "gen": seg["gen"], "end_offset": end}
         v = self.sm.image.version
         out = self.submit(cmd, expect=None if same or end == seg["pend"] else {"ALREADY_SEALED"})
@@ -387,6 +446,30 @@ class StateMachineVsModel(RuleBasedStateMachine):
         name, q, seg = data.draw(st.sampled_from(self.segments(lambda s: s["state"] == "active")))
         self.submit({"type": "SealSegment", "broker": seg["broker"], "epoch": self.brokers[seg["broker"]]["epoch"],
                      "topic": name, "queue": q, "gen": seg["gen"], "end_offset": 0}, expect={"NOT_SEALING"})
+
+    @precondition(lambda self: self.topics)
+    @rule(data=st.data())
+    def alter_in_sync(self, data):
+        """A leader asks to change who is in sync of one of its segments: only the head's gen, while it is active,
+        only its replicas, the leader first; a fenced broker is never added, and a fenced leader asks nothing."""
+        name, q, seg = data.draw(st.sampled_from(self.segments(lambda s: True)))
+        leader = seg["broker"]
+        others = [b for b in seg["replicas"] if b != leader]
+        wanted = [leader, *data.draw(st.lists(st.sampled_from(others), unique=True) if others else st.just([]))]
+        cmd = {"type": "AlterInSync", "broker": leader, "epoch": self.brokers[leader]["epoch"],
+               "changes": [{"topic": name, "queue": q, "gen": seg["gen"], "in_sync": wanted}]}
+        if self.brokers[leader]["state"] != "active":
+            self.submit(cmd, expect={"BROKER_NOT_ACTIVE"})
+            return
+        [result] = self.submit(cmd)["result"]["results"]
+        if seg is not self.topics[name]["segs"][q][-1] or seg["state"] != "active":
+            assert result == {"ok": False, "code": "STALE_LEADER_EPOCH", "status": 409}
+        elif any(self.brokers[b]["state"] != "active" for b in set(wanted) - set(seg["in_sync"])):
+            assert result == {"ok": False, "code": "BROKER_NOT_ACTIVE", "status": 409}
+        else:
+            assert result["ok"]
+            if sorted(wanted) != sorted(seg["in_sync"]):
+                seg["in_sync"] = list(wanted)   # not the list the sent command holds
 
     @rule(data=st.data(), key=st.sampled_from(["k1", "k2"]),
           value=st.none() | st.sampled_from(["x", "y"]), ev=st.sampled_from([None, "right", "wrong"]))
@@ -590,9 +673,9 @@ class StateMachineVsModel(RuleBasedStateMachine):
                                                                           mt["order"])
             for q, msegs in enumerate(mt["segs"]):
                 got = [(s["gen"], s["broker"], s["logic_start"], s["logic_end"], s["physical_end"], s["budget_end"],
-                        s["state"]) for s in chains_of(t)[q]]
-                want = [(s["gen"], s["broker"], s["start"], s["end"], s["pend"], s["budget"], s["state"])
-                        for s in msegs]
+                        s["state"], s["replicas"], s["in_sync"], s["sealer"]) for s in chains_of(t)[q]]
+                want = [(s["gen"], s["broker"], s["start"], s["end"], s["pend"], s["budget"], s["state"],
+                         s["replicas"], s["in_sync"], self.sealer(s)) for s in msegs]
                 assert got == want, f"{name}/{q}"
             # model continuity: each decided start is the previous end, the first start is 0
             for msegs in mt["segs"]:

@@ -28,14 +28,20 @@ class SegmentJson(TypedDict):
     logic_end: int | None      # None while the segment is open
     state: str
     budget_end: int            # physical offset (exclusive) the broker may write up to, as of this route
+    replicas: list[str]        # brokers holding a copy, the leader (``broker``) first
+    in_sync: list[str]         # those the leader waits for before it acknowledges a send
+    sealer: str                # who reports the segment's end: the leader, or the replica elected after a failover
 
 
 class QueueJson(TypedDict):
     queue: int
-    broker: str                # the head segment's broker: where sends go
+    broker: str                # the head segment's broker: where sends go (the leader)
     address: str | None
     physical_queue: str
     gen: int
+    leader_epoch: int          # the head's gen: a new leader always starts a new generation
+    replicas: list[str]        # the head's
+    in_sync: list[str]         # the head's
     writable: bool
     segments: list[SegmentJson]
 
@@ -54,29 +60,40 @@ class RouteJson(TypedDict):
     config: dict[str, str]
     slot_table: list[list[int]]   # [lo, hi, queue] ranges covering every slot once
     slot_table_version: int       # the version that last changed the slot table (creation or growth)
+    replicas: int                 # copies of each head
+    min_insync: int               # in-sync copies below which the leader refuses sends
+    addresses: dict[str, str]     # broker -> address, of every replica the carried segments name
     barriers: list[BarrierJson]
     queues: list[QueueJson]
 
 
 def segment_json(*, gen: int, broker: str, address: str | None, physical_queue: str, physical_start: int,
-                 logic_start: int | None, logic_end: int | None, state: str, budget_end: int) -> SegmentJson:
+                 logic_start: int | None, logic_end: int | None, state: str, budget_end: int,
+                 replicas: list[str] | None = None, in_sync: list[str] | None = None,
+                 sealer: str | None = None) -> SegmentJson:
+    """``replicas`` and ``in_sync`` default to the leader alone, ``sealer`` to the leader (one copy)."""
     return {"gen": gen, "broker": broker, "address": address, "physical_queue": physical_queue,
             "physical_start": physical_start, "logic_start": logic_start, "logic_end": logic_end, "state": state,
-            "budget_end": budget_end}
+            "budget_end": budget_end, "replicas": replicas or [broker], "in_sync": in_sync or [broker],
+            "sealer": sealer or broker}
 
 
 def queue_json(queue: int, writable: bool, segments: list[SegmentJson]) -> QueueJson:
     head = segments[-1]
     return {"queue": queue, "broker": head["broker"], "address": head["address"],
-            "physical_queue": head["physical_queue"], "gen": head["gen"], "writable": writable, "segments": segments}
+            "physical_queue": head["physical_queue"], "gen": head["gen"], "leader_epoch": head["gen"],
+            "replicas": head["replicas"], "in_sync": head["in_sync"], "writable": writable, "segments": segments}
 
 
 def route_json(*, topic: str, version: int, slots: int, order: str, config: dict[str, str],
                slot_table: list[list[int]], slot_table_version: int, barriers: list[BarrierJson],
-               queues: list[QueueJson]) -> RouteJson:
+               queues: list[QueueJson], replicas: int = 1, min_insync: int = 1,
+               addresses: dict[str, str] | None = None) -> RouteJson:
+    if addresses is None:   # one copy each: the leaders' own
+        addresses = {q["broker"]: q["address"] for q in queues if q["address"]}
     return {"topic": topic, "version": version, "slots": slots, "order": order, "config": config,
-            "slot_table": slot_table, "slot_table_version": slot_table_version, "barriers": barriers,
-            "queues": queues}
+            "slot_table": slot_table, "slot_table_version": slot_table_version, "replicas": replicas,
+            "min_insync": min_insync, "addresses": addresses, "barriers": barriers, "queues": queues}
 
 
 class RouteError(ValueError):
@@ -130,6 +147,14 @@ def check(route: Any) -> RouteJson:
                 _int(s.get(k), k)
             for k in ("logic_start", "logic_end"):
                 _int(s.get(k), k, nullable=True)
+            for k in ("replicas", "in_sync"):
+                names = s.get(k)
+                if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+                    raise RouteError(f"queue {i}: a segment's {k} must be a non-empty list of broker names")
+            _str(s.get("sealer"), "sealer")
+    addresses = route.get("addresses", {})
+    if not isinstance(addresses, dict) or not all(isinstance(a, str) for a in addresses.values()):
+        raise RouteError("addresses must map broker names to addresses")
     return route
 
 
@@ -147,6 +172,9 @@ class Segment:
     logic_end: int | None
     state: str
     budget_end: int
+    replicas: tuple[str, ...] = ()
+    in_sync: tuple[str, ...] = ()
+    sealer: str | None = None
 
     def physical(self, logic: int) -> int:
         return logic - self.logic_start + self.physical_start
@@ -157,4 +185,5 @@ class Segment:
 
 def segment(topic: str, queue: int, s: SegmentJson) -> Segment:
     return Segment(topic, queue, s["gen"], s["broker"], s["address"], s["physical_queue"], s["physical_start"],
-                   s["logic_start"], s["logic_end"], s["state"], s["budget_end"])
+                   s["logic_start"], s["logic_end"], s["state"], s["budget_end"], tuple(s["replicas"]),
+                   tuple(s["in_sync"]), s["sealer"])

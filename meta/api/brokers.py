@@ -53,6 +53,16 @@ async def seal_many(request: web.Request) -> web.Response:
 
 
 @requires("broker")
+async def alter_in_sync(request: web.Request) -> web.Response:
+    """A leader's changes of its heads' in-sync sets: ``{"epoch", "changes": [{topic, queue, gen, in_sync}]}``
+    answers ``{"results": [{"ok", "in_sync"} | {"ok": false, "code", "status"}], "version"}`` in order."""
+    broker = _broker(request)
+    body = await body_of(request, models.AlterInSync)
+    return await submit(request, {"type": "AlterInSync", "broker": broker, "epoch": body["epoch"],
+                                  "changes": body["changes"]})
+
+
+@requires("broker")
 async def heartbeat(request: web.Request) -> web.Response:
     svc = service(request)
     broker = _broker(request)
@@ -92,4 +102,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/brokers/{broker}/heartbeat", heartbeat)
     app.router.add_post("/v1/brokers/{broker}/seal", seal)
     app.router.add_post("/v1/brokers/{broker}/seals", seal_many)
+    app.router.add_post("/v1/brokers/{broker}/in-sync", alter_in_sync)
     app.router.add_get("/v1/brokers", list_brokers)

@@ -79,6 +79,22 @@ class CreateTopic(TypedDict):
     slots: NotRequired[Annotated[int, Field(ge=1, le=limits.SLOTS_PER_TOPIC_MAX)]]
     order: NotRequired[Literal["best_tried", "strict"]]
     config: NotRequired[TopicConfig]
+    replicas: NotRequired[Annotated[int, Field(ge=1, le=limits.REPLICAS_MAX)] | None]
+    min_insync: NotRequired[Annotated[int, Field(ge=1, le=limits.REPLICAS_MAX)] | None]
+
+
+@with_config(STRICT)
+class InSyncChange(TypedDict):
+    topic: Name
+    queue: Queue
+    gen: Annotated[int, Field(ge=0, le=2**62)]
+    in_sync: Annotated[list[Name], Field(min_length=1, max_length=limits.REPLICAS_MAX)]
+
+
+@with_config(STRICT)
+class AlterInSync(TypedDict):
+    epoch: Epoch
+    changes: Annotated[list[InSyncChange], Field(min_length=1, max_length=limits.IN_SYNC_CHANGES_MAX)]
 
 
 @with_config(STRICT)
@@ -208,6 +224,9 @@ class StoredSegment(TypedDict):
     logic_end: int | None
     state: Literal["active", "sealing", "sealed"]
     budget_end: int
+    replicas: list[str]
+    in_sync: list[str]
+    sealer: str
 
 
 @with_config(OPEN)
@@ -227,6 +246,8 @@ class TopicDetail(TypedDict):
     incarnation: int
     created_ms: int
     config: dict[str, str]
+    replicas: int
+    min_insync: int
     logic_queues: list[LogicQueue]
 
 
@@ -367,6 +388,12 @@ class GroupHeartbeatAnswer(TypedDict):
 
 @with_config(OPEN)
 class SealResults(TypedDict):
+    results: list[dict[str, Any]]
+    version: int
+
+
+@with_config(OPEN)
+class InSyncResults(TypedDict):
     results: list[dict[str, Any]]
     version: int
 

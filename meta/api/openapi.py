@@ -74,6 +74,9 @@ SPEC: dict[str, Any] = {
         "/v1/brokers/{broker}/seals": {"post": _op("Report many sealed segments' ends in one command",
                                                    roles=_THIS_BROKER,
                                                    params=[_p("broker")], body=M.Seals, answer=M.SealResults)},
+        "/v1/brokers/{broker}/in-sync": {"post": _op("A head's leader changes who is in sync (fenced by the gen it "
+                                                     "leads)", roles=_THIS_BROKER, params=[_p("broker")],
+                                                     body=M.AlterInSync, answer=M.InSyncResults)},
         "/v1/topics/{topic}/queues/{queue}/segments": {"get": _op(
             "Every segment of one logic queue, oldest first", params=[_p("topic"), _p("queue")] + _READ,
             answer=M.QueueSegments)},

@@ -21,7 +21,10 @@ def _topic_not_found(name: str):
 @requires("admin")
 async def create_topic(request: web.Request) -> web.Response:
     body = await body_of(request, models.CreateTopic)
-    return await submit(request, with_expected_version(request, {"type": "CreateTopic", **body}), 201)
+    config = service(request).config
+    cmd = {"type": "CreateTopic", **{k: v for k, v in body.items() if v is not None},
+           "default_replicas": config.default_replicas, "default_min_insync": config.default_min_insync}
+    return await submit(request, with_expected_version(request, cmd), 201)
 
 
 @requires("client", "broker")

@@ -1,44 +1,23 @@
 """Decisions about brokers: their registration (each one a new session epoch), the fence of an expired session and
 its end, and the offset budgets their heartbeats renew.
 
-A fence also ends what the fenced broker was sealing: it can write nothing past its budget, so the budget's end is
-a safe end (``seal_at_budget``, which topics.move uses too when the old broker is already fenced).
+A fence, and a registration of a broker known before (its disk may be new), lose the broker's copies: the heads it
+led fail over to in-sync replicas and it leaves every in-sync set (replicas.broker_lost). What it was sealing with
+no copy in sync to seal it instead ends at its budget's end, a safe end: it can write nothing past it
+(``lookups.seal_at_budget``, which topics.move uses too when the old broker is already fenced).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .. import chains, limits
+from .. import limits
 from ..events import make
 from ..image import Image
 from wire.errors import rejection
-from . import Decider, Events
-
-
-def registered_broker(image: Image, name: str, epoch: int | None = None) -> dict[str, Any]:
-    """The broker ``name`` (404 when unknown), in session ``epoch`` when one is given (409 STALE_EPOCH otherwise)."""
-    b = image.brokers.get(name)
-    if b is None:
-        raise rejection(404, "BROKER_NOT_FOUND", f"broker {name!r} is not registered", broker=name)
-    if epoch is not None and epoch != b["epoch"]:
-        raise rejection(409, "STALE_EPOCH", f"broker {name!r} has epoch {b['epoch']}, not {epoch}; register again",
-                        broker=name, epoch=b["epoch"])
-    return b
-
-
-def active_brokers(image: Image, names: list[str]) -> list[str]:
-    for n in names:
-        if registered_broker(image, n)["state"] != "active":
-            raise rejection(409, "BROKER_NOT_ACTIVE", f"broker {n!r} is fenced (its session expired)", broker=n)
-    return names
-
-
-def seal_at_budget(topic: str, queue: int, seg: dict[str, Any]) -> Events:
-    """The seal of a segment whose broker's session expired: at the end of its granted budget."""
-    return [make("SegmentSealed", topic=topic, queue=queue, gen=seg["gen"], broker=seg["broker"],
-                 physical_end=seg["budget_end"], logic_end=chains.logic_end(seg, seg["budget_end"]),
-                 by="session_expired")]
+from . import Decider
+from .lookups import registered_broker
+from .replicas import broker_lost
 
 
 # -- the commands ------------------------------------------------------------------------------------------------
@@ -48,7 +27,9 @@ def register(image: Image, c, ts, budget):
         raise rejection(409, "TOO_MANY_BROKERS", f"at most {limits.BROKERS_MAX} brokers")
     epoch = (old["epoch"] if old else 0) + 1
     ev = make("BrokerRegistered", broker=c["broker"], address=c["address"], zone=c.get("zone"), epoch=epoch)
-    return [ev], {"broker": c["broker"], "epoch": epoch}
+    # Registered again: it restarted, maybe on a new disk; what it held counts only once it has caught up.
+    lost = broker_lost(image, c["broker"], budget, fenced=False) if old is not None else []
+    return [ev, *lost], {"broker": c["broker"], "epoch": epoch}
 
 
 def fence(image: Image, c, ts, budget):
@@ -56,16 +37,7 @@ def fence(image: Image, c, ts, budget):
     if b["epoch"] != c["epoch"] or b["state"] == "fenced":
         return [], {"state": b["state"]}  # a later registration or an earlier fence already decided
     events = [make("BrokerFenced", broker=c["broker"], epoch=c["epoch"], reason=c["reason"])]
-    for name in image.topics_on(c["broker"]):
-        t = image.topics[name]
-        for q, entry in enumerate(t["chains"]):
-            raw = chains.segments(entry)
-            if len(raw) >= 2 and raw[-2][chains.BROKER] == c["broker"] and raw[-2][chains.STATE] == "sealing":
-                sealing = chains.as_dict(t, q, raw[-2])
-                events += seal_at_budget(name, q, sealing)
-                events.append(make("LogicStartDecided", topic=name, queue=q, gen=raw[-1][chains.GEN],
-                                   logic_start=chains.logic_end(sealing, sealing["budget_end"])))
-    return events, {"state": "fenced"}
+    return events + broker_lost(image, c["broker"], budget, fenced=True), {"state": "fenced"}
 
 
 def unfence(image: Image, c, ts, budget):

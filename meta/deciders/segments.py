@@ -1,6 +1,6 @@
 """Decisions about segments a broker reports sealed: where a segment being sealed ends, and so where its successor's
 logic offsets start (DESIGN.md "The flow of one remap": the second half; the first, the seal-then-switch, is
-topics.move). A broker's fence seals at the budget's end instead (brokers.seal_at_budget).
+topics.move). A broker's fence seals at the budget's end instead (lookups.seal_at_budget).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ..events import make
 from ..image import Image
 from wire.errors import ApiError, invalid, rejection
 from . import Decider
-from .brokers import registered_broker
+from .lookups import registered_broker
 from .topics import existing_topic
 
 
@@ -21,7 +21,8 @@ def seal_one(image: Image, broker: str, c: dict[str, Any]):
     seg = image.segment(c["topic"], c["queue"], c["gen"])
     # physical_queue names the topic's incarnation too: a late report about a deleted topic's segment must not
     # seal the same (topic, queue, gen) of a topic created again under that name.
-    if seg is None or seg["broker"] != broker or c.get("physical_queue", seg["physical_queue"]) != seg["physical_queue"]:
+    # Only the sealer reports: the leader, or after a failover the elected replica, whose copy's end is the end.
+    if seg is None or seg["sealer"] != broker or c.get("physical_queue", seg["physical_queue"]) != seg["physical_queue"]:
         raise rejection(404, "SEGMENT_NOT_FOUND", "no such segment on this broker",
                         topic=c["topic"], queue=c["queue"], gen=c["gen"])
     if seg["state"] == "sealed":
@@ -35,7 +36,7 @@ def seal_one(image: Image, broker: str, c: dict[str, Any]):
         raise invalid("end_offset is outside the segment's granted budget",
                       physical_start=seg["physical_start"], budget_end=seg["budget_end"])
     logic_end = chains.logic_end(seg, c["end_offset"])
-    events = [make("SegmentSealed", topic=c["topic"], queue=c["queue"], gen=c["gen"], broker=broker,
+    events = [make("SegmentSealed", topic=c["topic"], queue=c["queue"], gen=c["gen"], broker=seg["broker"],
                    physical_end=c["end_offset"], logic_end=logic_end, by="broker")]
     nxt = chains.head_of(t, c["queue"])
     if nxt["gen"] == c["gen"] + 1 and nxt["logic_start"] is None:

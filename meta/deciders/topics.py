@@ -14,8 +14,9 @@ from ..events import make
 from ..image import Image
 from wire.errors import invalid, rejection
 from . import Decider, Events, expect_version
-from .brokers import active_brokers, seal_at_budget
+from .lookups import active_brokers, seal_at_budget
 from .groups import topic_changed
+from .replicas import replica_set, settings, zones
 
 
 def existing_topic(image: Image, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -35,20 +36,31 @@ def writable_head(t: dict[str, Any], queue: int) -> dict[str, Any]:
     return head
 
 
-def move(image: Image, t: dict[str, Any], queue: int, to: str, cause: str, budget: int) -> Events:
-    """Seal-then-switch of one queue (DESIGN.md, the flow of one remap). Returns the events."""
+def move(image: Image, t: dict[str, Any], queue: int, to: str, cause: str, budget: int,
+         preferred: list[str]) -> Events:
+    """Seal-then-switch of one queue (DESIGN.md, the flow of one remap). Returns the events. The new generation is
+    led by ``to`` and copied to the topic's count of replicas, taken from ``preferred`` brokers first."""
     old = chains.head_of(t, queue)
     gen = old["gen"] + 1
     topic = t["topic"]
+    replicas = replica_set(image, t, to, preferred)
     opened = make("SegmentOpened", topic=topic, queue=queue, gen=gen, broker=to, from_broker=old["broker"],
                   physical_queue=allocation.physical_queue_name(topic, t["incarnation"], queue, gen),
-                  physical_start=0, budget_end=budget, cause=cause)
+                  physical_start=0, budget_end=budget, replicas=replicas, in_sync=replicas, cause=cause)
     if image.brokers[old["broker"]]["state"] == "active":
         return [make("SegmentSealing", topic=topic, queue=queue, gen=old["gen"], broker=old["broker"]), opened]
     # The old broker's session has expired: it can write nothing beyond its budget, so the budget end is a safe end.
     return [*seal_at_budget(topic, queue, old), opened,
             make("LogicStartDecided", topic=topic, queue=queue, gen=gen,
                  logic_start=chains.logic_end(old, old["budget_end"]))]
+
+
+def placed(image: Image, t: dict[str, Any], leaders: dict[int, str], brokers: list[str],
+           budget: int) -> list[dict[str, Any]]:
+    """Gen 0 of each of ``leaders``' queues, with its replicas drawn from ``brokers``."""
+    sets = allocation.replica_sets(leaders, t["replicas"], brokers, zones(image))
+    return [{"queue": q, "broker": b, "physical_queue": allocation.physical_queue_name(t["topic"], t["incarnation"], q, 0),
+             "budget_end": budget, "replicas": sets[q]} for q, b in sorted(leaders.items())]
 
 
 # -- the commands ------------------------------------------------------------------------------------------------
@@ -66,16 +78,20 @@ def create(image: Image, c, ts, budget):
         brokers = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
         if not brokers:
             raise rejection(409, "NO_BROKERS", "no active broker to place the topic on")
+    # ``brokers`` says where the queues are led; their copies may go to any active broker, spread over zones
+    live = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
+    replicas, min_insync = settings(image, c, len(live))
     slots = c.get("slots", limits.SLOTS_DEFAULT)
     incarnation = image.version + 1
-    placement = allocation.balanced_assignment(range(c["queues"]), brokers, image.data["load"])
-    segments = [{"queue": q, "broker": b, "physical_queue": allocation.physical_queue_name(name, incarnation, q, 0),
-                 "budget_end": budget} for q, b in sorted(placement.items())]
+    leaders = allocation.balanced_assignment(range(c["queues"]), brokers, image.data["load"])
+    segments = placed(image, {"topic": name, "incarnation": incarnation, "replicas": replicas}, leaders, live,
+                      budget)
     config = {k: v for k, v in sorted(c.get("config", {}).items()) if v is not None}
     ev = make("TopicCreated", topic=name, incarnation=incarnation, queues=c["queues"], slots=slots,
-              order=c.get("order", "best_tried"), config=config,
+              order=c.get("order", "best_tried"), config=config, replicas=replicas, min_insync=min_insync,
               slot_table=allocation.initial_slot_table(slots, c["queues"]), segments=segments)
-    return [ev, *topic_changed(image, name, c["queues"])], {"topic": name, "queues": c["queues"]}
+    return [ev, *topic_changed(image, name, c["queues"])], {"topic": name, "queues": c["queues"],
+                                                             "replicas": replicas, "min_insync": min_insync}
 
 
 def grow(image: Image, c, ts, budget):
@@ -97,16 +113,15 @@ def grow(image: Image, c, ts, budget):
     if not hosts:
         raise rejection(409, "NO_BROKERS", "no active broker to place the new queues on")
     placement = allocation.balanced_assignment(range(t["queues"], new_count), hosts, image.data["load"])
-    segments = [{"queue": q, "broker": b,
-                 "physical_queue": allocation.physical_queue_name(t["topic"], t["incarnation"], q, 0),
-                 "budget_end": budget} for q, b in sorted(placement.items())]
+    live = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
+    segments = placed(image, t, placement, live, budget)
     barriers = [{"queue": nq, "after_queue": old, "after_gen": heads[old]["gen"] + 1} for nq, old in splits]
     events = [make("TopicGrown", topic=t["topic"], queues=new_count, slot_table=table, barriers=barriers,
                    segments=segments)]
     # The split point must be exact, so each split queue is sealed and continues in a new generation on the
     # same broker: the barrier offset is that generation's logic start.
-    for q in split_queues:
-        events += move(image, t, q, heads[q]["broker"], "grow", budget)
+    for q in split_queues:   # in place: the same leader, the same copies as far as their brokers are active
+        events += move(image, t, q, heads[q]["broker"], "grow", budget, heads[q]["replicas"])
     events += topic_changed(image, t["topic"], new_count)
     return events, {"topic": t["topic"], "queues": new_count}
 
@@ -145,7 +160,7 @@ def remap(image: Image, c, ts, budget):
     moves = allocation.rebalance({q: h["broker"] for q, h in heads.items()}, targets)
     events, moved = [], []
     for q, to in sorted(moves.items()):
-        events += move(image, t, q, to, "remap", budget)
+        events += move(image, t, q, to, "remap", budget, targets)
         moved.append({"queue": q, "from": heads[q]["broker"], "to": to, "gen": heads[q]["gen"] + 1})
     return events, {"topic": t["topic"], "moved": moved}
 

@@ -20,7 +20,7 @@ STATUS = {
     "TOPIC_NOT_FOUND": 404, "BROKER_NOT_FOUND": 404, "SEGMENT_NOT_FOUND": 404,
     "TOPIC_EXISTS": 409, "VERSION_MISMATCH": 409, "NO_BROKERS": 409, "BROKER_NOT_ACTIVE": 409, "STALE_EPOCH": 409,
     "NOT_SEALING": 409, "ALREADY_SEALED": 409, "IDEMPOTENCY_KEY_REUSED": 409, "TOO_MANY_BROKERS": 409,
-    "TOO_MANY_TOPICS": 409,
+    "TOO_MANY_TOPICS": 409, "STALE_LEADER_EPOCH": 409, "NOT_ENOUGH_BROKERS": 409,
     "SEALING": 503,
 }
 
@@ -91,7 +91,7 @@ def check_image_invariants(image: Image) -> None:
                 else:
                     assert s["logic_end"] is None and s["physical_end"] is None
                 if s["state"] == "sealing":
-                    assert data["brokers"][s["broker"]]["state"] == "active", "a fenced broker's segment left sealing"
+                    assert data["brokers"][s["sealer"]]["state"] == "active", "a fenced broker left to seal a segment"
             for prev, nxt in zip(segs, segs[1:]):
                 if nxt["logic_start"] is not None:  # no gap, no overlap (DESIGN.md 5)
                     assert prev["state"] == "sealed"
@@ -116,7 +116,11 @@ def check_image_invariants(image: Image) -> None:
     for name, t in data["topics"].items():
         for segs in chains_of(t):
             for seg in segs:
-                hosting.setdefault(seg["broker"], Counter())[name] += 1
+                assert seg["replicas"][0] == seg["broker"], f"{name}: a segment's replicas must list its leader first"
+                assert set(seg["in_sync"]) <= set(seg["replicas"]), f"{name}: in sync but no replica"
+                assert len(set(seg["replicas"])) == len(seg["replicas"]), f"{name}: a broker holds two copies"
+                for b in seg["replicas"]:
+                    hosting.setdefault(b, Counter())[name] += 1
     assert data["hosting"] == {b: dict(c) for b, c in hosting.items()}, "hosting index differs from a recount"
     assert data["history_start"] + len(data["history"]) - 1 == data["version"]
 
@@ -208,7 +212,7 @@ class Log:
 
     def seal_cmd(self, topic: str, queue: int, gen: int, end: int, broker: str | None = None,
                  epoch: int | None = None) -> dict[str, Any]:
-        broker = broker or self.sm.image.segment(topic, queue, gen)["broker"]
+        broker = broker or self.sm.image.segment(topic, queue, gen)["sealer"]
         return {"type": "SealSegment", "broker": broker, "epoch": epoch or self.epoch(broker), "topic": topic,
                 "queue": queue, "gen": gen, "end_offset": end}
 

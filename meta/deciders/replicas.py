@@ -1,0 +1,178 @@
+"""Decisions about the copies of a queue's head (DESIGN.md invariant 12): how many, on which brokers, who is in
+sync, and who leads when the leader is lost.
+
+The leader epoch of a queue is its head's generation: a new leader always starts a new generation, so every
+broker tells an old leader's writes and copies from a new one's by the physical queue's name alone (it names the
+gen). A failover is a seal-then-switch like a remap (topics.move), with one difference: the old leader cannot
+report where its segment ends, so the in-sync replica elected to lead reports its own copy's end instead
+(``SegmentSealing`` names it). Every acknowledged record is on every in-sync replica, so that end holds them all;
+records past it were never acknowledged, and no reader reaches them (a sealed segment is read up to its end).
+Kafka's ISR and leader epoch in KRaft, RocketMQ 5's SyncStateSet and master epoch, decided in the one log.
+
+Who is in sync changes only here: the leader asks (``AlterInSync``, fenced by the gen it leads: Kafka's
+AlterPartition), or a broker is lost (fenced, or registered again: its disk may be new, so it must catch up
+before it counts again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import allocation, chains, limits
+from ..events import make
+from ..image import Image
+from wire.errors import ApiError, invalid, rejection
+from . import Decider, Events
+from .lookups import registered_broker, seal_at_budget
+
+
+def settings(image: Image, c: dict[str, Any], available: int) -> tuple[int, int]:
+    """A new topic's (replicas, min_insync): what the command asks, else the cluster's defaults the command carries
+    (MetaConfig), capped at the brokers there are."""
+    replicas = c.get("replicas")
+    if replicas is None:
+        replicas = max(1, min(c.get("default_replicas", limits.REPLICAS_DEFAULT), available))
+    elif replicas > available:
+        raise rejection(409, "NOT_ENOUGH_BROKERS", f"{replicas} replicas need {replicas} active brokers; "
+                        f"{available} are there to place them on", replicas=replicas, brokers=available)
+    min_insync = c.get("min_insync")
+    if min_insync is None:
+        min_insync = min(c.get("default_min_insync", limits.MIN_INSYNC_DEFAULT), replicas)
+    elif min_insync > replicas:
+        raise invalid(f"min_insync ({min_insync}) cannot exceed replicas ({replicas})", field="min_insync")
+    return replicas, min_insync
+
+
+def zones(image: Image) -> dict[str, str | None]:
+    return {name: b["zone"] for name, b in image.brokers.items()}
+
+
+def active(image: Image) -> list[str]:
+    return sorted(b for b, v in image.brokers.items() if v["state"] == "active")
+
+
+def replica_set(image: Image, t: dict[str, Any], leader: str, preferred: list[str]) -> list[str]:
+    """The copies of a new generation led by ``leader``: the topic's count, from the ``preferred`` brokers first
+    (a remap's targets, or the replicas the queue had), then from every other active one."""
+    want = t["replicas"] - 1
+    live = set(active(image))
+    where = zones(image)
+    chosen = allocation.followers(leader, want, [b for b in preferred if b in live], where)
+    if len(chosen) < want:
+        more = allocation.followers(leader, want, sorted(live - set(chosen)), where)
+        chosen += [b for b in more if b not in chosen][:want - len(chosen)]
+    return [leader, *chosen]
+
+
+def broker_lost(image: Image, broker: str, budget: int, fenced: bool) -> Events:
+    """What the log decides when ``broker`` is fenced or registers again (``fenced`` False): each head it leads
+    moves to an elected in-sync replica; it leaves every in-sync set; a segment it was sealing is sealed by an
+    in-sync replica, or, when it was fenced and none is left, at its budget's end. A broker registered again with
+    no copy in sync to take over still reports its own seals: it lives."""
+    live = set(active(image)) - {broker}
+    events: Events = []
+    for name in image.topics_on(broker):
+        t = image.topics[name]
+        for q, entry in enumerate(t["chains"]):
+            raw = chains.segments(entry)
+            head = raw[-1]
+            if len(raw) >= 2 and raw[-2][chains.STATE] == "sealing" and chains.sealer(raw[-2]) == broker:
+                events += _sealer_lost(t, q, raw[-2], head, broker, live, fenced)
+            elif head[chains.STATE] == "active" and broker in head[chains.REPLICAS]:
+                events += _head_lost(t, q, head, broker, live, budget)
+    return events
+
+
+def _elected(seg: chains.Segment, lost: str, live: set[str]) -> str | None:
+    """The in-sync replica that takes over from ``lost``: the first in replica order (leader preference, as
+    Kafka elects the first of the assignment that is in sync)."""
+    return next((b for b in seg[chains.REPLICAS] if b != lost and b in live and b in seg[chains.IN_SYNC]), None)
+
+
+def _without(seg: chains.Segment, lost: str) -> list[str]:
+    return [b for b in seg[chains.IN_SYNC] if b != lost]
+
+
+def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live: set[str], budget: int) -> Events:
+    topic, gen = t["topic"], head[chains.GEN]
+    if head[chains.BROKER] != lost:
+        if lost not in head[chains.IN_SYNC]:
+            return []
+        return [make("InSyncChanged", topic=topic, queue=q, gen=gen, in_sync=_without(head, lost), reason="fenced")]
+    new = _elected(head, lost, live)
+    if new is None or head[chains.LOGIC_START] is None:
+        # No copy in sync to lead (replicas=1, or every follower lagged): the queue waits for its broker, or an
+        # operator's remap seals it at its budget (brokers.seal_at_budget). Before its logic start is decided the
+        # segment it continues is still sealing: that seal is decided first (_sealer_lost).
+        return []
+    replicas = [new, *(b for b in head[chains.REPLICAS] if b not in (new, lost)), lost]   # the lost one last
+    in_sync = [new, *(b for b in _without(head, lost) if b != new)]
+    return [make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=new),
+            make("SegmentOpened", topic=topic, queue=q, gen=gen + 1, broker=new, from_broker=lost,
+                 physical_queue=allocation.physical_queue_name(topic, t["incarnation"], q, gen + 1),
+                 physical_start=0, budget_end=budget,
+                 replicas=replicas, in_sync=in_sync, cause="failover")]
+
+
+def _sealer_lost(t: dict[str, Any], q: int, sealing: chains.Segment, head: chains.Segment, lost: str,
+                 live: set[str], fenced: bool) -> Events:
+    """A segment being sealed whose sealer is lost: an in-sync copy reports its end instead; with none, its
+    budget's end is a safe end (its leader can write nothing past it): the bounded jump of DESIGN.md invariant 5."""
+    topic = t["topic"]
+    new = _elected(sealing, lost, live)
+    if new is not None:
+        return [make("SegmentSealing", topic=topic, queue=q, gen=sealing[chains.GEN], broker=new)]
+    if not fenced:
+        return []
+    seg = chains.as_dict(t, q, sealing)
+    return [*seal_at_budget(topic, q, seg),
+            make("LogicStartDecided", topic=topic, queue=q, gen=head[chains.GEN],
+                 logic_start=chains.logic_end(seg, seg["budget_end"]))]
+
+
+# -- the command ---------------------------------------------------------------------------------------------------
+def alter_one(image: Image, broker: str, change: dict[str, Any]) -> tuple[Events, dict[str, Any]]:
+    t = image.topic(change["topic"])
+    seg = image.segment(change["topic"], change["queue"], change["gen"]) if t is not None else None
+    if seg is None or seg["broker"] != broker:
+        raise rejection(404, "SEGMENT_NOT_FOUND", "no such segment led by this broker",
+                        topic=change["topic"], queue=change["queue"], gen=change["gen"])
+    if chains.head_of(t, change["queue"])["gen"] != change["gen"] or seg["state"] != "active":
+        raise rejection(409, "STALE_LEADER_EPOCH", "the queue has a newer leader epoch, or is being sealed",
+                        topic=change["topic"], queue=change["queue"], gen=change["gen"])
+    in_sync = change["in_sync"]
+    if in_sync[0] != broker or not set(in_sync) <= set(seg["replicas"]):
+        raise invalid("in_sync must name the leader first and only the segment's replicas",
+                      replicas=seg["replicas"])
+    for b in set(in_sync) - set(seg["in_sync"]):
+        if image.brokers.get(b, {}).get("state") != "active":
+            raise rejection(409, "BROKER_NOT_ACTIVE", f"broker {b!r} is fenced: it cannot be in sync", broker=b)
+    if sorted(in_sync) == sorted(seg["in_sync"]):
+        return [], {"in_sync": seg["in_sync"]}
+    reason = "caught_up" if len(in_sync) > len(seg["in_sync"]) else "lagging"
+    ev = make("InSyncChanged", topic=change["topic"], queue=change["queue"], gen=change["gen"], in_sync=in_sync,
+              reason=reason)
+    return [ev], {"in_sync": in_sync}
+
+
+def alter_in_sync(image: Image, c, ts, budget):
+    """A leader's changes of its heads' in-sync sets, each decided on its own (as SealSegments): a refused one is
+    an item of the result and changes nothing."""
+    registered_broker(image, c["broker"], c["epoch"])
+    if image.brokers[c["broker"]]["state"] != "active":
+        raise rejection(409, "BROKER_NOT_ACTIVE", f"broker {c['broker']!r} is fenced", broker=c["broker"])
+    events, results = [], []
+    for change in c["changes"]:
+        try:
+            changed, result = alter_one(image, c["broker"], change)
+        except ApiError as e:
+            results.append({"ok": False, "code": e.code, "status": e.status})
+        else:
+            events += changed
+            results.append({"ok": True, **result})
+    return events, {"results": results}
+
+
+DECIDERS: dict[str, Decider] = {
+    "AlterInSync": alter_in_sync,
+}

@@ -1,0 +1,115 @@
+"""Replica sets in the log (DESIGN.md invariant 12), decided by the state machine alone: placement, the topic's
+settings, who is in sync, and the failover a fence decides. tests/test_state_machine_stateful.py holds them against
+a model over random command sequences; these name the cases."""
+
+from __future__ import annotations
+
+from tests.support.state_machine_builders import Log
+
+
+def cluster(*names: str, zones: dict[str, str] | None = None) -> Log:
+    log = Log()
+    for n in names:
+        log.register(n, zone=(zones or {}).get(n))
+    return log
+
+
+def test_a_new_topic_has_three_copies_where_three_brokers_exist_and_one_where_one_does():
+    log = cluster("a", "b", "c")
+    assert log.create("t", 3)["replicas"] == 3
+    for q in range(3):
+        head = log.head("t", q)
+        assert head["replicas"][0] == head["broker"] and sorted(head["replicas"]) == ["a", "b", "c"]
+        assert head["in_sync"] == head["replicas"]
+    assert log.topic("t")["min_insync"] == 2
+    one = cluster("a")
+    assert (one.create("t", 2)["replicas"], one.topic("t")["min_insync"]) == (1, 1)
+
+
+def test_copies_spread_over_zones_first():
+    log = cluster("a", "b", "c", "d", zones={"a": "z1", "b": "z1", "c": "z2", "d": "z2"})
+    log.create("t", 4, replicas=2)
+    zone = {"a": "z1", "b": "z1", "c": "z2", "d": "z2"}
+    for q in range(4):
+        leader, follower = log.head("t", q)["replicas"]
+        assert zone[leader] != zone[follower], (q, leader, follower)
+
+
+def test_settings_out_of_range_are_refused_and_change_nothing():
+    log = cluster("a", "b")
+    v = log.version
+    log.reject({"type": "CreateTopic", "topic": "t", "queues": 1, "replicas": 3}, "NOT_ENOUGH_BROKERS")
+    log.reject({"type": "CreateTopic", "topic": "t", "queues": 1, "replicas": 2, "min_insync": 3}, "INVALID_ARGUMENT")
+    log.reject({"type": "CreateTopic", "topic": "t", "queues": 1, "replicas": 6}, "INVALID_ARGUMENT")
+    log.reject({"type": "CreateTopic", "topic": "t", "queues": 1, "replicas": 1, "min_insync": 2}, "INVALID_ARGUMENT")
+    assert log.version == v and "t" not in log.sm.image.topics
+
+
+def test_a_fenced_leader_s_head_moves_to_the_first_in_sync_replica_at_the_exact_next_offset():
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a", "b", "c"])
+    head = log.head("t", 0)
+    leader, first, second = head["replicas"]
+    log.fence(leader)
+    old, new = log.segs("t", 0)
+    assert old["state"] == "sealing" and old["sealer"] == first
+    assert (new["gen"], new["broker"], new["logic_start"]) == (1, first, None)
+    assert new["replicas"] == [first, second, leader] and new["in_sync"] == [first, second]   # the lost one last
+    # the old leader cannot report its end (it may have records no follower has: never acknowledged)
+    log.reject(log.seal_cmd("t", 0, 0, 7, broker=leader), "SEGMENT_NOT_FOUND")
+    log.seal("t", 0, 0, 5)   # the elected replica's copy ends at 5: every acknowledged record is in it
+    old, new = log.segs("t", 0)
+    assert (old["state"], old["logic_end"], new["logic_start"]) == ("sealed", 5, 5)
+
+
+def test_a_fenced_follower_leaves_the_in_sync_set_and_nothing_else_changes():
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    follower = log.head("t", 0)["replicas"][2]
+    log.fence(follower)
+    [head] = log.segs("t", 0)
+    assert head["state"] == "active" and follower not in head["in_sync"] and follower in head["replicas"]
+
+
+def test_a_broker_registered_again_counts_as_lost_but_reports_its_own_seals_when_no_copy_can():
+    log = cluster("a", "b")
+    log.create("t", 1, brokers=["a"], replicas=2)
+    log.register("a")   # restarted, maybe on a new disk
+    old, new = log.segs("t", 0)
+    assert old["sealer"] == "b" and new["broker"] == "b" and new["in_sync"] == ["b"]
+    log.create("u", 1, brokers=["a"], replicas=1)
+    log.remap("u", ["b"])
+    log.register("a")
+    old, _ = log.segs("u", 0)
+    assert old["state"] == "sealing" and old["sealer"] == "a", "no copy to seal it: its leader still does"
+
+
+def test_the_in_sync_set_changes_only_as_the_head_s_leader_asks_in_its_epoch():
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    head = log.head("t", 0)
+
+    def alter(gen: int, in_sync: list[str], broker: str = "a") -> dict:
+        return log.ok({"type": "AlterInSync", "broker": broker, "epoch": log.epoch(broker), "changes": [
+            {"topic": "t", "queue": 0, "gen": gen, "in_sync": in_sync}]})["results"][0]
+
+    assert alter(0, ["a", head["replicas"][1]]) == {"ok": True, "in_sync": ["a", head["replicas"][1]]}
+    assert log.head("t", 0)["in_sync"] == ["a", head["replicas"][1]]
+    assert alter(0, ["a", "zz"])["ok"] is False   # not a replica: refused, nothing changed
+    assert alter(0, [head["replicas"][1], "a"], broker=head["replicas"][1])["code"] == "SEGMENT_NOT_FOUND"
+    log.fence(head["replicas"][2])
+    assert alter(0, head["replicas"])["code"] == "BROKER_NOT_ACTIVE"
+    log.remap("t", ["b"])
+    assert alter(0, ["a"])["code"] == "STALE_LEADER_EPOCH"
+
+
+def test_a_route_carries_the_replicas_and_refuses_writes_below_min_insync():
+    from meta import views
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3, min_insync=3)
+    route = views.route(log.sm.image, log.topic("t"))
+    q = route["queues"][0]
+    assert q["replicas"] == log.head("t", 0)["replicas"] and q["leader_epoch"] == 0 and q["writable"]
+    assert (route["replicas"], route["min_insync"]) == (3, 3) and set(route["addresses"]) == {"a", "b", "c"}
+    log.fence(q["replicas"][2])
+    assert views.route(log.sm.image, log.topic("t"))["queues"][0]["writable"] is False
