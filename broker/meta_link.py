@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -71,6 +72,8 @@ class MetaLink:
         self.group_settings = group_settings
         self._token = token
         self.route_changed = asyncio.Event()
+        # what else follows each route applied (the node sets it: replication of this broker's copies)
+        self.on_route_applied: Callable[[str], None] = lambda topic: None
         self._heartbeats = heartbeats
         self._to_seal: dict[str, Segment] = {}   # physical queue -> a sealing segment whose end meta has not recorded
         self._seal_wanted = asyncio.Event()
@@ -248,15 +251,15 @@ class MetaLink:
         if dropped is None:
             return
         self._dropped(dropped)
-        for seg in self.routes.live_hosted():
-            if seg.topic != route["topic"]:
-                continue
-            if seg.state == "sealing" and seg.physical_queue not in self._to_seal:
+        for seg in self.routes.to_report():
+            if seg.topic == route["topic"] and seg.physical_queue not in self._to_seal:
                 self._to_seal[seg.physical_queue] = seg
                 self._seal_wanted.set()
-            elif seg.state == "active" and seg.physical_queue not in self.writer.store:
+        for seg in self.routes.live_hosted():
+            if seg.topic == route["topic"] and seg.state == "active" and seg.physical_queue not in self.writer.store:
                 self._background(self.writer.prepare(seg), f"prepare {seg.physical_queue}")
         self.session.beat_soon()  # new segments want their budgets now, not in two seconds
+        self.on_route_applied(route["topic"])
 
     def _background(self, work, what: str) -> None:
         """A short task of this link that stop() cancels; its failure is logged, never lost."""
@@ -304,6 +307,15 @@ class MetaLink:
             raise ApiError.from_dict(answer.status, answer.body)
         return [segment_of(topic, queue, s) for s in answer.body["segments"]]
 
+    async def alter_in_sync(self, changes: list[dict[str, Any]]) -> None:
+        """Ask meta to change who is in sync of heads this broker leads (replication/leader.py); what the log
+        decided comes back with the routes."""
+        answer = await self._call("POST", f"/v1/brokers/{self.broker}/in-sync",
+                                  {"epoch": self.session.epoch, "changes": changes})
+        if answer.status != 200:
+            self._next_meta()
+            raise RuntimeError(f"in-sync change refused: {answer.status} {str(answer.body)[:300]}")
+
     # -- seals -----------------------------------------------------------------------------------------------
     async def _seal_loop(self) -> None:
         """Report the ends of this broker's sealing segments, many per request (POST /v1/brokers/{b}/seals).
@@ -334,8 +346,8 @@ class MetaLink:
             failures += 1
 
     def _seal_done(self, pq: str) -> bool:
-        current = self.routes.hosted.get(pq)
-        return current is None or current.state == "sealed"
+        current = self.routes.held(pq)
+        return current is None or current.state == "sealed" or (current.sealer or current.broker) != self.broker
 
     async def _report_seals(self, batch: list[Segment]) -> bool:
         """One report of many segments; returns whether any of them is now settled."""

@@ -25,6 +25,8 @@ from .pop.service import PopService
 from .pop.settings import GroupSettings
 from .pop.wakeup import TopicSignals
 from .reads import Reader
+from .replication.follower import Replicator
+from .replication.source import FetchSource
 from .routing import RouteTable
 from .session import MetaSession
 from .writes import Writer
@@ -70,13 +72,23 @@ class BrokerNode:
                                               self.writer.max_physical))
         self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.head,
                                                     self.writer.max_physical))
+        self.replica_source = FetchSource(config.broker, self.routes, self.writer)   # what followers fetch here
+        self.replicator = Replicator(config.broker, self.routes, self.writer, config.token, tls_context)
+        self.link.on_route_applied = self._route_applied
         self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
         self.gate = FencingGate(self.locks, self.barriers, self.routes)   # every fenced read and commit asks it
         self._tasks: list[asyncio.Task] = []
 
+    def _route_applied(self, topic: str) -> None:
+        self.writer.replicas.route_changed()
+        self.replicator.follow(topic)
+
     async def start(self) -> None:
         await self.peers.start()
+        await self.replicator.start()
         await self.link.start()
+        self._tasks.append(asyncio.create_task(self.writer.replicas.run(
+            self.link.alter_in_sync, lambda: self.session.writable(self.routes.version)), name="in-sync"))
         await self.pop.start()
         if self.config.flush == "interval":
             self._tasks.append(asyncio.create_task(self._flush_loop()))
@@ -109,6 +121,8 @@ class BrokerNode:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.pop.stop()
         await self.link.stop()
+        await self.replicator.stop()
+        self.replica_source.stop()
         await self.peers.stop()
         self.reader.stop()
         self.writer.stop()

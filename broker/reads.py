@@ -9,6 +9,7 @@ answers what it has, or 503 BROKER_UNAVAILABLE naming the range when it has noth
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import OrderedDict
 from typing import Any
@@ -20,7 +21,8 @@ from .codec import RawRecord, run_of, stored_record
 from .meta_link import MetaLink
 from .metrics import BrokerMetrics
 from .offsets import OffsetStore
-from .peers import Peers
+from .peers import Peers, unavailable
+from .replication.follower import physical_end
 from .routing import RouteTable, Segment
 from .storage import OffsetOutOfRange, Run
 from .storage_threads import StorageThreads
@@ -154,38 +156,87 @@ class Reader:
         return out
 
     async def _read(self, seg: Segment, physical: int, max_n: int) -> tuple[list[Run], int]:
-        """Runs of records from ``physical`` on, and the segment's physical end as far as its broker knows."""
+        """Runs of records from ``physical`` on, and the segment's physical end as far as its holder knows: here when
+        this broker leads it (below the high watermark) or holds a whole copy of it, else at a broker holding it."""
         if seg.broker == self.me:
-            pq = self.writer.local_queue(seg)
-            if pq is None:
-                return [], seg.physical_start
-            start = max(physical, pq.min_offset)
+            return await self._read_here(seg, physical, max_n, self.writer.readable_physical(seg))
+        end = physical_end(seg)
+        if end is not None and self.me in seg.replicas and self.writer.max_physical(seg) >= end:
+            return await self._read_here(seg, physical, max_n, end)
+        best: tuple[list[Run], int] | None = None
+        failed: ApiError | None = None
+        for holder in self._holders(seg):
             try:
-                # On the loop when the records are in the page cache: 0.24 ms of CPU per pull of 100 x 1 KB
-                # instead of 0.29-0.33 through a thread (broker_throughput's consume). Else in a thread: the disk, or
-                # the queue's lock held by an append's fsync, would stall every request.
-                runs = pq.try_read_runs(start, max_n, PULL_BYTES_MAX)
-                if runs is None:
-                    runs = await self._threads.run(pq.read_runs, start, max_n, PULL_BYTES_MAX)
-                return runs, pq.max_offset
-            except OffsetOutOfRange:
-                return [], pq.max_offset
-        body = await self.peers.get(seg, _physical_path(seg, offset=physical, max=max_n))
-        return [run_of(stored_record(r)) for r in body["records"]], body["max_offset"]
+                body = await self.peers.get(holder, _physical_path(seg, offset=physical, max=max_n))
+            except ApiError as e:
+                if e.code != "BROKER_UNAVAILABLE":
+                    raise
+                failed = failed or e
+                continue
+            got = [run_of(stored_record(r)) for r in body["records"]], body["max_offset"]
+            # A copy that ends short of the segment's end (a broker back on a new disk, catching up) is not the
+            # segment's end: another holder has the rest.
+            if got[0] or end is None or got[1] >= end:
+                return got
+            best = got if best is None or got[1] > best[1] else best
+        if best is not None:
+            return best
+        raise failed or unavailable(seg, "no broker holds it")
+
+    async def _read_here(self, seg: Segment, physical: int, max_n: int, end: int) -> tuple[list[Run], int]:
+        pq = self.writer.local_queue(seg)
+        if pq is None:
+            return [], seg.physical_start
+        start = max(physical, pq.min_offset)
+        max_n = min(max_n, end - start)
+        if max_n <= 0:
+            return [], end
+        try:
+            # On the loop when the records are in the page cache: 0.24 ms of CPU per pull of 100 x 1 KB
+            # instead of 0.29-0.33 through a thread (broker_throughput's consume). Else in a thread: the disk, or
+            # the queue's lock held by an append's fsync, would stall every request.
+            runs = pq.try_read_runs(start, max_n, PULL_BYTES_MAX)
+            if runs is None:
+                runs = await self._threads.run(pq.read_runs, start, max_n, PULL_BYTES_MAX)
+            return runs, end
+        except OffsetOutOfRange:
+            return [], end
+
+    def _holders(self, seg: Segment) -> list[Segment]:
+        """``seg`` as each broker that may serve it holds it, in the order to ask: an open segment at its leader; a
+        segment being sealed at its sealer only (another copy may hold records past the end the sealer reports);
+        a sealed one at its sealer, its leader, then its other copies."""
+        if seg.state == "active":
+            names = [seg.broker]
+        elif seg.state == "sealing":
+            names = [seg.sealer or seg.broker]
+        else:
+            names = list(dict.fromkeys([seg.sealer or seg.broker, seg.broker, *seg.in_sync, *seg.replicas]))
+        out = []
+        for b in names:
+            if b == self.me:
+                continue
+            out.append(seg if b == seg.broker else dataclasses.replace(seg, broker=b,
+                                                                         address=self.routes.address(seg.topic, b)))
+        return out
 
     async def _min_offset(self, seg: Segment) -> tuple[int, list[dict[str, Any]]]:
-        """The queue's min offset and, when the broker holding it is down, the range that cannot be read now."""
+        """The queue's min offset and, when no broker holding it answers, the range that cannot be read now."""
         if seg.broker == self.me:
             pq = self.writer.local_queue(seg)
             return (seg.logic(pq.min_offset) if pq is not None else seg.logic_start), []
         cached = self._remote_min.get(seg.physical_queue)
         if cached is not None and cached[1] > time.monotonic():
             return cached[0], []
-        try:
-            body = await self.peers.get(seg, _physical_path(seg, offset=0, max=0))
-        except ApiError as e:
-            if e.code != "BROKER_UNAVAILABLE":
-                raise
+        body = None
+        for holder in self._holders(seg):
+            try:
+                body = await self.peers.get(holder, _physical_path(seg, offset=0, max=0))
+                break
+            except ApiError as e:
+                if e.code != "BROKER_UNAVAILABLE":
+                    raise
+        if body is None:
             return seg.logic_start, [{"broker": seg.broker, "from": seg.logic_start, "to": seg.logic_end}]
         low = seg.logic(body["min_offset"])
         if len(self._remote_min) >= REMOTE_MIN_OFFSETS_CACHED_MAX:
@@ -197,8 +248,8 @@ class Reader:
         if seg.logic_end is not None:
             return seg.logic_end
         if seg.broker == self.me:
-            return seg.logic(self.writer.max_physical(seg))
-        body = await self.peers.get(seg, _physical_path(seg, offset=0, max=0))
+            return seg.logic(self.writer.readable_physical(seg))
+        body = await self.peers.get(self._holders(seg)[0], _physical_path(seg, offset=0, max=0))
         return seg.logic(body["max_offset"])
 
     # -- answers for other brokers -----------------------------------------------------------------------------

@@ -25,6 +25,8 @@ class RouteTable:
         self.routes: dict[str, dict[str, Any]] = {}
         self._segments: dict[tuple[str, int], list[Segment]] = {}
         self.hosted: dict[str, Segment] = {}   # physical queue -> newest view of a segment this broker hosts
+        # physical queue -> newest view of a segment this broker holds a copy of and does not lead (its follower)
+        self.copies: dict[str, Segment] = {}
 
     def update(self, route: dict[str, Any]) -> set[str] | None:
         """Take a newer route. None if it is not newer; else the physical queues this broker no longer hosts live
@@ -37,15 +39,21 @@ class RouteTable:
         parsed = {(topic, q["queue"]): [segment_of(topic, q["queue"], s) for s in q["segments"]]
                   for q in route["queues"]}
         before = self._hosted_of(topic)
+        copies_before = self._copies_of(topic)
         self.routes[topic] = route
         self.version = max(self.version, route["version"])
         self._segments.update(parsed)  # a static topic never loses queues: every old key is replaced
-        now = set()
+        now, copies = set(), set()
         for segs in parsed.values():
             for s in segs:
                 if s.broker == self.me:
                     self.hosted[s.physical_queue] = s
                     now.add(s.physical_queue)
+                elif self.me in s.replicas:
+                    self.copies[s.physical_queue] = s
+                    copies.add(s.physical_queue)
+        for pq in copies_before - copies:
+            self.copies.pop(pq, None)
         dropped = before - now
         for pq in dropped:
             self.hosted.pop(pq, None)
@@ -58,6 +66,8 @@ class RouteTable:
         if route is None:
             return set()
         dropped = self._hosted_of(topic)
+        for pq in self._copies_of(topic):
+            self.copies.pop(pq, None)
         for q in route["queues"]:
             self._segments.pop((topic, q["queue"]), None)
         for pq in dropped:
@@ -74,6 +84,31 @@ class RouteTable:
             return set()
         return {s.physical_queue for q in route["queues"] for s in self._segments.get((topic, q["queue"]), ())
                 if s.broker == self.me}
+
+    def _copies_of(self, topic: str) -> set[str]:
+        route = self.routes.get(topic)
+        if route is None:
+            return set()
+        return {s.physical_queue for q in route["queues"] for s in self._segments.get((topic, q["queue"]), ())
+                if s.broker != self.me and self.me in s.replicas}
+
+    def held(self, pq: str) -> Segment | None:
+        """The newest view of a segment this broker leads or holds a copy of."""
+        return self.hosted.get(pq) or self.copies.get(pq)
+
+    def min_insync(self, topic: str) -> int:
+        route = self.routes.get(topic)
+        return route.get("min_insync", 1) if route is not None else 1
+
+    def address(self, topic: str, broker: str) -> str | None:
+        route = self.routes.get(topic)
+        return route.get("addresses", {}).get(broker) if route is not None else None
+
+    def to_report(self) -> list[Segment]:
+        """Sealing segments whose end this broker must report: those it leads, or was elected to seal after their
+        leader was lost (DESIGN.md invariant 12)."""
+        return [s for s in (*self.hosted.values(), *self.copies.values())
+                if s.state == "sealing" and (s.sealer or s.broker) == self.me]
 
     def segments(self, topic: str, queue: int) -> list[Segment] | None:
         return self._segments.get((topic, queue))

@@ -18,6 +18,7 @@ from .codec import TAG_JSON, encode_message
 from .group_commit import GroupCommit
 from .offsets import OffsetStore
 from .pop.wakeup import TopicSignals
+from .replication.leader import ReplicaTracker
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
@@ -59,6 +60,8 @@ class Writer:
         # Storage's flush policy "group": appends only write, and one sync covers every queue's (group_commit.py).
         self._commit = (GroupCommit(store.root, store.config.observe_sync_s)
                         if store.config.flush_policy == FLUSH_GROUP else None)
+        # The copies of the heads this broker leads: sends wait for them, consumers read below their high watermark
+        self.replicas = ReplicaTracker(me, routes, self.max_physical)
 
     def stop(self) -> None:
         self._threads.stop()
@@ -89,6 +92,13 @@ class Writer:
         """The segment's readable end here (``PhysicalQueue.max_offset``)."""
         q = self.local_queue(seg)
         return q.max_offset if q is not None else seg.physical_start
+
+    def readable_physical(self, seg: Segment) -> int:
+        """Where consumers of ``seg`` stop reading here: the high watermark of a head this broker leads (every copy
+        in sync holds what is below), else the readable end of the copy it holds."""
+        if seg.broker == self.me:
+            return self.replicas.readable_end(seg)
+        return self.max_physical(seg)
 
     def next_physical(self, seg: Segment) -> int:
         """Where the segment's next append lands here, synced or not (``PhysicalQueue.next_offset``)."""
@@ -150,6 +160,7 @@ class Writer:
         self._refuse_stale_slot_table(topic, queue, send.keyed, sender_route_version)
         while True:
             head = self._writable_head(topic, queue)
+            self.replicas.check_writable(head)
             async with self._lock(head.physical_queue):
                 # The route may have moved on while this send waited for the lock: the lock held must be that of
                 # the segment written, or a seal of the new head could read its end while this append runs.
@@ -163,6 +174,9 @@ class Writer:
             await self._durable(pq, first + send.count)
         except StorageError as e:
             raise _storage_unavailable(head, e) from None
+        # On this disk: now on every copy in sync, as durably as their flush policy promises (DESIGN.md 12)
+        self.replicas.appended(head.physical_queue)
+        await self.replicas.replicated(head, first + send.count)
         if self.metrics is not None:
             self.metrics.append.observe(time.perf_counter() - started)
             self.metrics.stored(head.topic, send.count, send.record_bytes)
@@ -217,6 +231,26 @@ class Writer:
         except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
             raise _storage_unavailable(head, e) from None
         return pq, first
+
+    async def append_copy(self, seg: Segment, runs: list) -> int:
+        """Append a leader's runs (``broker/replication``) to this broker's copy of ``seg``, at the offsets the leader
+        stored them at, and return once they are as durable as the flush policy promises. Runs this copy holds
+        already are skipped; a copy whose end was read (``seal``) takes nothing more. Returns the records taken."""
+        async with self._lock(seg.physical_queue):
+            if seg.physical_queue in self._sealed_here:
+                return 0
+            pq = await self._create(seg)
+            taken = 0
+            for run in runs:
+                if run.offset + run.count <= pq.next_offset:
+                    continue
+                if run.offset != pq.next_offset:
+                    raise StorageError(f"a run at {run.offset} does not continue the copy at {pq.next_offset}")
+                await self._threads.run(pq.append_records, run.records, run.count, run.ts_ms, run.tag, True)
+                taken += run.count
+        if taken:
+            await self._durable(pq, pq.next_offset)
+        return taken
 
     async def seal(self, seg: Segment) -> int:
         """Stop writes to a sealing segment and return its exact physical end: every record written and on disk.

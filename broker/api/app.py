@@ -20,6 +20,7 @@ from ..config import BrokerConfig
 from ..codec import TAG_RECORDS, binary_runs, dumps_with_raw, popped_batch
 from ..node import BrokerNode
 from ..pop import params as pop_params
+from ..replication import frames
 from ..storage.limits import RECORD_BYTES_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
 from . import models
@@ -234,6 +235,23 @@ async def physical(request: web.Request) -> web.Response:
                                                     None if start is None else int_in(start, "start")))
 
 
+@requires("broker")
+async def replica_fetch(request: web.Request) -> web.Response:
+    """A follower's fetch of a physical queue's records (broker/replication): binary runs (replication/frames.py)
+    from ``from`` on, which the follower holds durably; ``X-Max-Offset`` is this broker's durable end."""
+    node = request.app[NODE]
+    follower = _name(request.query.get("follower", ""), "follower")
+    caller = caller_broker(request)
+    if caller is not None and caller != follower:
+        raise rejection(403, "PERMISSION_DENIED", f"broker {caller!r} may not fetch as {follower!r}", caller=caller)
+    runs, end = await node.replica_source.fetch(
+        request.match_info["pq"], int_in(request.query.get("from"), "from", 0), follower,
+        int_in(request.query.get("wait_ms"), "wait_ms", 0, 0, 60_000),
+        int_in(request.query.get("max"), "max", 1000, 1, 1000), int_in(request.query.get("start"), "start", 0))
+    return web.Response(body=frames.encode(runs), headers={"Content-Type": frames.CONTENT_TYPE,
+                                                           "X-Max-Offset": str(end)})
+
+
 @requires("client", "broker")
 async def offset_for_time(request: web.Request) -> web.Response:
     node = request.app[NODE]
@@ -350,6 +368,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/queues/{topic}", queues)
     r.add_get("/v1/queues/{topic}/{queue}/offset", offset_for_time)
     r.add_get("/v1/physical/{pq}", physical)
+    r.add_get("/v1/replica/{pq}", replica_fetch)
     r.add_post("/v1/pop/{topic}", pop)
     r.add_post("/v1/ack", ack)
     r.add_post("/v1/invisible", change_invisible)

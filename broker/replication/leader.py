@@ -1,0 +1,218 @@
+"""The leader's side of a replicated head: what each follower holds, when a send may be acknowledged, what consumers
+may read, and who should be in sync (DESIGN.md invariant 12).
+
+- A follower's fetch names the offset it holds durably (``fetched``): that is its acknowledgement.
+- A send is acknowledged once every broker the leader waits for holds its records (``replicated``). The leader waits
+  for the in-sync set of its route and for every follower it has asked meta to add: a copy counts from the moment
+  the leader asks, so an acknowledged record is on every copy the log may name in sync, whatever the log decides.
+  A follower leaves the wait only when the route (the log) says it left the in-sync set.
+- Consumers read up to the high watermark (``readable_end``): what every copy waited for holds, so a failover can
+  never take back a record a consumer saw.
+- Every MAINTAIN_S the leader asks meta (``AlterInSync``, fenced by the gen it leads) to remove a follower that has
+  not caught up for LAG_MAX_S, and to add one that has (Kafka's replica.lag.time.max.ms and AlterPartition).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from wire.errors import ApiError, rejection
+
+from ..routing import RouteTable, Segment
+
+log = structlog.get_logger("broker.replication")
+
+LAG_MAX_S = 10.0              # a follower that has not caught up for this long leaves the in-sync set
+MAINTAIN_S = 0.5              # how often the leader looks at its followers
+REPLICATION_WAIT_S = 30.0     # a send waits at most this long for its copies (the lag bound frees it well before)
+FETCH_WAIT_MS_MAX = 1_000     # a fetch with nothing new waits at most this long at the leader
+
+
+def not_enough_replicas(seg: Segment, in_sync: int, min_insync: int, why: str) -> ApiError:
+    return rejection(503, "NOT_ENOUGH_REPLICAS", f"{why}: {in_sync} of the queue's copies are in sync and the topic "
+                     f"needs {min_insync}; retry shortly", topic=seg.topic, queue=seg.queue, in_sync=in_sync,
+                     min_insync=min_insync)
+
+
+class ReplicaTracker:
+    def __init__(self, me: str, routes: RouteTable, local_end: Callable[[Segment], int]):
+        self.me = me
+        self.routes = routes
+        self._local_end = local_end                              # the leader's own durable end of a segment
+        self._acked: dict[str, dict[str, int]] = {}              # pq -> follower -> offset it holds durably
+        self._caught_up: dict[str, dict[str, float]] = {}        # pq -> follower -> monotonic time it last caught up
+        self._adding: dict[str, set[str]] = {}                   # pq -> followers asked to be added, not yet in sync
+        self._hw: dict[str, int] = {}                            # pq -> high watermark (physical), only grows
+        self._waiters: dict[str, list[tuple[int, asyncio.Future]]] = {}
+        self._appended: dict[str, asyncio.Event] = {}
+
+    # -- who counts ---------------------------------------------------------------------------------------------
+    def _waited_for(self, seg: Segment) -> set[str]:
+        return (set(seg.in_sync) | self._adding.get(seg.physical_queue, set())) - {self.me}
+
+    def _followers_end(self, seg: Segment) -> int | None:
+        """The offset every follower waited for holds; None when the leader waits for nobody."""
+        acked = self._acked.get(seg.physical_queue, {})
+        waited = self._waited_for(seg)
+        return min(acked.get(f, seg.physical_start) for f in waited) if waited else None
+
+    def readable_end(self, seg: Segment) -> int:
+        """The high watermark of a segment this broker leads: consumers read below it (physical, exclusive)."""
+        local = self._local_end(seg)
+        followers = self._followers_end(seg)
+        if followers is None:
+            return local
+        hw = max(self._hw.get(seg.physical_queue, seg.physical_start), min(local, followers))
+        self._hw[seg.physical_queue] = hw
+        return min(hw, local)
+
+    # -- sends --------------------------------------------------------------------------------------------------
+    def check_writable(self, seg: Segment) -> None:
+        """Before an append: refuse when fewer copies than the topic's min_insync are in sync."""
+        need = self.routes.min_insync(seg.topic)
+        if len(seg.in_sync) < need:
+            raise not_enough_replicas(seg, len(seg.in_sync), need, "the send is refused")
+
+    async def replicated(self, seg: Segment, end: int) -> None:
+        """Returns once every follower waited for holds the segment's records below ``end``; 503 when that took
+        longer than REPLICATION_WAIT_S, or when the copies in sync fell below min_insync meanwhile (the records are
+        stored but not acknowledged: Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
+        pq = seg.physical_queue
+        if self._reached(seg, end):
+            return self._still_enough(pq, seg)
+        future = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(pq, [])
+        waiters.append((end, future))
+        try:
+            await asyncio.wait_for(future, REPLICATION_WAIT_S)
+        except asyncio.TimeoutError:
+            raise not_enough_replicas(seg, len(seg.in_sync), self.routes.min_insync(seg.topic),
+                                      f"the copies did not take the records within {REPLICATION_WAIT_S:.0f} s") from None
+        finally:
+            if not future.done():
+                future.cancel()
+            if (end, future) in waiters:
+                waiters.remove((end, future))
+        self._still_enough(pq, seg)
+
+    def _reached(self, seg: Segment, end: int) -> bool:
+        followers = self._followers_end(seg)
+        return followers is None or followers >= end
+
+    def _still_enough(self, pq: str, seg: Segment) -> None:
+        now = self.routes.held(pq) or seg
+        if (now.sealer or now.broker) != self.me:   # a failover: another copy's end is the segment's end
+            raise rejection(503, "SEALING", "the queue's leader changed before its copies took the records; they "
+                            "may or may not be kept: send again", topic=seg.topic, queue=seg.queue)
+        need = self.routes.min_insync(seg.topic)
+        if len(now.in_sync) < need:
+            raise not_enough_replicas(seg, len(now.in_sync), need, "the records are stored but not acknowledged")
+
+    def _settle(self, pq: str) -> None:
+        waiters = self._waiters.get(pq)
+        if not waiters:
+            return
+        seg = self.routes.held(pq)
+        if seg is None or (seg.sealer or seg.broker) != self.me:
+            for _, f in waiters:   # led by another broker now: _still_enough answers each
+                if not f.done():
+                    f.set_result(None)
+            return
+        for end, f in waiters:
+            if not f.done() and self._reached(seg, end):
+                f.set_result(None)
+
+    def route_changed(self) -> None:
+        """The routes moved on: the in-sync sets waited for may have shrunk, or a head moved away."""
+        for pq in list(self._waiters):
+            self._settle(pq)
+        for pq, adding in list(self._adding.items()):
+            seg = self.routes.hosted.get(pq)
+            if seg is None:
+                self._forget(pq)
+            else:
+                adding -= set(seg.in_sync)
+
+    # -- fetches ------------------------------------------------------------------------------------------------
+    def fetched(self, seg: Segment, follower: str, offset: int) -> None:
+        """A follower of a segment this broker leads fetched from ``offset``: it holds everything below durably."""
+        if follower == self.me or follower not in seg.replicas:
+            return
+        pq = seg.physical_queue
+        self._acked.setdefault(pq, {})[follower] = offset
+        if offset >= self._local_end(seg):
+            self._caught_up.setdefault(pq, {})[follower] = time.monotonic()
+        self._settle(pq)
+
+    def appended(self, pq: str) -> None:
+        """The leader's durable end of ``pq`` moved: wake the fetches waiting for more."""
+        event = self._appended.get(pq)
+        if event is not None:
+            event.set()
+
+    async def wait_appended(self, pq: str, timeout_s: float) -> None:
+        event = self._appended.get(pq)
+        if event is None:
+            event = self._appended[pq] = asyncio.Event()
+        event.clear()
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    def _forget(self, pq: str) -> None:
+        for table in (self._acked, self._caught_up, self._adding, self._hw, self._appended):
+            table.pop(pq, None)
+
+    # -- the in-sync set ----------------------------------------------------------------------------------------
+    def changes_wanted(self, now: float) -> list[dict[str, Any]]:
+        """The in-sync sets to ask meta for: lagging followers out, caught-up ones in (each counted from now)."""
+        changes = []
+        for pq, seg in list(self.routes.hosted.items()):
+            if seg.state != "active" or len(seg.replicas) < 2:
+                continue
+            end = self._local_end(seg)
+            acked = self._acked.get(pq, {})
+            caught = self._caught_up.setdefault(pq, {})
+            adding = self._adding.setdefault(pq, set())
+            keep, add = [self.me], []
+            for f in seg.replicas:
+                if f == self.me:
+                    continue
+                last = caught.setdefault(f, now)   # first sight: its time starts now
+                lagging = acked.get(f, seg.physical_start) < end and now - last > LAG_MAX_S
+                if f in seg.in_sync or f in adding:
+                    if lagging:
+                        adding.discard(f)
+                    elif f in seg.in_sync:
+                        keep.append(f)
+                    continue
+                if acked.get(f, -1) >= end and now - last <= LAG_MAX_S:
+                    adding.add(f)   # counted from now on, before meta has decided
+                    add.append(f)
+            wanted = keep + add
+            if sorted(wanted) != sorted(seg.in_sync):
+                changes.append({"topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "in_sync": wanted})
+        return changes
+
+    async def run(self, propose: Callable[[list[dict[str, Any]]], Awaitable[None]],
+                  may_ask: Callable[[], bool]) -> None:
+        """Ask meta for the in-sync changes the followers call for, every MAINTAIN_S. A task: cancelled on stop."""
+        while True:
+            await asyncio.sleep(MAINTAIN_S)
+            if not may_ask():
+                continue
+            try:
+                changes = self.changes_wanted(time.monotonic())
+                if changes:
+                    log.info("in_sync_change_asked", changes=changes[:10], count=len(changes))
+                    await propose(changes)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:   # meta unreachable or refusing: the next round asks again
+                log.warning("in_sync_change_failed", error=f"{type(e).__name__}: {e}")
