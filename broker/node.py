@@ -81,6 +81,7 @@ class BrokerNode:
 
     def _route_applied(self, topic: str) -> None:
         self.writer.replicas.route_changed()
+        self.writer.forget_unkept_batches(topic)
         self.replicator.follow(topic)
 
     async def start(self) -> None:

@@ -18,6 +18,7 @@ from .codec import TAG_JSON, encode_message
 from .group_commit import GroupCommit
 from .offsets import OffsetStore
 from .pop.wakeup import TopicSignals
+from .producers import Batch, ProducerTable
 from .replication.leader import ReplicaTracker
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
@@ -62,6 +63,7 @@ class Writer:
                         if store.config.flush_policy == FLUSH_GROUP else None)
         # The copies of the heads this broker leads: sends wait for them, consumers read below their high watermark
         self.replicas = ReplicaTracker(me, routes, self.max_physical)
+        self.producers = ProducerTable()   # batches seen per producer: a resend is answered, not stored again
 
     def stop(self) -> None:
         self._threads.stop()
@@ -93,12 +95,38 @@ class Writer:
         q = self.local_queue(seg)
         return q.max_offset if q is not None else seg.physical_start
 
+    def forget_unkept_batches(self, topic: str) -> None:
+        """Producers' batches stored past the end of a sealed segment were never kept (a failover's elected copy
+        ended before them): a resend of one must be stored again, not answered."""
+        route = self.routes.routes.get(topic)
+        if route is None or not self.producers.holds(topic):
+            return
+        for q in route["queues"]:
+            for seg in self.routes.segments(topic, q["queue"]) or ():
+                if seg.state == "sealed" and seg.logic_end is not None:
+                    self.producers.sealed(topic, q["queue"], seg.gen, seg.logic_end)
+
+    async def _resent(self, head: Segment, seen: Batch) -> list[int]:
+        """A batch sent again: answered once it is on the copies in sync, like the first time, at its offsets."""
+        if seen.gen == head.gen:
+            pq = self.local_queue(head)
+            end = head.physical(seen.first + seen.count)
+            try:
+                await self._durable(pq, end)
+            except StorageError as e:
+                raise _storage_unavailable(head, e) from None
+            await self.replicas.replicated(head, end)
+        return list(range(seen.first, seen.first + seen.count))
+
     def readable_physical(self, seg: Segment) -> int:
-        """Where consumers of ``seg`` stop reading here: the high watermark of a head this broker leads (every copy
-        in sync holds what is below), else the readable end of the copy it holds."""
-        if seg.broker == self.me:
+        """Where consumers of ``seg`` stop reading here: in an open head this broker leads, its high watermark (every
+        copy in sync holds what is below); in a segment it seals, or a sealed one, its end, which the log keeps."""
+        local = self.max_physical(seg)
+        if seg.state == "sealed" and seg.logic_end is not None and seg.logic_start is not None:
+            return min(local, seg.physical(seg.logic_end))
+        if seg.broker == self.me and seg.state == "active":
             return self.replicas.readable_end(seg)
-        return self.max_physical(seg)
+        return local
 
     def next_physical(self, seg: Segment) -> int:
         """Where the segment's next append lands here, synced or not (``PhysicalQueue.next_offset``)."""
@@ -139,7 +167,7 @@ class Writer:
         return head
 
     async def send(self, topic: str, queue: int, messages: list[Any], sender_route_version: int | None = None,
-                   plain: bool = False) -> list[int]:
+                   plain: bool = False, producer: tuple[int, int] | None = None) -> list[int]:
         """A JSON send: each message stored as its JSON object (``codec.encode_message``). ``sender_route_version``:
         the route version the sender chose the queue with (``X-Route-Version``); ``plain``: the messages were parsed
         from a body ``codec.plain_json_text`` accepted."""
@@ -148,16 +176,20 @@ class Writer:
         payloads = [encode_message(m, plain) for m in messages]
         keyed = any(m.get("key") is not None for m in messages)   # every message is a dict: encode_message checked
         records = batch.Send(batch.sized(payloads), len(payloads), keyed, sum(map(len, payloads)))
-        return await self.send_records(topic, queue, records, TAG_JSON, sender_route_version, checked=False)
+        return await self.send_records(topic, queue, records, TAG_JSON, sender_route_version, checked=False,
+                                       producer=producer)
 
     async def send_records(self, topic: str, queue: int, send: batch.Send, tag: int,
-                           sender_route_version: int | None = None, checked: bool = True) -> list[int]:
+                           sender_route_version: int | None = None, checked: bool = True,
+                           producer: tuple[int, int] | None = None) -> list[int]:
         """Append a send's records as one frame tagged with their form (``codec.TAG_*``): a binary batch's records
         as they came, walked already by ``wire.batch.check_send`` (``checked``), or a JSON send's objects, which
-        storage walks for their sizes. Where both forms meet."""
+        storage walks for their sizes. Where both forms meet. ``producer``: (id, batch number) of an idempotent
+        producer: a batch this queue has seen is answered with the offsets it was stored at (producers.py)."""
         if not 0 < send.count <= MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
         self._refuse_stale_slot_table(topic, queue, send.keyed, sender_route_version)
+        seen: Batch | None = None
         while True:
             head = self._writable_head(topic, queue)
             self.replicas.check_writable(head)
@@ -165,9 +197,18 @@ class Writer:
                 # The route may have moved on while this send waited for the lock: the lock held must be that of
                 # the segment written, or a seal of the new head could read its end while this append runs.
                 if self._writable_head(topic, queue).physical_queue == head.physical_queue:
+                    seen = (self.producers.find(topic, queue, producer[0], producer[1], send.count)
+                            if producer is not None else None)
+                    if seen is not None:
+                        break
                     started = time.perf_counter()
                     pq, first = await self._append(head, send, tag, checked)
+                    if producer is not None:
+                        self.producers.record(topic, queue, Batch(producer[0], producer[1], head.logic(first),
+                                                                  send.count, head.gen))
                     break
+        if seen is not None:
+            return await self._resent(head, seen)
         # Outside the lock, so the next send to this queue writes meanwhile and one sync covers both. A seal waits
         # for this sync too (seal), so a sealed end never holds a record that is not on disk.
         try:
@@ -232,10 +273,11 @@ class Writer:
             raise _storage_unavailable(head, e) from None
         return pq, first
 
-    async def append_copy(self, seg: Segment, runs: list) -> int:
+    async def append_copy(self, seg: Segment, runs: list, batches: list[Batch] = ()) -> int:
         """Append a leader's runs (``broker/replication``) to this broker's copy of ``seg``, at the offsets the leader
         stored them at, and return once they are as durable as the flush policy promises. Runs this copy holds
-        already are skipped; a copy whose end was read (``seal``) takes nothing more. Returns the records taken."""
+        already are skipped; a copy whose end was read (``seal``) takes nothing more. ``batches``: the producers'
+        batches those records belong to, remembered here as the leader does. Returns the records taken."""
         async with self._lock(seg.physical_queue):
             if seg.physical_queue in self._sealed_here:
                 return 0
@@ -248,6 +290,8 @@ class Writer:
                     raise StorageError(f"a run at {run.offset} does not continue the copy at {pq.next_offset}")
                 await self._threads.run(pq.append_records, run.records, run.count, run.ts_ms, run.tag, True)
                 taken += run.count
+            for b in batches:
+                self.producers.record(seg.topic, seg.queue, b)
         if taken:
             await self._durable(pq, pq.next_offset)
         return taken

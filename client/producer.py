@@ -13,13 +13,18 @@ Retrying, within ``attempts_max`` attempts and ``deadline_s`` seconds, with back
 A topic with ``order=strict`` and a pinned message (a key, an explicit queue, a custom selector) are only ever retried
 on the same queue. A ``best_tried`` message without a key may move to another queue between attempts.
 
-Delivery is at least once: when a send gets no answer it may have been stored, and the retry may store it again.
+Resends are stored once (Kafka's idempotent producer): the producer draws an id at random and numbers its batches per
+queue; a batch resent with the same number, to the same queue, is answered by the broker with the offsets it was
+stored at, and stored again only when it never reached a copy that survives (broker/producers.py). A batch moved to
+another queue between attempts (``best_tried`` without a key) is a new batch there, and may be stored in both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import secrets
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +103,11 @@ class Producer(TopicClient):
         self.backoff = backoff or Backoff()
         self.sealing_wait_s = sealing_wait_s
         self._closed = False
+        self.producer_id = secrets.randbits(63)                     # X-Producer-Id
+        self._seqs: dict[int, itertools.count] = {}                 # queue -> its next batch number
+
+    def _next_seq(self, q: int) -> int:
+        return next(self._seqs.setdefault(q, itertools.count()))
 
     # -- sending -----------------------------------------------------------------------------------------------
     async def send(self, body: str | bytes, key: str | None = None, props: Mapping[str, str] | None = None, *,
@@ -118,6 +128,7 @@ class Producer(TopicClient):
         q, movable = self._first_choice(route, msgs, queue)
         failed_broker: str | None = None
         last: StatorError | None = None
+        seqs: dict[int, int] = {}   # this batch's number on each queue it was sent to: a resend keeps it
         for attempt in range(self.attempts_max):
             if deadline.expired:
                 break
@@ -132,7 +143,9 @@ class Producer(TopicClient):
             entry = _queue_entry(route, q)
             failed_broker = None
             try:
-                return await self._send_once(entry, q, payload, deadline, attempt + 1, route["version"])
+                if q not in seqs:
+                    seqs[q] = self._next_seq(q)
+                return await self._send_once(entry, q, payload, deadline, attempt + 1, route["version"], seqs[q])
             except StatorError as e:
                 last = e
                 if not await self._after_failure(e, entry, q, deadline):
@@ -175,7 +188,7 @@ class Producer(TopicClient):
         return q
 
     async def _send_once(self, entry: Mapping[str, Any], q: int, payload: Outgoing, deadline: Deadline,
-                         attempts: int, route_version: int) -> SendResult:
+                         attempts: int, route_version: int, seq: int) -> SendResult:
         address, broker = entry.get("address"), entry.get("broker")
         if not address:
             raise Unavailable(f"queue {q} of {self.topic!r}: broker {broker!r} has no address in the route")
@@ -185,7 +198,8 @@ class Producer(TopicClient):
         # The route version the queue was chosen with: a broker whose slot table is newer refuses keyed messages
         # (NOT_LEADER), and the retry chooses again with the fresh route (per-key order across a growth).
         answer = await request(self.session(), "POST", url, token=self.token, body=payload,
-                               headers={"X-Route-Version": str(route_version)},
+                               headers={"X-Route-Version": str(route_version),
+                                        "X-Producer-Id": str(self.producer_id), "X-Producer-Seq": str(seq)},
                                timeout_s=max(0.001, min(self.send_timeout_s, deadline.left_s())))
         self.fault.update(broker, (loop.time() - started) * 1000.0)
         body = answer.body if isinstance(answer.body, dict) else {}

@@ -20,8 +20,9 @@ CONFIG_KEY_CHARS_MAX = 128
 CONFIG_VALUE_CHARS_MAX = 1024
 HEARTBEAT_QUEUES_MAX = 100_000
 SEALS_PER_REPORT_MAX = 1_024     # seal reports one POST /v1/brokers/{b}/seals (one command) carries
-# Replicas of a queue's head (DESIGN.md invariant 12). The defaults are the cluster config's (MetaConfig), each
-# capped at the active brokers a topic is created over: three copies where three brokers exist, one where one does.
+# Replicas of a queue's head (DESIGN.md invariant 12). The defaults are the cluster config's (MetaConfig): copies
+# capped at the active brokers (three where three brokers exist, one where one does), min_insync at copies - 1 (so one
+# broker lost leaves a topic writable: two copies take writes on one, as Kafka's min.insync.replicas=1 for RF 2).
 REPLICAS_MAX = 5
 REPLICAS_DEFAULT = 3
 MIN_INSYNC_DEFAULT = 2

@@ -58,7 +58,9 @@ async def test_a_dead_old_broker_never_hides_data_on_live_brokers(full_cluster):
     """Each pull once asked the oldest segment's broker for its min offset: with that broker killed, every pull was
     503, even of offsets stored on the live head broker."""
     c = full_cluster
-    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": "d", "queues": 1, "brokers": ["b1"]})
+    # one copy: with more, another holds what the dead broker held (tests/test_replication_e2e.py)
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": "d", "queues": 1, "brokers": ["b1"],
+                                                         "replicas": 1})
     assert s == 201, b
     await wait_route(c, "d", all_writable)
     assert await send(c, "d", 0, [f"old{i}" for i in range(5)]) == list(range(5))

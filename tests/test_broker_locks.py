@@ -325,7 +325,7 @@ async def test_a_grown_topics_new_queue_is_held_until_the_group_committed_past_t
 
 async def test_a_restarted_broker_never_takes_the_old_token_after_a_new_grant(two_brokers):
     c = two_brokers
-    r = await topic(c, "t", 1, 3)
+    r = await topic(c, "t", 1, 3, replicas=1)   # one copy: with more, the restart moves the queue (committed offsets follow in issue 37)
     await short_leases(c)
     old = held(await beat(c, "a"))[0]
     assert code(*await pull(c, r, 0, old)) == (200, None)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
 from ops.chaos import bodies, checker, nemesis, topology, workloads
 from ops.chaos.history import FAIL, OK, UNKNOWN, Op
-from ops.chaos.runner import segment_chains
+from ops.chaos.runner import _broker_faults, segment_chains, segment_epochs
 from wire.errors import StatorError
 
 
@@ -147,6 +148,95 @@ def test_segment_chains_refuse_a_queue_whose_new_head_has_no_logic_start_yet():
     assert e.value.code == "NOT_SETTLED" and e.value.status == 503 and "queue 1" in e.value.message
 
 
+# -- one leader per epoch ------------------------------------------------------------------------------------------
+def lsend(tag, queue, offsets, broker, epoch, outcome=OK, t0=0, t1=1):
+    """An acknowledged send as the send workload records it: the broker it went to and its route's leader epoch."""
+    return op("s", "send", t0, t1, outcome, {"queue": queue, "offsets": offsets} if outcome == OK else {},
+              topic="t", queue=queue, tag=tag, sizes=[0] * len(offsets), broker=broker, leader_epoch=epoch)
+
+
+def chain(*segments):
+    """(gen, broker, logic_start, logic_end) each, the last one the head (logic_end None)."""
+    return [{"gen": g, "broker": b, "logic_start": lo, "logic_end": hi, "sealer": None} for g, b, lo, hi in segments]
+
+
+# queue 0: b1 led gen 1 (0-4), failed over to b2 in gen 2 (5-9), remapped back to b1 in gen 3 (10-); queue 1: b3
+EPOCHS = {("t", 0): chain((1, "b1", 0, 5), (2, "b2", 5, 10), (3, "b1", 10, None)), ("t", 1): chain((1, "b3", 0, None))}
+
+
+def test_one_leader_per_epoch_holds_when_each_epoch_s_sends_were_acknowledged_by_its_leader():
+    h = [lsend("a", 0, [0, 1, 2], "b1", 1), lsend("b", 0, [3, 4], "b1", 1),
+         lsend("c", 0, [5, 6], "b2", 2), lsend("d", 0, [7, 8, 9], "b2", 2),
+         # b1 leads again (gen 3): a sender whose cached route still said gen 1 at b1 is answered in gen 3
+         lsend("e", 0, [10], "b1", 3), lsend("f", 0, [11], "b1", 1),
+         lsend("g", 1, [0, 1], "b3", 1),
+         # not acknowledged: whatever broker it went to, it says nothing
+         lsend("h", 0, [], "b3", 2, outcome=UNKNOWN), lsend("i", 0, [], "b1", 2, outcome=FAIL),
+         # a send recorded before sends named their broker is not counted
+         send("j", 0, [12])]
+    violations, stats = checker.one_leader_per_epoch(h, EPOCHS)
+    assert violations == []
+    assert stats == {"epoch_sends_checked": 7, "epoch_sends_unplaced": 0, "epochs_acked": 4, "epochs_of_route_acked": 4}
+
+
+def test_two_brokers_acknowledging_in_one_epoch_is_a_violation():
+    # b1, cut off from meta and its followers, went on acknowledging sends routed with gen 1 after the log failed
+    # its head over to b2: its offsets 5-6 are gen 2's, which b2 acknowledged too
+    h = [lsend("a", 0, [0, 1, 2, 3, 4], "b1", 1), lsend("stale", 0, [5, 6], "b1", 1),
+         lsend("c", 0, [5, 6, 7], "b2", 2)]
+    violations, _ = checker.one_leader_per_epoch(h, EPOCHS)
+    assert [v["check"] for v in violations] == ["one_leader_per_epoch"]
+    assert "leader epoch 2, which the log gives to b2" in violations[0]["message"]
+    assert "b1, b2" in violations[0]["message"]
+    assert [o["input"]["tag"] for o in violations[0]["evidence"]["sends"]["b1"]] == ["stale"]
+    # alone in an epoch the log gives another broker is two leaders too
+    violations, _ = checker.one_leader_per_epoch([lsend("stale", 0, [5], "b1", 1)], EPOCHS)
+    assert len(violations) == 1 and violations[0]["evidence"]["segment"]["broker"] == "b2"
+    # meta's routes naming two leaders for one epoch: both answered sends routed with gen 2
+    h = [lsend("c", 0, [5], "b2", 2), lsend("d", 0, [6], "b3", 2, t0=2, t1=3)]
+    violations, _ = checker.one_leader_per_epoch(h, EPOCHS)
+    messages = sorted(v["message"] for v in violations)
+    assert len(violations) == 2 and any("routes named two leaders" in m for m in messages)
+
+
+def test_a_send_outside_every_segment_is_left_to_the_other_checks():
+    violations, stats = checker.one_leader_per_epoch([lsend("a", 1, [1], "b3", 1), lsend("b", 2, [0], "b3", 1)],
+                                                     {("t", 1): chain((1, "b3", 3, None))})
+    assert violations == [] and stats["epoch_sends_unplaced"] == 2
+
+
+def test_segment_epochs_name_each_segment_s_gen_leader_and_budget_end():
+    segs = [{"gen": 1, "broker": "b1", "logic_start": 0, "logic_end": 7, "sealer": "b2", "state": "sealed",
+             "physical_start": 0, "budget_end": 100},
+            {"gen": 2, "broker": "b2", "logic_start": 7, "logic_end": None, "sealer": None, "state": "active",
+             "physical_start": 0, "budget_end": 50}]
+    topic = {"topic": "t", "logic_queues": [{"queue": 0, "segments": segs}]}
+    keys = ("gen", "broker", "logic_start", "logic_end", "sealer")
+    assert segment_epochs(topic) == {("t", 0): [{**{k: segs[0][k] for k in keys}, "budget_logic_end": 100},
+                                                {**{k: segs[1][k] for k in keys}, "budget_logic_end": 57}]}
+    segs[1]["logic_start"] = None
+    with pytest.raises(StatorError):
+        segment_epochs(topic)
+
+
+def test_a_segment_sealed_at_a_copy_s_end_but_read_back_short_is_a_violation():
+    """Only a seal at the budget's end may leave offsets unused: every other seal is at the end of a copy (its
+    leader's, or the elected replica's after a failover), so a segment read back short of it lost what it held (a
+    broker that led it came back on a new disk and served it from its empty copy)."""
+    chain = {("t", 0): [(0, 3), (3, None)]}
+    held = {("t", 0): {0: fp("a-1.0"), 1: fp("a-1.1"), 2: fp("a-1.2"), 3: fp("a-1.3")}}
+    exact = {("t", 0): [{"budget_logic_end": 1000}, {"budget_logic_end": 1003}]}
+    assert checker.queues_contiguous(held, chain, 10_000, exact) == ([], {"segments_read": 2, "budget_jumps": 0})
+    short = {("t", 0): {3: fp("a-1.3")}}
+    violations, stats = checker.queues_contiguous(short, chain, 10_000, exact)
+    assert len(violations) == 1 and "sealed at 3, the end of a copy" in violations[0]["message"]
+    assert stats["budget_jumps"] == 0
+    # without the epochs (or when the seal is at the budget's end) a jump up to one budget is allowed as before
+    assert checker.queues_contiguous(short, chain, 10_000)[0] == []
+    at_budget = {("t", 0): [{"budget_logic_end": 3}, {"budget_logic_end": 1003}]}
+    assert checker.queues_contiguous(short, chain, 10_000, at_budget) == ([], {"segments_read": 2, "budget_jumps": 1})
+
+
 def oread(t0, t1, offset, queue=0):
     return op("c", "oread", t0, t1, OK, {"offset": offset}, topic="t", queue=queue)
 
@@ -238,6 +328,51 @@ def test_schedule_is_a_function_of_seed_duration_and_kinds():
     assert all(b.at_s >= a_.at_s + a_.hold_s for a_, b in zip(a, a[1:]))   # one fault at a time
     only = nemesis.schedule(42, 60, ("pause",), names)
     assert only and {f.kind for f in only} == {"pause"}
+
+
+def test_broker_faults_are_drawn_from_the_seed_and_cut_what_they_say(tmp_path):
+    names = (["m1", "m2", "m3"], ["b1", "b2", "b3"])
+    a = nemesis.schedule(9, 300, nemesis.BROKER_KINDS, names)
+    assert a == nemesis.schedule(9, 300, nemesis.BROKER_KINDS, names)
+    assert {f.kind for f in a} == set(nemesis.BROKER_KINDS)
+    for f in a:
+        lo, hi = nemesis.HOLD_S[f.kind]
+        assert lo <= f.hold_s <= hi
+        if f.kind == "broker_wipe":
+            assert f.target in names[1]
+        else:
+            broker, side = f.target.split("|")
+            assert broker in names[1] and side in nemesis.BROKER_PARTITION_SIDES
+    assert {f.target.split("|")[1] for f in a if f.kind == "broker_partition"} == set(nemesis.BROKER_PARTITION_SIDES)
+    # some wipes outlast the session timeout (fenced while away), some do not (failed over by the new registration)
+    session_s = topology.META_EXTRA["session_timeout_ms"] / 1000
+    holds = [f.hold_s for f in a if f.kind == "broker_wipe"]
+    assert min(holds) < session_s < max(holds)
+    t = topology.plan(str(tmp_path), topology.free_span())
+    nem = nemesis.Nemesis(t, [], lambda: 0.0)
+    front = t.broker_front_links["b2"]
+    assert nem._links("b2|meta") == t.broker_meta_links["b2"] and front not in nem._links("b2|meta")
+    assert nem._links("b2|peers") == [front] == ["front:b2"]
+    assert nem._links("b2|all") == [*t.broker_meta_links["b2"], front]
+    # a broker's followers fetch at its advertise address, the front: the senders go around it, to its port
+    with open(os.path.join(str(tmp_path), "b2", "config.json")) as f:
+        assert json.load(f)["advertise"] == t.links[front].url
+    assert t.direct_urls()[t.links[front].url] == t.broker_url(1)
+
+
+def test_broker_fault_stats_count_the_sends_acknowledged_while_one_was_on():
+    applied = [{"kind": "broker_wipe", "target": "b1", "applied_s": 10.0, "healed_s": 12.0,
+                "led": {workloads.LOG_TOPIC: [0, 2], "chaos-cas": [1]}},
+               {"kind": "broker_partition", "target": "b2|all", "applied_s": 20.0, "healed_s": 25.0, "led": {}},
+               {"kind": "broker_wipe", "target": "b3", "applied_s": None, "healed_s": 31.0},   # never struck
+               {"kind": "kill", "target": "b3", "applied_s": 40.0, "healed_s": 41.0}]
+    h = [lsend("a", 0, [0], "b1", 1, t0=100 + 9, t1=100 + 10.5),     # through the wipe's strike
+         lsend("b", 0, [1], "b2", 1, t0=100 + 11, t1=100 + 11.5),    # during it, by another broker
+         lsend("c", 0, [2], "b2", 1, t0=100 + 24, t1=100 + 26),      # during the partition, by the broker cut
+         lsend("d", 0, [3], "b3", 1, t0=100 + 40, t1=100 + 40.5),    # during a kill: not a broker fault
+         lsend("e", 0, [], "b2", 1, UNKNOWN, t0=100 + 21, t1=None)]
+    assert _broker_faults(applied, h, 100.0) == {"faults": 2, "hit_a_leader": 1, "heads_led_when_hit": 2,
+                                                 "sends_acked_during": 3, "sends_acked_by_the_broker_hit": 2}
 
 
 # -- sized writes (workloads.sizes) --------------------------------------------------------------------------------

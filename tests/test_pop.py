@@ -32,9 +32,11 @@ async def cluster(tmp_path_factory):
         yield c
 
 
-async def topic(c, name: str, queues: int = 1, brokers=("b1",), messages: int = 0) -> dict:
-    await ok(c, "POST", "/v1/topics", json={"topic": name, "queues": queues, "brokers": list(brokers)},
-             expect=(201,))
+async def topic(c, name: str, queues: int = 1, brokers=("b1",), messages: int = 0, replicas: int | None = None) -> dict:
+    body = {"topic": name, "queues": queues, "brokers": list(brokers)}
+    if replicas is not None:
+        body["replicas"] = replicas
+    await ok(c, "POST", "/v1/topics", json=body, expect=(201,))
     r = await wait_route(c, name, all_writable)
     for q in range(queues):
         if messages:
@@ -233,7 +235,7 @@ async def test_an_ordered_pop_blocks_the_queue_while_its_batch_is_invisible(clus
 
 async def test_pop_state_survives_kill_9_of_the_broker(cluster):
     c = cluster
-    await topic(c, "crash", 1, messages=6)
+    await topic(c, "crash", 1, messages=6, replicas=1)   # pop state on its one broker (copies: issue 37)
     b1 = c.url("b1")
     popped_at = time.time()
     got = await pop_all(c, b1, "crash", "g", max=6, invisible_ms=3000)
@@ -291,7 +293,7 @@ async def test_acks_of_pops_still_only_in_memory_are_durable_and_nothing_acked_c
     """Pop and ack inside the write delay: no delivery record is ever written for the pair, yet the ack is answered
     only once the pop offset past it is on disk, so a kill -9 right after the answer brings none of them back."""
     c = cluster
-    await topic(c, "merge", 1, messages=20)
+    await topic(c, "merge", 1, messages=20, replicas=1)   # pop state on its one broker (copies: issue 37)
     b1 = c.url("b1")
     got = await pop_all(c, b1, "merge", "g", max=20, invisible_ms=3000)
     assert offsets(got) == list(range(20))

@@ -129,7 +129,7 @@ class TestProjection:
         projection.apply(events[:5])
         before = snapshot(url)
         # a second TopicCreated for a live topic breaks the topics primary key half-way through the batch
-        clash = stored(9, 1_009, make("TopicCreated", topic="orders", incarnation=9, queues=1, slots=1,
+        clash = stored(9, 1_009, make("TopicCreated", replicas=1, min_insync=1, topic="orders", incarnation=9, queues=1, slots=1,
                                       order="strict", config={}, slot_table=[[0, 0, 0]],
                                       segments=segments_of("orders", 9, {0: "b1"})))
         with pytest.raises(sa.exc.IntegrityError):
@@ -281,7 +281,7 @@ def throughput_events(n: int) -> list[dict[str, Any]]:
     """A 16-queue topic, then budget grants over its queues with a remap every 100 events."""
     log = Log()
     log.add("BrokerRegistered", broker="b1", address="http://b1", zone=None, epoch=1)
-    log.add("TopicCreated", topic="t", incarnation=2, queues=16, slots=64, order="best_tried", config={},
+    log.add("TopicCreated", replicas=1, min_insync=1, topic="t", incarnation=2, queues=16, slots=64, order="best_tried", config={},
             slot_table=[[q * 4, q * 4 + 3, q] for q in range(16)],
             segments=segments_of("t", 2, {q: "b1" for q in range(16)}))
     gens = [0] * 16
@@ -290,7 +290,7 @@ def throughput_events(n: int) -> list[dict[str, Any]]:
         q = v % 16
         if v % 100 == 0:
             log.add("SegmentSealing", topic="t", queue=q, gen=gens[q], broker="b1")
-            log.add("SegmentOpened", topic="t", queue=q, gen=gens[q] + 1, broker="b1", from_broker="b1",
+            log.add("SegmentOpened", topic="t", queue=q, gen=gens[q] + 1, broker="b1", replicas=["b1"], in_sync=["b1"], from_broker="b1",
                     physical_queue=f"t-2-{q}-{gens[q] + 1}", physical_start=0, budget_end=v, cause="remap")
             log.add("SegmentSealed", topic="t", queue=q, gen=gens[q], broker="b1", physical_end=v, logic_end=v,
                     by="broker")

@@ -138,3 +138,36 @@ async def test_a_send_is_acknowledged_and_read_only_once_every_in_sync_copy_hold
         assert (s, b["offsets"]) == (200, [1]), b
         s, b, _ = await c.call("GET", f"{url}?offset=0&max=10", "client")
         assert [m["body"] for m in b["messages"]] == ["first", "second"], b
+
+
+@pytest.mark.asyncio
+async def test_a_resent_batch_is_stored_once_by_its_leader_and_by_the_replica_elected_after_it(tmp_path):
+    """An idempotent producer's batch sent again (same X-Producer-Id and X-Producer-Seq) is answered with the offsets
+    it was stored at and not stored again: at the same leader, and at the copy elected when that leader dies."""
+    extra_meta = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": 500}
+    async with running(str(tmp_path), 3, 3, meta=extra_meta) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "r", "queues": 1, "replicas": 3})
+        assert s == 201, b
+        r = await wait_route(c, "r", lambda r: len(r["queues"][0]["in_sync"]) == 3 and r["queues"][0]["writable"])
+
+        async def send(address: str, seq: int, bodies: list[str]) -> tuple[int, dict]:
+            s, b, _ = await c.call("POST", f"{address}/v1/messages/r/0", "client",
+                                   json={"messages": [{"body": x} for x in bodies]},
+                                   headers={"X-Producer-Id": "77", "X-Producer-Seq": str(seq)})
+            return s, b
+
+        leader = r["queues"][0]
+        assert await send(leader["address"], 0, ["a", "b"]) == (200, {"queue": 0, "offsets": [0, 1]})
+        assert await send(leader["address"], 1, ["c"]) == (200, {"queue": 0, "offsets": [2]})
+        assert await send(leader["address"], 0, ["a", "b"]) == (200, {"queue": 0, "offsets": [0, 1]})
+        s, b, _ = await c.call("POST", f"{leader['address']}/v1/messages/r/0", "client",
+                               json={"messages": [{"body": "x"}]}, headers={"X-Producer-Id": "77"})
+        assert s == 400 and b["error"]["code"] == "INVALID_ARGUMENT", b
+
+        c.kill9(leader["broker"])
+        r = await wait_route(c, "r", lambda r: r["queues"][0]["broker"] != leader["broker"]
+                             and r["queues"][0]["writable"], timeout_s=SESSION_TIMEOUT_MS / 1000 + 10)
+        new = r["queues"][0]["address"]
+        assert await send(new, 1, ["c"]) == (200, {"queue": 0, "offsets": [2]}), "the resend was stored again"
+        assert await send(new, 2, ["d"]) == (200, {"queue": 0, "offsets": [3]})
+        assert [m["body"] for m in await read_all(c, "r", 0)] == ["a", "b", "c", "d"]

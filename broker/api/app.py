@@ -20,6 +20,7 @@ from ..config import BrokerConfig
 from ..codec import TAG_RECORDS, binary_runs, dumps_with_raw, popped_batch
 from ..node import BrokerNode
 from ..pop import params as pop_params
+from ..producers import PRODUCER_ID_MAX, SEQ_MAX
 from ..replication import frames
 from ..storage.limits import RECORD_BYTES_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
@@ -115,21 +116,32 @@ async def send(request: web.Request) -> web.Response:
     raw = await request.read()
     raw_version = request.headers.get("X-Route-Version")
     sender_version = None if raw_version is None else int_in(raw_version, "X-Route-Version")
+    producer = _producer(request)
     if kind == batch.CONTENT_TYPE:
         # The binary batch: its header, CRC and every record's lengths are checked before anything is appended;
         # the records are stored as they came, bodies never read.
         send = batch.check_send(raw, count_max=MESSAGES_PER_SEND_MAX, record_bytes_max=RECORD_BYTES_MAX)
-        offsets = await node.writer.send_records(topic, queue, send, TAG_RECORDS, sender_version)
+        offsets = await node.writer.send_records(topic, queue, send, TAG_RECORDS, sender_version, producer=producer)
     else:
         # The hot path: the envelope is checked in send_body.py, each message by the codec as it encodes it (a model
         # check of 100 messages would cost a fifth of the encoding again); tests/test_openapi_live.py holds the two
         # together.
         messages, plain = read_send(raw)
-        offsets = await node.writer.send(topic, queue, messages, sender_version, plain)
+        offsets = await node.writer.send(topic, queue, messages, sender_version, plain, producer)
     # The answer of every send, written directly: a hundred offsets through dumps_with_raw was a tenth of a send,
     # and one bytes format of them all half of joining their strings (7 against 14 us for 100).
     return web.Response(body=b'{"queue":%d,"offsets":[' % queue + _offsets_format(len(offsets)) % tuple(offsets)
                         + b"]}", content_type="application/json")
+
+
+def _producer(request: web.Request) -> tuple[int, int] | None:
+    """(id, batch number) of an idempotent producer's send (broker/producers.py), both headers or neither."""
+    pid, seq = request.headers.get("X-Producer-Id"), request.headers.get("X-Producer-Seq")
+    if pid is None and seq is None:
+        return None
+    if pid is None or seq is None:
+        raise invalid("X-Producer-Id and X-Producer-Seq go together", field="X-Producer-Seq")
+    return (int_in(pid, "X-Producer-Id", 0, 0, PRODUCER_ID_MAX), int_in(seq, "X-Producer-Seq", 0, 0, SEQ_MAX))
 
 
 @functools.lru_cache(maxsize=64)
@@ -237,19 +249,18 @@ async def physical(request: web.Request) -> web.Response:
 
 @requires("broker")
 async def replica_fetch(request: web.Request) -> web.Response:
-    """A follower's fetch of a physical queue's records (broker/replication): binary runs (replication/frames.py)
-    from ``from`` on, which the follower holds durably; ``X-Max-Offset`` is this broker's durable end."""
+    """A follower's fetch of every queue it copies from this broker (broker/replication): ``{"follower", "wait_ms",
+    "queues": [{"pq", "offset"}]}`` (``offset``: what the follower holds durably of ``pq``) answers binary sections
+    (replication/frames.py) of the queues with records past their offset."""
     node = request.app[NODE]
-    follower = _name(request.query.get("follower", ""), "follower")
+    body = await _json(request, models.ReplicaFetch)
+    follower = body["follower"]
     caller = caller_broker(request)
     if caller is not None and caller != follower:
         raise rejection(403, "PERMISSION_DENIED", f"broker {caller!r} may not fetch as {follower!r}", caller=caller)
-    runs, end = await node.replica_source.fetch(
-        request.match_info["pq"], int_in(request.query.get("from"), "from", 0), follower,
-        int_in(request.query.get("wait_ms"), "wait_ms", 0, 0, 60_000),
-        int_in(request.query.get("max"), "max", 1000, 1, 1000), int_in(request.query.get("start"), "start", 0))
-    return web.Response(body=frames.encode(runs), headers={"Content-Type": frames.CONTENT_TYPE,
-                                                           "X-Max-Offset": str(end)})
+    sections = await node.replica_source.fetch(follower, [(q["pq"], q["offset"]) for q in body["queues"]],
+                                               body.get("wait_ms", 0))
+    return web.Response(body=frames.encode(sections), headers={"Content-Type": frames.CONTENT_TYPE})
 
 
 @requires("client", "broker")
@@ -368,7 +379,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/queues/{topic}", queues)
     r.add_get("/v1/queues/{topic}/{queue}/offset", offset_for_time)
     r.add_get("/v1/physical/{pq}", physical)
-    r.add_get("/v1/replica/{pq}", replica_fetch)
+    r.add_post("/v1/replica", replica_fetch)
     r.add_post("/v1/pop/{topic}", pop)
     r.add_post("/v1/ack", ack)
     r.add_post("/v1/invisible", change_invisible)

@@ -12,6 +12,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from wire.shapes import OPEN, STRICT
 
+from ..replication.source import COPIES_PER_FETCH_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
 from ..pop.limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,
                           WAIT_MS_MAX)
@@ -43,6 +44,19 @@ Message = TextMessage | BinaryMessage   # exactly one of body and body_b64
 @with_config(STRICT)
 class Send(TypedDict):
     messages: Annotated[list[Message], Field(min_length=1, max_length=MESSAGES_PER_SEND_MAX)]
+
+
+@with_config(STRICT)
+class CopyOffset(TypedDict):
+    pq: Name
+    offset: Annotated[int, Field(ge=0, le=2**62)]
+
+
+@with_config(STRICT)
+class ReplicaFetch(TypedDict):
+    follower: Name
+    wait_ms: NotRequired[Annotated[int, Field(ge=0, le=60_000)]]
+    queues: Annotated[list[CopyOffset], Field(max_length=COPIES_PER_FETCH_MAX)]
 
 
 @with_config(STRICT)

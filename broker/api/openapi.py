@@ -21,10 +21,9 @@ _SPEC_SCHEMAS = SpecSchemas()
 
 def _runs_op() -> dict[str, Any]:
     """A follower's fetch: its answer is binary runs, not JSON."""
-    op = _op("A follower's fetch of a physical queue's records from the offset it holds durably, which is its "
-             "acknowledgement; binary runs (broker/replication/frames.py) and X-Max-Offset, this broker's durable end",
-             Error, roles="broker, as the follower it names",
-             params=_p("pq") + _q("from", "follower", "wait_ms", "max", "start"))
+    op = _op("A follower's fetch of every queue it copies from this broker, each from the offset it holds durably "
+             "(its acknowledgement); binary sections of runs (broker/replication/frames.py)",
+             Error, roles="broker, as the follower it names", body=M.ReplicaFetch)
     op["responses"]["200"]["content"] = {"application/x-stator-runs": {"schema": {"type": "string",
                                                                                    "format": "binary"}}}
     return op
@@ -113,7 +112,7 @@ SPEC: dict[str, Any] = {
                                                          params=_p("topic", "queue") + _q("ts"))},
         "/v1/physical/{pq}": {"get": _op("Records of a physical queue", M.PhysicalRead, roles="broker",
                                          params=_p("pq") + _q("offset", "max", "ts", "start"))},
-        "/v1/replica/{pq}": {"get": _runs_op()},
+        "/v1/replica": {"post": _runs_op()},
         "/v1/pop/{topic}": {"post": _pop()},
         "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle)", M.Acked,
                                 body=M.Ack)},

@@ -1,10 +1,10 @@
-"""The follower's side: one task per copy this broker holds and does not lead, fetching the leader's records into a
-physical queue of the same name (DESIGN.md invariant 12).
+"""The follower's side: one fetch loop per broker this broker copies from, bringing the records of every copy it
+holds of that broker's segments into physical queues of the same names (DESIGN.md invariant 12).
 
-- An active or sealing head is fetched from its leader. A fetch names the offset this copy holds durably, which the
-  leader takes as the follower's acknowledgement, and waits there until the leader has more (up to a second).
+- An active or sealing head is fetched from its leader. A fetch names, per queue, the offset this copy holds
+  durably, which the leader takes as the follower's acknowledgement, and waits there until the leader has more.
 - A sealing segment this broker was elected to seal is not fetched any more: its end is this copy's end, which the
-  meta link reports (broker/meta_link.py); a copy never takes a record after its end was read.
+  meta link reports (broker/meta_link.py); a copy never takes a record after its end was read (``Writer.seal``).
 - A sealed segment is fetched until this copy reaches the segment's end, from a broker that holds it whole (its
   sealer, else its leader): a copy that missed the end of its leader's writes, or a broker back on a new disk.
 """
@@ -23,18 +23,12 @@ from ..routing import RouteTable, Segment
 from ..writes import Writer
 from . import frames
 from .leader import FETCH_WAIT_MS_MAX
+from .source import COPIES_PER_FETCH_MAX
 
 log = structlog.get_logger("broker.replication")
 
-FETCH_RECORDS_MAX = 1_000
-FETCH_TIMEOUT_S = 5.0 + FETCH_WAIT_MS_MAX / 1000
+FETCH_TIMEOUT_S = 10.0 + FETCH_WAIT_MS_MAX / 1000
 FETCH_BACKOFF = Backoff(0.05, 1.0, jitter=False)
-COPIES_FOLLOWED_MAX = 100_000    # fetch tasks at once (one per copy still behind)
-
-
-def fetch_path(seg: Segment, offset: int, follower: str, wait_ms: int) -> str:
-    return (f"/v1/replica/{seg.physical_queue}?from={offset}&follower={follower}&wait_ms={wait_ms}"
-            f"&max={FETCH_RECORDS_MAX}&start={seg.physical_start}")
 
 
 def physical_end(seg: Segment) -> int | None:
@@ -62,7 +56,7 @@ class Replicator:
         self._headers = {"Authorization": f"Bearer {token}", "Accept": frames.CONTENT_TYPE}
         self._ssl_context = ssl_context
         self._http: aiohttp.ClientSession | None = None
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._sessions: dict[str, asyncio.Task] = {}   # source broker -> its fetch loop
         self.fetches = 0          # stator_broker_replica_fetches_total
         self.records = 0          # stator_broker_replica_records_total
 
@@ -71,7 +65,7 @@ class Replicator:
                                            timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S, sock_connect=1.0))
 
     async def stop(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = list(self._sessions.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -79,13 +73,12 @@ class Replicator:
             await self._http.close()
 
     def follow(self, topic: str) -> None:
-        """A route of ``topic`` was applied: start fetching every copy of it that is behind."""
-        for pq, seg in list(self.routes.copies.items()):
-            if seg.topic == topic and pq not in self._tasks and self._wanted(seg):
-                if len(self._tasks) >= COPIES_FOLLOWED_MAX:
-                    log.warning("copies_followed_max", pq=pq)
-                    return
-                self._tasks[pq] = asyncio.create_task(self._follow(pq), name=f"replica {pq}")
+        """A route of ``topic`` was applied: fetch every copy of it that is behind, from its source."""
+        for seg in list(self.routes.copies.values()):
+            if seg.topic == topic and self._wanted(seg):
+                src = source(seg, self.me)
+                if src not in self._sessions:
+                    self._sessions[src] = asyncio.create_task(self._session(src), name=f"replica-fetch {src}")
 
     def _wanted(self, seg: Segment) -> bool:
         if source(seg, self.me) is None:
@@ -93,45 +86,47 @@ class Replicator:
         end = physical_end(seg)
         return end is None or self.writer.max_physical(seg) < end
 
-    async def _follow(self, pq: str) -> None:
+    def _copies_from(self, src: str) -> list[Segment]:
+        return [s for s in self.routes.copies.values() if source(s, self.me) == src and self._wanted(s)]
+
+    async def _session(self, src: str) -> None:
+        """Fetch from ``src`` until no copy here is behind it."""
         failures = 0
         try:
             while True:
-                seg = self.routes.copies.get(pq)
-                if seg is None or not self._wanted(seg):
+                copies = self._copies_from(src)
+                if not copies:
                     return
                 try:
-                    await self._fetch_once(seg)
+                    await self._fetch_once(src, copies[:COPIES_PER_FETCH_MAX])
                     failures = 0
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:   # the source is down or refusing: try again, later each time
                     if failures == 0:
-                        log.warning("replica_fetch_failed", pq=pq, source=source(seg, self.me),
+                        log.warning("replica_fetch_failed", source=src, copies=len(copies),
                                     error=f"{type(e).__name__}: {e}")
                     failures += 1
                     await asyncio.sleep(FETCH_BACKOFF.delay_s(failures))
         finally:
-            self._tasks.pop(pq, None)
+            self._sessions.pop(src, None)
 
-    async def _fetch_once(self, seg: Segment) -> None:
-        src = source(seg, self.me)
-        address = self.routes.address(seg.topic, src)
+    async def _fetch_once(self, src: str, copies: list[Segment]) -> None:
+        address = self.routes.address(copies[0].topic, src)
         if address is None:
             raise LookupError(f"no address for broker {src}")
-        offset = self.writer.max_physical(seg)
-        wait_ms = FETCH_WAIT_MS_MAX if seg.state != "sealed" else 0
+        wait_ms = FETCH_WAIT_MS_MAX if any(s.state != "sealed" for s in copies) else 0
+        body = {"follower": self.me, "wait_ms": wait_ms,
+                "queues": [{"pq": s.physical_queue, "offset": self.writer.max_physical(s)} for s in copies]}
         self.fetches += 1
-        async with self._http.get(address + fetch_path(seg, offset, self.me, wait_ms), headers=self._headers) as r:
-            body = await r.content.read(frames.RUNS_BYTES_MAX + 1)
+        async with self._http.post(address + "/v1/replica", json=body, headers=self._headers) as r:
+            data = await r.content.read(frames.ANSWER_BYTES_MAX + 1)
             if r.status != 200:
-                raise RuntimeError(f"fetch refused: {r.status} {body[:200]!r}")
-            if len(body) > frames.RUNS_BYTES_MAX:
+                raise RuntimeError(f"fetch refused: {r.status} {data[:200]!r}")
+            if len(data) > frames.ANSWER_BYTES_MAX:
                 raise frames.FramesError("a fetch answer larger than its bound")
-        runs = frames.decode(body)
-        if runs:
-            current = self.routes.copies.get(seg.physical_queue)
-            if current is None or source(current, self.me) != src:
-                return   # the segment changed hands while the fetch waited: what it brought is not taken
-            self.records += await self.writer.append_copy(current, runs)
-
+        for section in frames.decode(data):
+            seg = self.routes.copies.get(section.physical_queue)
+            if seg is None or source(seg, self.me) != src or not section.runs:
+                continue   # the segment changed hands while the fetch waited: what it brought is not taken
+            self.records += await self.writer.append_copy(seg, section.runs, frames.with_gen(section.batches, seg.gen))

@@ -1,51 +1,102 @@
-"""The body of a fetch answer (``GET /v1/replica/{pq}``): the leader's runs of records, each as one header and its
-records as storage keeps them (``storage.record``: size u32, then the bytes), so neither side does work per record.
+"""The body of a fetch answer (``POST /v1/replica``): for each physical queue that has records past the offset the
+follower asked from, the producers' batches the records belong to, then the runs of records, each as one header and
+its records as storage keeps them (``storage.record``: size u32, then the bytes), so neither side does work per record.
 
-    offset  u64  physical offset of the run's first record
-    ts_ms   u64  the append time the leader stored (a copy keeps it)
-    count   u32  records in the run, at least 1
-    tag     u32  the records' form (broker/codec.py TAG_*)
-    length  u32  bytes of records that follow
+    per queue:
+    name    u16 length, then the physical queue's name (UTF-8)
+    end     u64  the answering broker's durable end of the queue
+    batches u32  how many batch entries follow, each: producer u64, seq u64, first u64 (logic offset), count u32
+    runs    u32  how many runs follow, each:
+        offset  u64  physical offset of the run's first record
+        ts_ms   u64  the append time the leader stored (a copy keeps it)
+        count   u32  records in the run, at least 1
+        tag     u32  the records' form (broker/codec.py TAG_*)
+        length  u32  bytes of records that follow
 
-All little-endian; runs follow one another, in offset order.
+All little-endian; a queue's runs follow one another, in offset order. Batches carry no gen: the physical queue
+names it, and the follower knows it.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import NamedTuple
 
+from ..producers import Batch
 from ..storage import Run
 
+NAME = struct.Struct("<H")
+END = struct.Struct("<Q")
+COUNT = struct.Struct("<I")
+BATCH = struct.Struct("<QQQI")
 HEADER = struct.Struct("<QQIII")
+BATCHES_MAX = 100_000
 CONTENT_TYPE = "application/x-stator-runs"
-RUNS_BYTES_MAX = 8 * 1024 * 1024 + 64 * 1024   # a fetch's answer: the reader's 8 MiB and headers
+ANSWER_BYTES_MAX = 16 * 1024 * 1024 + 1024 * 1024   # the source's read budget and its headers
 
 
 class FramesError(ValueError):
-    """A fetch answer that is not a sequence of whole runs."""
+    """A fetch answer that is not a sequence of whole sections and runs."""
 
 
-def encode(runs: Iterable[Run]) -> bytes:
+class Section(NamedTuple):
+    physical_queue: str
+    end: int
+    batches: list[tuple[int, int, int, int]]   # (producer, seq, first, count): Batch without its gen
+    runs: list[Run]
+
+
+def encode(sections: Sequence[Section]) -> bytes:
     out = bytearray()
-    for r in runs:
-        out += HEADER.pack(r.offset, r.ts_ms, r.count, r.tag, len(r.records))
-        out += r.records
+    for s in sections:
+        name = s.physical_queue.encode()
+        out += NAME.pack(len(name)) + name + END.pack(s.end) + COUNT.pack(len(s.batches))
+        for b in s.batches:
+            out += BATCH.pack(*b)
+        out += COUNT.pack(len(s.runs))
+        for r in s.runs:
+            out += HEADER.pack(r.offset, r.ts_ms, r.count, r.tag, len(r.records))
+            out += r.records
     return bytes(out)
 
 
-def decode(body: bytes) -> list[Run]:
-    runs, pos = [], 0
+def decode(body: bytes) -> list[Section]:
+    sections, pos = [], 0
+
+    def take(st: struct.Struct) -> tuple:
+        nonlocal pos
+        if len(body) - pos < st.size:
+            raise FramesError("an answer cut short")
+        values = st.unpack_from(body, pos)
+        pos += st.size
+        return values
+
     while pos < len(body):
-        if len(body) - pos < HEADER.size:
-            raise FramesError("a run's header is cut short")
-        offset, ts_ms, count, tag, length = HEADER.unpack_from(body, pos)
-        pos += HEADER.size
-        if count < 1 or len(body) - pos < length:
-            raise FramesError("a run is cut short or holds no record")
-        runs.append(Run(offset, ts_ms, count, tag, body[pos:pos + length]))
-        pos += length
-    for a, b in zip(runs, runs[1:]):
-        if b.offset != a.offset + a.count:
-            raise FramesError("runs are not contiguous")
-    return runs
+        (n,) = take(NAME)
+        if len(body) - pos < n:
+            raise FramesError("a queue's name is cut short")
+        name = body[pos:pos + n].decode()
+        pos += n
+        (end,) = take(END)
+        (nb,) = take(COUNT)
+        if nb > BATCHES_MAX:
+            raise FramesError("too many batch entries")
+        batches = [take(BATCH) for _ in range(nb)]
+        (nr,) = take(COUNT)
+        runs: list[Run] = []
+        for _ in range(nr):
+            offset, ts_ms, count, tag, length = take(HEADER)
+            if count < 1 or len(body) - pos < length:
+                raise FramesError("a run is cut short or holds no record")
+            runs.append(Run(offset, ts_ms, count, tag, body[pos:pos + length]))
+            pos += length
+        for a, b in zip(runs, runs[1:]):
+            if b.offset != a.offset + a.count:
+                raise FramesError("runs are not contiguous")
+        sections.append(Section(name, end, batches, runs))
+    return sections
+
+
+def with_gen(batches: list[tuple[int, int, int, int]], gen: int) -> list[Batch]:
+    return [Batch(p, s, f, c, gen) for p, s, f, c in batches]

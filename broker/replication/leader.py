@@ -49,7 +49,8 @@ class ReplicaTracker:
         self._adding: dict[str, set[str]] = {}                   # pq -> followers asked to be added, not yet in sync
         self._hw: dict[str, int] = {}                            # pq -> high watermark (physical), only grows
         self._waiters: dict[str, list[tuple[int, asyncio.Future]]] = {}
-        self._appended: dict[str, asyncio.Event] = {}
+        self.append_count = 0                                    # appends made durable here, of any queue
+        self._appended = asyncio.Event()                         # set at each; fetches waiting for more wait on it
 
     # -- who counts ---------------------------------------------------------------------------------------------
     def _waited_for(self, seg: Segment) -> set[str]:
@@ -150,23 +151,23 @@ class ReplicaTracker:
         self._settle(pq)
 
     def appended(self, pq: str) -> None:
-        """The leader's durable end of ``pq`` moved: wake the fetches waiting for more."""
-        event = self._appended.get(pq)
-        if event is not None:
-            event.set()
+        """The leader's durable end of ``pq`` moved: wake the fetches waiting for more (each looks again at the
+        queues it names: one event for every queue, since one fetch names every queue of a broker pair)."""
+        self.append_count += 1
+        self._appended.set()
+        self._appended = asyncio.Event()
 
-    async def wait_appended(self, pq: str, timeout_s: float) -> None:
-        event = self._appended.get(pq)
-        if event is None:
-            event = self._appended[pq] = asyncio.Event()
-        event.clear()
+    async def wait_appended(self, seen: int, timeout_s: float) -> None:
+        """Returns once an append was made after ``append_count`` was ``seen``, or after ``timeout_s``."""
+        if self.append_count != seen:
+            return
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+            await asyncio.wait_for(self._appended.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
 
     def _forget(self, pq: str) -> None:
-        for table in (self._acked, self._caught_up, self._adding, self._hw, self._appended):
+        for table in (self._acked, self._caught_up, self._adding, self._hw):
             table.pop(pq, None)
 
     # -- the in-sync set ----------------------------------------------------------------------------------------

@@ -36,8 +36,8 @@ def settings(image: Image, c: dict[str, Any], available: int) -> tuple[int, int]
         raise rejection(409, "NOT_ENOUGH_BROKERS", f"{replicas} replicas need {replicas} active brokers; "
                         f"{available} are there to place them on", replicas=replicas, brokers=available)
     min_insync = c.get("min_insync")
-    if min_insync is None:
-        min_insync = min(c.get("default_min_insync", limits.MIN_INSYNC_DEFAULT), replicas)
+    if min_insync is None:   # at most replicas - 1: one broker lost leaves the topic writable
+        min_insync = max(1, min(c.get("default_min_insync", limits.MIN_INSYNC_DEFAULT), replicas - 1))
     elif min_insync > replicas:
         raise invalid(f"min_insync ({min_insync}) cannot exceed replicas ({replicas})", field="min_insync")
     return replicas, min_insync

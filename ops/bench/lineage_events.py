@@ -40,9 +40,10 @@ class History:
     def create_topic(self, topic: str, brokers: list[str], queues: int) -> int:
         incarnation = self.version + 1
         segs = [{"queue": q, "broker": brokers[q % len(brokers)],
-                 "physical_queue": allocation.physical_queue_name(topic, incarnation, q, 0), "budget_end": BUDGET}
+                 "physical_queue": allocation.physical_queue_name(topic, incarnation, q, 0), "budget_end": BUDGET,
+                 "replicas": [brokers[q % len(brokers)]]}
                 for q in range(queues)]
-        self.add("TopicCreated", topic=topic, incarnation=incarnation, queues=queues, slots=max(queues, 16),
+        self.add("TopicCreated", replicas=1, min_insync=1, topic=topic, incarnation=incarnation, queues=queues, slots=max(queues, 16),
                  order="best_tried", config={}, slot_table=allocation.initial_slot_table(max(queues, 16), queues),
                  segments=segs)
         self.topics[topic] = {"incarnation": incarnation,
@@ -56,7 +57,7 @@ class History:
         gen = head["gen"] + 1
         end = head["logic_start"] + written
         self.add("SegmentSealing", topic=topic, queue=queue, gen=head["gen"], broker=head["broker"])
-        self.add("SegmentOpened", topic=topic, queue=queue, gen=gen, broker=to, from_broker=head["broker"],
+        self.add("SegmentOpened", topic=topic, queue=queue, gen=gen, broker=to, replicas=[to], in_sync=[to], from_broker=head["broker"],
                  physical_queue=allocation.physical_queue_name(topic, t["incarnation"], queue, gen),
                  physical_start=0, budget_end=BUDGET, cause="remap")
         self.add("SegmentSealed", topic=topic, queue=queue, gen=head["gen"], broker=head["broker"],

@@ -19,8 +19,11 @@ async def two_brokers(tmp_path):
         yield c
 
 
-async def topic(c, name: str, queues: int, messages: int, slots: int = 16) -> dict:
-    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": name, "queues": queues, "slots": slots})
+async def topic(c, name: str, queues: int, messages: int, slots: int = 16, replicas: int | None = None) -> dict:
+    body = {"topic": name, "queues": queues, "slots": slots}
+    if replicas is not None:
+        body["replicas"] = replicas
+    s, b = await admin(c, "POST", 0, "/v1/topics", json=body)
     assert s == 201, b
     await wait_route(c, name, all_writable)
     for q in range(queues):

@@ -64,8 +64,8 @@ class Log:
 
 
 def segments_of(topic: str, inc: int, placement: dict[int, str]) -> list[dict[str, Any]]:
-    return [{"queue": q, "broker": b, "physical_queue": f"{topic}-{inc}-{q}-0", "budget_end": 1_000}
-            for q, b in placement.items()]
+    return [{"queue": q, "broker": b, "physical_queue": f"{topic}-{inc}-{q}-0", "budget_end": 1_000,
+             "replicas": [b]} for q, b in placement.items()]
 
 
 def scenario() -> list[dict[str, Any]]:
@@ -74,24 +74,24 @@ def scenario() -> list[dict[str, Any]]:
     log = Log()
     log.add("BrokerRegistered", broker="b1", address="http://b1:8080", zone="z1", epoch=1)            # 1
     log.add("BrokerRegistered", broker="b2", address="http://b2:8080", zone="z2", epoch=1)            # 2
-    log.add("TopicCreated", topic="orders", incarnation=3, queues=4, slots=16, order="strict",        # 3
+    log.add("TopicCreated", replicas=1, min_insync=1, topic="orders", incarnation=3, queues=4, slots=16, order="strict",        # 3
             config={"retention_ms": 86_400_000},
             slot_table=[[0, 3, 0], [4, 7, 1], [8, 11, 2], [12, 15, 3]],
             segments=segments_of("orders", 3, {0: "b1", 1: "b2", 2: "b1", 3: "b2"}))
     log.add("OffsetBudgetGranted", topic="orders", queue=1, gen=0, broker="b2", budget_end=2_000)    # 4
     # remap queue 1 from b2 to b1
     log.add("SegmentSealing", topic="orders", queue=1, gen=0, broker="b2")                           # 5
-    log.add("SegmentOpened", topic="orders", queue=1, gen=1, broker="b1", from_broker="b2",          # 6
+    log.add("SegmentOpened", topic="orders", queue=1, gen=1, broker="b1", replicas=["b1"], in_sync=["b1"], from_broker="b2",          # 6
             physical_queue="orders-3-1-1", physical_start=0, budget_end=1_000, cause="remap")
     log.add("SegmentSealed", topic="orders", queue=1, gen=0, broker="b2", physical_end=1_500,        # 7
             logic_end=1_500, by="broker")
     log.add("LogicStartDecided", topic="orders", queue=1, gen=1, logic_start=1_500)                  # 8
     # grow to 6 queues: queue 4 takes slots 6-7 from queue 1, queue 5 takes 14-15 from queue 3
     log.add("SegmentSealing", topic="orders", queue=1, gen=1, broker="b1")                           # 9
-    log.add("SegmentOpened", topic="orders", queue=1, gen=2, broker="b1", from_broker="b1",          # 10
+    log.add("SegmentOpened", topic="orders", queue=1, gen=2, broker="b1", replicas=["b1"], in_sync=["b1"], from_broker="b1",          # 10
             physical_queue="orders-3-1-1", physical_start=300, budget_end=1_300, cause="grow")
     log.add("SegmentSealing", topic="orders", queue=3, gen=0, broker="b2")                           # 11
-    log.add("SegmentOpened", topic="orders", queue=3, gen=1, broker="b2", from_broker="b2",          # 12
+    log.add("SegmentOpened", topic="orders", queue=3, gen=1, broker="b2", replicas=["b2"], in_sync=["b2"], from_broker="b2",          # 12
             physical_queue="orders-3-3-0", physical_start=700, budget_end=1_700, cause="grow")
     log.add("TopicGrown", topic="orders", queues=6,                                                  # 13
             slot_table=[[0, 3, 0], [4, 5, 1], [6, 7, 4], [8, 11, 2], [12, 13, 3], [14, 15, 5]],
@@ -108,7 +108,7 @@ def scenario() -> list[dict[str, Any]]:
     log.add("BrokerUnfenced", broker="b1", epoch=1)                                                  # 20
     log.add("TopicConfigChanged", topic="orders", config={"retention_ms": 3_600_000, "max_bytes": 1 << 20},
             changed=["retention_ms", "max_bytes"])                                                   # 21
-    log.add("TopicCreated", topic="audit", incarnation=22, queues=1, slots=4, order="best_tried",    # 22
+    log.add("TopicCreated", replicas=1, min_insync=1, topic="audit", incarnation=22, queues=1, slots=4, order="best_tried",    # 22
             config={}, slot_table=[[0, 3, 0]], segments=segments_of("audit", 22, {0: "b1"}))
     log.add("TopicDeleted", topic="orders")                                                          # 23
     return log.events
