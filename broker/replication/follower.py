@@ -120,11 +120,12 @@ class Replicator:
                 "queues": [{"pq": s.physical_queue, "offset": self.writer.max_physical(s)} for s in copies]}
         self.fetches += 1
         async with self._http.post(address + "/v1/replica", json=body, headers=self._headers) as r:
-            data = await r.content.read(frames.ANSWER_BYTES_MAX + 1)
+            if r.content_length is None or r.content_length > frames.ANSWER_BYTES_MAX:
+                raise frames.FramesError(f"a fetch answer of {r.content_length} bytes (at most "
+                                         f"{frames.ANSWER_BYTES_MAX}, with its length)")
+            data = await r.read()   # all of it: content.read(n) returns what has arrived, maybe less
             if r.status != 200:
                 raise RuntimeError(f"fetch refused: {r.status} {data[:200]!r}")
-            if len(data) > frames.ANSWER_BYTES_MAX:
-                raise frames.FramesError("a fetch answer larger than its bound")
         for section in frames.decode(data):
             seg = self.routes.copies.get(section.physical_queue)
             if seg is None or source(seg, self.me) != src or not section.runs:
