@@ -77,11 +77,13 @@ class AdminClient:
     # -- topics ------------------------------------------------------------------------------------------------
     async def create_topic(self, topic: str, queues: int, *, brokers: Sequence[str] | None = None,
                            slots: int | None = None, order: str | None = None, config: dict[str, str] | None = None,
+                           replicas: int | None = None, min_insync: int | None = None,
                            expected_version: int | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
-        """``{"topic","queues","version"}``. ``order`` is ``"best_tried"`` (default) or ``"strict"``."""
+        """``{"topic","queues","replicas","min_insync","version"}``. ``order`` is ``"best_tried"`` (default) or
+        ``"strict"``; ``replicas`` (1-5) and ``min_insync`` default to the cluster's (meta config)."""
         body: dict[str, Any] = {"topic": topic, "queues": queues}
         for k, v in (("brokers", list(brokers) if brokers is not None else None), ("slots", slots),
-                     ("order", order), ("config", config)):
+                     ("order", order), ("config", config), ("replicas", replicas), ("min_insync", min_insync)):
             if v is not None:
                 body[k] = v
         return await self._write("POST", "/v1/topics", body, expected_version=expected_version,

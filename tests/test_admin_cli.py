@@ -138,10 +138,13 @@ def test_topic_commands_in_both_formats(dev):
     d = cli_json(dev, "topic", "describe", "orders")
     assert d["order"] == "strict" and [q["segments"][0]["broker"] for q in d["logic_queues"]] == ["b1", "b1"]
     rows = table(dev, "topic", "describe", "audit")
-    header = rows.index(["QUEUE", "SLOTS", "GEN", "BROKER", "PHYSICAL", "QUEUE", "PHYSICAL", "START", "LOGIC",
-                         "START", "LOGIC", "END", "STATE"])
+    header = rows.index(["QUEUE", "SLOTS", "GEN", "BROKER", "COPIES", "IN", "SYNC", "PHYSICAL", "QUEUE", "PHYSICAL",
+                         "START", "LOGIC", "START", "LOGIC", "END", "STATE"])
     assert ["slots:", "64"] in rows and rows[header + 1][:4] == ["0", "[0,64)", "0", rows[header + 1][3]]
     assert rows[header + 1][-1] == "active" and rows[header + 1][3] in ("b1", "b2")
+    leader, copies, in_sync = rows[header + 1][3:6]
+    assert copies.split(",")[0] == leader and sorted(copies.split(",")) == ["b1", "b2"] and in_sync == copies
+    assert ["replicas:", "2"] in rows and ["min", "in", "sync:", "1"] in rows
 
     grown = cli_json(dev, "topic", "grow", "orders", "--queues", "3")
     assert grown["queues"] == 3
@@ -310,6 +313,12 @@ def test_real_process_exit_codes_and_streams(dev):
                           capture_output=True, text=True, timeout=60)
     assert gone.returncode == 1 and gone.stdout == ""
     assert gone.stderr == "error: TOPIC_NOT_FOUND: topic 'nope' does not exist\n"
+    too_many = subprocess.run([sys.executable, "-m", "ops.cli", "topic", "create", "three", "--queues", "1",
+                               "--replicas", "3", "--dir", dev.dir], capture_output=True, text=True, timeout=60)
+    assert too_many.returncode == 1 and too_many.stderr.startswith("error: NOT_ENOUGH_BROKERS: 3 replicas need 3 "), \
+        too_many.stderr
+    one = cli_json(dev, "topic", "create", "one", "--queues", "1", "--replicas", "1")
+    assert (one["replicas"], one["min_insync"]) == (1, 1), one
 
     created = cli_json(dev, "topic", "create", "stream", "--queues", "1")
     watch = _stator("route", "stream", "--watch", "--dir", dev.dir, "-w", "json")

@@ -43,12 +43,18 @@ def _written(d: dict[str, Any]) -> str:
 @click.option("--brokers", metavar="B1[,B2...]", help="brokers to place the queues on (default: every active one)")
 @click.option("--slots", type=click.IntRange(min=1), help="key slots (default 1024)")
 @click.option("--order", type=click.Choice(ORDERS), help="ordering strategy (default best_tried)")
+@click.option("--replicas", type=click.IntRange(1, 5),
+              help="copies of each queue on distinct brokers (default: the cluster's, 3 where 3 brokers exist)")
+@click.option("--min-insync", "min_insync", type=click.IntRange(1, 5),
+              help="in-sync copies below which sends are refused (default: the cluster's, at most replicas - 1)")
 @global_options
 async def create(name: str, queues: int, brokers: str | None, slots: int | None, order: str | None,
-                 g: Globals) -> None:
-    """Create topic NAME (POST /v1/topics)."""
+                 replicas: int | None, min_insync: int | None, g: Globals) -> None:
+    """Create topic NAME (POST /v1/topics). --brokers says where the queues are led; their copies go to any active
+    broker, spread over zones."""
     async with g.admin() as admin:
-        data = await admin.create_topic(name, queues, brokers=_names(brokers), slots=slots, order=order)
+        data = await admin.create_topic(name, queues, brokers=_names(brokers), slots=slots, order=order,
+                                        replicas=replicas, min_insync=min_insync)
     output.emit(g.json, data, _written)
 
 
@@ -62,13 +68,15 @@ async def list_topics(g: Globals) -> None:
 
 def _describe_text(t: dict[str, Any]) -> str:
     head = output.fields([("topic", t["topic"]), ("queues", t["queues"]), ("slots", t["slots"]),
-                          ("order", t["order"]), ("version", t["version"]), ("config", t.get("config") or None)])
-    rows = [{"queue": q["queue"], "slots": " ".join(f"[{lo},{hi})" for lo, hi in q["slot_ranges"]), **s}
+                          ("order", t["order"]), ("replicas", t["replicas"]), ("min in sync", t["min_insync"]),
+                          ("version", t["version"]), ("config", t.get("config") or None)])
+    rows = [{"queue": q["queue"], "slots": " ".join(f"[{lo},{hi})" for lo, hi in q["slot_ranges"]), **s,
+             "copies": ",".join(s["replicas"]), "in sync": ",".join(s["in_sync"])}
             for q in t["logic_queues"] for s in q["segments"]]
     return head + "\n\n" + output.table(rows, [
-        ("queue", "queue"), ("slots", "slots"), ("gen", "gen"), ("broker", "broker"),
-        ("physical queue", "physical_queue"), ("physical start", "physical_start"), ("logic start", "logic_start"),
-        ("logic end", "logic_end"), ("state", "state")])
+        ("queue", "queue"), ("slots", "slots"), ("gen", "gen"), ("broker", "broker"), ("copies", "copies"),
+        ("in sync", "in sync"), ("physical queue", "physical_queue"), ("physical start", "physical_start"),
+        ("logic start", "logic_start"), ("logic end", "logic_end"), ("state", "state")])
 
 
 @topic.command("describe")
