@@ -89,6 +89,15 @@ class AdminClient:
         return await self._write("POST", "/v1/topics", body, expected_version=expected_version,
                                  idempotency_key=idempotency_key)
 
+    async def elect_leaders(self, topic: str, *, queues: Sequence[int] | None = None, unclean: bool = False,
+                            expected_version: int | None = None) -> dict[str, Any]:
+        """``{"topic","queues":[{"queue","leader","gen","outcome","to"?,"may_lose"?}],"version"}``: leaders for queues
+        whose leader is fenced; ``unclean`` elects an out-of-sync copy where no in-sync one is left."""
+        body: dict[str, Any] = {"unclean": unclean}
+        if queues is not None:
+            body["queues"] = list(queues)
+        return await self._write("POST", f"/v1/topics/{_seg(topic)}/elect", body, expected_version=expected_version)
+
     async def describe_topic(self, topic: str, *, consistency: str | None = None) -> dict[str, Any]:
         """The admin view: queues, slots, order, version, config and every logic queue's segment chain."""
         return await self._read(f"/v1/topics/{_seg(topic)}", consistency=consistency)

@@ -141,6 +141,20 @@ def _v_remap(c):
             raise invalid("queues has duplicates", field="queues")
 
 
+def _v_elect(c):
+    _v_topic(c)
+    qs = c.get("queues")
+    if qs is not None:
+        if not isinstance(qs, list) or not qs or len(qs) > limits.QUEUES_PER_TOPIC_MAX:
+            raise invalid("queues must be a non-empty list of queue ids", field="queues")
+        for q in qs:
+            _int(q, "queues[]", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
+        if len(set(qs)) != len(qs):
+            raise invalid("queues has duplicates", field="queues")
+    if not isinstance(c.get("unclean", False), bool):
+        raise invalid("unclean must be true or false", field="unclean")
+
+
 def _v_seal(c):
     _v_broker_epoch(c)
     _v_seal_report(c)
@@ -292,6 +306,7 @@ VALIDATORS = {
     "SealSegment": _v_seal,
     "SealSegments": _v_seal_many,
     "AlterInSync": _v_alter_in_sync,
+    "ElectLeaders": _v_elect,
     "Barrier": lambda c: None,
     "JoinGroup": _v_join_group,
     "LeaveGroup": _v_leave_group,

@@ -30,7 +30,7 @@ DECIDERS: dict[str, Decider] = {
     **brokers.DECIDERS,     # RegisterBroker, FenceBroker, UnfenceBroker, GrantOffsetBudget
     **topics.DECIDERS,      # CreateTopic, GrowTopic, SetTopicConfig, DeleteTopic, RemapTopic
     **segments.DECIDERS,    # SealSegment, SealSegments
-    **replicas.DECIDERS,    # AlterInSync
+    **replicas.DECIDERS,    # AlterInSync, ElectLeaders
     **groups.DECIDERS,      # JoinGroup, LeaveGroup, ExpireMembers, ReleaseLocks, ExpireLocks, SetGroupConfig
     **history.DECIDERS,     # Barrier
 }

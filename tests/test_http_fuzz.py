@@ -87,6 +87,7 @@ META_OPS = [
     Op("meta", "PATCH", "/v1/topics/{topic}", ("expected_version",), ("queues",), mutating=True),
     Op("meta", "PUT", "/v1/topics/{topic}/config", ("expected_version",), (), mutating=True),
     Op("meta", "POST", "/v1/topics/{topic}/remap", ("expected_version",), ("brokers", "queues"), mutating=True),
+    Op("meta", "POST", "/v1/topics/{topic}/elect", ("expected_version",), ("queues", "unclean"), mutating=True),
     Op("meta", "DELETE", "/v1/topics/{topic}", ("expected_version",), mutating=True),
     Op("meta", "GET", "/v1/topics/{topic}/queues/{queue}/segments", READ_QUERY),
     Op("meta", "PUT", "/v1/brokers/{broker}", (), ("address", "zone"), mutating=True),

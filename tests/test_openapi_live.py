@@ -81,6 +81,9 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
         await call("POST", "/v1/topics/{topic}/remap", json_body={"brokers": names[1:], "queues": [0]}, expect=200,
                    topic="t")
         await call("GET", "/v1/topics/{topic}/queues/{queue}/segments", "client", expect=200, topic="t", queue=0)
+        elected = await call("POST", "/v1/topics/{topic}/elect", json_body={"unclean": True}, expect=200, topic="t")
+        assert {q["outcome"] for q in elected["queues"]} <= {"leader_active", "sealing"}, elected
+        await call("POST", "/v1/topics/{topic}/elect", json_body={"unclean": "yes"}, expect=400, topic="t")
         await call("GET", "/v1/routes/{topic}", "client", expect=200, topic="t")
         route = await call("GET", "/v1/routes/{topic}", "client", expect=200, topic="t")
         heads: dict[str, int] = {}

@@ -113,3 +113,26 @@ def test_a_route_carries_the_replicas_and_refuses_writes_below_min_insync():
     assert (route["replicas"], route["min_insync"]) == (3, 3) and set(route["addresses"]) == {"a", "b", "c"}
     log.fence(q["replicas"][2])
     assert views.route(log.sm.image, log.topic("t"))["queues"][0]["writable"] is False
+
+
+def test_an_unclean_election_is_an_operator_s_act_that_names_what_may_be_lost():
+    log = cluster("a", "b", "c")
+    log.create("t", 2, brokers=["a"], replicas=3)
+    copies = log.head("t", 0)["replicas"]
+    for q in range(2):   # both followers lag: only the leader is in sync
+        log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
+            {"topic": "t", "queue": q, "gen": 0, "in_sync": ["a"]}]})
+    log.fence("a")
+    assert [len(log.segs("t", q)) for q in range(2)] == [1, 1], "no in-sync copy: nothing moves by itself"
+    r = log.ok({"type": "ElectLeaders", "topic": "t", "queues": [0]})
+    assert r["queues"] == [{"queue": 0, "leader": "a", "gen": 0, "outcome": "no_in_sync_copy"}]
+    r = log.ok({"type": "ElectLeaders", "topic": "t", "queues": [0], "unclean": True})
+    [q0] = r["queues"]
+    assert (q0["outcome"], q0["to"], q0["new_gen"]) == ("elected_unclean", copies[1], 1) and "a" in q0["may_lose"]
+    old, new = log.segs("t", 0)
+    assert old["sealer"] == copies[1] and (new["broker"], new["in_sync"]) == (copies[1], [copies[1]])
+    assert len(log.segs("t", 1)) == 1, "only the queues named"
+    log.reject({"type": "ElectLeaders", "topic": "t", "queues": [5]}, "INVALID_ARGUMENT")
+    log.reject({"type": "ElectLeaders", "topic": "t", "unclean": "yes"}, "INVALID_ARGUMENT")
+    assert [q["outcome"] for q in log.ok({"type": "ElectLeaders", "topic": "t"})["queues"]] == [
+        "leader_active", "no_in_sync_copy"]

@@ -109,6 +109,19 @@ class Remap(TypedDict):
 
 
 @with_config(STRICT)
+class Elect(TypedDict):
+    queues: NotRequired[Annotated[list[Queue], Field(min_length=1, max_length=limits.QUEUES_PER_TOPIC_MAX)] | None]
+    unclean: NotRequired[bool]
+
+
+@with_config(OPEN)
+class Elected(TypedDict):
+    topic: str
+    queues: list[dict[str, Any]]
+    version: int
+
+
+@with_config(STRICT)
 class LockRef(TypedDict):
     topic: Name
     queue: Queue

@@ -93,6 +93,10 @@ SPEC: dict[str, Any] = {
                                                  params=[_p("topic"), *_WRITE], body=M.TopicConfig)},
         "/v1/topics/{topic}/remap": {"post": _op("Move queues to brokers (seal-then-switch)", roles="admin",
                                                  params=[_p("topic"), *_WRITE], body=M.Remap)},
+        "/v1/topics/{topic}/elect": {"post": _op(
+            "Elect leaders for queues whose leader is fenced and no in-sync copy took over; unclean: an out-of-sync "
+            "copy, naming what may be lost", roles="admin", params=[_p("topic"), *_WRITE], body=M.Elect,
+            answer=M.Elected)},
         "/v1/routes/{topic}": {"get": _op("Route, long poll (304 when unchanged after the wait)",
                                           params=[_p("topic"), _q("after"), _q("wait", "number")], answer=M.Route)},
         "/v1/watch": {"get": {"summary": "Server-sent events: one 'route' event per topic change, id = version",

@@ -74,6 +74,17 @@ async def remap_topic(request: web.Request) -> web.Response:
     return await submit(request, _topic_cmd(request, "RemapTopic", **fields))
 
 
+@requires("admin")
+async def elect_leaders(request: web.Request) -> web.Response:
+    """Elect leaders for queues whose leader is fenced and which no in-sync copy took over; ``unclean`` elects an
+    out-of-sync copy and names, per queue, what may be lost (meta/deciders/replicas.elect)."""
+    body = await body_of(request, models.Elect)
+    fields = {"unclean": bool(body.get("unclean", False))}
+    if body.get("queues") is not None:
+        fields["queues"] = body["queues"]
+    return await submit(request, _topic_cmd(request, "ElectLeaders", **fields))
+
+
 @requires("client", "broker")
 async def queue_segments(request: web.Request) -> web.Response:
     """Every segment of one logic queue, oldest first (a route carries only the newest ones)."""
@@ -106,5 +117,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_patch("/v1/topics/{topic}", grow_topic)
     app.router.add_put("/v1/topics/{topic}/config", set_config)
     app.router.add_post("/v1/topics/{topic}/remap", remap_topic)
+    app.router.add_post("/v1/topics/{topic}/elect", elect_leaders)
     app.router.add_delete("/v1/topics/{topic}", delete_topic)
     app.router.add_get("/v1/topics/{topic}/queues/{queue}/segments", queue_segments)

@@ -4,7 +4,8 @@
                    its write budgets)
 - ``topics.py``    CreateTopic, GrowTopic, SetTopicConfig, DeleteTopic, RemapTopic (and the seal-then-switch of one
                    queue that a remap and a growth make: ``topics.move``)
-- ``replicas.py``  AlterInSync (who is in sync, asked by a head's leader), and what losing a broker decides: its
+- ``replicas.py``  AlterInSync (who is in sync, asked by a head's leader), ElectLeaders (an operator's election,
+                   unclean only when asked), and what losing a broker decides: its
                    heads fail over to in-sync replicas (``broker_lost``, from a fence or a new registration)
 - ``lookups.py``   no command: what several of them read alike (the broker a command names, a seal at the budget)
 - ``segments.py``  SealSegment, SealSegments (a broker reports where a segment being sealed ends)

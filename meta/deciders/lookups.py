@@ -1,5 +1,5 @@
-"""What several deciders read or decide alike: the broker a command names, the active brokers it names, and the seal
-of a segment at its budget's end."""
+"""What several deciders read or decide alike: the topic or broker a command names, the active brokers it names, and
+the seal of a segment at its budget's end."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .. import chains
 from ..events import make
 from ..image import Image
 from wire.errors import rejection
-from . import Events
+from . import Events, expect_version
 
 
 def registered_broker(image: Image, name: str, epoch: int | None = None) -> dict[str, Any]:
@@ -35,3 +35,12 @@ def seal_at_budget(topic: str, queue: int, seg: dict[str, Any]) -> Events:
     return [make("SegmentSealed", topic=topic, queue=queue, gen=seg["gen"], broker=seg["broker"],
                  physical_end=seg["budget_end"], logic_end=chains.logic_end(seg, seg["budget_end"]),
                  by="session_expired")]
+
+
+def existing_topic(image: Image, cmd: dict[str, Any]) -> dict[str, Any]:
+    """The topic ``cmd`` names (404 when there is none), at the command's ``expected_version`` if it has one."""
+    t = image.topic(cmd["topic"])
+    if t is None:
+        raise rejection(404, "TOPIC_NOT_FOUND", f"topic {cmd['topic']!r} does not exist", topic=cmd["topic"])
+    expect_version(cmd, t["version"])
+    return t

@@ -23,7 +23,7 @@ from ..events import make
 from ..image import Image
 from wire.errors import ApiError, invalid, rejection
 from . import Decider, Events
-from .lookups import registered_broker, seal_at_budget
+from .lookups import existing_topic, registered_broker, seal_at_budget
 
 
 def settings(image: Image, c: dict[str, Any], available: int) -> tuple[int, int]:
@@ -102,16 +102,23 @@ def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live:
     new = _elected(head, lost, live)
     if new is None or head[chains.LOGIC_START] is None:
         # No copy in sync to lead (replicas=1, or every follower lagged): the queue waits for its broker, or an
-        # operator's remap seals it at its budget (brokers.seal_at_budget). Before its logic start is decided the
-        # segment it continues is still sealing: that seal is decided first (_sealer_lost).
+        # operator's remap seals it at its budget (brokers.seal_at_budget), or elects an out-of-sync copy
+        # (``elect``). Before its logic start is decided the segment it continues is still sealing: that seal is
+        # decided first (_sealer_lost).
         return []
+    return _fail_over(t, q, head, lost, new, [new, *(b for b in _without(head, lost) if b != new)], "failover",
+                      budget)
+
+
+def _fail_over(t: dict[str, Any], q: int, head: chains.Segment, lost: str, new: str, in_sync: list[str],
+               cause: str, budget: int) -> Events:
+    """``new`` seals the head at its copy's end and leads the next gen, which starts there."""
+    topic, gen = t["topic"], head[chains.GEN]
     replicas = [new, *(b for b in head[chains.REPLICAS] if b not in (new, lost)), lost]   # the lost one last
-    in_sync = [new, *(b for b in _without(head, lost) if b != new)]
     return [make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=new),
             make("SegmentOpened", topic=topic, queue=q, gen=gen + 1, broker=new, from_broker=lost,
                  physical_queue=allocation.physical_queue_name(topic, t["incarnation"], q, gen + 1),
-                 physical_start=0, budget_end=budget,
-                 replicas=replicas, in_sync=in_sync, cause="failover")]
+                 physical_start=0, budget_end=budget, replicas=replicas, in_sync=in_sync, cause=cause)]
 
 
 def _sealer_lost(t: dict[str, Any], q: int, sealing: chains.Segment, head: chains.Segment, lost: str,
@@ -173,6 +180,45 @@ def alter_in_sync(image: Image, c, ts, budget):
     return events, {"results": results}
 
 
+def elect(image: Image, c, ts, budget):
+    """An operator's election for the queues of a topic whose leader is fenced and which no in-sync copy took over.
+    ``unclean``: elect the first live copy even out of sync; it seals the head at its own end, and what the old
+    leader acknowledged past it is lost (Kafka's unclean leader election, never automatic). Each queue is decided
+    on its own and named in the result with what happened to it."""
+    t = existing_topic(image, c)
+    queues = c.get("queues") or list(range(t["queues"]))
+    for q in queues:
+        if q >= t["queues"]:
+            raise invalid(f"queue {q} does not exist; the topic has {t['queues']} queues", queue=q)
+    live = set(active(image))
+    events: Events = []
+    results = []
+    for q in queues:
+        head = chains.head(t["chains"][q])
+        leader, gen = head[chains.BROKER], head[chains.GEN]
+        result: dict[str, Any] = {"queue": q, "leader": leader, "gen": gen}
+        if leader in live:
+            result["outcome"] = "leader_active"
+        elif head[chains.STATE] != "active" or head[chains.LOGIC_START] is None:
+            result["outcome"] = "sealing"
+        elif (new := _elected(head, leader, live)) is not None:
+            events += _fail_over(t, q, head, leader, new, [new, *(b for b in _without(head, leader) if b != new)],
+                                 "failover", budget)
+            result.update(outcome="elected", to=new, new_gen=gen + 1)
+        elif not c.get("unclean"):
+            result["outcome"] = "no_in_sync_copy"
+        elif (new := next((b for b in head[chains.REPLICAS] if b != leader and b in live), None)) is None:
+            result["outcome"] = "no_live_copy"
+        else:
+            events += _fail_over(t, q, head, leader, new, [new], "unclean", budget)
+            result.update(outcome="elected_unclean", to=new, new_gen=gen + 1,
+                          may_lose=f"what {leader} acknowledged in gen {gen} past the end of {new}'s copy, which "
+                                   "was not in sync")
+        results.append(result)
+    return events, {"topic": t["topic"], "queues": results}
+
+
 DECIDERS: dict[str, Decider] = {
     "AlterInSync": alter_in_sync,
+    "ElectLeaders": elect,
 }

@@ -13,7 +13,7 @@ from ..image import Image
 from wire.errors import ApiError, invalid, rejection
 from . import Decider
 from .lookups import registered_broker
-from .topics import existing_topic
+from .lookups import existing_topic
 
 
 def seal_one(image: Image, broker: str, c: dict[str, Any]):

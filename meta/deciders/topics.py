@@ -14,18 +14,9 @@ from ..events import make
 from ..image import Image
 from wire.errors import invalid, rejection
 from . import Decider, Events, expect_version
-from .lookups import active_brokers, seal_at_budget
+from .lookups import active_brokers, existing_topic, seal_at_budget
 from .groups import topic_changed
 from .replicas import replica_set, settings, zones
-
-
-def existing_topic(image: Image, cmd: dict[str, Any]) -> dict[str, Any]:
-    """The topic ``cmd`` names (404 when there is none), at the command's ``expected_version`` if it has one."""
-    t = image.topic(cmd["topic"])
-    if t is None:
-        raise rejection(404, "TOPIC_NOT_FOUND", f"topic {cmd['topic']!r} does not exist", topic=cmd["topic"])
-    expect_version(cmd, t["version"])
-    return t
 
 
 def writable_head(t: dict[str, Any], queue: int) -> dict[str, Any]:

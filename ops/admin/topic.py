@@ -58,6 +58,23 @@ async def create(name: str, queues: int, brokers: str | None, slots: int | None,
     output.emit(g.json, data, _written)
 
 
+@topic.command("elect")
+@click.argument("name")
+@click.option("--queues", metavar="Q1[,Q2...]", help="only these queues (default: every queue)")
+@click.option("--unclean", is_flag=True,
+              help="elect a copy that is not in sync when no in-sync one is left: what it misses is lost")
+@global_options
+async def elect(name: str, queues: str | None, unclean: bool, g: Globals) -> None:
+    """Elect leaders for queues of NAME whose leader is fenced and that no in-sync copy took over (POST
+    /v1/topics/NAME/elect). Meta does this by itself whenever an in-sync copy is left; --unclean is an operator's
+    choice to lose what the elected copy misses rather than wait for the old leader's broker."""
+    async with g.admin() as admin:
+        data = await admin.elect_leaders(name, queues=_queue_ids(queues), unclean=unclean)
+    output.emit(g.json, data, lambda d: output.table(d["queues"], [
+        ("queue", "queue"), ("leader", "leader"), ("gen", "gen"), ("outcome", "outcome"), ("to", "to"),
+        ("may lose", "may_lose")]))
+
+
 @topic.command("list")
 @global_options
 async def list_topics(g: Globals) -> None:
