@@ -12,7 +12,6 @@ import signal
 import time
 
 import aiohttp
-import pytest
 
 from tests.support.broker_http import admin, read_all, route, wait_route
 from tests.support.cluster import running
@@ -53,7 +52,6 @@ async def _sender(c, topic: str, queue: int, n: int, acked: dict, unknown: list,
             r = await route(c, topic)
 
 
-@pytest.mark.asyncio
 async def test_a_broker_lost_with_its_disk_loses_no_acknowledged_message_and_its_queues_fail_over(tmp_path):
     extra_meta = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": 500}
     async with running(str(tmp_path), 3, 3, meta=extra_meta) as c:
@@ -111,7 +109,6 @@ async def test_a_broker_lost_with_its_disk_loses_no_acknowledged_message_and_its
         await wait_route(c, "r", lambda r: all(victim in q["in_sync"] for q in r["queues"]), timeout_s=60.0)
 
 
-@pytest.mark.asyncio
 async def test_a_send_is_acknowledged_and_read_only_once_every_in_sync_copy_holds_it(tmp_path):
     async with running(str(tmp_path), 3, 3) as c:
         s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "r", "queues": 1, "replicas": 3})
@@ -140,7 +137,6 @@ async def test_a_send_is_acknowledged_and_read_only_once_every_in_sync_copy_hold
         assert [m["body"] for m in b["messages"]] == ["first", "second"], b
 
 
-@pytest.mark.asyncio
 async def test_a_resent_batch_is_stored_once_by_its_leader_and_by_the_replica_elected_after_it(tmp_path):
     """An idempotent producer's batch sent again (same X-Producer-Id and X-Producer-Seq) is answered with the offsets
     it was stored at and not stored again: at the same leader, and at the copy elected when that leader dies."""

@@ -126,8 +126,11 @@ class Replicator:
             data = await r.read()   # all of it: content.read(n) returns what has arrived, maybe less
             if r.status != 200:
                 raise RuntimeError(f"fetch refused: {r.status} {data[:200]!r}")
+        taking = []
         for section in frames.decode(data):
             seg = self.routes.copies.get(section.physical_queue)
             if seg is None or source(seg, self.me) != src or not section.runs:
                 continue   # the segment changed hands while the fetch waited: what it brought is not taken
-            self.records += await self.writer.append_copy(seg, section.runs, frames.with_gen(section.batches, seg.gen))
+            taking.append(self.writer.append_copy(seg, section.runs, frames.with_gen(section.batches, seg.gen)))
+        # Together: each waits for a sync that covers its queue, and with group commit one sync covers them all
+        self.records += sum(await asyncio.gather(*taking))

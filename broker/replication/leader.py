@@ -46,6 +46,7 @@ class ReplicaTracker:
         self._local_end = local_end                              # the leader's own durable end of a segment
         self._acked: dict[str, dict[str, int]] = {}              # pq -> follower -> offset it holds durably
         self._caught_up: dict[str, dict[str, float]] = {}        # pq -> follower -> monotonic time it last caught up
+        self._end_at_fetch: dict[str, dict[str, int]] = {}       # pq -> follower -> leader's end at its last fetch
         self._adding: dict[str, set[str]] = {}                   # pq -> followers asked to be added, not yet in sync
         self._hw: dict[str, int] = {}                            # pq -> high watermark (physical), only grows
         self._waiters: dict[str, list[tuple[int, asyncio.Future]]] = {}
@@ -140,14 +141,20 @@ class ReplicaTracker:
                 adding -= set(seg.in_sync)
 
     # -- fetches ------------------------------------------------------------------------------------------------
-    def fetched(self, seg: Segment, follower: str, offset: int) -> None:
-        """A follower of a segment this broker leads fetched from ``offset``: it holds everything below durably."""
+    def fetched(self, seg: Segment, follower: str, offset: int, now: float | None = None) -> None:
+        """A follower of a segment this broker leads fetched from ``offset``: it holds everything below durably.
+        ``now``: the monotonic time of the fetch (the clock's, unless a test names it)."""
         if follower == self.me or follower not in seg.replicas:
             return
         pq = seg.physical_queue
         self._acked.setdefault(pq, {})[follower] = offset
-        if offset >= self._local_end(seg):
-            self._caught_up.setdefault(pq, {})[follower] = time.monotonic()
+        # Caught up when it holds what the leader held at its previous fetch (Kafka's lastCaughtUpTime): under a
+        # steady load the leader always holds more than any follower at the moment it asks.
+        ends = self._end_at_fetch.setdefault(pq, {})
+        local = self._local_end(seg)
+        if offset >= min(ends.get(follower, local), local):
+            self._caught_up.setdefault(pq, {})[follower] = time.monotonic() if now is None else now
+        ends[follower] = local
         self._settle(pq)
 
     def appended(self, pq: str) -> None:
@@ -167,7 +174,7 @@ class ReplicaTracker:
             pass
 
     def _forget(self, pq: str) -> None:
-        for table in (self._acked, self._caught_up, self._adding, self._hw):
+        for table in (self._acked, self._caught_up, self._end_at_fetch, self._adding, self._hw):
             table.pop(pq, None)
 
     # -- the in-sync set ----------------------------------------------------------------------------------------
@@ -190,11 +197,13 @@ class ReplicaTracker:
                 if f in seg.in_sync or f in adding:
                     if lagging:
                         adding.discard(f)
-                    elif f in seg.in_sync:
-                        keep.append(f)
+                    else:   # an addition asked before is asked again until the route shows it
+                        (keep if f in seg.in_sync else add).append(f)
                     continue
-                if acked.get(f, -1) >= end and now - last <= LAG_MAX_S:
-                    adding.add(f)   # counted from now on, before meta has decided
+                # It holds everything acknowledged (below the high watermark): from now on sends wait for it too,
+                # before meta has decided, so it holds every acknowledged record whatever the log decides.
+                if acked.get(f, -1) >= self.readable_end(seg):
+                    adding.add(f)
                     add.append(f)
             wanted = keep + add
             if sorted(wanted) != sorted(seg.in_sync):

@@ -1,0 +1,93 @@
+"""The leader's view of its followers (broker/replication/leader.py), in process with the real route table: who is
+lagging, who has caught up, and what a send waits for. The clock is the test's (each fetch and each look names its
+time), so ten seconds of lag take no time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.replication import leader as leader_mod
+from broker.replication.leader import LAG_MAX_S, ReplicaTracker
+from broker.routing import RouteTable
+from wire import route as route_model
+
+
+def route(version: int, in_sync: list[str], min_insync: int = 2) -> dict:
+    seg = route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:9", physical_queue="t.q0.g0",
+                                   physical_start=0, logic_start=0, logic_end=None, state="active", budget_end=10**9,
+                                   replicas=["b1", "b2", "b3"], in_sync=in_sync)
+    return route_model.route_json(topic="t", version=version, slots=16, order="best_tried", config={},
+                                  slot_table=[[0, 16, 0]], slot_table_version=1, barriers=[], replicas=3,
+                                  min_insync=min_insync, queues=[route_model.queue_json(0, True, [seg])])
+
+
+class Leader:
+    def __init__(self, in_sync: list[str]):
+        self.routes = RouteTable("b1")
+        self.routes.update(route(1, in_sync))
+        self.end = 0
+        self.tracker = ReplicaTracker("b1", self.routes, lambda seg: self.end)
+
+    @property
+    def head(self):
+        return self.routes.head("t", 0)
+
+    def wanted(self, now: float) -> list[list[str]]:
+        return [c["in_sync"] for c in self.tracker.changes_wanted(now)]
+
+
+def test_a_follower_under_steady_load_stays_in_sync_though_the_leader_always_holds_more():
+    lead = Leader(["b1", "b2", "b3"])
+    now = 0.0
+    lead.wanted(now)   # first sight: their times start now
+    for step in range(int(3 * LAG_MAX_S)):
+        held = lead.end
+        lead.end += 10   # a send lands between any two fetches
+        now = float(step)
+        for f in ("b2", "b3"):
+            lead.tracker.fetched(lead.head, f, held, now)   # each holds what the leader held a moment ago
+        assert lead.wanted(now) == [], f"a follower that keeps up was dropped at {now} s"
+
+
+def test_a_follower_that_stops_leaves_after_the_lag_bound_and_comes_back_once_it_holds_the_high_watermark():
+    lead = Leader(["b1", "b2", "b3"])
+    lead.wanted(0.0)
+    lead.end = 50
+    lead.tracker.fetched(lead.head, "b2", 50, 1.0)
+    lead.tracker.fetched(lead.head, "b3", 20, 1.0)
+    assert lead.wanted(LAG_MAX_S - 1) == []
+    lead.tracker.fetched(lead.head, "b2", 50, LAG_MAX_S + 1)
+    assert lead.wanted(LAG_MAX_S + 2) == [["b1", "b2"]]
+    lead.routes.update(route(2, ["b1", "b2"]))
+    lead.tracker.route_changed()
+    assert lead.tracker.readable_end(lead.head) == 50   # b3 no longer counts
+    lead.tracker.fetched(lead.head, "b3", 40, LAG_MAX_S + 3)
+    assert lead.wanted(LAG_MAX_S + 3) == [], "behind the high watermark: not yet"
+    lead.tracker.fetched(lead.head, "b3", 50, LAG_MAX_S + 4)
+    assert lead.wanted(LAG_MAX_S + 4) == [["b1", "b2", "b3"]]
+    assert lead.wanted(LAG_MAX_S + 5) == [["b1", "b2", "b3"]], "asked again until the route shows it"
+    lead.end = 60
+    assert lead.tracker.readable_end(lead.head) == 50, "a follower asked to be added counts at once"
+
+
+async def test_a_send_waits_for_every_copy_in_sync_and_is_refused_below_min_insync(monkeypatch):
+    lead = Leader(["b1", "b2", "b3"])
+    lead.end = 10
+    waiting = asyncio.ensure_future(lead.tracker.replicated(lead.head, 10))
+    lead.tracker.fetched(lead.head, "b2", 10, 0.0)
+    await asyncio.sleep(0)
+    assert not waiting.done(), "acknowledged before b3 held it"
+    lead.tracker.fetched(lead.head, "b3", 10, 0.0)
+    await asyncio.wait_for(waiting, 1)
+    lead.routes.update(route(2, ["b1"]))
+    with pytest.raises(Exception) as refused:
+        lead.tracker.check_writable(lead.head)
+    assert getattr(refused.value, "code", None) == "NOT_ENOUGH_REPLICAS"
+    monkeypatch.setattr(leader_mod, "REPLICATION_WAIT_S", 0.05)
+    lead.routes.update(route(3, ["b1", "b2"]))
+    lead.end = 20
+    with pytest.raises(Exception) as timed_out:
+        await lead.tracker.replicated(lead.head, 20)
+    assert getattr(timed_out.value, "code", None) == "NOT_ENOUGH_REPLICAS"
