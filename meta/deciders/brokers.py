@@ -9,7 +9,6 @@ no copy in sync to seal it instead ends at its budget's end, a safe end: it can 
 
 from __future__ import annotations
 
-from typing import Any
 
 from .. import limits
 from ..events import make
