@@ -158,11 +158,12 @@ class Reader:
     async def _read(self, seg: Segment, physical: int, max_n: int) -> tuple[list[Run], int]:
         """Runs of records from ``physical`` on, and the segment's physical end as far as its holder knows: here when
         this broker leads it (below the high watermark) or holds a whole copy of it, else at a broker holding it."""
-        if seg.broker == self.me:
-            return await self._read_here(seg, physical, max_n, self.writer.readable_physical(seg))
         end = physical_end(seg)
-        if end is not None and self.me in seg.replicas and self.writer.max_physical(seg) >= end:
-            return await self._read_here(seg, physical, max_n, end)
+        if end is not None:   # sealed: here if this broker's copy is whole (it may be back on a new disk)
+            if self.me in seg.replicas and self.writer.max_physical(seg) >= end:
+                return await self._read_here(seg, physical, max_n, end)
+        elif seg.broker == self.me and (seg.sealer or seg.broker) == self.me:
+            return await self._read_here(seg, physical, max_n, self.writer.readable_physical(seg))
         best: tuple[list[Run], int] | None = None
         failed: ApiError | None = None
         for holder in self._holders(seg):

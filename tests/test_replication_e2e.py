@@ -107,6 +107,14 @@ async def test_a_broker_lost_with_its_disk_loses_no_acknowledged_message_and_its
         # the wiped broker comes back, catches up from the leaders and is in sync again
         c.start(victim)
         await wait_route(c, "r", lambda r: all(victim in q["in_sync"] for q in r["queues"]), timeout_s=60.0)
+        # led by it again, every queue reads whole from it: the segments it led before its disk was lost come from
+        # whichever broker holds them whole, never from its own empty copy as if they had ended
+        s, b = await admin(c, "POST", 0, "/v1/topics/r/remap", {"brokers": [victim]})
+        assert s == 200, b
+        await wait_route(c, "r", lambda r: all(q["broker"] == victim and q["writable"] for q in r["queues"]))
+        for q in range(QUEUES):
+            at = {m["offset"]: m["body"] for m in await read_all(c, "r", q)}
+            assert all(at.get(off) == body for (queue, off), body in acked.items() if queue == q), q
 
 
 async def test_a_send_is_acknowledged_and_read_only_once_every_in_sync_copy_holds_it(tmp_path):
