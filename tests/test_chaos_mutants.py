@@ -177,6 +177,7 @@ def test_the_runner_reports_a_planted_bug(tmp_path, mutant):
     _plant(tree, mutant)
     summary = _run(tree, str(tmp_path / "work"), mutant.faults)
     caught = sorted({v["check"] for v in summary["violations"]})
-    print(f"{mutant.name}: caught by {caught} in a {MUTANT_RUN_S} s run at seed {SEED} ({','.join(mutant.faults)})")
+    counts = {c: sum(1 for v in summary["violations"] if v["check"] == c) for c in caught}
+    print(f"{mutant.name}: caught by {counts} in a {MUTANT_RUN_S} s run at seed {SEED} ({','.join(mutant.faults)})")
     assert caught, f"{mutant.name} went unnoticed: {json.dumps(summary)[:3000]}"
     assert summary["returncode"] == 1

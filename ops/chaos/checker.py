@@ -6,6 +6,8 @@
 - ``no_lost_sends``: every message of every acknowledged batch is in the final read, at its offset, with its body.
 - ``queues_contiguous``: each segment's offsets run from its start without a gap, a jump between segments is at most
   one offset budget, and no message is stored twice.
+- ``one_leader_per_epoch``: no two brokers acknowledged sends in one leader epoch of a queue, by the epoch each send
+  was routed with and by the epoch the log's final chain puts its offsets in (whose leader the log names).
 - ``committed_offsets``: a read of a committed offset never sees one older than a commit acknowledged before it.
 - ``exclusive_commits``: per queue, once a commit with token T was accepted, no commit with a smaller token is
   accepted afterwards (two owners never both commit).
@@ -170,22 +172,85 @@ def no_lost_sends(ops: Iterable[Op], final: Mapping[tuple[str, int], Mapping[int
 _MISSING = object()
 
 
+def one_leader_per_epoch(ops: Iterable[Op], epochs: Mapping[tuple[str, int], list[Mapping[str, Any]]]
+                         ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """A queue's leader epoch (its head's gen: a new leader always starts a new one) has one leader: no two brokers
+    acknowledge sends in one epoch. Acknowledged ``send`` ops carry (input) the ``broker`` they were sent to (the
+    broker at that address answered: another refuses) and the ``leader_epoch`` of the route they were sent with;
+    ``epochs[(topic, queue)]``: the queue's segments at the end, each ``{"gen", "broker", "logic_start",
+    "logic_end"}`` (``logic_end`` None for the head), as the log has them.
+
+    Each send is counted twice. By its route's epoch: two brokers answering sends routed with one epoch means meta's
+    routes named two leaders for it. By the epoch its offsets lie in, in the final chain: the log names that
+    segment's leader, so a send answered by another broker (a leader cut off from meta and its followers that went
+    on acknowledging, over offsets the log then gave the next leader) makes two. A send whose first offset lies in
+    no segment is left to no_lost_sends and queues_contiguous. Sends recorded without a broker are not counted.
+    Returns (violations, stats)."""
+    by_route: dict[tuple[str, int, int], dict[str, list[Op]]] = defaultdict(lambda: defaultdict(list))
+    by_log: dict[tuple[str, int, int], dict[str, list[Op]]] = defaultdict(lambda: defaultdict(list))
+    log_segment: dict[tuple[str, int, int], Mapping[str, Any]] = {}
+    stats = {"epoch_sends_checked": 0, "epoch_sends_unplaced": 0, "epochs_acked": 0, "epochs_of_route_acked": 0}
+    for o in ops:
+        if o.kind != "send" or o.outcome != OK or o.input.get("broker") is None or not o.output.get("offsets"):
+            continue
+        topic, queue, broker = o.input["topic"], o.output["queue"], o.input["broker"]
+        stats["epoch_sends_checked"] += 1
+        if o.input.get("leader_epoch") is not None:
+            by_route[(topic, queue, o.input["leader_epoch"])][broker].append(o)
+        first = o.output["offsets"][0]
+        seg = next((s for s in epochs.get((topic, queue), [])
+                    if s["logic_start"] is not None and s["logic_start"] <= first
+                    and (s["logic_end"] is None or first < s["logic_end"])), None)
+        if seg is None:
+            stats["epoch_sends_unplaced"] += 1
+            continue
+        key = (topic, queue, seg["gen"])
+        log_segment[key] = seg
+        by_log[key][broker].append(o)
+    stats["epochs_acked"], stats["epochs_of_route_acked"] = len(by_log), len(by_route)
+    out = []
+    for (topic, queue, gen), answered in sorted(by_route.items()):
+        if len(answered) > 1:
+            out.append(violation("one_leader_per_epoch", f"{topic}/{queue}: sends routed with leader epoch {gen} were "
+                                 f"acknowledged by {len(answered)} brokers ({', '.join(sorted(answered))}): meta's "
+                                 "routes named two leaders for one epoch",
+                                 sends={b: [_brief(o) for o in sent[:2]] for b, sent in sorted(answered.items())}))
+    for key, answered in sorted(by_log.items()):
+        topic, queue, gen = key
+        seg = log_segment[key]
+        if len(set(answered) | {seg["broker"]}) > 1:
+            out.append(violation("one_leader_per_epoch", f"{topic}/{queue}: in leader epoch {gen}, which the log gives "
+                                 f"to {seg['broker']}, sends were acknowledged by {', '.join(sorted(answered))}: "
+                                 "two leaders acknowledged in one epoch",
+                                 segment={k: seg.get(k) for k in ("gen", "broker", "logic_start", "logic_end",
+                                                                  "sealer")},
+                                 sends={b: [_brief(o) for o in sent[:2]] for b, sent in sorted(answered.items())}))
+    return out, stats
+
+
 def queues_contiguous(final: Mapping[tuple[str, int], Mapping[int, str | None]],
                       segments: Mapping[tuple[str, int], list[tuple[int, int | None]]],
-                      budget: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+                      budget: int, epochs: Mapping[tuple[str, int], list[Mapping[str, Any]]] | None = None
+                      ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Each queue's offsets read back fill every segment from its logic start without a gap (nothing is retained
     away in a run); between two segments the offsets may jump, by at most one offset budget, where a seal could not
     learn its broker's exact end (DESIGN.md, invariant 5). No tagged body appears twice in a topic: every send is a
     single attempt, so a second copy is the system's. ``segments[(topic, queue)]``: (logic_start, logic_end or None
-    for the head) of each segment, in order."""
+    for the head) of each segment, in order. ``epochs`` (as one_leader_per_epoch takes them, aligned with
+    ``segments``), when given, say where each segment's budget ended (``budget_logic_end``): a jump is then allowed
+    only to that point, since every other seal is at the end of a copy (its leader's, or after a failover the
+    elected replica's) and a segment read back short of it lost records it held."""
     out = []
     jumps = 0
     seen: dict[tuple[str, str], tuple[int, int]] = {}
     for (topic, queue), got in sorted(final.items()):
         offsets = sorted(got)
         chain = segments.get((topic, queue), [])
+        budget_ends = [e.get("budget_logic_end") for e in (epochs or {}).get((topic, queue), [])]
+        if len(budget_ends) != len(chain):
+            budget_ends = [None] * len(chain)
         placed = 0
-        for start, end in chain:
+        for (start, end), budget_end in zip(chain, budget_ends):
             inside = [o for o in offsets if o >= start and (end is None or o < end)]
             placed += len(inside)
             if inside != list(range(start, start + len(inside))):
@@ -193,6 +258,12 @@ def queues_contiguous(final: Mapping[tuple[str, int], Mapping[int, str | None]],
                 out.append(violation("queues_contiguous", f"{topic}/{queue}: the segment from {start} holds offsets "
                                      f"with a gap (first missing: {first_gap}, {len(inside)} read)"))
             if end is not None and end > start + len(inside):
+                if budget_end is not None and end != budget_end:
+                    out.append(violation("queues_contiguous", f"{topic}/{queue}: the segment from {start} was sealed "
+                                         f"at {end}, the end of a copy (its budget ends at {budget_end}), but only "
+                                         f"{len(inside)} offsets from its start were read back: the rest are lost or "
+                                         f"unreadable (first missing: {start + len(inside)})"))
+                    continue
                 jumps += 1
                 if end - (start + len(inside)) > budget:
                     out.append(violation("queues_contiguous", f"{topic}/{queue}: the segment from {start} ends at "

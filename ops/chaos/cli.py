@@ -96,6 +96,12 @@ def _print_summary(s: dict, replay: str) -> None:
     if again:
         click.echo(f"note: {again} acked pop(s) delivered again (at-least-once allows it; examples in --json, "
                    "the faults' times in history.json)")
+    b = s.get("broker_faults") or {}
+    if b.get("faults"):
+        click.echo(f"broker faults: {b['faults']} ({b['hit_a_leader']} hit a broker leading {b['heads_led_when_hit']} "
+                   f"data heads); {b['sends_acked_during']} sends acknowledged during them, "
+                   f"{b['sends_acked_by_the_broker_hit']} by the broker hit; "
+                   f"{s['checks'].get('epochs_acked', 0)} leader epochs with acknowledged sends checked")
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["fault_kinds_injected"].items()))
     click.echo(f"seed {s['seed']}: {s['faults_injected']} faults injected ({kinds}), "
                f"{s['operations_checked']} operations checked, {s['snapshot_installs_seen']} snapshot installs seen "

@@ -27,6 +27,22 @@ POWER_ALL_SHARE is the whole machine's: every member at once. What each lost is 
 ``leader_cut`` cuts the meta leader of the moment from both peers, for longer than the others take to elect a new
 one, then heals. The runner's clients keep talking to every meta node directly, so they keep sending writes to the
 cut-off leader: none of them may be acknowledged unless the new majority has it.
+
+The broker faults reach the queues' replication (broker/replication, meta/deciders/replicas.py): every head has
+copies on the three brokers, a send is acknowledged once every in-sync copy holds it, and a lost leader's heads fail
+over to an in-sync copy that reports its own end as the seal.
+``broker_wipe`` is ``wipe`` for a broker: kill -9, its whole data directory removed, down for the hold, then started
+again on the empty disk. It registers again (meta fails over each head it led, unless its session lapsed first: the
+hold runs past the session timeout now and then), catches up as a follower and is added back to the in-sync sets by
+the leaders. Before a disk is taken, every head must have a copy in sync besides the broker's (bounded, as ``wipe``
+waits for every meta node to vote): the wipe never takes the last copy of an acknowledged record.
+``broker_partition`` cuts one broker off: ``bN|meta`` from every meta node (its session lapses, meta fences it and
+fails its heads over), ``bN|peers`` from the other brokers (its front proxy: no follower can fetch from it, so the
+sends it leads cannot be acknowledged), ``bN|all`` both. The runner's senders reach brokers on their own ports
+around the front proxy (topology.py), so a leader cut off from everyone keeps being sent to: none of what it takes
+may be acknowledged unless its copies hold it, whatever the log decides meanwhile. Its own fetches as a follower go
+through the other brokers' fronts and stay up: a partition is of its inbound peer links and its meta links.
+Each broker fault's record names the heads the broker led when it was hit (``led``).
 """
 
 from __future__ import annotations
@@ -39,6 +55,7 @@ import shutil
 import signal
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -49,7 +66,9 @@ from runtime import power_loss
 from .topology import COMPACTION_MIN_TIME_S, Topology
 
 
-KINDS = ("kill", "pause", "restart", "partition", "install", "wipe", "replace", "power", "leader_cut")
+KINDS = ("kill", "pause", "restart", "partition", "install", "wipe", "replace", "power", "leader_cut", "broker_wipe",
+         "broker_partition")
+BROKER_KINDS = ("broker_wipe", "broker_partition")
 # A power loss is drawn twice as often as each other kind: it is the fault that reaches the unsynced writes of
 # every store at once, and issue 20 asks a 600 s run for twenty of them.
 KIND_WEIGHTS = {"power": 2}
@@ -60,7 +79,12 @@ HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "parti
           "replace": (0.5, 2.0), "power": (0.2, 2.0),
           # longer than an election (meta's election timeout is at most 0.5 s, then a vote round)
           "leader_cut": (2.0, 5.0),
-          "install": (2 * COMPACTION_MIN_TIME_S + 1.5, 2 * COMPACTION_MIN_TIME_S + 4.5)}
+          "install": (2 * COMPACTION_MIN_TIME_S + 1.5, 2 * COMPACTION_MIN_TIME_S + 4.5),
+          # across the chaos meta's session timeout (topology.META_EXTRA, 4 s): a broker back before it lapses is
+          # failed over by its new registration, one away for longer by its fence, and the leader it was cut from
+          # keeps being sent to for seconds before it notices
+          "broker_wipe": (0.5, 6.0), "broker_partition": (2.0, 8.0)}
+BROKER_PARTITION_SIDES = {"all": 2, "meta": 1, "peers": 1}   # weights of what a broker_partition cuts
 INSTALL_KILL_SHARE = 0.5            # installs that end in a kill -9 of the follower ...
 INSTALL_KILL_AFTER_S = (0.0, 1.5)   # ... this long after the heal: the snapshot is sent or installed by then
 POWER_ALL_SHARE = 0.25              # power faults that take every member down at once
@@ -73,6 +97,7 @@ STOP_WAIT_S = 15.0                  # a stop or start of one member (devcluster 
 MEMBERSHIP_DEADLINE_S = 60.0        # a membership change that keeps being refused (another in flight, no leader)
 MEMBERSHIP_RETRY_S = 0.25
 VOTERS_DEADLINE_S = 60.0            # wipe and replace: until every meta node votes again (a wiped one caught up)
+IN_SYNC_DEADLINE_S = 30.0           # broker_wipe: until every head has a copy in sync besides the broker's
 # (method, on the collection): the refusal that means an earlier attempt did it
 POWER_ALL = "all"                   # a power fault's target: every member
 LEADER = "leader"                   # a leader_cut's target: the meta leader when the fault is applied
@@ -84,7 +109,8 @@ DONE_ALREADY = {("DELETE", False): "MEMBER_NOT_FOUND", ("POST", True): "MEMBER_E
 class Fault:
     at_s: float        # after the start of the run
     kind: str
-    target: str        # "m2", "b1", or for a partition "m2|rest" (a meta node from the others) / "b1|meta"
+    target: str        # "m2", "b1", or for a partition "m2|rest" (a meta node from the others) / "b1|meta"; for a
+                       # broker_partition also "b1|peers" (from the other brokers) and "b1|all" (both)
     hold_s: float
     # install only: kill -9 the follower this long after the heal (None: let the install finish)
     kill_after_s: float | None = None
@@ -93,7 +119,7 @@ class Fault:
     def describe(self) -> str:
         kill = f", kill -9 {self.kill_after_s:.2f}s after" if self.kill_after_s is not None else ""
         tear = ", torn" if self.tear else ""
-        return f"{self.at_s:7.2f}s {self.kind:<9} {self.target:<8} for {self.hold_s:.2f}s{kill}{tear}"
+        return f"{self.at_s:7.2f}s {self.kind:<16} {self.target:<8} for {self.hold_s:.2f}s{kill}{tear}"
 
 
 def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_names: tuple[list[str], list[str]]
@@ -124,6 +150,12 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_name
             tear = rng.random() < POWER_TEAR_SHARE
         elif kind == "leader_cut":
             target = f"{LEADER}|rest"    # who leads is known only when the fault comes
+        elif kind == "broker_wipe":
+            target = rng.choice(brokers)
+        elif kind == "broker_partition":
+            sides = list(BROKER_PARTITION_SIDES)
+            side = rng.choices(sides, weights=[BROKER_PARTITION_SIDES[x] for x in sides])[0]
+            target = f"{rng.choice(brokers)}|{side}"
         else:
             target = rng.choice(metas + brokers)
         if t + hold + (kill_after or 0.0) > duration_s:
@@ -145,13 +177,16 @@ class Nemesis:
         self._down: set[str] = set()
         self._cut: dict[Fault, str] = {}   # install: the follower actually cut; leader_cut: the leader
         self._lost: dict[Fault, dict[str, dict[str, int]]] = {}   # power: what each member lost
+        self._led: dict[Fault, dict[str, list[int]] | None] = {}   # broker faults: the heads the broker led
 
     async def run(self) -> None:
         for f in self.faults:
             await asyncio.sleep(max(0.0, f.at_s - self.clock()))
             started, started_wall = self.clock(), time.time()
+            applied = None
             try:
                 await self._apply(f)
+                applied = self.clock()   # after the waits before a fault (a wipe's): when it struck
                 await asyncio.sleep(f.hold_s)
             except (OSError, RuntimeError, KeyError, asyncio.TimeoutError) as e:
                 # a fault that could not be applied is reported (the run then gives no verdict), not fatal
@@ -160,11 +195,14 @@ class Nemesis:
                 await self._heal(f)
             # wall times too: the members' logs are stamped with them
             record = {**asdict(f), "started_s": round(started, 3), "healed_s": round(self.clock(), 3),
+                      "applied_s": None if applied is None else round(applied, 3),
                       "started_wall": round(started_wall, 3), "healed_wall": round(time.time(), 3)}
             if f in self._cut:
                 record["isolated"] = self._cut.pop(f)
             if f in self._lost:
                 record["power_loss"] = self._lost.pop(f)
+            if f in self._led:
+                record["led"] = self._led.pop(f)
             self.applied.append(record)
 
     async def _apply(self, f: Fault) -> None:
@@ -183,6 +221,11 @@ class Nemesis:
             await asyncio.to_thread(self._every_meta_node_votes)
             await self._stop(name, signal.SIGKILL)
             await asyncio.to_thread(_wipe, os.path.join(self.t.dir, name, "data"))
+        elif f.kind == "broker_wipe":
+            await asyncio.to_thread(self._another_copy_in_sync, name)
+            self._led[f] = await asyncio.to_thread(self._heads_led, name)
+            await self._stop(name, signal.SIGKILL)
+            await asyncio.to_thread(_wipe, os.path.join(self.t.dir, name, "data"))
         elif f.kind == "replace":
             await asyncio.to_thread(self._every_meta_node_votes)
             await asyncio.to_thread(self._membership, "DELETE", f"/{name}", None, name)
@@ -193,20 +236,23 @@ class Nemesis:
         elif f.kind == "pause":
             self._signal(name, signal.SIGSTOP)
             self._paused.add(name)
-        elif f.kind == "partition":
+        elif f.kind in ("partition", "broker_partition"):
+            if f.kind == "broker_partition":
+                self._led[f] = await asyncio.to_thread(self._heads_led, name)
             self._set_cut(f.target, True)
 
     async def _heal(self, f: Fault) -> None:
         name = f.target.split("|")[0]
         try:
-            if f.kind in ("kill", "restart", "wipe"):
-                await self._start(name)
+            if f.kind in ("kill", "restart", "wipe", "broker_wipe"):
+                if name in self._down:   # not when the fault was never applied (a wipe that waited in vain)
+                    await self._start(name)
             elif f.kind == "replace":
                 await self._rejoin(name)
             elif f.kind == "pause":
                 self._signal(name, signal.SIGCONT)
                 self._paused.discard(name)
-            elif f.kind == "partition":
+            elif f.kind in ("partition", "broker_partition"):
                 self._set_cut(f.target, False)
             elif f.kind == "install" and f in self._cut:
                 await self._end_install(f, self._cut[f])
@@ -306,15 +352,69 @@ class Nemesis:
 
     def _status(self, name: str) -> dict[str, Any] | None:
         """The node's /v1/cluster answer (None when it does not answer in time)."""
+        return self._get(name, "/v1/cluster")
+
+    def _get(self, name: str, path: str) -> Any:
+        """A meta node's JSON answer to a GET (None when it does not answer in time, or refuses)."""
         cluster = self.t.cluster()
         url = self.t.meta_url(self.t.meta_names.index(name))
-        req = urllib.request.Request(f"{url}/v1/cluster",
+        req = urllib.request.Request(f"{url}{path}",
                                      headers={"Authorization": f"Bearer {cluster['client_token']}"})
         try:
             with urllib.request.urlopen(req, timeout=STATUS_TIMEOUT_S) as r:
                 return json.load(r)
         except (urllib.error.URLError, OSError, ValueError):
             return None
+
+    def _heads(self) -> list[dict[str, Any]] | None:
+        """The head segment of every queue of every topic, from one linearizable read of each topic through the
+        first meta node that answers every read (None when none does)."""
+        linear = "?consistency=linearizable"
+        for name in self.t.meta_names:
+            listed = self._get(name, f"/v1/topics{linear}")
+            if not listed:
+                continue
+            heads = []
+            for summary in listed["topics"]:
+                topic = self._get(name, f"/v1/topics/{urllib.parse.quote(summary['topic'], safe='')}{linear}")
+                if topic is None:
+                    break
+                heads += [{"topic": topic["topic"], "queue": q["queue"], **q["segments"][-1]}
+                          for q in topic["logic_queues"] if q["segments"]]
+            else:
+                return heads
+        return None
+
+    def _heads_led(self, broker: str) -> dict[str, list[int]] | None:
+        """The queues whose head ``broker`` leads, by topic, as the log has it now (None: meta did not answer)."""
+        heads = self._heads()
+        if heads is None:
+            return None
+        led: dict[str, list[int]] = {}
+        for h in heads:
+            if h["broker"] == broker:
+                led.setdefault(h["topic"], []).append(h["queue"])
+        return led
+
+    def _another_copy_in_sync(self, broker: str) -> None:
+        """Before ``broker``'s disk is taken away: wait (bounded) until every head has a copy in sync besides
+        ``broker``'s. Every acknowledged record of a head is on each of its in-sync copies, so one of them survives
+        the wipe and meta fails the head over to it; a broker whose disk went earlier and has not caught up is in no
+        in-sync set, so a second wipe before it caught up is let through only where a third copy is still in sync.
+        Wiping the last copy in sync is two or three disks lost for that head, which three copies do not promise to
+        survive (as _every_meta_node_votes, for meta's disks)."""
+        deadline = time.monotonic() + IN_SYNC_DEADLINE_S
+        alone: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            heads = self._heads()
+            if heads is not None:
+                alone = [h for h in heads if not set(h["in_sync"]) - {broker}]
+                if not alone:
+                    return
+            time.sleep(MEMBERSHIP_RETRY_S)
+        shown = [{k: h[k] for k in ("topic", "queue", "gen", "replicas", "in_sync")} for h in alone[:3]]
+        raise RuntimeError(f"{broker} is still the only copy in sync of {len(alone)} head(s) after "
+                           f"{IN_SYNC_DEADLINE_S:g} s (e.g. {shown}): its disk is not taken away now")
 
     def _every_meta_node_votes(self) -> None:
         """Before a disk is taken away: wait (bounded) until every meta node votes with its own disk again. A second
@@ -329,7 +429,8 @@ class Nemesis:
         raise RuntimeError(f"not every meta node votes after {VOTERS_DEADLINE_S:g} s: no disk taken away now")
 
     def _set_cut(self, target: str, cut: bool) -> None:
-        """Cut (or reconnect) every link of ``target`` ("NAME|meta" or "NAME|rest")."""
+        """Cut (or reconnect) every link of ``target`` ("NAME|rest", or for a broker "NAME|meta", "NAME|peers",
+        "NAME|all")."""
         for link in self._links(target):
             self.t.links[link].set_cut(cut)
 
@@ -337,6 +438,10 @@ class Nemesis:
         name, side = target.split("|")
         if side == "meta":
             return list(self.t.broker_meta_links[name])
+        if side == "peers":   # every other broker's fetches come in through it (and clients that use it)
+            return [self.t.broker_front_links[name]]
+        if side == "all":
+            return [*self.t.broker_meta_links[name], self.t.broker_front_links[name]]
         return [link for pair, links in self.t.meta_pair_links.items() if name in pair for link in links]
 
     async def _stop(self, name: str, sig: int) -> None:

@@ -23,7 +23,7 @@ from datetime import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from client.admin import AdminClient
+from client.admin import AdminClient, new_idempotency_key
 from wire.errors import StatorError
 from wire.caller import new_session, request_once
 from meta import limits
@@ -50,6 +50,7 @@ POST_RUN_WRITE_S = 10.0         # the small write after the heal (a healthy clus
 REPLICAS_DEADLINE_S = 60.0      # until the three images are compared at one version
 DIGEST_WAIT_S = 5.0
 SNAPSHOT_EVENTS = {"raft_snapshot_installed": "installed", "raft_snapshot_written": "written"}
+DATA_TOPICS = (LOG_TOPIC, EX_TOPIC, POP_TOPIC)
 INSTALL_AFTER_HEAL_S = 30.0     # an install fault's follower installing a snapshot this soon after it counts for it
 
 
@@ -78,6 +79,9 @@ def run(seed: int, duration_s: float, kinds: tuple[str, ...], dir_: str | None =
     if not found and not keep:
         shutil.rmtree(dir_, ignore_errors=True)
         summary["dir"] = None
+    else:   # beside history.json: the violations' evidence, for a run whose caller kept only the directory
+        with open(os.path.join(dir_, "summary.json"), "w") as f:
+            json.dump(summary, f)
     return summary
 
 
@@ -104,7 +108,7 @@ async def _session(t: topology.Topology, seed: int, duration_s: float, faults: l
         meta_urls = [m["url"] for m in cluster["meta"]]
         rec = Recorder()
         async with new_session() as session:
-            env = Env(session, meta_urls, tokens, rec, seed)
+            env = Env(session, meta_urls, tokens, rec, seed, direct=t.direct_urls())
             initial = await _setup(env)
             return await _exercise(t, env, faults, duration_s, initial, say)
     finally:
@@ -115,8 +119,18 @@ async def _session(t: topology.Topology, seed: int, duration_s: float, faults: l
 async def _setup(env: Env) -> str:
     async with AdminClient(env.meta_urls, env.admin_token, session=env.session,
                            deadline_s=SETUP_DEADLINE_S) as admin:
-        for topic in (CAS_TOPIC, LOG_TOPIC, EX_TOPIC, POP_TOPIC):
-            await admin.create_topic(topic, workloads.QUEUES)
+        await admin.create_topic(CAS_TOPIC, workloads.QUEUES)
+        for topic in DATA_TOPICS:
+            # the copies named explicitly (the client's create_topic names none): a data topic with fewer copies
+            # than three would not be what the broker faults are about
+            body = {"topic": topic, "queues": workloads.QUEUES, "replicas": workloads.DATA_REPLICAS,
+                    "min_insync": workloads.DATA_MIN_INSYNC}
+            await admin.meta.call("POST", "/v1/topics", json=body, headers={"Idempotency-Key": new_idempotency_key()})
+            route = await _retrying(f"the route of {topic}", lambda: env.route(topic, fresh=True), SETUP_DEADLINE_S)
+            if (route.get("replicas"), route.get("min_insync")) != (workloads.DATA_REPLICAS, workloads.DATA_MIN_INSYNC):
+                raise RunFailed(f"{topic} was created with replicas {route.get('replicas')} and min_insync "
+                                f"{route.get('min_insync')}, not {workloads.DATA_REPLICAS} and "
+                                f"{workloads.DATA_MIN_INSYNC}")
         for topic in SIZE_TOPICS.values():
             await admin.create_topic(topic, 1)
         await admin.set_config(CAS_TOPIC, {CAS_KEY: "init"})
@@ -132,7 +146,7 @@ async def _exercise(t: topology.Topology, env: Env, faults: list[nemesis.Fault],
     turns = workloads.SilenceTurns(env.rec.now())
     tasks = [asyncio.create_task(workloads.cas(env, f"cas-{i}")) for i in range(WORKLOADS["cas"])]
     tasks += [asyncio.create_task(workloads.send(env, f"send-{topic}-{i}", topic))
-              for topic in (LOG_TOPIC, EX_TOPIC, POP_TOPIC) for i in range(WORKLOADS["send"])]
+              for topic in DATA_TOPICS for i in range(WORKLOADS["send"])]
     tasks += [asyncio.create_task(workloads.exclusive(env, f"ex-{i}", turns)) for i in range(WORKLOADS["exclusive"])]
     tasks += [asyncio.create_task(workloads.popper(env, f"pop-{i}")) for i in range(WORKLOADS["pop"])]
     tasks += [asyncio.create_task(workloads.sizes(env, f"sz-{cls}-{i}", cls))
@@ -167,17 +181,20 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
                                             f"{POST_RUN_WRITE_S:g} s of the healed cluster being ready: writes stall",
                                             attempts=[o.to_json() for o in env.rec.ops if o.process == "probe"]))
     await _read_sized(env)
-    final, segments = {}, {}
-    for topic in (LOG_TOPIC, EX_TOPIC, POP_TOPIC):
+    final, segments, epochs = {}, {}, {}
+    for topic in DATA_TOPICS:
         final.update(await _read_topic(env, topic))
-        segments.update(await _retrying(f"the segments of {topic}", lambda: _segments(env, topic), FINAL_DEADLINE_S))
+        chains, leaders = await _retrying(f"the segments of {topic}", lambda: _segments(env, topic),
+                                          FINAL_DEADLINE_S)
+        segments.update(chains)
+        epochs.update(leaders)
     await _drain_pops(env)
     await _read_committed(env)
     dead = await _dead_lettered(env, t)
     digests = await _image_digests(env, t)
     histories = await _history_digests(env, t, _agreed_version(digests))
     ops = env.rec.ops
-    found, stats = _checks(ops, initial, final, segments, dead, _paused(nem.applied, t, start))
+    found, stats = _checks(ops, initial, final, segments, epochs, dead, _paused(nem.applied, t, start))
     violations += found + checker.replicas_agree(digests) + checker.voters_agree(await _voters(env, t))
     violations += checker.histories_agree(histories)
     with open(os.path.join(t.dir, "history.json"), "w") as f:
@@ -197,6 +214,7 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
             "snapshot_installs_seen": sum(n["installed"] for n in snapshots.values()),
             "install_faults_followed_by_install": _installs_after_faults(nem.applied, installs),
             "power_losses": _power_losses(nem.applied),
+            "broker_faults": _broker_faults(nem.applied, ops, start),
             "snapshots": snapshots}
 
 
@@ -211,17 +229,20 @@ async def _recovered(t: topology.Topology) -> list[dict[str, Any]]:
 
 def _checks(ops: list[Any], initial: str, final: dict[tuple[str, int], dict[int, str]],
             segments: dict[tuple[str, int], list[tuple[int, int | None]]],
+            epochs: dict[tuple[str, int], list[dict[str, Any]]],
             dead: set[tuple[str, int, int]], paused: dict[str, list[tuple[float, float]]]
             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     register, register_stats = checker.cas_register(ops, initial)
     pops, pop_stats = checker.pops_acked_or_redelivered(ops, dead, POP_TOPIC)
     sized, sized_stats = checker.sized_registers(ops)
     violations = register + checker.monotonic_versions(ops) + checker.no_lost_sends(ops, final)
-    contiguous, contiguous_stats = checker.queues_contiguous(final, segments, workloads.OFFSET_BUDGET)
-    violations += contiguous + checker.committed_offsets(ops)
+    contiguous, contiguous_stats = checker.queues_contiguous(final, segments, workloads.OFFSET_BUDGET, epochs)
+    leaders, leader_stats = checker.one_leader_per_epoch(ops, epochs)
+    violations += contiguous + leaders + checker.committed_offsets(ops)
     violations += checker.exclusive_commits(ops) + pops + sized
     violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
-    return violations, {**register_stats, **pop_stats, **sized_stats, **contiguous_stats, **_sized_classes(ops)}
+    return violations, {**register_stats, **pop_stats, **sized_stats, **contiguous_stats, **leader_stats,
+                        **_sized_classes(ops)}
 
 
 async def _post_run_write(env: Env) -> float | None:
@@ -412,6 +433,23 @@ def _power_losses(applied: list[dict[str, Any]]) -> dict[str, int]:
             "bytes_lost": sum(m["bytes_lost"] for m in lost), "torn": sum(m["torn"] for m in lost)}
 
 
+def _broker_faults(applied: list[dict[str, Any]], ops: list[Any], start: float) -> dict[str, Any]:
+    """What the broker faults (nemesis.BROKER_KINDS) reached: how many, how many hit a broker leading heads of the
+    data topics (and how many heads), and the sends acknowledged while one was on (between its strike and its
+    heal), by any broker and by the one hit: no_lost_sends and one_leader_per_epoch read those with the rest."""
+    faults = [f for f in applied if f["kind"] in nemesis.BROKER_KINDS and f.get("applied_s") is not None]
+    led = [sum(len((f.get("led") or {}).get(topic, [])) for topic in DATA_TOPICS) for f in faults]
+    during = by_target = 0
+    for o in ops:
+        if o.kind != "send" or o.outcome != "ok":
+            continue
+        hit = [f for f in faults if o.invoke < f["healed_s"] + start and o.complete > f["applied_s"] + start]
+        during += bool(hit)
+        by_target += any(o.input.get("broker") == f["target"].split("|")[0] for f in hit)
+    return {"faults": len(faults), "hit_a_leader": sum(1 for n in led if n), "heads_led_when_hit": sum(led),
+            "sends_acked_during": during, "sends_acked_by_the_broker_hit": by_target}
+
+
 def _member_urls(t: topology.Topology) -> list[str]:
     cluster = devcluster.load(t.dir)
     return [m["url"] for m in cluster["meta"] + cluster["brokers"]]
@@ -454,11 +492,13 @@ async def _read_topic(env: Env, topic: str) -> dict[tuple[str, int], dict[int, s
     return out
 
 
-async def _segments(env: Env, topic: str) -> dict[tuple[str, int], list[tuple[int, int | None]]]:
-    """Each queue's chain of segments, (logic_start, logic_end or None for the head), from a linearizable read."""
+async def _segments(env: Env, topic: str) -> tuple[dict[tuple[str, int], list[tuple[int, int | None]]],
+                                                   dict[tuple[str, int], list[dict[str, Any]]]]:
+    """Each queue's chain of segments, (logic_start, logic_end or None for the head), and its segments' leader
+    epochs (``segment_epochs``), from one linearizable read."""
     a = await request_once(env.session, "GET", f"{env.meta()}/v1/topics/{topic}", token=env.client_token,
                            params={"consistency": "linearizable"}, timeout_s=workloads.REQUEST_TIMEOUT_S)
-    return segment_chains(a.body)
+    return segment_chains(a.body), segment_epochs(a.body)
 
 
 def segment_chains(topic: dict[str, Any]) -> dict[tuple[str, int], list[tuple[int, int | None]]]:
@@ -472,6 +512,24 @@ def segment_chains(topic: dict[str, Any]) -> dict[tuple[str, int], list[tuple[in
         raise StatorError(503, "NOT_SETTLED", f"{len(unsettled)} queue(s) of {topic['topic']} have a segment whose "
                           f"logic start is not decided yet, e.g. queue {unsettled[0][1]}")
     return chains
+
+
+def segment_epochs(topic: dict[str, Any]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """Each queue's segments as checker.one_leader_per_epoch and queues_contiguous read them: gen (the leader epoch),
+    the broker that led it, its logic range, its sealer, and the logic offset its offset budget ends at
+    (``budget_logic_end``: where a seal that could not learn its copy's end puts it). Refused as not settled as
+    ``segment_chains`` is."""
+    segment_chains(topic)
+    keys = ("gen", "broker", "logic_start", "logic_end", "sealer")
+    return {(topic["topic"], q["queue"]): [{**{k: s.get(k) for k in keys}, "budget_logic_end": _budget_end(s)}
+                                           for s in q["segments"]]
+            for q in topic["logic_queues"]}
+
+
+def _budget_end(s: dict[str, Any]) -> int | None:
+    if s.get("budget_end") is None or s.get("physical_start") is None or s.get("logic_start") is None:
+        return None
+    return s["logic_start"] + s["budget_end"] - s["physical_start"]
 
 
 async def _read_committed(env: Env) -> None:

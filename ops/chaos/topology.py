@@ -12,8 +12,13 @@ How nodes are made to talk through proxies while each binds its own port:
 - Broker to meta: each broker's ``meta`` list is its own proxy per meta node.
 - Every member runs with the power-loss ledger (runtime/power_loss.py, SERVE_FLAGS), so the nemesis's ``power`` fault
   can make a kill -9 lose what a power loss would.
-- Clients and brokers reach a broker at its ``advertise`` URL, a proxy in front of its port (never cut: it is there
-  so every HTTP port has one; the nemesis cuts meta-meta and broker-meta links).
+- Clients and brokers reach a broker at its ``advertise`` URL, a proxy in front of its port (``front:bN``). Every
+  other broker's replica fetches from it go through that proxy (broker/replication/follower.py fetches at the
+  route's address of the leader), so cutting it cuts the broker off from its followers; a broker's own fetches from
+  other leaders go through *their* fronts and stay up. A broker has one advertise address for clients and peers
+  alike, so the cut also stops every client that goes through the front: the send workload therefore sends to each
+  broker's own port (``direct_urls``), and keeps reaching a broker cut off from its peers and from meta (the
+  nemesis's ``broker_partition``): a leader that still takes sends while no follower can copy them.
 The runner's own clients talk to meta nodes directly: a partition is between the cluster's parts, not from the client.
 """
 
@@ -66,6 +71,8 @@ class Topology:
     # names of the links cut to separate each pair of meta nodes, and each broker from each meta node
     meta_pair_links: dict[frozenset[str], list[str]] = field(default_factory=dict)
     broker_meta_links: dict[str, list[str]] = field(default_factory=dict)
+    # the proxy in front of each broker's port: its advertise address, for clients and its followers alike
+    broker_front_links: dict[str, str] = field(default_factory=dict)
 
     @property
     def meta_names(self) -> list[str]:
@@ -83,6 +90,10 @@ class Topology:
 
     def raft_port(self, i: int) -> int:
         return self.base + 20 + i
+
+    def direct_urls(self) -> dict[str, str]:
+        """Each broker's advertise URL (its front proxy) -> the URL of its own port, around the proxy."""
+        return {self.links[self.broker_front_links[b]].url: self.broker_url(i) for i, b in enumerate(self.broker_names)}
 
     def cluster(self) -> dict[str, Any]:
         return devcluster.load(self.dir)
@@ -143,6 +154,7 @@ def plan(dir_: str, base: int) -> Topology:
         metas = [add(f"http:{bname}->{names[m]}", base + 40 + 3 * b + m, base + 10 + m) for m in range(METAS)]
         t.broker_meta_links[bname] = [link.name for link in metas]
         front = add(f"front:{bname}", base + 70 + b, base + 60 + b)
+        t.broker_front_links[bname] = front.name
         cfg = {"broker": bname, "data_dir": "data", "http": t.broker_url(b).removeprefix("http://"),
                "advertise": front.url, "tokens": {**tokens, "broker": broker_tokens[bname]}, "broker_tokens": hashes,
                "meta": [link.url for link in metas]}

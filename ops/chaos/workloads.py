@@ -4,7 +4,8 @@ Single attempts on purpose: the client library's retry loops would hide what hap
 checks need every request's own outcome. Each loop runs until ``stop`` is set; every request has a timeout.
 - ``cas``: linearizable read of topic CAS_TOPIC, then a compare-and-set of its config key with ``expected_version``;
   every few rounds a read from any node with ``min_version`` (the versions a client sees must never go back).
-- ``send``: one message per request to a random queue of a topic, at the address its route names.
+- ``send``: a batch per request to a random queue of a topic, at the broker its route names (on the broker's own
+  port, around its front proxy: topology.py), recorded with that broker and the route's leader epoch.
 - ``exclusive``: a member of an exclusive group: heartbeats to meta for its queues and tokens, pulls with the token,
   commits with the token. It keeps using a token until a heartbeat answer takes the queue away, even through a
   partition from meta or a silence of its own (EX_SILENT_S): the broker's fencing, not the client's caution, must
@@ -35,6 +36,9 @@ CAS_TOPIC, LOG_TOPIC, EX_TOPIC, POP_TOPIC = "chaos-cas", "chaos-log", "chaos-ex"
 CAS_KEY = "v"
 EX_GROUP, POP_GROUP = "chaos-ex", "chaos-pop"
 QUEUES = 3
+# The data topics' copies, asked for explicitly (the cluster's default is the same with three brokers): every head on
+# all three brokers, a send acknowledged once two at least hold it (the nemesis's broker faults are about them).
+DATA_REPLICAS, DATA_MIN_INSYNC = 3, 2
 REQUEST_TIMEOUT_S = 6.0      # above meta's proposal wait, so a slow commit is an answer rather than unknown
 PACE_S = 0.05                # between two requests of one loop: enough load, without starving the cluster's CPU
 ERROR_PAUSE_S = 0.3          # after a failed request: the route or the leader is moving
@@ -72,8 +76,10 @@ class Env:
     """What every workload shares: the session, tokens, meta URLs, the recorder, the stop flag and routes."""
 
     def __init__(self, session: aiohttp.ClientSession, meta_urls: list[str], tokens: dict[str, str],
-                 recorder: Recorder, seed: int):
+                 recorder: Recorder, seed: int, direct: dict[str, str] | None = None):
         self.session = session
+        # a broker's advertise URL -> its own port's (topology.Topology.direct_urls): where the senders send
+        self.direct = {k.rstrip("/"): v.rstrip("/") for k, v in (direct or {}).items()}
         self.meta_urls = meta_urls
         self.client_token = tokens["client"]
         self.admin_token = tokens["admin"]
@@ -145,9 +151,20 @@ async def cas(env: Env, process: str) -> None:
             await env.pause(ERROR_PAUSE_S)
 
 
+def queue_leader(route: dict[str, Any], queue: int) -> tuple[str | None, int | None]:
+    """(the broker the route names as the queue's leader, the route's leader epoch of the queue)."""
+    for q in route.get("queues", []):
+        if q["queue"] == queue:
+            return q.get("broker"), q.get("leader_epoch", q.get("gen"))
+    return None, None
+
+
 async def send(env: Env, process: str, topic: str) -> None:
     """Batches of SEND_BATCH[topic] messages to a random queue of the topic (as many queues as its route has: the
-    topic grows during the run), bodies of every size (bodies.py); the history keeps each batch's tag and sizes."""
+    topic grows during the run), bodies of every size (bodies.py); the history keeps each batch's tag and sizes, the
+    broker it was sent to (the only one that can answer at that address: a broker that does not lead the queue
+    refuses, 409 NOT_LEADER) and the leader epoch of the route it was sent with (the answer names no epoch):
+    checker.one_leader_per_epoch reads them."""
     n = 0
     while not env.stop.is_set():
         n += 1
@@ -158,12 +175,14 @@ async def send(env: Env, process: str, topic: str) -> None:
             if address is None:
                 await env.pause(ERROR_PAUSE_S)
                 continue
+            broker, epoch = queue_leader(route, queue)
             tag = f"{process}-{n}"
             sizes = bodies.sizes(env.rng, env.rng.randint(*SEND_BATCH[topic]))
             messages = [{"body": bodies.body(f"{tag}.{i}", size)} for i, size in enumerate(sizes)]
             async with env.rec.op(process, "send", topic=topic, queue=queue, tag=tag, sizes=sizes,
-                                  address=address) as op:
-                a = await request_once(env.session, "POST", f"{address}/v1/messages/{topic}/{queue}",
+                                  address=address, broker=broker, leader_epoch=epoch) as op:
+                url = env.direct.get(address, address)
+                a = await request_once(env.session, "POST", f"{url}/v1/messages/{topic}/{queue}",
                                        token=env.client_token, json={"messages": messages},
                                        timeout_s=SEND_TIMEOUT_S)
                 op.output = {"queue": a.body["queue"], "offsets": a.body["offsets"]}
