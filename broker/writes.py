@@ -290,8 +290,9 @@ class Writer:
                     raise StorageError(f"a run at {run.offset} does not continue the copy at {pq.next_offset}")
                 await self._threads.run(pq.append_records, run.records, run.count, run.ts_ms, run.tag, True)
                 taken += run.count
-            for b in batches:
-                self.producers.record(seg.topic, seg.queue, b)
+            for b in batches:   # of a sealed segment, only those within its end were kept
+                if seg.logic_end is None or b.first + b.count <= seg.logic_end:
+                    self.producers.record(seg.topic, seg.queue, b)
         if taken:
             await self._durable(pq, pq.next_offset)
         return taken

@@ -136,3 +136,17 @@ def test_an_unclean_election_is_an_operator_s_act_that_names_what_may_be_lost():
     log.reject({"type": "ElectLeaders", "topic": "t", "unclean": "yes"}, "INVALID_ARGUMENT")
     assert [q["outcome"] for q in log.ok({"type": "ElectLeaders", "topic": "t"})["queues"]] == [
         "leader_active", "no_in_sync_copy"]
+
+
+def test_a_copy_lost_while_its_segment_is_sealing_is_never_elected_to_seal_it():
+    """Found by the chaos runner's broker_wipe: a broker back on a new disk stayed in the in-sync set of a segment
+    being sealed, and a later loss elected it: its empty copy's end became the segment's end."""
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    log.remap("t", ["b"])   # gen 0 on a is sealing; a seals it
+    log.register(log.segs("t", 0)[0]["replicas"][1])   # a copy of it registers again: its disk may be new
+    lost = log.segs("t", 0)[0]["replicas"][1]
+    assert lost not in log.segs("t", 0)[0]["in_sync"]
+    log.fence("a")
+    sealing = log.segs("t", 0)[0]
+    assert sealing["sealer"] not in ("a", lost), sealing

@@ -175,3 +175,48 @@ async def test_a_resent_batch_is_stored_once_by_its_leader_and_by_the_replica_el
         assert await send(new, 1, ["c"]) == (200, {"queue": 0, "offsets": [2]}), "the resend was stored again"
         assert await send(new, 2, ["d"]) == (200, {"queue": 0, "offsets": [3]})
         assert [m["body"] for m in await read_all(c, "r", 0)] == ["a", "b", "c", "d"]
+
+
+async def test_copies_lost_one_after_another_come_back_from_whichever_broker_still_holds_them(tmp_path):
+    """Found by the chaos runner's broker_wipe: the leader's disk is lost, then the disk of the copy elected in its
+    place; the two come back on empty disks and must fetch the first segment from the one broker that still holds
+    it (asking only its sealer and its leader, both empty now, they never got it). Then that broker's disk is lost
+    too, and nothing acknowledged may be missing."""
+    extra_meta = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": 500}
+    async with running(str(tmp_path), 3, 3, meta=extra_meta) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "r", "queues": 1, "replicas": 3, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "r", lambda r: len(r["queues"][0]["in_sync"]) == 3 and r["queues"][0]["writable"])
+        first, second, third = r["queues"][0]["replicas"]
+        bodies = [f"m{i}" for i in range(20)]
+        s, b, _ = await c.call("POST", f"{r['queues'][0]['address']}/v1/messages/r/0", "client",
+                               json={"messages": [{"body": x} for x in bodies]})
+        assert s == 200 and b["offsets"] == list(range(20)), b
+
+        def lose(broker: str) -> None:
+            c.kill9(broker)
+            shutil.rmtree(os.path.join(c.dir, broker, "data"))
+
+        lose(first)
+        await wait_route(c, "r", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
+                         timeout_s=SESSION_TIMEOUT_MS / 1000 + 10)
+        lose(second)
+        await wait_route(c, "r", lambda r: r["queues"][0]["broker"] == third and r["queues"][0]["writable"],
+                         timeout_s=SESSION_TIMEOUT_MS / 1000 + 10)
+        c.start(first)
+        c.start(second)
+        await wait_route(c, "r", lambda r: set(r["queues"][0]["in_sync"]) == {first, second, third}, timeout_s=60)
+        gen0 = f"r.q0.g0.i{int(r['queues'][0]['physical_queue'].rsplit('.i', 1)[1])}"
+        for broker in (first, second):   # each fetched the first segment from the third, the one that held it
+            deadline = time.monotonic() + 30
+            while True:
+                s, b, _ = await c.call("GET", f"{c.url(broker)}/v1/physical/{gen0}?offset=0&max=0", "broker")
+                if s == 200 and b["max_offset"] >= 20:
+                    break
+                assert time.monotonic() < deadline, (broker, s, b)
+                await asyncio.sleep(0.2)
+        s, b = await admin(c, "POST", 0, "/v1/topics/r/remap", {"brokers": [first]})
+        assert s == 200, b
+        await wait_route(c, "r", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"])
+        lose(third)
+        assert [m["body"] for m in await read_all(c, "r", 0)] == bodies

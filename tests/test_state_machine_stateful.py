@@ -158,20 +158,25 @@ class StateMachineVsModel(RuleBasedStateMachine):
         for tname in sorted(self.topics):
             for segs in self.topics[tname]["segs"]:
                 head = segs[-1]
-                if len(segs) >= 2 and segs[-2]["state"] == "sealing" and (segs[-2]["sealer"] or segs[-2]["broker"]) == name:
-                    new = elected(segs[-2])
-                    if new is not None:
-                        segs[-2]["sealer"] = None if new == segs[-2]["broker"] else new
-                    elif fenced:
-                        self.seal_model(segs[-2], segs[-2]["budget"])
-                        head["start"] = segs[-2]["end"]
-                elif head["state"] == "active" and name in head["replicas"]:
+                start_before = head["start"]   # the machine decides on the image before this loss's events
+                sealing = segs[-2] if len(segs) >= 2 and segs[-2]["state"] == "sealing" else None
+                if sealing is not None and name in sealing["replicas"]:
+                    new = elected(sealing)   # chosen before it leaves the in-sync set: it is excluded anyway
+                    if name in sealing["in_sync"] and len(sealing["in_sync"]) > 1:
+                        sealing["in_sync"] = [b for b in sealing["in_sync"] if b != name]
+                    if (sealing["sealer"] or sealing["broker"]) == name:
+                        if new is not None:
+                            sealing["sealer"] = None if new == sealing["broker"] else new
+                        elif fenced:
+                            self.seal_model(sealing, sealing["budget"])
+                            head["start"] = sealing["end"]
+                if head["state"] == "active" and name in head["replicas"]:
                     if head["broker"] != name:
                         if name in head["in_sync"]:
                             head["in_sync"].remove(name)
                         continue
                     new = elected(head)
-                    if new is None or head["start"] is None:
+                    if new is None or start_before is None:
                         continue
                     head["state"], head["sealer"] = "sealing", new
                     segs.append({"gen": head["gen"] + 1, "broker": new, "start": None, "end": None, "pend": None,

@@ -5,8 +5,10 @@ holds of that broker's segments into physical queues of the same names (DESIGN.m
   durably, which the leader takes as the follower's acknowledgement, and waits there until the leader has more.
 - A sealing segment this broker was elected to seal is not fetched any more: its end is this copy's end, which the
   meta link reports (broker/meta_link.py); a copy never takes a record after its end was read (``Writer.seal``).
-- A sealed segment is fetched until this copy reaches the segment's end, from a broker that holds it whole (its
-  sealer, else its leader): a copy that missed the end of its leader's writes, or a broker back on a new disk.
+- A sealed segment is fetched until this copy reaches the segment's end, from whichever of its copies has more
+  (its sealer first, then its leader, then the others): a copy that missed the end of its leader's writes, or a
+  broker back on a new disk. Asking only the sealer and the leader left a segment whose two had both lost their
+  disks with no way back from the one copy that held it (the chaos runner's broker_wipe).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ log = structlog.get_logger("broker.replication")
 
 FETCH_TIMEOUT_S = 10.0 + FETCH_WAIT_MS_MAX / 1000
 FETCH_BACKOFF = Backoff(0.05, 1.0, jitter=False)
+CATCH_UP_BACKOFF = Backoff(0.2, 10.0, jitter=False)   # a sealed copy no holder can lengthen now: ask again later
+CATCH_UPS_MAX = 10_000           # sealed copies catching up at once
 
 
 def physical_end(seg: Segment) -> int | None:
@@ -36,16 +40,16 @@ def physical_end(seg: Segment) -> int | None:
 
 
 def source(seg: Segment, me: str) -> str | None:
-    """Whom this copy fetches from: the leader of an open head; for a sealed segment the broker that sealed it (its
-    copy's end is the end), else its leader; nobody when this broker must seal it itself."""
-    if seg.state == "sealed":
-        for b in (seg.sealer, seg.broker):
-            if b and b != me:
-                return b
-        return None
-    if (seg.sealer or seg.broker) == me:
+    """Whom an open copy fetches from: its leader; nobody when this broker must seal it itself, or for a sealed
+    segment (``holders``)."""
+    if seg.state == "sealed" or (seg.sealer or seg.broker) == me:
         return None
     return seg.broker
+
+
+def holders(seg: Segment, me: str) -> list[str]:
+    """The brokers a sealed copy may catch up from, in the order to ask."""
+    return [b for b in dict.fromkeys([seg.sealer or seg.broker, seg.broker, *seg.in_sync, *seg.replicas]) if b != me]
 
 
 class Replicator:
@@ -57,6 +61,7 @@ class Replicator:
         self._ssl_context = ssl_context
         self._http: aiohttp.ClientSession | None = None
         self._sessions: dict[str, asyncio.Task] = {}   # source broker -> its fetch loop
+        self._catching_up: dict[str, asyncio.Task] = {}   # sealed copy (physical queue) -> its catch-up
         self.fetches = 0          # stator_broker_replica_fetches_total
         self.records = 0          # stator_broker_replica_records_total
 
@@ -65,7 +70,7 @@ class Replicator:
                                            timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S, sock_connect=1.0))
 
     async def stop(self) -> None:
-        tasks = list(self._sessions.values())
+        tasks = [*self._sessions.values(), *self._catching_up.values()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -74,20 +79,55 @@ class Replicator:
 
     def follow(self, topic: str) -> None:
         """A route of ``topic`` was applied: fetch every copy of it that is behind, from its source."""
-        for seg in list(self.routes.copies.values()):
-            if seg.topic == topic and self._wanted(seg):
-                src = source(seg, self.me)
-                if src not in self._sessions:
-                    self._sessions[src] = asyncio.create_task(self._session(src), name=f"replica-fetch {src}")
+        # A sealed segment this broker led counts too: back on a new disk, its copy of it is empty
+        sealed_led = [s for s in self.routes.hosted.values() if s.state == "sealed"]
+        for seg in [*self.routes.copies.values(), *sealed_led]:
+            if seg.topic != topic or not self._wanted(seg):
+                continue
+            if seg.state == "sealed":
+                if seg.physical_queue not in self._catching_up and len(self._catching_up) < CATCH_UPS_MAX:
+                    self._catching_up[seg.physical_queue] = asyncio.create_task(
+                        self._catch_up(seg.physical_queue), name=f"replica-catch-up {seg.physical_queue}")
+                continue
+            src = source(seg, self.me)
+            if src not in self._sessions:
+                self._sessions[src] = asyncio.create_task(self._session(src), name=f"replica-fetch {src}")
 
     def _wanted(self, seg: Segment) -> bool:
-        if source(seg, self.me) is None:
-            return False
         end = physical_end(seg)
-        return end is None or self.writer.max_physical(seg) < end
+        if end is not None:
+            return self.writer.max_physical(seg) < end
+        return source(seg, self.me) is not None
 
     def _copies_from(self, src: str) -> list[Segment]:
         return [s for s in self.routes.copies.values() if source(s, self.me) == src and self._wanted(s)]
+
+    async def _catch_up(self, pq: str) -> None:
+        """Bring a sealed copy to its segment's end from whichever holder has more; when none has (every one that
+        answers is as short as this copy), ask again later, less and less often."""
+        failures = 0
+        try:
+            while True:
+                seg = self.routes.held(pq)
+                if seg is None or seg.state != "sealed" or not self._wanted(seg):
+                    return
+                took = False
+                for b in holders(seg, self.me):
+                    try:
+                        took = await self._fetch_once(b, [seg], wait_ms=0) > 0
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:   # that holder is down or refusing: the next one
+                        log.info("replica_catch_up_failed", pq=pq, source=b, error=f"{type(e).__name__}: {e}")
+                    if took:
+                        break
+                if took:
+                    failures = 0
+                    continue
+                failures += 1
+                await asyncio.sleep(CATCH_UP_BACKOFF.delay_s(failures))
+        finally:
+            self._catching_up.pop(pq, None)
 
     async def _session(self, src: str) -> None:
         """Fetch from ``src`` until no copy here is behind it."""
@@ -111,11 +151,11 @@ class Replicator:
         finally:
             self._sessions.pop(src, None)
 
-    async def _fetch_once(self, src: str, copies: list[Segment]) -> None:
+    async def _fetch_once(self, src: str, copies: list[Segment], wait_ms: int = FETCH_WAIT_MS_MAX) -> int:
+        """One fetch of ``copies`` from ``src``; returns the records taken."""
         address = self.routes.address(copies[0].topic, src)
         if address is None:
             raise LookupError(f"no address for broker {src}")
-        wait_ms = FETCH_WAIT_MS_MAX if any(s.state != "sealed" for s in copies) else 0
         body = {"follower": self.me, "wait_ms": wait_ms,
                 "queues": [{"pq": s.physical_queue, "offset": self.writer.max_physical(s)} for s in copies]}
         self.fetches += 1
@@ -128,9 +168,11 @@ class Replicator:
                 raise RuntimeError(f"fetch refused: {r.status} {data[:200]!r}")
         taking = []
         for section in frames.decode(data):
-            seg = self.routes.copies.get(section.physical_queue)
-            if seg is None or source(seg, self.me) != src or not section.runs:
+            seg = self.routes.held(section.physical_queue)
+            if seg is None or not section.runs or (seg.state != "sealed" and source(seg, self.me) != src):
                 continue   # the segment changed hands while the fetch waited: what it brought is not taken
             taking.append(self.writer.append_copy(seg, section.runs, frames.with_gen(section.batches, seg.gen)))
         # Together: each waits for a sync that covers its queue, and with group commit one sync covers them all
-        self.records += sum(await asyncio.gather(*taking))
+        taken = sum(await asyncio.gather(*taking))
+        self.records += taken
+        return taken

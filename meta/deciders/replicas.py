@@ -76,9 +76,11 @@ def broker_lost(image: Image, broker: str, budget: int, fenced: bool) -> Events:
         for q, entry in enumerate(t["chains"]):
             raw = chains.segments(entry)
             head = raw[-1]
-            if len(raw) >= 2 and raw[-2][chains.STATE] == "sealing" and chains.sealer(raw[-2]) == broker:
-                events += _sealer_lost(t, q, raw[-2], head, broker, live, fenced)
-            elif head[chains.STATE] == "active" and broker in head[chains.REPLICAS]:
+            # Both the segment being sealed and the head: a copy that may have lost its disk must leave the in-sync
+            # set of each, or a later election could pick it (the chaos runner's broker_wipe found that election).
+            if len(raw) >= 2 and raw[-2][chains.STATE] == "sealing" and broker in raw[-2][chains.REPLICAS]:
+                events += _sealing_lost(t, q, raw[-2], head, broker, live, fenced)
+            if head[chains.STATE] == "active" and broker in head[chains.REPLICAS]:
                 events += _head_lost(t, q, head, broker, live, budget)
     return events
 
@@ -104,7 +106,7 @@ def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live:
         # No copy in sync to lead (replicas=1, or every follower lagged): the queue waits for its broker, or an
         # operator's remap seals it at its budget (brokers.seal_at_budget), or elects an out-of-sync copy
         # (``elect``). Before its logic start is decided the segment it continues is still sealing: that seal is
-        # decided first (_sealer_lost).
+        # decided first (_sealing_lost).
         return []
     return _fail_over(t, q, head, lost, new, [new, *(b for b in _without(head, lost) if b != new)], "failover",
                       budget)
@@ -121,18 +123,26 @@ def _fail_over(t: dict[str, Any], q: int, head: chains.Segment, lost: str, new: 
                  physical_start=0, budget_end=budget, replicas=replicas, in_sync=in_sync, cause=cause)]
 
 
-def _sealer_lost(t: dict[str, Any], q: int, sealing: chains.Segment, head: chains.Segment, lost: str,
-                 live: set[str], fenced: bool) -> Events:
-    """A segment being sealed whose sealer is lost: an in-sync copy reports its end instead; with none, its
-    budget's end is a safe end (its leader can write nothing past it): the bounded jump of DESIGN.md invariant 5."""
-    topic = t["topic"]
+def _sealing_lost(t: dict[str, Any], q: int, sealing: chains.Segment, head: chains.Segment, lost: str,
+                  live: set[str], fenced: bool) -> Events:
+    """A segment being sealed that ``lost`` holds a copy of: it leaves its in-sync set; when it was the sealer, an
+    in-sync copy reports the end instead; with none, its budget's end is a safe end (its leader can write nothing
+    past it): the bounded jump of DESIGN.md invariant 5. A broker registered again with none to take over still
+    seals it itself."""
+    topic, gen = t["topic"], sealing[chains.GEN]
+    events: Events = []
+    if lost in sealing[chains.IN_SYNC] and len(sealing[chains.IN_SYNC]) > 1:
+        events.append(make("InSyncChanged", topic=topic, queue=q, gen=gen, in_sync=_without(sealing, lost),
+                           reason="fenced"))
+    if chains.sealer(sealing) != lost:
+        return events
     new = _elected(sealing, lost, live)
     if new is not None:
-        return [make("SegmentSealing", topic=topic, queue=q, gen=sealing[chains.GEN], broker=new)]
+        return [*events, make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=new)]
     if not fenced:
-        return []
+        return events
     seg = chains.as_dict(t, q, sealing)
-    return [*seal_at_budget(topic, q, seg),
+    return [*events, *seal_at_budget(topic, q, seg),
             make("LogicStartDecided", topic=topic, queue=q, gen=head[chains.GEN],
                  logic_start=chains.logic_end(seg, seg["budget_end"]))]
 
