@@ -90,4 +90,4 @@ async def test_a_send_waits_for_every_copy_in_sync_and_is_refused_below_min_insy
     lead.end = 20
     with pytest.raises(Exception) as timed_out:
         await lead.tracker.replicated(lead.head, 20)
-    assert getattr(timed_out.value, "code", None) == "NOT_ENOUGH_REPLICAS"
+    assert getattr(timed_out.value, "code", None) == "REPLICATION_UNCONFIRMED"

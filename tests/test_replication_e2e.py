@@ -46,7 +46,7 @@ async def _sender(c, topic: str, queue: int, n: int, acked: dict, unknown: list,
                     writable_again[queue] = time.monotonic() - killed_at[0]
                 break
             assert s in (None, 409, 503), (s, b)
-            if s == 503 and b["error"]["code"] in ("NOT_ENOUGH_REPLICAS", "SEALING"):
+            if s == 503 and b["error"]["code"] == "REPLICATION_UNCONFIRMED":
                 unknown.extend(bodies)   # stored maybe, never acknowledged
             await asyncio.sleep(0.02)
             r = await route(c, topic)

@@ -33,6 +33,14 @@ REPLICATION_WAIT_S = 30.0     # a send waits at most this long for its copies (t
 FETCH_WAIT_MS_MAX = 1_000     # a fetch with nothing new waits at most this long at the leader
 
 
+def unconfirmed(seg: Segment, why: str) -> ApiError:
+    """After the append: the records are stored here, but the copies did not confirm them; a failover may keep them
+    or not. Not NOT_ENOUGH_REPLICAS, which says nothing was stored: a sender must count this one as in doubt (an
+    idempotent producer's resend is stored once)."""
+    return rejection(503, "REPLICATION_UNCONFIRMED", f"{why}: the records are stored on the leader but not confirmed "
+                     "by its copies; they may or may not be kept: send again", topic=seg.topic, queue=seg.queue)
+
+
 def not_enough_replicas(seg: Segment, in_sync: int, min_insync: int, why: str) -> ApiError:
     return rejection(503, "NOT_ENOUGH_REPLICAS", f"{why}: {in_sync} of the queue's copies are in sync and the topic "
                      f"needs {min_insync}; retry shortly", topic=seg.topic, queue=seg.queue, in_sync=in_sync,
@@ -81,9 +89,10 @@ class ReplicaTracker:
             raise not_enough_replicas(seg, len(seg.in_sync), need, "the send is refused")
 
     async def replicated(self, seg: Segment, end: int) -> None:
-        """Returns once every follower waited for holds the segment's records below ``end``; 503 when that took
-        longer than REPLICATION_WAIT_S, or when the copies in sync fell below min_insync meanwhile (the records are
-        stored but not acknowledged: Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
+        """Returns once every follower waited for holds the segment's records below ``end``; 503
+        REPLICATION_UNCONFIRMED when that took longer than REPLICATION_WAIT_S, when the copies in sync fell below
+        min_insync meanwhile, or when another copy was elected (the records are stored but not acknowledged: Kafka's
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
         pq = seg.physical_queue
         if self._reached(seg, end):
             return self._still_enough(pq, seg)
@@ -93,8 +102,7 @@ class ReplicaTracker:
         try:
             await asyncio.wait_for(future, REPLICATION_WAIT_S)
         except asyncio.TimeoutError:
-            raise not_enough_replicas(seg, len(seg.in_sync), self.routes.min_insync(seg.topic),
-                                      f"the copies did not take the records within {REPLICATION_WAIT_S:.0f} s") from None
+            raise unconfirmed(seg, f"the copies did not take them within {REPLICATION_WAIT_S:.0f} s") from None
         finally:
             if not future.done():
                 future.cancel()
@@ -109,11 +117,10 @@ class ReplicaTracker:
     def _still_enough(self, pq: str, seg: Segment) -> None:
         now = self.routes.held(pq) or seg
         if (now.sealer or now.broker) != self.me:   # a failover: another copy's end is the segment's end
-            raise rejection(503, "SEALING", "the queue's leader changed before its copies took the records; they "
-                            "may or may not be kept: send again", topic=seg.topic, queue=seg.queue)
+            raise unconfirmed(seg, "another copy was elected to lead meanwhile")
         need = self.routes.min_insync(seg.topic)
         if len(now.in_sync) < need:
-            raise not_enough_replicas(seg, len(now.in_sync), need, "the records are stored but not acknowledged")
+            raise unconfirmed(seg, f"{len(now.in_sync)} copies are in sync and the topic needs {need}")
 
     def _settle(self, pq: str) -> None:
         waiters = self._waiters.get(pq)

@@ -64,6 +64,8 @@ async def send(c, topic: str, queue: int, bodies: list[str], deadline_s: float =
                 if s == 200:
                     return b["offsets"]
                 assert s in (409, 503), (s, b)
+                if unknown is not None and b["error"]["code"] == "REPLICATION_UNCONFIRMED":
+                    unknown.append(bodies)   # stored on the leader, not confirmed by its copies: maybe kept
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 if unknown is not None:
                     unknown.append(bodies)
