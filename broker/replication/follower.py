@@ -62,8 +62,8 @@ class Replicator:
         self._http: aiohttp.ClientSession | None = None
         self._sessions: dict[str, asyncio.Task] = {}   # source broker -> its fetch loop
         self._catching_up: dict[str, asyncio.Task] = {}   # sealed copy (physical queue) -> its catch-up
-        self.fetches = 0          # stator_broker_replica_fetches_total
-        self.records = 0          # stator_broker_replica_records_total
+        self.fetches = 0          # fetches sent and records copied (not exported as metrics yet)
+        self.records = 0
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(connector=connector(self._ssl_context),
