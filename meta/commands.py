@@ -128,9 +128,8 @@ def _v_topic(c):
     _optional_version(c)
 
 
-def _v_remap(c):
-    _v_topic(c)
-    _broker_list(c.get("brokers"))
+def _optional_queue_ids(c):
+    """A command's ``queues``: absent (every queue), or a non-empty list of distinct queue ids."""
     qs = c.get("queues")
     if qs is not None:
         if not isinstance(qs, list) or not qs or len(qs) > limits.QUEUES_PER_TOPIC_MAX:
@@ -139,18 +138,17 @@ def _v_remap(c):
             _int(q, "queues[]", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
         if len(set(qs)) != len(qs):
             raise invalid("queues has duplicates", field="queues")
+
+
+def _v_remap(c):
+    _v_topic(c)
+    _broker_list(c.get("brokers"))
+    _optional_queue_ids(c)
 
 
 def _v_elect(c):
     _v_topic(c)
-    qs = c.get("queues")
-    if qs is not None:
-        if not isinstance(qs, list) or not qs or len(qs) > limits.QUEUES_PER_TOPIC_MAX:
-            raise invalid("queues must be a non-empty list of queue ids", field="queues")
-        for q in qs:
-            _int(q, "queues[]", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
-        if len(set(qs)) != len(qs):
-            raise invalid("queues has duplicates", field="queues")
+    _optional_queue_ids(c)
     if not isinstance(c.get("unclean", False), bool):
         raise invalid("unclean must be true or false", field="unclean")
 

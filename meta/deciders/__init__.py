@@ -25,10 +25,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from wire.errors import rejection
+from wire.errors import ApiError, rejection
 
 Events = list[dict[str, Any]]
 Decider = Callable[[Any, dict[str, Any], int, int], tuple[Events, dict[str, Any]]]
+
+
+def decide_each(items: list[dict[str, Any]], decide: Callable[[dict[str, Any]], tuple[Events, dict[str, Any]]]
+                ) -> tuple[Events, dict[str, Any]]:
+    """Many items of one command (seal reports, in-sync changes), each decided on its own: a refused one is an item
+    ``{"ok": false, "code", "status"}`` of the result and changes nothing; the others apply, in order."""
+    events: Events = []
+    results = []
+    for item in items:
+        try:
+            decided, result = decide(item)
+        except ApiError as e:
+            results.append({"ok": False, "code": e.code, "status": e.status})
+        else:
+            events += decided
+            results.append({"ok": True, **result})
+    return events, {"results": results}
 
 
 def expect_version(cmd: dict[str, Any], current: int) -> None:

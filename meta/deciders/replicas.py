@@ -21,8 +21,8 @@ from typing import Any
 from .. import allocation, chains, limits
 from ..events import make
 from ..image import Image
-from wire.errors import ApiError, invalid, rejection
-from . import Decider, Events
+from wire.errors import invalid, rejection
+from . import Decider, Events, decide_each
 from .lookups import existing_topic, registered_broker, seal_at_budget
 
 
@@ -178,16 +178,7 @@ def alter_in_sync(image: Image, c, ts, budget):
     registered_broker(image, c["broker"], c["epoch"])
     if image.brokers[c["broker"]]["state"] != "active":
         raise rejection(409, "BROKER_NOT_ACTIVE", f"broker {c['broker']!r} is fenced", broker=c["broker"])
-    events, results = [], []
-    for change in c["changes"]:
-        try:
-            changed, result = alter_one(image, c["broker"], change)
-        except ApiError as e:
-            results.append({"ok": False, "code": e.code, "status": e.status})
-        else:
-            events += changed
-            results.append({"ok": True, **result})
-    return events, {"results": results}
+    return decide_each(c["changes"], lambda change: alter_one(image, c["broker"], change))
 
 
 def elect(image: Image, c, ts, budget):

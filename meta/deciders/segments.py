@@ -10,8 +10,8 @@ from typing import Any
 from .. import chains
 from ..events import make
 from ..image import Image
-from wire.errors import ApiError, invalid, rejection
-from . import Decider
+from wire.errors import invalid, rejection
+from . import Decider, decide_each
 from .lookups import registered_broker
 from .lookups import existing_topic
 
@@ -56,16 +56,7 @@ def seal_many(image: Image, c, ts, budget):
     segments: one command each made a route version, and a route rendering, each). Each report is decided on
     its own: a refused one is an item of the result and changes nothing; the others apply."""
     registered_broker(image, c["broker"], c["epoch"])
-    events, results = [], []
-    for report in c["seals"]:
-        try:
-            seal_events, result = seal_one(image, c["broker"], report)
-        except ApiError as e:
-            results.append({"ok": False, "code": e.code, "status": e.status})
-        else:
-            events += seal_events
-            results.append({"ok": True, **result})
-    return events, {"results": results}
+    return decide_each(c["seals"], lambda report: seal_one(image, c["broker"], report))
 
 
 DECIDERS: dict[str, Decider] = {
