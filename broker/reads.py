@@ -162,7 +162,7 @@ class Reader:
         if end is not None:   # sealed: here if this broker's copy is whole (it may be back on a new disk)
             if self.me in seg.replicas and self.writer.max_physical(seg) >= end:
                 return await self._read_here(seg, physical, max_n, end)
-        elif seg.broker == self.me and (seg.sealer or seg.broker) == self.me:
+        elif (seg.sealer or seg.broker) == self.me:   # led here, or being sealed at this copy's end
             return await self._read_here(seg, physical, max_n, self.writer.readable_physical(seg))
         best: tuple[list[Run], int] | None = None
         failed: ApiError | None = None
@@ -223,7 +223,7 @@ class Reader:
 
     async def _min_offset(self, seg: Segment) -> tuple[int, list[dict[str, Any]]]:
         """The queue's min offset and, when no broker holding it answers, the range that cannot be read now."""
-        if seg.broker == self.me:
+        if (seg.sealer or seg.broker) == self.me:
             pq = self.writer.local_queue(seg)
             return (seg.logic(pq.min_offset) if pq is not None else seg.logic_start), []
         cached = self._remote_min.get(seg.physical_queue)
@@ -248,7 +248,7 @@ class Reader:
     async def _max_offset(self, seg: Segment) -> int:
         if seg.logic_end is not None:
             return seg.logic_end
-        if seg.broker == self.me:
+        if (seg.sealer or seg.broker) == self.me:
             return seg.logic(self.writer.readable_physical(seg))
         body = await self.peers.get(self._holders(seg)[0], _physical_path(seg, offset=0, max=0))
         return seg.logic(body["max_offset"])

@@ -91,3 +91,24 @@ async def test_a_send_waits_for_every_copy_in_sync_and_is_refused_below_min_insy
     with pytest.raises(Exception) as timed_out:
         await lead.tracker.replicated(lead.head, 20)
     assert getattr(timed_out.value, "code", None) == "REPLICATION_UNCONFIRMED"
+
+
+async def test_a_pull_at_the_elected_copy_while_it_seals_answers_its_copy_s_end(broker_node):
+    """Between a failover and the elected copy's seal report, the queue's newest decided segment is the one being
+    sealed, led by the lost broker and sealed here: a pull here answers from this copy (its end is the segment's
+    end), never asks a holder list that leaves this broker out (it was empty: an IndexError, a 500)."""
+    sealing = route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:9", physical_queue="t.q0.g0",
+                                       physical_start=0, logic_start=0, logic_end=None, state="sealing",
+                                       budget_end=10**6, replicas=["b2", "b1"], in_sync=["b1"], sealer="b1")
+    head = route_model.segment_json(gen=1, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
+                                    physical_start=0, logic_start=None, logic_end=None, state="active",
+                                    budget_end=10**6, replicas=["b1", "b2"], in_sync=["b1"])
+    broker_node.routes.update(route_model.route_json(
+        topic="t", version=5, slots=16, order="best_tried", config={}, slot_table=[[0, 16, 0]],
+        slot_table_version=1, barriers=[], queues=[route_model.queue_json(0, False, [sealing, head])]))
+    copy = broker_node.store.open_or_create("t.q0.g0", 0)
+    copy.append([b'{"body":"a"}', b'{"body":"b"}'], 1)
+    copy.flush()   # durable: a copy's end is what it holds on disk
+    answer = await broker_node.reader.pull("t", 0, 0, 10)
+    assert answer["max_offset"] == 2 and answer["next_offset"] == 2, answer
+    assert sum(run.count for run in answer["messages"]) == 2, answer
