@@ -50,7 +50,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -111,6 +111,17 @@ def _stopped() -> bool:
     return bool(_STOP_FILE) and os.path.exists(_STOP_FILE)
 
 
+def _running(deadline: float) -> Iterator[None]:
+    """A generator's loop until ``deadline`` or the stop file, which it looks for at most every STOP_CHECK_S."""
+    next_check = 0.0
+    while (now := time.monotonic()) < deadline:
+        if now >= next_check:
+            if _stopped():
+                return
+            next_check = now + STOP_CHECK_S
+        yield
+
+
 # -- Stator: a producer that follows the route --------------------------------------------------------------------
 class RouteFollower:
     """One queue's head as a producer sees it: ``address`` is where sends go (None while the route names no writable
@@ -166,12 +177,8 @@ async def _produce(s: aiohttp.ClientSession, url: str, token: str, topic: str, q
     headers = {"Authorization": f"Bearer {token}", "Content-Type": batch.CONTENT_TYPE}
     route = RouteFollower(s, token, topic, queue, url)
     timeout = aiohttp.ClientTimeout(total=SEND_TIMEOUT_S)
-    sent, next_check = 0, 0.0
-    while (now := time.monotonic()) < deadline:
-        if now >= next_check:
-            if _stopped():
-                break
-            next_check = now + STOP_CHECK_S
+    sent = 0
+    for _ in _running(deadline):
         if route.address is None:
             await route.refresh(ROUTE_WAIT_S)
             continue
@@ -371,12 +378,8 @@ async def _js_produce(nc, subject: str, deadline: float, lat: list[float]) -> in
     import nats.errors
     js = nc.jetstream()
     body = bt.BODY.encode()
-    sent, next_check = 0, 0.0
-    while (now := time.monotonic()) < deadline:
-        if now >= next_check:
-            if _stopped():
-                break
-            next_check = now + STOP_CHECK_S
+    sent = 0
+    for _ in _running(deadline):
         t = time.perf_counter()
         futures: list[asyncio.Future] = []
         try:
