@@ -9,13 +9,14 @@ offsets the old leader gave, as long as the batch reached the copy that was elec
 
 Entries are kept in logic offsets with the gen that stored them. When a gen is sealed, entries of that gen past its
 end are dropped (``sealed``): a copy may hold records past the end the elected replica reported, never kept.
-The table lives in memory: a broker that restarts loses its copies' standing anyway (it is not in sync until it has
+A deleted topic's entries stay until the least recently used are evicted (QUEUES_MAX): producers draw their ids
+at random (63 bits), so a topic created again under the name never meets them. The table lives in memory: a broker that restarts loses its copies' standing anyway (it is not in sync until it has
 caught up, and it learns the batches again as it does); a queue of one copy loses it with the restart.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from typing import NamedTuple
 
 BATCHES_PER_PRODUCER = 8        # a producer's batches remembered per logic queue (Kafka: 5 in flight)
@@ -37,6 +38,7 @@ class ProducerTable:
     def __init__(self) -> None:
         # (topic, queue) -> producer -> its last batches, oldest first
         self._queues: OrderedDict[tuple[str, int], OrderedDict[int, deque[Batch]]] = OrderedDict()
+        self._topics: Counter[str] = Counter()   # topic -> its queues with a table (``holds`` on every route change)
 
     def find(self, topic: str, queue: int, producer: int, seq: int, count: int) -> Batch | None:
         """The batch (producer, seq) if this broker stored or copied it, with as many records."""
@@ -53,8 +55,12 @@ class ProducerTable:
         producers = self._queues.get(key)
         if producers is None:
             producers = self._queues[key] = OrderedDict()
+            self._topics[topic] += 1
             if len(self._queues) > QUEUES_MAX:
-                self._queues.popitem(last=False)
+                (old_topic, _), _ = self._queues.popitem(last=False)
+                self._topics[old_topic] -= 1
+                if not self._topics[old_topic]:
+                    del self._topics[old_topic]
         else:
             self._queues.move_to_end(key)
         batches = producers.get(batch.producer)
@@ -83,8 +89,4 @@ class ProducerTable:
         return out
 
     def holds(self, topic: str) -> bool:
-        return any(k[0] == topic for k in self._queues)
-
-    def forget(self, topic: str) -> None:
-        for key in [k for k in self._queues if k[0] == topic]:
-            del self._queues[key]
+        return topic in self._topics
