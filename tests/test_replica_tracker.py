@@ -112,3 +112,18 @@ async def test_a_pull_at_the_elected_copy_while_it_seals_answers_its_copy_s_end(
     answer = await broker_node.reader.pull("t", 0, 0, 10)
     assert answer["max_offset"] == 2 and answer["next_offset"] == 2, answer
     assert sum(run.count for run in answer["messages"]) == 2, answer
+
+
+def test_what_is_kept_of_a_head_goes_once_the_routes_no_longer_give_it_to_this_broker():
+    lead = Leader(["b1", "b2", "b3"])
+    lead.end = 5
+    lead.tracker.fetched(lead.head, "b2", 5, 0.0)   # no look at the in-sync set yet: only the fetch is kept
+    moved = route(2, ["b1", "b2", "b3"])
+    for seg in moved["queues"][0]["segments"]:   # the queue moved on: another broker leads gen 0's successor here
+        seg.update(broker="b2", replicas=["b2", "b3"], in_sync=["b2", "b3"])
+    moved["queues"][0] = route_model.queue_json(0, True, moved["queues"][0]["segments"])
+    lead.routes.update(moved)
+    lead.tracker.route_changed()
+    kept = (lead.tracker._acked, lead.tracker._caught_up, lead.tracker._end_at_fetch, lead.tracker._hw,
+            lead.tracker._adding, lead.tracker._waiters)
+    assert all("t.q0.g0" not in table for table in kept), kept

@@ -62,8 +62,6 @@ class Replicator:
         self._http: aiohttp.ClientSession | None = None
         self._sessions: dict[str, asyncio.Task] = {}   # source broker -> its fetch loop
         self._catching_up: dict[str, asyncio.Task] = {}   # sealed copy (physical queue) -> its catch-up
-        self.fetches = 0          # fetches sent and records copied (not exported as metrics yet)
-        self.records = 0
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(connector=connector(self._ssl_context),
@@ -158,7 +156,6 @@ class Replicator:
             raise LookupError(f"no address for broker {src}")
         body = {"follower": self.me, "wait_ms": wait_ms,
                 "queues": [{"pq": s.physical_queue, "offset": self.writer.max_physical(s)} for s in copies]}
-        self.fetches += 1
         async with self._http.post(address + "/v1/replica", json=body, headers=self._headers) as r:
             if r.content_length is None or r.content_length > frames.ANSWER_BYTES_MAX:
                 raise frames.FramesError(f"a fetch answer of {r.content_length} bytes (at most "
@@ -173,6 +170,4 @@ class Replicator:
                 continue   # the segment changed hands while the fetch waited: what it brought is not taken
             taking.append(self.writer.append_copy(seg, section.runs, frames.with_gen(section.batches, seg.gen)))
         # Together: each waits for a sync that covers its queue, and with group commit one sync covers them all
-        taken = sum(await asyncio.gather(*taking))
-        self.records += taken
-        return taken
+        return sum(await asyncio.gather(*taking))

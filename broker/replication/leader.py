@@ -108,6 +108,8 @@ class ReplicaTracker:
                 future.cancel()
             if (end, future) in waiters:
                 waiters.remove((end, future))
+            if not waiters and self._waiters.get(pq) is waiters:
+                del self._waiters[pq]
         self._still_enough(pq, seg)
 
     def _reached(self, seg: Segment, end: int) -> bool:
@@ -140,12 +142,13 @@ class ReplicaTracker:
         """The routes moved on: the in-sync sets waited for may have shrunk, or a head moved away."""
         for pq in list(self._waiters):
             self._settle(pq)
-        for pq, adding in list(self._adding.items()):
-            seg = self.routes.hosted.get(pq)
-            if seg is None:
+        # What is kept of a segment the routes no longer give this broker goes (a remap, a deleted topic): the
+        # tables hold only the heads it leads now
+        for pq in {*self._acked, *self._caught_up, *self._adding, *self._hw}:
+            if pq not in self.routes.hosted:
                 self._forget(pq)
-            else:
-                adding -= set(seg.in_sync)
+        for pq, adding in self._adding.items():
+            adding -= set(self.routes.hosted[pq].in_sync)
 
     # -- fetches ------------------------------------------------------------------------------------------------
     def fetched(self, seg: Segment, follower: str, offset: int, now: float | None = None) -> None:
@@ -181,7 +184,7 @@ class ReplicaTracker:
             pass
 
     def _forget(self, pq: str) -> None:
-        for table in (self._acked, self._caught_up, self._end_at_fetch, self._adding, self._hw):
+        for table in (self._acked, self._caught_up, self._end_at_fetch, self._adding, self._hw, self._waiters):
             table.pop(pq, None)
 
     # -- the in-sync set ----------------------------------------------------------------------------------------
