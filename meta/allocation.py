@@ -47,13 +47,6 @@ def followers(leader: str, count: int, brokers: Iterable[str], zones: Mapping[st
     return chosen
 
 
-def replica_sets(leaders: Mapping[int, str], replicas: int, brokers: Iterable[str],
-                 zones: Mapping[str, str | None]) -> dict[int, list[str]]:
-    """Each queue's replicas, leader first, ``replicas`` of them or as many brokers as there are."""
-    pool = sorted(set(brokers) | set(leaders.values()))
-    return {q: [b, *followers(b, replicas - 1, pool, zones)] for q, b in leaders.items()}
-
-
 def rebalance(current: Mapping[int, str], targets: Iterable[str]) -> dict[int, str]:
     """Spread the given queues over the target brokers with as few moves as possible.
 

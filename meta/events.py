@@ -35,7 +35,7 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "broker": "broker hosting the segment",
         "budget_end": "physical offset (exclusive) the broker may write up to in this segment",
     }),
-    "TopicCreated": (2, {
+    "TopicCreated": (3, {
         "topic": "topic name",
         "incarnation": "metadata version that created it; part of every physical queue name",
         "queues": "number of logic queues",
@@ -45,15 +45,16 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "replicas": "copies of each queue's head (1-5)",
         "min_insync": "in-sync copies below which a send is refused (1-replicas)",
         "slot_table": "[[lo, hi, queue]] covering every slot exactly once",
-        "segments": "[{queue, broker, physical_queue, budget_end, replicas}]: gen 0 of each queue, logic_start 0; "
-                    "replicas leader first, every one in sync",
+        "segments": "[{queue, broker, physical_queue, budget_end, replicas, in_sync}]: gen 0 of each queue, "
+                    "logic_start 0; replicas leader first, in_sync the active ones of them",
     }),
-    "TopicGrown": (2, {
+    "TopicGrown": (3, {
         "topic": "topic name",
         "queues": "the new number of logic queues",
         "slot_table": "the new slot table",
         "barriers": "[{queue, after_queue, after_gen}]: new queue waits for after_queue's segment after_gen to start",
-        "segments": "[{queue, broker, physical_queue, budget_end, replicas}]: gen 0 of each new queue",
+        "segments": "[{queue, broker, physical_queue, budget_end, replicas, in_sync}]: gen 0 of each new queue; "
+                    "replicas may name fenced brokers, which in_sync leaves out",
     }),
     "TopicConfigChanged": (1, {
         "topic": "topic name",

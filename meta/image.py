@@ -251,7 +251,7 @@ class Image:
         shared: dict[tuple, tuple] = {}  # queues placed alike share one segment (meta/chains.py)
         for s in placed:
             seg = chains.new_segment(t, s["queue"], 0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts,
-                                     s["replicas"], s["replicas"])
+                                     s["replicas"], s["in_sync"])
             t["chains"][s["queue"]] = shared.setdefault(seg, seg)
             self._load(s["broker"], 1)
             for b in s["replicas"]:

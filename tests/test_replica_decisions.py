@@ -150,3 +150,20 @@ def test_a_copy_lost_while_its_segment_is_sealing_is_never_elected_to_seal_it():
     log.fence("a")
     sealing = log.segs("t", 0)[0]
     assert sealing["sealer"] not in ("a", lost), sealing
+
+
+def test_a_remap_a_growth_and_a_failover_keep_the_topic_s_count_of_copies_while_a_broker_is_fenced():
+    """Found by the chaos runner's broker_wipe (seed 7): a remap while one of three brokers was fenced gave the new
+    segment two copies for its whole life; two disks lost one after the other then lost what it held, while the
+    third broker was back and could have held it. The fenced broker is named a copy, out of the in-sync set."""
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    log.fence("c")
+    log.remap("t", ["b"])
+    new = log.head("t", 0)
+    assert (new["broker"], sorted(new["replicas"]), new["in_sync"]) == ("b", ["a", "b", "c"], ["b", "a"])
+    log.seal_all_sealing()
+    log.grow("t", 2)
+    grown = log.head("t", 1)
+    assert sorted(grown["replicas"]) == ["a", "b", "c"] and "c" not in grown["in_sync"], grown
+    assert len(grown["in_sync"]) == 2

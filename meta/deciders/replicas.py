@@ -52,16 +52,26 @@ def active(image: Image) -> list[str]:
 
 
 def replica_set(image: Image, t: dict[str, Any], leader: str, preferred: list[str]) -> list[str]:
-    """The copies of a new generation led by ``leader``: the topic's count, from the ``preferred`` brokers first
-    (a remap's targets, or the replicas the queue had), then from every other active one."""
+    """The copies of a queue led by ``leader``: the topic's count, from the active ``preferred`` brokers first (a
+    remap's targets, or the replicas the queue had), then every other active one, then, when too few are active,
+    fenced ones (``in_sync`` leaves them out: each catches up once it is back, as Kafka keeps an offline broker
+    in a partition's assignment). A set cut to the active brokers stayed cut for that segment's whole life, and
+    two lost disks then lost what it held while a third broker was back and empty-handed (the chaos runner's
+    broker_wipe, seed 7)."""
     want = t["replicas"] - 1
     live = set(active(image))
     where = zones(image)
-    chosen = allocation.followers(leader, want, [b for b in preferred if b in live], where)
-    if len(chosen) < want:
-        more = allocation.followers(leader, want, sorted(live - set(chosen)), where)
-        chosen += [b for b in more if b not in chosen][:want - len(chosen)]
+    chosen: list[str] = []
+    for pool in ([b for b in preferred if b in live], sorted(live), sorted(set(image.brokers) - live)):
+        if len(chosen) < want:
+            more = allocation.followers(leader, want, [b for b in pool if b not in chosen], where)
+            chosen += [b for b in more if b not in chosen][:want - len(chosen)]
     return [leader, *chosen]
+
+
+def in_sync_of(image: Image, replicas: list[str]) -> list[str]:
+    """The copies of a new, empty segment that are in sync from its start: the active ones."""
+    return [b for b in replicas if image.brokers.get(b, {}).get("state") == "active"]
 
 
 def broker_lost(image: Image, broker: str, budget: int, fenced: bool) -> Events:

@@ -16,7 +16,7 @@ from wire.errors import invalid, rejection
 from . import Decider, Events, expect_version
 from .lookups import active_brokers, existing_topic, seal_at_budget
 from .groups import topic_changed
-from .replicas import replica_set, settings, zones
+from .replicas import in_sync_of, replica_set, settings
 
 
 def writable_head(t: dict[str, Any], queue: int) -> dict[str, Any]:
@@ -37,7 +37,8 @@ def move(image: Image, t: dict[str, Any], queue: int, to: str, cause: str, budge
     replicas = replica_set(image, t, to, preferred)
     opened = make("SegmentOpened", topic=topic, queue=queue, gen=gen, broker=to, from_broker=old["broker"],
                   physical_queue=allocation.physical_queue_name(topic, t["incarnation"], queue, gen),
-                  physical_start=0, budget_end=budget, replicas=replicas, in_sync=replicas, cause=cause)
+                  physical_start=0, budget_end=budget, replicas=replicas, in_sync=in_sync_of(image, replicas),
+                  cause=cause)
     if image.brokers[old["broker"]]["state"] == "active":
         return [make("SegmentSealing", topic=topic, queue=queue, gen=old["gen"], broker=old["broker"]), opened]
     # The old broker's session has expired: it can write nothing beyond its budget, so the budget end is a safe end.
@@ -46,12 +47,15 @@ def move(image: Image, t: dict[str, Any], queue: int, to: str, cause: str, budge
                  logic_start=chains.logic_end(old, old["budget_end"]))]
 
 
-def placed(image: Image, t: dict[str, Any], leaders: dict[int, str], brokers: list[str],
-           budget: int) -> list[dict[str, Any]]:
-    """Gen 0 of each of ``leaders``' queues, with its replicas drawn from ``brokers``."""
-    sets = allocation.replica_sets(leaders, t["replicas"], brokers, zones(image))
-    return [{"queue": q, "broker": b, "physical_queue": allocation.physical_queue_name(t["topic"], t["incarnation"], q, 0),
-             "budget_end": budget, "replicas": sets[q]} for q, b in sorted(leaders.items())]
+def placed(image: Image, t: dict[str, Any], leaders: dict[int, str], budget: int) -> list[dict[str, Any]]:
+    """Gen 0 of each of ``leaders``' queues, each with the topic's count of replicas (``replica_set``)."""
+    out = []
+    for q, b in sorted(leaders.items()):
+        replicas = replica_set(image, t, b, [])
+        out.append({"queue": q, "broker": b, "budget_end": budget, "replicas": replicas,
+                    "in_sync": in_sync_of(image, replicas),
+                    "physical_queue": allocation.physical_queue_name(t["topic"], t["incarnation"], q, 0)})
+    return out
 
 
 # -- the commands ------------------------------------------------------------------------------------------------
@@ -75,8 +79,7 @@ def create(image: Image, c, ts, budget):
     slots = c.get("slots", limits.SLOTS_DEFAULT)
     incarnation = image.version + 1
     leaders = allocation.balanced_assignment(range(c["queues"]), brokers, image.data["load"])
-    segments = placed(image, {"topic": name, "incarnation": incarnation, "replicas": replicas}, leaders, live,
-                      budget)
+    segments = placed(image, {"topic": name, "incarnation": incarnation, "replicas": replicas}, leaders, budget)
     config = {k: v for k, v in sorted(c.get("config", {}).items()) if v is not None}
     ev = make("TopicCreated", topic=name, incarnation=incarnation, queues=c["queues"], slots=slots,
               order=c.get("order", "best_tried"), config=config, replicas=replicas, min_insync=min_insync,
@@ -104,8 +107,7 @@ def grow(image: Image, c, ts, budget):
     if not hosts:
         raise rejection(409, "NO_BROKERS", "no active broker to place the new queues on")
     placement = allocation.balanced_assignment(range(t["queues"], new_count), hosts, image.data["load"])
-    live = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
-    segments = placed(image, t, placement, live, budget)
+    segments = placed(image, t, placement, budget)
     barriers = [{"queue": nq, "after_queue": old, "after_gen": heads[old]["gen"] + 1} for nq, old in splits]
     events = [make("TopicGrown", topic=t["topic"], queues=new_count, slot_table=table, barriers=barriers,
                    segments=segments)]
