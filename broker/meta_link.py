@@ -44,6 +44,7 @@ SEAL_RETRY_S_MAX = 5.0
 SEALS_PER_REPORT_MAX = 512       # within meta's SEALS_PER_REPORT_MAX (1,024)
 SEAL_SETTLED_CODES = ("ALREADY_SEALED", "SEGMENT_NOT_FOUND", "TOPIC_NOT_FOUND")  # nothing more to report
 WATCH_READ_TIMEOUT_S = 60.0      # four of meta's 15 s keepalives: a silent stream is dead
+PEER_DOWN_EVERY_S = 1.0          # a peer this broker cannot reach is reported at most this often
 REFETCHES_MAX = 1_024            # topics whose route is being fetched again after a failed event
 
 
@@ -83,6 +84,7 @@ class MetaLink:
         self._beat_http: aiohttp.ClientSession | None = None  # its own connections: never queued behind others
         self._tasks: list[asyncio.Task] = []
         self._meta_i = 0
+        self._peer_down_at: dict[str, float] = {}   # peer -> monotonic time it was last reported
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -315,6 +317,23 @@ class MetaLink:
         if answer.status != 200:
             self._next_meta()
             raise RuntimeError(f"in-sync change refused: {answer.status} {str(answer.body)[:300]}")
+
+    def peer_down(self, peer: str) -> None:
+        """This broker could not reach ``peer`` (a fetch broke off or could not connect): tell the meta leader,
+        which fences ``peer`` at once when its address refuses connections (meta/broker_probe.py), so the heads it
+        led fail over in well under its session's timeout. At most once per PEER_DOWN_EVERY_S per peer."""
+        now = time.monotonic()
+        if self.session.epoch is None or now - self._peer_down_at.get(peer, -PEER_DOWN_EVERY_S) < PEER_DOWN_EVERY_S:
+            return
+        self._peer_down_at[peer] = now
+        self._chores.spawn(self._report_peer_down(peer, self.session.epoch), f"peer-down {peer}")
+
+    async def _report_peer_down(self, peer: str, epoch: int) -> None:
+        answer = await self._call("POST", f"/v1/brokers/{self.broker}/peer-down", {"epoch": epoch, "peer": peer})
+        if answer.status != 200:
+            self._next_meta()
+            raise RuntimeError(f"peer-down report refused: {answer.status} {str(answer.body)[:300]}")
+        log.info("peer_down_reported", peer=peer, probe=answer.body.get("probe"), state=answer.body.get("state"))
 
     # -- seals -----------------------------------------------------------------------------------------------
     async def _seal_loop(self) -> None:

@@ -73,7 +73,8 @@ class BrokerNode:
         self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.head,
                                                     self.writer.max_physical))
         self.replica_source = FetchSource(config.broker, self.routes, self.writer)   # what followers fetch here
-        self.replicator = Replicator(config.broker, self.routes, self.writer, config.token, tls_context)
+        self.replicator = Replicator(config.broker, self.routes, self.writer, config.token, tls_context,
+                                     self.link.peer_down)
         self.link.on_route_applied = self._route_applied
         self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
         self.gate = FencingGate(self.locks, self.barriers, self.routes)   # every fenced read and commit asks it

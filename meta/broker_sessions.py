@@ -6,6 +6,7 @@ leader starts every active broker's session afresh (grace), because it cannot kn
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -14,7 +15,7 @@ import structlog
 
 from wire.errors import ApiError, rejection
 
-from . import allocation
+from . import allocation, broker_probe
 from .config import MetaConfig
 from .image import Image
 from .log import Log
@@ -66,7 +67,9 @@ class BrokerSessions:
         self.log = log
         self.tracker = SessionTracker(config.session_timeout_ms)
         self.expiries = 0   # sessions this node fenced for silence while it led
+        self.refusals = 0   # brokers this node fenced because their address refused connections
         self._led_term: int | None = None
+        self._probes: dict[str, asyncio.Task] = {}   # broker -> the probe of it under way (reports share it)
 
     def last_heartbeat_ms(self, broker: str) -> int | None:
         return self.tracker.last_heartbeat_ms(broker)
@@ -114,6 +117,39 @@ class BrokerSessions:
         return {"state": "active", "version": version, "budgets": budgets, "budget_grant": grant,
                 "heartbeat_interval_ms": self.config.heartbeat_interval_ms,
                 "session_timeout_ms": self.config.session_timeout_ms}
+
+    async def peer_down(self, reporter: str, epoch: int, peer: str) -> dict[str, Any]:
+        """Leader only. ``reporter`` (at its session ``epoch``) could not reach ``peer``: when ``peer``'s address
+        refuses connections its process is gone, and it is fenced now rather than when its session runs out
+        (meta/broker_probe.py); otherwise nothing changes. Answers ``{"peer", "probe", "state"}``."""
+        def look(image: Image):
+            b = image.brokers.get(reporter)
+            if b is None:
+                raise rejection(404, "BROKER_NOT_FOUND", f"broker {reporter!r} is not registered; register first")
+            if b["epoch"] != epoch:
+                raise rejection(409, "STALE_EPOCH", f"epoch {epoch} is not current ({b['epoch']}); register again",
+                                epoch=b["epoch"])
+            p = image.brokers.get(peer)
+            if p is None:
+                raise rejection(404, "BROKER_NOT_FOUND", f"broker {peer!r} is not registered", broker=peer)
+            return p["state"], p["epoch"], p["address"]
+        state, peer_epoch, address = self.reads.read(look)
+        if state != "active" or peer == reporter:
+            return {"peer": peer, "probe": None, "state": state}
+        probe = self._probes.get(peer)
+        if probe is None:   # one look at a time per broker, whoever reports it
+            probe = self._probes[peer] = asyncio.create_task(broker_probe.probe(address), name=f"probe {peer}")
+            probe.add_done_callback(lambda _: self._probes.pop(peer, None))
+        seen = await asyncio.shield(probe)
+        if seen != broker_probe.REFUSED:
+            return {"peer": peer, "probe": seen, "state": state}
+        log.warning("broker_refuses_connections", broker=peer, epoch=peer_epoch, reporter=reporter, address=address)
+        outcome = await self.log.propose({"type": "FenceBroker", "broker": peer, "epoch": peer_epoch,
+                                          "reason": "connection_refused"}, None, "system")
+        _, result = answer(outcome)
+        if result.get("state") == "fenced":
+            self.refusals += 1
+        return {"peer": peer, "probe": seen, "state": result.get("state", state)}
 
     async def run(self) -> None:
         """Fence brokers whose session expired, while this node leads. A task: cancelled on stop."""

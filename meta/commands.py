@@ -75,8 +75,8 @@ def _v_broker_epoch(c):
 
 def _v_fence_broker(c):
     _v_broker_epoch(c)
-    if c.get("reason") not in ("session_expired",):
-        raise invalid("reason must be 'session_expired'", field="reason")
+    if c.get("reason") not in ("session_expired", "connection_refused"):
+        raise invalid("reason must be 'session_expired' or 'connection_refused'", field="reason")
 
 
 def _v_grant_budget(c):

@@ -24,7 +24,8 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
     "BrokerFenced": (1, {
         "broker": "broker name",
         "epoch": "the session epoch that was fenced",
-        "reason": "'session_expired' or 'registered_again'",
+        "reason": "'session_expired', or 'connection_refused' (a peer could not reach it and its address refused "
+                  "the leader's connection: its process is gone)",
     }),
     "BrokerUnfenced": (1, {
         "broker": "broker name",

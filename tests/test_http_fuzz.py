@@ -96,6 +96,7 @@ META_OPS = [
        ("epoch", "topic", "queue", "gen", "end_offset", "physical_queue"), mutating=True),
     Op("meta", "POST", "/v1/brokers/{broker}/seals", (), ("epoch", "seals"), mutating=True),
     Op("meta", "POST", "/v1/brokers/{broker}/in-sync", (), ("epoch", "changes"), mutating=True),
+    Op("meta", "POST", "/v1/brokers/{broker}/peer-down", (), ("epoch", "peer"), mutating=True),
     Op("meta", "GET", "/v1/brokers", READ_QUERY),
     Op("meta", "POST", "/v1/groups/{group}/heartbeat", (), ("member", "topics", "mode", "released"), mutating=True),
     Op("meta", "POST", "/v1/groups/{group}/leave", ("expected_version",), ("member",), mutating=True),

@@ -130,6 +130,9 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
         in_sync = await call("POST", "/v1/brokers/{broker}/in-sync", "broker", json_body={"epoch": 1, "changes": [
             {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["spare"]}]}, expect=200, broker="spare")
         assert in_sync["results"][0]["code"] == "SEGMENT_NOT_FOUND", in_sync   # it leads nothing
+        down = await call("POST", "/v1/brokers/{broker}/peer-down", "broker", json_body={"epoch": 1, "peer": "spare"},
+                          expect=200, broker="spare")
+        assert down == {"peer": "spare", "probe": None, "state": "active"}, down   # it does not probe itself
         await call("DELETE", "/v1/topics/{topic}", expect=200, topic="t")
         await call("GET", "/healthz", None, expect=200)
         await call("GET", "/readyz", None, expect=200)

@@ -220,3 +220,39 @@ async def test_copies_lost_one_after_another_come_back_from_whichever_broker_sti
         await wait_route(c, "r", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"])
         lose(third)
         assert [m["body"] for m in await read_all(c, "r", 0)] == bodies
+
+
+async def test_a_killed_leader_is_fenced_when_its_address_refuses_connections_long_before_its_session_ends(tmp_path):
+    """The followers' fetches from a killed leader break off; they tell meta (POST /v1/brokers/{b}/peer-down), whose
+    leader probes the broker's address and fences it at once when nothing listens there. A paused broker still
+    accepts connections (its kernel does): the probe decides nothing and only its session's timeout may fence it."""
+    session_s = 30.0
+    async with running(str(tmp_path), 3, 3, meta={"session_timeout_ms": int(session_s * 1000),
+                                                   "heartbeat_interval_ms": 1_000}) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "r", "queues": QUEUES, "replicas": 3})
+        assert s == 201, b
+        r = await wait_route(c, "r", lambda r: all(len(q["in_sync"]) == 3 and q["writable"] for q in r["queues"]))
+        victim = r["queues"][0]["broker"]
+        reporter = next(b for b in r["queues"][0]["in_sync"] if b != victim)
+        s, listed, _ = await c.call("GET", c.meta_urls[0] + "/v1/brokers", "client")
+        epoch = next(b["epoch"] for b in listed["brokers"] if b["broker"] == reporter)
+
+        os.kill(c.pid(victim), signal.SIGSTOP)
+        try:
+            s, b, _ = await c.call("POST", f"{c.meta_urls[1]}/v1/brokers/{reporter}/peer-down", "broker",
+                                   json={"epoch": epoch, "peer": victim})
+            assert (s, b) == (200, {"peer": victim, "probe": "answered", "state": "active"}), (s, b)
+        finally:
+            os.kill(c.pid(victim), signal.SIGCONT)
+        s, b, _ = await c.call("POST", f"{c.meta_urls[0]}/v1/brokers/{reporter}/peer-down", "broker",
+                               json={"epoch": epoch + 1, "peer": victim})
+        assert s == 409 and b["error"]["code"] == "STALE_EPOCH", (s, b)
+
+        killed_at = time.monotonic()
+        c.kill9(victim)   # returns once the process is gone: the clock starts before
+        await wait_route(c, "r", lambda r: all(q["broker"] != victim and q["writable"] for q in r["queues"]),
+                         timeout_s=session_s / 2)
+        took = time.monotonic() - killed_at
+        s, listed, _ = await c.call("GET", c.meta_urls[0] + "/v1/brokers", "client")
+        assert next(b["state"] for b in listed["brokers"] if b["broker"] == victim) == "fenced"
+        assert took < session_s / 2, took

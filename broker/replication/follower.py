@@ -14,6 +14,7 @@ holds of that broker's segments into physical queues of the same names (DESIGN.m
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 import structlog
@@ -53,8 +54,10 @@ def holders(seg: Segment, me: str) -> list[str]:
 
 
 class Replicator:
-    def __init__(self, me: str, routes: RouteTable, writer: Writer, token: str, ssl_context=None):
+    def __init__(self, me: str, routes: RouteTable, writer: Writer, token: str, ssl_context=None,
+                 unreachable: Callable[[str], None] = lambda broker: None):
         self.me = me
+        self._unreachable = unreachable   # told of a source whose connection failed (MetaLink.peer_down)
         self.routes = routes
         self.writer = writer
         self._headers = {"Authorization": f"Bearer {token}", "Accept": frames.CONTENT_TYPE}
@@ -141,6 +144,8 @@ class Replicator:
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:   # the source is down or refusing: try again, later each time
+                    if isinstance(e, aiohttp.ClientConnectionError):   # not an answer: its process may be gone
+                        self._unreachable(src)
                     if failures == 0:
                         log.warning("replica_fetch_failed", source=src, copies=len(copies),
                                     error=f"{type(e).__name__}: {e}")

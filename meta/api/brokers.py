@@ -79,6 +79,25 @@ async def heartbeat(request: web.Request) -> web.Response:
     return respond(data, status)
 
 
+@requires("broker")
+async def peer_down(request: web.Request) -> web.Response:
+    """A broker (the path's, at its session ``epoch``) could not reach ``peer``: ``{"epoch", "peer"}``. The leader
+    probes the peer's address and fences it when the address refuses connections (its process is gone), well
+    before its session would run out; any other outcome changes nothing. Answers ``{"peer", "probe", "state"}``:
+    ``probe`` is ``refused``, ``answered``, ``silent``, or null when the peer was not active."""
+    svc = service(request)
+    broker = _broker(request)
+    body = await body_of(request, models.PeerDown)
+    validate({"type": "UnfenceBroker", "broker": broker, "epoch": body["epoch"]})
+    refuse_if_no_longer_leader(request)
+
+    async def here(_left_s: float):
+        return 200, await svc.brokers.peer_down(broker, body["epoch"], body["peer"]), None
+
+    status, data, _ = await svc.forwarder.to_leader(here, replay_on_leader(request, await request.read()))
+    return respond(data, status)
+
+
 @requires("client", "broker")
 async def list_brokers(request: web.Request) -> web.Response:
     svc = service(request)
@@ -103,4 +122,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/brokers/{broker}/seal", seal)
     app.router.add_post("/v1/brokers/{broker}/seals", seal_many)
     app.router.add_post("/v1/brokers/{broker}/in-sync", alter_in_sync)
+    app.router.add_post("/v1/brokers/{broker}/peer-down", peer_down)
     app.router.add_get("/v1/brokers", list_brokers)

@@ -110,6 +110,11 @@ class NodeStateCollector:
                                        "Broker sessions this node fenced for silence while it led")
         expiries.add_metric([], svc.brokers.expiries)
         yield expiries
+        refusals = CounterMetricFamily("stator_meta_broker_refusal_fences",
+                                       "Brokers this node fenced while it led because a peer could not reach them and "
+                                       "their address refused its connection")
+        refusals.add_metric([], svc.brokers.refusals)
+        yield refusals
         yield from self._journal_counters(svc.log.journal_stats())
         held = svc.log.held_entries()
         kept = CounterMetricFamily("stator_meta_raft_held_entries_appends", "Append messages that repeated entries "

@@ -52,6 +52,12 @@ class BrokerHeartbeat(TypedDict):
 
 
 @with_config(STRICT)
+class PeerDown(TypedDict):
+    epoch: Epoch
+    peer: Name
+
+
+@with_config(STRICT)
 class SealReport(TypedDict):
     topic: Name
     queue: Queue
@@ -403,6 +409,13 @@ class GroupHeartbeatAnswer(TypedDict):
 class SealResults(TypedDict):
     results: list[dict[str, Any]]
     version: int
+
+
+@with_config(OPEN)
+class PeerDownAnswer(TypedDict):
+    peer: str
+    probe: Literal["refused", "answered", "silent"] | None
+    state: Literal["active", "fenced"]
 
 
 @with_config(OPEN)

@@ -77,6 +77,10 @@ SPEC: dict[str, Any] = {
         "/v1/brokers/{broker}/in-sync": {"post": _op("A head's leader changes who is in sync (fenced by the gen it "
                                                      "leads)", roles=_THIS_BROKER, params=[_p("broker")],
                                                      body=M.AlterInSync, answer=M.InSyncResults)},
+        "/v1/brokers/{broker}/peer-down": {"post": _op(
+            "A broker could not reach a peer: the leader probes the peer's address and fences it when nothing listens "
+            "there (its process is gone), before its session runs out", roles=_THIS_BROKER, params=[_p("broker")],
+            body=M.PeerDown, answer=M.PeerDownAnswer)},
         "/v1/topics/{topic}/queues/{queue}/segments": {"get": _op(
             "Every segment of one logic queue, oldest first", params=[_p("topic"), _p("queue")] + _READ,
             answer=M.QueueSegments)},
