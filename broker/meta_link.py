@@ -44,7 +44,7 @@ SEAL_RETRY_S_MAX = 5.0
 SEALS_PER_REPORT_MAX = 512       # within meta's SEALS_PER_REPORT_MAX (1,024)
 SEAL_SETTLED_CODES = ("ALREADY_SEALED", "SEGMENT_NOT_FOUND", "TOPIC_NOT_FOUND")  # nothing more to report
 WATCH_READ_TIMEOUT_S = 60.0      # four of meta's 15 s keepalives: a silent stream is dead
-PEER_DOWN_EVERY_S = 1.0          # a peer this broker cannot reach is reported at most this often
+PEER_DOWN_EVERY_S = 0.25         # a peer this broker cannot reach is reported at most this often
 REFETCHES_MAX = 1_024            # topics whose route is being fetched again after a failed event
 
 

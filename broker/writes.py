@@ -209,6 +209,7 @@ class Writer:
                     break
         if seen is not None:
             return await self._resent(head, seen)
+        self.replicas.appended(head.physical_queue)   # followers take it while it syncs here
         # Outside the lock, so the next send to this queue writes meanwhile and one sync covers both. A seal waits
         # for this sync too (seal), so a sealed end never holds a record that is not on disk.
         try:
@@ -216,7 +217,6 @@ class Writer:
         except StorageError as e:
             raise _storage_unavailable(head, e) from None
         # On this disk: now on every copy in sync, as durably as their flush policy promises (DESIGN.md 12)
-        self.replicas.appended(head.physical_queue)
         await self.replicas.replicated(head, first + send.count)
         if self.metrics is not None:
             self.metrics.append.observe(time.perf_counter() - started)
@@ -273,11 +273,12 @@ class Writer:
             raise _storage_unavailable(head, e) from None
         return pq, first
 
-    async def append_copy(self, seg: Segment, runs: list, batches: list[Batch] = ()) -> int:
+    async def append_copy(self, seg: Segment, runs: list, batches: list[Batch] = (), durable: bool = True) -> int:
         """Append a leader's runs (``broker/replication``) to this broker's copy of ``seg``, at the offsets the leader
-        stored them at, and return once they are as durable as the flush policy promises. Runs this copy holds
-        already are skipped; a copy whose end was read (``seal``) takes nothing more. ``batches``: the producers'
-        batches those records belong to, remembered here as the leader does. Returns the records taken."""
+        stored them at, and return once they are as durable as the flush policy promises (``durable`` False: once
+        written; ``durable_copy`` waits for the rest). Runs this copy holds already are skipped; a copy whose end was
+        read (``seal``) takes nothing more. ``batches``: the producers' batches those records belong to, remembered
+        here as the leader does. Returns the records taken."""
         async with self._lock(seg.physical_queue):
             if seg.physical_queue in self._sealed_here:
                 return 0
@@ -288,14 +289,25 @@ class Writer:
                     continue
                 if run.offset != pq.next_offset:
                     raise StorageError(f"a run at {run.offset} does not continue the copy at {pq.next_offset}")
-                await self._threads.run(pq.append_records, run.records, run.count, run.ts_ms, run.tag, True)
+                # As a leader's append: with group commit the write lands in the page cache, cheaper on the loop
+                first = (pq.try_append_records(run.records, run.count, run.ts_ms, run.tag, True)
+                         if self._commit is not None else None)
+                if first is None:
+                    await self._threads.run(pq.append_records, run.records, run.count, run.ts_ms, run.tag, True)
                 taken += run.count
             for b in batches:   # of a sealed segment, only those within its end were kept
                 if seg.logic_end is None or b.first + b.count <= seg.logic_end:
                     self.producers.record(seg.topic, seg.queue, b)
-        if taken:
+        if taken and durable:
             await self._durable(pq, pq.next_offset)
         return taken
+
+    async def durable_copy(self, seg: Segment) -> None:
+        """Returns once everything written to this broker's copy of ``seg`` is as durable as the flush policy
+        promises."""
+        pq = self.local_queue(seg)
+        if pq is not None:
+            await self._durable(pq, pq.next_offset)
 
     async def seal(self, seg: Segment) -> int:
         """Stop writes to a sealing segment and return its exact physical end: every record written and on disk.

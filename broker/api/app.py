@@ -22,6 +22,7 @@ from ..node import BrokerNode
 from ..pop import params as pop_params
 from ..producers import PRODUCER_ID_MAX, SEQ_MAX
 from ..replication import frames
+from ..replication.source import POSITIONS_BYTES_MAX, STREAM_HEARTBEAT_S
 from ..storage.limits import RECORD_BYTES_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
 from . import models
@@ -263,6 +264,24 @@ async def replica_fetch(request: web.Request) -> web.Response:
     return web.Response(body=frames.encode(sections), headers={"Content-Type": frames.CONTENT_TYPE})
 
 
+@requires("broker")
+async def replica_stream(request: web.Request) -> web.StreamResponse:
+    """A follower's stream of every open head it copies from this broker (broker/replication/source.py): a
+    WebSocket; ``?follower=`` names it. It sends ``{"queues": [{"pq", "offset", "next"}]}`` as text; this broker
+    sends binary sections (replication/frames.py)."""
+    node = request.app[NODE]
+    follower = _name(request.query.get("follower", ""), "follower")
+    caller = caller_broker(request)
+    if caller is not None and caller != follower:
+        raise rejection(403, "PERMISSION_DENIED", f"broker {caller!r} may not fetch as {follower!r}", caller=caller)
+    ws = web.WebSocketResponse(heartbeat=STREAM_HEARTBEAT_S, max_msg_size=POSITIONS_BYTES_MAX)
+    if not ws.can_prepare(request).ok:
+        raise invalid("a replica stream is a WebSocket: send the Upgrade headers")
+    await ws.prepare(request)
+    await node.replica_source.serve_stream(ws, follower, models.ReplicaPositions)
+    return ws
+
+
 @requires("client", "broker")
 async def offset_for_time(request: web.Request) -> web.Response:
     node = request.app[NODE]
@@ -368,6 +387,11 @@ def make_app(config: BrokerConfig) -> web.Application:
         await node.stop()
 
     app.cleanup_ctx.append(node_ctx)
+
+    async def close_streams(app):   # before the server's shutdown waits on them
+        await node.replica_source.close_streams()
+
+    app.on_shutdown.append(close_streams)
     app.on_response_prepare.append(_route_version)
     r = app.router
     r.add_post("/v1/messages/{topic}/{queue}", send)
@@ -380,6 +404,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/queues/{topic}/{queue}/offset", offset_for_time)
     r.add_get("/v1/physical/{pq}", physical)
     r.add_post("/v1/replica", replica_fetch)
+    r.add_get("/v1/replica/stream", replica_stream)
     r.add_post("/v1/pop/{topic}", pop)
     r.add_post("/v1/ack", ack)
     r.add_post("/v1/invisible", change_invisible)

@@ -1,8 +1,10 @@
-"""The follower's side: one fetch loop per broker this broker copies from, bringing the records of every copy it
-holds of that broker's segments into physical queues of the same names (DESIGN.md invariant 12).
+"""The follower's side: one stream per broker this broker copies from, bringing the records of every copy it holds
+of that broker's segments into physical queues of the same names (DESIGN.md invariant 12).
 
-- An active or sealing head is fetched from its leader. A fetch names, per queue, the offset this copy holds
-  durably, which the leader takes as the follower's acknowledgement, and waits there until the leader has more.
+- An active or sealing head is copied from its leader over a stream (source.py): the leader pushes records as it
+  writes them; this broker writes them, and after each sync tells the leader, per queue, the offset its copy holds
+  durably (the acknowledgement) and the offset it has written. Writing the next records while the last are synced,
+  and acknowledging as soon as a sync ends, keeps a send's wait near one sync and two hops.
 - A sealing segment this broker was elected to seal is not fetched any more: its end is this copy's end, which the
   meta link reports (broker/meta_link.py); a copy never takes a record after its end was read (``Writer.seal``).
 - A sealed segment is fetched until this copy reaches the segment's end, from whichever of its copies has more
@@ -14,6 +16,7 @@ holds of that broker's segments into physical queues of the same names (DESIGN.m
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 import aiohttp
@@ -25,15 +28,24 @@ from wire.tls import connector
 from ..routing import RouteTable, Segment
 from ..writes import Writer
 from . import frames
-from .leader import FETCH_WAIT_MS_MAX
-from .source import COPIES_PER_FETCH_MAX
+from .source import COPIES_PER_FETCH_MAX, STREAM_HEARTBEAT_S
 
 log = structlog.get_logger("broker.replication")
 
-FETCH_TIMEOUT_S = 10.0 + FETCH_WAIT_MS_MAX / 1000
+FETCH_TIMEOUT_S = 10.0          # a catch-up's fetch (answered at once) and a stream's opening
 FETCH_BACKOFF = Backoff(0.05, 1.0, jitter=False)
 CATCH_UP_BACKOFF = Backoff(0.2, 10.0, jitter=False)   # a sealed copy no holder can lengthen now: ask again later
 CATCH_UPS_MAX = 10_000           # sealed copies catching up at once
+
+
+class _Link:
+    """What a stream from one source has to tell it: the copies written since the last acknowledgement, and
+    whether the routes changed (then it names every copy)."""
+
+    def __init__(self) -> None:
+        self.dirty = asyncio.Event()
+        self.written: dict[str, Segment] = {}
+        self.full = False
 
 
 def physical_end(seg: Segment) -> int | None:
@@ -63,7 +75,8 @@ class Replicator:
         self._headers = {"Authorization": f"Bearer {token}", "Accept": frames.CONTENT_TYPE}
         self._ssl_context = ssl_context
         self._http: aiohttp.ClientSession | None = None
-        self._sessions: dict[str, asyncio.Task] = {}   # source broker -> its fetch loop
+        self._sessions: dict[str, asyncio.Task] = {}   # source broker -> its stream's loop
+        self._links: dict[str, _Link] = {}              # source broker -> its open stream's state
         self._catching_up: dict[str, asyncio.Task] = {}   # sealed copy (physical queue) -> its catch-up
 
     async def start(self) -> None:
@@ -92,7 +105,10 @@ class Replicator:
                 continue
             src = source(seg, self.me)
             if src not in self._sessions:
-                self._sessions[src] = asyncio.create_task(self._session(src), name=f"replica-fetch {src}")
+                self._sessions[src] = asyncio.create_task(self._session(src), name=f"replica-stream {src}")
+        for link in self._links.values():   # the copies a stream names may have changed: it names them all again
+            link.full = True
+            link.dirty.set()
 
     def _wanted(self, seg: Segment) -> bool:
         end = physical_end(seg)
@@ -115,7 +131,7 @@ class Replicator:
                 took = False
                 for b in holders(seg, self.me):
                     try:
-                        took = await self._fetch_once(b, [seg], wait_ms=0) > 0
+                        took = await self._fetch_once(b, [seg]) > 0
                     except asyncio.CancelledError:
                         raise
                     except Exception as e:   # that holder is down or refusing: the next one
@@ -131,15 +147,12 @@ class Replicator:
             self._catching_up.pop(pq, None)
 
     async def _session(self, src: str) -> None:
-        """Fetch from ``src`` until no copy here is behind it."""
+        """Stream from ``src`` until no copy here is behind it; reconnect after a failure, later each time."""
         failures = 0
         try:
-            while True:
-                copies = self._copies_from(src)
-                if not copies:
-                    return
+            while self._copies_from(src):
                 try:
-                    await self._fetch_once(src, copies[:COPIES_PER_FETCH_MAX])
+                    await self._stream(src)
                     failures = 0
                 except asyncio.CancelledError:
                     raise
@@ -147,19 +160,79 @@ class Replicator:
                     if isinstance(e, aiohttp.ClientConnectionError):   # not an answer: its process may be gone
                         self._unreachable(src)
                     if failures == 0:
-                        log.warning("replica_fetch_failed", source=src, copies=len(copies),
+                        log.warning("replica_stream_failed", source=src, copies=len(self._copies_from(src)),
                                     error=f"{type(e).__name__}: {e}")
                     failures += 1
                     await asyncio.sleep(FETCH_BACKOFF.delay_s(failures))
         finally:
             self._sessions.pop(src, None)
 
-    async def _fetch_once(self, src: str, copies: list[Segment], wait_ms: int = FETCH_WAIT_MS_MAX) -> int:
-        """One fetch of ``copies`` from ``src``; returns the records taken."""
+    def _positions(self, copies: list[Segment], full: bool) -> str:
+        return json.dumps({"full": full, "queues": [
+            {"pq": s.physical_queue, "offset": self.writer.max_physical(s), "next": self.writer.next_physical(s)}
+            for s in copies]})
+
+    async def _stream(self, src: str) -> None:
+        """One stream from ``src``: returns once no copy here is behind it; raises when it breaks off."""
+        copies = self._copies_from(src)[:COPIES_PER_FETCH_MAX]
+        if not copies:
+            return
         address = self.routes.address(copies[0].topic, src)
         if address is None:
             raise LookupError(f"no address for broker {src}")
-        body = {"follower": self.me, "wait_ms": wait_ms,
+        link = self._links[src] = _Link()
+        try:
+            async with self._http.ws_connect(address + "/v1/replica/stream", params={"follower": self.me},
+                                             headers=self._headers, heartbeat=STREAM_HEARTBEAT_S,
+                                             max_msg_size=frames.ANSWER_BYTES_MAX) as ws:
+                await ws.send_str(self._positions(copies, full=True))
+                acks = asyncio.create_task(self._acknowledge(src, ws, link), name=f"replica-acks {src}")
+                try:
+                    async for msg in ws:
+                        if msg.type != aiohttp.WSMsgType.BINARY:
+                            break
+                        for seg, n in await self._take(src, frames.decode(msg.data), durable=False):
+                            if n:
+                                link.written[seg.physical_queue] = seg
+                        link.dirty.set()
+                        if acks.done():
+                            break
+                finally:
+                    acks.cancel()
+                    await asyncio.gather(acks, return_exceptions=True)
+                if acks.done() and not acks.cancelled() and acks.exception() is not None:
+                    raise acks.exception()
+                if self._copies_from(src):   # it ended while copies here are still behind: the source went away
+                    raise aiohttp.ServerDisconnectedError(f"the stream ended: {ws.close_code} {ws.exception()}")
+        finally:
+            if self._links.get(src) is link:
+                del self._links[src]
+
+    async def _acknowledge(self, src: str, ws: aiohttp.ClientWebSocketResponse, link: _Link) -> None:
+        """After each sync of what the stream brought, tell the source where those copies stand; after a change of
+        the routes, where every copy from it stands; close the stream once no copy here is behind it."""
+        while True:
+            await link.dirty.wait()
+            link.dirty.clear()
+            synced = list(link.written.values())
+            link.written.clear()
+            await asyncio.gather(*(self.writer.durable_copy(seg) for seg in synced))
+            if link.full:
+                link.full = False
+                copies = self._copies_from(src)[:COPIES_PER_FETCH_MAX]
+                if not copies:
+                    await ws.close()
+                    return
+                await ws.send_str(self._positions(copies, full=True))
+            elif synced:
+                await ws.send_str(self._positions(synced, full=False))
+
+    async def _fetch_once(self, src: str, copies: list[Segment]) -> int:
+        """One fetch of ``copies`` from ``src`` (a sealed copy's catch-up); returns the records taken."""
+        address = self.routes.address(copies[0].topic, src)
+        if address is None:
+            raise LookupError(f"no address for broker {src}")
+        body = {"follower": self.me, "wait_ms": 0,
                 "queues": [{"pq": s.physical_queue, "offset": self.writer.max_physical(s)} for s in copies]}
         async with self._http.post(address + "/v1/replica", json=body, headers=self._headers) as r:
             if r.content_length is None or r.content_length > frames.ANSWER_BYTES_MAX:
@@ -168,11 +241,18 @@ class Replicator:
             data = await r.read()   # all of it: content.read(n) returns what has arrived, maybe less
             if r.status != 200:
                 raise RuntimeError(f"fetch refused: {r.status} {data[:200]!r}")
-        taking = []
-        for section in frames.decode(data):
+        return sum(n for _, n in await self._take(src, frames.decode(data), durable=True))
+
+    async def _take(self, src: str, sections: list[frames.Section], durable: bool) -> list[tuple[Segment, int]]:
+        """Write what ``src`` sent to the copies here (``durable``: and wait until it is synced): each copy written
+        to, with the records it took."""
+        taking, segs = [], []
+        for section in sections:
             seg = self.routes.held(section.physical_queue)
             if seg is None or not section.runs or (seg.state != "sealed" and source(seg, self.me) != src):
-                continue   # the segment changed hands while the fetch waited: what it brought is not taken
-            taking.append(self.writer.append_copy(seg, section.runs, frames.with_gen(section.batches, seg.gen)))
+                continue   # the segment changed hands while the records travelled: what they brought is not taken
+            segs.append(seg)
+            taking.append(self.writer.append_copy(seg, section.runs, frames.with_gen(section.batches, seg.gen),
+                                                  durable))
         # Together: each waits for a sync that covers its queue, and with group commit one sync covers them all
-        return sum(await asyncio.gather(*taking))
+        return list(zip(segs, await asyncio.gather(*taking)))

@@ -58,7 +58,8 @@ class ReplicaTracker:
         self._adding: dict[str, set[str]] = {}                   # pq -> followers asked to be added, not yet in sync
         self._hw: dict[str, int] = {}                            # pq -> high watermark (physical), only grows
         self._waiters: dict[str, list[tuple[int, asyncio.Future]]] = {}
-        self.append_count = 0                                    # appends made durable here, of any queue
+        self.append_count = 0                                    # appends written here, of any queue
+        self.on_written: Callable[[str], None] = lambda pq: None  # told of each (the streams' FetchSource.written)
         self._appended = asyncio.Event()                         # set at each; fetches waiting for more wait on it
 
     # -- who counts ---------------------------------------------------------------------------------------------
@@ -168,8 +169,10 @@ class ReplicaTracker:
         self._settle(pq)
 
     def appended(self, pq: str) -> None:
-        """The leader's durable end of ``pq`` moved: wake the fetches waiting for more (each looks again at the
-        queues it names: one event for every queue, since one fetch names every queue of a broker pair)."""
+        """Records of ``pq`` were written here: the streams that copy it send them (source.py), and the fetches
+        waiting for more look again at the queues they name (one event for every queue: one fetch names every
+        queue of a broker pair)."""
+        self.on_written(pq)
         self.append_count += 1
         self._appended.set()
         self._appended = asyncio.Event()

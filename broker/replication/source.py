@@ -1,18 +1,35 @@
-"""What a broker answers a follower's fetch (``POST /v1/replica``): for every physical queue the follower copies from
-it, the records past the offset the follower holds durably (DESIGN.md invariant 12).
+"""What a broker sends the brokers that copy from it (DESIGN.md invariant 12).
 
-One fetch covers every queue a follower copies from this broker (Kafka's fetch covers every partition of a broker
-pair): a thousand queues with three copies made two thousand parked requests, one per copy, which exhausted the
-brokers' connection pools and their CPU. The leader of an open head takes each queue's offset as that follower's
-acknowledgement (leader.ReplicaTracker) and, when none has anything new, holds the fetch until it appends (up to
-``wait_ms``), so a send waits one round trip for its copies, not a poll period. A sealed segment is served by any
-broker holding it, up to its own end. Only durable records are served: a copy never holds a record its leader
-could still lose.
+- **The stream** (``GET /v1/replica/stream``, a WebSocket per broker pair): the copies of the open heads this broker
+  leads. The follower names, in a text message, each queue it copies from here with the offset it holds durably
+  (``offset``: its acknowledgement, leader.ReplicaTracker) and the offset it has written (``next``); it sends that
+  again after each of its syncs and whenever its routes change. This broker pushes each queue's records past what
+  it sent, in binary messages (frames.py), as soon as they are written here: the follower writes and syncs them
+  while this broker syncs its own, and acknowledges them without waiting for a fetch to come back. Pulled with a
+  parked fetch per round (the follower's next fetch carried its acknowledgement, and whatever landed meanwhile
+  waited for it), replicas=3 produced a fifth of replicas=1. At most WINDOW_RECORDS of a queue travel
+  unacknowledged. RocketMQ's HA service pushes its commit log the same way, its slave reporting the offset it holds.
+- **The fetch** (``POST /v1/replica``): a sealed segment's copy catching up from any broker that holds it, up to its
+  own end; one fetch covers every queue named (a thousand queues with three copies made two thousand parked requests,
+  one per copy, which exhausted the brokers' connection pools and their CPU).
+
+Records are sent once written, before they are synced here: a follower may hold a record this broker then loses in
+a crash. That record was never acknowledged (a send waits for this broker's sync too), and a broker that comes back
+never leads the same gen again (replicas.broker_lost seals it and opens a new one), so no offset of one gen ever
+names two records.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+
+import aiohttp
+from aiohttp import web
+
+from wire import json_body
+from wire.errors import ApiError
+from wire.shapes import validate
 
 from ..routing import RouteTable
 from ..storage import OffsetOutOfRange
@@ -24,8 +41,23 @@ from .leader import FETCH_WAIT_MS_MAX
 FETCH_BYTES_MAX = 16 * 1024 * 1024      # one answer's records, over every queue
 QUEUE_BYTES_MAX = 4 * 1024 * 1024       # one queue's share of it, so that one busy queue never starves the others
 FETCH_RECORDS_MAX = 1_000               # records per queue per answer
-COPIES_PER_FETCH_MAX = 20_000           # queues one fetch names (a follower splits more over several)
+COPIES_PER_FETCH_MAX = 20_000           # queues one fetch or one stream names (more are not copied from that broker)
 READ_THREADS = 4
+WINDOW_RECORDS = 20_000                 # records of one queue sent on a stream and not yet acknowledged
+STREAM_IDLE_S = 1.0                     # a stream with nothing to send looks again this often
+POSITIONS_BYTES_MAX = 4 * 1024 * 1024   # a follower's message on the stream
+STREAM_HEARTBEAT_S = 5.0                # WebSocket pings each way: a peer silent for this long is dropped
+
+
+class _Stream:
+    """One follower's stream: where each queue it copies stands, and the queues with something to send."""
+
+    def __init__(self, ws: web.WebSocketResponse, follower: str):
+        self.ws = ws
+        self.follower = follower
+        self.sent: dict[str, list[int]] = {}   # physical queue -> [next offset to send, offset held durably there]
+        self.ready: set[str] = set()
+        self.wake = asyncio.Event()
 
 
 class FetchSource:
@@ -34,9 +66,17 @@ class FetchSource:
         self.routes = routes
         self.writer = writer
         self._threads = StorageThreads(READ_THREADS, "replica-read")
+        self._streams: set[web.WebSocketResponse] = set()
+        self._subscribers: dict[str, set[_Stream]] = {}   # physical queue -> the streams that copy it
+        writer.replicas.on_written = self.written
 
     def stop(self) -> None:
         self._threads.stop()
+
+    async def close_streams(self) -> None:
+        """Close every stream open here (the server's shutdown: a follower then reconnects elsewhere or later)."""
+        await asyncio.gather(*(ws.close(code=aiohttp.WSCloseCode.GOING_AWAY) for ws in list(self._streams)),
+                             return_exceptions=True)
 
     async def fetch(self, follower: str, queues: list[tuple[str, int]], wait_ms: int) -> list[frames.Section]:
         """``queues``: (physical queue, offset the follower holds durably). Sections of those with records past it;
@@ -54,7 +94,95 @@ class FetchSource:
                 return sections
             await self.writer.replicas.wait_appended(seen, left)
 
-    async def _read(self, queues: list[tuple[str, int]]) -> list[frames.Section]:
+    async def serve_stream(self, ws: web.WebSocketResponse, follower: str, model) -> None:
+        """Push the records of every queue ``follower`` names to it, as they are written here, until either side
+        closes. ``model``: the shape of its messages (broker/api/models.py ReplicaPositions)."""
+        stream = _Stream(ws, follower)
+        sender = asyncio.create_task(self._push(stream), name=f"replica-push {follower}")
+        self._streams.add(ws)
+        try:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    break
+                try:
+                    positions = validate(model, json_body.parse_object(msg.data.encode()))
+                except ApiError as e:
+                    await ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION, message=str(e)[:120].encode())
+                    break
+                self._positions(stream, positions["queues"], positions.get("full", False))
+                if sender.done():
+                    break
+        finally:
+            self._streams.discard(ws)
+            for pq in stream.sent:
+                self._unsubscribe(pq, stream)
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+
+    def _positions(self, stream: _Stream, positions: list[dict], full: bool) -> None:
+        """A follower's message: where each queue it names stands on its side; ``full``: it names every queue it
+        copies from here, and those it no longer names are not sent any more."""
+        named = set()
+        for p in positions:
+            pq, offset, written = p["pq"], p["offset"], p["next"]
+            named.add(pq)
+            seg = self.routes.hosted.get(pq)
+            if seg is not None and seg.broker == self.me:
+                self.writer.replicas.fetched(seg, stream.follower, offset)
+            at = stream.sent.get(pq)
+            if at is None:   # from where the follower's copy ends: what it has written is not sent again
+                stream.sent[pq] = [written, offset]
+                self._subscribers.setdefault(pq, set()).add(stream)
+                stream.ready.add(pq)
+            else:
+                if at[0] - at[1] >= WINDOW_RECORDS:   # its window was full: this acknowledgement may open it
+                    stream.ready.add(pq)
+                at[0], at[1] = max(at[0], written), max(at[1], offset)
+        if full:
+            for pq in set(stream.sent) - named:
+                del stream.sent[pq]
+                self._unsubscribe(pq, stream)
+        if stream.ready:
+            stream.wake.set()
+
+    def _unsubscribe(self, pq: str, stream: _Stream) -> None:
+        streams = self._subscribers.get(pq)
+        if streams is not None:
+            streams.discard(stream)
+            if not streams:
+                del self._subscribers[pq]
+
+    def written(self, pq: str) -> None:
+        """Records of ``pq`` were written here: the streams that copy it send them."""
+        for stream in self._subscribers.get(pq, ()):
+            stream.ready.add(pq)
+            stream.wake.set()
+
+    async def _push(self, stream: _Stream) -> None:
+        sent = stream.sent
+        while not stream.ws.closed:
+            if not stream.ready:
+                stream.wake.clear()
+                try:   # a timeout only so that a stream never waits on a wake it missed
+                    await asyncio.wait_for(stream.wake.wait(), STREAM_IDLE_S)
+                except asyncio.TimeoutError:
+                    stream.ready.update(sent)
+                continue
+            ready, stream.ready = stream.ready, set()
+            sections = await self._read([(pq, at[0]) for pq in ready
+                                         if (at := sent.get(pq)) is not None and at[0] - at[1] < WINDOW_RECORDS],
+                                        written=True)
+            for section in sections:
+                at = sent.get(section.physical_queue)
+                if at is not None:
+                    last = section.runs[-1]
+                    at[0] = last.offset + last.count
+                    if at[0] < section.end:   # a read's bounds stopped it: the rest goes next
+                        stream.ready.add(section.physical_queue)
+            if sections:
+                await stream.ws.send_bytes(frames.encode(sections))
+
+    async def _read(self, queues: list[tuple[str, int]], written: bool = False) -> list[frames.Section]:
         out, budget = [], FETCH_BYTES_MAX
         for pq_name, offset in queues:
             if budget <= 0:
@@ -62,15 +190,15 @@ class FetchSource:
             if pq_name not in self.writer.store:
                 continue
             pq = self.writer.store.get(pq_name)
-            end = pq.max_offset
+            end = pq.next_offset if written else pq.max_offset
             if offset >= end:
                 continue
             want = min(budget, QUEUE_BYTES_MAX)
             start = max(offset, pq.min_offset)
             try:
-                runs = pq.try_read_runs(start, FETCH_RECORDS_MAX, want)
+                runs = pq.try_read_runs(start, FETCH_RECORDS_MAX, want, written)
                 if runs is None:
-                    runs = await self._threads.run(pq.read_runs, start, FETCH_RECORDS_MAX, want)
+                    runs = await self._threads.run(pq.read_runs, start, FETCH_RECORDS_MAX, want, written)
             except OffsetOutOfRange:
                 continue
             if not runs:

@@ -355,14 +355,15 @@ class PhysicalQueue:
         return [r for run in self.read_runs(offset, max_records, max_bytes) for r in records_of(run)]
 
     def read_runs(self, offset: int, max_records: int = limits.READ_RECORDS_DEFAULT,
-                  max_bytes: int = limits.READ_BYTES_DEFAULT) -> list[Run]:
-        """read() as runs of records still framed as stored, one or more per frame read (record.py)."""
+                  max_bytes: int = limits.READ_BYTES_DEFAULT, written: bool = False) -> list[Run]:
+        """read() as runs of records still framed as stored, one or more per frame read (record.py). ``written``:
+        up to next_offset, synced or not (a leader's copies only: see broker/replication/source.py)."""
         _check_read_args(offset, max_records, max_bytes)
         with self._lock:
-            return self._read(offset, max_records, max_bytes)
+            return self._read(offset, max_records, max_bytes, written=written)
 
     def try_read_runs(self, offset: int, max_records: int = limits.READ_RECORDS_DEFAULT,
-                      max_bytes: int = limits.READ_BYTES_DEFAULT) -> list[Run] | None:
+                      max_bytes: int = limits.READ_BYTES_DEFAULT, written: bool = False) -> list[Run] | None:
         """read_runs() if it can run without waiting, else None: the queue's lock is held elsewhere (an append
         on a thread, a sync's bookkeeping), a page is not in the page cache (it would wait for the disk), or a
         chunk is longer than limits.CACHED_READ_CHUNK_BYTES_MAX. For the broker's event loop, where a pull of
@@ -372,15 +373,16 @@ class PhysicalQueue:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return self._read(offset, max_records, max_bytes, cached_only=True)
+            return self._read(offset, max_records, max_bytes, cached_only=True, written=written)
         except files.WouldWait:
             return None
         finally:
             self._lock.release()
 
-    def _read(self, offset: int, max_records: int, max_bytes: int, cached_only: bool = False) -> list[Run]:
+    def _read(self, offset: int, max_records: int, max_bytes: int, cached_only: bool = False,
+              written: bool = False) -> list[Run]:
         self._check_open()
-        end = self._readable_end()
+        end = self._max_offset() if written else self._readable_end()
         if offset < self._bases[0]:
             raise OffsetOutOfRange("offset is below the first kept record", offset=offset,
                                    min_offset=self._bases[0], max_offset=end)
