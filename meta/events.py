@@ -84,8 +84,9 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "budget_end": "initial write budget (physical, exclusive)",
         "replicas": "brokers holding a copy, leader first",
         "in_sync": "replicas the leader waits for before it acknowledges (the leader among them)",
-        "cause": "'remap', 'grow', 'failover' (the previous leader was fenced; an in-sync replica leads) or 'unclean' "
-                 "(an operator elected an out-of-sync replica: what it missed is lost)",
+        "cause": "'remap', 'grow', 'failover' (the previous leader was fenced; an in-sync replica leads), 'restart' "
+                 "(the leader registered again with no in-sync copy to take over: it leads on in a new gen) or "
+                 "'unclean' (an operator elected an out-of-sync replica: what it missed is lost)",
     }),
     "InSyncChanged": (1, {
         "topic": "topic name", "queue": "logic queue id", "gen": "generation (the leader epoch it was asked in)",

@@ -167,3 +167,24 @@ def test_a_remap_a_growth_and_a_failover_keep_the_topic_s_count_of_copies_while_
     grown = log.head("t", 1)
     assert sorted(grown["replicas"]) == ["a", "b", "c"] and "c" not in grown["in_sync"], grown
     assert len(grown["in_sync"]) == 2
+
+
+def test_a_leader_registered_again_with_no_copy_in_sync_leads_on_in_a_new_gen():
+    """A leader streams what it writes before its sync (broker/replication/source.py): back from a crash it may have
+    lost records its followers hold. It must not write new records at those offsets in the same gen: it seals the
+    old gen at its own copy's end and leads the next. A single copy has no follower to differ from: it carries on."""
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
+        {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["a"]}]})   # both followers lag
+    replicas = log.head("t", 0)["replicas"]
+    log.register("a")
+    old, new = log.segs("t", 0)
+    assert (old["state"], old["sealer"]) == ("sealing", "a")
+    assert (new["gen"], new["broker"], new["replicas"]) == (1, "a", replicas)
+    assert sorted(new["in_sync"]) == ["a", "b", "c"], "the new gen is empty: every live copy holds all of it"
+    log.seal("t", 0, 0, 7)
+    assert log.head("t", 0)["logic_start"] == 7
+    log.create("one", 1, brokers=["a"], replicas=1)
+    log.register("a")
+    assert len(log.segs("one", 0)) == 1 and log.head("one", 0)["state"] == "active"

@@ -128,9 +128,9 @@ class StateMachineVsModel(RuleBasedStateMachine):
         """Seal-then-switch in the model: the old head seals now when its broker is fenced, later otherwise."""
         segs = self.topics[name]["segs"][q]
         head = segs[-1]
-        replicas = self.placed_copies(name, q, to, head["gen"] + 1)
+        replicas, in_sync = self.placed_copies(name, q, to, head["gen"] + 1)
         new = {"gen": head["gen"] + 1, "broker": to, "start": None, "end": None, "pend": None, "budget": BUDGET,
-               "state": "active", "replicas": replicas, "in_sync": list(replicas), "sealer": None}
+               "state": "active", "replicas": replicas, "in_sync": in_sync, "sealer": None}
         if self.brokers[head["broker"]]["state"] == "fenced":
             self.seal_model(head, head["budget"])
             new["start"] = head["end"]
@@ -138,15 +138,17 @@ class StateMachineVsModel(RuleBasedStateMachine):
             head["state"] = "sealing"
         segs.append(new)
 
-    def placed_copies(self, name: str, q: int, leader: str, gen: int) -> list[str]:
-        """The copies the machine chose for a new segment: the topic's count where active brokers allow, distinct,
-        the leader first, the others active."""
+    def placed_copies(self, name: str, q: int, leader: str, gen: int) -> tuple[list[str], list[str]]:
+        """The copies the machine chose for a new segment, and those in sync: the topic's count where brokers are
+        registered, distinct, the leader first, active brokers before fenced ones (which are not in sync)."""
         seg = next(s for s in chains_of(self.sm.image.topics[name])[q] if s["gen"] == gen)
         active = {n for n, b in self.brokers.items() if b["state"] == "active"} - {leader}
-        want = 1 + min(self.topics[name]["replicas"] - 1, len(active))
-        assert seg["replicas"][0] == leader and len(seg["replicas"]) == want, (seg["replicas"], want)
-        assert set(seg["replicas"][1:]) <= active and len(set(seg["replicas"])) == want
-        return list(seg["replicas"])
+        want = 1 + min(self.topics[name]["replicas"] - 1, len(set(self.brokers) - {leader}))
+        copies = seg["replicas"]
+        assert copies[0] == leader and len(copies) == want and len(set(copies)) == want, (copies, want)
+        live_first = 1 + min(want - 1, len(active))
+        assert set(copies[1:live_first]) <= active and not set(copies[live_first:]) & active, (copies, active)
+        return list(copies), [b for b in copies if b == leader or b in active]
 
     def lost(self, name: str, fenced: bool) -> None:
         """What the log must decide when broker ``name`` is fenced or registers again (``fenced`` False)."""
@@ -176,6 +178,15 @@ class StateMachineVsModel(RuleBasedStateMachine):
                             head["in_sync"].remove(name)
                         continue
                     new = elected(head)
+                    if new is None and not fenced and len(head["replicas"]) > 1 and start_before is not None:
+                        # back with no copy in sync: it leads on in a new gen from its own copy's end
+                        head["state"], head["sealer"] = "sealing", None
+                        segs.append({"gen": head["gen"] + 1, "broker": name, "start": None, "end": None,
+                                     "pend": None, "budget": BUDGET, "state": "active",
+                                     "replicas": list(head["replicas"]),
+                                     "in_sync": [b for b in head["replicas"] if b == name or b in live],
+                                     "sealer": None})
+                        continue
                     if new is None or start_before is None:
                         continue
                     head["state"], head["sealer"] = "sealing", new
@@ -362,8 +373,8 @@ class StateMachineVsModel(RuleBasedStateMachine):
             mt["segs"].append([{"gen": 0, "broker": seg["broker"], "start": 0, "end": None, "pend": None,
                                 "budget": BUDGET, "state": "active", "replicas": None, "in_sync": None,
                                 "sealer": None}])
-            copies = self.placed_copies(name, q, seg["broker"], 0)
-            mt["segs"][q][0].update(replicas=copies, in_sync=list(copies))
+            copies, in_sync = self.placed_copies(name, q, seg["broker"], 0)
+            mt["segs"][q][0].update(replicas=copies, in_sync=in_sync)
         mt["queues"] = new
 
     @rule(data=st.data(), ev=st.sampled_from([None, None, "right", "wrong"]))

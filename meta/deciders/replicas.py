@@ -91,7 +91,7 @@ def broker_lost(image: Image, broker: str, budget: int, fenced: bool) -> Events:
             if len(raw) >= 2 and raw[-2][chains.STATE] == "sealing" and broker in raw[-2][chains.REPLICAS]:
                 events += _sealing_lost(t, q, raw[-2], head, broker, live, fenced)
             if head[chains.STATE] == "active" and broker in head[chains.REPLICAS]:
-                events += _head_lost(t, q, head, broker, live, budget)
+                events += _head_lost(t, q, head, broker, live, budget, fenced)
     return events
 
 
@@ -105,13 +105,25 @@ def _without(seg: chains.Segment, lost: str) -> list[str]:
     return [b for b in seg[chains.IN_SYNC] if b != lost]
 
 
-def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live: set[str], budget: int) -> Events:
+def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live: set[str], budget: int,
+               fenced: bool) -> Events:
     topic, gen = t["topic"], head[chains.GEN]
     if head[chains.BROKER] != lost:
         if lost not in head[chains.IN_SYNC]:
             return []
         return [make("InSyncChanged", topic=topic, queue=q, gen=gen, in_sync=_without(head, lost), reason="fenced")]
     new = _elected(head, lost, live)
+    if new is None and not fenced and len(head[chains.REPLICAS]) > 1 and head[chains.LOGIC_START] is not None:
+        # Registered again with no copy in sync to take over: it leads on, but in a new gen from its own copy's
+        # end. Its followers may hold records it wrote and then lost in a crash before its sync (a leader streams
+        # what it writes, broker/replication/source.py); never acknowledged, they end the old gen's copies past
+        # its end, where no reader goes, and no offset of the new gen names one of them.
+        in_sync = [b for b in head[chains.REPLICAS] if b == lost or b in live]
+        return [make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=lost),
+                make("SegmentOpened", topic=topic, queue=q, gen=gen + 1, broker=lost, from_broker=lost,
+                     physical_queue=allocation.physical_queue_name(topic, t["incarnation"], q, gen + 1),
+                     physical_start=0, budget_end=budget, replicas=list(head[chains.REPLICAS]), in_sync=in_sync,
+                     cause="restart")]
     if new is None or head[chains.LOGIC_START] is None:
         # No copy in sync to lead (replicas=1, or every follower lagged): the queue waits for its broker, or an
         # operator's remap seals it at its budget (brokers.seal_at_budget), or elects an out-of-sync copy
