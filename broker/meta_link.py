@@ -75,6 +75,8 @@ class MetaLink:
         self.route_changed = asyncio.Event()
         # what else follows each route applied (the node sets it: replication of this broker's copies)
         self.on_route_applied: Callable[[str], None] = lambda topic: None
+        # told after each registration (the node sets it: the sealed copies this broker must catch up)
+        self.on_registered: Callable[[], None] = lambda: None
         self._heartbeats = heartbeats
         self._to_seal: dict[str, Segment] = {}   # physical queue -> a sealing segment whose end meta has not recorded
         self._seal_wanted = asyncio.Event()
@@ -127,6 +129,16 @@ class MetaLink:
         s.epoch, s.state, s.last_ack_sent = body["epoch"], "active", time.monotonic()
         s.routes_needed = max(s.routes_needed, body["version"])
         log.info("broker_registered", epoch=s.epoch, routes_needed=s.routes_needed)
+        self.on_registered()
+
+    async def sealed_copies(self, after: str | None) -> dict[str, Any]:
+        """One page of the sealed segments this broker holds copies of (GET /v1/brokers/{b}/copies)."""
+        path = f"/v1/brokers/{self.broker}/copies" + ("" if after is None else f"?after={quote(after)}")
+        answer = await self._call("GET", path)
+        if answer.status != 200:
+            self._next_meta()
+            raise RuntimeError(f"sealed copies refused: {answer.status} {str(answer.body)[:300]}")
+        return answer.body
 
     async def _heartbeat(self) -> None:
         s = self.session

@@ -76,6 +76,7 @@ class BrokerNode:
         self.replicator = Replicator(config.broker, self.routes, self.writer, config.token, tls_context,
                                      self.link.peer_down)
         self.link.on_route_applied = self._route_applied
+        self.link.on_registered = lambda: self.replicator.recover(self.link.sealed_copies)
         self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
         self.gate = FencingGate(self.locks, self.barriers, self.routes)   # every fenced read and commit asks it
         self._tasks: list[asyncio.Task] = []

@@ -97,6 +97,7 @@ META_OPS = [
     Op("meta", "POST", "/v1/brokers/{broker}/seals", (), ("epoch", "seals"), mutating=True),
     Op("meta", "POST", "/v1/brokers/{broker}/in-sync", (), ("epoch", "changes"), mutating=True),
     Op("meta", "POST", "/v1/brokers/{broker}/peer-down", (), ("epoch", "peer"), mutating=True),
+    Op("meta", "GET", "/v1/brokers/{broker}/copies", ("after", "limit", *READ_QUERY)),
     Op("meta", "GET", "/v1/brokers", READ_QUERY),
     Op("meta", "POST", "/v1/groups/{group}/heartbeat", (), ("member", "topics", "mode", "released"), mutating=True),
     Op("meta", "POST", "/v1/groups/{group}/leave", ("expected_version",), ("member",), mutating=True),
@@ -137,6 +138,7 @@ BROKER_OPS = [
     Op("broker", "GET", "/v1/queues/{topic}/{queue}/offset", ("ts",)),
     Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts", "start")),
     Op("broker", "POST", "/v1/replica", (), ("follower", "wait_ms", "queues"), mutating=True),
+    Op("broker", "GET", "/v1/replica/stream", ("follower",)),   # without the Upgrade headers: a plain 400
     Op("broker", "GET", "/healthz"), Op("broker", "GET", "/readyz"), Op("broker", "GET", "/metrics"),
     Op("broker", "GET", "/v1/openapi.json"),
     Op("broker", "POST", "/v1/pop/{topic}", (), ("group", "max", "invisible_ms", "queue", "order", "wait_ms"),

@@ -133,6 +133,8 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
         down = await call("POST", "/v1/brokers/{broker}/peer-down", "broker", json_body={"epoch": 1, "peer": "spare"},
                           expect=200, broker="spare")
         assert down == {"peer": "spare", "probe": None, "state": "active"}, down   # it does not probe itself
+        copies = await call("GET", "/v1/brokers/{broker}/copies?limit=5", "broker", expect=200, broker="spare")
+        assert (copies["copies"], copies["next"]) == ([], None), copies
         await call("DELETE", "/v1/topics/{topic}", expect=200, topic="t")
         await call("GET", "/healthz", None, expect=200)
         await call("GET", "/readyz", None, expect=200)

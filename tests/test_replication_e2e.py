@@ -256,3 +256,51 @@ async def test_a_killed_leader_is_fenced_when_its_address_refuses_connections_lo
         s, listed, _ = await c.call("GET", c.meta_urls[0] + "/v1/brokers", "client")
         assert next(b["state"] for b in listed["brokers"] if b["broker"] == victim) == "fenced"
         assert took < session_s / 2, took
+
+
+async def test_a_broker_back_on_a_new_disk_catches_up_sealed_segments_older_than_its_routes_name(tmp_path):
+    """Found by the chaos runner's broker_wipe (seed 11): a route names only each queue's newest segments
+    (ROUTE_SEGMENTS_PER_QUEUE_MAX), so a broker back on a new disk caught up only those; the older ones stayed on
+    the other copies alone, and two more lost disks lost them. It asks meta for every sealed copy it holds
+    (GET /v1/brokers/{b}/copies) and catches each up."""
+    from meta.limits import ROUTE_SEGMENTS_PER_QUEUE_MAX
+    extra_meta = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": 500}
+    async with running(str(tmp_path), 3, 3, meta=extra_meta) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "r", "queues": 1, "replicas": 3, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "r", lambda r: len(r["queues"][0]["in_sync"]) == 3 and r["queues"][0]["writable"])
+        brokers = sorted(r["queues"][0]["replicas"])
+        sealed: list[tuple[str, int]] = []   # (physical queue, records) of each segment sealed
+        for gen in range(ROUTE_SEGMENTS_PER_QUEUE_MAX + 2):
+            q = r["queues"][0]
+            s, b, _ = await c.call("POST", f"{q['address']}/v1/messages/r/0", "client",
+                                   json={"messages": [{"body": f"g{gen}-{i}"} for i in range(5)]})
+            assert s == 200, b
+            sealed.append((q["physical_queue"], 5))
+            onto = brokers[(brokers.index(q["broker"]) + 1) % len(brokers)]
+            s, b = await admin(c, "POST", 0, "/v1/topics/r/remap", {"brokers": [onto]})
+            assert s == 200, b
+            r = await wait_route(c, "r", lambda r: r["queues"][0]["gen"] == gen + 1 and r["queues"][0]["writable"]
+                                 and len(r["queues"][0]["in_sync"]) == 3)
+        oldest = sealed[0][0]
+        assert all(s["physical_queue"] != oldest for s in r["queues"][0]["segments"]), "the route still names it"
+
+        lost = brokers[0]
+        c.kill9(lost)
+        shutil.rmtree(os.path.join(c.dir, lost, "data"))
+        c.start(lost)
+        for pq, n in sealed:   # every sealed copy, the oldest ones too, whole again on the new disk
+            deadline = time.monotonic() + 60
+            while True:
+                s, b, _ = await c.call("GET", f"{c.url(lost)}/v1/physical/{pq}?offset=0&max=0", "broker")
+                if s == 200 and b["max_offset"] >= n:
+                    break
+                assert time.monotonic() < deadline, (pq, s, b)
+                await asyncio.sleep(0.2)
+        # the other two disks go: what was acknowledged in the oldest segments is read from the one left
+        for other in brokers[1:]:
+            c.kill9(other)
+        for gen, (pq, n) in enumerate(sealed):
+            s, b, _ = await c.call("GET", f"{c.url(lost)}/v1/physical/{pq}?offset=0&max={n}", "broker")
+            assert s == 200 and [m["payload"]["body"] for m in b["records"]] == [f"g{gen}-{i}" for i in range(n)], \
+                (pq, b)

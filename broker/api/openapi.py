@@ -29,6 +29,17 @@ def _runs_op() -> dict[str, Any]:
     return op
 
 
+def _stream_op() -> dict[str, Any]:
+    """A follower's stream: a WebSocket (broker/replication/source.py), not a JSON answer."""
+    op = _op("A follower's stream of the open heads it copies from this broker: a WebSocket; the follower sends "
+             "{queues: [{pq, offset, next}], full} as text after each of its syncs, this broker sends binary sections "
+             "of runs (broker/replication/frames.py) as it writes them", Error,
+             roles="broker, as the follower it names", params=_q("follower"))
+    op["responses"] = {"101": {"description": "switching to the WebSocket protocol"}, **{
+        k: v for k, v in op["responses"].items() if k != "200"}}
+    return op
+
+
 def _op(summary: str, answer: Any, *, body: Any = None, params: list[dict] | None = None,
         roles: str = "client, broker") -> dict[str, Any]:
     err = {"description": "error", "content": _SPEC_SCHEMAS.content(Error)}
@@ -113,6 +124,7 @@ SPEC: dict[str, Any] = {
         "/v1/physical/{pq}": {"get": _op("Records of a physical queue", M.PhysicalRead, roles="broker",
                                          params=_p("pq") + _q("offset", "max", "ts", "start"))},
         "/v1/replica": {"post": _runs_op()},
+        "/v1/replica/stream": {"get": _stream_op()},
         "/v1/pop/{topic}": {"post": _pop()},
         "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle)", M.Acked,
                                 body=M.Ack)},

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -25,7 +25,7 @@ import structlog
 from wire.caller import Backoff
 from wire.tls import connector
 
-from ..routing import RouteTable, Segment
+from ..routing import RouteTable, Segment, segment_of
 from ..writes import Writer
 from . import frames
 from .source import COPIES_PER_FETCH_MAX, STREAM_HEARTBEAT_S
@@ -36,6 +36,7 @@ FETCH_TIMEOUT_S = 10.0          # a catch-up's fetch (answered at once) and a st
 FETCH_BACKOFF = Backoff(0.05, 1.0, jitter=False)
 CATCH_UP_BACKOFF = Backoff(0.2, 10.0, jitter=False)   # a sealed copy no holder can lengthen now: ask again later
 CATCH_UPS_MAX = 10_000           # sealed copies catching up at once
+LISTING_BACKOFF = Backoff(0.5, 30.0, jitter=False)   # asking meta again for the sealed copies after a failure
 
 
 class _Link:
@@ -78,13 +79,18 @@ class Replicator:
         self._sessions: dict[str, asyncio.Task] = {}   # source broker -> its stream's loop
         self._links: dict[str, _Link] = {}              # source broker -> its open stream's state
         self._catching_up: dict[str, asyncio.Task] = {}   # sealed copy (physical queue) -> its catch-up
+        # Sealed copies older than the routes name (they carry each queue's newest segments only), from meta's
+        # listing: physical queue -> segment, and the addresses of the brokers they name
+        self._older: dict[str, Segment] = {}
+        self._older_addresses: dict[str, str] = {}
+        self._listing: asyncio.Task | None = None
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(connector=connector(self._ssl_context),
                                            timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S, sock_connect=1.0))
 
     async def stop(self) -> None:
-        tasks = [*self._sessions.values(), *self._catching_up.values()]
+        tasks = [*self._sessions.values(), *self._catching_up.values(), *([self._listing] if self._listing else [])]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -99,9 +105,7 @@ class Replicator:
             if seg.topic != topic or not self._wanted(seg):
                 continue
             if seg.state == "sealed":
-                if seg.physical_queue not in self._catching_up and len(self._catching_up) < CATCH_UPS_MAX:
-                    self._catching_up[seg.physical_queue] = asyncio.create_task(
-                        self._catch_up(seg.physical_queue), name=f"replica-catch-up {seg.physical_queue}")
+                self._start_catch_up(seg.physical_queue)
                 continue
             src = source(seg, self.me)
             if src not in self._sessions:
@@ -109,6 +113,39 @@ class Replicator:
         for link in self._links.values():   # the copies a stream names may have changed: it names them all again
             link.full = True
             link.dirty.set()
+
+    def recover(self, listing: Callable[[str | None], Awaitable[dict]]) -> None:
+        """Registered (maybe on a new disk): catch up every sealed copy meta names that is not whole here, older
+        ones included. ``listing``: a page of them after a cursor (MetaLink.sealed_copies)."""
+        if self._listing is None or self._listing.done():
+            self._listing = asyncio.create_task(self._recover(listing), name="replica-recover")
+
+    async def _recover(self, listing: Callable[[str | None], Awaitable[dict]]) -> None:
+        after, failures = None, 0
+        while True:
+            try:
+                page = await listing(after)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:   # meta away: ask again, less often
+                failures += 1
+                log.info("sealed_copies_listing_failed", error=f"{type(e).__name__}: {e}")
+                await asyncio.sleep(LISTING_BACKOFF.delay_s(failures))
+                continue
+            failures = 0
+            self._older_addresses.update(page["addresses"])
+            for c in page["copies"]:
+                seg = segment_of(c["topic"], c["queue"], c["segment"])
+                if self.routes.held(seg.physical_queue) is None and self._wanted(seg):
+                    self._older[seg.physical_queue] = seg
+                    self._start_catch_up(seg.physical_queue)
+            after = page["next"]
+            if after is None:
+                return
+
+    def _start_catch_up(self, pq: str) -> None:
+        if pq not in self._catching_up and len(self._catching_up) < CATCH_UPS_MAX:
+            self._catching_up[pq] = asyncio.create_task(self._catch_up(pq), name=f"replica-catch-up {pq}")
 
     def _wanted(self, seg: Segment) -> bool:
         end = physical_end(seg)
@@ -125,8 +162,9 @@ class Replicator:
         failures = 0
         try:
             while True:
-                seg = self.routes.held(pq)
+                seg = self.routes.held(pq) or self._older.get(pq)
                 if seg is None or seg.state != "sealed" or not self._wanted(seg):
+                    self._older.pop(pq, None)
                     return
                 took = False
                 for b in holders(seg, self.me):
@@ -229,7 +267,7 @@ class Replicator:
 
     async def _fetch_once(self, src: str, copies: list[Segment]) -> int:
         """One fetch of ``copies`` from ``src`` (a sealed copy's catch-up); returns the records taken."""
-        address = self.routes.address(copies[0].topic, src)
+        address = self.routes.address(copies[0].topic, src) or self._older_addresses.get(src)
         if address is None:
             raise LookupError(f"no address for broker {src}")
         body = {"follower": self.me, "wait_ms": 0,
@@ -248,7 +286,7 @@ class Replicator:
         to, with the records it took."""
         taking, segs = [], []
         for section in sections:
-            seg = self.routes.held(section.physical_queue)
+            seg = self.routes.held(section.physical_queue) or self._older.get(section.physical_queue)
             if seg is None or not section.runs or (seg.state != "sealed" and source(seg, self.me) != src):
                 continue   # the segment changed hands while the records travelled: what they brought is not taken
             segs.append(seg)

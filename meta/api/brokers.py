@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .. import views
+from .. import chains, views
 from ..commands import validate
 from runtime.credentials import act_for
 from runtime.server import requires
 from wire.errors import invalid
+from wire.params import int_in
 
 from . import models
 from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
@@ -98,6 +99,56 @@ async def peer_down(request: web.Request) -> web.Response:
     return respond(data, status)
 
 
+SEALED_COPIES_PAGE_MAX = 10_000   # segments one page of GET /v1/brokers/{b}/copies names
+
+
+@requires("broker")
+async def sealed_copies(request: web.Request) -> web.Response:
+    """Every sealed segment the broker holds a copy of, oldest topic, queue and gen first, a page at a time:
+    ``?after=TOPIC:QUEUE:GEN&limit=N`` answers ``{"version", "copies": [{"topic", "queue", "segment"}], "addresses",
+    "next"}`` (``next``: the ``after`` of the next page, null on the last). A broker back on a new disk catches
+    them up from the other copies: a route names only each queue's newest segments."""
+    svc = service(request)
+    broker = _broker(request)
+    after = _cursor(request.query.get("after"))
+    limit = int_in(request.query.get("limit"), "limit", SEALED_COPIES_PAGE_MAX, 1, SEALED_COPIES_PAGE_MAX)
+    await svc.reads.before_read(request.query)
+
+    def look(im):
+        brokers = views.broker_states(im)
+        out, named, last = [], set(), None
+        for name in im.topics_on(broker):
+            t = im.topics[name]
+            for q, entry in enumerate(t["chains"]):
+                for seg in chains.segments(entry):
+                    key = (name, q, seg[chains.GEN])
+                    if seg[chains.STATE] != "sealed" or broker not in seg[chains.REPLICAS] or \
+                            (after is not None and key <= after):
+                        continue
+                    if len(out) == limit:
+                        return {"version": im.version, "copies": out, "next": _cursor_text(last),
+                                "addresses": {b: brokers[b][0] for b in sorted(named) if b in brokers}}
+                    out.append({"topic": name, "queue": q, "segment": views.segment_ref(brokers, t, q, seg)})
+                    named.update(seg[chains.REPLICAS])
+                    last = key
+        return {"version": im.version, "copies": out, "next": None,
+                "addresses": {b: brokers[b][0] for b in sorted(named) if b in brokers}}
+    return respond(svc.read(look))
+
+
+def _cursor(raw: str | None) -> tuple[str, int, int] | None:
+    if raw is None:
+        return None
+    parts = raw.split(":")
+    if len(parts) != 3 or not parts[0] or not parts[1].isdigit() or not parts[2].isdigit():
+        raise invalid("after must be TOPIC:QUEUE:GEN, as a page's next names it", field="after")
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def _cursor_text(key: tuple[str, int, int] | None) -> str | None:
+    return None if key is None else f"{key[0]}:{key[1]}:{key[2]}"
+
+
 @requires("client", "broker")
 async def list_brokers(request: web.Request) -> web.Response:
     svc = service(request)
@@ -123,4 +174,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/brokers/{broker}/seals", seal_many)
     app.router.add_post("/v1/brokers/{broker}/in-sync", alter_in_sync)
     app.router.add_post("/v1/brokers/{broker}/peer-down", peer_down)
+    app.router.add_get("/v1/brokers/{broker}/copies", sealed_copies)
     app.router.add_get("/v1/brokers", list_brokers)

@@ -412,6 +412,14 @@ class SealResults(TypedDict):
 
 
 @with_config(OPEN)
+class SealedCopies(TypedDict):
+    version: int
+    copies: list[dict[str, Any]]
+    addresses: dict[str, str]
+    next: str | None
+
+
+@with_config(OPEN)
 class PeerDownAnswer(TypedDict):
     peer: str
     probe: Literal["refused", "answered", "silent"] | None

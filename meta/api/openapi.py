@@ -81,6 +81,10 @@ SPEC: dict[str, Any] = {
             "A broker could not reach a peer: the leader probes the peer's address and fences it when nothing listens "
             "there (its process is gone), before its session runs out", roles=_THIS_BROKER, params=[_p("broker")],
             body=M.PeerDown, answer=M.PeerDownAnswer)},
+        "/v1/brokers/{broker}/copies": {"get": _op(
+            "Every sealed segment the broker holds a copy of, a page at a time (after=TOPIC:QUEUE:GEN): what a broker "
+            "back on a new disk catches up", roles=_THIS_BROKER,
+            params=[_p("broker"), _q("after", "string"), _q("limit"), *_READ], answer=M.SealedCopies)},
         "/v1/topics/{topic}/queues/{queue}/segments": {"get": _op(
             "Every segment of one logic queue, oldest first", params=[_p("topic"), _p("queue")] + _READ,
             answer=M.QueueSegments)},
