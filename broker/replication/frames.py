@@ -48,17 +48,15 @@ class Section(NamedTuple):
 
 
 def encode(sections: Sequence[Section]) -> bytes:
-    out = bytearray()
+    parts: list[bytes] = []   # joined once: the records (most of the bytes) are copied once, not per concatenation
     for s in sections:
         name = s.physical_queue.encode()
-        out += NAME.pack(len(name)) + name + END.pack(s.end) + COUNT.pack(len(s.batches))
-        for b in s.batches:
-            out += BATCH.pack(*b)
-        out += COUNT.pack(len(s.runs))
+        parts += (NAME.pack(len(name)), name, END.pack(s.end), COUNT.pack(len(s.batches)))
+        parts += (BATCH.pack(*b) for b in s.batches)
+        parts.append(COUNT.pack(len(s.runs)))
         for r in s.runs:
-            out += HEADER.pack(r.offset, r.ts_ms, r.count, r.tag, len(r.records))
-            out += r.records
-    return bytes(out)
+            parts += (HEADER.pack(r.offset, r.ts_ms, r.count, r.tag, len(r.records)), r.records)
+    return b"".join(parts)
 
 
 def decode(body: bytes) -> list[Section]:
