@@ -25,6 +25,7 @@ import asyncio
 import time
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 from wire import json_body
@@ -41,6 +42,8 @@ from .leader import FETCH_WAIT_MS_MAX
 FETCH_BYTES_MAX = 16 * 1024 * 1024      # one answer's records, over every queue
 QUEUE_BYTES_MAX = 4 * 1024 * 1024       # one queue's share of it, so that one busy queue never starves the others
 FETCH_RECORDS_MAX = 1_000               # records per queue per answer
+log = structlog.get_logger("broker.replication")
+
 COPIES_PER_FETCH_MAX = 20_000           # queues one fetch or one stream names (more are not copied from that broker)
 READ_THREADS = 4
 WINDOW_RECORDS = 20_000                 # records of one queue sent on a stream and not yet acknowledged
@@ -130,7 +133,10 @@ class FetchSource:
             if seg is not None and seg.broker == self.me:
                 self.writer.replicas.fetched(seg, stream.follower, offset)
             at = stream.sent.get(pq)
-            if at is None:   # from where the follower's copy ends: what it has written is not sent again
+            if at is None:
+                if not full:   # an acknowledgement only (of a segment sealed meanwhile): nothing more to send
+                    continue
+                # from where the follower's copy ends: what it has written is not sent again
                 stream.sent[pq] = [written, offset]
                 self._subscribers.setdefault(pq, set()).add(stream)
                 stream.ready.add(pq)
@@ -159,6 +165,15 @@ class FetchSource:
             stream.wake.set()
 
     async def _push(self, stream: _Stream) -> None:
+        try:
+            await self._push_until_closed(stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:   # a stream that sends nothing more must not stay open: the follower starts over
+            log.warning("replica_push_failed", follower=stream.follower, error=f"{type(e).__name__}: {e}")
+            await stream.ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
+
+    async def _push_until_closed(self, stream: _Stream) -> None:
         sent = stream.sent
         while not stream.ws.closed:
             if not stream.ready:
