@@ -11,7 +11,7 @@ from meta.api.openapi import SPEC
 
 FAR = 10**9
 WAIT_S = 0.2
-PATH_VALUES = {"topic": "t", "queue": "0", "group": "g"}
+PATH_VALUES = {"topic": "t", "queue": "0", "group": "g", "broker": "b1"}
 # The long poll takes min_version too; its ``wait`` is the poll's, so the version wait is the default (5 s).
 LONG_POLL = "/v1/routes/{topic}"
 
