@@ -37,6 +37,7 @@ FETCH_BACKOFF = Backoff(0.05, 1.0, jitter=False)
 CATCH_UP_BACKOFF = Backoff(0.2, 10.0, jitter=False)   # a sealed copy no holder can lengthen now: ask again later
 CATCH_UPS_MAX = 10_000           # sealed copies catching up at once
 LISTING_BACKOFF = Backoff(0.5, 30.0, jitter=False)   # asking meta again for the sealed copies after a failure
+LISTING_SLOT_WAIT_S = 0.5        # a listed copy waits this long for one of the CATCH_UPS_MAX catch-ups to end
 
 
 class _Link:
@@ -137,6 +138,8 @@ class Replicator:
             for c in page["copies"]:
                 seg = segment_of(c["topic"], c["queue"], c["segment"])
                 if self.routes.held(seg.physical_queue) is None and self._wanted(seg):
+                    while len(self._catching_up) >= CATCH_UPS_MAX:   # the rest wait for a free slot, not dropped
+                        await asyncio.sleep(LISTING_SLOT_WAIT_S)
                     self._older[seg.physical_queue] = seg
                     self._start_catch_up(seg.physical_queue)
             after = page["next"]
