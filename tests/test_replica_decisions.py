@@ -188,3 +188,17 @@ def test_a_leader_registered_again_with_no_copy_in_sync_leads_on_in_a_new_gen():
     log.create("one", 1, brokers=["a"], replicas=1)
     log.register("a")
     assert len(log.segs("one", 0)) == 1 and log.head("one", 0)["state"] == "active"
+
+
+def test_a_leader_lost_leaves_the_in_sync_set_of_the_segment_it_led_so_a_second_loss_never_elects_it():
+    """Found by the chaos runner's broker_wipe (seed 9): the leader registered again (maybe on an empty disk) and an
+    in-sync copy was elected to seal its head; that copy was lost in turn before it sealed, and the next election
+    picked the old leader, still named in sync: its empty copy's end became the segment's end."""
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    log.register("a")   # back, maybe on a new disk
+    old, new = log.segs("t", 0)
+    assert "a" not in old["in_sync"] and old["sealer"] == new["broker"] != "a", old
+    log.register(old["sealer"])   # the elected copy is lost before it reports its end
+    old = log.segs("t", 0)[0]
+    assert old["sealer"] not in ("a", new["broker"]), old

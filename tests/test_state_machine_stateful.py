@@ -189,6 +189,8 @@ class StateMachineVsModel(RuleBasedStateMachine):
                         continue
                     if new is None or start_before is None:
                         continue
+                    if name in head["in_sync"] and len(head["in_sync"]) > 1:
+                        head["in_sync"] = [b for b in head["in_sync"] if b != name]
                     head["state"], head["sealer"] = "sealing", new
                     segs.append({"gen": head["gen"] + 1, "broker": new, "start": None, "end": None, "pend": None,
                                  "budget": BUDGET, "state": "active",

@@ -139,7 +139,12 @@ def _fail_over(t: dict[str, Any], q: int, head: chains.Segment, lost: str, new: 
     """``new`` seals the head at its copy's end and leads the next gen, which starts there."""
     topic, gen = t["topic"], head[chains.GEN]
     replicas = [new, *(b for b in head[chains.REPLICAS] if b not in (new, lost)), lost]   # the lost one last
-    return [make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=new),
+    # The lost leader leaves the in-sync set of the segment being sealed too: if the copy elected to seal it is lost
+    # in turn, the next election must not pick a broker back on an empty disk (the chaos runner's broker_wipe,
+    # seed 9: its empty copy's end became the segment's end, and what the old leader acknowledged was gone).
+    left = ([make("InSyncChanged", topic=topic, queue=q, gen=gen, in_sync=_without(head, lost), reason="fenced")]
+            if lost in head[chains.IN_SYNC] and len(head[chains.IN_SYNC]) > 1 else [])
+    return [*left, make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=new),
             make("SegmentOpened", topic=topic, queue=q, gen=gen + 1, broker=new, from_broker=lost,
                  physical_queue=allocation.physical_queue_name(topic, t["incarnation"], q, gen + 1),
                  physical_start=0, budget_end=budget, replicas=replicas, in_sync=in_sync, cause=cause)]
