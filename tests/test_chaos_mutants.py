@@ -33,6 +33,15 @@ broker kinds' control run does not pass yet on either: it finds real losses (on 
 in-sync set keeps a broker that came back on a wiped disk, which a later election makes its sealer; a sealed
 segment whose sealer and leader both lost their disks is never copied again from the copy that holds it; committed
 offsets and pop state on a wiped head, issue 37), so today the mutant is told from the tree only by degree.
+
+2026-11-29 (fourteenth session), seed 9, 120 s of broker_wipe and broker_partition: the mutant is caught by
+no_lost_sends (60), one_leader_per_epoch (31), committed_offsets and pops_acked_or_redelivered. The control run
+found two more real losses (a failover left the lost leader in the in-sync set of the segment being sealed; sealed
+segments older than a route names were never copied again), both fixed, and two wipes the nemesis should not have
+made (the last whole copy of a sealed segment; a copy still named in sync while its broker was down): it now waits
+for those too. What the control run reports now is committed_offsets alone (25): consumer state on a failed-over
+head, issue 37. So the mutant is told from the tree by the message checks (no_lost_sends, one_leader_per_epoch,
+queues_contiguous), which the tree passes.
 """
 
 from __future__ import annotations

@@ -178,6 +178,8 @@ class Nemesis:
         self._cut: dict[Fault, str] = {}   # install: the follower actually cut; leader_cut: the leader
         self._lost: dict[Fault, dict[str, dict[str, int]]] = {}   # power: what each member lost
         self._led: dict[Fault, dict[str, list[int]] | None] = {}   # broker faults: the heads the broker led
+        self._whole: set[tuple[str, str]] = set()   # (physical queue, broker): a sealed copy seen whole there
+        self._wiped_epoch: dict[str, int] = {}      # broker -> its session epoch when its disk was last taken away
 
     async def run(self) -> None:
         for f in self.faults:
@@ -367,23 +369,71 @@ class Nemesis:
             return None
 
     def _heads(self) -> list[dict[str, Any]] | None:
-        """The head segment of every queue of every topic, from one linearizable read of each topic through the
-        first meta node that answers every read (None when none does)."""
+        """The head segment of every queue of every topic (None when no meta node answers)."""
+        chains = self._chains()
+        return None if chains is None else [c[-1] for c in chains]
+
+    def _chains(self) -> list[list[dict[str, Any]]] | None:
+        """Every segment of every queue of every topic, oldest first, each with its topic and queue, from one
+        linearizable read of each topic through the first meta node that answers every read (None when none
+        does)."""
         linear = "?consistency=linearizable"
         for name in self.t.meta_names:
             listed = self._get(name, f"/v1/topics{linear}")
             if not listed:
                 continue
-            heads = []
+            chains = []
             for summary in listed["topics"]:
                 topic = self._get(name, f"/v1/topics/{urllib.parse.quote(summary['topic'], safe='')}{linear}")
                 if topic is None:
                     break
-                heads += [{"topic": topic["topic"], "queue": q["queue"], **q["segments"][-1]}
-                          for q in topic["logic_queues"] if q["segments"]]
+                chains += [[{"topic": topic["topic"], "queue": q["queue"], **s} for s in q["segments"]]
+                           for q in topic["logic_queues"] if q["segments"]]
             else:
-                return heads
+                return chains
         return None
+
+    def _epochs(self) -> dict[str, int]:
+        """Each broker's session epoch as meta has it (empty when no meta node answers)."""
+        for name in self.t.meta_names:
+            listed = self._get(name, "/v1/brokers")
+            if listed:
+                return {b["broker"]: b["epoch"] for b in listed["brokers"]}
+        return {}
+
+    def _not_back(self) -> set[str] | None:
+        """Brokers that hold no copy meta may still count: down, or wiped and not registered again since."""
+        if not self._wiped_epoch:
+            return set(self._down)
+        epochs = self._epochs()
+        if not epochs:
+            return None
+        return set(self._down) | {b for b, e in self._wiped_epoch.items() if epochs.get(b, 0) <= e}
+
+    def _whole_elsewhere(self, seg: dict[str, Any], broker: str) -> bool:
+        """Whether a broker other than ``broker``, up, holds the sealed segment ``seg`` whole (asked directly, not
+        through the proxies; a broker once seen whole stays so until its own disk is taken away)."""
+        end = seg["physical_start"] + seg["logic_end"] - seg["logic_start"]
+        if end <= seg["physical_start"]:
+            return True   # sealed empty: every copy holds all of it, made or not
+        for b in seg["replicas"]:
+            if b == broker or b in self._down:
+                continue
+            if (seg["physical_queue"], b) in self._whole:
+                return True
+            url = self.t.broker_url(self.t.broker_names.index(b))
+            req = urllib.request.Request(f"{url}/v1/physical/{seg['physical_queue']}?offset=0&max=0"
+                                         f"&start={seg['physical_start']}",
+                                         headers={"Authorization": f"Bearer {self.t.cluster()['admin_token']}"})
+            try:
+                with urllib.request.urlopen(req, timeout=STATUS_TIMEOUT_S) as r:
+                    held = json.load(r)["max_offset"]
+            except (urllib.error.URLError, OSError, ValueError, KeyError):
+                continue
+            if held >= end:
+                self._whole.add((seg["physical_queue"], b))
+                return True
+        return False
 
     def _heads_led(self, broker: str) -> dict[str, list[int]] | None:
         """The queues whose head ``broker`` leads, by topic, as the log has it now (None: meta did not answer)."""
@@ -406,14 +456,22 @@ class Nemesis:
         deadline = time.monotonic() + IN_SYNC_DEADLINE_S
         alone: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            heads = self._heads()
-            if heads is not None:
-                alone = [h for h in heads if not set(h["in_sync"]) - {broker}]
+            chains, gone = self._chains(), self._not_back()
+            if chains is not None and gone is not None:
+                # A broker down, or wiped and not registered again yet, is still named in sync until meta hears of
+                # it: it holds nothing (seed 9: b3's disk went while b2's, gone a moment before, was still named)
+                alone = [c[-1] for c in chains if not set(c[-1]["in_sync"]) - {broker} - gone]
+                # A sealed segment too: a broker back on a new disk copies it again from whichever copy holds it,
+                # and until one has, ``broker``'s may be the last (three disks lost within seconds lost one, seed 9)
+                alone += [s for c in chains for s in c[:-1] if s["state"] == "sealed" and broker in s["replicas"]
+                          and s["logic_start"] is not None and not self._whole_elsewhere(s, broker)]
                 if not alone:
+                    self._whole = {(pq, b) for pq, b in self._whole if b != broker}   # its disk goes now
+                    self._wiped_epoch[broker] = self._epochs().get(broker, 0)
                     return
             time.sleep(MEMBERSHIP_RETRY_S)
         shown = [{k: h[k] for k in ("topic", "queue", "gen", "replicas", "in_sync")} for h in alone[:3]]
-        raise RuntimeError(f"{broker} is still the only copy in sync of {len(alone)} head(s) after "
+        raise RuntimeError(f"{broker} is still the only copy in sync of {len(alone)} segment(s) after "
                            f"{IN_SYNC_DEADLINE_S:g} s (e.g. {shown}): its disk is not taken away now")
 
     def _every_meta_node_votes(self) -> None:
