@@ -368,18 +368,37 @@ def test_a_broker_wipe_waits_while_the_broker_is_a_head_s_only_copy_in_sync(tmp_
               "in_sync": ["b2", "b3"]},
              {"topic": "u", "queue": 0, "gen": 1, "broker": "b1", "replicas": ["b1", "b2", "b3"],
               "in_sync": ["b1", "b3"]}]
-    nem._heads = lambda: heads
-    assert nem._heads_led("b1") == {"t": [0], "u": [0]} and nem._heads_led("b3") == {}
-    # b2 and b3 may go: every head keeps a copy in sync without them (a broker wiped earlier and not caught up
-    # yet, here b2 and b3 of t/0, is in no in-sync set)
-    nem._another_copy_in_sync("b2")
-    nem._another_copy_in_sync("b3")
-    # b1 is the only copy in sync of t/0: its disk is not taken (bounded), and the fault is reported
+    nem._chains = lambda: [[h] for h in heads]
+    epochs = {"b1": 1, "b2": 1, "b3": 1}
+    nem._epochs = lambda: dict(epochs)
     monkeypatch.setattr(nemesis, "IN_SYNC_DEADLINE_S", 0.2)
     monkeypatch.setattr(nemesis, "MEMBERSHIP_RETRY_S", 0.05)
-    with pytest.raises(RuntimeError, match="b1 is still the only copy in sync of 1 head"):
+    assert nem._heads_led("b1") == {"t": [0], "u": [0]} and nem._heads_led("b3") == {}
+    # b2 may go: every head keeps a copy in sync without it (a broker wiped earlier and not caught up yet, here b2
+    # and b3 of t/0, is in no in-sync set)
+    nem._another_copy_in_sync("b2")
+    # until b2 registers again, meta still names it in sync of t/1, where it holds nothing: b3 is t/1's last copy
+    with pytest.raises(RuntimeError, match="b3 is still the only copy in sync of 1 segment"):
+        nem._another_copy_in_sync("b3")
+    epochs["b2"] = 2   # b2 registered again (meta counts it in sync again only once it caught up)
+    nem._another_copy_in_sync("b3")
+    epochs["b3"] = 2
+    # b1 is the only copy in sync of t/0: its disk is not taken (bounded), and the fault is reported
+    with pytest.raises(RuntimeError, match="b1 is still the only copy in sync of 1 segment"):
         nem._another_copy_in_sync("b1")
-    nem._heads = lambda: None   # meta does not answer: nothing known, nothing taken
+    # a broker down still named in sync is no copy: with b3 down, b2 is t/1's only one
+    nem._down.add("b3")
+    with pytest.raises(RuntimeError, match="b2 is still the only copy in sync of 1 segment"):
+        nem._another_copy_in_sync("b2")
+    nem._down.clear()
+    # a sealed segment no other broker holds whole (none answers here) keeps its last whole copy's disk
+    sealed = {"topic": "u", "queue": 0, "gen": 0, "broker": "b3", "replicas": ["b3", "b1", "b2"], "in_sync": ["b3"],
+              "state": "sealed", "physical_queue": "u.q0.g0.i1", "physical_start": 0, "logic_start": 0,
+              "logic_end": 5}
+    nem._chains = lambda: [[h] for h in heads[:2]] + [[sealed, heads[2]]]
+    with pytest.raises(RuntimeError, match="b2 is still the only copy in sync of 1 segment"):
+        nem._another_copy_in_sync("b2")
+    nem._chains = lambda: None   # meta does not answer: nothing known, nothing taken
     with pytest.raises(RuntimeError):
         nem._another_copy_in_sync("b3")
 
