@@ -202,3 +202,15 @@ def test_a_leader_lost_leaves_the_in_sync_set_of_the_segment_it_led_so_a_second_
     log.register(old["sealer"])   # the elected copy is lost before it reports its end
     old = log.segs("t", 0)[0]
     assert old["sealer"] not in ("a", new["broker"]), old
+
+
+def test_a_queue_split_in_place_on_a_fenced_leader_keeps_its_leader_first_in_sync():
+    """Found by the stateful model: a growth splits a queue in place, on its leader even while fenced; the new gen's
+    in-sync set left the leader out (only active brokers), an in-sync set no leader heads."""
+    log = cluster("a")
+    log.create("t", 1, brokers=["a"], replicas=1)
+    log.fence("a")
+    log.register("b")
+    log.grow("t", 2)
+    head = log.segs("t", 0)[-1]
+    assert (head["broker"], head["in_sync"]) == ("a", ["a"]), head

@@ -70,8 +70,9 @@ def replica_set(image: Image, t: dict[str, Any], leader: str, preferred: list[st
 
 
 def in_sync_of(image: Image, replicas: list[str]) -> list[str]:
-    """The copies of a new, empty segment that are in sync from its start: the active ones."""
-    return [b for b in replicas if image.brokers.get(b, {}).get("state") == "active"]
+    """The copies of a new, empty segment that are in sync from its start: its leader (``replicas[0]``, the first
+    of every in-sync set, fenced or not: a growth splits a queue in place) and the active others."""
+    return [b for b in replicas if b == replicas[0] or image.brokers.get(b, {}).get("state") == "active"]
 
 
 def broker_lost(image: Image, broker: str, budget: int, fenced: bool) -> Events:
@@ -118,12 +119,8 @@ def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live:
         # end. Its followers may hold records it wrote and then lost in a crash before its sync (a leader streams
         # what it writes, broker/replication/source.py); never acknowledged, they end the old gen's copies past
         # its end, where no reader goes, and no offset of the new gen names one of them.
-        in_sync = [b for b in head[chains.REPLICAS] if b == lost or b in live]
-        return [make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=lost),
-                make("SegmentOpened", topic=topic, queue=q, gen=gen + 1, broker=lost, from_broker=lost,
-                     physical_queue=allocation.physical_queue_name(topic, t["incarnation"], q, gen + 1),
-                     physical_start=0, budget_end=budget, replicas=list(head[chains.REPLICAS]), in_sync=in_sync,
-                     cause="restart")]
+        return _fail_over(t, q, head, lost, lost, [b for b in head[chains.REPLICAS] if b == lost or b in live],
+                          "restart", budget)
     if new is None or head[chains.LOGIC_START] is None:
         # No copy in sync to lead (replicas=1, or every follower lagged): the queue waits for its broker, or an
         # operator's remap seals it at its budget (brokers.seal_at_budget), or elects an out-of-sync copy
@@ -136,9 +133,12 @@ def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live:
 
 def _fail_over(t: dict[str, Any], q: int, head: chains.Segment, lost: str, new: str, in_sync: list[str],
                cause: str, budget: int) -> Events:
-    """``new`` seals the head at its copy's end and leads the next gen, which starts there."""
+    """``new`` seals the head at its copy's end and leads the next gen, which starts there (``new`` may be ``lost``
+    itself, back with no copy in sync: cause ``restart``)."""
     topic, gen = t["topic"], head[chains.GEN]
-    replicas = [new, *(b for b in head[chains.REPLICAS] if b not in (new, lost)), lost]   # the lost one last
+    replicas = [new, *(b for b in head[chains.REPLICAS] if b not in (new, lost))]
+    if lost != new:
+        replicas.append(lost)   # the lost one last
     # The lost leader leaves the in-sync set of the segment being sealed too: if the copy elected to seal it is lost
     # in turn, the next election must not pick a broker back on an empty disk (the chaos runner's broker_wipe,
     # seed 9: its empty copy's end became the segment's end, and what the old leader acknowledged was gone).
