@@ -13,10 +13,11 @@ from typing import Any
 
 import structlog
 
-from wire.errors import ApiError, rejection
+from wire.errors import ApiError
 
 from . import allocation, broker_probe
 from .config import MetaConfig
+from .deciders.lookups import registered_broker
 from .image import Image
 from .log import Log
 from .periodic import run_every
@@ -83,12 +84,7 @@ class BrokerSessions:
         grant = self.config.offset_budget
 
         def look(image: Image):
-            b = image.brokers.get(broker)
-            if b is None:
-                raise rejection(404, "BROKER_NOT_FOUND", f"broker {broker!r} is not registered; register first")
-            if b["epoch"] != epoch:
-                raise rejection(409, "STALE_EPOCH", f"epoch {epoch} is not current ({b['epoch']}); register again",
-                                epoch=b["epoch"])
+            b = registered_broker(image, broker, epoch)
             grants = []
             for pq, max_offset in queues.items():
                 seg = _segment_by_pq(image, pq)
@@ -123,15 +119,8 @@ class BrokerSessions:
         refuses connections its process is gone, and it is fenced now rather than when its session runs out
         (meta/broker_probe.py); otherwise nothing changes. Answers ``{"peer", "probe", "state"}``."""
         def look(image: Image):
-            b = image.brokers.get(reporter)
-            if b is None:
-                raise rejection(404, "BROKER_NOT_FOUND", f"broker {reporter!r} is not registered; register first")
-            if b["epoch"] != epoch:
-                raise rejection(409, "STALE_EPOCH", f"epoch {epoch} is not current ({b['epoch']}); register again",
-                                epoch=b["epoch"])
-            p = image.brokers.get(peer)
-            if p is None:
-                raise rejection(404, "BROKER_NOT_FOUND", f"broker {peer!r} is not registered", broker=peer)
+            registered_broker(image, reporter, epoch)
+            p = registered_broker(image, peer)
             return p["state"], p["epoch"], p["address"]
         state, peer_epoch, address = self.reads.read(look)
         if state != "active" or peer == reporter:

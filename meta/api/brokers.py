@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 from aiohttp import web
 
 from .. import chains, views
@@ -116,24 +119,29 @@ async def sealed_copies(request: web.Request) -> web.Response:
 
     def look(im):
         brokers = views.broker_states(im)
-        out, named, last = [], set(), None
-        for name in im.topics_on(broker):
-            t = im.topics[name]
-            for q, entry in enumerate(t["chains"]):
-                for seg in chains.segments(entry):
-                    key = (name, q, seg[chains.GEN])
-                    if seg[chains.STATE] != "sealed" or broker not in seg[chains.REPLICAS] or \
-                            (after is not None and key <= after):
-                        continue
-                    if len(out) == limit:
-                        return {"version": im.version, "copies": out, "next": _cursor_text(last),
-                                "addresses": {b: brokers[b][0] for b in sorted(named) if b in brokers}}
-                    out.append({"topic": name, "queue": q, "segment": views.segment_ref(brokers, t, q, seg)})
-                    named.update(seg[chains.REPLICAS])
-                    last = key
-        return {"version": im.version, "copies": out, "next": None,
+        page = list(itertools.islice(_sealed_copies_of(im, broker, after), limit + 1))
+        more = len(page) > limit
+        page = page[:limit]
+        named = {b for _, _, _, seg in page for b in seg[chains.REPLICAS]}
+        return {"version": im.version, "next": _cursor_text(page[-1][0]) if more else None,
+                "copies": [{"topic": t["topic"], "queue": q, "segment": views.segment_ref(brokers, t, q, seg)}
+                           for _, t, q, seg in page],
                 "addresses": {b: brokers[b][0] for b in sorted(named) if b in brokers}}
     return respond(svc.read(look))
+
+
+def _sealed_copies_of(im, broker: str, after: tuple[str, int, int] | None) -> Iterator[tuple]:
+    """(key, topic, queue, segment) of each sealed segment ``broker`` holds a copy of, past the cursor ``after``,
+    in key order (topic, queue, gen)."""
+    for name in im.topics_on(broker):
+        if after is not None and name < after[0]:
+            continue
+        t = im.topics[name]
+        for q, entry in enumerate(t["chains"]):
+            for seg in chains.segments(entry):
+                key = (name, q, seg[chains.GEN])
+                if seg[chains.STATE] == "sealed" and broker in seg[chains.REPLICAS] and (after is None or key > after):
+                    yield key, t, q, seg
 
 
 def _cursor(raw: str | None) -> tuple[str, int, int] | None:

@@ -16,7 +16,7 @@ from wire.errors import invalid, rejection
 from . import Decider, Events, expect_version
 from .lookups import active_brokers, existing_topic, seal_at_budget
 from .groups import topic_changed
-from .replicas import in_sync_of, replica_set, settings
+from .replicas import active, in_sync_of, replica_set, settings
 
 
 def writable_head(t: dict[str, Any], queue: int) -> dict[str, Any]:
@@ -70,12 +70,11 @@ def create(image: Image, c, ts, budget):
     if c.get("brokers"):
         brokers = active_brokers(image, c["brokers"])
     else:
-        brokers = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
+        brokers = active(image)
         if not brokers:
             raise rejection(409, "NO_BROKERS", "no active broker to place the topic on")
     # ``brokers`` says where the queues are led; their copies may go to any active broker, spread over zones
-    live = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
-    replicas, min_insync = settings(image, c, len(live))
+    replicas, min_insync = settings(image, c, len(active(image)))
     slots = c.get("slots", limits.SLOTS_DEFAULT)
     incarnation = image.version + 1
     leaders = allocation.balanced_assignment(range(c["queues"]), brokers, image.data["load"])
@@ -103,7 +102,7 @@ def grow(image: Image, c, ts, budget):
     hosts = sorted({b for b in {chains.head(e)[chains.BROKER] for e in t["chains"]}
                     if image.brokers[b]["state"] == "active"})
     if not hosts:
-        hosts = sorted(b for b, v in image.brokers.items() if v["state"] == "active")
+        hosts = active(image)
     if not hosts:
         raise rejection(409, "NO_BROKERS", "no active broker to place the new queues on")
     placement = allocation.balanced_assignment(range(t["queues"], new_count), hosts, image.data["load"])
