@@ -10,8 +10,9 @@ offsets the old leader gave, as long as the batch reached the copy that was elec
 Entries are kept in logic offsets with the gen that stored them. When a gen is sealed, entries of that gen past its
 end are dropped (``sealed``): a copy may hold records past the end the elected replica reported, never kept.
 A deleted topic's entries stay until the least recently used are evicted (QUEUES_MAX): producers draw their ids
-at random (63 bits), so a topic created again under the name never meets them. The table lives in memory: a broker that restarts loses its copies' standing anyway (it is not in sync until it has
-caught up, and it learns the batches again as it does); a queue of one copy loses it with the restart.
+at random (63 bits), so a topic created again under the name never meets them. The table lives in memory: a broker
+that restarts loses its copies' standing anyway (it is not in sync until it has caught up, and it learns the batches
+again as it does); a queue of one copy loses it with the restart.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ BROKER_OPS = [
     Op("broker", "GET", "/v1/queues/{topic}"),
     Op("broker", "GET", "/v1/queues/{topic}/{queue}/offset", ("ts",)),
     Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts", "start")),
-    Op("broker", "POST", "/v1/replica", (), ("follower", "wait_ms", "queues"), mutating=True),
+    Op("broker", "POST", "/v1/replica", (), ("follower", "queues"), mutating=True),
     Op("broker", "GET", "/v1/replica/stream", ("follower",)),   # without the Upgrade headers: a plain 400
     Op("broker", "GET", "/healthz"), Op("broker", "GET", "/readyz"), Op("broker", "GET", "/metrics"),
     Op("broker", "GET", "/v1/openapi.json"),

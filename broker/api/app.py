@@ -248,19 +248,23 @@ async def physical(request: web.Request) -> web.Response:
                                                     None if start is None else int_in(start, "start")))
 
 
+def _as_follower(request: web.Request, follower: str) -> str:
+    """The follower a fetch or stream names: a broker caller may name only itself (an admin any)."""
+    caller = caller_broker(request)
+    if caller is not None and caller != follower:
+        raise rejection(403, "PERMISSION_DENIED", f"broker {caller!r} may not fetch as {follower!r}", caller=caller)
+    return follower
+
+
 @requires("broker")
 async def replica_fetch(request: web.Request) -> web.Response:
-    """A follower's fetch of every queue it copies from this broker (broker/replication): ``{"follower", "wait_ms",
+    """A follower's fetch of every queue it copies from this broker (broker/replication): ``{"follower",
     "queues": [{"pq", "offset"}]}`` (``offset``: what the follower holds durably of ``pq``) answers binary sections
     (replication/frames.py) of the queues with records past their offset."""
     node = request.app[NODE]
     body = await _json(request, models.ReplicaFetch)
-    follower = body["follower"]
-    caller = caller_broker(request)
-    if caller is not None and caller != follower:
-        raise rejection(403, "PERMISSION_DENIED", f"broker {caller!r} may not fetch as {follower!r}", caller=caller)
-    sections = await node.replica_source.fetch(follower, [(q["pq"], q["offset"]) for q in body["queues"]],
-                                               body.get("wait_ms", 0))
+    follower = _as_follower(request, body["follower"])
+    sections = await node.replica_source.fetch(follower, [(q["pq"], q["offset"]) for q in body["queues"]])
     return web.Response(body=frames.encode(sections), headers={"Content-Type": frames.CONTENT_TYPE})
 
 
@@ -270,10 +274,7 @@ async def replica_stream(request: web.Request) -> web.StreamResponse:
     WebSocket; ``?follower=`` names it. It sends ``{"queues": [{"pq", "offset", "next"}]}`` as text; this broker
     sends binary sections (replication/frames.py)."""
     node = request.app[NODE]
-    follower = _name(request.query.get("follower", ""), "follower")
-    caller = caller_broker(request)
-    if caller is not None and caller != follower:
-        raise rejection(403, "PERMISSION_DENIED", f"broker {caller!r} may not fetch as {follower!r}", caller=caller)
+    follower = _as_follower(request, _name(request.query.get("follower", ""), "follower"))
     ws = web.WebSocketResponse(heartbeat=STREAM_HEARTBEAT_S, max_msg_size=POSITIONS_BYTES_MAX)
     if not ws.can_prepare(request).ok:
         raise invalid("a replica stream is a WebSocket: send the Upgrade headers")

@@ -68,7 +68,6 @@ class ReplicaPositions(TypedDict):
 @with_config(STRICT)
 class ReplicaFetch(TypedDict):
     follower: Name
-    wait_ms: NotRequired[Annotated[int, Field(ge=0, le=60_000)]]
     queues: Annotated[list[CopyOffset], Field(max_length=COPIES_PER_FETCH_MAX)]
 
 

@@ -159,6 +159,10 @@ class Replicator:
     def _copies_from(self, src: str) -> list[Segment]:
         return [s for s in self.routes.copies.values() if source(s, self.me) == src and self._wanted(s)]
 
+    def _streamed_from(self, src: str) -> list[Segment]:
+        """The copies one stream from ``src`` names (more are not copied from it)."""
+        return self._copies_from(src)[:COPIES_PER_FETCH_MAX]
+
     async def _catch_up(self, pq: str) -> None:
         """Bring a sealed copy to its segment's end from whichever holder has more; when none has (every one that
         answers is as short as this copy), ask again later, less and less often."""
@@ -215,7 +219,7 @@ class Replicator:
 
     async def _stream(self, src: str) -> None:
         """One stream from ``src``: returns once no copy here is behind it; raises when it breaks off."""
-        copies = self._copies_from(src)[:COPIES_PER_FETCH_MAX]
+        copies = self._streamed_from(src)
         if not copies:
             return
         address = self.routes.address(copies[0].topic, src)
@@ -228,8 +232,6 @@ class Replicator:
                                              max_msg_size=frames.ANSWER_BYTES_MAX) as ws:
                 await ws.send_str(self._positions(copies, full=True))
                 acks = asyncio.create_task(self._acknowledge(src, ws, link), name=f"replica-acks {src}")
-                # Acknowledgements that stop (a failed sync) end the stream, though the source sends nothing more
-                acks.add_done_callback(lambda t: t.cancelled() or asyncio.ensure_future(ws.close()))
                 try:
                     async for msg in ws:
                         if msg.type != aiohttp.WSMsgType.BINARY:
@@ -253,7 +255,15 @@ class Replicator:
 
     async def _acknowledge(self, src: str, ws: aiohttp.ClientWebSocketResponse, link: _Link) -> None:
         """After each sync of what the stream brought, tell the source where those copies stand; after a change of
-        the routes, where every copy from it stands; close the stream once no copy here is behind it."""
+        the routes, where every copy from it stands; close the stream once no copy here is behind it, or once the
+        acknowledgements fail (a failed sync): the source would send nothing more, and the stream must not stay."""
+        try:
+            await self._acknowledge_until_done(src, ws, link)
+        except Exception:
+            await ws.close()
+            raise
+
+    async def _acknowledge_until_done(self, src: str, ws: aiohttp.ClientWebSocketResponse, link: _Link) -> None:
         while True:
             await link.dirty.wait()
             link.dirty.clear()
@@ -267,7 +277,7 @@ class Replicator:
                 await ws.send_str(self._positions(synced, full=False))
             if link.full:
                 link.full = False
-                copies = self._copies_from(src)[:COPIES_PER_FETCH_MAX]
+                copies = self._streamed_from(src)
                 if not copies:
                     await ws.close()
                     return
@@ -278,7 +288,7 @@ class Replicator:
         address = self.routes.address(copies[0].topic, src) or self._older_addresses.get(src)
         if address is None:
             raise LookupError(f"no address for broker {src}")
-        body = {"follower": self.me, "wait_ms": 0,
+        body = {"follower": self.me,
                 "queues": [{"pq": s.physical_queue, "offset": self.writer.max_physical(s)} for s in copies]}
         async with self._http.post(address + "/v1/replica", json=body, headers=self._headers) as r:
             if r.content_length is None or r.content_length > frames.ANSWER_BYTES_MAX:

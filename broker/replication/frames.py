@@ -1,10 +1,11 @@
-"""The body of a fetch answer (``POST /v1/replica``): for each physical queue that has records past the offset the
-follower asked from, the producers' batches the records belong to, then the runs of records, each as one header and
-its records as storage keeps them (``storage.record``: size u32, then the bytes), so neither side does work per record.
+"""The binary messages of a replica stream and the body of a fetch answer (``POST /v1/replica``): for each physical
+queue with records past the offset the follower stands at, the producers' batches the records belong to, then the
+runs of records, each as one header and its records as storage keeps them (``storage.record``: size u32, then the
+bytes), so neither side does work per record.
 
     per queue:
     name    u16 length, then the physical queue's name (UTF-8)
-    end     u64  the answering broker's durable end of the queue
+    end     u64  the sending broker's end of the queue (durable for a fetch; written, for a stream)
     batches u32  how many batch entries follow, each: producer u64, seq u64, first u64 (logic offset), count u32
     runs    u32  how many runs follow, each:
         offset  u64  physical offset of the run's first record

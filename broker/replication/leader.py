@@ -30,7 +30,6 @@ log = structlog.get_logger("broker.replication")
 LAG_MAX_S = 10.0              # a follower that has not caught up for this long leaves the in-sync set
 MAINTAIN_S = 0.5              # how often the leader looks at its followers
 REPLICATION_WAIT_S = 30.0     # a send waits at most this long for its copies (the lag bound frees it well before)
-FETCH_WAIT_MS_MAX = 1_000     # a fetch with nothing new waits at most this long at the leader
 
 
 def unconfirmed(seg: Segment, why: str) -> ApiError:
@@ -58,9 +57,7 @@ class ReplicaTracker:
         self._adding: dict[str, set[str]] = {}                   # pq -> followers asked to be added, not yet in sync
         self._hw: dict[str, int] = {}                            # pq -> high watermark (physical), only grows
         self._waiters: dict[str, list[tuple[int, asyncio.Future]]] = {}
-        self.append_count = 0                                    # appends written here, of any queue
-        self.on_written: Callable[[str], None] = lambda pq: None  # told of each (the streams' FetchSource.written)
-        self._appended = asyncio.Event()                         # set at each; fetches waiting for more wait on it
+        self.on_written: Callable[[str], None] = lambda pq: None  # told of each append (FetchSource.written)
 
     # -- who counts ---------------------------------------------------------------------------------------------
     def _waited_for(self, seg: Segment) -> set[str]:
@@ -169,22 +166,8 @@ class ReplicaTracker:
         self._settle(pq)
 
     def appended(self, pq: str) -> None:
-        """Records of ``pq`` were written here: the streams that copy it send them (source.py), and the fetches
-        waiting for more look again at the queues they name (one event for every queue: one fetch names every
-        queue of a broker pair)."""
+        """Records of ``pq`` were written here: the streams that copy it send them (source.py)."""
         self.on_written(pq)
-        self.append_count += 1
-        self._appended.set()
-        self._appended = asyncio.Event()
-
-    async def wait_appended(self, seen: int, timeout_s: float) -> None:
-        """Returns once an append was made after ``append_count`` was ``seen``, or after ``timeout_s``."""
-        if self.append_count != seen:
-            return
-        try:
-            await asyncio.wait_for(self._appended.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
 
     def _forget(self, pq: str) -> None:
         for table in (self._acked, self._caught_up, self._end_at_fetch, self._adding, self._hw, self._waiters):

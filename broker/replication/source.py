@@ -22,7 +22,6 @@ names two records.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import structlog
@@ -37,7 +36,6 @@ from ..storage import OffsetOutOfRange
 from ..storage_threads import StorageThreads
 from ..writes import Writer
 from . import frames
-from .leader import FETCH_WAIT_MS_MAX
 
 FETCH_BYTES_MAX = 16 * 1024 * 1024      # one answer's records, over every queue
 QUEUE_BYTES_MAX = 4 * 1024 * 1024       # one queue's share of it, so that one busy queue never starves the others
@@ -81,21 +79,14 @@ class FetchSource:
         await asyncio.gather(*(ws.close(code=aiohttp.WSCloseCode.GOING_AWAY) for ws in list(self._streams)),
                              return_exceptions=True)
 
-    async def fetch(self, follower: str, queues: list[tuple[str, int]], wait_ms: int) -> list[frames.Section]:
-        """``queues``: (physical queue, offset the follower holds durably). Sections of those with records past it;
-        waits up to ``wait_ms`` for an append when none has any."""
+    async def fetch(self, follower: str, queues: list[tuple[str, int]]) -> list[frames.Section]:
+        """``queues``: (physical queue, offset the follower holds durably). Sections of those with durable records
+        past it, at once (a sealed copy catching up; open heads are streamed)."""
         for pq, offset in queues:
             seg = self.routes.hosted.get(pq)
             if seg is not None and seg.broker == self.me:
                 self.writer.replicas.fetched(seg, follower, offset)
-        deadline = time.monotonic() + min(wait_ms, FETCH_WAIT_MS_MAX) / 1000
-        while True:
-            seen = self.writer.replicas.append_count
-            sections = await self._read(queues)
-            left = deadline - time.monotonic()
-            if sections or left <= 0:
-                return sections
-            await self.writer.replicas.wait_appended(seen, left)
+        return await self._read(queues)
 
     async def serve_stream(self, ws: web.WebSocketResponse, follower: str, model) -> None:
         """Push the records of every queue ``follower`` names to it, as they are written here, until either side
