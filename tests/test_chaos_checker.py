@@ -363,11 +363,12 @@ def test_broker_faults_are_drawn_from_the_seed_and_cut_what_they_say(tmp_path):
 def test_a_broker_wipe_waits_while_the_broker_is_a_head_s_only_copy_in_sync(tmp_path, monkeypatch):
     t = topology.plan(str(tmp_path), topology.free_span())
     nem = nemesis.Nemesis(t, [], lambda: 0.0)
-    heads = [{"topic": "t", "queue": 0, "gen": 3, "broker": "b1", "replicas": ["b1", "b2", "b3"], "in_sync": ["b1"]},
+    heads = [{"topic": "t", "queue": 0, "gen": 3, "broker": "b1", "replicas": ["b1", "b2", "b3"], "in_sync": ["b1"],
+              "state": "active"},
              {"topic": "t", "queue": 1, "gen": 0, "broker": "b2", "replicas": ["b2", "b3", "b1"],
-              "in_sync": ["b2", "b3"]},
+              "in_sync": ["b2", "b3"], "state": "active"},
              {"topic": "u", "queue": 0, "gen": 1, "broker": "b1", "replicas": ["b1", "b2", "b3"],
-              "in_sync": ["b1", "b3"]}]
+              "in_sync": ["b1", "b3"], "state": "active"}]
     nem._chains = lambda: [[h] for h in heads]
     epochs = {"b1": 1, "b2": 1, "b3": 1}
     nem._epochs = lambda: dict(epochs)
@@ -396,6 +397,11 @@ def test_a_broker_wipe_waits_while_the_broker_is_a_head_s_only_copy_in_sync(tmp_
               "state": "sealed", "physical_queue": "u.q0.g0.i1", "physical_start": 0, "logic_start": 0,
               "logic_end": 5}
     nem._chains = lambda: [[h] for h in heads[:2]] + [[sealed, heads[2]]]
+    with pytest.raises(RuntimeError, match="b2 is still the only copy in sync of 1 segment"):
+        nem._another_copy_in_sync("b2")
+    # a segment being sealed needs another copy in sync as a head does
+    sealing = {**heads[1], "gen": 0, "state": "sealing", "in_sync": ["b2"]}
+    nem._chains = lambda: [[h] for h in heads[:1]] + [[sealing, {**heads[1], "gen": 1}], [heads[2]]]
     with pytest.raises(RuntimeError, match="b2 is still the only copy in sync of 1 segment"):
         nem._another_copy_in_sync("b2")
     nem._chains = lambda: None   # meta does not answer: nothing known, nothing taken

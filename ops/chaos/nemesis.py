@@ -410,7 +410,7 @@ class Nemesis:
             return None
         return set(self._down) | {b for b, e in self._wiped_epoch.items() if epochs.get(b, 0) <= e}
 
-    def _whole_elsewhere(self, seg: dict[str, Any], broker: str) -> bool:
+    def _whole_elsewhere(self, seg: dict[str, Any], broker: str, token: str) -> bool:
         """Whether a broker other than ``broker``, up, holds the sealed segment ``seg`` whole (asked directly, not
         through the proxies; a broker once seen whole stays so until its own disk is taken away)."""
         end = seg["physical_start"] + seg["logic_end"] - seg["logic_start"]
@@ -424,7 +424,7 @@ class Nemesis:
             url = self.t.broker_url(self.t.broker_names.index(b))
             req = urllib.request.Request(f"{url}/v1/physical/{seg['physical_queue']}?offset=0&max=0"
                                          f"&start={seg['physical_start']}",
-                                         headers={"Authorization": f"Bearer {self.t.cluster()['admin_token']}"})
+                                         headers={"Authorization": f"Bearer {token}"})
             try:
                 with urllib.request.urlopen(req, timeout=STATUS_TIMEOUT_S) as r:
                     held = json.load(r)["max_offset"]
@@ -447,24 +447,24 @@ class Nemesis:
         return led
 
     def _another_copy_in_sync(self, broker: str) -> None:
-        """Before ``broker``'s disk is taken away: wait (bounded) until every head has a copy in sync besides
-        ``broker``'s. Every acknowledged record of a head is on each of its in-sync copies, so one of them survives
-        the wipe and meta fails the head over to it; a broker whose disk went earlier and has not caught up is in no
-        in-sync set, so a second wipe before it caught up is let through only where a third copy is still in sync.
-        Wiping the last copy in sync is two or three disks lost for that head, which three copies do not promise to
-        survive (as _every_meta_node_votes, for meta's disks)."""
+        """Before ``broker``'s disk is taken away: wait (bounded) until every segment keeps a copy without it. An open
+        or sealing segment needs another copy in sync: every acknowledged record is on each, so one survives the wipe
+        and meta fails over to it. A broker down, or wiped and not registered again yet, is still named in sync until
+        meta hears of it, and holds nothing (seed 9: b3's disk went while b2's, gone a moment before, was still
+        named). A sealed segment needs another broker holding it whole: one back on a new disk copies it again, and
+        until then ``broker``'s may be the last (seed 9: three disks within seconds). Taking the last copy is two or
+        three disks lost for that segment, which three copies do not promise to survive (as _every_meta_node_votes,
+        for meta's disks)."""
         deadline = time.monotonic() + IN_SYNC_DEADLINE_S
         alone: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             chains, gone = self._chains(), self._not_back()
             if chains is not None and gone is not None:
-                # A broker down, or wiped and not registered again yet, is still named in sync until meta hears of
-                # it: it holds nothing (seed 9: b3's disk went while b2's, gone a moment before, was still named)
-                alone = [c[-1] for c in chains if not set(c[-1]["in_sync"]) - {broker} - gone]
-                # A sealed segment too: a broker back on a new disk copies it again from whichever copy holds it,
-                # and until one has, ``broker``'s may be the last (three disks lost within seconds lost one, seed 9)
-                alone += [s for c in chains for s in c[:-1] if s["state"] == "sealed" and broker in s["replicas"]
-                          and s["logic_start"] is not None and not self._whole_elsewhere(s, broker)]
+                token = self.t.cluster()["admin_token"]
+                alone = [s for c in chains for s in c
+                         if (not set(s["in_sync"]) - {broker} - gone if s["state"] != "sealed" else
+                             broker in s["replicas"] and s["logic_start"] is not None
+                             and not self._whole_elsewhere(s, broker, token))]
                 if not alone:
                     self._whole = {(pq, b) for pq, b in self._whole if b != broker}   # its disk goes now
                     self._wiped_epoch[broker] = self._epochs().get(broker, 0)
