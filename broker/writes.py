@@ -23,7 +23,7 @@ from .replication.leader import ReplicaTracker
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
-from .storage import FLUSH_GROUP, InvalidArgument, PhysicalQueue, QueueStore, StorageError
+from .storage import FLUSH_GROUP, InvalidArgument, PhysicalQueue, QueueStore, Run, StorageError
 from .storage_threads import StorageThreads
 
 MESSAGES_PER_SEND_MAX = 10_000
@@ -42,6 +42,12 @@ def _storage_unavailable(head: Segment, e: StorageError) -> ApiError:
 
 def unknown_topic(topic: str) -> ApiError:
     return rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} is unknown to this broker", topic=topic)
+
+
+def stored_run(pq: PhysicalQueue, first: int, records: bytes, count: int, tag: int) -> Run:
+    """The run an append just stored at ``first`` (the caller holds the queue's lock, so no other append came
+    between), with the time storage stamped it with: raised to the last one when the clock went back."""
+    return Run(first, pq.last_ts_ms, count, tag, records)
 
 
 class Writer:
@@ -203,13 +209,14 @@ class Writer:
                         break
                     started = time.perf_counter()
                     pq, first = await self._append(head, send, tag, checked)
+                    written = stored_run(pq, first, send.records, send.count, tag)
                     if producer is not None:
                         self.producers.record(topic, queue, Batch(producer[0], producer[1], head.logic(first),
                                                                   send.count, head.gen))
                     break
         if seen is not None:
             return await self._resent(head, seen)
-        self.replicas.appended(head.physical_queue)   # followers take it while it syncs here
+        self.replicas.appended(head.physical_queue, written)   # followers take it while it syncs here
         # Outside the lock, so the next send to this queue writes meanwhile and one sync covers both. A seal waits
         # for this sync too (seal), so a sealed end never holds a record that is not on disk.
         try:

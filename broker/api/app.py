@@ -22,7 +22,7 @@ from ..node import BrokerNode
 from ..pop import params as pop_params
 from ..producers import PRODUCER_ID_MAX, SEQ_MAX
 from ..replication import frames
-from ..replication.source import POSITIONS_BYTES_MAX, STREAM_HEARTBEAT_S
+from ..replication.source import STREAM_HEARTBEAT_S
 from ..storage.limits import RECORD_BYTES_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
 from . import models
@@ -271,15 +271,15 @@ async def replica_fetch(request: web.Request) -> web.Response:
 @requires("broker")
 async def replica_stream(request: web.Request) -> web.StreamResponse:
     """A follower's stream of every open head it copies from this broker (broker/replication/source.py): a
-    WebSocket; ``?follower=`` names it. It sends ``{"queues": [{"pq", "offset", "next"}]}`` as text; this broker
-    sends binary sections (replication/frames.py)."""
+    WebSocket; ``?follower=`` names it. It sends where each copy stands (replication/frames.py encode_positions);
+    this broker sends binary sections of runs (frames.py encode). Both binary."""
     node = request.app[NODE]
     follower = _as_follower(request, _name(request.query.get("follower", ""), "follower"))
-    ws = web.WebSocketResponse(heartbeat=STREAM_HEARTBEAT_S, max_msg_size=POSITIONS_BYTES_MAX)
+    ws = web.WebSocketResponse(heartbeat=STREAM_HEARTBEAT_S, max_msg_size=frames.POSITIONS_BYTES_MAX)
     if not ws.can_prepare(request).ok:
         raise invalid("a replica stream is a WebSocket: send the Upgrade headers")
     await ws.prepare(request)
-    await node.replica_source.serve_stream(ws, follower, models.ReplicaPositions)
+    await node.replica_source.serve_stream(ws, follower)
     return ws
 
 

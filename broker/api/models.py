@@ -53,19 +53,6 @@ class CopyOffset(TypedDict):
 
 
 @with_config(STRICT)
-class CopyPosition(TypedDict):
-    pq: Name
-    offset: Annotated[int, Field(ge=0, le=2**62)]   # held durably: the acknowledgement
-    next: Annotated[int, Field(ge=0, le=2**62)]     # written: where the leader's records go on from
-
-
-@with_config(STRICT)
-class ReplicaPositions(TypedDict):
-    queues: Annotated[list[CopyPosition], Field(max_length=COPIES_PER_FETCH_MAX)]
-    full: NotRequired[bool]   # every queue the follower copies from this broker: the others are not sent any more
-
-
-@with_config(STRICT)
 class ReplicaFetch(TypedDict):
     follower: Name
     queues: Annotated[list[CopyOffset], Field(max_length=COPIES_PER_FETCH_MAX)]

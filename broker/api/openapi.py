@@ -32,8 +32,8 @@ def _runs_op() -> dict[str, Any]:
 def _stream_op() -> dict[str, Any]:
     """A follower's stream: a WebSocket (broker/replication/source.py), not a JSON answer."""
     op = _op("A follower's stream of the open heads it copies from this broker: a WebSocket; the follower sends "
-             "{queues: [{pq, offset, next}], full} as text after each of its syncs, this broker sends binary sections "
-             "of runs (broker/replication/frames.py) as it writes them", Error,
+             "where each copy stands after each of its syncs, this broker sends sections of runs as it writes them; "
+             "both binary (broker/replication/frames.py)", Error,
              roles="broker, as the follower it names", params=_q("follower"))
     op["responses"] = {"101": {"description": "switching to the WebSocket protocol"}, **{
         k: v for k, v in op["responses"].items() if k != "200"}}

@@ -16,7 +16,6 @@ of that broker's segments into physical queues of the same names (DESIGN.md inva
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -212,10 +211,9 @@ class Replicator:
         finally:
             self._sessions.pop(src, None)
 
-    def _positions(self, copies: list[Segment], full: bool) -> str:
-        return json.dumps({"full": full, "queues": [
-            {"pq": s.physical_queue, "offset": self.writer.max_physical(s), "next": self.writer.next_physical(s)}
-            for s in copies]})
+    def _positions(self, copies: list[Segment], full: bool) -> bytes:
+        return frames.encode_positions([frames.Position(s.physical_queue, self.writer.max_physical(s),
+                                                        self.writer.next_physical(s)) for s in copies], full)
 
     async def _stream(self, src: str) -> None:
         """One stream from ``src``: returns once no copy here is behind it; raises when it breaks off."""
@@ -230,7 +228,7 @@ class Replicator:
             async with self._http.ws_connect(address + "/v1/replica/stream", params={"follower": self.me},
                                              headers=self._headers, heartbeat=STREAM_HEARTBEAT_S,
                                              max_msg_size=frames.ANSWER_BYTES_MAX) as ws:
-                await ws.send_str(self._positions(copies, full=True))
+                await ws.send_bytes(self._positions(copies, full=True))
                 acks = asyncio.create_task(self._acknowledge(src, ws, link), name=f"replica-acks {src}")
                 try:
                     async for msg in ws:
@@ -269,19 +267,20 @@ class Replicator:
             link.dirty.clear()
             synced = list(link.written.values())
             link.written.clear()
-            await asyncio.gather(*(self.writer.durable_copy(seg) for seg in synced))
+            for seg in synced:   # one after the other, no task each: one sync covers them all
+                await self.writer.durable_copy(seg)
             # What was synced is acknowledged first, on its own: a segment sealed meanwhile is in no full list, and
             # its leader's last sends would wait for an acknowledgement that never came (the remaps under load of
             # tests/test_broker_e2e.py: answered after 30 s, resent by then, stored twice)
             if synced:
-                await ws.send_str(self._positions(synced, full=False))
+                await ws.send_bytes(self._positions(synced, full=False))
             if link.full:
                 link.full = False
                 copies = self._streamed_from(src)
                 if not copies:
                     await ws.close()
                     return
-                await ws.send_str(self._positions(copies, full=True))
+                await ws.send_bytes(self._positions(copies, full=True))
 
     async def _fetch_once(self, src: str, copies: list[Segment]) -> int:
         """One fetch of ``copies`` from ``src`` (a sealed copy's catch-up); returns the records taken."""
@@ -302,13 +301,15 @@ class Replicator:
     async def _take(self, src: str, sections: list[frames.Section], durable: bool) -> list[tuple[Segment, int]]:
         """Write what ``src`` sent to the copies here (``durable``: and wait until it is synced): each copy written
         to, with the records it took."""
-        taking, segs = [], []
-        for section in sections:
+        took = []
+        for section in sections:   # one after the other, no task each: each append only writes
             seg = self.routes.held(section.physical_queue) or self._older.get(section.physical_queue)
             if seg is None or not section.runs or (seg.state != "sealed" and source(seg, self.me) != src):
                 continue   # the segment changed hands while the records travelled: what they brought is not taken
-            segs.append(seg)
-            taking.append(self.writer.append_copy(seg, section.runs, frames.with_gen(section.batches, seg.gen),
-                                                  durable))
-        # Together: each waits for a sync that covers its queue, and with group commit one sync covers them all
-        return list(zip(segs, await asyncio.gather(*taking)))
+            took.append((seg, await self.writer.append_copy(seg, section.runs,
+                                                            frames.with_gen(section.batches, seg.gen), False)))
+        if durable:   # one sync covers every queue
+            for seg, n in took:
+                if n:
+                    await self.writer.durable_copy(seg)
+        return took

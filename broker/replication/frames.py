@@ -16,6 +16,15 @@ bytes), so neither side does work per record.
 
 All little-endian; a queue's runs follow one another, in offset order. Batches carry no gen: the physical queue
 names it, and the follower knows it.
+
+The follower's messages on a stream (``encode_positions``): where each copy it names stands on its side, binary too
+(as JSON checked by the API's models, they cost a leader a tenth of its time on the stream at replicas=3):
+
+    flags   u8   1: the message names every copy the follower takes from this broker (``full``), else 0
+    count   u32  how many queues follow, at most POSITIONS_MAX, each:
+        name    u16 length, then the physical queue's name (UTF-8, 1 to NAME_BYTES_MAX bytes)
+        offset  u64  what the follower holds durably (its acknowledgement)
+        next    u64  what it has written: where the leader's records go on from; at least ``offset``
 """
 
 from __future__ import annotations
@@ -33,6 +42,13 @@ COUNT = struct.Struct("<I")
 BATCH = struct.Struct("<QQQI")
 HEADER = struct.Struct("<QQIII")
 BATCHES_MAX = 100_000
+FLAGS = struct.Struct("<BI")
+POSITION = struct.Struct("<QQ")
+FULL = 1
+POSITIONS_MAX = 20_000      # queues one stream names (more are not copied from that broker)
+NAME_BYTES_MAX = 255
+OFFSET_MAX = 2**62
+POSITIONS_BYTES_MAX = FLAGS.size + POSITIONS_MAX * (NAME.size + NAME_BYTES_MAX + POSITION.size)   # 5.5 MB
 CONTENT_TYPE = "application/x-stator-runs"
 ANSWER_BYTES_MAX = 16 * 1024 * 1024 + 1024 * 1024   # the source's read budget and its headers
 
@@ -95,6 +111,50 @@ def decode(body: bytes) -> list[Section]:
                 raise FramesError("runs are not contiguous")
         sections.append(Section(name, end, batches, runs))
     return sections
+
+
+class Position(NamedTuple):
+    physical_queue: str
+    offset: int   # held durably by the follower
+    next: int     # written by the follower
+
+
+def encode_positions(positions: Sequence[Position], full: bool) -> bytes:
+    parts = [FLAGS.pack(FULL if full else 0, len(positions))]
+    for p in positions:
+        name = p.physical_queue.encode()
+        parts += (NAME.pack(len(name)), name, POSITION.pack(p.offset, p.next))
+    return b"".join(parts)
+
+
+def decode_positions(body: bytes) -> tuple[list[Position], bool]:
+    """A follower's message: (the positions it names, ``full``). FramesError unless it is exactly one whole message
+    within the bounds above."""
+    if len(body) < FLAGS.size:
+        raise FramesError("a positions message cut short")
+    flags, count = FLAGS.unpack_from(body, 0)
+    if flags not in (0, FULL) or count > POSITIONS_MAX:
+        raise FramesError(f"positions: flags must be 0 or {FULL} and at most {POSITIONS_MAX} queues")
+    pos, out = FLAGS.size, []
+    for _ in range(count):
+        if len(body) - pos < NAME.size:
+            raise FramesError("a positions message cut short")
+        (n,) = NAME.unpack_from(body, pos)
+        pos += NAME.size
+        if not 0 < n <= NAME_BYTES_MAX or len(body) - pos < n + POSITION.size:
+            raise FramesError(f"a queue's name must hold 1 to {NAME_BYTES_MAX} bytes, then its offsets")
+        try:
+            name = body[pos:pos + n].decode()
+        except UnicodeDecodeError:
+            raise FramesError("a queue's name is not UTF-8") from None
+        offset, written = POSITION.unpack_from(body, pos + n)
+        pos += n + POSITION.size
+        if not offset <= written <= OFFSET_MAX:
+            raise FramesError(f"offset <= next <= {OFFSET_MAX}")
+        out.append(Position(name, offset, written))
+    if pos != len(body):
+        raise FramesError("bytes after the last position")
+    return out, flags == FULL
 
 
 def with_gen(batches: list[tuple[int, int, int, int]], gen: int) -> list[Batch]:

@@ -24,6 +24,7 @@ import structlog
 from wire.errors import ApiError, rejection
 
 from ..routing import RouteTable, Segment
+from ..storage import Run
 
 log = structlog.get_logger("broker.replication")
 
@@ -57,7 +58,7 @@ class ReplicaTracker:
         self._adding: dict[str, set[str]] = {}                   # pq -> followers asked to be added, not yet in sync
         self._hw: dict[str, int] = {}                            # pq -> high watermark (physical), only grows
         self._waiters: dict[str, list[tuple[int, asyncio.Future]]] = {}
-        self.on_written: Callable[[str], None] = lambda pq: None  # told of each append (FetchSource.written)
+        self.on_written: Callable[[str, Run], None] = lambda pq, run: None   # each append (FetchSource.written)
 
     # -- who counts ---------------------------------------------------------------------------------------------
     def _waited_for(self, seg: Segment) -> set[str]:
@@ -165,9 +166,9 @@ class ReplicaTracker:
         ends[follower] = local
         self._settle(pq)
 
-    def appended(self, pq: str) -> None:
-        """Records of ``pq`` were written here: the streams that copy it send them (source.py)."""
-        self.on_written(pq)
+    def appended(self, pq: str, run: Run) -> None:
+        """``run`` was written to ``pq`` here: the streams that copy it send it (source.py)."""
+        self.on_written(pq, run)
 
     def _forget(self, pq: str) -> None:
         for table in (self._acked, self._caught_up, self._end_at_fetch, self._adding, self._hw, self._waiters):

@@ -1,14 +1,17 @@
 """What a broker sends the brokers that copy from it (DESIGN.md invariant 12).
 
 - **The stream** (``GET /v1/replica/stream``, a WebSocket per broker pair): the copies of the open heads this broker
-  leads. The follower names, in a text message, each queue it copies from here with the offset it holds durably
-  (``offset``: its acknowledgement, leader.ReplicaTracker) and the offset it has written (``next``); it sends that
-  again after each of its syncs and whenever its routes change. This broker pushes each queue's records past what
-  it sent, in binary messages (frames.py), as soon as they are written here: the follower writes and syncs them
-  while this broker syncs its own, and acknowledges them without waiting for a fetch to come back. Pulled with a
-  parked fetch per round (the follower's next fetch carried its acknowledgement, and whatever landed meanwhile
-  waited for it), replicas=3 produced a fifth of replicas=1. At most WINDOW_RECORDS of a queue travel
+  leads. The follower names each queue it copies from here with the offset it holds durably (``offset``: its
+  acknowledgement, leader.ReplicaTracker) and the offset it has written (``next``) (frames.encode_positions); it
+  sends that again after each of its syncs and whenever its routes change. This broker pushes each queue's records
+  past what it sent, in binary messages (frames.encode), as soon as they are written here: the follower writes and
+  syncs them while this broker syncs its own, and acknowledges them without waiting for a fetch to come back.
+  Pulled with a parked fetch per round (the follower's next fetch carried its acknowledgement, and whatever landed
+  meanwhile waited for it), replicas=3 produced a fifth of replicas=1. At most WINDOW_RECORDS of a queue travel
   unacknowledged. RocketMQ's HA service pushes its commit log the same way, its slave reporting the offset it holds.
+  The runs just written are sent from memory (``written``: the writer hands each one over as it stores it) while the
+  streams keep up, within RECENT_QUEUE_BYTES_MAX a queue and RECENT_BYTES_MAX in all; a stream further behind reads
+  them back from the files.
 - **The fetch** (``POST /v1/replica``): a sealed segment's copy catching up from any broker that holds it, up to its
   own end; one fetch covers every queue named (a thousand queues with three copies made two thousand parked requests,
   one per copy, which exhausted the brokers' connection pools and their CPU).
@@ -22,17 +25,15 @@ names two records.
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections import deque
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from wire import json_body
-from wire.errors import ApiError
-from wire.shapes import validate
-
 from ..routing import RouteTable
-from ..storage import OffsetOutOfRange
+from ..storage import OffsetOutOfRange, Run
 from ..storage_threads import StorageThreads
 from ..writes import Writer
 from . import frames
@@ -41,13 +42,15 @@ FETCH_BYTES_MAX = 16 * 1024 * 1024      # one answer's records, over every queue
 QUEUE_BYTES_MAX = 4 * 1024 * 1024       # one queue's share of it, so that one busy queue never starves the others
 FETCH_RECORDS_MAX = 1_000               # records per queue per answer
 log = structlog.get_logger("broker.replication")
+_CORK = getattr(socket, "TCP_CORK", None)
 
-COPIES_PER_FETCH_MAX = 20_000           # queues one fetch or one stream names (more are not copied from that broker)
+COPIES_PER_FETCH_MAX = frames.POSITIONS_MAX   # queues one fetch or one stream names (more are not copied from there)
 READ_THREADS = 4
 WINDOW_RECORDS = 20_000                 # records of one queue sent on a stream and not yet acknowledged
 STREAM_IDLE_S = 1.0                     # a stream with nothing to send looks again this often
-POSITIONS_BYTES_MAX = 4 * 1024 * 1024   # a follower's message on the stream
 STREAM_HEARTBEAT_S = 5.0                # WebSocket pings each way: a peer silent for this long is dropped
+RECENT_BYTES_MAX = 64 * 1024 * 1024     # records kept in memory for the streams, over every queue
+RECENT_QUEUE_BYTES_MAX = 4 * 1024 * 1024   # of one queue: a stream further behind reads them from the files
 
 
 class _Stream:
@@ -61,6 +64,18 @@ class _Stream:
         self.wake = asyncio.Event()
 
 
+class _Recent:
+    """One queue's runs just written here and not yet sent to every stream that copies it: in offset order, with
+    no gap."""
+
+    __slots__ = ("runs", "bytes", "end")
+
+    def __init__(self) -> None:
+        self.runs: deque[Run] = deque()
+        self.bytes = 0
+        self.end = -1   # past the last run kept (kept on when every run is dropped)
+
+
 class FetchSource:
     def __init__(self, me: str, routes: RouteTable, writer: Writer):
         self.me = me
@@ -69,6 +84,8 @@ class FetchSource:
         self._threads = StorageThreads(READ_THREADS, "replica-read")
         self._streams: set[web.WebSocketResponse] = set()
         self._subscribers: dict[str, set[_Stream]] = {}   # physical queue -> the streams that copy it
+        self._recent: dict[str, _Recent] = {}
+        self._recent_bytes = 0   # over every queue
         writer.replicas.on_written = self.written
 
     def stop(self) -> None:
@@ -88,22 +105,22 @@ class FetchSource:
                 self.writer.replicas.fetched(seg, follower, offset)
         return await self._read(queues)
 
-    async def serve_stream(self, ws: web.WebSocketResponse, follower: str, model) -> None:
+    async def serve_stream(self, ws: web.WebSocketResponse, follower: str) -> None:
         """Push the records of every queue ``follower`` names to it, as they are written here, until either side
-        closes. ``model``: the shape of its messages (broker/api/models.py ReplicaPositions)."""
+        closes. Its messages are binary positions (frames.decode_positions); anything else closes the stream."""
         stream = _Stream(ws, follower)
         sender = asyncio.create_task(self._push(stream), name=f"replica-push {follower}")
         self._streams.add(ws)
         try:
             async for msg in ws:
-                if msg.type != aiohttp.WSMsgType.TEXT:
+                if msg.type != aiohttp.WSMsgType.BINARY:
                     break
                 try:
-                    positions = validate(model, json_body.parse_object(msg.data.encode()))
-                except ApiError as e:
+                    positions, full = frames.decode_positions(msg.data)
+                except frames.FramesError as e:
                     await ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION, message=str(e)[:120].encode())
                     break
-                self._positions(stream, positions["queues"], positions.get("full", False))
+                self._positions(stream, positions, full)
                 if sender.done():
                     break
         finally:
@@ -113,12 +130,11 @@ class FetchSource:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
 
-    def _positions(self, stream: _Stream, positions: list[dict], full: bool) -> None:
+    def _positions(self, stream: _Stream, positions: list[frames.Position], full: bool) -> None:
         """A follower's message: where each queue it names stands on its side; ``full``: it names every queue it
         copies from here, and those it no longer names are not sent any more."""
         named = set()
-        for p in positions:
-            pq, offset, written = p["pq"], p["offset"], p["next"]
+        for pq, offset, written in positions:
             named.add(pq)
             seg = self.routes.hosted.get(pq)
             if seg is not None and seg.broker == self.me:
@@ -148,12 +164,75 @@ class FetchSource:
             streams.discard(stream)
             if not streams:
                 del self._subscribers[pq]
+                self._forget_recent(pq)
 
-    def written(self, pq: str) -> None:
-        """Records of ``pq`` were written here: the streams that copy it send them."""
-        for stream in self._subscribers.get(pq, ()):
+    def written(self, pq: str, run: Run) -> None:
+        """``run`` was just written to ``pq`` here: the streams that copy it send it, from memory while they keep
+        up (read back from the file, each push cost the leader a tenth more at replicas=3)."""
+        streams = self._subscribers.get(pq)
+        if not streams:
+            return
+        self._keep_recent(pq, run)
+        for stream in streams:
             stream.ready.add(pq)
             stream.wake.set()
+
+    # -- the records just written, kept for the streams ---------------------------------------------------------
+    def _keep_recent(self, pq: str, run: Run) -> None:
+        recent = self._recent.get(pq)
+        if recent is not None and recent.end != run.offset:
+            self._forget_recent(pq)   # not the next run (the queue was reopened): keep only what follows on
+            recent = None
+        if recent is None:
+            recent = self._recent[pq] = _Recent()
+        recent.runs.append(run)
+        recent.end = run.offset + run.count
+        recent.bytes += len(run.records)
+        self._recent_bytes += len(run.records)
+        while recent.bytes > RECENT_QUEUE_BYTES_MAX or self._recent_bytes > RECENT_BYTES_MAX:
+            if len(recent.runs) == 1:
+                self._forget_recent(pq)
+                return
+            self._drop_oldest(recent)
+
+    def _drop_oldest(self, recent: _Recent) -> None:
+        size = len(recent.runs.popleft().records)
+        recent.bytes -= size
+        self._recent_bytes -= size
+
+    def _forget_recent(self, pq: str) -> None:
+        recent = self._recent.pop(pq, None)
+        if recent is not None:
+            self._recent_bytes -= recent.bytes
+
+    def _trim_recent(self, pq: str) -> None:
+        """Drop the runs every stream of ``pq`` has sent."""
+        recent = self._recent.get(pq)
+        streams = self._subscribers.get(pq)
+        if recent is None or not streams:
+            return
+        low = min((at[0] for st in streams if (at := st.sent.get(pq)) is not None), default=0)
+        while recent.runs and recent.runs[0].offset + recent.runs[0].count <= low:
+            self._drop_oldest(recent)
+
+    def _recent_runs(self, pq: str, offset: int, max_bytes: int) -> list[Run] | None:
+        """The kept runs of ``pq`` from ``offset`` on, within FETCH_RECORDS_MAX and ``max_bytes`` (one run at least);
+        None when they do not begin there (already dropped, or a copy that ends inside a run)."""
+        recent = self._recent.get(pq)
+        if recent is None or not recent.runs or not recent.runs[0].offset <= offset < recent.end:
+            return None
+        out, records, size = [], 0, 0
+        for run in recent.runs:
+            if run.offset < offset:
+                continue
+            if not out and run.offset != offset:
+                return None
+            if out and (records + run.count > FETCH_RECORDS_MAX or size + len(run.records) > max_bytes):
+                break
+            out.append(run)
+            records += run.count
+            size += len(run.records)
+        return out or None
 
     async def _push(self, stream: _Stream) -> None:
         try:
@@ -166,12 +245,17 @@ class FetchSource:
 
     async def _push_until_closed(self, stream: _Stream) -> None:
         sent = stream.sent
+        loop = asyncio.get_running_loop()
         while not stream.ws.closed:
             if not stream.ready:
                 stream.wake.clear()
-                try:   # a timeout only so that a stream never waits on a wake it missed
-                    await asyncio.wait_for(stream.wake.wait(), STREAM_IDLE_S)
-                except asyncio.TimeoutError:
+                # A timer, not wait_for (a task per wait): only so that a stream never waits on a wake it missed
+                timer = loop.call_later(STREAM_IDLE_S, stream.wake.set)
+                try:
+                    await stream.wake.wait()
+                finally:
+                    timer.cancel()
+                if not stream.ready:
                     stream.ready.update(sent)
                 continue
             ready, stream.ready = stream.ready, set()
@@ -179,14 +263,16 @@ class FetchSource:
                                          if (at := sent.get(pq)) is not None and at[0] - at[1] < WINDOW_RECORDS],
                                         written=True)
             for section in sections:
-                at = sent.get(section.physical_queue)
+                pq = section.physical_queue
+                at = sent.get(pq)
                 if at is not None:
                     last = section.runs[-1]
                     at[0] = last.offset + last.count
                     if at[0] < section.end:   # a read's bounds stopped it: the rest goes next
-                        stream.ready.add(section.physical_queue)
+                        stream.ready.add(pq)
+                self._trim_recent(pq)
             if sections:
-                await stream.ws.send_bytes(frames.encode(sections))
+                await _send_whole(stream.ws, frames.encode(sections))
 
     async def _read(self, queues: list[tuple[str, int]], written: bool = False) -> list[frames.Section]:
         out, budget = [], FETCH_BYTES_MAX
@@ -201,8 +287,10 @@ class FetchSource:
                 continue
             want = min(budget, QUEUE_BYTES_MAX)
             start = max(offset, pq.min_offset)
+            runs = self._recent_runs(pq_name, start, want) if written else None
             try:
-                runs = pq.try_read_runs(start, FETCH_RECORDS_MAX, want, written)
+                if runs is None:
+                    runs = pq.try_read_runs(start, FETCH_RECORDS_MAX, want, written)
                 if runs is None:
                     runs = await self._threads.run(pq.read_runs, start, FETCH_RECORDS_MAX, want, written)
             except OffsetOutOfRange:
@@ -221,3 +309,18 @@ class FetchSource:
         return [(b.producer, b.seq, b.first, b.count) for b in
                 self.writer.producers.covering(seg.topic, seg.queue, seg.gen, seg.logic(runs[0].offset),
                                                seg.logic(last))]
+
+
+async def _send_whole(ws: web.WebSocketResponse, data: bytes) -> None:
+    """Send one binary message in as few TCP segments as it fills. aiohttp writes a long message's header and its
+    bytes apart, each at once (TCP_NODELAY): two sends, and a follower woken for 10 bytes then again for the rest.
+    Corked, they leave together (Linux's TCP_CORK; elsewhere as aiohttp writes them)."""
+    sock = ws.get_extra_info("socket") if _CORK is not None else None
+    if sock is None:
+        await ws.send_bytes(data)
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
+    try:
+        await ws.send_bytes(data)
+    finally:
+        sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)
