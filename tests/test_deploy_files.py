@@ -8,6 +8,9 @@ import configparser
 import glob
 import os
 import shutil
+import subprocess
+import sys
+import sysconfig
 from urllib.parse import urlsplit
 
 import tomllib
@@ -15,11 +18,15 @@ import tomllib
 import yaml
 
 from broker import config as broker_config
+from ops import devcluster
 from runtime.credentials import token_hash
 from meta import config as meta_config
 from runtime.config_file import split_host_port
 
-DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops", "deploy")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEPLOY = os.path.join(ROOT, "ops", "deploy")
+IMAGE_INSTALL_S = 300      # pip installs the image's file set (no dependencies: this checkout's are used)
+IMAGE_NODE_UP_S = 120      # a meta node and a broker from it, ready
 
 
 def installed_copy(tmp_path) -> str:
@@ -31,6 +38,20 @@ def installed_copy(tmp_path) -> str:
     for path in secrets:
         os.chmod(path, 0o600)
     return copy
+
+
+def _packages() -> list[str]:
+    """The top-level packages pyproject.toml installs."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+    return sorted({name.rstrip("*").split(".")[0] for name in include})
+
+
+def _copies(dockerfile: str) -> list[tuple[str, str]]:
+    """The image's COPY lines as (source in the build context, destination): one source each here."""
+    with open(dockerfile) as f:
+        lines = [line.split() for line in f if line.startswith("COPY ")]
+    return [(src, dest) for _, *sources, dest in lines for src in sources]
 
 
 def _check_cluster(metas: dict[str, meta_config.MetaConfig], brokers: dict[str, broker_config.BrokerConfig],
@@ -65,9 +86,7 @@ def test_compose_starts_three_meta_nodes_and_three_brokers_from_one_image(tmp_pa
     build = services["m1"]["build"]
     dockerfile = os.path.normpath(os.path.join(DEPLOY, build["context"], build["dockerfile"]))
     assert dockerfile == os.path.join(DEPLOY, "Dockerfile")
-    with open(dockerfile) as f:
-        copied = {line.split()[1] for line in f if line.startswith("COPY ")}
-    assert {"meta", "broker", "client", "ops", "migrations"} <= copied   # every package pyproject.toml installs
+    assert set(_packages()) <= {src for src, _ in _copies(dockerfile)}   # every package pyproject.toml installs
     metas, brokers = {}, {}
     for name, s in services.items():
         role, serve, flag, path = s["command"]
@@ -108,3 +127,43 @@ def test_three_host_configs_and_systemd_units_agree(tmp_path):
         data_dirs = {c.data_dir for c in (metas if role == "meta" else brokers).values()}
         assert all(d.startswith(unit["Service"]["ReadWritePaths"] + "/") for d in data_dirs), data_dirs
         assert unit["Service"]["KillSignal"] == "SIGTERM" and unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_the_images_own_file_set_installs_and_starts_a_meta_node_and_a_broker(tmp_path):
+    """What the Dockerfile copies, installed as its pip install does (build requirements from the registry), runs the
+    image's entry point (``stator``) with nothing of this checkout on the path: a module or file the image leaves out
+    fails here (``wire`` and ``runtime``, and the console's static files, once did). No Docker daemon: the
+    dependencies are this checkout's, on the path as plain directories, so the editable install of the checkout (a
+    .pth file) is not read."""
+    src, site = os.path.join(tmp_path, "src"), os.path.join(tmp_path, "site")
+    for path, dest in _copies(os.path.join(DEPLOY, "Dockerfile")):
+        assert dest.startswith("/src"), dest
+        inside = os.path.join(src, os.path.relpath(dest, "/src"))
+        if os.path.isdir(os.path.join(ROOT, path)):
+            shutil.copytree(os.path.join(ROOT, path), inside,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            os.makedirs(inside, exist_ok=True)
+            shutil.copy(os.path.join(ROOT, path), inside)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, src],
+                   check=True, cwd=tmp_path, timeout=IMAGE_INSTALL_S)
+    python = getattr(sys, "_base_executable", sys.executable)   # not the venv's: its site-packages hold the checkout
+    deps = sysconfig.get_paths()["purelib"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, deps])}
+    stator = [python, os.path.join(site, "bin", "stator")]
+    where = subprocess.run([*stator, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert where.returncode == 0, where.stderr
+    probe = subprocess.run([python, "-c", "import ops, wire, runtime; print(ops.__file__, wire.__file__, "
+                            "runtime.__file__)"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert probe.returncode == 0 and all(p.startswith(site) for p in probe.stdout.split()), probe
+    cluster = os.path.join(tmp_path, "cluster")
+    try:
+        up = subprocess.run([*stator, "dev", "up", "--dir", cluster, "--meta", "1", "--brokers", "1", "--base-port",
+                             str(devcluster.free_base_port())], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=IMAGE_NODE_UP_S)
+        assert up.returncode == 0, up.stderr[-2000:]
+        members = devcluster.load(cluster)
+        assert [m["node"] for m in members["meta"]] == ["m1"] and [b["broker"] for b in members["brokers"]] == ["b1"]
+    finally:
+        if os.path.exists(os.path.join(cluster, "cluster.json")):
+            devcluster.down(cluster)
