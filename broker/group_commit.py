@@ -70,6 +70,24 @@ class GroupCommit:
             raise _not_synced(queue)
         future = loop.create_future()
         self._waiting.setdefault(queue, []).append((end, future))
+        self.ask(queue)
+        timer = loop.call_later(self._wait_timeout_s, _time_out, future, queue, self._wait_timeout_s)
+        try:
+            await future
+        except BaseException:
+            self._forget(queue, end, future)   # timed out or cancelled: no round will clear it while the disk hangs
+            raise
+        finally:
+            timer.cancel()   # a plain timer, not wait_for: no task per send on the hot path
+
+    def ask(self, queue: PhysicalQueue) -> None:
+        """On the event loop: the next round syncs what ``queue`` has written, whether or not anything waits for it
+        yet. A follower asks as it writes a leader's records and waits later, for all it wrote meanwhile: asked
+        only when it came to wait, a copy's records missed the round that started meanwhile and waited for the one
+        after (7.4 ms from a push to its acknowledgement against a leader's 4.9 ms for its own sync, replicas=3)."""
+        self._loop = asyncio.get_running_loop()
+        if self._stopping:
+            return
         # Asked already: the round that takes it reads its written end after taking it, so it covers this write
         # too (set membership is atomic under the GIL). Taking the condition per send cost a tenth of a busy
         # broker's time with the syncer thread contending for it.
@@ -80,14 +98,6 @@ class GroupCommit:
                     self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
                     self._thread.start()
                 self._wanted.notify()
-        timer = loop.call_later(self._wait_timeout_s, _time_out, future, queue, self._wait_timeout_s)
-        try:
-            await future
-        except BaseException:
-            self._forget(queue, end, future)   # timed out or cancelled: no round will clear it while the disk hangs
-            raise
-        finally:
-            timer.cancel()   # a plain timer, not wait_for: no task per send on the hot path
 
     def _forget(self, queue: PhysicalQueue, end: int, future: asyncio.Future) -> None:
         waiters = self._waiting.get(queue)

@@ -305,6 +305,8 @@ class Writer:
             for b in batches:   # of a sealed segment, only those within its end were kept
                 if seg.logic_end is None or b.first + b.count <= seg.logic_end:
                     self.producers.record(seg.topic, seg.queue, b)
+        if taken and self._commit is not None:
+            self._commit.ask(pq)   # synced from now on, though waited for later (durable_copy)
         if taken and durable:
             await self._durable(pq, pq.next_offset)
         return taken

@@ -71,6 +71,28 @@ async def test_one_sync_covers_every_queue_that_waited_during_the_last(store, co
     held.check()
 
 
+async def test_a_queue_asked_for_is_synced_by_the_next_round_before_anything_waits_for_it(store, commit, monkeypatch):
+    # A follower asks as it writes a leader's records and waits later: the round that starts meanwhile covers them,
+    # and the wait that comes after it returns at once.
+    held = HeldSyncs(monkeypatch, "sync_filesystem")
+    first, copy = store.create("first"), store.create("copy")
+    first.append([b"f"], 1)
+    running = asyncio.create_task(commit.durable(first, 1))
+    await held.wait_entered()
+    copy.append([b"c0", b"c1"], 1)   # written while that round runs, and asked for: the next round takes it
+    commit.ask(copy)
+    held.release.set()
+    await asyncio.wait_for(running, WAIT_S)
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while copy.max_offset < 2:   # nobody waits on it, yet a round makes it readable
+        assert asyncio.get_running_loop().time() < deadline, "no round synced the queue asked for"
+        await asyncio.sleep(0.01)
+    calls = held.calls
+    await asyncio.wait_for(commit.durable(copy, 2), WAIT_S)
+    assert held.calls == calls == 2, "the wait after the round returned at once"
+    held.check()
+
+
 async def test_a_failed_sync_fails_each_send_it_covered_and_none_of_their_records_is_read(store, commit, monkeypatch):
     held = HeldSyncs(monkeypatch, "sync_filesystem", fail=True)
     held.release.set()
