@@ -25,7 +25,6 @@ names two records.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections import deque
 
 import aiohttp
@@ -42,7 +41,6 @@ FETCH_BYTES_MAX = 16 * 1024 * 1024      # one answer's records, over every queue
 QUEUE_BYTES_MAX = 4 * 1024 * 1024       # one queue's share of it, so that one busy queue never starves the others
 FETCH_RECORDS_MAX = 1_000               # records per queue per answer
 log = structlog.get_logger("broker.replication")
-_CORK = getattr(socket, "TCP_CORK", None)
 
 COPIES_PER_FETCH_MAX = frames.POSITIONS_MAX   # queues one fetch or one stream names (more are not copied from there)
 READ_THREADS = 4
@@ -272,7 +270,7 @@ class FetchSource:
                         stream.ready.add(pq)
                 self._trim_recent(pq)
             if sections:
-                await _send_whole(stream.ws, frames.encode(sections))
+                await stream.ws.send_bytes(frames.encode(sections))
 
     async def _read(self, queues: list[tuple[str, int]], written: bool = False) -> list[frames.Section]:
         out, budget = [], FETCH_BYTES_MAX
@@ -310,17 +308,3 @@ class FetchSource:
                 self.writer.producers.covering(seg.topic, seg.queue, seg.gen, seg.logic(runs[0].offset),
                                                seg.logic(last))]
 
-
-async def _send_whole(ws: web.WebSocketResponse, data: bytes) -> None:
-    """Send one binary message in as few TCP segments as it fills. aiohttp writes a long message's header and its
-    bytes apart, each at once (TCP_NODELAY): two sends, and a follower woken for 10 bytes then again for the rest.
-    Corked, they leave together (Linux's TCP_CORK; elsewhere as aiohttp writes them)."""
-    sock = ws.get_extra_info("socket") if _CORK is not None else None
-    if sock is None:
-        await ws.send_bytes(data)
-        return
-    sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
-    try:
-        await ws.send_bytes(data)
-    finally:
-        sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)
