@@ -8,7 +8,8 @@ One Stator dev cluster (3 meta nodes, 3 brokers) and, unless ``--skip-jetstream`
 (2.9) clustered with JetStream on 127.0.0.1 (ports below the ephemeral range, routes between the three, store dirs in
 the run's temp dir) stay up for the whole run. The same ``--generators`` processes (one pool) drive both with
 ``broker_throughput``'s shape: batches of 100 messages of 1,000 bytes, closed loop, from ``--concurrency`` loops
-spread over 8 queues (JetStream: subjects ``bench.0`` .. ``bench.7`` of one stream), for ``--seconds`` each:
+spread over 8 queues (JetStream: subjects ``bench.0`` .. ``bench.7`` of one stream), for ``--seconds`` each (Stator:
+each replicas value twice, in the order 1, 2, 3, 3, 2, 1, its figures over both passes: PASSES):
 
 - Stator: one topic per replicas value R (1, 2, 3), created with ``{"queues": 8, "replicas": R, "min_insync":
   min(R, 2)}``. A meta node that does not know those fields (replication not landed) answers 400: the run says so,
@@ -62,6 +63,11 @@ from ops.bench.common import call, cpu_seconds, emit, free_base_port, free_port,
 from wire import batch
 
 REPLICAS = (1, 2, 3)
+# Each replicas value is produced twice, in mirrored order, and its figures are those of both passes together. The
+# machine's speed wanders within one run, and not always the same way: replicas=1 twice in a row for 25 s each made
+# 270k then 210k msg/s, and 227k then 247k (the 2-core machine of issue 34, same code, brokers idle at 0.002 cores
+# between passes). Measured once each in a fixed order, whichever value came first or last took all of it.
+PASSES = (*REPLICAS, *reversed(REPLICAS))
 QUEUES = 8
 BROKERS = 3
 WARMUP_S = 1.0                # each topic and the stream, before their phase (broker_throughput._prepare's second)
@@ -476,9 +482,10 @@ async def _js_wait_current(js, timeout_s: float) -> bool:
 
 # -- both sides: throughput -----------------------------------------------------------------------------------------
 async def _phase(pool: ProcessPoolExecutor, submit: Callable[[list, float], Any], parts: list[list], seconds: float,
-                 pids: list[int]) -> dict:
+                 pids: list[int], keep_latencies: bool = False) -> dict:
     """One produce phase over ``parts`` (one per generator process), the figures of ``broker_throughput._phase``:
-    ``submit(part, start_at)`` hands a generator its work."""
+    ``submit(part, start_at)`` hands a generator its work. ``keep_latencies``: the batches' latencies too, under
+    ``_latencies_ms`` (for _merged)."""
     start_at = time.time() + bt.START_DELAY_S
     futures = [asyncio.wrap_future(submit(part, start_at)) for part in parts]
     await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -487,10 +494,30 @@ async def _phase(pool: ProcessPoolExecutor, submit: Callable[[list, float], Any]
     elapsed, cpu1 = time.monotonic() - t0, _cpu(pids)
     count = sum(r["count"] for r in results)
     server_s = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
-    return {"messages": count, "seconds": round(elapsed, 2), "messages_per_s": round(count / elapsed),
-            "latency_ms": bt.percentiles([x for r in results for x in r["lat"]]),
-            "cpu_cores": {"servers": round(server_s / elapsed, 2) if server_s is not None else None,
-                          "generators": round(sum(r["cpu_s"] for r in results) / elapsed, 2)}}
+    latencies = [x for r in results for x in r["lat"]]
+    got = {"messages": count, "seconds": round(elapsed, 2), "messages_per_s": round(count / elapsed),
+           "latency_ms": bt.percentiles(latencies),
+           "cpu_cores": {"servers": round(server_s / elapsed, 2) if server_s is not None else None,
+                         "generators": round(sum(r["cpu_s"] for r in results) / elapsed, 2)}}
+    if keep_latencies:
+        got["_latencies_ms"] = latencies
+    return got
+
+
+def _merged(passes: list[dict]) -> dict:
+    """The passes of one replicas value as one phase: messages over seconds, percentiles over every batch, CPU
+    weighted by time; each pass's own msg/s and latencies under ``passes``."""
+    seconds = sum(p["seconds"] for p in passes)
+    count = sum(p["messages"] for p in passes)
+
+    def cores(side: str) -> float | None:
+        shares = [p["cpu_cores"][side] for p in passes]
+        return None if None in shares else round(sum(c * p["seconds"] for c, p in zip(shares, passes)) / seconds, 2)
+
+    return {"messages": count, "seconds": round(seconds, 2), "messages_per_s": round(count / seconds),
+            "latency_ms": bt.percentiles([x for p in passes for x in p["_latencies_ms"]]),
+            "cpu_cores": {"servers": cores("servers"), "generators": cores("generators")},
+            "passes": [{k: p[k] for k in ("messages_per_s", "latency_ms", "cpu_cores")} for p in passes]}
 
 
 def _cpu(pids: list[int]) -> float | None:
@@ -770,15 +797,20 @@ async def _run(args: argparse.Namespace, tmp: str, binary: str | None, pool: Pro
         stream = await _js_prepare(nats_cluster) if nats_cluster else None
 
         stator: dict[str, Any] = {}
-        for r in REPLICAS:
+        passes: dict[int, list[dict]] = {r: [] for r in REPLICAS}
+        for r in PASSES:
             info = topics[r]
-            say(f"stator: produce to {info['topic']} for {args.seconds} s (load {loadavg()})")
+            say(f"stator: produce to {info['topic']} for {args.seconds} s, pass {len(passes[r]) + 1} of {PASSES.count(r)} "
+                f"(load {loadavg()})")
             parts = bt._split(_stator_slots(info, args.concurrency), args.generators)
             got = await _phase(pool, _stator_submit(pool, client, info["topic"], args.seconds), parts, args.seconds,
-                               broker_pids)
-            stator[f"replicas_{r}"] = {**{k: v for k, v in info.items() if k != "owners"}, **got}
+                               broker_pids, keep_latencies=True)
+            passes[r].append(got)
             say(f"  -> {got['messages_per_s']} msg/s, p50 {got['latency_ms']['p50']} ms, "
                 f"p99 {got['latency_ms']['p99']} ms")
+        for r in REPLICAS:
+            info = topics[r]
+            stator[f"replicas_{r}"] = {**{k: v for k, v in info.items() if k != "owners"}, **_merged(passes[r])}
         out["stator"] = stator
         out["ratio_r3_to_r1"] = _ratios(stator["replicas_3"], stator["replicas_1"])
         if nats_cluster is not None:
