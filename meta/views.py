@@ -88,8 +88,9 @@ def heads_held(image: Image) -> dict[str, int]:
 
 
 def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, Any]:
+    """``last_heartbeat_ms``: when the leader last heard the broker (wall clock), None when not known."""
     return {"broker": b["broker"], "address": b["address"], "zone": b["zone"], "epoch": b["epoch"],
-            "state": b["state"], "last_heartbeat_ms": last_heartbeat_ms if last_heartbeat_ms else b["last_seen_ms"]}
+            "state": b["state"], "last_heartbeat_ms": last_heartbeat_ms}
 
 
 def group_event(image: Image, g: dict[str, Any]) -> group_event_shape.GroupEvent:

@@ -613,6 +613,20 @@ async def _state(c, url: str) -> dict[str, Any]:
             "brokers": [{k: b[k] for k in ("broker", "address", "epoch", "state")} for b in bs["brokers"]]}
 
 
+async def test_every_nodes_broker_list_says_when_the_leader_last_heard_each_broker(meta_cluster, sim):
+    # Heartbeats go to the leader and are not in the log: a follower asks the leader. It used to answer the
+    # registration time, and a healthy broker showed in the console as heard from minutes ago.
+    c = meta_cluster
+    await sim.register("b1", heartbeat=False)
+    await asyncio.sleep(0.3)   # the registration's time and the heartbeat's differ
+    before = int(time.time() * 1000)
+    assert await sim.heartbeat("b1") is not None
+    after = int(time.time() * 1000)
+    for url in c.meta_urls:
+        (b1,) = (await ok(c, "GET", "/v1/brokers", role="client", url=url))["brokers"]
+        assert before <= b1["last_heartbeat_ms"] <= after, (name_of(c, url), b1, before, after)
+
+
 async def test_bad_input_gets_the_right_4xx_and_changes_nothing(meta_cluster, sim):
     c = meta_cluster
     await sim.register("b1")
