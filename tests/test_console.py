@@ -100,8 +100,13 @@ async def test_every_page_shows_what_the_api_answers(console, tmp_path):
     await expect(page.locator("#history tbody tr[data-version]")).to_have_count(len(hist["events"]))
     await _shot(page, tmp_path, "history")
 
+    # a pull group: it only commits offsets on the broker, and meta knows it from there
+    status, body, _ = await c.call("PUT", c.url("b1") + f"/v1/offsets/pullers/{TOPIC}/0", "client",
+                                   json={"offset": 0})
+    assert status == 200, body
     await page.goto(url + "/console/groups")
     await expect(page.locator("h1")).to_have_text("Consumer groups")
+    await expect(page.locator('#groups tr[data-group="pullers"]')).to_have_count(1)
     await _shot(page, tmp_path, "groups")
 
     # ?format=json answers the API's own bodies

@@ -257,17 +257,18 @@ async def brokers_page(request: web.Request) -> web.Response:
     return render(request, "brokers.html", api, brokers=brokers, now_ms=now_ms)
 
 
-def _list_page(what: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The page of every topic or group: ``GET /v1/{what}``, drawn by ``{what}.html``."""
+def _list_page(what: str, query: str = "") -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The page of every topic or group: ``GET /v1/{what}{query}``, drawn by ``{what}.html``."""
     async def page(request: web.Request) -> web.Response:
         api = NodeApi(request, request[SESSION])
-        return render(request, f"{what}.html", api, **{what: (await api.get(f"/v1/{what}"))[what]})
+        return render(request, f"{what}.html", api, **{what: (await api.get(f"/v1/{what}{query}"))[what]})
     page.__name__ = page.__qualname__ = f"{what}_page"
     return console_page()(page)
 
 
 topics_page = _list_page("topics")
-groups_page = _list_page("groups")
+# With the groups only brokers know: a pull group commits offsets there and never joins through meta
+groups_page = _list_page("groups", "?include=brokers")
 
 
 @console_page()
