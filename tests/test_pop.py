@@ -464,3 +464,15 @@ async def test_a_late_ack_on_the_old_head_never_answers_ok_for_a_delivery_the_ne
         back = await pop_all(c, b2, "handack", "gh", wait_ms=2000, invisible_ms=60_000)
     assert not result.get("ok") and result["code"] == "HANDLE_EXPIRED", (result, back)
     assert [(m["offset"], m["attempt"]) for m in back] == [(0, 2)], "delivered again by the new head"
+
+
+async def test_a_pop_group_is_listed_and_described_by_meta(cluster):
+    # A pop group keeps its state on brokers and never tells meta: meta finds it there, as it finds pull groups
+    c = cluster
+    await topic(c, "mailbox", 1, messages=3)
+    assert len(await pop_all(c, c.url("b1"), "mailbox", "mailer", max=10)) == 3
+    listed = await ok(c, "GET", "/v1/groups?include=brokers", role="client")
+    assert [g["source"] for g in listed["groups"] if g["group"] == "mailer"] == ["brokers"], listed
+    detail = await ok(c, "GET", "/v1/groups/mailer", role="client")
+    assert (detail["group"], detail["source"]) == ("mailer", "brokers"), detail
+

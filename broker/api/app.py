@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Mapping
 
@@ -205,13 +206,14 @@ COMMITTED_GROUPS_LISTED_MAX = 10_000   # groups one listing answers; ``truncated
 
 @requires("client", "broker")
 async def committed_groups(request: web.Request) -> web.Response:
-    """The groups with a commit stored here, each with its topics (``?group=`` for one): how meta finds the pull
-    groups, which commit on brokers and never tell meta. Every commit this broker holds counts, on a head or on an
-    older segment, so a group whose queues all moved on since its last commit is still found."""
+    """The groups with a commit or pop state stored here, each with its topics (``?group=`` for one): how meta finds
+    the pull and pop groups, which consume through brokers and never tell meta. Every commit this broker holds
+    counts, on a head or on an older segment, so a group whose queues all moved on since its last commit is still
+    found."""
     node = request.app[NODE]
     only = _name(request.query["group"], "group") if "group" in request.query else None
     topics: dict[str, set[str]] = {}
-    for group, topic, _queue in node.offsets.snapshot():
+    for group, topic, _queue in itertools.chain(node.offsets.snapshot(), list(node.pop.states)):
         if only is None or group == only:
             topics.setdefault(group, set()).add(topic)
     names = sorted(topics)
