@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import click
 from click.core import ParameterSource
 
-from wire.errors import INVALID_ARGUMENT
 from ops.admin.options import GlobalOptionsGroup, global_options
 
 EXIT_FAILED = 1   # the command could not do its work (an address in use, a member that did not start)
@@ -163,7 +162,7 @@ def export_history(out: str, meta_urls: str | None, g) -> None:
     Reads GET /v1/history, which takes the client token (or the admin token: `--dir` gives that one). Prints one
     JSON document: exported_after, last_version, events, files."""
     from meta.export.exporter import ExportError, run
-    from ops.admin.options import CliError, endpoint_list
+    from ops.admin.options import endpoint_list
     ctx = click.get_current_context()
     if meta_urls is not None:
         if ctx.get_parameter_source("endpoints") == ParameterSource.COMMANDLINE:
@@ -171,16 +170,12 @@ def export_history(out: str, meta_urls: str | None, g) -> None:
         urls = endpoint_list(meta_urls)
     else:
         urls = g.endpoints
-    if g.ssl_context is not None:
-        # The exporter makes its own session (meta/export/exporter.py): the CA and certificate would go unused and
-        # the export fail on the first call, or worse, seem to work against another server.
-        raise CliError(INVALID_ARGUMENT, "export does not take --cacert/--cert/--key yet: use a meta URL whose "
-                                         "certificate the system trusts, or http://")
     # A progress bar for people at a terminal; scripts get only the JSON line and, on failure, one error line.
     bar = click.progressbar(length=0, label="events", file=sys.stderr, show_pos=True) if sys.stderr.isatty() \
         else contextlib.nullcontext(None)
     with one_line_errors(ExportError, OSError), bar as shown:
-        result = run(urls, g.need_token(), out, progress=shown.update if shown is not None else None)
+        result = run(urls, g.need_token(), out, progress=shown.update if shown is not None else None,
+                     ssl_context=g.ssl_context)
     click.echo(json.dumps({"exported_after": result.exported_after, "last_version": result.last_version,
                            "events": result.events, "files": result.files}))
 

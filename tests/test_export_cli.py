@@ -10,7 +10,6 @@ import json
 from click.testing import CliRunner
 
 from ops.cli import main
-from tests.support import tls_certs
 from tests.support.meta_http import ok
 
 NO_ENV = {"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}
@@ -57,13 +56,10 @@ async def test_export_takes_the_global_options(meta_cluster, tmp_path):
     both = await cli("export", "--meta", urls, "--endpoints", urls, "--out", str(tmp_path / "d"), code=2)
     assert "not both" in both.stderr
 
-    # No token, a CA the exporter would not use: one line each, before any call.
+    # No token: one line, before any call. (Export over TLS: tests/test_tls.py.)
     missing = await cli("export", "--endpoints", urls, "--out", str(tmp_path / "e"), code=1)
     assert missing.stderr == "error: UNAUTHENTICATED: no token: give --token, --token-file or --dir, or set " \
                              "STATOR_TOKEN\n"
-    ca = tls_certs.make(str(tmp_path)).ca
-    tls = await cli("export", "--dir", c.dir, "--out", str(tmp_path / "e"), "--cacert", ca, code=1)
-    assert tls.stderr.startswith("error: INVALID_ARGUMENT: export does not take --cacert")
 
     shown = (await cli("export", "--help")).stdout
     assert "--endpoints" in shown and "--dir" in shown and "--meta" not in shown

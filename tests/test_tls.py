@@ -35,7 +35,7 @@ async def _refused(url: str, ctx: ssl.SSLContext | bool) -> str:
     return repr(e.value)
 
 
-async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster):
+async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster, tmp_path):
     certs, meta_url, broker_url = tls_cluster
     good = TlsFiles(certs.client.cert, certs.client.key, certs.ca)
     no_ca = client_context(TlsFiles(certs.client.cert, certs.client.key, None))   # system CAs only
@@ -99,6 +99,13 @@ async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster):
     assert down.exit_code == 1 and down.stderr.startswith("error: UNAVAILABLE: "), down.stderr
     missing = await asyncio.to_thread(cli, "--cacert", "/nonexistent/ca.pem")
     assert missing.exit_code == 1 and missing.stderr.startswith("error: INVALID_ARGUMENT: TLS CA /nonexistent/ca.pem")
+    # The export (and so lineage) under mutual TLS: the same three options
+    exported = await asyncio.to_thread(lambda: CliRunner().invoke(main, [
+        "export", "--endpoints", meta_url, "--token", TOKENS["client"], "--out", str(tmp_path / "export"),
+        "--cacert", certs.ca, "--cert", certs.client.cert, "--key", certs.client.key],
+        env={"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}))
+    assert exported.exit_code == 0, exported.stderr
+    assert json.loads(exported.stdout)["events"] > 0 and json.loads(exported.stdout)["files"] >= 1, exported.stdout
 
 
 async def test_three_meta_nodes_link_over_mutual_tls_and_commit_through_a_follower(tmp_path):

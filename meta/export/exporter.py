@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -114,13 +115,15 @@ class Destination:
 
 
 async def export(meta_urls: Sequence[str], token: str | None, out: str,
-                 progress: Callable[[int], None] | None = None) -> ExportResult:
-    """Append every event after the last exported version to ``out``; returns what was done."""
+                 progress: Callable[[int], None] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> ExportResult:
+    """Append every event after the last exported version to ``out``; returns what was done. ``ssl_context``: for
+    https:// meta URLs (the CA, and the client certificate under mutual TLS: wire/tls.py)."""
     dest = Destination(out)
     exported_after = dest.last_version()
     first = chunk_first(exported_after + 1)
     result = ExportResult(exported_after, exported_after, 0)
-    async with MetaCaller(list(meta_urls), token) as meta:
+    async with MetaCaller(list(meta_urls), token, ssl_context=ssl_context) as meta:
         head = await _log_head(meta)
         if not await _read_range(meta, exported_after, exported_after + 1, head):
             return result               # nothing new: leave every file as it is
@@ -205,5 +208,5 @@ def write_stored(out: str, events: Iterable[dict[str, Any]]) -> int:
 
 
 def run(meta_urls: Sequence[str], token: str | None, out: str,
-        progress: Callable[[int], None] | None = None) -> ExportResult:
-    return asyncio.run(export(meta_urls, token, out, progress))
+        progress: Callable[[int], None] | None = None, ssl_context: ssl.SSLContext | None = None) -> ExportResult:
+    return asyncio.run(export(meta_urls, token, out, progress, ssl_context))
