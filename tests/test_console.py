@@ -108,6 +108,13 @@ async def test_every_page_shows_what_the_api_answers(console, tmp_path):
     await expect(page.locator("h1")).to_have_text("Consumer groups")
     await expect(page.locator('#groups tr[data-group="pullers"]')).to_have_count(1)
     await _shot(page, tmp_path, "groups")
+    # its page shows what the API says of it: known from the brokers, and its committed offset
+    _, pullers, _ = await c.call("GET", url + "/v1/groups/pullers", "client")
+    assert pullers["source"] == "brokers" and pullers["offsets"][0]["committed_offset"] == 0, pullers
+    await page.goto(url + "/console/groups/pullers")
+    await expect(page.locator("#source")).to_contain_text("Known from the brokers only")
+    await expect(page.locator(f'#offsets tr[data-topic="{TOPIC}"][data-queue="0"] td.committed')).to_have_text("0")
+    await _shot(page, tmp_path, "group-pull")
 
     # ?format=json answers the API's own bodies
     answer = await page.evaluate("fetch('/console/topics/%s?format=json').then(r => r.json())" % TOPIC)
