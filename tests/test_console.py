@@ -119,6 +119,29 @@ async def test_every_page_shows_what_the_api_answers(console, tmp_path):
     # ?format=json answers the API's own bodies
     answer = await page.evaluate("fetch('/console/topics/%s?format=json').then(r => r.json())" % TOPIC)
     assert answer["api"][f"GET /v1/topics/{TOPIC}"] == topic
+
+    # Queues whose head is on a fenced broker take no writes: the page says so, as the route does, though their
+    # segments are still "active". A topic of one copy on b1; b1 killed, then reported down by b2: meta finds nothing
+    # listening there and fences it, and the queues have no other copy to fail over to.
+    status, body, _ = await c.call("POST", c.meta_urls[0] + "/v1/topics",
+                                   json={"topic": "solo", "queues": 2, "brokers": ["b1"], "replicas": 1})
+    assert status == 201, body
+    await page.goto(url + f"/console/topics/solo?min_version={body['version']}")
+    await expect(page.locator("#queues td.writable")).to_have_text(["yes"] * 2)
+    _, listed, _ = await c.call("GET", url + "/v1/brokers", "client")
+    epoch = next(b["epoch"] for b in listed["brokers"] if b["broker"] == "b2")
+    c.kill9("b1")
+    status, down, _ = await c.call("POST", f"{url}/v1/brokers/b2/peer-down", "broker",
+                                   json={"epoch": epoch, "peer": "b1"})
+    assert status == 200 and down["state"] == "fenced", (status, down)
+    deadline = asyncio.get_running_loop().time() + UI_TIMEOUT_MS / 1000
+    while any(q["writable"] for q in (await c.call("GET", url + "/v1/routes/solo", "client"))[1]["queues"]):
+        assert asyncio.get_running_loop().time() < deadline, "the node serving the console never applied the fence"
+        await asyncio.sleep(0.1)
+    await page.goto(url + "/console/topics/solo")
+    await expect(page.locator("#queues td.writable")).to_have_text(["no"] * 2)
+    await expect(page.locator("#queues span.seg.state-active")).to_have_count(2)
+    await _shot(page, tmp_path, "topic-fenced-head")
     await ctx.close()
 
 

@@ -277,7 +277,11 @@ async def topic_page(request: web.Request) -> web.Response:
     topic = _name(request.match_info["topic"])
     detail = await api.get(f"/v1/topics/{quote(topic)}")
     brokers = (await api.get("/v1/brokers"))["brokers"]
-    return render(request, "topic.html", api, t=detail, brokers=brokers,
+    # Whether each queue takes writes, as producers are told: a head on a fenced broker does not, though its
+    # segment is still "active" in the topic
+    route = await api.get(f"/v1/routes/{quote(topic)}")
+    writable = {q["queue"]: q["writable"] for q in route["queues"]}
+    return render(request, "topic.html", api, t=detail, brokers=brokers, writable=writable,
                   flash=_flash(request))
 
 
