@@ -145,8 +145,9 @@ def test_the_images_own_file_set_installs_and_starts_a_meta_node_and_a_broker(tm
         else:
             os.makedirs(inside, exist_ok=True)
             shutil.copy(os.path.join(ROOT, path), inside)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, src],
-                   check=True, cwd=tmp_path, timeout=IMAGE_INSTALL_S)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, src],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=IMAGE_INSTALL_S)
+    assert pip.returncode == 0, pip.stderr[-3000:]
     python = getattr(sys, "_base_executable", sys.executable)   # not the venv's: its site-packages hold the checkout
     deps = sysconfig.get_paths()["purelib"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, deps])}

@@ -80,7 +80,7 @@ async def test_the_runs_a_stream_sends_from_memory_are_the_runs_the_file_holds(t
             # the clock going back: storage raises a run's time to the last one's, and so must the copy
             for i, ts in enumerate((1_000, 900, 1_200, 1_200, 1_100)):
                 _append(src, q, [b"m%d-%d" % (i, j) for j in range(i + 1)], ts)
-            from_memory = src._recent_runs(PQ, 0, 1 << 20)
+            from_memory = src._recent_runs(PQ, 0, q.next_offset, 1 << 20)
             from_file = q.read_runs(0, 1_000, 1 << 20, written=True)
             assert [r.ts_ms for r in from_memory] == [1_000, 1_000, 1_200, 1_200, 1_200]
             assert [tuple(r) for r in from_memory] == [tuple(r) for r in from_file]
@@ -99,13 +99,16 @@ def test_a_copy_that_ends_inside_a_run_or_before_the_kept_ones_is_read_from_the_
             _follow(src, "b2", 0)
             _append(src, q, [b"a", b"b"], 1)
             _append(src, q, [b"c"], 2)
-            assert src._recent_runs(PQ, 1, 1 << 20) is None   # inside the first run
-            assert src._recent_runs(PQ, 3, 1 << 20) is None   # past the end
-            assert [r.offset for r in src._recent_runs(PQ, 2, 1 << 20)] == [2]
+            assert src._recent_runs(PQ, 1, 3, 1 << 20) is None   # inside the first run
+            assert src._recent_runs(PQ, 3, 3, 1 << 20) is None   # past the end
+            assert [r.offset for r in src._recent_runs(PQ, 2, 3, 1 << 20)] == [2]
+            # runs past the queue's end now (a queue reopened shorter) are never sent, kept or not
+            assert [r.offset for r in src._recent_runs(PQ, 0, 2, 1 << 20)] == [0]
+            assert src._recent_runs(PQ, 2, 2, 1 << 20) is None
             # the streams sent the first run: it is dropped, and a copy that far back reads the file
             src._subscribers[PQ].copy().pop().sent[PQ][0] = 2
             src._trim_recent(PQ)
-            assert src._recent_runs(PQ, 0, 1 << 20) is None
+            assert src._recent_runs(PQ, 0, 3, 1 << 20) is None
             assert src._recent_bytes == len(pack_records([b"c"]))
         finally:
             src.stop()

@@ -213,9 +213,10 @@ class FetchSource:
         while recent.runs and recent.runs[0].offset + recent.runs[0].count <= low:
             self._drop_oldest(recent)
 
-    def _recent_runs(self, pq: str, offset: int, max_bytes: int) -> list[Run] | None:
-        """The kept runs of ``pq`` from ``offset`` on, within FETCH_RECORDS_MAX and ``max_bytes`` (one run at least);
-        None when they do not begin there (already dropped, or a copy that ends inside a run)."""
+    def _recent_runs(self, pq: str, offset: int, end: int, max_bytes: int) -> list[Run] | None:
+        """The kept runs of ``pq`` from ``offset`` on and below ``end`` (the queue's written end now: what storage
+        holds, whatever was kept), within FETCH_RECORDS_MAX and ``max_bytes`` (one run at least); None when they do
+        not begin there (already dropped, or a copy that ends inside a run)."""
         recent = self._recent.get(pq)
         if recent is None or not recent.runs or not recent.runs[0].offset <= offset < recent.end:
             return None
@@ -223,8 +224,8 @@ class FetchSource:
         for run in recent.runs:
             if run.offset < offset:
                 continue
-            if not out and run.offset != offset:
-                return None
+            if (not out and run.offset != offset) or run.offset + run.count > end:
+                break
             if out and (records + run.count > FETCH_RECORDS_MAX or size + len(run.records) > max_bytes):
                 break
             out.append(run)
@@ -285,7 +286,7 @@ class FetchSource:
                 continue
             want = min(budget, QUEUE_BYTES_MAX)
             start = max(offset, pq.min_offset)
-            runs = self._recent_runs(pq_name, start, want) if written else None
+            runs = self._recent_runs(pq_name, start, end, want) if written else None
             try:
                 if runs is None:
                     runs = pq.try_read_runs(start, FETCH_RECORDS_MAX, want, written)
