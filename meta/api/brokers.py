@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import aiohttp
 from aiohttp import web
@@ -171,7 +171,7 @@ async def list_brokers(request: web.Request) -> web.Response:
     heard = await _heartbeats(request)
 
     def look(im):
-        brokers = [views.broker_view(im.brokers[b], heard.get(b)) for b in sorted(im.brokers)]
+        brokers = [views.broker_view(im.brokers[b], heard(b)) for b in sorted(im.brokers)]
         if include == "heads":
             held = views.heads_held(im)
             for b in brokers:
@@ -180,28 +180,28 @@ async def list_brokers(request: web.Request) -> web.Response:
     return respond({"brokers": svc.read(look)})
 
 
-async def _heartbeats(request: web.Request) -> dict[str, int]:
+async def _heartbeats(request: web.Request) -> Callable[[str], int | None]:
     """When each broker's last heartbeat came, as the leader heard it: heartbeats go to the leader only and are not
     in the log, so a follower asks the leader (its own answer for a forwarded request). Asked, the registration time
     stood in and a healthy broker showed as heard from minutes ago. Unknown (no leader within HEARTBEATS_WAIT_S, or
     no heartbeat since it was elected): absent, and the broker's ``last_heartbeat_ms`` is null."""
     svc = service(request)
     if svc.is_leader() or "X-Forwarded-By" in request.headers:
-        return {b: ms for b in svc.read(lambda im: list(im.brokers))
-                if (ms := svc.brokers.last_heartbeat_ms(b)) is not None}
+        return svc.brokers.last_heartbeat_ms
     leader = svc.forwarder.leader_url()
     if leader is None:
-        return {}
+        return lambda broker: None
     headers = {"X-Forwarded-By": svc.config.node, "Authorization": request.headers.get("Authorization", "")}
     try:
         status, data, _ = await asyncio.wait_for(
             svc.forwarder.http(leader, "GET", "/v1/brokers", b"", headers), HEARTBEATS_WAIT_S)
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return {}
+        return lambda broker: None
     if status != 200 or not isinstance(data, dict):
-        return {}
+        return lambda broker: None
     return {b["broker"]: b["last_heartbeat_ms"] for b in data.get("brokers", [])
-            if isinstance(b, dict) and isinstance(b.get("last_heartbeat_ms"), int) and isinstance(b.get("broker"), str)}
+            if isinstance(b, dict) and isinstance(b.get("last_heartbeat_ms"), int)
+            and isinstance(b.get("broker"), str)}.get
 
 
 def add_routes(app: web.Application) -> None:
