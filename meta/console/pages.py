@@ -40,6 +40,7 @@ from .sessions import COOKIE, CONSOLE_ROLES, Session, Sessions, csrf_ok
 
 SESSIONS = web.AppKey("console_sessions", Sessions)
 SESSION = "console_session"     # request key: the Session of this request
+DRAWN_AT = "console_drawn_at"   # request key: the version this node had applied when the page's calls began
 HERE = Path(__file__).parent
 TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
 TEMPLATES.filters["utc"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + " UTC"
@@ -48,6 +49,8 @@ MEMBER_TIMEOUT_S = 2.0          # the cluster page asks each member how it sees 
 TIMELINE_EVENTS_MAX = 20_000    # events one timeline draws (two history pages)
 HISTORY_SHOWN_MAX = 500         # events one history page shows
 EVENTS_KEEPALIVE_S = 15.0
+POLL_MS = 1_000                 # pages whose content changes outside the log (health, heartbeats) refetch this often
+BROKERS_PROBED_MAX = 200        # the brokers page asks at most this many brokers whether they are up, at once
 FLASH_CHARS_MAX = 200         # the outcome line a form's redirect carries back to its page
 NAME_CHARS_MAX = 255          # a topic or group name in a console path (the API has its own, tighter bounds)
 
@@ -105,6 +108,15 @@ def console_page(role: str = "client"):
             if role == "admin" and session.role != "admin":
                 return _error_page(request, session, 403, "this needs the admin token")
             request[SESSION] = session
+            # The page shows this version at least: its event stream starts from it (console.js), and a form's
+            # redirect names the version of its change (?min_version=), which the page waits for like any read
+            svc = service(request)
+            if request.query.get("min_version") is not None:
+                try:
+                    await svc.reads.before_read({"min_version": request.query["min_version"]})
+                except ApiError as e:
+                    return _error_page(request, session, e.status, f"{e.code}: {e.message}")
+            request[DRAWN_AT] = svc.feed.version
             try:
                 return await handler(request)
             except ApiCallFailed as e:
@@ -127,7 +139,8 @@ def render(request: web.Request, template: str, api: NodeApi, **context: Any) ->
     session: Session = request[SESSION]
     html = TEMPLATES.get_template(template).render(
         fragment=request.query.get("fragment") == "1", role=session.role, csrf=session.csrf,
-        node=service(request).config.node, path=request.path, calls=list(api.calls), **context)
+        node=service(request).config.node, path=request.path, calls=list(api.calls),
+        drawn_at=request.get(DRAWN_AT, 0), **context)
     return web.Response(text=html, content_type="text/html", headers=_NO_STORE)
 
 
@@ -196,15 +209,19 @@ async def logout(request: web.Request) -> web.Response:
 @console_page()
 async def events(request: web.Request) -> web.StreamResponse:
     """``change`` (id and data: the applied version) whenever this node applies a version: pages refetch their
-    content. Counted among the node's watch streams, with their bound."""
+    content. The first comes at once when this node applied more than ``?after=`` (the version the page was drawn
+    at) or than ``Last-Event-ID`` (the browser's reconnect). Counted among the node's watch streams, with their
+    bound."""
     svc = service(request)
+    after = request.headers.get("Last-Event-ID") or request.query.get("after")
+    after = min(_int(after, svc.feed.version), svc.feed.version)
     admission = request.app[ADMISSIONS]["watch_streams"]
     admission.enter()
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     try:
         await resp.prepare(request)
-        sent = svc.feed.version
+        sent = after
         await resp.write(b"retry: 2000\n\n")
         while True:
             if svc.feed.version > sent:
@@ -229,7 +246,7 @@ async def cluster_page(request: web.Request) -> web.Response:
     newest = max(applied, default=None)
     for m in members:
         m["behind"] = newest - m["applied_version"] if m.get("applied_version") is not None else None
-    return render(request, "cluster.html", api, here=here, members=members)
+    return render(request, "cluster.html", api, here=here, members=members, poll_ms=POLL_MS)
 
 
 async def _member(api: NodeApi, member: dict[str, Any]) -> dict[str, Any]:
@@ -254,7 +271,21 @@ async def brokers_page(request: web.Request) -> web.Response:
     api = NodeApi(request, request[SESSION])
     brokers = (await api.get("/v1/brokers?include=heads"))["brokers"]
     now_ms = int(time.time() * 1000)
-    return render(request, "brokers.html", api, brokers=brokers, now_ms=now_ms)
+    up = await asyncio.gather(*(_broker_up(api, b) for b in brokers[:BROKERS_PROBED_MAX]))
+    return render(request, "brokers.html", api, brokers=brokers, now_ms=now_ms, poll_ms=POLL_MS,
+                  up=dict(zip((b["broker"] for b in brokers), up)))
+
+
+async def _broker_up(api: NodeApi, broker: dict[str, Any]) -> str:
+    """Whether a broker answers at all (its /readyz, any status): a killed one is down at once, long before its
+    session lapses and meta fences it."""
+    if not broker.get("address"):
+        return "no address"
+    try:
+        await api.call("GET", "/readyz", base=broker["address"], timeout_s=MEMBER_TIMEOUT_S)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        return f"down ({type(e).__name__})"
+    return "up"
 
 
 def _list_page(what: str, query: str = "") -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -299,7 +330,7 @@ async def remap(request: web.Request) -> web.Response:
             raise invalid(f"queues: {queues!r} is not a list of queue numbers") from None
     answer = await _submit(request, "POST", f"/v1/topics/{quote(topic)}/remap", body)
     moved = ", ".join(f"q{m['queue']} {m['from']}→{m['to']}" for m in answer.get("moved", [])) or "nothing moved"
-    _back_to(f"/console/topics/{quote(topic)}", f"remap at v{answer['version']}: {moved}")
+    _back_to(f"/console/topics/{quote(topic)}", f"remap at v{answer['version']}: {moved}", answer["version"])
 
 
 async def _checked_form(request: web.Request):
@@ -318,8 +349,9 @@ async def _submit(request: web.Request, method: str, path: str, body: dict[str, 
     return answer
 
 
-def _back_to(page: str, flash: str) -> None:
-    raise web.HTTPSeeOther(f"{page}?flash={quote(flash)}")
+def _back_to(page: str, flash: str, version: int) -> None:
+    """To ``page``, drawn once this node applied the form's change (a follower may not have yet)."""
+    raise web.HTTPSeeOther(f"{page}?flash={quote(flash)}&min_version={version}")
 
 
 def _flash(request: web.Request) -> str:
@@ -369,7 +401,7 @@ async def group_config(request: web.Request) -> web.Response:
             except ValueError:
                 raise invalid(f"{key}: {raw!r} is not a whole number") from None
     answer = await _submit(request, "PUT", f"/v1/groups/{quote(group)}/config", body)
-    _back_to(f"/console/groups/{quote(group)}", f"settings saved at v{answer['version']}")
+    _back_to(f"/console/groups/{quote(group)}", f"settings saved at v{answer['version']}", answer["version"])
 
 
 @console_page()

@@ -1,11 +1,17 @@
-// Live pages without a reload: when /console/events says this node applied a new version, fetch the page's
-// content again (?fragment=1) and put it in place. No framework: one EventSource, one fetch at a time.
+// Live pages without a reload: fetch the page's content again (?fragment=1) and put it in place
+// - when /console/events says this node applied a newer version than the page shows: the stream starts from the
+//   version the page was drawn at (data-version), so a change applied between the page's load and the stream's
+//   opening is not missed (a remap from the console's own form sealed its old segment in that gap, and the page
+//   stayed at "sealing" for good);
+// - every data-poll-ms on pages whose content changes without the log (a member's health, a broker's heartbeat).
+// No framework: one EventSource, one fetch at a time.
 (function () {
   "use strict";
-  if (document.body.dataset.live !== "on") return;
+  var body = document.body;
+  if (body.dataset.live !== "on") return;
   var content = document.getElementById("content");
   var dot = document.getElementById("live");
-  var busy = false, again = false;
+  var busy = false, again = false, held = false;
 
   function editing() {
     var el = document.activeElement;
@@ -14,7 +20,7 @@
 
   function refresh() {
     if (busy) { again = true; return; }
-    if (editing()) return;          // never throw away what someone is typing
+    if (editing()) { held = true; return; }   // never throw away what someone is typing: once they leave the form
     busy = true;
     var url = new URL(window.location.href);
     url.searchParams.set("fragment", "1");
@@ -24,16 +30,23 @@
     }).then(function (html) {
       if (html !== null && html !== undefined) {
         content.innerHTML = html;
-        document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+        body.dataset.refreshed = String(Number(body.dataset.refreshed || 0) + 1);
       }
-    }).catch(function () { /* the next event tries again */ }).then(function () {
+    }).catch(function () { /* the next event or poll tries again */ }).then(function () {
       busy = false;
       if (again) { again = false; refresh(); }
     });
   }
 
-  var source = new EventSource("/console/events");
+  content.addEventListener("focusout", function () {
+    setTimeout(function () { if (held && !editing()) { held = false; refresh(); } }, 0);
+  });
+
+  var source = new EventSource("/console/events?after=" + encodeURIComponent(body.dataset.version || "0"));
   source.addEventListener("open", function () { if (dot) dot.className = "on"; });
   source.addEventListener("error", function () { if (dot) dot.className = "off"; });
   source.addEventListener("change", refresh);
+
+  var poll = Number(body.dataset.pollMs || 0);
+  if (poll > 0) setInterval(refresh, poll);
 })();
