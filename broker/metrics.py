@@ -19,6 +19,8 @@ from importlib import metadata
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, PlatformCollector, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from . import lag as lag_mod
+
 SESSION_STATES = ("unregistered", "active", "fenced")
 # One series per logic queue: above this many, the per-queue gauges are left out of the scrape (a scrape of a broker
 # with a million queues would be megabytes) and stator_broker_queues still says how many there are.
@@ -128,18 +130,20 @@ class StateCollector:
 
 
 class ConsumerLagCollector:
-    """Per group and logic queue whose open head segment is on this broker: the committed offset and the lag behind
-    the queue's end. Exported by the broker holding the head, like the queue's max offset: every broker's scrape
-    together covers every queue once, and the scrape reads only local state (no peer calls at scrape time).
+    """Per group and logic queue whose open head segment is on this broker: the committed offset and the lag, the
+    messages stored from it on (broker/lag.py: a budget skipped after a lapsed session is not lag). Exported by the
+    broker holding the head, like the queue's max offset: every broker's scrape together covers every queue once,
+    and the scrape reads only local state (no peer calls at scrape time), so of the segments before the head it
+    counts those the route carries with an exact end; ``GET /v1/groups/{group}`` asks their holders for the rest.
 
-    ``committed()`` is the offset store's durable commits {(group, topic, queue): next offset}; ``head(topic,
-    queue)`` the queue's newest segment; ``max_physical(seg)`` its local end."""
+    ``committed()`` is the offset store's durable commits {(group, topic, queue): next offset}; ``segments(topic,
+    queue)`` the queue's segments the route carries, oldest first; ``max_physical(seg)`` a segment's local end."""
 
     def __init__(self, me: str, committed: Callable[[], dict[tuple[str, str, int], int]],
-                 head: Callable[[str, int], Any], max_physical: Callable[[Any], int]):
+                 segments: Callable[[str, int], Any], max_physical: Callable[[Any], int]):
         self.me = me
         self.committed = committed
-        self.head = head
+        self.segments = segments
         self.max_physical = max_physical
 
     def collect(self) -> Iterator[Metric]:
@@ -152,7 +156,8 @@ class ConsumerLagCollector:
                                 labels=labels)
         rows = 0
         for (group, topic, queue), committed in sorted(self.committed().items()):
-            seg = self.head(topic, queue)
+            segs = self.segments(topic, queue)
+            seg = segs[-1] if segs else None
             if (committed < 0 or seg is None or seg.broker != self.me or seg.logic_end is not None
                     or seg.logic_start is None):
                 continue
@@ -161,6 +166,8 @@ class ConsumerLagCollector:
                 break
             values = [group, topic, str(queue)]
             offset.add_metric(values, committed)
-            lag.add_metric(values, max(0, seg.logic(self.max_physical(seg)) - committed))
+            ends = [(s, s.logic(self.max_physical(s)) if s is seg else
+                     None if s.logic_end is None or lag_mod.ends_at_budget(s) else s.logic_end) for s in segs]
+            lag.add_metric(values, lag_mod.stored_after(ends, committed))
         yield offset
         yield lag

@@ -70,7 +70,7 @@ class BrokerNode:
         self.registry.register(PopCollector(self.pop))
         self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self.routes.live_hosted,
                                               self.writer.max_physical))
-        self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.head,
+        self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.segments,
                                                     self.writer.max_physical))
         self.replica_source = FetchSource(config.broker, self.routes, self.writer)   # what followers fetch here
         self.replicator = Replicator(config.broker, self.routes, self.writer, config.token, tls_context,

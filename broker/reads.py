@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from wire.errors import ApiError, rejection
 
+from . import lag
 from .codec import RawRecord, run_of, stored_record
 from .meta_link import MetaLink
 from .metrics import BrokerMetrics
@@ -348,7 +349,9 @@ class Reader:
         return (await self._min_offset(decided[0]))[0] if decided else 0
 
     async def group_offsets(self, group: str, topic: str) -> list[dict[str, Any]]:
-        """Per queue whose head is here: the group's committed offset (-1: never) and the queue's max offset."""
+        """Per queue whose head is here: the group's committed offset (-1: never), the queue's max offset and the
+        group's lag (the messages stored from its offset on: lag.py; null when it never committed). ``unavailable``:
+        the ranges whose holders did not answer, counted as nothing."""
         stats = await self.queue_stats(topic)
         committed = await asyncio.gather(*(self.read_offset(group, topic, s["queue"], False) for s in stats),
                                          return_exceptions=True)
@@ -356,8 +359,48 @@ class Reader:
             if isinstance(c, BaseException) and not isinstance(c, ApiError):
                 raise c
         # A queue being remapped (or whose older broker does not answer) is left out: its lag is unknown for now.
-        return [{"queue": s["queue"], "offset": o, "max_offset": s["max_offset"]} for s, o in zip(stats, committed)
-                if not isinstance(o, BaseException)]
+        out = []
+        for s, o in zip(stats, committed):
+            if isinstance(o, BaseException):
+                continue
+            row = {"queue": s["queue"], "offset": o, "max_offset": s["max_offset"], "lag": None}
+            if o >= 0:
+                ends, gaps = await self._stored_ends(await self._chain(topic, s["queue"]), o)
+                row["lag"] = lag.stored_after(ends, o)
+                if gaps:
+                    row["unavailable"] = gaps
+            out.append(row)
+        return out
+
+    async def _stored_ends(self, decided: list[Segment], after: int
+                           ) -> tuple[list[tuple[Segment, int | None]], list[dict[str, Any]]]:
+        """Each segment of ``decided`` that ends past ``after``, with the logic end of what it stores, and the
+        ranges of those whose holders did not answer (their end None)."""
+        ends, gaps = [], []
+        for seg in decided:
+            if seg.logic_end is not None and seg.logic_end <= after:
+                continue
+            if not lag.ends_at_budget(seg):
+                try:
+                    ends.append((seg, await self._max_offset(seg)))
+                except ApiError:
+                    ends.append((seg, None))
+                    gaps.append({"broker": seg.broker, "from": seg.logic_start, "to": seg.logic_end})
+                continue
+            end = None
+            pq = self.writer.local_queue(seg)
+            if pq is not None and (seg.sealer or seg.broker) == self.me:
+                end = seg.logic(pq.max_offset)
+            for holder in ([] if end is not None else self._holders(seg)):
+                try:
+                    end = seg.logic((await self.peers.get(holder, _physical_path(seg, offset=0, max=0)))["max_offset"])
+                    break
+                except ApiError:
+                    continue
+            if end is None:
+                gaps.append({"broker": seg.broker, "from": seg.logic_start, "to": seg.logic_end})
+            ends.append((seg, None if end is None else min(end, seg.logic_end)))
+        return ends, gaps
 
     async def offset_for_time(self, topic: str, queue: int, ts_ms: int) -> int:
         """The first logic offset stored at or after ``ts_ms`` (max_offset when none), across the queue's segments."""

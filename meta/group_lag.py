@@ -30,8 +30,9 @@ Heads = dict[tuple[str, int], "str | None"]
 
 async def committed_offsets(http: aiohttp.ClientSession, token: str, group: str,
                             heads: Heads) -> dict[tuple[str, int], dict[str, Any]]:
-    """``{(topic, queue): {"committed_offset", "max_offset", "lag"}}`` for each queue of ``heads`` whose head broker
-    answered (``committed_offset`` -1: never committed, and ``lag`` null).
+    """``{(topic, queue): {"committed_offset", "max_offset", "lag", "unavailable"?}}`` for each queue of ``heads``
+    whose head broker answered (``committed_offset`` -1: never committed, and ``lag`` null; ``unavailable``: the
+    ranges whose holders did not answer, left out of the lag).
 
     ``heads`` maps (topic, queue) to the address of the broker holding the queue's newest segment.
     """
@@ -57,11 +58,13 @@ async def committed_offsets(http: aiohttp.ClientSession, token: str, group: str,
         for q in body.get("queues", []) if isinstance(body, dict) else []:
             if not isinstance(q, dict) or q.get("queue") not in queues:
                 continue
-            offset, max_offset = q.get("offset"), q.get("max_offset")
-            lag = None
-            if isinstance(offset, int) and isinstance(max_offset, int) and offset >= 0:
-                lag = max(0, max_offset - offset)
-            found[(topic, q["queue"])] = {"committed_offset": offset, "max_offset": max_offset, "lag": lag}
+            # The broker counts the lag: the messages stored from the offset on, not max_offset - offset, which
+            # counted an offset budget skipped after a lapsed session (broker/lag.py)
+            offset, max_offset, lag = q.get("offset"), q.get("max_offset"), q.get("lag")
+            found[(topic, q["queue"])] = {"committed_offset": offset, "max_offset": max_offset,
+                                          "lag": lag if isinstance(lag, int) and not isinstance(lag, bool) else None}
+            if isinstance(q.get("unavailable"), list):
+                found[(topic, q["queue"])]["unavailable"] = q["unavailable"]
     await asyncio.gather(*(ask(address, topic, queues) for (address, topic), queues in asks.items()))
     return found
 

@@ -346,7 +346,8 @@ class GroupOffset(TypedDict):
     queue: int
     committed_offset: int | None
     max_offset: int | None
-    lag: int | None
+    lag: int | None                      # messages stored from the committed offset on (a skipped budget is none)
+    unavailable: NotRequired[list[dict[str, Any]]]   # ranges whose holders did not answer, left out of lag
 
 
 @with_config(OPEN)
