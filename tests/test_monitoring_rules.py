@@ -23,6 +23,9 @@ DASHBOARD = os.path.join(MONITORING, "grafana-dashboard.json")
 SCRAPE_CONFIG = os.path.join(MONITORING, "prometheus.yml")
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 METRIC = re.compile(r"\bstator_[A-Za-z0-9_]+")
+# A function of a counter's increase applied to a stator_* series: on a gauge it answers nonsense (a gauge that
+# drops reads as a counter reset), and promtool cannot tell, since it does not know the metric's type.
+COUNTER_FUNCTION = re.compile(r"\b(rate|irate|increase|resets)\(\s*(stator_[A-Za-z0-9_]+)")
 # Grafana's own variables, which promtool does not know: replaced by what they stand for before parsing.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
 
@@ -44,6 +47,12 @@ def dashboard() -> dict:
 def dashboard_targets(d: dict) -> list[tuple[dict, dict]]:
     panels = d["panels"] + [p for row in d["panels"] if row["type"] == "row" for p in row.get("panels", [])]
     return [(p, t) for p in panels if p["type"] != "row" for t in p["targets"]]
+
+
+def queries() -> list[tuple[str, str]]:
+    """Every PromQL expression of the kit, with where it is used."""
+    return [(rule["expr"], f"alert {rule['alert']}") for rule in alert_rules()] + \
+        [(target["expr"], f"panel {panel['title']!r}") for panel, target in dashboard_targets(dashboard())]
 
 
 def metric_names_used() -> dict[str, set[str]]:
@@ -132,21 +141,21 @@ def test_the_dashboard_is_grafana_json_with_queries_that_parse(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-async def scraped_names(session: aiohttp.ClientSession, url: str) -> set[str]:
-    """The metric names one /metrics answer declares or carries: each family's name, each sample's name, and the
-    names PromQL reads a counter or a histogram by even while it has no series yet (a labelled counter nothing
-    incremented is declared with no sample)."""
+async def scraped_names(session: aiohttp.ClientSession, url: str) -> dict[str, str]:
+    """The metric names one /metrics answer declares or carries, each with its family's type: each family's name,
+    each sample's name, and the names PromQL reads a counter or a histogram by even while it has no series yet (a
+    labelled counter nothing incremented is declared with no sample)."""
     async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=15)) as r:
         assert r.status == 200
         text = await r.text()
-    names = set()
+    names: dict[str, str] = {}
     for family in text_string_to_metric_families(text):
-        names.add(family.name)
-        names.update(s.name for s in family.samples)
+        names[family.name] = family.type
+        names.update((s.name, family.type) for s in family.samples)
         if family.type == "counter":
-            names.add(family.name + "_total")
+            names[family.name + "_total"] = family.type
         elif family.type == "histogram":
-            names.update(family.name + suffix for suffix in ("_bucket", "_count", "_sum"))
+            names.update((family.name + suffix, family.type) for suffix in ("_bucket", "_count", "_sum"))
     return names
 
 
@@ -182,8 +191,11 @@ async def test_every_metric_the_rules_and_dashboard_name_is_exported(full_cluste
     urls = c.meta_urls + c.broker_urls
     assert len(urls) == 6
 
-    exported = set()
+    exported: dict[str, str] = {}
     for url in urls:
         exported |= await scraped_names(c.session, url)
     missing = {name: sorted(where) for name, where in used.items() if name not in exported}
     assert not missing, f"named in ops/deploy/monitoring but exported by no process: {missing}"
+    on_gauges = [(where, fn, name, exported[name]) for expr, where in queries()
+                 for fn, name in COUNTER_FUNCTION.findall(expr) if exported[name] not in ("counter", "histogram")]
+    assert not on_gauges, f"a counter's function applied to what is not a counter: {on_gauges}"
