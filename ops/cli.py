@@ -42,6 +42,7 @@ def _fail(message: str, code: int) -> None:
 
 
 @click.group(cls=GlobalOptionsGroup)
+@click.version_option(package_name="stator", prog_name="stator", message="%(prog)s %(version)s")
 def main() -> None:
     """Stator: the metadata service for message queues with static topics."""
 

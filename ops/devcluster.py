@@ -328,7 +328,19 @@ def _alive(pid: int) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)
         return done == 0
     except ChildProcessError:
-        return True
+        pass
+    # Another process's zombie (a killed member whose parent, maybe init, has not reaped it yet) still answers
+    # kill 0: `dev start` called such a member "already running" and started nothing
+    return _state(pid) not in ("Z", "X")
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter from /proc (Linux), None where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
 
 
 def restart_all(dir_: str, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:

@@ -59,6 +59,32 @@ def error_line(result) -> str:
     return lines[0]
 
 
+def test_version_names_the_installed_package():
+    from importlib import metadata
+    assert cli("--version").stdout == f"stator {metadata.version('stator')}\n"
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "stator"), "--version"], capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"stator {metadata.version('stator')}\n", "")
+
+
+def test_another_process_zombie_is_not_taken_for_a_live_member():
+    # `dev start` asks devcluster._alive whether a member still runs: a killed member that its parent (not this
+    # process) has not reaped yet is a zombie, which still answers kill 0
+    parent = subprocess.Popen([sys.executable, "-c", "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+                               "print(pid, flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        zombie = int(parent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while devcluster._state(zombie) != "Z":
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.05)
+        assert not devcluster._alive(zombie)
+        assert devcluster._alive(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+
+
 def test_cluster_status_and_members(dev):
     status = cli_json(dev, "cluster", "status")
     nodes = status["nodes"]
