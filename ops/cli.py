@@ -160,8 +160,9 @@ def dev_down(dir_: str) -> None:
 def export_history(out: str, meta_urls: str | None, g) -> None:
     """Append every event after the last exported version to Parquet under OUT (incremental, idempotent).
 
-    Reads GET /v1/history, which takes the client token (or the admin token: `--dir` gives that one). Prints one
-    JSON document: exported_after, last_version, events, files."""
+    Reads GET /v1/history, which takes the client token (or the admin token: `--dir` gives that one), then asks the
+    broker heading each queue for its end (queue_ends: lineage locates only offsets written by then). Prints one
+    JSON document: exported_after, last_version, events, files, queue_ends, queues_unobserved."""
     from meta.export.exporter import ExportError, run
     from ops.admin.options import endpoint_list
     ctx = click.get_current_context()
@@ -178,7 +179,8 @@ def export_history(out: str, meta_urls: str | None, g) -> None:
         result = run(urls, g.need_token(), out, progress=shown.update if shown is not None else None,
                      ssl_context=g.ssl_context)
     click.echo(json.dumps({"exported_after": result.exported_after, "last_version": result.last_version,
-                           "events": result.events, "files": result.files}))
+                           "events": result.events, "files": result.files, "queue_ends": result.queue_ends,
+                           "queues_unobserved": result.queues_unobserved}))
 
 
 # -- lineage on Spark (ops/lineage/) ----------------------------------------------------------------------------------

@@ -73,6 +73,11 @@ def test_locate_every_segment_boundary_across_two_remaps(spark, story, export):
                       "to": ms_iso(event_ts(story, "SegmentSealing", topic=TOPIC, queue=0, gen=1))}
     head = queries.locate(spark, export, TOPIC, 1, story.written[1] - 1)
     assert head["gen"] == 2 and head["to"] is None, "the head is still being written"
+    # Past the queue's end when the export ran, though within its head's budget: no message there (issue 35)
+    for offset in (story.written[1], 999_999):
+        with pytest.raises(LineageError) as e:
+            queries.locate(spark, export, TOPIC, 1, offset)
+        assert e.value.code == "OFFSET_NOT_FOUND" and f"ended at logic offset {story.written[1]}" in e.value.message
     with pytest.raises(LineageError) as e:
         queries.locate(spark, export, TOPIC, 2, 0)
     assert e.value.code == "OFFSET_NOT_FOUND"

@@ -105,7 +105,10 @@ async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster, tmp_
         "--cacert", certs.ca, "--cert", certs.client.cert, "--key", certs.client.key],
         env={"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}))
     assert exported.exit_code == 0, exported.stderr
-    assert json.loads(exported.stdout)["events"] > 0 and json.loads(exported.stdout)["files"] >= 1, exported.stdout
+    said = json.loads(exported.stdout)
+    assert said["events"] > 0 and said["files"] >= 1, exported.stdout
+    # and each queue's end from its broker, over mutual TLS too (lineage locates only what was written)
+    assert said["queue_ends"] >= 1 and said["queues_unobserved"] == 0, exported.stdout
 
 
 async def test_three_meta_nodes_link_over_mutual_tls_and_commit_through_a_follower(tmp_path):

@@ -7,7 +7,10 @@ Incremental and idempotent, whatever interrupts it:
 - every file is written under a temporary name and then moved into place; the state file
   (``_stator_export.json``: the last exported version) is replaced only after the data it covers;
 - the history read must be contiguous (every version exactly once): a node whose history has a hole makes the
-  export stop with an error naming the missing versions, instead of writing an export that silently lacks them.
+  export stop with an error naming the missing versions, instead of writing an export that silently lacks them;
+- each run, with or without new events, then asks the broker holding each queue's head for the queue's end
+  (``GET /v1/queues/{topic}``) and replaces ``queue_ends`` (schema.py says why); a broker that does not answer
+  leaves its queues out, and the run says how many.
 
 Works against any meta node (its history is the log's); ``out`` is a local directory or any URI pyarrow's filesystem
 layer opens (``s3://``, ``hdfs://``; Spark's ``s3a://`` is the same bucket through ``s3://``).
@@ -19,16 +22,19 @@ import asyncio
 import json
 import os
 import ssl
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from wire.errors import StatorError
 from wire.caller import MetaCaller
+from wire.tls import connector
 
 from . import schema
 
@@ -36,6 +42,11 @@ CHUNK_VERSIONS = 100_000          # versions per file range: the most a run re-r
 HISTORY_PAGE_EVENTS = 10_000      # meta's HISTORY_PAGE_MAX
 HISTORY_CALL_DEADLINE_S = 60.0
 STATE_FILE = "_stator_export.json"
+ENDS_FILE = "part.parquet"
+BROKER_CALL_TIMEOUT_S = 10.0      # one broker's queue ends for one topic
+BROKER_CONNECT_TIMEOUT_S = 2.0    # a head broker that is down (fenced, its host gone) costs this, not the whole call
+TOPICS_IN_FLIGHT_MAX = 16        # topics whose queue ends are asked for at once
+TOPICS_OBSERVED_MAX = 100_000     # topics whose queue ends one run asks for (meta's own bound on topics is lower)
 
 
 class ExportError(RuntimeError):
@@ -47,6 +58,8 @@ class ExportResult:
     exported_after: int      # the last version exported before this run
     last_version: int        # the last version exported now
     files: int               # files written (the range holding exported_after is rewritten whole)
+    queue_ends: int = 0      # queues whose end a broker told this run (queue_ends)
+    queues_unobserved: int = 0   # queues whose head broker did not answer
 
     @property
     def events(self) -> int:
@@ -96,6 +109,12 @@ class Destination:
         self._replace(f"{directory}/part-{first:012d}-{last:012d}.parquet",
                       lambda tmp: pq.write_table(data, tmp, filesystem=self.fs))
 
+    def write_ends(self, rows: list[dict[str, Any]]) -> None:
+        directory = self.path(schema.ENDS)
+        self.fs.create_dir(directory, recursive=True)
+        data = schema.ends_table(rows)
+        self._replace(f"{directory}/{ENDS_FILE}", lambda tmp: pq.write_table(data, tmp, filesystem=self.fs))
+
     def _write_bytes(self, path: str, body: bytes) -> None:
         with self.fs.open_output_stream(path) as f:
             f.write(body)
@@ -121,26 +140,81 @@ async def export(meta_urls: Sequence[str], token: str | None, out: str,
     https:// meta URLs (the CA, and the client certificate under mutual TLS: wire/tls.py)."""
     dest = Destination(out)
     exported_after = dest.last_version()
-    first = chunk_first(exported_after + 1)
     result = ExportResult(exported_after, exported_after, 0)
     async with MetaCaller(list(meta_urls), token, ssl_context=ssl_context) as meta:
         head = await _log_head(meta)
-        if not await _read_range(meta, exported_after, exported_after + 1, head):
-            return result               # nothing new: leave every file as it is
-        cursor = first - 1
-        while True:
-            last_of_chunk = first + CHUNK_VERSIONS - 1
-            events = await _read_range(meta, cursor, last_of_chunk, head)
-            if not events:
-                return result
-            result.files += _write_chunk(dest, first, last_of_chunk, events)
-            if progress is not None:
-                progress(events[-1]["version"] - max(result.last_version, first - 1))
-            result.last_version = events[-1]["version"]
-            dest.write_state(result.last_version)
-            if result.last_version < last_of_chunk:
-                return result           # the log's head: the next run rewrites this range with what came since
-            first, cursor = last_of_chunk + 1, last_of_chunk
+        await _export_events(meta, dest, result, head, progress)
+        rows, result.queues_unobserved = await _queue_ends(meta, token, ssl_context)
+        dest.write_ends(rows)
+        result.queue_ends = len(rows)
+    return result
+
+
+async def _export_events(meta: MetaCaller, dest: Destination, result: ExportResult, head: int,
+                         progress: Callable[[int], None] | None) -> None:
+    first = chunk_first(result.exported_after + 1)
+    if not await _read_range(meta, result.exported_after, result.exported_after + 1, head):
+        return                          # nothing new: leave every event file as it is
+    cursor = first - 1
+    while True:
+        last_of_chunk = first + CHUNK_VERSIONS - 1
+        events = await _read_range(meta, cursor, last_of_chunk, head)
+        if not events:
+            return
+        result.files += _write_chunk(dest, first, last_of_chunk, events)
+        if progress is not None:
+            progress(events[-1]["version"] - max(result.last_version, first - 1))
+        result.last_version = events[-1]["version"]
+        dest.write_state(result.last_version)
+        if result.last_version < last_of_chunk:
+            return                      # the log's head: the next run rewrites this range with what came since
+        first, cursor = last_of_chunk + 1, last_of_chunk
+
+
+async def _queue_ends(meta: MetaCaller, token: str | None, ssl_context: ssl.SSLContext | None
+                      ) -> tuple[list[dict[str, Any]], int]:
+    """Each queue's end from the broker holding its head, and how many queues no broker answered for."""
+    try:
+        topics = (await meta.call("GET", "/v1/topics", deadline_s=HISTORY_CALL_DEADLINE_S)).body["topics"]
+    except StatorError as e:
+        raise ExportError(f"the topics could not be listed: {e}") from None
+    rows: list[dict[str, Any]] = []
+    unobserved = 0
+    gate = asyncio.Semaphore(TOPICS_IN_FLIGHT_MAX)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=BROKER_CALL_TIMEOUT_S, sock_connect=BROKER_CONNECT_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector(ssl_context), timeout=timeout) as http:
+
+        async def one_topic(name: str) -> None:
+            async with gate:   # a topic at a time per slot: its route, then its head brokers one after the other
+                await observe(name)
+
+        async def observe(name: str) -> None:
+            nonlocal unobserved
+            try:
+                route = (await meta.call("GET", f"/v1/routes/{name}", deadline_s=HISTORY_CALL_DEADLINE_S)).body
+            except StatorError:
+                return                  # deleted since it was listed
+            heads: dict[str, set[int]] = {}
+            for q in route["queues"]:
+                if q.get("address"):
+                    heads.setdefault(q["address"], set()).add(q["queue"])
+            unobserved += len(route["queues"]) - sum(len(qs) for qs in heads.values())
+            for address, queues in heads.items():
+                observed_ms = int(time.time() * 1000)
+                try:
+                    async with http.get(f"{address.rstrip('/')}/v1/queues/{name}", headers=headers) as r:
+                        body = await r.json(content_type=None) if r.status == 200 else None
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                    body = None
+                told = {q["queue"]: q["max_offset"] for q in (body or {}).get("queues", [])
+                        if isinstance(q, dict) and q.get("queue") in queues and isinstance(q.get("max_offset"), int)}
+                unobserved += len(queues) - len(told)
+                rows.extend({"topic": name, "queue": q, "max_offset": end, "observed": observed_ms,
+                             "route_version": route["version"]} for q, end in sorted(told.items()))
+        await asyncio.gather(*(one_topic(t["topic"]) for t in topics[:TOPICS_OBSERVED_MAX]))
+    rows.sort(key=lambda r: (r["topic"], r["queue"]))
+    return rows, unobserved
 
 
 async def _log_head(meta: MetaCaller) -> int:

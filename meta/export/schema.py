@@ -1,9 +1,15 @@
-"""The Parquet layout of an export: two tables, their Arrow schemas, and how a stored event becomes a row.
+"""The Parquet layout of an export: two tables of events, their Arrow schemas, and how a stored event becomes a row;
+and one table of what the brokers held when the export last ran.
 
 - ``mapping_events``: every event that is not a group's (brokers, topics, segments, budgets), with the keys lineage
   queries join on (topic, queue, gen, broker) as columns beside the whole event as JSON;
 - ``lock_events``: the events of consumer groups (meta/events.py GROUP_EVENTS): members joining and leaving, lock
-  grants, revocations and releases, with group, topic, queue, member, token and reason as columns.
+  grants, revocations and releases, with group, topic, queue, member, token and reason as columns;
+- ``queue_ends``: each logic queue's end (its next logic offset) as the broker holding its head answered during the
+  last export run, with when (``observed``) and the route version it was read at. The log records offset budgets,
+  never writes: without it an offset past a queue's last message was located in the budget of its head segment as
+  if it had been written (issue 35). Replaced whole by each run (``queue_ends/part.parquet``); a queue whose broker
+  did not answer has no row.
 
 Both carry ``schema_version`` (this file's layout version) and ``ts`` as microseconds UTC: Spark refuses Parquet
 timestamps in nanoseconds. Columns are only ever added, nullable, under a new SCHEMA_VERSION.
@@ -23,6 +29,7 @@ SCHEMA_VERSION = 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MAPPING = "mapping_events"
 LOCKS = "lock_events"
+ENDS = "queue_ends"
 
 _COMMON = [
     pa.field("version", pa.int64(), nullable=False),
@@ -39,6 +46,11 @@ SCHEMAS = {
                       pa.field("queue", pa.int32()), pa.field("member", pa.string()), pa.field("token", pa.int64()),
                       pa.field("reason", pa.string()), *_TAIL]),
 }
+ENDS_SCHEMA = pa.schema([pa.field("topic", pa.string(), nullable=False), pa.field("queue", pa.int32(), nullable=False),
+                         pa.field("max_offset", pa.int64(), nullable=False),
+                         pa.field("observed", pa.timestamp("us", tz="UTC"), nullable=False),
+                         pa.field("route_version", pa.int64(), nullable=False),
+                         pa.field("schema_version", pa.int32(), nullable=False)])
 _KEYS = {MAPPING: ("topic", "queue", "gen", "broker"), LOCKS: ("group", "topic", "queue", "member", "token", "reason")}
 
 
@@ -68,6 +80,16 @@ def arrow_table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     columns = {f.name: [r[f.name] for r in rows] for f in schema}
     columns["ts"] = pa.array(columns["ts"], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     return pa.table(columns, schema=schema)
+
+
+def ends_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """``rows``: {topic, queue, max_offset, observed (ms), route_version}."""
+    return pa.table({"topic": [r["topic"] for r in rows], "queue": [r["queue"] for r in rows],
+                     "max_offset": [r["max_offset"] for r in rows],
+                     "observed": pa.array([r["observed"] * 1000 for r in rows], pa.int64()).cast(
+                         pa.timestamp("us", tz="UTC")),
+                     "route_version": [r["route_version"] for r in rows],
+                     "schema_version": [SCHEMA_VERSION] * len(rows)}, schema=ENDS_SCHEMA)
 
 
 def stored_event(r: dict[str, Any]) -> dict[str, Any]:

@@ -43,9 +43,24 @@ def locate(spark: SparkSession, export: Export, topic: str, queue: int, offset: 
         raise LineageError("OFFSET_NOT_FOUND", f"no segment of {topic!r} queue {queue} held logic offset {offset} "
                            "(not written yet, or the queue does not exist)")
     r = found[0]
+    end = _end_when_exported(export, topic, queue)
+    if end is not None and offset >= end["max_offset"]:
+        # The log grants offset budgets and never hears of writes: the head's budget reaches far past its last message
+        raise LineageError("OFFSET_NOT_FOUND", f"{topic!r} queue {queue} ended at logic offset {end['max_offset']} "
+                           f"when the export ran ({iso(end['observed_us'])}, route version {end['route_version']}): "
+                           f"offset {offset} was not written by then")
     return {"topic": topic, "queue": queue, "offset": offset, "broker": r["broker"],
             "physical_queue": r["physical_queue"], "physical_offset": r["physical_offset"], "gen": r["gen"],
             "from": iso(r["from_us"]), "to": iso(r["to_us"])}
+
+
+def _end_when_exported(export: Export, topic: str, queue: int) -> dict[str, Any] | None:
+    """The queue's end as its head broker told the last export run (schema.py ``queue_ends``), None when unknown."""
+    if export.ends is None:
+        return None
+    rows = export.ends.where((F.col("topic") == topic) & (F.col("queue") == queue)) \
+        .select("max_offset", micros("observed").alias("observed_us"), "route_version").limit(1).collect()
+    return rows[0].asDict() if rows else None
 
 
 def route_at(export: Export, topic: str, at_us: int) -> dict[str, Any]:

@@ -31,6 +31,7 @@ LOCK_DATA = "target string"
 class Export:
     mapping: DataFrame     # mapping_events
     locks: DataFrame       # lock_events
+    ends: DataFrame | None = None   # queue_ends: each queue's end when the export last ran (None: not in this export)
 
 
 def missing_locally(data: str) -> bool:
@@ -46,7 +47,8 @@ def read(spark: SparkSession, data: str) -> Export:
     tables = {t: _read_table(spark, f"{base}/{t}", t) for t in (schema.MAPPING, schema.LOCKS)}
     if all(df is None for df in tables.values()):
         raise no_export(data)
-    return Export(*(df if df is not None else spark.createDataFrame([], spark_schema(t)) for t, df in tables.items()))
+    return Export(*(df if df is not None else spark.createDataFrame([], spark_schema(t)) for t, df in tables.items()),
+                  ends=_read_ends(spark, f"{base}/{schema.ENDS}"))
 
 
 def no_export(data: str) -> LineageError:
@@ -69,6 +71,18 @@ def _read_table(spark: SparkSession, path: str, table: str) -> DataFrame | None:
         raise
     # The day partition is for pruning by whoever reads the files; lineage keys on versions and times.
     return df.select(*[f.name for f in schema.SCHEMAS[table]])
+
+
+def _read_ends(spark: SparkSession, path: str) -> DataFrame | None:
+    """An export written without a meta node (``exporter.write_stored``) has no queue ends."""
+    try:
+        df = spark.read.parquet(path)
+        df.schema
+    except AnalysisException as e:
+        if e.getCondition() == "PATH_NOT_FOUND":
+            return None
+        raise
+    return df.select(*[f.name for f in schema.ENDS_SCHEMA])
 
 
 def parsed(df: DataFrame, ddl: str) -> DataFrame:
