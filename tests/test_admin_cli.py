@@ -6,6 +6,7 @@ the streams that end on Ctrl-C (`route --watch`, `history --follow`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -150,6 +151,21 @@ def test_broker_list(dev):
     rows = table(dev, "broker", "list")
     assert rows[0][:4] == ["BROKER", "ADDRESS", "EPOCH", "STATE"] and [r[0] for r in rows[1:]] == ["b1", "b2"]
     assert [r[3] for r in rows[1:]] == ["active", "active"]
+
+
+async def test_broker_list_answers_without_a_leader_when_serializable(tmp_path):
+    # The guide's "--serializable when there is none": two of three meta nodes gone, no leader can be elected,
+    # and the one left still lists the brokers from its own state
+    async with cluster_mod.running(str(tmp_path), 3, 0) as c:
+        status, _, _ = await c.call("PUT", c.meta_urls[0] + "/v1/brokers/b1", "broker",
+                                    json={"address": "http://127.0.0.1:9"})
+        assert status == 200
+        await c.call("GET", c.meta_urls[0] + "/v1/brokers?consistency=linearizable")   # m1 applied it
+        for name in ("m2", "m3"):
+            c.kill9(name)
+        listed = await asyncio.to_thread(cli, "broker", "list", "--serializable", "--endpoints", c.meta_urls[0],
+                                         "--token", c.token("admin"), "-w", "json")
+        assert [b["broker"] for b in json.loads(listed.stdout)["brokers"]] == ["b1"]
 
 
 def test_topic_commands_in_both_formats(dev):
