@@ -17,7 +17,6 @@ EXIT_CONFIG = 2   # like a usage error: the config file must be fixed before any
 
 
 # What `stator dev` raises for a member that failed, a cluster already running or a name it does not know.
-DEV_ERRORS = (RuntimeError, TimeoutError, KeyError)
 
 
 @contextlib.contextmanager
@@ -32,8 +31,17 @@ def one_line_errors(*also: type[Exception]) -> Iterator[None]:
     except ConfigError as e:
         _fail(str(e), EXIT_CONFIG)
     except (StartupError, *also) as e:
-        # str() of a KeyError is the repr of its argument: show the argument itself.
-        _fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e), EXIT_FAILED)
+        _fail(str(e), EXIT_FAILED)
+
+
+@contextlib.contextmanager
+def dev_errors() -> Iterator[None]:
+    """`stator dev`'s refusals and failures as ``error: CODE: message``, exit 1 (ops/devcluster.py DevError)."""
+    from ops.devcluster import DevError
+    try:
+        yield
+    except DevError as e:
+        _fail(f"{e.code}: {e}", EXIT_FAILED)
 
 
 def _fail(message: str, code: int) -> None:
@@ -125,7 +133,7 @@ def dev() -> None:
 def dev_up(dir_: str, metas: int, brokers: int, base_port: int) -> None:
     """Start meta nodes and brokers in the background; return once all are ready."""
     from ops import devcluster
-    with one_line_errors(*DEV_ERRORS):
+    with dev_errors():
         cluster = devcluster.up(dir_, metas, brokers, base_port)
     click.echo(json.dumps({"meta": [m["url"] for m in cluster["meta"]],
                            "brokers": [b["url"] for b in cluster["brokers"]]}))
@@ -137,7 +145,7 @@ def dev_up(dir_: str, metas: int, brokers: int, base_port: int) -> None:
 def dev_start(dir_: str, name: str) -> None:
     """Start a stopped member again on its own data."""
     from ops import devcluster
-    with one_line_errors(*DEV_ERRORS):
+    with dev_errors():
         m = devcluster.start(dir_, name)
     click.echo(json.dumps({"started": name, "pid": m["pid"]}))
 
@@ -161,9 +169,12 @@ def export_history(out: str, meta_urls: str | None, g) -> None:
     """Append every event after the last exported version to Parquet under OUT (incremental, idempotent).
 
     Reads GET /v1/history, which takes the client token (or the admin token: `--dir` gives that one), then asks the
-    broker heading each queue for its end (queue_ends: lineage locates only offsets written by then). Prints one
-    JSON document: exported_after, last_version, events, files, queue_ends, queues_unobserved."""
+    broker heading each queue for its end (queue_ends: lineage locates only offsets written by then). Exports
+    every event the leader acknowledged before the run (its read barrier), or with --consistency serializable
+    every event the answering node applied (no leader needed). Prints exported_after, last_version, events, files,
+    queue_ends and queues_unobserved: as a table, or with -w json as one JSON document."""
     from meta.export.exporter import ExportError, run
+    from ops.admin import output
     from ops.admin.options import endpoint_list
     ctx = click.get_current_context()
     if meta_urls is not None:
@@ -177,10 +188,10 @@ def export_history(out: str, meta_urls: str | None, g) -> None:
         else contextlib.nullcontext(None)
     with one_line_errors(ExportError, OSError), bar as shown:
         result = run(urls, g.need_token(), out, progress=shown.update if shown is not None else None,
-                     ssl_context=g.ssl_context)
-    click.echo(json.dumps({"exported_after": result.exported_after, "last_version": result.last_version,
-                           "events": result.events, "files": result.files, "queue_ends": result.queue_ends,
-                           "queues_unobserved": result.queues_unobserved}))
+                     ssl_context=g.ssl_context, consistency=g.consistency)
+    said = {"exported_after": result.exported_after, "last_version": result.last_version, "events": result.events,
+            "files": result.files, "queue_ends": result.queue_ends, "queues_unobserved": result.queues_unobserved}
+    output.emit(g.json, said, lambda d: output.fields([(k.replace("_", " "), v) for k, v in d.items()]))
 
 
 # -- lineage on Spark (ops/lineage/) ----------------------------------------------------------------------------------
@@ -202,8 +213,11 @@ class IsoTime(click.ParamType):
 
 
 def lineage_options(f):
-    """--data, --master, --remote and --json, accepted before or after the subcommand (API.md puts them after)."""
+    """--data, --master, --remote and --json (or -w json, as the admin commands say it), accepted before or after the
+    subcommand (API.md puts them after)."""
     f = click.option("--json", "as_json", is_flag=True, help="print one JSON document (API.md's shapes)")(f)
+    f = click.option("-w", "--write-out", "write_out", type=click.Choice(("table", "json")),
+                     help="json: the same as --json; table (the default) for people")(f)
     f = click.option("--remote", help="a Spark Connect server instead of a master: sc://host:15002 (its client "
                                       "packages come with pip install 'stator[spark]')")(f)
     f = click.option("--master", help="a Spark master: local[*] (default), spark://host:7077, yarn, k8s://")(f)
@@ -213,13 +227,14 @@ def lineage_options(f):
 @main.group()
 @lineage_options
 @click.pass_context
-def lineage(ctx: click.Context, data: str | None, master: str | None, remote: str | None, as_json: bool) -> None:
+def lineage(ctx: click.Context, data: str | None, master: str | None, remote: str | None, as_json: bool,
+            write_out: str | None) -> None:
     """Mapping and lock history from an export, on Spark."""
-    ctx.obj = {"data": data, "master": master, "remote": remote, "as_json": as_json}
+    ctx.obj = {"data": data, "master": master, "remote": remote, "as_json": as_json, "write_out": write_out}
 
 
 def run_lineage(ctx: click.Context, command: str, args: dict, data: str | None, master: str | None,
-                remote: str | None, as_json: bool) -> None:
+                remote: str | None, as_json: bool, write_out: str | None) -> None:
     from ops.lineage.errors import LineageError
     from ops.lineage.output import for_people
     from ops.lineage.run import Request, answer
@@ -231,7 +246,9 @@ def run_lineage(ctx: click.Context, command: str, args: dict, data: str | None, 
         raise click.UsageError("give --master or --remote, not both")
     with one_line_errors(LineageError):
         result = answer(Request(command, data, master, remote, args))
-    click.echo(json.dumps(result) if as_json or shared.get("as_json") else for_people(command, result))
+    write_out = write_out or shared.get("write_out")
+    as_json = write_out == "json" or (write_out is None and (as_json or shared.get("as_json")))
+    click.echo(json.dumps(result) if as_json else for_people(command, result))
     if command == "verify" and result:
         sys.exit(EXIT_FINDINGS)
 

@@ -35,9 +35,28 @@ KILL_TIMEOUT_S = 5.0      # a SIGKILLed process is gone within this, or somethin
 LOG_TAIL_BYTES = 4096     # read from the end of a failed member's log, for its last line
 
 
-class MemberFailed(RuntimeError):
+class DevError(RuntimeError):
+    """What `stator dev` must tell its user, with a code: ``error: CODE: message``, as every other command."""
+    code = "FAILED_PRECONDITION"
+
+
+class MemberFailed(DevError):
     """A member exited or was not ready in time; the message names it and its log file (if it exited, the log's
     last line too)."""
+    code = "MEMBER_FAILED"
+
+
+class AlreadyRunning(DevError):
+    """A member, or a whole cluster, that runs already: stopped first, never started twice."""
+    code = "ALREADY_RUNNING"
+
+
+class NoSuchMember(DevError):
+    code = "NOT_FOUND"
+
+
+class NoFreePorts(DevError):
+    code = "UNAVAILABLE"
 
 
 def free_base_port() -> int:
@@ -48,7 +67,7 @@ def free_base_port() -> int:
         base = random.randrange(low, high - PORT_SPAN) // PORT_SPAN * PORT_SPAN
         if base >= low and all(port_free(base + i) for i in list(range(0, 14)) + list(range(50, 60))):
             return base
-    raise RuntimeError("no free port range")
+    raise NoFreePorts("no free port range below the ephemeral ports")
 
 
 def port_range() -> tuple[int, int]:
@@ -269,7 +288,7 @@ def add_meta(dir_: str, name: str, http_port: int, raft_port: int) -> dict[str, 
     dir_ = os.path.abspath(dir_)
     cluster = load(dir_)
     if any(_name(m) == name for m in cluster["meta"] + cluster["brokers"]):
-        raise RuntimeError(f"{name} is already in {dir_}/cluster.json")
+        raise AlreadyRunning(f"{name} is already in {dir_}/cluster.json")
     with open(cluster["meta"][0]["config"]) as f:
         template = json.load(f)
     me = {"node": name, "raft": f"127.0.0.1:{raft_port}", "url": f"http://127.0.0.1:{http_port}"}
@@ -349,7 +368,8 @@ def restart_all(dir_: str, ready_timeout_s: float = READY_TIMEOUT_S) -> dict[str
     members = cluster["meta"] + cluster["brokers"]
     running = [_name(m) for m in members if _alive(m["pid"])]
     if running:
-        raise RuntimeError(f"{dir_} holds a running cluster ({', '.join(running)}); `stator dev down --dir {dir_}` first")
+        raise AlreadyRunning(f"{dir_} holds a running cluster ({', '.join(running)}); `stator dev down --dir {dir_}` "
+                             "first")
     started: list[dict[str, Any]] = []
     with _stopped_on_failure(lambda: started):
         for kind, argv in (("meta", _meta_argv), ("brokers", _broker_argv)):
@@ -368,7 +388,7 @@ def start(dir_: str, name: str, wait: bool = True) -> dict[str, Any]:
         for m in cluster[kind]:
             if _name(m) == name:
                 if _alive(m["pid"]):
-                    raise RuntimeError(f"{name} is already running (pid {m['pid']})")
+                    raise AlreadyRunning(f"{name} is already running (pid {m['pid']})")
                 m["pid"] = _spawn(dir_, name, argv(m))
                 save(dir_, cluster)
                 # A lone meta node is ready only once a majority is back: start it without waiting. A member that is
@@ -376,7 +396,7 @@ def start(dir_: str, name: str, wait: bool = True) -> dict[str, Any]:
                 if wait:
                     _wait_members(dir_, [m])
                 return m
-    raise KeyError(f"no member named {name!r} in {dir_}/cluster.json")
+    raise NoSuchMember(f"no member named {name!r} in {dir_}/cluster.json")
 
 
 def stop_member(dir_: str, name: str, sig: int = signal.SIGTERM) -> None:
@@ -385,7 +405,7 @@ def stop_member(dir_: str, name: str, sig: int = signal.SIGTERM) -> None:
         if _name(m) == name:
             _signal_and_wait([m["pid"]], sig)
             return
-    raise KeyError(name)
+    raise NoSuchMember(f"no member named {name!r} in {dir_}/cluster.json")
 
 
 def _signal_and_wait(pids: list[int], sig: int) -> None:

@@ -350,6 +350,15 @@ def _interrupt(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, err
 
 
+def test_dev_refusals_carry_a_code(dev):
+    running = cli("dev", "start", "--dir", dev.dir, "m1", code=1)
+    assert running.stderr.startswith("error: ALREADY_RUNNING: m1 is already running (pid "), running.stderr
+    unknown = cli("dev", "start", "--dir", dev.dir, "m9", code=1)
+    assert unknown.stderr == f"error: NOT_FOUND: no member named 'm9' in {os.path.abspath(dev.dir)}/cluster.json\n"
+    again = cli("dev", "up", "--dir", dev.dir, code=1)
+    assert again.stderr.startswith(f"error: ALREADY_RUNNING: {dev.dir} holds a running cluster ("), again.stderr
+
+
 def test_real_process_exit_codes_and_streams(dev):
     gone = subprocess.run([sys.executable, "-m", "ops.cli", "topic", "describe", "nope", "--dir", dev.dir],
                           capture_output=True, text=True, timeout=60)

@@ -119,11 +119,23 @@ async def test_the_cli_exports_and_says_what_it_did(meta_cluster, tmp_path):
     await make_history(c, topics=1)
     out = str(tmp_path / "cli")
     env = {**os.environ, "STATOR_TOKEN": c.token("client")}
-    run = subprocess.run([sys.executable, "-m", "ops.cli", "export", "--meta", ",".join(c.meta_urls), "--out", out],
-                         capture_output=True, text=True, timeout=120, env=env)
+    run = subprocess.run([sys.executable, "-m", "ops.cli", "export", "--meta", ",".join(c.meta_urls), "--out", out,
+                          "-w", "json"], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
     said = json.loads(run.stdout)
     assert said["exported_after"] == 0 and said["last_version"] == said["events"] > 0
+    # For people (the default, as every command): the same as a table of fields; and a cluster without a leader
+    # exports what the answering node applied, with --consistency serializable
+    await ok(c, "POST", "/v1/topics", "admin", {"topic": "after", "queues": 1}, expect=(201,))
+    head = (await ok(c, "GET", "/v1/cluster?consistency=linearizable", "client",
+                     url=c.meta_urls[0]))["applied_version"]
+    for name in ("m2", "m3"):
+        c.kill9(name)
+    table = subprocess.run([sys.executable, "-m", "ops.cli", "export", "--endpoints", c.meta_urls[0], "--out", out,
+                            "--consistency", "serializable"], capture_output=True, text=True, timeout=120, env=env)
+    assert table.returncode == 0, table.stderr
+    shown = dict(line.split(":", 1) for line in table.stdout.strip().splitlines())
+    assert int({k.strip(): v.strip() for k, v in shown.items()}["last version"]) >= head, table.stdout
     bad = subprocess.run([sys.executable, "-m", "ops.cli", "export", "--meta", c.meta_urls[0], "--out", out],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "STATOR_TOKEN": "wrong"})
     assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr

@@ -33,25 +33,27 @@ async def test_export_takes_the_global_options(meta_cluster, tmp_path):
     urls = ",".join(c.meta_urls)
 
     # --dir: the endpoints and the admin token of a `stator dev` cluster.
-    said = json.loads((await cli("export", "--dir", c.dir, "--out", str(tmp_path / "a"))).stdout)
+    said = json.loads((await cli("export", "--dir", c.dir, "--out", str(tmp_path / "a"), "-w", "json")).stdout)
     assert said["exported_after"] == 0 and said["last_version"] >= head and said["events"] == said["last_version"]
     # The global options before the subcommand, with the client token: the one the history route asks for.
-    before = await cli("--endpoints", urls, "--token", c.token("client"), "export", "--out", str(tmp_path / "b"))
+    before = await cli("--endpoints", urls, "--token", c.token("client"), "-w", "json", "export", "--out",
+                       str(tmp_path / "b"))
     assert json.loads(before.stdout)["last_version"] >= head
     # From the environment, and a token file (mode 600, as for every admin command).
     token_file = tmp_path / "client.token"
     token_file.write_text(c.token("client"))
     token_file.chmod(0o600)
     env = {"STATOR_ENDPOINTS": urls}
-    again = await cli("export", "--out", str(tmp_path / "b"), "--token-file", str(token_file), env=env)
+    again = await cli("export", "--out", str(tmp_path / "b"), "--token-file", str(token_file), "-w", "json",
+                      env=env)
     assert json.loads(again.stdout)["events"] == 0    # incremental: nothing twice
     token_file.chmod(0o644)
     refused = await cli("export", "--out", str(tmp_path / "b"), "--token-file", str(token_file), env=env, code=1)
     assert refused.stderr.startswith(f"error: INVALID_ARGUMENT: token file {token_file}: permissions 0644")
 
     # --meta, the first spelling, still works (hidden); with --endpoints too it is a usage error.
-    old = await cli("export", "--meta", c.meta_urls[0], "--out", str(tmp_path / "c"), env={"STATOR_TOKEN":
-                                                                                           c.token("client")})
+    old = await cli("export", "--meta", c.meta_urls[0], "--out", str(tmp_path / "c"), "-w", "json",
+                    env={"STATOR_TOKEN": c.token("client")})
     assert json.loads(old.stdout)["last_version"] >= head
     both = await cli("export", "--meta", urls, "--endpoints", urls, "--out", str(tmp_path / "d"), code=2)
     assert "not both" in both.stderr

@@ -45,6 +45,17 @@ def test_shared_options_before_or_after_the_subcommand_mean_the_same(asked):
     assert seen[0] == seen[1] == run.Request("locate", "D", "local[1]", None, {"topic": "t", "queue": 1, "offset": 5})
 
 
+def test_write_out_json_is_the_same_as_json_before_or_after_the_subcommand(asked):
+    # -w json, as every admin command says it (issue 35); -w table wins over an earlier --json, as the last word
+    for args in (("-w", "json", "locate"), ("locate", "-w", "json"), ("--write-out", "json", "locate")):
+        shown = invoke("--data", "D", *args, "--topic", "t", "--queue", "1", "--offset", "5")
+        assert shown.exit_code == 0 and json.loads(shown.stdout) == LOCATED, (args, shown.output)
+    table = invoke("--data", "D", "--json", "locate", "-w", "table", "--topic", "t", "--queue", "1", "--offset", "5")
+    assert table.exit_code == 0 and table.stdout == output.for_people("locate", LOCATED) + "\n", table.output
+    bad = invoke("--data", "D", "-w", "yaml", "locate", "--topic", "t", "--queue", "1", "--offset", "5")
+    assert bad.exit_code == 2 and "yaml" in bad.output
+
+
 def test_times_are_iso_8601_and_utc_unless_they_say_otherwise(asked):
     seen, _ = asked
     for text in ("2026-01-01T00:00:00Z", "2026-01-01T01:00:00+01:00", "2026-01-01T00:00:00"):

@@ -137,7 +137,7 @@ def test_dev_up_with_a_member_that_exits_stops_every_member_and_names_its_log(tm
         assert_no_process_of(dir_)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r
     log = os.path.join(dir_, "logs", "m2.log")
-    assert r.stderr.startswith("error: m2 ") and f"log: {log}" in r.stderr, r.stderr
+    assert r.stderr.startswith("error: MEMBER_FAILED: m2 ") and f"log: {log}" in r.stderr, r.stderr
     assert f"127.0.0.1:{m2_raft} is not available" in r.stderr, r.stderr  # m2's own last line, carried over
     # The half-made cluster is gone (its log stays), so the next `dev up` in the same place starts afresh.
     assert sorted(os.listdir(dir_)) == ["logs"] and os.path.exists(log)

@@ -92,6 +92,19 @@ async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster, tmp_
     assert bad.exit_code == 1 and bad.stderr.count("\n") == 1, bad.stderr
     assert bad.stderr.startswith(f"error: UNAUTHENTICATED: {meta_url} requires a client certificate"), bad.stderr
     assert "--cert and --key" in bad.stderr
+    # A certificate another CA signed: said in the CLI's words, not the library's (no Python function named)
+    rogue = await asyncio.to_thread(cli, "--cacert", certs.ca, "--cert", certs.rogue.cert, "--key", certs.rogue.key)
+    assert rogue.exit_code == 1 and rogue.stderr.count("\n") == 1, rogue.stderr
+    assert rogue.stderr.startswith("error: UNAVAILABLE: ") and "ssl_context" not in rogue.stderr, rogue.stderr
+    assert rogue.stderr.endswith(f"(the server may not accept the client certificate {certs.rogue.cert}: is it "
+                                 "signed by a CA the server trusts, and --key its key?)\n"), rogue.stderr
+    # Plain http:// to the TLS port: the server only closes the connection; the CLI finds out it speaks TLS
+    plain = await asyncio.to_thread(lambda: CliRunner().invoke(main, [
+        "cluster", "members", "--endpoints", meta_url.replace("https://", "http://"), "--token", TOKENS["admin"]],
+        env={"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}))
+    assert plain.exit_code == 1 and plain.stderr == (
+        f"error: UNAVAILABLE: {meta_url.replace('https://', 'http://')} speaks TLS: give its https:// URL (and "
+        "--cacert, the CA that signed its certificate)\n"), plain.stderr
     # A server that is down is still just unavailable: no certificate is blamed for it.
     down = await asyncio.to_thread(lambda: CliRunner().invoke(main, [
         "cluster", "members", "--endpoints", f"https://127.0.0.1:{devcluster.free_base_port()}",
@@ -102,6 +115,7 @@ async def test_clients_need_the_ca_and_a_certificate_it_signed(tls_cluster, tmp_
     # The export (and so lineage) under mutual TLS: the same three options
     exported = await asyncio.to_thread(lambda: CliRunner().invoke(main, [
         "export", "--endpoints", meta_url, "--token", TOKENS["client"], "--out", str(tmp_path / "export"),
+        "-w", "json",
         "--cacert", certs.ca, "--cert", certs.client.cert, "--key", certs.client.key],
         env={"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}))
     assert exported.exit_code == 0, exported.stderr

@@ -101,8 +101,13 @@ def _tls_hint(url: str, e: BaseException) -> str:
     if not url.startswith("https://") or isinstance(e, aiohttp.ClientSSLError) or not isinstance(
             e, (aiohttp.ServerDisconnectedError, ConnectionResetError, aiohttp.ClientOSError)):
         return ""   # a certificate that did not verify says so itself
-    return (" (a server that requires client certificates closes the connection this way: give the client an "
-            "ssl_context with a certificate its CA signed, wire.tls.client_context(TlsFiles(cert, key, ca)))")
+    return TLS_DISCONNECT_HINT
+
+
+# For the library's users; the CLI says it in its own words (ops/admin/options.py explain_tls_refusal)
+TLS_DISCONNECT_HINT = (" (a server that requires client certificates closes the connection this way: give the client "
+                       "an ssl_context with a certificate its CA signed, wire.tls.client_context(TlsFiles(cert, key, "
+                       "ca)))")
 
 
 async def request_once(session: aiohttp.ClientSession, method: str, url: str, *, token: str | None,

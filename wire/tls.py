@@ -104,6 +104,25 @@ def client_certificate_required(host: str, port: int, files: TlsFiles, timeout_s
     return bool(asked) and not answered
 
 
+def speaks_tls(host: str, port: int, timeout_s: float) -> bool:
+    """Whether the server at host:port answers a TLS handshake: what a plain http:// request to it ends in is only
+    "Server disconnected". Blocking; no certificate is checked (only the protocol is asked); False when it cannot
+    tell."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host):
+                return True
+    except ssl.SSLError as e:
+        # An alert (a client certificate required, a handshake failure) is TLS spoken; an answer that is no TLS
+        # record at all (an HTTP server's 400) is WRONG_VERSION_NUMBER or the like
+        return "ALERT" in (e.reason or "")
+    except OSError:
+        return False
+
+
 def connector(ctx: ssl.SSLContext | None) -> aiohttp.TCPConnector | None:
     """A connector using ``ctx`` for https:// URLs (None: aiohttp's default)."""
     return aiohttp.TCPConnector(ssl=ctx) if ctx is not None else None

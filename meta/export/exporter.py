@@ -135,14 +135,15 @@ class Destination:
 
 async def export(meta_urls: Sequence[str], token: str | None, out: str,
                  progress: Callable[[int], None] | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> ExportResult:
+                 ssl_context: ssl.SSLContext | None = None, consistency: str = "linearizable") -> ExportResult:
     """Append every event after the last exported version to ``out``; returns what was done. ``ssl_context``: for
-    https:// meta URLs (the CA, and the client certificate under mutual TLS: wire/tls.py)."""
+    https:// meta URLs (the CA, and the client certificate under mutual TLS: wire/tls.py). ``consistency``: of the
+    read that fixes how far the run goes (``_log_head``)."""
     dest = Destination(out)
     exported_after = dest.last_version()
     result = ExportResult(exported_after, exported_after, 0)
     async with MetaCaller(list(meta_urls), token, ssl_context=ssl_context) as meta:
-        head = await _log_head(meta)
+        head = await _log_head(meta, consistency)
         await _export_events(meta, dest, result, head, progress)
         rows, result.queues_unobserved = await _queue_ends(meta, token, ssl_context)
         dest.write_ends(rows)
@@ -217,11 +218,12 @@ async def _queue_ends(meta: MetaCaller, token: str | None, ssl_context: ssl.SSLC
     return rows, unobserved
 
 
-async def _log_head(meta: MetaCaller) -> int:
-    """The log's version when the run starts (a read barrier through the leader): every write acknowledged before
-    the run is exported, whichever node, maybe a lagging follower, answers the history reads (``min_version``)."""
+async def _log_head(meta: MetaCaller, consistency: str) -> int:
+    """The log's version when the run starts: with a read barrier through the leader (linearizable), every write
+    acknowledged before the run is exported, whichever node, maybe a lagging follower, answers the history reads
+    (``min_version``); serializable, what the answering node applied (a cluster without a leader can be exported)."""
     try:
-        answer = await meta.call("GET", "/v1/cluster", params={"consistency": "linearizable"},
+        answer = await meta.call("GET", "/v1/cluster", params={"consistency": consistency},
                                  deadline_s=HISTORY_CALL_DEADLINE_S)
     except StatorError as e:
         raise ExportError(f"the log's head could not be read: {e}") from None
@@ -282,5 +284,6 @@ def write_stored(out: str, events: Iterable[dict[str, Any]]) -> int:
 
 
 def run(meta_urls: Sequence[str], token: str | None, out: str,
-        progress: Callable[[int], None] | None = None, ssl_context: ssl.SSLContext | None = None) -> ExportResult:
-    return asyncio.run(export(meta_urls, token, out, progress, ssl_context))
+        progress: Callable[[int], None] | None = None, ssl_context: ssl.SSLContext | None = None,
+        consistency: str = "linearizable") -> ExportResult:
+    return asyncio.run(export(meta_urls, token, out, progress, ssl_context, consistency))

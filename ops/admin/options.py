@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import click
 from click.core import ParameterSource
 
 from client import AdminClient
-from wire.errors import INVALID_ARGUMENT, UNAUTHENTICATED, StatorError, Unavailable
-from wire.tls import TlsError, TlsFiles, client_certificate_required, client_context
+from wire.caller import TLS_DISCONNECT_HINT
+from wire.errors import INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE, StatorError, Unavailable
+from wire.tls import TlsError, TlsFiles, client_certificate_required, client_context, speaks_tls
 
 from . import output
 
@@ -237,9 +239,10 @@ TLS_PROBE_TIMEOUT_S = 5.0
 
 
 def explain_tls_refusal(result: Any, cacert: str | None, cert: str | None) -> Any:
-    """``result``, a command's coroutine, with an UNAVAILABLE from a server that requires a client certificate we did
-    not give turned into an error that says so: such a server only closes the connection ("Server disconnected")."""
-    if cert or not asyncio.iscoroutine(result):
+    """``result``, a command's coroutine, with an UNAVAILABLE that is only "Server disconnected" turned into what it
+    means, in the CLI's words: a TLS port asked in plain http://; a server that requires a client certificate we did
+    not give (or does not accept the one we gave): such a server only closes the connection."""
+    if not asyncio.iscoroutine(result):
         return result
 
     async def explained() -> Any:
@@ -247,15 +250,26 @@ def explain_tls_refusal(result: Any, cacert: str | None, cert: str | None) -> An
             return await result
         except Unavailable as e:
             where = urlsplit(e.url or "")
-            if where.scheme != "https" or not where.hostname:
+            # Only a connection the server closed on us is asked about (what a TLS port does with plain HTTP): a
+            # refused or timed-out one is its own answer, and a probe would only add its wait
+            if where.scheme == "http" and where.hostname and isinstance(e.cause, aiohttp.ServerDisconnectedError) \
+                    and await asyncio.to_thread(speaks_tls, where.hostname, where.port or 80, TLS_PROBE_TIMEOUT_S):
+                raise CliError(UNAVAILABLE, f"{where.scheme}://{where.netloc} speaks TLS: give its https:// URL "
+                                            "(and --cacert, the CA that signed its certificate)") from None
+            if TLS_DISCONNECT_HINT not in e.message:
                 raise
-            port = where.port or 443
-            if not await asyncio.to_thread(client_certificate_required, where.hostname, port, TlsFiles(ca=cacert),
-                                           TLS_PROBE_TIMEOUT_S):
-                raise
-            raise CliError(UNAUTHENTICATED, f"{where.scheme}://{where.netloc} requires a client certificate (its "
-                                            "tls has client_auth): give --cert and --key, a certificate its CA "
-                                            "signed") from None
+            # A connection closed on us over https: the library's hint names a Python function, not an option
+            said = e.message.replace(TLS_DISCONNECT_HINT, "")
+            if cert:
+                raise CliError(UNAVAILABLE, f"{said} (the server may not accept the client certificate {cert}: is "
+                                            "it signed by a CA the server trusts, and --key its key?)") from None
+            if where.hostname and await asyncio.to_thread(client_certificate_required, where.hostname,
+                                                          where.port or 443, TlsFiles(ca=cacert), TLS_PROBE_TIMEOUT_S):
+                raise CliError(UNAUTHENTICATED, f"{where.scheme}://{where.netloc} requires a client certificate (its "
+                                                "tls has client_auth): give --cert and --key, a certificate its CA "
+                                                "signed") from None
+            raise CliError(UNAVAILABLE, f"{said} (a server that requires client certificates closes the connection "
+                                        "this way: --cert and --key give one)") from None
     return explained()
 
 
