@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -55,7 +56,25 @@ async def _login(browser, c, role: str, node_url: str):
     return ctx, page
 
 
+# What a person must not read on a page (issue 35): Python's reprs and epoch milliseconds. Raw event JSON (in <code>)
+# and the footer naming the API calls are shown on purpose.
+UNREADABLE = re.compile(r"\b(None|True|False)\b|\['|\{'|\b1[6-9]\d{11}\b")
+
+
+async def _readable(page) -> None:
+    text = await page.evaluate("""() => {
+        const walk = document.createTreeWalker(document.getElementById('content'), NodeFilter.SHOW_TEXT);
+        const parts = [];
+        for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+            if (!n.parentElement.closest('code, footer')) parts.push(n.nodeValue);
+        }
+        return parts.join(' '); }""")
+    found = sorted({m.group(0) for m in UNREADABLE.finditer(text)})
+    assert not found, f"{page.url} shows {found}: {text[:600]}"
+
+
 async def _shot(page, tmp_path: Path, name: str) -> None:
+    await _readable(page)
     path = tmp_path / "screenshots" / f"{name}.png"
     await page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 5_000, f"{name}: an empty screenshot"
@@ -118,6 +137,20 @@ async def test_every_page_shows_what_the_api_answers(console, tmp_path):
     await expect(page.locator(f'#offsets tr[data-topic="{TOPIC}"][data-queue="0"] td.committed')).to_have_text("0")
     await _shot(page, tmp_path, "group-pull")
 
+    # a group with a live member and owned queues: its members, leases and settings read as words and dates
+    status, joined, _ = await c.call("POST", url + "/v1/groups/workers/heartbeat", "client",
+                                     json={"member": "w1", "topics": [TOPIC], "mode": "exclusive"})
+    assert status == 200 and joined["assignments"], joined
+    await page.goto(url + "/console/groups/workers")
+    await expect(page.locator('#members tr[data-member="w1"]')).to_contain_text(TOPIC)
+    await expect(page.locator("#assignments tbody tr")).to_have_count(len(joined["assignments"]))
+    await _shot(page, tmp_path, "group-exclusive")
+    await page.goto(url + "/console/groups/workers/pop")
+    await _shot(page, tmp_path, "group-pop")
+    await page.goto(url + "/console/groups")
+    await expect(page.locator('#groups tr[data-group="workers"]')).to_contain_text("exclusive")
+    await _readable(page)
+
     # ?format=json answers the API's own bodies
     answer = await page.evaluate("fetch('/console/topics/%s?format=json').then(r => r.json())" % TOPIC)
     assert answer["api"][f"GET /v1/topics/{TOPIC}"] == topic
@@ -163,6 +196,20 @@ async def test_a_remap_appears_on_an_open_timeline_without_a_reload(console, tmp
     assert await page.evaluate("window.stillTheSamePage === true"), "the page was reloaded"
     assert int(await page.evaluate("document.body.dataset.refreshed")) >= 1
     await _shot(page, tmp_path, "timeline-after-remap")
+
+    # a refused form stays on its page and says why there (it answered a bare 400 page before): no broker chosen,
+    # then a queue list that is not one
+    await page.goto(url + f"/console/topics/{TOPIC}")
+    await page.click("form#remap button[type=submit]")
+    await expect(page.locator("form#remap .form-error")).to_contain_text("INVALID_ARGUMENT: choose at least one broker")
+    assert page.url.startswith(url + f"/console/topics/{TOPIC}?"), page.url
+    await page.check('form#remap input[value="b2"]')
+    await page.fill('form#remap input[name="queues"]', "0 x")
+    await page.click("form#remap button[type=submit]")
+    await expect(page.locator("form#remap .form-error")).to_contain_text("is not a list of queue numbers")
+    await expect(page.locator("#queues tbody tr")).to_have_count(QUEUES)
+    _, unmoved, _ = await c.call("GET", url + f"/v1/topics/{TOPIC}")
+    assert [q["segments"][-1]["broker"] for q in unmoved["logic_queues"]][2:] == ["b1", "b1"]
 
     # the console's own remap form: queue 3 to b3, then the API has it
     await page.goto(url + f"/console/topics/{TOPIC}")

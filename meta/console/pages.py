@@ -14,11 +14,12 @@ the session cookie instead; a page without a session redirects to the login form
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -36,6 +37,7 @@ from ..api.keys import ADMISSIONS
 from wire.names import NAME_RE
 from ..changefeed import ANY
 from . import timeline as timeline_mod
+from . import values
 from .sessions import COOKIE, CONSOLE_ROLES, Session, Sessions, csrf_ok
 
 SESSIONS = web.AppKey("console_sessions", Sessions)
@@ -43,7 +45,7 @@ SESSION = "console_session"     # request key: the Session of this request
 DRAWN_AT = "console_drawn_at"   # request key: the version this node had applied when the page's calls began
 HERE = Path(__file__).parent
 TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
-TEMPLATES.filters["utc"] = lambda ms: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + " UTC"
+values.register(TEMPLATES.filters)
 CALL_TIMEOUT_S = 10.0           # one API call of a page (a history page of 10,000 events included)
 MEMBER_TIMEOUT_S = 2.0          # the cluster page asks each member how it sees itself: a dead one costs this
 TIMELINE_EVENTS_MAX = 20_000    # events one timeline draws (two history pages)
@@ -313,7 +315,7 @@ async def topic_page(request: web.Request) -> web.Response:
     route = await api.get(f"/v1/routes/{quote(topic)}")
     writable = {q["queue"]: q["writable"] for q in route["queues"]}
     return render(request, "topic.html", api, t=detail, brokers=brokers, writable=writable,
-                  flash=_flash(request))
+                  flash=_flash(request), form_error=_form_error(request))
 
 
 @console_page("admin")
@@ -321,16 +323,34 @@ async def remap(request: web.Request) -> web.Response:
     """The topic page's remap form: POST /v1/topics/{topic}/remap with the chosen brokers (and queues)."""
     form = await _checked_form(request)
     topic = _name(request.match_info["topic"])
-    body: dict[str, Any] = {"brokers": [str(b) for b in form.getall("brokers", [])]}
-    queues = str(form.get("queues", "")).strip()
-    if queues:
-        try:
-            body["queues"] = [int(q) for q in queues.replace(",", " ").split()]
-        except ValueError:
-            raise invalid(f"queues: {queues!r} is not a list of queue numbers") from None
-    answer = await _submit(request, "POST", f"/v1/topics/{quote(topic)}/remap", body)
+    page = f"/console/topics/{quote(topic)}"
+    with _refusals_on_the_form(request, page):
+        body: dict[str, Any] = {"brokers": [str(b) for b in form.getall("brokers", [])]}
+        if not body["brokers"]:
+            raise invalid("choose at least one broker to move the queues to")
+        queues = str(form.get("queues", "")).strip()
+        if queues:
+            try:
+                body["queues"] = [int(q) for q in queues.replace(",", " ").split()]
+            except ValueError:
+                raise invalid(f"queues: {queues!r} is not a list of queue numbers") from None
+        answer = await _submit(request, "POST", f"/v1/topics/{quote(topic)}/remap", body)
     moved = ", ".join(f"q{m['queue']} {m['from']}→{m['to']}" for m in answer.get("moved", [])) or "nothing moved"
-    _back_to(f"/console/topics/{quote(topic)}", f"remap at v{answer['version']}: {moved}", answer["version"])
+    _back_to(page, f"remap at v{answer['version']}: {moved}", answer["version"])
+
+
+@contextlib.contextmanager
+def _refusals_on_the_form(request: web.Request, page: str) -> Iterator[None]:
+    """A form a person submitted (the browser asks for HTML) that the console or the API refuses goes back to its
+    page with the refusal shown on the form, instead of a bare error page that loses the page; a script's POST
+    keeps the API's error as it is."""
+    try:
+        yield
+    except (ApiError, ApiCallFailed) as e:
+        if "text/html" not in request.headers.get("Accept", ""):
+            raise
+        said = f"{e.code}: {e.message}" if isinstance(e, ApiError) else str(e)
+        raise web.HTTPSeeOther(f"{page}?form_error={quote(said[:FLASH_CHARS_MAX])}") from None
 
 
 async def _checked_form(request: web.Request):
@@ -356,6 +376,10 @@ def _back_to(page: str, flash: str, version: int) -> None:
 
 def _flash(request: web.Request) -> str:
     return request.query.get("flash", "")[:FLASH_CHARS_MAX]
+
+
+def _form_error(request: web.Request) -> str:
+    return request.query.get("form_error", "")[:FLASH_CHARS_MAX]
 
 
 @console_page()
@@ -385,23 +409,25 @@ async def group_page(request: web.Request) -> web.Response:
     group = _name(request.match_info["group"])
     detail = await api.get(f"/v1/groups/{quote(group)}")
     return render(request, "group.html", api, g=detail, now_ms=int(time.time() * 1000),
-                  flash=_flash(request))
+                  flash=_flash(request), form_error=_form_error(request))
 
 
 @console_page("admin")
 async def group_config(request: web.Request) -> web.Response:
     form = await _checked_form(request)
     group = _name(request.match_info["group"])
-    body: dict[str, Any] = {}
-    for key in ("max_attempts", "lease_ms"):
-        raw = str(form.get(key, "")).strip()
-        if raw:
-            try:
-                body[key] = int(raw)
-            except ValueError:
-                raise invalid(f"{key}: {raw!r} is not a whole number") from None
-    answer = await _submit(request, "PUT", f"/v1/groups/{quote(group)}/config", body)
-    _back_to(f"/console/groups/{quote(group)}", f"settings saved at v{answer['version']}", answer["version"])
+    page = f"/console/groups/{quote(group)}"
+    with _refusals_on_the_form(request, page):
+        body: dict[str, Any] = {}
+        for key in ("max_attempts", "lease_ms"):
+            raw = str(form.get(key, "")).strip()
+            if raw:
+                try:
+                    body[key] = int(raw)
+                except ValueError:
+                    raise invalid(f"{key}: {raw!r} is not a whole number") from None
+        answer = await _submit(request, "PUT", f"/v1/groups/{quote(group)}/config", body)
+    _back_to(page, f"settings saved at v{answer['version']}", answer["version"])
 
 
 @console_page()
