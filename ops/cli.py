@@ -16,9 +16,6 @@ EXIT_FAILED = 1   # the command could not do its work (an address in use, a memb
 EXIT_CONFIG = 2   # like a usage error: the config file must be fixed before anything can run
 
 
-# What `stator dev` raises for a member that failed, a cluster already running or a name it does not know.
-
-
 @contextlib.contextmanager
 def one_line_errors(*also: type[Exception]) -> Iterator[None]:
     """Errors the operator must act on become `error: <message>` on stderr and an exit code, never a traceback.
