@@ -94,6 +94,12 @@ def auth_headers(token: str | None, extra: Mapping[str, str] | None = None) -> d
     return h
 
 
+# For the library's users; the CLI says it in its own words (ops/admin/options.py explain_tls_refusal)
+TLS_DISCONNECT_HINT = (" (a server that requires client certificates closes the connection this way: give the client "
+                       "an ssl_context with a certificate its CA signed, wire.tls.client_context(TlsFiles(cert, key, "
+                       "ca)))")
+
+
 def _tls_hint(url: str, e: BaseException) -> str:
     """What a bare disconnect on https most often means. A server whose tls has client_auth closes the connection
     of a caller without a client certificate and sends no alert that would say why (wire/tls.py,
@@ -102,12 +108,6 @@ def _tls_hint(url: str, e: BaseException) -> str:
             e, (aiohttp.ServerDisconnectedError, ConnectionResetError, aiohttp.ClientOSError)):
         return ""   # a certificate that did not verify says so itself
     return TLS_DISCONNECT_HINT
-
-
-# For the library's users; the CLI says it in its own words (ops/admin/options.py explain_tls_refusal)
-TLS_DISCONNECT_HINT = (" (a server that requires client certificates closes the connection this way: give the client "
-                       "an ssl_context with a certificate its CA signed, wire.tls.client_context(TlsFiles(cert, key, "
-                       "ca)))")
 
 
 async def request_once(session: aiohttp.ClientSession, method: str, url: str, *, token: str | None,

@@ -186,16 +186,18 @@ async def _queue_ends(meta: MetaCaller, token: str | None, ssl_context: ssl.SSLC
     timeout = aiohttp.ClientTimeout(total=BROKER_CALL_TIMEOUT_S, sock_connect=BROKER_CONNECT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector(ssl_context), timeout=timeout) as http:
 
-        async def one_topic(name: str) -> None:
+        async def one_topic(topic: dict[str, Any]) -> None:
             async with gate:   # a topic at a time per slot: its route, then its head brokers one after the other
-                await observe(name)
+                await observe(topic["topic"], topic["queues"])
 
-        async def observe(name: str) -> None:
+        async def observe(name: str, queue_count: int) -> None:
             nonlocal unobserved
             try:
                 route = (await meta.call("GET", f"/v1/routes/{name}", deadline_s=HISTORY_CALL_DEADLINE_S)).body
-            except StatorError:
-                return                  # deleted since it was listed
+            except StatorError as e:
+                if e.code != "TOPIC_NOT_FOUND":   # deleted since it was listed: nothing to observe
+                    unobserved += queue_count
+                return
             heads: dict[str, set[int]] = {}
             for q in route["queues"]:
                 if q.get("address"):
@@ -208,12 +210,14 @@ async def _queue_ends(meta: MetaCaller, token: str | None, ssl_context: ssl.SSLC
                         body = await r.json(content_type=None) if r.status == 200 else None
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
                     body = None
-                told = {q["queue"]: q["max_offset"] for q in (body or {}).get("queues", [])
+                listed = body.get("queues") if isinstance(body, dict) else None
+                told = {q["queue"]: q["max_offset"] for q in (listed if isinstance(listed, list) else [])
                         if isinstance(q, dict) and q.get("queue") in queues and isinstance(q.get("max_offset"), int)}
                 unobserved += len(queues) - len(told)
                 rows.extend({"topic": name, "queue": q, "max_offset": end, "observed": observed_ms,
                              "route_version": route["version"]} for q, end in sorted(told.items()))
-        await asyncio.gather(*(one_topic(t["topic"]) for t in topics[:TOPICS_OBSERVED_MAX]))
+        await asyncio.gather(*(one_topic(t) for t in topics[:TOPICS_OBSERVED_MAX]))
+    unobserved += sum(t["queues"] for t in topics[TOPICS_OBSERVED_MAX:])
     rows.sort(key=lambda r: (r["topic"], r["queue"]))
     return rows, unobserved
 
