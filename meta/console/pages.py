@@ -260,7 +260,7 @@ async def _member(api: NodeApi, member: dict[str, Any]) -> dict[str, Any]:
         status, body = await api.call("GET", "/v1/cluster", base=member["url"], timeout_s=MEMBER_TIMEOUT_S)
         ready, _ = await api.call("GET", "/readyz", base=member["url"], timeout_s=MEMBER_TIMEOUT_S)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        return {**out, "error": f"unreachable ({type(e).__name__})"}
+        return {**out, "error": f"unreachable ({_why_unreachable(e)})"}
     if status != 200:
         return {**out, "error": f"answered {status}"}
     api.calls[f"GET {member['url']}/v1/cluster"] = body
@@ -286,8 +286,17 @@ async def _broker_up(api: NodeApi, broker: dict[str, Any]) -> str:
     try:
         await api.call("GET", "/readyz", base=broker["address"], timeout_s=MEMBER_TIMEOUT_S)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        return f"down ({type(e).__name__})"
+        return f"down ({_why_unreachable(e)})"
     return "up"
+
+
+def _why_unreachable(e: BaseException) -> str:
+    """Why a member did not answer, in a person's words (not an exception's class name)."""
+    if isinstance(e, asyncio.TimeoutError):
+        return f"no answer in {MEMBER_TIMEOUT_S:g} s"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return "connection refused" if isinstance(e.os_error, ConnectionRefusedError) else "cannot connect"
+    return "connection lost"
 
 
 def _list_page(what: str, query: str = "") -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
