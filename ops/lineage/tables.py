@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -44,11 +45,12 @@ def missing_locally(data: str) -> bool:
 
 def read(spark: SparkSession, data: str) -> Export:
     base = data.rstrip("/")
-    tables = {t: _read_table(spark, f"{base}/{t}", t) for t in (schema.MAPPING, schema.LOCKS)}
+    tables = {t: _read_table(spark, f"{base}/{t}", schema.SCHEMAS[t]) for t in (schema.MAPPING, schema.LOCKS)}
     if all(df is None for df in tables.values()):
         raise no_export(data)
     return Export(*(df if df is not None else spark.createDataFrame([], spark_schema(t)) for t, df in tables.items()),
-                  ends=_read_ends(spark, f"{base}/{schema.ENDS}"))
+                  # An export written without a meta node (``exporter.write_stored``) has no queue ends
+                  ends=_read_table(spark, f"{base}/{schema.ENDS}", schema.ENDS_SCHEMA))
 
 
 def no_export(data: str) -> LineageError:
@@ -60,7 +62,8 @@ def spark_schema(table: str):
     return from_arrow_schema(schema.SCHEMAS[table])
 
 
-def _read_table(spark: SparkSession, path: str, table: str) -> DataFrame | None:
+def _read_table(spark: SparkSession, path: str, columns: pa.Schema) -> DataFrame | None:
+    """The table at ``path`` with ``columns`` (the export's schema), None when the export has none."""
     try:
         df = spark.read.parquet(path)
         # Spark Connect reads lazily: without asking for the schema here, a missing path would fail the first query.
@@ -70,19 +73,7 @@ def _read_table(spark: SparkSession, path: str, table: str) -> DataFrame | None:
             return None
         raise
     # The day partition is for pruning by whoever reads the files; lineage keys on versions and times.
-    return df.select(*[f.name for f in schema.SCHEMAS[table]])
-
-
-def _read_ends(spark: SparkSession, path: str) -> DataFrame | None:
-    """An export written without a meta node (``exporter.write_stored``) has no queue ends."""
-    try:
-        df = spark.read.parquet(path)
-        df.schema
-    except AnalysisException as e:
-        if e.getCondition() == "PATH_NOT_FOUND":
-            return None
-        raise
-    return df.select(*[f.name for f in schema.ENDS_SCHEMA])
+    return df.select(*[f.name for f in columns])
 
 
 def parsed(df: DataFrame, ddl: str) -> DataFrame:

@@ -48,5 +48,7 @@
   source.addEventListener("change", refresh);
 
   var poll = Number(body.dataset.pollMs || 0);
-  if (poll > 0) setInterval(refresh, poll);
+  // A tab nobody looks at asks nothing; it catches up when shown again
+  if (poll > 0) setInterval(function () { if (!document.hidden) refresh(); }, poll);
+  document.addEventListener("visibilitychange", function () { if (!document.hidden && poll > 0) refresh(); });
 })();
