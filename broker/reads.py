@@ -29,7 +29,6 @@ from .storage import OffsetOutOfRange, Run
 from .storage_threads import StorageThreads
 from .writes import Writer, not_leader
 
-PULL_MAX = 1_000
 PULL_BYTES_MAX = 8 * 1024 * 1024
 READER_THREADS = 8               # local reads at once (page cache mostly; a queue's lock may be held by an fsync)
 MIN_OFFSET_CACHE_S = 1.0          # how long another broker's min offset of an older segment is trusted

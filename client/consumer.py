@@ -26,6 +26,7 @@ import aiohttp
 
 from wire.errors import Closed, NotLeader, StatorError, TopicNotFound, Unavailable
 from wire.caller import Answer, Backoff, Deadline
+from wire.params import PULL_MESSAGES_MAX
 from .formats import WIRE_FORMAT_DEFAULT, Body, Outgoing, Pulled, check_wire_format, accept_headers, pulled, request
 from .lifecycle import TopicClient
 from .routes import Route, RouteSubscription
@@ -33,7 +34,6 @@ from .routes import Route, RouteSubscription
 log = logging.getLogger("stator.client.consumer")
 
 PULL_MESSAGES_MAX_DEFAULT = 32
-PULL_MESSAGES_MAX = 1024
 REQUEST_TIMEOUT_S_DEFAULT = 10.0
 ATTEMPTS_MAX_DEFAULT = 6
 DEADLINE_S_DEFAULT = 20.0
@@ -68,14 +68,28 @@ def _received(topic: str, queue: int, m: Pulled) -> ReceivedMessage:
     return ReceivedMessage(topic, queue, m.offset, m.body, m.key, m.props, m.ts, m.text)
 
 
+def pull_result(topic: str, queue: int, offset: int, answer: Answer) -> PullResult:
+    """A pull's answer from ``offset`` of ``queue`` (either form) as a PullResult: its messages in offset order,
+    from ``offset`` on, and where the next pull starts."""
+    fields, got = pulled(answer)
+    msgs = sorted((_received(topic, queue, m) for m in got), key=lambda m: m.offset)
+    msgs = [m for m in msgs if m.offset >= offset]
+    next_offset = int(fields.get("next_offset", msgs[-1].offset + 1 if msgs else offset))
+    min_offset, max_offset = fields.get("min_offset"), fields.get("max_offset")
+    if not msgs and isinstance(min_offset, int) and min_offset > max(offset, next_offset):
+        next_offset = min_offset  # the data before min_offset is gone: continue from the oldest kept
+    return PullResult(queue, msgs, max(next_offset, offset), min_offset, max_offset)
+
+
 class PullConsumer(TopicClient):
     """Reads ``queues`` (default: every queue of the topic, growth included) of ``topic`` for ``group``.
-    ``routes`` may be a shared ``RouteSubscription`` (then not closed with the consumer). ``wire_format``: pulls as
-    ``"binary"`` batches (the default) or ``"json"``."""
+    ``group`` None reads outside any group, from the queues' oldest offsets (browsing: ``stator consume``); it has
+    nothing to commit. ``routes`` may be a shared ``RouteSubscription`` (then not closed with the consumer).
+    ``wire_format``: pulls as ``"binary"`` batches (the default) or ``"json"``."""
 
     _kind = "consumer"
 
-    def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, group: str,
+    def __init__(self, meta_urls: Sequence[str] | str, token: str, topic: str, group: str | None,
                  queues: Iterable[int] | None = None, *, routes: RouteSubscription | None = None,
                  route_mode: str = "sse", session: aiohttp.ClientSession | None = None,
                  ssl_context: ssl.SSLContext | None = None, max_messages: int = PULL_MESSAGES_MAX_DEFAULT,
@@ -116,7 +130,7 @@ class PullConsumer(TopicClient):
     async def position(self, queue: int) -> int:
         """The next offset to read: the group's committed offset, or the queue's min_offset if it never committed."""
         if queue not in self._positions:
-            committed = await self.committed(queue)
+            committed = await self.committed(queue) if self.group is not None else -1
             self._positions[queue] = committed if committed >= 0 else await self.min_offset(queue)
         return self._positions[queue]
 
@@ -153,6 +167,8 @@ class PullConsumer(TopicClient):
         return done
 
     def _offsets_path(self, queue: int) -> str:
+        if self.group is None:
+            raise ValueError("a consumer without a group has no committed offsets")
         return f"/v1/offsets/{quote(self.group, safe='')}/{quote(self.topic, safe='')}/{queue}"
 
     # -- pulling -----------------------------------------------------------------------------------------------
@@ -166,14 +182,7 @@ class PullConsumer(TopicClient):
         params: dict[str, Any] = {"offset": offset, "max": n, "group": self.group, "token": lock_token}
         path = f"/v1/messages/{quote(self.topic, safe='')}/{queue}"
         answer = await self._broker_call("GET", queue, path, params=params, headers=accept_headers(self.wire_format))
-        fields, got = pulled(answer)
-        msgs = sorted((_received(self.topic, queue, m) for m in got), key=lambda m: m.offset)
-        msgs = [m for m in msgs if m.offset >= offset]
-        next_offset = int(fields.get("next_offset", msgs[-1].offset + 1 if msgs else offset))
-        min_offset, max_offset = fields.get("min_offset"), fields.get("max_offset")
-        if not msgs and isinstance(min_offset, int) and min_offset > max(offset, next_offset):
-            next_offset = min_offset  # the data before min_offset is gone: continue from the oldest kept
-        return PullResult(queue, msgs, max(next_offset, offset), min_offset, max_offset)
+        return pull_result(self.topic, queue, offset, answer)
 
     async def poll(self, timeout_s: float = 0.0) -> list[ReceivedMessage]:
         """Pull every queue once (repeating until ``timeout_s`` while nothing arrives) and move the positions past

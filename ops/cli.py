@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import click
 from click.core import ParameterSource
 
-from ops.admin.options import GlobalOptionsGroup, global_options
+from ops.admin.options import GlobalOptionsGroup, IsoTime, global_options
 
 EXIT_FAILED = 1   # the command could not do its work (an address in use, a member that did not start)
 EXIT_CONFIG = 2   # like a usage error: the config file must be fixed before anything can run
@@ -193,20 +193,6 @@ def export_history(out: str, meta_urls: str | None, g) -> None:
 
 # -- lineage on Spark (ops/lineage/) ----------------------------------------------------------------------------------
 EXIT_FINDINGS = 3   # `stator lineage verify` ran and found something wrong in the export
-
-
-class IsoTime(click.ParamType):
-    """An ISO-8601 time (UTC when it names no offset), as microseconds since the epoch."""
-    name = "ISO-8601"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        from ops.times import parse_iso
-        try:
-            return parse_iso(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
 
 
 def lineage_options(f):

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright, expect
 
+from client.slots import queue_for_key
 from tests.support import cluster as cluster_mod
+from wire.times import iso
 from tests.support.tls_cluster import TOKENS, tls_cluster  # noqa: F401  (test_tls's mutual-TLS cluster, as a fixture here)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -262,6 +264,83 @@ async def test_a_stopped_meta_node_and_a_stopped_broker_show_as_down_on_an_open_
     await expect(page.locator('#brokers tr[data-broker="b1"] td.health')).to_have_text("up")
     assert await page.evaluate("window.stillTheSamePage === true"), "the page was reloaded"
     await _shot(page, tmp_path, "brokers-broker-down")
+    await ctx.close()
+
+
+async def test_a_message_is_found_by_key_by_offset_and_by_time_and_a_test_message_is_sent(console, tmp_path):
+    """Issue 35's Messages: a queue browsed from an offset, a key's messages found, the first message at or after a
+    time, a test message sent from the form (admin) and found again; a pop group's dead letters on their page."""
+    c, browser = console
+    url = c.meta_urls[2]
+    _, route, _ = await c.call("GET", url + f"/v1/routes/{TOPIC}", "client")
+    key_queue = queue_for_key(route, "order-7")
+    b1 = c.url("b1")
+    for i in range(30):   # one at a time: each is stored in its own moment, in order
+        key = "order-7" if i % 7 == 3 else f"other-{i}"
+        status, body, _ = await c.call("POST", f"{b1}/v1/messages/{TOPIC}/{key_queue}", "client",
+                                       json={"messages": [{"body": f"message {i}", "key": key}]})
+        assert status == 200 and body["offsets"] == [i], body
+    _, stored, _ = await c.call("GET", f"{b1}/v1/messages/{TOPIC}/{key_queue}?offset=0&max=100", "client")
+    stored = stored["messages"]
+    ctx, page = await _login(browser, c, "admin", url)
+    messages = url + f"/console/topics/{TOPIC}/messages"
+
+    await page.goto(url + f"/console/topics/{TOPIC}")
+    await page.click(f'#queues tr[data-queue="{key_queue}"] a:text("browse")')
+    await expect(page.locator("#bounds")).to_contain_text("offsets 0 to 29")
+    await expect(page.locator("#messages tbody tr[data-offset]")).to_have_count(20)   # the newest 20
+    await expect(page.locator("#messages tbody tr[data-offset] >> nth=-1")).to_have_attribute("data-offset", "29")
+
+    await page.fill("#find input[name=key]", "order-7")
+    await page.click("#find button[type=submit]")
+    keyed = [m["offset"] for m in stored if m["key"] == "order-7"]
+    await expect(page.locator("#messages tbody tr[data-offset]")).to_have_count(len(keyed))
+    assert [int(o) for o in await page.locator("#messages tbody tr[data-offset]").evaluate_all(
+        "rows => rows.map(r => r.dataset.offset)")] == keyed
+    await expect(page.locator("#messages td.key")).to_have_text(["order-7"] * len(keyed))
+    await expect(page.locator("#search")).to_contain_text("to the end of the queue")
+    await _shot(page, tmp_path, "messages-by-key")
+
+    await page.goto(messages + f"?queue={key_queue}&offset=12&max=3")
+    await expect(page.locator("#messages tbody tr[data-offset]")).to_have_count(3)
+    await expect(page.locator("#messages td.body pre")).to_have_text([m["body"] for m in stored[12:15]])
+    await page.click("#older")
+    await expect(page.locator("#messages tbody tr[data-offset] >> nth=0")).to_have_attribute("data-offset", "9")
+    await _shot(page, tmp_path, "messages-by-offset")
+
+    first_at = next(m for m in stored if m["ts"] >= stored[17]["ts"])
+    await page.goto(messages + f"?queue={key_queue}&max=2&since={iso(stored[17]['ts'] * 1000)}")
+    await expect(page.locator("#messages tbody tr[data-offset] >> nth=0")).to_have_attribute(
+        "data-offset", str(first_at["offset"]))
+
+    await page.fill("#send input[name=key]", "order-7")
+    await page.fill("#send textarea[name=body]", "sent from the console")
+    await page.click("#send button[type=submit]")
+    await expect(page.locator(".flash")).to_have_text(f"sent to queue {key_queue} at offset 30")
+    await expect(page.locator("#messages tbody tr[data-offset='30'] td.body pre")).to_have_text("sent from the console")
+    _, again, _ = await c.call("GET", f"{b1}/v1/messages/{TOPIC}/{key_queue}?offset=30&max=1", "client")
+    assert [(m["body"], m["key"]) for m in again["messages"]] == [("sent from the console", "order-7")]
+    # a refusal stays on the page, on its form (a queue out of range the browser itself refuses to submit)
+    await page.fill("#send textarea[name=body]", "x" * (64 * 1024 + 1))
+    await page.click("#send button[type=submit]")
+    await expect(page.locator("#send .form-error")).to_contain_text("a test message of at most 65536 bytes")
+
+    # a pop group that gave up on a message: its dead letter, linked to the message it came from
+    status, body, _ = await c.call("PUT", url + "/v1/groups/mailer/config", json={"max_attempts": 1})
+    assert status == 200, body
+    await asyncio.sleep(0.5)   # the broker hears of the group's config from meta's watch stream
+    status, popped, _ = await c.call("POST", f"{b1}/v1/pop/{TOPIC}", "client",
+                                     json={"group": "mailer", "queue": key_queue, "max": 1, "invisible_ms": 1000})
+    assert status == 200 and len(popped["messages"]) == 1, popped
+    deadline = asyncio.get_running_loop().time() + UI_TIMEOUT_MS / 1000
+    while not (await c.call("GET", f"{b1}/v1/dlq/mailer?offset=0&max=1", "client"))[1]["messages"]:
+        assert asyncio.get_running_loop().time() < deadline, "the unacked pop never reached the dead-letter queue"
+        await c.call("POST", f"{b1}/v1/pop/{TOPIC}", "client",
+                     json={"group": "mailer", "queue": key_queue, "max": 1, "wait_ms": 500})
+    await page.goto(url + "/console/groups/mailer/pop")
+    await page.click("a:text('dead-letter queue') >> nth=0")
+    await expect(page.locator("#dead-letters td.body pre")).to_have_text([stored[0]["body"]])
+    await _shot(page, tmp_path, "dead-letters")
     await ctx.close()
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from ops import cli
 from ops.lineage import openlineage, output, run, session
-from ops.times import iso, parse_iso
+from wire.times import iso, parse_iso
 
 LOCATED = {"topic": "t", "queue": 1, "offset": 5, "broker": "b2", "physical_queue": "t.q1.g1.i3",
            "physical_offset": 2, "gen": 1, "from": "2026-01-01T00:00:01.000Z", "to": None}

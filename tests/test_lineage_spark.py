@@ -20,7 +20,7 @@ from ops.bench.lineage_events import History
 from ops.cli import EXIT_FINDINGS, main
 from ops.lineage import job, lock_intervals, queries, segments, tables, verify
 from ops.lineage.errors import LineageError
-from ops.times import iso
+from wire.times import iso
 from tests.support import lineage_story
 from tests.support.lineage_story import AGAIN, GROUP, TOPIC
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from wire.errors import invalid
 
+PULL_MESSAGES_MAX = 1_000   # messages one pull asks for and a broker answers at most (GET /v1/messages ?max=)
+
 
 def int_in(raw: object, name: str, default: int | None = None, lo: int = 0, hi: int = 2**62) -> int:
     """An integer within [lo, hi] from a query string or a JSON value (not a bool); ``default`` when absent

@@ -15,7 +15,7 @@ from wire.errors import invalid, rejection
 from wire.shapes import validate
 from runtime.credentials import caller_broker
 from runtime.server import error_middleware, public, require_declared_roles, requires
-from wire.params import int_in
+from wire.params import PULL_MESSAGES_MAX, int_in
 
 from ..config import BrokerConfig
 from ..codec import TAG_RECORDS, binary_runs, dumps_with_raw, popped_batch
@@ -164,7 +164,7 @@ async def pull(request: web.Request) -> web.Response:
     topic = _name(request.match_info["topic"], "topic")
     queue = int_in(request.match_info["queue"], "queue")
     offset = int_in(q.get("offset"), "offset", 0)
-    max_n = int_in(q.get("max"), "max", 32, 1, 1000)
+    max_n = int_in(q.get("max"), "max", 32, 1, PULL_MESSAGES_MAX)
     token = _token(q.get("token"))
     group = _name(q["group"], "group") if "group" in q else None
     held_by = await node.gate.pull(group, topic, queue, token)
@@ -243,7 +243,7 @@ async def queues(request: web.Request) -> web.Response:
 async def physical(request: web.Request) -> web.Response:
     node = request.app[NODE]
     offset = int_in(request.query.get("offset"), "offset", 0)
-    max_n = int_in(request.query.get("max"), "max", 32, 0, 1000)
+    max_n = int_in(request.query.get("max"), "max", 32, 0, PULL_MESSAGES_MAX)
     ts, start = request.query.get("ts"), request.query.get("start")
     return _respond(await node.reader.physical_read(request.match_info["pq"], offset, max_n,
                                                     None if ts is None else int_in(ts, "ts"),

@@ -10,6 +10,7 @@ from .. import limits
 from ..config import MetaConfig
 from ..service import MetaService
 from . import brokers, cluster, groups, members, topics, watch
+from ..console import messages as console_messages
 from ..console import pages as console
 from ..admission import Admission
 from .keys import ADMISSIONS, METRICS, PARKED_POLLS, SERVICE
@@ -52,7 +53,7 @@ def make_app(config: MetaConfig) -> web.Application:
 
     app.cleanup_ctx.append(service_ctx)
     app.on_response_prepare.append(add_version_header)
-    for module in (topics, brokers, groups, watch, cluster, members, console):
+    for module in (topics, brokers, groups, watch, cluster, members, console, console_messages):
         module.add_routes(app)
     require_declared_roles(app, "meta node")
     return app

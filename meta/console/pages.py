@@ -200,7 +200,7 @@ def _safe_next(value: str | None) -> str:
 
 @console_page()
 async def logout(request: web.Request) -> web.Response:
-    await _checked_form(request)
+    await checked_form(request)
     request.app[SESSIONS].close(request.cookies.get(COOKIE))
     resp = web.HTTPSeeOther("/console/login")
     resp.del_cookie(COOKIE, path="/console")
@@ -216,7 +216,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     bound."""
     svc = service(request)
     after = request.headers.get("Last-Event-ID") or request.query.get("after")
-    after = min(_int(after, svc.feed.version), svc.feed.version)
+    after = min(whole_param(after, svc.feed.version), svc.feed.version)
     admission = request.app[ADMISSIONS]["watch_streams"]
     admission.enter()
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -316,7 +316,7 @@ groups_page = _list_page("groups", "?include=brokers")
 @console_page()
 async def topic_page(request: web.Request) -> web.Response:
     api = NodeApi(request, request[SESSION])
-    topic = _name(request.match_info["topic"])
+    topic = name_param(request.match_info["topic"])
     detail = await api.get(f"/v1/topics/{quote(topic)}")
     brokers = (await api.get("/v1/brokers"))["brokers"]
     # Whether each queue takes writes, as producers are told: a head on a fenced broker does not, though its
@@ -324,16 +324,16 @@ async def topic_page(request: web.Request) -> web.Response:
     route = await api.get(f"/v1/routes/{quote(topic)}")
     writable = {q["queue"]: q["writable"] for q in route["queues"]}
     return render(request, "topic.html", api, t=detail, brokers=brokers, writable=writable,
-                  flash=_flash(request), form_error=_form_error(request))
+                  flash=flash_of(request), form_error=form_error_of(request))
 
 
 @console_page("admin")
 async def remap(request: web.Request) -> web.Response:
     """The topic page's remap form: POST /v1/topics/{topic}/remap with the chosen brokers (and queues)."""
-    form = await _checked_form(request)
-    topic = _name(request.match_info["topic"])
+    form = await checked_form(request)
+    topic = name_param(request.match_info["topic"])
     page = f"/console/topics/{quote(topic)}"
-    with _refusals_on_the_form(request, page):
+    with refusals_on_the_form(request, page):
         body: dict[str, Any] = {"brokers": [str(b) for b in form.getall("brokers", [])]}
         if not body["brokers"]:
             raise invalid("choose at least one broker to move the queues to")
@@ -349,7 +349,7 @@ async def remap(request: web.Request) -> web.Response:
 
 
 @contextlib.contextmanager
-def _refusals_on_the_form(request: web.Request, page: str) -> Iterator[None]:
+def refusals_on_the_form(request: web.Request, page: str) -> Iterator[None]:
     """A form a person submitted (the browser asks for HTML) that the console or the API refuses goes back to its
     page with the refusal shown on the form, instead of a bare error page that loses the page; a script's POST
     keeps the API's error as it is."""
@@ -359,10 +359,11 @@ def _refusals_on_the_form(request: web.Request, page: str) -> Iterator[None]:
         if "text/html" not in request.headers.get("Accept", ""):
             raise
         said = f"{e.code}: {e.message}" if isinstance(e, ApiError) else str(e)
-        raise web.HTTPSeeOther(f"{page}?form_error={quote(said[:FLASH_CHARS_MAX])}") from None
+        joint = "&" if "?" in page else "?"
+        raise web.HTTPSeeOther(f"{page}{joint}form_error={quote(said[:FLASH_CHARS_MAX])}") from None
 
 
-async def _checked_form(request: web.Request):
+async def checked_form(request: web.Request):
     form = await request.post()
     if not csrf_ok(request[SESSION], form.get("csrf")):
         raise _stale_form()
@@ -383,19 +384,19 @@ def _back_to(page: str, flash: str, version: int) -> None:
     raise web.HTTPSeeOther(f"{page}?flash={quote(flash)}&min_version={version}")
 
 
-def _flash(request: web.Request) -> str:
+def flash_of(request: web.Request) -> str:
     return request.query.get("flash", "")[:FLASH_CHARS_MAX]
 
 
-def _form_error(request: web.Request) -> str:
+def form_error_of(request: web.Request) -> str:
     return request.query.get("form_error", "")[:FLASH_CHARS_MAX]
 
 
 @console_page()
 async def timeline_page(request: web.Request) -> web.Response:
     api = NodeApi(request, request[SESSION])
-    topic = _name(request.match_info["topic"])
-    after = _int(request.query.get("after"), 0)
+    topic = name_param(request.match_info["topic"])
+    after = whole_param(request.query.get("after"), 0)
     events: list[dict[str, Any]] = []
     cursor = after
     while len(events) < TIMELINE_EVENTS_MAX:
@@ -415,18 +416,18 @@ async def timeline_page(request: web.Request) -> web.Response:
 @console_page()
 async def group_page(request: web.Request) -> web.Response:
     api = NodeApi(request, request[SESSION])
-    group = _name(request.match_info["group"])
+    group = name_param(request.match_info["group"])
     detail = await api.get(f"/v1/groups/{quote(group)}")
     return render(request, "group.html", api, g=detail, now_ms=int(time.time() * 1000),
-                  flash=_flash(request), form_error=_form_error(request))
+                  flash=flash_of(request), form_error=form_error_of(request))
 
 
 @console_page("admin")
 async def group_config(request: web.Request) -> web.Response:
-    form = await _checked_form(request)
-    group = _name(request.match_info["group"])
+    form = await checked_form(request)
+    group = name_param(request.match_info["group"])
     page = f"/console/groups/{quote(group)}"
-    with _refusals_on_the_form(request, page):
+    with refusals_on_the_form(request, page):
         body: dict[str, Any] = {}
         for key in ("max_attempts", "lease_ms"):
             raw = str(form.get(key, "")).strip()
@@ -443,7 +444,7 @@ async def group_config(request: web.Request) -> web.Response:
 async def pop_page(request: web.Request) -> web.Response:
     """The group's pop state on every active broker (pop state lives on brokers, not in the log)."""
     api = NodeApi(request, request[SESSION])
-    group = _name(request.match_info["group"])
+    group = name_param(request.match_info["group"])
     brokers = (await api.get("/v1/brokers"))["brokers"]
 
     async def one(b: dict[str, Any]) -> dict[str, Any]:
@@ -462,22 +463,22 @@ async def history_page(request: web.Request) -> web.Response:
     api = NodeApi(request, request[SESSION])
     topic = request.query.get("topic", "").strip()
     kind = request.query.get("type", "").strip()
-    after = _int(request.query.get("after"), 0)
-    limit = max(1, min(_int(request.query.get("limit"), 100), HISTORY_SHOWN_MAX))
-    path = f"/v1/history?after={after}&limit={limit}" + (f"&topic={quote(_name(topic))}" if topic else "")
+    after = whole_param(request.query.get("after"), 0)
+    limit = max(1, min(whole_param(request.query.get("limit"), 100), HISTORY_SHOWN_MAX))
+    path = f"/v1/history?after={after}&limit={limit}" + (f"&topic={quote(name_param(topic))}" if topic else "")
     page = await api.get(path)
     shown = [e for e in page["events"] if not kind or e["type"] == kind]
     return render(request, "history.html", api, events=shown, topic=topic, kind=kind, after=after, limit=limit,
                   next_after=page["next_after"], json=lambda d: json.dumps(d, sort_keys=True))
 
 
-def _name(value: str) -> str:
+def name_param(value: str) -> str:
     if len(value) > NAME_CHARS_MAX or not NAME_RE.fullmatch(value):
         raise invalid(f"not a valid name: {value[:100]!r}")
     return value
 
 
-def _int(value: str | None, default: int) -> int:
+def whole_param(value: str | None, default: int) -> int:
     try:
         return max(0, int(value)) if value not in (None, "") else default
     except ValueError:

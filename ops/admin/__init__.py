@@ -10,7 +10,8 @@ import click
 
 
 def register(main: click.Group) -> None:
-    from . import broker, cluster, group, history, route, snapshot, topic
-    for command in (cluster.cluster, topic.topic, route.route, history.history, group.group, snapshot.snapshot):
+    from . import broker, cluster, group, history, messages, route, snapshot, topic
+    for command in (cluster.cluster, topic.topic, route.route, history.history, group.group, snapshot.snapshot,
+                    messages.produce, messages.consume):
         main.add_command(command)
     main.commands["broker"].add_command(broker.list_brokers)

@@ -27,6 +27,7 @@ from wire.caller import TLS_DISCONNECT_HINT
 from wire.errors import INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE, StatorError, Unavailable
 from wire.tls import TlsError, TlsFiles, client_certificate_required, client_context, speaks_tls
 
+from wire.times import parse_iso
 from . import output
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:7100"
@@ -194,6 +195,19 @@ def take_interrupts() -> None:
     interrupt. Called before the event loop starts, so the interrupt cancels the stream and it ends cleanly."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class IsoTime(click.ParamType):
+    """An ISO-8601 time (UTC when it names no offset), as microseconds since the epoch."""
+    name = "ISO-8601"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_iso(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
 
 
 def global_options(fn: Callable[..., Any] | None = None, *, stream_flag: str | None = None) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
-from ..times import iso
+from wire.times import iso
 
 EXIT_ERROR = 1
 CELL_CHARS_MAX = 60   # a longer cell (a long config value, an error) is cut: a table row stays one readable line

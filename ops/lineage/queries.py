@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from . import lock_intervals, segments
 from .errors import LineageError
 from .tables import MAPPING_DATA, Export, micros, parsed
-from ..times import iso
+from wire.times import iso
 
 
 def locate_many(segs: DataFrame, probes: DataFrame) -> DataFrame:

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from . import lock_intervals, segments
 from .tables import Export, micros
-from ..times import iso
+from wire.times import iso
 
 FINDINGS_PER_KIND_MAX = 100
 VERSION_BUCKET = 1_000_000   # versions are checked in order within buckets of this many, then bucket to bucket
