@@ -1,13 +1,10 @@
-"""Finding messages in one logic queue without consuming it: from an offset, by key, by time.
+"""Finding messages in one logic queue without consuming it: its bounds, and one key's messages.
 
 What ``stator consume`` and the console's Messages page both use, over any ``Pull`` (one page of a queue from an
-offset): ``PullConsumer.pull`` in the CLI, the node's own call to the head broker in the console.
+offset): ``PullConsumer.pull`` in the CLI, the node's own call to the head broker in the console. (By time is the
+broker's own answer, ``GET /v1/queues/{topic}/{queue}/offset?ts=``: Kafka's ``offsetsForTimes``, from each
+segment's time index.)
 
-- **By time** is Kafka's ``offsetsForTimes`` for one queue: the first offset whose message was stored at or after a
-  time, found by a binary search over the brokers' timestamps (each message's ``ts``, stamped by the broker that
-  stored it), in at most ``TIME_PROBES_MAX`` reads of one message. The stamps of one broker never go back; a queue
-  remapped to a broker whose clock is behind the old one's may go back at the segment boundary, and then the
-  answer is an offset at which the time is reached, not necessarily the first.
 - **By key** scans forward from an offset and keeps the messages of that key, as AKHQ and Redpanda Console search:
   brokers keep no index of keys. A scan reads at most ``scan_max`` messages (``SCAN_MESSAGES_MAX`` at most) and
   says where it stopped, so that the next one goes on from there. A key's queue is the one its slot maps to now
@@ -28,7 +25,6 @@ Pull = Callable[[int, int], Awaitable[PullResult]]   # (offset, max messages) ->
 SCAN_MESSAGES_MAX = 100_000     # one key search reads at most this many messages
 SCAN_MESSAGES_DEFAULT = 10_000
 FOUND_MAX = 1_000               # messages one key search returns (it stops once it has them)
-TIME_PROBES_MAX = 64            # reads of a search by time: log2 of any offset range, and then some
 
 
 @dataclass(frozen=True)
@@ -51,26 +47,6 @@ async def bounds(pull: Pull) -> Bounds:
     lo = r.min_offset if r.min_offset is not None else (r.messages[0].offset if r.messages else r.next_offset)
     hi = r.max_offset if r.max_offset is not None else r.next_offset
     return Bounds(lo, max(lo, hi))
-
-
-async def offset_for_time(pull: Pull, ts_ms: int) -> int:
-    """The first offset whose message was stored at or after ``ts_ms`` (ms since the epoch); the queue's end when
-    every message is older. Offsets skipped by the queue (a budget jumped after a broker's lapse) hold nothing: a
-    read from inside them answers the next message after them."""
-    b = await bounds(pull)
-    lo, hi = b.min_offset, b.max_offset   # the answer is within [lo, hi]
-    for _ in range(TIME_PROBES_MAX):
-        if lo >= hi:
-            break
-        mid = (lo + hi) // 2
-        r = await pull(mid, 1)
-        first = r.messages[0] if r.messages else None
-        if first is None or first.ts is None or first.ts >= ts_ms:
-            hi = mid    # from mid on, the first message stored is at or after the time (or there is none)
-        else:
-            lo = max(mid + 1, first.offset + 1)
-    r = await pull(lo, 1)
-    return r.messages[0].offset if r.messages and r.messages[0].offset >= lo else lo
 
 
 async def find_key(pull: Pull, key: str, offset: int, scan_max: int = SCAN_MESSAGES_DEFAULT,

@@ -148,6 +148,15 @@ class PullConsumer(TopicClient):
             return r.min_offset
         return r.messages[0].offset if r.messages else r.next_offset
 
+    async def offset_for_time(self, queue: int, ts_ms: int) -> int:
+        """The first offset of ``queue`` stored at or after ``ts_ms`` (ms since the epoch), across its segments; the
+        queue's end when every message is older (Kafka's offsetsForTimes). Seek there to read from a time."""
+        if ts_ms < 0:
+            raise ValueError("ts_ms must be >= 0")
+        answer = await self._broker_call("GET", queue, f"/v1/queues/{quote(self.topic, safe='')}/{queue}/offset",
+                                         params={"ts": ts_ms})
+        return int(_fields(answer)["offset"])
+
     async def commit(self, queue: int, offset: int, *, lock_token: int | None = None) -> int:
         """Commit ``offset`` (the next offset to read) for the group. ``lock_token``: the exclusive lock's token
         (a superseded one gets ``StaleToken``)."""

@@ -1,6 +1,6 @@
-"""client/browse.py over a queue in memory: by time the first offset stored at or after it, across a skipped range
-and equal stamps; by key every message of the key, bounded, and resumable where it stopped. (The real cluster runs
-them too: tests/test_admin_cli.py's produce and consume, tests/test_console.py's Messages page.)"""
+"""client/browse.py over a queue in memory: its bounds, and by key every message of the key, across a skipped range,
+bounded, and resumable where it stopped. (The real cluster runs them too: tests/test_admin_cli.py's produce and
+consume, tests/test_console.py's Messages page.)"""
 
 from __future__ import annotations
 
@@ -32,16 +32,8 @@ def _queue() -> Queue:
     return Queue(stamps, 5, 100)
 
 
-@pytest.mark.parametrize("ts, offset", [(0, 5), (1002, 5), (1003, 6), (1010, 20), (1019, 38), (1020, 60),
-                                        (1025, 60), (1030, 60), (1031, 62), (1049, 98), (1050, 100), (9999, 100)])
-async def test_the_first_offset_stored_at_or_after_a_time(ts, offset):
-    q = _queue()
-    assert await browse.offset_for_time(q.pull, ts) == offset
-    assert q.reads <= 10, "a binary search, not a scan"
-
-
-async def test_an_empty_queue_answers_its_end():
-    assert await browse.offset_for_time(Queue({}, 7, 7).pull, 1234) == 7
+async def test_an_empty_queue_has_nothing_to_find():
+    assert await browse.bounds(Queue({}, 7, 7).pull) == browse.Bounds(7, 7)
     found = await browse.find_key(Queue({}, 7, 7).pull, "k", 7)
     assert (found.messages, found.at_end, found.scanned) == ([], True, 0)
 

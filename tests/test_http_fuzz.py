@@ -124,6 +124,9 @@ CONSOLE_OPS = [
     Op("meta", "GET", "/console/groups", PAGE_QUERY), Op("meta", "GET", "/console/groups/{group}", PAGE_QUERY),
     Op("meta", "POST", "/console/groups/{group}/config", (), ("csrf", "max_attempts", "lease_ms"), mutating=True),
     Op("meta", "GET", "/console/groups/{group}/pop", PAGE_QUERY),
+    Op("meta", "GET", "/console/groups/{group}/dead-letters", PAGE_QUERY + ("offset",)),
+    Op("meta", "GET", "/console/topics/{topic}/messages", PAGE_QUERY + ("queue", "offset", "key", "since", "max")),
+    Op("meta", "POST", "/console/topics/{topic}/messages", (), ("csrf", "queue", "key", "body"), mutating=True),
     Op("meta", "GET", "/console/history", PAGE_QUERY + ("topic", "type", "after", "limit")),
     Op("meta", "GET", "/console/static/{name}"),
 ]

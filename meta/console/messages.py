@@ -3,7 +3,7 @@ sent (admin); and a group's dead letters on every broker.
 
 Messages are data, held by brokers (DESIGN.md invariant 4): each read is a call to the broker heading the queue, with
 the session's token, as ``stator consume`` makes through the client library; the searches are the library's own
-(client/browse.py: by time a binary search over the brokers' stamps, by key a bounded scan). The pages do not
+(client/browse.py: by key a bounded scan); by time is the broker's own answer from its time index. The pages do not
 follow the log as the others do: a scan is not repeated each time the log moves.
 """
 
@@ -97,8 +97,9 @@ async def messages_page(request: web.Request) -> web.Response:
         search = await browse.find_key(pull, key, max(offset, bounds.min_offset), found_max=shown_max)
         messages, next_offset = search.messages, search.next_offset
     else:
-        if since is not None:
-            offset = await browse.offset_for_time(pull, since)
+        if since is not None:   # the broker's own answer, from each segment's time index
+            path = f"/v1/queues/{quote(topic, safe='')}/{queue}/offset?ts={since}"
+            offset = (await api.get(path, base=head["address"].rstrip("/"), timeout_s=BROKER_READ_TIMEOUT_S))["offset"]
         elif offset < 0:
             offset = max(bounds.min_offset, bounds.max_offset - shown_max)   # the newest
         r = await pull(offset, shown_max)

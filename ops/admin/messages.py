@@ -5,7 +5,8 @@
 go in one batch of at most PRODUCE_BATCH_MAX, a line typed alone is sent at once. ``consume`` reads without a group
 (or from a group's committed offsets, ``--group``; it commits only with ``--commit``), from the oldest offset, an
 ``--offset``, or the first message stored at or after ``--since``; ``--message-key`` keeps one key's messages, and
-``--follow`` waits for new ones until interrupted. Finding by key and by time: client/browse.py.
+``--follow`` waits for new ones until interrupted. Finding by key: client/browse.py; by time: the broker's own
+index (``PullConsumer.offset_for_time``).
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ async def consume(topic: str, queues: tuple[int, ...], offset: int | None, since
             if offset is not None:
                 consumer.seek(q, offset)
             elif since is not None:
-                consumer.seek(q, await browse.offset_for_time(_pull(consumer, q), since // 1000))
+                consumer.seek(q, await consumer.offset_for_time(q, since // 1000))
         shown = _Shown(g, follow)
         if message_key is not None and not follow:
             await _search(consumer, read, message_key, max_messages, scan_max, shown)
