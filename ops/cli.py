@@ -46,7 +46,15 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-@click.group(cls=GlobalOptionsGroup)
+# The admin commands (ops/admin, one module per noun) and the chaos runner, each imported when named
+ADMIN_COMMANDS = {"cluster": "ops.admin.cluster:cluster", "topic": "ops.admin.topic:topic",
+                  "route": "ops.admin.route:route", "history": "ops.admin.history:history",
+                  "group": "ops.admin.group:group", "snapshot": "ops.admin.snapshot:snapshot",
+                  "produce": "ops.admin.messages:produce", "consume": "ops.admin.messages:consume",
+                  "chaos": "ops.chaos.cli:chaos"}
+
+
+@click.group(cls=GlobalOptionsGroup, lazy=ADMIN_COMMANDS)
 @click.version_option(package_name="stator", prog_name="stator", message="%(prog)s %(version)s")
 def main() -> None:
     """Stator: the metadata service for message queues with static topics."""
@@ -99,7 +107,7 @@ def meta_rebuild_projection(config_path: str, from_peer: str | None, from_export
     click.echo(json.dumps({"rebuilt": True, **result}))
 
 
-@main.group(cls=GlobalOptionsGroup)
+@main.group(cls=GlobalOptionsGroup, lazy={"list": "ops.admin.broker:list_brokers"})
 def broker() -> None:
     """Data-only brokers."""
 
@@ -286,22 +294,6 @@ def lineage_locks(ctx: click.Context, group: str, topic: str | None, queue: int 
 def lineage_verify(ctx: click.Context, **shared) -> None:
     """Version gaps, overlapping segments, two lock holders at once; exits 3 on any finding."""
     run_lineage(ctx, "verify", {}, **shared)
-
-
-def _register_admin() -> None:
-    from ops.admin import register
-    register(main)
-
-
-_register_admin()
-
-
-def _register_chaos() -> None:
-    from ops.chaos.cli import chaos
-    main.add_command(chaos)
-
-
-_register_chaos()
 
 
 if __name__ == "__main__":

@@ -10,25 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import signal
 import ssl
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import click
 from click.core import ParameterSource
 
-from client import AdminClient
 from wire.caller import TLS_DISCONNECT_HINT
 from wire.errors import INVALID_ARGUMENT, UNAUTHENTICATED, UNAVAILABLE, StatorError, Unavailable
 from wire.tls import TlsError, TlsFiles, client_certificate_required, client_context, speaks_tls
 
 from wire.times import parse_iso
 from . import output
+
+if TYPE_CHECKING:
+    from client import AdminClient
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:7100"
 ENDPOINTS_MAX = 16              # a meta cluster has at most 7 members; more is a mistake on the command line
@@ -73,10 +76,26 @@ def _hoist(args: list[str]) -> list[str]:
 
 
 class GlobalOptionsGroup(click.Group):
-    """A group that lets the admin CLI's global options stand before its subcommand's name."""
+    """A group that lets the admin CLI's global options stand before its subcommand's name. ``lazy``: subcommands
+    imported only when named (``"module:attribute"``): a server started as ``stator meta serve`` then never imports
+    the admin commands, the client library or rich (a tenth of its start-up CPU), nor does ``stator topic list``
+    import the chaos runner."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, _hoist(list(args)))
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy and name not in self.commands:
+            module, attribute = self.lazy[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
 
 
 @dataclass(frozen=True)
@@ -93,6 +112,7 @@ class Globals:
 
     def admin(self, **kwargs: Any) -> AdminClient:
         """An AdminClient for the endpoints, with the token, TLS settings and the reads' consistency."""
+        from client import AdminClient
         kwargs.setdefault("consistency", self.consistency)
         return AdminClient(self.endpoints, self.need_token(), ssl_context=self.ssl_context, **kwargs)
 
