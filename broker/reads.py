@@ -416,8 +416,10 @@ class Reader:
                 return seg.logic(found)
         return await self._max_offset(decided[-1])
 
-    async def queue_stats(self, topic: str) -> list[dict[str, Any]]:
-        """Logic min and max of the queues whose head this broker holds, over their whole history."""
+    async def queue_stats(self, topic: str, count: bool = False) -> list[dict[str, Any]]:
+        """Logic min and max of the queues whose head this broker holds, over their whole history; ``count``: and
+        the messages each stores from its min on (lag.py: offsets skipped after a lapsed session hold none; a
+        segment whose holders do not answer counts as none)."""
         route = self.routes.routes.get(topic)
         if route is None:
             raise rejection(404, "TOPIC_NOT_FOUND", f"topic {topic!r} is unknown to this broker", topic=topic)
@@ -427,6 +429,10 @@ class Reader:
             if not segs or segs[-1].broker != self.me or all(s.logic_start is None for s in segs):
                 continue
             decided = await self._chain(topic, q["queue"])
-            out.append({"queue": q["queue"], "min_offset": (await self._min_offset(decided[0]))[0],
-                        "max_offset": await self._max_offset(decided[-1])})
+            row = {"queue": q["queue"], "min_offset": (await self._min_offset(decided[0]))[0],
+                   "max_offset": await self._max_offset(decided[-1])}
+            if count:
+                ends, _ = await self._stored_ends(decided, row["min_offset"])
+                row["messages"] = lag.stored_after(ends, row["min_offset"])
+            out.append(row)
         return out

@@ -116,6 +116,7 @@ async def test_every_page_shows_what_the_api_answers(console, tmp_path):
 
     await page.goto(url + f"/console/topics/{TOPIC}/timeline")
     await expect(page.locator("svg#timeline rect.segment")).to_have_count(QUEUES)
+    await expect(page.locator("svg#timeline text.tick-label")).to_have_count(5)   # more than the axis's two ends
     await _shot(page, tmp_path, "timeline")
 
     await page.goto(url + f"/console/history?topic={TOPIC}")
@@ -130,6 +131,12 @@ async def test_every_page_shows_what_the_api_answers(console, tmp_path):
     await page.goto(url + "/console/groups")
     await expect(page.locator("h1")).to_have_text("Consumer groups")
     await expect(page.locator('#groups tr[data-group="pullers"]')).to_have_count(1)
+    await expect(page.locator('#groups tr[data-group="pullers"] td.lag')).to_have_text("0")
+    status, body, _ = await c.call("POST", c.url("b1") + f"/v1/messages/{TOPIC}/0", "client",
+                                   json={"messages": [{"body": "a"}, {"body": "b"}, {"body": "c"}]})
+    assert status == 200, body
+    await page.goto(url + "/console/groups")
+    await expect(page.locator('#groups tr[data-group="pullers"] td.lag')).to_have_text("3")
     await _shot(page, tmp_path, "groups")
     # its page shows what the API says of it: known from the brokers, and its committed offset
     _, pullers, _ = await c.call("GET", url + "/v1/groups/pullers", "client")
@@ -188,6 +195,7 @@ async def test_a_remap_appears_on_an_open_timeline_without_a_reload(console, tmp
     ctx, page = await _login(browser, c, "admin", url)
     await page.goto(url + f"/console/topics/{TOPIC}/timeline")
     await expect(page.locator("svg#timeline rect.segment")).to_have_count(QUEUES)
+    await expect(page.locator("svg#timeline text.tick-label")).to_have_count(5)   # more than the axis's two ends
     await page.evaluate("window.stillTheSamePage = true")
     status, moved, _ = await c.call("POST", c.meta_urls[0] + f"/v1/topics/{TOPIC}/remap",
                                     json={"brokers": ["b2"], "queues": [0, 1]})
@@ -286,7 +294,11 @@ async def test_a_message_is_found_by_key_by_offset_and_by_time_and_a_test_messag
     messages = url + f"/console/topics/{TOPIC}/messages"
 
     await page.goto(url + f"/console/topics/{TOPIC}")
-    await page.click(f'#queues tr[data-queue="{key_queue}"] a:text("browse")')
+    row = page.locator(f'#queues tr[data-queue="{key_queue}"]')
+    await expect(row.locator("td.min")).to_have_text("0")
+    await expect(row.locator("td.max")).to_have_text("30")
+    await expect(row.locator("td.count")).to_have_text("30")
+    await page.click(f'#queues tr[data-queue="{key_queue}"] td.count a')
     await expect(page.locator("#bounds")).to_contain_text("offsets 0 to 29")
     await expect(page.locator("#messages tbody tr[data-offset]")).to_have_count(20)   # the newest 20
     await expect(page.locator("#messages tbody tr[data-offset] >> nth=-1")).to_have_attribute("data-offset", "29")
@@ -341,6 +353,58 @@ async def test_a_message_is_found_by_key_by_offset_and_by_time_and_a_test_messag
     await page.click("a:text('dead-letter queue') >> nth=0")
     await expect(page.locator("#dead-letters td.body pre")).to_have_text([stored[0]["body"]])
     await _shot(page, tmp_path, "dead-letters")
+    await ctx.close()
+
+
+async def test_topics_are_created_grown_configured_and_deleted_from_the_console(console, tmp_path):
+    """Issue 35: the admin's topic forms, each checked against the API; a refusal stays on its form."""
+    c, browser = console
+    url = c.meta_urls[1]
+    ctx, page = await _login(browser, c, "admin", url)
+    await page.goto(url + "/console/topics")
+    await page.fill("#create input[name=topic]", "invoices")
+    await page.fill("#create input[name=queues]", "2")
+    await page.fill("#create input[name=replicas]", "2")
+    await page.check("#create input[name=brokers][value=b2]")
+    await page.click("#create button[type=submit]")
+    await expect(page.locator(".flash")).to_contain_text("created at v")
+    _, made, _ = await c.call("GET", url + "/v1/topics/invoices", "client")
+    assert made["queues"] == 2 and made["replicas"] == 2, made
+    assert {q["segments"][-1]["broker"] for q in made["logic_queues"]} == {"b2"}
+
+    await page.goto(url + "/console/topics")   # the same name again: refused, on the create form
+    await page.fill("#create input[name=topic]", "invoices")
+    await page.fill("#create input[name=queues]", "1")
+    await page.click("#create button[type=submit]")
+    await expect(page.locator("#create .form-error")).to_contain_text("TOPIC_EXISTS")
+
+    await page.goto(url + "/console/topics/invoices")
+    await page.fill("#grow input[name=queues]", "3")
+    await page.click("#grow button[type=submit]")
+    await expect(page.locator(".flash")).to_contain_text("grown to 3 queues")
+    await expect(page.locator("#queues tbody tr")).to_have_count(3)
+    await page.fill("#config-form textarea[name=set]", "retention=7d\nowner=billing")
+    await page.click("#config-form button[type=submit]")
+    await expect(page.locator(".flash")).to_contain_text("config saved")
+    await page.fill("#config-form input[name=unset]", "owner")
+    await page.click("#config-form button[type=submit]")
+    await expect(page.locator("#config")).to_contain_text("retention")
+    _, configured, _ = await c.call("GET", url + "/v1/topics/invoices", "client")
+    assert configured["queues"] == 3 and configured["config"] == {"retention": "7d"}, configured
+    await page.fill("#config-form textarea[name=set]", "no equals sign")
+    await page.click("#config-form button[type=submit]")
+    await expect(page.locator("#config-form .form-error")).to_contain_text("is not key=value")
+    await _shot(page, tmp_path, "topic-forms")
+
+    await page.fill("#delete input[name=confirm]", "invoice")   # not its name: nothing is deleted
+    await page.click("#delete button[type=submit]")
+    await expect(page.locator("#delete .form-error")).to_contain_text("type the topic's name")
+    assert (await c.call("GET", url + "/v1/topics/invoices", "client"))[0] == 200
+    await page.fill("#delete input[name=confirm]", "invoices")
+    await page.click("#delete button[type=submit]")
+    await expect(page.locator(".flash")).to_contain_text("invoices deleted")
+    await expect(page.locator('#topics tr[data-topic="invoices"]')).to_have_count(0)
+    assert (await c.call("GET", url + "/v1/topics/invoices", "client"))[0] == 404
     await ctx.close()
 
 

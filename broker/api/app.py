@@ -236,7 +236,8 @@ async def read_offset(request: web.Request) -> web.Response:
 @requires("client", "broker")
 async def queues(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    return _respond({"queues": await node.reader.queue_stats(_name(request.match_info["topic"], "topic"))})
+    count = int_in(request.query.get("count"), "count", 0, 0, 1) == 1
+    return _respond({"queues": await node.reader.queue_stats(_name(request.match_info["topic"], "topic"), count)})
 
 
 @requires("broker")

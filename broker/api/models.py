@@ -164,6 +164,7 @@ class QueueRange(TypedDict):
     queue: int
     min_offset: int
     max_offset: int
+    messages: NotRequired[int]   # with ?count=1: the messages stored from min_offset on (offsets skipped hold none)
 
 
 @with_config(OPEN)

@@ -118,7 +118,7 @@ SPEC: dict[str, Any] = {
         "/v1/offsets": {"get": _op("Groups with a commit stored here, and their topics", M.CommittedGroups,
                                    params=_q("group"))},
         "/v1/queues/{topic}": {"get": _op("Logic min and max of the queues headed here", M.QueueRanges,
-                                          params=_p("topic"))},
+                                          params=_p("topic") + _q("count"))},
         "/v1/queues/{topic}/{queue}/offset": {"get": _op("First offset at or after a time", M.OffsetForTime,
                                                          params=_p("topic", "queue") + _q("ts"))},
         "/v1/physical/{pq}": {"get": _op("Records of a physical queue", M.PhysicalRead, roles="broker",

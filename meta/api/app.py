@@ -12,6 +12,7 @@ from ..service import MetaService
 from . import brokers, cluster, groups, members, topics, watch
 from ..console import messages as console_messages
 from ..console import pages as console
+from ..console import topic_forms as console_topic_forms
 from ..admission import Admission
 from .keys import ADMISSIONS, METRICS, PARKED_POLLS, SERVICE
 from .metrics import MetaMetrics
@@ -53,7 +54,8 @@ def make_app(config: MetaConfig) -> web.Application:
 
     app.cleanup_ctx.append(service_ctx)
     app.on_response_prepare.append(add_version_header)
-    for module in (topics, brokers, groups, watch, cluster, members, console, console_messages):
+    for module in (topics, brokers, groups, watch, cluster, members, console, console_messages,
+                   console_topic_forms):
         module.add_routes(app)
     require_declared_roles(app, "meta node")
     return app

@@ -53,6 +53,8 @@ HISTORY_SHOWN_MAX = 500         # events one history page shows
 EVENTS_KEEPALIVE_S = 15.0
 POLL_MS = 1_000                 # pages whose content changes outside the log (health, heartbeats) refetch this often
 BROKERS_PROBED_MAX = 200        # the brokers page asks at most this many brokers whether they are up, at once
+GROUPS_LAGGED_MAX = 50          # the groups page shows the lag of this many groups (one describe each)
+GROUP_DESCRIBES_IN_FLIGHT_MAX = 8
 FLASH_CHARS_MAX = 200         # the outcome line a form's redirect carries back to its page
 NAME_CHARS_MAX = 255          # a topic or group name in a console path (the API has its own, tighter bounds)
 
@@ -299,18 +301,36 @@ def _why_unreachable(e: BaseException) -> str:
     return "connection lost"
 
 
-def _list_page(what: str, query: str = "") -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The page of every topic or group: ``GET /v1/{what}{query}``, drawn by ``{what}.html``."""
-    async def page(request: web.Request) -> web.Response:
-        api = NodeApi(request, request[SESSION])
-        return render(request, f"{what}.html", api, **{what: (await api.get(f"/v1/{what}{query}"))[what]})
-    page.__name__ = page.__qualname__ = f"{what}_page"
-    return console_page()(page)
+@console_page()
+async def topics_page(request: web.Request) -> web.Response:
+    api = NodeApi(request, request[SESSION])
+    topics = (await api.get("/v1/topics"))["topics"]
+    brokers = (await api.get("/v1/brokers"))["brokers"] if request[SESSION].role == "admin" else []
+    return render(request, "topics.html", api, topics=topics, brokers=brokers, flash=flash_of(request),
+                  form_error=form_error_of(request), form=request.query.get("form", ""))
 
 
-topics_page = _list_page("topics")
-# With the groups only brokers know: a pull group commits offsets there and never joins through meta
-groups_page = _list_page("groups", "?include=brokers")
+@console_page()
+async def groups_page(request: web.Request) -> web.Response:
+    """Every group, with the groups only brokers know (a pull group commits offsets there and never joins through
+    meta), and each group's lag: the sum over its queues of what ``GET /v1/groups/{group}`` answers (the brokers
+    count it), for the first GROUPS_LAGGED_MAX groups."""
+    api = NodeApi(request, request[SESSION])
+    groups = (await api.get("/v1/groups?include=brokers"))["groups"]
+    gate = asyncio.Semaphore(GROUP_DESCRIBES_IN_FLIGHT_MAX)
+
+    async def lag_of(name: str) -> tuple[str, int | None]:
+        async with gate:
+            try:
+                d = await api.get(f"/v1/groups/{quote(name)}", timeout_s=MEMBER_TIMEOUT_S * 2)
+            except (ApiCallFailed, aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                return name, None
+        lags = {(r.get("topic"), r.get("queue")): r.get("lag") for r in [*d.get("assignments", []),
+                                                                          *d.get("offsets", [])]}
+        known = [v for v in lags.values() if isinstance(v, int) and not isinstance(v, bool)]
+        return name, sum(known) if known else None
+    lags = dict(await asyncio.gather(*(lag_of(g["group"]) for g in groups[:GROUPS_LAGGED_MAX])))
+    return render(request, "groups.html", api, groups=groups, lags=lags, lagged_max=GROUPS_LAGGED_MAX)
 
 
 @console_page()
@@ -324,7 +344,25 @@ async def topic_page(request: web.Request) -> web.Response:
     route = await api.get(f"/v1/routes/{quote(topic)}")
     writable = {q["queue"]: q["writable"] for q in route["queues"]}
     return render(request, "topic.html", api, t=detail, brokers=brokers, writable=writable,
-                  flash=flash_of(request), form_error=form_error_of(request))
+                  held=await _queue_ranges(api, topic, route),
+                  flash=flash_of(request), form_error=form_error_of(request), form=request.query.get("form", ""))
+
+
+async def _queue_ranges(api: NodeApi, topic: str, route: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Each queue's min and max offsets and the messages it stores, from the broker heading it (one call per
+    broker: ``GET /v1/queues/{topic}?count=1``); a broker that does not answer in MEMBER_TIMEOUT_S leaves its queues
+    out."""
+    addresses = {q["address"].rstrip("/") for q in route["queues"] if q.get("address")}
+    if len(addresses) > BROKERS_PROBED_MAX:
+        return {}
+
+    async def one(address: str) -> list[dict[str, Any]]:
+        try:
+            return (await api.get(f"/v1/queues/{quote(topic)}?count=1", base=address,
+                                  timeout_s=MEMBER_TIMEOUT_S))["queues"]
+        except (ApiCallFailed, aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, TypeError):
+            return []
+    return {q["queue"]: q for rows in await asyncio.gather(*(one(a) for a in sorted(addresses))) for q in rows}
 
 
 @console_page("admin")
@@ -343,9 +381,9 @@ async def remap(request: web.Request) -> web.Response:
                 body["queues"] = [int(q) for q in queues.replace(",", " ").split()]
             except ValueError:
                 raise invalid(f"queues: {queues!r} is not a list of queue numbers") from None
-        answer = await _submit(request, "POST", f"/v1/topics/{quote(topic)}/remap", body)
+        answer = await submit_change(request, "POST", f"/v1/topics/{quote(topic)}/remap", body)
     moved = ", ".join(f"q{m['queue']} {m['from']}→{m['to']}" for m in answer.get("moved", [])) or "nothing moved"
-    _back_to(page, f"remap at v{answer['version']}: {moved}", answer["version"])
+    back_to(page, f"remap at v{answer['version']}: {moved}", answer["version"])
 
 
 @contextlib.contextmanager
@@ -370,18 +408,19 @@ async def checked_form(request: web.Request):
     return form
 
 
-async def _submit(request: web.Request, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+async def submit_change(request: web.Request, method: str, path: str,
+                        body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One change through the node's API, once (an idempotency key: a retried form applies nothing twice)."""
     status, answer = await NodeApi(request, request[SESSION]).call(
         method, path, json_body=body, headers={"Idempotency-Key": secrets.token_hex(16)})
-    if status != 200:
+    if status not in (200, 201):
         raise ApiCallFailed(f"{method} {path}", status, answer)
     return answer
 
 
-def _back_to(page: str, flash: str, version: int) -> None:
+def back_to(page: str, flash: str, version: int) -> None:
     """To ``page``, drawn once this node applied the form's change (a follower may not have yet)."""
-    raise web.HTTPSeeOther(f"{page}?flash={quote(flash)}&min_version={version}")
+    raise web.HTTPSeeOther(f"{page}?flash={quote(flash[:FLASH_CHARS_MAX])}&min_version={version}")
 
 
 def flash_of(request: web.Request) -> str:
@@ -436,8 +475,8 @@ async def group_config(request: web.Request) -> web.Response:
                     body[key] = int(raw)
                 except ValueError:
                     raise invalid(f"{key}: {raw!r} is not a whole number") from None
-        answer = await _submit(request, "PUT", f"/v1/groups/{quote(group)}/config", body)
-    _back_to(page, f"settings saved at v{answer['version']}", answer["version"])
+        answer = await submit_change(request, "PUT", f"/v1/groups/{quote(group)}/config", body)
+    back_to(page, f"settings saved at v{answer['version']}", answer["version"])
 
 
 @console_page()

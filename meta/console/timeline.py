@@ -8,6 +8,7 @@ range's left edge: a bar that begins at the edge says "already there".
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -85,20 +86,64 @@ def build(topic: str, events: Iterable[dict[str, Any]], now_ms: int) -> Timeline
     return Timeline(topic, edge, max(now_ms, last_ts or now_ms), queues, ordered, colours, remaps, count)
 
 
+GAP_MIN_PX = 16     # the least room between two moments of change: the newest segment is never a sliver
+TICKS = 5           # labelled times between the axis's two ends
+
+
+class Scale:
+    """Time to x, piecewise linear: between each two moments something changed (a segment opened, sealing or
+    sealed, a remap, the ends) at least GAP_MIN_PX, and the rest of the width shared by duration. On a linear axis a
+    segment opened ten seconds ago on a topic two hours old was a 2-pixel sliver; here quiet stretches are
+    compressed, and the ticks say which time each place stands for."""
+
+    def __init__(self, t: Timeline, left: float, right: float):
+        moments = {t.start_ms, t.end_ms, *t.remaps}
+        for b in t.bars:
+            moments.update(m for m in (b.start_ms, b.end_ms, b.sealing_ms) if m is not None)
+        self.moments = sorted(moments)
+        gaps = [b - a for a, b in zip(self.moments, self.moments[1:])]
+        floor = min(GAP_MIN_PX, (right - left) / max(1, len(gaps)) / 2)   # floors take at most half the width
+        share = (right - left - floor * len(gaps)) / max(1, sum(gaps))
+        self.xs = [float(left)]
+        for gap in gaps:
+            self.xs.append(self.xs[-1] + floor + share * gap)
+
+    def x(self, ms: int) -> float:
+        i = max(0, min(bisect.bisect_right(self.moments, ms) - 1, len(self.moments) - 2))
+        if len(self.moments) < 2:
+            return round(self.xs[0], 1)
+        a, b = self.moments[i], self.moments[i + 1]
+        return round(self.xs[i] + (self.xs[i + 1] - self.xs[i]) * min(1.0, max(0.0, (ms - a) / (b - a))), 1)
+
+    def ms(self, x: float) -> int:
+        """The time at ``x`` (the inverse of ``x``)."""
+        i = max(0, min(bisect.bisect_right(self.xs, x) - 1, len(self.xs) - 2))
+        if len(self.xs) < 2:
+            return self.moments[0]
+        a, b = self.xs[i], self.xs[i + 1]
+        return int(self.moments[i] + (self.moments[i + 1] - self.moments[i]) * min(1.0, max(0.0, (x - a) / (b - a))))
+
+    def ticks(self, n: int = TICKS) -> list[tuple[float, int]]:
+        """``n`` places evenly spread between the ends, each with the time it stands for."""
+        left, right = self.xs[0], self.xs[-1]
+        places = [left + (right - left) * (k + 1) / (n + 1) for k in range(n)]
+        return [(round(p, 1), self.ms(p)) for p in places]
+
+
 @dataclass(frozen=True)
 class Geometry:
-    """Where the SVG puts things: a label column, then time from left to right, one row per logic queue."""
+    """Where the SVG puts things: a label column, then time from left to right (``Scale``), one row per logic
+    queue."""
     width: int = 960
     label_w: int = 70
     row_h: int = 22
     top: int = 24
 
-    def x(self, t: Timeline, ms: int) -> float:
-        span = max(1, t.end_ms - t.start_ms)
-        return round(self.label_w + (self.width - self.label_w - 10) * (ms - t.start_ms) / span, 1)
+    def scale(self, t: Timeline) -> Scale:
+        return Scale(t, self.label_w, self.width - 10)
 
     def y(self, queue: int) -> int:
         return self.top + queue * self.row_h
 
     def height(self, t: Timeline) -> int:
-        return self.top + max(1, t.queues) * self.row_h + 24
+        return self.top + max(1, t.queues) * self.row_h + 40

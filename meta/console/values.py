@@ -16,6 +16,14 @@ def utc(ms: int | float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(whole)) + f".{part:03d} UTC"
 
 
+def clock(ms: int | float, span_ms: int | float | None = None) -> str:
+    """A moment's time of day in UTC (a timeline's ticks: the axis's ends carry the dates), to the second, or to the
+    millisecond on an axis that spans less than a minute (its ticks would read alike)."""
+    whole, part = divmod(int(ms), 1000)
+    text = time.strftime("%H:%M:%S", time.gmtime(whole))
+    return text + f".{part:03d}" if span_ms is not None and span_ms < 60_000 else text
+
+
 def duration(ms: int | float) -> str:
     """A span of milliseconds in the unit a person reads it in."""
     ms = float(ms)
@@ -49,4 +57,4 @@ def field(value: Any, key: str) -> str:
 
 
 def register(filters: dict) -> None:
-    filters.update(utc=utc, duration=duration, show=show, field=field)
+    filters.update(utc=utc, clock=clock, duration=duration, show=show, field=field)
