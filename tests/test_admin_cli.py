@@ -303,7 +303,8 @@ def test_group_list_and_describe(dev):
     bad = cli("group", "list", "--dir", dev.dir, "--consistency", "eventual", code=2)
     assert "'eventual' is not one of 'linearizable', 'serializable'" in bad.stderr, bad.stderr
     # (the module's other tests leave groups of their own: the row is found by name)
-    assert ["workers", "exclusive", "1", "2"] == next(r for r in table(dev, "group", "list")[1:] if r[0] == "workers")[:4]
+    listed = table(dev, "group", "list")
+    assert ["workers", "exclusive", "1", "2"] == next(r for r in listed[1:] if r[0] == "workers")[:4]
 
     d = cli_json(dev, "group", "describe", "workers")
     assert [m["member"] for m in d["members"]] == ["w1"]

@@ -99,7 +99,8 @@ async def messages_page(request: web.Request) -> web.Response:
     else:
         if since is not None:   # the broker's own answer, from each segment's time index
             path = f"/v1/queues/{quote(topic, safe='')}/{queue}/offset?ts={since}"
-            offset = (await api.get(path, base=head["address"].rstrip("/"), timeout_s=BROKER_READ_TIMEOUT_S))["offset"]
+            found = await api.get(path, base=head["address"].rstrip("/"), timeout_s=BROKER_READ_TIMEOUT_S)
+            offset = found["offset"]
         elif offset < 0:
             offset = max(bounds.min_offset, bounds.max_offset - shown_max)   # the newest
         r = await pull(offset, shown_max)
@@ -111,10 +112,11 @@ async def messages_page(request: web.Request) -> web.Response:
     older = link(offset=max(bounds.min_offset, offset - shown_max)) if not key and offset > bounds.min_offset else None
     newer = link(offset=next_offset) if not key and next_offset < bounds.max_offset else None
     go_on = link(key=key, offset=next_offset) if search is not None and not search.at_end else None
-    return render(request, "messages.html", api, topic=topic, queues=count, queue=queue, key=key, since=q.get("since", ""),
-                  offset=offset, offset_asked=q.get("offset", ""), shown_max=shown_max, bounds=bounds, messages=[_shown(m) for m in messages],
-                  search=search, older=older, newer=newer, go_on=go_on, broker=head.get("broker"), no_live=True,
-                  flash=flash_of(request), form_error=form_error_of(request), key_chars_max=KEY_CHARS_MAX)
+    return render(request, "messages.html", api, topic=topic, queues=count, queue=queue, key=key,
+                  since=q.get("since", ""), offset=offset, offset_asked=q.get("offset", ""), shown_max=shown_max,
+                  bounds=bounds, messages=[_shown(m) for m in messages], search=search, older=older, newer=newer,
+                  go_on=go_on, broker=head.get("broker"), no_live=True, flash=flash_of(request),
+                  form_error=form_error_of(request), key_chars_max=KEY_CHARS_MAX)
 
 
 @console_page("admin")
