@@ -104,3 +104,29 @@ async def committed_on_brokers(http: aiohttp.ClientSession, token: str, addresse
                 found.setdefault(g["group"], set()).update(t for t in g["topics"] if isinstance(t, str))
     await asyncio.gather(*(ask(a) for a in set(addresses)))
     return found
+
+
+async def pop_positions(http: aiohttp.ClientSession, token: str, group: str, addresses: Iterable[str]
+                        ) -> list[dict[str, Any]]:
+    """Where ``group`` pops each queue, from every broker of ``addresses`` (``GET /v1/pop-stats/{group}``: pop
+    state lives with the queue's head); a broker that does not answer in BROKER_ASK_TIMEOUT_S leaves its queues
+    out."""
+    gate = asyncio.Semaphore(BROKER_ASKS_IN_FLIGHT_MAX)
+
+    async def ask(address: str) -> list[dict[str, Any]]:
+        url = f"{address.rstrip('/')}/v1/pop-stats/{quote(group, safe='')}"
+        try:
+            async with gate, http.get(url, headers={"Authorization": f"Bearer {token}"},
+                                      timeout=aiohttp.ClientTimeout(total=BROKER_ASK_TIMEOUT_S)) as r:
+                body = await r.json(content_type=None) if r.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            log.info("pop_positions_unavailable", broker=address, error=type(e).__name__)
+            return []
+        if not isinstance(body, dict) or not isinstance(body.get("queues"), list):
+            return []
+        return [{"topic": q["topic"], "queue": q["queue"], "broker": body.get("broker"), "pop_offset": q["pop_offset"],
+                 "in_flight": q["in_flight"], "revive_backlog": q["revive_backlog"]}
+                for q in body["queues"] if isinstance(q, dict) and {"topic", "queue", "pop_offset", "in_flight",
+                                                                    "revive_backlog"} <= q.keys()]
+    found = [row for rows in await asyncio.gather(*(ask(a) for a in addresses)) for row in rows]
+    return sorted(found, key=lambda r: (r["topic"], r["queue"], r["broker"] or ""))

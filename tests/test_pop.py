@@ -475,4 +475,7 @@ async def test_a_pop_group_is_listed_and_described_by_meta(cluster):
     assert [g["source"] for g in listed["groups"] if g["group"] == "mailer"] == ["brokers"], listed
     detail = await ok(c, "GET", "/v1/groups/mailer", role="client")
     assert (detail["group"], detail["source"]) == ("mailer", "brokers"), detail
+    # where it pops, as the broker serving the queue says (issue 35: describe showed none of it)
+    assert [(p["topic"], p["queue"], p["broker"], p["pop_offset"], p["in_flight"]) for p in detail["pop"]] == \
+        [("mailbox", 0, "b1", 3, 3)], detail["pop"]
 

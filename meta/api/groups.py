@@ -112,7 +112,8 @@ def _detail_of_committed_only(name: str) -> dict:
 async def describe(request: web.Request) -> web.Response:
     """Members and assignments from the image; lease ends from the leader's memory, so the call goes to the leader
     (a follower forwards it); committed offsets and lag from the brokers holding each queue's head, for the assigned
-    queues and (``offsets``) every queue the group committed on, whether or not meta knows the group."""
+    queues and (``offsets``) every queue the group committed on, whether or not meta knows the group; and (``pop``)
+    where it pops each queue, from every active broker."""
     svc = service(request)
     name = request.match_info["group"]
     refuse_if_no_longer_leader(request)
@@ -146,6 +147,7 @@ async def describe(request: web.Request) -> web.Response:
             a.update(found.get((a["topic"], a["queue"]), unknown))
         detail["offsets"] = [{"topic": t, "queue": q, **o} for (t, q), o in sorted(found.items())
                              if o["committed_offset"] is not None and o["committed_offset"] >= 0]
+        detail["pop"] = await group_lag.pop_positions(http, svc.config.tokens.client, name, addresses)
         return 200, detail, None
 
     status, data, _ = await svc.forwarder.to_leader(here, replay_on_leader(request, b""))

@@ -351,6 +351,16 @@ class GroupOffset(TypedDict):
 
 
 @with_config(OPEN)
+class PopPosition(TypedDict):
+    topic: str
+    queue: int
+    broker: str
+    pop_offset: int                      # the next offset a pop takes
+    in_flight: int                       # popped, neither acked nor past their invisible time
+    revive_backlog: int                  # past their invisible time, waiting to be delivered again
+
+
+@with_config(OPEN)
 class GroupDetail(TypedDict):
     group: str
     mode: str | None
@@ -360,6 +370,7 @@ class GroupDetail(TypedDict):
     assignments: list[Assignment]
     source: Literal["meta", "brokers"]   # "brokers": a pull group meta has no record of, known by its offsets
     offsets: list[GroupOffset]           # every queue the group committed on, assigned or not
+    pop: list[PopPosition]               # every queue the group pops from, on the broker that serves it
 
 
 @with_config(OPEN)

@@ -44,7 +44,10 @@ def _describe_text(d: dict[str, Any]) -> str:
     offsets = output.table(d.get("offsets", []), [
         ("topic", "topic"), ("queue", "queue"), ("committed", "committed_offset"), ("max offset", "max_offset"),
         ("lag", "lag")])
-    return f"{head}\n\n{members}\n\n{assignments}\n\n{offsets}"
+    pops = output.table(d.get("pop", []), [
+        ("topic", "topic"), ("queue", "queue"), ("broker", "broker"), ("pop offset", "pop_offset"),
+        ("in flight", "in_flight"), ("revive backlog", "revive_backlog")])
+    return f"{head}\n\n{members}\n\n{assignments}\n\n{offsets}\n\n{pops}"
 
 
 @group.command("describe")
@@ -52,7 +55,7 @@ def _describe_text(d: dict[str, Any]) -> str:
 @global_options
 async def describe(name: str, g: Globals) -> None:
     """Members, assignments with tokens and lease ends, committed offset and lag per queue: of every queue the
-    group committed on, a pull group's too."""
+    group committed on, a pull group's too; and where a pop group pops each queue."""
     async with g.admin() as admin:
         data = await admin.describe_group(name)
     output.emit(g.json, data, _describe_text)
