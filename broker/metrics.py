@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, Platf
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from . import lag as lag_mod
+from . import rates
 
 SESSION_STATES = ("unregistered", "active", "fenced")
 # One series per logic queue: above this many, the per-queue gauges are left out of the scrape (a scrape of a broker
@@ -77,15 +78,18 @@ class BrokerMetrics:
                                          registry=r))
         self._messages_in, self._bytes_in = Children(self.messages_in), Children(self.bytes_in)
         self._messages_out, self._bytes_out = Children(self.messages_out), Children(self.bytes_out)
+        self.last_hour = rates.MinuteCounts()   # the same counts, per minute for the last hour (the console's)
 
     def stored(self, topic: str, messages: int, payload_bytes: int) -> None:
         self._messages_in(topic).inc(messages)
         self._bytes_in(topic).inc(payload_bytes)
+        self.last_hour.add(topic, rates.STORED, messages)
 
     def served(self, topic: str, messages: int, payload_bytes: int) -> None:
         if messages:
             self._messages_out(topic).inc(messages)
             self._bytes_out(topic).inc(payload_bytes)
+            self.last_hour.add(topic, rates.SERVED, messages)
 
 
 class StateCollector:

@@ -294,6 +294,10 @@ async def test_a_message_is_found_by_key_by_offset_and_by_time_and_a_test_messag
     messages = url + f"/console/topics/{TOPIC}/messages"
 
     await page.goto(url + f"/console/topics/{TOPIC}")
+    # the last hour's rates, summed over the brokers: the 30 sends, and the 30 served to the read above
+    await expect(page.locator("#rate-stored")).to_have_attribute("data-total", "30")
+    await expect(page.locator("#rate-served")).to_have_attribute("data-total", "30")
+    await expect(page.locator("#rate-stored svg.spark polyline")).to_have_count(1)
     row = page.locator(f'#queues tr[data-queue="{key_queue}"]')
     await expect(row.locator("td.min")).to_have_text("0")
     await expect(row.locator("td.max")).to_have_text("30")

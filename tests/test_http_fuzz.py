@@ -144,6 +144,7 @@ BROKER_OPS = [
     Op("broker", "GET", "/v1/offsets", ("group",)),
     Op("broker", "GET", "/v1/queues/{topic}", ("count",)),
     Op("broker", "GET", "/v1/queues/{topic}/{queue}/offset", ("ts",)),
+    Op("broker", "GET", "/v1/rates/{topic}"),
     Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts", "start")),
     Op("broker", "POST", "/v1/replica", (), ("follower", "queues"), mutating=True),
     Op("broker", "GET", "/v1/replica/stream", ("follower",)),   # without the Upgrade headers: a plain 400

@@ -189,6 +189,11 @@ async def test_live_broker_answers_match_the_broker_spec(tmp_path):
         listed = await call("GET", "/v1/offsets?group=g")
         assert listed == {"groups": [{"group": "g", "topics": ["t"]}], "truncated": False}
         await call("GET", "/v1/queues/{topic}", topic="t")
+        counted = await call("GET", "/v1/queues/{topic}?count=1", topic="t")
+        assert [q["messages"] for q in counted["queues"]] == [q["max_offset"] - q["min_offset"]
+                                                             for q in counted["queues"]], counted
+        hour = await call("GET", "/v1/rates/{topic}", topic="t")
+        assert len(hour["stored"]) == len(hour["served"]) == 60 and sum(hour["served"]) >= 3, hour
         await call("GET", "/v1/queues/{topic}/{queue}/offset?ts=0", topic="t", queue=0)
         route = (await c.call("GET", c.meta_urls[0] + "/v1/routes/t", "client"))[1]
         sent_queue = route["queues"][0]["physical_queue"]

@@ -234,6 +234,13 @@ async def read_offset(request: web.Request) -> web.Response:
 
 
 @requires("client", "broker")
+async def last_hour(request: web.Request) -> web.Response:
+    """The topic's messages stored and served here per minute, the last hour (broker/rates.py)."""
+    topic = _name(request.match_info["topic"], "topic")
+    return _respond({"topic": topic, **request.app[NODE].metrics.last_hour.last_hour(topic)})
+
+
+@requires("client", "broker")
 async def queues(request: web.Request) -> web.Response:
     node = request.app[NODE]
     count = int_in(request.query.get("count"), "count", 0, 0, 1) == 1
@@ -406,6 +413,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/offsets", committed_groups)
     r.add_get("/v1/queues/{topic}", queues)
     r.add_get("/v1/queues/{topic}/{queue}/offset", offset_for_time)
+    r.add_get("/v1/rates/{topic}", last_hour)
     r.add_get("/v1/physical/{pq}", physical)
     r.add_post("/v1/replica", replica_fetch)
     r.add_get("/v1/replica/stream", replica_stream)

@@ -173,6 +173,14 @@ class QueueRanges(TypedDict):
 
 
 @with_config(OPEN)
+class LastHour(TypedDict):
+    topic: str
+    minute_ms: int          # the start of the minute now running, the last of the buckets
+    stored: list[int]       # messages stored (sends this broker led) per minute, oldest first, 60 of them
+    served: list[int]       # messages served to pulls per minute
+
+
+@with_config(OPEN)
 class OffsetForTime(TypedDict):
     queue: int
     offset: int

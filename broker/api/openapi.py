@@ -119,6 +119,8 @@ SPEC: dict[str, Any] = {
                                    params=_q("group"))},
         "/v1/queues/{topic}": {"get": _op("Logic min and max of the queues headed here", M.QueueRanges,
                                           params=_p("topic") + _q("count"))},
+        "/v1/rates/{topic}": {"get": _op("Messages stored and served per minute, the last hour", M.LastHour,
+                                         params=_p("topic"))},
         "/v1/queues/{topic}/{queue}/offset": {"get": _op("First offset at or after a time", M.OffsetForTime,
                                                          params=_p("topic", "queue") + _q("ts"))},
         "/v1/physical/{pq}": {"get": _op("Records of a physical queue", M.PhysicalRead, roles="broker",

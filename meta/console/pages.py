@@ -344,8 +344,32 @@ async def topic_page(request: web.Request) -> web.Response:
     route = await api.get(f"/v1/routes/{quote(topic)}")
     writable = {q["queue"]: q["writable"] for q in route["queues"]}
     return render(request, "topic.html", api, t=detail, brokers=brokers, writable=writable,
-                  held=await _queue_ranges(api, topic, route),
+                  held=await _queue_ranges(api, topic, route), last_hour=await _last_hour(api, topic, brokers),
                   flash=flash_of(request), form_error=form_error_of(request), form=request.query.get("form", ""))
+
+
+async def _last_hour(api: NodeApi, topic: str, brokers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The topic's messages stored and served per minute over the last hour, summed over the active brokers that
+    answer (``GET /v1/rates/{topic}``, broker/rates.py); None when none does. Buckets are wall-clock minutes on
+    every broker: a bucket of another minute (a broker's clock apart) is left out."""
+    addresses = [b["address"] for b in brokers if b["state"] == "active" and b.get("address")]
+    if not addresses or len(addresses) > BROKERS_PROBED_MAX:
+        return None
+
+    async def one(address: str) -> dict[str, Any] | None:
+        try:
+            return await api.get(f"/v1/rates/{quote(topic)}", base=address, timeout_s=MEMBER_TIMEOUT_S)
+        except (ApiCallFailed, aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+    answers = [a for a in await asyncio.gather(*(one(a) for a in addresses)) if a]
+    if not answers:
+        return None
+    minute = max(a["minute_ms"] for a in answers)
+    same = [a for a in answers if a["minute_ms"] == minute]
+    stored = [sum(col) for col in zip(*(a["stored"] for a in same))]
+    served = [sum(col) for col in zip(*(a["served"] for a in same))]
+    return {"minute_ms": minute, "stored": stored, "served": served, "brokers": len(same),
+            "charts": [("sent", "stored", stored), ("consumed", "served", served)]}
 
 
 async def _queue_ranges(api: NodeApi, topic: str, route: dict[str, Any]) -> dict[int, dict[str, Any]]:
