@@ -255,7 +255,8 @@ def test_produce_and_consume_by_offset_key_time_and_group(dev):
 
     for args, said in [(("--queue", "9"), "error: INVALID_ARGUMENT: queue 9 does not exist; 'feed' has 2 queues"),
                        (("--offset", "1", "--since", "2026-01-01"), "error: INVALID_ARGUMENT: give --offset or"),
-                       (("--commit",), "error: INVALID_ARGUMENT: --commit needs --group")]:
+                       (("--commit",), "error: INVALID_ARGUMENT: --commit needs --group"),
+                       (("--since", "1960-01-01"), "error: INVALID_ARGUMENT: --since: a time from 1970 on")]:
         assert error_line(cli("consume", "feed", *args, "--dir", dev.dir, code=1)).startswith(said)
     assert error_line(cli("consume", "nope", "--dir", dev.dir, code=1)).startswith("error: TOPIC_NOT_FOUND")
     assert error_line(cli("produce", "nope", "-m", "x", "--dir", dev.dir, code=1)).startswith(

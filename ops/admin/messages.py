@@ -191,6 +191,8 @@ async def consume(topic: str, queues: tuple[int, ...], offset: int | None, since
         raise CliError(INVALID_ARGUMENT, "give --offset or --since, not both")
     if commit and group is None:
         raise CliError(INVALID_ARGUMENT, "--commit needs --group")
+    if since is not None and since < 0:
+        raise CliError(INVALID_ARGUMENT, "--since: a time from 1970 on")
     async with PullConsumer(g.endpoints, g.need_token(), topic, group, ssl_context=g.ssl_context,
                             max_messages=PULL_MESSAGES_MAX) as consumer:
         route = await consumer.routes.get(topic)
