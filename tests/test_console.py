@@ -357,6 +357,14 @@ async def test_a_message_is_found_by_key_by_offset_and_by_time_and_a_test_messag
     await page.click("a:text('dead-letter queue') >> nth=0")
     await expect(page.locator("#dead-letters td.body pre")).to_have_text([stored[0]["body"]])
     await _shot(page, tmp_path, "dead-letters")
+    # the pop group is listed (known to meta by its settings), and its page says where it pops, as the API does
+    await page.goto(url + "/console/groups")
+    await expect(page.locator('#groups tr[data-group="mailer"]')).to_have_count(1)
+    await page.click('#groups tr[data-group="mailer"] a >> nth=0')
+    _, mailer, _ = await c.call("GET", url + "/v1/groups/mailer", "client")
+    at = next(p for p in mailer["pop"] if p["queue"] == key_queue)
+    await expect(page.locator(f'#pop-positions tr[data-topic="{TOPIC}"][data-queue="{key_queue}"] td.pop-offset')
+                 ).to_have_text(str(at["pop_offset"]))
     await ctx.close()
 
 
