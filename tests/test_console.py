@@ -450,6 +450,13 @@ async def test_sessions_roles_and_forms_are_checked(console):
             body: new URLSearchParams({csrf, brokers: 'b2', queues: '0 x'})});
         return [r.status, await r.json()]; }""" % TOPIC)
     assert answer[0] == 400 and answer[1]["error"]["code"] == "INVALID_ARGUMENT", answer
+    # a group setting that is no whole number: the same
+    answer = await page.evaluate("""async () => {
+        const csrf = document.querySelector('input[name=csrf]').value;
+        const r = await fetch('/console/groups/g1/config', {method: 'POST',
+            body: new URLSearchParams({csrf, max_attempts: 'three'})});
+        return [r.status, await r.json()]; }""")
+    assert answer[0] == 400 and "max_attempts: 'three' is not a whole number" in answer[1]["error"]["message"], answer
     _, topic, _ = await c.call("GET", url + f"/v1/topics/{TOPIC}")
     assert all(q["segments"][-1]["broker"] == "b1" for q in topic["logic_queues"])
     # a wrong token gets the login form again, with a 401

@@ -491,14 +491,7 @@ async def group_config(request: web.Request) -> web.Response:
     group = name_param(request.match_info["group"])
     page = f"/console/groups/{quote(group)}"
     with refusals_on_the_form(request, page):
-        body: dict[str, Any] = {}
-        for key in ("max_attempts", "lease_ms"):
-            raw = str(form.get(key, "")).strip()
-            if raw:
-                try:
-                    body[key] = int(raw)
-                except ValueError:
-                    raise invalid(f"{key}: {raw!r} is not a whole number") from None
+        body = {key: value for key in ("max_attempts", "lease_ms") if (value := form_whole(form, key)) is not None}
         answer = await submit_change(request, "PUT", f"/v1/groups/{quote(group)}/config", body)
     back_to(page, f"settings saved at v{answer['version']}", answer["version"])
 
@@ -539,6 +532,19 @@ def name_param(value: str) -> str:
     if len(value) > NAME_CHARS_MAX or not NAME_RE.fullmatch(value):
         raise invalid(f"not a valid name: {value[:100]!r}")
     return value
+
+
+def form_whole(form: Any, key: str, required: bool = False) -> int | None:
+    """A form's field as a whole number; None when left empty (INVALID_ARGUMENT when ``required``)."""
+    raw = str(form.get(key, "")).strip()
+    if not raw:
+        if required:
+            raise invalid(f"{key} is required")
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise invalid(f"{key}: {raw[:30]!r} is not a whole number") from None
 
 
 def whole_param(value: str | None, default: int) -> int:

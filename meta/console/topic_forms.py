@@ -12,21 +12,10 @@ from aiohttp import web
 
 from wire.errors import invalid
 
-from .pages import back_to, checked_form, console_page, name_param, refusals_on_the_form, submit_change
+from .pages import (back_to, checked_form, console_page, form_whole, name_param, refusals_on_the_form,
+                    submit_change)
 
 CONFIG_LINES_MAX = 100        # key=value lines one config form sets
-
-
-def _whole(form: Any, key: str, required: bool = False) -> int | None:
-    raw = str(form.get(key, "")).strip()
-    if not raw:
-        if required:
-            raise invalid(f"{key} is required")
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise invalid(f"{key}: {raw[:30]!r} is not a whole number") from None
 
 
 @console_page("admin")
@@ -36,9 +25,9 @@ async def create_topic(request: web.Request) -> web.Response:
         topic = str(form.get("topic", "")).strip()
         if not topic:
             raise invalid("name the topic")
-        body: dict[str, Any] = {"topic": topic, "queues": _whole(form, "queues", required=True)}
+        body: dict[str, Any] = {"topic": topic, "queues": form_whole(form, "queues", required=True)}
         for key in ("replicas", "min_insync", "slots"):
-            if (value := _whole(form, key)) is not None:
+            if (value := form_whole(form, key)) is not None:
                 body[key] = value
         brokers = [str(b) for b in form.getall("brokers", [])]
         if brokers:
@@ -63,7 +52,7 @@ async def _topic_form(request: web.Request, form_name: str, method: str, suffix:
 
 @console_page("admin")
 async def grow_topic(request: web.Request) -> web.Response:
-    await _topic_form(request, "grow", "PATCH", "", lambda form: {"queues": _whole(form, "queues", required=True)},
+    await _topic_form(request, "grow", "PATCH", "", lambda form: {"queues": form_whole(form, "queues", required=True)},
                       lambda a: f"grown to {a.get('queues')} queues at v{a['version']}")
 
 
