@@ -4,11 +4,14 @@ serve``) turns it on. There is no config key for it on purpose: a config file is
 line is typed for one test (the config schemas refuse unknown keys, so a key in a config is refused by name).
 
 Why a ledger: a kill -9 keeps the page cache, so every write the process made survives it, synced or not. With the
-mode on, every durable file the node writes (meta's journal segments and state file, the broker's segment and index
-files, offsets file, pop journal, DLQ queues) reports to the ledger after each fsync/fdatasync returns and before the
-caller acknowledges anything: "P is durable up to L bytes" (L is the size *before* the sync started: a sync covers
-what was written before it, nothing after). After the process is gone, ``lose_unsynced`` cuts every file the ledger
-knows back to its durable length, as the disk would hold it after a power loss.
+mode on, the sync calls themselves feed the ledger, never the code's own account of what it synced: ``sync_fd`` (an
+fsync or fdatasync of one file: every durable file of meta and the broker goes through it) records "P is durable up
+to L bytes" after the call returns, L being the file's size *before* it started (a sync covers what was written
+before it, nothing after); ``sync_filesystem`` (the broker's group commit, one syncfs for every queue) notes the size
+of every file under the node's data directory before the call and records each one that grew once it returns. So a
+sync left out, done on the wrong file or before the write it should cover, or a record marked readable before its
+sync returned, loses data at the next power loss, as on a real disk. After the process is gone, ``lose_unsynced``
+cuts every file the ledger knows back to its durable length, as the disk would hold it after a power loss.
 
 The writes still go to the files at once, so the process reads its own unsynced writes back from the page cache, as
 it does in production. That is more faithful than holding them in the process's memory
@@ -20,17 +23,20 @@ kill -9 keeps it whole as the process left it (only a real power loss would lose
 on a machine that keeps its power). A kill between a sync and its record loses a write nobody was told about.
 
 Records, one line each (``<kind> <number> <path>``; path absolute, last on the line so it may hold spaces):
-- ``D <length> <path>``: synced up to length (a file replaced whole by a rename, ``write_atomic``, is WHOLE: never cut);
+- ``D <length> <path>``: synced up to length, by a sync of the file itself (a file replaced whole by a rename,
+  ``write_atomic``, is WHOLE: never cut);
+- ``S <length> <path>``: its file system was synced while it held length bytes: durable up to at least that (a
+  syncfs runs beside the fsyncs of single files, so it never moves a durable length back);
 - ``N 0 <path>``: created; until a ``C`` of its directory, a power loss may lose the file itself;
 - ``C 0 <dir>``: the directory was synced: files created in it so far are there to stay;
 - ``R 0 <path>``: removed (the path and everything under it are forgotten).
 
 What the model leaves out, on purpose: an unsynced rename or unlink is taken as durable (the old content is gone, so
 a power loss that undoes a rename cannot be played); an unsynced truncation is never undone; a file is never made
-longer than it is. Each of these makes the mode lose less than a real power loss might, never more.
-Writers must not sync one file from two threads at once (the broker holds the queue's lock through its fsync, and
-group commit records a file a syncfs covered under that lock, only when it moves the durable length forward,
-offsets and the pop journal have one syncer thread, meta's journal syncs on its tick thread): the last record wins.
+longer than it is; a file truncated while a syncfs that saw it longer was under way keeps the longer durable length.
+Each of these makes the mode lose less than a real power loss might, never more. Writers must not sync one file
+from two threads at once with ``sync_fd`` (the broker holds the queue's lock through its fsync, offsets and the pop
+journal have one syncer thread, meta's journal syncs on its tick thread): the last ``D`` wins.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ LEDGER_COMPACT_BYTES = 4 * 1024 * 1024
 # A torn write keeps between 1 byte and this much of the lost tail (sector and page sizes are 512 B to 4 KiB).
 TEAR_BYTES_MAX = 8 * 1024
 
-DURABLE, CREATED, DIR_SYNCED, REMOVED = "D", "N", "C", "R"
+DURABLE, SYNCED_AT_LEAST, CREATED, DIR_SYNCED, REMOVED = "D", "S", "N", "C", "R"
+KINDS = (DURABLE, SYNCED_AT_LEAST, CREATED, DIR_SYNCED, REMOVED)
 WHOLE = 2**62   # the durable length of a file replaced whole by a rename: longer than any file, so never cut
 
 
@@ -67,6 +74,9 @@ class _State:
     def apply(self, kind: str, number: int, path: str) -> None:
         if kind == DURABLE:
             self.files.setdefault(path, _File()).durable = number
+        elif kind == SYNCED_AT_LEAST:
+            f = self.files.setdefault(path, _File())
+            f.durable = max(f.durable, number)
         elif kind == CREATED:
             self.files[path] = _File(0, True)
         elif kind == DIR_SYNCED:
@@ -95,6 +105,17 @@ class Ledger:
         self._lock = threading.Lock()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._bytes = os.fstat(self._fd).st_size
+
+    @property
+    def root(self) -> str:
+        """The node's data directory, where the ledger lives."""
+        return os.path.dirname(self.path)
+
+    def durable(self, path: str) -> int | None:
+        """How far ``path`` is durable; None for a file the ledger has never heard of."""
+        with self._lock:
+            f = self._state.files.get(path)
+            return f.durable if f is not None else None
 
     def record(self, kind: str, number: int, path: str) -> None:
         path = os.path.abspath(path)
@@ -157,11 +178,41 @@ def sync_fd(fd: int, sync: Callable[[int], None] = os.fdatasync) -> None:
         current.record(DURABLE, size, path)
 
 
-def synced_to(path: str, length: int) -> None:
-    """``path`` is durable up to ``length``: a sync that covered the file without naming it (a syncfs of its file
-    system, broker/group_commit.py) returned, and the file held ``length`` bytes before it began."""
-    if ledger is not None:
-        ledger.record(DURABLE, length, path)
+def sync_filesystem(fd: int, syncfs: Callable[[int], None]) -> None:
+    """``syncfs(fd)``, then, with the mode on, a record for every file under the node's data directory that grew
+    since the ledger last saw it durable: each is durable up to its size before the call began. Walking the
+    directory rather than asking the caller which files it meant is the point: a file the code forgot, or wrote
+    after the call began, is not covered."""
+    current = ledger
+    if current is None:
+        syncfs(fd)
+        return
+    sizes = _sizes_under(current.root, skip=(current.path, current.path + ".tmp"))
+    syncfs(fd)
+    for path, size in sizes.items():
+        durable = current.durable(path)
+        if durable is None or size > durable:   # an empty file too: known from now on, so cut if it grows unsynced
+            current.record(SYNCED_AT_LEAST, size, path)
+
+
+def _sizes_under(root: str, skip: tuple[str, ...]) -> dict[str, int]:
+    """The size of every regular file under ``root`` (one that vanishes meanwhile is left out)."""
+    sizes: dict[str, int] = {}
+    stack = [root]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False) and entry.path not in skip:
+                    sizes[entry.path] = entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return sizes
 
 
 def synced_whole(path: str) -> None:
@@ -211,30 +262,25 @@ class Loss:
                 "torn": self.torn}
 
 
+def unsynced_bytes(data_dir: str) -> int:
+    """What ``lose_unsynced`` would take from a *stopped* (or paused) node's data directory now, torn pieces aside:
+    0 when every byte the node wrote is durable."""
+    return sum(size - (0 if created else durable) for _, size, durable, created in _at_risk(data_dir))
+
+
 def lose_unsynced(data_dir: str, rng: random.Random, tear: bool) -> Loss:
     """On a *stopped* node's data directory: cut every file the ledger knows back to its durable length (with
     ``tear``, keep a random piece of each lost tail, as a write cut mid-way leaves), remove files created since
     their directory's last sync, then reset the ledger. A directory without a ledger (the mode was off, or the node
     never started) loses nothing."""
-    path = os.path.join(os.path.abspath(data_dir), LEDGER_NAME)
     loss = Loss()
-    if not os.path.exists(path):
-        return loss
-    state = _read_state(path)
-    for name in sorted(state.files):
-        f = state.files[name]
-        try:
-            size = os.stat(name).st_size
-        except FileNotFoundError:
-            continue
-        if f.created:
+    for name, size, durable, created in _at_risk(data_dir):
+        if created:
             os.remove(name)
             loss.files_removed += 1
             loss.bytes_lost += size
             continue
-        if size <= f.durable:
-            continue
-        keep = f.durable
+        keep = durable
         lost = size - keep
         if tear and lost > 1:
             keep += rng.randint(1, min(lost - 1, TEAR_BYTES_MAX))
@@ -242,8 +288,29 @@ def lose_unsynced(data_dir: str, rng: random.Random, tear: bool) -> Loss:
         os.truncate(name, keep)
         loss.files_cut += 1
         loss.bytes_lost += size - keep
-    os.remove(path)
+    path = os.path.join(os.path.abspath(data_dir), LEDGER_NAME)
+    if os.path.exists(path):
+        os.remove(path)
     return loss
+
+
+def _at_risk(data_dir: str) -> list[tuple[str, int, int, bool]]:
+    """Every file a power loss would change now, in path order: (path, size, durable length, created since its
+    directory's last sync)."""
+    path = os.path.join(os.path.abspath(data_dir), LEDGER_NAME)
+    if not os.path.exists(path):
+        return []
+    state = _read_state(path)
+    out = []
+    for name in sorted(state.files):
+        f = state.files[name]
+        try:
+            size = os.stat(name).st_size
+        except FileNotFoundError:
+            continue
+        if f.created or size > f.durable:
+            out.append((name, size, f.durable, f.created))
+    return out
 
 
 def _read_state(path: str) -> _State:
@@ -255,6 +322,6 @@ def _read_state(path: str) -> _State:
         return state
     for line in raw.decode("utf-8", "replace").splitlines():
         parts = line.split(" ", 2)
-        if len(parts) == 3 and parts[0] in (DURABLE, CREATED, DIR_SYNCED, REMOVED) and parts[1].isdigit():
+        if len(parts) == 3 and parts[0] in KINDS and parts[1].isdigit():
             state.apply(parts[0], int(parts[1]), parts[2])
     return state

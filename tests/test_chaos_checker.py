@@ -275,14 +275,15 @@ def test_commit_with_an_older_token_after_a_newer_one_is_a_violation():
 
 
 # -- pops ----------------------------------------------------------------------------------------------------------
-def pop(t, *messages):
+def pop(t, *messages, address="b1"):
     return op("p", "pop", t, t + 0.5, OK, {"messages": [{"queue": q, "offset": o, "handle": h}
-                                                        for q, o, h in messages]})
+                                                        for q, o, h in messages]}, address=address)
 
 
-def ack(t, *handles, outcome=OK, ok=True):
+def ack(t, *handles, outcome=OK, ok=True, address="b1"):
     return op("p", "ack", t, t + 0.5 if outcome != UNKNOWN else None, outcome,
-              {"results": [{"handle": h, "ok": ok} for h in handles]} if outcome == OK else {}, handles=list(handles))
+              {"results": [{"handle": h, "ok": ok} for h in handles]} if outcome == OK else {}, handles=list(handles),
+              address=address)
 
 
 def test_popped_message_neither_acked_nor_redelivered_is_a_violation():
@@ -308,6 +309,21 @@ def test_popped_message_neither_acked_nor_redelivered_is_a_violation():
     refused_ack = sends + [pop(1, (0, 0, "h0"), (0, 1, "h1"), (0, 2, "h2")), ack(2, "h0", "h1"),
                            ack(2.2, "h2", ok=False)]
     assert len(checker.pops_acked_or_redelivered(refused_ack, set(), "tp")[0]) == 1
+
+
+def test_an_ack_through_a_handle_the_broker_superseded_answered_ok_is_a_violation():
+    first, again = pop(1, (0, 4, "h4")), pop(4, (0, 4, "h4b"))      # h4 past its invisible time, delivered again
+    # the late ack refused, or made before the message came again, or through the newer handle: fine
+    assert checker.stale_pop_acks([first, again, ack(6, "h4", ok=False), ack(7, "h4b")]) == []
+    assert checker.stale_pop_acks([first, ack(3, "h4"), again]) == []
+    # answered ok by the broker that had delivered it again: the newer delivery's consumer loses it
+    bad = checker.stale_pop_acks([first, again, ack(6, "h4"), ack(7, "h4b", ok=False)])
+    assert [v["check"] for v in bad] == ["stale_pop_acks"] and "0@4" in bad[0]["message"]
+    # ... but another broker (a head failed over) never saw the newer delivery: not judged
+    moved = pop(4, (0, 4, "h4c"), address="b2")
+    assert checker.stale_pop_acks([first, moved, ack(6, "h4")]) == []
+    # a newer pop still under way when the ack was sent had not superseded anything yet
+    assert checker.stale_pop_acks([first, pop(5.8, (0, 4, "h4d")), ack(6, "h4")]) == []
 
 
 def test_acknowledged_send_to_the_pop_topic_never_popped_is_a_violation():

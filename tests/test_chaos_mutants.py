@@ -2,7 +2,7 @@
 `stator chaos run` at one fixed seed on that copy must report a violation within MUTANT_RUN_S seconds of faults; the
 same run on the unchanged copy must report none (so what the mutants trip on is the bug, not the run).
 
-Marked ``mutants`` and left out of the default run (pyproject.toml): thirteen runs of ~3 minutes each do not fit
+Marked ``mutants`` and left out of the default run (pyproject.toml): sixteen runs of ~3 minutes each do not fit
 the suite's budget. Run them with::
 
     pytest -m mutants tests/test_chaos_mutants.py
@@ -42,6 +42,14 @@ made (the last whole copy of a sealed segment; a copy still named in sync while 
 for those too. What the control run reports now is committed_offsets alone (25): consumer state on a failed-over
 head, issue 37. So the mutant is told from the tree by the message checks (no_lost_sends, one_leader_per_epoch,
 queues_contiguous), which the tree passes.
+
+2026-11-29 (eighteenth session): two mutants the runner could not see before. ``group_commit_wakes_without_syncing``
+went unnoticed while the power-loss ledger took the code's word for what a syncfs covered; fed by the sync calls
+now, with each power loss aimed at unsynced writes, it is caught at seed 9 in 120 s of ``power`` faults alone by
+no_lost_sends (60), one_leader_per_epoch (18) and pops_acked_or_redelivered (2), and that set's control run passes.
+``pop_ack_through_a_superseded_handle`` needs acks that come after the invisible time, which the pop workload never
+made: with its late acks it is caught in 60 s at seed 9 (classic kinds) by stale_pop_acks (39) and
+pops_acked_or_redelivered (38); the unchanged tree's 90 s run reports nothing.
 """
 
 from __future__ import annotations
@@ -132,6 +140,15 @@ MUTANTS = [
            "        await self.replicas.replicated(head, first + send.count)",
            "        pass",
            faults=BROKER_FAULTS),
+    # broker: group commit wakes the sends of a round without syncing their file system. Only a power loss that
+    # finds those writes unsynced can tell: the power-loss ledger learns what is durable from the sync calls
+    # themselves (runtime/power_loss.py), and the nemesis aims each power loss at unsynced writes.
+    # broker: an ack through a superseded handle counts while the newer delivery is in flight (its consumer then
+    # finds the message acked under it). Reached by the pop workload's late acks, past the invisible time.
+    Mutant("pop_ack_through_a_superseded_handle", "broker/pop/state.py",
+           "        if d.seq == seq:", "        if d.seq >= seq:"),
+    Mutant("group_commit_wakes_without_syncing", "broker/group_commit.py",
+           "            files.sync_filesystem(self._fd)", "            pass", faults=("power",)),
 ]
 FAULT_SETS = sorted({m.faults for m in MUTANTS})
 

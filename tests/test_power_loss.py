@@ -267,3 +267,45 @@ def test_lose_unsynced_cuts_to_the_last_sync_tears_within_the_lost_tail_and_drop
     assert (loss.files_cut, loss.files_removed, loss.torn) == (2, 1, 2), loss
     assert not os.path.exists(os.path.join(d, power_loss.LEDGER_NAME)), "the ledger is reset"
     assert power_loss.lose_unsynced(d, random.Random(3), tear=True) == power_loss.Loss()
+
+
+def test_a_syncfs_makes_durable_what_every_file_held_when_it_began_and_nothing_the_code_claims(tmp_path):
+    """The ledger learns from the syncfs call itself: every file under the data directory is durable up to its size
+    before the call (one the code never named included), a write landing during the call is not, and a file
+    written after the last syncfs loses its tail whatever the code believes it synced."""
+    from broker.storage import files
+    d = str(tmp_path)
+    power_loss.enable(d)
+    try:
+        os.mkdir(os.path.join(d, "queues"))
+        named, unnamed, late = (os.path.join(d, "queues", n) for n in ("named.log", "unnamed.log", "late.log"))
+        fds = {p: os.open(p, os.O_RDWR | os.O_CREAT) for p in (named, unnamed, late)}
+        files.sync_dir(os.path.join(d, "queues"))
+        os.write(fds[named], b"a" * 300)
+        os.write(fds[unnamed], b"u" * 70)
+
+        def syncfs_while_a_write_lands(fd: int) -> None:
+            os.write(fds[named], b"b" * 40)   # after the sizes were taken: not covered
+            files._checked_syncfs(fd)
+
+        root = os.open(d, os.O_RDONLY)
+        try:
+            power_loss.sync_filesystem(root, syncfs_while_a_write_lands)
+        finally:
+            os.close(root)
+        os.write(fds[late], b"c" * 500)          # written after the last syncfs: lost whatever is claimed
+        assert power_loss.unsynced_bytes(d) == 40 + 500
+        # a syncfs never moves back what an fsync of the file itself made durable
+        os.write(fds[unnamed], b"v" * 30)
+        files.sync_data(fds[unnamed])
+        power_loss.ledger.record(power_loss.SYNCED_AT_LEAST, 70, unnamed)
+        assert power_loss.ledger.durable(unnamed) == 100
+        for fd in fds.values():
+            os.close(fd)
+    finally:
+        power_loss.disable()
+    assert power_loss.unsynced_bytes(d) == 40 + 500, "the dry run reads the ledger a stopped node left"
+    loss = power_loss.lose_unsynced(d, random.Random(5), tear=False)
+    assert (os.path.getsize(named), os.path.getsize(unnamed), os.path.getsize(late)) == (300, 100, 0)
+    assert (loss.files_cut, loss.bytes_lost, loss.torn) == (2, 540, 0), loss
+    assert power_loss.unsynced_bytes(d) == 0

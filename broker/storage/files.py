@@ -73,7 +73,11 @@ def sync_filesystem(fd: int) -> None:
     """syncfs(2) of the file system holding `fd`: every dirty page and inode on it, in one journal commit and one
     flush of the device's cache. Since Linux 5.8 it reports a writeback error of any file there (once per open
     descriptor), which is why the caller keeps one descriptor open for its life. The GIL is released meanwhile
-    (ctypes)."""
+    (ctypes). The power-loss ledger (tests only) records what it covered."""
+    power_loss.sync_filesystem(fd, _checked_syncfs)
+
+
+def _checked_syncfs(fd: int) -> None:
     if _syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"syncfs: {os.strerror(err)}")

@@ -19,7 +19,6 @@ import time
 from bisect import bisect_right
 from typing import NamedTuple, Sequence
 
-from runtime import power_loss
 
 from . import files, limits
 from .config import FLUSH_FSYNC, FLUSH_GROUP, QueueConfig
@@ -36,10 +35,8 @@ OWN_READ_HANDLES_MAX = 16
 
 
 class PendingSync(NamedTuple):
-    """What a group commit's sync will cover of one queue: its active file as it stood before the sync began."""
+    """What a group commit's sync will cover of one queue: its records written before the sync began."""
     end_offset: int
-    path: str
-    file_bytes: int
 
 
 class PhysicalQueue:
@@ -296,8 +293,7 @@ class PhysicalQueue:
         with self._lock:
             if self._closed or self._failed or self._flushed_offset == self._max_offset():
                 return None
-            active = self._segments[-1]
-            return PendingSync(active.end_offset, active.path, active.file_bytes)
+            return PendingSync(self._segments[-1].end_offset)
 
     def synced(self, pending: PendingSync) -> None:
         """A sync that began after pending_sync() returned `pending` has returned: readers may see its records."""
@@ -305,7 +301,6 @@ class PhysicalQueue:
             if pending.end_offset <= self._flushed_offset:
                 return   # a roll, close or flush synced past it meanwhile
             self._flushed_offset = pending.end_offset
-            power_loss.synced_to(pending.path, pending.file_bytes)
             if pending.end_offset == self._max_offset():
                 self._dirty_since_ms = None
 

@@ -387,6 +387,36 @@ def pops_acked_or_redelivered(ops: Iterable[Op], dead_lettered: set[tuple[str, i
                  "redelivered_after_ack_examples": redelivered_after_ack[:EVIDENCE_OPS_MAX]}
 
 
+def stale_pop_acks(ops: Iterable[Op]) -> list[dict[str, Any]]:
+    """An ack through a superseded handle changes nothing: a broker that had already delivered the message again
+    under a newer handle (a pop from the same address, invoked after the first pop completed and completed before
+    the ack was invoked) must not answer the old handle's ack ok, or the newer delivery's consumer loses the
+    message it holds. (Another broker, after a failover, knows nothing of the newer delivery: not judged here.)"""
+    ops = list(ops)
+    delivered: dict[str, tuple[Op, tuple[int, int]]] = {}           # handle -> its pop, (queue, offset)
+    by_message: dict[tuple[str, int, int], list[tuple[Op, str]]] = defaultdict(list)   # (address, q, off) -> pops
+    for o in ops:
+        if o.kind == "pop" and o.outcome == OK:
+            for m in o.output.get("messages", []):
+                delivered[m["handle"]] = (o, (m["queue"], m["offset"]))
+                by_message[(o.input["address"], m["queue"], m["offset"])].append((o, m["handle"]))
+    out = []
+    for a in ops:
+        if a.kind != "ack" or a.outcome != OK:
+            continue
+        for r in a.output.get("results", []):
+            if not r.get("ok") or r["handle"] not in delivered:
+                continue
+            first, (queue, offset) = delivered[r["handle"]]
+            newer = [(p, h) for p, h in by_message[(a.input["address"], queue, offset)]
+                     if h != r["handle"] and p.invoke > first.complete and p.complete < a.invoke]
+            if newer:
+                out.append(violation("stale_pop_acks", f"queue {queue}@{offset}: an ack through a handle the broker "
+                                     "had superseded by delivering the message again was answered ok",
+                                     ack=_brief(a), first_pop=_brief(first), newer_pop=_brief(newer[0][0])))
+    return out
+
+
 # The operator's remap, grow and lease operations are recorded (and counted in the summary's operator_changes) but
 # no check reads them: they are not counted here.
 CHECKED_KINDS = frozenset({"cas", "read", "read_mv", "send", "commit", "oread", "pop", "ack", "put", "sread"})

@@ -22,7 +22,10 @@ end in a kill -9 of the follower a moment after the heal, while the snapshot is 
 ``power`` is a power loss: kill -9 of a member, then runtime/power_loss.lose_unsynced on its data directory (every
 member runs with the power-loss ledger in chaos runs, topology.py), so it loses every write it had not synced, and
 half of the time a piece of the lost tail stays behind as a torn write; then it starts again. One power fault in
-POWER_ALL_SHARE is the whole machine's: every member at once. What each lost is in the fault's record.
+POWER_ALL_SHARE is the whole machine's: every member at once. The kill is aimed: the members are frozen and their
+ledgers read until one holds a write it has not synced yet (``_aim``), since the members sync within milliseconds of
+each write and a kill at an arbitrary moment almost always finds nothing to lose. What each lost, and the freezes
+the aim took, are in the fault's record.
 
 ``leader_cut`` cuts the meta leader of the moment from both peers, for longer than the others take to elect a new
 one, then heals. The runner's clients keep talking to every meta node directly, so they keep sending writes to the
@@ -91,7 +94,14 @@ POWER_ALL_SHARE = 0.25              # power faults that take every member down a
 POWER_TEAR_SHARE = 0.5              # power faults that leave a piece of each lost tail behind
 STATUS_TIMEOUT_S = 1.0
 LEADER_WAIT_S = 15.0                # leader_cut: an election after the previous fault (a whole-machine power loss
-LEADER_POLL_S = 0.2                 # restarts every meta node: each takes seconds to start) must end by then              # asking a node who leads
+                                    # restarts every meta node: each takes seconds to start) must end by then
+LEADER_POLL_S = 0.2                 # asking a node who leads
+# A power loss is aimed at unsynced writes: its targets are frozen (SIGSTOP) and their ledgers read; with nothing
+# unsynced they run on for a moment and are frozen again, at most POWER_AIM_TRIES times. A loss at an arbitrary
+# instant almost never meets a write between its write() and its sync (a run of 34 power faults lost 0 bytes).
+POWER_AIM_TRIES = 60
+POWER_AIM_GAP_S = (0.001, 0.03)     # between two freezes
+FROZEN_WAIT_S = 1.0                 # until every thread of a frozen member has stopped
 FIRST_FAULT_S = 1.0                 # let the workloads start first
 STOP_WAIT_S = 15.0                  # a stop or start of one member (devcluster waits up to 10 s + 5 s for a kill)
 MEMBERSHIP_DEADLINE_S = 60.0        # a membership change that keeps being refused (another in flight, no leader)
@@ -177,6 +187,7 @@ class Nemesis:
         self._down: set[str] = set()
         self._cut: dict[Fault, str] = {}   # install: the follower actually cut; leader_cut: the leader
         self._lost: dict[Fault, dict[str, dict[str, int]]] = {}   # power: what each member lost
+        self._aimed: dict[Fault, int] = {}                        # power: the freezes its aim took
         self._led: dict[Fault, dict[str, list[int]] | None] = {}   # broker faults: the heads the broker led
         self._whole: set[tuple[str, str]] = set()   # (physical queue, broker): a sealed copy seen whole there
         self._wiped_epoch: dict[str, int] = {}      # broker -> its session epoch when its disk was last taken away
@@ -203,6 +214,8 @@ class Nemesis:
                 record["isolated"] = self._cut.pop(f)
             if f in self._lost:
                 record["power_loss"] = self._lost.pop(f)
+            if f in self._aimed:
+                record["aim_tries"] = self._aimed.pop(f)
             if f in self._led:
                 record["led"] = self._led.pop(f)
             self.applied.append(record)
@@ -316,17 +329,41 @@ class Nemesis:
         return self.t.meta_names + self.t.broker_names if f.target == POWER_ALL else [f.target]
 
     async def _power_loss(self, f: Fault) -> None:
-        """kill -9 of every target at once, then each loses what it had not synced (the tear's length drawn from
-        a generator seeded by the fault, so a run's losses are as repeatable as the kernel lets them be)."""
+        """kill -9 of every target at once, aimed at a moment when one of them has written what it has not synced,
+        then each loses what it had not synced (the aim and the tear's length drawn from a generator seeded by the
+        fault, so a run's losses are as repeatable as the kernel lets them be)."""
         names = self._power_targets(f)
-        await asyncio.gather(*(self._stop(n, signal.SIGKILL) for n in names))
         rng = random.Random(f"{f.at_s}/{f.target}")
+        self._aimed[f] = await asyncio.to_thread(self._aim, names, rng)
+        await asyncio.gather(*(self._stop(n, signal.SIGKILL) for n in names))
         lost = {}
         for n in names:
-            loss = await asyncio.to_thread(power_loss.lose_unsynced, os.path.join(self.t.dir, n, "data"), rng,
-                                           bool(f.tear))
+            loss = await asyncio.to_thread(power_loss.lose_unsynced, self._data_dir(n), rng, bool(f.tear))
             lost[n] = loss.as_dict()
         self._lost[f] = lost
+
+    def _aim(self, names: list[str], rng: random.Random) -> int:
+        """Freeze ``names`` until one of them holds unsynced writes (or POWER_AIM_TRIES freezes found none); they
+        are left frozen, for the kill. Returns the freezes it took."""
+        for attempt in range(1, POWER_AIM_TRIES + 1):
+            try:
+                for n in names:
+                    self._signal(n, signal.SIGSTOP)
+                for n in names:
+                    _wait_frozen(_pid(self.t, n))
+                if attempt == POWER_AIM_TRIES or any(power_loss.unsynced_bytes(self._data_dir(n)) for n in names):
+                    return attempt
+            except BaseException:
+                for n in names:   # never left frozen: no heal would continue them
+                    self._signal(n, signal.SIGCONT)
+                raise
+            for n in names:
+                self._signal(n, signal.SIGCONT)
+            time.sleep(rng.uniform(*POWER_AIM_GAP_S))
+        return POWER_AIM_TRIES
+
+    def _data_dir(self, name: str) -> str:
+        return os.path.join(self.t.dir, name, "data")
 
     def _leader(self) -> str:
         """The meta node that says it leads, asked again while an election is under way (the previous fault's heal
@@ -555,6 +592,23 @@ def _error_code(text: str) -> str | None:
         return json.loads(text)["error"]["code"]
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _wait_frozen(pid: int) -> None:
+    """Until every thread of ``pid`` is stopped (SIGSTOP is delivered asynchronously), at most FROZEN_WAIT_S; a
+    process gone meanwhile counts as frozen."""
+    deadline = time.monotonic() + FROZEN_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            states = []
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            return
+        if all(s in ("T", "t", "Z", "X") for s in states):
+            return
+        time.sleep(0.0005)
 
 
 def _pid(t: Topology, name: str) -> int:

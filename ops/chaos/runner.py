@@ -239,7 +239,7 @@ def _checks(ops: list[Any], initial: str, final: dict[tuple[str, int], dict[int,
     contiguous, contiguous_stats = checker.queues_contiguous(final, segments, workloads.OFFSET_BUDGET, epochs)
     leaders, leader_stats = checker.one_leader_per_epoch(ops, epochs)
     violations += contiguous + leaders + checker.committed_offsets(ops)
-    violations += checker.exclusive_commits(ops) + pops + sized
+    violations += checker.exclusive_commits(ops) + pops + checker.stale_pop_acks(ops) + sized
     violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
     return violations, {**register_stats, **pop_stats, **sized_stats, **contiguous_stats, **leader_stats,
                         **_sized_classes(ops)}
@@ -428,6 +428,7 @@ def _power_losses(applied: list[dict[str, Any]]) -> dict[str, int]:
     faults = [f for f in applied if f["kind"] == "power" and "power_loss" in f]
     lost = [m for f in faults for m in f["power_loss"].values()]
     return {"faults": len(faults), "whole_machine": sum(1 for f in faults if f["target"] == nemesis.POWER_ALL),
+            "aimed": sum(1 for f in faults if f.get("aim_tries", nemesis.POWER_AIM_TRIES) < nemesis.POWER_AIM_TRIES),
             "members_cut": sum(1 for m in lost if m["files_cut"] or m["files_removed"]),
             "files_cut": sum(m["files_cut"] for m in lost), "files_removed": sum(m["files_removed"] for m in lost),
             "bytes_lost": sum(m["bytes_lost"] for m in lost), "torn": sum(m["torn"] for m in lost)}

@@ -10,7 +10,8 @@ checks need every request's own outcome. Each loop runs until ``stop`` is set; e
   commits with the token. It keeps using a token until a heartbeat answer takes the queue away, even through a
   partition from meta or a silence of its own (EX_SILENT_S): the broker's fencing, not the client's caution, must
   keep two owners from committing.
-- ``pop``: pops from the brokers holding the topic's heads, acks most messages, leaves some unacked to come back.
+- ``pop``: pops from the brokers holding the topic's heads, acks most messages at once and some past their
+  invisible time (when another popper may hold them under a newer handle), leaves some unacked to come back.
 - ``sizes``: meta commands of every size class, tiny to the largest the API takes, as topic config writes, each
   class on a topic of its own; a linearizable read after every refusal or doubt (see the section below).
 """
@@ -48,6 +49,11 @@ POP_INVISIBLE_MS = 2000
 POP_WAIT_MS = 300
 POP_MAX = 8
 UNACKED_SHARE = 0.15         # pops deliberately left unacked (a consumer that crashed): they must come back
+# Pops acked late, past their invisible time (a consumer slower than it promised): by then another popper may hold
+# the message under a newer handle, and the late ack must change nothing (checker.stale_pop_acks)
+LATE_ACK_SHARE = 0.1
+LATE_ACK_AFTER_S = (POP_INVISIBLE_MS / 1000 + 0.2, POP_INVISIBLE_MS / 1000 + 2.5)
+LATE_ACKS_MAX = 200          # handles one popper holds for later; past this it acks on time
 POP_ONE_QUEUE_SHARE = 0.5    # pops naming one queue rather than the whole topic
 EX_LEASE_MS = 3000
 EX_HEARTBEAT_MS = 500
@@ -279,8 +285,12 @@ async def read_committed(env: Env, process: str, queue: int, address: str) -> in
     return op.output["offset"]
 
 
-async def pop(env: Env, process: str, *, drain: bool = False) -> int:
-    """One pop round against one head broker (every head when draining); returns how many messages came."""
+LateAcks = list[tuple[float, str, list[str]]]   # (when, address, handles): acks a popper owes
+
+
+async def pop(env: Env, process: str, *, drain: bool = False, late: LateAcks | None = None) -> int:
+    """One pop round against one head broker (every head when draining); returns how many messages came. ``late``:
+    where to put handles to ack later, (when, address, handles)."""
     got = 0
     route = await env.route(POP_TOPIC, fresh=drain)
     heads = sorted({q["address"].rstrip("/") for q in route["queues"] if q.get("address")})
@@ -304,23 +314,43 @@ async def pop(env: Env, process: str, *, drain: bool = False) -> int:
             continue
         messages = op.output["messages"]
         got += len(messages)
-        handles = [m["handle"] for m in messages if drain or env.rng.random() >= UNACKED_SHARE]
-        if not handles:
-            continue
-        try:
-            async with env.rec.op(process, "ack", address=address, handles=handles) as op:
-                a = await request_once(env.session, "POST", f"{address}/v1/ack", token=env.client_token,
-                                       json={"group": POP_GROUP, "handles": handles}, timeout_s=REQUEST_TIMEOUT_S)
-                op.output = {"results": [{"handle": r["handle"], "ok": r["ok"]} for r in a.body["results"]]}
-        except StatorError:
-            pass
+        handles, later = [], []
+        for m in messages:
+            draw = env.rng.random()
+            if drain or draw >= UNACKED_SHARE + LATE_ACK_SHARE:
+                handles.append(m["handle"])
+            elif draw >= UNACKED_SHARE:
+                later.append(m["handle"])
+        if later and late is not None and len(late) < LATE_ACKS_MAX:
+            late.append((env.rec.now() + env.rng.uniform(*LATE_ACK_AFTER_S), address, later))
+        else:
+            handles += later
+        await ack(env, process, address, handles)
     return got
 
 
+async def ack(env: Env, process: str, address: str, handles: list[str]) -> None:
+    """One ack of ``handles`` at ``address``, recorded; a failure is recorded too and otherwise let go."""
+    if not handles:
+        return
+    try:
+        async with env.rec.op(process, "ack", address=address, handles=handles) as op:
+            a = await request_once(env.session, "POST", f"{address}/v1/ack", token=env.client_token,
+                                   json={"group": POP_GROUP, "handles": handles}, timeout_s=REQUEST_TIMEOUT_S)
+            op.output = {"results": [{"handle": r["handle"], "ok": r["ok"]} for r in a.body["results"]]}
+    except StatorError:
+        pass
+
+
 async def popper(env: Env, process: str) -> None:
+    late: LateAcks = []
     while not env.stop.is_set():
         try:
-            await pop(env, process)
+            due = [x for x in late if x[0] <= env.rec.now()]
+            for x in due:
+                late.remove(x)
+                await ack(env, process, x[1], x[2])
+            await pop(env, process, late=late)
             await env.pause(PACE_S)
         except StatorError:
             env.forget_route(POP_TOPIC)
