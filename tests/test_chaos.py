@@ -73,13 +73,17 @@ def test_chaos_run_fixed_seed_finds_no_violation(tmp_path):
     assert power["aimed"] >= 1 and power["bytes_lost"] > 0, power
     # every workload got operations through and the checks had material to check
     ops = summary["operations"]
-    for kind in ("cas", "read", "read_mv", "send", "commit", "oread", "pop", "ack", "put", "sread", "remap", "grow",
-                 "lease"):
+    for kind in ("cas", "read", "read_mv", "send", "ksend", "commit", "oread", "pop", "ack", "put", "sread", "remap",
+                 "grow", "lease", "heartbeat"):
         assert ops.get(f"{kind}:ok", 0) > 0, (kind, ops)
     # the operator's changes went through while the clients ran: remaps back and forth, both growths
     assert summary["operator_changes"]["remap"] >= 3 and summary["operator_changes"]["grow"] == 6, summary
     # nine queues at the start, six grown, and a segment more for every remap (a fenced broker's seals add more)
     assert summary["checks"]["segments_read"] >= 15 + summary["operator_changes"]["remap"], summary["checks"]
+    # keyed batches were checked in order, some across a growth that moved their key; leases changed hands
+    assert summary["checks"]["key_pairs"] > 0 and summary["checks"]["lease_handovers"] > 0, summary["checks"]
+    print("keys and leases checked:", {k: summary["checks"][k] for k in ("key_pairs", "key_pairs_moved",
+                                                                          "lease_handovers")})
     histories = summary["checks"]["histories"]
     assert len({(h["events"], h["sha256"]) for h in histories.values()}) == 1 and len(histories) == 3, histories
     # the fencing was exercised: a member gone silent committed with its old token and was refused (STALE_TOKEN)

@@ -2,7 +2,7 @@
 `stator chaos run` at one fixed seed on that copy must report a violation within MUTANT_RUN_S seconds of faults; the
 same run on the unchanged copy must report none (so what the mutants trip on is the bug, not the run).
 
-Marked ``mutants`` and left out of the default run (pyproject.toml): sixteen runs of ~3 minutes each do not fit
+Marked ``mutants`` and left out of the default run (pyproject.toml): seventeen runs of ~3 minutes each do not fit
 the suite's budget. Run them with::
 
     pytest -m mutants tests/test_chaos_mutants.py
@@ -50,6 +50,10 @@ no_lost_sends (60), one_leader_per_epoch (18) and pops_acked_or_redelivered (2),
 ``pop_ack_through_a_superseded_handle`` needs acks that come after the invisible time, which the pop workload never
 made: with its late acks it is caught in 60 s at seed 9 (classic kinds) by stale_pop_acks (39) and
 pops_acked_or_redelivered (38); the unchanged tree's 90 s run reports nothing.
+``lease_shortened_under_a_member_s_promise`` went unnoticed in 120 s while the lease changer picked one of three
+leases at random; going from 4 s to 2 s and back, it is caught at seed 9 (classic kinds, 120 s) by
+leases_never_overlap (5: a queue granted 1.9 s before the lease promised to its previous holder ended). The unchanged
+tree's 120 s run at seed 9, with the keyed producers, the remap bursts and the late acks, reports nothing.
 """
 
 from __future__ import annotations
@@ -147,6 +151,11 @@ MUTANTS = [
     # finds the message acked under it). Reached by the pop workload's late acks, past the invisible time.
     Mutant("pop_ack_through_a_superseded_handle", "broker/pop/state.py",
            "        if d.seq == seq:", "        if d.seq >= seq:"),
+    # meta: a member's silence counted against its group's lease_ms alone, not the longer lease its last answer
+    # promised: after an operator shortens lease_ms, a silent member's queues go to another before its lease ends
+    Mutant("lease_shortened_under_a_member_s_promise", "meta/group_sessions.py",
+           "            if now - self._seen[key] <= max(lease_s, self._promised_s.get(key, 0.0)):",
+           "            if now - self._seen[key] <= lease_s:"),
     Mutant("group_commit_wakes_without_syncing", "broker/group_commit.py",
            "            files.sync_filesystem(self._fd)", "            pass", faults=("power",)),
 ]

@@ -145,13 +145,16 @@ def sent_messages(o: Op) -> list[tuple[int, str, str | None]]:
             for i, (offset, size) in enumerate(zip(o.output["offsets"], o.input["sizes"]))]
 
 
+SEND_KINDS = ("send", "ksend")   # raw batches to a queue, keyed batches through the client library
+
+
 def no_lost_sends(ops: Iterable[Op], final: Mapping[tuple[str, int], Mapping[int, str | None]]
                   ) -> list[dict[str, Any]]:
     """``final[(topic, queue)]`` maps each offset read back at the end to its body's fingerprint (bodies.py): every
     message of every acknowledged batch is there, at its offset, with its bytes."""
     out = []
     for o in ops:
-        if o.kind != "send" or o.outcome != OK:
+        if o.kind not in SEND_KINDS or o.outcome != OK:
             continue
         topic, queue = o.input["topic"], o.output["queue"]
         if len(o.output["offsets"]) != len(o.input["sizes"]):
@@ -417,9 +420,96 @@ def stale_pop_acks(ops: Iterable[Op]) -> list[dict[str, Any]]:
     return out
 
 
+def keys_in_order(ops: Iterable[Op], barriers: Mapping[tuple[str, int], list[tuple[int, int]]]
+                  ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Keys keep their order (DESIGN.md invariant 7) as the client library routes them. ``ksend`` ops (ok) of one
+    process and one key, each invoked after the one before completed: the later batch lies after the earlier one
+    in its queue, or, when a growth moved the key's slot to another queue, behind barriers leading back to the
+    earlier batch's queue past its offsets (an exclusive group then reads it only after the earlier one).
+    ``barriers[(topic, queue)]``: [(after_queue, after_offset)] from the route. Stats: the pairs checked, and those
+    whose key had moved to another queue between the two."""
+    out, pairs, moved = [], 0, 0
+    last: dict[tuple[str, str, str], Op] = {}   # (process, topic, key) -> its last acknowledged batch
+    for o in sorted((o for o in ops if o.kind == "ksend" and o.outcome == OK), key=lambda o: o.invoke):
+        k = (o.process, o.input["topic"], o.input["key"])
+        before = last.get(k)
+        last[k] = o
+        if before is None or before.complete > o.invoke:
+            continue
+        topic, q1, q2 = o.input["topic"], before.output["queue"], o.output["queue"]
+        end = max(before.output["offsets"]) + 1
+        pairs += 1
+        moved += q1 != q2
+        if q1 == q2:
+            ok = min(o.output["offsets"]) >= end
+        else:
+            ok = _behind(barriers, topic, q2, q1, end)
+        if not ok:
+            out.append(violation("keys_in_order", f"key {o.input['key']!r} of {topic}: a batch acknowledged at "
+                                 f"{q2}@{min(o.output['offsets'])} could be read before the one acknowledged "
+                                 f"before it at {q1}@{end - 1}", earlier=_brief(before), later=_brief(o)))
+    return out, {"key_pairs": pairs, "key_pairs_moved": moved}
+
+
+def _behind(barriers: Mapping[tuple[str, int], list[tuple[int, int]]], topic: str, queue: int, earlier: int,
+            end: int) -> bool:
+    """Whether ``queue``'s messages wait, through barriers, for ``earlier`` to be consumed up to at least ``end``."""
+    seen, todo = set(), [queue]
+    while todo:
+        q = todo.pop()
+        if q in seen:
+            continue
+        seen.add(q)
+        for after_queue, after_offset in barriers.get((topic, q), []):
+            if after_queue == earlier and after_offset >= end:
+                return True
+            todo.append(after_queue)
+    return False
+
+
+# A lease may end up to about raft_tuning.leader_fallback_timeout_s (0.5 s) later by the member's clock than a new
+# meta leader counts it (a deposed leader renewing from its stale image: meta/group_sessions.py), and clients keep a
+# second's margin for it: a grant is early only by more than this.
+LEASE_MARGIN_MS = 1000
+
+
+def leases_never_overlap(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """A queue's lease is never granted before the lease promised to its previous holder ends, even after an
+    operator shortened ``lease_ms``. ``heartbeat`` ops (ok) output ``answered_wall_ms`` and ``assignments``:
+    [[queue, token, lease_expires_ms]]. Per queue, in token order: the first answer that gave a token must come no
+    earlier than LEASE_MARGIN_MS before the latest lease end any answer promised for a lower token. Stats: the
+    grants that followed another on their queue (``lease_handovers``)."""
+    promised: dict[tuple[int, int], int] = {}
+    granted: dict[tuple[int, int], tuple[int, Op]] = {}
+    for o in ops:
+        if o.kind != "heartbeat" or o.outcome != OK:
+            continue
+        at = o.output["answered_wall_ms"]
+        for queue, token, end in o.output["assignments"]:
+            key = (queue, token)
+            promised[key] = max(end, promised.get(key, end))
+            if key not in granted or at < granted[key][0]:
+                granted[key] = (at, o)
+    out, handovers = [], 0
+    for queue in sorted({q for q, _ in granted}):
+        before: tuple[int, int] | None = None   # (latest lease end promised for a lower token, that token)
+        for token in sorted(t for q, t in granted if q == queue):
+            at, o = granted[(queue, token)]
+            handovers += before is not None
+            if before is not None and at < before[0] - LEASE_MARGIN_MS:
+                out.append(violation("leases_never_overlap", f"queue {queue}: token {token} was granted "
+                                     f"{before[0] - at} ms before the lease promised with token {before[1]} ended",
+                                     grant=_brief(o)))
+            end = promised[(queue, token)]
+            if before is None or end > before[0]:
+                before = (end, token)
+    return out, {"lease_handovers": handovers}
+
+
 # The operator's remap, grow and lease operations are recorded (and counted in the summary's operator_changes) but
 # no check reads them: they are not counted here.
-CHECKED_KINDS = frozenset({"cas", "read", "read_mv", "send", "commit", "oread", "pop", "ack", "put", "sread"})
+CHECKED_KINDS = frozenset({"cas", "read", "read_mv", "send", "ksend", "commit", "oread", "pop", "ack", "put",
+                           "sread", "heartbeat"})
 
 
 def count_checked(ops: Iterable[Op]) -> int:

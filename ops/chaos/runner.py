@@ -42,7 +42,7 @@ DRAIN_DEADLINE_S = 90.0         # the pop drain; quiet for DRAIN_QUIET_S means d
 DRAIN_QUIET_S = workloads.POP_INVISIBLE_MS / 1000 * 2
 RETRY_PAUSE_S = 0.5
 SETUP_DEADLINE_S = 60.0
-WORKLOADS = {"cas": 2, "send": 2, "exclusive": 2, "pop": 3, "sizes": 1}
+WORKLOADS = {"cas": 2, "send": 2, "ksend": 2, "exclusive": 2, "pop": 3, "sizes": 1}
 # A write's answer comes within the meta service's own deadline (its forwarding and proposal retries end there), plus
 # reading and parsing a body of up to ~0.9 MB on a loaded machine; a paused node's stop is not counted against it.
 ANSWER_BUDGET_S = limits.PROPOSE_TIMEOUT_S + 3.0
@@ -147,6 +147,8 @@ async def _exercise(t: topology.Topology, env: Env, faults: list[nemesis.Fault],
     tasks = [asyncio.create_task(workloads.cas(env, f"cas-{i}")) for i in range(WORKLOADS["cas"])]
     tasks += [asyncio.create_task(workloads.send(env, f"send-{topic}-{i}", topic))
               for topic in DATA_TOPICS for i in range(WORKLOADS["send"])]
+    tasks += [asyncio.create_task(workloads.keyed_send(env, f"ksend-{i}", LOG_TOPIC))
+              for i in range(WORKLOADS["ksend"])]
     tasks += [asyncio.create_task(workloads.exclusive(env, f"ex-{i}", turns)) for i in range(WORKLOADS["exclusive"])]
     tasks += [asyncio.create_task(workloads.popper(env, f"pop-{i}")) for i in range(WORKLOADS["pop"])]
     tasks += [asyncio.create_task(workloads.sizes(env, f"sz-{cls}-{i}", cls))
@@ -181,20 +183,23 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
                                             f"{POST_RUN_WRITE_S:g} s of the healed cluster being ready: writes stall",
                                             attempts=[o.to_json() for o in env.rec.ops if o.process == "probe"]))
     await _read_sized(env)
-    final, segments, epochs = {}, {}, {}
+    final, segments, epochs, barriers = {}, {}, {}, {}
     for topic in DATA_TOPICS:
         final.update(await _read_topic(env, topic))
         chains, leaders = await _retrying(f"the segments of {topic}", lambda: _segments(env, topic),
                                           FINAL_DEADLINE_S)
         segments.update(chains)
         epochs.update(leaders)
+        route = await _retrying(f"the route of {topic}", lambda: env.route(topic, fresh=True), FINAL_DEADLINE_S)
+        for b in route.get("barriers", []):
+            barriers.setdefault((topic, b["queue"]), []).append((b["after_queue"], b["after_offset"]))
     await _drain_pops(env)
     await _read_committed(env)
     dead = await _dead_lettered(env, t)
     digests = await _image_digests(env, t)
     histories = await _history_digests(env, t, _agreed_version(digests))
     ops = env.rec.ops
-    found, stats = _checks(ops, initial, final, segments, epochs, dead, _paused(nem.applied, t, start))
+    found, stats = _checks(ops, initial, final, segments, epochs, barriers, dead, _paused(nem.applied, t, start))
     violations += found + checker.replicas_agree(digests) + checker.voters_agree(await _voters(env, t))
     violations += checker.histories_agree(histories)
     with open(os.path.join(t.dir, "history.json"), "w") as f:
@@ -230,6 +235,7 @@ async def _recovered(t: topology.Topology) -> list[dict[str, Any]]:
 def _checks(ops: list[Any], initial: str, final: dict[tuple[str, int], dict[int, str]],
             segments: dict[tuple[str, int], list[tuple[int, int | None]]],
             epochs: dict[tuple[str, int], list[dict[str, Any]]],
+            barriers: dict[tuple[str, int], list[tuple[int, int]]],
             dead: set[tuple[str, int, int]], paused: dict[str, list[tuple[float, float]]]
             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     register, register_stats = checker.cas_register(ops, initial)
@@ -238,11 +244,13 @@ def _checks(ops: list[Any], initial: str, final: dict[tuple[str, int], dict[int,
     violations = register + checker.monotonic_versions(ops) + checker.no_lost_sends(ops, final)
     contiguous, contiguous_stats = checker.queues_contiguous(final, segments, workloads.OFFSET_BUDGET, epochs)
     leaders, leader_stats = checker.one_leader_per_epoch(ops, epochs)
-    violations += contiguous + leaders + checker.committed_offsets(ops)
-    violations += checker.exclusive_commits(ops) + pops + checker.stale_pop_acks(ops) + sized
+    keys, key_stats = checker.keys_in_order(ops, barriers)
+    leases, lease_stats = checker.leases_never_overlap(ops)
+    violations += contiguous + leaders + keys + checker.committed_offsets(ops)
+    violations += checker.exclusive_commits(ops) + leases + pops + checker.stale_pop_acks(ops) + sized
     violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
     return violations, {**register_stats, **pop_stats, **sized_stats, **contiguous_stats, **leader_stats,
-                        **_sized_classes(ops)}
+                        **key_stats, **lease_stats, **_sized_classes(ops)}
 
 
 async def _post_run_write(env: Env) -> float | None:

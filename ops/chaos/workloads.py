@@ -4,6 +4,8 @@ Single attempts on purpose: the client library's retry loops would hide what hap
 checks need every request's own outcome. Each loop runs until ``stop`` is set; every request has a timeout.
 - ``cas``: linearizable read of topic CAS_TOPIC, then a compare-and-set of its config key with ``expected_version``;
   every few rounds a read from any node with ``min_version`` (the versions a client sees must never go back).
+- ``ksend``: keyed batches through the client library's Producer, which routes each key by the slot table and
+  follows the topic's growth (the one workload that retries: the library's own loop is what it is about).
 - ``send``: a batch per request to a random queue of a topic, at the broker its route names (on the broker's own
   port, around its front proxy: topology.py), recorded with that broker and the route's leader epoch.
 - ``exclusive``: a member of an exclusive group: heartbeats to meta for its queues and tokens, pulls with the token,
@@ -22,6 +24,7 @@ import asyncio
 import hashlib
 import json
 import random
+import time
 from typing import Any
 
 import aiohttp
@@ -165,37 +168,78 @@ def queue_leader(route: dict[str, Any], queue: int) -> tuple[str | None, int | N
     return None, None
 
 
+# -- keyed sends through the client library -----------------------------------------------------------------------
+KEYS = tuple(f"k{i}" for i in range(12))
+KEYED_BATCH = (1, 5)
+KEYED_ATTEMPTS = 3           # the library's retries (a resend is stored once: its idempotent producer)
+KEYED_DEADLINE_S = 20.0
+
+
+async def keyed_send(env: Env, process: str, topic: str) -> None:
+    """Batches of one key each, sent by the client library's Producer: it picks the queue from the key through the
+    route's slot table, and follows the topic's growth as a real producer does (checker.keys_in_order). Recorded as
+    ``ksend``: input key, tag and sizes; output queue, offsets and broker. The library retries within
+    KEYED_ATTEMPTS; a failure is recorded with what it raised."""
+    from client.producer import Producer   # the library under test, loaded by the workload that uses it
+
+    n = 0
+    async with Producer(env.meta_urls, env.client_token, topic, session=env.session, route_mode="long_poll",
+                        attempts_max=KEYED_ATTEMPTS, deadline_s=KEYED_DEADLINE_S,
+                        send_timeout_s=SEND_TIMEOUT_S) as producer:
+        while not env.stop.is_set():
+            n += 1
+            key = env.rng.choice(KEYS)
+            tag = f"{process}-{n}"
+            sizes = bodies.sizes(env.rng, env.rng.randint(*KEYED_BATCH))
+            try:
+                async with env.rec.op(process, "ksend", topic=topic, key=key, tag=tag, sizes=sizes) as op:
+                    r = await producer.send_batch([{"body": bodies.body(f"{tag}.{i}", size), "key": key}
+                                                   for i, size in enumerate(sizes)])
+                    op.output = {"queue": r.queue, "offsets": r.offsets, "broker": r.broker}
+                await env.pause(SEND_PACE_S)
+            except StatorError:
+                await env.pause(ERROR_PAUSE_S)
+
+
 async def send(env: Env, process: str, topic: str) -> None:
     """Batches of SEND_BATCH[topic] messages to a random queue of the topic (as many queues as its route has: the
-    topic grows during the run), bodies of every size (bodies.py); the history keeps each batch's tag and sizes, the
-    broker it was sent to (the only one that can answer at that address: a broker that does not lead the queue
-    refuses, 409 NOT_LEADER) and the leader epoch of the route it was sent with (the answer names no epoch):
-    checker.one_leader_per_epoch reads them."""
+    topic grows during the run), one ``send_once`` each, SEND_PACE_S apart."""
     n = 0
     while not env.stop.is_set():
         n += 1
         try:
             route = await env.route(topic)
-            queue = env.rng.randrange(max(1, len(route.get("queues", []))))
-            address = queue_address(route, queue)
-            if address is None:
+            if await send_once(env, process, topic, env.rng.randrange(max(1, len(route.get("queues", [])))),
+                               f"{process}-{n}"):
+                await env.pause(SEND_PACE_S)
+            else:
                 await env.pause(ERROR_PAUSE_S)
-                continue
-            broker, epoch = queue_leader(route, queue)
-            tag = f"{process}-{n}"
-            sizes = bodies.sizes(env.rng, env.rng.randint(*SEND_BATCH[topic]))
-            messages = [{"body": bodies.body(f"{tag}.{i}", size)} for i, size in enumerate(sizes)]
-            async with env.rec.op(process, "send", topic=topic, queue=queue, tag=tag, sizes=sizes,
-                                  address=address, broker=broker, leader_epoch=epoch) as op:
-                url = env.direct.get(address, address)
-                a = await request_once(env.session, "POST", f"{url}/v1/messages/{topic}/{queue}",
-                                       token=env.client_token, json={"messages": messages},
-                                       timeout_s=SEND_TIMEOUT_S)
-                op.output = {"queue": a.body["queue"], "offsets": a.body["offsets"]}
-            await env.pause(SEND_PACE_S)
         except StatorError:
             env.forget_route(topic)
             await env.pause(ERROR_PAUSE_S)
+
+
+async def send_once(env: Env, process: str, topic: str, queue: int, tag: str) -> bool:
+    """One batch of SEND_BATCH[topic] messages to ``queue``, bodies of every size (bodies.py), at the broker its
+    route names; False when the route names none. The history keeps the batch's tag and sizes, the broker it was
+    sent to (the only one that can answer at that address: a broker that does not lead the queue refuses, 409
+    NOT_LEADER) and the leader epoch of the route it was sent with (the answer names no epoch):
+    checker.one_leader_per_epoch reads them. StatorError when refused or unanswered."""
+    route = await env.route(topic)
+    address = queue_address(route, queue)
+    if address is None:
+        return False
+    broker, epoch = queue_leader(route, queue)
+    sizes = bodies.sizes(env.rng, env.rng.randint(*SEND_BATCH[topic]))
+    messages = [{"body": bodies.body(f"{tag}.{i}", size)} for i, size in enumerate(sizes)]
+    async with env.rec.op(process, "send", topic=topic, queue=queue, tag=tag, sizes=sizes,
+                          address=address, broker=broker, leader_epoch=epoch) as op:
+        url = env.direct.get(address, address)
+        a = await request_once(env.session, "POST", f"{url}/v1/messages/{topic}/{queue}",
+                               token=env.client_token, json={"messages": messages},
+                               timeout_s=SEND_TIMEOUT_S)
+        op.output = {"queue": a.body["queue"], "offsets": a.body["offsets"]}
+    return True
 
 
 class SilenceTurns:
@@ -229,8 +273,11 @@ async def exclusive(env: Env, process: str, turns: SilenceTurns) -> None:
                     a = await request_once(env.session, "POST", f"{env.meta()}/v1/groups/{EX_GROUP}/heartbeat",
                                            token=env.client_token, timeout_s=REQUEST_TIMEOUT_S,
                                            json={"member": process, "topics": [EX_TOPIC], "mode": "exclusive"})
-                    op.output = {"assignments": [[x["queue"], x["token"]] for x in a.body["assignments"]]}
-                now_held = {q: t for q, t in op.output["assignments"]}
+                    # when the grant reached the member, by the wall clock meta stamps lease ends with (one machine)
+                    op.output = {"answered_wall_ms": int(time.time() * 1000),
+                                 "assignments": [[x["queue"], x["token"], x["lease_expires_ms"]]
+                                                 for x in a.body["assignments"]]}
+                now_held = {q: t for q, t, _ in op.output["assignments"]}
                 for q in list(held):
                     if q not in now_held or now_held[q] != held[q]:
                         positions.pop(q, None)
