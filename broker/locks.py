@@ -108,7 +108,7 @@ class LockTable:
         g = self.groups.get(group)
         horizon = g.tokens_through if g is not None else self.max_token
         if token is not None and token > horizon:
-            return "behind"
+            return "behind"   # harmless mutant: another word here (check() waits on any verdict but ok and stale)
         if not self.exclusive(group):
             return "ok"   # no locks to keep: a token at or below the horizon is ignored
         return "ok" if token is not None and token == self.current(group, topic, queue) else "stale"
@@ -126,6 +126,7 @@ class LockTable:
             if verdict == "stale":
                 raise stale_token(group, topic, queue, token)
             left = deadline - time.monotonic()
+            # Harmless mutant: ``left < 0`` (at exactly 0 the wait below times out at once and the next turn refuses).
             if left <= 0 or self._waiters >= LOCK_WAITERS_MAX:
                 raise catching_up(group, f"token {token} is newer than every token it has seen")
             self._waiters += 1
@@ -164,6 +165,7 @@ class Barriers:
                 continue
             if await self._position(group, topic, b["after_queue"]) < b["after_offset"]:
                 return held
+            # Harmless mutants: another value (an ordered set: only the keys are read); ``last=None`` (falsy, as False).
             self._passed[key] = None
             while len(self._passed) > PASSED_BARRIERS_MAX:
                 self._passed.popitem(last=False)

@@ -16,6 +16,7 @@ def slot_of(key: str | bytes, slots: int) -> int:
     """The key's slot. A ``str`` key is encoded as UTF-8; ``bytes`` are taken as they are."""
     if slots <= 0:
         raise ValueError("slots must be positive")
+    # Harmless mutant: "UTF-8" for "utf-8" (codec names are case-insensitive).
     data = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     return zlib.crc32(data) % slots
 

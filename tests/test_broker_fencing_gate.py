@@ -81,6 +81,24 @@ async def test_the_token_is_checked_before_the_barrier():
     assert await g.pull("g", "t", 1, 6) is None
 
 
+async def test_the_barrier_is_passed_at_the_pulling_groups_own_position():
+    """Another group's commit past the split point releases nothing: the gate asks for the pulling group's offset."""
+    committed = {"other": 10}
+
+    async def committed_of(group: str, topic: str, queue: int) -> int:
+        return committed.get(group, -1)
+
+    async def min_of(topic: str, queue: int) -> int:
+        return 0
+
+    locks = LockTable(lambda: True)
+    locks.apply({"group": "g", "version": 10, "mode": "exclusive", "locks": {"t": [5, 6]}, "tokens_through": 6})
+    g = FencingGate(locks, Barriers(committed_of, min_of), Routes({"t": GROWN}))
+    assert await g.pull("g", "t", 1, 6) == {"queue": 0, "after_offset": 4}
+    committed["g"] = 4
+    assert await g.pull("g", "t", 1, 6) is None
+
+
 async def test_only_an_exclusive_group_waits_behind_a_barrier():
     g, p = gate(mode="shared")
     assert await g.pull("g", "t", 1, None) is None and p.asks == 0

@@ -140,6 +140,52 @@ async def test_waiters_beyond_the_limit_are_refused_at_once(monkeypatch):
     await asyncio.wait_for(asyncio.gather(*waiting), 1.0)
 
 
+async def test_each_refusal_names_the_group_and_says_why(monkeypatch):
+    """The messages are the API's: a client tells a missing token from a superseded one, and a broker that has not
+    followed the log yet from a token it has not heard of."""
+    monkeypatch.setattr(locks_mod, "LOCK_CATCH_UP_WAIT_S", 0.05)
+    t = table()
+    e = await refused(t.check("g", "t", 0, None))
+    assert e.message == "an exclusive group's pulls and commits need the queue's lock token"
+    e = await refused(t.check("g", "t", 0, 6))
+    assert e.message == "this token is not the current lock of the queue for this exclusive group"
+    e = await refused(t.check("g", "t", 0, 99))
+    assert (e.code, e.details) == ("LOCKS_CATCHING_UP", {"group": "g"})
+    assert e.message == ("this broker's lock table is behind the log (token 99 is newer than every token it has seen);"
+                         " retry shortly")
+    e = await refused(table(ready=False).check("g", "t", 0, 5))
+    assert (e.code, e.details) == ("LOCKS_CATCHING_UP", {"group": "g"})
+    assert e.message == ("this broker's lock table is behind the log (it has not followed the log up to its "
+                         "registration yet); retry shortly")
+
+
+async def test_before_any_group_event_every_token_is_newer_than_the_table(monkeypatch):
+    """Token 1 is the cluster's first grant: a broker that has seen no event has not heard of it, and waits."""
+    monkeypatch.setattr(locks_mod, "LOCK_CATCH_UP_WAIT_S", 0.05)
+    t = LockTable(lambda: True)
+    assert t.max_token == 0 and t.current("g", "t", 0) is None and not t.exclusive("g")
+    assert (await refused(t.check("g", "t", 0, 1))).code == "LOCKS_CATCHING_UP"
+    await t.check("g", "t", 0, None)   # no token, no group known: nothing to fence yet
+
+
+async def test_a_waiter_that_left_frees_its_place(monkeypatch):
+    monkeypatch.setattr(locks_mod, "LOCK_WAITERS_MAX", 1)
+    monkeypatch.setattr(locks_mod, "LOCK_CATCH_UP_WAIT_S", 0.05)
+    t = table()
+    for _ in range(2):   # one at a time, each waits its whole bound: the one place is free again after each
+        started = time.monotonic()
+        assert (await refused(t.check("g", "t", 0, 50))).code == "LOCKS_CATCHING_UP"
+        assert time.monotonic() - started >= 0.04
+    monkeypatch.setattr(locks_mod, "LOCK_CATCH_UP_WAIT_S", 2.0)
+    waiting = asyncio.create_task(t.check("g", "t", 0, 50))
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    assert (await refused(t.check("g", "t", 0, 50))).code == "LOCKS_CATCHING_UP", "the one place is taken"
+    assert time.monotonic() - started < 0.5
+    t.apply(event(version=20, locks={"t": [50]}))
+    await asyncio.wait_for(waiting, 1.0)
+
+
 # -- the watch stream feeds the table ------------------------------------------------------------------------------
 
 def node(tmp_path) -> BrokerNode:
@@ -230,6 +276,60 @@ async def test_remembered_passes_are_bounded(monkeypatch):
     for g in range(5):
         assert await b.holding(f"g{g}", grown(10), 2) is None
     assert len(b._passed) == 3
+
+
+async def test_remembered_passes_forget_the_oldest_first(monkeypatch):
+    monkeypatch.setattr(locks_mod, "PASSED_BARRIERS_MAX", 3)
+    p = Positions()
+    p.committed[0] = 100
+    b = Barriers(p.committed_of, p.min_of)
+    for g in range(5):
+        assert await b.holding(f"g{g}", grown(10), 2) is None
+    asks = p.asks
+    for g in (4, 3, 2):
+        assert await b.holding(f"g{g}", grown(10), 2) is None
+    assert p.asks == asks, "the newest passes are remembered"
+    assert await b.holding("g0", grown(10), 2) is None
+    assert p.asks == asks + 1, "the oldest one was forgotten and is asked again"
+
+
+class KeyedPositions:
+    """Committed offsets by (group, topic, queue) and min offsets by (topic, queue)."""
+
+    def __init__(self, committed: dict | None = None, mins: dict | None = None):
+        self.committed = committed or {}
+        self.mins = mins or {}
+
+    async def committed_of(self, group: str, topic: str, queue: int) -> int:
+        return self.committed.get((group, topic, queue), -1)
+
+    async def min_of(self, topic: str, queue: int) -> int:
+        return self.mins.get((topic, queue), 0)
+
+
+async def test_a_barrier_reads_the_position_of_its_own_group_and_topic():
+    p = KeyedPositions(committed={("g", "t", 0): 10, ("h", "t", 0): 3, ("g", "u", 0): 3})
+    assert await Barriers(p.committed_of, p.min_of).holding("g", grown(10), 2) is None
+    assert await Barriers(p.committed_of, p.min_of).holding("h", grown(10), 2) is not None
+    p = KeyedPositions(mins={("t", 0): 12, ("u", 0): 0})   # g never committed on t: it stands at t's min offset
+    assert await Barriers(p.committed_of, p.min_of).holding("g", grown(10), 2) is None
+    p = KeyedPositions(committed={("g", "t", 0): 0}, mins={("t", 0): 12})
+    held = await Barriers(p.committed_of, p.min_of).holding("g", grown(10), 2)
+    assert held == {"queue": 0, "after_offset": 10}, "a group that committed offset 0 stands at 0, not at the min"
+
+
+async def test_every_barrier_of_the_queue_is_passed_in_turn():
+    p = KeyedPositions(committed={("g", "t", 0): 10})
+    b = Barriers(p.committed_of, p.min_of)
+    assert await b.holding("g", {"topic": "t", "version": 1}, 2) is None, "a route without barriers holds nothing"
+    route = {"topic": "t", "version": 5, "barriers": [
+        {"queue": 1, "after_queue": 0, "after_offset": 3},
+        {"queue": 2, "after_queue": 0, "after_offset": 10},
+        {"queue": 2, "after_queue": 1, "after_offset": 5}]}
+    for _ in range(2):   # the second time the first barrier of queue 2 is a remembered pass: the next one still holds
+        assert await b.holding("g", route, 2) == {"queue": 1, "after_offset": 5}
+    p.committed[("g", "t", 1)] = 5
+    assert await b.holding("g", route, 2) is None
 
 
 # -- real processes ------------------------------------------------------------------------------------------------

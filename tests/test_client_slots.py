@@ -55,34 +55,42 @@ def test_non_ascii_key():
 
 
 def test_slot_needs_positive_slots():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^slots must be positive$"):
         slot_of("k", 0)
 
 
 def test_lookup_at_range_edges():
     table = [[0, 10, 2], [10, 11, 0], [11, 16, 1]]
     assert [queue_for_slot(table, s) for s in (0, 9, 10, 11, 15)] == [2, 2, 0, 1, 1]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^slot 16 is outside \[0, 16\)$"):
         queue_for_slot(table, 16)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^slot -1 is outside \[0, 16\)$"):
         queue_for_slot(table, -1)
+    checked = SlotTable(table)   # a checked table is used as it is
+    assert [queue_for_slot(checked, s) for s in (0, 9, 10, 11, 15)] == [2, 2, 0, 1, 1]
 
 
-@pytest.mark.parametrize("table", [
-    [],
-    [[0, 5, 0], [6, 10, 1]],          # gap
-    [[0, 6, 0], [5, 10, 1]],          # overlap
-    [[1, 10, 0]],                     # does not start at 0
-    [[0, 0, 0], [0, 10, 1]],          # empty range
+@pytest.mark.parametrize("table, message", [
+    ([], "empty slot table"),
+    ([[0, 5, 0], [6, 10, 1]], "slot table has a gap or an overlap at slot 5"),
+    ([[0, 6, 0], [5, 10, 1]], "slot table has a gap or an overlap at slot 5"),
+    ([[1, 10, 0]], "slot table has a gap or an overlap at slot 0"),     # does not start at 0
+    ([[0, 0, 0], [0, 10, 1]], r"slot table has an empty range \[0, 0\)"),
+    ([[0, 10, -1]], r"slot table maps \[0, 10\) to a negative queue -1"),
 ])
-def test_bad_tables_are_refused(table):
-    with pytest.raises(ValueError):
+def test_bad_tables_are_refused(table, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
         SlotTable(table)
 
 
 def test_table_must_cover_the_topics_slots():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^slot table covers \[0, 10\), not \[0, 16\)$"):
         SlotTable([[0, 10, 0]], slots=16)
+
+
+def test_queue_for_key_refuses_a_route_whose_table_does_not_cover_its_slots():
+    with pytest.raises(ValueError, match=r"^slot table covers \[0, 10\), not \[0, 16\)$"):
+        queue_for_key({"slots": 16, "slot_table": [[0, 10, 0]]}, "k")
 
 
 def test_queue_for_key_uses_the_route():

@@ -220,3 +220,65 @@ def test_assign_is_balanced_and_sticky(queues, members):
     second = group_rules.assign(queues, names + ["new"], first, {})
     moved = sum(first[q] != second[q] for q in range(queues))
     assert moved <= -(-queues // (members + 1))
+
+
+def test_group_settings_merge_over_the_stored_ones_and_an_unchanged_setting_writes_nothing():
+    log = setup(queues=2)
+    v = log.version
+    r = log.ok({"type": "SetGroupConfig", "group": "h", "config": {"mode": "shared", "lease_ms": 6000},
+                "expected_version": 0})   # a group that does not exist yet is at version 0
+    assert r == {"group": "h", "version": v + 1, "config": {
+        "lease_ms": 6000, "heartbeat_interval_ms": 3000, "max_attempts": 16, "retry_topic": "h-retry", "mode": "shared"}}
+    assert [(e["type"], e["data"]) for e in log.events(v)] == [("GroupConfigChanged", {
+        "group": "h", "config": {"lease_ms": 6000, "mode": "shared"}, "changed": ["lease_ms", "mode"]})]
+    h = log.sm.image.groups["h"]
+    assert (h["mode"], h["config"], h["members"], h["locks"]) == ("shared", {"lease_ms": 6000, "mode": "shared"}, {}, {})
+
+    v = log.version
+    same = log.ok({"type": "SetGroupConfig", "group": "h", "config": {"lease_ms": 6000}, "expected_version": v})
+    assert log.version == v and same == {**r, "version": v}, "the same setting again: no event, the same answer"
+    out = log.send({"type": "SetGroupConfig", "group": "h", "config": {"lease_ms": 7000}, "expected_version": 0})
+    assert out["error"]["code"] == "VERSION_MISMATCH" and out["error"]["details"] == {
+        "current_version": v, "expected_version": 0}
+
+    # a heartbeat of exactly half the lease is allowed; the merge keeps the mode and the lease set before
+    r = log.ok({"type": "SetGroupConfig", "group": "h", "config": {"heartbeat_interval_ms": 3000}})
+    assert log.sm.image.groups["h"]["config"] == {"heartbeat_interval_ms": 3000, "lease_ms": 6000, "mode": "shared"}
+    out = log.send({"type": "SetGroupConfig", "group": "h", "config": {"heartbeat_interval_ms": 3001}})
+    assert out["error"]["details"] == {"lease_ms": 6000, "heartbeat_interval_ms": 3001}
+    log.ok({"type": "SetGroupConfig", "group": "h", "config": {"lease_ms": None, "heartbeat_interval_ms": None}})
+    assert log.sm.image.groups["h"]["config"] == {"mode": "shared"}, "None drops a setting back to its default"
+
+    join(log, "a")   # g: exclusive, by its member
+    out = log.send({"type": "SetGroupConfig", "group": "g", "config": {"mode": "shared"}})
+    assert out["error"]["details"] == {"group": "g", "mode": "shared"}
+    log.ok({"type": "LeaveGroup", "group": "g", "member": "a"})
+    r = log.ok({"type": "SetGroupConfig", "group": "g", "config": {"mode": "shared"}})
+    assert r["config"]["mode"] == "shared" == log.sm.image.groups["g"]["mode"], "a group without members may switch"
+
+
+def test_the_group_and_member_limits_refuse_the_one_past_them(monkeypatch):
+    from meta import limits
+    monkeypatch.setattr(limits, "GROUPS_MAX", 2)
+    monkeypatch.setattr(limits, "MEMBERS_PER_GROUP_MAX", 2)
+    monkeypatch.setattr(limits, "MEMBERS_MAX", 3)
+    log = setup(queues=2)
+    join(log, "a", group="g1")
+    log.ok({"type": "SetGroupConfig", "group": "g2", "config": {"lease_ms": 20000}})
+    for cmd in ({"type": "JoinGroup", "group": "g3", "member": "a", "topics": ["t"], "mode": "exclusive"},
+                {"type": "SetGroupConfig", "group": "g3", "config": {"lease_ms": 20000}}):
+        out = log.send(cmd)["error"]
+        assert (out["status"], out["code"], out["message"]) == (409, "TOO_MANY_GROUPS", "at most 2 groups"), cmd
+    log.ok({"type": "SetGroupConfig", "group": "g2", "config": {"lease_ms": 30000}})   # a group that exists may change
+    join(log, "b", group="g1")
+    out = log.send({"type": "JoinGroup", "group": "g1", "member": "c", "topics": ["t"], "mode": "exclusive"})["error"]
+    assert (out["status"], out["code"], out["message"]) == (409, "TOO_MANY_MEMBERS", "a group has at most 2 members")
+    join(log, "a", topics=("t",), group="g1")   # the same member again: no new member
+    join(log, "c", group="g2")
+    out = log.send({"type": "JoinGroup", "group": "g2", "member": "d", "topics": ["t"], "mode": "exclusive"})["error"]
+    assert (out["status"], out["code"], out["message"]) == (409, "TOO_MANY_MEMBERS", "at most 3 members in all groups")
+    out = log.send({"type": "JoinGroup", "group": "nope", "member": "d", "topics": ["t"], "mode": "shared"})["error"]
+    assert out["code"] == "TOO_MANY_GROUPS"
+    out = log.send({"type": "LeaveGroup", "group": "nope", "member": "d"})["error"]
+    assert (out["status"], out["code"], out["message"], out["details"]) == (
+        404, "GROUP_NOT_FOUND", "group 'nope' does not exist", {"group": "nope"})

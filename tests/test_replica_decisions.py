@@ -214,3 +214,74 @@ def test_a_queue_split_in_place_on_a_fenced_leader_keeps_its_leader_first_in_syn
     log.grow("t", 2)
     head = log.segs("t", 0)[-1]
     assert (head["broker"], head["in_sync"]) == ("a", ["a"]), head
+
+
+def test_an_election_moves_a_head_whose_start_was_undecided_when_its_leader_was_fenced():
+    """b is fenced while its head waits for the seal of the gen before it: nothing moves by itself (the head has no
+    start yet), and an election says so. Once a reports that seal, the operator's election seals b's gen at an
+    in-sync copy's end and opens the next gen there, exactly as a failover does: these are the events."""
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    incarnation = log.topic("t")["incarnation"]
+    log.remap("t", ["b"])
+    log.fence("b")
+    r = log.ok({"type": "ElectLeaders", "topic": "t"})
+    assert r["queues"] == [{"queue": 0, "leader": "b", "gen": 1, "outcome": "sealing"}]
+    log.seal("t", 0, 0, 5)
+    log.reject({"type": "ElectLeaders", "topic": "t", "queues": [1]}, "INVALID_ARGUMENT")   # one past the last
+    v = log.version
+    r = log.ok({"type": "ElectLeaders", "topic": "t", "queues": [0]})
+    assert r["queues"] == [{"queue": 0, "leader": "b", "gen": 1, "outcome": "elected", "to": "c", "new_gen": 2}]
+    assert [(e["type"], e["data"]) for e in log.events(v)] == [
+        ("InSyncChanged", {"topic": "t", "queue": 0, "gen": 1, "in_sync": ["c", "a"], "reason": "fenced"}),
+        ("SegmentSealing", {"topic": "t", "queue": 0, "gen": 1, "broker": "c"}),
+        ("SegmentOpened", {"topic": "t", "queue": 0, "gen": 2, "broker": "c", "from_broker": "b",
+                           "physical_queue": f"t.q0.g2.i{incarnation}", "physical_start": 0,
+                           "budget_end": log.budget, "replicas": ["c", "a", "b"], "in_sync": ["c", "a"],
+                           "cause": "failover"})]
+    log.seal("t", 0, 1, 9, broker="c")
+    assert log.head("t", 0)["logic_start"] == 5 + 9, "the next gen starts where c's copy of gen 1 ended"
+
+
+def test_a_leader_s_in_sync_changes_are_logged_with_their_reason_and_checked_item_by_item():
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    a, b, c = log.head("t", 0)["replicas"]
+
+    def alter(in_sync: list[str], gen: int = 0, topic: str = "t") -> tuple[dict, list]:
+        v = log.version
+        r = log.ok({"type": "AlterInSync", "broker": a, "epoch": log.epoch(a), "changes": [
+            {"topic": topic, "queue": 0, "gen": gen, "in_sync": in_sync}]})["results"][0]
+        return r, [(e["type"], e["data"]) for e in log.events(v)]
+
+    def in_sync_changed(in_sync: list[str], reason: str) -> list:
+        return [("InSyncChanged", {"topic": "t", "queue": 0, "gen": 0, "in_sync": in_sync, "reason": reason})]
+
+    assert alter([a]) == ({"ok": True, "in_sync": [a]}, in_sync_changed([a], "lagging"))
+    assert alter([a, c]) == ({"ok": True, "in_sync": [a, c]}, in_sync_changed([a, c], "caught_up"))
+    assert alter([a, c]) == ({"ok": True, "in_sync": [a, c]}, []), "no change: no event"
+    # a refused item is its code and status (decide_each), and changes nothing
+    assert alter([b, a]) == ({"ok": False, "code": "INVALID_ARGUMENT", "status": 400}, []), "the leader first"
+    assert alter([a, "zz"]) == ({"ok": False, "code": "INVALID_ARGUMENT", "status": 400}, []), "replicas only"
+    assert alter([a], topic="nope") == ({"ok": False, "code": "SEGMENT_NOT_FOUND", "status": 404}, [])
+    log.fence(b)
+    assert alter([a, b, c]) == ({"ok": False, "code": "BROKER_NOT_ACTIVE", "status": 409}, [])
+    log.remap("t", [c])
+    assert alter([a]) == ({"ok": False, "code": "STALE_LEADER_EPOCH", "status": 409}, [])
+
+
+def test_a_fenced_broker_changes_no_in_sync_set_and_a_topic_grows_onto_no_fenced_broker():
+    log = cluster("a", "b")
+    log.create("t", 1, brokers=["a"], replicas=1)
+    epoch = log.epoch("a")
+    log.fence("a")
+    out = log.send({"type": "AlterInSync", "broker": "a", "epoch": epoch, "changes": [
+        {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["a"]}]})["error"]
+    assert (out["status"], out["code"], out["message"], out["details"]) == (
+        409, "BROKER_NOT_ACTIVE", "broker 'a' is fenced", {"broker": "a"})
+    log.fence("b")
+    v = log.version
+    out = log.send({"type": "GrowTopic", "topic": "t", "queues": 2})["error"]
+    assert (out["status"], out["code"], out["message"]) == (
+        409, "NO_BROKERS", "no active broker to place the new queues on")
+    assert log.version == v

@@ -176,6 +176,8 @@ def _sealing_lost(t: dict[str, Any], q: int, sealing: chains.Segment, head: chai
 
 # -- the command ---------------------------------------------------------------------------------------------------
 def alter_one(image: Image, broker: str, change: dict[str, Any]) -> tuple[Events, dict[str, Any]]:
+    # Harmless mutants: the message and details of the rejections below (decide_each keeps a refused item's code and
+    # status only); ``and`` for ``or`` in the epoch check (a head's gen is never sealing, an older gen never active).
     t = image.topic(change["topic"])
     seg = image.segment(change["topic"], change["queue"], change["gen"]) if t is not None else None
     if seg is None or seg["broker"] != broker:
