@@ -282,3 +282,55 @@ def test_the_group_and_member_limits_refuse_the_one_past_them(monkeypatch):
     out = log.send({"type": "LeaveGroup", "group": "nope", "member": "d"})["error"]
     assert (out["status"], out["code"], out["message"], out["details"]) == (
         404, "GROUP_NOT_FOUND", "group 'nope' does not exist", {"group": "nope"})
+
+
+def test_members_leaving_expiring_and_releasing_and_a_topic_deleted_log_their_reasons():
+    def since(v: int) -> list:
+        return [(e["type"], e["data"]) for e in log.events(v)]
+
+    log = setup(queues=2)
+    join(log, "a")
+    join(log, "b")
+    assert owners(log) == {0: "a", 1: "a"} and locks(log)[1]["target"] == "b"
+    v = log.version
+    assert log.ok({"type": "LeaveGroup", "group": "g", "member": "zz"}) == {"group": "g", "removed": [], "version": v}
+    assert log.ok({"type": "ExpireMembers", "group": "g", "members": ["b"]}) == {
+        "group": "g", "removed": ["b"], "version": v + 2}
+    assert since(v) == [("GroupMemberLeft", {"group": "g", "member": "b", "reason": "lease_expired"}),
+                        ("LockTargetChanged", {"group": "g", "topic": "t", "queue": 1, "member": "a", "target": "a",
+                                               "token": 2})]
+    v = log.version
+    r = log.ok({"type": "ReleaseLocks", "group": "g", "member": "a", "locks": [{"topic": "t", "queue": 0, "token": 1}]})
+    assert r == {"group": "g", "released": 1, "version": v + 2}
+    assert since(v) == [
+        ("LockReleased", {"group": "g", "topic": "t", "queue": 0, "member": "a", "token": 1, "reason": "released"}),
+        ("LockGranted", {"group": "g", "topic": "t", "queue": 0, "member": "a", "token": 3})]
+    v = log.version
+    r = log.ok({"type": "ReleaseLocks", "group": "g", "member": "a", "locks": [{"topic": "t", "queue": 0, "token": 1}]})
+    assert (r, since(v)) == ({"group": "g", "released": 0, "version": v}, []), "a stale token releases nothing"
+    join(log, "c", topics=("t",), group="h")
+    v = log.version
+    assert log.ok({"type": "DeleteTopic", "topic": "t"}) == {"topic": "t", "version": v + 5}
+    assert since(v) == [("TopicDeleted", {"topic": "t"})] + [
+        ("LockReleased", {"group": g, "topic": "t", "queue": q, "member": m, "token": tok, "reason": "topic_deleted"})
+        for g, q, m, tok in (("g", 0, "a", 3), ("g", 1, "a", 2), ("h", 0, "c", 4), ("h", 1, "c", 5))]
+    v = log.version
+    assert log.ok({"type": "LeaveGroup", "group": "g", "member": "a"}) == {"group": "g", "removed": ["a"], "version": v + 1}
+    assert since(v) == [("GroupMemberLeft", {"group": "g", "member": "a", "reason": "left"})]
+
+
+def test_a_join_checks_the_group_s_version_and_says_whether_it_joined():
+    log = setup(queues=1)
+    out = log.send({"type": "JoinGroup", "group": "g", "member": "m", "topics": ["t"], "mode": "shared",
+                    "expected_version": 1})["error"]
+    assert (out["code"], out["details"]) == ("VERSION_MISMATCH", {"current_version": 0, "expected_version": 1})
+    r = log.ok({"type": "JoinGroup", "group": "g", "member": "m", "topics": ["t"], "mode": "shared",
+                "expected_version": 0})
+    assert (r["group"], r["joined"]) == ("g", True)
+    version = log.sm.image.groups["g"]["version"]
+    r = log.ok({"type": "JoinGroup", "group": "g", "member": "m", "topics": ["t"], "mode": "shared",
+                "expected_version": version})
+    assert (r["group"], r["joined"]) == ("g", False)
+    out = log.send({"type": "JoinGroup", "group": "g", "member": "n", "topics": ["t"], "mode": "exclusive"})["error"]
+    assert (out["code"], out["message"], out["details"]) == (
+        "GROUP_MODE_MISMATCH", "group 'g' is shared; member asked for exclusive", {"group": "g", "mode": "shared"})

@@ -64,3 +64,26 @@ async def test_pops_racing_on_one_queue_never_share_a_delivery(node):
                                      for q in (None, 0) * 6))
     seen = [m.offset for r in results for m in r]
     assert len(seen) == len(set(seen)) and set(seen) <= set(range(50))
+
+
+
+async def test_each_acked_handle_gets_its_own_answer_and_recent_outcomes_are_remembered_oldest_forgotten_first(
+        node, monkeypatch):
+    from broker.pop.handles import Handle
+    monkeypatch.setattr(service_mod, "ACK_OUTCOMES_REMEMBERED_MAX", 2)
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(3)])
+    h0, h1, h2 = [m.handle for m in await node.pop.pop("t", "g", 3, 60_000, None, False, 0)]
+    unknown_queue = node.pop.codec.encode("g", Handle("t", 7, 0, 1))
+    assert await node.pop.ack("g", ["garbage", unknown_queue, 5]) == [
+        {"handle": "garbage", "ok": False, "code": "INVALID_HANDLE"},
+        {"handle": unknown_queue, "ok": False, "code": "INVALID_HANDLE"},
+        {"handle": None, "ok": False, "code": "INVALID_HANDLE"}]
+    assert (await node.pop.ack("other", [h2]))[0]["code"] == "INVALID_HANDLE", "a handle is its group's"
+    newer = await node.pop.change_invisible("g", h0, 60_000)
+    assert await node.pop.ack("g", [newer, h1, h1]) == [
+        {"handle": newer, "ok": True}, {"handle": h1, "ok": True}, {"handle": h1, "ok": True}]
+    # remembered: offsets 0 and 1 (two, the bound): the superseded handle of offset 0 is told it expired
+    assert await node.pop.ack("g", [h0]) == [{"handle": h0, "ok": False, "code": "HANDLE_EXPIRED"}]
+    assert await node.pop.ack("g", [h2]) == [{"handle": h2, "ok": True}]
+    # a third outcome: offset 0's, the oldest, is forgotten; done for good, a late ack of it is answered ok
+    assert await node.pop.ack("g", [h0]) == [{"handle": h0, "ok": True}]

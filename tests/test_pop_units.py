@@ -271,3 +271,57 @@ async def test_a_notify_between_a_look_and_a_park_is_not_lost():
     assert not waiting.done(), "another topic's notify does not wake it"
     s.notify("t")
     await asyncio.wait_for(waiting, 1.0)
+
+
+# -- request bodies (broker/pop/params.py) ----------------------------------------------------------------------------
+
+def refusal(parse, body) -> tuple[int, str, dict]:
+    with pytest.raises(ApiError) as e:
+        parse(body)
+    return e.value.status, e.value.message, e.value.details
+
+
+def test_a_pop_request_takes_its_defaults_and_every_bound_inclusive():
+    from broker.pop.limits import INVISIBLE_MS_DEFAULT, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX, WAIT_MS_MAX
+    assert params.pop_request({"group": "g"}) == params.PopRequest(
+        group="g", max=32, invisible_ms=INVISIBLE_MS_DEFAULT, queue=None, order=False, wait_ms=0)
+    low = params.pop_request({"group": "g" * 255, "max": 1, "invisible_ms": INVISIBLE_MS_MIN, "queue": 0,
+                              "order": True, "wait_ms": 0})
+    assert low == params.PopRequest("g" * 255, 1, INVISIBLE_MS_MIN, 0, True, 0)
+    high = params.pop_request({"group": "g", "max": POP_MESSAGES_MAX, "invisible_ms": INVISIBLE_MS_MAX,
+                               "queue": 2**31, "wait_ms": WAIT_MS_MAX})
+    assert (high.max, high.invisible_ms, high.queue, high.wait_ms) == (POP_MESSAGES_MAX, INVISIBLE_MS_MAX, 2**31,
+                                                                       WAIT_MS_MAX)
+    for body, field, message in [
+            ({"group": "g", "max": 0}, "max", "max must be within [1, 1000]"),
+            ({"group": "g", "max": "3"}, "max", "max must be an integer within [1, 1000]"),
+            ({"group": "g", "max": True}, "max", "max must be an integer within [1, 1000]"),
+            ({"group": "g", "queue": 2**31 + 1}, "queue", "queue must be within [0, 2147483648]"),
+            ({"group": "g", "queue": -1}, "queue", "queue must be within [0, 2147483648]"),
+            ({"group": "g", "order": "yes"}, "order", "order must be true or false"),
+            ({"group": "\ud800"}, "group", "group must be 1-255 characters of valid Unicode"),
+            ({"group": "g" * 256}, "group", "group must be 1-255 characters of valid Unicode"),
+            ({"group": ""}, "group", "group must be 1-255 characters of valid Unicode")]:
+        assert refusal(params.pop_request, body) == (400, message, {"field": field}), body
+
+
+def test_ack_invisible_dlq_and_adopt_bodies_are_bounded():
+    from broker.pop.limits import HANDLES_PER_ACK_MAX, INVISIBLE_MS_MIN
+    assert params.ack_request({"group": "g", "handles": ["h"]}) == ("g", ["h"])
+    assert params.ack_request({"group": "g", "handles": ["h"] * HANDLES_PER_ACK_MAX})[1] == ["h"] * HANDLES_PER_ACK_MAX
+    for handles in ([], ["h"] * (HANDLES_PER_ACK_MAX + 1), "h", None):
+        assert refusal(params.ack_request, {"group": "g", "handles": handles}) == (
+            400, "handles must be a list of 1 to 1000 handles", {"field": "handles", "limit": 1000})
+    assert refusal(params.ack_request, {"handles": ["h"]})[2] == {"field": "group"}
+    assert params.invisible_request({"group": "g", "handle": "h", "invisible_ms": INVISIBLE_MS_MIN}) == (
+        "g", "h", INVISIBLE_MS_MIN)
+    assert refusal(params.invisible_request, {"group": "g", "handle": "h"}) == (
+        400, "invisible_ms is required", {"field": "invisible_ms"})
+    assert params.dlq_query({}) == (0, 32) and params.dlq_query({"offset": "7", "max": "1000"}) == (7, 1000)
+    assert refusal(params.dlq_query, {"max": "1001"}) == (400, "max must be within [1, 1000]", {"field": "max"})
+    assert refusal(params.dlq_query, {"offset": "-1"})[2] == {"field": "offset"}
+    assert params.adopt_request({"deliveries": [[0, 0], [2**62 - 1, 3]]}) == [[0, 0], [2**62 - 1, 3]]
+    assert params.adopt_request({"deliveries": [[1, 1]] * 100_000}) == [[1, 1]] * 100_000
+    for bad in (None, [[1, 2**62]], [[-1, 0]], [[1]], [[1, 2, 3]], [(1, 2)], [[1, True]], [[1, 1]] * 100_001):
+        assert refusal(params.adopt_request, {"deliveries": bad}) == (
+            400, "deliveries must be a list of [offset, attempt]", {}), str(bad)[:40]

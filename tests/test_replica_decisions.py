@@ -285,3 +285,31 @@ def test_a_fenced_broker_changes_no_in_sync_set_and_a_topic_grows_onto_no_fenced
     assert (out["status"], out["code"], out["message"]) == (
         409, "NO_BROKERS", "no active broker to place the new queues on")
     assert log.version == v
+
+
+def test_a_topic_takes_the_cluster_defaults_its_command_carries_capped_at_the_brokers_there_are():
+    log = cluster("a", "b", "c", "d")
+    log.create("t", 1, default_replicas=2, default_min_insync=2)
+    assert (log.topic("t")["replicas"], log.topic("t")["min_insync"]) == (2, 1), "min_insync at most replicas - 1"
+    log.create("u", 1, default_replicas=4, default_min_insync=3)
+    assert (log.topic("u")["replicas"], log.topic("u")["min_insync"]) == (4, 3)
+    log.create("v", 1, default_replicas=5)
+    assert log.topic("v")["replicas"] == 4
+    out = log.send({"type": "CreateTopic", "topic": "w", "queues": 1, "replicas": 5})["error"]
+    assert (out["message"], out["details"]) == ("5 replicas need 5 active brokers; 4 are there to place them on",
+                                                {"replicas": 5, "brokers": 4})
+    out = log.send({"type": "CreateTopic", "topic": "w", "queues": 1, "default_replicas": 2, "min_insync": 3})["error"]
+    assert (out["message"], out["details"]) == ("min_insync (3) cannot exceed replicas (2)", {"field": "min_insync"})
+
+
+def test_a_failover_s_new_gen_is_granted_the_envelope_s_budget_whether_fenced_or_registered_again():
+    log = cluster("a", "b", "c")
+    log.create("t", 2, brokers=["a", "b"], replicas=2)
+    heads = {q: log.head("t", q) for q in range(2)}
+    log.budget = 777
+    log.fence(heads[0]["broker"])
+    assert (log.head("t", 0)["gen"], log.head("t", 0)["budget_end"]) == (1, 777)
+    log.budget = 555
+    log.register(heads[1]["broker"])   # restarted: it counts as lost
+    assert (log.head("t", 1)["gen"], log.head("t", 1)["budget_end"]) == (1, 555)
+

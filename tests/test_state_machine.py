@@ -1273,3 +1273,37 @@ def test_malformed_seal_batches_are_rejected_whole(log, seals):
     log.register("a")
     out = log.send({"type": "SealSegments", "broker": "a", "epoch": log.epoch("a"), "seals": seals})
     assert out["ok"] is False and out["error"]["code"] == "INVALID_ARGUMENT"
+
+
+def test_a_refused_seal_says_why_with_the_segment_it_names(log):
+    log.create("t", 2, brokers=["a"], replicas=1)
+    assert log.reject(log.seal_cmd("t", 0, 0, 10), "NOT_SEALING") == {
+        "status": 409, "code": "NOT_SEALING", "message": "the segment is not being sealed",
+        "details": {"state": "active"}}
+    log.remap("t", ["b"], queues=[0])
+    assert log.reject(log.seal_cmd("t", 0, 0, 10, broker="b"), "SEGMENT_NOT_FOUND") == {
+        "status": 404, "code": "SEGMENT_NOT_FOUND", "message": "no such segment on this broker",
+        "details": {"topic": "t", "queue": 0, "gen": 0}}
+    assert log.reject(log.seal_cmd("t", 0, 0, 1001), "INVALID_ARGUMENT") == {
+        "status": 400, "code": "INVALID_ARGUMENT", "message": "end_offset is outside the segment's granted budget",
+        "details": {"physical_start": 0, "budget_end": 1000}}
+    err = log.reject({"type": "GrowTopic", "topic": "t", "queues": 3}, "SEALING")
+    assert (err["message"], err["details"]) == ("queue 0 of 't' is still being remapped; retry shortly",
+                                                {"topic": "t", "queue": 0, "gen": 1})
+    assert log.seal("t", 0, 0, 1000)["logic_end"] == 1000, "the budget's end itself is inside it"
+    assert log.reject(log.seal_cmd("t", 0, 0, 11), "ALREADY_SEALED") == {
+        "status": 409, "code": "ALREADY_SEALED", "message": "the segment was already sealed at another offset",
+        "details": {"physical_end": 1000, "by": "broker"}}
+
+
+def test_every_segment_s_physical_queue_names_topic_queue_gen_and_incarnation(log):
+    log.create("t", 2, brokers=["a"], replicas=1)
+    inc = log.topic("t")["incarnation"]
+    r = log.remap("t", ["b"], queues=[1])
+    assert (r["topic"], r["moved"]) == ("t", [{"queue": 1, "from": "a", "to": "b", "gen": 1}])
+    assert [[s["physical_queue"] for s in log.segs("t", q)] for q in range(2)] == [
+        [f"t.q0.g0.i{inc}"], [f"t.q1.g0.i{inc}", f"t.q1.g1.i{inc}"]]
+    log.ok({"type": "DeleteTopic", "topic": "t"})
+    log.create("t", 1, brokers=["a"], replicas=1)
+    again = log.topic("t")["incarnation"]
+    assert again != inc and log.segs("t", 0)[0]["physical_queue"] == f"t.q0.g0.i{again}", "never a dead one's name"

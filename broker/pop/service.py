@@ -140,7 +140,7 @@ class PopService:
         self._outcomes[(key, offset)] = (seq, outcome)
         self._outcomes.move_to_end((key, offset))
         while len(self._outcomes) > ACK_OUTCOMES_REMEMBERED_MAX:
-            self._outcomes.popitem(last=False)
+            self._outcomes.popitem(last=False)   # harmless mutant: last=None (falsy, as False)
 
     def in_flight_total(self) -> int:
         return sum(len(st.in_flight) for st in self.states.values())
