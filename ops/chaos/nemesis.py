@@ -27,6 +27,11 @@ ledgers read until one holds a write it has not synced yet (``_aim``), since the
 each write and a kill at an arbitrary moment almost always finds nothing to lose. What each lost, and the freezes
 the aim took, are in the fault's record.
 
+``rejoin_leader_loss`` is faults in combination, which a schedule of one fault at a time meets only by luck: a meta
+follower is cut off until it is stale, the other follower's disk is wiped and it starts empty (a learner again),
+and right after, the leader is killed and the stale one healed; the two are left without the leader for the hold.
+A wiped node that voted would make the stale one a leader missing acknowledged writes.
+
 ``leader_cut`` cuts the meta leader of the moment from both peers, for longer than the others take to elect a new
 one, then heals. The runner's clients keep talking to every meta node directly, so they keep sending writes to the
 cut-off leader: none of them may be acknowledged unless the new majority has it.
@@ -70,7 +75,7 @@ from .topology import COMPACTION_MIN_TIME_S, Topology
 
 
 KINDS = ("kill", "pause", "restart", "partition", "install", "wipe", "replace", "power", "leader_cut", "broker_wipe",
-         "broker_partition")
+         "broker_partition", "rejoin_leader_loss")
 BROKER_KINDS = ("broker_wipe", "broker_partition")
 # A power loss is drawn twice as often as each other kind: it is the fault that reaches the unsynced writes of
 # every store at once, and issue 20 asks a 600 s run for twenty of them.
@@ -82,6 +87,8 @@ HOLD_S = {"kill": (0.5, 3.0), "pause": (0.5, 4.0), "restart": (0.2, 1.5), "parti
           "replace": (0.5, 2.0), "power": (0.2, 2.0),
           # longer than an election (meta's election timeout is at most 0.5 s, then a vote round)
           "leader_cut": (2.0, 5.0),
+          # rejoin_leader_loss: how long the stale node and the rejoining one are left without the leader
+          "rejoin_leader_loss": (1.0, 4.0),
           "install": (2 * COMPACTION_MIN_TIME_S + 1.5, 2 * COMPACTION_MIN_TIME_S + 4.5),
           # across the chaos meta's session timeout (topology.META_EXTRA, 4 s): a broker back before it lapses is
           # failed over by its new registration, one away for longer by its fence, and the leader it was cut from
@@ -102,6 +109,8 @@ LEADER_POLL_S = 0.2                 # asking a node who leads
 POWER_AIM_TRIES = 60
 POWER_AIM_GAP_S = (0.001, 0.03)     # between two freezes
 FROZEN_WAIT_S = 1.0                 # until every thread of a frozen member has stopped
+STALE_FOR_S = 1.5                   # rejoin_leader_loss: the stale node is cut off this long before the wipe ...
+LEADER_LOST_AFTER_S = (0.0, 1.0)    # ... and the leader is killed this long after the wiped node was started
 FIRST_FAULT_S = 1.0                 # let the workloads start first
 STOP_WAIT_S = 15.0                  # a stop or start of one member (devcluster waits up to 10 s + 5 s for a kill)
 MEMBERSHIP_DEADLINE_S = 60.0        # a membership change that keeps being refused (another in flight, no leader)
@@ -158,6 +167,8 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], topology_name
         elif kind == "power":
             target = POWER_ALL if rng.random() < POWER_ALL_SHARE else rng.choice(metas + brokers)
             tear = rng.random() < POWER_TEAR_SHARE
+        elif kind == "rejoin_leader_loss":
+            target = rng.choice(metas)   # the node to wipe; should it lead when its turn comes, another is wiped
         elif kind == "leader_cut":
             target = f"{LEADER}|rest"    # who leads is known only when the fault comes
         elif kind == "broker_wipe":
@@ -186,6 +197,7 @@ class Nemesis:
         self._paused: set[str] = set()
         self._down: set[str] = set()
         self._cut: dict[Fault, str] = {}   # install: the follower actually cut; leader_cut: the leader
+        self._roles: dict[Fault, dict[str, str]] = {}   # rejoin_leader_loss: the leader, the wiped and the stale
         self._lost: dict[Fault, dict[str, dict[str, int]]] = {}   # power: what each member lost
         self._aimed: dict[Fault, int] = {}                        # power: the freezes its aim took
         self._led: dict[Fault, dict[str, list[int]] | None] = {}   # broker faults: the heads the broker led
@@ -218,6 +230,8 @@ class Nemesis:
                 record["aim_tries"] = self._aimed.pop(f)
             if f in self._led:
                 record["led"] = self._led.pop(f)
+            if f in self._roles:
+                record["roles"] = self._roles.pop(f)
             self.applied.append(record)
 
     async def _apply(self, f: Fault) -> None:
@@ -230,6 +244,8 @@ class Nemesis:
             self._set_cut(f"{self._cut[f]}|rest", True)
         elif f.kind == "power":
             await self._power_loss(f)
+        elif f.kind == "rejoin_leader_loss":
+            await self._rejoin_leader_loss(f, name)
         elif f.kind == "kill":
             await self._stop(name, signal.SIGKILL)
         elif f.kind == "wipe":
@@ -276,6 +292,12 @@ class Nemesis:
             elif f.kind == "power":
                 for member in self._power_targets(f):   # meta nodes first: brokers register with them
                     await self._start(member)
+            elif f.kind == "rejoin_leader_loss" and f in self._roles:
+                roles = self._roles[f]
+                self._set_cut(f"{roles['stale']}|rest", False)
+                for member in (roles["leader"], roles["wiped"]):
+                    if member in self._down:
+                        await self._start(member)
         except Exception as e:   # noqa: BLE001 -- reported in the summary; heal_all tries again at the end
             self.errors.append(f"healing {f.describe()}: {type(e).__name__}: {e}")
 
@@ -364,6 +386,27 @@ class Nemesis:
 
     def _data_dir(self, name: str) -> str:
         return os.path.join(self.t.dir, name, "data")
+
+    async def _rejoin_leader_loss(self, f: Fault, preferred: str) -> None:
+        """A follower cut off until it is stale, another follower's disk wiped and started empty (rejoining as a
+        learner), then, a moment later, the leader killed and the stale one healed: the stale node and the empty one
+        are left together without the leader for the hold. The empty node must not help the stale one to a majority
+        (it has no log to vote with until it is promoted again), or the stale leader they elect would take back
+        acknowledged writes; the healed cluster must lose nothing."""
+        await asyncio.to_thread(self._every_meta_node_votes)
+        leader = await asyncio.to_thread(self._leader)
+        wiped = preferred if preferred != leader else next(n for n in self.t.meta_names if n != leader)
+        stale = next(n for n in self.t.meta_names if n not in (leader, wiped))
+        self._roles[f] = {"leader": leader, "wiped": wiped, "stale": stale}
+        rng = random.Random(f"{f.at_s}/{f.target}")
+        self._set_cut(f"{stale}|rest", True)
+        await asyncio.sleep(STALE_FOR_S)            # the writes go on without it
+        await self._stop(wiped, signal.SIGKILL)
+        await asyncio.to_thread(_wipe, self._data_dir(wiped))
+        await self._start(wiped)
+        await asyncio.sleep(rng.uniform(*LEADER_LOST_AFTER_S))
+        await self._stop(leader, signal.SIGKILL)
+        self._set_cut(f"{stale}|rest", False)
 
     def _leader(self) -> str:
         """The meta node that says it leads, asked again while an election is under way (the previous fault's heal
