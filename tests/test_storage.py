@@ -3,6 +3,7 @@ the queue store, and a model-based test of the whole queue against a plain list.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -850,3 +851,67 @@ def test_kill_9_keeps_every_acknowledged_record(tmp_path):
             assert {records[first - 7 + j].ts_ms for j in range(count)} == {records[first - 7].ts_ms}
         assert q.append([payload(q.max_offset)], 10**6) == records[-1].offset + 1
     assert len(logs(path)) > 3
+
+
+def test_deleting_an_open_queue_closes_it_and_no_read_finds_it_again(tmp_path):
+    with QueueStore(str(tmp_path), SMALL) as store:
+        q = store.create("q")
+        q.append([b"old"], 1)
+        store.delete("q")
+        assert q.closed, "the deleted queue's files are closed with it"
+        with pytest.raises(QueueNotFound) as e:
+            store.get("q")
+        assert (e.value.message, e.value.details) == ("no such queue", {"name": "q"})
+        with pytest.raises(QueueNotFound) as e:
+            store.delete("q")
+        assert (e.value.message, e.value.details) == ("no such queue", {"name": "q"})
+        again = store.create("q")
+        assert again is not q and again.max_offset == 0 and store.get("q") is again
+
+
+def test_retention_by_size_keeps_exactly_the_newest_files_that_fit_and_counts_what_it_deleted(tmp_path):
+    path = tmp_path / "q"
+    q = PhysicalQueue.create(str(path), 0, SMALL)
+    fill(q, 200)
+    q.close()
+    sizes = [f.stat().st_size for f in logs(path)]
+    assert len(sizes) >= 5
+    # exactly the last three files fit: the oldest ones go until the rest is no larger than retention_bytes
+    keep = sum(sizes[-3:])
+    q = PhysicalQueue.open(str(path), dataclasses.replace(SMALL, retention_bytes=keep))
+    assert q.apply_retention(0) == len(sizes) - 3
+    assert [f.stat().st_size for f in logs(path)] == sizes[-3:] and q.size_bytes == keep
+    assert q.apply_retention(0) == 0, "what fits stays"
+    check_records(read_all(q), q.min_offset, 200)
+    q.close()
+    # both bounds at once: the count is the files each deleted, added up
+    two = tmp_path / "two"
+    q = PhysicalQueue.create(str(two), 0, SMALL)
+    fill(q, 100, ts_ms=1_000)
+    fill(q, 100, ts_ms=5_000)
+    q.close()
+    before = len(logs(two))
+    shutil.copytree(two, tmp_path / "age")
+    q = PhysicalQueue.open(str(tmp_path / "age"), dataclasses.replace(SMALL, retention_ms=1_000))
+    by_age = q.apply_retention(5_500)
+    q.close()
+    q = PhysicalQueue.open(str(two), dataclasses.replace(SMALL, retention_ms=1_000, retention_bytes=sizes[-1] * 2))
+    both = q.apply_retention(5_500)
+    assert 0 < by_age < both == before - len(logs(two))
+    q.close()
+
+
+def test_a_refused_queue_name_says_why():
+    from broker.storage.names import dir_name
+
+    def refusal(name) -> tuple[str, dict]:
+        with pytest.raises(InvalidQueueName) as e:
+            dir_name(name)
+        return e.value.message, e.value.details
+
+    assert refusal("") == ("a queue name is a non-empty string", {"name": "''"})
+    assert refusal(None) == ("a queue name is a non-empty string", {"name": "None"})
+    assert refusal("\ud800") == ("a queue name must be valid Unicode", {"name": repr("\ud800")})
+    assert refusal("x" * 201) == ("a queue name holds at most 200 UTF-8 bytes", {"name_bytes": 201})
+    assert dir_name("x" * 200) == "x" * 200, "the bound itself is allowed"
+    assert refusal("é" * 90) == ("a queue name escapes to more than 255 bytes", {"name": "é" * 90})

@@ -278,6 +278,28 @@ def test_a_torn_line_s_zeros_excuse_no_other_damaged_line(tmp_path):
     assert lines.read(str(path)) == lines.Loaded([[1]], len(good))
 
 
+def test_a_zeroed_line_that_good_lines_follow_is_damage_named_by_its_line_and_byte(tmp_path):
+    """Zeros alone do not make a tear: a tear is the file's end, so a bad line with zeros that a good line follows
+    is damage to acknowledged data, and the first bad line is the one named (not the last, not only a zero-free one)."""
+    first, second, third, fourth = (lines.encode([i]) for i in range(1, 5))
+    path = tmp_path / "f.log"
+    zeroed = second[:5] + b"\0" + second[6:]
+    path.write_bytes(first + zeroed + third.replace(b"[3]", b"[9]") + fourth)
+    with pytest.raises(CorruptFile) as e:
+        lines.read(str(path))
+    assert e.value.details == {"path": str(path), "line": 2, "position": len(first)}
+    assert e.value.message == (f"{path}: line 2 (byte {len(first)}) is damaged (not a line of format 0 or 1) and good "
+                               "lines follow it: acknowledged data was lost; restore the file or cut it at that byte")
+    path.write_bytes(first + third.replace(b"[3]", b"[9]"))   # a whole bad last line with no zero: damage too
+    with pytest.raises(CorruptFile) as e:
+        lines.read(str(path))
+    assert e.value.details == {"path": str(path), "line": 2, "position": len(first)}
+    assert e.value.message == (f"{path}: line 2 (byte {len(first)}) is damaged (CRC mismatch) and is no torn write "
+                               "(whole, no zero bytes): acknowledged data was lost; restore the file or cut it at that "
+                               "byte")
+    assert lines.read(str(tmp_path / "none.log")) == lines.Loaded([], -1), "no file: nothing, and no whole byte"
+
+
 def test_lines_of_the_old_format_still_load_and_new_lines_follow_them(tmp_path):
     path = tmp_path / "offsets.log"
     path.write_bytes(b'["g", "t", 0, 5, 0]\n["g", "t", 1, 6, 2]\n')   # format 0 (no check), written by an older broker

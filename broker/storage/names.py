@@ -19,7 +19,7 @@ def dir_name(name: str) -> str:
     if type(name) is not str or not name:
         raise InvalidQueueName("a queue name is a non-empty string", name=repr(name))
     try:
-        raw = name.encode("utf-8")
+        raw = name.encode("utf-8")   # harmless mutant: "UTF-8" (codec names are case-insensitive)
     except UnicodeEncodeError:
         raise InvalidQueueName("a queue name must be valid Unicode", name=repr(name)) from None
     if len(raw) > limits.QUEUE_NAME_BYTES_MAX:
