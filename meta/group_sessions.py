@@ -171,13 +171,19 @@ class GroupSessions:
                 await self.log.propose({"type": "ExpireLocks", "group": group, "locks": chunk}, None, "system")
 
     def _reset(self, now: float) -> None:
-        """A new leader cannot know when the old one last heard each member: every lease starts afresh."""
-        def members(image: Image):
-            return [(g, m) for g, v in image.groups.items() for m in v["members"]]
+        """A new leader cannot know when the old one last heard each member: every lease starts afresh. Nor what
+        its answers promised: a member is counted as promised the longest lease an answer given before its group's
+        lease_ms was last shortened may still carry (it used to be forgotten, and a queue moved seconds before the
+        lease its holder was promised ended)."""
         wall_ms = int(time.time() * 1000)
-        self._seen = {k: now for k in self.reads.read(members)}
+
+        def members(image: Image):
+            return [((g, m), groups.lease_still_promised_ms(v, wall_ms)) for g, v in image.groups.items()
+                    for m in v["members"]]
+        found = self.reads.read(members)
+        self._seen = {k: now for k, _ in found}
         self._seen_wall = {k: wall_ms for k in self._seen}   # the lease ends shown are this leader's
-        self._promised_s = {}
+        self._promised_s = {k: promised / 1000 for k, promised in found if promised}
         self._revoked_at = {}
         self._answers = {}
 

@@ -35,6 +35,27 @@ def effective_config(name: str, group: Mapping[str, Any] | None) -> dict[str, An
     return config
 
 
+def promise_after_shortening(record: Mapping[str, int] | None, before_ms: int, ts: int) -> dict[str, int]:
+    """``lease_ms`` went down from ``before_ms`` at ``ts`` (the command's leader time): answers given before may
+    still promise ``before_ms``, until about ``ts + before_ms``. Merged with an earlier record still running, so
+    the record names the longest lease any answer may still carry (``lease_ms``) and until when (``until_ms``)."""
+    lease, until = before_ms, ts + before_ms
+    if record is not None and record["until_ms"] > ts:
+        lease, until = max(lease, record["lease_ms"]), max(until, record["until_ms"])
+    return {"lease_ms": lease, "until_ms": until}
+
+
+def lease_still_promised_ms(group: Mapping[str, Any], wall_ms: int) -> int:
+    """The longest lease an answer given before ``group``'s lease_ms was last shortened may still carry at
+    ``wall_ms``, or 0. A new leader, which cannot know the old one's answers, counts every member's silence against
+    at least this (meta/group_sessions.py). The record is kept one such lease past its ``until_ms``: an answer read
+    the old setting until the change applied, a commit's latency after the command's time."""
+    record = group.get("lease_promised")
+    if record is None or wall_ms >= record["until_ms"] + record["lease_ms"]:
+        return 0
+    return record["lease_ms"]
+
+
 def owned(lock: Lock) -> bool:
     """Owned and not being revoked: the owner may go on processing it."""
     return lock["target"] == lock["member"]

@@ -41,7 +41,7 @@ from typing import Any
 
 from wire import json_body
 
-from . import allocation, chains, history_lines, limits
+from . import allocation, chains, groups, history_lines, limits
 from .events import GROUP_EVENTS, UnknownEvent, stored
 
 GROUP_KEY_PREFIX = "@"  # change-feed key of a group: never a topic name (commands.NAME_RE has no "@")
@@ -333,9 +333,12 @@ class Image:
 
     def _on_GroupConfigChanged(self, e, ts):
         g = self._group(e["group"], ts)
+        before = groups.effective_config(e["group"], g)["lease_ms"]
         g["config"] = dict(e["config"])
         if "mode" in g["config"]:
             g["mode"] = g["config"]["mode"]
+        if groups.effective_config(e["group"], g)["lease_ms"] < before:
+            g["lease_promised"] = groups.promise_after_shortening(g.get("lease_promised"), before, ts)
 
     def _on_LockGranted(self, e, ts):
         locks = self.data["groups"][e["group"]]["locks"].setdefault(e["topic"], {})

@@ -12,7 +12,7 @@ import pytest
 
 from ops.chaos import bodies, checker, nemesis, topology, workloads
 from ops.chaos.history import FAIL, OK, UNKNOWN, Op
-from ops.chaos.runner import _broker_faults, segment_chains, segment_epochs
+from ops.chaos.runner import _broker_faults, fence_windows, segment_chains, segment_epochs
 from wire.errors import StatorError
 
 
@@ -324,6 +324,28 @@ def test_an_ack_through_a_handle_the_broker_superseded_answered_ok_is_a_violatio
     assert checker.stale_pop_acks([first, moved, ack(6, "h4")]) == []
     # a newer pop still under way when the ack was sent had not superseded anything yet
     assert checker.stale_pop_acks([first, pop(5.8, (0, 4, "h4d")), ack(6, "h4")]) == []
+
+
+def session_event(kind, broker, ts):
+    return {"type": kind, "ts": ts, "data": {"broker": broker, "epoch": 1}}
+
+
+def test_a_send_a_fenced_broker_acknowledged_is_a_violation():
+    windows = fence_windows([session_event("BrokerRegistered", "b1", 100), session_event("BrokerFenced", "b1", 5_000),
+                             session_event("BrokerUnfenced", "b1", 9_000), session_event("BrokerFenced", "b2", 7_000),
+                             session_event("BrokerRegistered", "b3", 100)])
+    assert windows == {"b1": [(5_000, 9_000)], "b2": [(7_000, math.inf)], "b3": []}
+
+    def sent(broker, invoke_s, complete_s, outcome=OK):
+        return op("s", "send", invoke_s, complete_s, outcome, {"queue": 0, "offsets": [1]}, topic="t", queue=0,
+                  tag="x", sizes=[0], broker=broker)
+
+    wall_ms = lambda t: t * 1000   # noqa: E731 -- the recorder's clock, here already meta's
+    fine = [sent("b1", 4.0, 5.5), sent("b1", 8.0, 9.5), sent("b1", 9.2, 9.3), sent("b2", 6.0, 6.9),
+            sent("b1", 6.0, 6.5, outcome=FAIL), sent("b3", 6.0, 6.5)]
+    assert checker.fenced_brokers_refuse(fine, windows, wall_ms) == []
+    bad = checker.fenced_brokers_refuse([sent("b1", 6.0, 6.5), sent("b2", 8.0, 8.1)], windows, wall_ms)
+    assert [v["check"] for v in bad] == ["fenced_brokers_refuse"] * 2 and "1000 ms after" in bad[0]["message"]
 
 
 def key_violations(ops, barriers):

@@ -199,3 +199,31 @@ async def test_a_shorter_lease_applies_from_the_next_answer_never_to_a_lease_alr
         return held(b) or None
     await wait_until(granted, 20.0, "b granted the queue after a's lease ended")
     assert (await beat(c, "b", topics=("promised",), group="gp"))["lease_ms"] == LEASE_MS
+
+
+async def test_a_lease_promised_before_it_was_shortened_outlives_the_leader_that_promised_it(meta_cluster):
+    """As above, and the leader that promised a's 6 s is then lost. The new leader cannot know when the old one last
+    heard a, so it starts every lease afresh; it must count a's silence against the longest lease an answer of
+    the old leader may still carry, not the group's new 2 s (it used to, and b got a's queue seconds early: found by
+    the chaos runner's leases_never_overlap)."""
+    c = meta_cluster
+    await brokerless_topic(c, "promised2", 1)
+    await ok(c, "PUT", "/v1/groups/gl/config", "admin", {"lease_ms": 6000, "heartbeat_interval_ms": HEARTBEAT_MS})
+    leader = await c.leader()
+    a = await beat(c, "a", topics=("promised2",), group="gl")
+    promised_end_ms = a["assignments"][0]["lease_expires_ms"]
+    await ok(c, "PUT", "/v1/groups/gl/config", "admin", {"lease_ms": LEASE_MS, "heartbeat_interval_ms": HEARTBEAT_MS})
+    await asyncio.to_thread(c.kill9, leader)
+    try:
+        while time.time() * 1000 < promised_end_ms - 300:
+            b = await beat(c, "b", topics=("promised2",), group="gl")   # any node: the election's 503s are skipped
+            early_ms = promised_end_ms - time.time() * 1000
+            assert held(b) == {}, f"b was granted a's queue {early_ms:.0f} ms before a's lease end"
+            await asyncio.sleep(0.2)
+
+        async def granted():
+            b = await beat(c, "b", topics=("promised2",), group="gl")
+            return held(b) or None
+        await wait_until(granted, 20.0, "b granted the queue after a's lease ended")
+    finally:
+        await asyncio.to_thread(c.start, leader)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import bodies
@@ -173,6 +173,27 @@ def no_lost_sends(ops: Iterable[Op], final: Mapping[tuple[str, int], Mapping[int
 
 
 _MISSING = object()
+
+
+def fenced_brokers_refuse(ops: Iterable[Op], fenced: Mapping[str, list[tuple[float, float]]],
+                          wall_ms: Callable[[float], float]) -> list[dict[str, Any]]:
+    """A broker whose session meta fenced acknowledges no send until it is registered or unfenced again (it stops
+    writing once its session lapses by its own clock, before meta can fence it: DESIGN.md invariant 4).
+    ``fenced[broker]``: [(fenced_ms, back_ms)] from the log's BrokerFenced and the next BrokerRegistered or
+    BrokerUnfenced (math.inf when none), stamped by meta's leader; ``wall_ms``: an op's time on that clock. A send
+    (routed to that broker, acknowledged) sent after the fence and answered before the return is a violation."""
+    out = []
+    for o in ops:
+        if o.kind != "send" or o.outcome != OK or o.input.get("broker") not in fenced:
+            continue
+        sent, answered = wall_ms(o.invoke), wall_ms(o.complete)
+        for start, end in fenced[o.input["broker"]]:
+            if start < sent and answered < end:
+                out.append(violation("fenced_brokers_refuse", f"{o.input['broker']} acknowledged a send to "
+                                     f"{o.input['topic']}/{o.output['queue']} {sent - start:.0f} ms after meta "
+                                     "had fenced its session", op=_brief(o)))
+                break
+    return out
 
 
 def one_leader_per_epoch(ops: Iterable[Op], epochs: Mapping[tuple[str, int], list[Mapping[str, Any]]]
@@ -479,7 +500,7 @@ def leases_never_overlap(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[
     [[queue, token, lease_expires_ms]]. Per queue, in token order: the first answer that gave a token must come no
     earlier than LEASE_MARGIN_MS before the latest lease end any answer promised for a lower token. Stats: the
     grants that followed another on their queue (``lease_handovers``)."""
-    promised: dict[tuple[int, int], int] = {}
+    promised: dict[tuple[int, int], tuple[int, Op]] = {}
     granted: dict[tuple[int, int], tuple[int, Op]] = {}
     for o in ops:
         if o.kind != "heartbeat" or o.outcome != OK:
@@ -487,22 +508,23 @@ def leases_never_overlap(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[
         at = o.output["answered_wall_ms"]
         for queue, token, end in o.output["assignments"]:
             key = (queue, token)
-            promised[key] = max(end, promised.get(key, end))
+            if key not in promised or end > promised[key][0]:
+                promised[key] = (end, o)
             if key not in granted or at < granted[key][0]:
                 granted[key] = (at, o)
     out, handovers = [], 0
     for queue in sorted({q for q, _ in granted}):
-        before: tuple[int, int] | None = None   # (latest lease end promised for a lower token, that token)
+        before: tuple[int, int, Op] | None = None   # (latest lease end promised for a lower token, the token, the answer)
         for token in sorted(t for q, t in granted if q == queue):
             at, o = granted[(queue, token)]
             handovers += before is not None
             if before is not None and at < before[0] - LEASE_MARGIN_MS:
                 out.append(violation("leases_never_overlap", f"queue {queue}: token {token} was granted "
                                      f"{before[0] - at} ms before the lease promised with token {before[1]} ended",
-                                     grant=_brief(o)))
-            end = promised[(queue, token)]
+                                     grant=_brief(o), promise=_brief(before[2])))
+            end, promise = promised[(queue, token)]
             if before is None or end > before[0]:
-                before = (end, token)
+                before = (end, token, promise)
     return out, {"lease_handovers": handovers}
 
 

@@ -49,9 +49,14 @@ class Recorder:
     def __init__(self) -> None:
         self.ops: list[Op] = []
         self._t0 = time.monotonic()
+        self._t0_wall = time.time()
 
     def now(self) -> float:
         return time.monotonic() - self._t0
+
+    def wall_ms(self, t: float) -> float:
+        """The wall clock (ms) at ``t`` of this recorder, to compare with times meta stamps into its log."""
+        return (self._t0_wall + t) * 1000
 
     @contextlib.asynccontextmanager
     async def op(self, process: str, kind: str, **input: Any) -> AsyncIterator[Op]:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -195,7 +196,7 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
         violations += checker.stale_pop_acks(ops)
         back, stats = ReadBack(), {}
     else:
-        found, stats = _checks(ops, initial, back, _paused(nem.applied, t, start))
+        found, stats = _checks(ops, initial, back, _paused(nem.applied, t, start), env.rec.wall_ms)
         violations += found + checker.replicas_agree(back.digests) + checker.voters_agree(back.voters)
         violations += checker.histories_agree(back.histories)
     final, digests, histories = back.final, back.digests, back.histories
@@ -240,6 +241,20 @@ class ReadBack:
     digests: dict[str, dict[str, Any]] = field(default_factory=dict)
     histories: dict[str, dict[str, Any]] = field(default_factory=dict)
     voters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sessions: list[dict[str, Any]] = field(default_factory=list)   # the brokers' session events, in log order
+
+
+def fence_windows(sessions: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per broker, from its session events in log order: (fenced at, back at) in meta's ms, back at math.inf when
+    the run ended with it fenced."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in sessions:
+        windows = out.setdefault(e["data"]["broker"], [])
+        if e["type"] == "BrokerFenced":
+            windows.append((e["ts"], math.inf))
+        elif windows and windows[-1][1] == math.inf:
+            windows[-1] = (windows[-1][0], e["ts"])
+    return out
 
 
 async def _read_back(env: Env, t: topology.Topology) -> ReadBack:
@@ -260,13 +275,13 @@ async def _read_back(env: Env, t: topology.Topology) -> ReadBack:
     await _read_committed(env)
     back.dead = await _dead_lettered(env, t)
     back.digests = await _image_digests(env, t)
-    back.histories = await _history_digests(env, t, _agreed_version(back.digests))
+    back.histories = await _history_digests(env, t, _agreed_version(back.digests), back.sessions)
     back.voters = await _voters(env, t)
     return back
 
 
-def _checks(ops: list[Any], initial: str, back: ReadBack, paused: dict[str, list[tuple[float, float]]]
-            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _checks(ops: list[Any], initial: str, back: ReadBack, paused: dict[str, list[tuple[float, float]]],
+            wall_ms: Callable[[float], float]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     register, register_stats = checker.cas_register(ops, initial)
     pops, pop_stats = checker.pops_acked_or_redelivered(ops, back.dead, POP_TOPIC)
     sized, sized_stats = checker.sized_registers(ops)
@@ -279,6 +294,7 @@ def _checks(ops: list[Any], initial: str, back: ReadBack, paused: dict[str, list
     violations += contiguous + leaders + keys + checker.committed_offsets(ops)
     violations += checker.exclusive_commits(ops) + leases + pops + checker.stale_pop_acks(ops) + sized
     violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
+    violations += checker.fenced_brokers_refuse(ops, fence_windows(back.sessions), wall_ms)
     return violations, {**register_stats, **pop_stats, **sized_stats, **contiguous_stats, **leader_stats,
                         **key_stats, **lease_stats, **_sized_classes(ops)}
 
@@ -333,16 +349,21 @@ def _agreed_version(digests: dict[str, dict[str, Any]]) -> int | None:
     return versions.pop() if len(versions) == 1 else None
 
 
-async def _history_digests(env: Env, t: topology.Topology, version: int | None) -> dict[str, dict[str, Any]]:
+BROKER_SESSION_EVENTS = ("BrokerFenced", "BrokerRegistered", "BrokerUnfenced")
+
+
+async def _history_digests(env: Env, t: topology.Topology, version: int | None, sessions: list[dict[str, Any]]
+                           ) -> dict[str, dict[str, Any]]:
     """Every meta node's whole history through ``version`` (the one their images agree at), paged from each node
-    itself and hashed: the replicas must tell one story, not only end in one state."""
+    itself and hashed: the replicas must tell one story, not only end in one state. ``sessions`` gets the brokers'
+    session events (BROKER_SESSION_EVENTS) of the first history read whole."""
     if version is None:
         return {}
     names = dict(zip(env.meta_urls, t.meta_names))
     out = {}
     for url in env.meta_urls:
         async def read_all() -> dict[str, Any]:
-            digest, after, events = hashlib.sha256(), 0, 0
+            digest, after, events, seen = hashlib.sha256(), 0, 0, []
             while after < version:
                 a = await request_once(env.session, "GET", f"{url}/v1/history", token=env.client_token,
                                        params={"after": after, "limit": limits.HISTORY_PAGE_MAX},
@@ -351,9 +372,13 @@ async def _history_digests(env: Env, t: topology.Topology, version: int | None) 
                     if e["version"] <= version:
                         digest.update(json.dumps(e, sort_keys=True).encode())
                         events += 1
+                        if e["type"] in BROKER_SESSION_EVENTS:
+                            seen.append(e)
                 if a.body["next_after"] <= after:
                     raise StatorError(503, "HISTORY_SHORT", f"{url} serves history only through {after}")
                 after = a.body["next_after"]
+            if not sessions:
+                sessions.extend(seen)
             return {"version": version, "events": events, "sha256": digest.hexdigest()}
         try:
             out[names[url]] = await _retrying(f"the history of {url}", read_all, FINAL_DEADLINE_S)
