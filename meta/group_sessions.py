@@ -15,7 +15,9 @@ Lease safety ("a member loses its queues when its lease ends, never before"):
   group's ``lease_ms`` and the one its last answer carried, and a revoked queue's against the longest its group's
   members were promised);
 - a new leader starts every lease afresh, and answers heartbeats only after a barrier of its own term has applied,
-  so every expiry an older leader committed is in its image first.
+  so every expiry an older leader committed is in its image first; it counts each member as promised at least the
+  longest lease an older leader's answer may still carry after a shortening of ``lease_ms`` (the image keeps it:
+  groups.lease_still_promised_ms).
 A deposed leader that does not know it yet can still answer heartbeats from its stale image, until it steps down
 (raft_tuning.leader_fallback_timeout_s, 0.5 s by default, at most the election timeout; ops/bench/step_down.py measures
 it): a lease it renews can end up to about that much later, by the member's clock, than the new leader counts it.
