@@ -313,3 +313,34 @@ def test_a_failover_s_new_gen_is_granted_the_envelope_s_budget_whether_fenced_or
     log.register(heads[1]["broker"])   # restarted: it counts as lost
     assert (log.head("t", 1)["gen"], log.head("t", 1)["budget_end"]) == (1, 555)
 
+
+
+def test_a_leader_of_an_older_session_changes_no_in_sync_set_and_an_unknown_broker_is_named():
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    old = log.epoch("a")
+    log.register("a")   # a new session
+    change = [{"topic": "t", "queue": 0, "gen": 1, "in_sync": ["a"]}]
+    out = log.send({"type": "AlterInSync", "broker": "a", "epoch": old, "changes": change})["error"]
+    assert (out["status"], out["code"], out["message"], out["details"]) == (
+        409, "STALE_EPOCH", f"broker 'a' has epoch {log.epoch('a')}, not {old}; register again",
+        {"broker": "a", "epoch": log.epoch("a")})
+    out = log.send({"type": "AlterInSync", "broker": "zz", "epoch": 1, "changes": change})["error"]
+    assert (out["status"], out["code"], out["message"], out["details"]) == (
+        404, "BROKER_NOT_FOUND", "broker 'zz' is not registered", {"broker": "zz"})
+
+
+def test_a_remap_off_a_fenced_broker_seals_its_head_at_the_budget_in_the_old_broker_s_name():
+    log = cluster("a", "b")
+    log.create("t", 1, brokers=["a"], replicas=1)
+    log.fence("a")
+    v = log.version
+    log.remap("t", ["b"])
+    assert [(e["type"], e["data"]) for e in log.events(v)][0] == ("SegmentSealed", {
+        "topic": "t", "queue": 0, "gen": 0, "broker": "a", "physical_end": log.budget, "logic_end": log.budget,
+        "by": "session_expired"})
+    r = log.ok({"type": "SetTopicConfig", "topic": "t", "config": {"k": "v"}})
+    assert (r["topic"], r["config"]) == ("t", {"k": "v"})
+    assert log.ok({"type": "SetTopicConfig", "topic": "t", "config": {"k": "v"}}) == r, "unchanged: the same answer"
+    out = log.send({"type": "SetTopicConfig", "topic": "nope", "config": {"k": "v"}})["error"]
+    assert (out["status"], out["message"], out["details"]) == (404, "topic 'nope' does not exist", {"topic": "nope"})

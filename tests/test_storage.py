@@ -915,3 +915,43 @@ def test_a_refused_queue_name_says_why():
     assert refusal("x" * 201) == ("a queue name holds at most 200 UTF-8 bytes", {"name_bytes": 201})
     assert dir_name("x" * 200) == "x" * 200, "the bound itself is allowed"
     assert refusal("é" * 90) == ("a queue name escapes to more than 255 bytes", {"name": "é" * 90})
+
+
+def test_a_queue_config_out_of_range_is_refused_naming_its_field_and_the_bounds_are_inclusive():
+    for field, low, high in [("segment_bytes_max", 1024, 2**30), ("index_interval_bytes", 1, 16 * 2**20),
+                             ("index_interval_records", 1, 1_000_000), ("flush_interval_ms", 0, 60_000),
+                             ("retention_ms", 0, 2**63 - 1), ("retention_bytes", 0, 2**63 - 1)]:
+        assert getattr(QueueConfig(**{field: low}), field) == low
+        assert getattr(QueueConfig(**{field: high}), field) == high
+        for bad in (low - 1, high + 1, True, "5"):
+            with pytest.raises(InvalidArgument) as e:
+                QueueConfig(**{field: bad})
+            assert (e.value.message, e.value.details) == (f"{field} must be an integer in [{low}, {high}]",
+                                                          {field: bad}), (field, bad)
+    with pytest.raises(InvalidArgument) as e:
+        QueueConfig(flush_policy="sometimes")
+    assert (e.value.message, e.value.details) == (
+        "flush_policy must be one of ('fsync', 'interval', 'group')", {"flush_policy": "sometimes"})
+
+
+def test_appends_and_reads_refused_say_why_and_an_untagged_append_is_tag_0(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 5, SMALL)
+    q.append([b"a", b"b"], 1)
+    assert [(r.offset, r.tag) for r in q.read_runs(5)] == [(5, 0)]
+    for bad, details in ((b"a", {"type": "bytes"}), ("ab", {"type": "str"})):
+        with pytest.raises(InvalidArgument) as e:
+            q.append(bad, 1)
+        assert (e.value.message, e.value.details) == ("payloads must be a list of bytes", details)
+    with pytest.raises(InvalidArgument) as e:
+        q.append([b"a", 7], 1)
+    assert (e.value.message, e.value.details) == ("payloads must be a list of bytes", {})
+    with pytest.raises(RecordTooLarge) as e:
+        q.append([b"x" * (limits.RECORD_BYTES_MAX + 1)], 1)
+    assert (e.value.message, e.value.details) == (f"a record holds at most {limits.RECORD_BYTES_MAX} bytes",
+                                                  {"record_bytes": limits.RECORD_BYTES_MAX + 1})
+    with pytest.raises(OffsetOutOfRange) as e:
+        q.read(4)
+    assert (e.value.message, e.value.details) == ("offset is below the first kept record",
+                                                  {"offset": 4, "min_offset": 5, "max_offset": 7})
+    assert (e.value.offset, e.value.min_offset, e.value.max_offset) == (4, 5, 7)
+    q.close()

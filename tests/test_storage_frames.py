@@ -431,5 +431,9 @@ def test_a_store_refuses_queues_of_another_storage_format_by_name(tmp_path):
     with pytest.raises(UnsupportedFormat, match="storage format 1") as refused:
         QueueStore(str(root))
     assert refused.value.code == "UNSUPPORTED_FORMAT" and sum(f.stat().st_size for f in root.rglob("*.log")) == size
+    assert refused.value.details == {"path": str(root), "version": 1, "supported": [2]}
+    assert refused.value.message == (f"{root}: 1 queues and no .format file: storage format 1 (a header per record); "
+                                     "this build reads format 2, and Stator keeps no upgrade path before 1.0: start "
+                                     "on an empty directory")
     QueueStore(str(tmp_path / "empty")).close()   # a root with no queues takes this build's format
     assert (tmp_path / "empty" / FORMAT_FILE).exists()
