@@ -955,3 +955,38 @@ def test_appends_and_reads_refused_say_why_and_an_untagged_append_is_tag_0(tmp_p
                                                   {"offset": 4, "min_offset": 5, "max_offset": 7})
     assert (e.value.offset, e.value.min_offset, e.value.max_offset) == (4, 5, 7)
     q.close()
+
+
+def test_a_failed_fsync_or_roll_fails_the_queue_until_it_is_opened_again(tmp_path, monkeypatch):
+    """After a failed fsync the kernel may have dropped the dirty pages: no later append may be acknowledged on top
+    of them (the queue refuses every write until it is opened again, which recovers from what is on disk)."""
+    from broker.storage import QueueFailed
+    from broker.storage import files as files_mod
+    from broker.storage import segment as segment_mod
+
+    def broken(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    config = dataclasses.replace(SMALL, flush_policy="fsync")
+    for what in ("fsync", "roll"):
+        path = tmp_path / what
+        q = PhysicalQueue.create(str(path), 0, config)
+        q.append([b"kept"], 1)
+        with monkeypatch.context() as m:
+            if what == "fsync":
+                m.setattr(segment_mod.Segment, "sync", broken)
+                message = "fsync failed; reopen the queue to recover"
+            else:
+                m.setattr(files_mod, "sync_dir", broken)
+                q.append([b"x" * 900], 1)   # the next append rolls to a new file
+                message = "rolling to a new segment file failed; reopen the queue"
+            with pytest.raises(QueueFailed) as e:
+                q.append([b"y" * 200], 1)
+            assert e.value.message == message and e.value.details["path"].startswith(str(path)), what
+        with pytest.raises(QueueFailed) as e:
+            q.append([b"later"], 1)
+        assert e.value.message == "a write or fsync failed earlier; reopen the queue to recover", what
+        q.close()
+        q = PhysicalQueue.open(str(path), config)
+        assert q.read(0)[0].payload == b"kept" and q.append([b"again"], 1) == q.max_offset - 1
+        q.close()
