@@ -990,3 +990,25 @@ def test_a_failed_fsync_or_roll_fails_the_queue_until_it_is_opened_again(tmp_pat
         q = PhysicalQueue.open(str(path), config)
         assert q.read(0)[0].payload == b"kept" and q.append([b"again"], 1) == q.max_offset - 1
         q.close()
+
+
+def test_the_handle_pool_keeps_exactly_its_bound_open_closing_the_least_recently_used(tmp_path):
+    paths = []
+    for i in range(4):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(b"x")
+        paths.append(str(p))
+    pool = HandlePool(handles_max=2)
+    for p in paths[:2]:
+        with pool.lease(p):
+            pass
+    assert len(pool) == 2, "up to the bound, nothing is closed"
+    with pool.lease(paths[0]):   # used again: now the most recent
+        pass
+    with pool.lease(paths[2]):
+        pass
+    assert len(pool) == 2 and set(pool._fds) == {paths[0], paths[2]}, "the least recently used one went"
+    with pool.lease(paths[2]), pool.lease(paths[0]), pool.lease(paths[3]):   # leased ones are never closed
+        assert len(pool) == 3
+    pool.close_all()
+    assert len(pool) == 0
