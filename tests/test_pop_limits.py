@@ -87,3 +87,42 @@ async def test_each_acked_handle_gets_its_own_answer_and_recent_outcomes_are_rem
     assert await node.pop.ack("g", [h2]) == [{"handle": h2, "ok": True}]
     # a third outcome: offset 0's, the oldest, is forgotten; done for good, a late ack of it is answered ok
     assert await node.pop.ack("g", [h0]) == [{"handle": h0, "ok": True}]
+
+
+def two_queue_route(version: int = 5) -> dict:
+    segs = [route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue=f"t.q{q}.g0",
+                                     physical_start=0, logic_start=0, logic_end=None, state="active",
+                                     budget_end=1_000_000) for q in range(2)]
+    return route_model.route_json(topic="t", version=version, slots=16, order="best_tried", config={},
+                                  slot_table=[[0, 8, 0], [8, 16, 1]], slot_table_version=version, barriers=[],
+                                  queues=[route_model.queue_json(q, True, [segs[q]]) for q in range(2)])
+
+
+async def test_a_pop_gathers_over_the_queues_up_to_its_max_and_redeliveries_come_before_new_messages(broker_node):
+    node = broker_node
+    node.routes.update(two_queue_route())
+    await node.pop.start()
+    try:
+        for q in range(2):
+            await node.writer.send("t", q, [{"body": f"q{q}m{i}"} for i in range(3)])
+        first = await node.pop.pop("t", "g", 4, 60_000, None, False, 0)
+        rest = await node.pop.pop("t", "g", 10, 60_000, None, False, 0)
+        got = [(m.queue, m.offset, m.attempt) for m in first + rest]
+        assert len(first) == 4 and len(rest) == 2, "at most max, and the rest next time"
+        assert sorted(got) == [(q, o, 1) for q in range(2) for o in range(3)], "each message once, over both queues"
+        assert await node.pop.pop("t", "g", 10, 60_000, None, False, 0) == []
+        await node.writer.send("t", 1, [{"body": "late"}])
+        assert [(m.queue, m.offset) for m in await node.pop.pop("t", "g", 10, 60_000, 0, False, 0)] == [], \
+            "a pop naming queue 0 takes nothing of queue 1"
+        [late] = await node.pop.pop("t", "g", 10, 50, 1, False, 0)   # invisible for 50 ms only
+        assert (late.queue, late.offset, late.attempt) == (1, 3, 1)
+        await node.writer.send("t", 0, [{"body": "new"}])
+        state = node.pop.states[("g", "t", 1)]
+        deadline = time.monotonic() + 5
+        while 3 not in state.ready and time.monotonic() < deadline:   # its invisible time ran out: due again
+            await asyncio.sleep(0.02)
+        again = await node.pop.pop("t", "g", 1, 60_000, None, False, 0)
+        assert [(m.queue, m.offset, m.attempt) for m in again] == [(1, 3, 2)], "the redelivery before the new one"
+        assert [(m.queue, m.offset) for m in await node.pop.pop("t", "g", 1, 60_000, None, False, 0)] == [(0, 3)]
+    finally:
+        await node.pop.stop()
