@@ -228,11 +228,13 @@ def test_group_settings_merge_over_the_stored_ones_and_an_unchanged_setting_writ
     r = log.ok({"type": "SetGroupConfig", "group": "h", "config": {"mode": "shared", "lease_ms": 6000},
                 "expected_version": 0})   # a group that does not exist yet is at version 0
     assert r == {"group": "h", "version": v + 1, "config": {
-        "lease_ms": 6000, "heartbeat_interval_ms": 3000, "max_attempts": 16, "retry_topic": "h-retry", "mode": "shared"}}
+        "lease_ms": 6000, "heartbeat_interval_ms": 3000, "max_attempts": 16, "retry_topic": "h-retry",
+        "mode": "shared"}}
     assert [(e["type"], e["data"]) for e in log.events(v)] == [("GroupConfigChanged", {
         "group": "h", "config": {"lease_ms": 6000, "mode": "shared"}, "changed": ["lease_ms", "mode"]})]
     h = log.sm.image.groups["h"]
-    assert (h["mode"], h["config"], h["members"], h["locks"]) == ("shared", {"lease_ms": 6000, "mode": "shared"}, {}, {})
+    assert (h["mode"], h["config"], h["members"], h["locks"]) == (
+        "shared", {"lease_ms": 6000, "mode": "shared"}, {}, {})
 
     v = log.version
     same = log.ok({"type": "SetGroupConfig", "group": "h", "config": {"lease_ms": 6000}, "expected_version": v})
@@ -315,7 +317,8 @@ def test_members_leaving_expiring_and_releasing_and_a_topic_deleted_log_their_re
         ("LockReleased", {"group": g, "topic": "t", "queue": q, "member": m, "token": tok, "reason": "topic_deleted"})
         for g, q, m, tok in (("g", 0, "a", 3), ("g", 1, "a", 2), ("h", 0, "c", 4), ("h", 1, "c", 5))]
     v = log.version
-    assert log.ok({"type": "LeaveGroup", "group": "g", "member": "a"}) == {"group": "g", "removed": ["a"], "version": v + 1}
+    assert log.ok({"type": "LeaveGroup", "group": "g", "member": "a"}) == {
+        "group": "g", "removed": ["a"], "version": v + 1}
     assert since(v) == [("GroupMemberLeft", {"group": "g", "member": "a", "reason": "left"})]
 
 

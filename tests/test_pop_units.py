@@ -282,7 +282,8 @@ def refusal(parse, body) -> tuple[int, str, dict]:
 
 
 def test_a_pop_request_takes_its_defaults_and_every_bound_inclusive():
-    from broker.pop.limits import INVISIBLE_MS_DEFAULT, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX, WAIT_MS_MAX
+    from broker.pop.limits import (INVISIBLE_MS_DEFAULT, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,
+                                   WAIT_MS_MAX)
     assert params.pop_request({"group": "g"}) == params.PopRequest(
         group="g", max=32, invisible_ms=INVISIBLE_MS_DEFAULT, queue=None, order=False, wait_ms=0)
     low = params.pop_request({"group": "g" * 255, "max": 1, "invisible_ms": INVISIBLE_MS_MIN, "queue": 0,

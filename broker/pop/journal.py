@@ -28,6 +28,7 @@ from ..storage.errors import CorruptFile
 from .limits import COMPACT_AFTER_LINES, FLUSH_TICK_MS, JOURNAL_WAIT_S, JOURNAL_WAITERS_MAX
 from .state import Key, QueueState, replay_line
 
+# Harmless mutants: the words and fields of the log calls (no code reads them).
 log = structlog.get_logger("broker.pop.journal")
 IDLE_WAKE_S = 1.0
 

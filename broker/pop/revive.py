@@ -17,6 +17,7 @@ import structlog
 
 from .state import Key
 
+# Harmless mutants: the words and fields of the log calls (no code reads them).
 log = structlog.get_logger("broker.pop.revive")
 IDLE_WAKE_S = 1.0
 

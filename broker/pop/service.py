@@ -38,6 +38,7 @@ from .settings import GroupSettings
 from .state import DONE, EXPIRED, LIVE, Key, QueueState
 from .wakeup import TopicSignals
 
+# Harmless mutants: the words and fields of the log calls (no code reads them).
 log = structlog.get_logger("broker.pop")
 
 SEQ_BITS = 32                    # deliveries per incarnation; the incarnation sits above
