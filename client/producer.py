@@ -10,13 +10,16 @@ Retrying, within ``attempts_max`` attempts and ``deadline_s`` seconds, with back
 - 503 ``FENCED``, no answer, 5xx: the broker is unhealthy. It is avoided for a while (a failure counts as 10 s of
   latency) and the route re-read, since the queue may have moved.
 - Anything else (400, 401, 403, 404 of a deleted topic, 413) is raised at once.
-A topic with ``order=strict`` and a pinned message (a key, an explicit queue, a custom selector) are only ever retried
-on the same queue. A ``best_tried`` message without a key may move to another queue between attempts.
+A topic with ``order=strict`` and a pinned message (an explicit queue, a custom selector) are only ever retried on the
+same queue; a keyed message too, unless a growth moved its key to a new queue meanwhile: it follows its key there
+(brokers refuse keyed messages chosen with an older slot table, and order comes first). A ``best_tried`` message
+without a key may move to another queue between attempts.
 
 Resends are stored once (Kafka's idempotent producer): the producer draws an id at random and numbers its batches per
 queue; a batch resent with the same number, to the same queue, is answered by the broker with the offsets it was
 stored at, and stored again only when it never reached a copy that survives (broker/producers.py). A batch moved to
-another queue between attempts (``best_tried`` without a key) is a new batch there, and may be stored in both.
+another queue between attempts (``best_tried`` without a key, or a key a growth moved) is a new batch there, and
+when an earlier attempt's outcome was unknown it may be stored in both (the chaos runner's keyed producers saw it).
 """
 
 from __future__ import annotations

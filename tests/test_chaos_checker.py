@@ -117,19 +117,26 @@ def test_bodies_span_one_byte_to_megabytes_and_are_a_function_of_tag_and_size():
 def test_gaps_and_duplicates_in_a_queue_are_violations():
     one = {("t", 0): [(0, None)], ("t", 1): [(0, None)]}
     good = {("t", 0): {0: fp("a-1.0"), 1: fp("a-1.1", 300), 2: fp("a-1.2", 2)}, ("t", 1): {}}
-    assert checker.queues_contiguous(good, one, 100) == ([], {"segments_read": 2, "budget_jumps": 0})
+    assert checker.queues_contiguous(good, one, 100) == ([], {"segments_read": 2, "budget_jumps": 0,
+                                                              "resent_to_a_new_queue": 0})
     gap = {("t", 0): {0: fp("a-1.0"), 2: fp("a-1.2", 2)}}
     assert "first missing: 1" in checker.queues_contiguous(gap, one, 100)[0][0]["message"]
     late_start = {("t", 0): {1: fp("a-1.0")}}
     assert len(checker.queues_contiguous(late_start, one, 100)[0]) == 1
     twice = {("t", 0): {0: fp("a-1.0")}, ("t", 1): {0: fp("a-1.0")}}
     assert "stored twice" in checker.queues_contiguous(twice, one, 100)[0][0]["message"]
+    # a retrying producer's batch resent to its key's new queue: counted; twice in one queue: still a violation
+    assert checker.queues_contiguous(twice, one, 100, retrying=("a-",)) == (
+        [], {"segments_read": 2, "budget_jumps": 0, "resent_to_a_new_queue": 1})
+    same_queue = {("t", 0): {0: fp("a-1.0"), 1: fp("a-1.0")}}
+    assert "stored twice" in checker.queues_contiguous(same_queue, one, 100, retrying=("a-",))[0][0]["message"]
     # short untagged bodies may repeat
     assert checker.queues_contiguous({("t", 0): {0: fp("a-1.0", 1), 1: fp("a-1.0", 1)}}, one, 100)[0] == []
     # a seal at the budget's end: a jump between segments, allowed up to one budget
     chain = {("t", 0): [(0, 50), (50, None)]}
     jumped = {("t", 0): {0: fp("a-1.0"), 1: fp("a-1.1"), 50: fp("a-1.2")}}
-    assert checker.queues_contiguous(jumped, chain, 100) == ([], {"segments_read": 2, "budget_jumps": 1})
+    assert checker.queues_contiguous(jumped, chain, 100) == ([], {"segments_read": 2, "budget_jumps": 1,
+                                                                  "resent_to_a_new_queue": 0})
     assert "more than one offset budget" in checker.queues_contiguous(jumped, chain, 40)[0][0]["message"]
     # the next segment must start at its own start, not anywhere after it
     assert len(checker.queues_contiguous({("t", 0): {0: fp("a-1.0"), 51: fp("a-1.2")}}, chain, 100)[0]) == 1
@@ -226,7 +233,8 @@ def test_a_segment_sealed_at_a_copy_s_end_but_read_back_short_is_a_violation():
     chain = {("t", 0): [(0, 3), (3, None)]}
     held = {("t", 0): {0: fp("a-1.0"), 1: fp("a-1.1"), 2: fp("a-1.2"), 3: fp("a-1.3")}}
     exact = {("t", 0): [{"budget_logic_end": 1000}, {"budget_logic_end": 1003}]}
-    assert checker.queues_contiguous(held, chain, 10_000, exact) == ([], {"segments_read": 2, "budget_jumps": 0})
+    assert checker.queues_contiguous(held, chain, 10_000, exact) == ([], {"segments_read": 2, "budget_jumps": 0,
+                                                                          "resent_to_a_new_queue": 0})
     short = {("t", 0): {3: fp("a-1.3")}}
     violations, stats = checker.queues_contiguous(short, chain, 10_000, exact)
     assert len(violations) == 1 and "sealed at 3, the end of a copy" in violations[0]["message"]
@@ -234,7 +242,8 @@ def test_a_segment_sealed_at_a_copy_s_end_but_read_back_short_is_a_violation():
     # without the epochs (or when the seal is at the budget's end) a jump up to one budget is allowed as before
     assert checker.queues_contiguous(short, chain, 10_000)[0] == []
     at_budget = {("t", 0): [{"budget_logic_end": 3}, {"budget_logic_end": 1003}]}
-    assert checker.queues_contiguous(short, chain, 10_000, at_budget) == ([], {"segments_read": 2, "budget_jumps": 1})
+    assert checker.queues_contiguous(short, chain, 10_000, at_budget) == ([], {"segments_read": 2, "budget_jumps": 1,
+                                                                              "resent_to_a_new_queue": 0})
 
 
 def oread(t0, t1, offset, queue=0):

@@ -254,18 +254,21 @@ def one_leader_per_epoch(ops: Iterable[Op], epochs: Mapping[tuple[str, int], lis
 
 def queues_contiguous(final: Mapping[tuple[str, int], Mapping[int, str | None]],
                       segments: Mapping[tuple[str, int], list[tuple[int, int | None]]],
-                      budget: int, epochs: Mapping[tuple[str, int], list[Mapping[str, Any]]] | None = None
-                      ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+                      budget: int, epochs: Mapping[tuple[str, int], list[Mapping[str, Any]]] | None = None,
+                      retrying: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Each queue's offsets read back fill every segment from its logic start without a gap (nothing is retained
     away in a run); between two segments the offsets may jump, by at most one offset budget, where a seal could not
-    learn its broker's exact end (DESIGN.md, invariant 5). No tagged body appears twice in a topic: every send is a
-    single attempt, so a second copy is the system's. ``segments[(topic, queue)]``: (logic_start, logic_end or None
+    learn its broker's exact end (DESIGN.md, invariant 5). No tagged body appears twice in a topic: a send is a single
+    attempt, so a second copy is the system's. Except for the processes named in ``retrying`` (prefixes of their
+    tags: the keyed producers of the client library, which retries): an attempt of unknown outcome resent after a
+    growth moved its key goes to the key's new queue, so a second copy in another queue is the at-least-once the
+    library allows (counted, ``resent_to_a_new_queue``); in the same queue its idempotent producer must keep one. ``segments[(topic, queue)]``: (logic_start, logic_end or None
     for the head) of each segment, in order. ``epochs`` (as one_leader_per_epoch takes them, aligned with
     ``segments``), when given, say where each segment's budget ended (``budget_logic_end``): a jump is then allowed
     only to that point, since every other seal is at the end of a copy (its leader's, or after a failover the
     elected replica's) and a segment read back short of it lost records it held."""
     out = []
-    jumps = 0
+    jumps = resent = 0
     seen: dict[tuple[str, str], tuple[int, int]] = {}
     for (topic, queue), got in sorted(final.items()):
         offsets = sorted(got)
@@ -300,12 +303,15 @@ def queues_contiguous(final: Mapping[tuple[str, int], Mapping[int, str | None]],
             tag = bodies.tag_of(got[offset])
             if tag is None:
                 continue
-            if (topic, tag) in seen:
+            if (topic, tag) not in seen:
+                seen[(topic, tag)] = (queue, offset)
+            elif seen[(topic, tag)][0] != queue and tag.startswith(retrying):
+                resent += 1
+            else:
                 out.append(violation("queues_contiguous", f"{topic}: message {tag!r} is stored twice, at "
                                      f"{seen[(topic, tag)]} and {(queue, offset)}"))
-            else:
-                seen[(topic, tag)] = (queue, offset)
-    return out, {"segments_read": sum(len(c) for c in segments.values()), "budget_jumps": jumps}
+    return out, {"segments_read": sum(len(c) for c in segments.values()), "budget_jumps": jumps,
+                 "resent_to_a_new_queue": resent}
 
 
 # -- committed offsets -----------------------------------------------------------------------------------------------
