@@ -182,22 +182,8 @@ async def test_a_shorter_lease_applies_from_the_next_answer_never_to_a_lease_alr
     keeps the queue until its answer's lease end, so nobody may be granted it before then (the leader used to expire
     a by the new 2 s and hand the queue to b while a still held it). After that end, b gets it."""
     c = meta_cluster
-    await brokerless_topic(c, "promised", 1)
-    await ok(c, "PUT", "/v1/groups/gp/config", "admin", {"lease_ms": 6000, "heartbeat_interval_ms": HEARTBEAT_MS})
-    a = await beat(c, "a", topics=("promised",), group="gp")
-    assert held(a) and a["lease_ms"] == 6000
-    promised_end_ms = a["assignments"][0]["lease_expires_ms"]
-    await ok(c, "PUT", "/v1/groups/gp/config", "admin", {"lease_ms": LEASE_MS, "heartbeat_interval_ms": HEARTBEAT_MS})
-    while time.time() * 1000 < promised_end_ms - 500:
-        b = await beat(c, "b", topics=("promised",), group="gp")
-        early_ms = promised_end_ms - time.time() * 1000
-        assert held(b) == {}, f"b was granted a's queue {early_ms:.0f} ms before a's lease end"
-        await asyncio.sleep(0.2)
-
-    async def granted():
-        b = await beat(c, "b", topics=("promised",), group="gp")
-        return held(b) or None
-    await wait_until(granted, 20.0, "b granted the queue after a's lease ended")
+    promised_end_ms = await promised_then_shortened(c, "promised", "gp")
+    await b_waits_out(c, "promised", "gp", promised_end_ms - 500)
     assert (await beat(c, "b", topics=("promised",), group="gp"))["lease_ms"] == LEASE_MS
 
 
@@ -207,23 +193,36 @@ async def test_a_lease_promised_before_it_was_shortened_outlives_the_leader_that
     the old leader may still carry, not the group's new 2 s (it used to, and b got a's queue seconds early: found by
     the chaos runner's leases_never_overlap)."""
     c = meta_cluster
-    await brokerless_topic(c, "promised2", 1)
-    await ok(c, "PUT", "/v1/groups/gl/config", "admin", {"lease_ms": 6000, "heartbeat_interval_ms": HEARTBEAT_MS})
     leader = await c.leader()
-    a = await beat(c, "a", topics=("promised2",), group="gl")
-    promised_end_ms = a["assignments"][0]["lease_expires_ms"]
-    await ok(c, "PUT", "/v1/groups/gl/config", "admin", {"lease_ms": LEASE_MS, "heartbeat_interval_ms": HEARTBEAT_MS})
+    promised_end_ms = await promised_then_shortened(c, "promised2", "gl")
     await asyncio.to_thread(c.kill9, leader)
     try:
-        while time.time() * 1000 < promised_end_ms - 300:
-            b = await beat(c, "b", topics=("promised2",), group="gl")   # any node: the election's 503s are skipped
-            early_ms = promised_end_ms - time.time() * 1000
-            assert held(b) == {}, f"b was granted a's queue {early_ms:.0f} ms before a's lease end"
-            await asyncio.sleep(0.2)
-
-        async def granted():
-            b = await beat(c, "b", topics=("promised2",), group="gl")
-            return held(b) or None
-        await wait_until(granted, 20.0, "b granted the queue after a's lease ended")
+        # b's heartbeats go to any node: the election's 503s are skipped
+        await b_waits_out(c, "promised2", "gl", promised_end_ms - 300)
     finally:
         await asyncio.to_thread(c.start, leader)
+
+
+async def promised_then_shortened(c, topic: str, group: str) -> int:
+    """a holds ``topic``'s one queue under a 6 s lease, then lease_ms is shortened to LEASE_MS: a's lease end."""
+    await brokerless_topic(c, topic, 1)
+    await ok(c, "PUT", f"/v1/groups/{group}/config", "admin", {"lease_ms": 6000, "heartbeat_interval_ms": HEARTBEAT_MS})
+    a = await beat(c, "a", topics=(topic,), group=group)
+    assert held(a) and a["lease_ms"] == 6000
+    await ok(c, "PUT", f"/v1/groups/{group}/config", "admin", {"lease_ms": LEASE_MS,
+                                                                "heartbeat_interval_ms": HEARTBEAT_MS})
+    return a["assignments"][0]["lease_expires_ms"]
+
+
+async def b_waits_out(c, topic: str, group: str, refused_until_ms: float) -> None:
+    """b heartbeats and holds nothing until ``refused_until_ms``, then is granted a's queue within 20 s."""
+    while time.time() * 1000 < refused_until_ms:
+        b = await beat(c, "b", topics=(topic,), group=group)
+        early_ms = refused_until_ms - time.time() * 1000
+        assert held(b) == {}, f"b was granted a's queue {early_ms:.0f} ms before a's lease end (less the margin)"
+        await asyncio.sleep(0.2)
+
+    async def granted():
+        b = await beat(c, "b", topics=(topic,), group=group)
+        return held(b) or None
+    await wait_until(granted, 20.0, "b granted the queue after a's lease ended")
