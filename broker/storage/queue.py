@@ -19,7 +19,6 @@ import time
 from bisect import bisect_right
 from typing import NamedTuple, Sequence
 
-
 from . import files, limits
 from .config import FLUSH_FSYNC, FLUSH_GROUP, QueueConfig
 from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, OffsetOutOfRange, QueueClosed,
