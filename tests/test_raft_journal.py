@@ -1125,3 +1125,31 @@ def test_pysyncobj_runs_on_stator_journal(tmp_path, monkeypatch):
         assert again.incr(4, sync=True, timeout=WAIT_S) == 10
     finally:
         _stop(again)
+
+
+class DiskFullIO(OsJournalIO):
+    """Writes half of the next append and then fails, as a full disk does part-way."""
+
+    def __init__(self):
+        self.full = False
+
+    def append(self, handle: int, data: bytes) -> None:
+        if not self.full:
+            return super().append(handle, data)
+        os.write(handle, data[:len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+
+def test_an_append_the_disk_cut_short_is_cut_off_so_the_next_record_follows_a_whole_one(tmp_path):
+    io = DiskFullIO()
+    j = StatorJournal(str(tmp_path), io)
+    fill(j, [entry(i) for i in range(1, 4)])
+    size = log_bytes(tmp_path).__len__()
+    io.full = True
+    with pytest.raises(OSError):
+        j.add(*entry(4))
+    assert len(log_bytes(tmp_path)) == size, "the half record is gone"
+    io.full = False
+    j.add(*entry(4))
+    j.flush()
+    assert StatorJournal(str(tmp_path))[:] == [entry(i) for i in range(1, 5)]
