@@ -142,3 +142,16 @@ def test_apply_records_the_voters_and_a_regular_command_cannot():
     outcome, _ = sm.apply({"rid": None, "ts": 2, "budget": 10, "actor": "admin",
                            "cmd": raft_membership.command(_members("d" * 32, *DISKS[1:]), "rejoin")})
     assert not outcome["ok"] and sm.image.data["members"] == [m.to_json() for m in members]
+
+
+def test_a_membership_entry_a_log_conflict_drops_leaves_the_journal_s_membership(tmp_path):
+    """Entries at index 5, 6 and 7 in term 1; the membership at index 7 is dropped by a conflict from index 6 on
+    (pysyncobj's list position 1): the one at 5 is in force again."""
+    j = StatorJournal(str(tmp_path))
+    first, second = _members(DISKS[0]), _members(DISKS[0], DISKS[1])
+    j.add(_entry(first), 5, 1)
+    j.add(b"\x01plain", 6, 1)
+    j.add(_entry(second, "add"), 7, 1)
+    assert j.membership.current() == (7, second)
+    j.deleteEntriesFrom(1)
+    assert [e[1] for e in j[:]] == [5] and j.membership.current() == (5, first)
