@@ -1153,3 +1153,35 @@ def test_an_append_the_disk_cut_short_is_cut_off_so_the_next_record_follows_a_wh
     j.add(*entry(4))
     j.flush()
     assert StatorJournal(str(tmp_path))[:] == [entry(i) for i in range(1, 5)]
+
+
+class SyncOrderIO(CountingIO):
+    """Notes each directory fsync and file sync, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs: list[str] = []
+
+    def sync(self, handle: int) -> None:
+        self.syncs.append(self.names[handle])
+        super().sync(handle)
+
+    def sync_directory(self, path: str) -> None:
+        self.syncs.append("directory")
+        super().sync_directory(path)
+
+
+def test_a_sync_after_segments_were_removed_or_cleared_syncs_the_directory_first(tmp_path):
+    io = SyncOrderIO()
+    j = StatorJournal(str(tmp_path), io, segment_bytes_max=SMALL_SEGMENT)
+    fill(j, [entry(i) for i in range(1, 15)])
+    assert j.sync() and len(segments(tmp_path)) > 2
+    io.syncs.clear()
+    assert j.sync() is False and io.syncs == [], "nothing new: no sync"
+    j.deleteEntriesFrom(2)   # a log conflict: the later segments go
+    assert len(segments(tmp_path)) == 1 and j.sync() is True
+    assert io.syncs == ["directory", segments(tmp_path)[0].name], "the unlinks are durable before the truncation"
+    io.syncs.clear()
+    j.deleteEntriesFrom(0)   # every entry: a clear, into a new segment
+    assert j.sync() is True and io.syncs[0] == "directory" and len(io.syncs) == 2
+    assert j[:] == [] and StatorJournal(str(tmp_path))[:] == []
