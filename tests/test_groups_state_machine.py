@@ -337,3 +337,14 @@ def test_a_join_checks_the_group_s_version_and_says_whether_it_joined():
     out = log.send({"type": "JoinGroup", "group": "g", "member": "n", "topics": ["t"], "mode": "exclusive"})["error"]
     assert (out["code"], out["message"], out["details"]) == (
         "GROUP_MODE_MISMATCH", "group 'g' is shared; member asked for exclusive", {"group": "g", "mode": "shared"})
+
+
+def test_a_setting_of_a_group_whose_mode_came_from_its_members_keeps_the_mode_and_the_locks():
+    log = setup(queues=2)
+    join(log, "a")
+    held = locks(log)
+    v = log.version
+    r = log.ok({"type": "SetGroupConfig", "group": "g", "config": {"lease_ms": 20000}})
+    assert r["config"]["mode"] == "exclusive" and r["config"]["lease_ms"] == 20000
+    assert [e["type"] for e in log.events(v)] == ["GroupConfigChanged"] and locks(log) == held
+    assert log.sm.image.groups["g"]["mode"] == "exclusive"
