@@ -268,7 +268,7 @@ async def test_a_group_that_never_committed_stands_at_the_old_queues_min_offset(
     assert await b.holding("g", grown(10), 2) is None
 
 
-async def test_remembered_passes_are_bounded(monkeypatch):
+async def test_remembered_passes_are_bounded_and_forget_the_oldest_first(monkeypatch):
     monkeypatch.setattr(locks_mod, "PASSED_BARRIERS_MAX", 3)
     p = Positions()
     p.committed[0] = 100
@@ -276,15 +276,6 @@ async def test_remembered_passes_are_bounded(monkeypatch):
     for g in range(5):
         assert await b.holding(f"g{g}", grown(10), 2) is None
     assert len(b._passed) == 3
-
-
-async def test_remembered_passes_forget_the_oldest_first(monkeypatch):
-    monkeypatch.setattr(locks_mod, "PASSED_BARRIERS_MAX", 3)
-    p = Positions()
-    p.committed[0] = 100
-    b = Barriers(p.committed_of, p.min_of)
-    for g in range(5):
-        assert await b.holding(f"g{g}", grown(10), 2) is None
     asks = p.asks
     for g in (4, 3, 2):
         assert await b.holding(f"g{g}", grown(10), 2) is None
