@@ -192,10 +192,9 @@ async def _verdict(t: topology.Topology, env: Env, nem: nemesis.Nemesis, initial
         # A healed cluster that cannot serve what it holds is a finding, not a broken run (a planted bug that lets
         # a stale meta node lead left a queue with no writable head): the checks that need no read-back still run
         violations.append(checker.violation("recovery", f"the healed cluster could not be read back: {e}"))
-        violations += checker.cas_register(ops, initial)[0] + checker.monotonic_versions(ops)
-        violations += checker.exclusive_commits(ops) + checker.leases_never_overlap(ops)[0]
-        violations += checker.stale_pop_acks(ops)
-        back, stats = ReadBack(), {}
+        found, stats = _history_checks(ops, initial, _paused(nem.applied, t, start))
+        violations += found
+        back = ReadBack()
     else:
         found, stats = _checks(ops, initial, back, _paused(nem.applied, t, start), env.rec.wall_ms)
         violations += found + checker.replicas_agree(back.digests) + checker.voters_agree(back.voters)
@@ -281,23 +280,30 @@ async def _read_back(env: Env, t: topology.Topology) -> ReadBack:
     return back
 
 
+def _history_checks(ops: list[Any], initial: str, paused: dict[str, list[tuple[float, float]]]
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The checks that read the recorded history alone: they run even when the healed cluster cannot be read back."""
+    register, register_stats = checker.cas_register(ops, initial)
+    sized, sized_stats = checker.sized_registers(ops)
+    leases, lease_stats = checker.leases_never_overlap(ops)
+    violations = register + checker.monotonic_versions(ops) + checker.committed_offsets(ops)
+    violations += checker.exclusive_commits(ops) + leases + checker.stale_pop_acks(ops) + sized
+    violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
+    return violations, {**register_stats, **sized_stats, **lease_stats, **_sized_classes(ops)}
+
+
 def _checks(ops: list[Any], initial: str, back: ReadBack, paused: dict[str, list[tuple[float, float]]],
             wall_ms: Callable[[float], float]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    register, register_stats = checker.cas_register(ops, initial)
+    """Every check: the history's own, and those that hold it against what the healed cluster holds (``back``)."""
+    violations, stats = _history_checks(ops, initial, paused)
     pops, pop_stats = checker.pops_acked_or_redelivered(ops, back.dead, POP_TOPIC)
-    sized, sized_stats = checker.sized_registers(ops)
-    violations = register + checker.monotonic_versions(ops) + checker.no_lost_sends(ops, back.final)
     contiguous, contiguous_stats = checker.queues_contiguous(back.final, back.segments, workloads.OFFSET_BUDGET,
                                                              back.epochs, retrying=(KEYED_PROCESS,))
     leaders, leader_stats = checker.one_leader_per_epoch(ops, back.epochs)
     keys, key_stats = checker.keys_in_order(ops, back.barriers)
-    leases, lease_stats = checker.leases_never_overlap(ops)
-    violations += contiguous + leaders + keys + checker.committed_offsets(ops)
-    violations += checker.exclusive_commits(ops) + leases + pops + checker.stale_pop_acks(ops) + sized
-    violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
+    violations += checker.no_lost_sends(ops, back.final) + contiguous + leaders + keys + pops
     violations += checker.fenced_brokers_refuse(ops, fence_windows(back.sessions), wall_ms)
-    return violations, {**register_stats, **pop_stats, **sized_stats, **contiguous_stats, **leader_stats,
-                        **key_stats, **lease_stats, **_sized_classes(ops)}
+    return violations, {**stats, **pop_stats, **contiguous_stats, **leader_stats, **key_stats}
 
 
 async def _post_run_write(env: Env) -> float | None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+from client.producer import Producer
 from wire.errors import StatorError
 from wire.caller import request_once
 from meta import limits
@@ -180,8 +181,6 @@ async def keyed_send(env: Env, process: str, topic: str) -> None:
     route's slot table, and follows the topic's growth as a real producer does (checker.keys_in_order). Recorded as
     ``ksend``: input key, tag and sizes; output queue, offsets and broker. The library retries within
     KEYED_ATTEMPTS; a failure is recorded with what it raised."""
-    from client.producer import Producer   # the library under test, loaded by the workload that uses it
-
     n = 0
     async with Producer(env.meta_urls, env.client_token, topic, session=env.session, route_mode="long_poll",
                         attempts_max=KEYED_ATTEMPTS, deadline_s=KEYED_DEADLINE_S,
