@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import random
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -81,6 +82,13 @@ def postpone_election(so: SyncObj, delay_s: float) -> None:
     the deadline it had: a learner's hold of 1 s at every tick, left behind when it became a voter, cut a configured
     30 s election timeout to about a second (tests/test_startup.py's never-ready cluster got a leader)."""
     so._SyncObj__raftElectionDeadline = max(so._SyncObj__raftElectionDeadline, monotonic() + delay_s)
+
+
+def restart_election_timer(so: SyncObj) -> None:
+    """The election deadline a follower gets when it hears its leader: one of its own election timeouts from now
+    (drawn as pysyncobj draws it, within raftMinTimeout..raftMaxTimeout), whatever hold was left before."""
+    conf = so._SyncObj__conf
+    so._SyncObj__raftElectionDeadline = monotonic() + random.uniform(conf.raftMinTimeout, conf.raftMaxTimeout)
 
 
 def leader_out_of_reach(so: SyncObj) -> bool:

@@ -82,6 +82,7 @@ class Roles:
         self._addresses = {n: a for a, n in names.items()}
         self._urls = dict(urls)
         self.voter = False
+        self._held = False     # held its elections as a learner since it last changed role
         self._peers: dict[str, tuple[str, bool]] = {}         # raft address -> (disk, log empty), from keepalives
         self._heard: dict[str, tuple[str, float]] = {}        # name -> (disk, monotonic time of its last keepalive)
         self._learners: dict[str, tuple[str, int]] = {}       # leader: name -> (disk, last index it holds)
@@ -142,6 +143,7 @@ class Roles:
             voter = all(p is not None and p[1] for p in heard)   # a first start of the whole cluster
         if not voter:
             shim.postpone_election(self.so, LEARNER_ELECTION_HOLD_S)
+            self._held = True
         if voter == self.voter:
             return
         self.voter = voter
@@ -152,6 +154,13 @@ class Roles:
             shim.set_voted_for(self.so, leader.id)
         if not voter and shim.is_leader(self.so):
             shim.step_down(self.so)
+        if voter and self._held and leader is None:
+            # The learner's hold (LEARNER_ELECTION_HOLD_S, pushed ahead at every tick) is not a voter's timeout:
+            # left in place, it delayed every first election of a new cluster by a second. (A node that restarts a
+            # voter never held, and keeps its restart grace: raft_node.RESTART_ELECTION_GRACE_S.)
+            shim.restart_election_timer(self.so)
+        if voter:
+            self._held = False
         log.info("raft_membership_role", role="voter" if voter else "learner", disk=self.disk,
                  membership_index=current[0] if current else None)
 

@@ -107,3 +107,23 @@ def test_postponing_an_election_never_brings_it_earlier():
         assert getattr(so, PRIVATE + "raftElectionDeadline") > monotonic() + 55.0
     finally:
         so.destroy()
+
+
+def test_restarting_the_election_timer_draws_a_configured_timeout_whatever_hold_was_left():
+    """A learner that becomes a voter drops its hold (meta/raft_roles.py): left in place, it delayed every first
+    election of a new cluster by a second. The deadline it gets is one of its own configured timeouts, never less."""
+    from pysyncobj import SyncObjConf
+    from pysyncobj.monotonic import monotonic
+
+    from ops import devcluster
+
+    so = SyncObj(f"127.0.0.1:{devcluster.free_base_port()}", [],
+                 SyncObjConf(autoTick=False, raftMinTimeout=30.0, raftMaxTimeout=31.0, connectionTimeout=31.0))
+    try:
+        shim.postpone_election(so, 60.0)
+        before = monotonic()
+        shim.restart_election_timer(so)
+        deadline = getattr(so, PRIVATE + "raftElectionDeadline")
+        assert before + 30.0 <= deadline <= monotonic() + 31.0
+    finally:
+        so.destroy()
