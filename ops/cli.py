@@ -46,12 +46,12 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-# The admin commands (ops/admin, one module per noun) and the chaos runner, each imported when named
+# The admin commands (ops/admin, one module per noun), the chaos runner and the simulator, each imported when named
 ADMIN_COMMANDS = {"cluster": "ops.admin.cluster:cluster", "topic": "ops.admin.topic:topic",
                   "route": "ops.admin.route:route", "history": "ops.admin.history:history",
                   "group": "ops.admin.group:group", "snapshot": "ops.admin.snapshot:snapshot",
                   "produce": "ops.admin.messages:produce", "consume": "ops.admin.messages:consume",
-                  "chaos": "ops.chaos.cli:chaos"}
+                  "chaos": "ops.chaos.cli:chaos", "sim": "ops.sim.cli:sim"}
 
 
 @click.group(cls=GlobalOptionsGroup, lazy=ADMIN_COMMANDS)

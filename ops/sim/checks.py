@@ -1,0 +1,85 @@
+"""The end-of-schedule checks. Each returns violations as ops/chaos/checker.py does ({"check", "message",
+"evidence"}); the online ones (state-machine safety, one leader per term) are recorded by the Sim as they happen.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from meta.backup import image_digest
+from meta.raft_entry import decode_entry
+from ops.chaos.checker import cas_register, monotonic_versions, violation
+from ops.chaos.history import OK
+
+from .workload import INITIAL
+
+EVIDENCE_MAX = 5
+
+
+def rids_of(payload: bytes | None) -> list[str]:
+    if not payload:
+        return []
+    try:
+        return [e.get("rid") for e in decode_entry(payload) if isinstance(e, dict) and e.get("rid")]
+    except Exception:   # noqa: BLE001 - a membership entry or a no-op
+        return []
+
+
+def acknowledged_writes_kept(sim: Any) -> list[dict[str, Any]]:
+    """Every cas answered ok is in the final log of every live node (its request id in an applied entry)."""
+    out = []
+    acked = [o for o in sim.workload.ops if o.kind == "cas" and o.outcome == OK]
+    for node in sim.nodes.values():
+        if not node.up:
+            continue
+        present = {rid for _, payload in node.applies for rid in rids_of(payload)}
+        missing = [o.input["rid"] for o in acked if o.input["rid"] not in present]
+        if missing:
+            out.append(violation("acknowledged_writes_kept", f"{len(missing)} acknowledged writes are not in "
+                                 f"{node.name}'s final log", node=node.name, missing=missing[:EVIDENCE_MAX]))
+    return out
+
+
+def replicas_agree(sim: Any) -> list[dict[str, Any]]:
+    by_index: dict[int, dict[str, str]] = {}
+    for node in sim.nodes.values():
+        if node.up and node.so is not None:
+            by_index.setdefault(node.applied_index, {})[node.name] = image_digest(node.so.image_data)
+    out = []
+    for index, digests in by_index.items():
+        if len(set(digests.values())) > 1:
+            out.append(violation("replicas_agree", f"replicas applied through {index} hold different images",
+                                 index=index, digests=digests))
+    return out
+
+
+def journal_counters(sim: Any) -> list[dict[str, Any]]:
+    out = []
+    for node in sim.nodes.values():
+        stats = list(node.journal_stats) + ([node.so.journal_stats()] if node.so is not None else [])
+        acks = sum(s["acks_unsynced"] for s in stats)
+        commits = sum(s["commits_unsynced"] for s in stats)
+        if acks or commits:
+            out.append(violation("journal_counters", f"{node.name}: {acks} acknowledgements and {commits} commits "
+                                 "covered entries no sync had covered", node=node.name))
+    return out
+
+
+def converged(sim: Any) -> list[dict[str, Any]]:
+    """Liveness, not safety: after the heal and the quiet time every node is up and applied the same index."""
+    indexes = {n.name: (n.applied_index if n.up else None) for n in sim.nodes.values()}
+    if None in indexes.values() or len(set(indexes.values())) > 1:
+        return [violation("converged", "the healed cluster did not converge", applied=indexes)]
+    return []
+
+
+def final(sim: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """(safety violations, liveness findings, stats)."""
+    ops = sim.workload.ops
+    cas, stats = cas_register(ops, INITIAL)
+    safety = cas + monotonic_versions(ops) + acknowledged_writes_kept(sim) + replicas_agree(sim) + journal_counters(sim)
+    if threading.active_count() != sim.threads_at_start:
+        safety.append(violation("threads", f"{threading.active_count()} threads at the end, "
+                                f"{sim.threads_at_start} at the start"))
+    return safety, converged(sim), stats

@@ -1,0 +1,206 @@
+"""Virtual time: an asyncio loop whose clock moves only when nothing is ready (``VirtualLoop``), per-node clocks on
+top of it (``NodeClocks``), and the one table of module attributes the simulator swaps (``PATCHES``, ``patched``).
+
+Every swap is a stopgap for a seam that production does not have yet (/tmp/sim_plan.md section 1); each names a
+module attribute that must still exist (``tests/test_sim.py`` checks the table), so a rename in production fails a
+test instead of silently leaving a real clock or a real socket under the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import os as _os
+import time as _time
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+VIRTUAL_EPOCH_S = 1_800_000_000.0     # the wall clock every simulated node starts near (2027-01-15)
+
+
+class SimulationDeadlock(RuntimeError):
+    """Nothing is ready and nothing is scheduled: the awaited coroutine can never finish."""
+
+
+class FakeSelector:
+    """A selector with no file descriptors: ``select(timeout)`` moves the loop's clock forward instead of waiting."""
+
+    def __init__(self) -> None:
+        self.loop: VirtualLoop | None = None
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> None:
+        raise RuntimeError("the virtual loop has no file descriptors")
+
+    def unregister(self, fileobj: Any) -> None:
+        raise KeyError(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> None:
+        raise KeyError(fileobj)
+
+    def get_map(self) -> dict[Any, Any]:
+        return {}
+
+    def get_key(self, fileobj: Any) -> Any:
+        raise KeyError(fileobj)
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        assert self.loop is not None
+        if timeout is None:
+            raise SimulationDeadlock("nothing is ready and nothing is scheduled")
+        if timeout > 0:
+            self.loop._now += timeout
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop on virtual time, one thread, no I/O. Timers fire in heap order (deterministic); executors run
+    inline; ``call_soon_threadsafe`` needs no self-pipe (there is one thread)."""
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        selector = FakeSelector()
+        super().__init__(selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        return self._now
+
+    def _make_self_pipe(self) -> None:
+        self._ssock = self._csock = None
+
+    def _close_self_pipe(self) -> None:
+        pass
+
+    def _write_to_self(self) -> None:
+        pass
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future:
+        fut = self.create_future()
+        try:
+            fut.set_result(func(*args))
+        except Exception as e:   # noqa: BLE001 - handed to the awaiting coroutine, as an executor would
+            fut.set_exception(e)
+        return fut
+
+
+class NodeClocks:
+    """Each node's monotonic and wall clocks: the loop's time plus that node's offsets. ``current`` is the node whose
+    code runs now (the scheduler sets it around each step); code outside any node step reads offset zero."""
+
+    def __init__(self, loop: VirtualLoop):
+        self.loop = loop
+        self.current: str | None = None
+        self.mono_offset: dict[str, float] = {}
+        self.wall_offset: dict[str, float] = {}
+
+    def monotonic(self) -> float:
+        return self.loop._now + self.mono_offset.get(self.current or "", 0.0)
+
+    def wall_s(self) -> float:
+        return VIRTUAL_EPOCH_S + self.loop._now + self.wall_offset.get(self.current or "", 0.0)
+
+    @contextlib.contextmanager
+    def running(self, name: str) -> Iterator[None]:
+        previous, self.current = self.current, name
+        try:
+            yield
+        finally:
+            self.current = previous
+
+
+class NodeHalted(BaseException):
+    """A node called ``os._exit`` (an apply that raised, an unreadable snapshot): the simulator records it as a
+    violation instead of dying. A BaseException, so that no ``except Exception`` on the way swallows it."""
+
+    def __init__(self, code: int):
+        super().__init__(f"os._exit({code})")
+        self.code = code
+
+
+class _OsProxy:
+    """``os`` for meta.raft_node: everything real but ``_exit``, which raises NodeHalted."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_os, name)
+
+    @staticmethod
+    def _exit(code: int) -> None:
+        raise NodeHalted(code)
+
+
+def _forbidden(*_args: Any, **_kw: Any) -> None:
+    raise RuntimeError("a blocking sleep under the simulator")
+
+
+class _Rng:
+    """The stand-in for a module's ``random`` or ``os.urandom``: the current schedule's seeded generator."""
+
+    def __init__(self, sim: Any):
+        self._sim = sim
+
+    def uniform(self, a: float, b: float) -> float:
+        return self._sim.rng.uniform(a, b)
+
+    def random(self) -> float:
+        return self._sim.rng.random()
+
+    def choice(self, seq: Any) -> Any:
+        return seq[0]   # dns_resolver: one numeric address per host here
+
+
+# (module, attribute, factory(sim) -> replacement). The single list of stopgaps: each is a seam to land later
+# (/tmp/sim_plan.md section 1), after which its row goes.
+PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
+    # clocks
+    ("pysyncobj.syncobj", "monotonicTime", lambda sim: sim.clocks.monotonic),
+    ("pysyncobj.dns_resolver", "monotonicTime", lambda sim: sim.clocks.monotonic),
+    ("meta.pysyncobj_shim", "monotonic", lambda sim: sim.clocks.monotonic),
+    ("meta.raft_roles", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
+    ("meta.raft_group_commit", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
+    ("meta.raft_transport", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
+    ("meta.raft_node", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, monotonic=sim.clocks.monotonic,
+                                                           perf_counter=_time.perf_counter, sleep=_forbidden)),
+    ("pysyncobj.syncobj", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, sleep=_forbidden)),
+    # randomness (election timeouts: random.random in pysyncobj, random.uniform in the shim; HELLO nonces)
+    ("pysyncobj.syncobj", "random", lambda sim: _Rng(sim)),
+    ("pysyncobj.dns_resolver", "random", lambda sim: _Rng(sim)),
+    ("meta.pysyncobj_shim", "random", lambda sim: _Rng(sim)),
+    ("meta.raft_transport", "os", lambda sim: SimpleNamespace(urandom=sim.rng.randbytes)),
+    # sockets, the poller and the pipe notifier
+    ("meta.raft_transport", "socket", lambda sim: sim.net.socket_module),
+    ("pysyncobj.syncobj", "createPoller", lambda sim: sim.new_poller),
+    ("pysyncobj.syncobj", "PIPE_NOTIFIER_ENABLED", lambda sim: False),
+    # the node's files and process
+    ("meta.raft_node", "journal_io", lambda sim: sim.journal_io_of_booting_node),
+    ("meta.raft_node", "disk_identity", lambda sim: SimpleNamespace(load_or_create=sim.disk_identity)),
+    ("meta.raft_node", "Applier", lambda sim: sim.applier_class),
+    ("meta.raft_node", "os", lambda sim: _OsProxy()),
+    ("meta.raft_node", "gc", lambda sim: SimpleNamespace(freeze=lambda: None)),
+]
+
+
+def target(module: str, attribute: str) -> tuple[Any, Any]:
+    mod = importlib.import_module(module)
+    if not hasattr(mod, attribute):
+        raise AttributeError(f"the simulator swaps {module}.{attribute}, which no longer exists: update ops/sim/clock.py")
+    return mod, getattr(mod, attribute)
+
+
+@contextlib.contextmanager
+def patched(sim: Any) -> Iterator[None]:
+    """Every stopgap of PATCHES pointed at ``sim``, undone on exit (tests run the simulator in the pytest process)."""
+    saved = []
+    try:
+        for module, attribute, factory in PATCHES:
+            mod, original = target(module, attribute)
+            saved.append((mod, attribute, original))
+            setattr(mod, attribute, factory(sim))
+        yield
+    finally:
+        for mod, attribute, original in reversed(saved):
+            setattr(mod, attribute, original)

@@ -1,0 +1,54 @@
+"""The faults of one schedule, drawn up front from its seed: a JSON-serialisable list, replayed as it is, and
+shrunk by dropping faults (ops/sim/run.py shrink).
+
+Windows follow each other from FAULTS_START_S to the end of the run; each draws 1-3 faults (so faults combine by
+construction), each lasting 0.2-3 s. A fault is undone at its end (a crashed node restarts, a cut heals); after the
+last window everything is healed and the cluster gets QUIET_S of calm before the checks.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset")
+FAULTS_START_S = 1.5
+WINDOW_GAP_MIN_S = 0.3
+WINDOW_GAP_MAX_S = 2.0
+FAULTS_PER_WINDOW_MAX = 3
+FAULT_MIN_S = 0.2
+FAULT_MAX_S = 3.0
+SLOW_EXTRA_MAX_S = 0.2
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float                  # virtual seconds from the start of the run
+    kind: str
+    target: list[str]          # node names: one, or a (source, destination) pair for links
+    duration: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Fault:
+        return Fault(float(d["at"]), str(d["kind"]), list(d["target"]), float(d["duration"]), dict(d.get("params", {})))
+
+
+def plan(seed: int, duration_s: float, nodes: list[str], kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+    rng = random.Random(f"{seed}:faults")
+    out: list[Fault] = []
+    t = FAULTS_START_S
+    while t < duration_s:
+        for _ in range(rng.randint(1, FAULTS_PER_WINDOW_MAX)):
+            kind = rng.choice(kinds)
+            duration = round(min(rng.uniform(FAULT_MIN_S, FAULT_MAX_S), duration_s - t), 4)
+            a, b = rng.sample(nodes, 2)
+            target = [a, b] if kind in ("cut_link", "one_way", "reset") else [a]
+            params = {"extra_s": round(rng.uniform(0.01, SLOW_EXTRA_MAX_S), 4)} if kind == "slow" else {}
+            out.append(Fault(round(t, 4), kind, target, max(duration, 0.0), params))
+        t += rng.uniform(WINDOW_GAP_MIN_S, WINDOW_GAP_MAX_S)
+    return out

@@ -1,0 +1,244 @@
+"""One simulated meta node: the real MetaSyncObj, driven by hand (``doTick(0)``), its apply run as scheduled events.
+
+A node's life is a chain of loop callbacks: ``step`` (one tick: read the sockets, elections, commit, send, poll)
+then the next step one tick period later, or at once when bytes arrive or a proposal wakes it, but never before the
+CPU time the last step cost has passed. Applies run as their own events a little after the commit, so apply can lag
+commit as the real apply thread does. Every callback carries the incarnation it was scheduled for: a crash ends
+them all.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections import deque
+from typing import Any
+
+from meta.raft_applier import Applier
+from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+
+from .clock import NodeHalted
+from .disk import SimDisk, SimJournalIO
+
+SECRET = "stator-sim-secret"
+OFFSET_BUDGET = 1000
+TICK_PERIOD_S = 0.05               # MetaSyncObj._tick_period_s: the real tick thread's poll timeout
+STEP_COST_MIN_S = 0.0001
+STEP_COST_MAX_S = 0.002
+STALL_P = 0.003                    # a GC pause or a slow disk: crosses the 0.25-0.5 s election timeout
+STALL_MIN_S = 0.1
+STALL_MAX_S = 0.6
+APPLY_DELAY_MAX_S = 0.005
+DATA_ROOT = "/sim"                 # the journal's paths live on the SimDisk; nothing is written under it
+# Compaction (and so snapshots, which fork and write real files) is off in milestone 1.
+TUNING = RaftTuning(compaction_min_entries=10**9, compaction_min_time_s=10**9)
+
+
+class _Driven:
+    """MetaSyncObj's tick thread stand-in: not None, so ``_onTick`` reads the sockets first, as when started."""
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+DRIVEN = _Driven()
+
+
+class SimWake:
+    """The pipe notifier's stand-in: a proposal wakes its node's next step now."""
+
+    def __init__(self, node: SimMetaNode):
+        self._node = node
+
+    def notify(self) -> None:
+        self._node.wake()
+
+
+class DrivenApplier(Applier):
+    """The apply thread's stand-in: ``run_pending`` is one pass of ``Applier._run``, scheduled by the simulator.
+    (A stopgap copy of _run's body; the seam is ``Applier.run_pending`` in production, /tmp/sim_plan.md.)"""
+
+    def __init__(self, sim: Any, apply: Any, after_batch: Any):
+        super().__init__(apply, after_batch)
+        self._node: SimMetaNode = sim.booting
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def submit(self, index: int, payload: bytes | None) -> Any:
+        pending = super().submit(index, payload)
+        self._node.apply_soon()
+        return pending
+
+    def submit_call(self, call: Any) -> None:
+        super().submit_call(call)
+        self._node.apply_soon()
+
+    def run_pending(self) -> None:
+        with self._cond:
+            if not self._queue:
+                return
+            batch, self._queue = self._queue, deque()
+            self._busy = True
+        try:
+            for pending, index, work in batch:
+                if pending is None:
+                    work()
+                    continue
+                self._node.applied(index, work)
+                outcome = self._apply(index, work)
+                with self._cond:
+                    self.applied_index = max(self.applied_index, index)
+                pending._resolve(outcome, self.lock)
+        finally:
+            with self._cond:
+                self._busy = False
+            self._after_batch()
+
+
+class SimMetaNode:
+    def __init__(self, sim: Any, name: str, address: str, partners: list[str], names: dict[str, str]):
+        self.sim, self.name, self.address, self.partners, self.names = sim, name, address, partners, names
+        self.rng = random.Random(f"{sim.seed}:node:{name}")
+        self.disk = SimDisk(random.Random(f"{sim.seed}:disk:{name}"))
+        self.incarnation = 0
+        self.so: MetaSyncObj | None = None
+        self.raft: RaftNode | None = None
+        self.up = False
+        self.halted = False
+        self.busy_until = 0.0
+        self.paused_until = 0.0
+        self._step_at: float | None = None
+        self._step_handle: Any = None
+        self._apply_handle: Any = None
+        self.steps = 0
+        self.journal_stats: list[dict[str, Any]] = []      # each ended incarnation's group-commit counters
+        self.applies: list[tuple[int, bytes | None]] = []   # this incarnation's applied entries, in order
+
+    # -- life ------------------------------------------------------------------------------------------------
+    def boot(self) -> None:
+        sim = self.sim
+        self.incarnation += 1
+        self.applies = []
+        self.sim.net.down.discard(self.name)
+        sim.booting = self
+        try:
+            with sim.clocks.running(self.name):
+                so = MetaSyncObj(self.address, self.partners, f"{DATA_ROOT}/{self.name}", SECRET, TUNING,
+                                 lambda version, changed: None, LoopBridge(), names=self.names)
+        finally:
+            sim.booting = None
+        so._tick_thread = DRIVEN
+        so._local.pipe = SimWake(self)
+        so.bridge.loop = sim.loop
+        self.so = so
+        self.raft = RaftNode(so, sim.loop, offset_budget=OFFSET_BUDGET)
+        self.up = True
+        self.busy_until = sim.loop.time()
+        sim.trace("boot", self.name, str(self.incarnation), b"")
+        self.wake()
+        self.apply_soon()
+
+    def crash(self, kind: str) -> None:
+        """kind "process" (kill -9) or "power". No stop(), no destroy(): nothing gets to sync or say goodbye."""
+        if not self.up:
+            return
+        self._end()
+        self.sim.net.kill(self.name, power=kind == "power")
+        self.disk.crash(kind)
+        self.sim.trace("crash", self.name, kind, b"")
+
+    def _end(self) -> None:
+        if self.so is not None:
+            self.journal_stats.append(self.so.journal_stats())
+        self.up = False
+        self.so = self.raft = None
+        for handle in (self._step_handle, self._apply_handle):
+            if handle is not None:
+                handle.cancel()
+        self._step_handle = self._apply_handle = None
+        self._step_at = None
+
+    def halt(self, why: str) -> None:
+        self.halted = True
+        self._end()
+        self.sim.net.kill(self.name, power=False)
+
+    def pause(self, until: float) -> None:
+        self.paused_until = max(self.paused_until, until)
+
+    # -- scheduling ------------------------------------------------------------------------------------------
+    def wake(self) -> None:
+        if not self.up:
+            return
+        self._schedule(max(self.sim.loop.time(), self.busy_until, self.paused_until))
+
+    def _schedule(self, at: float) -> None:
+        if self._step_at is not None and self._step_at <= at:
+            return
+        if self._step_handle is not None:
+            self._step_handle.cancel()
+        self._step_at = at
+        self._step_handle = self.sim.loop.call_at(at, self.step, self.incarnation)
+
+    def step(self, incarnation: int) -> None:
+        self._step_handle = self._step_at = None
+        if not self.up or incarnation != self.incarnation:
+            return
+        now = self.sim.loop.time()
+        if self.paused_until > now:
+            self._schedule(self.paused_until)
+            return
+        so = self.so
+        assert so is not None
+        self.steps += 1
+        with self.sim.clocks.running(self.name):
+            try:
+                so.doTick(0)
+            except NodeHalted as e:
+                self.sim.violation("node_halted", f"{self.name} called os._exit({e.code}) in a tick", node=self.name)
+                self.halt("tick")
+                return
+            except Exception:
+                self.sim.violation("tick_raised", f"a tick of {self.name} raised", node=self.name,
+                                   traceback=traceback.format_exc(limit=8))
+                self.halt("tick")
+                return
+        self.sim.after_step(self)
+        cost = self.rng.uniform(STEP_COST_MIN_S, STEP_COST_MAX_S)
+        if self.rng.random() < STALL_P:
+            cost += self.rng.uniform(STALL_MIN_S, STALL_MAX_S)
+        self.busy_until = now + cost
+        self._schedule(now + cost + TICK_PERIOD_S)
+
+    def apply_soon(self) -> None:
+        if self._apply_handle is None and self.up:
+            at = max(self.sim.loop.time() + self.rng.uniform(0, APPLY_DELAY_MAX_S), self.paused_until)
+            self._apply_handle = self.sim.loop.call_at(at, self._apply, self.incarnation)
+
+    def _apply(self, incarnation: int) -> None:
+        self._apply_handle = None
+        if not self.up or incarnation != self.incarnation or self.so is None:
+            return
+        if self.paused_until > self.sim.loop.time():
+            self.apply_soon()
+            return
+        with self.sim.clocks.running(self.name):
+            try:
+                self.so._applier.run_pending()
+            except NodeHalted as e:
+                self.sim.violation("node_halted", f"{self.name} called os._exit({e.code}) in apply", node=self.name)
+                self.halt("apply")
+
+    def applied(self, index: int, payload: bytes | None) -> None:
+        """The apply tap: every entry this node applies, before it is applied."""
+        self.applies.append((index, payload))
+        self.sim.on_apply(self, index, payload)
+
+    # -- status ----------------------------------------------------------------------------------------------
+    @property
+    def applied_index(self) -> int:
+        return self.so.applied_index if self.so is not None else 0

@@ -1,0 +1,313 @@
+"""One schedule (``run_schedule``), many seeds on worker processes (``run_seeds``), and the greedy shrinker.
+
+A schedule: three meta nodes boot on one VirtualLoop; the faults of ``faults.plan(seed)`` start and end at their
+virtual times; the workload runs from the moment its setup took; at ``duration_s`` everything heals (crashed nodes
+restart), QUIET_S of calm follow, the clients stop, the nodes get CONVERGE_S to agree, and the checks run.
+Determinism: one thread, virtual time, every draw from generators keyed by the seed; the trace hash covers every
+node step, every delivered chunk of bytes, every apply and every operation's outcome. Run under PYTHONHASHSEED=0
+(the CLI re-execs itself so): pysyncobj iterates sets of nodes hashed by their address string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import gc
+import hashlib
+import logging
+import multiprocessing
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import structlog
+
+from . import checks
+from .clock import NodeClocks, VirtualLoop, patched
+from .faults import KINDS, Fault, plan
+from .net import SimNet, SimPoller
+from .node import DrivenApplier, SimMetaNode
+from .disk import SimJournalIO
+from .workload import CLIENTS, OP_TIMEOUT_S, THINK_MAX_S, Workload
+
+NODES = ("n1", "n2", "n3")
+RAFT_PORT = 7001
+DURATION_S = 10.0           # virtual seconds of faults and workload (the default schedule)
+QUIET_S = 5.0               # calm after the final heal, clients still running
+CONVERGE_S = 10.0           # then at most this long for every node to apply the same index
+CONVERGE_POLL_S = 0.1
+MONO_OFFSET_MAX_S = 10_000.0
+WALL_SKEW_MAX_S = 0.05
+VIOLATIONS_MAX = 50
+LOG_RING_MAX = 200
+
+
+class Sim:
+    def __init__(self, seed: int, faults: list[Fault], duration_s: float):
+        self.seed, self.faults, self.duration_s = seed, faults, duration_s
+        self.rng = random.Random(f"{seed}:sim")
+        self.loop = VirtualLoop()
+        self.clocks = NodeClocks(self.loop)
+        addresses = {name: f"10.77.0.{i + 1}:{RAFT_PORT}" for i, name in enumerate(NODES)}
+        names = {a: n for n, a in addresses.items()}
+        self.net = SimNet(self, seed, addresses)
+        self.nodes = {name: SimMetaNode(self, name, addresses[name], [a for n, a in addresses.items() if n != name],
+                                        names) for name in NODES}
+        for name in NODES:
+            self.clocks.mono_offset[name] = self.rng.uniform(0, MONO_OFFSET_MAX_S)
+            self.clocks.wall_offset[name] = self.rng.uniform(-WALL_SKEW_MAX_S, WALL_SKEW_MAX_S)
+        self.hash = hashlib.blake2b(digest_size=16)
+        self.violations: list[dict[str, Any]] = []
+        self.leaders: dict[int, set[str]] = {}
+        self.applied_at: dict[int, tuple[bytes, str, int]] = {}
+        self.booting: SimMetaNode | None = None
+        self.applier_class = functools.partial(DrivenApplier, self)
+        self.workload = Workload(self)
+        self.healed = False
+        self._cuts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._slow: collections.Counter[str] = collections.Counter()
+        self._down_until: dict[str, float] = {}
+        self.threads_at_start = threading.active_count()
+        self.events = 0
+
+    # -- what the patches and the nodes call -------------------------------------------------------------------
+    def new_poller(self, _poller_type: Any = None) -> SimPoller:
+        return SimPoller(self.net)
+
+    def journal_io_of_booting_node(self, _name: str = "os") -> SimJournalIO:
+        assert self.booting is not None
+        return SimJournalIO(self.booting.disk)
+
+    def disk_identity(self, data_dir: str) -> tuple[str, bool]:
+        assert self.booting is not None
+        return self.booting.disk.identity(data_dir)
+
+    def wake(self, name: str) -> None:
+        self.nodes[name].wake()
+
+    def trace(self, kind: str, a: str, b: str, data: bytes) -> None:
+        self.events += 1
+        self.hash.update(f"{self.loop._now!r}|{kind}|{a}|{b}|{len(data)}|".encode())
+        self.hash.update(data)
+
+    def violation(self, check: str, message: str, **evidence: Any) -> None:
+        if len(self.violations) < VIOLATIONS_MAX:
+            self.violations.append({"check": check, "message": message,
+                                    "evidence": {"t": round(self.loop.time(), 4), **evidence}})
+
+    def after_step(self, node: SimMetaNode) -> None:
+        so = node.so
+        assert so is not None
+        term = so.raftCurrentTerm
+        if so.is_leader():
+            leaders = self.leaders.setdefault(term, set())
+            if node.name not in leaders:
+                leaders.add(node.name)
+                if len(leaders) == 2:
+                    self.violation("one_leader_per_term", f"term {term} has two leaders", leaders=sorted(leaders))
+        self.trace("step", node.name, f"{term}:{so.raftCommitIndex}:{node.applied_index}", b"")
+
+    def on_apply(self, node: SimMetaNode, index: int, payload: bytes | None) -> None:
+        digest = hashlib.blake2b(b"\0noop" if payload is None else bytes(payload), digest_size=16).digest()
+        self.trace("apply", node.name, str(index), digest)
+        seen = self.applied_at.get(index)
+        if seen is None:
+            self.applied_at[index] = (digest, node.name, node.incarnation)
+        elif seen[0] != digest:
+            self.violation("state_machine_safety", f"{node.name} (incarnation {node.incarnation}) applied another "
+                           f"entry at index {index} than {seen[1]} (incarnation {seen[2]})", index=index,
+                           entry=(bytes(payload)[:300].decode("utf-8", "replace") if payload else None))
+
+    # -- faults ------------------------------------------------------------------------------------------------
+    def _links(self, f: Fault) -> list[tuple[str, str]]:
+        a = f.target[0]
+        if f.kind == "isolate":
+            return [p for o in NODES if o != a for p in ((a, o), (o, a))]
+        if f.kind == "cut_link":
+            return [(a, f.target[1]), (f.target[1], a)]
+        if f.kind == "one_way":
+            return [(a, f.target[1])]
+        return []
+
+    def start_fault(self, f: Fault) -> None:
+        if self.healed:
+            return
+        now = self.loop.time()
+        self.trace("fault", f.kind, ",".join(f.target), b"")
+        node = self.nodes[f.target[0]]
+        if f.kind in ("isolate", "cut_link", "one_way"):
+            self._cuts.update(self._links(f))
+            self.net.cut = {k for k, v in self._cuts.items() if v > 0}
+        elif f.kind in ("crash_process", "crash_power"):
+            node.crash(f.kind.split("_")[1])
+            self._down_until[node.name] = max(self._down_until.get(node.name, 0.0), now + f.duration)
+        elif f.kind == "pause":
+            node.pause(now + f.duration)
+        elif f.kind == "slow":
+            self._slow[node.name] += 1
+            self.net.slow[node.name] = max(self.net.slow.get(node.name, 0.0), float(f.params.get("extra_s", 0.05)))
+        elif f.kind == "reset":
+            self.net.reset_link(f.target[0], f.target[1])
+        self.loop.call_at(now + f.duration, self.end_fault, f)
+
+    def end_fault(self, f: Fault) -> None:
+        if self.healed:
+            return
+        node = self.nodes[f.target[0]]
+        if f.kind in ("isolate", "cut_link", "one_way"):
+            self._cuts.subtract(self._links(f))
+            self.net.cut = {k for k, v in self._cuts.items() if v > 0}
+            self.net.release()
+        elif f.kind in ("crash_process", "crash_power"):
+            if self.loop.time() >= self._down_until.get(node.name, 0.0) and not node.up and not node.halted:
+                node.boot()
+        elif f.kind == "slow":
+            self._slow[node.name] -= 1
+            if self._slow[node.name] <= 0:
+                self.net.slow.pop(node.name, None)
+
+    def heal_all(self) -> None:
+        self.healed = True
+        self.trace("heal", "", "", b"")
+        self._cuts.clear()
+        self.net.slow.clear()
+        self.net.heal()
+        now = self.loop.time()
+        for node in self.nodes.values():
+            node.paused_until = min(node.paused_until, now)
+            if not node.up and not node.halted:
+                node.boot()
+
+    # -- the schedule ------------------------------------------------------------------------------------------
+    async def main(self) -> dict[str, Any]:
+        loop = self.loop
+        for node in self.nodes.values():
+            node.boot()
+        for f in self.faults:
+            loop.call_at(f.at, self.start_fault, f)
+        liveness: list[dict[str, Any]] = []
+        clients: list[asyncio.Task] = []
+        try:
+            await asyncio.wait_for(self.workload.setup(), self.duration_s)
+        except (RuntimeError, asyncio.TimeoutError):
+            liveness.append(checks.violation("setup", "the workload's setup did not finish during the run"))
+        else:
+            clients = [loop.create_task(self.workload.client(f"c{i}")) for i in range(CLIENTS)]
+        await asyncio.sleep(max(0.0, self.duration_s - loop.time()))
+        self.heal_all()
+        await asyncio.sleep(QUIET_S)
+        self.workload.stopping = True
+        if clients:
+            await asyncio.wait(clients, timeout=OP_TIMEOUT_S * 2 + THINK_MAX_S)
+        deadline = loop.time() + CONVERGE_S
+        while loop.time() < deadline and checks.converged(self):
+            await asyncio.sleep(CONVERGE_POLL_S)
+        safety, more, stats = checks.final(self)
+        return {"safety": self.violations + safety, "liveness": liveness + more, "stats": stats}
+
+
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[collections.deque]:
+    """structlog below WARNING dropped and the rest kept in a bounded ring (printing would cost more than raft);
+    the previous configuration restored on exit."""
+    ring: collections.deque = collections.deque(maxlen=LOG_RING_MAX)
+
+    def keep(_logger: Any, method: str, event: dict[str, Any]) -> Any:
+        ring.append((method, event.get("event")))
+        raise structlog.DropEvent
+
+    saved = structlog.get_config()
+    stdlib = logging.getLogger("pysyncobj")
+    level = stdlib.level
+    structlog.configure(processors=[keep], wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+                        cache_logger_on_first_use=False)
+    stdlib.setLevel(logging.CRITICAL + 1)   # pysyncobj logs a truncation of applied entries as critical
+    try:
+        yield ring
+    finally:
+        structlog.configure(**saved)
+        stdlib.setLevel(level)
+
+
+def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float = DURATION_S,
+                 kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
+    """Run one schedule; returns its result (JSON-ready): ok (no safety violation), violations, liveness findings,
+    the trace hash, the faults (replayable with --plan) and counts."""
+    if faults is None:
+        faults = plan(seed, duration_s, list(NODES), kinds)
+    started = time.perf_counter()
+    sim = Sim(seed, faults, duration_s)
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        with quiet_logs(), patched(sim):
+            asyncio.set_event_loop(sim.loop)
+            try:
+                out = sim.loop.run_until_complete(sim.main())
+            finally:
+                for node in sim.nodes.values():
+                    node.up = False
+                tasks = [t for t in asyncio.all_tasks(sim.loop) if not t.done()]
+                for t in tasks:
+                    t.cancel()
+                if tasks:
+                    sim.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+                sim.loop.close()
+                asyncio.set_event_loop(None)
+    finally:
+        if gc_was:
+            gc.enable()
+        gc.collect()
+    ops = sim.workload.ops
+    return {
+        "seed": seed, "ok": not out["safety"], "violations": out["safety"], "liveness": out["liveness"],
+        "trace_hash": sim.hash.hexdigest(), "duration_s": duration_s, "faults": [f.to_json() for f in faults],
+        "counts": {"ops": len(ops), "ops_ok": sum(o.outcome == "ok" for o in ops),
+                   "cas_ok": sum(o.kind == "cas" and o.outcome == "ok" for o in ops),
+                   "steps": sum(n.steps for n in sim.nodes.values()), "events": sim.events,
+                   "terms": max(sim.leaders, default=0), "last_index": max(sim.applied_at, default=0),
+                   "boots": sum(n.incarnation for n in sim.nodes.values()), **out["stats"]},
+        "wall_s": round(time.perf_counter() - started, 3),
+    }
+
+
+def _one(args: tuple[int, float, tuple[str, ...]]) -> dict[str, Any]:
+    seed, duration_s, kinds = args
+    try:
+        return run_schedule(seed, duration_s=duration_s, kinds=kinds)
+    except Exception as e:   # noqa: BLE001 - a simulator bug must name its seed, not kill the batch
+        import traceback
+        return {"seed": seed, "ok": False, "violations": [{"check": "simulator_error", "message": repr(e),
+                                                           "evidence": {"traceback": traceback.format_exc(limit=12)}}],
+                "liveness": [], "trace_hash": None, "faults": [], "counts": {}, "wall_s": 0.0}
+
+
+def run_seeds(first: int, count: int, workers: int, duration_s: float = DURATION_S,
+              kinds: tuple[str, ...] = KINDS) -> Iterator[dict[str, Any]]:
+    """Seeds first..first+count-1 on ``workers`` processes (forked: no thread runs here), results in seed order."""
+    jobs = [(seed, duration_s, kinds) for seed in range(first, first + count)]
+    if workers <= 1:
+        yield from map(_one, jobs)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        yield from pool.map(_one, jobs, chunksize=1)
+
+
+def shrink(seed: int, faults: list[Fault], duration_s: float, runs_max: int) -> tuple[list[Fault], int]:
+    """Greedy: drop one fault at a time, keeping the drop whenever the schedule still fails (any safety violation),
+    at most ``runs_max`` runs. Returns the smallest failing fault list found and the runs spent."""
+    current, runs, i = list(faults), 0, 0
+    while i < len(current) and runs < runs_max:
+        candidate = current[:i] + current[i + 1:]
+        runs += 1
+        if not run_schedule(seed, candidate, duration_s)["ok"]:
+            current = candidate
+        else:
+            i += 1
+    return current, runs

@@ -1,0 +1,114 @@
+"""The workload of a schedule: compare-and-set on one topic's config, and reads behind a barrier.
+
+Setup (retried until it takes, bounded by SETUP_S): three brokers and the topic CAS_TOPIC. Then CLIENTS processes,
+each one operation at a time on a node it draws: "read" proposes a Barrier on that node and reads the node's image
+once the barrier applied there (the config value and the topic's version); "cas" writes a new unique value with
+``expected_version`` the version its last read saw. Outcomes as ops/chaos/history.py: ok, fail (a refusal, or a
+proposal the log says was certainly not applied), unknown (a timeout, a change of leader, a node that crashed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from ops.chaos.history import FAIL, OK, UNKNOWN, Op
+from wire.errors import ApiError
+
+CAS_TOPIC = "sim-cas"
+CAS_KEY = "v"
+INITIAL = ""
+CLIENTS = 3
+OP_TIMEOUT_S = 2.0
+THINK_MAX_S = 0.05
+SETUP_S = 30.0
+SETUP_RETRY_S = 0.2
+CERTAINLY_NOT_APPLIED = {"NO_LEADER", "OVERLOADED"}
+SETUP_COMMANDS = [
+    {"type": "RegisterBroker", "broker": "b1", "address": "http://10.77.1.1:9001"},
+    {"type": "RegisterBroker", "broker": "b2", "address": "http://10.77.1.2:9001"},
+    {"type": "RegisterBroker", "broker": "b3", "address": "http://10.77.1.3:9001"},
+    {"type": "CreateTopic", "topic": CAS_TOPIC, "queues": 1},
+]
+
+
+class Workload:
+    def __init__(self, sim: Any):
+        self.sim = sim
+        self.ops: list[Op] = []
+        self.ready = False
+        self.stopping = False
+
+    def _up_nodes(self) -> list[Any]:
+        return [n for n in self.sim.nodes.values() if n.up and n.raft is not None]
+
+    async def _propose(self, node: Any, cmd: dict[str, Any], rid: str | None) -> tuple[str, dict[str, Any]]:
+        """(outcome, answer) of one proposal through ``node``; the answer is the state machine's outcome."""
+        incarnation = node.incarnation
+        try:
+            r = await node.raft.propose(cmd, rid, "sim", timeout_s=OP_TIMEOUT_S)
+        except ApiError as e:
+            return (FAIL if e.code in CERTAINLY_NOT_APPLIED else UNKNOWN), {"code": e.code}
+        if node.incarnation != incarnation or not node.up:
+            return UNKNOWN, {"code": "NODE_RESTARTED"}
+        if r.get("ok"):
+            return OK, r
+        status = (r.get("error") or {}).get("status", 500)
+        return (FAIL if 400 <= status < 500 else UNKNOWN), r
+
+    async def setup(self) -> None:
+        loop = self.sim.loop
+        deadline = loop.time() + SETUP_S
+        for i, cmd in enumerate(SETUP_COMMANDS):
+            while True:
+                nodes = self._up_nodes()
+                if nodes:
+                    outcome, r = await self._propose(self.sim.rng.choice(nodes), cmd, f"setup-{i}")
+                    if outcome == OK or (r.get("error") or {}).get("code") in ("ALREADY_EXISTS", "TOPIC_EXISTS"):
+                        break
+                if loop.time() > deadline:
+                    raise RuntimeError(f"setup did not finish in {SETUP_S} s of virtual time")
+                await asyncio.sleep(SETUP_RETRY_S)
+        self.ready = True
+
+    async def client(self, process: str) -> None:
+        rng = random.Random(f"{self.sim.seed}:client:{process}")
+        loop = self.sim.loop
+        value, version, n = INITIAL, None, 0
+        while not self.stopping:
+            await asyncio.sleep(rng.uniform(0, THINK_MAX_S))
+            nodes = self._up_nodes()
+            if not nodes:
+                await asyncio.sleep(SETUP_RETRY_S)
+                continue
+            node = rng.choice(nodes)
+            if version is None or rng.random() < 0.5:
+                op = Op(process, "read", {"node": node.name}, loop.time())
+                self.ops.append(op)
+                outcome, r = await self._propose(node, {"type": "Barrier"}, None)
+                if outcome == OK:
+                    t = node.so.current_image().topic(CAS_TOPIC) if node.so is not None else None
+                    if t is None:
+                        outcome = UNKNOWN
+                    else:
+                        value, version = t["config"].get(CAS_KEY, INITIAL), t["version"]
+                        op.output = {"value": value, "version": version}
+                op.outcome = outcome if outcome == OK else UNKNOWN
+                op.complete = loop.time()
+            else:
+                n += 1
+                new = f"{process}.{n}"
+                rid = f"{process}-{n}"
+                op = Op(process, "cas", {"from": value, "to": new, "expected_version": version, "rid": rid,
+                                         "node": node.name}, loop.time())
+                self.ops.append(op)
+                cmd = {"type": "SetTopicConfig", "topic": CAS_TOPIC, "config": {CAS_KEY: new},
+                       "expected_version": version}
+                outcome, r = await self._propose(node, cmd, rid)
+                op.outcome = outcome
+                op.error = (r.get("error") or {}).get("code") or r.get("code")
+                if outcome != UNKNOWN:
+                    op.complete = loop.time()
+                version = None     # read again before the next write
+            self.sim.trace("op", op.process, op.kind, f"{op.outcome}:{op.output}".encode())
