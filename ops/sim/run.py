@@ -246,7 +246,6 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
     gc.disable()
     try:
         with quiet_logs(), patched(sim):
-            asyncio.set_event_loop(sim.loop)
             try:
                 out = sim.loop.run_until_complete(sim.main())
             finally:
@@ -258,7 +257,6 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
                 if tasks:
                     sim.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
                 sim.loop.close()
-                asyncio.set_event_loop(None)
     finally:
         if gc_was:
             gc.enable()
