@@ -5,6 +5,7 @@
     stator sim --seed 17 --plan '<json faults>'        # replay a (shrunk) fault list
     stator sim --seeds 20 --check-determinism          # each seed twice, in other processes: same trace hash
     stator sim --seeds 50 --shrink                     # failing seeds shrunk to fewer faults
+    stator sim --seeds 50 --l2                         # raft messages also duplicated and delayed (MessageTap)
 
 The command re-executes itself under PYTHONHASHSEED=0 when that is not set (pysyncobj iterates sets hashed by
 address strings). Exit 1 when any seed broke a safety check (or a replay differed); liveness findings (a setup that
@@ -39,8 +40,9 @@ def _reexec_with_fixed_hash_seed() -> None:
                                *sys.argv[1:]], env)
 
 
-def _replay(seed: int, duration_s: float, kinds: tuple[str, ...], faults: list[dict[str, Any]] | None) -> str:
-    line = f"PYTHONHASHSEED=0 stator sim --seed {seed} --duration {duration_s:g}"
+def _replay(seed: int, duration_s: float, kinds: tuple[str, ...], faults: list[dict[str, Any]] | None,
+            l2: bool) -> str:
+    line = f"PYTHONHASHSEED=0 stator sim --seed {seed} --duration {duration_s:g}" + (" --l2" if l2 else "")
     if kinds != KINDS:
         line += f" --faults {','.join(kinds)}"
     if faults is not None:
@@ -63,8 +65,9 @@ def _brief(result: dict[str, Any]) -> list[dict[str, Any]]:
 @click.option("--plan", "plan_json", default=None, help="with --seed: this JSON fault list instead of the seed's")
 @click.option("--check-determinism", is_flag=True, help="run every seed twice and compare the trace hashes")
 @click.option("--shrink", "do_shrink", is_flag=True, help="shrink each failing seed's fault list (greedy)")
+@click.option("--l2", is_flag=True, help="also duplicate and delay raft messages (beyond TCP: failures labelled l2)")
 def sim(seed: int | None, first: int, count: int, workers: int, duration_s: float, kinds_csv: str,
-        plan_json: str | None, check_determinism: bool, do_shrink: bool) -> None:
+        plan_json: str | None, check_determinism: bool, do_shrink: bool, l2: bool) -> None:
     """The deterministic simulator of the meta cluster (three real meta nodes, virtual time, seeded faults)."""
     _reexec_with_fixed_hash_seed()
     from .run import run_schedule, run_seeds, shrink
@@ -76,42 +79,44 @@ def sim(seed: int | None, first: int, count: int, workers: int, duration_s: floa
         raise click.BadParameter("--plan replays one seed: give --seed too", param_hint="--plan")
     if seed is not None:
         faults = [Fault.from_json(f) for f in json.loads(plan_json)] if plan_json is not None else None
-        result = run_schedule(seed, faults, duration_s, kinds)
+        result = run_schedule(seed, faults, duration_s, kinds, l2)
         out: dict[str, Any] = {**result}
         if check_determinism:
-            again = run_schedule(seed, faults, duration_s, kinds)
+            again = run_schedule(seed, faults, duration_s, kinds, l2)
             out["deterministic"] = again["trace_hash"] == result["trace_hash"]
         if not result["ok"]:
-            out["replay"] = _replay(seed, duration_s, kinds, result["faults"] if plan_json is not None else None)
+            out["replay"] = _replay(seed, duration_s, kinds, result["faults"] if plan_json is not None else None, l2)
         click.echo(json.dumps(out, indent=1))
         sys.exit(0 if result["ok"] and out.get("deterministic", True) else 1)
 
     started = time.perf_counter()
-    results = list(run_seeds(first, count, workers, duration_s, kinds))
+    results = list(run_seeds(first, count, workers, duration_s, kinds, l2))
     wall_s = time.perf_counter() - started
     summary: dict[str, Any] = {
-        "first": first, "seeds": count, "workers": workers, "duration_s": duration_s, "faults": list(kinds),
+        "first": first, "seeds": count, "workers": workers, "duration_s": duration_s, "faults": list(kinds), "l2": l2,
         "wall_s": round(wall_s, 2), "schedules_per_minute": round(count / wall_s * 60, 1),
         "failed": [], "liveness": [], "ops_ok": sum(r["counts"].get("ops_ok", 0) for r in results),
         "terms_max": max((r["counts"].get("terms", 0) for r in results), default=0),
         "boots": sum(r["counts"].get("boots", 0) for r in results),
+        "unsynced_bytes_lost": sum(r["counts"].get("unsynced_bytes_lost", 0) for r in results),
     }
     for r in results:
         if not r["ok"]:
             failed: dict[str, Any] = {"seed": r["seed"], "violations": _brief(r),
-                                      "replay": _replay(r["seed"], duration_s, kinds, None)}
+                                      "replay": _replay(r["seed"], duration_s, kinds, None, l2)}
             if do_shrink and r["faults"]:
                 smaller, runs = shrink(r["seed"], [Fault.from_json(f) for f in r["faults"]], duration_s,
-                                       SHRINK_RUNS_MAX)
+                                       SHRINK_RUNS_MAX, l2)
                 failed["shrunk"] = {"faults": len(r["faults"]), "to": len(smaller), "runs": runs,
-                                    "replay": _replay(r["seed"], duration_s, kinds, [f.to_json() for f in smaller])}
+                                    "replay": _replay(r["seed"], duration_s, kinds, [f.to_json() for f in smaller],
+                                                      l2)}
             summary["failed"].append(failed)
         if r["liveness"] and len(summary["liveness"]) < EXAMPLES_MAX:
             summary["liveness"].append({"seed": r["seed"], "checks": [v["check"] for v in r["liveness"]]})
     summary["liveness_seeds"] = sum(bool(r["liveness"]) for r in results)
     ok = not summary["failed"]
     if check_determinism:
-        again = {r["seed"]: r["trace_hash"] for r in run_seeds(first, count, workers, duration_s, kinds)}
+        again = {r["seed"]: r["trace_hash"] for r in run_seeds(first, count, workers, duration_s, kinds, l2)}
         differ = [r["seed"] for r in results if again.get(r["seed"]) != r["trace_hash"]]
         summary["nondeterministic_seeds"] = differ
         ok = ok and not differ

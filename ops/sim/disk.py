@@ -2,6 +2,7 @@
 
 What a crash keeps (``SimDisk.crash``):
 - "process" (kill -9): everything written, synced or not (the page cache survives the process).
+- "power" mid-step (``undo_step`` first): the syncs of the step under way never completed.
 - "power": each file keeps what its last sync covered plus a prefix of the unsynced tail cut at a 512-byte sector
   (none, some or all of it); a truncation never synced is kept or undone, at random; a create never made durable by
   a directory sync is lost with probability 1/2, a remove never made durable is undone with probability 1/2. That
@@ -15,6 +16,7 @@ import os
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from meta.raft_journal import JournalIO
 
@@ -40,6 +42,33 @@ class SimDisk:
         self.disk_id: str | None = None
         self.syncs = 0
         self.power_losses = 0
+        self.bytes_lost = 0          # unsynced bytes power losses took (for the summary: the faults did bite)
+        self._undo: list[tuple[str, Any]] = []   # how to take back the syncs of the step under way
+
+    def begin_step(self) -> None:
+        """A node step starts: the syncs it makes complete only when it ends (a crash mid-step undoes them)."""
+        self._undo = []
+
+    def note(self, kind: str, what: Any) -> None:
+        self._undo.append((kind, what))
+
+    def undo_step(self) -> None:
+        """Power lost mid-step: none of the step's syncs completed (its appends stay in the page cache, to be cut)."""
+        for kind, what in reversed(self._undo):
+            if kind == "sync":
+                f, durable = what
+                f.durable = durable
+            elif kind == "names":
+                self.durable_names, self.removed = what
+            elif kind == "replace":
+                path, old, was_durable = what
+                if old is None:
+                    self.files.pop(path, None)
+                else:
+                    self.files[path] = old
+                if not was_durable:
+                    self.durable_names.discard(path)
+        self._undo = []
 
     def identity(self, data_dir: str) -> tuple[str, bool]:
         """Stands in for disk_identity.load_or_create: written durably once, on first use."""
@@ -49,6 +78,7 @@ class SimDisk:
         return self.disk_id, True
 
     def sync_directory(self, path: str) -> None:
+        self.note("names", (set(self.durable_names), dict(self.removed)))
         prefix = path.rstrip("/") + "/"
         for name in [p for p in self.files if os.path.dirname(p) + "/" == prefix]:
             self.durable_names.add(name)
@@ -91,6 +121,7 @@ class SimDisk:
         cuts = [base] + list(range((base // SECTOR_BYTES + 1) * SECTOR_BYTES, len(data), SECTOR_BYTES)) + [len(data)]
         end = rng.choice(cuts)
         kept = data[:end]
+        self.bytes_lost += len(data) - end
         return SimFile(bytearray(kept), kept)
 
 
@@ -115,6 +146,7 @@ class SimJournalIO(JournalIO):
 
     def write_durably(self, path: str, chunks: Iterable[bytes], tmp_path: str) -> None:
         data = b"".join(chunks)
+        self.disk.note("replace", (path, self.disk.files.get(path), path in self.disk.durable_names))
         self.disk.files[path] = SimFile(bytearray(data), data)
         self.disk.durable_names.add(path)
         self.disk.removed.pop(path, None)
@@ -154,6 +186,7 @@ class SimJournalIO(JournalIO):
 
     def sync(self, handle: int) -> None:
         f = self._file(handle)
+        self.disk.note("sync", (f, f.durable))
         f.durable = bytes(f.data)
         self.disk.syncs += 1
 

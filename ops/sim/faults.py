@@ -12,7 +12,11 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset")
+# power_quorum: every follower of the leader of the moment loses power at once (mid-step, with the fault's
+# mid_step) while that leader is isolated from them until POWER_QUORUM_ISOLATION_EXTRA_S after they are back: the
+# followers must elect from what they synced, which must hold every committed entry.
+KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset", "power_quorum")
+POWER_QUORUM_ISOLATION_EXTRA_S = 3.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
 FAULTS_START_S = 1.5
 WINDOW_GAP_MIN_S = 0.3
 WINDOW_GAP_MAX_S = 2.0
@@ -20,6 +24,7 @@ FAULTS_PER_WINDOW_MAX = 3
 FAULT_MIN_S = 0.2
 FAULT_MAX_S = 3.0
 SLOW_EXTRA_MAX_S = 0.2
+MID_STEP_P = 0.5
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,11 @@ def plan(seed: int, duration_s: float, nodes: list[str], kinds: tuple[str, ...] 
             duration = round(min(rng.uniform(FAULT_MIN_S, FAULT_MAX_S), duration_s - t), 4)
             a, b = rng.sample(nodes, 2)
             target = [a, b] if kind in ("cut_link", "one_way", "reset") else [a]
-            params = {"extra_s": round(rng.uniform(0.01, SLOW_EXTRA_MAX_S), 4)} if kind == "slow" else {}
+            params: dict[str, Any] = {}
+            if kind == "slow":
+                params["extra_s"] = round(rng.uniform(0.01, SLOW_EXTRA_MAX_S), 4)
+            elif kind.startswith("crash_") or kind == "power_quorum":
+                params["mid_step"] = rng.random() < MID_STEP_P   # inside its next step: before its syncs completed
             out.append(Fault(round(t, 4), kind, target, max(duration, 0.0), params))
         t += rng.uniform(WINDOW_GAP_MIN_S, WINDOW_GAP_MAX_S)
     return out

@@ -46,17 +46,30 @@ class _Pipe:
         self.next_seq = 0
         self.held: list[tuple[int, bytes | None]] = []
         self.early: dict[int, bytes | None] = {}
+        self.departing: dict[int, float] = {}    # chunks written in a step under way: they leave when it ends
+        self.void: set[int] = set()              # ... unless the process died first
 
     def put(self, item: bytes | None) -> None:
         seq, self.sent = self.sent, self.sent + 1
+        now = self.net.loop.time()
+        departure = max(now, self.net.busy_until(self.src.owner))
+        if self.departing:
+            self.departing = {s: d for s, d in self.departing.items() if d > now}
+        if departure > now:
+            self.departing[seq] = departure
         if self.held or self.net.blocked(self.src.owner, self.dst.owner):
             self.held.append((seq, item))
             return
         self._schedule(seq, item)
 
+    def void_after(self, t: float) -> None:
+        """The sender died at ``t``: what its step had not sent by then never leaves."""
+        self.void |= {s for s, d in self.departing.items() if d > t}
+
     def _schedule(self, seq: int, item: bytes | None) -> None:
         net = self.net
-        arrival = max(self.last_arrival, net.loop.time() + net.latency(self.rng, self.src.owner, self.dst.owner))
+        departure = max(net.loop.time(), self.departing.get(seq, 0.0))
+        arrival = max(self.last_arrival, departure + net.latency(self.rng, self.src.owner, self.dst.owner))
         self.last_arrival = arrival
         net.loop.call_at(arrival, self._arrive, seq, item)
 
@@ -70,7 +83,9 @@ class _Pipe:
             return
         self.early[seq] = item
         while self.next_seq in self.early:
-            self._deliver(self.early.pop(self.next_seq))
+            item = self.early.pop(self.next_seq)
+            if self.next_seq not in self.void:
+                self._deliver(item)
             self.next_seq += 1
 
     def _deliver(self, item: bytes | None) -> None:
@@ -271,6 +286,9 @@ class SimNet:
     def ip_of(self, node: str) -> str:
         return self.addresses[node].rsplit(":", 1)[0]
 
+    def busy_until(self, node: str) -> float:
+        return self.sim.nodes[node].busy_until
+
     def host_up(self, node: str) -> bool:
         return node not in self.down
 
@@ -353,7 +371,12 @@ class SimNet:
         self._pipes = live
 
     def kill(self, node: str, power: bool) -> None:
-        """The node's process is gone: the kernel closes its sockets (a FIN each), unless the machine lost power."""
+        """The node's process is gone: the kernel closes its sockets (a FIN each), unless the machine lost power;
+        what its step under way had not sent yet never leaves."""
+        now = self.loop.time()
+        for pipe in self._pipes:
+            if pipe.src.owner == node:
+                pipe.void_after(now)
         for sock in [s for s in self.sockets.values() if s.owner == node]:
             sock._close(fin=not power)
         if power:

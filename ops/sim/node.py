@@ -9,11 +9,13 @@ them all.
 
 from __future__ import annotations
 
+import copy
 import random
 import traceback
 from collections import deque
 from typing import Any
 
+from meta import pysyncobj_shim as shim
 from meta.raft_applier import Applier
 from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 
@@ -30,6 +32,11 @@ STALL_MIN_S = 0.1
 STALL_MAX_S = 0.6
 APPLY_DELAY_MAX_S = 0.005
 DATA_ROOT = "/sim"                 # the journal's paths live on the SimDisk; nothing is written under it
+# L2 (MessageTap): raft messages duplicated or held back and delivered late (so out of order), which TCP never does
+# but Raft must survive.
+L2_DUPLICATE_P = 0.02
+L2_DELAY_P = 0.02
+L2_LATE_MAX_S = 0.5
 # Compaction (and so snapshots, which fork and write real files) is off in milestone 1.
 TUNING = RaftTuning(compaction_min_entries=10**9, compaction_min_time_s=10**9)
 
@@ -113,6 +120,7 @@ class SimMetaNode:
         self.paused_until = 0.0
         self._step_at: float | None = None
         self._step_handle: Any = None
+        self.crash_in_step: tuple[str, float] | None = None
         self._apply_handle: Any = None
         self.steps = 0
         self.journal_stats: list[dict[str, Any]] = []      # each ended incarnation's group-commit counters
@@ -123,6 +131,7 @@ class SimMetaNode:
         sim = self.sim
         self.incarnation += 1
         self.applies = []
+        self.crash_in_step = None
         self.sim.net.down.discard(self.name)
         sim.booting = self
         try:
@@ -133,6 +142,8 @@ class SimMetaNode:
             sim.booting = None
         so._tick_thread = DRIVEN
         so._local.pipe = SimWake(self)
+        if sim.l2:
+            self._tap(so)
         so.bridge.loop = sim.loop
         self.so = so
         self.raft = RaftNode(so, sim.loop, offset_budget=OFFSET_BUDGET)
@@ -141,6 +152,50 @@ class SimMetaNode:
         sim.trace("boot", self.name, str(self.incarnation), b"")
         self.wake()
         self.apply_soon()
+
+    def _tap(self, so: MetaSyncObj) -> None:
+        """MessageTap: between the transport and pysyncobj (and the shim's handler), some messages are delivered
+        twice, some only later. pysyncobj's Transport keeps its handler in _onMessageReceivedCallback."""
+        transport = shim.transport(so)
+        inner = transport._onMessageReceivedCallback
+        rng = random.Random(f"{self.sim.seed}:tap:{self.name}:{self.incarnation}")
+        incarnation = self.incarnation
+
+        def tapped(node: Any, message: Any) -> None:
+            r = rng.random()
+            if r < L2_DUPLICATE_P + L2_DELAY_P:
+                at = self.sim.loop.time() + rng.uniform(0, L2_LATE_MAX_S)
+                self.sim.loop.call_at(at, self._late, incarnation, inner, node, copy.deepcopy(message))
+                self.sim.l2_messages += 1
+                if r >= L2_DUPLICATE_P:
+                    return      # held back: only the late copy arrives
+            inner(node, message)
+
+        transport.setOnMessageReceivedCallback(tapped)
+
+    def _late(self, incarnation: int, inner: Any, node: Any, message: Any) -> None:
+        if not self.up or incarnation != self.incarnation or self.so is None:
+            return
+        now = self.sim.loop.time()
+        if self.paused_until > now or self.busy_until > now:
+            self.sim.loop.call_at(max(self.paused_until, self.busy_until), self._late, incarnation, inner, node,
+                                  message)
+            return
+        self.sim.trace("late", self.name, str(message.get("type") if isinstance(message, dict) else ""), b"")
+        with self.sim.clocks.running(self.name):
+            try:
+                inner(node, message)
+                shim.transport(self.so).flush()
+            except NodeHalted as e:
+                self.sim.violation("node_halted", f"{self.name} called os._exit({e.code})", node=self.name)
+                self.halt("late message")
+                return
+            except Exception:
+                self.sim.violation("tick_raised", f"{self.name} raised on a late message", node=self.name,
+                                   traceback=traceback.format_exc(limit=8))
+                self.halt("late message")
+                return
+        self.wake()
 
     def crash(self, kind: str) -> None:
         """kind "process" (kill -9) or "power". No stop(), no destroy(): nothing gets to sync or say goodbye."""
@@ -195,6 +250,13 @@ class SimMetaNode:
         so = self.so
         assert so is not None
         self.steps += 1
+        # The step's CPU time is drawn first: what it sends leaves when it ends (net.py), and a crash aimed inside
+        # it (crash_mid_step) lands before its syncs completed and its messages left.
+        cost = self.rng.uniform(STEP_COST_MIN_S, STEP_COST_MAX_S)
+        if self.rng.random() < STALL_P:
+            cost += self.rng.uniform(STALL_MIN_S, STALL_MAX_S)
+        self.busy_until = now + cost
+        self.disk.begin_step()
         with self.sim.clocks.running(self.name):
             try:
                 so.doTick(0)
@@ -208,11 +270,25 @@ class SimMetaNode:
                 self.halt("tick")
                 return
         self.sim.after_step(self)
-        cost = self.rng.uniform(STEP_COST_MIN_S, STEP_COST_MAX_S)
-        if self.rng.random() < STALL_P:
-            cost += self.rng.uniform(STALL_MIN_S, STALL_MAX_S)
-        self.busy_until = now + cost
+        if self.crash_in_step is not None:
+            (kind, down_s), self.crash_in_step = self.crash_in_step, None
+            self.sim.loop.call_at(now + self.rng.uniform(0, cost), self._crash_mid_step, kind, down_s,
+                                  self.incarnation)
         self._schedule(now + cost + TICK_PERIOD_S)
+
+    def crash_mid_step(self, kind: str, down_s: float) -> None:
+        """Crash this node inside its next step (after some of its work, before its syncs completed); it restarts
+        ``down_s`` after that."""
+        if self.up:
+            self.crash_in_step = (kind, down_s)
+
+    def _crash_mid_step(self, kind: str, down_s: float, incarnation: int) -> None:
+        if self.up and incarnation == self.incarnation and not self.sim.healed:
+            if kind == "power":
+                self.disk.undo_step()
+            self.crash(kind)
+            self.sim.trace("mid_step", self.name, kind, b"")
+            self.sim.down_for(self.name, down_s)
 
     def apply_soon(self) -> None:
         if self._apply_handle is None and self.up:

@@ -29,7 +29,7 @@ import structlog
 
 from . import checks
 from .clock import NodeClocks, VirtualLoop, patched
-from .faults import KINDS, Fault, plan
+from .faults import KINDS, POWER_QUORUM_ISOLATION_EXTRA_S, Fault, plan
 from .net import SimNet, SimPoller
 from .node import DrivenApplier, SimMetaNode
 from .disk import SimJournalIO
@@ -48,8 +48,9 @@ LOG_RING_MAX = 200
 
 
 class Sim:
-    def __init__(self, seed: int, faults: list[Fault], duration_s: float):
-        self.seed, self.faults, self.duration_s = seed, faults, duration_s
+    def __init__(self, seed: int, faults: list[Fault], duration_s: float, l2: bool = False):
+        self.seed, self.faults, self.duration_s, self.l2 = seed, faults, duration_s, l2
+        self.l2_messages = 0
         self.rng = random.Random(f"{seed}:sim")
         self.loop = VirtualLoop()
         self.clocks = NodeClocks(self.loop)
@@ -72,6 +73,7 @@ class Sim:
         self._cuts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._slow: collections.Counter[str] = collections.Counter()
         self._down_until: dict[str, float] = {}
+        self._aimed: dict[int, list[tuple[str, str]]] = {}   # power_quorum: the links it cut, by fault
         self.threads_at_start = threading.active_count()
         self.events = 0
 
@@ -125,6 +127,8 @@ class Sim:
 
     # -- faults ------------------------------------------------------------------------------------------------
     def _links(self, f: Fault) -> list[tuple[str, str]]:
+        if f.kind == "power_quorum":
+            return self._aimed.get(id(f), [])
         a = f.target[0]
         if f.kind == "isolate":
             return [p for o in NODES if o != a for p in ((a, o), (o, a))]
@@ -144,8 +148,11 @@ class Sim:
             self._cuts.update(self._links(f))
             self.net.cut = {k for k, v in self._cuts.items() if v > 0}
         elif f.kind in ("crash_process", "crash_power"):
-            node.crash(f.kind.split("_")[1])
-            self._down_until[node.name] = max(self._down_until.get(node.name, 0.0), now + f.duration)
+            if f.params.get("mid_step"):
+                node.crash_mid_step(f.kind.split("_")[1], f.duration)
+            else:
+                node.crash(f.kind.split("_")[1])
+                self.down_for(node.name, f.duration)
         elif f.kind == "pause":
             node.pause(now + f.duration)
         elif f.kind == "slow":
@@ -153,26 +160,60 @@ class Sim:
             self.net.slow[node.name] = max(self.net.slow.get(node.name, 0.0), float(f.params.get("extra_s", 0.05)))
         elif f.kind == "reset":
             self.net.reset_link(f.target[0], f.target[1])
+        elif f.kind == "power_quorum":
+            self._power_quorum(f)
+            self.loop.call_at(now + f.duration + POWER_QUORUM_ISOLATION_EXTRA_S, self.end_fault, f)
+            return
         self.loop.call_at(now + f.duration, self.end_fault, f)
+
+    def _power_quorum(self, f: Fault) -> None:
+        up = [n for n in self.nodes.values() if n.up and n.so is not None]
+        leaders = sorted((n.so.raftCurrentTerm, n.name) for n in up if n.so.is_leader())  # type: ignore[union-attr]
+        leader = leaders[-1][1] if leaders else self.rng.choice(list(NODES))
+        links = [p for o in NODES if o != leader for p in ((leader, o), (o, leader))]
+        self._aimed[id(f)] = links
+        self._cuts.update(links)
+        self.net.cut = {k for k, v in self._cuts.items() if v > 0}
+        for name in NODES:
+            if name != leader:
+                if f.params.get("mid_step"):
+                    self.nodes[name].crash_mid_step("power", f.duration)
+                else:
+                    self.nodes[name].crash("power")
+                    self.down_for(name, f.duration)
 
     def end_fault(self, f: Fault) -> None:
         if self.healed:
             return
         node = self.nodes[f.target[0]]
-        if f.kind in ("isolate", "cut_link", "one_way"):
+        if f.kind in ("isolate", "cut_link", "one_way", "power_quorum"):
             self._cuts.subtract(self._links(f))
             self.net.cut = {k for k, v in self._cuts.items() if v > 0}
             self.net.release()
         elif f.kind in ("crash_process", "crash_power"):
-            if self.loop.time() >= self._down_until.get(node.name, 0.0) and not node.up and not node.halted:
-                node.boot()
+            self.restart_due(node.name)
         elif f.kind == "slow":
             self._slow[node.name] -= 1
             if self._slow[node.name] <= 0:
                 self.net.slow.pop(node.name, None)
 
+    def down_for(self, name: str, duration: float) -> None:
+        """``name`` just crashed: it restarts ``duration`` from now (unless another crash holds it down longer)."""
+        now = self.loop.time()
+        self._down_until[name] = max(self._down_until.get(name, 0.0), now + duration)
+        self.loop.call_at(now + duration, self.restart_due, name)
+
+    def restart_due(self, name: str) -> None:
+        node = self.nodes[name]
+        if self.healed or node.up or node.halted:
+            return
+        if self.loop.time() >= self._down_until.get(name, 0.0):
+            node.boot()
+
     def heal_all(self) -> None:
         self.healed = True
+        for node in self.nodes.values():
+            node.crash_in_step = None
         self.trace("heal", "", "", b"")
         self._cuts.clear()
         self.net.slow.clear()
@@ -235,13 +276,14 @@ def quiet_logs() -> Iterator[collections.deque]:
 
 
 def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float = DURATION_S,
-                 kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
+                 kinds: tuple[str, ...] = KINDS, l2: bool = False) -> dict[str, Any]:
     """Run one schedule; returns its result (JSON-ready): ok (no safety violation), violations, liveness findings,
-    the trace hash, the faults (replayable with --plan) and counts."""
+    the trace hash, the faults (replayable with --plan) and counts. ``l2``: the MessageTap duplicates and delays raft
+    messages (node.py); a failure found only so is labelled l2 (TCP never does it)."""
     if faults is None:
         faults = plan(seed, duration_s, list(NODES), kinds)
     started = time.perf_counter()
-    sim = Sim(seed, faults, duration_s)
+    sim = Sim(seed, faults, duration_s, l2)
     gc_was = gc.isenabled()
     gc.disable()
     try:
@@ -263,21 +305,23 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
         gc.collect()
     ops = sim.workload.ops
     return {
-        "seed": seed, "ok": not out["safety"], "violations": out["safety"], "liveness": out["liveness"],
+        "seed": seed, "l2": l2, "ok": not out["safety"], "violations": out["safety"], "liveness": out["liveness"],
         "trace_hash": sim.hash.hexdigest(), "duration_s": duration_s, "faults": [f.to_json() for f in faults],
         "counts": {"ops": len(ops), "ops_ok": sum(o.outcome == "ok" for o in ops),
                    "cas_ok": sum(o.kind == "cas" and o.outcome == "ok" for o in ops),
                    "steps": sum(n.steps for n in sim.nodes.values()), "events": sim.events,
                    "terms": max(sim.leaders, default=0), "last_index": max(sim.applied_at, default=0),
-                   "boots": sum(n.incarnation for n in sim.nodes.values()), **out["stats"]},
+                   "boots": sum(n.incarnation for n in sim.nodes.values()),
+                   "unsynced_bytes_lost": sum(n.disk.bytes_lost for n in sim.nodes.values()),
+                   "l2_messages": sim.l2_messages, **out["stats"]},
         "wall_s": round(time.perf_counter() - started, 3),
     }
 
 
-def _one(args: tuple[int, float, tuple[str, ...]]) -> dict[str, Any]:
-    seed, duration_s, kinds = args
+def _one(args: tuple[int, float, tuple[str, ...], bool]) -> dict[str, Any]:
+    seed, duration_s, kinds, l2 = args
     try:
-        return run_schedule(seed, duration_s=duration_s, kinds=kinds)
+        return run_schedule(seed, duration_s=duration_s, kinds=kinds, l2=l2)
     except Exception as e:   # noqa: BLE001 - a simulator bug must name its seed, not kill the batch
         import traceback
         return {"seed": seed, "ok": False, "violations": [{"check": "simulator_error", "message": repr(e),
@@ -286,9 +330,9 @@ def _one(args: tuple[int, float, tuple[str, ...]]) -> dict[str, Any]:
 
 
 def run_seeds(first: int, count: int, workers: int, duration_s: float = DURATION_S,
-              kinds: tuple[str, ...] = KINDS) -> Iterator[dict[str, Any]]:
+              kinds: tuple[str, ...] = KINDS, l2: bool = False) -> Iterator[dict[str, Any]]:
     """Seeds first..first+count-1 on ``workers`` processes (forked: no thread runs here), results in seed order."""
-    jobs = [(seed, duration_s, kinds) for seed in range(first, first + count)]
+    jobs = [(seed, duration_s, kinds, l2) for seed in range(first, first + count)]
     if workers <= 1:
         yield from map(_one, jobs)
         return
@@ -297,14 +341,15 @@ def run_seeds(first: int, count: int, workers: int, duration_s: float = DURATION
         yield from pool.map(_one, jobs, chunksize=1)
 
 
-def shrink(seed: int, faults: list[Fault], duration_s: float, runs_max: int) -> tuple[list[Fault], int]:
+def shrink(seed: int, faults: list[Fault], duration_s: float, runs_max: int, l2: bool = False
+           ) -> tuple[list[Fault], int]:
     """Greedy: drop one fault at a time, keeping the drop whenever the schedule still fails (any safety violation),
     at most ``runs_max`` runs. Returns the smallest failing fault list found and the runs spent."""
     current, runs, i = list(faults), 0, 0
     while i < len(current) and runs < runs_max:
         candidate = current[:i] + current[i + 1:]
         runs += 1
-        if not run_schedule(seed, candidate, duration_s)["ok"]:
+        if not run_schedule(seed, candidate, duration_s, l2=l2)["ok"]:
             current = candidate
         else:
             i += 1
