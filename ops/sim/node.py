@@ -138,6 +138,13 @@ class SimMetaNode:
             with sim.clocks.running(self.name):
                 so = MetaSyncObj(self.address, self.partners, f"{DATA_ROOT}/{self.name}", SECRET, TUNING,
                                  lambda version, changed: None, LoopBridge(), names=self.names)
+        except Exception:
+            # JournalDamaged after a crash the journal claims to survive, or a bug on the start-up path: the node
+            # stays down, and the seed fails (a refusal to start is not a safety violation, but never expected).
+            self.sim.violation("boot_failed", f"{self.name} could not start (incarnation {self.incarnation})",
+                               node=self.name, traceback=traceback.format_exc(limit=8))
+            self.halted = True
+            return
         finally:
             sim.booting = None
         so._tick_thread = DRIVEN

@@ -22,6 +22,7 @@ import multiprocessing
 import random
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,6 +77,14 @@ class Sim:
         self._aimed: dict[int, list[tuple[str, str]]] = {}   # power_quorum: the links it cut, by fault
         self.threads_at_start = threading.active_count()
         self.events = 0
+        self.loop.set_exception_handler(self._loop_error)
+
+    def _loop_error(self, _loop: Any, context: dict[str, Any]) -> None:
+        """An exception no one caught in a loop callback (the simulator's own code, or a node's callback): fail the
+        seed with it rather than let asyncio log it and go on."""
+        e = context.get("exception")
+        self.violation("simulator_error", str(context.get("message")), exception=repr(e),
+                       traceback="".join(traceback.format_exception(e, limit=8)) if e is not None else None)
 
     # -- what the patches and the nodes call -------------------------------------------------------------------
     def new_poller(self, _poller_type: Any = None) -> SimPoller:
@@ -323,7 +332,6 @@ def _one(args: tuple[int, float, tuple[str, ...], bool]) -> dict[str, Any]:
     try:
         return run_schedule(seed, duration_s=duration_s, kinds=kinds, l2=l2)
     except Exception as e:   # noqa: BLE001 - a simulator bug must name its seed, not kill the batch
-        import traceback
         return {"seed": seed, "ok": False, "violations": [{"check": "simulator_error", "message": repr(e),
                                                            "evidence": {"traceback": traceback.format_exc(limit=12)}}],
                 "liveness": [], "trace_hash": None, "faults": [], "counts": {}, "wall_s": 0.0}
