@@ -1,5 +1,6 @@
 """The deterministic simulator (ops/sim): its stopgaps still fit the code, a seed replays exactly, a short batch of
-seeds finds nothing on the tree, and planted bugs of tests/test_chaos_mutants.py are caught in-process.
+seeds finds nothing on the tree, and three planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
+as that module plants them, by one exact text replacement, here recompiled in this process).
 
 Measured alone on 2 cores (2026-11-29): ~7 s idle, 15-21 s beside a benchmark; most of it the batch of BATCH_SEEDS
 schedules.
@@ -7,21 +8,27 @@ schedules.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import meta.deciders as deciders
+import meta.deciders.groups as groups
 import meta.deciders.lookups as lookups
+import meta.deciders.topics as topics
 import meta.raft_group_commit as group_commit
+import meta.raft_roles as roles
 from ops.sim import clock
 from ops.sim.faults import KINDS, plan
 from ops.sim.run import NODES, run_schedule, shrink
-from wire.errors import rejection
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_S = 4.0                 # virtual seconds: enough for an election, a setup and a few faults
@@ -79,6 +86,27 @@ def test_a_batch_of_seeds_finds_no_violation_and_replays_across_processes():
     assert len(hashes) == 1, hashes
 
 
+def _plant(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, old: str, new: str) -> Any:
+    """tests/test_chaos_mutants.py's text replacement, in this process: ``owner.name`` (a function of a module or a
+    method of a class) recompiled from its source with ``old`` (found exactly once) replaced by ``new``."""
+    fn = getattr(owner, name)
+    source = inspect.getsource(fn)   # as in the file: the replacements keep its indentation
+    assert source.count(old) == 1, f"the mutant no longer applies to {name}: rewrite it"
+    module = vars(sys.modules[fn.__module__])
+    before = module.get(fn.__name__, _MISSING)
+    exec(compile(textwrap.dedent(source.replace(old, new)), inspect.getsourcefile(fn), "exec"), module)
+    mutant = module[fn.__name__]
+    if before is _MISSING:
+        del module[fn.__name__]
+    else:
+        module[fn.__name__] = before
+    monkeypatch.setattr(owner, name, mutant)
+    return mutant
+
+
+_MISSING = object()
+
+
 def _caught(checks: set[str] | None = None, kinds: tuple[str, ...] = KINDS) -> tuple[int, list[str]]:
     """The first seed (1..MUTANT_SEEDS_MAX) whose schedule reports a violation (of ``checks``, if given)."""
     for seed in range(1, MUTANT_SEEDS_MAX + 1):
@@ -91,12 +119,10 @@ def _caught(checks: set[str] | None = None, kinds: tuple[str, ...] = KINDS) -> t
 
 def test_a_cas_that_skips_a_stale_expected_version_is_caught(monkeypatch):
     # tests/test_chaos_mutants.py's cas_skips_expected_version: only a newer expected version is refused
-    def skips(cmd, current):
-        ev = cmd.get("expected_version")
-        if ev is not None and ev > current:
-            raise rejection(409, "VERSION_MISMATCH", f"expected version {ev}, current is {current}")
-
-    monkeypatch.setattr(lookups, "expect_version", skips)
+    mutant = _plant(monkeypatch, deciders, "expect_version", "if ev is not None and ev != current:",
+                    "if ev is not None and ev > current:")
+    for importer in (lookups, topics, groups):   # each took the function by name
+        monkeypatch.setattr(importer, "expect_version", mutant)
     seed, checks = _caught({"cas_register"})
     assert seed, f"cas_skips_expected_version not caught in {MUTANT_SEEDS_MAX} seeds"
     # It needs no fault at all: the shrinker drops every one and the schedule still fails.
@@ -110,7 +136,18 @@ def test_a_follower_that_acknowledges_before_its_sync_is_caught(monkeypatch):
     # tests/test_chaos_mutants.py's follower_acks_before_sync: the acknowledgement leaves before the journal sync.
     # The group-commit counter sees it at once; the check that matters is an external one (a power loss then a
     # lost acknowledged write, or replicas that diverge), which must find it too. It takes the leader's followers
-    # losing power together while it is cut off (power_quorum): with every fault kind, 2-5 seeds in 20 catch it.
-    monkeypatch.setattr(group_commit.GroupCommit, "before_flush", lambda self, messages: None)
+    # losing power together while it is cut off (power_quorum); with every fault kind, a few seeds in 20 catch it.
+    _plant(monkeypatch, group_commit.GroupCommit, "before_flush",
+           '        if any(m.get("type") == ACK_MESSAGE and m.get("success") for m in messages):\n            self.sync()',
+           '        if False:\n            self.sync()')
     seed, checks = _caught(kinds=("power_quorum",))
     assert seed, f"follower_acks_before_sync not caught by an external check in {MUTANT_SEEDS_MAX} seeds"
+
+
+def test_a_wiped_node_that_votes_with_an_empty_log_is_caught(monkeypatch):
+    # tests/test_chaos_mutants.py's wiped_node_votes_with_an_empty_log: a node that starts on an empty disk votes as
+    # soon as it heard from every peer, whatever their logs; a stale node can then lead without acknowledged writes
+    _plant(monkeypatch, roles.Roles, "decide", "voter = all(p is not None and p[1] for p in heard)",
+           "voter = all(p is not None for p in heard)")
+    seed, checks = _caught(kinds=("rejoin_leader_loss",))
+    assert seed, f"wiped_node_votes_with_an_empty_log not caught in {MUTANT_SEEDS_MAX} seeds"

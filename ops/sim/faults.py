@@ -15,8 +15,17 @@ from typing import Any
 # power_quorum: every follower of the leader of the moment loses power at once (mid-step, with the fault's
 # mid_step) while that leader is isolated from them until POWER_QUORUM_ISOLATION_EXTRA_S after they are back: the
 # followers must elect from what they synced, which must hold every committed entry.
-KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset", "power_quorum")
+# wipe: a node's disk is replaced (kill, an empty disk with a new identity, restarted after the fault's duration);
+# only while every node is up and votes (a wiped node that has not caught up yet is a learner), as the chaos
+# runner's nemesis waits, so that no wipe takes the last copy of an acknowledged entry.
+# rejoin_leader_loss (ops/chaos/nemesis.py's): a follower is cut off until stale (STALE_FOR_S), the other follower's
+# disk is wiped and it starts empty, then the leader is cut off from both for the fault's duration: the wiped node
+# must not vote the stale one into a leadership that misses acknowledged writes.
+KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset", "power_quorum",
+         "wipe", "rejoin_leader_loss")
 POWER_QUORUM_ISOLATION_EXTRA_S = 3.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
+STALE_FOR_S = 1.5
+LEADER_LOST_AFTER_MAX_S = 1.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
 FAULTS_START_S = 1.5
 WINDOW_GAP_MIN_S = 0.3
 WINDOW_GAP_MAX_S = 2.0

@@ -123,6 +123,7 @@ class SimMetaNode:
         self.crash_in_step: tuple[str, float] | None = None
         self._apply_handle: Any = None
         self.steps = 0
+        self.wipes = 0
         self.journal_stats: list[dict[str, Any]] = []      # each ended incarnation's group-commit counters
         self.applies: list[tuple[int, bytes | None]] = []   # this incarnation's applied entries, in order
 
@@ -223,6 +224,13 @@ class SimMetaNode:
                 handle.cancel()
         self._step_handle = self._apply_handle = None
         self._step_at = None
+
+    def wipe(self) -> None:
+        """The disk is replaced: killed (if up), then an empty disk with a new identity; boot() starts it."""
+        self.crash("power")
+        self.wipes += 1
+        self.disk = SimDisk(random.Random(f"{self.sim.seed}:disk:{self.name}:{self.wipes}"))
+        self.sim.trace("wipe", self.name, str(self.wipes), b"")
 
     def halt(self, why: str) -> None:
         self.halted = True

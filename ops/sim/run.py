@@ -30,7 +30,7 @@ import structlog
 
 from . import checks
 from .clock import NodeClocks, VirtualLoop, patched
-from .faults import KINDS, POWER_QUORUM_ISOLATION_EXTRA_S, Fault, plan
+from .faults import KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S, STALE_FOR_S, Fault, plan
 from .net import SimNet, SimPoller
 from .node import DrivenApplier, SimMetaNode
 from .disk import SimJournalIO
@@ -75,6 +75,9 @@ class Sim:
         self._slow: collections.Counter[str] = collections.Counter()
         self._down_until: dict[str, float] = {}
         self._aimed: dict[int, list[tuple[str, str]]] = {}   # power_quorum: the links it cut, by fault
+        self.wiped = 0        # disks replaced (wipe, rejoin_leader_loss)
+        self.skipped = 0      # wipes not made: some node was down or not a voter, or another wipe under way
+        self._wipe_busy_until = 0.0
         self.threads_at_start = threading.active_count()
         self.events = 0
         self.loop.set_exception_handler(self._loop_error)
@@ -136,7 +139,7 @@ class Sim:
 
     # -- faults ------------------------------------------------------------------------------------------------
     def _links(self, f: Fault) -> list[tuple[str, str]]:
-        if f.kind == "power_quorum":
+        if f.kind in ("power_quorum", "rejoin_leader_loss"):
             return self._aimed.get(id(f), [])
         a = f.target[0]
         if f.kind == "isolate":
@@ -173,7 +176,64 @@ class Sim:
             self._power_quorum(f)
             self.loop.call_at(now + f.duration + POWER_QUORUM_ISOLATION_EXTRA_S, self.end_fault, f)
             return
+        elif f.kind == "wipe":
+            if not self._all_vote():
+                self.skipped += 1
+                return
+            node.wipe()
+            self.down_for(node.name, f.duration)
+            self.wiped += 1
+            self._wipe_busy_until = now + f.duration
+        elif f.kind == "rejoin_leader_loss":
+            self._rejoin_leader_loss(f)
+            return
         self.loop.call_at(now + f.duration, self.end_fault, f)
+
+    def _leader(self) -> str | None:
+        up = [n for n in self.nodes.values() if n.up and n.so is not None]
+        leaders = sorted((n.so.raftCurrentTerm, n.name) for n in up if n.so.is_leader())  # type: ignore[union-attr]
+        return leaders[-1][1] if leaders else None
+
+    def _all_vote(self) -> bool:
+        """A disk may be taken: no other wipe is under way, every node is up and votes (a wiped one caught up)."""
+        return self.loop.time() >= self._wipe_busy_until and all(
+            n.up and n.so is not None and n.so.roles.voter for n in self.nodes.values())
+
+    def _cut(self, links: list[tuple[str, str]], by: int) -> None:
+        self._cuts.update({link: by for link in links})
+        self.net.cut = {k for k, v in self._cuts.items() if v > 0}
+        if by < 0:
+            self.net.release()
+
+    def _rejoin_leader_loss(self, f: Fault) -> None:
+        leader = self._leader()
+        if leader is None or not self._all_vote():
+            self.skipped += 1
+            return
+        stale, wiped = self.rng.sample([n for n in NODES if n != leader], 2)
+        cut_stale = [p for o in NODES if o != stale for p in ((stale, o), (o, stale))]
+        cut_leader = [p for o in NODES if o != leader for p in ((leader, o), (o, leader))]
+        self._cut(cut_stale, +1)
+        self.wiped += 1
+        self._wipe_busy_until = self.loop.time() + STALE_FOR_S + LEADER_LOST_AFTER_MAX_S + f.duration
+
+        def rejoin() -> None:
+            if self.healed:
+                return
+            self._cut(cut_stale, -1)
+            node = self.nodes[wiped]
+            node.wipe()
+            if not node.halted:
+                node.boot()
+            self.loop.call_at(self.loop.time() + self.rng.uniform(0, LEADER_LOST_AFTER_MAX_S), lose_leader)
+
+        def lose_leader() -> None:
+            if self.healed:
+                return
+            self._cut(cut_leader, +1)
+            self.loop.call_at(self.loop.time() + f.duration, lambda: None if self.healed else self._cut(cut_leader, -1))
+
+        self.loop.call_at(self.loop.time() + STALE_FOR_S, rejoin)
 
     def _power_quorum(self, f: Fault) -> None:
         up = [n for n in self.nodes.values() if n.up and n.so is not None]
@@ -322,7 +382,8 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
                    "terms": max(sim.leaders, default=0), "last_index": max(sim.applied_at, default=0),
                    "boots": sum(n.incarnation for n in sim.nodes.values()),
                    "unsynced_bytes_lost": sum(n.disk.bytes_lost for n in sim.nodes.values()),
-                   "l2_messages": sim.l2_messages, **out["stats"]},
+                   "l2_messages": sim.l2_messages, "wiped": sim.wiped, "wipes_skipped": sim.skipped,
+                   **out["stats"]},
         "wall_s": round(time.perf_counter() - started, 3),
     }
 
