@@ -29,6 +29,7 @@ import structlog
 
 from wire import group_event
 from wire.errors import ApiError, rejection
+from wire.waits import wait_set
 
 log = structlog.get_logger("broker.locks")
 
@@ -131,9 +132,7 @@ class LockTable:
                 raise catching_up(group, f"token {token} is newer than every token it has seen")
             self._waiters += 1
             try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
+                await wait_set(self._changed, left)
             finally:
                 self._waiters -= 1
 

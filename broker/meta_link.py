@@ -23,6 +23,7 @@ from prometheus_client import Counter
 from wire.caller import Answer, Backoff, auth_headers, new_session, request_once
 from wire.sse import SseEvent, SseParser
 from wire.errors import ApiError, StatorError
+from wire.waits import wait_set
 
 from .chores import Chores
 from .locks import LockTable
@@ -183,10 +184,7 @@ class MetaLink:
                 wait = HEARTBEAT_BACKOFF.delay_s(failures)
                 failures += 1
             self.session.beat_requested.clear()
-            try:
-                await asyncio.wait_for(self.session.beat_requested.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
+            await wait_set(self.session.beat_requested, wait)
 
     # -- watch stream ------------------------------------------------------------------------------------------
     async def _watch_loop(self) -> None:

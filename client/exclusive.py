@@ -47,6 +47,7 @@ from .background import BackgroundTasks, InBackground
 from .consumer import IDLE_PAUSE_S, PULL_MESSAGES_MAX_DEFAULT, PullConsumer, PullResult, ReceivedMessage
 from wire.errors import Closed, NotLeader, StaleToken, StatorError, TopicNotFound
 from wire.caller import Backoff, MetaCaller, new_session
+from wire.waits import wait_set
 from .lifecycle import StartedByWith, lone_tls
 from .formats import WIRE_FORMAT_DEFAULT, check_wire_format
 from .producer import Producer
@@ -263,10 +264,7 @@ class ExclusiveConsumer(InBackground, StartedByWith):
     # -- heartbeats --------------------------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._beat_now.wait(), self._interval_s)
-            except TimeoutError:
-                pass
+            await wait_set(self._beat_now, self._interval_s)
             await self._beat(raise_transient=False)
 
     async def _beat(self, *, raise_transient: bool) -> None:
@@ -365,10 +363,7 @@ class ExclusiveConsumer(InBackground, StartedByWith):
 
     async def _pause(self, lease: _Lease, seconds: float) -> None:
         """Sleep up to ``seconds``; a stop request ends it early."""
-        try:
-            await asyncio.wait_for(lease.stop.wait(), seconds)
-        except TimeoutError:
-            pass
+        await wait_set(lease.stop, seconds)
 
     async def _work(self, lease: _Lease) -> None:
         failures = 0

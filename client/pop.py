@@ -27,6 +27,7 @@ import aiohttp
 from .background import BackgroundTasks, InBackground
 from wire.errors import Closed, StatorError, TopicNotFound
 from wire.caller import Backoff, new_session, request_once
+from wire.waits import wait_set
 from .formats import (WIRE_FORMAT_DEFAULT, Body, Delivered, Outgoing, accept_headers, check_wire_format, popped,
                       request)
 from .lifecycle import TopicClient
@@ -259,10 +260,7 @@ class PopConsumer(InBackground, TopicClient):
 
     async def _ack_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._ack_wake.wait(), ACK_FLUSH_S)
-            except asyncio.TimeoutError:
-                pass
+            await wait_set(self._ack_wake, ACK_FLUSH_S)
             self._ack_wake.clear()
             await self._flush_acks()
 

@@ -31,6 +31,7 @@ from wire.caller import (META_ATTEMPTS_MAX_DEFAULT, META_DEADLINE_S_DEFAULT, REQ
 from wire import route as route_model
 from wire.route import RouteError
 from wire.sse import SseEvent, SseParser, SseProtocolError
+from wire.waits import wait_set
 
 log = logging.getLogger("stator.client.routes")
 
@@ -155,10 +156,7 @@ class RouteSubscription:
                 raise TimeoutError(f"route of {topic!r} did not reach the wanted state within {timeout_s} s "
                                    f"(held version {self.version(topic)})")
             changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), left)
-            except TimeoutError:
-                pass
+            await wait_set(changed, left)
 
     # -- listeners ---------------------------------------------------------------------------------------------
     def add_listener(self, fn: RouteListener) -> Callable[[], None]:

@@ -34,6 +34,7 @@ from typing import Any
 import structlog
 
 from wire.errors import rejection
+from wire.waits import wait_set
 
 from . import groups, limits
 from .broker_sessions import answer
@@ -71,10 +72,8 @@ class GroupSessions:
         key = (group, member)
         pending = self._expiring.get(key)
         if pending is not None:
-            try:
-                await asyncio.wait_for(pending.wait(), EXPIRY_WAIT_S)
-            except asyncio.TimeoutError:
-                raise rejection(503, "NO_LEADER", "the member's expiry is still being decided; retry") from None
+            if not await wait_set(pending, EXPIRY_WAIT_S):
+                raise rejection(503, "NO_LEADER", "the member's expiry is still being decided; retry")
         # Renew before anything is awaited below: the expiry loop must never see this member as silent now. A
         # heartbeat the log refuses renews nothing (the old times come back; meanwhile expiry could only be later).
         before = self._seen.get(key), self._seen_wall.get(key)

@@ -13,7 +13,6 @@ only then goes on from the image; ``gap_versions()`` is what /readyz and the met
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 import structlog
 
 from wire.errors import rejection
+from wire.waits import wait_set
 
 from . import history_lines
 from .changefeed import ANY, ChangeFeed
@@ -78,8 +78,7 @@ class ProjectionFollower:
         """Whether the projection is open (its position known) within ``timeout_s``: right after a start, history
         the node holds on disk is served once its projection is open, not refused while it opens."""
         if not self.opened:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._opened.wait(), timeout_s)
+            await wait_set(self._opened, timeout_s)
         return self.opened
 
     def served_through(self) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import structlog
 
 from wire.errors import ApiError, rejection
+from wire.waits import wait_set
 
 from ..storage import files, lines
 from ..storage.errors import CorruptFile
@@ -103,11 +104,8 @@ class Journal:
 
     async def _run(self) -> None:
         while True:
-            try:
-                # Tick while first deliveries mature; idle otherwise (bounded, so a lost wake-up costs a second).
-                await asyncio.wait_for(self._wake.wait(), FLUSH_TICK_MS / 1000 if self._changed else IDLE_WAKE_S)
-            except asyncio.TimeoutError:
-                pass
+            # Tick while first deliveries mature; idle otherwise (bounded, so a lost wake-up costs a second).
+            await wait_set(self._wake, FLUSH_TICK_MS / 1000 if self._changed else IDLE_WAKE_S)
             self._wake.clear()
             try:
                 await self.round()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from .state import Key
+from wire.waits import wait_set
 
 # Harmless mutants: the words and fields of the log calls (no code reads them).
 log = structlog.get_logger("broker.pop.revive")
@@ -69,7 +70,4 @@ class Reviver:
                     log.exception("pop_revive_failed", key=key, offset=offset)
             wait_s = IDLE_WAKE_S if not self._heap else min(IDLE_WAKE_S, max(0.0, (self._heap[0][0] - now) / 1000))
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait_s)
-            except asyncio.TimeoutError:
-                pass
+            await wait_set(self._wake, wait_s)

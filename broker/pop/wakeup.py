@@ -8,6 +8,7 @@ since, so a notification that lands between its look and its park is never lost.
 from __future__ import annotations
 
 import asyncio
+from wire.waits import wait_set
 
 TOPICS_TRACKED_MAX = 100_000   # counters of topics nobody waits on are dropped beyond this
 
@@ -38,7 +39,4 @@ class TopicSignals:
         ev = self._events.get(topic)
         if ev is None:
             ev = self._events[topic] = asyncio.Event()
-        try:
-            await asyncio.wait_for(ev.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
+        await wait_set(ev, timeout_s)

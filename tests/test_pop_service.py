@@ -1,0 +1,366 @@
+"""Pop's service on a real broker node in this process (broker/pop/service.py): dead letters, changes of invisible
+time, ordered queues, the refusals of a pop, the state handed between heads (freeze, adopt, takeover), what
+operators see (stats, /metrics). The routes are given directly, as the watch stream would.
+
+tests/test_pop.py covers the same behaviour over HTTP on real processes; these run in the test's process, where a
+mutant of the service (bash ops/mutation.sh broker/pop) is what runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from broker.pop import service as service_mod
+from broker.pop.metrics import PopCollector
+from wire import route as route_model
+from wire.errors import ApiError
+
+KEY = ("g", "t", 0)
+WAIT_S = 10.0       # a delivery coming due, a dead letter landing: well within this on a loaded machine
+STOP_S = 10.0       # the pop service's stop: its tasks cancelled, its journal written
+
+
+def seg(gen: int, broker: str, logic_start: int | None, logic_end: int | None, state: str,
+        physical_start: int = 0) -> dict:
+    return route_model.segment_json(gen=gen, broker=broker, address="http://127.0.0.1:1",
+                                    physical_queue=f"t.q0.g{gen}", physical_start=physical_start,
+                                    logic_start=logic_start, logic_end=logic_end, state=state,
+                                    budget_end=1_000_000)
+
+
+def route(version: int, segments: list[dict], queues: int = 1, writable: bool = True) -> dict:
+    others = [route_model.queue_json(q, True, [dict(segments[-1], physical_queue=f"t.q{q}.g0")])
+              for q in range(1, queues)]
+    return route_model.route_json(topic="t", version=version, slots=16, order="best_tried", config={},
+                                  slot_table=[[0, 16, 0]], slot_table_version=version, barriers=[],
+                                  queues=[route_model.queue_json(0, writable, segments), *others])
+
+
+def one_head(version: int = 5, broker: str = "b1") -> dict:
+    return route(version, [seg(0, broker, 0, None, "active")])
+
+
+@pytest.fixture
+async def node(broker_node):
+    """b1 heading queue 0 of topic t, its pop service and its client to other brokers started (older heads are
+    asked over HTTP; the routes here give them an address where nothing listens)."""
+    broker_node.routes.update(one_head())
+    await broker_node.peers.start()
+    await broker_node.pop.start()
+    try:
+        yield broker_node
+    finally:
+        try:
+            async with asyncio.timeout(STOP_S):   # a background task that ignores its cancel fails here, not hangs
+                await broker_node.pop.stop()
+        finally:
+            await broker_node.peers.stop()
+
+
+async def until(what, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, "not within the wait"
+        await asyncio.sleep(0.02)
+
+
+def max_attempts(node, group: str, value: int, version: int = 1) -> None:
+    node.pop.settings.apply({"group": group, "version": version, "config": {"max_attempts": value}})
+
+
+def metrics(node) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in PopCollector(node.pop).collect():
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def pop(node, n: int = 10, invisible_ms: int = 60_000, queue: int | None = 0, order: bool = False,
+              group: str = "g"):
+    return await node.pop.pop("t", group, n, invisible_ms, queue, order, 0)
+
+
+# -- dead letters ---------------------------------------------------------------------------------------------------
+
+async def test_a_message_past_its_max_attempts_goes_to_the_dlq_once_with_its_origin(node):
+    max_attempts(node, "g", 2)
+    await node.writer.send("t", 0, [{"body": "poison", "key": "k"}, {"body": "fine"}])
+    first = await pop(node, 2, invisible_ms=50)
+    assert [(m.offset, m.attempt) for m in first] == [(0, 1), (1, 1)]
+    assert await node.pop.ack("g", [first[1].handle]) == [{"handle": first[1].handle, "ok": True}]
+    st = node.pop.states[KEY]
+    await until(lambda: 0 in st.ready)
+    [again] = await pop(node, 2, invisible_ms=50)
+    assert (again.offset, again.attempt) == (0, 2), "due again once, with its attempt counted"
+    await until(lambda: node.pop.dead_lettered == 1 and not st.in_flight)
+    dlq = await node.pop.dlq.read("g", 0, 10)
+    assert [(m["topic"], m["queue"], m["origin_offset"], m["attempts"], m["key"], m["body"])
+            for m in dlq["messages"]] == [("t", 0, 0, 2, "k", "poison")]
+    assert await pop(node, 2) == [], "a dead letter is never delivered again"
+    assert (await node.pop.ack("g", [again.handle]))[0]["code"] == "HANDLE_EXPIRED"
+    assert node.pop.dlq.holds("g", "t", 0, 0) and not node.pop.dlq.holds("g", "t", 0, 1)
+    m = metrics(node)
+    assert m[("stator_pop_dlq_messages", (("group", "g"),))] == 1
+    assert m[("stator_pop_deliveries_total", (("kind", "first"),))] == 2
+    assert m[("stator_pop_deliveries_total", (("kind", "again"),))] == 1
+    assert m[("stator_pop_deliveries_total", (("kind", "dead_letter"),))] == 1
+
+
+async def test_another_group_s_max_attempts_and_the_default_are_its_own(node):
+    max_attempts(node, "g", 1)
+    await node.writer.send("t", 0, [{"body": "m"}])
+    await pop(node, 1, invisible_ms=50)
+    await pop(node, 1, invisible_ms=50, group="h")   # the default: 16 attempts
+    await until(lambda: node.pop.dead_lettered == 1)
+    hst = node.pop.states[("h", "t", 0)]
+    await until(lambda: 0 in hst.ready)
+    assert [(m.offset, m.attempt) for m in await pop(node, 1, group="h")] == [(0, 2)]
+    assert (await node.pop.dlq.read("h", 0, 10))["messages"] == []
+
+
+async def test_a_dead_letter_interrupted_before_its_copy_is_made_once_after_a_restart(broker_node):
+    from broker.pop.service import PopService
+    node = broker_node
+    node.routes.update(one_head())
+    await node.pop.start()
+    max_attempts(node, "g", 1)
+    await node.writer.send("t", 0, [{"body": "m"}])
+    await pop(node, 1, invisible_ms=60_000)
+    st = node.pop.states[KEY]
+    d = st.in_flight[0]
+    st.expire(0, d.seq, d.deadline_ms, 1)          # dead, marked durably, the copy never made: a crash here
+    node.pop.journal.touch(KEY)
+    await node.pop.journal.durable()
+    await node.pop.reviver.stop()
+    await node.pop.journal.close()
+    node.pop.dlq.close()
+    again = PopService("b1", node.config.data_dir, node.routes, node.reader, lambda: True, node.pop.settings,
+                       node.pop.signals)
+    await again.start()
+    try:
+        await until(lambda: not again.states[KEY].in_flight)
+        assert [m["origin_offset"] for m in (await again.dlq.read("g", 0, 10))["messages"]] == [0]
+    finally:
+        await again.stop()
+
+
+# -- changes of invisible time --------------------------------------------------------------------------------------
+
+async def test_a_new_invisible_time_gives_a_new_handle_and_the_old_one_expires(node):
+    await node.writer.send("t", 0, [{"body": "a"}, {"body": "b"}])
+    a, b = await pop(node, 2)
+    newer = await node.pop.change_invisible("g", a.handle, 50)
+    assert newer != a.handle
+    with pytest.raises(ApiError) as e:
+        await node.pop.change_invisible("g", a.handle, 60_000)
+    assert (e.value.status, e.value.code) == (409, "HANDLE_EXPIRED")
+    with pytest.raises(ApiError) as e:
+        await node.pop.change_invisible("g", "garbage", 60_000)
+    assert (e.value.status, e.value.code) == (400, "INVALID_HANDLE")
+    with pytest.raises(ApiError) as e:
+        await node.pop.change_invisible("other", b.handle, 60_000)
+    assert e.value.code == "INVALID_HANDLE", "a handle is its group's"
+    st = node.pop.states[KEY]
+    await until(lambda: 0 in st.ready)
+    assert 1 not in st.ready, "b kept its own minute"
+    [again] = await pop(node, 2)
+    assert (again.offset, again.attempt) == (0, 2)
+    with pytest.raises(ApiError) as e:
+        await node.pop.change_invisible("g", newer, 60_000)
+    assert e.value.code == "HANDLE_EXPIRED", "delivered again: the handle before is stale"
+    assert await node.pop.ack("g", [b.handle]) == [{"handle": b.handle, "ok": True}]
+    with pytest.raises(ApiError) as e:
+        await node.pop.change_invisible("g", b.handle, 60_000)
+    assert e.value.code == "HANDLE_EXPIRED", "acked"
+
+
+async def test_a_longer_invisible_time_keeps_a_delivery_from_coming_due(node):
+    await node.writer.send("t", 0, [{"body": "a"}])
+    [a] = await pop(node, 1, invisible_ms=100)
+    later = await node.pop.change_invisible("g", a.handle, 60_000)
+    await asyncio.sleep(0.4)
+    assert 0 not in node.pop.states[KEY].ready
+    assert await pop(node, 1) == []
+    assert await node.pop.ack("g", [later]) == [{"handle": later, "ok": True}]
+
+
+# -- ordered queues -------------------------------------------------------------------------------------------------
+
+async def test_an_ordered_queue_hands_out_nothing_while_a_delivery_is_invisible_and_redelivers_in_order(node):
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(4)])
+    first = await pop(node, 2, invisible_ms=50, order=True)
+    assert [m.offset for m in first] == [0, 1]
+    assert await pop(node, 2, order=True) == [], "blocked while 0 and 1 are invisible"
+    st = node.pop.states[KEY]
+    await until(lambda: {0, 1} <= set(st.ready))
+    again = await pop(node, 4, order=True)
+    assert [(m.offset, m.attempt) for m in again] == [(0, 2), (1, 2)], "the due batch alone, in order"
+    assert await pop(node, 4, order=True) == []
+    assert all(r["ok"] for r in await node.pop.ack("g", [m.handle for m in again]))
+    assert [m.offset for m in await pop(node, 4, order=True)] == [2, 3]
+
+
+async def test_unordered_pops_go_on_past_an_invisible_delivery(node):
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(3)])
+    assert [m.offset for m in await pop(node, 1)] == [0]
+    assert [m.offset for m in await pop(node, 1)] == [1]
+    assert [m.offset for m in await pop(node, 5)] == [2]
+
+
+# -- what a pop refuses ---------------------------------------------------------------------------------------------
+
+async def test_a_pop_names_its_topic_and_queue_or_is_refused(node):
+    with pytest.raises(ApiError) as e:
+        await node.pop.pop("nope", "g", 1, 60_000, None, False, 0)
+    assert (e.value.status, e.value.code) == (404, "TOPIC_NOT_FOUND")
+    with pytest.raises(ApiError) as e:
+        await pop(node, queue=1)
+    assert (e.value.status, e.value.code) == (404, "QUEUE_NOT_FOUND")
+
+
+async def test_a_queue_led_elsewhere_or_sealing_is_refused_by_name_and_skipped_by_a_topic_wide_pop(node):
+    await node.writer.send("t", 0, [{"body": "m"}])
+    node.routes.update(route(6, [seg(0, "b1", 0, None, "sealed"), seg(1, "b2", None, None, "active", 1)]))
+    with pytest.raises(ApiError) as e:
+        await pop(node)
+    assert e.value.code == "NOT_LEADER"
+    assert await pop(node, queue=None) == [], "a topic-wide pop skips what is not its own"
+    node.routes.update(route(7, [seg(0, "b1", 0, None, "sealed"), seg(1, "b1", None, None, "active", 1)]))
+    with pytest.raises(ApiError) as e:
+        await pop(node)
+    assert (e.value.status, e.value.code) == (503, "SEALING")
+    assert await pop(node, queue=None) == []
+
+
+async def test_a_broker_whose_session_lapsed_pops_nothing(node):
+    node.session.state = "lapsed"
+    with pytest.raises(ApiError) as e:
+        await pop(node)
+    assert (e.value.status, e.value.code) == (503, "CATCHING_UP")
+
+
+async def test_topic_wide_pops_start_at_another_queue_each_time(node):
+    node.routes.update(route(6, [seg(0, "b1", 0, None, "active")], queues=3))
+    for q in range(3):
+        await node.writer.send("t", q, [{"body": f"q{q}m{i}"} for i in range(3)])
+    firsts = [(await pop(node, 1, queue=None))[0].queue for _ in range(6)]
+    assert sorted(firsts[:3]) == [0, 1, 2] and sorted(firsts[3:]) == [0, 1, 2], firsts
+
+
+async def test_pop_state_beyond_the_queues_max_is_refused(node, monkeypatch):
+    monkeypatch.setattr(service_mod, "POP_QUEUES_MAX", 1)
+    await node.writer.send("t", 0, [{"body": "m"}])
+    assert len(await pop(node, 1)) == 1
+    with pytest.raises(ApiError) as e:
+        await pop(node, 1, group="other")
+    assert (e.value.status, e.value.code) == (409, "TOO_MANY_POP_QUEUES")
+    assert len(await pop(node, 1)) == 0, "the key already held pops on"
+
+
+# -- the state between heads ----------------------------------------------------------------------------------------
+
+async def test_a_new_head_s_freeze_stops_pops_here_and_answers_the_pop_offset(node, monkeypatch):
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(3)])
+    a, _ = await pop(node, 2)
+    moved = route(6, [seg(0, "b1", 0, 3, "sealed"), seg(1, "b2", 3, None, "active", 3)])
+    with pytest.raises(ApiError) as e:
+        await node.pop.freeze(KEY, 5)
+    assert e.value.code == "NOT_LEADER", "still the head here: its state is current"
+    with pytest.raises(ApiError) as e:
+        await node.pop.freeze(KEY, 5, caller="b2")
+    assert e.value.status == 403, "b2 is not the head the log names"
+    monkeypatch.setattr(service_mod, "HANDOVER_WAIT_S", 0.1)
+    with pytest.raises(ApiError) as e:
+        await node.pop.freeze(KEY, 6, caller="b2")
+    assert (e.value.status, e.value.code) == (503, "CATCHING_UP"), "it has not seen the move yet"
+    node.routes.update(moved)
+    with pytest.raises(ApiError) as e:
+        await node.pop.freeze(KEY, 6, caller="b3")
+    assert e.value.status == 403, "only the head the log names takes the state"
+    assert await node.pop.freeze(("g", "t", 0), 6, caller="b2") == {"found": True, "gen": 0, "next_offset": 2,
+                                                                    "in_flight": 2}
+    assert await node.pop.freeze(("other", "t", 0), 6, caller="b2") == {"found": False}
+    st = node.pop.states[KEY]
+    assert st.frozen
+    assert await node.pop.ack("g", [a.handle]) == [{"handle": a.handle, "ok": True}], "in flight: still acked here"
+    assert [r for r in node.pop.stats("g")] == [{"group": "g", "topic": "t", "queue": 0, "pop_offset": 2,
+                                                  "in_flight": 1, "invisible": 1, "revive_backlog": 0,
+                                                  "frozen": True, "gen": 0}]
+
+
+async def test_a_frozen_delivery_that_came_due_is_the_new_head_s_and_expires_here(node):
+    await node.writer.send("t", 0, [{"body": "m"}])
+    [a] = await pop(node, 1, invisible_ms=50)
+    node.routes.update(route(6, [seg(0, "b1", 0, 1, "sealed"), seg(1, "b2", 1, None, "active", 1)]))
+    await node.pop.freeze(KEY, 6, caller="b2")
+    st = node.pop.states[KEY]
+    await until(lambda: 0 in st.ready)
+    assert await node.pop.ack("g", [a.handle]) == [{"handle": a.handle, "ok": False, "code": "HANDLE_EXPIRED"}]
+    assert 0 in st.ready, "kept until the new head holds it (b2 does not answer here)"
+
+
+async def test_adopted_deliveries_go_out_again_first_with_their_attempts(node):
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(4)])
+    got = await pop(node, 3)
+    assert [m.offset for m in got] == [0, 1, 2]
+    assert (await node.pop.ack("g", [got[2].handle]))[0]["ok"]
+    # The queue moves to a new gen on this broker: its older head (gen 0) was here too.
+    node.routes.update(route(6, [seg(0, "b1", 0, 4, "sealed"), seg(1, "b1", 4, None, "active", 4)]))
+    with pytest.raises(ApiError) as e:
+        await node.pop.adopt(KEY, [[2, 3]], caller="b2")
+    assert e.value.status == 403, "b2 never held the queue's head"
+    assert await node.pop.adopt(KEY, [[1, 3], [2, 4], [7, 1]], caller="b1") == 1, \
+        "1 is in flight here already; 7 was never handed out; 2 is taken"
+    st = node.pop.states[KEY]
+    assert (st.gen, st.next_offset) == (1, 3)
+    again = await pop(node, 5)
+    assert [(m.offset, m.attempt) for m in again] == [(2, 5), (3, 1)], "the adopted one first, its attempts kept"
+
+
+async def test_adopt_on_a_broker_that_is_not_the_head_is_refused(node):
+    node.routes.update(route(6, [seg(0, "b1", 0, 0, "sealed"), seg(1, "b2", 0, None, "active")]))
+    with pytest.raises(ApiError) as e:
+        await node.pop.adopt(KEY, [[0, 1]], caller="b2")
+    assert e.value.code == "NOT_LEADER"
+
+
+async def test_a_takeover_from_an_older_head_that_does_not_answer_pops_nothing(node):
+    node.routes.update(route(6, [seg(0, "b2", 0, 5, "sealed"), seg(1, "b1", 5, None, "active", 0)]))
+    with pytest.raises(ApiError) as e:
+        await pop(node)
+    assert e.value.status == 503, "starting without its pop offset could deliver twice"
+    assert KEY not in node.pop.states
+    assert await pop(node, queue=None) == [], "a topic-wide pop skips it"
+
+
+async def test_a_takeover_on_the_same_broker_goes_on_from_its_own_pop_offset(node):
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(2)])
+    assert [m.offset for m in await pop(node, 1)] == [0]
+    node.routes.update(route(6, [seg(0, "b1", 0, 2, "sealed"), seg(1, "b1", 2, None, "active", 2)]))
+    await node.writer.send("t", 0, [{"body": "m2"}])
+    assert [m.offset for m in await pop(node, 5)] == [1, 2], "nothing twice, nothing skipped"
+    assert node.pop.states[KEY].gen == 1
+
+
+# -- what operators see ---------------------------------------------------------------------------------------------
+
+async def test_stats_and_metrics_count_what_is_in_flight_invisible_and_due(node):
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(3)])
+    await pop(node, 1, invisible_ms=50)
+    await pop(node, 1, invisible_ms=60_000)
+    await until(lambda: 0 in node.pop.states[KEY].ready)
+    assert node.pop.stats() == [{"group": "g", "topic": "t", "queue": 0, "pop_offset": 2, "in_flight": 2,
+                                 "invisible": 1, "revive_backlog": 1, "frozen": False, "gen": 0}]
+    assert node.pop.stats("other") == []
+    m = metrics(node)
+    labels = (("group", "g"), ("queue", "0"), ("topic", "t"))
+    assert (m[("stator_pop_offset", labels)], m[("stator_pop_in_flight", labels)],
+            m[("stator_pop_revive_backlog", labels)]) == (2, 2, 1)
+    assert m[("stator_pop_deliveries_total", (("kind", "first"),))] == 2
+    assert m[("stator_pop_revive_heap", ())] == len(node.pop.reviver) >= 1
+    assert m[("stator_pop_locks", ())] == 0
+    assert m[("stator_pop_journal_lines_written_total", ())] == node.pop.journal.lines_written
