@@ -21,8 +21,10 @@ from typing import Any
 # rejoin_leader_loss (ops/chaos/nemesis.py's): a follower is cut off until stale (STALE_FOR_S), the other follower's
 # disk is wiped and it starts empty, then the leader is cut off from both for the fault's duration: the wiped node
 # must not vote the stale one into a leadership that misses acknowledged writes.
+# corrupt: one bit flipped in the next bytes from one node to another (the link's AEAD refuses the frame; the
+# transport closes the connection and dials again).
 KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset", "power_quorum",
-         "wipe", "rejoin_leader_loss")
+         "wipe", "rejoin_leader_loss", "corrupt")
 POWER_QUORUM_ISOLATION_EXTRA_S = 3.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
 STALE_FOR_S = 1.5
 LEADER_LOST_AFTER_MAX_S = 1.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
@@ -61,7 +63,7 @@ def plan(seed: int, duration_s: float, nodes: list[str], kinds: tuple[str, ...] 
             kind = rng.choice(kinds)
             duration = round(min(rng.uniform(FAULT_MIN_S, FAULT_MAX_S), duration_s - t), 4)
             a, b = rng.sample(nodes, 2)
-            target = [a, b] if kind in ("cut_link", "one_way", "reset") else [a]
+            target = [a, b] if kind in ("cut_link", "one_way", "reset", "corrupt") else [a]
             params: dict[str, Any] = {}
             if kind == "slow":
                 params["extra_s"] = round(rng.uniform(0.01, SLOW_EXTRA_MAX_S), 4)

@@ -46,10 +46,15 @@ class _Pipe:
         self.next_seq = 0
         self.held: list[tuple[int, bytes | None]] = []
         self.early: dict[int, bytes | None] = {}
+        self.corrupt_next = False                # flip one bit of the next chunk (the AEAD must refuse it)
         self.departing: dict[int, float] = {}    # chunks written in a step under way: they leave when it ends
         self.void: set[int] = set()              # ... unless the process died first
 
     def put(self, item: bytes | None) -> None:
+        if item and self.corrupt_next:
+            self.corrupt_next = False
+            at = self.rng.randrange(len(item))
+            item = item[:at] + bytes([item[at] ^ (1 << self.rng.randrange(8))]) + item[at + 1:]
         seq, self.sent = self.sent, self.sent + 1
         now = self.net.loop.time()
         departure = max(now, self.net.busy_until(self.src.owner))
@@ -381,6 +386,12 @@ class SimNet:
             sock._close(fin=not power)
         if power:
             self.down.add(node)
+
+    def corrupt_link(self, a: str, b: str) -> None:
+        """The next chunk from ``a`` to ``b`` on each of their connections has one bit flipped."""
+        for pipe in self._pipes:
+            if pipe.src.owner == a and pipe.dst.owner == b and pipe.src.state == "connected":
+                pipe.corrupt_next = True
 
     def reset_link(self, a: str, b: str) -> None:
         for sock in list(self.sockets.values()):

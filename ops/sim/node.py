@@ -124,6 +124,8 @@ class SimMetaNode:
         self._apply_handle: Any = None
         self.steps = 0
         self.wipes = 0
+        self.digest: str | None = None        # the image's digest when the schedule ended
+        self.refused: dict[str, int] = {}     # frames and connections the transport refused, by reason (ended ones)
         self.journal_stats: list[dict[str, Any]] = []      # each ended incarnation's group-commit counters
         self.applies: list[tuple[int, bytes | None]] = []   # this incarnation's applied entries, in order
 
@@ -217,6 +219,7 @@ class SimMetaNode:
     def _end(self) -> None:
         if self.so is not None:
             self.journal_stats.append(self.so.journal_stats())
+            self.refused.update(shim.transport(self.so).refused)
         self.up = False
         self.so = self.raft = None
         for handle in (self._step_handle, self._apply_handle):
@@ -330,6 +333,13 @@ class SimMetaNode:
         self.sim.on_apply(self, index, payload)
 
     # -- status ----------------------------------------------------------------------------------------------
+    def refusals(self) -> dict[str, int]:
+        out = dict(self.refused)
+        if self.so is not None:
+            for reason, n in shim.transport(self.so).refused.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
+
     @property
     def applied_index(self) -> int:
         return self.so.applied_index if self.so is not None else 0

@@ -28,7 +28,9 @@ from typing import Any
 
 import structlog
 
-from . import checks
+from meta.backup import image_digest
+
+from . import apply_hash, checks
 from .clock import NodeClocks, VirtualLoop, patched
 from .faults import KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S, STALE_FOR_S, Fault, plan
 from .net import SimNet, SimPoller
@@ -172,6 +174,8 @@ class Sim:
             self.net.slow[node.name] = max(self.net.slow.get(node.name, 0.0), float(f.params.get("extra_s", 0.05)))
         elif f.kind == "reset":
             self.net.reset_link(f.target[0], f.target[1])
+        elif f.kind == "corrupt":
+            self.net.corrupt_link(f.target[0], f.target[1])
         elif f.kind == "power_quorum":
             self._power_quorum(f)
             self.loop.call_at(now + f.duration + POWER_QUORUM_ISOLATION_EXTRA_S, self.end_fault, f)
@@ -345,7 +349,7 @@ def quiet_logs() -> Iterator[collections.deque]:
 
 
 def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float = DURATION_S,
-                 kinds: tuple[str, ...] = KINDS, l2: bool = False) -> dict[str, Any]:
+                 kinds: tuple[str, ...] = KINDS, l2: bool = False, keep_log: bool = False) -> dict[str, Any]:
     """Run one schedule; returns its result (JSON-ready): ok (no safety violation), violations, liveness findings,
     the trace hash, the faults (replayable with --plan) and counts. ``l2``: the MessageTap duplicates and delays raft
     messages (node.py); a failure found only so is labelled l2 (TCP never does it)."""
@@ -361,6 +365,7 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
                 out = sim.loop.run_until_complete(sim.main())
             finally:
                 for node in sim.nodes.values():
+                    node.digest = image_digest(node.so.image_data) if node.so is not None else None
                     node.up = False
                 tasks = [t for t in asyncio.all_tasks(sim.loop) if not t.done()]
                 for t in tasks:
@@ -373,7 +378,9 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
             gc.enable()
         gc.collect()
     ops = sim.workload.ops
+    furthest = max(sim.nodes.values(), key=lambda n: (n.applied_index if n.up else -1, n.name))
     return {
+        **({"log": apply_hash.log_lines(furthest.applies), "digest": furthest.digest} if keep_log else {}),
         "seed": seed, "l2": l2, "ok": not out["safety"], "violations": out["safety"], "liveness": out["liveness"],
         "trace_hash": sim.hash.hexdigest(), "duration_s": duration_s, "faults": [f.to_json() for f in faults],
         "counts": {"ops": len(ops), "ops_ok": sum(o.outcome == "ok" for o in ops),
@@ -383,6 +390,8 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
                    "boots": sum(n.incarnation for n in sim.nodes.values()),
                    "unsynced_bytes_lost": sum(n.disk.bytes_lost for n in sim.nodes.values()),
                    "l2_messages": sim.l2_messages, "wiped": sim.wiped, "wipes_skipped": sim.skipped,
+                   "refused": dict(sorted(sum((collections.Counter(n.refusals()) for n in sim.nodes.values()),
+                                              collections.Counter()).items())),
                    **out["stats"]},
         "wall_s": round(time.perf_counter() - started, 3),
     }
