@@ -7,6 +7,8 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
+# Harmless mutants: the help texts of the families (their words, their case, None): a scrape shows them, no code
+# reads them. The names, labels and values are checked (tests/test_pop_service.py).
 class PopCollector:
     def __init__(self, service) -> None:
         self._service = service
