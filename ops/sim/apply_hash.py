@@ -1,6 +1,6 @@
 """Replay a schedule's committed log into a fresh state machine and print the image's digest: run under two
 PYTHONHASHSEEDs, the digests must match (one simulator process has one hash seed, so it cannot see an apply whose
-output depends on the iteration order of a set of strings; /tmp/sim_plan.md section 1, "State machine").
+output depends on the iteration order of a set of strings).
 
     python -m ops.sim.apply_hash < log.jsonl      # one JSON line per entry: {"kind": "entry"|"membership", "hex": ...}
 """

@@ -1,7 +1,7 @@
 """Virtual time: an asyncio loop whose clock moves only when nothing is ready (``VirtualLoop``), per-node clocks on
 top of it (``NodeClocks``), and the one table of module attributes the simulator swaps (``PATCHES``, ``patched``).
 
-Every swap is a stopgap for a seam that production does not have yet (/tmp/sim_plan.md section 1); each names a
+Every swap is a stopgap for a seam that production does not have yet (docs/testing.md, the simulator's seams); each names a
 module attribute that must still exist (``tests/test_sim.py`` checks the table), so a rename in production fails a
 test instead of silently leaving a real clock or a real socket under the simulator.
 """
@@ -154,7 +154,7 @@ class _Rng:
 
 
 # (module, attribute, factory(sim) -> replacement). The single list of stopgaps: each is a seam to land later
-# (/tmp/sim_plan.md section 1), after which its row goes.
+# (docs/testing.md, the simulator's seams), after which its row goes.
 PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     # clocks
     ("pysyncobj.syncobj", "monotonicTime", lambda sim: sim.clocks.monotonic),

@@ -63,7 +63,7 @@ class SimWake:
 
 class DrivenApplier(Applier):
     """The apply thread's stand-in: ``run_pending`` is one pass of ``Applier._run``, scheduled by the simulator.
-    (A stopgap copy of _run's body; the seam is ``Applier.run_pending`` in production, /tmp/sim_plan.md.)"""
+    (A stopgap copy of _run's body; the seam is ``Applier.run_pending`` in production, docs/testing.md.)"""
 
     def __init__(self, sim: Any, apply: Any, after_batch: Any):
         super().__init__(apply, after_batch)
