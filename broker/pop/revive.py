@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from .state import Key
 from wire.waits import wait_set
+
+from .state import Key
 
 # Harmless mutants: the words and fields of the log calls (no code reads them).
 log = structlog.get_logger("broker.pop.revive")

@@ -8,6 +8,7 @@ since, so a notification that lands between its look and its park is never lost.
 from __future__ import annotations
 
 import asyncio
+
 from wire.waits import wait_set
 
 TOPICS_TRACKED_MAX = 100_000   # counters of topics nobody waits on are dropped beyond this
