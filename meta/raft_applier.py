@@ -112,28 +112,42 @@ class Applier:
         if self._thread.is_alive():
             self._thread.join(STOP_WAIT_S)
 
+    def run_pending(self) -> None:
+        """Apply what is queued now, on the caller's thread, and return: one pass of the apply thread, for a caller
+        that drives the node itself (ops/sim) instead of starting the thread."""
+        batch = self._take(wait=False)
+        if batch is not None:
+            self._run_batch(batch)
+
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
-                if not self._queue:
-                    return   # stopping, and nothing left
-                batch, self._queue = self._queue, deque()
-                self._busy = True
-            try:
-                for pending, index, work in batch:
-                    if pending is None:
-                        try:
-                            work()
-                        except Exception:   # noqa: BLE001 - a failed call must not stop every later apply
-                            log.exception("raft_apply_call_failed")
-                        continue
-                    outcome = self._apply(index, work)
-                    with self._cond:
-                        self.applied_index = max(self.applied_index, index)
-                    pending._resolve(outcome, self.lock)
-            finally:
+        while (batch := self._take(wait=True)) is not None:
+            self._run_batch(batch)
+
+    def _take(self, wait: bool) -> deque[tuple[Pending | None, int, Any]] | None:
+        """The queued batch, marked busy; None when there is none (``wait``: once stopping with nothing left)."""
+        with self._cond:
+            while wait and not self._queue and not self._stopping:
+                self._cond.wait()
+            if not self._queue:
+                return None   # nothing queued (and, waiting, stopping)
+            batch, self._queue = self._queue, deque()
+            self._busy = True
+            return batch
+
+    def _run_batch(self, batch: deque[tuple[Pending | None, int, Any]]) -> None:
+        try:
+            for pending, index, work in batch:
+                if pending is None:
+                    try:
+                        work()
+                    except Exception:   # noqa: BLE001 - a failed call must not stop every later apply
+                        log.exception("raft_apply_call_failed")
+                    continue
+                outcome = self._apply(index, work)
                 with self._cond:
-                    self._busy = False
-                self._after_batch()
+                    self.applied_index = max(self.applied_index, index)
+                pending._resolve(outcome, self.lock)
+        finally:
+            with self._cond:
+                self._busy = False
+            self._after_batch()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import random
 import traceback
-from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from meta import pysyncobj_shim as shim
@@ -20,7 +20,7 @@ from meta.raft_applier import Applier
 from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 
 from .clock import NodeHalted
-from .disk import SimDisk, SimJournalIO
+from .disk import SimDisk
 
 SECRET = "stator-sim-secret"
 OFFSET_BUDGET = 1000
@@ -62,12 +62,18 @@ class SimWake:
 
 
 class DrivenApplier(Applier):
-    """The apply thread's stand-in: ``run_pending`` is one pass of ``Applier._run``, scheduled by the simulator.
-    (A stopgap copy of _run's body; the seam is ``Applier.run_pending`` in production, docs/testing.md.)"""
+    """The apply thread's stand-in: never started; each submit schedules ``Applier.run_pending`` (one pass of the
+    thread's work) as a step of the simulator, and every entry applied is recorded for the checks."""
 
     def __init__(self, sim: Any, apply: Any, after_batch: Any):
-        super().__init__(apply, after_batch)
-        self._node: SimMetaNode = sim.booting
+        node: SimMetaNode = sim.booting
+
+        def recorded(index: int, work: Any) -> Any:
+            node.applied(index, work)
+            return apply(index, work)
+
+        super().__init__(recorded, after_batch)
+        self._node = node
 
     def start(self) -> None:
         pass
@@ -83,27 +89,6 @@ class DrivenApplier(Applier):
     def submit_call(self, call: Any) -> None:
         super().submit_call(call)
         self._node.apply_soon()
-
-    def run_pending(self) -> None:
-        with self._cond:
-            if not self._queue:
-                return
-            batch, self._queue = self._queue, deque()
-            self._busy = True
-        try:
-            for pending, index, work in batch:
-                if pending is None:
-                    work()
-                    continue
-                self._node.applied(index, work)
-                outcome = self._apply(index, work)
-                with self._cond:
-                    self.applied_index = max(self.applied_index, index)
-                pending._resolve(outcome, self.lock)
-        finally:
-            with self._cond:
-                self._busy = False
-            self._after_batch()
 
 
 class SimMetaNode:
@@ -192,20 +177,12 @@ class SimMetaNode:
                                   message)
             return
         self.sim.trace("late", self.name, str(message.get("type") if isinstance(message, dict) else ""), b"")
-        with self.sim.clocks.running(self.name):
-            try:
-                inner(node, message)
-                shim.transport(self.so).flush()
-            except NodeHalted as e:
-                self.sim.violation("node_halted", f"{self.name} called os._exit({e.code})", node=self.name)
-                self.halt("late message")
-                return
-            except Exception:
-                self.sim.violation("tick_raised", f"{self.name} raised on a late message", node=self.name,
-                                   traceback=traceback.format_exc(limit=8))
-                self.halt("late message")
-                return
-        self.wake()
+        def deliver() -> None:
+            inner(node, message)
+            shim.transport(self.so).flush()
+
+        if self._as_node("a late message", deliver):
+            self.wake()
 
     def crash(self, kind: str) -> None:
         """kind "process" (kill -9) or "power". No stop(), no destroy(): nothing gets to sync or say goodbye."""
@@ -275,18 +252,8 @@ class SimMetaNode:
             cost += self.rng.uniform(STALL_MIN_S, STALL_MAX_S)
         self.busy_until = now + cost
         self.disk.begin_step()
-        with self.sim.clocks.running(self.name):
-            try:
-                so.doTick(0)
-            except NodeHalted as e:
-                self.sim.violation("node_halted", f"{self.name} called os._exit({e.code}) in a tick", node=self.name)
-                self.halt("tick")
-                return
-            except Exception:
-                self.sim.violation("tick_raised", f"a tick of {self.name} raised", node=self.name,
-                                   traceback=traceback.format_exc(limit=8))
-                self.halt("tick")
-                return
+        if not self._as_node("a tick", lambda: so.doTick(0)):
+            return
         self.sim.after_step(self)
         if self.crash_in_step is not None:
             (kind, down_s), self.crash_in_step = self.crash_in_step, None
@@ -320,12 +287,22 @@ class SimMetaNode:
         if self.paused_until > self.sim.loop.time():
             self.apply_soon()
             return
+        self._as_node("apply", self.so._applier.run_pending)
+
+    def _as_node(self, what: str, work: Callable[[], None]) -> bool:
+        """Run ``work`` on this node's clocks; False when it halted the node (its ``os._exit``, or an exception the
+        real process would have died of), each a violation."""
         with self.sim.clocks.running(self.name):
             try:
-                self.so._applier.run_pending()
+                work()
+                return True
             except NodeHalted as e:
-                self.sim.violation("node_halted", f"{self.name} called os._exit({e.code}) in apply", node=self.name)
-                self.halt("apply")
+                self.sim.violation("node_halted", f"{self.name} called os._exit({e.code}) in {what}", node=self.name)
+            except Exception:
+                self.sim.violation("tick_raised", f"{self.name} raised in {what}", node=self.name,
+                                   traceback=traceback.format_exc(limit=8))
+        self.halt(what)
+        return False
 
     def applied(self, index: int, payload: bytes | None) -> None:
         """The apply tap: every entry this node applies, before it is applied."""
