@@ -145,7 +145,8 @@ async def test_a_dead_letter_interrupted_before_its_copy_is_made_once_after_a_re
         await until(lambda: not again.states[KEY].in_flight)
         assert [m["origin_offset"] for m in (await again.dlq.read("g", 0, 10))["messages"]] == [0]
     finally:
-        await again.stop()
+        async with asyncio.timeout(STOP_S):
+            await again.stop()
 
 
 # -- changes of invisible time --------------------------------------------------------------------------------------
