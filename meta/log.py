@@ -18,6 +18,7 @@ from . import limits
 from . import pysyncobj_shim as shim
 from .image import Image
 from .raft_node import MetaSyncObj, RaftNode
+from .raft_prevote import PreVoteCounts
 
 T = TypeVar("T")
 
@@ -125,6 +126,9 @@ class Log:
 
     def held_entries(self) -> shim.HeldEntries:
         return self._node.held_entries()
+
+    def pre_vote_counts(self) -> PreVoteCounts:
+        return self._node.pre_vote_counts()
 
     @property
     def proposal_failures(self) -> collections.Counter[str]:

@@ -91,6 +91,51 @@ def restart_election_timer(so: SyncObj) -> None:
     so._SyncObj__raftElectionDeadline = monotonic() + random.uniform(conf.raftMinTimeout, conf.raftMaxTimeout)
 
 
+def clock() -> float:
+    """pysyncobj's monotonic clock, which its election deadlines count in."""
+    return monotonic()
+
+
+def election_due(so: SyncObj) -> bool:
+    """Whether pysyncobj would campaign at this tick: a voter following (or a candidate) whose election deadline
+    has passed, connected to some peer (pysyncobj's own conditions, ``_onTick``)."""
+    return (not so._isLeader() and so.selfNode is not None and so._SyncObj__raftElectionDeadline < monotonic()
+            and bool(so._SyncObj__connectedNodes or not so._SyncObj__otherNodes))
+
+
+def start_election_now(so: SyncObj) -> None:
+    """pysyncobj campaigns at its next tick (what ``timeout_now`` does, without a transfer)."""
+    so._SyncObj__raftElectionDeadline = 0
+
+
+def transfer_in_progress(so: SyncObj) -> bool:
+    """The leader asked this node to campaign now (``timeout_now``); pysyncobj clears it as the campaign starts."""
+    return bool(so._SyncObj__transferInProgress)
+
+
+def last_log(so: SyncObj) -> tuple[int, int]:
+    """(index, term) of the log's last entry, as a vote request names them."""
+    index = current_log_index(so)
+    return index, so._SyncObj__getEntries(index, 1)[0][2]   # the log always holds its last entry (or the snapshot's)
+
+
+def voters(so: SyncObj) -> set[Node]:
+    """The other voting members (pysyncobj counts a majority over them and the node itself)."""
+    return so._SyncObj__otherNodes
+
+
+def adopt_term(so: SyncObj, term: int) -> None:
+    """Raft's rule for a message of a newer term, as pysyncobj applies it to a vote request: that term, no vote
+    cast in it, a follower with no leader known."""
+    so._SyncObj__setCurrentTerm(term, None)
+    step_down(so)
+    so._SyncObj__raftLeader = None
+
+
+def election_timeout_min_s(so: SyncObj) -> float:
+    return so._SyncObj__conf.raftMinTimeout
+
+
 def leader_out_of_reach(so: SyncObj) -> bool:
     """Whether this follower has heard from no leader for an election timeout while connected to no peer.
 

@@ -47,6 +47,7 @@ from .raft_entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_enve
 from .raft_group_commit import GroupCommit
 from .raft_journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .raft_journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
+from .raft_prevote import PreVote, PreVoteCounts
 from .raft_proposals import Proposals, batch_callback
 from .raft_membership import from_image as members_of_image
 from .raft_roles import Roles
@@ -169,6 +170,7 @@ class _LocalState:
     # The leader's stamp (its clock and settings) for the next entry (RaftNode.leader_fields); None: unstamped.
     stamp: Callable[[], dict[str, Any]] | None = None
     roles: Roles | None = None    # voter or learner, and the leader's membership changes (meta/raft_roles.py)
+    prevote: PreVote | None = None   # no campaign without a majority's pre-vote (meta/raft_prevote.py)
 
 
 class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
@@ -240,13 +242,17 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         with shim.journal_of_our_own(journal):
             super().__init__(self_raft, partners, conf,
                              transportClass=functools.partial(StatorTransport, link or RaftLink(secret=secret)))
-        # A repeated append must not take back entries; keepalives, learners' progress and (to a learner) vote
-        # requests are ours to handle.
-        self._local.held = shim.keep_matching_entries(self, self._local.roles.admit)
+        # A repeated append must not take back entries; keepalives, learners' progress, (to a learner) vote
+        # requests, pre-votes and vote requests in lease are ours to handle.
+        roles = self._local.roles
+        prevote = self._local.prevote = PreVote(self, self_raft, lambda: roles.voter)
+        self._local.held = shim.keep_matching_entries(self, lambda node, m: roles.admit(node, m)
+                                                      and prevote.admit(node, m))
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
         self._local.journal = GroupCommit(shim.journal_of(self), tuning.journal_sync == "fsync")
         self._local.transport = shim.transport(self)
+        self._local.transport.set_outgoing(prevote.outgoing)
         self._local.transport.set_before_flush(self._local.journal.before_flush, self._local.journal.sent)
         shim.load_snapshot_before_any_apply(self)
         # Bound to the restored image now, before anyone reads: a later rebind tells every reader that everything
@@ -382,6 +388,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         journal = self._local.journal
         self._leader_sync()
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
+        self._local.prevote.tick()   # a pre-vote first, where pysyncobj would campaign
         super()._onTick(timeToWait)
         # The tick ends in a poll that handled what arrived: its answers leave now, not a tick later.
         self._local.transport.flush()
@@ -606,6 +613,10 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     def held_entries(self) -> shim.HeldEntries:
         """How often an append message repeated entries this node held (kept, where pysyncobj deleted them)."""
         return self._local.held
+
+    def pre_vote_counts(self) -> PreVoteCounts:
+        """Pre-votes asked and won, granted and refused, vote requests refused in lease (meta/raft_prevote.py)."""
+        return self._local.prevote.counts
 
     def snapshot_counts(self) -> dict[str, int]:
         """Snapshots since start: ``written`` here, ``installed`` from the leader, ``superseded`` (written, dropped)."""

@@ -98,6 +98,10 @@ class Roles:
     def _trail(self) -> membership.MembershipTrail:
         return shim.journal_of(self.so).membership
 
+    def heard_from(self, name: str) -> bool:
+        """Whether a keepalive of the member ``name`` reached this node since it started."""
+        return name in self._heard
+
     def log_is_empty(self) -> bool:
         """No membership and no entry past pysyncobj's first no-op: a directory that never took part in a cluster."""
         return self._trail().current() is None and shim.current_log_index(self.so) <= 1

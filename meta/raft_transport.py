@@ -25,8 +25,12 @@ Connections: one per pair of nodes; the node whose raft address sorts higher con
 ``conf.connectionRetryTime``), the other accepts; a new authenticated connection from a node replaces its old one
 (the peer restarted). A link is up (``onNodeConnected``) only once the peer's AUTH opened; it goes down
 (``onNodeDisconnected``, once) on EOF, a socket error, a frame that fails authentication or decoding,
-``conf.connectionTimeout`` without a byte received, a write buffer past WRITE_BUFFER_BYTES_MAX, or a frame counter at
-its end. Refusals are logged once per (peer host, reason) and counted in ``refused``.
+``conf.connectionTimeout`` without a whole frame received, a write buffer past WRITE_BUFFER_BYTES_MAX, or a frame
+counter at its end. Whole frames, not bytes: a length prefix damaged in flight (it is authenticated only with the
+frame it announces) made the reader wait for a megabyte that never came while keepalives kept the bytes flowing,
+and the link stayed up one way for good (the simulator, seed 5185: a flipped bit turned 80 bytes into 1,048,656).
+Every node sends each peer a keepalive every half second, and no frame is larger than one entry and a snapshot
+chunk, so a healthy link completes a frame well within the timeout. Refusals are logged once per (peer host, reason) and counted in ``refused``.
 
 Not supported (pysyncobj features TCPTransport has): read-only nodes (``selfNode`` None) and pysyncobj's utility
 messages (``syncobj_admin``: status, add, remove, set_version, transfer over the raft port); ``conf.password``,
@@ -122,7 +126,7 @@ class _State:
 
 class _Conn:
     __slots__ = ("sock", "fd", "outgoing", "node", "peer", "state", "reader", "wbuf", "mask", "callback",
-                 "started", "last_recv", "hello", "session", "claimed")
+                 "started", "last_frame", "hello", "session", "claimed")
 
     def __init__(self, sock: socket.socket, outgoing: bool, node: Node | None, peer: str, state: int, now: float):
         self.sock = sock
@@ -136,7 +140,7 @@ class _Conn:
         self.mask = 0
         self.callback: Callable[[int, int], None] | None = None
         self.started = now
-        self.last_recv = now
+        self.last_frame = now     # the last whole frame received (or the connection's start)
         self.hello = b""          # our HELLO body
         self.session: wire.Session | None = None
         self.claimed = ""         # the address the peer's HELLO names (its own; outgoing: maybe not the one dialed)
@@ -162,6 +166,7 @@ class StatorTransport(Transport):
         self._incoming: set[_Conn] = set()                 # accepted connections still in their handshake
         self._last_dial: dict[Node, float] = {}
         self._pending: dict[Node, list[dict[str, Any]]] = {}
+        self._outgoing: Callable[[Any], Any] | None = None   # set_outgoing
         self._before_flush: Callable[[list[dict[str, Any]]], None] | None = None
         self._sent: Callable[[list[dict[str, Any]]], None] | None = None
         self._server: socket.socket | None = None
@@ -214,11 +219,18 @@ class StatorTransport(Transport):
         self._pending.pop(node, None)
         self._last_dial.pop(node, None)
 
+    def set_outgoing(self, rewrite: Callable[[Any], Any] | None) -> None:
+        """``rewrite(message)``: what to send instead of each message queued from now on (meta/raft_prevote.py
+        marks a leadership transfer's vote requests)."""
+        self._outgoing = rewrite
+
     def send(self, node: Node, message: dict[str, Any]) -> bool:
         """Queue ``message`` for the next flush; False (and nothing queued) when the node's link is not up.
         The message is encoded at the flush: it must not change in between (pysyncobj never changes one)."""
         if node not in self._links:
             return False
+        if self._outgoing is not None:
+            message = self._outgoing(message)
         queued = self._pending.get(node)
         if queued is None:
             self._pending[node] = [message]
@@ -372,7 +384,7 @@ class StatorTransport(Transport):
     def _expire(self, now: float) -> None:
         idle_max = self._conf.connectionTimeout
         for conn in list(self._links.values()):
-            if now - conn.last_recv > idle_max:
+            if now - conn.last_frame > idle_max:
                 self._close(conn, "timeout")
         for conn in [*self._dialing.values(), *self._incoming]:
             if now - conn.started > HANDSHAKE_TIMEOUT_S:
@@ -478,7 +490,7 @@ class StatorTransport(Transport):
                 self._unreachable(conn.peer, f"tls: {detail}")
             self._refuse(conn, Reason.TLS, str(detail))
             return
-        conn.last_recv = time.monotonic()
+        conn.last_frame = time.monotonic()
         if conn.outgoing:
             self._send_hello(conn)
         else:
@@ -527,7 +539,6 @@ class StatorTransport(Transport):
                 break
             budget -= got
             self.bytes_received += got
-            conn.last_recv = time.monotonic()
             conn.reader.feed(self._scratch_view[:got])
             dispatched |= self._frames(conn)
             if conn.state == _State.CLOSED or (got < RECV_CHUNK_BYTES and not _tls_pending(conn.sock)):
@@ -547,6 +558,7 @@ class StatorTransport(Transport):
                 if body is None:
                     break
                 self.frames_received += 1
+                conn.last_frame = time.monotonic()
                 if conn.state == _State.OPEN:
                     dispatched |= self._on_messages(conn, body)
                 elif conn.state == _State.HELLO:
@@ -658,7 +670,7 @@ class StatorTransport(Transport):
         if self._dialing.get(node) is conn:
             del self._dialing[node]
         conn.state = _State.OPEN
-        conn.last_recv = time.monotonic()
+        conn.last_frame = time.monotonic()
         self._links[node] = conn
         self._log.info("raft_peer_connected", peer=node.address, outgoing=conn.outgoing)
         self._onNodeConnected(node)

@@ -59,7 +59,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 
 MAGIC = b"STATOR-RAFT"
-WIRE_VERSION = 1
+# 2: pre-votes (meta/raft_prevote.py). A node of version 1 never answers one, and one of version 2 never campaigns
+# without a majority of answers: the two must refuse each other by name rather than never elect.
+WIRE_VERSION = 2
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 # Until the peer proved it knows the secret, no frame may be larger than a handshake needs (a HELLO is <= 302
 # bytes, an AUTH <= 272): 32 half-open connections must not make the node buffer 32 x 64 MiB.

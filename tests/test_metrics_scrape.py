@@ -70,6 +70,12 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
             assert value(s, "stator_meta_journal_syncs_slow_total") >= 0
             for kind in ("trimmed", "repeat"):   # exported on every node (counted in tests/test_raft_repeated_appends)
                 assert value(s, "stator_meta_raft_held_entries_appends_total", kind=kind) >= 0
+            # A first election of a healthy cluster: pre-votes asked (a round won at least by the leader), none refused
+            # in lease, no newer term heard
+            for kind in ("rounds", "granted", "refused"):
+                assert value(s, "stator_meta_raft_pre_votes_total", kind=kind) >= 0
+            assert value(s, "stator_meta_raft_pre_votes_total", kind="won") >= (1 if node == leader else 0)
+            assert value(s, "stator_meta_raft_pre_votes_total", kind="terms_adopted") == 0
             lags = s.get("stator_meta_follower_lag_entries", [])
             if node == leader:
                 assert value(s, "stator_meta_raft_role_changes_total", role="leader") == 1

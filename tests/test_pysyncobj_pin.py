@@ -24,9 +24,10 @@ from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name pysyncobj's private attributes
 # 24 once the journal and transport were Stator's (25 before); membership changes (meta/raft_roles.py, shim.set_members)
-# need four more: pysyncobj's voters, read-only nodes, connected nodes and last response times. A new one needs a
-# reason as good.
-PRIVATE_NAMES_MAX = 28
+# need four more: pysyncobj's voters, read-only nodes, connected nodes and last response times; pre-votes
+# (meta/raft_prevote.py) two: whether the leader asked for this campaign (a transfer), and the leader known, cleared
+# when a newer term is heard. A new one needs a reason as good.
+PRIVATE_NAMES_MAX = 30
 
 
 def test_sync_obj_creates_its_journal_through_the_module_level_name_the_shim_swaps():

@@ -3,6 +3,7 @@ three-node pysyncobj cluster in this process over real sockets on 127.0.0.1, att
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -21,6 +22,8 @@ from meta.raft_wire import Kind, Reason, WireError
 from ops.devcluster import free_base_port
 from tests.support.raft_counter_cluster import (LINK, SECRET, WAIT_S, Cluster, Counter, agree, apply_all, running_cluster,
                                                wait_until)
+
+OTHER_VERSION = wire.WIRE_VERSION + 1   # a version this build does not speak
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +137,9 @@ def test_handshake_refuses_other_versions_and_garbage_by_name():
     hello = wire.parse_handshake(wire.encode_hello(nonce, "127.0.0.1:7001"))
     assert hello == wire.Hello(wire.WIRE_VERSION, nonce, "127.0.0.1:7001")
     with pytest.raises(WireError) as refused:
-        wire.parse_handshake(wire.encode_hello(nonce, "127.0.0.1:7001", version=2))
-    assert refused.value.reason == Reason.WIRE_VERSION and refused.value.fields["peer_version"] == 2
-    assert "speaks raft wire version 2, this node 1" in str(refused.value)
+        wire.parse_handshake(wire.encode_hello(nonce, "127.0.0.1:7001", version=OTHER_VERSION))
+    assert refused.value.reason == Reason.WIRE_VERSION and refused.value.fields["peer_version"] == OTHER_VERSION
+    assert f"speaks raft wire version {OTHER_VERSION}, this node {wire.WIRE_VERSION}" in str(refused.value)
     for garbage in (b"", b"GET / HTTP/1.1\r\n", os.urandom(200), b"STATOR-RAF" + bytes(40)):
         with pytest.raises(WireError) as refused:
             wire.parse_handshake(garbage)
@@ -151,7 +154,7 @@ def test_handshake_refuses_other_versions_and_garbage_by_name():
     # A REFUSE of any version parses: the refused side can name the refuser's version.
     future_refusal = struct.pack("<11sHB", wire.MAGIC, 9, Kind.REFUSE) + bytes([12]) + b"wire_version"
     assert wire.parse_handshake(future_refusal) == wire.Refusal(9, "wire_version")
-    assert wire.parse_handshake(wire.encode_refusal("unknown_node")) == wire.Refusal(1, "unknown_node")
+    assert wire.parse_handshake(wire.encode_refusal("unknown_node")) == wire.Refusal(wire.WIRE_VERSION, "unknown_node")
 
 
 def test_frame_reader_reassembles_and_refuses_oversized_lengths():
@@ -340,14 +343,14 @@ def test_hostile_peers_are_refused_logged_once_and_the_cluster_keeps_committing(
             peer = RawPeer(target)
             session = peer.hello(claim, wrong)
             peer.send(b"".join(session.seal(Kind.AUTH, claim.encode())))
-            assert wire.parse_handshake(peer.frame()) == wire.Refusal(1, Reason.AUTH_FAILED)
+            assert wire.parse_handshake(peer.frame()) == wire.Refusal(wire.WIRE_VERSION, Reason.AUTH_FAILED)
             assert peer.closed_by_node()
             peer.close()
 
             # (c) a HELLO of another wire version: refused by name, with the node's own version
             peer = RawPeer(target)
-            peer.send(wire.frame(wire.encode_hello(os.urandom(32), claim, version=2)))
-            assert wire.parse_handshake(peer.frame()) == wire.Refusal(1, Reason.WIRE_VERSION)
+            peer.send(wire.frame(wire.encode_hello(os.urandom(32), claim, version=OTHER_VERSION)))
+            assert wire.parse_handshake(peer.frame()) == wire.Refusal(wire.WIRE_VERSION, Reason.WIRE_VERSION)
             assert peer.closed_by_node()
             peer.close()
 
@@ -357,7 +360,7 @@ def test_hostile_peers_are_refused_logged_once_and_the_cluster_keeps_committing(
                                            (claim, target, Reason.WRONG_DIRECTION)):
                 peer = RawPeer(node)
                 peer.send(wire.frame(wire.encode_hello(os.urandom(32), stranger)))
-                assert wire.parse_handshake(peer.frame()) == wire.Refusal(1, reason)
+                assert wire.parse_handshake(peer.frame()) == wire.Refusal(wire.WIRE_VERSION, reason)
                 assert peer.closed_by_node()
                 peer.close()
             keeps_committing()
@@ -377,7 +380,7 @@ def test_hostile_peers_are_refused_logged_once_and_the_cluster_keeps_committing(
             replay = RawPeer(target)
             replay.send(b"".join(captured))      # HELLO, AUTH, MESSAGES of the first connection, in one segment
             assert wire.parse_handshake(replay.frame()).address == target   # the node's fresh HELLO
-            assert wire.parse_handshake(replay.frame()) == wire.Refusal(1, Reason.AUTH_FAILED)
+            assert wire.parse_handshake(replay.frame()) == wire.Refusal(wire.WIRE_VERSION, Reason.AUTH_FAILED)
             assert replay.closed_by_node()
             replay.close()
             keeps_committing()
@@ -409,7 +412,7 @@ def test_hostile_peers_are_refused_logged_once_and_the_cluster_keeps_committing(
     assert {Reason.BAD_MAGIC, Reason.FRAME_TOO_LARGE, Reason.AUTH_FAILED, Reason.WIRE_VERSION, Reason.UNKNOWN_NODE,
             Reason.TOO_MANY_UNAUTHENTICATED, Reason.HANDSHAKE_TIMEOUT} <= {r for _, r in lines}
     version_lines = [e for e in logs if e["event"] == "raft_peer_refused" and e["reason"] == Reason.WIRE_VERSION]
-    assert "speaks raft wire version 2, this node 1" in version_lines[0]["detail"]
+    assert f"speaks raft wire version {OTHER_VERSION}, this node {wire.WIRE_VERSION}" in version_lines[0]["detail"]
     agree(cluster)
     wait_until(lambda: all(n.isNodeConnected(o) for n in cluster.nodes for o in n.otherNodes), what="every link up")
 
@@ -456,7 +459,8 @@ def test_the_dialing_node_names_the_peers_wire_version():
             while (hello := reader.next()) is None:
                 reader.feed(conn.recv(4096))
             assert wire.parse_handshake(hello).address == me
-            conn.sendall(wire.frame(struct.pack("<11sHB", wire.MAGIC, 2, Kind.REFUSE) + b"\x0cwire_version"))
+            conn.sendall(wire.frame(struct.pack("<11sHB", wire.MAGIC, OTHER_VERSION, Kind.REFUSE)
+                                    + b"\x0cwire_version"))
             wait_until(lambda: node.transport.refused.get(Reason.WIRE_VERSION), what="the refusal counted")
             conn.close()
         finally:
@@ -464,7 +468,7 @@ def test_the_dialing_node_names_the_peers_wire_version():
             server.close()
     lines = [e for e in logs if e["event"] == "raft_peer_refused" and e["reason"] == Reason.WIRE_VERSION]
     assert len(lines) == 1
-    assert lines[0]["detail"] == f"peer {peer} speaks raft wire version 2, this node 1"
+    assert lines[0]["detail"] == f"peer {peer} speaks raft wire version {OTHER_VERSION}, this node {wire.WIRE_VERSION}"
 
 
 def test_the_dialing_side_completes_a_handshake_and_closes_a_silent_link():
@@ -494,6 +498,43 @@ def test_the_dialing_side_completes_a_handshake_and_closes_a_silent_link():
         assert raw.closed_by_node(timeout=5)
         assert 0.9 < time.monotonic() - went_silent < 3
         wait_until(lambda: not node.isNodeConnected(partner), what="the link down")
+        conn.close()
+    finally:
+        node.destroy_synchronous()
+        server.close()
+
+
+def test_a_link_whose_frame_never_completes_is_closed_though_bytes_keep_coming():
+    """A length prefix damaged in flight (found by the simulator: a flipped bit turned 80 bytes into 1,048,656) makes
+    the reader wait for a frame that never completes while later frames' bytes keep arriving: the node closes the link
+    after conf.connectionTimeout without a whole frame, as it closes a silent one."""
+    base = free_base_port()
+    peer, me = f"127.0.0.1:{base + 1}", f"127.0.0.1:{base + 2}"
+    server = socket.create_server(("127.0.0.1", base + 1))
+    server.settimeout(5)
+    node = Counter(me, [peer], connectionTimeout=1.0)
+    try:
+        conn, _ = server.accept()
+        raw = RawPeer.__new__(RawPeer)
+        raw.sock, raw.reader, raw.sent = conn, wire.FrameReader(), []
+        client_hello = raw.frame()
+        server_hello = wire.encode_hello(os.urandom(32), peer)
+        raw.send(wire.frame(server_hello))
+        session = wire.Session(LINK.master_key, client_hello, server_hello, is_client=False)
+        assert session.open(raw.frame()) == (Kind.AUTH, me.encode())
+        raw.send(b"".join(session.seal(Kind.AUTH, peer.encode())))
+        partner = next(iter(node.otherNodes))
+        wait_until(lambda: node.isNodeConnected(partner), what="the link up")
+        raw.send(struct.pack("<I", 1_048_656))       # a frame announced, never finished
+        last_frame = time.monotonic()
+        trickled = 0
+        while node.isNodeConnected(partner) and time.monotonic() - last_frame < 5:
+            with contextlib.suppress(OSError):
+                raw.send(b"\0" * 64)                  # bytes keep coming: a byte-based idle timeout never fires
+                trickled += 64
+            time.sleep(0.05)
+        assert not node.isNodeConnected(partner), f"the link stayed up after {trickled} bytes of an unfinished frame"
+        assert 0.9 < time.monotonic() - last_frame < 3
         conn.close()
     finally:
         node.destroy_synchronous()

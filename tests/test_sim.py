@@ -106,9 +106,10 @@ def _plant(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, old: str, 
 _MISSING = object()
 
 
-def _caught(checks: set[str] | None = None, kinds: tuple[str, ...] = KINDS) -> tuple[int, list[str]]:
-    """The first seed (1..MUTANT_SEEDS_MAX) whose schedule reports a violation (of ``checks``, if given)."""
-    for seed in range(1, MUTANT_SEEDS_MAX + 1):
+def _caught(checks: set[str] | None = None, kinds: tuple[str, ...] = KINDS,
+            seeds: int = MUTANT_SEEDS_MAX) -> tuple[int, list[str]]:
+    """The first seed (1..``seeds``) whose schedule reports a violation (of ``checks``, if given)."""
+    for seed in range(1, seeds + 1):
         found = {v["check"] for v in run_schedule(seed, kinds=kinds)["violations"]}
         wanted = found & checks if checks is not None else found - {"journal_counters"}
         if wanted:
@@ -148,8 +149,11 @@ def test_a_wiped_node_that_votes_with_an_empty_log_is_caught(monkeypatch):
     # soon as it heard from every peer, whatever their logs; a stale node can then lead without acknowledged writes
     _plant(monkeypatch, roles.Roles, "decide", "voter = all(p is not None and p[1] for p in heard)",
            "voter = all(p is not None for p in heard)")
-    seed, checks = _caught(kinds=("rejoin_leader_loss",))
-    assert seed, f"wiped_node_votes_with_an_empty_log not caught in {MUTANT_SEEDS_MAX} seeds"
+    # Since pre-votes (meta/raft_prevote.py) the stale node's return no longer unseats the leader: the wiped node
+    # votes wrongly only if the leader goes before its first entry arrives. Seed 4 catches it under each of 17 hash
+    # seeds tried, seed 5 too: two more seeds than the others get, for a margin.
+    seed, checks = _caught(kinds=("rejoin_leader_loss",), seeds=MUTANT_SEEDS_MAX + 2)
+    assert seed, f"wiped_node_votes_with_an_empty_log not caught in {MUTANT_SEEDS_MAX + 2} seeds"
 
 
 def test_the_committed_log_applies_to_the_same_image_under_other_hash_seeds():

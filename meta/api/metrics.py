@@ -124,6 +124,14 @@ class NodeStateCollector:
         kept.add_metric(["repeat"], held.repeats)
         kept.add_metric(["snapshot_commit_held"], held.snapshot_commits_held)
         yield kept
+        pre = svc.log.pre_vote_counts()
+        pre_votes = CounterMetricFamily("stator_meta_raft_pre_votes", "Pre-votes (meta/raft_prevote.py): rounds this "
+                                        "node asked for and won, pre-votes it granted and refused, vote requests it "
+                                        "refused while in lease, newer terms it heard from a term notice",
+                                        labels=["kind"])
+        for kind in ("rounds", "won", "granted", "refused", "votes_refused_in_lease", "terms_adopted"):
+            pre_votes.add_metric([kind], getattr(pre, kind))
+        yield pre_votes
         yield from self._image_gauges()
         cached = GaugeMetricFamily("stator_meta_route_cache_bytes", "Routes kept rendered, by form", labels=["form"])
         for form, nbytes in svc.reads.route_cache_bytes().items():

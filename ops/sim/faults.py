@@ -19,7 +19,8 @@ from typing import Any
 # only while every node is up and votes (a wiped node that has not caught up yet is a learner), as the chaos
 # runner's nemesis waits, so that no wipe takes the last copy of an acknowledged entry.
 # rejoin_leader_loss (ops/chaos/nemesis.py's): a follower is cut off until stale (STALE_FOR_S), the other follower's
-# disk is wiped and it starts empty, then the leader is cut off from both for the fault's duration: the wiped node
+# disk is wiped and it starts empty, then the leader is cut off from both for the fault's duration as the stale
+# follower comes back (back before, it would catch up from the leader at once, stale no more): the wiped node
 # must not vote the stale one into a leadership that misses acknowledged writes.
 # corrupt: one bit flipped in the next bytes from one node to another (the link's AEAD refuses the frame; the
 # transport closes the connection and dials again).
@@ -28,6 +29,8 @@ KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "paus
 POWER_QUORUM_ISOLATION_EXTRA_S = 3.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
 STALE_FOR_S = 1.5
 LEADER_LOST_AFTER_MAX_S = 1.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
+AIMED_LEADER_LOSS_P = 0.75     # rejoin_leader_loss: how often the leader goes at the wiped node's riskiest moment
+AIM_POLL_S = 0.005              # how often an aimed loss looks at the wiped node
 FAULTS_START_S = 1.5
 WINDOW_GAP_MIN_S = 0.3
 WINDOW_GAP_MAX_S = 2.0

@@ -32,7 +32,8 @@ from meta.backup import image_digest
 
 from . import apply_hash, checks
 from .clock import NodeClocks, VirtualLoop, patched
-from .faults import KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S, STALE_FOR_S, Fault, plan
+from .faults import (AIM_POLL_S, AIMED_LEADER_LOSS_P, KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S,
+                     STALE_FOR_S, Fault, plan)
 from .net import SimNet, SimPoller
 from .node import DrivenApplier, SimMetaNode
 from .disk import SimJournalIO
@@ -230,16 +231,33 @@ class Sim:
         def rejoin() -> None:
             if self.healed:
                 return
-            self._cut(cut_stale, -1)
             node = self.nodes[wiped]
             node.wipe()
             if not node.halted:
                 node.boot()
-            self.loop.call_at(self.loop.time() + self.rng.uniform(0, LEADER_LOST_AFTER_MAX_S), lose_leader)
+            if self.rng.random() < AIMED_LEADER_LOSS_P:
+                lose_leader_once_heard(self.loop.time() + LEADER_LOST_AFTER_MAX_S)
+            else:
+                self.loop.call_at(self.loop.time() + self.rng.uniform(0, LEADER_LOST_AFTER_MAX_S), lose_leader)
+
+        def lose_leader_once_heard(deadline: float) -> None:
+            # Aimed: the leader goes as soon as the wiped node has heard it and holds no entry yet, the only moment
+            # its vote could be wrong (from its first entry on, its log names the membership). Left to chance, the
+            # loss came after that moment in almost every run: the wiped node catches up within a tick or two.
+            node = self.nodes[wiped]
+            so = node.so if node.up else None
+            if self.loop.time() >= deadline or (so is not None and so.roles.heard_from(leader)
+                                                and so.roles.log_is_empty()):
+                lose_leader()
+            else:
+                self.loop.call_at(self.loop.time() + AIM_POLL_S, lose_leader_once_heard, deadline)
 
         def lose_leader() -> None:
+            # The stale node comes back as the leader goes (the nemesis's order): back before, it caught up from the
+            # leader within milliseconds and was stale no more. Healed first: the leader's links to it stay cut.
             if self.healed:
                 return
+            self._cut(cut_stale, -1)
             self._cut(cut_leader, +1)
             self.loop.call_at(self.loop.time() + f.duration, lambda: None if self.healed else self._cut(cut_leader, -1))
 
