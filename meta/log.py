@@ -19,6 +19,7 @@ from . import pysyncobj_shim as shim
 from .image import Image
 from .raft_node import MetaSyncObj, RaftNode
 from .raft_prevote import PreVoteCounts
+from .raft_read_index import ReadIndexCounts
 
 T = TypeVar("T")
 
@@ -55,6 +56,11 @@ class Log:
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
         """The command's outcome once this node applied it (meta/raft_node.py RaftNode.propose)."""
         return await self._raft.propose(cmd, rid, actor, timeout_s)
+
+    async def read_index(self, timeout_s: float) -> None:
+        """Once this node's image holds every write acknowledged before the call; nothing is appended
+        (meta/raft_node.py RaftNode.read_index)."""
+        await self._raft.read_index(timeout_s)
 
     # -- the applied image -------------------------------------------------------------------------------------
     @property
@@ -129,6 +135,9 @@ class Log:
 
     def pre_vote_counts(self) -> PreVoteCounts:
         return self._node.pre_vote_counts()
+
+    def read_index_counts(self) -> ReadIndexCounts:
+        return self._node.read_index_counts()
 
     @property
     def proposal_failures(self) -> collections.Counter[str]:

@@ -132,6 +132,12 @@ def adopt_term(so: SyncObj, term: int) -> None:
     so._SyncObj__raftLeader = None
 
 
+def committed_term(so: SyncObj) -> int | None:
+    """The term of the entry at the commit index (None when the log no longer holds it)."""
+    entry = log_entry(so, so.raftCommitIndex)
+    return entry[2] if entry else None
+
+
 def election_timeout_min_s(so: SyncObj) -> float:
     return so._SyncObj__conf.raftMinTimeout
 

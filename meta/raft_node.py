@@ -48,6 +48,7 @@ from .raft_group_commit import GroupCommit
 from .raft_journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .raft_journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
 from .raft_prevote import PreVote, PreVoteCounts
+from .raft_read_index import ReadIndex, ReadIndexCounts
 from .raft_proposals import Proposals, batch_callback
 from .raft_membership import from_image as members_of_image
 from .raft_roles import Roles
@@ -171,6 +172,7 @@ class _LocalState:
     stamp: Callable[[], dict[str, Any]] | None = None
     roles: Roles | None = None    # voter or learner, and the leader's membership changes (meta/raft_roles.py)
     prevote: PreVote | None = None   # no campaign without a majority's pre-vote (meta/raft_prevote.py)
+    read_index: ReadIndex | None = None   # linearizable reads without a log entry (meta/raft_read_index.py)
 
 
 class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
@@ -243,11 +245,12 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             super().__init__(self_raft, partners, conf,
                              transportClass=functools.partial(StatorTransport, link or RaftLink(secret=secret)))
         # A repeated append must not take back entries; keepalives, learners' progress, (to a learner) vote
-        # requests, pre-votes and vote requests in lease are ours to handle.
+        # requests, pre-votes, vote requests in lease and the read index's messages are ours to handle.
         roles = self._local.roles
         prevote = self._local.prevote = PreVote(self, self_raft, lambda: roles.voter)
+        reads = self._local.read_index = ReadIndex(self, self._applier.submit_call, self.wake)
         self._local.held = shim.keep_matching_entries(self, lambda node, m: roles.admit(node, m)
-                                                      and prevote.admit(node, m))
+                                                      and prevote.admit(node, m) and reads.admit(node, m))
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
         self._local.journal = GroupCommit(shim.journal_of(self), tuning.journal_sync == "fsync")
@@ -390,6 +393,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         self._local.prevote.tick()   # a pre-vote first, where pysyncobj would campaign
         super()._onTick(timeToWait)
+        self._local.read_index.tick()   # after pysyncobj's: the entries it committed are handed over
         # The tick ends in a poll that handled what arrived: its answers leave now, not a tick later.
         self._local.transport.flush()
         if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:
@@ -614,6 +618,14 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         """How often an append message repeated entries this node held (kept, where pysyncobj deleted them)."""
         return self._local.held
 
+    def read_index(self, done: Callable[[int | None, str | None], None], timeout_s: float) -> None:
+        """Any thread: ``done(index, None)`` once a linearizable read may be served from this node's image, or
+        ``done(None, code)`` (meta/raft_read_index.py)."""
+        self._local.read_index.request(done, timeout_s)
+
+    def read_index_counts(self) -> ReadIndexCounts:
+        return self._local.read_index.counts
+
     def pre_vote_counts(self) -> PreVoteCounts:
         """Pre-votes asked and won, granted and refused, vote requests refused in lease (meta/raft_prevote.py)."""
         return self._local.prevote.counts
@@ -684,6 +696,25 @@ class RaftNode:
             raise ProposeFailed(f"the log's command queue is full ({self.sync.commands_queue_max} commands); retry",
                                 code="OVERLOADED")
         raise ProposeFailed("no leader could take the command", {"reason": int(err)}, code="NO_LEADER")
+
+
+    async def read_index(self, timeout_s: float) -> None:
+        """Returns once this node's image holds every write the cluster acknowledged before the call (a
+        linearizable read may then be served from it), appending nothing to the log (meta/raft_read_index.py).
+        ProposeFailed with the reason when it cannot say so now (no leader, leadership changed, too many reads
+        waiting): the caller may ask again."""
+        fut: asyncio.Future = self.loop.create_future()
+
+        def done(index: int | None, code: str | None) -> None:   # the tick or the apply thread
+            self.sync.bridge.post(_resolve, fut, index, code)
+
+        self.sync.read_index(done, timeout_s)
+        try:
+            _index, code = await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            raise ProposeFailed("no leader confirmed the read in time", code="NO_LEADER") from None
+        if code is not None:
+            raise ProposeFailed(f"the read index could not be had: {code}", code=code)
 
 
 _FAILURE_CODES = {**{e: "LEADER_CHANGED" for e in MAYBE_APPLIED}, FAIL_REASON.QUEUE_FULL: "OVERLOADED"}

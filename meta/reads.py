@@ -1,7 +1,7 @@
 """Reads of a meta node: the applied image under its lock, rendered routes, and the waits a read may ask for.
 
 ``min_version`` waits (bounded, and counted against VERSION_WAITERS_MAX) until this node applied V;
-``consistency=linearizable`` first passes a barrier through the log. Everything is served from this node's image.
+``consistency=linearizable`` first waits for the read index (meta/raft_read_index.py): no log entry. Everything is served from this node's image.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from wire import json_body
-from wire.errors import ApiError, invalid, rejection
+from wire.errors import invalid, rejection
 from wire.params import nonneg_int, seconds
 
 from . import limits, views
@@ -25,7 +25,7 @@ from .raft_node import ProposeFailed
 from .route_cache import RouteCache
 
 T = TypeVar("T")
-BARRIER_RETRY_S = 0.05
+READ_INDEX_RETRY_S = 0.05
 
 
 class ReadFacade:
@@ -130,7 +130,7 @@ class ReadFacade:
     async def before_read(self, query: Mapping[str, str]) -> None:
         wait_s = seconds(query.get("wait"), "wait", limits.READ_WAIT_S_DEFAULT, limits.READ_WAIT_S_MAX)
         if query.get("consistency") == "linearizable":
-            await self.barrier(wait_s)
+            await self.linearizable(wait_s)
         elif query.get("consistency") not in (None, "", "serializable"):
             raise invalid("consistency must be 'linearizable' or 'serializable'")
         if query.get("min_version") is not None:
@@ -145,22 +145,22 @@ class ReadFacade:
                     raise rejection(503, "VERSION_NOT_REACHED", f"this node has applied {self.applied_version}, "
                                     f"not {v}, within {wait_s} s", applied_version=self.applied_version, min_version=v)
 
-    async def barrier(self, timeout_s: float) -> None:
-        # A no-op command through the log: once it is applied here, every write acknowledged before the read is too.
-        # A follower submits it through pysyncobj's own forwarding; the callback fires when this node applies it.
+    async def linearizable(self, timeout_s: float) -> None:
+        """Returns once this node's image holds every write acknowledged before the call, through the read index
+        (meta/raft_read_index.py: the leader confirms it still leads, nothing is appended to the log); 503
+        NO_LEADER when no leader confirmed it within ``timeout_s`` (a new leader's first entry not yet committed,
+        an election, a partition: each is asked again until then)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                await self.log.propose({"type": "Barrier"}, None, "system", max(0.1, deadline - time.monotonic()))
+                await self.log.read_index(max(0.1, deadline - time.monotonic()))
                 return
-            except ApiError as e:
-                # A barrier changes nothing, so a timed-out one has no outcome to learn: for the reader it means only
-                # that no leader confirmed the read in time (a cut-off leader holds the entry until a leader exists).
-                if not isinstance(e, ProposeFailed) and e.code != "UNKNOWN_OUTCOME":
+            except ProposeFailed as e:
+                if e.code == "OVERLOADED":
                     raise
                 if time.monotonic() > deadline:
                     raise rejection(503, "NO_LEADER", "no leader to confirm a linearizable read") from None
-                await asyncio.sleep(BARRIER_RETRY_S)
+                await asyncio.sleep(READ_INDEX_RETRY_S)
 
     def follows_log(self) -> bool:
         """Whether this node follows a leader closely enough to serve watch streams (see api/watch.py)."""

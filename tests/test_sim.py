@@ -24,6 +24,7 @@ import meta.deciders.groups as groups
 import meta.deciders.lookups as lookups
 import meta.deciders.topics as topics
 import meta.raft_group_commit as group_commit
+import meta.raft_read_index as raft_read_index
 import meta.raft_roles as roles
 from ops.sim import clock
 from ops.sim.faults import KINDS, plan
@@ -35,9 +36,9 @@ BATCH_SEEDS = 16              # seeds of the default 10 s schedule, on 2 worker 
 BATCH_TIMEOUT_S = 120
 MUTANT_SEEDS_MAX = 4          # a planted bug must be reported within this many seeds
 # Modules the simulator runs for real, and the clocks and randomness each may reach only through PATCHES.
-SIMULATED = ["meta.raft_node", "meta.raft_transport", "meta.raft_roles", "meta.raft_group_commit",
-             "meta.pysyncobj_shim", "meta.raft_applier", "meta.raft_proposals", "meta.raft_entry",
-             "meta.raft_membership", "meta.raft_wire", "meta.raft_journal", "meta.state_machine"]
+SIMULATED = ["meta.raft_node", "meta.raft_transport", "meta.raft_roles", "meta.raft_prevote", "meta.raft_read_index",
+             "meta.raft_group_commit", "meta.pysyncobj_shim", "meta.raft_applier", "meta.raft_proposals",
+             "meta.raft_entry", "meta.raft_membership", "meta.raft_wire", "meta.raft_journal", "meta.state_machine"]
 NOT_ON_THE_SIMULATED_PATH = {("meta.raft_journal", "time")}   # OsJournalIO.remove_dead; the simulator's IO has none
 
 
@@ -154,6 +155,16 @@ def test_a_wiped_node_that_votes_with_an_empty_log_is_caught(monkeypatch):
     # seeds tried, seed 5 too: two more seeds than the others get, for a margin.
     seed, checks = _caught(kinds=("rejoin_leader_loss",), seeds=MUTANT_SEEDS_MAX + 2)
     assert seed, f"wiped_node_votes_with_an_empty_log not caught in {MUTANT_SEEDS_MAX + 2} seeds"
+
+
+def test_a_leader_that_serves_reads_without_confirming_it_leads_is_caught(monkeypatch):
+    # meta/raft_read_index.py without its probe: the leader answers a read index from its commit index at once. Cut
+    # off, a deposed leader then serves reads that miss what the new leader acknowledged (stale reads: the register
+    # history is not linearizable). Seeds 1 and 2 catch it with isolations alone under each of 11 hash seeds tried.
+    _plant(monkeypatch, raft_read_index.ReadIndex, "_lead", "        self._leading.unprobed.append(reply)",
+           "        reply(so.raftCommitIndex)")
+    seed, checks = _caught({"cas_register"}, kinds=("isolate",))
+    assert seed, f"reads served without a leadership check not caught in {MUTANT_SEEDS_MAX} seeds"
 
 
 def test_the_committed_log_applies_to_the_same_image_under_other_hash_seeds():

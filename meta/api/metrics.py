@@ -132,6 +132,14 @@ class NodeStateCollector:
         for kind in ("rounds", "won", "granted", "refused", "votes_refused_in_lease", "terms_adopted"):
             pre_votes.add_metric([kind], getattr(pre, kind))
         yield pre_votes
+        reads = svc.log.read_index_counts()
+        read_index = CounterMetricFamily("stator_meta_raft_read_index", "Linearizable reads by read index "
+                                         "(meta/raft_read_index.py): served here, probes sent as leader, read "
+                                         "indexes answered for followers, reads refused (then asked again)",
+                                         labels=["kind"])
+        for kind in ("served", "probes", "answered", "refused"):
+            read_index.add_metric([kind], getattr(reads, kind))
+        yield read_index
         yield from self._image_gauges()
         cached = GaugeMetricFamily("stator_meta_route_cache_bytes", "Routes kept rendered, by form", labels=["form"])
         for form, nbytes in svc.reads.route_cache_bytes().items():

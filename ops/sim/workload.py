@@ -1,8 +1,9 @@
-"""The workload of a schedule: compare-and-set on one topic's config, and reads behind a barrier.
+"""The workload of a schedule: compare-and-set on one topic's config, and linearizable reads by read index.
 
 Setup (retried until it takes, bounded by SETUP_S): three brokers and the topic CAS_TOPIC. Then CLIENTS processes,
-each one operation at a time on a node it draws: "read" proposes a Barrier on that node and reads the node's image
-once the barrier applied there (the config value and the topic's version); "cas" writes a new unique value with
+each one operation at a time on a node it draws: "read" waits for that node's read index (meta/raft_read_index.py,
+what ``consistency=linearizable`` waits for) and then reads the node's image (the config value and the topic's
+version); "cas" writes a new unique value with
 ``expected_version`` the version its last read saw. Outcomes as ops/chaos/history.py: ok, fail (a refusal, or a
 proposal the log says was certainly not applied), unknown (a timeout, a change of leader, a node that crashed).
 """
@@ -57,6 +58,16 @@ class Workload:
         status = (r.get("error") or {}).get("status", 500)
         return (FAIL if 400 <= status < 500 else UNKNOWN), r
 
+    async def _read_index(self, node: Any) -> str:
+        """OK once ``node``'s image holds every write acknowledged before the call (the read index, as a
+        linearizable read over HTTP waits: meta/raft_read_index.py), else UNKNOWN (a read changes nothing)."""
+        incarnation = node.incarnation
+        try:
+            await node.raft.read_index(OP_TIMEOUT_S)
+        except ApiError:
+            return UNKNOWN
+        return OK if node.incarnation == incarnation and node.up else UNKNOWN
+
     async def setup(self) -> None:
         loop = self.sim.loop
         deadline = loop.time() + SETUP_S
@@ -86,7 +97,7 @@ class Workload:
             if version is None or rng.random() < 0.5:
                 op = Op(process, "read", {"node": node.name}, loop.time())
                 self.ops.append(op)
-                outcome, r = await self._propose(node, {"type": "Barrier"}, None)
+                outcome = await self._read_index(node)
                 if outcome == OK:
                     t = node.so.current_image().topic(CAS_TOPIC) if node.so is not None else None
                     if t is None:
