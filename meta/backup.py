@@ -22,11 +22,11 @@ import os
 import time
 from typing import Any
 
-from . import pysyncobj_shim as shim
-from . import snapshot_file
+from .raft import pysyncobj_shim as shim
+from .raft import snapshot_file
 from .image import Image
-from .raft_journal import journal_exists
-from .raft_node import SNAPSHOT_FILE
+from .raft.journal import journal_exists
+from .raft.node import SNAPSHOT_FILE
 
 FORMAT = "stator-backup"
 FORMAT_VERSION = 1
@@ -117,7 +117,7 @@ def restore(path: str, data_dir: str, node: str, projection_url: str | None = No
         raise BackupError(f"{data_dir} is not empty: restore seeds a new node only (move the old data away first)")
     os.makedirs(data_dir, exist_ok=True)
     last, previous = shim.seed_entries()
-    # A restored cluster is a new one: its nodes bootstrap their own membership (meta/raft_membership.py) with the
+    # A restored cluster is a new one: its nodes bootstrap their own membership (meta/raft/membership.py) with the
     # disks they have, not the voters of the cluster the backup was taken from.
     image["members"] = []
     projection = SqlProjection(projection_url or f"sqlite:///{os.path.join(data_dir, 'projection.db')}")

@@ -1,7 +1,7 @@
 """Wakes asyncio waiters when applied versions advance, and remembers recently changed topics in version order.
 
-Published from the event loop only (the Raft tick thread hops here through raft_node.LoopBridge). Waiters are kept per
-key: a change costs one wake-up per interested waiter, never a scan of all waiters. Keys: a topic name, TOPICS (any
+Published from the event loop only (the Raft tick thread hops here through meta/raft/node.py's LoopBridge). Waiters
+are kept per key: a change costs one wake-up per interested waiter, never a scan of all waiters. Keys: a topic name, TOPICS (any
 topic changed: all-topic watch streams) and ANY (any applied version: ``min_version`` reads, the projection).
 
 The change log (``changed_since``) lets an all-topic watch stream look only at the topics that changed since it last

@@ -20,7 +20,7 @@ from runtime.credentials import BROKER_TOKENS_MAX, check_hash, token_hash
 from runtime.server import role_of
 
 from . import limits
-from .raft_node import RaftTuning
+from .raft.node import RaftTuning
 
 __all__ = ["ConfigError", "MetaConfig", "Member", "Tokens", "load", "parse"]
 

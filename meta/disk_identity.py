@@ -1,7 +1,7 @@
 """A meta node's data directory has an identity: a random id written once, when the directory is first used.
 
 Raft assumes a voter never forgets what it acknowledged or whom it voted for. A disk that was wiped or replaced
-forgets both, so the cluster's membership (in the log, ``meta/raft_membership.py``) records each voter's disk id,
+forgets both, so the cluster's membership (in the log, ``meta/raft/membership.py``) records each voter's disk id,
 and a node whose disk id is not the recorded one is a learner until the log says otherwise (KRaft's directory
 ids, KIP-853). The file is written whole and synced (temp file, fsync, rename, directory fsync) before the node
 touches its journal: a directory that lost it gets a new id, which is always safe (a learner catches up first).

@@ -20,7 +20,7 @@ from wire.errors import ApiError, rejection
 from . import limits
 from .config import MetaConfig
 from .log import Log
-from .raft_node import ProposeFailed
+from .raft.node import ProposeFailed
 
 RETRY_PAUSE_S = 0.05
 LEADER_POLL_S = 0.02
@@ -52,7 +52,7 @@ class LeaderForwarder:
 
     def leader_url(self) -> str | None:
         address = self.log.leader_address()
-        # A member added through the log (meta/raft_roles.py) is in no config: its URL is the membership's.
+        # A member added through the log (meta/raft/roles.py) is in no config: its URL is the membership's.
         return self.log.member_url(address) if address is not None else None
 
     async def to_leader(self, on_leader: Callable[[float], Awaitable[Answer]],

@@ -134,7 +134,7 @@ class GroupSessions:
 
     async def _ready(self) -> None:
         """A new leader serves heartbeats once a read index of its own term was served (see the module's docstring:
-        it needs an entry of this term committed and applied, meta/raft_read_index.py), and
+        it needs an entry of this term committed and applied, meta/raft/read_index.py), and
         once its leases started afresh: the expiry loop may not have run in this term yet, and a reset after a
         heartbeat's answer would move the lease end that answer showed."""
         term = self.log.term()

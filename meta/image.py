@@ -79,7 +79,7 @@ def empty_data() -> dict[str, Any]:
     return {"version": 0, "commands": 0, "last_ts": 0, "brokers": {}, "load": {}, "hosting": {}, "topics": {}, "requests": {},
             "history": [], "history_start": 1, "groups": {}, "lock_token": 0, "member_count": 0,
             "subscriptions": {}, "revoking": {}, "history_window": limits.HISTORY_EVENTS_MAX,
-            "members": []}   # the voters (meta/raft_membership.py): set by membership entries, not by events
+            "members": []}   # the voters (meta/raft/membership.py): set by membership entries, not by events
 
 
 class Image:
@@ -91,7 +91,7 @@ class Image:
             _restore_topic(t)
         # Node-local, never part of ``data`` (so never replicated nor in a snapshot): where the history the window
         # trims goes, as (version, line as kept: meta/history_lines.py), for this node's projection to take before
-        # it is gone (meta/raft_node.py sets a bounded deque; None, the default, keeps nothing: offline replays and
+        # it is gone (meta/raft/node.py sets a bounded deque; None, the default, keeps nothing: offline replays and
         # tests).
         self.trimmed_to: deque[tuple[int, str]] | None = None
 
@@ -156,7 +156,7 @@ class Image:
         is evicted first) and replaying the same log inserts in the same order on every replica."""
         data = {**self.data, "history": self.history_lines()}  # the same key order; lines compared unpacked
         # Who serves the metadata is not part of it: a cluster restored from a backup has other disks, and its own
-        # membership (raft_membership.py); replicas compare their voters through the cluster status.
+        # membership (meta/raft/membership.py); replicas compare their voters through the cluster status.
         data.pop("members", None)
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 

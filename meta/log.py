@@ -3,7 +3,7 @@ the applied image under its lock, the membership, and the counters the metrics r
 
 One object over the two that make the Raft node, ``MetaSyncObj`` (pysyncobj: elections, replication, apply, on its
 own threads) and ``RaftNode`` (its asyncio face), so that no part holds both or reaches into either. It only
-delegates: what each call does is said where it is done (meta/raft_node.py, meta/raft_roles.py).
+delegates: what each call does is said where it is done (meta/raft/node.py, meta/raft/roles.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import limits
-from . import pysyncobj_shim as shim
+from .raft import pysyncobj_shim as shim
 from .image import Image
-from .raft_node import MetaSyncObj, RaftNode
-from .raft_prevote import PreVoteCounts
-from .raft_read_index import ReadIndexCounts
+from .raft.node import MetaSyncObj, RaftNode
+from .raft.prevote import PreVoteCounts
+from .raft.read_index import ReadIndexCounts
 
 T = TypeVar("T")
 
@@ -54,12 +54,12 @@ class Log:
     # -- writes ------------------------------------------------------------------------------------------------
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,
                       timeout_s: float = limits.PROPOSE_TIMEOUT_S) -> dict[str, Any]:
-        """The command's outcome once this node applied it (meta/raft_node.py RaftNode.propose)."""
+        """The command's outcome once this node applied it (meta/raft/node.py RaftNode.propose)."""
         return await self._raft.propose(cmd, rid, actor, timeout_s)
 
     async def read_index(self, timeout_s: float) -> None:
         """Once this node's image holds every write acknowledged before the call; nothing is appended
-        (meta/raft_node.py RaftNode.read_index)."""
+        (meta/raft/node.py RaftNode.read_index)."""
         await self._raft.read_index(timeout_s)
 
     # -- the applied image -------------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ class Log:
     def applied_index(self) -> int:
         return self._node.applied_index
 
-    # -- the membership (meta/raft_roles.py) -------------------------------------------------------------------
+    # -- the membership (meta/raft/roles.py) -------------------------------------------------------------------
     def member_name(self, address: str) -> str:
         return self._node.roles.name_of(address)
 

@@ -2,7 +2,7 @@
 
 Used by `stator meta rebuild-projection`: replay the committed entries through the same state machine the node runs,
 then hand the retained event history to the projection. The snapshot is read by the same parser the node restores
-from (``snapshot_file``); the journal is read and checked by ``raft_journal``, as the node reads it.
+from (``snapshot_file``); the journal is read and checked by ``raft.journal``, as the node reads it.
 
 The log holds the newest events only: the image's history window, plus what the window trimmed while the journal
 was replayed over an older snapshot. The versions before them come from a peer's ``/v1/history`` or from a Parquet
@@ -22,13 +22,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from . import history_lines
-from . import pysyncobj_shim as shim
-from . import snapshot_file
+from .raft import pysyncobj_shim as shim
+from .raft import snapshot_file
 from .config import MetaConfig
 from .image import Image
-from .raft_journal import journal_exists, read_journal
-from .raft_entry import decode_entry
-from .raft_node import SNAPSHOT_FILE
+from .raft.journal import journal_exists, read_journal
+from .raft.entry import decode_entry
+from .raft.node import SNAPSHOT_FILE
 from .state_machine import StateMachine
 
 

@@ -1,7 +1,8 @@
 """Reads of a meta node: the applied image under its lock, rendered routes, and the waits a read may ask for.
 
 ``min_version`` waits (bounded, and counted against VERSION_WAITERS_MAX) until this node applied V;
-``consistency=linearizable`` first waits for the read index (meta/raft_read_index.py): no log entry. Everything is served from this node's image.
+``consistency=linearizable`` first waits for the read index (meta/raft/read_index.py): no log entry. Everything is
+served from this node's image.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .admission import Admission
 from .changefeed import ChangeFeed
 from .image import GROUP_KEY_PREFIX, Image
 from .log import Log
-from .raft_node import ProposeFailed
+from .raft.node import ProposeFailed
 from .route_cache import RouteCache
 
 T = TypeVar("T")
@@ -147,7 +148,7 @@ class ReadFacade:
 
     async def linearizable(self, timeout_s: float) -> None:
         """Returns once this node's image holds every write acknowledged before the call, through the read index
-        (meta/raft_read_index.py: the leader confirms it still leads, nothing is appended to the log); 503
+        (meta/raft/read_index.py: the leader confirms it still leads, nothing is appended to the log); 503
         NO_LEADER when no leader confirmed it within ``timeout_s`` (a new leader's first entry not yet committed,
         an election, a partition: each is asked again until then)."""
         deadline = time.monotonic() + timeout_s

@@ -12,7 +12,7 @@ GIL_SWITCH_INTERVAL_S = 0.001
 
 def check_raft_address(raft: str) -> None:
     """A StartupError naming ``raft`` if its address cannot be bound: found before the raft transport, which retries
-    a failed bind in the background, starts. Bound as the transport binds it (meta/raft_transport.py): the node's own
+    a failed bind in the background, starts. Bound as the transport binds it (meta/raft/transport.py): the node's own
     host, never every interface, and let go at once."""
     from runtime.config_file import split_host_port
 

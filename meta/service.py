@@ -30,8 +30,8 @@ from .forwarder import Answer, LeaderForwarder
 from .group_sessions import GroupSessions
 from .log import Log
 from .projection_follower import ProjectionFollower
-from .raft_node import LoopBridge, MetaSyncObj, RaftNode
-from .raft_transport import RaftLink
+from .raft.node import LoopBridge, MetaSyncObj, RaftNode
+from .raft.transport import RaftLink
 from .reads import ReadFacade
 from .route_warmer import RouteWarmer
 from runtime.logging import set_position_provider
@@ -139,7 +139,7 @@ class MetaService:
         member = self.config.member_by_raft(address)
         if member is not None:
             return member
-        # A member added through the log (meta/raft_roles.py): in no config, named by the membership.
+        # A member added through the log (meta/raft/roles.py): in no config, named by the membership.
         return Member(self.log.member_name(address), address, self.log.member_url(address) or "")
 
     def term(self) -> int:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from . import limits, raft_membership
+from . import limits
+
+from .raft import membership as raft_membership
 from .commands import validate
 from .deciders import Decider, brokers, groups, history, replicas, segments, topics
 from wire import json_body
@@ -42,7 +44,7 @@ class StateMachine:
 
     # -- the entry point ---------------------------------------------------------------------------------------
     def apply_membership(self, envelope: Any) -> Outcome:
-        """A membership entry (meta/raft_membership.py): the voters, recorded in the image so that snapshots carry
+        """A membership entry (meta/raft/membership.py): the voters, recorded in the image so that snapshots carry
         them. It changes no topic and makes no event; what is not a well-formed membership changes nothing."""
         cmd = envelope.get("cmd") if isinstance(envelope, dict) else None
         members = raft_membership.parse(cmd)

@@ -72,7 +72,7 @@ def meta() -> None:
                    "loses what a power loss would")
 def meta_serve(config_path: str, power_loss_ledger: bool) -> None:
     """Run a meta node in the foreground."""
-    from meta.raft_journal import JournalDamaged
+    from meta.raft.journal import JournalDamaged
     from meta.serve import run_meta
     with one_line_errors(JournalDamaged):
         run_meta(config_path, power_loss_ledger)
@@ -96,7 +96,7 @@ def meta_rebuild_projection(config_path: str, from_peer: str | None, from_export
     from meta.offline_log import rebuild_projection
     from meta.projection import ProjectionGap
     from meta.projection.sources import SourceError
-    from meta.snapshot_file import SnapshotFormatError
+    from meta.raft.snapshot_file import SnapshotFormatError
     if from_peer and from_export:
         raise click.UsageError("give --from-peer or --from-export, not both")
     if token_file:

@@ -12,8 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-all=(broker/fencing.py broker/locks.py client/slots.py meta/deciders broker/pop broker/storage meta/raft_roles.py
-     meta/raft_journal.py)
+all=(broker/fencing.py broker/locks.py client/slots.py meta/deciders broker/pop broker/storage meta/raft/roles.py
+     meta/raft/journal.py)
 report_only=0
 if [ "${1:-}" = "--report" ]; then report_only=1; shift; fi
 if [ "$#" -gt 0 ]; then modules=("$@"); else modules=("${all[@]}"); fi

@@ -15,7 +15,7 @@ cuts every file the ledger knows back to its durable length, as the disk would h
 
 The writes still go to the files at once, so the process reads its own unsynced writes back from the page cache, as
 it does in production. That is more faithful than holding them in the process's memory
-(meta/raft_journal.py MemoryUntilSyncJournalIO does that for the journal alone): no second code path for reads, and
+(meta/raft/journal.py MemoryUntilSyncJournalIO does that for the journal alone): no second code path for reads, and
 what the disk holds before the cut is byte for byte what the node wrote.
 
 The ledger is an append-only file in the node's data directory written with plain os.write and never synced: a

@@ -85,7 +85,7 @@ async def test_an_answer_queued_after_a_publish_runs_before_most_waiters_wake():
     loop = asyncio.get_running_loop()
     answered = loop.create_future()
     feed.publish(1, {"a"})
-    # the answer as raft_node hands it over: a future resolved right after the publish, awaited through wait_for
+    # the answer as meta/raft/node.py hands it over: a future resolved right after the publish, awaited through wait_for
     loop.call_soon(answered.set_result, None)
     await asyncio.wait_for(answered, 5.0)
     woken_at_answer = woken

@@ -61,7 +61,7 @@ def test_chaos_run_fixed_seed_finds_no_violation(tmp_path):
     assert summary["faults_injected"] >= 8
     assert len(summary["fault_kinds_injected"]) >= 3, summary["fault_kinds_injected"]
     # a meta node lost its whole disk and came back empty, and one was replaced through membership changes
-    # (meta/raft_roles.py): nothing acknowledged was lost, and every node votes again at the end (voters_agree)
+    # (meta/raft/roles.py): nothing acknowledged was lost, and every node votes again at the end (voters_agree)
     assert summary["fault_kinds_injected"].get("wipe", 0) >= 1, summary["fault_kinds_injected"]
     assert summary["fault_kinds_injected"].get("replace", 0) >= 1, summary["fault_kinds_injected"]
     # a power loss of members one at a time and of the whole machine, and a leader cut off from its peers

@@ -622,15 +622,15 @@ def test_install_cuts_a_follower_not_the_leader(tmp_path):
 
 # -- the sizes workload's commands -----------------------------------------------------------------------------------
 def test_sized_commands_land_on_their_target_size_as_the_node_encodes_them():
-    """The envelope the workload sizes is the one the node proposes (meta/raft_node.py), and every size class passes
+    """The envelope the workload sizes is the one the node proposes (meta/raft/node.py), and every size class passes
     the API's own validation: the check of 'a multiple of 64 KiB +- 64 bytes' is about the bytes the log gets."""
     import types
 
     from wire.shapes import validate
     from meta import commands, limits
     from meta.api import models
-    from meta.raft_entry import encode_envelope
-    from meta.raft_node import RaftNode
+    from meta.raft.entry import encode_envelope
+    from meta.raft.node import RaftNode
 
     budget = types.SimpleNamespace(offset_budget=limits.OFFSET_BUDGET_DEFAULT)
     step = workloads.SIZE_STEP_BYTES

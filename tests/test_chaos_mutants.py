@@ -125,11 +125,11 @@ MUTANTS = [
            "        if self._fsync_each:\n            self._sync()",
            "        if False and self._fsync_each:\n            self._sync()"),
     # meta: a follower's acknowledgement leaves before the journal sync that should cover it
-    Mutant("follower_acks_before_sync", "meta/raft_group_commit.py",
+    Mutant("follower_acks_before_sync", "meta/raft/group_commit.py",
            '        if any(m.get("type") == ACK_MESSAGE and m.get("success") for m in messages):\n            self.sync()',
            '        if False:\n            self.sync()'),
     # meta: a follower answering a repeated append lets its commit index pass what it matched by one entry
-    Mutant("follower_commit_cap_one_too_far", "meta/pysyncobj_shim.py",
+    Mutant("follower_commit_cap_one_too_far", "meta/raft/pysyncobj_shim.py",
            'heartbeat["commit_index"] = min(message["commit_index"], matched)',
            'heartbeat["commit_index"] = min(message["commit_index"], matched + 1)'),
     # meta: a seal whose next segment starts one offset low (the old segment's last message is shadowed)
@@ -161,7 +161,7 @@ MUTANTS = [
            "            if now - self._seen[key] <= lease_s:"),
     # meta: a node on an empty disk that counts itself a voter once it has heard every peer, fresh or not (the
     # first start of a whole cluster needs every peer fresh): wiped, it votes with no log, and elects a stale node
-    Mutant("wiped_node_votes_with_an_empty_log", "meta/raft_roles.py",
+    Mutant("wiped_node_votes_with_an_empty_log", "meta/raft/roles.py",
            "            voter = all(p is not None and p[1] for p in heard)",
            "            voter = all(p is not None for p in heard)", faults=("rejoin_leader_loss",)),
     Mutant("group_commit_wakes_without_syncing", "broker/group_commit.py",

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from meta import allocation, chains, history_lines, snapshot_file
+from meta import allocation, chains, history_lines
+from meta.raft import snapshot_file
 from meta.image import Image, restoring_pairs
 from meta.state_machine import StateMachine
 from tests.support.state_machine_builders import Log, check_image_invariants

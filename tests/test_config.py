@@ -11,7 +11,7 @@ import pytest
 
 from broker import config as broker_config
 from meta import config as meta_config
-from meta.raft_node import RaftTuning
+from meta.raft.node import RaftTuning
 from runtime.config_file import ConfigError
 from tests.support.config_files import META_TOKENS, TOKENS, broker_raw, meta_raw, write
 

@@ -168,7 +168,7 @@ def _send_raft(raft: str, frame: bytes) -> None:
 @pytest.mark.slow
 async def test_the_raft_port_unpickles_nothing_even_under_the_cluster_secret(limited_cluster, tmp_path):
     """pysyncobj's own transport unpickled every raft message once its Fernet token checked out. Stator's transport
-    (meta/raft_transport.py) never unpickles: a pickle in pysyncobj's framing, in the clear, under another key or
+    (meta/raft/transport.py) never unpickles: a pickle in pysyncobj's framing, in the clear, under another key or
     under the cluster's own Fernet key, is refused as not a Stator HELLO, logged, and the node keeps serving."""
     from cryptography.fernet import Fernet
     from pysyncobj.encryptor import getEncryptor

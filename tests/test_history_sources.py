@@ -110,7 +110,7 @@ def test_pages_are_checked_for_holes_and_shape():
 
 
 def test_what_the_window_trims_goes_to_the_node_not_into_the_image():
-    """The node keeps what its image's window trims until its projection has it (meta/raft_node.py): every trimmed
+    """The node keeps what its image's window trims until its projection has it (meta/raft/node.py): every trimmed
     version exactly once, in order, and the image's bytes are the same with or without that sink."""
     kept, plain = Log(), Log()
     kept.sm.image.trimmed_to = deque()

@@ -22,11 +22,11 @@ import pytest
 import sqlalchemy as sa
 
 from client.admin import AdminClient
-from meta import snapshot_file
+from meta.raft import snapshot_file
 from meta.export.exporter import export
 from meta.projection import SqlProjection
 from meta.projection import schema as projection_schema
-from meta.raft_node import SNAPSHOT_FILE
+from meta.raft.node import SNAPSHOT_FILE
 from ops import devcluster
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import (cluster_status, name_of, node_urls, snapshot_or_none, wait_until,

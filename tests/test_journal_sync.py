@@ -1,7 +1,7 @@
 """The journal's durability mode (raft_tuning.journal_sync): group commit before acknowledgement.
 
 Three real MetaSyncObj nodes in this process (real pysyncobj, real TCP on loopback) take concurrent proposals;
-meta/raft_group_commit.py records, at the moment each follower acknowledgement leaves and each leader commit
+meta/raft/group_commit.py records, at the moment each follower acknowledgement leaves and each leader commit
 advances, the highest index a sync had covered. In "fsync" mode nothing may be acknowledged or committed past it,
 and one fdatasync must cover many entries (group commit); "none" runs the same bookkeeping without syncing, so the
 same counters show acknowledgements ahead of the disk: the check can fail.
@@ -18,8 +18,8 @@ import time
 import pytest
 
 from meta import config as meta_config
-from meta.raft_group_commit import GroupCommit
-from meta.raft_node import MetaSyncObj, RaftTuning
+from meta.raft.group_commit import GroupCommit
+from meta.raft.node import MetaSyncObj, RaftTuning
 from ops import devcluster
 from tests.support import cluster as cluster_mod
 from tests.support.raft_nodes import leader_of, start_nodes
@@ -82,9 +82,9 @@ async def test_fsync_mode_syncs_before_every_acknowledgement_and_commit_in_group
         assert f["acks_checked"] > 0 and f["acks_unsynced"] == 0, f
         assert 0 < f["syncs"] < PROPOSALS / 2, f
     assert lead["synced_index"] >= lead["commit_index"], lead
-    # Proposals that wait for the same tick share one entry (meta/raft_proposals.py).
+    # Proposals that wait for the same tick share one entry (meta/raft/proposals.py).
     assert lead["commit_index"] < PROPOSALS / 2, lead
-    # Term and vote: every node stored its term durably (raft_journal writes its state file synced, in both modes).
+    # Term and vote: every node stored its term durably (meta/raft/journal.py writes its state file synced, in both modes).
     assert all(s["state_writes"] > 0 for s in [lead, *followers]), (lead, followers)
 
 

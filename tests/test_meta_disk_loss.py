@@ -1,4 +1,4 @@
-"""A lost disk loses nothing: a meta node whose data directory was wiped rejoins as a learner (meta/raft_membership.py).
+"""A lost disk loses nothing: a meta node whose data directory was wiped rejoins as a learner (meta/raft/membership.py).
 
 The scenario of issue 24, on real processes: three meta nodes; follower A is down while 8 topics are created and
 acknowledged through the leader L and the other follower B; B's disk is then wiped and L killed; A and B start

@@ -1,4 +1,4 @@
-"""Membership changes through the log, one at a time (meta/raft_roles.py, issue 24), on real processes.
+"""Membership changes through the log, one at a time (meta/raft/roles.py, issue 24), on real processes.
 
 - A host is replaced under a running writer: a node on a new address is added as a learner, catches up, is
   promoted, and the old one, which leads, is removed (it hands its leadership over first); then the cluster grows to
@@ -19,7 +19,7 @@ import time
 import pytest
 
 from client import AdminClient
-from meta import raft_roles
+from meta.raft import roles as raft_roles
 from ops import devcluster
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import NET_ERRORS, BrokerSim, cluster_status, name_of, node_urls, ok, wait_until

@@ -187,7 +187,7 @@ async def test_every_meta_node_losing_power_at_once_keeps_every_acked_write_with
 
 async def test_meta_nodes_that_never_sync_their_journal_lose_it_in_a_power_loss(tmp_path):
     # Without compactions: a compaction syncs the journal whatever journal_sync says (its cut must be durable before
-    # the state names it, meta/raft_journal.py), so a node killed in the tick after its compaction had nothing
+    # the state names it, meta/raft/journal.py), so a node killed in the tick after its compaction had nothing
     # unsynced and lost nothing, rightly (CI, 2026-11-27: m2 lost 0 bytes, its last act a snapshot just before).
     c, acked, losses = await _meta_power_loss(tmp_path, "none", compact=False)
     try:

@@ -1,4 +1,4 @@
-"""What meta/pysyncobj_shim.py relies on in pysyncobj's code: these fail the day pysyncobj changes it.
+"""What meta/raft/pysyncobj_shim.py relies on in pysyncobj's code: these fail the day pysyncobj changes it.
 
 The shim swaps in Stator's journal through the module-level ``createJournal`` that ``SyncObj.__init__`` calls,
 applies entries through its replacement of the private ``__doApplyCommand``, and appends through the protected
@@ -16,16 +16,16 @@ import re
 import pysyncobj.syncobj as syncobj_mod
 from pysyncobj import SyncObj
 
-from meta import pysyncobj_shim as shim
-from meta.raft_membership import MEMBERSHIP_COMMAND
-from meta.raft_journal import read_journal
+from meta.raft import pysyncobj_shim as shim
+from meta.raft.membership import MEMBERSHIP_COMMAND
+from meta.raft.journal import read_journal
 from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name pysyncobj's private attributes
-# 24 once the journal and transport were Stator's (25 before); membership changes (meta/raft_roles.py, shim.set_members)
+# 24 once the journal and transport were Stator's (25 before); membership changes (meta/raft/roles.py, shim.set_members)
 # need four more: pysyncobj's voters, read-only nodes, connected nodes and last response times; pre-votes
-# (meta/raft_prevote.py) two: whether the leader asked for this campaign (a transfer), and the leader known, cleared
+# (meta/raft/prevote.py) two: whether the leader asked for this campaign (a transfer), and the leader known, cleared
 # when a newer term is heard. A new one needs a reason as good.
 PRIVATE_NAMES_MAX = 30
 
@@ -58,7 +58,7 @@ def test_entries_are_applied_through_the_private_method_the_shim_replaces():
 
 
 def test_the_shim_names_fewer_private_names_than_before():
-    text = (REPO / "meta" / "pysyncobj_shim.py").read_text()
+    text = (REPO / "meta" / "raft" / "pysyncobj_shim.py").read_text()
     names = set(re.findall(PRIVATE + r"[A-Za-z]+", text)) | set(re.findall(r"_syncobj_mod\.([A-Za-z]+)", text))
     assert len(names) <= PRIVATE_NAMES_MAX, sorted(names)
 
@@ -78,7 +78,7 @@ async def test_the_log_holds_the_type_byte_and_json_never_a_pickle(tmp_path):
         kept = [command for command, _index, _term in entries if command != shim.NO_OP_COMMAND]
         regular = [command for command in kept if command[:1] == bytes([shim.REGULAR_COMMAND])]
         assert regular, f"node {i} holds no envelope"
-        # Besides the envelopes, only the bootstrap's membership entry (meta/raft_membership.py), in JSON too.
+        # Besides the envelopes, only the bootstrap's membership entry (meta/raft/membership.py), in JSON too.
         others = [command for command in kept if command[:1] != bytes([shim.REGULAR_COMMAND])]
         assert [command[:1] for command in others] == [bytes([MEMBERSHIP_COMMAND])], others
         assert json.loads(others[0][1:].split(b"\n")[1])["cmd"]["reason"] == "bootstrap"
@@ -89,7 +89,7 @@ async def test_the_log_holds_the_type_byte_and_json_never_a_pickle(tmp_path):
 
 
 def test_postponing_an_election_never_brings_it_earlier():
-    """A learner pushes its election at least 1 s ahead at every tick (meta/raft_roles.py). Once it may vote, the
+    """A learner pushes its election at least 1 s ahead at every tick (meta/raft/roles.py). Once it may vote, the
     election timeout it was configured with must stand: a hold that *set* the deadline left it a second away, and a
     two-node cluster configured for 30 s elections elected a leader within 2 s (tests/test_startup.py's never-ready
     cluster, about half the runs)."""
@@ -111,7 +111,7 @@ def test_postponing_an_election_never_brings_it_earlier():
 
 
 def test_restarting_the_election_timer_draws_a_configured_timeout_whatever_hold_was_left():
-    """A learner that becomes a voter drops its hold (meta/raft_roles.py): left in place, it delayed every first
+    """A learner that becomes a voter drops its hold (meta/raft/roles.py): left in place, it delayed every first
     election of a new cluster by a second. The deadline it gets is one of its own configured timeouts, never less."""
     from pysyncobj import SyncObjConf
     from pysyncobj.monotonic import monotonic

@@ -1,5 +1,5 @@
 """Proposals that wait for the same tick share one log entry, and each is still decided and answered on its own
-(meta/raft_entry.py, meta/raft_proposals.py)."""
+(meta/raft/entry.py, meta/raft/proposals.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import threading
 
 from pysyncobj import FAIL_REASON
 
-from meta import pysyncobj_shim as shim
-from meta.raft_applier import DISCARDED, Pending
-from meta.raft_entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX, decode_entry,
+from meta.raft import pysyncobj_shim as shim
+from meta.raft.applier import DISCARDED, Pending
+from meta.raft.entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX, decode_entry,
                              encode_entry, encode_envelope, encode_stamp, restamped)
-from meta.raft_journal import read_journal
-from meta.raft_node import RaftNode
-from meta.raft_proposals import Proposals, batch_callback
+from meta.raft.journal import read_journal
+from meta.raft.node import RaftNode
+from meta.raft.proposals import Proposals, batch_callback
 from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
 STAMP = {"ts": 1_700_000_000_000, "budget": 1000, "history": 100_000}

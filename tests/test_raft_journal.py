@@ -1,4 +1,4 @@
-"""meta/raft_journal.py on real files: round trips, truncation and compaction, segments, what a crash keeps (SIGKILLed
+"""meta/raft/journal.py on real files: round trips, truncation and compaction, segments, what a crash keeps (SIGKILLed
 children, with the page cache and with the power-loss simulation), torn tails, single-byte damage, pysyncobj on
 top, and what a compaction costs."""
 
@@ -25,8 +25,8 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 import pysyncobj.syncobj as pysyncobj_syncobj
 from pysyncobj.journal import FileJournal
 
-from meta import raft_journal as rj
-from meta.raft_journal import (JOURNAL_FILE, STATE_FILE, JournalDamaged, JournalFormatError, JournalIO,
+from meta.raft import journal as rj
+from meta.raft.journal import (JOURNAL_FILE, STATE_FILE, JournalDamaged, JournalFormatError, JournalIO,
                                MemoryUntilSyncJournalIO, OsJournalIO, StatorJournal, journal_exists, journal_files,
                                journal_io, read_journal)
 from ops.devcluster import free_base_port
@@ -472,7 +472,7 @@ def test_clear_crash_before_its_segment_is_created(tmp_path):
 
 KILL_DURING_COMPACTIONS = """
     import sys
-    from meta.raft_journal import StatorJournal, journal_io
+    from meta.raft.journal import StatorJournal, journal_io
     j = StatorJournal(sys.argv[1], journal_io("memory_until_sync"), segment_bytes_max=int(sys.argv[2]))
     i = j.last_index
     step = 0
@@ -533,7 +533,7 @@ def test_sigkill_in_a_loop_of_compactions_clears_and_appends(tmp_path, segment_b
 
 KILL_AFTER = """
     import os, signal, sys
-    from meta.raft_journal import StatorJournal, journal_io
+    from meta.raft.journal import StatorJournal, journal_io
     directory, io, scenario, segment_bytes_max = sys.argv[1:5]
     j = StatorJournal(directory, journal_io(io), segment_bytes_max=int(segment_bytes_max))
     def entry(i, term=1):

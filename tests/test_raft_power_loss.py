@@ -2,7 +2,7 @@
 is lost and the replicas end on the same image.
 
 Three real meta processes with ``journal_io = "memory_until_sync"``: a node's journal writes stay in the process
-until they are synced (meta/raft_journal.py), so SIGKILL loses exactly what a power loss would. Small compaction
+until they are synced (meta/raft/journal.py), so SIGKILL loses exactly what a power loss would. Small compaction
 thresholds make every node compact about once a second under the writers. Twenty times, a follower is killed:
 on even rounds at a random moment (it compacts often enough that some kills land inside a compaction); on odd rounds
 it is first kept down while the leader compacts past it, then started and killed again at a random moment of its

@@ -1,4 +1,4 @@
-"""PreVote and leader stickiness (meta/raft_prevote.py) on real meta processes, every raft link through a proxy that
+"""PreVote and leader stickiness (meta/raft/prevote.py) on real meta processes, every raft link through a proxy that
 can be cut (ops/chaos/topology.py).
 
 - A follower cut off from both peers for 10 s, then healed, causes no leader change: the leader and every node's

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from meta import pysyncobj_shim as shim
-from meta.raft_group_commit import ACK_MESSAGE
-from meta.raft_node import MetaSyncObj
+from meta.raft import pysyncobj_shim as shim
+from meta.raft.group_commit import ACK_MESSAGE
+from meta.raft.node import MetaSyncObj
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import ok, write_configs_until
 from tests.support.raft_nodes import leader_of, start_nodes
@@ -147,7 +147,7 @@ async def test_a_heartbeat_from_behind_keeps_the_log(follower):
 
 
 async def test_an_entry_in_pieces_is_refused_and_changes_nothing(follower):
-    # No node of ours sends pieces (the append batch is above the largest entry, meta/raft_node.py); pysyncobj's
+    # No node of ours sends pieces (the append batch is above the largest entry, meta/raft/node.py); pysyncobj's
     # own handling of them stalled the log for some sizes, so a piece is dropped unanswered.
     f = follower
     last, refused = f.last, f.node.held_entries().pieces_refused

@@ -1,4 +1,4 @@
-"""Mutual TLS on the raft port (meta/raft_transport.py): three nodes whose certificates the cluster's CA signed
+"""Mutual TLS on the raft port (meta/raft/transport.py): three nodes whose certificates the cluster's CA signed
 replicate; a peer without a certificate, with one of another CA, or without TLS at all never links, is refused as
 ``tls``, and the cluster keeps committing."""
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from meta.raft_transport import RaftLink
+from meta.raft.transport import RaftLink
 from tests.support import tls_certs
 from tests.support.raft_counter_cluster import SECRET, Cluster, Counter, agree, apply_all, running_cluster, wait_until
 

@@ -1,4 +1,4 @@
-"""Stator's raft transport (meta/raft_wire.py, meta/raft_transport.py): the wire format alone, then a real
+"""Stator's raft transport (meta/raft/wire_format.py, meta/raft/transport.py): the wire format alone, then a real
 three-node pysyncobj cluster in this process over real sockets on 127.0.0.1, attacked through its raft port."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 import structlog
 from pysyncobj import FAIL_REASON, SyncObjException
 
-from meta import raft_wire as wire
-from meta.raft_transport import HANDSHAKE_TIMEOUT_S, UNAUTHENTICATED_CONNECTIONS_MAX, RaftLink
-from meta.raft_wire import Kind, Reason, WireError
+from meta.raft import wire_format as wire
+from meta.raft.transport import HANDSHAKE_TIMEOUT_S, UNAUTHENTICATED_CONNECTIONS_MAX, RaftLink
+from meta.raft.wire_format import Kind, Reason, WireError
 from ops.devcluster import free_base_port
 from tests.support.raft_counter_cluster import (LINK, SECRET, WAIT_S, Cluster, Counter, agree, apply_all, running_cluster,
                                                wait_until)

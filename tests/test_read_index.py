@@ -1,4 +1,4 @@
-"""Linearizable reads by read index (meta/raft_read_index.py, issue 38) on three real meta processes.
+"""Linearizable reads by read index (meta/raft/read_index.py, issue 38) on three real meta processes.
 
 - They append nothing to the log: hundreds of them on an idle cluster, through every node, leave every node's commit
   index where it was (each used to append a barrier entry).

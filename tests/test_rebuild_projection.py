@@ -10,7 +10,7 @@ import sys
 
 import sqlalchemy as sa
 
-from meta.raft_node import SNAPSHOT_FILE
+from meta.raft.node import SNAPSHOT_FILE
 from ops import devcluster
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import config_writes

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 
-from meta import pysyncobj_shim as shim
-from meta import snapshot_file
+from meta.raft import pysyncobj_shim as shim
+from meta.raft import snapshot_file
 from meta.image import Image
-from meta.raft_journal import read_journal
-from meta.raft_entry import decode_entry
-from meta.raft_node import SNAPSHOT_FILE
+from meta.raft.journal import read_journal
+from meta.raft.entry import decode_entry
+from meta.raft.node import SNAPSHOT_FILE
 from meta.state_machine import StateMachine
 from ops import devcluster
 from tests.support import cluster as cluster_mod

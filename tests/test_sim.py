@@ -23,9 +23,9 @@ import meta.deciders as deciders
 import meta.deciders.groups as groups
 import meta.deciders.lookups as lookups
 import meta.deciders.topics as topics
-import meta.raft_group_commit as group_commit
-import meta.raft_read_index as raft_read_index
-import meta.raft_roles as roles
+import meta.raft.group_commit as group_commit
+import meta.raft.read_index as raft_read_index
+import meta.raft.roles as roles
 from ops.sim import clock
 from ops.sim.faults import KINDS, plan
 from ops.sim.run import NODES, run_schedule, shrink
@@ -36,10 +36,10 @@ BATCH_SEEDS = 16              # seeds of the default 10 s schedule, on 2 worker 
 BATCH_TIMEOUT_S = 120
 MUTANT_SEEDS_MAX = 4          # a planted bug must be reported within this many seeds
 # Modules the simulator runs for real, and the clocks and randomness each may reach only through PATCHES.
-SIMULATED = ["meta.raft_node", "meta.raft_transport", "meta.raft_roles", "meta.raft_prevote", "meta.raft_read_index",
-             "meta.raft_group_commit", "meta.pysyncobj_shim", "meta.raft_applier", "meta.raft_proposals",
-             "meta.raft_entry", "meta.raft_membership", "meta.raft_wire", "meta.raft_journal", "meta.state_machine"]
-NOT_ON_THE_SIMULATED_PATH = {("meta.raft_journal", "time")}   # OsJournalIO.remove_dead; the simulator's IO has none
+SIMULATED = ["meta.raft.node", "meta.raft.transport", "meta.raft.roles", "meta.raft.prevote", "meta.raft.read_index",
+             "meta.raft.group_commit", "meta.raft.pysyncobj_shim", "meta.raft.applier", "meta.raft.proposals",
+             "meta.raft.entry", "meta.raft.membership", "meta.raft.wire_format", "meta.raft.journal", "meta.state_machine"]
+NOT_ON_THE_SIMULATED_PATH = {("meta.raft.journal", "time")}   # OsJournalIO.remove_dead; the simulator's IO has none
 
 
 def test_every_swapped_name_still_exists():
@@ -150,7 +150,7 @@ def test_a_wiped_node_that_votes_with_an_empty_log_is_caught(monkeypatch):
     # soon as it heard from every peer, whatever their logs; a stale node can then lead without acknowledged writes
     _plant(monkeypatch, roles.Roles, "decide", "voter = all(p is not None and p[1] for p in heard)",
            "voter = all(p is not None for p in heard)")
-    # Since pre-votes (meta/raft_prevote.py) the stale node's return no longer unseats the leader: the wiped node
+    # Since pre-votes (meta/raft/prevote.py) the stale node's return no longer unseats the leader: the wiped node
     # votes wrongly only if the leader goes before its first entry arrives. Seed 4 catches it under each of 17 hash
     # seeds tried, seed 5 too: two more seeds than the others get, for a margin.
     seed, checks = _caught(kinds=("rejoin_leader_loss",), seeds=MUTANT_SEEDS_MAX + 2)
@@ -158,7 +158,7 @@ def test_a_wiped_node_that_votes_with_an_empty_log_is_caught(monkeypatch):
 
 
 def test_a_leader_that_serves_reads_without_confirming_it_leads_is_caught(monkeypatch):
-    # meta/raft_read_index.py without its probe: the leader answers a read index from its commit index at once. Cut
+    # meta/raft/read_index.py without its probe: the leader answers a read index from its commit index at once. Cut
     # off, a deposed leader then serves reads that miss what the new leader acknowledged (stale reads: the register
     # history is not linearizable). Seeds 1 and 2 catch it with isolations alone under each of 11 hash seeds tried.
     _plant(monkeypatch, raft_read_index.ReadIndex, "_lead", "        self._leading.unprobed.append(reply)",

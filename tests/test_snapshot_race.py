@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import time
 
-from meta import snapshot_file
-from meta.snapshot_file import BackgroundWriter, LogEntry, Snapshot, WriterState
+from meta.raft import snapshot_file
+from meta.raft.snapshot_file import BackgroundWriter, LogEntry, Snapshot, WriterState
 
 WAIT_S = 60.0
 

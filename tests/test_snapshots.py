@@ -24,10 +24,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meta import pysyncobj_shim as shim
-from meta import snapshot_file
+from meta.raft import pysyncobj_shim as shim
+from meta.raft import snapshot_file
 from meta.image import Image
-from meta.raft_node import EXIT_REPLICA_UNTRUSTED, SNAPSHOT_FILE, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.raft.node import EXIT_REPLICA_UNTRUSTED, SNAPSHOT_FILE, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import (cluster_status, name_of, node_urls, snapshot_or_none, wait_until,
@@ -103,8 +103,8 @@ def test_only_the_shim_names_pysyncobj_private_attributes():
     private = "_SyncObj" + "__"
     offenders = [str(p.relative_to(REPO)) for top in ("meta", "ops", "tests", "broker", "client")
                  for p in (REPO / top).rglob("*.py")
-                 if private in p.read_text() and p != REPO / "meta" / "pysyncobj_shim.py"]
-    assert offenders == [], f"reach pysyncobj's internals through meta/pysyncobj_shim.py: {offenders}"
+                 if private in p.read_text() and p != REPO / "meta" / "raft" / "pysyncobj_shim.py"]
+    assert offenders == [], f"reach pysyncobj's internals through meta/raft/pysyncobj_shim.py: {offenders}"
 
 
 async def test_a_snapshot_is_gzipped_json_of_the_image_and_nothing_local(tmp_path):
@@ -138,7 +138,7 @@ async def test_a_snapshot_is_gzipped_json_of_the_image_and_nothing_local(tmp_pat
 RESTORE = """
 import hashlib, json, sys, time
 from meta.offline_log import image_from_data_dir
-from meta.raft_node import LoopBridge, MetaSyncObj, RaftTuning
+from meta.raft.node import LoopBridge, MetaSyncObj, RaftTuning
 data_dir, raft, secret, commands = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 offline = image_from_data_dir(data_dir)
 node = MetaSyncObj(raft, [], data_dir, secret, RaftTuning(), lambda v, c: None, LoopBridge())
@@ -226,7 +226,7 @@ def test_a_damaged_snapshot_is_refused_not_half_loaded(tmp_path):
 
 UNREADABLE = """
 import sys
-from meta.raft_node import LoopBridge, MetaSyncObj, RaftTuning
+from meta.raft.node import LoopBridge, MetaSyncObj, RaftTuning
 node = MetaSyncObj(sys.argv[2], [], sys.argv[1], "secret", RaftTuning(), lambda v, c: None, LoopBridge())
 node.start()
 node._tick_thread.join(10)

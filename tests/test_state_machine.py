@@ -451,7 +451,7 @@ def test_already_sealed_says_who_sealed_it(log):
 
 
 def test_history_is_bounded_and_keeps_its_numbering(log):
-    log.history = 20  # the window comes through the log, stamped by the leader (meta/raft_node.py)
+    log.history = 20  # the window comes through the log, stamped by the leader (meta/raft/node.py)
     log.create("t", 1)
     for i in range(40):
         log.ok({"type": "SetTopicConfig", "topic": "t", "config": {"k": str(i)}})
@@ -891,7 +891,7 @@ def test_well_formed_versions_of_the_malformed_bases_are_accepted():
     {"rid": None, "ts": 5000, "actor": "admin"},
     {},
     # The leader builds envelopes, so these need a bug or a hand-written log entry; but apply is where a log entry
-    # is validated, and an exception there stops every replica on the same entry (meta/raft_node.py exits).
+    # is validated, and an exception there stops every replica on the same entry (meta/raft/node.py exits).
     {"rid": None, "ts": True, "actor": "admin", "cmd": {"type": "Barrier"}},
     {"rid": ["r1"], "ts": 5000, "actor": "admin", "cmd": {"type": "Barrier"}},
     {"rid": {"r": 1}, "ts": 5000, "actor": "admin", "cmd": {"type": "Barrier"}},

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from meta import config as meta_config
-from meta.raft_node import RaftTuning
+from meta.raft.node import RaftTuning
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import NET_ERRORS, call_any, node_urls, ok
 from tests.support.config_files import meta_raw

@@ -11,9 +11,9 @@ reads back:
   lines written (a cut tail: the remains of a write a crash tore, never acknowledged), or loading raises CorruptFile
   whose message names the file. Never a value no line held. A flip inside a whole line is always refused (a tear
   leaves a line without its newline or with zero bytes), asserted too.
-- the meta snapshot (meta/snapshot_file.py, gzip'd JSON: gzip's CRC-32 covers the content): reading returns the
+- the meta snapshot (meta/raft/snapshot_file.py, gzip'd JSON: gzip's CRC-32 covers the content): reading returns the
   snapshot written, or raises SnapshotFormatError naming the file.
-- the meta node's raft journal and its state file (meta/raft_journal.py, a CRC over every record): loading returns
+- the meta node's raft journal and its state file (meta/raft/journal.py, a CRC over every record): loading returns
   the entries written, or a prefix of them when the tail was cut (a torn write), or raises JournalDamaged naming
   the file; a flip inside the file is never loaded silently (tests/test_raft_journal.py counts 1,000 of them).
 
@@ -42,9 +42,9 @@ from broker.pop.state import QueueState
 from broker.storage import CorruptData, PhysicalQueue, QueueConfig, StorageError, files
 from broker.storage import lines
 from broker.storage.errors import CorruptFile
-from meta import pysyncobj_shim as shim
-from meta import snapshot_file
-from meta.raft_journal import STATE_FILE, JournalDamaged, StatorJournal, journal_files, read_journal, segment_name
+from meta.raft import pysyncobj_shim as shim
+from meta.raft import snapshot_file
+from meta.raft.journal import STATE_FILE, JournalDamaged, StatorJournal, journal_files, read_journal, segment_name
 from meta.image import Image
 from tests.support import cluster as cluster_mod
 
@@ -396,7 +396,7 @@ def test_a_broker_refuses_to_start_on_queues_of_another_storage_format_with_one_
     assert (old / files.log_name(0)).stat().st_size == 29, "the old file was left as it was"
 
 
-# -- the meta node's raft journal (meta/raft_journal.py: a CRC over every record) ----------------------------------
+# -- the meta node's raft journal (meta/raft/journal.py: a CRC over every record) ----------------------------------
 
 def journal_entries() -> list[tuple[bytes, int, int]]:
     """Entries shaped like a meta node's: a new term's no-op, then envelopes (the type byte and JSON)."""

@@ -33,7 +33,7 @@ async def cluster(request: web.Request) -> web.Response:
         # that makes an event: a membership change, a leader's no-op).
         "applied_index": svc.log.applied_index,
         # The disk this node runs on, and whether the membership in its log counts it as a voter (a learner
-        # catches up first: a wiped or replaced disk, a member just added; meta/raft_roles.py).
+        # catches up first: a wiped or replaced disk, a member just added; meta/raft/roles.py).
         "disk": ours["disk"], "voter": ours["voter"], "membership_index": ours["membership_index"],
         "members": members_view(svc, ours["members"]),
     })

@@ -1,4 +1,4 @@
-"""The meta cluster's members: list them, and change them through the log one at a time (meta/raft_roles.py).
+"""The meta cluster's members: list them, and change them through the log one at a time (meta/raft/roles.py).
 
 Changes go to the leader (forwarded as they came when this node follows) and answer once the membership entry is
 committed: ``POST /v1/cluster/members`` adds a learner, ``POST /v1/cluster/members/{node}/promote`` makes a learner
@@ -13,10 +13,10 @@ import asyncio
 
 from aiohttp import web
 
-from .. import raft_membership
+from ..raft import membership as raft_membership
 from wire.names import NAME_RE
-from ..raft_node import ProposeFailed
-from ..raft_roles import HandingOver
+from ..raft.node import ProposeFailed
+from ..raft.roles import HandingOver
 from wire.errors import invalid, rejection
 from runtime.server import requires
 

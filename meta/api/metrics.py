@@ -93,7 +93,7 @@ class NodeStateCollector:
             roles.add_metric([role], changes.get(role, 0))
         yield roles
         yield CounterMetricFamily("stator_meta_raft_ticks_slow", "Raft ticks longer than the shortest election "
-                                  "timeout (meta/raft_node.py SLOW_TICK_S): heartbeats were held back",
+                                  "timeout (meta/raft/node.py SLOW_TICK_S): heartbeats were held back",
                                   value=svc.log.slow_ticks)
         snapshots = CounterMetricFamily("stator_meta_raft_snapshots", "Snapshots since start: written by this node, "
                                         "installed from the leader, or written and dropped because an install was "
@@ -119,13 +119,13 @@ class NodeStateCollector:
         held = svc.log.held_entries()
         kept = CounterMetricFamily("stator_meta_raft_held_entries_appends", "Append messages that repeated entries "
                                    "this follower held; pysyncobj would have deleted the entries after them, Raft "
-                                   "keeps them (meta/pysyncobj_shim.py)", labels=["kind"])
+                                   "keeps them (meta/raft/pysyncobj_shim.py)", labels=["kind"])
         kept.add_metric(["trimmed"], held.trimmed)
         kept.add_metric(["repeat"], held.repeats)
         kept.add_metric(["snapshot_commit_held"], held.snapshot_commits_held)
         yield kept
         pre = svc.log.pre_vote_counts()
-        pre_votes = CounterMetricFamily("stator_meta_raft_pre_votes", "Pre-votes (meta/raft_prevote.py): rounds this "
+        pre_votes = CounterMetricFamily("stator_meta_raft_pre_votes", "Pre-votes (meta/raft/prevote.py): rounds this "
                                         "node asked for and won, pre-votes it granted and refused, vote requests it "
                                         "refused while in lease, newer terms it heard from a term notice",
                                         labels=["kind"])
@@ -134,7 +134,7 @@ class NodeStateCollector:
         yield pre_votes
         reads = svc.log.read_index_counts()
         read_index = CounterMetricFamily("stator_meta_raft_read_index", "Linearizable reads by read index "
-                                         "(meta/raft_read_index.py): served here, probes sent as leader, read "
+                                         "(meta/raft/read_index.py): served here, probes sent as leader, read "
                                          "indexes answered for followers, reads refused (then asked again)",
                                          labels=["kind"])
         for kind in ("served", "probes", "answered", "refused"):
@@ -164,7 +164,7 @@ class NodeStateCollector:
                                   "Leader commits counting its own entries not yet on disk",
                                   value=stats["commits_unsynced"])
         yield CounterMetricFamily("stator_meta_journal_syncs_slow", "Journal syncs longer than 0.1 s "
-                                  "(meta/raft_group_commit.py SLOW_SYNC_S)", value=stats["slow_syncs"])
+                                  "(meta/raft/group_commit.py SLOW_SYNC_S)", value=stats["slow_syncs"])
 
     def _image_gauges(self) -> Iterator[Metric]:
         def look(image) -> tuple[dict[str, int], int, int, bool]:

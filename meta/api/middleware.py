@@ -56,7 +56,7 @@ ANSWERED_WHEN_REMOVED = frozenset({"/healthz", "/readyz", "/metrics", "/v1/clust
 
 @web.middleware
 async def refuse_when_removed(request: web.Request, handler):
-    """A node the membership no longer names gets no more of the log: it stops serving (meta/raft_roles.py)."""
+    """A node the membership no longer names gets no more of the log: it stops serving (meta/raft/roles.py)."""
     svc = request.app.get(SERVICE)
     if svc is not None and svc.log.removed and request.path not in ANSWERED_WHEN_REMOVED:
         raise rejection(503, "NOT_A_MEMBER", "this meta node was removed from the cluster's members and no longer "

@@ -17,7 +17,9 @@ from typing_extensions import NotRequired, TypedDict
 from wire import route as route_model
 from wire.shapes import OPEN, STRICT
 
-from .. import limits, raft_membership
+from .. import limits
+
+from ..raft import membership as raft_membership
 from ..commands import GROUP_CONFIG_INTS
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$", min_length=1, max_length=127)]
@@ -158,7 +160,7 @@ class GroupConfig(TypedDict, total=False):
 
 @with_config(STRICT)
 class AddMember(TypedDict):
-    """A meta node to add as a learner (meta/raft_roles.py): its name (the config's rule), and where the others
+    """A meta node to add as a learner (meta/raft/roles.py): its name (the config's rule), and where the others
     reach it."""
     node: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$", min_length=1,
                                            max_length=raft_membership.NAME_CHARS_MAX)]
@@ -194,7 +196,7 @@ class Cluster(TypedDict):
     applied_index: int            # the raft entries applied here: compare with commit_index, not applied_version
     applied_version: int
     disk: str                     # this node's data directory id (meta/disk_identity.py)
-    voter: bool                   # False: a learner, catching up before it is promoted (meta/raft_membership.py)
+    voter: bool                   # False: a learner, catching up before it is promoted (meta/raft/membership.py)
     membership_index: int | None  # the log index of the membership in force on this node
     members: list[Member]
 

@@ -2,7 +2,7 @@
 
     python -m ops.bench.apply [--commands 20000] [--rounds 3] [--queues 1000]
 
-No cluster, no threads: log entries encoded as the proposing node encodes them (meta/raft_entry.py), decoded and
+No cluster, no threads: log entries encoded as the proposing node encodes them (meta/raft/entry.py), decoded and
 applied as ``MetaSyncObj._apply_entry`` does, one proposal per entry, each with an idempotency key (so the outcome
 is remembered, as for every HTTP write). Three kinds: ``set_config`` (one key, a distinct value each time: the
 write of ``ops.bench.vs_etcd``), ``set_config_retry`` (the same keys again: answered from the remembered outcome),
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from meta.raft_entry import decode_entry, encode_entry, encode_envelope, encode_stamp
+from meta.raft.entry import decode_entry, encode_entry, encode_envelope, encode_stamp
 from meta.state_machine import StateMachine
 
 from .common import loadavg

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from meta.raft_node import RaftTuning
+from meta.raft.node import RaftTuning
 
 from . import common
 from .common import say

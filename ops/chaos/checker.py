@@ -647,7 +647,7 @@ def answered_in_budget(ops: Iterable[Op], budget_s: float,
 
 def voters_agree(statuses: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``statuses``: node -> its /v1/cluster answer, or {"error": ...}. After the final heal every node votes (a
-    wiped disk was caught up and promoted, meta/raft_membership.py) and every node names the same disk for each
+    wiped disk was caught up and promoted, meta/raft/membership.py) and every node names the same disk for each
     voter, its own disk for itself."""
     if any("error" in s or not s.get("voter") for s in statuses.values()):
         return [violation("voters_agree", "a meta node is not a voter after the final heal",

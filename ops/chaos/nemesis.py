@@ -7,7 +7,7 @@ and restart of the process, SIGSTOP/SIGCONT of its process group, SIGTERM and re
 
 ``wipe`` kills a meta node with kill -9, removes its whole data directory (journal, snapshot, disk identity,
 projection) and starts it again empty, as an operator who replaced a failed disk would: it must rejoin as a learner,
-catch up from the leader and be promoted (meta/raft_membership.py) without the cluster losing an acknowledged write.
+catch up from the leader and be promoted (meta/raft/membership.py) without the cluster losing an acknowledged write.
 
 ``replace`` takes a meta node out of the members through the log (``DELETE /v1/cluster/members/X``: when it leads,
 it hands its leadership over first), kills it and wipes its disk, then adds it back as a new member on the same

@@ -434,11 +434,11 @@ SIZED_KEY_NAMES = tuple(f"k{i:02d}" + "\U0001F511" * (limits.CONFIG_KEY_CHARS_MA
 VALUE_CHARS_MAX = limits.CONFIG_VALUE_CHARS_MAX
 SIZED_TIMEOUT_S = 20.0                  # well past the answer budget, so that a late answer is seen, not cut off
 OFFSET_BUDGET = limits.OFFSET_BUDGET_DEFAULT   # the chaos cluster's meta nodes keep the default
-_envelope_json = json.JSONEncoder(separators=(",", ":")).encode   # the log's encoding (meta/raft_node.py)
+_envelope_json = json.JSONEncoder(separators=(",", ":")).encode   # the log's encoding (meta/raft/node.py)
 
 
 def envelope_bytes(topic: str, config: dict[str, str | None], key: str, expected_version: int | None) -> int:
-    """The bytes of the command's envelope as the node proposes it (meta/raft_node.py RaftNode.propose): what
+    """The bytes of the command's envelope as the node proposes it (meta/raft/node.py RaftNode.propose): what
     COMMAND_BYTES_MAX bounds and what the log carries, after the leader's stamp line."""
     cmd: dict[str, Any] = {"type": "SetTopicConfig", "topic": topic, "config": config}
     if expected_version is not None:

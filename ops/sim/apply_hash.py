@@ -14,13 +14,13 @@ from typing import Any
 
 from meta.backup import image_digest
 from meta.image import Image
-from meta.raft_entry import decode_entry
+from meta.raft.entry import decode_entry
 from meta.state_machine import StateMachine
 
 
 def log_lines(applies: Iterable[tuple[int, bytes | None]]) -> str:
     """A node's applied entries (its apply tap, ops/sim/node.py) as the JSON lines this module reads."""
-    from meta.pysyncobj_shim import MembershipPayload
+    from meta.raft.pysyncobj_shim import MembershipPayload
     out = []
     for _index, payload in applies:
         if payload is not None:

@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from meta.backup import image_digest
-from meta.raft_entry import decode_entry
+from meta.raft.entry import decode_entry
 from ops.chaos.checker import cas_register, monotonic_versions, violation
 from ops.chaos.history import OK
 

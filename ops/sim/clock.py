@@ -123,7 +123,7 @@ class NodeHalted(BaseException):
 
 
 class _OsProxy:
-    """``os`` for meta.raft_node: everything real but ``_exit``, which raises NodeHalted."""
+    """``os`` for meta.raft.node: everything real but ``_exit``, which raises NodeHalted."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_os, name)
@@ -159,28 +159,28 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     # clocks
     ("pysyncobj.syncobj", "monotonicTime", lambda sim: sim.clocks.monotonic),
     ("pysyncobj.dns_resolver", "monotonicTime", lambda sim: sim.clocks.monotonic),
-    ("meta.pysyncobj_shim", "monotonic", lambda sim: sim.clocks.monotonic),
-    ("meta.raft_roles", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
-    ("meta.raft_group_commit", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
-    ("meta.raft_transport", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
-    ("meta.raft_node", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, monotonic=sim.clocks.monotonic,
+    ("meta.raft.pysyncobj_shim", "monotonic", lambda sim: sim.clocks.monotonic),
+    ("meta.raft.roles", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
+    ("meta.raft.group_commit", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
+    ("meta.raft.transport", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
+    ("meta.raft.node", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, monotonic=sim.clocks.monotonic,
                                                            perf_counter=_time.perf_counter, sleep=_forbidden)),
     ("pysyncobj.syncobj", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, sleep=_forbidden)),
     # randomness (election timeouts: random.random in pysyncobj, random.uniform in the shim; HELLO nonces)
     ("pysyncobj.syncobj", "random", lambda sim: _Rng(sim)),
     ("pysyncobj.dns_resolver", "random", lambda sim: _Rng(sim)),
-    ("meta.pysyncobj_shim", "random", lambda sim: _Rng(sim)),
-    ("meta.raft_transport", "os", lambda sim: SimpleNamespace(urandom=sim.rng.randbytes)),
+    ("meta.raft.pysyncobj_shim", "random", lambda sim: _Rng(sim)),
+    ("meta.raft.transport", "os", lambda sim: SimpleNamespace(urandom=sim.rng.randbytes)),
     # sockets, the poller and the pipe notifier
-    ("meta.raft_transport", "socket", lambda sim: sim.net.socket_module),
+    ("meta.raft.transport", "socket", lambda sim: sim.net.socket_module),
     ("pysyncobj.syncobj", "createPoller", lambda sim: sim.new_poller),
     ("pysyncobj.syncobj", "PIPE_NOTIFIER_ENABLED", lambda sim: False),
     # the node's files and process
-    ("meta.raft_node", "journal_io", lambda sim: sim.journal_io_of_booting_node),
-    ("meta.raft_node", "disk_identity", lambda sim: SimpleNamespace(load_or_create=sim.disk_identity)),
-    ("meta.raft_node", "Applier", lambda sim: sim.applier_class),
-    ("meta.raft_node", "os", lambda sim: _OsProxy()),
-    ("meta.raft_node", "gc", lambda sim: SimpleNamespace(freeze=lambda: None)),
+    ("meta.raft.node", "journal_io", lambda sim: sim.journal_io_of_booting_node),
+    ("meta.raft.node", "disk_identity", lambda sim: SimpleNamespace(load_or_create=sim.disk_identity)),
+    ("meta.raft.node", "Applier", lambda sim: sim.applier_class),
+    ("meta.raft.node", "os", lambda sim: _OsProxy()),
+    ("meta.raft.node", "gc", lambda sim: SimpleNamespace(freeze=lambda: None)),
 ]
 
 

@@ -1,4 +1,4 @@
-"""A simulated disk under Stator's journal (meta/raft_journal.py's JournalIO) and the node's disk identity.
+"""A simulated disk under Stator's journal (meta/raft/journal.py's JournalIO) and the node's disk identity.
 
 What a crash keeps (``SimDisk.crash``):
 - "process" (kill -9): everything written, synced or not (the page cache survives the process).
@@ -6,7 +6,7 @@ What a crash keeps (``SimDisk.crash``):
 - "power": each file keeps what its last sync covered plus a prefix of the unsynced tail cut at a 512-byte sector
   (none, some or all of it); a truncation never synced is kept or undone, at random; a create never made durable by
   a directory sync is lost with probability 1/2, a remove never made durable is undone with probability 1/2. That
-  is stronger than ext4 in data=ordered mode, and the journal claims to survive all of it (raft_journal.py's
+  is stronger than ext4 in data=ordered mode, and the journal claims to survive all of it (meta/raft/journal.py's
   docstring). Never random garbage: a torn record of garbage would be a JournalDamaged false alarm.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from meta.raft_journal import JournalIO
+from meta.raft.journal import JournalIO
 
 SECTOR_BYTES = 512
 DISK_ID_HEX_CHARS = 32

@@ -15,9 +15,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from meta import pysyncobj_shim as shim
-from meta.raft_applier import Applier
-from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.raft import pysyncobj_shim as shim
+from meta.raft.applier import Applier
+from meta.raft.node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 
 from .clock import NodeHalted
 from .disk import SimDisk

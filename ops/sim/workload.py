@@ -1,7 +1,7 @@
 """The workload of a schedule: compare-and-set on one topic's config, and linearizable reads by read index.
 
 Setup (retried until it takes, bounded by SETUP_S): three brokers and the topic CAS_TOPIC. Then CLIENTS processes,
-each one operation at a time on a node it draws: "read" waits for that node's read index (meta/raft_read_index.py,
+each one operation at a time on a node it draws: "read" waits for that node's read index (meta/raft/read_index.py,
 what ``consistency=linearizable`` waits for) and then reads the node's image (the config value and the topic's
 version); "cas" writes a new unique value with
 ``expected_version`` the version its last read saw. Outcomes as ops/chaos/history.py: ok, fail (a refusal, or a
@@ -60,7 +60,7 @@ class Workload:
 
     async def _read_index(self, node: Any) -> str:
         """OK once ``node``'s image holds every write acknowledged before the call (the read index, as a
-        linearizable read over HTTP waits: meta/raft_read_index.py), else UNKNOWN (a read changes nothing)."""
+        linearizable read over HTTP waits: meta/raft/read_index.py), else UNKNOWN (a read changes nothing)."""
         incarnation = node.incarnation
         try:
             await node.raft.read_index(OP_TIMEOUT_S)

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from wire.sse import SseEvent, SseParser
-from meta import snapshot_file
+from meta.raft import snapshot_file
 from tests.support.cluster import Cluster
 
 NET_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)

@@ -1,4 +1,4 @@
-"""A real three-node pysyncobj cluster over Stator's transport (meta/raft_transport.py): a replicated counter per node,
+"""A real three-node pysyncobj cluster over Stator's transport (meta/raft/transport.py): a replicated counter per node,
 started on free loopback ports, and the waits that check its replicas agree.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
-from meta import pysyncobj_shim as shim
-from meta.raft_transport import RaftLink, StatorTransport
+from meta.raft import pysyncobj_shim as shim
+from meta.raft.transport import RaftLink, StatorTransport
 from ops.devcluster import free_base_port
 
 
@@ -23,7 +23,7 @@ LINK = RaftLink(secret=SECRET)     # one stretch of the secret for every node of
 WAIT_S = 15.0
 
 
-# A write that failed for one of these was certainly not applied (meta/raft_node.py NOT_APPLIED): resubmitted.
+# A write that failed for one of these was certainly not applied (meta/raft/node.py NOT_APPLIED): resubmitted.
 NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED, FAIL_REASON.NOT_LEADER,
                FAIL_REASON.REQUEST_DENIED}
 

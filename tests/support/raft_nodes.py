@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import time
 
-from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.raft.node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
 
 

@@ -18,8 +18,8 @@ import sys
 from aiohttp import web
 
 from wire.errors import ApiError
-from meta.raft_entry import encode_entry, encode_envelope, encode_stamp
-from meta.raft_node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.raft.entry import encode_entry, encode_envelope, encode_stamp
+from meta.raft.node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 
 PROPOSE_TIMEOUT_S = 5.0
 

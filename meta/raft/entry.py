@@ -9,7 +9,7 @@ An entry's payload (after pysyncobj's type byte) is lines of compact JSON, which
 Every proposal of a batch gets the same stamp and is decided on its own: one rejection does not touch its
 neighbours. The leader stamps a follower's batch by replacing the first line, without decoding and re-encoding
 envelopes of up to 8 MiB on its tick thread. A single proposal is a batch of one. This module is the one writer and
-the one parser of the format; apply (meta/raft_node.py), the offline tools (meta/offline_log.py) and tests use it.
+the one parser of the format; apply (meta/raft/node.py), the offline tools (meta/offline_log.py) and tests use it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from wire import json_body
 
-from . import limits
+from .. import limits
 
 STAMP_FIELDS = frozenset({"ts", "budget", "history"})
 ENVELOPE_OVERHEAD_BYTES_MAX = 4096   # rid, ts, budget and actor around the command

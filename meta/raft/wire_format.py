@@ -59,7 +59,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 
 MAGIC = b"STATOR-RAFT"
-# 2: pre-votes (meta/raft_prevote.py). A node of version 1 never answers one, and one of version 2 never campaigns
+# 2: pre-votes (meta/raft/prevote.py). A node of version 1 never answers one, and one of version 2 never campaigns
 # without a majority of answers: the two must refuse each other by name rather than never elect.
 WIRE_VERSION = 2
 FRAME_BYTES_MAX = 64 * 1024 * 1024

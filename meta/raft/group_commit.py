@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from .raft_journal import StatorJournal
+from .journal import StatorJournal
 
 log = structlog.get_logger("meta.raft")
 SLOW_SYNC_S = 0.1   # a sync this long is half the shortest election timeout

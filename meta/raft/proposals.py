@@ -1,4 +1,4 @@
-"""A node's proposals between two ticks, handed to pysyncobj as one log entry (meta/raft_entry.py).
+"""A node's proposals between two ticks, handed to pysyncobj as one log entry (meta/raft/entry.py).
 
 Why batches: every entry costs each node a journal record, a place in an append message, pysyncobj's bookkeeping,
 a hand-off to the apply thread and a commit callback, and every follower's proposal cost a raft message to the
@@ -18,8 +18,8 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON
 
-from .raft_applier import DISCARDED, Pending
-from .raft_entry import ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX
+from .applier import DISCARDED, Pending
+from .entry import ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX
 
 Callback = Callable[[Any, int], None]   # (outcome or DISCARDED, pysyncobj's FAIL_REASON)
 
@@ -73,7 +73,7 @@ class Proposals:
 
 
 def batch_callback(callbacks: list[Callback], lock: threading.Lock) -> Callback:
-    """pysyncobj's callback for one entry. On success it hands back the entry's ``Pending`` (meta/raft_applier.py),
+    """pysyncobj's callback for one entry. On success it hands back the entry's ``Pending`` (meta/raft/applier.py),
     whose outcome is the list of the proposals' outcomes, in order; a failure (not appended, leadership lost) is
     the same for every proposal of the entry."""
     def done(result: Any, err: int) -> None:   # tick thread

@@ -29,8 +29,8 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.node import Node, TCPNode
 from pysyncobj.version import VERSION
 
-from .raft_journal import StatorJournal
-from .raft_membership import MEMBERSHIP_COMMAND
+from .journal import StatorJournal
+from .membership import MEMBERSHIP_COMMAND
 from .snapshot_file import LogEntry, Snapshot, WriterState
 
 PYSYNCOBJ_VERSION = "0.3.17"
@@ -38,7 +38,7 @@ PYSYNCOBJ_VERSION = "0.3.17"
 
 def require_version(found: str) -> None:
     if found != PYSYNCOBJ_VERSION:
-        raise ImportError(f"meta.pysyncobj_shim was written against pysyncobj {PYSYNCOBJ_VERSION} and reaches into its "
+        raise ImportError(f"meta.raft.pysyncobj_shim was written against pysyncobj {PYSYNCOBJ_VERSION} and reaches into its "
                           f"private internals, but pysyncobj {found} is installed: pin pysyncobj=={PYSYNCOBJ_VERSION} "
                           "or review every function of this module against the new version")
 
@@ -395,7 +395,7 @@ def _raw_entry(entry: LogEntry) -> tuple[bytes, int, int]:
     return entry.command, entry.index, entry.term
 
 
-# -- journal: Stator's own (meta/raft_journal.py) -----------------------------------------------------------------
+# -- journal: Stator's own (meta/raft/journal.py) -----------------------------------------------------------------
 # ``SyncObj.__init__`` creates its journal with ``createJournal(self.__conf.journalFile)``, a module-level name of
 # pysyncobj.syncobj: the one documented swap puts Stator's journal there while the node is constructed (a lock keeps
 # two constructions in one process apart). ``test_pysyncobj_pin`` fails if pysyncobj stops calling it that way.

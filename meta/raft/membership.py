@@ -8,7 +8,7 @@ node's log, committed or not, so the journal tracks them as they are appended, t
 (``MembershipTrail``); a snapshot carries the membership of its index in the image (``image["members"]``).
 
 This module is the format and the trail; what a node does with them (voter or learner, bootstrap, promotions,
-operators' changes) is ``meta/raft_roles.py``.
+operators' changes) is ``meta/raft/roles.py``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import limits
-from .disk_identity import is_disk_id
-from .raft_entry import decode_entry
+from .. import limits
+from ..disk_identity import is_disk_id
+from .entry import decode_entry
 
 MEMBERSHIP_COMMAND = 2          # pysyncobj's _COMMAND_TYPE.MEMBERSHIP (test_pysyncobj_pin holds the value)
 COMMAND_TYPE = "SetMembership"

@@ -4,8 +4,8 @@ The driver loop, as pysyncobj runs it on its own tick thread:
   1. ``propose`` (asyncio) encodes an envelope as JSON bytes and queues it (never a pickled object: the envelope is
      data the state machine validates; ``pysyncobj_shim.CommandsAsBytes``).
   2. The next tick puts every queued proposal of this node into one log entry under the leader's stamp (its time
-     and settings; ``raft_entry``, ``raft_proposals``) and hands it to pysyncobj, which replicates it; once a
-     majority has it, pysyncobj's apply hook queues it for the apply thread (``raft_applier``).
+     and settings; ``entry``, ``proposals``) and hands it to pysyncobj, which replicates it; once a
+     majority has it, pysyncobj's apply hook queues it for the apply thread (``applier``).
   3. The apply thread runs the pure state machine on each envelope of the entry under ``image_lock`` (readers on
      the asyncio thread take the same lock, so they never see half of a command) and posts the changed topics to
      the event loop.
@@ -14,8 +14,8 @@ The driver loop, as pysyncobj runs it on its own tick thread:
 The replicated state is one attribute, ``image_data`` (plain data). A snapshot is that image written as JSON by
 ``snapshot_file`` (never pysyncobj's pickle of the object's attributes); every other attribute is set before
 ``SyncObj.__init__`` so that pysyncobj counts it as local, and what changes later lives in ``_LocalState``.
-The bytes are Stator's: the journal (``raft_journal``: checksummed records, group-committed fdatasync, compaction by
-rename) and the transport (``raft_transport``: our framing, AES-GCM under keys derived from the cluster secret, one
+The bytes are Stator's: the journal (``journal``: checksummed records, group-committed fdatasync, compaction by
+rename) and the transport (``transport``: our framing, AES-GCM under keys derived from the cluster secret, one
 frame per peer per tick). pysyncobj decides: elections, replication, the commit index.
 Everything that reaches into pysyncobj's internals goes through ``pysyncobj_shim``.
 """
@@ -38,24 +38,24 @@ from typing import Any
 import structlog
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
-from . import disk_identity, limits
+from .. import disk_identity, limits
 from . import pysyncobj_shim as shim
 from wire.errors import ApiError, rejection
-from .image import Image, restoring_pairs
-from .raft_applier import DISCARDED, Applier, Pending
-from .raft_entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope, encode_stamp, restamped
-from .raft_group_commit import GroupCommit
-from .raft_journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
-from .raft_journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
-from .raft_prevote import PreVote, PreVoteCounts
-from .raft_read_index import ReadIndex, ReadIndexCounts
-from .raft_proposals import Proposals, batch_callback
-from .raft_membership import from_image as members_of_image
-from .raft_roles import Roles
-from .raft_transport import RaftLink, StatorTransport
+from ..image import Image, restoring_pairs
+from .applier import DISCARDED, Applier, Pending
+from .entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope, encode_stamp, restamped
+from .group_commit import GroupCommit
+from .journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
+from .journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
+from .prevote import PreVote, PreVoteCounts
+from .read_index import ReadIndex, ReadIndexCounts
+from .proposals import Proposals, batch_callback
+from .membership import from_image as members_of_image
+from .roles import Roles
+from .transport import RaftLink, StatorTransport
 from .snapshot_file import BackgroundWriter, SnapshotFormatError, WriterState, sync_file
 from .snapshot_file import read as read_snapshot
-from .state_machine import StateMachine
+from ..state_machine import StateMachine
 
 log = structlog.get_logger("meta.raft")
 
@@ -90,7 +90,7 @@ class RaftTuning:
     # itself, as leader, toward their commit (group commit, one sync per tick); "none": written, never synced.
     journal_sync: str = "fsync"
     # "os": the journal's writes go to the OS at once; "memory_until_sync" (tests): they stay in the process until
-    # the next sync, so a kill -9 loses what a power loss would (meta/raft_journal.py).
+    # the next sync, so a kill -9 loses what a power loss would (meta/raft/journal.py).
     journal_io: str = "os"
 
 
@@ -170,9 +170,9 @@ class _LocalState:
     held: shim.HeldEntries | None = None      # appends that repeated held entries (pysyncobj_shim.py)
     # The leader's stamp (its clock and settings) for the next entry (RaftNode.leader_fields); None: unstamped.
     stamp: Callable[[], dict[str, Any]] | None = None
-    roles: Roles | None = None    # voter or learner, and the leader's membership changes (meta/raft_roles.py)
-    prevote: PreVote | None = None   # no campaign without a majority's pre-vote (meta/raft_prevote.py)
-    read_index: ReadIndex | None = None   # linearizable reads without a log entry (meta/raft_read_index.py)
+    roles: Roles | None = None    # voter or learner, and the leader's membership changes (meta/raft/roles.py)
+    prevote: PreVote | None = None   # no campaign without a majority's pre-vote (meta/raft/prevote.py)
+    read_index: ReadIndex | None = None   # linearizable reads without a log entry (meta/raft/read_index.py)
 
 
 class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
@@ -182,7 +182,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
                  urls: dict[str, str] | None = None):
         """``link``: how the raft port talks (mutual TLS or not); by default under ``secret`` alone. ``names``: the
         node name of each raft address of the config (this node's and its partners'), ``urls``: the HTTP URL of each
-        node name, as the membership records them (meta/raft_roles.py); by default the raft addresses, none."""
+        node name, as the membership records them (meta/raft/roles.py); by default the raft addresses, none."""
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
         self.image_lock = threading.RLock()
         # What the image's window trims, kept for this node's projection (meta/image.py, trimmed_to).
@@ -290,7 +290,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # pysyncobj drops a connection that has read nothing for connectionTimeout, and two followers never talk
         # until an election: their link was down much of the time, so the first candidate's vote request was lost
         # and every failover took a second election. A small message now and then keeps every link up.
-        # Each one also says which disk this node runs on and whether its log is empty (meta/raft_roles.py).
+        # Each one also says which disk this node runs on and whether its log is empty (meta/raft/roles.py).
         keepalive = self._local.roles.keepalive()
         if keepalive is not None:
             for node in self.otherNodes | self.readonlyNodes:
@@ -305,7 +305,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             self._local.pipe.notify()
 
     def stamp_bytes(self) -> bytes:
-        """The stamp line of the next entry: the leader's clock and settings (meta/raft_entry.py)."""
+        """The stamp line of the next entry: the leader's clock and settings (meta/raft/entry.py)."""
         return self._stamp()
 
     def _log_state_change(self, old: int, new: int) -> None:
@@ -326,7 +326,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             self._local.freeze_pending = False
             gc.freeze()
 
-    # -- proposals: one entry per node per tick (meta/raft_proposals.py) ---------------------------------------
+    # -- proposals: one entry per node per tick (meta/raft/proposals.py) ---------------------------------------
     def propose(self, envelope: bytes, callback: Callable[[Any, int], None]) -> None:
         """Event loop: queue one proposal's envelope for the next tick's entry; ``callback(outcome, err)`` fires
         on the tick or apply thread."""
@@ -573,7 +573,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     # -- status -----------------------------------------------------------------------------------------------
     @property
     def roles(self) -> Roles:
-        """This node's place in the membership, and the leader's changes (meta/raft_roles.py)."""
+        """This node's place in the membership, and the leader's changes (meta/raft/roles.py)."""
         return self._local.roles
 
     def membership_status(self) -> dict[str, Any]:
@@ -620,14 +620,14 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
 
     def read_index(self, done: Callable[[int | None, str | None], None], timeout_s: float) -> None:
         """Any thread: ``done(index, None)`` once a linearizable read may be served from this node's image, or
-        ``done(None, code)`` (meta/raft_read_index.py)."""
+        ``done(None, code)`` (meta/raft/read_index.py)."""
         self._local.read_index.request(done, timeout_s)
 
     def read_index_counts(self) -> ReadIndexCounts:
         return self._local.read_index.counts
 
     def pre_vote_counts(self) -> PreVoteCounts:
-        """Pre-votes asked and won, granted and refused, vote requests refused in lease (meta/raft_prevote.py)."""
+        """Pre-votes asked and won, granted and refused, vote requests refused in lease (meta/raft/prevote.py)."""
         return self._local.prevote.counts
 
     def snapshot_counts(self) -> dict[str, int]:
@@ -700,7 +700,7 @@ class RaftNode:
 
     async def read_index(self, timeout_s: float) -> None:
         """Returns once this node's image holds every write the cluster acknowledged before the call (a
-        linearizable read may then be served from it), appending nothing to the log (meta/raft_read_index.py).
+        linearizable read may then be served from it), appending nothing to the log (meta/raft/read_index.py).
         ProposeFailed with the reason when it cannot say so now (no leader, leadership changed, too many reads
         waiting): the caller may ask again."""
         fut: asyncio.Future = self.loop.create_future()

@@ -112,7 +112,7 @@ from pysyncobj.journal import Journal
 
 from runtime import power_loss
 
-from .raft_membership import MEMBERSHIP_COMMAND, MembershipTrail
+from .membership import MEMBERSHIP_COMMAND, MembershipTrail
 
 log = structlog.get_logger("meta.raft.journal")
 
@@ -803,7 +803,7 @@ class StatorJournal(Journal):
                 log.warning("raft_journal_torn_tail_truncated", path=last.path, offset=loaded.end,
                             bytes_dropped=loaded.torn_bytes, last_index=self.last_index)
         self._state = self._saved_state = loaded.state
-        # The membership entries of the log, kept current as it changes (meta/raft_membership.py).
+        # The membership entries of the log, kept current as it changes (meta/raft/membership.py).
         self.membership = MembershipTrail()
         for command, idx, _term in self._entries:
             if command[:1] == _MEMBERSHIP_BYTE:

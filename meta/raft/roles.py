@@ -1,4 +1,4 @@
-"""This node's place in the membership (meta/raft_membership.py): voter or learner, and, on the leader, the changes.
+"""This node's place in the membership (meta/raft/membership.py): voter or learner, and, on the leader, the changes.
 
 Everything here runs on the tick thread, except ``request`` (an operator's change, from the event loop) and
 ``status`` (any thread), which only hand over or read whole values.
@@ -33,11 +33,11 @@ import structlog
 from pysyncobj import FAIL_REASON
 from pysyncobj.node import TCPNode
 
-from . import disk_identity
+from .. import disk_identity
 from . import pysyncobj_shim as shim
-from . import raft_membership as membership
+from . import membership
 from wire.errors import ApiError, rejection
-from .raft_entry import encode_entry, encode_envelope
+from .entry import encode_entry, encode_envelope
 
 log = structlog.get_logger("meta.raft.roles")
 
@@ -161,7 +161,7 @@ class Roles:
         if voter and self._held and leader is None:
             # The learner's hold (LEARNER_ELECTION_HOLD_S, pushed ahead at every tick) is not a voter's timeout:
             # left in place, it delayed every first election of a new cluster by a second. (A node that restarts a
-            # voter never held, and keeps its restart grace: raft_node.RESTART_ELECTION_GRACE_S.)
+            # voter never held, and keeps its restart grace: node.RESTART_ELECTION_GRACE_S.)
             shim.restart_election_timer(self.so)
         if voter:
             self._held = False

@@ -1,4 +1,4 @@
-"""Stator's raft transport: pysyncobj's messages over authenticated, encrypted, batched links (meta/raft_wire.py).
+"""Stator's raft transport: pysyncobj's messages over authenticated, encrypted, batched links (wire_format.py).
 
 Plugged in through pysyncobj's public ``transportClass``: ``SyncObj(..., transportClass=functools.partial(
 StatorTransport, RaftLink(secret=...)))``. It replaces pysyncobj's TCPTransport, which unpickles whatever reaches
@@ -30,7 +30,8 @@ counter at its end. Whole frames, not bytes: a length prefix damaged in flight (
 frame it announces) made the reader wait for a megabyte that never came while keepalives kept the bytes flowing,
 and the link stayed up one way for good (the simulator, seed 5185: a flipped bit turned 80 bytes into 1,048,656).
 Every node sends each peer a keepalive every half second, and no frame is larger than one entry and a snapshot
-chunk, so a healthy link completes a frame well within the timeout. Refusals are logged once per (peer host, reason) and counted in ``refused``.
+chunk, so a healthy link completes a frame well within the timeout. Refusals are logged once per (peer host, reason)
+and counted in ``refused``.
 
 Not supported (pysyncobj features TCPTransport has): read-only nodes (``selfNode`` None) and pysyncobj's utility
 messages (``syncobj_admin``: status, add, remove, set_version, transfer over the raft port); ``conf.password``,
@@ -62,8 +63,8 @@ from pysyncobj.node import Node, TCPNode
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.transport import Transport, TransportNotReadyError
 
-from . import raft_wire as wire
-from .raft_wire import Kind, Reason, WireError
+from . import wire_format as wire
+from .wire_format import Kind, Reason, WireError
 
 log = structlog.get_logger("meta.raft.transport")
 
@@ -111,7 +112,7 @@ class RaftLink:
 
     @property
     def master_key(self) -> bytes:
-        """The stretched secret (~0.2 s the first time in a process; raft_wire caches it)."""
+        """The stretched secret (~0.2 s the first time in a process; wire_format caches it)."""
         return wire.stretch_secret(self.secret)
 
 
@@ -220,7 +221,7 @@ class StatorTransport(Transport):
         self._last_dial.pop(node, None)
 
     def set_outgoing(self, rewrite: Callable[[Any], Any] | None) -> None:
-        """``rewrite(message)``: what to send instead of each message queued from now on (meta/raft_prevote.py
+        """``rewrite(message)``: what to send instead of each message queued from now on (meta/raft/prevote.py
         marks a leadership transfer's vote requests)."""
         self._outgoing = rewrite
 
