@@ -14,7 +14,7 @@ Lease safety ("a member loses its queues when its lease ends, never before"):
   answers after, never one already promised (the leader counts each member's silence against the longer of its
   group's ``lease_ms`` and the one its last answer carried, and a revoked queue's against the longest its group's
   members were promised);
-- a new leader starts every lease afresh, and answers heartbeats only after a read index of its own term was served,
+- a new leader starts every lease afresh, and answers heartbeats only after a barrier of its own term has applied,
   so every expiry an older leader committed is in its image first; it counts each member as promised at least the
   longest lease an older leader's answer may still carry after a shortening of ``lease_ms`` (the image keeps it:
   groups.lease_still_promised_ms).
@@ -46,7 +46,7 @@ from .reads import ReadFacade
 log = structlog.get_logger("meta.groups")
 LEASE_CHECK_INTERVAL_S = 0.25
 EXPIRY_WAIT_S = 5.0          # how long a heartbeat waits for its member's pending expiry to apply
-READ_INDEX_WAIT_S = 5.0
+BARRIER_WAIT_S = 5.0
 
 Key = tuple[str, str]          # (group, member)
 LockKey = tuple[str, str, int, int]  # (group, topic, queue, token)
@@ -133,13 +133,12 @@ class GroupSessions:
         return wall + lease_ms if wall is not None and self.log.is_leader() else None
 
     async def _ready(self) -> None:
-        """A new leader serves heartbeats once a read index of its own term was served (see the module's docstring:
-        it needs an entry of this term committed and applied, meta/raft/read_index.py), and
+        """A new leader serves heartbeats once a barrier of its own term applied (see the module's docstring), and
         once its leases started afresh: the expiry loop may not have run in this term yet, and a reset after a
         heartbeat's answer would move the lease end that answer showed."""
         term = self.log.term()
         if self._ready_term != term:
-            await self.reads.linearizable(READ_INDEX_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
+            await self.reads.linearizable(BARRIER_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
             self._begin_term(term, time.monotonic())
             self._ready_term = term
 
