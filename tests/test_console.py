@@ -27,6 +27,9 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 UI_TIMEOUT_MS = 20_000     # a page or a live change on a loaded 2-core machine
+# expect()'s assertions wait by their own default (5 s), not the page's: a config form's redirect, rendered with every
+# broker's rates, took longer in a full suite run. They get the same bound as the page's actions.
+expect.set_options(timeout=UI_TIMEOUT_MS)
 DOWN_SHOWN_MS = 5_000      # issue 35: a stopped member shows as down this soon on an open page (pages poll each 1 s)
 TOPIC = "orders"
 QUEUES = 4
