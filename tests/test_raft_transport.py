@@ -471,6 +471,21 @@ def test_the_dialing_node_names_the_peers_wire_version():
     assert lines[0]["detail"] == f"peer {peer} speaks raft wire version {OTHER_VERSION}, this node {wire.WIRE_VERSION}"
 
 
+def _accept_as_peer(server: socket.socket, me: str, peer: str) -> tuple[RawPeer, wire.Session]:
+    """The hand-driven peer ``peer``'s side of a handshake with the node ``me`` that dials it: the link is then up."""
+    conn, _ = server.accept()
+    raw = RawPeer.__new__(RawPeer)
+    raw.sock, raw.reader, raw.sent = conn, wire.FrameReader(), []
+    client_hello = raw.frame()
+    assert wire.parse_handshake(client_hello).address == me
+    server_hello = wire.encode_hello(os.urandom(32), peer)
+    raw.send(wire.frame(server_hello))
+    session = wire.Session(LINK.master_key, client_hello, server_hello, is_client=False)
+    assert session.open(raw.frame()) == (Kind.AUTH, me.encode())
+    raw.send(b"".join(session.seal(Kind.AUTH, peer.encode())))
+    return raw, session
+
+
 def test_the_dialing_side_completes_a_handshake_and_closes_a_silent_link():
     """The node connects to a hand-driven peer: handshake, pysyncobj's messages through it, then the peer goes
     silent and the node closes the link after conf.connectionTimeout (onNodeDisconnected)."""
@@ -480,16 +495,8 @@ def test_the_dialing_side_completes_a_handshake_and_closes_a_silent_link():
     server.settimeout(5)
     node = Counter(me, [peer], connectionTimeout=1.0)
     try:
-        conn, _ = server.accept()
-        raw = RawPeer.__new__(RawPeer)
-        raw.sock, raw.reader, raw.sent = conn, wire.FrameReader(), []
-        client_hello = raw.frame()
-        assert wire.parse_handshake(client_hello).address == me
-        server_hello = wire.encode_hello(os.urandom(32), peer)
-        raw.send(wire.frame(server_hello))
-        session = wire.Session(LINK.master_key, client_hello, server_hello, is_client=False)
-        assert session.open(raw.frame()) == (Kind.AUTH, me.encode())
-        raw.send(b"".join(session.seal(Kind.AUTH, peer.encode())))
+        raw, session = _accept_as_peer(server, me, peer)
+        conn = raw.sock
         went_silent = time.monotonic()                   # the last bytes this peer sends
         partner = next(iter(node.otherNodes))
         wait_until(lambda: node.isNodeConnected(partner), what="the link up")
@@ -514,15 +521,8 @@ def test_a_link_whose_frame_never_completes_is_closed_though_bytes_keep_coming()
     server.settimeout(5)
     node = Counter(me, [peer], connectionTimeout=1.0)
     try:
-        conn, _ = server.accept()
-        raw = RawPeer.__new__(RawPeer)
-        raw.sock, raw.reader, raw.sent = conn, wire.FrameReader(), []
-        client_hello = raw.frame()
-        server_hello = wire.encode_hello(os.urandom(32), peer)
-        raw.send(wire.frame(server_hello))
-        session = wire.Session(LINK.master_key, client_hello, server_hello, is_client=False)
-        assert session.open(raw.frame()) == (Kind.AUTH, me.encode())
-        raw.send(b"".join(session.seal(Kind.AUTH, peer.encode())))
+        raw, _session = _accept_as_peer(server, me, peer)
+        conn = raw.sock
         partner = next(iter(node.otherNodes))
         wait_until(lambda: node.isNodeConnected(partner), what="the link up")
         raw.send(struct.pack("<I", 1_048_656))       # a frame announced, never finished
