@@ -7,6 +7,7 @@ the node's state when /metrics is scraped (``NodeStateCollector``), so nothing i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
@@ -124,22 +125,12 @@ class NodeStateCollector:
         kept.add_metric(["repeat"], held.repeats)
         kept.add_metric(["snapshot_commit_held"], held.snapshot_commits_held)
         yield kept
-        pre = svc.log.pre_vote_counts()
-        pre_votes = CounterMetricFamily("stator_meta_raft_pre_votes", "Pre-votes (meta/raft/prevote.py): rounds this "
-                                        "node asked for and won, pre-votes it granted and refused, vote requests it "
-                                        "refused while in lease, newer terms it heard from a term notice",
-                                        labels=["kind"])
-        for kind in ("rounds", "won", "granted", "refused", "votes_refused_in_lease", "terms_adopted"):
-            pre_votes.add_metric([kind], getattr(pre, kind))
-        yield pre_votes
-        reads = svc.log.read_index_counts()
-        read_index = CounterMetricFamily("stator_meta_raft_read_index", "Linearizable reads by read index "
-                                         "(meta/raft/read_index.py): served here, probes sent as leader, read "
-                                         "indexes answered for followers, reads refused (then asked again)",
-                                         labels=["kind"])
-        for kind in ("served", "probes", "answered", "refused"):
-            read_index.add_metric([kind], getattr(reads, kind))
-        yield read_index
+        yield _by_kind("stator_meta_raft_pre_votes", "Pre-votes (meta/raft/prevote.py): rounds this node asked for "
+                       "and won, pre-votes it granted and refused, vote requests it refused while in lease, newer "
+                       "terms it took from a term notice or a pre-vote's refusal", svc.log.pre_vote_counts())
+        yield _by_kind("stator_meta_raft_read_index", "Reads by read index (meta/raft/read_index.py): served here, "
+                       "probes sent as leader, read indexes answered for followers, reads refused",
+                       svc.log.read_index_counts())
         yield from self._image_gauges()
         cached = GaugeMetricFamily("stator_meta_route_cache_bytes", "Routes kept rendered, by form", labels=["form"])
         for form, nbytes in svc.reads.route_cache_bytes().items():
@@ -190,3 +181,11 @@ class NodeStateCollector:
             yield GaugeMetricFamily("stator_meta_seals_in_flight", "Segments sealing now", value=seals)
             yield GaugeMetricFamily("stator_meta_remaps_in_flight",
                                     "Queues whose newest segment waits for the seal of the one before", value=moves)
+
+
+def _by_kind(name: str, help_text: str, counts: Any) -> CounterMetricFamily:
+    """One counter per field of a dataclass of counts, labelled ``kind`` by the field's name."""
+    family = CounterMetricFamily(name, help_text, labels=["kind"])
+    for kind, value in dataclasses.asdict(counts).items():
+        family.add_metric([kind], value)
+    return family
