@@ -150,12 +150,13 @@ class ReadFacade:
         """Returns once this node's image holds every write acknowledged before the call; 503 NO_LEADER when no
         leader confirmed it within ``timeout_s``.
 
-        Still a Barrier entry through the log, not the read index (meta/raft/read_index.py, ``Log.read_index``):
+        Still a Barrier entry through the log, not the read index (meta/raft/read_index.py):
         served by the read index, the chaos runner's fixed seed (tests/test_chaos.py) stored an idempotent
         producer's resend twice in about one run in five (none in ten with barriers). The read index is not wrong
         there: the chaos workloads move faster with it, and more often resend a batch in doubt across a power loss of
         every broker, after which no broker holds the producer table (broker/producers.py keeps it in memory only).
-        The producer table must survive a restart first; then this waits for ``self.log.read_index`` instead."""
+        The producer table must survive a restart first; then this waits for the read index instead
+        (``RaftNode.read_index``, to be reached through ``Log``)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:

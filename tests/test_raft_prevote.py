@@ -136,3 +136,24 @@ async def test_a_cut_off_leader_is_replaced_and_follows_once_healed(metas):
         views = await metas.views()
         assert {v[1] for v in views.values()} <= {new_term, None}, f"a term moved after the heal: {views}"
         await asyncio.sleep(SAMPLE_S)
+
+
+async def test_a_leadership_transfer_elects_the_node_asked_at_the_next_term(tmp_path):
+    """TimeoutNow: the node the leader names campaigns at once, and the followers, in lease with the old leader,
+    still grant it (its vote requests carry ``force``); without that flag they dropped them as a disruption.
+    Three raft nodes in this process (tests/support/raft_nodes.py)."""
+    from tests.support.raft_nodes import leader_of, start_nodes
+    nodes = start_nodes(tmp_path, "prevote-test-secret")
+    try:
+        leader, _raft = await leader_of(nodes, FAILOVER_S)
+        term = leader.raftCurrentTerm
+        target = next(n for n in nodes if n is not leader)
+        leader.transferLeadership(target.selfNode)
+        deadline = time.monotonic() + FAILOVER_S
+        while not target.is_leader():
+            assert time.monotonic() < deadline, "the transfer's target never led"
+            await asyncio.sleep(0.02)
+        assert target.raftCurrentTerm == term + 1, (term, target.raftCurrentTerm)
+    finally:
+        for n in nodes:
+            n.stop()

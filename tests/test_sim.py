@@ -38,7 +38,8 @@ MUTANT_SEEDS_MAX = 4          # a planted bug must be reported within this many 
 # Modules the simulator runs for real, and the clocks and randomness each may reach only through PATCHES.
 SIMULATED = ["meta.raft.node", "meta.raft.transport", "meta.raft.roles", "meta.raft.prevote", "meta.raft.read_index",
              "meta.raft.group_commit", "meta.raft.pysyncobj_shim", "meta.raft.applier", "meta.raft.proposals",
-             "meta.raft.entry", "meta.raft.membership", "meta.raft.wire_format", "meta.raft.journal", "meta.state_machine"]
+             "meta.raft.entry", "meta.raft.membership", "meta.raft.wire_format", "meta.raft.journal",
+             "meta.state_machine"]
 NOT_ON_THE_SIMULATED_PATH = {("meta.raft.journal", "time")}   # OsJournalIO.remove_dead; the simulator's IO has none
 
 

@@ -255,7 +255,6 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self.image_data = self._machine.image.data
         self._local.journal = GroupCommit(shim.journal_of(self), tuning.journal_sync == "fsync")
         self._local.transport = shim.transport(self)
-        self._local.transport.set_outgoing(prevote.outgoing)
         self._local.transport.set_before_flush(self._local.journal.before_flush, self._local.journal.sent)
         shim.load_snapshot_before_any_apply(self)
         # Bound to the restored image now, before anyone reads: a later rebind tells every reader that everything

@@ -70,11 +70,17 @@ class PreVote:
         """Before pysyncobj's tick: when its election timeout has passed, run a pre-vote instead of the campaign
         pysyncobj would start, unless a pre-vote for that campaign was just won or the leader asked for it."""
         so = self.so
+        if self._forced is not None:   # the transfer's campaign went out in the last tick: sends go as they are
+            self._forced = None
+            shim.transport(so).set_outgoing(None)
         if not shim.election_due(so):
             return
         term = so.raftCurrentTerm
         if shim.transfer_in_progress(so):
-            self._forced = term + 1   # pysyncobj campaigns in this tick: its requests say the leader asked
+            # pysyncobj campaigns in this tick: its vote requests say the leader asked. The transport rewrites
+            # messages only for this tick, so no other send pays for it.
+            self._forced = term + 1
+            shim.transport(so).set_outgoing(self.outgoing)
             return
         if self._won == term + 1:
             self._won = None          # pysyncobj campaigns in this tick
@@ -99,7 +105,7 @@ class PreVote:
             shim.start_election_now(so)
 
     def outgoing(self, message: Any) -> Any:
-        """Each message the transport sends: a transfer's vote requests carry ``force``."""
+        """Each message the transport sends in the tick of a transfer's campaign: its vote requests carry ``force``."""
         if (self._forced is not None and isinstance(message, dict) and message.get("type") == REQUEST_VOTE
                 and message.get("term") == self._forced):
             return {**message, "force": True}
