@@ -20,6 +20,7 @@ from .metrics import BrokerMetrics, ConsumerLagCollector, StateCollector
 from .meta_link import MetaLink
 from .offsets import OffsetStore
 from .peers import Peers
+from .producer_journal import ProducerJournal
 from .pop.metrics import PopCollector
 from .pop.service import PopService
 from .pop.settings import GroupSettings
@@ -54,8 +55,9 @@ class BrokerNode:
         self.session = MetaSession()
         self.pop_signals = TopicSignals()
         self.group_settings = GroupSettings()
+        self.producer_log = ProducerJournal(os.path.join(config.data_dir, "producers.log"))
         self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets, self.pop_signals,
-                             self.metrics)
+                             self.metrics, self.producer_log)
         self.locks = LockTable(lambda: self.session.writable(self.routes.version))
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
@@ -105,6 +107,7 @@ class BrokerNode:
             await asyncio.sleep(FLUSH_TICK_S)
             try:
                 await asyncio.to_thread(self.store.maybe_flush, int(time.time() * 1000))
+                await asyncio.to_thread(self.producer_log.sync)
             except Exception:
                 log.exception("flush_failed")  # that queue is marked failed and refuses writes; others go on
 
@@ -130,6 +133,7 @@ class BrokerNode:
         self.reader.stop()
         self.writer.stop()
         self.store.close()
+        self.producer_log.close()
         self.offsets.close()
 
 

@@ -183,7 +183,7 @@ class OffsetStore:
         if not out:
             return refusals
         try:
-            _write_all(self._fd, b"".join(out))
+            files.write_all(self._fd, b"".join(out))
             files.sync_data(self._fd)
         except OSError:
             log.exception("offsets_write_failed", path=self.path)
@@ -234,12 +234,6 @@ class OffsetStore:
             log.warning("offsets_close_timed_out", path=self.path, timeout_s=CLOSE_TIMEOUT_S)
             return
         os.close(self._fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _answer(batch: list[_Commit], refusals: list[Refusal | None]) -> None:

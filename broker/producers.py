@@ -10,14 +10,16 @@ offsets the old leader gave, as long as the batch reached the copy that was elec
 Entries are kept in logic offsets with the gen that stored them. When a gen is sealed, entries of that gen past its
 end are dropped (``sealed``): a copy may hold records past the end the elected replica reported, never kept.
 A deleted topic's entries stay until the least recently used are evicted (QUEUES_MAX): producers draw their ids
-at random (63 bits), so a topic created again under the name never meets them. The table lives in memory: a broker
-that restarts loses its copies' standing anyway (it is not in sync until it has caught up, and it learns the batches
-again as it does); a queue of one copy loses it with the restart.
+at random (63 bits), so a topic created again under the name never meets them. Every batch recorded is also written
+to the broker's producers.log (producer_journal.py), durable before its send is answered, and loaded again at start:
+a broker that restarts or loses power answers a resend of a batch it acknowledged as it did before. Held in memory
+only, the table was lost with a power loss of every copy, and the resend was stored a second time.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterator
 from typing import NamedTuple
 
 BATCHES_PER_PRODUCER = 8        # a producer's batches remembered per logic queue (Kafka: 5 in flight)
@@ -33,6 +35,8 @@ class Batch(NamedTuple):
     first: int     # logic offset of its first record
     count: int
     gen: int
+    pq: str = ""        # the physical queue holding its records here, and the physical offset of its first record:
+    physical: int = -1  # what a restart checks the batch against (producer_journal.py)
 
 
 class ProducerTable:
@@ -51,7 +55,8 @@ class ProducerTable:
                 return b
         return None
 
-    def record(self, topic: str, queue: int, batch: Batch) -> None:
+    def record(self, topic: str, queue: int, batch: Batch) -> bool:
+        """Remember ``batch``; False when the queue holds a batch at its offset already (nothing new)."""
         key = (topic, queue)
         producers = self._queues.get(key)
         if producers is None:
@@ -71,8 +76,10 @@ class ProducerTable:
                 producers.popitem(last=False)
         else:
             producers.move_to_end(batch.producer)
-        if all(b.first != batch.first for b in batches):
-            batches.append(batch)
+        if any(b.first == batch.first for b in batches):
+            return False
+        batches.append(batch)
+        return True
 
     def sealed(self, topic: str, queue: int, gen: int, logic_end: int) -> None:
         """Gen ``gen`` of the queue ended at ``logic_end``: its batches past the end were never kept."""
@@ -88,6 +95,13 @@ class ProducerTable:
                if b.gen == gen and first <= b.first < end]
         out.sort(key=lambda b: b.first)
         return out
+
+    def entries(self) -> Iterator[tuple[str, int, Batch]]:
+        """Every batch remembered, as (topic, queue, batch), a queue's oldest first per producer."""
+        for (topic, queue), producers in self._queues.items():
+            for batches in producers.values():
+                for b in batches:
+                    yield topic, queue, b
 
     def holds(self, topic: str) -> bool:
         return topic in self._topics

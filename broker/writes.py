@@ -18,12 +18,14 @@ from .codec import TAG_JSON, encode_message
 from .group_commit import GroupCommit
 from .offsets import OffsetStore
 from .pop.wakeup import TopicSignals
+from .producer_journal import ProducerJournal
 from .producers import Batch, ProducerTable
 from .replication.leader import ReplicaTracker
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
-from .storage import FLUSH_GROUP, InvalidArgument, PhysicalQueue, QueueStore, Run, StorageError
+from .storage import (FLUSH_FSYNC, FLUSH_GROUP, InvalidArgument, PhysicalQueue, QueueFailed, QueueStore, Run,
+                      StorageError)
 from .storage_threads import StorageThreads
 
 MESSAGES_PER_SEND_MAX = 10_000
@@ -52,7 +54,10 @@ def stored_run(pq: PhysicalQueue, first: int, records: bytes, count: int, tag: i
 
 class Writer:
     def __init__(self, me: str, store: QueueStore, routes: RouteTable, session: MetaSession, offsets: OffsetStore,
-                 appended: TopicSignals | None = None, metrics: BrokerMetrics | None = None):
+                 appended: TopicSignals | None = None, metrics: BrokerMetrics | None = None,
+                 producer_log: ProducerJournal | None = None):
+        """``producer_log``: where the producers' batches are kept across restarts (the broker's producers.log);
+        without it (a writer alone in a unit test) they are kept in memory only."""
         self.me = me
         self.metrics = metrics
         self.store = store
@@ -70,6 +75,11 @@ class Writer:
         # The copies of the heads this broker leads: sends wait for them, consumers read below their high watermark
         self.replicas = ReplicaTracker(me, routes, self.max_physical)
         self.producers = ProducerTable()   # batches seen per producer: a resend is answered, not stored again
+        self._producer_log = producer_log
+        self._flush_policy = store.config.flush_policy
+        if producer_log is not None:
+            for topic, queue, b in producer_log.load(self._holds):
+                self.producers.record(topic, queue, b)
 
     def stop(self) -> None:
         self._threads.stop()
@@ -100,6 +110,22 @@ class Writer:
         """The segment's readable end here (``PhysicalQueue.max_offset``)."""
         q = self.local_queue(seg)
         return q.max_offset if q is not None else seg.physical_start
+
+    def _holds(self, pq_name: str, end: int) -> bool:
+        """Whether this broker's physical queue ``pq_name`` holds its records below ``end`` (at start, recovered)."""
+        if pq_name not in self.store:
+            return False
+        try:
+            return self.store.get(pq_name).next_offset >= end
+        except StorageError:
+            return False   # a queue that does not open answers nothing: its batches cannot be answered either
+
+    def _remember(self, topic: str, queue: int, batch: Batch) -> None:
+        """Record a batch stored here, in the table and in producers.log (durable with the records: ``_durable``).
+        The caller holds the queue's lock."""
+        if self.producers.record(topic, queue, batch) and self._producer_log is not None:
+            self._producer_log.append(topic, queue, batch)
+            self._producer_log.maybe_compact(self.producers.entries)
 
     def forget_unkept_batches(self, topic: str) -> None:
         """Producers' batches stored past the end of a sealed segment were never kept (a failover's elected copy
@@ -207,12 +233,17 @@ class Writer:
                             if producer is not None else None)
                     if seen is not None:
                         break
+                    if producer is not None and self._producer_log is not None and self._producer_log.failed:
+                        raise _storage_unavailable(head, QueueFailed("the producers journal failed"))
                     started = time.perf_counter()
                     pq, first = await self._append(head, send, tag, checked)
                     written = stored_run(pq, first, send.records, send.count, tag)
                     if producer is not None:
-                        self.producers.record(topic, queue, Batch(producer[0], producer[1], head.logic(first),
-                                                                  send.count, head.gen))
+                        try:
+                            self._remember(topic, queue, Batch(producer[0], producer[1], head.logic(first),
+                                                               send.count, head.gen, head.physical_queue, first))
+                        except StorageError as e:   # stored, but a resend after a restart would store it again
+                            raise _storage_unavailable(head, e) from None
                     break
         if seen is not None:
             return await self._resent(head, seen)
@@ -250,9 +281,18 @@ class Writer:
 
     async def _durable(self, pq: PhysicalQueue, end: int) -> None:
         """Returns once ``pq``'s records below ``end`` are on disk (at once unless storage's flush policy is
-        "group": with "fsync" the append synced, with "interval" durability is the interval's)."""
+        "group": with "fsync" the append synced, with "interval" durability is the interval's), and with them the
+        producers' batches recorded so far (producer_journal.py)."""
+        log = self._producer_log
         if self._commit is not None:
             await self._commit.durable(pq, end)
+            if log is not None and log.max_offset < log.next_offset:
+                await self._commit.durable(log, log.next_offset)
+        elif self._flush_policy == FLUSH_FSYNC and log is not None and log.max_offset < log.next_offset:
+            try:
+                await self._threads.run(log.sync)
+            except OSError as e:
+                raise QueueFailed(f"syncing the producers journal failed: {e}", path=log.path) from None
 
     async def _append(self, head: Segment, send: batch.Send, tag: int, checked: bool) -> tuple[PhysicalQueue, int]:
         """Append within the segment's offset budget; the caller holds the segment's lock."""
@@ -304,7 +344,8 @@ class Writer:
                 taken += run.count
             for b in batches:   # of a sealed segment, only those within its end were kept
                 if seg.logic_end is None or b.first + b.count <= seg.logic_end:
-                    self.producers.record(seg.topic, seg.queue, b)
+                    self._remember(seg.topic, seg.queue, b._replace(pq=seg.physical_queue,
+                                                                     physical=seg.physical(b.first)))
         if taken and self._commit is not None:
             self._commit.ask(pq)   # synced from now on, though waited for later (durable_copy)
         if taken and durable:

@@ -87,4 +87,5 @@ async def broker_node(tmp_path):
     finally:
         n.writer.stop()
         n.store.close()
+        n.producer_log.close()
         n.offsets.close()

@@ -206,6 +206,7 @@ def test_group_events_of_the_watch_stream_fill_the_table_and_count_as_followed(t
         assert n.routes.version == 40, "a group event's id is a resume point: the broker followed the log to it"
     finally:
         n.offsets.close()
+        n.producer_log.close()
         n.writer.stop()
 
 
@@ -219,6 +220,7 @@ def test_a_bad_group_event_is_logged_and_the_stream_goes_on(tmp_path):
         assert n.locks.exclusive("g")
     finally:
         n.offsets.close()
+        n.producer_log.close()
         n.writer.stop()
 
 

@@ -19,6 +19,7 @@ import sys
 import aiohttp
 import pytest
 
+from broker.producers import BATCHES_PER_PRODUCER
 from runtime import power_loss
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import history, ok, write_configs_until
@@ -29,6 +30,7 @@ SEGMENT_BYTES = 4096           # segments roll every few batches: segment creati
 BATCHES = 40
 BATCH = 10
 BODY = "x" * 80
+PRODUCER = 4242
 WAIT_S = 60.0
 
 
@@ -41,14 +43,18 @@ def ledger_text(c, name: str) -> str:
         return f.read()
 
 
-async def send_batches(c, topic: str, batches: int, queue: int = 0, sender: int = 0) -> list[tuple[int, str]]:
+async def send_batches(c, topic: str, batches: int, queue: int = 0, sender: int = 0,
+                       producer: int | None = None, first: int = 0) -> list[tuple[int, str]]:
+    """Batches ``first`` .. ``first + batches - 1``; ``producer``: sent as an idempotent producer of that id, batch i
+    with X-Producer-Seq i."""
     r = await wait_route(c, topic, all_writable)
     addr = r["queues"][queue]["address"]
     acked: list[tuple[int, str]] = []
-    for i in range(batches):
+    for i in range(first, first + batches):
         bodies = [f"{queue}-{sender}-{i}-{k}-{BODY}" for k in range(BATCH)]
+        headers = {} if producer is None else {"X-Producer-Id": str(producer), "X-Producer-Seq": str(i)}
         s, b, _ = await c.call("POST", f"{addr}/v1/messages/{topic}/{queue}", "client",
-                               json={"messages": [{"body": x} for x in bodies]})
+                               json={"messages": [{"body": x} for x in bodies]}, headers=headers)
         assert s == 200, b
         acked += zip(b["offsets"], bodies)
     return acked
@@ -67,7 +73,7 @@ async def test_a_broker_keeps_every_acked_message_offset_and_pop_ack_through_a_t
                                                                 "sync_scope": sync_scope},
                                    serve_flags=FLAGS) as c:
         await ok(c, "POST", "/v1/topics", json={"topic": "pl", "queues": 1, "brokers": ["b1"]}, expect=(201,))
-        acked = await send_batches(c, "pl", BATCHES)
+        acked = await send_batches(c, "pl", BATCHES, producer=PRODUCER)
         b1 = c.url("b1")
         s, b, _ = await c.call("PUT", f"{b1}/v1/offsets/g/pl/0", "client", json={"offset": 123})
         assert s == 200, b
@@ -79,7 +85,7 @@ async def test_a_broker_keeps_every_acked_message_offset_and_pop_ack_through_a_t
         assert s == 200 and all(r["ok"] for r in b["results"]), b
         # (c): the offsets file and the pop journal report their syncs, as the segments and indexes do
         text = ledger_text(c, "b1")
-        for name in ("offsets.log", os.path.join("pop", "journal.log"), ".index", ".log"):
+        for name in ("offsets.log", os.path.join("pop", "journal.log"), "producers.log", ".index", ".log"):
             assert name in text, f"the ledger never saw a sync of {name}"
 
         loss = await power_loss_of(c, "b1", random.Random(5), tear=True)
@@ -87,6 +93,14 @@ async def test_a_broker_keeps_every_acked_message_offset_and_pop_ack_through_a_t
         got = {(m["offset"], m["body"]) for m in await read_all(c, "pl", 0)}
         missing = [a for a in acked if a not in got]
         assert not missing, f"{len(missing)} acked messages lost in the power loss ({loss}), e.g. {missing[:3]}"
+        # The producer heard no answer to its last batches (as many as a broker remembers per producer) and sends
+        # them again: each is answered with the offsets it was stored at, and stored once (the producers' batches
+        # are durable with the records: broker/producer_journal.py)
+        resent = BATCHES_PER_PRODUCER
+        assert await send_batches(c, "pl", resent, producer=PRODUCER, first=BATCHES - resent) == \
+            acked[-resent * BATCH:], loss
+        bodies = [m["body"] for m in await read_all(c, "pl", 0)]
+        assert len(bodies) == len(set(bodies)), f"a resent batch was stored twice after the power loss ({loss})"
         s, b, _ = await c.call("GET", f"{b1}/v1/offsets/g/pl/0", "client")
         assert (s, b.get("offset")) == (200, 123), (b, loss)
         s, b, _ = await c.call("POST", f"{b1}/v1/pop/pl", "client", json={"group": "p", "max": 50})

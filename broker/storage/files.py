@@ -114,14 +114,19 @@ def sync_dir(path: str) -> None:
     power_loss.dir_synced(path)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Writes all of ``data``: os.write may write less than it was given."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Replaces `path` with `data`; a crash leaves the old or the new content. The caller syncs the directory."""
     tmp = path + TMP_SUFFIX
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
