@@ -11,10 +11,12 @@ Lease safety ("a member loses its queues when its lease ends, never before"):
   renew a lease the log is about to end;
 - a revoked queue's lease runs from when the leader first saw it revoked, after the last answer that listed it;
 - a lease lasts what the answer that granted it said: an admin who shortens ``lease_ms`` shortens the leases of the
-  answers after, never one already promised (the leader counts each member's silence against the longer of its
-  group's ``lease_ms`` and the one its last answer carried, and a revoked queue's against the longest its group's
-  members were promised);
-- a new leader starts every lease afresh, and answers heartbeats only after a barrier of its own term has applied,
+  answers after, never one already promised (the leader keeps, per member, when the longest lease any answer
+  promised it ends: a member is silent only past that and past its group's ``lease_ms``; a revoked queue is
+  released only once the longest lease promised to its holder has ended. Kept as the last answer's lease_ms, an
+  answer after a shortening hid the longer one before it, which still ran: the chaos runner saw a revoked queue
+  given to another 1.1-1.2 s before its holder's lease ended);
+- a new leader starts every lease afresh, and answers heartbeats only after a linearizable read of its own term,
   so every expiry an older leader committed is in its image first; it counts each member as promised at least the
   longest lease an older leader's answer may still carry after a shortening of ``lease_ms`` (the image keeps it:
   groups.lease_still_promised_ms).
@@ -46,7 +48,7 @@ from .reads import ReadFacade
 log = structlog.get_logger("meta.groups")
 LEASE_CHECK_INTERVAL_S = 0.25
 EXPIRY_WAIT_S = 5.0          # how long a heartbeat waits for its member's pending expiry to apply
-BARRIER_WAIT_S = 5.0
+READ_WAIT_S = 5.0
 
 Key = tuple[str, str]          # (group, member)
 LockKey = tuple[str, str, int, int]  # (group, topic, queue, token)
@@ -58,8 +60,13 @@ class GroupSessions:
         self.log = log
         self._seen: dict[Key, float] = {}          # monotonic s of the last heartbeat received
         self._seen_wall: dict[Key, int] = {}       # wall ms of it, for display
-        self._promised_s: dict[Key, float] = {}    # the lease_ms of the member's last answer, in seconds
-        self._revoked_at: dict[LockKey, float] = {}
+        # monotonic s at which the longest lease any answer promised the member ends: an answer after an operator
+        # shortened lease_ms promises less than the one before it, which still runs
+        self._promised_until: dict[Key, float] = {}
+        # monotonic s at which a revoked lock is released: its lease (lease_ms) from when the leader first saw it
+        # revoked, and not before the longest lease an answer promised its holder then has ended (no answer after
+        # lists it as owned)
+        self._release_at: dict[LockKey, float] = {}
         self._expiring: dict[Key, asyncio.Event] = {}
         self._led_term: int | None = None
         self._ready_term: int | None = None
@@ -88,7 +95,8 @@ class GroupSessions:
                 self._seen[key], self._seen_wall[key] = before
             raise
         version, mine, config = self._assignments(group, member)
-        self._promised_s[key] = config["lease_ms"] / 1000
+        until = self._seen[key] + config["lease_ms"] / 1000
+        self._promised_until[key] = max(self._promised_until.get(key, 0.0), until)
         lease_end = wall_ms + config["lease_ms"]
         return {"assignments": [{**a, "lease_expires_ms": lease_end} for a in mine["owned"]],
                 "revoking": mine["revoking"],
@@ -126,19 +134,20 @@ class GroupSessions:
         """The member left: its lease no longer runs."""
         self._seen.pop((group, member), None)
         self._seen_wall.pop((group, member), None)
-        self._promised_s.pop((group, member), None)
+        self._promised_until.pop((group, member), None)
 
     def lease_expires_ms(self, group: str, member: str, lease_ms: int) -> int | None:
         wall = self._seen_wall.get((group, member))
         return wall + lease_ms if wall is not None and self.log.is_leader() else None
 
     async def _ready(self) -> None:
-        """A new leader serves heartbeats once a barrier of its own term applied (see the module's docstring), and
+        """A new leader serves heartbeats once a linearizable read of its own term was served (the read index waits
+        for an entry of the term to commit: see the module's docstring), and
         once its leases started afresh: the expiry loop may not have run in this term yet, and a reset after a
         heartbeat's answer would move the lease end that answer showed."""
         term = self.log.term()
         if self._ready_term != term:
-            await self.reads.linearizable(BARRIER_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
+            await self.reads.linearizable(READ_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
             self._begin_term(term, time.monotonic())
             self._ready_term = term
 
@@ -184,24 +193,21 @@ class GroupSessions:
         found = self.reads.read(members)
         self._seen = {k: now for k, _ in found}
         self._seen_wall = {k: wall_ms for k in self._seen}   # the lease ends shown are this leader's
-        self._promised_s = {k: promised / 1000 for k, promised in found if promised}
-        self._revoked_at = {}
+        self._promised_until = {k: now + promised / 1000 for k, promised in found if promised}
+        self._release_at = {}
         self._answers = {}
 
     def _due(self, image: Image, now: float) -> tuple[dict[str, list[str]], dict[str, list[dict[str, Any]]]]:
         """Members silent for their group's lease, and revoked locks whose lease ended. Under the image lock."""
         members: dict[str, list[str]] = {}
         lease_s_of: dict[str, float] = {}
-        promised_s_of: dict[str, float] = {}   # per group: the longest lease its members' last answers carried
-        for key, promised in self._promised_s.items():
-            promised_s_of[key[0]] = max(promised, promised_s_of.get(key[0], 0.0))
         for key in list(self._seen):
             group, member = key
             g = image.groups.get(group)
             lease_s = lease_s_of.get(group)
             if lease_s is None:
                 lease_s = lease_s_of[group] = groups.effective_config(group, g)["lease_ms"] / 1000
-            if now - self._seen[key] <= max(lease_s, self._promised_s.get(key, 0.0)):
+            if now <= max(self._seen[key] + lease_s, self._promised_until.get(key, 0.0)):
                 continue
             if g is not None and member in g["members"]:
                 members.setdefault(group, []).append(member)
@@ -217,16 +223,20 @@ class GroupSessions:
         current: set[LockKey] = set()
         for group in image.data["revoking"]:
             g = image.groups[group]
-            lease_s = max(groups.effective_config(group, g)["lease_ms"] / 1000, promised_s_of.get(group, 0.0))
+            lease_s = groups.effective_config(group, g)["lease_ms"] / 1000
             for topic, qs in g["locks"].items():
                 for q, lk in qs.items():
                     if groups.owned(lk):
                         continue
                     key = (group, topic, int(q), lk["token"])
                     current.add(key)
-                    if now - self._revoked_at.setdefault(key, now) > lease_s:
+                    release = self._release_at.get(key)
+                    if release is None:   # first seen revoked: no answer from now on lists it as owned
+                        holder = self._promised_until.get((group, lk["member"]), 0.0)
+                        release = self._release_at[key] = max(now + lease_s, holder)
+                    if now > release:
                         locks.setdefault(group, []).append({"topic": topic, "queue": int(q), "token": lk["token"]})
-        self._revoked_at = {k: v for k, v in self._revoked_at.items() if k in current}
+        self._release_at = {k: v for k, v in self._release_at.items() if k in current}
         return members, locks
 
     async def _expire_members(self, group: str, names: list[str]) -> None:

@@ -154,11 +154,18 @@ MUTANTS = [
     # finds the message acked under it). Reached by the pop workload's late acks, past the invisible time.
     Mutant("pop_ack_through_a_superseded_handle", "broker/pop/state.py",
            "        if d.seq == seq:", "        if d.seq >= seq:"),
-    # meta: a member's silence counted against its group's lease_ms alone, not the longer lease its last answer
-    # promised: after an operator shortens lease_ms, a silent member's queues go to another before its lease ends
+    # meta: a member's silence counted against its group's lease_ms alone, not the longer lease an answer promised:
+    # after an operator shortens lease_ms, a silent member's queues go to another before its lease ends
     Mutant("lease_shortened_under_a_member_s_promise", "meta/group_sessions.py",
-           "            if now - self._seen[key] <= max(lease_s, self._promised_s.get(key, 0.0)):",
+           "            if now <= max(self._seen[key] + lease_s, self._promised_until.get(key, 0.0)):",
            "            if now - self._seen[key] <= lease_s:"),
+    # meta: a revoked queue released a lease_ms after the leader first saw it revoked, not after the longest lease
+    # its holder was promised: after an operator shortened lease_ms, a member's answer with the shorter lease hid
+    # the longer one before it, and the queue went to another while its holder's lease still ran (the chaos
+    # runner's leases_never_overlap at seed 884, one run in four, 2026-11-30)
+    Mutant("revoked_queue_released_under_its_holder_s_promise", "meta/group_sessions.py",
+           "release = self._release_at[key] = max(now + lease_s, holder)",
+           "release = self._release_at[key] = now + lease_s"),
     # meta: a node on an empty disk that counts itself a voter once it has heard every peer, fresh or not (the
     # first start of a whole cluster needs every peer fresh): wiped, it votes with no log, and elects a stale node
     Mutant("wiped_node_votes_with_an_empty_log", "meta/raft/roles.py",

@@ -203,6 +203,34 @@ async def test_a_lease_promised_before_it_was_shortened_outlives_the_leader_that
         await asyncio.to_thread(c.start, leader)
 
 
+async def test_a_revoked_queue_waits_out_the_longest_lease_its_holder_was_promised(meta_cluster):
+    """a holds both queues under a 6 s lease; lease_ms is shortened to 2 s, b joins and one of a's queues is revoked.
+    a heartbeats on (each answer now carries 2 s) but never releases it: b may be granted it only once a's 6 s
+    ended. The leader used to count the revoked queue against the last answer's 2 s, which hid the 6 s before it
+    (the chaos runner's leases_never_overlap, one run in four at seed 884)."""
+    c = meta_cluster
+    await brokerless_topic(c, "revoked", 2)
+    await ok(c, "PUT", "/v1/groups/gr/config", "admin", {"lease_ms": 6000, "heartbeat_interval_ms": HEARTBEAT_MS})
+    a = await beat(c, "a", topics=("revoked",), group="gr")
+    assert len(held(a)) == 2 and a["lease_ms"] == 6000
+    promised_end_ms = a["assignments"][0]["lease_expires_ms"]
+    await ok(c, "PUT", "/v1/groups/gr/config", "admin", {"lease_ms": LEASE_MS, "heartbeat_interval_ms": HEARTBEAT_MS})
+    assert (await beat(c, "a", topics=("revoked",), group="gr"))["lease_ms"] == LEASE_MS
+    stop = asyncio.Event()
+
+    async def a_beats_on() -> None:   # a keeps its member lease alive, and its revoked queue unreleased
+        while not stop.is_set():
+            await beat(c, "a", topics=("revoked",), group="gr")
+            await asyncio.sleep(HEARTBEAT_MS / 1000)
+
+    beating = asyncio.create_task(a_beats_on())
+    try:
+        await b_waits_out(c, "revoked", "gr", promised_end_ms - 500)
+    finally:
+        stop.set()
+        await beating   # an assertion of a's heartbeats fails the test here
+
+
 async def promised_then_shortened(c, topic: str, group: str) -> int:
     """a holds ``topic``'s one queue under a 6 s lease, then lease_ms is shortened to LEASE_MS: a's lease end."""
     await brokerless_topic(c, topic, 1)
