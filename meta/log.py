@@ -57,6 +57,11 @@ class Log:
         """The command's outcome once this node applied it (meta/raft/node.py RaftNode.propose)."""
         return await self._raft.propose(cmd, rid, actor, timeout_s)
 
+    async def read_index(self, timeout_s: float) -> None:
+        """Once this node's image holds every write acknowledged before the call; nothing is appended
+        (meta/raft/node.py RaftNode.read_index)."""
+        await self._raft.read_index(timeout_s)
+
     # -- the applied image -------------------------------------------------------------------------------------
     @property
     def image(self) -> Image:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from wire import json_body
-from wire.errors import ApiError, invalid, rejection
+from wire.errors import invalid, rejection
 from wire.params import nonneg_int, seconds
 
 from . import limits, views
@@ -26,7 +26,7 @@ from .raft.node import ProposeFailed
 from .route_cache import RouteCache
 
 T = TypeVar("T")
-BARRIER_RETRY_S = 0.05
+READ_INDEX_RETRY_S = 0.05
 
 
 class ReadFacade:
@@ -147,29 +147,19 @@ class ReadFacade:
                                     f"not {v}, within {wait_s} s", applied_version=self.applied_version, min_version=v)
 
     async def linearizable(self, timeout_s: float) -> None:
-        """Returns once this node's image holds every write acknowledged before the call; 503 NO_LEADER when no
-        leader confirmed it within ``timeout_s``.
-
-        Still a Barrier entry through the log, not the read index (meta/raft/read_index.py):
-        served by the read index, the chaos runner's fixed seed (tests/test_chaos.py) stored an idempotent
-        producer's resend twice in about one run in five (none in ten with barriers). The read index is not wrong
-        there: the chaos workloads move faster with it, and more often resend a batch in doubt across a power loss of
-        every broker, after which no broker holds the producer table (broker/producers.py keeps it in memory only).
-        The producer table must survive a restart first; then this waits for the read index instead
-        (``RaftNode.read_index``, to be reached through ``Log``)."""
+        """Returns once this node's image holds every write acknowledged before the call, appending nothing to the
+        log (the read index: meta/raft/read_index.py); 503 NO_LEADER when no leader confirmed it within
+        ``timeout_s``. A read index that cannot be had now (no leader yet, leadership changed under it, too many
+        reads waiting) is asked for again until the deadline."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                await self.log.propose({"type": "Barrier"}, None, "system", max(0.1, deadline - time.monotonic()))
+                await self.log.read_index(max(0.1, deadline - time.monotonic()))
                 return
-            except ApiError as e:
-                # A barrier changes nothing, so a timed-out one has no outcome to learn: for the reader it means only
-                # that no leader confirmed the read in time (a cut-off leader holds the entry until a leader exists).
-                if not isinstance(e, ProposeFailed) and e.code != "UNKNOWN_OUTCOME":
-                    raise
+            except ProposeFailed:
                 if time.monotonic() > deadline:
                     raise rejection(503, "NO_LEADER", "no leader to confirm a linearizable read") from None
-                await asyncio.sleep(BARRIER_RETRY_S)
+                await asyncio.sleep(READ_INDEX_RETRY_S)
 
     def follows_log(self) -> bool:
         """Whether this node follows a leader closely enough to serve watch streams (see api/watch.py)."""

@@ -1,11 +1,12 @@
-"""Reads by read index (meta/raft/read_index.py, issue 38) on three real raft nodes (MetaSyncObj, pysyncobj, Stator's
-journal and transport over loopback TCP) in the test's process.
+"""Reads by read index (meta/raft/read_index.py, issue 38): HTTP ``consistency=linearizable`` reads on three real
+meta processes, and the read index itself on three real raft nodes (MetaSyncObj, pysyncobj, Stator's journal and
+transport over loopback TCP) in the test's process.
 
-- They append nothing to the log: hundreds of them through every node leave every node's log where it was (each
-  HTTP linearizable read appends a barrier entry, meta/reads.py says why it still does).
-- They never return state older than an acknowledged write: a writer proposes through the leader while readers on
-  every node wait for the read index and read the node's image; each read shows at least the newest write
-  acknowledged before it was sent, and the node has applied at least what the leader had committed then.
+- They append nothing to the log: hundreds of them through every node leave every node's log where it was (served
+  by barrier entries before, each appended one).
+- They never return state older than an acknowledged write: writers write through every node while readers on
+  every node read; each read shows at least the newest write acknowledged before it was sent (and, in process, the
+  node has applied at least what the leader had committed then).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 
 from meta.raft import pysyncobj_shim as shim
 from meta.raft.node import MetaSyncObj, RaftNode
+from tests.support.meta_http import ok, wait_until
 from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
 READS = 300
@@ -23,6 +25,65 @@ RACE_S = 5.0
 READERS_PER_NODE = 2
 WAIT_S = 15.0            # a leader, and every node caught up (loaded 2-core machine)
 READ_TIMEOUT_S = 5.0
+
+
+async def _cluster(c, url: str, consistency: str = "serializable") -> dict:
+    s, b, _ = await c.call("GET", f"{url}/v1/cluster?consistency={consistency}", "client", timeout_s=READ_TIMEOUT_S)
+    assert s == 200, (url, s, b)
+    return b
+
+
+async def test_linearizable_http_reads_append_nothing_to_the_log(meta_cluster):
+    c = meta_cluster
+    await ok(c, "PUT", "/v1/brokers/b1", role="broker", json={"address": "http://127.0.0.1:1"})
+    # Every node has applied the write (the leader commits it, the followers hear the commit index)
+    await wait_until(lambda: _same_commit_index(c), WAIT_S, "every node at one commit index")
+    before = [(await _cluster(c, url))["commit_index"] for url in c.meta_urls]
+    for url in itertools.islice(itertools.cycle(c.meta_urls), READS):
+        assert (await _cluster(c, url, "linearizable"))["commit_index"] >= before[0]
+    after = [(await _cluster(c, url))["commit_index"] for url in c.meta_urls]
+    assert after == before, f"{READS} linearizable reads moved the logs: {before} -> {after}"
+    served = 0
+    for url in c.meta_urls:
+        s, text, _ = await c.call("GET", f"{url}/metrics", None)
+        served += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith('stator_meta_raft_read_index_total{kind="served"}'))
+    assert served >= READS, served
+
+
+async def _same_commit_index(c) -> bool | None:
+    indexes = {(await _cluster(c, url))["commit_index"] for url in c.meta_urls}
+    return True if len(indexes) == 1 else None
+
+
+async def test_a_linearizable_http_read_never_misses_an_acknowledged_write(meta_cluster):
+    c = meta_cluster
+    await ok(c, "PUT", "/v1/brokers/b1", role="broker", json={"address": "http://127.0.0.1:1"})
+    await ok(c, "POST", "/v1/topics", json={"topic": "t", "queues": 1, "brokers": ["b1"]}, expect=(201,))
+    acked: list[tuple[float, int]] = []   # (monotonic time of the answer, its version), in answer order
+    stop = time.monotonic() + RACE_S
+    seen = {"reads": 0, "after_a_write": 0}
+
+    async def writer(url: str) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            n += 1
+            s, b, _ = await c.call("PUT", f"{url}/v1/topics/t/config", json={"n": str(n)}, timeout_s=READ_TIMEOUT_S)
+            assert s == 200, (url, s, b)
+            acked.append((time.monotonic(), b["version"]))
+
+    async def reader(url: str) -> None:
+        while time.monotonic() < stop:
+            sent = time.monotonic()
+            floor = max((v for t, v in acked if t < sent), default=0)
+            version = (await _cluster(c, url, "linearizable"))["applied_version"]
+            assert version >= floor, f"a linearizable read on {url} answered version {version} after {floor}"
+            seen["reads"] += 1
+            seen["after_a_write"] += floor > 0
+
+    await asyncio.gather(*(writer(url) for url in c.meta_urls),
+                         *(reader(url) for url in c.meta_urls for _ in range(READERS_PER_NODE)))
+    assert len(acked) > 20 and seen["after_a_write"] > 50, (len(acked), seen)
 
 
 def _faces(nodes: list[MetaSyncObj], loop: asyncio.AbstractEventLoop) -> list[RaftNode]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,11 @@ ASKED_MAX = 10_000              # a follower's reads waiting for the leader's an
 # done(index, None) once the read may be served; done(None, code) when it cannot be: code is one of these
 NO_LEADER, LEADER_CHANGED, OVERLOADED, TIMED_OUT = "NO_LEADER", "LEADER_CHANGED", "OVERLOADED", "TIMED_OUT"
 Done = Callable[[int | None, str | None], None]
+
+
+def incarnation_nonce() -> int:
+    """Where this incarnation's request ids start: 56 random bits, then room to count."""
+    return int.from_bytes(os.urandom(7), "big") << 7
 
 
 @dataclass
@@ -79,7 +85,10 @@ class ReadIndex:
         self._incoming: collections.deque[_Read] = collections.deque()   # from the event loop
         self._leading: _Leading | None = None
         self._asked: dict[int, tuple[Any, _Read]] = {}                   # id -> (leader asked, read)
-        self._ids = itertools.count(1)
+        # Ids go on from a number of this incarnation's own: a leader answers a request when its probe is confirmed,
+        # maybe after the follower restarted, and a restarted follower counting from 1 again took that answer, an
+        # index of before its own read began, for a read of its own (a stale read)
+        self._ids = itertools.count(incarnation_nonce())
         self._applying: list[_Read] = []                                  # index known, waiting for it to be handed over
         self.counts = ReadIndexCounts()
 
@@ -205,8 +214,10 @@ class ReadIndex:
                     answer(None)
             return False
         if kind == READ_INDEX_ANSWER:
-            found = self._asked.pop(message.get("id"), None) if type(message.get("id")) is int else None
-            if found is not None:
+            rid = message.get("id")
+            found = self._asked.get(rid) if type(rid) is int else None
+            if found is not None and found[0] == node:   # from the leader asked, nobody else
+                del self._asked[rid]
                 index = message.get("index")
                 if type(index) is int and index >= 0:
                     self._indexed(found[1], index)

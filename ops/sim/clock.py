@@ -153,6 +153,18 @@ class _Rng:
         return seq[0]   # dns_resolver: one numeric address per host here
 
 
+class _Nonces:
+    """``os.urandom`` for draws that need only differ from one another (ids), not be unpredictable: a counter, which
+    takes nothing from the schedule's generator (one draw there shifts every schedule drawn after it)."""
+
+    def __init__(self) -> None:
+        self._drawn = 0
+
+    def urandom(self, size: int) -> bytes:
+        self._drawn += 1
+        return self._drawn.to_bytes(size, "big")
+
+
 # (module, attribute, factory(sim) -> replacement). The single list of stopgaps: each is a seam to land later
 # (docs/testing.md, the simulator's seams), after which its row goes.
 PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
@@ -171,6 +183,7 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("pysyncobj.dns_resolver", "random", lambda sim: _Rng(sim)),
     ("meta.raft.pysyncobj_shim", "random", lambda sim: _Rng(sim)),
     ("meta.raft.transport", "os", lambda sim: SimpleNamespace(urandom=sim.rng.randbytes)),
+    ("meta.raft.read_index", "os", lambda sim: _Nonces()),
     # sockets, the poller and the pipe notifier
     ("meta.raft.transport", "socket", lambda sim: sim.net.socket_module),
     ("pysyncobj.syncobj", "createPoller", lambda sim: sim.new_poller),
