@@ -22,13 +22,15 @@ from client import AdminClient
 from meta.raft import roles as raft_roles
 from ops import devcluster
 from tests.support import cluster as cluster_mod
-from tests.support.meta_http import NET_ERRORS, BrokerSim, cluster_status, name_of, node_urls, ok, wait_until
+from tests.support.meta_http import (NET_ERRORS, BrokerSim, call_any, cluster_status, name_of, node_urls, ok,
+                                     wait_until)
 
 pytestmark = pytest.mark.slow
 
 CATCH_UP_S = 60.0        # a new node starts, installs the leader's snapshot and is promoted (loaded 2-core machine)
 WRITE_GAP_MAX_S = 15.0   # generous: one election and a forwarded retry; the figure is printed
 WRITE_PAUSE_S = 0.02
+CHANGE_IN_PROGRESS_S = 30.0   # a membership change asked again while the one before it commits
 
 
 class Writer:
@@ -73,7 +75,18 @@ class Writer:
 
 
 async def _change(c, method: str, path: str, body=None, expect=(200,)) -> dict:
-    return await ok(c, method, f"/v1/cluster/members{path}", json=body, expect=expect, timeout_s=30.0)
+    """One membership change that must succeed. Asked again while the one before it is not committed yet (409
+    MEMBERSHIP_CHANGE_IN_PROGRESS, "retry once it is"), as an operator would: a cluster just started may still be
+    committing its bootstrap membership (seen in a full suite run), and the previous change's answer may come from
+    a node that applied it before the leader's commit index moved on."""
+    deadline = time.monotonic() + CHANGE_IN_PROGRESS_S
+    while True:
+        s, b, _ = await call_any(c, method, f"/v1/cluster/members{path}", json=body)
+        if s == 409 and b["error"]["code"] == "MEMBERSHIP_CHANGE_IN_PROGRESS" and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            continue
+        assert s in expect, f"{method} /v1/cluster/members{path} {body!r}: expected {expect}, got {s} {b!r}"
+        return b
 
 
 async def _add_and_promote(c, name: str) -> None:
