@@ -3,6 +3,13 @@
 Three meta nodes and three brokers on loopback. The brokers' route reader and meta's watch stream once failed on a
 route this large, blinding every broker; this is the proof at QUEUES_PER_TOPIC_MAX.
 
+The topic keeps one copy of each queue (``replicas: 1``): the proof here is of the route, the watch stream and remaps
+at the limit. With the default three copies the same run took twice as long (its phases 84-88 s against 45 s,
+2026-11-30): every change of the route reaches each broker as the whole 4 MB route, parsed and applied again in full
+(py-spy: 60-80% of a broker's time in MetaLink._on_event while every queue took its first message), so each send
+waits longer for its followers' acknowledgements. That cost, not replication's correctness (tests/test_replication_e2e.py),
+is what the copies added; routes sent as changes, not whole, are the lever.
+
 A route of this topic is megabytes, so the test keeps one copy and fetches it again only when a send finds it stale
 (with a long poll, so waiting for the next version costs meta no renders), instead of once per request as the small
 helpers in tests/support/broker_http.py do.
@@ -146,7 +153,7 @@ async def test_a_topic_at_the_queue_limit_survives_three_remaps_under_load(tmp_p
 
 async def _remaps_under_load(c, queues: int) -> None:
     phases = Phases()
-    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": TOPIC, "queues": queues, "slots": queues})
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": TOPIC, "queues": queues, "slots": queues, "replicas": 1})
     assert s == 201, b
     routes = RouteCache(c, TOPIC)
     r = await routes.settled(SETTLE_S_MAX)
