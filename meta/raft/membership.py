@@ -148,6 +148,14 @@ class MembershipTrail:
     def set_base(self, index: int, members: Members | None) -> None:
         self._base = (index, members) if members else None
 
+    def before(self, index: int) -> Members | None:
+        """The membership in force before the entry at ``index`` (the one it replaces), or None when unknown."""
+        older = next((m for i, m in reversed(self._entries) if i < index and m is not None), None)
+        if older is not None:
+            return older
+        base = self._base
+        return base[1] if base is not None and base[0] < index else None
+
     def current(self) -> tuple[int, Members] | None:
         """(log index, voters) of the membership in force on this node, or None before the first one."""
         newest = next(((i, m) for i, m in reversed(self._entries) if m is not None), None)

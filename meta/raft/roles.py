@@ -88,7 +88,8 @@ class Roles:
         self._learners: dict[str, tuple[str, int]] = {}       # leader: name -> (disk, last index it holds)
         self._learners_since: int | None = None               # the membership index _learners was heard under
         self._proposed_at: float | None = None                # monotonic: a membership entry of ours in flight
-        self._applied: tuple[int, membership.Members] | None = None   # the membership raft's view was set from
+        # the membership raft's view was set from, and the members it removes that still get the log
+        self._applied: tuple[tuple[int, membership.Members], tuple[membership.Member, ...]] | None = None
         self._last_keepalive = 0.0
         self._requests: collections.deque[_Request] = collections.deque()
         self.current: tuple[int, membership.Members] | None = None   # as of this tick, for other threads
@@ -138,8 +139,9 @@ class Roles:
                         "requests (NOT_A_MEMBER): stop it, or add it again")
         if current is not None:
             voter = membership.is_voter(current[1], self.name, self.disk)
-            if current != self._applied:
-                self._set_raft_members(current)
+            departing = self._departing(current)
+            if (current, departing) != self._applied:
+                self._set_raft_members(current, departing)
         elif not self.log_is_empty():
             voter = True    # took part in a bootstrap whose membership entry is not in this log yet
         else:
@@ -168,11 +170,23 @@ class Roles:
         log.info("raft_membership_role", role="voter" if voter else "learner", disk=self.disk,
                  membership_index=current[0] if current else None)
 
-    def _set_raft_members(self, current: tuple[int, membership.Members]) -> None:
-        self._applied = current
+    def _departing(self, current: tuple[int, membership.Members]) -> tuple[membership.Member, ...]:
+        """The members the newest membership removes, while it is not committed: the leader goes on sending them
+        the log (never counting them) so that they append the entry that removes them and know it (NOT_A_MEMBER).
+        Dropped at once, a removed node whose last append had not carried that entry never got it, and served on
+        as a member of a cluster that no longer sent it anything (tests/test_meta_members.py, 1 full suite run in 2)."""
+        if current[0] <= self.so.raftCommitIndex:
+            return ()
+        before = self._trail().before(current[0]) or ()
+        return tuple(m for m in before if m.name != self.name and membership.by_name(current[1], m.name) is None)
+
+    def _set_raft_members(self, current: tuple[int, membership.Members],
+                          departing: tuple[membership.Member, ...]) -> None:
+        self._applied = (current, departing)
         others = [m for m in current[1] if m.name != self.name]
+        learners = [*(m for m in others if not m.voter), *departing]
         shim.set_members(self.so, {TCPNode(self.address_of(m)) for m in others if m.voter},
-                         {TCPNode(self.address_of(m)) for m in others if not m.voter})
+                         {TCPNode(self.address_of(m)) for m in learners})
 
     # -- messages ------------------------------------------------------------------------------------------------
     def admit(self, node: Any, message: Any) -> bool:
