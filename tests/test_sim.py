@@ -139,11 +139,13 @@ def test_a_follower_that_acknowledges_before_its_sync_is_caught(monkeypatch):
     # The group-commit counter sees it at once; the check that matters is an external one (a power loss then a
     # lost acknowledged write, or replicas that diverge), which must find it too. It takes the leader's followers
     # losing power together while it is cut off (power_quorum); with every fault kind, a few seeds in 20 catch it.
+    # Under power_quorum alone seeds 16, 18 and 19 caught it under each of 8 hash seeds tried (2026-11-30), seed 4
+    # under 7 of them: it gets 20 seeds (it stops at the first that catches it).
     _plant(monkeypatch, group_commit.GroupCommit, "before_flush",
            '        if any(m.get("type") == ACK_MESSAGE and m.get("success") for m in messages):\n            self.sync()',
            '        if False:\n            self.sync()')
-    seed, checks = _caught(kinds=("power_quorum",))
-    assert seed, f"follower_acks_before_sync not caught by an external check in {MUTANT_SEEDS_MAX} seeds"
+    seed, checks = _caught(kinds=("power_quorum",), seeds=20)
+    assert seed, "follower_acks_before_sync not caught by an external check in 20 seeds"
 
 
 def test_a_wiped_node_that_votes_with_an_empty_log_is_caught(monkeypatch):
