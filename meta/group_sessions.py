@@ -16,7 +16,7 @@ Lease safety ("a member loses its queues when its lease ends, never before"):
   released only once the longest lease promised to its holder has ended. Kept as the last answer's lease_ms, an
   answer after a shortening hid the longer one before it, which still ran: the chaos runner saw a revoked queue
   given to another 1.1-1.2 s before its holder's lease ended);
-- a new leader starts every lease afresh, and answers heartbeats only after a linearizable read of its own term,
+- a new leader starts every lease afresh, and answers heartbeats only after a read index of its own term was served,
   so every expiry an older leader committed is in its image first; it counts each member as promised at least the
   longest lease an older leader's answer may still carry after a shortening of ``lease_ms`` (the image keeps it:
   groups.lease_still_promised_ms).
@@ -48,7 +48,7 @@ from .reads import ReadFacade
 log = structlog.get_logger("meta.groups")
 LEASE_CHECK_INTERVAL_S = 0.25
 EXPIRY_WAIT_S = 5.0          # how long a heartbeat waits for its member's pending expiry to apply
-READ_WAIT_S = 5.0
+READ_INDEX_WAIT_S = 5.0
 
 Key = tuple[str, str]          # (group, member)
 LockKey = tuple[str, str, int, int]  # (group, topic, queue, token)
@@ -141,13 +141,13 @@ class GroupSessions:
         return wall + lease_ms if wall is not None and self.log.is_leader() else None
 
     async def _ready(self) -> None:
-        """A new leader serves heartbeats once a linearizable read of its own term was served (the read index waits
-        for an entry of the term to commit: see the module's docstring), and
+        """A new leader serves heartbeats once a read index of its own term was served (see the module's docstring:
+        it needs an entry of this term committed and applied, meta/raft/read_index.py), and
         once its leases started afresh: the expiry loop may not have run in this term yet, and a reset after a
         heartbeat's answer would move the lease end that answer showed."""
         term = self.log.term()
         if self._ready_term != term:
-            await self.reads.linearizable(READ_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
+            await self.reads.linearizable(READ_INDEX_WAIT_S)   # 503 NO_LEADER when no leader confirms it in time
             self._begin_term(term, time.monotonic())
             self._ready_term = term
 

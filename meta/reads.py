@@ -1,8 +1,8 @@
 """Reads of a meta node: the applied image under its lock, rendered routes, and the waits a read may ask for.
 
 ``min_version`` waits (bounded, and counted against VERSION_WAITERS_MAX) until this node applied V;
-``consistency=linearizable`` first passes a barrier through the log (``linearizable``). Everything is served from this
-node's image.
+``consistency=linearizable`` first waits for the read index (meta/raft/read_index.py): no log entry. Everything is
+served from this node's image.
 """
 
 from __future__ import annotations
@@ -147,16 +147,18 @@ class ReadFacade:
                                     f"not {v}, within {wait_s} s", applied_version=self.applied_version, min_version=v)
 
     async def linearizable(self, timeout_s: float) -> None:
-        """Returns once this node's image holds every write acknowledged before the call, appending nothing to the
-        log (the read index: meta/raft/read_index.py); 503 NO_LEADER when no leader confirmed it within
-        ``timeout_s``. A read index that cannot be had now (no leader yet, leadership changed under it, too many
-        reads waiting) is asked for again until the deadline."""
+        """Returns once this node's image holds every write acknowledged before the call, through the read index
+        (meta/raft/read_index.py: the leader confirms it still leads, nothing is appended to the log); 503
+        NO_LEADER when no leader confirmed it within ``timeout_s`` (a new leader's first entry not yet committed,
+        an election, a partition: each is asked again until then)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 await self.log.read_index(max(0.1, deadline - time.monotonic()))
                 return
-            except ProposeFailed:
+            except ProposeFailed as e:
+                if e.code == "OVERLOADED":
+                    raise
                 if time.monotonic() > deadline:
                     raise rejection(503, "NO_LEADER", "no leader to confirm a linearizable read") from None
                 await asyncio.sleep(READ_INDEX_RETRY_S)
