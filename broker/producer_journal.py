@@ -30,8 +30,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
-
 import structlog
 
 from runtime import power_loss
@@ -39,21 +37,14 @@ from runtime import power_loss
 from .producers import Batch
 from .storage import files, lines
 from .storage.errors import CorruptFile, QueueFailed
+from .storage.queue import PendingSync
 
 log = structlog.get_logger("broker.producers")
 
 COMPACT_AFTER_LINES = 100_000
 
 
-class Entry(NamedTuple):
-    topic: str
-    queue: int
-    batch: Batch
-
-
-class Pending(NamedTuple):
-    """What a group commit's round covers of the journal: the bytes written before it began."""
-    end_offset: int
+Entry = tuple[str, int, Batch]   # (topic, queue, batch), as ProducerTable.entries gives them
 
 
 class ProducerJournal:
@@ -94,7 +85,8 @@ class ProducerJournal:
         loaded, self._loaded = self._loaded, []
         known: dict[tuple[str, int], bool] = {}
         for e in loaded:
-            key = (e.batch.pq, e.batch.physical + e.batch.count)
+            batch = e[2]
+            key = (batch.pq, batch.physical + batch.count)
             if key not in known:
                 known[key] = holds(*key)
             if known[key]:
@@ -130,7 +122,7 @@ class ProducerJournal:
                 raise
             self._synced = max(self._synced, written)
 
-    def maybe_compact(self, live: Callable[[], Iterable[tuple[str, int, Batch]]]) -> None:
+    def maybe_compact(self, live: Callable[[], Iterable[Entry]]) -> None:
         """Rewrite the file from ``live()`` (the table's batches) once it holds mostly dead lines."""
         if self._failed or self._closed or self._lines <= COMPACT_AFTER_LINES:
             return
@@ -155,7 +147,7 @@ class ProducerJournal:
             self._synced = self._written   # the new file holds every live line, synced
         self._lines = len(entries)
 
-    # The group commit's protocol (group_commit.py), as a physical queue's.
+    # The group commit's protocol (group_commit.py), as a physical queue's: its offsets are the bytes written.
 
     @property
     def max_offset(self) -> int:
@@ -173,12 +165,12 @@ class ProducerJournal:
     def closed(self) -> bool:
         return self._closed
 
-    def pending_sync(self) -> Pending | None:
+    def pending_sync(self) -> PendingSync | None:
         if self._closed or self._failed or self._synced == self._written:
             return None
-        return Pending(self._written)
+        return PendingSync(self._written)
 
-    def synced(self, pending: Pending) -> None:
+    def synced(self, pending: PendingSync) -> None:
         self._synced = max(self._synced, pending.end_offset)
 
     def sync_failed(self) -> None:
@@ -209,4 +201,4 @@ def _entry(path: str, value: object) -> Entry:
     except (ValueError, TypeError):
         raise CorruptFile(f"{path}: a line that passed its check is not [topic, queue, gen, physical_queue, "
                           f"physical_first, producer, seq, first, count]: {str(value)[:200]}", path=path) from None
-    return Entry(topic, queue, Batch(producer, seq, first, count, gen, pq, physical))
+    return topic, queue, Batch(producer, seq, first, count, gen, pq, physical)
