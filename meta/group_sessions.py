@@ -49,6 +49,7 @@ log = structlog.get_logger("meta.groups")
 LEASE_CHECK_INTERVAL_S = 0.25
 EXPIRY_WAIT_S = 5.0          # how long a heartbeat waits for its member's pending expiry to apply
 READ_INDEX_WAIT_S = 5.0
+APPLY_WAIT_S = 5.0           # how long a heartbeat waits for the leader to apply what it knows committed
 
 Key = tuple[str, str]          # (group, member)
 LockKey = tuple[str, str, int, int]  # (group, topic, queue, token)
@@ -76,6 +77,10 @@ class GroupSessions:
     async def heartbeat(self, group: str, member: str, topics: list[str], mode: str,
                         released: list[dict[str, Any]]) -> dict[str, Any]:
         await self._ready()
+        # A write a follower answered may not be in the leader's image yet (its apply thread can lag the commit);
+        # a leave there must show in the next answer to any member: wait for what the leader knows committed.
+        if not await self.log.applied_commit(APPLY_WAIT_S):
+            raise rejection(503, "OVERLOADED", "the leader has not applied its committed log in time; retry")
         key = (group, member)
         pending = self._expiring.get(key)
         if pending is not None:

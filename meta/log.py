@@ -62,6 +62,11 @@ class Log:
         (meta/raft/node.py RaftNode.read_index)."""
         await self._raft.read_index(timeout_s)
 
+    async def applied_commit(self, timeout_s: float) -> bool:
+        """Once this node applied every entry it knew committed at the call; False after ``timeout_s``
+        (meta/raft/node.py RaftNode.applied_commit)."""
+        return await self._raft.applied_commit(timeout_s)
+
     # -- the applied image -------------------------------------------------------------------------------------
     @property
     def image(self) -> Image:

@@ -7,12 +7,15 @@ transport over loopback TCP) in the test's process.
 - They never return state older than an acknowledged write: writers write through every node while readers on
   every node read; each read shows at least the newest write acknowledged before it was sent (and, in process, the
   node has applied at least what the leader had committed then).
+- The leader's own wait for its apply thread (``RaftNode.applied_commit``, what a group heartbeat waits for): a
+  follower can answer a write the leader has not applied yet; the wait returns only once the leader has.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 
 from meta.raft import pysyncobj_shim as shim
@@ -151,5 +154,33 @@ async def test_a_read_by_read_index_never_misses_an_acknowledged_write(tmp_path)
         await asyncio.gather(writer(), *(reader(n, f) for n, f in zip(nodes, faces) for _ in range(READERS_PER_NODE)))
         assert len(acked) > 20 and seen["after_a_write"] > 50, (len(acked), seen)
     finally:
+        for n in nodes:
+            n.stop()
+
+
+async def test_the_leader_waits_for_its_apply_thread_to_hold_what_a_follower_acknowledged(tmp_path):
+    nodes = start_nodes(tmp_path, "read-index-test-secret")
+    gate = threading.Event()
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        await all_applied(nodes, leader, WAIT_S)
+        assert await raft.applied_commit(0.001), "nothing committed is unapplied: no wait"
+        follower = next(n for n in nodes if n is not leader)
+        face = _faces([follower], asyncio.get_running_loop())[0]
+        # The leader's apply thread stalls (a long apply, a snapshot's fork); its raft thread goes on committing.
+        leader._applier.submit_call(lambda: gate.wait(WAIT_S))
+        out = await face.propose({"type": "RegisterBroker", "broker": "b1", "address": "http://10.0.0.1:1"},
+                                 None, "test")
+        assert out["ok"], out
+        acked = _version(follower)
+        assert _version(leader) < acked, "the window the wait closes: a follower answered before the leader applied"
+        waiting = asyncio.ensure_future(raft.applied_commit(WAIT_S))
+        await asyncio.sleep(0.3)
+        assert not waiting.done(), "the wait returned while the leader's image lacked an acknowledged write"
+        gate.set()
+        assert await waiting
+        assert _version(leader) >= acked
+    finally:
+        gate.set()
         for n in nodes:
             n.stop()

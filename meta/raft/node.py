@@ -617,6 +617,17 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         """How often an append message repeated entries this node held (kept, where pysyncobj deleted them)."""
         return self._local.held
 
+    def after_applied(self, index: int, done: Callable[[], None]) -> None:
+        """Any thread: ``done()`` on the apply thread once every entry through ``index`` is in the image (at once
+        when it is; else behind the entries queued so far, and again behind later ones until ``index`` is reached:
+        the tick hands committed entries over after it moves the commit index)."""
+        def check() -> None:
+            if self._applier.applied_index >= index:
+                done()
+            else:
+                self._applier.submit_call(check)
+        check()
+
     def read_index(self, done: Callable[[int | None, str | None], None], timeout_s: float) -> None:
         """Any thread: ``done(index, None)`` once a linearizable read may be served from this node's image, or
         ``done(None, code)`` (meta/raft/read_index.py)."""
@@ -696,6 +707,22 @@ class RaftNode:
                                 code="OVERLOADED")
         raise ProposeFailed("no leader could take the command", {"reason": int(err)}, code="NO_LEADER")
 
+
+    async def applied_commit(self, timeout_s: float) -> bool:
+        """Returns once this node applied every entry it knew committed at the call; False after ``timeout_s``.
+        No message is sent: on the leader, whose commit index is the cluster's, the image then holds every write a
+        follower has acknowledged (a follower applies a committed entry as soon as it hears of it, and can be ahead
+        of the leader's apply thread)."""
+        index = self.sync.raftCommitIndex
+        if self.sync.applied_index >= index:
+            return True
+        fut: asyncio.Future = self.loop.create_future()
+        self.sync.after_applied(index, lambda: self.sync.bridge.post(_resolve, fut, None, 0))
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def read_index(self, timeout_s: float) -> None:
         """Returns once this node's image holds every write the cluster acknowledged before the call (a
