@@ -56,14 +56,14 @@ class BrokerNode:
         self.pop_signals = TopicSignals()
         self.group_settings = GroupSettings()
         self.producer_log = ProducerJournal(os.path.join(config.data_dir, "producers.log"))
+        self.peers = Peers(config.token, tls_context)
         self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets, self.pop_signals,
-                             self.metrics, self.producer_log)
+                             self.metrics, self.producer_log, self.peers)
         self.locks = LockTable(lambda: self.session.writable(self.routes.version))
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
                              Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
                              self.locks, self.group_settings, ssl_context=tls_context)
-        self.peers = Peers(config.token, tls_context)
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link,
                              self.metrics)
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
@@ -85,6 +85,7 @@ class BrokerNode:
 
     def _route_applied(self, topic: str) -> None:
         self.writer.replicas.route_changed()
+        self.writer.offset_copies.route_changed()
         self.writer.forget_unkept_batches(topic)
         self.replicator.follow(topic)
 
@@ -126,6 +127,7 @@ class BrokerNode:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.pop.stop()
+        self.writer.offset_copies.stop()
         await self.link.stop()
         await self.replicator.stop()
         self.replica_source.stop()

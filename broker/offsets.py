@@ -4,8 +4,14 @@ Each offset is kept with the gen of the queue's head segment it was committed on
 the queue across all its segments, and when a queue moves away and back, the broker's own older value must lose to
 a newer one committed on another broker meanwhile (broker/reads.py ``read_offset``: the highest gen wins).
 
-Each commit is one checked JSON line (storage/lines.py: a CRC-32 and a format version), acknowledged only once an
-fsync covering it has returned. One syncer thread owns the file: each round it takes every commit queued since the
+Each offset is stamped ``(gen, seq)``: ``seq`` grows with every commit its leader stamps (``stamp``: a counter
+started from the wall clock in microseconds, so a broker restarted within a gen still counts up). A queue's copies hold
+the commits its leader pushes to them (broker/replication/offsets.py), which can arrive out of order, twice, or after
+a snapshot that already held them: a key keeps the value with the highest ``(gen, seq)`` (``newer``), here and on
+replay, whatever order they came in.
+
+Each commit is one checked JSON line ``[group, topic, queue, offset, gen, seq]`` (storage/lines.py: a CRC-32 and a
+format version), acknowledged only once an fsync covering it has returned. One syncer thread owns the file: each round it takes every commit queued since the
 last one, writes their lines in one write and covers them with one fsync (group commit), so the event loop never
 waits for the disk and concurrent commits share an fsync.
 The file is rewritten compactly when it grows past a bound, so its size stays proportional to the number of
@@ -24,8 +30,10 @@ Refusals, as coded ApiErrors the HTTP layer answers directly:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
+import time
 from typing import Callable, NamedTuple
 
 import structlog
@@ -51,6 +59,12 @@ Refusal = Callable[[], ApiError]
 class Committed(NamedTuple):
     offset: int
     gen: int      # of the head segment it was committed on
+    seq: int      # its leader's stamp: orders the commits of one gen
+
+
+def newer(a: Committed, b: Committed | None) -> bool:
+    """Whether ``a`` supersedes ``b`` (None: nothing held)."""
+    return b is None or (a.gen, a.seq) > (b.gen, b.seq)
 
 
 class _Commit(NamedTuple):
@@ -73,6 +87,8 @@ class OffsetStore:
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
         self._offsets: dict[Key, Committed] = {}  # durable commits only; written by the syncer thread alone
+        self._by_queue: dict[tuple[str, int], set[str]] = {}   # (topic, queue) -> groups: a queue's snapshot
+        self._seq = itertools.count(time.time_ns() // 1000)
         self._lines = 0
         self._fd = self._open_file()
         self._cond = threading.Condition()
@@ -111,13 +127,18 @@ class OffsetStore:
 
     def _replay_value(self, value: object) -> None:
         try:
-            g, t, q, o, gen = value  # type: ignore[misc]
+            g, t, q, o, gen, seq = value  # type: ignore[misc]
         except (ValueError, TypeError):
-            raise CorruptFile(f"{self.path}: a line that passed its check is not [group, topic, queue, offset, gen] "
-                              f"(an offsets file of a build before gens is refused too): {str(value)[:200]}",
-                              path=self.path) from None
-        self._offsets[(g, t, q)] = Committed(o, gen)
+            raise CorruptFile(f"{self.path}: a line that passed its check is not [group, topic, queue, offset, gen, "
+                              f"seq] (an offsets file of a build before replicated offsets, 0.2, is refused too): "
+                              f"{str(value)[:200]}", path=self.path) from None
+        self._keep((g, t, q), Committed(o, gen, seq))
         self._lines += 1
+
+    def _keep(self, key: Key, value: Committed) -> None:
+        if newer(value, self._offsets.get(key)):
+            self._offsets[key] = value
+            self._by_queue.setdefault(key[1:], set()).add(key[0])
 
     # Committing.
 
@@ -128,24 +149,42 @@ class OffsetStore:
     def get_committed(self, group: str, topic: str, queue: int) -> Committed | None:
         return self._offsets.get((group, topic, queue))
 
+    def queue_values(self, topic: str, queue: int) -> list[tuple[Key, Committed]]:
+        """Every durable commit of one queue, any group (what a copy joining the in-sync set is sent)."""
+        groups = list(self._by_queue.get((topic, queue), ()))
+        found = ((g, self._offsets.get((g, topic, queue))) for g in groups)
+        return [((g, topic, queue), v) for g, v in found if v is not None]
+
+    def stamp(self, offset: int, gen: int) -> Committed:
+        """A new commit of this broker, as the leader of a head of ``gen``: the next seq."""
+        return Committed(offset, gen, next(self._seq))
+
     def snapshot(self) -> dict[Key, int]:
         """Every durable commit's offset, as of now (a copy: the syncer thread goes on writing the store's own map)."""
         return {k: v.offset for k, v in list(self._offsets.items())}
 
     async def commit(self, group: str, topic: str, queue: int, offset: int, *, gen: int) -> None:
-        """Returns once an fsync covering this commit's line has returned; raises the ApiErrors listed above."""
-        future = asyncio.get_running_loop().create_future()
+        """A commit of this broker's own (``stamp``): see ``store``."""
+        await self.store([((group, topic, queue), self.stamp(offset, gen))])
+
+    async def store(self, values: list[tuple[Key, Committed]]) -> None:
+        """Returns once an fsync covering every value's line has returned (a value older than the one held is
+        answered at once: the newer one stands); raises the ApiErrors listed above."""
+        loop = asyncio.get_running_loop()
+        futures = []
         with self._cond:
             if self._closing or self._failed:
                 raise _unavailable()
-            if self._waiting >= COMMITS_WAITING_MAX:
+            if self._waiting + len(values) > COMMITS_WAITING_MAX:
                 raise rejection(503, "TOO_MANY_WAITERS", "too many offset commits wait for the disk; retry shortly",
                                 limit=COMMITS_WAITING_MAX)
-            self._queue.append(_Commit((group, topic, queue), Committed(offset, gen), future))
-            self._waiting += 1
+            for key, value in values:
+                futures.append(loop.create_future())
+                self._queue.append(_Commit(key, value, futures[-1]))
+            self._waiting += len(values)
             self._cond.notify()
         try:
-            await asyncio.wait_for(future, COMMIT_WAIT_S)
+            await asyncio.wait_for(asyncio.gather(*futures), COMMIT_WAIT_S)
         except asyncio.TimeoutError:
             raise _unavailable() from None
 
@@ -172,12 +211,17 @@ class OffsetStore:
         refusals: list[Refusal | None] = []
         out: list[bytes] = []
         new_keys: set[Key] = set()
+        kept: dict[Key, Committed] = {}   # the newest value of each key in this batch
         for c in batch:
+            if not newer(c.value, kept.get(c.key) or self._offsets.get(c.key)):
+                refusals.append(None)     # superseded: answered as stored, nothing to write
+                continue
             if c.key not in self._offsets and c.key not in new_keys:
                 if len(self._offsets) + len(new_keys) >= KEYS_MAX:
                     refusals.append(_too_many_offsets)
                     continue
                 new_keys.add(c.key)
+            kept[c.key] = c.value
             out.append(lines.encode([*c.key, *c.value]))
             refusals.append(None)
         if not out:
@@ -189,9 +233,8 @@ class OffsetStore:
             log.exception("offsets_write_failed", path=self.path)
             self._failed = True
             return [r or _unavailable for r in refusals]
-        for c, refusal in zip(batch, refusals):
-            if refusal is None:
-                self._offsets[c.key] = c.value
+        for key, value in kept.items():
+            self._keep(key, value)
         self._lines += len(out)
         return refusals
 

@@ -30,6 +30,12 @@ def unavailable(seg: Segment, reason: str) -> ApiError:
                      unavailable_to=seg.logic_end, reason=reason)
 
 
+class Unreachable(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class Peers:
     def __init__(self, token: str, ssl_context: Any = None):
         self._ssl_context = ssl_context   # other brokers' https:// URLs (wire/tls.py)
@@ -61,16 +67,24 @@ class Peers:
     async def request(self, method: str, seg: Segment, path: str, json: Any = None) -> dict[str, Any]:
         """``get`` for any method (pop state handed between heads is POSTed), with the same timeouts and memory
         of brokers that are down."""
-        if not seg.address:
-            raise unavailable(seg, "no address")
-        if self.is_down(seg.broker):
-            raise unavailable(seg, "recently unreachable")
         try:
-            async with self._http.request(method, seg.address + path, headers=self._headers, json=json) as r:
+            return await self.call(method, seg.broker, seg.address, path, json)
+        except Unreachable as e:
+            raise unavailable(seg, e.reason) from None
+
+    async def call(self, method: str, broker: str, address: str | None, path: str, json: Any = None) -> dict[str, Any]:
+        """``method path`` on ``broker`` at ``address``: its answer's body; its ApiError when it refused;
+        Unreachable when it could not be asked or did not answer (then it is not asked again for PEER_DOWN_S)."""
+        if not address:
+            raise Unreachable("no address")
+        if self.is_down(broker):
+            raise Unreachable("recently unreachable")
+        try:
+            async with self._http.request(method, address + path, headers=self._headers, json=json) as r:
                 body = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-            self._down_until[seg.broker] = time.monotonic() + PEER_DOWN_S
-            raise unavailable(seg, type(e).__name__) from None
+            self._down_until[broker] = time.monotonic() + PEER_DOWN_S
+            raise Unreachable(type(e).__name__) from None
         if r.status != 200:
             raise ApiError.from_dict(r.status, body)
         return body

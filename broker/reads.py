@@ -306,7 +306,8 @@ class Reader:
         routes are behind, whose segment was sealed or whose session lapsed cannot know of a newer head's commits.
         The newest commit wins wherever it is: the head's own when made on the current head, else the highest gen
         among the brokers of the queue's segments (a queue that moved away and back must not read the value it left
-        behind). A broker is asked only while it could beat what is known: a commit's gen is that of a segment its
+        behind). A segment sealed by a copy a failover elected is not asked of its leader: its commits are on that
+        copy, and so here when that copy is this broker or one whose commits are held here. A broker is asked only while it could beat what is known: a commit's gen is that of a segment its
         broker held, and the segments are walked newest first, each broker once. One that could and does not answer
         makes the read 503 BROKER_UNAVAILABLE (retry), never an older value: after a power loss of the whole
         machine, a new head answered -1 for a queue whose commit of 761 sat on the previous head, still starting
@@ -318,11 +319,17 @@ class Reader:
         head = self.writer.offsets_head(topic, queue)
         if own is not None and own.gen >= head.gen:
             return best
-        asked = {self.me}
+        asked = {self.me}   # brokers whose commits of this queue this broker holds (its own, and see below)
         for seg in reversed(await self._chain(topic, queue)):
             if seg.gen <= best[1]:
                 break                          # this and every older segment's broker can hold no newer commit
             if seg.broker in asked:
+                continue
+            if seg.sealer in asked:
+                # A failover elected a copy held here, or by a broker whose commits are held here, to seal it: that
+                # copy was in sync, so it held every commit its leader acknowledged (replication/offsets.py), and
+                # the dead leader need not be asked
+                asked.add(seg.broker)
                 continue
             asked.add(seg.broker)
             try:

@@ -17,10 +17,12 @@ from wire.errors import ApiError, invalid, rejection
 from .codec import TAG_JSON, encode_message
 from .group_commit import GroupCommit
 from .offsets import OffsetStore
+from .peers import Peers
 from .pop.wakeup import TopicSignals
 from .producer_journal import ProducerJournal
 from .producers import Batch, ProducerTable
 from .replication.leader import ReplicaTracker
+from .replication.offsets import OffsetCopies
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
@@ -55,9 +57,10 @@ def stored_run(pq: PhysicalQueue, first: int, records: bytes, count: int, tag: i
 class Writer:
     def __init__(self, me: str, store: QueueStore, routes: RouteTable, session: MetaSession, offsets: OffsetStore,
                  appended: TopicSignals | None = None, metrics: BrokerMetrics | None = None,
-                 producer_log: ProducerJournal | None = None):
+                 producer_log: ProducerJournal | None = None, peers: Peers | None = None):
         """``producer_log``: where the producers' batches are kept across restarts (the broker's producers.log);
-        without it (a writer alone in a unit test) they are kept in memory only."""
+        without it (a writer alone in a unit test) they are kept in memory only. ``peers``: how committed offsets
+        reach the queue's copies (replication/offsets.py); without it (a unit test) they stay here."""
         self.me = me
         self.metrics = metrics
         self.store = store
@@ -74,6 +77,9 @@ class Writer:
                         if store.config.flush_policy == FLUSH_GROUP else None)
         # The copies of the heads this broker leads: sends wait for them, consumers read below their high watermark
         self.replicas = ReplicaTracker(me, routes, self.max_physical)
+        self.offset_copies = OffsetCopies(me, routes, self.replicas, offsets, peers) if peers is not None else None
+        if self.offset_copies is not None:
+            self.replicas.copy_ready = self.offset_copies.ready   # a copy joins the in-sync set with every commit
         self.producers = ProducerTable()   # batches seen per producer: a resend is answered, not stored again
         self._producer_log = producer_log
         self._flush_policy = store.config.flush_policy
@@ -396,6 +402,9 @@ class Writer:
 
     async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> int:
         head = self.offsets_head(topic, queue)
-        await self.offsets.commit(group, topic, queue, offset, gen=head.gen)
+        if self.offset_copies is not None:
+            await self.offset_copies.commit(head, group, offset)
+        else:
+            await self.offsets.commit(group, topic, queue, offset, gen=head.gen)
         self.still_offsets_head(head, "the commit was stored")
         return offset

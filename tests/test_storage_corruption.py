@@ -302,7 +302,7 @@ def test_a_zeroed_line_that_good_lines_follow_is_damage_named_by_its_line_and_by
 
 def test_lines_of_the_old_format_still_load_and_new_lines_follow_them(tmp_path):
     path = tmp_path / "offsets.log"
-    path.write_bytes(b'["g", "t", 0, 5, 0]\n["g", "t", 1, 6, 2]\n')   # format 0 (no check), written by an older broker
+    path.write_bytes(b'["g", "t", 0, 5, 0, 1]\n["g", "t", 1, 6, 2, 1]\n')   # format 0 (no check), written by an older broker
 
     async def commit() -> None:
         store = OffsetStore(str(path))
@@ -315,11 +315,13 @@ def test_lines_of_the_old_format_still_load_and_new_lines_follow_them(tmp_path):
     assert load_offsets(path) == {("g", "t", 0): 7, ("g", "t", 1): 6}
 
 
-def test_an_offsets_file_from_before_gens_is_refused_by_name(tmp_path):
-    # Offsets were kept without the gen of the head they were committed on (no deployed brokers: no conversion).
+@pytest.mark.parametrize("old", [b'["g", "t", 0, 5]\n', lines.encode(["g", "t", 0, 5, 0])])
+def test_an_offsets_file_from_before_replicated_offsets_is_refused_by_name(tmp_path, old):
+    # Offsets were kept without the gen of the head they were committed on, then without their leader's stamp (no
+    # deployed brokers: no conversion).
     path = tmp_path / "offsets.log"
-    path.write_bytes(b'["g", "t", 0, 5]\n')
-    with pytest.raises(CorruptFile, match="before gens"):
+    path.write_bytes(old)
+    with pytest.raises(CorruptFile, match="before replicated offsets"):
         OffsetStore(str(path))
 
 
@@ -358,7 +360,7 @@ def test_a_damaged_meta_snapshot_is_refused_naming_it_or_reads_as_written(tmp_pa
 # -- a broker on damaged files ---------------------------------------------------------------------------------------
 
 DAMAGED_FIRST_LINES = {   # a first line whose CRC does not match, followed by a good line: damage, not a torn tail
-    "offsets.log": (b'v1 0badc0de ["g","t",0,9]\n', ["g", "t", 0, 1]),
+    "offsets.log": (b'v1 0badc0de ["g","t",0,9,0,1]\n', ["g", "t", 0, 1, 0, 2]),
     "pop/journal.log": (b'v1 0badc0de ["g","t",0,9,0,false,[],[]]\n', ["g", "t", 1, 3, 0, False, [], []]),
 }
 

@@ -23,6 +23,7 @@ from ..node import BrokerNode
 from ..pop import params as pop_params
 from ..producers import PRODUCER_ID_MAX, SEQ_MAX
 from ..replication import frames
+from ..replication import offsets as offset_copies
 from ..replication.source import STREAM_HEARTBEAT_S
 from ..storage.limits import RECORD_BYTES_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
@@ -279,6 +280,16 @@ async def replica_fetch(request: web.Request) -> web.Response:
 
 
 @requires("broker")
+async def replica_offsets(request: web.Request) -> web.Response:
+    """A queue's leader pushes committed offsets to this copy (broker/replication/offsets.py): answered once they
+    are durable here; 409 NOT_LEADER when this broker knows a newer head of the queue."""
+    node = request.app[NODE]
+    values = offset_copies.decode(await _json(request, models.ReplicaOffsets))
+    await node.writer.offset_copies.receive(values)
+    return _respond({"stored": len(values)})
+
+
+@requires("broker")
 async def replica_stream(request: web.Request) -> web.StreamResponse:
     """A follower's stream of every open head it copies from this broker (broker/replication/source.py): a
     WebSocket; ``?follower=`` names it. It sends where each copy stands (replication/frames.py encode_positions);
@@ -417,6 +428,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/physical/{pq}", physical)
     r.add_post("/v1/replica", replica_fetch)
     r.add_get("/v1/replica/stream", replica_stream)
+    r.add_put("/v1/replica/offsets", replica_offsets)
     r.add_post("/v1/pop/{topic}", pop)
     r.add_post("/v1/ack", ack)
     r.add_post("/v1/invisible", change_invisible)

@@ -12,6 +12,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from wire.shapes import OPEN, STRICT
 
+from ..replication.offsets import COMMITS_PER_PUSH_MAX
 from ..replication.source import COPIES_PER_FETCH_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
 from ..pop.limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,
@@ -56,6 +57,26 @@ class CopyOffset(TypedDict):
 class ReplicaFetch(TypedDict):
     follower: Name
     queues: Annotated[list[CopyOffset], Field(max_length=COPIES_PER_FETCH_MAX)]
+
+
+@with_config(STRICT)
+class ReplicatedCommit(TypedDict):
+    group: Name
+    topic: Name
+    queue: Annotated[int, Field(ge=0, le=2**62)]
+    offset: Annotated[int, Field(ge=-1, le=2**62)]
+    gen: Annotated[int, Field(ge=0, le=2**62)]
+    seq: Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+@with_config(STRICT)
+class ReplicaOffsets(TypedDict):
+    commits: Annotated[list[ReplicatedCommit], Field(min_length=1, max_length=COMMITS_PER_PUSH_MAX)]
+
+
+@with_config(OPEN)
+class ReplicaOffsetsStored(TypedDict):
+    stored: int
 
 
 @with_config(STRICT)

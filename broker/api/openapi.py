@@ -127,6 +127,8 @@ SPEC: dict[str, Any] = {
                                          params=_p("pq") + _q("offset", "max", "ts", "start"))},
         "/v1/replica": {"post": _runs_op()},
         "/v1/replica/stream": {"get": _stream_op()},
+        "/v1/replica/offsets": {"put": _op("A queue's leader pushes committed offsets to one of its copies",
+                                           M.ReplicaOffsetsStored, roles="broker", body=M.ReplicaOffsets)},
         "/v1/pop/{topic}": {"post": _pop()},
         "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle)", M.Acked,
                                 body=M.Ack)},

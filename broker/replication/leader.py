@@ -59,15 +59,19 @@ class ReplicaTracker:
         self._hw: dict[str, int] = {}                            # pq -> high watermark (physical), only grows
         self._waiters: dict[str, list[tuple[int, asyncio.Future]]] = {}
         self.on_written: Callable[[str, Run], None] = lambda pq, run: None   # each append (FetchSource.written)
+        # Whether a copy holds what else the leader keeps for the head (its committed offsets: offsets.py), asked
+        # before the leader waits for it
+        self.copy_ready: Callable[[Segment, str], bool] = lambda seg, copy: True
 
     # -- who counts ---------------------------------------------------------------------------------------------
-    def _waited_for(self, seg: Segment) -> set[str]:
+    def waited_for(self, seg: Segment) -> set[str]:
+        """The copies a write to ``seg`` waits for (never this broker)."""
         return (set(seg.in_sync) | self._adding.get(seg.physical_queue, set())) - {self.me}
 
     def _followers_end(self, seg: Segment) -> int | None:
         """The offset every follower waited for holds; None when the leader waits for nobody."""
         acked = self._acked.get(seg.physical_queue, {})
-        waited = self._waited_for(seg)
+        waited = self.waited_for(seg)
         return min(acked.get(f, seg.physical_start) for f in waited) if waited else None
 
     def readable_end(self, seg: Segment) -> int:
@@ -199,7 +203,7 @@ class ReplicaTracker:
                     continue
                 # It holds everything acknowledged (below the high watermark): from now on sends wait for it too,
                 # before meta has decided, so it holds every acknowledged record whatever the log decides.
-                if acked.get(f, -1) >= self.readable_end(seg):
+                if acked.get(f, -1) >= self.readable_end(seg) and self.copy_ready(seg, f):
                     adding.add(f)
                     add.append(f)
             wanted = keep + add

@@ -1,0 +1,190 @@
+"""Committed offsets on every copy of a queue's head, with the rule the records follow (DESIGN.md invariant 12,
+issue 37): a commit is acknowledged only once every copy the leader waits for holds it durably, so the copy a
+failover elects answers every commit the old leader acknowledged.
+
+- The leader stamps each commit ``(gen, seq)`` (broker/offsets.py) and PUTs it to every copy it waits for (the
+  in-sync set of its route and the copies it asked meta to add: ``ReplicaTracker.waited_for``) while it syncs its
+  own line; a copy keeps the newest stamp of each key, whatever order pushes and snapshots arrive in. Pushes are
+  retried until the copy holds the commit, leaves the set waited for (meta removed it: the lag bound), or
+  REPLICATION_WAIT_S passes (503 REPLICATION_UNCONFIRMED).
+- A copy outside the in-sync set gets no pushes and falls behind. Before the leader asks meta to add it
+  (``ready``, which the tracker asks first), the leader starts pushing to it (commits do not wait for those pushes)
+  and sends it a snapshot of the queue's commits, its durable ones and those still being synced; only once that has
+  been stored, and no push to it is out, is the copy ready. A push to a copy not waited for that fails makes it
+  unready again (it may have missed that commit).
+- A copy refuses a push of a gen older than the head it knows (409 NOT_LEADER): a leader deposed by a failover
+  cannot get a commit acknowledged through a copy that already follows the new one.
+Kafka keeps offsets in a compacted internal topic replicated like any other; RocketMQ 5's slaves copy them every few
+seconds, so a failover can take commits back. A queue's commits are few next to its records (one per consumer's
+batch), so one small PUT per commit and copy costs little, and the records' streams stay as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+
+from wire.errors import ApiError, rejection
+
+from ..offsets import Committed, Key, OffsetStore, newer
+from ..peers import Peers, Unreachable
+from ..routing import RouteTable, Segment
+from .leader import REPLICATION_WAIT_S, ReplicaTracker, unconfirmed
+
+log = structlog.get_logger("broker.replication")
+
+PATH = "/v1/replica/offsets"
+PUSH_RETRY_S = 0.1          # between tries of a push to a copy waited for
+COMMITS_PER_PUSH_MAX = 1000  # a snapshot goes in pushes of at most this many commits
+
+
+def encode(values: list[tuple[Key, Committed]]) -> dict[str, Any]:
+    return {"commits": [{"group": g, "topic": t, "queue": q, "offset": v.offset, "gen": v.gen, "seq": v.seq}
+                        for (g, t, q), v in values]}
+
+
+def decode(body: dict[str, Any]) -> list[tuple[Key, Committed]]:
+    """A push's commits (checked by the API's model, broker/api/models.py ReplicaOffsets)."""
+    return [((c["group"], c["topic"], c["queue"]), Committed(c["offset"], c["gen"], c["seq"])) for c in body["commits"]]
+
+
+class OffsetCopies:
+    def __init__(self, me: str, routes: RouteTable, tracker: ReplicaTracker, store: OffsetStore, peers: Peers):
+        self.me = me
+        self.routes = routes
+        self.tracker = tracker
+        self.store = store
+        self.peers = peers
+        self._pushed: dict[str, set[str]] = {}     # pq -> copies not waited for that get every commit now
+        self._ready: dict[str, set[str]] = {}      # pq -> of those, the ones whose snapshot was stored
+        self._syncing: dict[tuple[str, str], asyncio.Task] = {}          # (pq, copy) -> its snapshot
+        self._in_flight: dict[str, dict[str, Committed]] = {}            # pq -> group -> commit not yet answered
+        self._aside: dict[tuple[str, str], int] = {}   # (pq, copy) -> pushes out to a copy not waited for
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- the leader ---------------------------------------------------------------------------------------------
+    async def commit(self, head: Segment, group: str, offset: int) -> None:
+        """Store a commit of ``head``'s queue here and on every copy waited for; raises what the store or the
+        copies refuse with (503 NOT_ENOUGH_REPLICAS below min_insync, like a send)."""
+        self.tracker.check_writable(head)
+        pq, key = head.physical_queue, (group, head.topic, head.queue)
+        value = self.store.stamp(offset, head.gen)
+        in_flight = self._in_flight.setdefault(pq, {})
+        in_flight[group] = value   # a snapshot started before this commit is stored carries it
+        waited = self.tracker.waited_for(head)
+        for copy in sorted(self._pushed.get(pq, set()) - waited - {self.me}):
+            self._push_aside(head, copy, [(key, value)])
+        try:
+            results = await asyncio.gather(self.store.store([(key, value)]),
+                                           *(self._push(head, c, [(key, value)]) for c in sorted(waited)),
+                                           return_exceptions=True)
+        finally:
+            if in_flight.get(group) is value:
+                del in_flight[group]
+            if not in_flight and self._in_flight.get(pq) is in_flight:
+                del self._in_flight[pq]
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def _push(self, head: Segment, copy: str, values: list[tuple[Key, Committed]]) -> None:
+        """To a copy waited for: until it holds the values, leaves the copies waited for, or the head moves."""
+        pq = head.physical_queue
+        deadline = time.monotonic() + REPLICATION_WAIT_S
+        while True:
+            try:
+                await self.peers.call("PUT", copy, self.routes.address(head.topic, copy), PATH, encode(values))
+                return
+            except (ApiError, Unreachable) as e:
+                why = e.code if isinstance(e, ApiError) else e.reason
+            now = self.routes.held(pq)
+            if now is None or now.broker != self.me:
+                return   # the head moved on: the commit's caller refuses it (Writer.still_offsets_head)
+            if copy not in self.tracker.waited_for(now):
+                self._unready(pq, copy)   # it may miss this commit: a snapshot first, before it is waited for
+                return
+            if time.monotonic() > deadline:
+                raise unconfirmed(head, f"copy {copy} did not store the commit within {REPLICATION_WAIT_S:.0f} s "
+                                        f"({why})")
+            await asyncio.sleep(PUSH_RETRY_S)
+
+    def _push_aside(self, head: Segment, copy: str, values: list[tuple[Key, Committed]]) -> None:
+        """To a copy getting ready, not waited for: the commit does not wait (a slow copy would hold it), and the
+        copy is not ready while the push is out (``ready``); failed, it needs a snapshot again."""
+        pq = head.physical_queue
+        self._aside[(pq, copy)] = self._aside.get((pq, copy), 0) + 1
+
+        async def push() -> None:
+            try:
+                await self.peers.call("PUT", copy, self.routes.address(head.topic, copy), PATH, encode(values))
+            except (ApiError, Unreachable):
+                self._unready(pq, copy)
+            finally:
+                left = self._aside.pop((pq, copy)) - 1
+                if left:
+                    self._aside[(pq, copy)] = left
+
+        task = asyncio.create_task(push(), name=f"offsets-push-{pq}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def ready(self, seg: Segment, copy: str) -> bool:
+        """Whether ``copy`` holds every commit of ``seg``'s queue, so that the leader may wait for it (the
+        tracker asks before it asks meta to add a copy to the in-sync set). When not, its snapshot starts."""
+        pq = seg.physical_queue
+        if copy in self._ready.get(pq, ()):
+            return (pq, copy) not in self._aside
+        if (pq, copy) not in self._syncing:
+            self._pushed.setdefault(pq, set()).add(copy)   # from now on, before the snapshot is taken
+            self._syncing[(pq, copy)] = asyncio.create_task(self._sync(seg, copy), name=f"offsets-snapshot-{pq}")
+        return False
+
+    async def _sync(self, seg: Segment, copy: str) -> None:
+        pq = seg.physical_queue
+        try:
+            values = dict(self.store.queue_values(seg.topic, seg.queue))
+            for group, v in list(self._in_flight.get(pq, {}).items()):
+                key = (group, seg.topic, seg.queue)
+                if newer(v, values.get(key)):
+                    values[key] = v
+            items = sorted(values.items())
+            for i in range(0, len(items), COMMITS_PER_PUSH_MAX):
+                await self.peers.call("PUT", copy, self.routes.address(seg.topic, copy), PATH,
+                                      encode(items[i:i + COMMITS_PER_PUSH_MAX]))
+            if copy in self._pushed.get(pq, ()):   # no push to it failed meanwhile
+                self._ready.setdefault(pq, set()).add(copy)
+                log.info("offsets_snapshot_stored", pq=pq, copy=copy, commits=len(items))
+        except (ApiError, Unreachable) as e:
+            log.info("offsets_snapshot_failed", pq=pq, copy=copy, error=str(e))
+            self._unready(pq, copy)
+        finally:
+            self._syncing.pop((pq, copy), None)
+
+    def _unready(self, pq: str, copy: str) -> None:
+        self._pushed.get(pq, set()).discard(copy)
+        self._ready.get(pq, set()).discard(copy)
+
+    def route_changed(self) -> None:
+        """What is kept of a head this broker no longer leads goes."""
+        for pq in {*self._pushed, *self._ready}:
+            seg = self.routes.hosted.get(pq)
+            if seg is None or seg.state != "active":
+                self._pushed.pop(pq, None)
+                self._ready.pop(pq, None)
+
+    def stop(self) -> None:
+        for task in [*self._syncing.values(), *self._tasks]:
+            task.cancel()
+
+    # -- a copy -------------------------------------------------------------------------------------------------
+    async def receive(self, values: list[tuple[Key, Committed]]) -> None:
+        """Store what a leader pushed; 409 NOT_LEADER when a head newer than a commit's gen is known here."""
+        for (_, topic, queue), v in values:
+            head = self.routes.head(topic, queue)
+            if head is not None and head.gen > v.gen:
+                raise rejection(409, "NOT_LEADER", f"{topic}/{queue} has a head of gen {head.gen} here, newer than "
+                                f"the pushed commit's {v.gen}", topic=topic, queue=queue, gen=head.gen)
+        await self.store.store(values)

@@ -1,0 +1,137 @@
+"""Committed offsets on every copy (issue 37, broker/replication/offsets.py), on real processes: three brokers, topics
+of several copies, groups committing while their queue's leader is killed with kill -9 and its data directory
+removed. No acknowledged commit goes back, the new leader answers them without the dead one, and a copy back on an
+empty disk gets every commit before it joins the in-sync set."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+
+import aiohttp
+
+from tests.support.broker_http import admin, route, wait_route
+from tests.support.cluster import running
+
+SESSION_TIMEOUT_MS = 3_000
+EXTRA_META = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": 500}
+GROUPS = 3
+QUEUES = 2
+CALL_TIMEOUT_S = 5.0
+ANSWER_WAIT_S = SESSION_TIMEOUT_MS / 1000 + 20.0   # a failover on a loaded 2-core machine, generously
+
+
+def lose(c, broker: str) -> None:
+    c.kill9(broker)
+    shutil.rmtree(os.path.join(c.dir, broker, "data"))
+
+
+async def commit_at_head(c, topic: str, group: str, queue: int, offset: int) -> bool:
+    """One commit to the queue's head as the route names it: True when acknowledged, False when refused for a
+    moved or fenced head, or unanswered (then it may or may not stand)."""
+    q = (await route(c, topic))["queues"][queue]
+    try:
+        s, b, _ = await c.call("PUT", f"{q['address']}/v1/offsets/{group}/{topic}/{queue}", "client",
+                               json={"offset": offset}, timeout_s=CALL_TIMEOUT_S)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
+    assert s in (200, 409, 503), (s, b)
+    return s == 200
+
+
+async def committed(c, topic: str, group: str, queue: int) -> int:
+    """The committed offset as the queue's head answers it, asking again while the head moves (503, 409)."""
+    deadline = time.monotonic() + ANSWER_WAIT_S
+    while True:
+        q = (await route(c, topic))["queues"][queue]
+        try:
+            s, b, _ = await c.call("GET", f"{q['address']}/v1/offsets/{group}/{topic}/{queue}", "client",
+                                   timeout_s=CALL_TIMEOUT_S)
+            if s == 200:
+                return b["offset"]
+            assert s in (409, 503), (s, b)
+            last = b
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            last = repr(e)
+        assert time.monotonic() < deadline, f"{group} {topic}/{queue}: no answer from its head; last {last}"
+        await asyncio.sleep(0.1)
+
+
+async def test_commits_acknowledged_before_their_leader_is_lost_with_its_disk_never_go_back(tmp_path):
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "o", "queues": QUEUES, "replicas": 3})
+        assert s == 201 and b["min_insync"] == 2, b
+        r = await wait_route(c, "o", lambda r: all(len(q["in_sync"]) == 3 and q["writable"] for q in r["queues"]))
+        victim = r["queues"][0]["broker"]
+        acked: dict[tuple[str, int], int] = {}       # the newest acknowledged commit per (group, queue)
+        tried: dict[tuple[str, int], int] = {}       # the newest one sent, acknowledged or not
+        stop = asyncio.Event()
+
+        async def committer(group: str, queue: int) -> None:
+            offset = 0
+            while not stop.is_set():
+                offset += 1
+                tried[(group, queue)] = offset
+                if await commit_at_head(c, "o", group, queue, offset):
+                    acked[(group, queue)] = offset
+                else:
+                    await asyncio.sleep(0.05)
+
+        async def first_commit_after(queue: int, since: float) -> float:
+            """Seconds from ``since`` to the first acknowledged commit of another group on the queue."""
+            while not await commit_at_head(c, "o", "probe", queue, 1):
+                assert time.monotonic() - since < ANSWER_WAIT_S, f"o/{queue} took no commit after the kill"
+                await asyncio.sleep(0.05)
+            return time.monotonic() - since
+
+        tasks = [asyncio.create_task(committer(f"g{i}", q)) for i in range(GROUPS) for q in range(QUEUES)]
+        await asyncio.sleep(1.5)
+        assert len(acked) == GROUPS * QUEUES, acked
+        lose(c, victim)
+        killed_at = time.monotonic()
+        stop.set()   # the groups stop here: what the new heads answer must hold what was acknowledged before
+        await asyncio.gather(*tasks)
+        again = await asyncio.gather(*(first_commit_after(q, killed_at) for q in range(QUEUES)))
+        led = [q for q in range(QUEUES) if r["queues"][q]["broker"] == victim]
+        for q in led:   # commits go on within the session timeout + 2 s, with no operator command
+            assert again[q] <= SESSION_TIMEOUT_MS / 1000 + 2.0, (q, again)
+        after = await route(c, "o")
+        assert all(q["broker"] != victim for q in after["queues"])
+        for (group, q), offset in sorted(acked.items()):
+            # answered by the new head alone: the dead leader is never waited for
+            got = await committed(c, "o", group, q)
+            assert offset <= got <= tried[(group, q)], f"{group} o/{q}: acknowledged {offset}, read {got}"
+        for q in led:
+            # nor for a group that never committed: the copy elected held every commit the dead leader acknowledged
+            assert await committed(c, "o", "never", q) == -1
+
+
+async def test_a_copy_back_on_an_empty_disk_gets_every_commit_before_it_is_in_sync_again(tmp_path):
+    """Two copies: the leader is lost, the other leads and takes new commits alone; the lost one comes back on an
+    empty disk, catches up and joins the in-sync set; then the other is lost too. Only the snapshot the leader sent
+    before asking meta to add it (replication/offsets.py ``ready``) brought it the commits made while it was away."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "o", "queues": 1, "replicas": 2, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "o", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        first, second = r["queues"][0]["replicas"]
+        for i in range(GROUPS):
+            assert await commit_at_head(c, "o", f"g{i}", 0, 10 + i)
+        lose(c, first)
+        await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
+                         timeout_s=ANSWER_WAIT_S)
+        expected = {f"g{i}": 20 + i for i in range(GROUPS + 1)}   # every group moves on, and a new one commits
+        for group, offset in expected.items():
+            assert await commit_at_head(c, "o", group, 0, offset)
+        # a leader the failover deposed cannot push to a copy that knows the new head
+        stale = {"group": "g0", "topic": "o", "queue": 0, "offset": 0, "gen": 0, "seq": 2**62}
+        s, b, _ = await c.call("PUT", f"{c.url(second)}/v1/replica/offsets", "broker", json={"commits": [stale]})
+        assert s == 409 and b["error"]["code"] == "NOT_LEADER", (s, b)
+        c.start(first)
+        await wait_route(c, "o", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=60.0)
+        lose(c, second)
+        await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
+                         timeout_s=ANSWER_WAIT_S)
+        assert {g: await committed(c, "o", g, 0) for g in expected} == expected
