@@ -1,24 +1,29 @@
 """Committed offsets on every copy (issue 37, broker/replication/offsets.py), on real processes: three brokers, topics
 of several copies, groups committing while their queue's leader is killed with kill -9 and its data directory
-removed. No acknowledged commit goes back, the new leader answers them without the dead one, and a copy back on an
-empty disk gets every commit before it joins the in-sync set."""
+removed. No acknowledged commit goes back, the new leader answers them without the dead one, a copy back on an
+empty disk gets every commit before it joins the in-sync set, and the client's exclusive group carries on."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import time
 
 import aiohttp
 
+from client import AdminClient, ExclusiveConsumer, Producer, PullConsumer, ReceivedMessage, StatorError
+from client.selection import KeySelector
 from tests.support.broker_http import admin, route, wait_route
 from tests.support.cluster import running
+from tests.support.meta_http import wait_until
 
 SESSION_TIMEOUT_MS = 3_000
 EXTRA_META = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": 500}
 GROUPS = 3
 QUEUES = 2
+KEYS = 32
 CALL_TIMEOUT_S = 5.0
 ANSWER_WAIT_S = SESSION_TIMEOUT_MS / 1000 + 20.0   # a failover on a loaded 2-core machine, generously
 
@@ -135,3 +140,80 @@ async def test_a_copy_back_on_an_empty_disk_gets_every_commit_before_it_is_in_sy
         await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
                          timeout_s=ANSWER_WAIT_S)
         assert {g: await committed(c, "o", g, 0) for g in expected} == expected
+
+
+async def test_an_exclusive_group_carries_on_when_its_queue_s_leader_is_lost_and_its_commits_never_go_back(tmp_path):
+    """The client's ExclusiveConsumer consuming keyed sends, its queue's leader lost with its disk: the group's
+    committed offsets, read through the heads all along, never go back; it handles the queue's new messages again
+    within the session timeout + 2 s; every acknowledged message is handled, each key in order."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        async with AdminClient(c.meta_urls, c.token("admin")) as admin:
+            await admin.create_topic("x", queues=QUEUES, replicas=3)
+            await admin.set_group_config("grp", {"lease_ms": 2000, "heartbeat_interval_ms": 500})
+        r = await wait_route(c, "x", lambda r: all(len(q["in_sync"]) == 3 and q["writable"] for q in r["queues"]))
+        victim = r["queues"][0]["broker"]
+        handled: list[tuple[float, int, int, str]] = []   # (monotonic time, queue, offset, body)
+        sent: dict[str, tuple[float, int]] = {}           # body -> (monotonic time acknowledged, queue)
+        commits: dict[int, list[int]] = {q: [] for q in range(QUEUES)}
+        stop = asyncio.Event()
+
+        async def handle(m: ReceivedMessage) -> None:
+            handled.append((time.monotonic(), m.queue, m.offset, m.text))
+
+        async def produce() -> None:
+            async with Producer(c.meta_urls, c.token("client"), "x", selector=KeySelector()) as p:
+                for i in itertools.count():
+                    if stop.is_set():
+                        return
+                    for k in range(KEYS):
+                        out = await p.send(f"k{k}:{i}", key=f"k{k}")
+                        sent[f"k{k}:{i}"] = (time.monotonic(), out.queue)
+                    await asyncio.sleep(0.02)
+
+        async def sample_commits() -> None:
+            async with PullConsumer(c.meta_urls, c.token("client"), "x", "grp") as reader:
+                while not stop.is_set():
+                    for q in range(QUEUES):
+                        try:
+                            commits[q].append(await reader.committed(q))
+                        except StatorError:
+                            pass   # the head is moving: no answer is no value
+                    await asyncio.sleep(0.05)
+
+        member = ExclusiveConsumer(c.meta_urls, c.token("client"), "x", "grp", handle, member="a")
+        await member.start()
+        tasks = [asyncio.create_task(produce()), asyncio.create_task(sample_commits())]
+        try:
+            await wait_until(lambda: _committed_past(commits, 0, 10), ANSWER_WAIT_S, "commits on queue 0")
+            lose(c, victim)
+            killed_at = time.monotonic()
+            await wait_until(lambda: _handled_sent_after(handled, sent, 0, killed_at), ANSWER_WAIT_S,
+                             "a message sent to queue 0 after the kill handled")
+            again = min(t for t, q, _, body in handled if q == 0 and sent.get(body, (0.0,))[0] > killed_at) - killed_at
+            await asyncio.sleep(1.0)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        await wait_until(lambda: _handled_all(handled, sent), ANSWER_WAIT_S, "every acknowledged message handled")
+        await member.close()
+        assert again <= SESSION_TIMEOUT_MS / 1000 + 2.0, f"queue 0 carried on {again:.2f} s after its leader was lost"
+        for q, values in commits.items():
+            assert values == sorted(values), f"queue {q}: a committed offset went back: {values}"
+        by_key: dict[str, list[int]] = {}
+        for _, _, _, body in handled:
+            key, seq = body.split(":")
+            by_key.setdefault(key, []).append(int(seq))
+        for key, seqs in by_key.items():   # at least once, in order: a repeat goes back, nothing is skipped
+            assert seqs[0] == 0 and all(b <= a + 1 for a, b in zip(seqs, seqs[1:])), f"{key}: out of order: {seqs}"
+
+
+async def _committed_past(commits: dict[int, list[int]], queue: int, offset: int) -> bool:
+    return bool(commits[queue]) and commits[queue][-1] > offset
+
+
+async def _handled_sent_after(handled: list, sent: dict, queue: int, since: float) -> bool:
+    return any(q == queue and sent.get(body, (0.0,))[0] > since for _, q, _, body in handled)
+
+
+async def _handled_all(handled: list, sent: dict) -> bool:
+    return set(sent) <= {body for _, _, _, body in handled}
