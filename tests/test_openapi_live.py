@@ -212,9 +212,10 @@ async def test_live_broker_answers_match_the_broker_spec(tmp_path):
                    group="none", topic="t", queue=0)
         await call("POST", "/v1/pop-adopt/{group}/{topic}/{queue}", "broker", json_body={"deliveries": []},
                    group="none", topic="t", queue=0)
-        pushed = {"group": "pushed", "topic": "t", "queue": 0, "offset": 1, "gen": 0, "seq": 1}
-        assert (await call("PUT", "/v1/replica/offsets", "broker", json_body={"commits": [pushed]})) == {"stored": 1}
-        await call("PUT", "/v1/replica/offsets", "broker", json_body={"commits": [{**pushed, "seq": -1}]}, expect=400)
+        pushed = {"topic": "t", "queue": 0, "leader_gen": 0, "commits": [{"group": "pushed", "offset": 1, "gen": 0,
+                                                                          "seq": 1}]}
+        assert (await call("PUT", "/v1/replica/offsets", "broker", json_body=pushed)) == {"stored": 1}
+        await call("PUT", "/v1/replica/offsets", "broker", json_body={**pushed, "leader_gen": -1}, expect=400)
         await call("GET", "/healthz", None)
         await call("GET", "/readyz", None)
         _assert_every_json_operation_called(spec, checker, skip=set())

@@ -124,6 +124,7 @@ async def test_a_copy_back_on_an_empty_disk_gets_every_commit_before_it_is_in_sy
         first, second = r["queues"][0]["replicas"]
         for i in range(GROUPS):
             assert await commit_at_head(c, "o", f"g{i}", 0, 10 + i)
+        assert await commit_at_head(c, "o", "old", 0, 5)   # never again: the snapshot carries it at gen 0
         lose(c, first)
         await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
                          timeout_s=ANSWER_WAIT_S)
@@ -131,15 +132,16 @@ async def test_a_copy_back_on_an_empty_disk_gets_every_commit_before_it_is_in_sy
         for group, offset in expected.items():
             assert await commit_at_head(c, "o", group, 0, offset)
         # a leader the failover deposed cannot push to a copy that knows the new head
-        stale = {"group": "g0", "topic": "o", "queue": 0, "offset": 0, "gen": 0, "seq": 2**62}
-        s, b, _ = await c.call("PUT", f"{c.url(second)}/v1/replica/offsets", "broker", json={"commits": [stale]})
+        stale = {"topic": "o", "queue": 0, "leader_gen": 0, "commits": [{"group": "g0", "offset": 0, "gen": 0,
+                                                                          "seq": 2**62}]}
+        s, b, _ = await c.call("PUT", f"{c.url(second)}/v1/replica/offsets", "broker", json=stale)
         assert s == 409 and b["error"]["code"] == "NOT_LEADER", (s, b)
         c.start(first)
         await wait_route(c, "o", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=60.0)
         lose(c, second)
         await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
                          timeout_s=ANSWER_WAIT_S)
-        assert {g: await committed(c, "o", g, 0) for g in expected} == expected
+        assert {g: await committed(c, "o", g, 0) for g in [*expected, "old"]} == {**expected, "old": 5}
 
 
 async def test_an_exclusive_group_carries_on_when_its_queue_s_leader_is_lost_and_its_commits_never_go_back(tmp_path):

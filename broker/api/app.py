@@ -283,8 +283,8 @@ async def replica_offsets(request: web.Request) -> web.Response:
     """A queue's leader pushes committed offsets to this copy (broker/replication/offsets.py): answered once they
     are durable here; 409 NOT_LEADER when this broker knows a newer head of the queue."""
     node = request.app[NODE]
-    values = offset_copies.decode(await _json(request, models.ReplicaOffsets))
-    await node.writer.offset_copies.receive(values)
+    topic, queue, leader_gen, values = offset_copies.decode(await _json(request, models.ReplicaOffsets))
+    await node.writer.offset_copies.receive(topic, queue, leader_gen, values)
     return _respond({"stored": len(values)})
 
 

@@ -62,8 +62,6 @@ class ReplicaFetch(TypedDict):
 @with_config(STRICT)
 class ReplicatedCommit(TypedDict):
     group: Name
-    topic: Name
-    queue: Annotated[int, Field(ge=0, le=2**62)]
     offset: Annotated[int, Field(ge=-1, le=2**62)]
     gen: Annotated[int, Field(ge=0, le=2**62)]
     seq: Annotated[int, Field(ge=0, le=2**63 - 1)]
@@ -71,6 +69,9 @@ class ReplicatedCommit(TypedDict):
 
 @with_config(STRICT)
 class ReplicaOffsets(TypedDict):
+    topic: Name
+    queue: Annotated[int, Field(ge=0, le=2**62)]
+    leader_gen: Annotated[int, Field(ge=0, le=2**62)]   # of the head the pushing leader leads
     commits: Annotated[list[ReplicatedCommit], Field(min_length=1, max_length=COMMITS_PER_PUSH_MAX)]
 
 

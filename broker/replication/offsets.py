@@ -12,8 +12,9 @@ failover elects answers every commit the old leader acknowledged.
   and sends it a snapshot of the queue's commits, its durable ones and those still being synced; only once that has
   been stored, and no push to it is out, is the copy ready. A push to a copy not waited for that fails makes it
   unready again (it may have missed that commit).
-- A copy refuses a push of a gen older than the head it knows (409 NOT_LEADER): a leader deposed by a failover
-  cannot get a commit acknowledged through a copy that already follows the new one.
+- A copy refuses a push from the leader of a gen older than the head it knows (409 NOT_LEADER): a leader deposed by
+  a failover cannot get a commit acknowledged through a copy that already follows the new one. (The commits a push
+  carries keep their own gens: a snapshot holds those of older heads too.)
 Kafka keeps offsets in a compacted internal topic replicated like any other; RocketMQ 5's slaves copy them every few
 seconds, so a failover can take commits back. A queue's commits are few next to its records (one per consumer's
 batch), so one small PUT per commit and copy costs little, and the records' streams stay as they are.
@@ -41,14 +42,19 @@ PUSH_RETRY_S = 0.1          # between tries of a push to a copy waited for
 COMMITS_PER_PUSH_MAX = 1000  # a snapshot goes in pushes of at most this many commits
 
 
-def encode(values: list[tuple[Key, Committed]]) -> dict[str, Any]:
-    return {"commits": [{"group": g, "topic": t, "queue": q, "offset": v.offset, "gen": v.gen, "seq": v.seq}
-                        for (g, t, q), v in values]}
+def encode(head: Segment, values: list[tuple[Key, Committed]]) -> dict[str, Any]:
+    """A push of commits of ``head``'s queue (each may be of an older gen: a snapshot carries what the leader holds),
+    fenced by the gen of the head the pushing leader leads."""
+    return {"topic": head.topic, "queue": head.queue, "leader_gen": head.gen,
+            "commits": [{"group": g, "offset": v.offset, "gen": v.gen, "seq": v.seq} for (g, _, _), v in values]}
 
 
-def decode(body: dict[str, Any]) -> list[tuple[Key, Committed]]:
-    """A push's commits (checked by the API's model, broker/api/models.py ReplicaOffsets)."""
-    return [((c["group"], c["topic"], c["queue"]), Committed(c["offset"], c["gen"], c["seq"])) for c in body["commits"]]
+def decode(body: dict[str, Any]) -> tuple[str, int, int, list[tuple[Key, Committed]]]:
+    """(topic, queue, leader_gen, commits) of a push (checked by the API's model, broker/api/models.py
+    ReplicaOffsets)."""
+    t, q = body["topic"], body["queue"]
+    return t, q, body["leader_gen"], [((c["group"], t, q), Committed(c["offset"], c["gen"], c["seq"]))
+                                      for c in body["commits"]]
 
 
 class OffsetCopies:
@@ -96,7 +102,7 @@ class OffsetCopies:
         deadline = time.monotonic() + REPLICATION_WAIT_S
         while True:
             try:
-                await self.peers.call("PUT", copy, self.routes.address(head.topic, copy), PATH, encode(values))
+                await self.peers.call("PUT", copy, self.routes.address(head.topic, copy), PATH, encode(head, values))
                 return
             except (ApiError, Unreachable) as e:
                 why = e.code if isinstance(e, ApiError) else e.reason
@@ -119,7 +125,7 @@ class OffsetCopies:
 
         async def push() -> None:
             try:
-                await self.peers.call("PUT", copy, self.routes.address(head.topic, copy), PATH, encode(values))
+                await self.peers.call("PUT", copy, self.routes.address(head.topic, copy), PATH, encode(head, values))
             except (ApiError, Unreachable):
                 self._unready(pq, copy)
             finally:
@@ -153,7 +159,7 @@ class OffsetCopies:
             items = sorted(values.items())
             for i in range(0, len(items), COMMITS_PER_PUSH_MAX):
                 await self.peers.call("PUT", copy, self.routes.address(seg.topic, copy), PATH,
-                                      encode(items[i:i + COMMITS_PER_PUSH_MAX]))
+                                      encode(seg, items[i:i + COMMITS_PER_PUSH_MAX]))
             if copy in self._pushed.get(pq, ()):   # no push to it failed meanwhile
                 self._ready.setdefault(pq, set()).add(copy)
                 log.info("offsets_snapshot_stored", pq=pq, copy=copy, commits=len(items))
@@ -180,11 +186,11 @@ class OffsetCopies:
             task.cancel()
 
     # -- a copy -------------------------------------------------------------------------------------------------
-    async def receive(self, values: list[tuple[Key, Committed]]) -> None:
-        """Store what a leader pushed; 409 NOT_LEADER when a head newer than a commit's gen is known here."""
-        for (_, topic, queue), v in values:
-            head = self.routes.head(topic, queue)
-            if head is not None and head.gen > v.gen:
-                raise rejection(409, "NOT_LEADER", f"{topic}/{queue} has a head of gen {head.gen} here, newer than "
-                                f"the pushed commit's {v.gen}", topic=topic, queue=queue, gen=head.gen)
+    async def receive(self, topic: str, queue: int, leader_gen: int, values: list[tuple[Key, Committed]]) -> None:
+        """Store what the leader of ``topic``/``queue``'s head of ``leader_gen`` pushed; 409 NOT_LEADER when a newer
+        head of the queue is known here (a failover deposed the pusher)."""
+        head = self.routes.head(topic, queue)
+        if head is not None and head.gen > leader_gen:
+            raise rejection(409, "NOT_LEADER", f"{topic}/{queue} has a head of gen {head.gen} here, newer than the "
+                            f"pushing leader's {leader_gen}", topic=topic, queue=queue, gen=head.gen)
         await self.store.store(values)
