@@ -27,6 +27,7 @@ from .pop.settings import GroupSettings
 from .pop.wakeup import TopicSignals
 from .reads import Reader
 from .replication.follower import Replicator
+from .replication.pop_copies import PopCopies
 from .replication.source import FetchSource
 from .routing import RouteTable
 from .session import MetaSession
@@ -69,6 +70,13 @@ class BrokerNode:
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
                               lambda: self.session.writable(self.routes.version), self.group_settings,
                               self.pop_signals)
+        # A copy joins the in-sync set holding every commit and every pop ack of the queue (replication/offsets.py,
+        # replication/pop_copies.py): both gates are asked, so both snapshots start at once
+        self.pop_copies = PopCopies(config.broker, self.routes, self.writer.replicas, self.peers)
+        self.pop.journal.copies = self.pop_copies
+        self.pop_copies.kick = self.pop.journal.kick
+        self.writer.replicas.copy_ready = lambda seg, copy: all(
+            [self.writer.offset_copies.ready(seg, copy), self.pop_copies.ready(seg, copy)])
         self.registry.register(PopCollector(self.pop))
         self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self.routes.live_hosted,
                                               self.writer.max_physical))
@@ -86,6 +94,7 @@ class BrokerNode:
     def _route_applied(self, topic: str) -> None:
         self.writer.replicas.route_changed()
         self.writer.offset_copies.route_changed()
+        self.pop_copies.route_changed()
         self.writer.forget_unkept_batches(topic)
         self.replicator.follow(topic)
 

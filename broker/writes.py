@@ -78,8 +78,6 @@ class Writer:
         # The copies of the heads this broker leads: sends wait for them, consumers read below their high watermark
         self.replicas = ReplicaTracker(me, routes, self.max_physical)
         self.offset_copies = OffsetCopies(me, routes, self.replicas, offsets, peers) if peers is not None else None
-        if self.offset_copies is not None:
-            self.replicas.copy_ready = self.offset_copies.ready   # a copy joins the in-sync set with every commit
         self.producers = ProducerTable()   # batches seen per producer: a resend is answered, not stored again
         self._producer_log = producer_log
         self._flush_policy = store.config.flush_policy

@@ -289,6 +289,16 @@ async def replica_offsets(request: web.Request) -> web.Response:
 
 
 @requires("broker")
+async def replica_pop(request: web.Request) -> web.Response:
+    """A queue's leader pushes its pop journal lines to this copy (broker/replication/pop_copies.py): answered once
+    they are durable here; 409 NOT_LEADER when this broker knows a newer head of the queue."""
+    node = request.app[NODE]
+    body = await _json(request, models.ReplicaPop)
+    await node.pop.receive_copy(body["topic"], body["queue"], body["leader_gen"], body["reset"], body["lines"])
+    return _respond({"stored": len(body["lines"])})
+
+
+@requires("broker")
 async def replica_stream(request: web.Request) -> web.StreamResponse:
     """A follower's stream of every open head it copies from this broker (broker/replication/source.py): a
     WebSocket; ``?follower=`` names it. It sends where each copy stands (replication/frames.py encode_positions);
@@ -430,6 +440,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_post("/v1/replica", replica_fetch)
     r.add_get("/v1/replica/stream", replica_stream)
     r.add_put("/v1/replica/offsets", replica_offsets)
+    r.add_put("/v1/replica/pop", replica_pop)
     r.add_post("/v1/pop/{topic}", pop)
     r.add_post("/v1/ack", ack)
     r.add_post("/v1/invisible", change_invisible)

@@ -13,6 +13,7 @@ from typing_extensions import NotRequired, TypedDict
 from wire.shapes import OPEN, STRICT
 
 from ..replication.offsets import COMMITS_PER_PUSH_MAX
+from ..replication.pop_copies import LINES_PER_PUSH_MAX
 from ..replication.source import COPIES_PER_FETCH_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
 from ..pop.limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,
@@ -75,8 +76,17 @@ class ReplicaOffsets(TypedDict):
     commits: Annotated[list[ReplicatedCommit], Field(min_length=1, max_length=COMMITS_PER_PUSH_MAX)]
 
 
+@with_config(STRICT)
+class ReplicaPop(TypedDict):
+    topic: Name
+    queue: Annotated[int, Field(ge=0, le=2**62)]
+    leader_gen: Annotated[int, Field(ge=0, le=2**62)]   # of the head the pushing leader leads
+    reset: bool                                         # a snapshot: it replaces what the copy holds of the queue
+    lines: Annotated[list[list[Any]], Field(max_length=LINES_PER_PUSH_MAX)]   # pop journal lines (broker/pop/state.py)
+
+
 @with_config(OPEN)
-class ReplicaOffsetsStored(TypedDict):
+class ReplicaStored(TypedDict):
     stored: int
 
 

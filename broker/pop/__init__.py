@@ -1,7 +1,8 @@
 """Pop consumption on the broker (API.md pop rows; issue 9): shared consumers, invisible time, ack, revive, DLQ.
 
 Modules, one job each: ``limits`` (every bound), ``handles`` (receipt handles, HMAC'd), ``state`` (one queue's pop
-state, pure), ``journal`` (the durable, group-committed log of that state), ``revive`` (the deadline heap), ``dlq``
+state, pure), ``journal`` (the durable, group-committed log of that state), ``replica`` (the pop state held as a copy
+of queues led elsewhere), ``revive`` (the deadline heap), ``dlq``
 (dead-letter queues), ``settings`` (max_attempts from meta's group events), ``wakeup`` (long-poll wake-ups),
 ``params`` (request bodies), ``metrics`` (the operator's view), ``service`` (ties them together). Nothing is
 imported here, so broker modules can import a piece without pulling in the service.
@@ -45,4 +46,10 @@ them again before new messages; the old broker removes them only after that answ
 fails). Dead letters of a frozen state are written by the old broker itself (it reads the message by logic offset).
 Known window: if the old broker dies after the new head recorded an adopted delivery but before its own removal was
 fsynced, it pushes that delivery again after its restart, and the new head may deliver it once more.
+
+Across failovers (issue 37). A queue's head has copies (broker/replication): each round of the journal also brings its
+lines to the head's in-sync copies before it answers (broker/replication/pop_copies.py), which keep them apart from
+their own state (``replica``). A copy a failover elects does not ask the lost leader: it takes the state over from its
+own copy (``_state_for``), the lost leader's deliveries in flight included, which come due here (their handles were
+the lost leader's and are refused here: delivered again, at least once).
 """

@@ -18,6 +18,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -28,6 +29,9 @@ from ..storage import files, lines
 from ..storage.errors import CorruptFile
 from .limits import COMPACT_AFTER_LINES, FLUSH_TICK_MS, JOURNAL_WAIT_S, JOURNAL_WAITERS_MAX
 from .state import Key, QueueState, replay_line
+
+if TYPE_CHECKING:
+    from ..replication.pop_copies import PopCopies
 
 # Harmless mutants: the words and fields of the log calls (no code reads them).
 log = structlog.get_logger("broker.pop.journal")
@@ -72,6 +76,8 @@ class Journal:
         self._failed = False
         self._closed = False
         self._task: asyncio.Task | None = None
+        # The copies of the queues this broker leads (broker/replication/pop_copies.py): each round's lines go to them
+        self.copies: PopCopies | None = None
         self.rounds = 0
         self.lines_written = 0
 
@@ -114,10 +120,11 @@ class Journal:
                 self._failed = True
 
     async def round(self, force: bool = False) -> None:
-        """One group commit: every changed key's line, one write, one fsync, then the waiters are answered."""
+        """One group commit: every changed key's line, one write, one fsync, and the same lines on the copies of the
+        queues this broker leads (``copies``, broker/replication/pop_copies.py), then the waiters are answered."""
         waiters, self._waiters = self._waiters, []
         now = self._now_ms()
-        out: list[bytes] = []
+        values: list[list] = []
         still: set[Key] = set()
         for key in self._changed:
             st = self.states.get(key)
@@ -125,27 +132,40 @@ class Journal:
                 continue
             line = st.take_line(now, force)
             if line is not None:
-                out.append(lines.encode(line))
+                values.append(line)
             if st.fresh:
                 still.add(key)        # first deliveries still maturing: look again next round
         self._changed = still    # keys touched while this round writes join the next one
-        error = None
-        if out and not self._failed:
-            try:
-                await asyncio.to_thread(self._write, b"".join(out))
-                self._lines += len(out)
-                self.lines_written += len(out)
-            except OSError:
-                log.exception("pop_journal_write_failed", path=self.path)
-                self._failed = True
-        if self._failed:
-            error = unavailable()
+        pushes: list = []
+        if self.copies is not None and not self._failed:
+            extra, pushes = self.copies.collect(self.states, values, now)
+            values += extra
+        out = [lines.encode(v) for v in values]
+        wrote, pushed = await asyncio.gather(self._write_round(out), self._push_round(pushes), return_exceptions=True)
+        if isinstance(wrote, OSError):
+            log.error("pop_journal_write_failed", path=self.path, error=str(wrote))
+            self._failed = True
+        elif isinstance(wrote, BaseException):
+            raise wrote
+        if isinstance(pushed, BaseException) and not isinstance(pushed, ApiError):
+            raise pushed
+        error = unavailable() if self._failed else pushed if isinstance(pushed, ApiError) else None
         self.rounds += 1
         for f in waiters:
             if not f.done():
                 f.set_exception(error) if error is not None else f.set_result(None)
         if not self._failed and self._lines > COMPACT_AFTER_LINES and self._lines > 2 * len(self.states):
             await self._compact()
+
+    async def _write_round(self, out: list[bytes]) -> None:
+        if out and not self._failed:
+            await asyncio.to_thread(self._write, b"".join(out))
+            self._lines += len(out)
+            self.lines_written += len(out)
+
+    async def _push_round(self, pushes: list) -> None:
+        if pushes:
+            await self.copies.push(pushes)
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -159,6 +179,10 @@ class Journal:
         for st in self.states.values():   # bring every key up to date first: the new file replaces every line
             st.take_line(now, force=True)
         body = b"".join(lines.encode(st.full_line()) for st in self.states.values())
+        if self.copies is not None:
+            # What was just brought up to date went into the new file only: the copies get each queue whole at the
+            # next round, or a later line would move their pop offset past deliveries they never got
+            self.copies.resync()
         try:
             await asyncio.to_thread(self._replace, body)
         except OSError:
@@ -180,6 +204,10 @@ class Journal:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if not self._closed:
+            # Not to the copies: one unreachable would hold the stop for REPLICATION_WAIT_S, and what this round
+            # writes (first deliveries not written yet) they may lack, as after a crash: the pop offset they hold
+            # never passed those deliveries
+            self.copies = None
             self._changed |= set(self.states)
             await self.round(force=True)
             self._closed = True

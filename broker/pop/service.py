@@ -35,7 +35,8 @@ from .limits import (ACK_OUTCOMES_REMEMBERED_MAX, BUSY_QUEUE_WAIT_MS, DLQ_RETRY_
                      IN_FLIGHT_PER_QUEUE_MAX, POP_QUEUES_MAX, POP_WAITERS_MAX)
 from .revive import Reviver
 from .settings import GroupSettings
-from .state import DONE, EXPIRED, LIVE, Key, QueueState
+from .replica import ReplicaPopStore
+from .state import DONE, EXPIRED, LIVE, Delivery, Key, QueueState
 from .wakeup import TopicSignals
 
 # Harmless mutants: the words and fields of the log calls (no code reads them).
@@ -87,6 +88,7 @@ class PopService:
         states, whole = journal_mod.load(os.path.join(root, "journal.log"))
         self.states: dict[Key, QueueState] = states
         self.journal = journal_mod.Journal(os.path.join(root, "journal.log"), states, whole)
+        self.replica = ReplicaPopStore(os.path.join(root, "replica.log"))   # copies of queues led elsewhere
         self.dlq = DeadLetters(os.path.join(root, "dlq"))
         self.reviver = Reviver(self._fire)
         self.locks = KeyedLocks(lambda key: self.signals.notify(key[1]))
@@ -116,6 +118,7 @@ class PopService:
         await self.reviver.stop()
         await self._chores.cancel_all()
         await self.journal.close()
+        self.replica.close()
         self.dlq.close()
 
     def _spawn(self, work, what: str) -> None:
@@ -466,14 +469,32 @@ class PopService:
             raise rejection(409, "TOO_MANY_POP_QUEUES", f"this broker keeps pop state of at most {POP_QUEUES_MAX} "
                             "(group, topic, queue)", limit=POP_QUEUES_MAX)
         best: tuple[int, int] | None = (st.gen, st.next_offset) if st is not None else None
+        copied: QueueState | None = None   # this broker's copy of a lost leader's state, when it is the newest
         asked = {self.me}
         for seg in reversed(await self.reader.history(topic, queue)):
             if seg.broker in asked or seg.gen >= head.gen or len(asked) > HANDOVER_PEERS_MAX:
                 continue
+            if seg.sealer in asked:
+                asked.add(seg.broker)
+                # A failover elected a copy held here (or by a broker whose state is held here) to seal it: that
+                # copy was in sync, so this broker's copy of its leader's pop state holds every ack the leader
+                # answered (replication/pop_copies.py); the leader, lost, is not asked
+                rep = self.replica.states.get(key)
+                if rep is not None and rep.gen <= seg.gen and (best is None or rep.gen > best[0]):
+                    best, copied = (rep.gen, rep.next_offset), rep
+                continue
             asked.add(seg.broker)
             got = await self._ask_freeze(seg, key)
             if got is not None and (best is None or got[0] > best[0]):
-                best = got
+                best, copied = got, None
+        if copied is not None:
+            self.replica.take(key)
+            st = self.states[key] = self._from_copy(copied, st, head.gen)
+            self.journal.touch(key)
+            await self.journal.durable()
+            log.info("pop_state_taken_from_copy", key=key, gen=head.gen, start=st.next_offset,
+                     in_flight=len(st.in_flight))
+            return st
         start = best[1] if best is not None else await self.reader.min_offset(topic, queue)
         if st is None:
             st = self.states[key] = QueueState(key, start, head.gen)
@@ -484,6 +505,31 @@ class PopService:
         await self.journal.durable()
         log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset)
         return st
+
+    def _from_copy(self, copied: QueueState, own: QueueState | None, gen: int) -> QueueState:
+        """The state of a lost leader's copy, as this broker's own under the head of ``gen``: its deliveries in flight
+        come due here (their handles were the lost leader's: acks of them are refused, and they are delivered again
+        once due, at least once), and the whole state is written to this broker's journal. Deliveries of an older
+        state of its own stay in flight beside them."""
+        st = QueueState(copied.key, copied.next_offset, gen)
+        for offset, d in [*(own.in_flight.items() if own is not None else ()), *copied.in_flight.items()]:
+            st.in_flight[offset] = Delivery(d.seq, d.attempt, d.deadline_ms, False, d.dead)
+        for offset, d in sorted(st.in_flight.items()):
+            st.dirty.add(offset)
+            if d.dead:
+                self._spawn(self._dead_letter(st.key, offset, resumed=True), "dead letter of a copy")
+            else:
+                self._schedule(st.key, offset, d.seq, d.deadline_ms)
+        return st
+
+    async def receive_copy(self, topic: str, queue: int, leader_gen: int, reset: bool, lines: list[Any]) -> None:
+        """A queue's leader pushes its pop journal lines to this copy (replication/pop_copies.py); 409 NOT_LEADER
+        when a newer head of the queue is known here (a failover deposed the pusher)."""
+        head = self.routes.head(topic, queue)
+        if head is not None and head.gen > leader_gen:
+            raise rejection(409, "NOT_LEADER", f"{topic}/{queue} has a head of gen {head.gen} here, newer than the "
+                            f"pushing leader's {leader_gen}", topic=topic, queue=queue, gen=head.gen)
+        await self.replica.apply(topic, queue, reset, lines)
 
     async def _ask_freeze(self, seg: Segment, key: Key) -> tuple[int, int] | None:
         """An older head's pop state of ``key`` as (gen, next offset), frozen there first; None when it has none.

@@ -1,0 +1,132 @@
+"""The pop state this broker holds as a copy of queues other brokers lead (issue 37; the leader's side is
+broker/replication/pop_copies.py): kept apart from the broker's own pop state, never popped from, and taken over
+only when a failover makes this broker the queue's head (service.py ``_state_for``).
+
+The file ``pop/replica.log`` holds checked lines (storage/lines.py) of two kinds, applied in order:
+- ``["L", line]``: a pop journal line of the leader (state.py ``take_line`` / ``full_line``), applied as the
+  broker's own journal applies it (``replay_line``);
+- ``["R", topic, queue]``: every state of that queue is dropped: a snapshot follows, which replaces what was held
+  (a delta line only adds and removes, so a stale delivery would otherwise outlive the snapshot, here and on
+  replay).
+A push is acknowledged once its lines are fsynced. The file is rewritten as one line per key once it holds many
+more lines than keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import structlog
+
+from wire.errors import invalid, rejection
+
+from ..storage import files, lines
+from ..storage.errors import CorruptFile
+from .limits import COMPACT_AFTER_LINES, POP_QUEUES_MAX
+from .state import Key, QueueState, replay_line
+
+log = structlog.get_logger("broker.pop.replica")
+
+
+def _apply(states: dict[Key, QueueState], entry: Any) -> None:
+    """One line of the file (ValueError/TypeError/KeyError for a garbled one)."""
+    if entry[0] == "R":
+        _, topic, queue = entry
+        for key in [k for k in states if k[1] == topic and k[2] == queue]:
+            del states[key]
+    elif entry[0] == "L":
+        replay_line(states, entry[1])
+    else:
+        raise ValueError(f"unknown kind {entry[0]!r}")
+
+
+def load(path: str) -> tuple[dict[Key, QueueState], int]:
+    """The states the file holds and the length of its good lines (-1: no file); damage raises CorruptFile."""
+    states: dict[Key, QueueState] = {}
+    loaded = lines.read(path)
+    for number, value in enumerate(loaded.values, 1):
+        try:
+            _apply(states, value)
+        except (ValueError, TypeError, KeyError, IndexError):
+            raise CorruptFile(f"{path}: good line {number} that passed its check is not a replica pop line: "
+                              f"{str(value)[:200]}", path=path) from None
+    return states, loaded.whole
+
+
+class ReplicaPopStore:
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        self.states, whole = load(self.path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | files.O_CLOEXEC, 0o644)
+        if whole < 0:
+            files.sync_dir(os.path.dirname(self.path))
+        elif whole < os.fstat(self._fd).st_size:
+            os.ftruncate(self._fd, whole)
+            files.sync_data(self._fd)
+        self._lines = len(self.states)
+        self._lock = asyncio.Lock()
+        self._failed = False
+
+    async def apply(self, topic: str, queue: int, reset: bool, pushed: list[Any]) -> None:
+        """Apply a leader's lines for one queue (``reset``: a snapshot, replacing what is held of the queue) and
+        return once they are durable; 400 for lines that are not pop journal lines of that queue (nothing is
+        applied), 409 TOO_MANY_POP_QUEUES past the bound, 503 STORAGE_UNAVAILABLE when the file failed."""
+        entries: list[Any] = [["R", topic, queue]] if reset else []
+        entries += [["L", line] for line in pushed]
+        trial: dict[Key, QueueState] = {}
+        for entry in entries[1:] if reset else entries:
+            try:
+                st = replay_line(trial, entry[1])
+            except (ValueError, TypeError, KeyError):
+                raise invalid("a pushed line is not a pop journal line") from None
+            if st.key[1:] != (topic, queue):
+                raise invalid(f"a pushed line names {st.key[1]}/{st.key[2]}, not {topic}/{queue}")
+        new_keys = {k for k in trial if k not in self.states}
+        if len(self.states) + len(new_keys) > POP_QUEUES_MAX:
+            raise rejection(409, "TOO_MANY_POP_QUEUES", f"this broker keeps pop state of at most {POP_QUEUES_MAX} "
+                            "(group, topic, queue) as a copy", limit=POP_QUEUES_MAX)
+        async with self._lock:
+            if self._failed:
+                raise rejection(503, "STORAGE_UNAVAILABLE", "the replica pop state file failed; restart the broker")
+            for entry in entries:
+                _apply(self.states, entry)
+            try:
+                await asyncio.to_thread(self._write, b"".join(lines.encode(e) for e in entries))
+            except OSError:
+                log.exception("replica_pop_write_failed", path=self.path)
+                self._failed = True
+                raise rejection(503, "STORAGE_UNAVAILABLE", "the replica pop state file failed") from None
+            self._lines += len(entries)
+            if self._lines > COMPACT_AFTER_LINES and self._lines > 2 * len(self.states):
+                await self._compact()
+
+    def take(self, key: Key) -> QueueState | None:
+        """The copy's state of ``key``, handed to the broker's own pop state (a failover made it the head); what the
+        file still holds of it is dropped at the next compaction, and loses to the newer gen if read back before."""
+        return self.states.pop(key, None)
+
+    def _write(self, data: bytes) -> None:
+        files.write_all(self._fd, data)
+        files.sync_data(self._fd)
+
+    async def _compact(self) -> None:
+        body = b"".join(lines.encode(["L", st.full_line()]) for st in self.states.values())
+        try:
+            await asyncio.to_thread(self._replace, body)
+        except OSError:
+            log.exception("replica_pop_compaction_failed", path=self.path)
+            self._failed = True
+            return
+        self._lines = len(self.states)
+
+    def _replace(self, body: bytes) -> None:
+        files.write_atomic(self.path, body)
+        files.sync_dir(os.path.dirname(self.path))
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | files.O_CLOEXEC)
+        os.close(self._fd)
+        self._fd = fd
+
+    def close(self) -> None:
+        os.close(self._fd)

@@ -1,0 +1,166 @@
+"""Pop state on every copy (issue 37, broker/replication/pop_copies.py, broker/pop/replica.py), on real processes:
+a pop group consuming while its queue's leader is killed with kill -9 and its data directory removed. No pop whose
+ack was answered is delivered again, pops go on from the copy elected without waiting for the lost leader, every
+message is delivered; a copy back on an empty disk gets the queue's whole pop state before it is in sync again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+
+import aiohttp
+import pytest
+
+from broker.pop.replica import ReplicaPopStore
+from tests.support.broker_http import admin, route, wait_route
+from tests.support.cluster import running
+from wire.errors import ApiError
+
+SESSION_TIMEOUT_MS = 3_000
+EXTRA_META = {"session_timeout_ms": SESSION_TIMEOUT_MS, "heartbeat_interval_ms": 500}
+GROUP = "pg"
+MESSAGES = 600
+INVISIBLE_MS = 3_000       # what a lost leader had handed out and nobody acked comes back this soon
+CALL_TIMEOUT_S = 5.0
+WAIT_S = SESSION_TIMEOUT_MS / 1000 + 30.0   # a failover and the redeliveries on a loaded 2-core machine
+
+
+def lose(c, broker: str) -> None:
+    c.kill9(broker)
+    shutil.rmtree(os.path.join(c.dir, broker, "data"))
+
+
+async def fill(c, topic: str, n: int) -> None:
+    r = await route(c, topic)
+    for i in range(0, n, 100):
+        s, b, _ = await c.call("POST", f"{r['queues'][0]['address']}/v1/messages/{topic}/0", "client",
+                               json={"messages": [{"body": f"m{j}"} for j in range(i, min(n, i + 100))]})
+        assert s == 200, b
+
+
+class PopLog:
+    """What one pop consumer saw: each delivery (time, offset), and when each ack was answered ok."""
+
+    def __init__(self) -> None:
+        self.delivered: list[tuple[float, int]] = []
+        self.acked: dict[int, float] = {}
+
+    async def round(self, c, topic: str, ack: bool = True) -> int:
+        """One pop at the queue's head as the route names it, its deliveries acked; how many it got (0 when
+        refused or unanswered)."""
+        q = (await route(c, topic))["queues"][0]
+        try:
+            s, b, _ = await c.call("POST", f"{q['address']}/v1/pop/{topic}", "client", timeout_s=CALL_TIMEOUT_S,
+                                   json={"group": GROUP, "max": 20, "invisible_ms": INVISIBLE_MS})
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return 0
+        if s != 200:
+            assert s in (409, 503), (s, b)
+            return 0
+        got = b["messages"]
+        now = time.monotonic()
+        self.delivered += [(now, m["offset"]) for m in got]
+        if got and ack:
+            try:
+                s, a, _ = await c.call("POST", f"{q['address']}/v1/ack", "client", timeout_s=CALL_TIMEOUT_S,
+                                       json={"group": GROUP, "handles": [m["handle"] for m in got]})
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                return len(got)
+            if s == 200:
+                done = time.monotonic()
+                for m, r in zip(got, a["results"]):
+                    if r["ok"]:
+                        self.acked.setdefault(m["offset"], done)
+        return len(got)
+
+    def delivered_after_ack(self) -> list[int]:
+        return sorted({o for t, o in self.delivered if o in self.acked and t > self.acked[o]})
+
+    async def drain(self, c, topic: str, n: int) -> None:
+        """Pop and ack until every offset below ``n`` was acked (unacked deliveries come back when due)."""
+        deadline = time.monotonic() + WAIT_S
+        while len(self.acked) < n:
+            assert time.monotonic() < deadline, f"{n - len(self.acked)} messages never acked: " \
+                                                f"{sorted(set(range(n)) - set(self.acked))[:20]}"
+            if not await self.round(c, topic):
+                await asyncio.sleep(0.1)
+
+
+async def test_pops_acknowledged_before_their_leader_is_lost_with_its_disk_are_never_delivered_again(tmp_path):
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 3})
+        assert s == 201, b
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 3 and r["queues"][0]["writable"])
+        victim = r["queues"][0]["broker"]
+        await fill(c, "p", MESSAGES)
+        log = PopLog()
+        while len(log.acked) < MESSAGES // 3:
+            assert await log.round(c, "p")
+        await log.round(c, "p", ack=False)   # in flight when the leader is lost: delivered again once due
+        lose(c, victim)
+        killed_at = time.monotonic()
+        while not await log.round(c, "p"):
+            assert time.monotonic() - killed_at < WAIT_S, "no pop answered after the leader was lost"
+            await asyncio.sleep(0.05)
+        again = time.monotonic() - killed_at
+        await log.drain(c, "p", MESSAGES)
+        assert (await route(c, "p"))["queues"][0]["broker"] != victim
+        assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
+        assert again <= SESSION_TIMEOUT_MS / 1000 + 2.0, f"pops went on {again:.2f} s after the leader was lost"
+
+
+async def test_a_copy_back_on_an_empty_disk_gets_the_whole_pop_state_before_it_is_in_sync_again(tmp_path):
+    """Two copies: the leader is lost, the other leads and acks pops alone; the lost one comes back on an empty disk
+    and joins the in-sync set; then the other is lost too. Only the snapshot the leader sent before asking meta to
+    add it brought it the acks made while it was away."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        first, second = r["queues"][0]["replicas"]
+        await fill(c, "p", 300)
+        log = PopLog()
+        while len(log.acked) < 100:
+            assert await log.round(c, "p")
+        lose(c, first)
+        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
+                         timeout_s=WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while len(log.acked) < 200:
+            assert time.monotonic() < deadline, len(log.acked)
+            if not await log.round(c, "p"):
+                await asyncio.sleep(0.05)
+        # a leader the failover deposed cannot push to a copy that knows the new head
+        stale = {"topic": "p", "queue": 0, "leader_gen": 0, "reset": True, "lines": []}
+        s, b, _ = await c.call("PUT", f"{c.url(second)}/v1/replica/pop", "broker", json=stale)
+        assert s == 409 and b["error"]["code"] == "NOT_LEADER", (s, b)
+        c.start(first)
+        await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=60.0)
+        lose(c, second)
+        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
+                         timeout_s=WAIT_S)
+        await log.drain(c, "p", 300)
+        assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
+
+
+async def test_a_snapshot_replaces_what_the_copy_held_of_the_queue_here_and_after_a_reopen(tmp_path):
+    """broker/pop/replica.py alone: a delta line only adds and removes, so without the reset a delivery acked
+    since (absent from the snapshot) would outlive it."""
+    path = str(tmp_path / "replica.log")
+    store = ReplicaPopStore(path)
+    key = ("g", "t", 0)
+    await store.apply("t", 0, False, [["g", "t", 0, 10, 1, False, [[4, 7, 1, 99, 0], [5, 8, 1, 99, 0]], []]])
+    await store.apply("t", 0, False, [["h", "t", 0, 3, 1, False, [], []]])
+    await store.apply("t", 0, True, [["g", "t", 0, 12, 1, False, [[5, 8, 1, 99, 0]], []]])   # 4 acked meanwhile
+    assert sorted(store.states) == [key] and sorted(store.states[key].in_flight) == [5]
+    await store.apply("t", 1, False, [["g", "t", 1, 2, 1, False, [], []]])   # another queue: no reset of it
+    store.close()
+    again = ReplicaPopStore(path)
+    assert sorted(again.states) == [key, ("g", "t", 1)]
+    assert sorted(again.states[key].in_flight) == [5] and again.states[key].next_offset == 12
+    with pytest.raises(ApiError) as refused:
+        await again.apply("t", 0, False, [["g", "other", 0, 1, 1, False, [], []]])
+    assert refused.value.status == 400 and sorted(again.states[key].in_flight) == [5], "nothing applied"
+    again.close()
