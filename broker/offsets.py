@@ -11,9 +11,9 @@ a snapshot that already held them: a key keeps the value with the highest ``(gen
 replay, whatever order they came in.
 
 Each commit is one checked JSON line ``[group, topic, queue, offset, gen, seq]`` (storage/lines.py: a CRC-32 and a
-format version), acknowledged only once an fsync covering it has returned. One syncer thread owns the file: each round it takes every commit queued since the
-last one, writes their lines in one write and covers them with one fsync (group commit), so the event loop never
-waits for the disk and concurrent commits share an fsync.
+format version), acknowledged only once an fsync covering it has returned. One syncer thread owns the file: each
+round it takes every commit queued since the last one, writes their lines in one write and covers them with one
+fsync (group commit), so the event loop never waits for the disk and concurrent commits share an fsync.
 The file is rewritten compactly when it grows past a bound, so its size stays proportional to the number of
 (group, topic, queue) keys. Its directory is fsynced after the file is created and after each compaction's rename:
 until then a power loss could take the file's name, and every commit in it, with it.

@@ -22,7 +22,7 @@ from .codec import RawRecord, run_of, stored_record
 from .meta_link import MetaLink
 from .metrics import BrokerMetrics
 from .offsets import OffsetStore
-from .peers import Peers, unavailable
+from .peers import Peers, Unreachable, unavailable
 from .replication.follower import physical_end
 from .routing import RouteTable, Segment
 from .storage import OffsetOutOfRange, Run
@@ -305,13 +305,16 @@ class Reader:
         Answered by the queue's head only, and only while it may take writes (Writer.offsets_head): a broker whose
         routes are behind, whose segment was sealed or whose session lapsed cannot know of a newer head's commits.
         The newest commit wins wherever it is: the head's own when made on the current head, else the highest gen
-        among the brokers of the queue's segments (a queue that moved away and back must not read the value it left
-        behind). A segment sealed by a copy a failover elected is not asked of its leader: its commits are on that
-        copy, and so here when that copy is this broker or one whose commits are held here. A broker is asked only while it could beat what is known: a commit's gen is that of a segment its
-        broker held, and the segments are walked newest first, each broker once. One that could and does not answer
-        makes the read 503 BROKER_UNAVAILABLE (retry), never an older value: after a power loss of the whole
-        machine, a new head answered -1 for a queue whose commit of 761 sat on the previous head, still starting
-        (the chaos runner's committed_offsets check)."""
+        held by the brokers of the queue's segments (a queue that moved away and back must not read the value it
+        left behind). A segment's commits are on its leader and on every copy of its in-sync set and its sealer
+        (replication/offsets.py), so the segments are walked newest first and each one's holders not asked yet are
+        asked at once, while the segment could beat what is known (a commit's gen is that of the segment it was made
+        on). A segment none of whose holders answers makes the read 503 BROKER_UNAVAILABLE (retry), never an older
+        value: after a power loss of the whole machine, a new head answered -1 for a queue whose commit of 761 sat
+        on the previous head, still starting (the chaos runner's committed_offsets check). Asking only its leader,
+        a read found nothing of a commit whose leader's disk was lost, though a copy held it (broker_wipe, seed 9).
+        This broker's own store answers for the segments it holds; if its disk was lost since, and no other holder
+        of such a segment answers, what it lost is not found."""
         own = self.offsets.get_committed(group, topic, queue)
         best = (own.offset, own.gen) if own is not None else (-1, -1)
         if local_only:
@@ -319,31 +322,37 @@ class Reader:
         head = self.writer.offsets_head(topic, queue)
         if own is not None and own.gen >= head.gen:
             return best
-        asked = {self.me}   # brokers whose commits of this queue this broker holds (its own, and see below)
+        answered, down = {self.me}, set()
         for seg in reversed(await self._chain(topic, queue)):
             if seg.gen <= best[1]:
-                break                          # this and every older segment's broker can hold no newer commit
-            if seg.broker in asked:
-                continue
-            if seg.sealer in asked:
-                # A failover elected a copy held here, or by a broker whose commits are held here, to seal it: that
-                # copy was in sync, so it held every commit its leader acknowledged (replication/offsets.py), and
-                # the dead leader need not be asked
-                asked.add(seg.broker)
-                continue
-            asked.add(seg.broker)
-            try:
-                body = await self.peers.get(seg, f"/v1/offsets/{quote(group, safe='')}/{quote(topic, safe='')}/"
-                                                 f"{queue}?local=1")
-            except ApiError as e:
+                break                          # no holder of this or an older segment can hold a newer commit
+            holders = list(dict.fromkeys(b for b in (seg.broker, seg.sealer, *seg.in_sync) if b))
+            ask = [b for b in holders if b not in answered and b not in down]
+            values = await asyncio.gather(*(self._held_offset(topic, queue, group, b) for b in ask))
+            for broker, value in zip(ask, values):
+                if value is None:
+                    down.add(broker)
+                    continue
+                answered.add(broker)
+                if value[0] >= 0 and value[1] > best[1]:
+                    best = value
+            if not answered & set(holders):
                 raise rejection(503, "BROKER_UNAVAILABLE", f"the committed offset of {group!r} on {topic}/{queue} may "
-                                f"be newer on broker {seg.broker!r}, which held its segment of gen {seg.gen} and does "
-                                f"not answer now ({e.code}); retry", broker=seg.broker, gen=seg.gen) from None
-            offset, gen = body.get("offset", -1), body.get("gen", -1)
-            if isinstance(offset, int) and isinstance(gen, int) and offset >= 0 and gen > best[1]:
-                best = (offset, gen)
+                                f"be newer on the brokers that held its segment of gen {seg.gen} "
+                                f"({', '.join(holders)}), none of which answers now; retry", broker=seg.broker,
+                                gen=seg.gen)
         self.writer.still_offsets_head(head, "its committed offset was read")
         return best
+
+    async def _held_offset(self, topic: str, queue: int, group: str, broker: str) -> tuple[int, int] | None:
+        """(offset, gen) of the commit ``broker`` holds ((-1, -1): none); None when it does not answer."""
+        path = f"/v1/offsets/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}?local=1"
+        try:
+            body = await self.peers.call("GET", broker, self.routes.address(topic, broker), path)
+        except (ApiError, Unreachable):
+            return None
+        offset, gen = body.get("offset", -1), body.get("gen", -1)
+        return (offset, gen) if isinstance(offset, int) and isinstance(gen, int) else None
 
     async def min_offset(self, topic: str, queue: int) -> int:
         """A queue's min logic offset, wherever its head is (a barrier's old queue may be on another broker)."""

@@ -219,3 +219,26 @@ async def _handled_sent_after(handled: list, sent: dict, queue: int, since: floa
 
 async def _handled_all(handled: list, sent: dict) -> bool:
     return set(sent) <= {body for _, _, _, body in handled}
+
+
+async def test_a_commit_is_found_on_a_copy_when_its_leader_lost_its_disk_after_the_queue_moved_on(tmp_path):
+    """Found by the chaos runner (broker_wipe with remaps, seed 9): a read walked the queue's segments asking each
+    one's leader only; the leader of the segment a commit was made on had lost its disk since, answered -1, and the
+    copy that held the commit was never asked."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "o", "queues": 1, "replicas": 2, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "o", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        first, second = r["queues"][0]["replicas"]
+        third = next(b["broker"] for b in c.info["brokers"] if b["broker"] not in (first, second))
+        assert await commit_at_head(c, "o", "g", 0, 50)
+        s, b = await admin(c, "POST", 0, "/v1/topics/o/remap", {"brokers": [third]})
+        assert s == 200, b
+        await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == third and r["queues"][0]["writable"])
+        lose(c, first)
+        c.start(first)   # back on an empty disk: it answers that it holds no commit
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        while (await c.call("GET", f"{c.url(first)}/readyz", None))[0] != 200:
+            assert time.monotonic() < deadline, f"{first} not ready again"
+            await asyncio.sleep(0.1)
+        assert await committed(c, "o", "g", 0) == 50
