@@ -77,6 +77,8 @@ class BrokerNode:
         self.pop_copies.kick = self.pop.journal.kick
         self.writer.replicas.copy_ready = lambda seg, copy: all(
             [self.writer.offset_copies.ready(seg, copy), self.pop_copies.ready(seg, copy)])
+        self.writer.replicas.on_new_follower_epoch = lambda copy: (
+            self.writer.offset_copies.forget_copy(copy), self.pop_copies.forget_copy(copy))
         self.registry.register(PopCollector(self.pop))
         self.registry.register(StateCollector(config.data_dir, lambda: self.session.state, self.routes.live_hosted,
                                               self.writer.max_physical))

@@ -190,8 +190,8 @@ def _v_alter_in_sync(c):
         raise invalid(f"changes must be a list of 1 to {limits.IN_SYNC_CHANGES_MAX} changes", field="changes")
     seen = set()
     for ch in changes:
-        if not isinstance(ch, dict) or set(ch) != {"topic", "queue", "gen", "in_sync"}:
-            raise invalid("each change must be {topic, queue, gen, in_sync}", field="changes")
+        if not isinstance(ch, dict) or set(ch) != {"topic", "queue", "gen", "in_sync", "epochs"}:
+            raise invalid("each change must be {topic, queue, gen, in_sync, epochs}", field="changes")
         _name(ch["topic"], "topic", limits.TOPIC_NAME_CHARS_MAX)
         _int(ch["queue"], "queue", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
         _int(ch["gen"], "gen", 0, 2**62)
@@ -199,6 +199,12 @@ def _v_alter_in_sync(c):
         if not isinstance(in_sync, list) or not 1 <= len(in_sync) <= limits.REPLICAS_MAX:
             raise invalid(f"in_sync must list 1 to {limits.REPLICAS_MAX} brokers", field="in_sync")
         _broker_list(in_sync, "in_sync")
+        epochs = ch["epochs"]
+        if not isinstance(epochs, dict) or len(epochs) > limits.REPLICAS_MAX:
+            raise invalid(f"epochs must map at most {limits.REPLICAS_MAX} brokers to their epochs", field="epochs")
+        for b, e in epochs.items():
+            _name(b, "epochs", limits.BROKER_NAME_CHARS_MAX)
+            _int(e, "epochs", 0, 2**62)
         key = (ch["topic"], ch["queue"])
         if key in seen:   # two changes of one queue in one command would both be decided on the same image
             raise invalid("changes names one queue twice", field="changes", topic=ch["topic"], queue=ch["queue"])

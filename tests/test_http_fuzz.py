@@ -146,8 +146,10 @@ BROKER_OPS = [
     Op("broker", "GET", "/v1/queues/{topic}/{queue}/offset", ("ts",)),
     Op("broker", "GET", "/v1/rates/{topic}"),
     Op("broker", "GET", "/v1/physical/{pq}", ("offset", "max", "ts", "start")),
-    Op("broker", "POST", "/v1/replica", (), ("follower", "queues"), mutating=True),
-    Op("broker", "GET", "/v1/replica/stream", ("follower",)),   # without the Upgrade headers: a plain 400
+    Op("broker", "POST", "/v1/replica", (), ("follower", "epoch", "queues"), mutating=True),
+    Op("broker", "GET", "/v1/replica/stream", ("follower", "epoch")),   # without the Upgrade headers: a plain 400
+    Op("broker", "PUT", "/v1/replica/offsets", (), ("topic", "queue", "leader_gen", "commits"), mutating=True),
+    Op("broker", "PUT", "/v1/replica/pop", (), ("topic", "queue", "leader_gen", "reset", "lines"), mutating=True),
     Op("broker", "GET", "/healthz"), Op("broker", "GET", "/readyz"), Op("broker", "GET", "/metrics"),
     Op("broker", "GET", "/v1/openapi.json"),
     Op("broker", "POST", "/v1/pop/{topic}", (), ("group", "max", "invisible_ms", "queue", "order", "wait_ms"),

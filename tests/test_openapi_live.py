@@ -128,7 +128,8 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
         await call("POST", "/v1/brokers/{broker}/seals", "broker", json_body={"epoch": 1, "seals": [
             {"topic": "t", "queue": 0, "gen": 0, "end_offset": 0}]}, broker="spare")
         in_sync = await call("POST", "/v1/brokers/{broker}/in-sync", "broker", json_body={"epoch": 1, "changes": [
-            {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["spare"]}]}, expect=200, broker="spare")
+            {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["spare"], "epochs": {"spare": 1}}]}, expect=200,
+            broker="spare")
         assert in_sync["results"][0]["code"] == "SEGMENT_NOT_FOUND", in_sync   # it leads nothing
         down = await call("POST", "/v1/brokers/{broker}/peer-down", "broker", json_body={"epoch": 1, "peer": "spare"},
                           expect=200, broker="spare")

@@ -91,7 +91,7 @@ def test_the_in_sync_set_changes_only_as_the_head_s_leader_asks_in_its_epoch():
 
     def alter(gen: int, in_sync: list[str], broker: str = "a") -> dict:
         return log.ok({"type": "AlterInSync", "broker": broker, "epoch": log.epoch(broker), "changes": [
-            {"topic": "t", "queue": 0, "gen": gen, "in_sync": in_sync}]})["results"][0]
+            {"topic": "t", "queue": 0, "gen": gen, "in_sync": in_sync, "epochs": log.epochs(in_sync)}]})["results"][0]
 
     assert alter(0, ["a", head["replicas"][1]]) == {"ok": True, "in_sync": ["a", head["replicas"][1]]}
     assert log.head("t", 0)["in_sync"] == ["a", head["replicas"][1]]
@@ -99,6 +99,18 @@ def test_the_in_sync_set_changes_only_as_the_head_s_leader_asks_in_its_epoch():
     assert alter(0, [head["replicas"][1], "a"], broker=head["replicas"][1])["code"] == "SEGMENT_NOT_FOUND"
     log.fence(head["replicas"][2])
     assert alter(0, head["replicas"])["code"] == "BROKER_NOT_ACTIVE"
+    # A follower that registered again (a new disk) after the leader last heard from it is not added back, nor one
+    # the leader names no epoch of (KIP-903)
+    third = head["replicas"][2]
+    seen = log.epoch(third)
+    log.register(third)
+    stale = log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
+        {"topic": "t", "queue": 0, "gen": 0, "in_sync": head["replicas"], "epochs": {third: seen}}]})["results"][0]
+    assert (stale["ok"], stale["code"]) == (False, "STALE_BROKER_EPOCH"), stale
+    unnamed = log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
+        {"topic": "t", "queue": 0, "gen": 0, "in_sync": head["replicas"], "epochs": {}}]})["results"][0]
+    assert unnamed["code"] == "STALE_BROKER_EPOCH" and log.head("t", 0)["in_sync"] == ["a", head["replicas"][1]]
+    assert alter(0, head["replicas"]) == {"ok": True, "in_sync": head["replicas"]}
     log.remap("t", ["b"])
     assert alter(0, ["a"])["code"] == "STALE_LEADER_EPOCH"
 
@@ -121,7 +133,7 @@ def test_an_unclean_election_is_an_operator_s_act_that_names_what_may_be_lost():
     copies = log.head("t", 0)["replicas"]
     for q in range(2):   # both followers lag: only the leader is in sync
         log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
-            {"topic": "t", "queue": q, "gen": 0, "in_sync": ["a"]}]})
+            {"topic": "t", "queue": q, "gen": 0, "in_sync": ["a"], "epochs": log.epochs(["a"])}]})
     log.fence("a")
     assert [len(log.segs("t", q)) for q in range(2)] == [1, 1], "no in-sync copy: nothing moves by itself"
     r = log.ok({"type": "ElectLeaders", "topic": "t", "queues": [0]})
@@ -176,7 +188,7 @@ def test_a_leader_registered_again_with_no_copy_in_sync_leads_on_in_a_new_gen():
     log = cluster("a", "b", "c")
     log.create("t", 1, brokers=["a"], replicas=3)
     log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
-        {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["a"]}]})   # both followers lag
+        {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["a"], "epochs": log.epochs(["a"])}]})   # both followers lag
     replicas = log.head("t", 0)["replicas"]
     log.register("a")
     old, new = log.segs("t", 0)
@@ -251,7 +263,7 @@ def test_a_leader_s_in_sync_changes_are_logged_with_their_reason_and_checked_ite
     def alter(in_sync: list[str], gen: int = 0, topic: str = "t") -> tuple[dict, list]:
         v = log.version
         r = log.ok({"type": "AlterInSync", "broker": a, "epoch": log.epoch(a), "changes": [
-            {"topic": topic, "queue": 0, "gen": gen, "in_sync": in_sync}]})["results"][0]
+            {"topic": topic, "queue": 0, "gen": gen, "in_sync": in_sync, "epochs": log.epochs(in_sync)}]})["results"][0]
         return r, [(e["type"], e["data"]) for e in log.events(v)]
 
     def in_sync_changed(in_sync: list[str], reason: str) -> list:
@@ -276,7 +288,7 @@ def test_a_fenced_broker_changes_no_in_sync_set_and_a_topic_grows_onto_no_fenced
     epoch = log.epoch("a")
     log.fence("a")
     out = log.send({"type": "AlterInSync", "broker": "a", "epoch": epoch, "changes": [
-        {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["a"]}]})["error"]
+        {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["a"], "epochs": log.epochs(["a"])}]})["error"]
     assert (out["status"], out["code"], out["message"], out["details"]) == (
         409, "BROKER_NOT_ACTIVE", "broker 'a' is fenced", {"broker": "a"})
     log.fence("b")
@@ -320,7 +332,7 @@ def test_a_leader_of_an_older_session_changes_no_in_sync_set_and_an_unknown_brok
     log.create("t", 1, brokers=["a"], replicas=3)
     old = log.epoch("a")
     log.register("a")   # a new session
-    change = [{"topic": "t", "queue": 0, "gen": 1, "in_sync": ["a"]}]
+    change = [{"topic": "t", "queue": 0, "gen": 1, "in_sync": ["a"], "epochs": log.epochs(["a"])}]
     out = log.send({"type": "AlterInSync", "broker": "a", "epoch": old, "changes": change})["error"]
     assert (out["status"], out["code"], out["message"], out["details"]) == (
         409, "STALE_EPOCH", f"broker 'a' has epoch {log.epoch('a')}, not {old}; register again",

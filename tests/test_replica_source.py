@@ -60,7 +60,7 @@ def _source(store: QueueStore) -> FetchSource:
 
 
 def _follow(src: FetchSource, follower: str, at: int) -> _Stream:
-    stream = _Stream(ws=None, follower=follower)
+    stream = _Stream(ws=None, follower=follower, epoch=1)
     src._positions(stream, [frames.Position(PQ, at, at)], full=True)
     return stream
 

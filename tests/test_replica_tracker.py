@@ -47,7 +47,7 @@ def test_a_follower_under_steady_load_stays_in_sync_though_the_leader_always_hol
         lead.end += 10   # a send lands between any two fetches
         now = float(step)
         for f in ("b2", "b3"):
-            lead.tracker.fetched(lead.head, f, held, now)   # each holds what the leader held a moment ago
+            lead.tracker.fetched(lead.head, f, held, 1, now)   # each holds what the leader held a moment ago
         assert lead.wanted(now) == [], f"a follower that keeps up was dropped at {now} s"
 
 
@@ -55,17 +55,17 @@ def test_a_follower_that_stops_leaves_after_the_lag_bound_and_comes_back_once_it
     lead = Leader(["b1", "b2", "b3"])
     lead.wanted(0.0)
     lead.end = 50
-    lead.tracker.fetched(lead.head, "b2", 50, 1.0)
-    lead.tracker.fetched(lead.head, "b3", 20, 1.0)
+    lead.tracker.fetched(lead.head, "b2", 50, 1, 1.0)
+    lead.tracker.fetched(lead.head, "b3", 20, 1, 1.0)
     assert lead.wanted(LAG_MAX_S - 1) == []
-    lead.tracker.fetched(lead.head, "b2", 50, LAG_MAX_S + 1)
+    lead.tracker.fetched(lead.head, "b2", 50, 1, LAG_MAX_S + 1)
     assert lead.wanted(LAG_MAX_S + 2) == [["b1", "b2"]]
     lead.routes.update(route(2, ["b1", "b2"]))
     lead.tracker.route_changed()
     assert lead.tracker.readable_end(lead.head) == 50   # b3 no longer counts
-    lead.tracker.fetched(lead.head, "b3", 40, LAG_MAX_S + 3)
+    lead.tracker.fetched(lead.head, "b3", 40, 1, LAG_MAX_S + 3)
     assert lead.wanted(LAG_MAX_S + 3) == [], "behind the high watermark: not yet"
-    lead.tracker.fetched(lead.head, "b3", 50, LAG_MAX_S + 4)
+    lead.tracker.fetched(lead.head, "b3", 50, 1, LAG_MAX_S + 4)
     assert lead.wanted(LAG_MAX_S + 4) == [["b1", "b2", "b3"]]
     assert lead.wanted(LAG_MAX_S + 5) == [["b1", "b2", "b3"]], "asked again until the route shows it"
     lead.end = 60
@@ -76,10 +76,10 @@ async def test_a_send_waits_for_every_copy_in_sync_and_is_refused_below_min_insy
     lead = Leader(["b1", "b2", "b3"])
     lead.end = 10
     waiting = asyncio.ensure_future(lead.tracker.replicated(lead.head, 10))
-    lead.tracker.fetched(lead.head, "b2", 10, 0.0)
+    lead.tracker.fetched(lead.head, "b2", 10, 1, 0.0)
     await asyncio.sleep(0)
     assert not waiting.done(), "acknowledged before b3 held it"
-    lead.tracker.fetched(lead.head, "b3", 10, 0.0)
+    lead.tracker.fetched(lead.head, "b3", 10, 1, 0.0)
     await asyncio.wait_for(waiting, 1)
     lead.routes.update(route(2, ["b1"]))
     with pytest.raises(Exception) as refused:
@@ -117,7 +117,7 @@ async def test_a_pull_at_the_elected_copy_while_it_seals_answers_its_copy_s_end(
 def test_what_is_kept_of_a_head_goes_once_the_routes_no_longer_give_it_to_this_broker():
     lead = Leader(["b1", "b2", "b3"])
     lead.end = 5
-    lead.tracker.fetched(lead.head, "b2", 5, 0.0)   # no look at the in-sync set yet: only the fetch is kept
+    lead.tracker.fetched(lead.head, "b2", 5, 1, 0.0)   # no look at the in-sync set yet: only the fetch is kept
     moved = route(2, ["b1", "b2", "b3"])
     for seg in moved["queues"][0]["segments"]:   # the queue moved on: another broker leads gen 0's successor here
         seg.update(broker="b2", replicas=["b2", "b3"], in_sync=["b2", "b3"])
@@ -127,3 +127,23 @@ def test_what_is_kept_of_a_head_goes_once_the_routes_no_longer_give_it_to_this_b
     kept = (lead.tracker._acked, lead.tracker._caught_up, lead.tracker._end_at_fetch, lead.tracker._hw,
             lead.tracker._adding, lead.tracker._waiters)
     assert all("t.q0.g0" not in table for table in kept), kept
+
+
+def test_a_follower_registered_again_is_added_only_once_its_new_registration_holds_the_high_watermark():
+    """Kafka's KIP-903: what the leader knew of a follower's copy before it registered again (a new disk) is void,
+    and an addition names the registration the leader heard from (meta refuses another)."""
+    lead = Leader(["b1", "b2"])
+    lead.wanted(0.0)
+    lead.end = 50
+    lead.tracker.fetched(lead.head, "b2", 50, 1, 1.0)
+    lead.tracker.fetched(lead.head, "b3", 50, 4, 1.0)
+    [change] = lead.tracker.changes_wanted(1.0)
+    assert (change["in_sync"], change["epochs"]) == (["b1", "b2", "b3"], {"b2": 1, "b3": 4})
+    forgotten = []
+    lead.tracker.on_new_follower_epoch = forgotten.append
+    lead.tracker.fetched(lead.head, "b3", 0, 5, 2.0)   # back on an empty disk, registration 5
+    assert forgotten == ["b3"] and lead.tracker.readable_end(lead.head) == 50
+    assert lead.wanted(2.0) == [], "no longer asked for: its new copy holds nothing"
+    lead.tracker.fetched(lead.head, "b3", 50, 5, 3.0)
+    [change] = lead.tracker.changes_wanted(3.0)
+    assert (change["in_sync"], change["epochs"]["b3"]) == (["b1", "b2", "b3"], 5)

@@ -475,7 +475,8 @@ class StateMachineVsModel(RuleBasedStateMachine):
         others = [b for b in seg["replicas"] if b != leader]
         wanted = [leader, *data.draw(st.lists(st.sampled_from(others), unique=True) if others else st.just([]))]
         cmd = {"type": "AlterInSync", "broker": leader, "epoch": self.brokers[leader]["epoch"],
-               "changes": [{"topic": name, "queue": q, "gen": seg["gen"], "in_sync": wanted}]}
+               "changes": [{"topic": name, "queue": q, "gen": seg["gen"], "in_sync": wanted,
+                            "epochs": {b: self.brokers[b]["epoch"] for b in wanted}}]}
         if self.brokers[leader]["state"] != "active":
             self.submit(cmd, expect={"BROKER_NOT_ACTIVE"})
             return

@@ -274,7 +274,8 @@ async def replica_fetch(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await _json(request, models.ReplicaFetch)
     follower = _as_follower(request, body["follower"])
-    sections = await node.replica_source.fetch(follower, [(q["pq"], q["offset"]) for q in body["queues"]])
+    sections = await node.replica_source.fetch(follower, body["epoch"],
+                                               [(q["pq"], q["offset"]) for q in body["queues"]])
     return web.Response(body=frames.encode(sections), headers={"Content-Type": frames.CONTENT_TYPE})
 
 
@@ -305,11 +306,12 @@ async def replica_stream(request: web.Request) -> web.StreamResponse:
     this broker sends binary sections of runs (frames.py encode). Both binary."""
     node = request.app[NODE]
     follower = _as_follower(request, _name(request.query.get("follower", ""), "follower"))
+    epoch = int_in(request.query.get("epoch"), "epoch", None, 0)
     ws = web.WebSocketResponse(heartbeat=STREAM_HEARTBEAT_S, max_msg_size=frames.POSITIONS_BYTES_MAX)
     if not ws.can_prepare(request).ok:
         raise invalid("a replica stream is a WebSocket: send the Upgrade headers")
     await ws.prepare(request)
-    await node.replica_source.serve_stream(ws, follower)
+    await node.replica_source.serve_stream(ws, follower, epoch)
     return ws
 
 

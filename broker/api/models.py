@@ -57,6 +57,7 @@ class CopyOffset(TypedDict):
 @with_config(STRICT)
 class ReplicaFetch(TypedDict):
     follower: Name
+    epoch: Annotated[int, Field(ge=0, le=2**62)]   # the follower's registration with meta
     queues: Annotated[list[CopyOffset], Field(max_length=COPIES_PER_FETCH_MAX)]
 
 

@@ -34,7 +34,7 @@ def _stream_op() -> dict[str, Any]:
     op = _op("A follower's stream of the open heads it copies from this broker: a WebSocket; the follower sends "
              "where each copy stands after each of its syncs, this broker sends sections of runs as it writes them; "
              "both binary (broker/replication/frames.py)", Error,
-             roles="broker, as the follower it names", params=_q("follower"))
+             roles="broker, as the follower it names", params=_q("follower", "epoch"))
     op["responses"] = {"101": {"description": "switching to the WebSocket protocol"}, **{
         k: v for k, v in op["responses"].items() if k != "200"}}
     return op

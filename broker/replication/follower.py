@@ -22,6 +22,7 @@ import aiohttp
 import structlog
 
 from wire.caller import Backoff
+from wire.waits import wait_set
 from wire.tls import connector
 
 from ..routing import RouteTable, Segment, segment_of
@@ -36,7 +37,8 @@ FETCH_BACKOFF = Backoff(0.05, 1.0, jitter=False)
 CATCH_UP_BACKOFF = Backoff(0.2, 10.0, jitter=False)   # a sealed copy no holder can lengthen now: ask again later
 CATCH_UPS_MAX = 10_000           # sealed copies catching up at once
 LISTING_BACKOFF = Backoff(0.5, 30.0, jitter=False)   # asking meta again for the sealed copies after a failure
-LISTING_SLOT_WAIT_S = 0.5        # a listed copy waits this long for one of the CATCH_UPS_MAX catch-ups to end
+LISTING_SLOT_WAIT_S = 0.5
+EPOCH_CHECK_S = 1.0              # an idle stream checks this often that it still streams under this registration        # a listed copy waits this long for one of the CATCH_UPS_MAX catch-ups to end
 
 
 class _Link:
@@ -158,6 +160,10 @@ class Replicator:
     def _copies_from(self, src: str) -> list[Segment]:
         return [s for s in self.routes.copies.values() if source(s, self.me) == src and self._wanted(s)]
 
+    def _epoch(self) -> int:
+        """This broker's registration epoch, which a leader adds to the in-sync set with it (0 before the first)."""
+        return self.writer.session.epoch or 0
+
     def _streamed_from(self, src: str) -> list[Segment]:
         """The copies one stream from ``src`` names (more are not copied from it)."""
         return self._copies_from(src)[:COPIES_PER_FETCH_MAX]
@@ -223,13 +229,18 @@ class Replicator:
         address = self.routes.address(copies[0].topic, src)
         if address is None:
             raise LookupError(f"no address for broker {src}")
+        if self.writer.session.epoch is None:
+            # Not registered yet: a leader adds a copy to the in-sync set under the registration it streams with
+            raise ConnectionResetError("not registered with meta yet")
         link = self._links[src] = _Link()
         try:
-            async with self._http.ws_connect(address + "/v1/replica/stream", params={"follower": self.me},
+            epoch = self._epoch()
+            async with self._http.ws_connect(address + "/v1/replica/stream",
+                                             params={"follower": self.me, "epoch": str(epoch)},
                                              headers=self._headers, heartbeat=STREAM_HEARTBEAT_S,
                                              max_msg_size=frames.ANSWER_BYTES_MAX) as ws:
                 await ws.send_bytes(self._positions(copies, full=True))
-                acks = asyncio.create_task(self._acknowledge(src, ws, link), name=f"replica-acks {src}")
+                acks = asyncio.create_task(self._acknowledge(src, ws, link, epoch), name=f"replica-acks {src}")
                 try:
                     async for msg in ws:
                         if msg.type != aiohttp.WSMsgType.BINARY:
@@ -251,20 +262,28 @@ class Replicator:
             if self._links.get(src) is link:
                 del self._links[src]
 
-    async def _acknowledge(self, src: str, ws: aiohttp.ClientWebSocketResponse, link: _Link) -> None:
+    async def _acknowledge(self, src: str, ws: aiohttp.ClientWebSocketResponse, link: _Link, epoch: int) -> None:
         """After each sync of what the stream brought, tell the source where those copies stand; after a change of
         the routes, where every copy from it stands; close the stream once no copy here is behind it, or once the
         acknowledgements fail (a failed sync): the source would send nothing more, and the stream must not stay."""
         try:
-            await self._acknowledge_until_done(src, ws, link)
+            await self._acknowledge_until_done(src, ws, link, epoch)
         except Exception:
             await ws.close()
             raise
 
-    async def _acknowledge_until_done(self, src: str, ws: aiohttp.ClientWebSocketResponse, link: _Link) -> None:
+    async def _acknowledge_until_done(self, src: str, ws: aiohttp.ClientWebSocketResponse, link: _Link,
+                                      epoch: int) -> None:
         while True:
-            await link.dirty.wait()
+            if not await wait_set(link.dirty, EPOCH_CHECK_S):
+                if self._epoch() != epoch:
+                    raise ConnectionResetError(f"registered with epoch {self._epoch()} since the stream opened")
+                continue
             link.dirty.clear()
+            if self._epoch() != epoch:
+                # Registered (again) since the stream opened: the leader must hear the registration it may add to
+                # the in-sync set (replication/leader.py), so the stream starts over under it
+                raise ConnectionResetError(f"registered with epoch {self._epoch()} since the stream opened")
             synced = list(link.written.values())
             link.written.clear()
             for seg in synced:   # one after the other, no task each: one sync covers them all
@@ -287,7 +306,7 @@ class Replicator:
         address = self.routes.address(copies[0].topic, src) or self._older_addresses.get(src)
         if address is None:
             raise LookupError(f"no address for broker {src}")
-        body = {"follower": self.me,
+        body = {"follower": self.me, "epoch": self._epoch(),
                 "queues": [{"pq": s.physical_queue, "offset": self.writer.max_physical(s)} for s in copies]}
         async with self._http.post(address + "/v1/replica", json=body, headers=self._headers) as r:
             if r.content_length is None or r.content_length > frames.ANSWER_BYTES_MAX:

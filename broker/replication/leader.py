@@ -57,11 +57,14 @@ class ReplicaTracker:
         self._end_at_fetch: dict[str, dict[str, int]] = {}       # pq -> follower -> leader's end at its last fetch
         self._adding: dict[str, set[str]] = {}                   # pq -> followers asked to be added, not yet in sync
         self._hw: dict[str, int] = {}                            # pq -> high watermark (physical), only grows
+        self._epochs: dict[str, int] = {}                        # follower -> registration its fetches came from
         self._waiters: dict[str, list[tuple[int, asyncio.Future]]] = {}
         self.on_written: Callable[[str, Run], None] = lambda pq, run: None   # each append (FetchSource.written)
         # Whether a copy holds what else the leader keeps for the head (its committed offsets: offsets.py), asked
         # before the leader waits for it
         self.copy_ready: Callable[[Segment, str], bool] = lambda seg, copy: True
+        # A follower registered again (a new disk, or a restart): what the leader knew of its copies is void
+        self.on_new_follower_epoch: Callable[[str], None] = lambda follower: None
 
     # -- who counts ---------------------------------------------------------------------------------------------
     def waited_for(self, seg: Segment) -> set[str]:
@@ -154,11 +157,15 @@ class ReplicaTracker:
             adding -= set(self.routes.hosted[pq].in_sync)
 
     # -- fetches ------------------------------------------------------------------------------------------------
-    def fetched(self, seg: Segment, follower: str, offset: int, now: float | None = None) -> None:
+    def fetched(self, seg: Segment, follower: str, offset: int, epoch: int, now: float | None = None) -> None:
         """A follower of a segment this broker leads fetched from ``offset``: it holds everything below durably.
+        ``epoch``: its registration with meta; a new one voids what was known of every copy it holds (Kafka's
+        KIP-903: an addition to the in-sync set names it, and meta refuses one that is not the broker's current).
         ``now``: the monotonic time of the fetch (the clock's, unless a test names it)."""
         if follower == self.me or follower not in seg.replicas:
             return
+        if self._epochs.get(follower) != epoch:
+            self._new_epoch(follower, epoch)
         pq = seg.physical_queue
         self._acked.setdefault(pq, {})[follower] = offset
         # Caught up when it holds what the leader held at its previous fetch (Kafka's lastCaughtUpTime): under a
@@ -169,6 +176,19 @@ class ReplicaTracker:
             self._caught_up.setdefault(pq, {})[follower] = time.monotonic() if now is None else now
         ends[follower] = local
         self._settle(pq)
+
+    def _new_epoch(self, follower: str, epoch: int) -> None:
+        known = follower in self._epochs
+        self._epochs[follower] = epoch
+        if not known:
+            return   # its first fetch here: nothing was known of another registration
+        for table in (self._acked, self._caught_up, self._end_at_fetch):
+            for per_copy in table.values():
+                per_copy.pop(follower, None)
+        for adding in self._adding.values():
+            adding.discard(follower)
+        log.info("follower_registered_again", follower=follower, epoch=epoch)
+        self.on_new_follower_epoch(follower)
 
     def appended(self, pq: str, run: Run) -> None:
         """``run`` was written to ``pq`` here: the streams that copy it send it (source.py)."""
@@ -208,7 +228,8 @@ class ReplicaTracker:
                     add.append(f)
             wanted = keep + add
             if sorted(wanted) != sorted(seg.in_sync):
-                changes.append({"topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "in_sync": wanted})
+                changes.append({"topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "in_sync": wanted,
+                                "epochs": {f: self._epochs[f] for f in wanted if self._epochs.get(f)}})
         return changes
 
     async def run(self, propose: Callable[[list[dict[str, Any]]], Awaitable[None]],

@@ -169,6 +169,11 @@ class OffsetCopies:
         finally:
             self._syncing.pop((pq, copy), None)
 
+    def forget_copy(self, copy: str) -> None:
+        """``copy`` registered again (a new disk, maybe): every queue's commits go to it afresh, snapshot first."""
+        for pq in {*self._pushed, *self._ready}:
+            self._unready(pq, copy)
+
     def _unready(self, pq: str, copy: str) -> None:
         self._pushed.get(pq, set()).discard(copy)
         self._ready.get(pq, set()).discard(copy)

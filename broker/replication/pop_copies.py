@@ -161,6 +161,11 @@ class PopCopies:
                     self._snapshot.setdefault(pq, set()).update(copies)
         self.kick()
 
+    def forget_copy(self, copy: str) -> None:
+        """``copy`` registered again (a new disk, maybe): every queue's state goes to it afresh, snapshot first."""
+        for pq in {*self._pushed, *self._ready, *self._snapshot}:
+            self._unready(pq, copy)
+
     def _unready(self, pq: str, copy: str) -> None:
         self._pushed.get(pq, set()).discard(copy)
         self._ready.get(pq, set()).discard(copy)

@@ -54,9 +54,10 @@ RECENT_QUEUE_BYTES_MAX = 4 * 1024 * 1024   # of one queue: a stream further behi
 class _Stream:
     """One follower's stream: where each queue it copies stands, and the queues with something to send."""
 
-    def __init__(self, ws: web.WebSocketResponse, follower: str):
+    def __init__(self, ws: web.WebSocketResponse, follower: str, epoch: int):
         self.ws = ws
         self.follower = follower
+        self.epoch = epoch   # its registration: the leader adds that one to the in-sync set
         self.sent: dict[str, list[int]] = {}   # physical queue -> [next offset to send, offset held durably there]
         self.ready: set[str] = set()
         self.wake = asyncio.Event()
@@ -94,19 +95,19 @@ class FetchSource:
         await asyncio.gather(*(ws.close(code=aiohttp.WSCloseCode.GOING_AWAY) for ws in list(self._streams)),
                              return_exceptions=True)
 
-    async def fetch(self, follower: str, queues: list[tuple[str, int]]) -> list[frames.Section]:
+    async def fetch(self, follower: str, epoch: int, queues: list[tuple[str, int]]) -> list[frames.Section]:
         """``queues``: (physical queue, offset the follower holds durably). Sections of those with durable records
         past it, at once (a sealed copy catching up; open heads are streamed)."""
         for pq, offset in queues:
             seg = self.routes.hosted.get(pq)
             if seg is not None and seg.broker == self.me:
-                self.writer.replicas.fetched(seg, follower, offset)
+                self.writer.replicas.fetched(seg, follower, offset, epoch)
         return await self._read(queues)
 
-    async def serve_stream(self, ws: web.WebSocketResponse, follower: str) -> None:
+    async def serve_stream(self, ws: web.WebSocketResponse, follower: str, epoch: int) -> None:
         """Push the records of every queue ``follower`` names to it, as they are written here, until either side
         closes. Its messages are binary positions (frames.decode_positions); anything else closes the stream."""
-        stream = _Stream(ws, follower)
+        stream = _Stream(ws, follower, epoch)
         sender = asyncio.create_task(self._push(stream), name=f"replica-push {follower}")
         self._streams.add(ws)
         try:
@@ -136,7 +137,7 @@ class FetchSource:
             named.add(pq)
             seg = self.routes.hosted.get(pq)
             if seg is not None and seg.broker == self.me:
-                self.writer.replicas.fetched(seg, stream.follower, offset)
+                self.writer.replicas.fetched(seg, stream.follower, offset, stream.epoch)
             at = stream.sent.get(pq)
             if at is None:
                 if not full:   # an acknowledgement only (of a segment sealed meanwhile): nothing more to send

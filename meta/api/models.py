@@ -97,6 +97,9 @@ class InSyncChange(TypedDict):
     queue: Queue
     gen: Annotated[int, Field(ge=0, le=2**62)]
     in_sync: Annotated[list[Name], Field(min_length=1, max_length=limits.REPLICAS_MAX)]
+    # The registration epoch of each follower the leader heard from (Kafka's KIP-903): one it adds must be in its
+    # current registration, not one that registered again since (a new disk) while the request was on its way
+    epochs: dict[Name, Epoch]
 
 
 @with_config(STRICT)

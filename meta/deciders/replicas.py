@@ -193,6 +193,12 @@ def alter_one(image: Image, broker: str, change: dict[str, Any]) -> tuple[Events
     for b in set(in_sync) - set(seg["in_sync"]):
         if image.brokers.get(b, {}).get("state") != "active":
             raise rejection(409, "BROKER_NOT_ACTIVE", f"broker {b!r} is fenced: it cannot be in sync", broker=b)
+        if change["epochs"].get(b) != image.brokers[b]["epoch"]:
+            # What the leader saw of it was another registration: one that registered again (a new disk) may hold
+            # nothing the leader acknowledged (the chaos runner's broker_wipe: a request on its way re-added a broker
+            # 30 ms after it came back on an empty disk, and a failover then elected it)
+            raise rejection(409, "STALE_BROKER_EPOCH", f"broker {b!r} registered again since the leader heard from "
+                            "it", broker=b, epoch=image.brokers[b]["epoch"], seen=change["epochs"].get(b))
     if sorted(in_sync) == sorted(seg["in_sync"]):
         return [], {"in_sync": seg["in_sync"]}
     reason = "caught_up" if len(in_sync) > len(seg["in_sync"]) else "lagging"

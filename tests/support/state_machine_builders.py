@@ -194,6 +194,10 @@ class Log:
     def epoch(self, broker: str) -> int:
         return self.sm.image.brokers[broker]["epoch"]
 
+    def epochs(self, brokers: list[str]) -> dict[str, int]:
+        """The current registration epoch of each registered one (an in-sync change names them)."""
+        return {b: self.epoch(b) for b in brokers if b in self.sm.image.brokers}
+
     def fence(self, broker: str) -> dict[str, Any]:
         return self.ok({"type": "FenceBroker", "broker": broker, "epoch": self.epoch(broker),
                         "reason": "session_expired"})
