@@ -33,12 +33,12 @@ MAINTAIN_S = 0.5              # how often the leader looks at its followers
 REPLICATION_WAIT_S = 30.0     # a send waits at most this long for its copies (the lag bound frees it well before)
 
 
-def unconfirmed(seg: Segment, why: str) -> ApiError:
-    """After the append: the records are stored here, but the copies did not confirm them; a failover may keep them
-    or not. Not NOT_ENOUGH_REPLICAS, which says nothing was stored: a sender must count this one as in doubt (an
-    idempotent producer's resend is stored once)."""
-    return rejection(503, "REPLICATION_UNCONFIRMED", f"{why}: the records are stored on the leader but not confirmed "
-                     "by its copies; they may or may not be kept: send again", topic=seg.topic, queue=seg.queue)
+def unconfirmed(seg: Segment, why: str, what: str = "the records are") -> ApiError:
+    """After the append: the records (or a commit, a pop ack: ``what``) are stored here, but the copies did not
+    confirm them; a failover may keep them or not. Not NOT_ENOUGH_REPLICAS, which says nothing was stored: a sender
+    must count this one as in doubt (an idempotent producer's resend is stored once)."""
+    return rejection(503, "REPLICATION_UNCONFIRMED", f"{why}: {what} stored on the leader but not confirmed by its "
+                     "copies; a failover may keep it or not: send again", topic=seg.topic, queue=seg.queue)
 
 
 def not_enough_replicas(seg: Segment, in_sync: int, min_insync: int, why: str) -> ApiError:

@@ -114,7 +114,7 @@ class OffsetCopies:
                 return
             if time.monotonic() > deadline:
                 raise unconfirmed(head, f"copy {copy} did not store the commit within {REPLICATION_WAIT_S:.0f} s "
-                                        f"({why})")
+                                        f"({why})", "the commit is")
             await asyncio.sleep(PUSH_RETRY_S)
 
     def _push_aside(self, head: Segment, copy: str, values: list[tuple[Key, Committed]]) -> None:

@@ -148,7 +148,7 @@ class PopCopies:
             if time.monotonic() > deadline:
                 self._snapshot.setdefault(pq, set()).add(p.copy)   # it may have missed this round
                 raise unconfirmed(p.seg, f"copy {p.copy} did not store the pop state within "
-                                         f"{REPLICATION_WAIT_S:.0f} s ({why})")
+                                         f"{REPLICATION_WAIT_S:.0f} s ({why})", "the pop state is")
             await asyncio.sleep(PUSH_RETRY_S)
 
     def resync(self) -> None:

@@ -88,6 +88,7 @@ class Roles:
         self._learners: dict[str, tuple[str, int]] = {}       # leader: name -> (disk, last index it holds)
         self._learners_since: int | None = None               # the membership index _learners was heard under
         self._proposed_at: float | None = None                # monotonic: a membership entry of ours in flight
+        self._leading: tuple[int, float] | None = None        # (term, monotonic time) this node started leading
         # the membership raft's view was set from, and the members it removes that still get the log
         self._applied: tuple[tuple[int, membership.Members], tuple[membership.Member, ...]] | None = None
         self._last_keepalive = 0.0
@@ -255,9 +256,12 @@ class Roles:
     def leader_tick(self) -> None:
         if not shim.is_leader(self.so):
             self._proposed_at = None
+            self._leading = None
             self._learners.clear()
             self._refuse_requests(rejection(503, "LEADER_CHANGED", "this node no longer leads; retry"))
             return
+        if self._leading is None or self._leading[0] != self.so.raftCurrentTerm:
+            self._leading = (self.so.raftCurrentTerm, time.monotonic())
         if self._proposed_at is not None:
             if time.monotonic() - self._proposed_at < PROPOSAL_TIMEOUT_S:
                 self._refuse_requests(_in_progress())
@@ -357,6 +361,13 @@ class Roles:
             return heard is not None and heard[0] == m.disk and now - heard[1] <= LIVE_WITHIN_S
         down = [m.name for m in voters if not live(m)]
         if len(voters) - len(down) < len(voters) // 2 + 1:
+            led_s = now - self._leading[1] if self._leading is not None else LIVE_WITHIN_S
+            if led_s < LIVE_WITHIN_S:
+                # Leading for less than that, it may not have heard every voter's keepalive yet (a leader handing
+                # over to a learner it just promoted: the new one heard nothing from the others, and refused the old
+                # leader's removal WOULD_LOSE_QUORUM naming two live voters)
+                raise rejection(503, "LEADER_CHANGED", f"this node leads for {led_s:.1f} s only and has not heard "
+                                f"from {', '.join(down)} yet; retry shortly", node=name, not_live=down)
             raise rejection(409, "WOULD_LOSE_QUORUM", f"after this change {len(voters)} voters would need "
                             f"{len(voters) // 2 + 1}, and {', '.join(down)} did not answer from the disk the log "
                             "names: bring them back (or remove them) first", node=name, not_live=down)
