@@ -67,7 +67,7 @@ def topic_detail(t: dict[str, Any]) -> dict[str, Any]:
             "logic_queues": [{"queue": q, "slot_ranges": ranges.get(q, []),
                               "segments": [{k: s[k] for k in ("gen", "broker", "physical_queue", "physical_start",
                                                                "logic_start", "logic_end", "state", "budget_end",
-                                                               "replicas", "in_sync", "sealer")}
+                                                               "replicas", "in_sync", "sealer", "sealed_by")}
                                            for s in segs]}
                              for q, segs in chains.chains(t)]}
 

@@ -498,6 +498,15 @@ def test_a_broker_wipe_waits_while_the_broker_is_a_head_s_only_copy_in_sync(tmp_
     nem._chains = lambda: [[h] for h in heads[:2]] + [[sealed, heads[2]]]
     with pytest.raises(RuntimeError, match="b2 is still the only copy in sync of 1 segment"):
         nem._another_copy_in_sync("b2")
+    # a segment sealed at its budget: no copy reaches its end; another up copy must hold as much as the one going
+    at_budget = {**sealed, "sealed_by": "session_expired", "logic_end": 10**6}
+    nem._chains = lambda: [[h] for h in heads[:2]] + [[at_budget, heads[2]]]
+    ends = {"b1": 5, "b2": 4, "b3": 3}
+    nem._held = lambda seg, b, token: ends[b]
+    with pytest.raises(RuntimeError, match="b1 is still the only copy in sync of 2 segment"):
+        nem._another_copy_in_sync("b1")   # its copy is the longest (and it leads t/0 alone)
+    nem._another_copy_in_sync("b3")   # b1 and b2 hold more (refused for good when "whole" meant its budget's end)
+    epochs["b3"] = 3   # b3 registered again after that wipe
     # a segment being sealed needs another copy in sync as a head does
     sealing = {**heads[1], "gen": 0, "state": "sealing", "in_sync": ["b2"]}
     nem._chains = lambda: [[h] for h in heads[:1]] + [[sealing, {**heads[1], "gen": 1}], [heads[2]]]

@@ -251,6 +251,7 @@ class StoredSegment(TypedDict):
     replicas: list[str]
     in_sync: list[str]
     sealer: str
+    sealed_by: str | None   # "broker" (its end reported), "session_expired" (sealed at its budget), None: not yet
 
 
 @with_config(OPEN)
