@@ -77,10 +77,7 @@ class GroupSessions:
     async def heartbeat(self, group: str, member: str, topics: list[str], mode: str,
                         released: list[dict[str, Any]]) -> dict[str, Any]:
         await self._ready()
-        # A write a follower answered may not be in the leader's image yet (its apply thread can lag the commit);
-        # a leave there must show in the next answer to any member: wait for what the leader knows committed.
-        if not await self.log.applied_commit(APPLY_WAIT_S):
-            raise rejection(503, "OVERLOADED", "the leader has not applied its committed log in time; retry")
+        await self.applied()
         key = (group, member)
         pending = self._expiring.get(key)
         if pending is not None:
@@ -107,6 +104,13 @@ class GroupSessions:
                 "revoking": mine["revoking"],
                 "heartbeat_interval_ms": config["heartbeat_interval_ms"], "lease_ms": config["lease_ms"],
                 "config": config, "version": version}
+
+    async def applied(self) -> None:
+        """Leader: once its image holds what it knows committed. A write a follower answered may not be in the
+        leader's image yet (its apply thread can lag the commit): a leave there must show in the next heartbeat's
+        answer to any member, and in a describe. 503 OVERLOADED when the apply thread does not catch up in time."""
+        if not await self.log.applied_commit(APPLY_WAIT_S):
+            raise rejection(503, "OVERLOADED", "the leader has not applied its committed log in time; retry")
 
     async def _decide(self, group: str, member: str, topics: list[str], mode: str,
                       released: list[dict[str, Any]]) -> None:

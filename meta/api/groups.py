@@ -120,6 +120,7 @@ async def describe(request: web.Request) -> web.Response:
 
     async def here(_left_s: float):
         await svc.reads.before_read(request.query)   # on the leader: a read like any other (API.md)
+        await svc.groups.applied()   # a leave or join a follower answered is in what the leader shows
 
         def look(image):
             g = image.groups.get(name)
