@@ -59,12 +59,7 @@ class ReplicaPopStore:
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
         self.states, whole = load(self.path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | files.O_CLOEXEC, 0o644)
-        if whole < 0:
-            files.sync_dir(os.path.dirname(self.path))
-        elif whole < os.fstat(self._fd).st_size:
-            os.ftruncate(self._fd, whole)
-            files.sync_data(self._fd)
+        self._fd = files.open_lines(self.path, whole)
         self._lines = len(self.states)
         self._lock = asyncio.Lock()
         self._failed = False
@@ -122,11 +117,7 @@ class ReplicaPopStore:
         self._lines = len(self.states)
 
     def _replace(self, body: bytes) -> None:
-        files.write_atomic(self.path, body)
-        files.sync_dir(os.path.dirname(self.path))
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | files.O_CLOEXEC)
-        os.close(self._fd)
-        self._fd = fd
+        self._fd = files.replace_lines(self.path, body, self._fd)
 
     def close(self) -> None:
         os.close(self._fd)

@@ -121,6 +121,33 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def open_lines(path: str, whole: int) -> int:
+    """An append descriptor of a checked-lines file (storage/lines.py) read ``whole`` bytes long (-1: no file): a
+    new file's directory entry is made durable, and a torn tail after ``whole`` is cut off, or the next line would be
+    glued to it and lost with it on the following read."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | O_CLOEXEC, 0o644)
+    try:
+        if whole < 0:
+            sync_dir(os.path.dirname(path))
+        elif whole < os.fstat(fd).st_size:
+            os.ftruncate(fd, whole)
+            sync_data(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def replace_lines(path: str, body: bytes, fd: int) -> int:
+    """Replaces the file ``fd`` appends to with ``body`` (a compaction), durably, rename included; returns the
+    descriptor to append to from now on (``fd`` is closed)."""
+    write_atomic(path, body)
+    sync_dir(os.path.dirname(path))
+    new = os.open(path, os.O_WRONLY | os.O_APPEND | O_CLOEXEC)
+    os.close(fd)
+    return new
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Replaces `path` with `data`; a crash leaves the old or the new content. The caller syncs the directory."""
     tmp = path + TMP_SUFFIX
