@@ -147,3 +147,38 @@ def test_a_follower_registered_again_is_added_only_once_its_new_registration_hol
     lead.tracker.fetched(lead.head, "b3", 50, 5, 3.0)
     [change] = lead.tracker.changes_wanted(3.0)
     assert (change["in_sync"], change["epochs"]["b3"]) == (["b1", "b2", "b3"], 5)
+
+
+def test_a_compacted_pop_journal_sends_each_led_queue_whole_to_its_copies_at_the_next_round():
+    """broker/replication/pop_copies.py: a compaction brings every key up to date in the new file only; a delta line
+    after it would move a copy's pop offset past deliveries it never got, so the next round sends snapshots."""
+    from broker.pop.state import QueueState
+    from broker.replication.pop_copies import PopCopies
+    lead = Leader(["b1", "b2"])
+    copies = PopCopies("b1", lead.routes, lead.tracker, peers=None)
+    st = QueueState(("g", "t", 0), 7, 0)
+    st.deliver_new(7, 1, 0, 60_000)   # popped, not written yet
+    assert copies.collect({st.key: st}, [], 0)[1] == [], "nothing changed: nothing to push"
+    copies.resync()
+    extra, pushes = copies.collect({st.key: st}, [], 0)
+    assert [(p.copy, p.reset, p.waited) for p in pushes] == [("b2", True, True)]
+    assert pushes[0].lines == [st.full_line()] and st.full_line()[6] == [[7, 1, 1, 60_000, 0]]
+    assert extra and extra[0][3] == 8, "the delivery is written here too before the snapshot shows it"
+
+
+async def test_a_journal_compaction_asks_the_copies_for_snapshots(tmp_path):
+    from broker.pop.journal import Journal
+    from broker.pop.state import QueueState
+    st = QueueState(("g", "t", 0), 3, 0)
+    journal = Journal(str(tmp_path / "journal.log"), {st.key: st}, -1)
+
+    class Copies:
+        resyncs = 0
+
+        def resync(self) -> None:
+            Copies.resyncs += 1
+    journal.copies = Copies()
+    await journal._compact()
+    assert Copies.resyncs == 1
+    journal.copies = None
+    await journal.close()
