@@ -75,6 +75,7 @@ class BrokerNode:
         self.pop_copies = PopCopies(config.broker, self.routes, self.writer.replicas, self.peers)
         self.pop.journal.copies = self.pop_copies
         self.pop_copies.kick = self.pop.journal.kick
+        self.pop_copies.untaken = self.pop.copies_untaken
         self.writer.replicas.copy_ready = lambda seg, copy: all(
             [self.writer.offset_copies.ready(seg, copy), self.pop_copies.ready(seg, copy)])
         self.writer.replicas.on_new_follower_epoch = lambda copy: (
@@ -97,6 +98,7 @@ class BrokerNode:
         self.writer.replicas.route_changed()
         self.writer.offset_copies.route_changed()
         self.pop_copies.route_changed()
+        self.pop.take_over_copies_soon()   # a failover elected this broker: the groups' states it holds as a copy
         self.writer.forget_unkept_batches(topic)
         self.replicator.follow(topic)
 

@@ -145,6 +145,34 @@ async def test_a_copy_back_on_an_empty_disk_gets_the_whole_pop_state_before_it_i
         assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
 
 
+async def test_a_leader_elected_twice_over_passes_on_acks_made_before_the_first_failover(tmp_path):
+    """Three copies; one is down while the first leader acks pops, then that leader is lost; the second leads and
+    pops nothing; the one that was down comes back and joins the in-sync set with the second's snapshot; then the
+    second is lost too. The snapshot must hold the state the second held as a copy (the chaos runner, seed 9:
+    without the takeover at the failover, the third started the group over and delivered every acked pop again)."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 3, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 3 and r["queues"][0]["writable"])
+        first, second, third = r["queues"][0]["replicas"]
+        c.kill9(third)   # its disk stays: it comes back out of sync, behind the acks below
+        await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=WAIT_S)
+        await fill(c, "p", 300)
+        log = PopLog()
+        while len(log.acked) < 100:
+            assert await log.round(c, "p")
+        lose(c, first)
+        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
+                         timeout_s=WAIT_S)
+        c.start(third)
+        await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {second, third}, timeout_s=60.0)
+        lose(c, second)
+        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == third and r["queues"][0]["writable"],
+                         timeout_s=WAIT_S)
+        await log.drain(c, "p", 300)
+        assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
+
+
 async def test_a_snapshot_replaces_what_the_copy_held_of_the_queue_here_and_after_a_reopen(tmp_path):
     """broker/pop/replica.py alone: a delta line only adds and removes, so without the reset a delivery acked
     since (absent from the snapshot) would outlive it."""

@@ -95,6 +95,7 @@ class PopService:
         self._outcomes: OrderedDict[tuple[Key, int], tuple[int, str]] = OrderedDict()
         self._chores = Chores("pop_chore_failed")
         self._handing: set[Key] = set()
+        self._taking_over = False   # a pass of take_over_copies_soon runs
         self._in_flight_total = 0
         self._scheduled = 0
         self._waiters = 0
@@ -505,6 +506,49 @@ class PopService:
         await self.journal.durable()
         log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset)
         return st
+
+    def copies_untaken(self, topic: str, queue: int) -> bool:
+        """True while this broker leads the queue's decided head and still holds, as a copy, some group's state of it
+        that it has not taken over (a takeover is started then). Until it has, no copy may be told the queue's whole
+        state: the snapshot would hold less than this broker knows, and a copy elected next would start the group
+        over (the chaos runner, seed 9: a queue failed over twice, the second leader never popped it, and every
+        acknowledged pop came back from offset 0)."""
+        head = self.routes.head(topic, queue)
+        if head is None or head.broker != self.me or head.logic_start is None:
+            return False
+        if not any(k[1] == topic and k[2] == queue for k in self.replica.states):
+            return False
+        self.take_over_copies_soon()
+        return True
+
+    def take_over_copies_soon(self) -> None:
+        """Take over, now rather than at a group's next pop, every group's state held here as a copy of a queue
+        whose head this broker leads (a failover elected it; route changes call this)."""
+        if not self._taking_over:
+            self._taking_over = True
+            self._spawn(self._take_over_copies(), "take over copies")
+
+    async def _take_over_copies(self) -> None:
+        try:
+            done: set[Key] = set()
+            while True:
+                keys = [k for k in self.replica.states if k not in done and self._leads(k[1], k[2])]
+                if not keys:
+                    return
+                for key in keys:
+                    done.add(key)
+                    try:
+                        async with self.locks.hold(key):
+                            if await self._state_for(key) is not None:
+                                self.replica.take(key)   # taken, or this broker's own state was newer
+                    except ApiError as e:   # an older head to ask did not answer: the next route change or gate
+                        log.info("pop_takeover_deferred", key=key, code=e.code)
+        finally:
+            self._taking_over = False
+
+    def _leads(self, topic: str, queue: int) -> bool:
+        head = self.routes.head(topic, queue)
+        return head is not None and head.broker == self.me and head.logic_start is not None
 
     def _from_copy(self, copied: QueueState, own: QueueState | None, gen: int) -> QueueState:
         """The state of a lost leader's copy, as this broker's own under the head of ``gen``: its deliveries in flight

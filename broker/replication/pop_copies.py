@@ -12,7 +12,9 @@ never delivers an acknowledged pop again (it takes the state over: broker/pop/se
 - A copy outside the in-sync set gets nothing. Before the leader asks meta to add it (``ready``, which the tracker
   asks first), it gets a snapshot at the next round and every round after; it is ready once the snapshot is stored
   and no push to it failed since (a failed one makes it unready: a snapshot again). Pushes to such a copy do not
-  hold the round's acks; a slow one holds the round at most PEER_REQUEST_TIMEOUT_S, once.
+  hold the round's acks; a slow one holds the round at most PEER_REQUEST_TIMEOUT_S, once. A leader a failover
+  elected first takes over every group's state it holds of the queue as a copy (``untaken``: service.py
+  ``copies_untaken``), so the snapshot holds what the lost leader acknowledged even when no group popped here yet.
 - A copy refuses a push from the leader of a gen older than the head it knows (409 NOT_LEADER).
 Pops themselves are not replicated beyond what the journal writes of them: a first delivery is written (and so
 copied) once it is 400 ms old; one popped later than that before a failover is delivered again (at least once).
@@ -61,6 +63,8 @@ class PopCopies:
         self.tracker = tracker
         self.peers = peers
         self.kick: Callable[[], None] = lambda: None      # runs the journal's next round soon
+        # True while the pop state this broker holds of a queue as a copy is not taken over yet (it then starts it)
+        self.untaken: Callable[[str, int], bool] = lambda topic, queue: False
         self._pushed: dict[str, set[str]] = {}     # pq -> copies not waited for that get every round
         self._ready: dict[str, set[str]] = {}      # pq -> of those, the ones holding the queue's whole state
         self._snapshot: dict[str, set[str]] = {}   # pq -> copies to send the queue's whole state at the next round
@@ -70,6 +74,8 @@ class PopCopies:
         pq = seg.physical_queue
         if copy in self._ready.get(pq, ()):
             return True
+        if self.untaken(seg.topic, seg.queue):
+            return False   # the state this broker holds of the queue as a copy goes into the snapshot: taken first
         if copy not in self._snapshot.get(pq, ()):
             self._pushed.setdefault(pq, set()).add(copy)
             self._snapshot.setdefault(pq, set()).add(copy)
