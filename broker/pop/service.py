@@ -23,6 +23,7 @@ from wire.errors import ApiError, rejection
 
 from ..chores import Chores
 from ..codec import RawMessage, RawPopped, messages
+from ..peers import Unreachable
 from ..reads import PULL_BYTES_MAX, Reader
 from ..routing import RouteTable, Segment
 from ..storage import files
@@ -486,6 +487,14 @@ class PopService:
                 continue
             asked.add(seg.broker)
             got = await self._ask_freeze(seg, key)
+            if got is None:
+                # Its leader holds nothing (back on an empty disk, maybe): the copies it waited for hold what it
+                # acknowledged, this broker's own among them
+                rep = self.replica.states.get(key) if self.me in seg.in_sync else None
+                if rep is not None and rep.gen == seg.gen and (best is None or rep.gen > best[0]):
+                    best, copied = (rep.gen, rep.next_offset), rep
+                    continue
+                got = await self._ask_copies(seg, key, asked)
             if got is not None and (best is None or got[0] > best[0]):
                 best, copied = got, None
         if copied is not None:
@@ -585,6 +594,25 @@ class PopService:
                          f"?route_version={self.routes.version}")
         return (body["gen"], body["next_offset"]) if body.get("found") else None
 
+    async def _ask_copies(self, seg: Segment, key: Key, asked: set[str]) -> tuple[int, int] | None:
+        """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
+        broker's own; None when none holds it. A copy that does not answer is passed over: starting from an older
+        state only delivers again."""
+        group, topic, queue = key
+        path = (f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
+                f"?route_version={self.routes.version}")
+        for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync) if b and b not in asked):
+            asked.add(copy)
+            try:
+                body = await self.reader.peers.call("POST", copy, self.routes.address(topic, copy), path)
+            except (ApiError, Unreachable) as e:
+                log.info("pop_handover_copy_unanswered", key=key, copy=copy,
+                         why=e.code if isinstance(e, ApiError) else e.reason)
+                continue
+            if body.get("found") and body["gen"] >= seg.gen:
+                return body["gen"], body["next_offset"]
+        return None
+
     async def freeze(self, key: Key, route_version: int, caller: str | None = None) -> dict[str, Any]:
         """A new head asks for this broker's pop state of ``key``: once this broker's routes are as new as the
         asker's and it is no longer the head, no pop here can move the pop offset again; freeze it and answer.
@@ -602,6 +630,13 @@ class PopService:
             raise rejection(409, "NOT_LEADER", "this broker holds the queue's head: its pop state is current here")
         async with self.locks.hold(key):
             st = self.states.get(key)
+            rep = self.replica.states.get(key)
+            if rep is not None and (st is None or rep.gen > st.gen):
+                # A copy of a newer head's state than any led here (asked because that head's leader holds none):
+                # it becomes this broker's own, frozen, so its deliveries in flight come due and go to the head
+                self.replica.take(key)
+                st = self.states[key] = self._from_copy(rep, st, rep.gen)
+                st.frozen = False
             if st is None:
                 return {"found": False}
             if not st.frozen:
