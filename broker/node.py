@@ -76,6 +76,7 @@ class BrokerNode:
         self.pop.journal.copies = self.pop_copies
         self.pop_copies.kick = self.pop.journal.kick
         self.pop_copies.untaken = self.pop.copies_untaken
+        self.pop.check_copies = self._check_pop_copies
         self.writer.replicas.copy_ready = lambda seg, copy: all(
             [self.writer.offset_copies.ready(seg, copy), self.pop_copies.ready(seg, copy)])
         self.writer.replicas.on_new_follower_epoch = lambda copy: (
@@ -93,6 +94,11 @@ class BrokerNode:
         self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
         self.gate = FencingGate(self.locks, self.barriers, self.routes)   # every fenced read and commit asks it
         self._tasks: list[asyncio.Task] = []
+
+    def _check_pop_copies(self, topic: str, queue: int, what: str) -> None:
+        head = self.routes.head(topic, queue)
+        if head is not None and head.broker == self.config.broker:
+            self.writer.replicas.check_writable(head, what)
 
     def _route_applied(self, topic: str) -> None:
         self.writer.replicas.route_changed()

@@ -202,6 +202,33 @@ async def test_a_queue_remapped_off_a_leader_back_on_an_empty_disk_takes_the_pop
         assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
 
 
+async def test_an_ack_below_min_insync_is_refused_and_applied_nowhere_like_a_send(tmp_path):
+    """With fewer copies in sync than min_insync a send is refused; so is an ack and a change of invisible time
+    (the chaos runner: acks answered on a lone leader's disk came back after it lost it). Nothing is applied: the
+    handle still works once the copy is back in sync."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 2})
+        assert s == 201, b
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        address, copy = r["queues"][0]["address"], r["queues"][0]["replicas"][1]
+        await fill(c, "p", 10)
+        s, b, _ = await c.call("POST", f"{address}/v1/pop/p", "client", json={"group": GROUP, "max": 10,
+                                                                               "invisible_ms": 60_000})
+        assert s == 200 and len(b["messages"]) == 10, (s, b)
+        handles = [m["handle"] for m in b["messages"]]
+        c.kill9(copy)
+        await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 1, timeout_s=WAIT_S)
+        s, b, _ = await c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles})
+        assert s == 503 and b["error"]["code"] == "NOT_ENOUGH_REPLICAS", (s, b)
+        s, b, _ = await c.call("POST", f"{address}/v1/invisible", "client",
+                               json={"group": GROUP, "handle": handles[0], "invisible_ms": 60_000})
+        assert s == 503 and b["error"]["code"] == "NOT_ENOUGH_REPLICAS", (s, b)
+        c.start(copy)
+        await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2, timeout_s=60.0)
+        s, b, _ = await c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles})
+        assert s == 200 and all(x["ok"] for x in b["results"]), (s, b)
+
+
 async def test_a_snapshot_replaces_what_the_copy_held_of_the_queue_here_and_after_a_reopen(tmp_path):
     """broker/pop/replica.py alone: a delta line only adds and removes, so without the reset a delivery acked
     since (absent from the snapshot) would outlive it."""

@@ -97,6 +97,8 @@ class PopService:
         self._chores = Chores("pop_chore_failed")
         self._handing: set[Key] = set()
         self._taking_over = False   # a pass of take_over_copies_soon runs
+        # (topic, queue, what): 503 NOT_ENOUGH_REPLICAS when the queue is led here below its min_insync (node.py)
+        self.check_copies: Callable[[str, int, str], None] = lambda topic, queue, what: None
         self._in_flight_total = 0
         self._scheduled = 0
         self._waiters = 0
@@ -371,12 +373,20 @@ class PopService:
             return ("HANDLE_EXPIRED", h, st) if seq >= h.seq else ("INVALID_HANDLE", h, st)
         return "INVALID_HANDLE", h, st
 
+    def _check_copies(self, checked: list[tuple[str, Handle | None, QueueState | None]], what: str) -> None:
+        """503 NOT_ENOUGH_REPLICAS, before anything is applied, when a queue of a live handle is led here with fewer
+        copies in sync than its topic's min_insync: an ack or a change of invisible time follows the rule a send
+        does. A frozen state's (the queue moved on) is this broker's alone to answer."""
+        for topic, queue in {(h.topic, h.queue) for code, h, st in checked if code == "" and not st.frozen}:
+            self.check_copies(topic, queue, what)
+
     async def ack(self, group: str, handles: list[Any]) -> list[dict[str, Any]]:
         results = []
         changed = False
         topics = set()
+        self._check_copies([self._check(group, raw) for raw in handles], "the ack")
         for raw in handles:
-            code, h, st = self._check(group, raw)
+            code, h, st = self._check(group, raw)   # again: the same handle twice in one request is acked once
             if code == "":
                 st.ack(h.offset)
                 self._remember(st.key, h.offset, h.seq, "acked")
@@ -399,6 +409,7 @@ class PopService:
             raise invalid_handle("not made by this broker for this group, or never delivered")
         if code in ("HANDLE_EXPIRED", "DONE"):
             raise handle_expired("it was acked, delivered again, given a new handle or dead-lettered")
+        self._check_copies([(code, h, st)], "the change of invisible time")
         seq = self._next_seq()
         d = st.change_invisible(h.offset, seq, now_ms() + invisible_ms)
         self._schedule(st.key, h.offset, seq, d.deadline_ms)

@@ -88,11 +88,12 @@ class ReplicaTracker:
         return min(hw, local)
 
     # -- sends --------------------------------------------------------------------------------------------------
-    def check_writable(self, seg: Segment) -> None:
-        """Before an append: refuse when fewer copies than the topic's min_insync are in sync."""
+    def check_writable(self, seg: Segment, what: str = "the send") -> None:
+        """Before an append (a commit, a pop ack: ``what``): refuse when fewer copies than the topic's min_insync
+        are in sync."""
         need = self.routes.min_insync(seg.topic)
         if len(seg.in_sync) < need:
-            raise not_enough_replicas(seg, len(seg.in_sync), need, "the send is refused")
+            raise not_enough_replicas(seg, len(seg.in_sync), need, f"{what} is refused")
 
     async def replicated(self, seg: Segment, end: int) -> None:
         """Returns once every follower waited for holds the segment's records below ``end``; 503

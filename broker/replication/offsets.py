@@ -75,7 +75,7 @@ class OffsetCopies:
     async def commit(self, head: Segment, group: str, offset: int) -> None:
         """Store a commit of ``head``'s queue here and on every copy waited for; raises what the store or the
         copies refuse with (503 NOT_ENOUGH_REPLICAS below min_insync, like a send)."""
-        self.tracker.check_writable(head)
+        self.tracker.check_writable(head, "the commit")
         pq, key = head.physical_queue, (group, head.topic, head.queue)
         value = self.store.stamp(offset, head.gen)
         in_flight = self._in_flight.setdefault(pq, {})
