@@ -229,6 +229,35 @@ async def test_an_ack_below_min_insync_is_refused_and_applied_nowhere_like_a_sen
         assert s == 200 and all(x["ok"] for x in b["results"]), (s, b)
 
 
+async def test_a_leader_deposed_by_a_failover_refuses_acks_of_what_it_handed_out(tmp_path):
+    """The copy a failover elected delivers again what the lost leader had in flight; the old leader, back, must
+    not answer an ack of one ok (the chaos runner: acked there, delivered again by the new head)."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        leader, address = r["queues"][0]["broker"], r["queues"][0]["address"]
+        await fill(c, "p", 10)
+        s, b, _ = await c.call("POST", f"{address}/v1/pop/p", "client", json={"group": GROUP, "max": 10,
+                                                                               "invisible_ms": 60_000})
+        assert s == 200 and len(b["messages"]) == 10, (s, b)
+        handles = [m["handle"] for m in b["messages"]]
+        await asyncio.sleep(0.6)   # old enough for the journal to write them, and so for the copy to hold them
+        os.kill(c.pid(leader), signal.SIGSTOP)
+        try:
+            await wait_route(c, "p", lambda r: r["queues"][0]["broker"] != leader, timeout_s=WAIT_S)
+        finally:
+            os.kill(c.pid(leader), signal.SIGCONT)
+        deadline = time.monotonic() + WAIT_S
+        while True:   # the old leader hears of the failover once its session is back
+            s, b, _ = await c.call("POST", f"{c.url(leader)}/v1/ack", "client",
+                                   json={"group": GROUP, "handles": handles[:1]}, timeout_s=CALL_TIMEOUT_S)
+            if s == 200 and b["results"][0].get("code") == "HANDLE_EXPIRED":
+                break
+            assert s == 503 and time.monotonic() < deadline, ("an ack of a delivery the new head took over", s, b)
+            await asyncio.sleep(0.1)
+
+
 async def test_a_snapshot_replaces_what_the_copy_held_of_the_queue_here_and_after_a_reopen(tmp_path):
     """broker/pop/replica.py alone: a delta line only adds and removes, so without the reset a delivery acked
     since (absent from the snapshot) would outlive it."""

@@ -360,6 +360,8 @@ class PopService:
                 # It came due after the queue moved: it is the new head's to deliver again (handed over, or being
                 # handed over right now); an ok here could not stop that delivery.
                 return "HANDLE_EXPIRED", h, st
+            if not st.frozen and self._deposed(st):
+                return "HANDLE_EXPIRED", h, st
             return "", h, st
         if verdict == EXPIRED:
             return "HANDLE_EXPIRED", h, st
@@ -379,6 +381,18 @@ class PopService:
         does. A frozen state's (the queue moved on) is this broker's alone to answer."""
         for topic, queue in {(h.topic, h.queue) for code, h, st in checked if code == "" and not st.frozen}:
             self.check_copies(topic, queue, what)
+
+    def _deposed(self, st: QueueState) -> bool:
+        """A failover moved the queue off this broker (another copy sealed the gen it popped under): that copy took
+        the state over, deliveries in flight included, and delivers them again; an ack here could not stop that
+        (the chaos runner: a leader cut off and back answered acks the new head never heard of). A remap instead
+        leaves the seal to this broker, and its in-flight deliveries stay this broker's to answer."""
+        group, topic, queue = st.key
+        head = self.routes.head(topic, queue)
+        if head is None or head.gen <= st.gen:
+            return False
+        seg = next((s for s in self.routes.segments(topic, queue) or () if s.gen == st.gen), None)
+        return seg is not None and seg.sealer is not None and seg.sealer != self.me
 
     async def ack(self, group: str, handles: list[Any]) -> list[dict[str, Any]]:
         results = []
