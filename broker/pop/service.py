@@ -573,8 +573,10 @@ class PopService:
                     done.add(key)
                     try:
                         async with self.locks.hold(key):
-                            if await self._state_for(key) is not None:
-                                self.replica.take(key)   # taken, or this broker's own state was newer
+                            await self._state_for(key)
+                            # Taken over, or this broker's own state decided: either way the copy has served
+                            # (kept, it would hold every joining copy out of the in-sync set: copies_untaken)
+                            self.replica.take(key)
                     except ApiError as e:   # an older head to ask did not answer: the next route change or gate
                         log.info("pop_takeover_deferred", key=key, code=e.code)
         finally:
