@@ -21,7 +21,7 @@ import pytest
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import history, ok, wait_until, write_configs_until
 
-KILLS = 14   # 30 took 38 s more than 20, and 20 ~30 s more than 14, of a suite that must stay under 15 minutes on 2
+KILLS = 10   # 30 took 38 s more than 20, 20 ~30 s more than 14, and 14 ~15 s more than 10, of a suite that must stay under 15 minutes on 2
              # cores; installs and compactions are still asserted below
 WRITERS = 8
 SEED = 19
