@@ -479,7 +479,7 @@ class Nemesis:
     def _epochs(self) -> dict[str, int]:
         """Each broker's session epoch as meta has it (empty when no meta node answers)."""
         for name in self.t.meta_names:
-            listed = self._get(name, "/v1/brokers")
+            listed = self._get(name, "/v1/brokers?consistency=linearizable")
             if listed:
                 return {b["broker"]: b["epoch"] for b in listed["brokers"]}
         return {}
@@ -554,7 +554,12 @@ class Nemesis:
         deadline = time.monotonic() + IN_SYNC_DEADLINE_S
         alone: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            chains, gone = self._chains(), self._not_back()
+            # Who is back first, then the chains: a broker wiped that registers again in between is then either
+            # still counted gone, or already out of every in-sync set the chains show (the registration's own
+            # log entry removes it). The other order once counted a wiped broker as a holder of the commits it had
+            # lost, and the next wipe took the last copy of them (seed 9: committed offsets read back as -1).
+            gone = self._not_back()
+            chains = self._chains()
             if chains is not None and gone is not None:
                 token = self.t.cluster()["admin_token"]
                 alone = [s for c in chains for s in c
