@@ -258,6 +258,40 @@ async def test_a_leader_deposed_by_a_failover_refuses_acks_of_what_it_handed_out
             await asyncio.sleep(0.1)
 
 
+async def test_a_leader_deposed_then_elected_again_does_not_bring_back_what_was_acked_meanwhile(tmp_path):
+    """A leader hands out pops and is deposed (paused past its session); the copy elected delivers them again once
+    due and sees them acked; the old leader, back in sync, is elected again when that copy is lost. Its own older
+    state still lists those deliveries in flight: taking the copy over must not bring them back (the chaos runner,
+    seed 9)."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        first, second = r["queues"][0]["replicas"]
+        await fill(c, "p", 20)
+        s, b, _ = await c.call("POST", f"{r['queues'][0]['address']}/v1/pop/p", "client",
+                               json={"group": GROUP, "max": 20, "invisible_ms": INVISIBLE_MS})
+        assert s == 200 and len(b["messages"]) == 20, (s, b)
+        await asyncio.sleep(0.6)   # old enough for the journal to write them, and so for the copy to hold them
+        os.kill(c.pid(first), signal.SIGSTOP)
+        try:
+            await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
+                             timeout_s=WAIT_S)
+        finally:
+            os.kill(c.pid(first), signal.SIGCONT)
+        await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=60.0)
+        log = PopLog()
+        await log.drain(c, "p", 20)   # delivered again by the second once due, and acked there
+        lose(c, second)
+        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
+                         timeout_s=WAIT_S)
+        deadline = time.monotonic() + INVISIBLE_MS / 1000 + 2.0   # past when the old deliveries would come due
+        while time.monotonic() < deadline:
+            await log.round(c, "p")
+            await asyncio.sleep(0.1)
+        assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
+
+
 async def test_a_snapshot_replaces_what_the_copy_held_of_the_queue_here_and_after_a_reopen(tmp_path):
     """broker/pop/replica.py alone: a delta line only adds and removes, so without the reset a delivery acked
     since (absent from the snapshot) would outlive it."""

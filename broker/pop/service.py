@@ -590,9 +590,13 @@ class PopService:
         """The state of a lost leader's copy, as this broker's own under the head of ``gen``: its deliveries in flight
         come due here (their handles were the lost leader's: acks of them are refused, and they are delivered again
         once due, at least once), and the whole state is written to this broker's journal. Deliveries of an older
-        state of its own stay in flight beside them."""
+        state of its own stay in flight beside them when a remap froze it (they are this broker's to hand over);
+        not when a failover deposed it: the copy elected then took them over, and the copy holds what became of them
+        (the chaos runner, seed 9: a leader deposed, elected again later, delivered again what the heads between
+        had delivered and seen acked)."""
         st = QueueState(copied.key, copied.next_offset, gen)
-        for offset, d in [*(own.in_flight.items() if own is not None else ()), *copied.in_flight.items()]:
+        kept = own.in_flight.items() if own is not None and own.frozen else ()
+        for offset, d in [*kept, *copied.in_flight.items()]:
             st.in_flight[offset] = Delivery(d.seq, d.attempt, d.deadline_ms, False, d.dead)
         for offset, d in sorted(st.in_flight.items()):
             st.dirty.add(offset)
