@@ -26,6 +26,7 @@ __all__ = ["BrokerConfig", "ConfigError", "load", "parse"]
 
 FLUSH_INTERVAL_MS_DEFAULT = 200
 ZONE_CHARS_MAX = 64               # what meta accepts for a broker's zone at registration
+CLUSTER_DEFAULT = "DefaultCluster"   # RocketMQ's default brokerClusterName: meta's limits.CLUSTER_DEFAULT
 RETENTION_BYTES_MAX = 2**63 - 1   # file sizes are signed 64-bit everywhere
 UNSPECIFIED_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})   # bind to every interface: never a reachable address
 FLUSHES = (FLUSH_FSYNC, FLUSH_INTERVAL)
@@ -51,6 +52,7 @@ class BrokerConfig:
     client_token: str           # accepted from clients
     admin_token: str | None = None
     zone: str | None = None
+    cluster: str = CLUSTER_DEFAULT   # the cluster it belongs to: topics scoped to it place queues here (issue 37)
     flush: str = FLUSH_FSYNC    # "fsync" per batch or "interval"
     sync_scope: str = field(default_factory=default_sync_scope)
     flush_interval_ms: int = FLUSH_INTERVAL_MS_DEFAULT
@@ -91,6 +93,7 @@ class _BrokerSchema(Schema):
     token: Secret | None = None
     client_token: Secret | None = None
     zone: Annotated[str, Field(min_length=1, max_length=ZONE_CHARS_MAX)] | None = None
+    cluster: Name = CLUSTER_DEFAULT
     flush: Literal[FLUSHES] = FLUSH_FSYNC  # type: ignore[valid-type]
     sync_scope: Literal[SYNC_SCOPES] | None = None  # type: ignore[valid-type]  # None: default_sync_scope()
     flush_interval_ms: int = Field(FLUSH_INTERVAL_MS_DEFAULT, ge=1, le=FLUSH_INTERVAL_MS_MAX)
@@ -143,7 +146,7 @@ def parse(raw: dict[str, Any], base_dir: str = ".") -> BrokerConfig:
     return BrokerConfig(
         broker=s.broker, data_dir=os.path.join(base_dir, s.data_dir), http_host=host, http_port=port,
         meta_urls=tuple(s.meta), token=s.effective_broker_token, client_token=s.effective_client_token,
-        admin_token=s.tokens.admin, zone=s.zone, flush=s.flush,
+        admin_token=s.tokens.admin, zone=s.zone, cluster=s.cluster, flush=s.flush,
         sync_scope=s.sync_scope or default_sync_scope(),
         flush_interval_ms=s.flush_interval_ms,
         retention_ms=s.retention_ms, retention_bytes=s.retention_bytes, segment_bytes_max=s.segment_bytes_max,

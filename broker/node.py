@@ -64,7 +64,7 @@ class BrokerNode:
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
                              Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
-                             self.locks, self.group_settings, ssl_context=tls_context)
+                             self.locks, self.group_settings, ssl_context=tls_context, cluster=config.cluster)
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link,
                              self.metrics)
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,

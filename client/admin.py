@@ -78,12 +78,14 @@ class AdminClient:
     async def create_topic(self, topic: str, queues: int, *, brokers: Sequence[str] | None = None,
                            slots: int | None = None, order: str | None = None, config: dict[str, str] | None = None,
                            replicas: int | None = None, min_insync: int | None = None,
-                           expected_version: int | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+                           scope: Sequence[str] | str | None = None, expected_version: int | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
         """``{"topic","queues","replicas","min_insync","version"}``. ``order`` is ``"best_tried"`` (default) or
-        ``"strict"``; ``replicas`` (1-5) and ``min_insync`` default to the cluster's (meta config)."""
+        ``"strict"``; ``replicas`` (1-5) and ``min_insync`` default to the cluster's (meta config); ``scope`` is
+        ``"global"`` (default) or the clusters the queues and their copies stay in."""
         body: dict[str, Any] = {"topic": topic, "queues": queues}
         for k, v in (("brokers", list(brokers) if brokers is not None else None), ("slots", slots),
-                     ("order", order), ("config", config), ("replicas", replicas), ("min_insync", min_insync)):
+                     ("order", order), ("config", config), ("replicas", replicas), ("min_insync", min_insync),
+                     ("scope", scope if scope is None or isinstance(scope, str) else list(scope))):
             if v is not None:
                 body[k] = v
         return await self._write("POST", "/v1/topics", body, expected_version=expected_version,

@@ -66,6 +66,21 @@ def _v_register_broker(c):
                       "characters", field="address")
     if c.get("zone") is not None and (not isinstance(c["zone"], str) or len(c["zone"]) > 64):
         raise invalid("zone must be a string of at most 64 characters", field="zone")
+    if c.get("cluster") is not None:
+        _name(c["cluster"], "cluster", limits.BROKER_NAME_CHARS_MAX)
+
+
+def _scope(value) -> None:
+    """A topic's scope: "global", or 1 to SCOPE_CLUSTERS_MAX distinct cluster names."""
+    if value is None or value == limits.SCOPE_GLOBAL:
+        return
+    if not isinstance(value, list) or not 1 <= len(value) <= limits.SCOPE_CLUSTERS_MAX:
+        raise invalid(f"scope must be \"{limits.SCOPE_GLOBAL}\" or a list of 1 to {limits.SCOPE_CLUSTERS_MAX} "
+                      "cluster names", field="scope")
+    for name in value:
+        _name(name, "scope", limits.BROKER_NAME_CHARS_MAX)
+    if len(set(value)) != len(value):
+        raise invalid("scope names a cluster twice", field="scope")
 
 
 def _v_broker_epoch(c):
@@ -101,6 +116,7 @@ def _v_create_topic(c):
         _broker_list(c["brokers"])
     if c.get("order", "best_tried") not in ORDERS:
         raise invalid("order must be 'best_tried' or 'strict'", field="order")
+    _scope(c.get("scope"))
     _config(c.get("config", {}))
     _optional_version(c)
     # replicas and min_insync as asked; default_* the cluster config's, which the node that took the request adds

@@ -15,10 +15,12 @@ from typing import Any
 
 # name -> (schema version, {field: documentation})
 EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
-    "BrokerRegistered": (1, {
+    "BrokerRegistered": (2, {
         "broker": "broker name",
         "address": "base URL of the broker's data API",
         "zone": "availability zone or null",
+        "cluster": "the cluster it belongs to (its config's; 'DefaultCluster' when it names none): topics scoped to "
+                   "that cluster place queues and copies on it",
         "epoch": "session epoch; grows with every registration of this broker",
     }),
     "BrokerFenced": (1, {
@@ -36,7 +38,7 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "broker": "broker hosting the segment",
         "budget_end": "physical offset (exclusive) the broker may write up to in this segment",
     }),
-    "TopicCreated": (3, {
+    "TopicCreated": (4, {
         "topic": "topic name",
         "incarnation": "metadata version that created it; part of every physical queue name",
         "queues": "number of logic queues",
@@ -45,6 +47,7 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "config": "initial config map",
         "replicas": "copies of each queue's head (1-5)",
         "min_insync": "in-sync copies below which a send is refused (1-replicas)",
+        "scope": "'global' (any broker), or the clusters its queues and their copies stay in",
         "slot_table": "[[lo, hi, queue]] covering every slot exactly once",
         "segments": "[{queue, broker, physical_queue, budget_end, replicas, in_sync}]: gen 0 of each queue, "
                     "logic_start 0; replicas leader first, in_sync the active ones of them",

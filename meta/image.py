@@ -220,7 +220,8 @@ class Image:
     def _on_BrokerRegistered(self, e, ts):
         old = self.data["brokers"].get(e["broker"])
         self.data["brokers"][e["broker"]] = {
-            "broker": e["broker"], "address": e["address"], "zone": e["zone"], "epoch": e["epoch"],
+            "broker": e["broker"], "address": e["address"], "zone": e["zone"], "cluster": e["cluster"],
+            "epoch": e["epoch"],
             "state": "active", "registered_ms": ts, "last_seen_ms": ts}
         if old is not None and (old["address"] != e["address"] or old["state"] != "active"):
             return set(self.topics_on(e["broker"]))
@@ -242,7 +243,7 @@ class Image:
         t = self.data["topics"][e["topic"]] = {
             "topic": e["topic"], "incarnation": e["incarnation"], "queues": e["queues"], "slots": e["slots"],
             "order": e["order"], "config": dict(e["config"]), "version": 0, "created_ms": ts,
-            "replicas": e["replicas"], "min_insync": e["min_insync"],
+            "replicas": e["replicas"], "min_insync": e["min_insync"], "scope": e["scope"],
             "slot_table": allocation.packed_slot_table(e["slot_table"]), "slot_table_version": self.data["version"],
             "barriers": [], "chains": [None] * e["queues"]}
         self._place_first_segments(t, e["segments"], ts)

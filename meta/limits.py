@@ -24,6 +24,11 @@ SEALS_PER_REPORT_MAX = 1_024     # seal reports one POST /v1/brokers/{b}/seals (
 # capped at the active brokers (three where three brokers exist, one where one does), min_insync at copies - 1 (so one
 # broker lost leaves a topic writable: two copies take writes on one, as Kafka's min.insync.replicas=1 for RF 2).
 REPLICAS_MAX = 5
+# Scopes (issue 37): a broker names its cluster (RocketMQ's brokerClusterName), a topic the clusters its queues and
+# copies stay in, or "global" (any broker). A broker that names none is in CLUSTER_DEFAULT, as in RocketMQ.
+CLUSTER_DEFAULT = "DefaultCluster"
+SCOPE_GLOBAL = "global"
+SCOPE_CLUSTERS_MAX = 16
 REPLICAS_DEFAULT = 3
 MIN_INSYNC_DEFAULT = 2
 IN_SYNC_CHANGES_MAX = 10_000     # changes one POST /v1/brokers/{b}/in-sync (one command) carries
@@ -101,7 +106,8 @@ _ROUTE_QUEUE_BYTES_MAX = (150 + BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + _NAM
                           + ROUTE_SEGMENTS_PER_QUEUE_MAX * _ROUTE_SEGMENT_BYTES_MAX)
 ROUTE_BYTES_MAX = (QUEUES_PER_TOPIC_MAX * (_ROUTE_QUEUE_BYTES_MAX + 3 * 20 + 80)   # queue, slot range, barrier
                    + CONFIG_KEYS_MAX * 6 * (CONFIG_KEY_CHARS_MAX + CONFIG_VALUE_CHARS_MAX) + 64 * 1024
-                   + BROKERS_MAX * (BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + 8))   # the replicas' addresses
+                   + BROKERS_MAX * (BROKER_NAME_CHARS_MAX + ADDRESS_CHARS_MAX + 8)    # the replicas' addresses
+                   + SCOPE_CLUSTERS_MAX * (BROKER_NAME_CHARS_MAX + 3))                # the scope's clusters
 assert ROUTE_BYTES_MAX <= _sse.LINE_BYTES_MAX, (ROUTE_BYTES_MAX, _sse.LINE_BYTES_MAX)
 
 # Rendered routes kept per node (least recently used evicted first): a 1,000-queue route is ~340 KB.

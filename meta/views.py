@@ -50,7 +50,7 @@ def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
     # encoded after the image lock is released (meta/reads.py).
     return route_model.route_json(
         topic=t["topic"], version=t["version"], slots=t["slots"], order=t["order"], config=dict(t["config"]),
-        replicas=t["replicas"], min_insync=t["min_insync"],
+        replicas=t["replicas"], min_insync=t["min_insync"], scope=t["scope"],
         addresses={b: brokers[b][0] for b in sorted(named) if b in brokers},
         slot_table=allocation.slot_table(t["slot_table"]), slot_table_version=t.get("slot_table_version", 0), queues=queues,
         barriers=[{"queue": b["queue"], "after_queue": b["after_queue"], "after_offset": b["after_offset"]}
@@ -63,7 +63,7 @@ def topic_detail(t: dict[str, Any]) -> dict[str, Any]:
         ranges.setdefault(q, []).append([lo, hi])
     return {"topic": t["topic"], "queues": t["queues"], "slots": t["slots"], "order": t["order"],
             "version": t["version"], "incarnation": t["incarnation"], "created_ms": t["created_ms"],
-            "config": t["config"], "replicas": t["replicas"], "min_insync": t["min_insync"],
+            "config": t["config"], "replicas": t["replicas"], "min_insync": t["min_insync"], "scope": t["scope"],
             "logic_queues": [{"queue": q, "slot_ranges": ranges.get(q, []),
                               "segments": [{k: s[k] for k in ("gen", "broker", "physical_queue", "physical_start",
                                                                "logic_start", "logic_end", "state", "budget_end",
@@ -89,7 +89,8 @@ def heads_held(image: Image) -> dict[str, int]:
 
 def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, Any]:
     """``last_heartbeat_ms``: when the leader last heard the broker (wall clock), None when not known."""
-    return {"broker": b["broker"], "address": b["address"], "zone": b["zone"], "epoch": b["epoch"],
+    return {"broker": b["broker"], "address": b["address"], "zone": b["zone"], "cluster": b["cluster"],
+            "epoch": b["epoch"],
             "state": b["state"], "last_heartbeat_ms": last_heartbeat_ms}
 
 

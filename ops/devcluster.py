@@ -229,10 +229,11 @@ def _with_flags(member: dict[str, Any], serve_flags: list[str] | None) -> dict[s
 
 def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra_meta: dict | None = None,
        extra_broker: dict | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
-       serve_flags: list[str] | None = None) -> dict[str, Any]:
+       serve_flags: list[str] | None = None, per_broker: dict[str, dict] | None = None) -> dict[str, Any]:
     """Start the cluster and return once every member is ready; if any is not, stop every member, undo the new
     cluster (see _undone_on_failure) and raise MemberFailed naming the member and its log. ``serve_flags`` go to every
-    member's serve command, now and at every restart."""
+    member's serve command, now and at every restart; ``per_broker`` adds config keys to the named brokers' (their
+    cluster, say) over ``extra_broker``."""
     dir_ = os.path.abspath(dir_)
     os.makedirs(dir_, exist_ok=True)
     if os.path.exists(os.path.join(dir_, "cluster.json")):
@@ -265,7 +266,7 @@ def up(dir_: str, metas: int = 3, brokers: int = 3, base_port: int = 7100, extra
             port = _broker_port(base_port, i)
             cfg = {"broker": name, "data_dir": "data", "http": f"127.0.0.1:{port}",
                    "tokens": {**tokens, "broker": broker_tokens[name]}, "broker_tokens": hashes,
-                   "meta": [m["url"] for m in members], **(extra_broker or {})}
+                   "meta": [m["url"] for m in members], **(extra_broker or {}), **(per_broker or {}).get(name, {})}
             member = _with_flags({"broker": name, "url": f"http://127.0.0.1:{port}",
                                   "config": write_config(dir_, name, cfg)}, serve_flags)
             member["pid"] = _spawn(dir_, name, _broker_argv(member))

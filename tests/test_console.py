@@ -380,11 +380,13 @@ async def test_topics_are_created_grown_configured_and_deleted_from_the_console(
     await page.fill("#create input[name=topic]", "invoices")
     await page.fill("#create input[name=queues]", "2")
     await page.fill("#create input[name=replicas]", "2")
+    await page.fill("#create input[name=scope]", "DefaultCluster")   # the brokers here name no cluster
     await page.check("#create input[name=brokers][value=b2]")
     await page.click("#create button[type=submit]")
     await expect(page.locator(".flash")).to_contain_text("created at v")
+    await expect(page.locator("#scope")).to_have_text("DefaultCluster")
     _, made, _ = await c.call("GET", url + "/v1/topics/invoices", "client")
-    assert made["queues"] == 2 and made["replicas"] == 2, made
+    assert made["queues"] == 2 and made["replicas"] == 2 and made["scope"] == ["DefaultCluster"], made
     assert {q["segments"][-1]["broker"] for q in made["logic_queues"]} == {"b2"}
 
     await page.goto(url + "/console/topics")   # the same name again: refused, on the create form

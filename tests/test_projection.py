@@ -130,7 +130,7 @@ class TestProjection:
         projection.apply(events[:5])
         before = snapshot(url)
         # a second TopicCreated for a live topic breaks the topics primary key half-way through the batch
-        clash = stored(9, 1_009, make("TopicCreated", replicas=1, min_insync=1, topic="orders", incarnation=9, queues=1, slots=1,
+        clash = stored(9, 1_009, make("TopicCreated", replicas=1, min_insync=1, scope="global", topic="orders", incarnation=9, queues=1, slots=1,
                                       order="strict", config={}, slot_table=[[0, 0, 0]],
                                       segments=segments_of("orders", 9, {0: "b1"})))
         with pytest.raises(sa.exc.IntegrityError):
@@ -304,8 +304,8 @@ class TestProjection:
 def throughput_events(n: int) -> list[dict[str, Any]]:
     """A 16-queue topic, then budget grants over its queues with a remap every 100 events."""
     log = Log()
-    log.add("BrokerRegistered", broker="b1", address="http://b1", zone=None, epoch=1)
-    log.add("TopicCreated", replicas=1, min_insync=1, topic="t", incarnation=2, queues=16, slots=64, order="best_tried", config={},
+    log.add("BrokerRegistered", broker="b1", address="http://b1", zone=None, cluster="DefaultCluster", epoch=1)
+    log.add("TopicCreated", replicas=1, min_insync=1, scope="global", topic="t", incarnation=2, queues=16, slots=64, order="best_tried", config={},
             slot_table=[[q * 4, q * 4 + 3, q] for q in range(16)],
             segments=segments_of("t", 2, {q: "b1" for q in range(16)}))
     gens = [0] * 16

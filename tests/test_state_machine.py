@@ -50,7 +50,7 @@ def test_register_broker_and_register_again():
     assert (b["address"], b["zone"], b["epoch"], b["state"]) == ("http://a:1", "z1", 1, "active")
     [ev] = lg.events(0)
     assert ev["type"] == "BrokerRegistered" and ev["version"] == 1 and ev["topic"] is None
-    assert ev["data"] == {"broker": "a", "address": "http://a:1", "zone": "z1", "epoch": 1}
+    assert ev["data"] == {"broker": "a", "address": "http://a:1", "zone": "z1", "cluster": "DefaultCluster", "epoch": 1}
     r = lg.ok({"type": "RegisterBroker", "broker": "a", "address": "http://a:2"})
     assert r["epoch"] == 2
     assert lg.sm.image.brokers["a"]["zone"] is None
@@ -197,7 +197,7 @@ def test_duplicate_grants_in_one_heartbeat_never_shrink_the_budget(log):
 def test_create_topic(log):
     v = log.version
     r = log.create("t", 4)
-    assert r == {"topic": "t", "queues": 4, "replicas": 3, "min_insync": 2, "version": v + 1}
+    assert r == {"topic": "t", "queues": 4, "replicas": 3, "min_insync": 2, "scope": "global", "version": v + 1}
     assert log.changed == {"t"}
     t = log.topic("t")
     assert (t["queues"], t["slots"], t["order"], t["config"], t["barriers"]) == (4, limits.SLOTS_DEFAULT,

@@ -62,6 +62,7 @@ class RouteJson(TypedDict):
     slot_table_version: int       # the version that last changed the slot table (creation or growth)
     replicas: int                 # copies of each head
     min_insync: int               # in-sync copies below which the leader refuses sends
+    scope: list[str] | str        # the clusters its queues and copies stay in, or "global"
     addresses: dict[str, str]     # broker -> address, of every replica the carried segments name
     barriers: list[BarrierJson]
     queues: list[QueueJson]
@@ -87,13 +88,14 @@ def queue_json(queue: int, writable: bool, segments: list[SegmentJson]) -> Queue
 
 def route_json(*, topic: str, version: int, slots: int, order: str, config: dict[str, str],
                slot_table: list[list[int]], slot_table_version: int, barriers: list[BarrierJson],
-               queues: list[QueueJson], replicas: int = 1, min_insync: int = 1,
+               queues: list[QueueJson], replicas: int = 1, min_insync: int = 1, scope: list[str] | str = "global",
                addresses: dict[str, str] | None = None) -> RouteJson:
     if addresses is None:   # one copy each: the leaders' own
         addresses = {q["broker"]: q["address"] for q in queues if q["address"]}
     return {"topic": topic, "version": version, "slots": slots, "order": order, "config": config,
             "slot_table": slot_table, "slot_table_version": slot_table_version, "replicas": replicas,
-            "min_insync": min_insync, "addresses": addresses, "barriers": barriers, "queues": queues}
+            "min_insync": min_insync, "scope": scope, "addresses": addresses, "barriers": barriers,
+            "queues": queues}
 
 
 class RouteError(ValueError):

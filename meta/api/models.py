@@ -44,6 +44,7 @@ TopicConfig = Annotated[dict[ConfigKey, ConfigValue | None],
 class RegisterBroker(TypedDict):
     address: Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]+$", max_length=limits.ADDRESS_CHARS_MAX)]
     zone: NotRequired[Annotated[str, StringConstraints(max_length=64)] | None]
+    cluster: NotRequired[Name | None]   # RocketMQ's brokerClusterName; none: limits.CLUSTER_DEFAULT
 
 
 @with_config(STRICT)
@@ -89,6 +90,9 @@ class CreateTopic(TypedDict):
     config: NotRequired[TopicConfig]
     replicas: NotRequired[Annotated[int, Field(ge=1, le=limits.REPLICAS_MAX)] | None]
     min_insync: NotRequired[Annotated[int, Field(ge=1, le=limits.REPLICAS_MAX)] | None]
+    # "global" (the default: any broker), or the clusters the queues and their copies stay in
+    scope: NotRequired[Literal["global"] | Annotated[list[Name], Field(min_length=1,
+                                                                       max_length=limits.SCOPE_CLUSTERS_MAX)] | None]
 
 
 @with_config(STRICT)
@@ -215,6 +219,7 @@ class Broker(TypedDict):
     broker: str
     address: str
     zone: str | None
+    cluster: str
     epoch: int
     state: Literal["active", "fenced"]
     last_heartbeat_ms: int | None
@@ -273,6 +278,7 @@ class TopicDetail(TypedDict):
     config: dict[str, str]
     replicas: int
     min_insync: int
+    scope: list[str] | Literal["global"]
     logic_queues: list[LogicQueue]
 
 

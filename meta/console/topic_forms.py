@@ -34,6 +34,9 @@ async def create_topic(request: web.Request) -> web.Response:
             body["brokers"] = brokers
         if str(form.get("order", "")).strip():
             body["order"] = str(form["order"]).strip()
+        scope = str(form.get("scope", "")).strip()
+        if scope:
+            body["scope"] = scope if scope == "global" else [c.strip() for c in scope.split(",") if c.strip()]
         answer = await submit_change(request, "POST", "/v1/topics", body)
     back_to(f"/console/topics/{quote(topic)}", f"created at v{answer['version']}", answer["version"])
 

@@ -25,7 +25,8 @@ def register(image: Image, c, ts, budget):
     if old is None and len(image.brokers) >= limits.BROKERS_MAX:
         raise rejection(409, "TOO_MANY_BROKERS", f"at most {limits.BROKERS_MAX} brokers")
     epoch = (old["epoch"] if old else 0) + 1
-    ev = make("BrokerRegistered", broker=c["broker"], address=c["address"], zone=c.get("zone"), epoch=epoch)
+    ev = make("BrokerRegistered", broker=c["broker"], address=c["address"], zone=c.get("zone"),
+              cluster=c.get("cluster") or limits.CLUSTER_DEFAULT, epoch=epoch)
     # Registered again: it restarted, maybe on a new disk; what it held counts only once it has caught up.
     lost = broker_lost(image, c["broker"], budget, fenced=False) if old is not None else []
     return [ev, *lost], {"broker": c["broker"], "epoch": epoch}

@@ -47,8 +47,24 @@ def zones(image: Image) -> dict[str, str | None]:
     return {name: b["zone"] for name, b in image.brokers.items()}
 
 
-def active(image: Image) -> list[str]:
-    return sorted(b for b, v in image.brokers.items() if v["state"] == "active")
+def active(image: Image, scope: list[str] | str = limits.SCOPE_GLOBAL) -> list[str]:
+    """The active brokers, of ``scope``'s clusters only when it names some."""
+    return sorted(b for b, v in image.brokers.items() if v["state"] == "active" and in_scope(v, scope))
+
+
+def in_scope(broker: dict[str, Any], scope: list[str] | str) -> bool:
+    return scope == limits.SCOPE_GLOBAL or broker["cluster"] in scope
+
+
+def scoped(image: Image, scope: list[str] | str, names: list[str]) -> list[str]:
+    """``names`` (registered brokers), refused 409 OUT_OF_SCOPE when one is in none of ``scope``'s clusters: a
+    topic's queues and copies stay within its scope, whatever a create or a remap names."""
+    for n in names:
+        b = registered_broker(image, n)
+        if not in_scope(b, scope):
+            raise rejection(409, "OUT_OF_SCOPE", f"broker {n!r} is in cluster {b['cluster']!r}, outside the topic's "
+                            f"scope {scope}", broker=n, cluster=b["cluster"], scope=scope)
+    return names
 
 
 def replica_set(image: Image, t: dict[str, Any], leader: str, preferred: list[str]) -> list[str]:
@@ -59,10 +75,11 @@ def replica_set(image: Image, t: dict[str, Any], leader: str, preferred: list[st
     two lost disks then lost what it held while a third broker was back and empty-handed (the chaos runner's
     broker_wipe, seed 7)."""
     want = t["replicas"] - 1
-    live = set(active(image))
+    live = set(active(image, t["scope"]))
     where = zones(image)
     chosen: list[str] = []
-    for pool in ([b for b in preferred if b in live], sorted(live), sorted(set(image.brokers) - live)):
+    held = sorted(b for b, v in image.brokers.items() if b not in live and in_scope(v, t["scope"]))
+    for pool in ([b for b in preferred if b in live], sorted(live), held):
         if len(chosen) < want:
             more = allocation.followers(leader, want, [b for b in pool if b not in chosen], where)
             chosen += [b for b in more if b not in chosen][:want - len(chosen)]

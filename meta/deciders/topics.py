@@ -16,7 +16,7 @@ from wire.errors import invalid, rejection
 from . import Decider, Events, expect_version
 from .lookups import active_brokers, existing_topic, seal_at_budget
 from .groups import topic_changed
-from .replicas import active, in_sync_of, replica_set, settings
+from .replicas import active, in_sync_of, replica_set, scoped, settings
 
 
 def writable_head(t: dict[str, Any], queue: int) -> dict[str, Any]:
@@ -67,24 +67,29 @@ def create(image: Image, c, ts, budget):
     expect_version(c, 0)
     if len(image.topics) >= limits.TOPICS_MAX:
         raise rejection(409, "TOO_MANY_TOPICS", f"at most {limits.TOPICS_MAX} topics")
+    scope = c.get("scope") or limits.SCOPE_GLOBAL
     if c.get("brokers"):
-        brokers = active_brokers(image, c["brokers"])
+        brokers = active_brokers(image, scoped(image, scope, c["brokers"]))
     else:
-        brokers = active(image)
+        brokers = active(image, scope)
         if not brokers:
-            raise rejection(409, "NO_BROKERS", "no active broker to place the topic on")
-    # ``brokers`` says where the queues are led; their copies may go to any active broker, spread over zones
-    replicas, min_insync = settings(image, c, len(active(image)))
+            raise rejection(409, "NO_BROKERS", "no active broker to place the topic on" +
+                            ("" if scope == limits.SCOPE_GLOBAL else f" in its scope {scope}"), scope=scope)
+    # ``brokers`` says where the queues are led; their copies may go to any active broker of the scope, spread over
+    # zones
+    replicas, min_insync = settings(image, c, len(active(image, scope)))
     slots = c.get("slots", limits.SLOTS_DEFAULT)
     incarnation = image.version + 1
     leaders = allocation.balanced_assignment(range(c["queues"]), brokers, image.data["load"])
-    segments = placed(image, {"topic": name, "incarnation": incarnation, "replicas": replicas}, leaders, budget)
+    segments = placed(image, {"topic": name, "incarnation": incarnation, "replicas": replicas, "scope": scope},
+                      leaders, budget)
     config = {k: v for k, v in sorted(c.get("config", {}).items()) if v is not None}
     ev = make("TopicCreated", topic=name, incarnation=incarnation, queues=c["queues"], slots=slots,
               order=c.get("order", "best_tried"), config=config, replicas=replicas, min_insync=min_insync,
-              slot_table=allocation.initial_slot_table(slots, c["queues"]), segments=segments)
+              scope=scope, slot_table=allocation.initial_slot_table(slots, c["queues"]), segments=segments)
     return [ev, *topic_changed(image, name, c["queues"])], {"topic": name, "queues": c["queues"],
-                                                             "replicas": replicas, "min_insync": min_insync}
+                                                             "replicas": replicas, "min_insync": min_insync,
+                                                             "scope": scope}
 
 
 def grow(image: Image, c, ts, budget):
@@ -102,9 +107,9 @@ def grow(image: Image, c, ts, budget):
     hosts = sorted({b for b in {chains.head(e)[chains.BROKER] for e in t["chains"]}
                     if image.brokers[b]["state"] == "active"})
     if not hosts:
-        hosts = active(image)
+        hosts = active(image, t["scope"])
     if not hosts:
-        raise rejection(409, "NO_BROKERS", "no active broker to place the new queues on")
+        raise rejection(409, "NO_BROKERS", "no active broker to place the new queues on", scope=t["scope"])
     placement = allocation.balanced_assignment(range(t["queues"], new_count), hosts, image.data["load"])
     segments = placed(image, t, placement, budget)
     barriers = [{"queue": nq, "after_queue": old, "after_gen": heads[old]["gen"] + 1} for nq, old in splits]
@@ -143,7 +148,7 @@ def delete(image: Image, c, ts, budget):
 
 def remap(image: Image, c, ts, budget):
     t = existing_topic(image, c)
-    targets = active_brokers(image, c["brokers"])
+    targets = active_brokers(image, scoped(image, t["scope"], c["brokers"]))
     queues = c.get("queues") or list(range(t["queues"]))
     for q in queues:
         if q >= t["queues"]:

@@ -16,9 +16,9 @@ from .options import Globals, emit_listing, global_options
                    "the same as --consistency serializable, as `cluster members --serializable` is")
 @global_options
 async def list_brokers(g: Globals, serializable: bool) -> None:
-    """Brokers with address, epoch, state and last heartbeat."""
+    """Brokers with address, epoch, state, last heartbeat and cluster."""
     if serializable:
         g = dataclasses.replace(g, consistency="serializable")
     await emit_listing(g, "brokers", lambda admin: admin.brokers(), [
         ("broker", "broker"), ("address", "address"), ("epoch", "epoch"), ("state", "state"),
-        ("last heartbeat", lambda b: output.when(b.get("last_heartbeat_ms")))])
+        ("last heartbeat", lambda b: output.when(b.get("last_heartbeat_ms"))), ("cluster", "cluster")])

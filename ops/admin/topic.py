@@ -47,14 +47,18 @@ def _written(d: dict[str, Any]) -> str:
               help="copies of each queue on distinct brokers (default: the cluster's, 3 where 3 brokers exist)")
 @click.option("--min-insync", "min_insync", type=click.IntRange(1, 5),
               help="in-sync copies below which sends are refused (default: the cluster's, at most replicas - 1)")
+@click.option("--scope", metavar="C1[,C2...]|global",
+              help="the broker clusters its queues and copies stay in (RocketMQ's updateStaticTopic -c); "
+                   "default global: any broker")
 @global_options
 async def create(name: str, queues: int, brokers: str | None, slots: int | None, order: str | None,
-                 replicas: int | None, min_insync: int | None, g: Globals) -> None:
+                 replicas: int | None, min_insync: int | None, scope: str | None, g: Globals) -> None:
     """Create topic NAME (POST /v1/topics). --brokers says where the queues are led; their copies go to any active
-    broker, spread over zones."""
+    broker of its scope, spread over zones."""
     async with g.admin() as admin:
         data = await admin.create_topic(name, queues, brokers=_names(brokers), slots=slots, order=order,
-                                        replicas=replicas, min_insync=min_insync)
+                                        replicas=replicas, min_insync=min_insync,
+                                        scope=scope if scope in (None, "global") else _names(scope))
     output.emit(g.json, data, _written)
 
 
@@ -86,6 +90,7 @@ async def list_topics(g: Globals) -> None:
 def _describe_text(t: dict[str, Any]) -> str:
     head = output.fields([("topic", t["topic"]), ("queues", t["queues"]), ("slots", t["slots"]),
                           ("order", t["order"]), ("replicas", t["replicas"]), ("min in sync", t["min_insync"]),
+                          ("scope", t["scope"] if isinstance(t["scope"], str) else ",".join(t["scope"])),
                           ("version", t["version"]), ("config", t.get("config") or None)])
     rows = [{"queue": q["queue"], "slots": " ".join(f"[{lo},{hi})" for lo, hi in q["slot_ranges"]), **s,
              "copies": ",".join(s["replicas"]), "in sync": ",".join(s["in_sync"])}

@@ -135,5 +135,5 @@ def up(tmp_dir: str, metas: int = 3, brokers: int = 0, **extra) -> Cluster:
     base = free_base_port()
     info = devcluster.up(os.path.join(tmp_dir, "cluster"), metas, brokers, base,
                          extra_meta=extra.get("meta"), extra_broker=extra.get("broker"),
-                         serve_flags=extra.get("serve_flags"))
+                         serve_flags=extra.get("serve_flags"), per_broker=extra.get("per_broker"))
     return Cluster(os.path.join(tmp_dir, "cluster"), info)

@@ -72,9 +72,9 @@ def scenario() -> list[dict[str, Any]]:
     """A topic's life: created with 4 queues on 2 brokers, queue 1 remapped, grown to 6 with barriers, broker
     sessions fenced and renewed, config changed; then a second topic created and the first deleted (v22, v23)."""
     log = Log()
-    log.add("BrokerRegistered", broker="b1", address="http://b1:8080", zone="z1", epoch=1)            # 1
-    log.add("BrokerRegistered", broker="b2", address="http://b2:8080", zone="z2", epoch=1)            # 2
-    log.add("TopicCreated", replicas=1, min_insync=1, topic="orders", incarnation=3, queues=4, slots=16, order="strict",        # 3
+    log.add("BrokerRegistered", broker="b1", address="http://b1:8080", zone="z1", cluster="DefaultCluster", epoch=1)            # 1
+    log.add("BrokerRegistered", broker="b2", address="http://b2:8080", zone="z2", cluster="DefaultCluster", epoch=1)            # 2
+    log.add("TopicCreated", replicas=1, min_insync=1, scope="global", topic="orders", incarnation=3, queues=4, slots=16, order="strict",        # 3
             config={"retention_ms": 86_400_000},
             slot_table=[[0, 3, 0], [4, 7, 1], [8, 11, 2], [12, 15, 3]],
             segments=segments_of("orders", 3, {0: "b1", 1: "b2", 2: "b1", 3: "b2"}))
@@ -102,13 +102,13 @@ def scenario() -> list[dict[str, Any]]:
     log.add("LogicStartDecided", topic="orders", queue=1, gen=2, logic_start=1_800)                  # 15
     # broker sessions: b2 expires and comes back with epoch 2; a late fence of epoch 1 must not touch epoch 2
     log.add("BrokerFenced", broker="b2", epoch=1, reason="session_expired")                          # 16
-    log.add("BrokerRegistered", broker="b2", address="http://b2-new:8080", zone="z2", epoch=2)        # 17
+    log.add("BrokerRegistered", broker="b2", address="http://b2-new:8080", zone="z2", cluster="DefaultCluster", epoch=2)        # 17
     log.add("BrokerFenced", broker="b2", epoch=1, reason="registered_again")                         # 18
     log.add("BrokerFenced", broker="b1", epoch=1, reason="session_expired")                          # 19
     log.add("BrokerUnfenced", broker="b1", epoch=1)                                                  # 20
     log.add("TopicConfigChanged", topic="orders", config={"retention_ms": 3_600_000, "max_bytes": 1 << 20},
             changed=["retention_ms", "max_bytes"])                                                   # 21
-    log.add("TopicCreated", replicas=1, min_insync=1, topic="audit", incarnation=22, queues=1, slots=4, order="best_tried",    # 22
+    log.add("TopicCreated", replicas=1, min_insync=1, scope="global", topic="audit", incarnation=22, queues=1, slots=4, order="best_tried",    # 22
             config={}, slot_table=[[0, 3, 0]], segments=segments_of("audit", 22, {0: "b1"}))
     log.add("TopicDeleted", topic="orders")                                                          # 23
     return log.events

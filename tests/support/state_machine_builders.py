@@ -20,7 +20,7 @@ STATUS = {
     "TOPIC_NOT_FOUND": 404, "BROKER_NOT_FOUND": 404, "SEGMENT_NOT_FOUND": 404,
     "TOPIC_EXISTS": 409, "VERSION_MISMATCH": 409, "NO_BROKERS": 409, "BROKER_NOT_ACTIVE": 409, "STALE_EPOCH": 409,
     "NOT_SEALING": 409, "ALREADY_SEALED": 409, "IDEMPOTENCY_KEY_REUSED": 409, "TOO_MANY_BROKERS": 409,
-    "TOO_MANY_TOPICS": 409, "STALE_LEADER_EPOCH": 409, "NOT_ENOUGH_BROKERS": 409,
+    "TOO_MANY_TOPICS": 409, "STALE_LEADER_EPOCH": 409, "NOT_ENOUGH_BROKERS": 409, "OUT_OF_SCOPE": 409,
     "SEALING": 503,
 }
 
@@ -185,10 +185,13 @@ class Log:
         return err
 
     # shorthands
-    def register(self, broker: str, address: str | None = None, zone: str | None = None) -> int:
+    def register(self, broker: str, address: str | None = None, zone: str | None = None,
+                 cluster: str | None = None) -> int:
         cmd = {"type": "RegisterBroker", "broker": broker, "address": address or f"http://{broker}:7000"}
         if zone is not None:
             cmd["zone"] = zone
+        if cluster is not None:
+            cmd["cluster"] = cluster
         return self.ok(cmd)["epoch"]
 
     def epoch(self, broker: str) -> int:
