@@ -155,6 +155,20 @@ class AdminClient:
     async def brokers(self) -> list[dict[str, Any]]:
         return (await self._read("/v1/brokers"))["brokers"]
 
+    async def broker(self, broker: str) -> dict[str, Any]:
+        """One broker as the list has it, with ``heads``, ``holding`` (heads it holds a copy of: what a drain still
+        moves) and ``sealed_copies``."""
+        return await self._read(f"/v1/brokers/{quote(broker, safe='')}")
+
+    async def drain_broker(self, broker: str, draining: bool = True,
+                           to: Sequence[str] | None = None) -> dict[str, Any]:
+        """``{"broker","draining","to","remaining","version"}``: start (or stop) moving the head copies ``broker``
+        holds onto others, ``to`` first when named."""
+        body: dict[str, Any] = {"draining": draining}
+        if to is not None:
+            body["to"] = list(to)
+        return await self._write("POST", f"/v1/brokers/{quote(broker, safe='')}/drain", body)
+
     async def cluster(self) -> dict[str, Any]:
         """The answering node's view: node, role, leader, term, commit_index, applied_version, members. Always its
         own state: the view is what tells an operator there is no leader."""

@@ -83,6 +83,21 @@ def _scope(value) -> None:
         raise invalid("scope names a cluster twice", field="scope")
 
 
+def _v_drain_broker(c):
+    _name(c.get("broker"), "broker", limits.BROKER_NAME_CHARS_MAX)
+    if not isinstance(c.get("draining"), bool):
+        raise invalid("draining must be true or false", field="draining")
+    if c.get("to") is not None:
+        _broker_list(c["to"])
+        if c["broker"] in c["to"]:
+            raise invalid("a broker cannot be drained onto itself", field="to")
+
+
+def _v_drain_step(c):
+    _name(c.get("broker"), "broker", limits.BROKER_NAME_CHARS_MAX)
+    _int(c.get("queues_max"), "queues_max", 1, limits.DRAIN_QUEUES_PER_STEP_MAX)
+
+
 def _v_broker_epoch(c):
     _name(c.get("broker"), "broker", limits.BROKER_NAME_CHARS_MAX)
     _int(c.get("epoch"), "epoch", 1, 2**62)
@@ -315,6 +330,8 @@ def _v_group_config(c):
 
 VALIDATORS = {
     "RegisterBroker": _v_register_broker,
+    "DrainBroker": _v_drain_broker,
+    "DrainStep": _v_drain_step,
     "FenceBroker": _v_fence_broker,
     "UnfenceBroker": _v_broker_epoch,
     "GrantOffsetBudget": _v_grant_budget,

@@ -33,6 +33,11 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "broker": "broker name",
         "epoch": "the session epoch that heartbeats again",
     }),
+    "BrokerDrainChanged": (1, {
+        "broker": "broker name",
+        "draining": "true while the copies it holds move off it (no new copy is placed on it); false stops that",
+        "to": "the brokers its copies go to first (stator broker replace B --with C), or null",
+    }),
     "OffsetBudgetGranted": (1, {
         "topic": "topic name", "queue": "logic queue id", "gen": "segment generation",
         "broker": "broker hosting the segment",
@@ -89,7 +94,8 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "in_sync": "replicas the leader waits for before it acknowledges (the leader among them)",
         "cause": "'remap', 'grow', 'failover' (the previous leader was fenced; an in-sync replica leads), 'restart' "
                  "(the leader registered again with no in-sync copy to take over: it leads on in a new gen) or "
-                 "'unclean' (an operator elected an out-of-sync replica: what it missed is lost)",
+                 "'unclean' (an operator elected an out-of-sync replica: what it missed is lost) or 'drain' (the "
+                 "head's copies moved off a broker being drained)",
     }),
     "InSyncChanged": (1, {
         "topic": "topic name", "queue": "logic queue id", "gen": "generation (the leader epoch it was asked in)",
@@ -133,7 +139,7 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
 
 # Each event's domain, named (tests/test_deciders.py: every event in exactly one). The image replays each domain's
 # events in its own section (meta/image.py's *_REPLAYS); the projection and the export keep a group's events apart.
-BROKER_EVENTS = frozenset({"BrokerRegistered", "BrokerFenced", "BrokerUnfenced"})
+BROKER_EVENTS = frozenset({"BrokerRegistered", "BrokerFenced", "BrokerUnfenced", "BrokerDrainChanged"})
 # Topics and their segments: each names its topic, and changes that topic's route (and version).
 TOPIC_EVENTS = frozenset({
     "TopicCreated", "TopicGrown", "TopicConfigChanged", "TopicDeleted",

@@ -221,7 +221,8 @@ class Image:
         old = self.data["brokers"].get(e["broker"])
         self.data["brokers"][e["broker"]] = {
             "broker": e["broker"], "address": e["address"], "zone": e["zone"], "cluster": e["cluster"],
-            "epoch": e["epoch"],
+            "epoch": e["epoch"], "draining": old["draining"] if old else False,
+            "drain_to": old["drain_to"] if old else None,
             "state": "active", "registered_ms": ts, "last_seen_ms": ts}
         if old is not None and (old["address"] != e["address"] or old["state"] != "active"):
             return set(self.topics_on(e["broker"]))
@@ -237,6 +238,11 @@ class Image:
         b["state"] = "active"
         b["last_seen_ms"] = ts
         return set(self.topics_on(e["broker"]))
+
+    def _on_BrokerDrainChanged(self, e, ts):
+        b = self.data["brokers"][e["broker"]]
+        b["draining"], b["drain_to"] = e["draining"], e["to"]
+        return None
 
     # -- replay of topics' and segments' events (TOPIC_REPLAYS) ---------------------------------------------------
     def _on_TopicCreated(self, e, ts):
@@ -392,6 +398,7 @@ BROKER_REPLAYS = {
     "BrokerRegistered": Image._on_BrokerRegistered,
     "BrokerFenced": Image._on_BrokerFenced,
     "BrokerUnfenced": Image._on_BrokerUnfenced,
+    "BrokerDrainChanged": Image._on_BrokerDrainChanged,
 }
 TOPIC_REPLAYS = {
     "TopicCreated": Image._on_TopicCreated,

@@ -29,6 +29,8 @@ REPLICAS_MAX = 5
 CLUSTER_DEFAULT = "DefaultCluster"
 SCOPE_GLOBAL = "global"
 SCOPE_CLUSTERS_MAX = 16
+# A drain (issue 37) moves a broker's heads off it a step at a time: each step one command, at most this many queues
+DRAIN_QUEUES_PER_STEP_MAX = 1_000
 REPLICAS_DEFAULT = 3
 MIN_INSYNC_DEFAULT = 2
 IN_SYNC_CHANGES_MAX = 10_000     # changes one POST /v1/brokers/{b}/in-sync (one command) carries

@@ -28,6 +28,7 @@ from .commands import validate
 from .config import Member, MetaConfig
 from .forwarder import Answer, LeaderForwarder
 from .group_sessions import GroupSessions
+from .drains import Drainer
 from .log import Log
 from .projection_follower import ProjectionFollower
 from .raft.node import LoopBridge, MetaSyncObj, RaftNode
@@ -87,6 +88,7 @@ class MetaService:
         self.forwarder = LeaderForwarder(config, self.log)
         self.brokers = BrokerSessions(config, self.reads, self.log)
         self.groups = GroupSessions(self.reads, self.log)
+        self.drains = Drainer(self.reads, self.log)
         self.route_warmer = RouteWarmer(self.reads, self.feed)
         peers = [m.url for m in config.members if m.node != config.node]
         self.projection = ProjectionFollower(config.projection_url, node=config.node, log_level=config.log_level,
@@ -108,6 +110,7 @@ class MetaService:
         set_position_provider(lambda: {"term": self.log.term(), "version": self.log.data_version()})
         self._tasks = [asyncio.create_task(self.brokers.run(), name="broker-sessions"),
                        asyncio.create_task(self.groups.run(), name="group-leases"),
+                       asyncio.create_task(self.drains.run(), name="drains"),
                        asyncio.create_task(self.projection.run(), name="projection"),
                        asyncio.create_task(self.route_warmer.run(), name="route-warmer")]
         log.info("meta_started", node=self.config.node, raft=self.config.raft)

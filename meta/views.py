@@ -87,10 +87,24 @@ def heads_held(image: Image) -> dict[str, int]:
     return held
 
 
+def broker_holdings(image: Image, broker: str) -> dict[str, int]:
+    """What a broker holds, for ``stator broker describe`` and a drain's progress: the heads it leads, the heads it
+    holds a copy of (leader or not: what a drain still moves), and the older segments it holds a copy of (read
+    there; a drain leaves them)."""
+    heads = holding = sealed = 0
+    for name in image.topics_on(broker):
+        for entry in image.topics[name]["chains"]:
+            segs = chains.segments(entry)
+            heads += segs[-1][chains.BROKER] == broker
+            holding += broker in segs[-1][chains.REPLICAS]
+            sealed += sum(1 for s in segs[:-1] if broker in s[chains.REPLICAS])
+    return {"heads": heads, "holding": holding, "sealed_copies": sealed}
+
+
 def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, Any]:
     """``last_heartbeat_ms``: when the leader last heard the broker (wall clock), None when not known."""
     return {"broker": b["broker"], "address": b["address"], "zone": b["zone"], "cluster": b["cluster"],
-            "epoch": b["epoch"],
+            "draining": b["draining"], "drain_to": b["drain_to"], "epoch": b["epoch"],
             "state": b["state"], "last_heartbeat_ms": last_heartbeat_ms}
 
 

@@ -107,7 +107,9 @@ def meta_rebuild_projection(config_path: str, from_peer: str | None, from_export
     click.echo(json.dumps({"rebuilt": True, **result}))
 
 
-@main.group(cls=GlobalOptionsGroup, lazy={"list": "ops.admin.broker:list_brokers"})
+@main.group(cls=GlobalOptionsGroup, lazy={"list": "ops.admin.broker:list_brokers",
+                                          "describe": "ops.admin.broker:describe",
+                                          "drain": "ops.admin.broker:drain", "replace": "ops.admin.broker:replace"})
 def broker() -> None:
     """Data-only brokers."""
 

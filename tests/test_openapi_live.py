@@ -92,6 +92,11 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
         listed = await call("GET", "/v1/brokers?include=heads", "client", expect=200)
         assert {b["broker"]: b["heads"] for b in listed["brokers"]} == {n: heads.get(n, 0) for n in names}, listed
         await call("GET", "/v1/brokers?include=nope", "client", expect=400)
+        described = await call("GET", "/v1/brokers/{broker}", "client", expect=200, broker=names[0])
+        assert described["heads"] == heads.get(names[0], 0) and described["draining"] is False, described
+        await call("GET", "/v1/brokers/{broker}", "client", expect=404, broker="nope")
+        await call("POST", "/v1/brokers/{broker}/drain", json_body={"draining": "yes"}, expect=400, broker=names[0])
+        await call("POST", "/v1/brokers/{broker}/drain", json_body={"draining": False}, expect=200, broker=names[0])
         await call("GET", "/v1/cluster", "client", expect=200)
         await call("GET", "/v1/history", "client", expect=200)
         await call("GET", "/v1/admin/image-digest", expect=200)

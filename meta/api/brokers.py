@@ -13,7 +13,7 @@ from .. import chains, views
 from ..commands import validate
 from runtime.credentials import act_for
 from runtime.server import requires
-from wire.errors import invalid
+from wire.errors import invalid, rejection
 from wire.params import int_in
 
 from . import models
@@ -204,8 +204,33 @@ async def _heartbeats(request: web.Request) -> Callable[[str], int | None]:
             and isinstance(b.get("broker"), str)}.get
 
 
+@requires("admin")
+async def drain(request: web.Request) -> web.Response:
+    """Start or stop a drain of the broker (meta/drains.py); ``to``: the brokers its copies go to first."""
+    body = await body_of(request, models.DrainBroker)
+    return await submit(request, {"type": "DrainBroker", "broker": request.match_info["broker"],
+                                  "draining": body["draining"], "to": body.get("to")})
+
+
+@requires("client", "broker")
+async def describe(request: web.Request) -> web.Response:
+    svc = service(request)
+    name = request.match_info["broker"]
+    await svc.reads.before_read(request.query)
+    heard = await _heartbeats(request)
+
+    def look(im):
+        b = im.brokers.get(name)
+        if b is None:
+            raise rejection(404, "BROKER_NOT_FOUND", f"broker {name!r} is not registered", broker=name)
+        return {**views.broker_view(b, heard(name)), **views.broker_holdings(im, name)}
+    return respond(svc.read(look))
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_put("/v1/brokers/{broker}", register)
+    app.router.add_get("/v1/brokers/{broker}", describe)
+    app.router.add_post("/v1/brokers/{broker}/drain", drain)
     app.router.add_post("/v1/brokers/{broker}/heartbeat", heartbeat)
     app.router.add_post("/v1/brokers/{broker}/seal", seal)
     app.router.add_post("/v1/brokers/{broker}/seals", seal_many)

@@ -17,6 +17,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Inf
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .. import chains
+from ..deciders.replicas import heads_holding
 
 BROKER_STATES = ("active", "fenced")
 ROLES = ("leader", "follower", "candidate")
@@ -172,7 +173,15 @@ class NodeStateCollector:
             moves = sum(1 for t in topics for e in t["chains"] if chains.head(e)[chains.LOGIC_START] is None)
             return states, seals, moves, True
 
+        def drains(image) -> dict[str, int]:
+            return {b: len(heads_holding(image, b)) for b, v in image.brokers.items() if v["draining"]}
+
         states, seals, moves, scanned = self.svc.read(look)
+        draining = GaugeMetricFamily("stator_meta_drain_remaining_heads", "Heads a broker being drained still holds "
+                                     "a copy of (0: drained)", labels=["broker"])
+        for broker, left in sorted(self.svc.read(drains).items()):
+            draining.add_metric([broker], left)
+        yield draining
         brokers = GaugeMetricFamily("stator_meta_brokers", "Registered brokers by state", labels=["state"])
         for state, n in sorted(states.items()):
             brokers.add_metric([state], n)

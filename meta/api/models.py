@@ -48,6 +48,12 @@ class RegisterBroker(TypedDict):
 
 
 @with_config(STRICT)
+class DrainBroker(TypedDict):
+    draining: bool   # false stops a drain (what moved stays moved)
+    to: NotRequired[Annotated[list[Name], Field(min_length=1, max_length=limits.BROKERS_MAX)] | None]
+
+
+@with_config(STRICT)
 class BrokerHeartbeat(TypedDict):
     epoch: Epoch
     queues: NotRequired[Annotated[dict[str, Annotated[int, Field(ge=0)]],
@@ -220,10 +226,18 @@ class Broker(TypedDict):
     address: str
     zone: str | None
     cluster: str
+    draining: bool              # its head copies move off it (stator broker drain); no new copy is placed on it
+    drain_to: list[str] | None  # the brokers they go to first (stator broker replace)
     epoch: int
     state: Literal["active", "fenced"]
     last_heartbeat_ms: int | None
     heads: NotRequired[int]    # with ?include=heads: the logic queues whose head segment it holds
+
+
+@with_config(OPEN)
+class BrokerDetail(Broker):
+    holding: int          # heads it holds a copy of, leader or not: what a drain still moves
+    sealed_copies: int    # older segments it holds a copy of: read there, left by a drain
 
 
 @with_config(OPEN)

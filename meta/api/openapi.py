@@ -66,7 +66,14 @@ SPEC: dict[str, Any] = {
             _q("include", "string", "heads: also how many logic queues each holds the head of (one pass over every "
                "queue)"), *_READ], answer=M.Brokers)},
         "/v1/brokers/{broker}": {"put": _op("Register a broker (new epoch)", roles=_THIS_BROKER, params=[_p("broker")],
-                                            body=M.RegisterBroker)},
+                                            body=M.RegisterBroker),
+                                 "get": _op("Describe a broker: its heads, the heads it holds a copy of (what a drain "
+                                            "still moves), its older segments' copies", params=[_p("broker"), *_READ],
+                                            answer=M.BrokerDetail)},
+        "/v1/brokers/{broker}/drain": {"post": _op(
+            "Start (draining true) or stop a drain: the heads the broker holds a copy of move, a step at a time, to new "
+            "gens copied elsewhere (to: those brokers first)", roles="admin", params=[_p("broker")],
+            body=M.DrainBroker)},
         "/v1/brokers/{broker}/heartbeat": {"post": _op("Broker heartbeat", roles=_THIS_BROKER, params=[_p("broker")],
                                                        body=M.BrokerHeartbeat, answer=M.BrokerHeartbeatAnswer)},
         "/v1/brokers/{broker}/seal": {"post": _op("Report a sealed segment's end", roles=_THIS_BROKER,

@@ -16,7 +16,7 @@ from ..image import Image
 from wire.errors import rejection
 from . import Decider
 from .lookups import registered_broker
-from .replicas import broker_lost
+from .replicas import broker_lost, heads_holding, placeable
 
 
 # -- the commands ------------------------------------------------------------------------------------------------
@@ -30,6 +30,28 @@ def register(image: Image, c, ts, budget):
     # Registered again: it restarted, maybe on a new disk; what it held counts only once it has caught up.
     lost = broker_lost(image, c["broker"], budget, fenced=False) if old is not None else []
     return [ev, *lost], {"broker": c["broker"], "epoch": epoch}
+
+
+def drain(image: Image, c, ts, budget):
+    """Start (or stop) moving every head copy a broker holds onto others (issue 37; the moves are DrainStep's). Refused
+    409 NOT_ENOUGH_BROKERS when a topic it holds copies of could not keep its count of copies without it."""
+    name = c["broker"]
+    b = registered_broker(image, name)
+    to = c.get("to") if c["draining"] else None
+    for other in to or ():
+        registered_broker(image, other)
+    if c["draining"]:
+        for topic in image.topics_on(name):
+            t = image.topics[topic]
+            left = [x for x in placeable(image, t["scope"]) if x != name]
+            if len(left) < t["replicas"]:
+                raise rejection(409, "NOT_ENOUGH_BROKERS", f"{topic!r} keeps {t['replicas']} copies of each queue; "
+                                f"without {name!r} its scope has {len(left)} brokers to place them on",
+                                topic=topic, replicas=t["replicas"], brokers=len(left))
+    result = {"broker": name, "draining": c["draining"], "to": to, "remaining": len(heads_holding(image, name))}
+    if (b["draining"], b["drain_to"]) == (c["draining"], to):
+        return [], result
+    return [make("BrokerDrainChanged", broker=name, draining=c["draining"], to=to)], result
 
 
 def fence(image: Image, c, ts, budget):
@@ -70,4 +92,5 @@ DECIDERS: dict[str, Decider] = {
     "FenceBroker": fence,
     "UnfenceBroker": unfence,
     "GrantOffsetBudget": grant_budget,
+    "DrainBroker": drain,
 }

@@ -52,6 +52,18 @@ def active(image: Image, scope: list[str] | str = limits.SCOPE_GLOBAL) -> list[s
     return sorted(b for b, v in image.brokers.items() if v["state"] == "active" and in_scope(v, scope))
 
 
+def placeable(image: Image, scope: list[str] | str = limits.SCOPE_GLOBAL) -> list[str]:
+    """The active brokers of ``scope`` a new leader or copy may go to: not those being drained."""
+    return [b for b in active(image, scope) if not image.brokers[b]["draining"]]
+
+
+def heads_holding(image: Image, broker: str) -> list[tuple[str, int]]:
+    """(topic, queue) of every head ``broker`` holds a copy of, leader or not: what a drain of it still has to move."""
+    return [(name, q) for name in image.topics_on(broker)
+            for q, entry in enumerate(image.topics[name]["chains"])
+            if broker in chains.head(entry)[chains.REPLICAS]]
+
+
 def in_scope(broker: dict[str, Any], scope: list[str] | str) -> bool:
     return scope == limits.SCOPE_GLOBAL or broker["cluster"] in scope
 
@@ -75,10 +87,11 @@ def replica_set(image: Image, t: dict[str, Any], leader: str, preferred: list[st
     two lost disks then lost what it held while a third broker was back and empty-handed (the chaos runner's
     broker_wipe, seed 7)."""
     want = t["replicas"] - 1
-    live = set(active(image, t["scope"]))
+    live = set(placeable(image, t["scope"]))
     where = zones(image)
     chosen: list[str] = []
-    held = sorted(b for b, v in image.brokers.items() if b not in live and in_scope(v, t["scope"]))
+    held = sorted(b for b, v in image.brokers.items()
+                  if v["state"] != "active" and not v["draining"] and in_scope(v, t["scope"]))
     for pool in ([b for b in preferred if b in live], sorted(live), held):
         if len(chosen) < want:
             more = allocation.followers(leader, want, [b for b in pool if b not in chosen], where)

@@ -14,9 +14,9 @@ from ..events import make
 from ..image import Image
 from wire.errors import invalid, rejection
 from . import Decider, Events, expect_version
-from .lookups import active_brokers, existing_topic, seal_at_budget
+from .lookups import active_brokers, existing_topic, registered_broker, seal_at_budget
 from .groups import topic_changed
-from .replicas import active, in_sync_of, replica_set, scoped, settings
+from .replicas import heads_holding, in_sync_of, placeable, replica_set, scoped, settings
 
 
 def writable_head(t: dict[str, Any], queue: int) -> dict[str, Any]:
@@ -71,13 +71,13 @@ def create(image: Image, c, ts, budget):
     if c.get("brokers"):
         brokers = active_brokers(image, scoped(image, scope, c["brokers"]))
     else:
-        brokers = active(image, scope)
+        brokers = placeable(image, scope)
         if not brokers:
             raise rejection(409, "NO_BROKERS", "no active broker to place the topic on" +
                             ("" if scope == limits.SCOPE_GLOBAL else f" in its scope {scope}"), scope=scope)
     # ``brokers`` says where the queues are led; their copies may go to any active broker of the scope, spread over
     # zones
-    replicas, min_insync = settings(image, c, len(active(image, scope)))
+    replicas, min_insync = settings(image, c, len(placeable(image, scope)))
     slots = c.get("slots", limits.SLOTS_DEFAULT)
     incarnation = image.version + 1
     leaders = allocation.balanced_assignment(range(c["queues"]), brokers, image.data["load"])
@@ -105,9 +105,9 @@ def grow(image: Image, c, ts, budget):
     split_queues = sorted({old for _, old in splits})
     heads = {q: writable_head(t, q) for q in split_queues}
     hosts = sorted({b for b in {chains.head(e)[chains.BROKER] for e in t["chains"]}
-                    if image.brokers[b]["state"] == "active"})
+                    if image.brokers[b]["state"] == "active" and not image.brokers[b]["draining"]})
     if not hosts:
-        hosts = active(image, t["scope"])
+        hosts = placeable(image, t["scope"])
     if not hosts:
         raise rejection(409, "NO_BROKERS", "no active broker to place the new queues on", scope=t["scope"])
     placement = allocation.balanced_assignment(range(t["queues"], new_count), hosts, image.data["load"])
@@ -162,10 +162,44 @@ def remap(image: Image, c, ts, budget):
     return events, {"topic": t["topic"], "moved": moved}
 
 
+def drain_step(image: Image, c, ts, budget):
+    """One step of a drain: up to ``queues_max`` heads that hold a copy on the draining broker move (seal-then-switch,
+    cause "drain") to a new gen whose copies are elsewhere: the same leader when it is not the broker, else the first
+    of the drain's ``to``, then of the head's in-sync copies, that may take copies. The new gen starts empty, so its
+    copies are in sync at once; what the old gens hold stays where it is and is read there. A head being sealed, or
+    whose leader is fenced (a failover moves it), waits for a later step. No-op once the drain is stopped."""
+    name = c["broker"]
+    b = registered_broker(image, name)
+    holding = heads_holding(image, name)
+    if not b["draining"]:
+        return [], {"broker": name, "moved": [], "remaining": len(holding)}
+    events: Events = []
+    moved = []
+    for topic, q in holding:
+        if len(moved) >= c["queues_max"]:
+            break
+        t = image.topics[topic]
+        head = chains.head_of(t, q)
+        if head["state"] != "active" or head["logic_start"] is None \
+                or image.brokers[head["broker"]]["state"] != "active":
+            continue
+        ok = set(placeable(image, t["scope"])) - {name}
+        leader = head["broker"]
+        if leader not in ok:
+            leader = next((x for x in [*(b["drain_to"] or ()), *head["in_sync"], *sorted(ok)] if x in ok), None)
+            if leader is None:
+                continue
+        preferred = [x for x in [*(b["drain_to"] or ()), *head["replicas"]] if x in ok]
+        events += move(image, t, q, leader, "drain", budget, preferred)
+        moved.append({"topic": topic, "queue": q, "from": head["broker"], "to": leader, "gen": head["gen"] + 1})
+    return events, {"broker": name, "moved": moved, "remaining": len(holding) - len(moved)}
+
+
 DECIDERS: dict[str, Decider] = {
     "CreateTopic": create,
     "GrowTopic": grow,
     "SetTopicConfig": set_config,
     "DeleteTopic": delete,
     "RemapTopic": remap,
+    "DrainStep": drain_step,
 }

@@ -129,6 +129,8 @@ def _kept_in_history_only(version: int, ts: int, d: dict[str, Any]) -> Iterator[
 FOLDS.update({name: _kept_in_history_only for name in sorted(GROUP_EVENTS)})
 # Who is in sync changes often and matters only now: the route shows it, the history keeps every change.
 FOLDS["InSyncChanged"] = _kept_in_history_only
+# A drain's mark matters only while it runs: the broker listing shows it, the history keeps every change.
+FOLDS["BrokerDrainChanged"] = _kept_in_history_only
 
 
 @dataclass
