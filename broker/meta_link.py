@@ -79,6 +79,9 @@ class MetaLink:
         self.on_route_applied: Callable[[str], None] = lambda topic: None
         # told after each registration (the node sets it: the sealed copies this broker must catch up)
         self.on_registered: Callable[[], None] = lambda: None
+        # A sealed copy was placed here (the heartbeat's copies_version grew): the node lists them again
+        self.on_copies_placed: Callable[[], None] = lambda: None
+        self._copies_version = 0
         self._heartbeats = heartbeats
         self._to_seal: dict[str, Segment] = {}   # physical queue -> a sealing segment whose end meta has not recorded
         self._seal_wanted = asyncio.Event()
@@ -142,6 +145,14 @@ class MetaLink:
             raise RuntimeError(f"sealed copies refused: {answer.status} {str(answer.body)[:300]}")
         return answer.body
 
+    async def copies_held(self, copies: list[dict[str, Any]]) -> None:
+        """Tell meta this broker holds these sealed copies whole (POST /v1/brokers/{b}/copies-held); a refusal is
+        logged: the next listing (a registration, another copy placed here) tells it again."""
+        answer = await self._call("POST", f"/v1/brokers/{self.broker}/copies-held",
+                                  {"epoch": self.session.epoch, "copies": copies})
+        if answer.status != 200:
+            log.info("copies_held_refused", status=answer.status, body=str(answer.body)[:300])
+
     async def _heartbeat(self) -> None:
         s = self.session
         if s.epoch is None:
@@ -164,6 +175,9 @@ class MetaLink:
             s.budget_grant = body.get("budget_grant", s.budget_grant)
             s.session_timeout_ms = body.get("session_timeout_ms", s.session_timeout_ms)
             s.heartbeat_interval_ms = body.get("heartbeat_interval_ms", s.heartbeat_interval_ms)
+            if body.get("copies_version", 0) > self._copies_version:
+                self._copies_version = body["copies_version"]
+                self.on_copies_placed()
         elif code in ("STALE_EPOCH", "BROKER_NOT_FOUND"):
             s.epoch = None  # register again with a new epoch on the next beat
             s.beat_soon()

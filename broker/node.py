@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from wire.tls import client_context
 
+from .chores import Chores
 from .config import SYNC_SCOPE_FILESYSTEM, BrokerConfig
 from .fencing import FencingGate
 from .locks import Barriers, LockTable
@@ -91,9 +92,13 @@ class BrokerNode:
                                      self.link.peer_down)
         self.link.on_route_applied = self._route_applied
         self.link.on_registered = lambda: self.replicator.recover(self.link.sealed_copies)
+        self.link.on_copies_placed = self.link.on_registered
+        self.replicator.on_whole = lambda seg, end: self._chores.spawn(self.link.copies_held(
+            [{"topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "end": end}]), "report a copy held")
         self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
         self.gate = FencingGate(self.locks, self.barriers, self.routes)   # every fenced read and commit asks it
         self._tasks: list[asyncio.Task] = []
+        self._chores = Chores("node_chore_failed")   # reports of sealed copies held whole
 
     def _check_pop_copies(self, topic: str, queue: int, what: str) -> None:
         head = self.routes.head(topic, queue)
@@ -145,6 +150,7 @@ class BrokerNode:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._chores.cancel_all()
         await self.pop.stop()
         self.writer.offset_copies.stop()
         await self.link.stop()

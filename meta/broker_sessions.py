@@ -94,6 +94,7 @@ class BrokerSessions:
                     grants.append({"topic": topic, "queue": q, "gen": gen, "budget_end": max_offset + grant})
             return b["state"], grants
         state, grants = self.reads.read(look)
+        copies_version = self.reads.read(lambda im: im.brokers[broker]["copies_version"])
         self.tracker.heartbeat(broker, epoch, _monotonic_ms(), int(time.time() * 1000))
         if state == "fenced":
             answer(await self.log.propose({"type": "UnfenceBroker", "broker": broker, "epoch": epoch}, None,
@@ -112,7 +113,7 @@ class BrokerSessions:
         version, budgets = self.reads.read(granted)
         return {"state": "active", "version": version, "budgets": budgets, "budget_grant": grant,
                 "heartbeat_interval_ms": self.config.heartbeat_interval_ms,
-                "session_timeout_ms": self.config.session_timeout_ms}
+                "session_timeout_ms": self.config.session_timeout_ms, "copies_version": copies_version}
 
     async def peer_down(self, reporter: str, epoch: int, peer: str) -> dict[str, Any]:
         """Leader only. ``reporter`` (at its session ``epoch``) could not reach ``peer``: when ``peer``'s address

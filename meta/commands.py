@@ -98,6 +98,20 @@ def _v_drain_step(c):
     _int(c.get("queues_max"), "queues_max", 1, limits.DRAIN_QUEUES_PER_STEP_MAX)
 
 
+def _v_copies_held(c):
+    _v_broker_epoch(c)
+    copies = c.get("copies")
+    if not isinstance(copies, list) or not 1 <= len(copies) <= limits.SEALS_PER_REPORT_MAX:
+        raise invalid(f"copies must be a list of 1 to {limits.SEALS_PER_REPORT_MAX} copies", field="copies")
+    for h in copies:
+        if not isinstance(h, dict) or set(h) != {"topic", "queue", "gen", "end"}:
+            raise invalid("each copy is {topic, queue, gen, end}", field="copies")
+        _name(h["topic"], "topic", limits.TOPIC_NAME_CHARS_MAX)
+        _int(h["queue"], "queue", 0, limits.QUEUES_PER_TOPIC_MAX - 1)
+        _int(h["gen"], "gen", 0, 2**62)
+        _int(h["end"], "end", 0, 2**62)
+
+
 def _v_broker_epoch(c):
     _name(c.get("broker"), "broker", limits.BROKER_NAME_CHARS_MAX)
     _int(c.get("epoch"), "epoch", 1, 2**62)
@@ -332,6 +346,7 @@ VALIDATORS = {
     "RegisterBroker": _v_register_broker,
     "DrainBroker": _v_drain_broker,
     "DrainStep": _v_drain_step,
+    "SealedCopiesHeld": _v_copies_held,
     "FenceBroker": _v_fence_broker,
     "UnfenceBroker": _v_broker_epoch,
     "GrantOffsetBudget": _v_grant_budget,

@@ -97,6 +97,13 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
                  "'unclean' (an operator elected an out-of-sync replica: what it missed is lost) or 'drain' (the "
                  "head's copies moved off a broker being drained)",
     }),
+    "SegmentCopiesChanged": (1, {
+        "topic": "topic name", "queue": "logic queue id", "gen": "segment generation (a sealed one)",
+        "replicas": "the brokers holding a copy of it now",
+        "in_sync": "of those, the ones holding it whole (reads ask them)",
+        "reason": "'moving' (a drain placed a copy on another broker, which catches it up) or 'moved' (that copy "
+                  "holds it whole: the draining broker's copy is no longer named)",
+    }),
     "InSyncChanged": (1, {
         "topic": "topic name", "queue": "logic queue id", "gen": "generation (the leader epoch it was asked in)",
         "in_sync": "the in-sync set after the change, leader first",
@@ -144,6 +151,7 @@ BROKER_EVENTS = frozenset({"BrokerRegistered", "BrokerFenced", "BrokerUnfenced",
 TOPIC_EVENTS = frozenset({
     "TopicCreated", "TopicGrown", "TopicConfigChanged", "TopicDeleted",
     "OffsetBudgetGranted", "SegmentSealing", "SegmentSealed", "SegmentOpened", "LogicStartDecided", "InSyncChanged",
+    "SegmentCopiesChanged",
 })
 # Consumer groups and their locks: each names its group, and changes the group, never a topic's route, even when it
 # names a topic too (image.replay keys them by group).

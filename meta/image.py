@@ -222,7 +222,7 @@ class Image:
         self.data["brokers"][e["broker"]] = {
             "broker": e["broker"], "address": e["address"], "zone": e["zone"], "cluster": e["cluster"],
             "epoch": e["epoch"], "draining": old["draining"] if old else False,
-            "drain_to": old["drain_to"] if old else None,
+            "drain_to": old["drain_to"] if old else None, "copies_version": old["copies_version"] if old else 0,
             "state": "active", "registered_ms": ts, "last_seen_ms": ts}
         if old is not None and (old["address"] != e["address"] or old["state"] != "active"):
             return set(self.topics_on(e["broker"]))
@@ -311,6 +311,18 @@ class Image:
 
     def _on_InSyncChanged(self, e, ts):
         self._change_segment(e["topic"], e["queue"], e["gen"], in_sync=chains.names(e["in_sync"]))
+
+    def _on_SegmentCopiesChanged(self, e, ts):
+        t = self.data["topics"][e["topic"]]
+        seg = next(s for s in reversed(chains.segments(t["chains"][e["queue"]])) if s[chains.GEN] == e["gen"])
+        old, new = set(seg[chains.REPLICAS]), set(e["replicas"])
+        for b in sorted(new - old):
+            self._host(b, e["topic"], 1)
+            self.data["brokers"][b]["copies_version"] += 1   # its heartbeat answer tells it to catch the copy up
+        for b in sorted(old - new):
+            self._host(b, e["topic"], -1)
+        self._change_segment(e["topic"], e["queue"], e["gen"], replicas=chains.names(e["replicas"]),
+                             in_sync=chains.names(e["in_sync"]))
 
     def _on_LogicStartDecided(self, e, ts):
         t = self.data["topics"][e["topic"]]
@@ -411,6 +423,7 @@ TOPIC_REPLAYS = {
     "SegmentOpened": Image._on_SegmentOpened,
     "LogicStartDecided": Image._on_LogicStartDecided,
     "InSyncChanged": Image._on_InSyncChanged,
+    "SegmentCopiesChanged": Image._on_SegmentCopiesChanged,
 }
 GROUP_REPLAYS = {
     "GroupMemberJoined": Image._on_GroupMemberJoined,

@@ -97,6 +97,8 @@ async def test_live_answers_match_the_spec(tmp_path, served_spec):
         await call("GET", "/v1/brokers/{broker}", "client", expect=404, broker="nope")
         await call("POST", "/v1/brokers/{broker}/drain", json_body={"draining": "yes"}, expect=400, broker=names[0])
         await call("POST", "/v1/brokers/{broker}/drain", json_body={"draining": False}, expect=200, broker=names[0])
+        await call("POST", "/v1/brokers/{broker}/copies-held", "broker", json_body={"epoch": 1, "copies": []},
+                   expect=400, broker=names[0])
         await call("GET", "/v1/cluster", "client", expect=200)
         await call("GET", "/v1/history", "client", expect=200)
         await call("GET", "/v1/admin/image-digest", expect=200)

@@ -86,6 +86,10 @@ class Replicator:
         self._older: dict[str, Segment] = {}
         self._older_addresses: dict[str, str] = {}
         self._listing: asyncio.Task | None = None
+        self._relist = False   # asked to list again while a listing ran (a drain placed another copy here)
+        # A sealed copy this broker holds whole that meta does not count in sync yet (a drain placed it here): told
+        # to meta (MetaLink.copy_held), which then names it instead of the draining broker's
+        self.on_whole: Callable[[Segment, int], None] = lambda seg, end: None
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(connector=connector(self._ssl_context),
@@ -121,6 +125,8 @@ class Replicator:
         ones included. ``listing``: a page of them after a cursor (MetaLink.sealed_copies)."""
         if self._listing is None or self._listing.done():
             self._listing = asyncio.create_task(self._recover(listing), name="replica-recover")
+        else:
+            self._relist = True
 
     async def _recover(self, listing: Callable[[str | None], Awaitable[dict]]) -> None:
         after, failures = None, 0
@@ -138,6 +144,7 @@ class Replicator:
             self._older_addresses.update(page["addresses"])
             for c in page["copies"]:
                 seg = segment_of(c["topic"], c["queue"], c["segment"])
+                self._tell_if_whole(seg)
                 if self.routes.held(seg.physical_queue) is None and self._wanted(seg):
                     while len(self._catching_up) >= CATCH_UPS_MAX:   # the rest wait for a free slot, not dropped
                         await asyncio.sleep(LISTING_SLOT_WAIT_S)
@@ -145,7 +152,15 @@ class Replicator:
                     self._start_catch_up(seg.physical_queue)
             after = page["next"]
             if after is None:
-                return
+                if not self._relist:
+                    return
+                self._relist = False
+
+    def _tell_if_whole(self, seg: Segment) -> None:
+        end = physical_end(seg)
+        if seg.state == "sealed" and self.me not in seg.in_sync and end is not None \
+                and self.writer.max_physical(seg) >= end:
+            self.on_whole(seg, end)
 
     def _start_catch_up(self, pq: str) -> None:
         if pq not in self._catching_up and len(self._catching_up) < CATCH_UPS_MAX:
@@ -177,6 +192,8 @@ class Replicator:
                 seg = self.routes.held(pq) or self._older.get(pq)
                 if seg is None or seg.state != "sealed" or not self._wanted(seg):
                     self._older.pop(pq, None)
+                    if seg is not None:
+                        self._tell_if_whole(seg)
                     return
                 took = False
                 for b in holders(seg, self.me):

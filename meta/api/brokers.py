@@ -204,6 +204,15 @@ async def _heartbeats(request: web.Request) -> Callable[[str], int | None]:
             and isinstance(b.get("broker"), str)}.get
 
 
+@requires("broker")
+async def copies_held(request: web.Request) -> web.Response:
+    """The broker holds whole copies of sealed segments a drain placed on it (``SealedCopiesHeld``)."""
+    broker = _broker(request)
+    body = await body_of(request, models.CopiesHeld)
+    return await submit(request, {"type": "SealedCopiesHeld", "broker": broker, "epoch": body["epoch"],
+                                  "copies": body["copies"]})
+
+
 @requires("admin")
 async def drain(request: web.Request) -> web.Response:
     """Start or stop a drain of the broker (meta/drains.py); ``to``: the brokers its copies go to first."""
@@ -231,6 +240,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_put("/v1/brokers/{broker}", register)
     app.router.add_get("/v1/brokers/{broker}", describe)
     app.router.add_post("/v1/brokers/{broker}/drain", drain)
+    app.router.add_post("/v1/brokers/{broker}/copies-held", copies_held)
     app.router.add_post("/v1/brokers/{broker}/heartbeat", heartbeat)
     app.router.add_post("/v1/brokers/{broker}/seal", seal)
     app.router.add_post("/v1/brokers/{broker}/seals", seal_many)

@@ -48,6 +48,20 @@ class RegisterBroker(TypedDict):
 
 
 @with_config(STRICT)
+class HeldCopy(TypedDict):
+    topic: Name
+    queue: Queue
+    gen: Version
+    end: Version   # the physical end this broker holds of it
+
+
+@with_config(STRICT)
+class CopiesHeld(TypedDict):
+    epoch: Epoch
+    copies: Annotated[list[HeldCopy], Field(min_length=1, max_length=limits.SEALS_PER_REPORT_MAX)]
+
+
+@with_config(STRICT)
 class DrainBroker(TypedDict):
     draining: bool   # false stops a drain (what moved stays moved)
     to: NotRequired[Annotated[list[Name], Field(min_length=1, max_length=limits.BROKERS_MAX)] | None]
@@ -423,6 +437,7 @@ class BrokerHeartbeatAnswer(TypedDict):
     budget_grant: int
     heartbeat_interval_ms: int
     session_timeout_ms: int
+    copies_version: int   # grows when a sealed copy is placed on the broker: it then asks for the list again
 
 
 @with_config(OPEN)

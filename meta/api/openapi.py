@@ -70,6 +70,10 @@ SPEC: dict[str, Any] = {
                                  "get": _op("Describe a broker: its heads, the heads it holds a copy of (what a drain "
                                             "still moves), its older segments' copies", params=[_p("broker"), *_READ],
                                             answer=M.BrokerDetail)},
+        "/v1/brokers/{broker}/copies-held": {"post": _op(
+            "The broker holds whole copies of sealed segments a drain placed on it: it joins their in-sync sets, and "
+            "a draining broker's copy is no longer named", roles=_THIS_BROKER, params=[_p("broker")],
+            body=M.CopiesHeld)},
         "/v1/brokers/{broker}/drain": {"post": _op(
             "Start (draining true) or stop a drain: the heads the broker holds a copy of move, a step at a time, to new "
             "gens copied elsewhere (to: those brokers first)", roles="admin", params=[_p("broker")],

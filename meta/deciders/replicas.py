@@ -64,6 +64,14 @@ def heads_holding(image: Image, broker: str) -> list[tuple[str, int]]:
             if broker in chains.head(entry)[chains.REPLICAS]]
 
 
+def sealed_holding(image: Image, broker: str) -> list[tuple[str, int, chains.Segment]]:
+    """(topic, queue, segment) of every sealed segment ``broker`` holds a copy of."""
+    return [(name, q, s) for name in image.topics_on(broker)
+            for q, entry in enumerate(image.topics[name]["chains"])
+            for s in chains.segments(entry)[:-1]
+            if s[chains.STATE] == "sealed" and broker in s[chains.REPLICAS]]
+
+
 def in_scope(broker: dict[str, Any], scope: list[str] | str) -> bool:
     return scope == limits.SCOPE_GLOBAL or broker["cluster"] in scope
 

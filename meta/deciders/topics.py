@@ -16,7 +16,7 @@ from wire.errors import invalid, rejection
 from . import Decider, Events, expect_version
 from .lookups import active_brokers, existing_topic, registered_broker, seal_at_budget
 from .groups import topic_changed
-from .replicas import heads_holding, in_sync_of, placeable, replica_set, scoped, settings
+from .replicas import heads_holding, in_sync_of, placeable, replica_set, scoped, sealed_holding, settings
 
 
 def writable_head(t: dict[str, Any], queue: int) -> dict[str, Any]:
@@ -166,13 +166,16 @@ def drain_step(image: Image, c, ts, budget):
     """One step of a drain: up to ``queues_max`` heads that hold a copy on the draining broker move (seal-then-switch,
     cause "drain") to a new gen whose copies are elsewhere: the same leader when it is not the broker, else the first
     of the drain's ``to``, then of the head's in-sync copies, that may take copies. The new gen starts empty, so its
-    copies are in sync at once; what the old gens hold stays where it is and is read there. A head being sealed, or
-    whose leader is fenced (a failover moves it), waits for a later step. No-op once the drain is stopped."""
+    copies are in sync at once. Then each sealed segment it holds a copy of gets a copy on another broker (the
+    drain's ``to`` first) that catches it up and reports it whole (``copies_held``), one copy at a time per segment.
+    A head being sealed, or whose leader is fenced (a failover moves it), waits for a later step. No-op once the
+    drain is stopped."""
     name = c["broker"]
     b = registered_broker(image, name)
     holding = heads_holding(image, name)
     if not b["draining"]:
-        return [], {"broker": name, "moved": [], "remaining": len(holding)}
+        return [], {"broker": name, "moved": [], "copying": [], "remaining": len(holding),
+                    "sealed_remaining": len(sealed_holding(image, name))}
     events: Events = []
     moved = []
     for topic, q in holding:
@@ -192,7 +195,54 @@ def drain_step(image: Image, c, ts, budget):
         preferred = [x for x in [*(b["drain_to"] or ()), *head["replicas"]] if x in ok]
         events += move(image, t, q, leader, "drain", budget, preferred)
         moved.append({"topic": topic, "queue": q, "from": head["broker"], "to": leader, "gen": head["gen"] + 1})
-    return events, {"broker": name, "moved": moved, "remaining": len(holding) - len(moved)}
+    sealed = sealed_holding(image, name)
+    copying = []
+    for topic, q, seg in sealed:
+        if len(moved) + len(copying) >= c["queues_max"]:
+            break
+        if set(seg[chains.REPLICAS]) - set(seg[chains.IN_SYNC]):
+            continue   # a copy of it is being caught up already
+        t = image.topics[topic]
+        ok = [x for x in [*(b["drain_to"] or ()), *placeable(image, t["scope"])]
+              if x != name and x not in seg[chains.REPLICAS]]
+        if not ok:
+            continue
+        events.append(make("SegmentCopiesChanged", topic=topic, queue=q, gen=seg[chains.GEN],
+                           replicas=[*seg[chains.REPLICAS], ok[0]], in_sync=list(seg[chains.IN_SYNC]),
+                           reason="moving"))
+        copying.append({"topic": topic, "queue": q, "gen": seg[chains.GEN], "to": ok[0]})
+    return events, {"broker": name, "moved": moved, "copying": copying, "remaining": len(holding) - len(moved),
+                    "sealed_remaining": len(sealed)}
+
+
+def copies_held(image: Image, c, ts, budget):
+    """A broker holds whole copies of sealed segments a drain placed on it: it joins their in-sync set, and a draining
+    broker's copy of each is no longer named (its data stays on its disk; nothing reads it there again)."""
+    broker = c["broker"]
+    registered_broker(image, broker, c["epoch"])
+    events: Events = []
+    results = []
+    for h in c["copies"]:
+        t = image.topics.get(h["topic"])
+        seg = None
+        if t is not None and h["queue"] < t["queues"]:
+            seg = next((s for s in chains.segments(t["chains"][h["queue"]]) if s[chains.GEN] == h["gen"]), None)
+        if seg is None or seg[chains.STATE] != "sealed" or broker not in seg[chains.REPLICAS]:
+            results.append({**h, "outcome": "not_named"})
+            continue
+        end = seg[chains.PHYSICAL_START] + seg[chains.LOGIC_END] - seg[chains.LOGIC_START]
+        if h["end"] < end:
+            results.append({**h, "outcome": "short"})
+            continue
+        in_sync = [*seg[chains.IN_SYNC], broker] if broker not in seg[chains.IN_SYNC] else list(seg[chains.IN_SYNC])
+        dropped = [x for x in seg[chains.REPLICAS] if x != broker and image.brokers[x]["draining"]]
+        replicas = [x for x in seg[chains.REPLICAS] if x not in dropped]
+        in_sync = [x for x in in_sync if x not in dropped]
+        if (replicas, in_sync) != (list(seg[chains.REPLICAS]), list(seg[chains.IN_SYNC])):
+            events.append(make("SegmentCopiesChanged", topic=h["topic"], queue=h["queue"], gen=h["gen"],
+                               replicas=replicas, in_sync=in_sync, reason="moved"))
+        results.append({**h, "outcome": "held"})
+    return events, {"broker": broker, "copies": results}
 
 
 DECIDERS: dict[str, Decider] = {
@@ -202,4 +252,5 @@ DECIDERS: dict[str, Decider] = {
     "DeleteTopic": delete,
     "RemapTopic": remap,
     "DrainStep": drain_step,
+    "SealedCopiesHeld": copies_held,
 }

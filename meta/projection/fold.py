@@ -131,6 +131,7 @@ FOLDS.update({name: _kept_in_history_only for name in sorted(GROUP_EVENTS)})
 FOLDS["InSyncChanged"] = _kept_in_history_only
 # A drain's mark matters only while it runs: the broker listing shows it, the history keeps every change.
 FOLDS["BrokerDrainChanged"] = _kept_in_history_only
+FOLDS["SegmentCopiesChanged"] = _kept_in_history_only
 
 
 @dataclass

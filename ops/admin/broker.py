@@ -52,17 +52,20 @@ async def describe(name: str, g: Globals) -> None:
 async def _drain(name: str, draining: bool, to: list[str] | None, wait: float | None, g: Globals) -> None:
     async with g.admin() as admin:
         data = await admin.drain_broker(name, draining, to)
+        data["sealed_remaining"] = (await admin.broker(name))["sealed_copies"]
         if wait is not None and draining:
             deadline = asyncio.get_running_loop().time() + wait
-            while data["remaining"] and asyncio.get_running_loop().time() < deadline:
+            while (data["remaining"] or data["sealed_remaining"]) and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(DRAIN_POLL_S)
-                data = {**data, "remaining": (await admin.broker(name))["holding"]}
-            if data["remaining"]:
-                raise click.ClickException(f"{name} still holds {data['remaining']} head copies after {wait:g} s; "
-                                           "the drain goes on (stator broker describe shows how far)")
+                now = await admin.broker(name)
+                data = {**data, "remaining": now["holding"], "sealed_remaining": now["sealed_copies"]}
+            if data["remaining"] or data["sealed_remaining"]:
+                raise click.ClickException(f"{name} still holds {data['remaining']} head copies and "
+                                           f"{data['sealed_remaining']} older segments after {wait:g} s; the drain "
+                                           "goes on (stator broker describe shows how far)")
     output.emit(g.json, data, lambda d: output.fields([
         ("broker", d["broker"]), ("draining", "yes" if d["draining"] else "stopped"), ("onto first", d.get("to")),
-        ("head copies left", d["remaining"])]))
+        ("head copies left", d["remaining"]), ("older segments left", d["sealed_remaining"])]))
 
 
 @click.command("drain")
@@ -72,8 +75,9 @@ async def _drain(name: str, draining: bool, to: list[str] | None, wait: float | 
 @global_options
 async def drain(name: str, stop: bool, wait: float | None, g: Globals) -> None:
     """Drain broker NAME: every head it holds a copy of moves, a few queues at a time, to a new gen copied on other
-    brokers of the topic's scope (each queue pauses as for a remap's seal); no new copy is placed on it meanwhile.
-    Its older segments stay and are read there. Refused when a topic could not keep its count of copies without it."""
+    brokers of the topic's scope (each queue pauses as for a remap's seal), and each older segment it holds is copied
+    to another broker, which then holds it instead; no new copy is placed on it meanwhile. Refused when a topic could
+    not keep its count of copies without it. Drained (describe: 0 and 0), it can be taken away."""
     await _drain(name, not stop, None, wait, g)
 
 

@@ -43,7 +43,7 @@ class History:
                  "physical_queue": allocation.physical_queue_name(topic, incarnation, q, 0), "budget_end": BUDGET,
                  "replicas": [brokers[q % len(brokers)]]}
                 for q in range(queues)]
-        self.add("TopicCreated", replicas=1, min_insync=1, topic=topic, incarnation=incarnation, queues=queues, slots=max(queues, 16),
+        self.add("TopicCreated", replicas=1, min_insync=1, scope="global", topic=topic, incarnation=incarnation, queues=queues, slots=max(queues, 16),
                  order="best_tried", config={}, slot_table=allocation.initial_slot_table(max(queues, 16), queues),
                  segments=segs)
         self.topics[topic] = {"incarnation": incarnation,
