@@ -140,3 +140,18 @@ def test_a_drain_moves_the_older_segments_too_once_a_copy_elsewhere_holds_each_w
     assert "t" not in log.sm.image.topics_on("a"), "nothing of the topic is named on a any more"
     assert log.sm.image.brokers["b"]["copies_version"] == 1, "b's heartbeat tells it a copy was placed there"
     log.reject({"type": "SealedCopiesHeld", "broker": "b", "epoch": log.epoch("b"), "copies": []}, "INVALID_ARGUMENT")
+
+
+def test_a_drain_stays_in_the_topic_s_scope_even_when_a_replace_names_a_broker_outside():
+    log = Log()
+    for n, cl in (("a", "east"), ("b", "east"), ("x", "east"), ("c", "west")):
+        log.register(n, cluster=cl)
+    log.create("t", 2, replicas=2, scope=["east"], brokers=["a"])
+    log.ok({"type": "RemapTopic", "topic": "t", "brokers": ["b"]})
+    for q in range(2):
+        log.ok({"type": "SealSegment", "broker": "a", "epoch": log.epoch("a"), "topic": "t", "queue": q, "gen": 0,
+                "end_offset": 5})
+    log.ok({"type": "DrainBroker", "broker": "a", "draining": True, "to": ["c"]})
+    r = step(log, "a")
+    assert {c["to"] for c in r["copying"]} <= {"b", "x"}, r
+    assert "c" not in {b for q in range(2) for s in log.segs("t", q) for b in s["replicas"]}

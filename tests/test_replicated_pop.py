@@ -292,6 +292,43 @@ async def test_a_leader_deposed_then_elected_again_does_not_bring_back_what_was_
         assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
 
 
+async def test_handles_made_before_a_failover_are_refused_by_the_leader_elected_again(tmp_path):
+    """A leader hands out pops and is deposed (paused past its session); the copy elected takes them over, is lost,
+    and the first is elected again from its copy. Its old handles name deliveries a head between took over: an ack
+    of one must be refused, or an ack could be answered ok for a delivery another consumer now holds (the chaos
+    runner's fixed seed: stale_pop_acks)."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        first, second = r["queues"][0]["replicas"]
+        await fill(c, "p", 10)
+        s, b, _ = await c.call("POST", f"{r['queues'][0]['address']}/v1/pop/p", "client",
+                               json={"group": GROUP, "max": 10, "invisible_ms": 60_000})
+        assert s == 200 and len(b["messages"]) == 10, (s, b)
+        handles = [m["handle"] for m in b["messages"]]
+        await asyncio.sleep(0.6)   # old enough for the journal to write them, and so for the copy to hold them
+        os.kill(c.pid(first), signal.SIGSTOP)
+        try:
+            await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
+                             timeout_s=WAIT_S)
+        finally:
+            os.kill(c.pid(first), signal.SIGCONT)
+        await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=60.0)
+        lose(c, second)
+        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
+                         timeout_s=WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while True:   # the first takes the state over with its first pop or ack after the route names it
+            s, b, _ = await c.call("POST", f"{c.url(first)}/v1/ack", "client",
+                                   json={"group": GROUP, "handles": handles}, timeout_s=CALL_TIMEOUT_S)
+            if s == 200:
+                break
+            assert s == 503 and time.monotonic() < deadline, (s, b)
+            await asyncio.sleep(0.1)
+        assert [x.get("code") for x in b["results"]] == ["HANDLE_EXPIRED"] * 10, b
+
+
 async def test_a_snapshot_replaces_what_the_copy_held_of_the_queue_here_and_after_a_reopen(tmp_path):
     """broker/pop/replica.py alone: a delta line only adds and removes, so without the reset a delivery acked
     since (absent from the snapshot) would outlive it."""

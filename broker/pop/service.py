@@ -48,6 +48,9 @@ HEAP_CHECK_EVERY = 10_000        # deliveries scheduled between two looks at the
 HANDOVER_WAIT_S = 5.0            # how long an old head waits to see the route that moved the queue away
 
 
+TAKEOVER_RETRY_S = 1.0   # a takeover of copies that could not finish is tried again no sooner
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -97,6 +100,7 @@ class PopService:
         self._chores = Chores("pop_chore_failed")
         self._handing: set[Key] = set()
         self._taking_over = False   # a pass of take_over_copies_soon runs
+        self._takeover_not_before = 0.0   # monotonic: no pass before (one could not finish)
         # (topic, queue, what): 503 NOT_ENOUGH_REPLICAS when the queue is led here below its min_insync (node.py)
         self.check_copies: Callable[[str, int, str], None] = lambda topic, queue, what: None
         self._in_flight_total = 0
@@ -557,8 +561,9 @@ class PopService:
 
     def take_over_copies_soon(self) -> None:
         """Take over, now rather than at a group's next pop, every group's state held here as a copy of a queue
-        whose head this broker leads (a failover elected it; route changes call this)."""
-        if not self._taking_over:
+        whose head this broker leads (a failover elected it; route changes call this). After a pass that could not
+        finish (an older head did not answer), the next starts TAKEOVER_RETRY_S later at the soonest."""
+        if not self._taking_over and time.monotonic() >= self._takeover_not_before:
             self._taking_over = True
             self._spawn(self._take_over_copies(), "take over copies")
 
@@ -579,6 +584,7 @@ class PopService:
                             self.replica.take(key)
                     except ApiError as e:   # an older head to ask did not answer: the next route change or gate
                         log.info("pop_takeover_deferred", key=key, code=e.code)
+                        self._takeover_not_before = time.monotonic() + TAKEOVER_RETRY_S
         finally:
             self._taking_over = False
 
@@ -588,16 +594,20 @@ class PopService:
 
     def _from_copy(self, copied: QueueState, own: QueueState | None, gen: int) -> QueueState:
         """The state of a lost leader's copy, as this broker's own under the head of ``gen``: its deliveries in flight
-        come due here (their handles were the lost leader's: acks of them are refused, and they are delivered again
-        once due, at least once), and the whole state is written to this broker's journal. Deliveries of an older
+        come due here under new numbers, so every handle made for them before is refused, this broker's own among them
+        (elected again, it held a copy of its own deliveries: the chaos runner's fixed seed saw an ack of a handle it
+        had since superseded answered ok), and they are delivered again once due, at least once; the whole state is
+        written to this broker's journal. Deliveries of an older
         state of its own stay in flight beside them when a remap froze it (they are this broker's to hand over);
         not when a failover deposed it: the copy elected then took them over, and the copy holds what became of them
         (the chaos runner, seed 9: a leader deposed, elected again later, delivered again what the heads between
         had delivered and seen acked)."""
         st = QueueState(copied.key, copied.next_offset, gen)
         kept = own.in_flight.items() if own is not None and own.frozen else ()
-        for offset, d in [*kept, *copied.in_flight.items()]:
+        for offset, d in kept:
             st.in_flight[offset] = Delivery(d.seq, d.attempt, d.deadline_ms, False, d.dead)
+        for offset, d in sorted(copied.in_flight.items()):
+            st.in_flight[offset] = Delivery(self._next_seq(), d.attempt, d.deadline_ms, False, d.dead)
         for offset, d in sorted(st.in_flight.items()):
             st.dirty.add(offset)
             if d.dead:

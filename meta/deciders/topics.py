@@ -203,8 +203,9 @@ def drain_step(image: Image, c, ts, budget):
         if set(seg[chains.REPLICAS]) - set(seg[chains.IN_SYNC]):
             continue   # a copy of it is being caught up already
         t = image.topics[topic]
-        ok = [x for x in [*(b["drain_to"] or ()), *placeable(image, t["scope"])]
-              if x != name and x not in seg[chains.REPLICAS]]
+        allowed = placeable(image, t["scope"])
+        ok = [x for x in [*(b["drain_to"] or ()), *allowed]
+              if x in allowed and x != name and x not in seg[chains.REPLICAS]]
         if not ok:
             continue
         events.append(make("SegmentCopiesChanged", topic=topic, queue=q, gen=seg[chains.GEN],
