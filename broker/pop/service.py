@@ -160,11 +160,7 @@ class PopService:
     # -- pop -----------------------------------------------------------------------------------------------------
     async def pop(self, topic: str, group: str, max_n: int, invisible_ms: int, queue: int | None, order: bool,
                   wait_ms: int) -> list[RawPopped]:
-        if not self._ready():
-            # A broker cut off from meta may have lost the queue's head without hearing of it: popping on could
-            # hand out what the new head hands out too.
-            raise rejection(503, "CATCHING_UP", "this broker's meta session has lapsed or its routes are behind the "
-                            "log; it pops again once both are current")
+        self._require_ready("pops")
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             stamp = self.signals.stamp(topic)
@@ -398,7 +394,18 @@ class PopService:
         seg = next((s for s in self.routes.segments(topic, queue) or () if s.gen == st.gen), None)
         return seg is not None and seg.sealer is not None and seg.sealer != self.me
 
+    def _require_ready(self, what: str) -> None:
+        """503 CATCHING_UP while this broker's meta session has lapsed or its routes are behind the log. A broker cut
+        off from meta may have lost the queue's head without hearing of it: popping on could hand out what the new
+        head hands out too, and an ack could be answered from a state a failover took over (the chaos runner's
+        fixed seed: a broker back from a power loss answered ok, from its journal, an ack of a handle it had
+        superseded before it lost the line that said so, while its routes did not yet show the failover)."""
+        if not self._ready():
+            raise rejection(503, "CATCHING_UP", "this broker's meta session has lapsed or its routes are behind the "
+                            f"log; it {what} again once both are current")
+
     async def ack(self, group: str, handles: list[Any]) -> list[dict[str, Any]]:
+        self._require_ready("acks")
         results = []
         changed = False
         topics = set()
@@ -422,6 +429,7 @@ class PopService:
         return results
 
     async def change_invisible(self, group: str, raw: Any, invisible_ms: int) -> str:
+        self._require_ready("changes invisible times")
         code, h, st = self._check(group, raw)
         if code == "INVALID_HANDLE":
             raise invalid_handle("not made by this broker for this group, or never delivered")
