@@ -237,6 +237,32 @@ async def test_a_queue_led_elsewhere_or_sealing_is_refused_by_name_and_skipped_b
     assert await pop(node, queue=None) == []
 
 
+async def test_an_older_head_s_own_answer_beats_a_copy_of_its_state_held_here(node, monkeypatch):
+    """b2 led gen 0 (b1 held a copy of its pop state), a remap moved the queue to b3, whose failover b1 sealed; b1
+    leads gen 2. b2 answers with its state: that, not b1's older copy of it, is where b1 starts (the copy held less,
+    and b2, frozen, still owns its deliveries in flight)."""
+    from broker.pop.state import QueueState
+    everyone = ["b1", "b2", "b3"]
+    node.routes.update(route(9, [
+        route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                 physical_start=0, logic_start=0, logic_end=40, state="sealed", budget_end=10**6,
+                                 replicas=everyone, in_sync=everyone, sealer="b2"),
+        route_model.segment_json(gen=1, broker="b3", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
+                                 physical_start=0, logic_start=40, logic_end=40, state="sealed", budget_end=10**6,
+                                 replicas=["b3", "b1"], in_sync=["b3", "b1"], sealer="b1"),
+        route_model.segment_json(gen=2, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g2",
+                                 physical_start=0, logic_start=40, logic_end=None, state="active", budget_end=10**6,
+                                 replicas=["b1"], in_sync=["b1"], sealer="b1")]))
+    node.pop.replica.states[KEY] = QueueState(KEY, 10, 0)
+
+    async def ask_freeze(seg, key):
+        return (0, 30) if seg.broker == "b2" else None
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert st.next_offset == 30, "started from the copy, not from the leader's own answer"
+
+
 async def test_a_broker_whose_session_lapsed_pops_nothing_and_answers_no_ack(node):
     """Its routes may not show a failover yet: an ack answered from the state it holds could be one the new head
     took over (the chaos runner's fixed seed, stale_pop_acks, after a broker's power loss)."""

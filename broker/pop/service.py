@@ -532,7 +532,10 @@ class PopService:
                     best, copied = (rep.gen, rep.next_offset), rep
                     continue
                 got = await self._ask_copies(seg, key, asked)
-            if got is not None and (best is None or got[0] > best[0]):
+            # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
+            # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
+            # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
+            if got is not None and (best is None or got[0] > best[0] or (copied is not None and got[0] == best[0])):
                 best, copied = got, None
         if copied is not None:
             self.replica.take(key)
