@@ -125,7 +125,8 @@ class MetaLink:
 
     # -- session -----------------------------------------------------------------------------------------------
     async def _register(self) -> None:
-        answer = await self._call("PUT", f"/v1/brokers/{self.broker}", {"address": self.address, "zone": self.zone, "cluster": self.cluster},
+        answer = await self._call("PUT", f"/v1/brokers/{self.broker}",
+                                  {"address": self.address, "zone": self.zone, "cluster": self.cluster},
                                   self._beat_http)
         status, body = answer.status, answer.body
         if status != 200:

@@ -88,7 +88,7 @@ class Replicator:
         self._listing: asyncio.Task | None = None
         self._relist = False   # asked to list again while a listing ran (a drain placed another copy here)
         # A sealed copy this broker holds whole that meta does not count in sync yet (a drain placed it here): told
-        # to meta (MetaLink.copy_held), which then names it instead of the draining broker's
+        # to meta (MetaLink.copies_held), which then names it instead of the draining broker's
         self.on_whole: Callable[[Segment, int], None] = lambda seg, end: None
 
     async def start(self) -> None:
