@@ -93,8 +93,9 @@ class BrokerNode:
         self.link.on_route_applied = self._route_applied
         self.link.on_registered = lambda: self.replicator.recover(self.link.sealed_copies)
         self.link.on_copies_placed = self.link.on_registered
-        self.replicator.on_whole = lambda seg, end: self._chores.spawn(self.link.copies_held(
-            [{"topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "end": end}]), "report a copy held")
+        self.replicator.on_whole = lambda whole: self._chores.spawn(self.link.copies_held(
+            [{"topic": seg.topic, "queue": seg.queue, "gen": seg.gen, "end": end} for seg, end in whole]),
+            "report copies held")
         self.barriers = Barriers(self.reader.committed_at_head, self.reader.min_offset)
         self.gate = FencingGate(self.locks, self.barriers, self.routes)   # every fenced read and commit asks it
         self._tasks: list[asyncio.Task] = []

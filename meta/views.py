@@ -9,6 +9,7 @@ from wire import group_event as group_event_shape
 from wire import route as route_model
 
 from . import allocation, chains, groups, limits
+from .deciders.replicas import heads_holding, sealed_holding
 from .image import Image
 
 
@@ -91,14 +92,10 @@ def broker_holdings(image: Image, broker: str) -> dict[str, int]:
     """What a broker holds, for ``stator broker describe`` and a drain's progress: the heads it leads, the heads it
     holds a copy of (leader or not: what a drain still moves), and the older segments it holds a copy of (read
     there; a drain leaves them)."""
-    heads = holding = sealed = 0
-    for name in image.topics_on(broker):
-        for entry in image.topics[name]["chains"]:
-            segs = chains.segments(entry)
-            heads += segs[-1][chains.BROKER] == broker
-            holding += broker in segs[-1][chains.REPLICAS]
-            sealed += sum(1 for s in segs[:-1] if broker in s[chains.REPLICAS])
-    return {"heads": heads, "holding": holding, "sealed_copies": sealed}
+    heads = sum(1 for name in image.topics_on(broker) for entry in image.topics[name]["chains"]
+                if chains.head(entry)[chains.BROKER] == broker)
+    return {"heads": heads, "holding": len(heads_holding(image, broker)),
+            "sealed_copies": len(sealed_holding(image, broker))}
 
 
 def broker_view(b: dict[str, Any], last_heartbeat_ms: int | None) -> dict[str, Any]:

@@ -648,19 +648,20 @@ class PopService:
         """An older head's pop state of ``key`` as (gen, next offset), frozen there first; None when it has none.
         A broker that cannot answer stops the takeover (503 BROKER_UNAVAILABLE): starting without its pop offset
         could deliver twice."""
-        group, topic, queue = key
-        body = await self.reader.peers.request(
-            "POST", seg, f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
-                         f"?route_version={self.routes.version}")
+        body = await self.reader.peers.request("POST", seg, self._handover_path(key))
         return (body["gen"], body["next_offset"]) if body.get("found") else None
+
+    def _handover_path(self, key: Key) -> str:
+        group, topic, queue = key
+        return (f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
+                f"?route_version={self.routes.version}")
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str]) -> tuple[int, int] | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
         broker's own; None when none holds it. A copy that does not answer is passed over: starting from an older
         state only delivers again."""
-        group, topic, queue = key
-        path = (f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
-                f"?route_version={self.routes.version}")
+        topic = key[1]
+        path = self._handover_path(key)
         for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync) if b and b not in asked):
             asked.add(copy)
             try:

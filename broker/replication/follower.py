@@ -36,6 +36,7 @@ FETCH_TIMEOUT_S = 10.0          # a catch-up's fetch (answered at once) and a st
 FETCH_BACKOFF = Backoff(0.05, 1.0, jitter=False)
 CATCH_UP_BACKOFF = Backoff(0.2, 10.0, jitter=False)   # a sealed copy no holder can lengthen now: ask again later
 CATCH_UPS_MAX = 10_000           # sealed copies catching up at once
+COPIES_HELD_PER_REPORT_MAX = 1_024   # meta's SEALS_PER_REPORT_MAX: copies one POST .../copies-held names
 LISTING_BACKOFF = Backoff(0.5, 30.0, jitter=False)   # asking meta again for the sealed copies after a failure
 LISTING_SLOT_WAIT_S = 0.5
 EPOCH_CHECK_S = 1.0              # an idle stream checks this often that it still streams under this registration        # a listed copy waits this long for one of the CATCH_UPS_MAX catch-ups to end
@@ -89,7 +90,7 @@ class Replicator:
         self._relist = False   # asked to list again while a listing ran (a drain placed another copy here)
         # A sealed copy this broker holds whole that meta does not count in sync yet (a drain placed it here): told
         # to meta (MetaLink.copies_held), which then names it instead of the draining broker's
-        self.on_whole: Callable[[Segment, int], None] = lambda seg, end: None
+        self.on_whole: Callable[[list[tuple[Segment, int]]], None] = lambda whole: None
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(connector=connector(self._ssl_context),
@@ -142,9 +143,11 @@ class Replicator:
                 continue
             failures = 0
             self._older_addresses.update(page["addresses"])
-            for c in page["copies"]:
-                seg = segment_of(c["topic"], c["queue"], c["segment"])
-                self._tell_if_whole(seg)
+            segs = [segment_of(c["topic"], c["queue"], c["segment"]) for c in page["copies"]]
+            whole = [w for w in map(self._whole, segs) if w is not None]
+            for i in range(0, len(whole), COPIES_HELD_PER_REPORT_MAX):   # one report per page, each bounded
+                self.on_whole(whole[i:i + COPIES_HELD_PER_REPORT_MAX])
+            for seg in segs:
                 if self.routes.held(seg.physical_queue) is None and self._wanted(seg):
                     while len(self._catching_up) >= CATCH_UPS_MAX:   # the rest wait for a free slot, not dropped
                         await asyncio.sleep(LISTING_SLOT_WAIT_S)
@@ -156,11 +159,13 @@ class Replicator:
                     return
                 self._relist = False
 
-    def _tell_if_whole(self, seg: Segment) -> None:
+    def _whole(self, seg: Segment) -> tuple[Segment, int] | None:
+        """(seg, its end) when this broker holds the sealed ``seg`` whole but meta does not count it in sync yet."""
         end = physical_end(seg)
         if seg.state == "sealed" and self.me not in seg.in_sync and end is not None \
                 and self.writer.max_physical(seg) >= end:
-            self.on_whole(seg, end)
+            return seg, end
+        return None
 
     def _start_catch_up(self, pq: str) -> None:
         if pq not in self._catching_up and len(self._catching_up) < CATCH_UPS_MAX:
@@ -192,8 +197,9 @@ class Replicator:
                 seg = self.routes.held(pq) or self._older.get(pq)
                 if seg is None or seg.state != "sealed" or not self._wanted(seg):
                     self._older.pop(pq, None)
-                    if seg is not None:
-                        self._tell_if_whole(seg)
+                    whole = self._whole(seg) if seg is not None else None
+                    if whole is not None:
+                        self.on_whole([whole])
                     return
                 took = False
                 for b in holders(seg, self.me):
