@@ -356,7 +356,10 @@ class PopService:
 
     # -- ack and change of invisible time ------------------------------------------------------------------------
     def _check(self, group: str, raw: Any) -> tuple[str, Handle | None, QueueState | None]:
-        h = self.codec.decode(group, raw)
+        return self._verdict(group, self.codec.decode(group, raw))
+
+    def _verdict(self, group: str, h: Handle | None) -> tuple[str, Handle | None, QueueState | None]:
+        """A decoded handle (None: not this broker's for ``group``) against the state now."""
         if h is None:
             return "INVALID_HANDLE", None, None
         st = self.states.get((group, h.topic, h.queue))
@@ -417,9 +420,10 @@ class PopService:
         results = []
         changed = False
         topics = set()
-        self._check_copies([self._check(group, raw) for raw in handles], "the ack")
-        for raw in handles:
-            code, h, st = self._check(group, raw)   # again: the same handle twice in one request is acked once
+        decoded = [self.codec.decode(group, raw) for raw in handles]   # each handle's MAC checked once
+        self._check_copies([self._verdict(group, h) for h in decoded], "the ack")
+        for raw, handle in zip(handles, decoded):
+            code, h, st = self._verdict(group, handle)   # again: the same handle twice in one request is acked once
             if code == "":
                 st.ack(h.offset)
                 self._remember(st.key, h.offset, h.seq, "acked")
