@@ -41,6 +41,31 @@ async def fill(c, topic: str, n: int) -> None:
         assert s == 200, b
 
 
+async def one_queue(c, body: dict) -> dict:
+    """Create topic ``body`` (one queue) and return its route once every copy is in sync and it takes writes."""
+    s, b = await admin(c, "POST", 0, "/v1/topics", body)
+    assert s == 201, b
+    return await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == body["replicas"]
+                            and r["queues"][0]["writable"])
+
+
+async def led_by(c, broker: str) -> dict:
+    """The route once ``broker`` leads the queue's head and it takes writes (a failover's end)."""
+    return await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == broker and r["queues"][0]["writable"],
+                            timeout_s=WAIT_S)
+
+
+async def paused_until_deposed(c, broker: str) -> None:
+    """SIGSTOP ``broker`` (meta fences it once its session runs out: a refused connection would fence it at once)
+    until another copy leads the queue and takes writes; then SIGCONT it."""
+    os.kill(c.pid(broker), signal.SIGSTOP)
+    try:
+        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] != broker and r["queues"][0]["writable"],
+                         timeout_s=WAIT_S)
+    finally:
+        os.kill(c.pid(broker), signal.SIGCONT)
+
+
 class PopLog:
     """What one pop consumer saw: each delivery (time, offset), and when each ack was answered ok."""
 
@@ -91,9 +116,7 @@ class PopLog:
 
 async def test_pops_acknowledged_before_their_leader_is_lost_with_its_disk_are_never_delivered_again(tmp_path):
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 3})
-        assert s == 201, b
-        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 3 and r["queues"][0]["writable"])
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 3})
         victim = r["queues"][0]["broker"]
         await fill(c, "p", MESSAGES)
         log = PopLog()
@@ -117,17 +140,14 @@ async def test_a_copy_back_on_an_empty_disk_gets_the_whole_pop_state_before_it_i
     and joins the in-sync set; then the other is lost too. Only the snapshot the leader sent before asking meta to
     add it brought it the acks made while it was away."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
-        assert s == 201, b
-        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
         first, second = r["queues"][0]["replicas"]
         await fill(c, "p", 300)
         log = PopLog()
         while len(log.acked) < 100:
             assert await log.round(c, "p")
         lose(c, first)
-        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
-                         timeout_s=WAIT_S)
+        await led_by(c, second)
         deadline = time.monotonic() + WAIT_S
         while len(log.acked) < 200:
             assert time.monotonic() < deadline, len(log.acked)
@@ -140,8 +160,7 @@ async def test_a_copy_back_on_an_empty_disk_gets_the_whole_pop_state_before_it_i
         c.start(first)
         await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=60.0)
         lose(c, second)
-        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
-                         timeout_s=WAIT_S)
+        await led_by(c, first)
         await log.drain(c, "p", 300)
         assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
 
@@ -152,9 +171,7 @@ async def test_a_leader_elected_twice_over_passes_on_acks_made_before_the_first_
     second is lost too. The snapshot must hold the state the second held as a copy (the chaos runner, seed 9:
     without the takeover at the failover, the third started the group over and delivered every acked pop again)."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 3, "min_insync": 1})
-        assert s == 201, b
-        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 3 and r["queues"][0]["writable"])
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 3, "min_insync": 1})
         first, second, third = r["queues"][0]["replicas"]
         c.kill9(third)   # its disk stays: it comes back out of sync, behind the acks below
         await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=WAIT_S)
@@ -163,13 +180,11 @@ async def test_a_leader_elected_twice_over_passes_on_acks_made_before_the_first_
         while len(log.acked) < 100:
             assert await log.round(c, "p")
         lose(c, first)
-        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
-                         timeout_s=WAIT_S)
+        await led_by(c, second)
         c.start(third)
         await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {second, third}, timeout_s=60.0)
         lose(c, second)
-        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == third and r["queues"][0]["writable"],
-                         timeout_s=WAIT_S)
+        await led_by(c, third)
         await log.drain(c, "p", 300)
         assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
 
@@ -179,9 +194,7 @@ async def test_a_queue_remapped_off_a_leader_back_on_an_empty_disk_takes_the_pop
     comes back empty. The new head asks it for the group's state, finds none, and must ask the copy it waited for
     (the chaos runner, seed 9: the new head started the group over from an older state)."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
-        assert s == 201, b
-        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
         leader = r["queues"][0]["broker"]
         other = next(n for n in ("b1", "b2", "b3") if n not in r["queues"][0]["replicas"])
         await fill(c, "p", 300)
@@ -196,8 +209,7 @@ async def test_a_queue_remapped_off_a_leader_back_on_an_empty_disk_takes_the_pop
         assert s == 200, b
         lose(c, leader)
         c.start(leader)
-        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == other and r["queues"][0]["writable"],
-                         timeout_s=WAIT_S)
+        await led_by(c, other)
         await log.drain(c, "p", 300)
         assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
 
@@ -207,9 +219,7 @@ async def test_an_ack_below_min_insync_is_refused_and_applied_nowhere_like_a_sen
     (the chaos runner: acks answered on a lone leader's disk came back after it lost it). Nothing is applied: the
     handle still works once the copy is back in sync."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 2})
-        assert s == 201, b
-        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 2})
         address, copy = r["queues"][0]["address"], r["queues"][0]["replicas"][1]
         await fill(c, "p", 10)
         s, b, _ = await c.call("POST", f"{address}/v1/pop/p", "client", json={"group": GROUP, "max": 10,
@@ -233,9 +243,7 @@ async def test_a_leader_deposed_by_a_failover_refuses_acks_of_what_it_handed_out
     """The copy a failover elected delivers again what the lost leader had in flight; the old leader, back, must
     not answer an ack of one ok (the chaos runner: acked there, delivered again by the new head)."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
-        assert s == 201, b
-        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
         leader, address = r["queues"][0]["broker"], r["queues"][0]["address"]
         await fill(c, "p", 10)
         s, b, _ = await c.call("POST", f"{address}/v1/pop/p", "client", json={"group": GROUP, "max": 10,
@@ -243,11 +251,7 @@ async def test_a_leader_deposed_by_a_failover_refuses_acks_of_what_it_handed_out
         assert s == 200 and len(b["messages"]) == 10, (s, b)
         handles = [m["handle"] for m in b["messages"]]
         await asyncio.sleep(0.6)   # old enough for the journal to write them, and so for the copy to hold them
-        os.kill(c.pid(leader), signal.SIGSTOP)
-        try:
-            await wait_route(c, "p", lambda r: r["queues"][0]["broker"] != leader, timeout_s=WAIT_S)
-        finally:
-            os.kill(c.pid(leader), signal.SIGCONT)
+        await paused_until_deposed(c, leader)
         deadline = time.monotonic() + WAIT_S
         while True:   # the old leader hears of the failover once its session is back
             s, b, _ = await c.call("POST", f"{c.url(leader)}/v1/ack", "client",
@@ -264,27 +268,19 @@ async def test_a_leader_deposed_then_elected_again_does_not_bring_back_what_was_
     state still lists those deliveries in flight: taking the copy over must not bring them back (the chaos runner,
     seed 9)."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
-        assert s == 201, b
-        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
         first, second = r["queues"][0]["replicas"]
         await fill(c, "p", 20)
         s, b, _ = await c.call("POST", f"{r['queues'][0]['address']}/v1/pop/p", "client",
                                json={"group": GROUP, "max": 20, "invisible_ms": INVISIBLE_MS})
         assert s == 200 and len(b["messages"]) == 20, (s, b)
         await asyncio.sleep(0.6)   # old enough for the journal to write them, and so for the copy to hold them
-        os.kill(c.pid(first), signal.SIGSTOP)
-        try:
-            await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
-                             timeout_s=WAIT_S)
-        finally:
-            os.kill(c.pid(first), signal.SIGCONT)
+        await paused_until_deposed(c, first)
         await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=60.0)
         log = PopLog()
         await log.drain(c, "p", 20)   # delivered again by the second once due, and acked there
         lose(c, second)
-        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
-                         timeout_s=WAIT_S)
+        await led_by(c, first)
         deadline = time.monotonic() + INVISIBLE_MS / 1000 + 2.0   # past when the old deliveries would come due
         while time.monotonic() < deadline:
             await log.round(c, "p")
@@ -298,9 +294,7 @@ async def test_handles_made_before_a_failover_are_refused_by_the_leader_elected_
     of one must be refused, or an ack could be answered ok for a delivery another consumer now holds (the chaos
     runner's fixed seed: stale_pop_acks)."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
-        assert s == 201, b
-        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 1})
         first, second = r["queues"][0]["replicas"]
         await fill(c, "p", 10)
         s, b, _ = await c.call("POST", f"{r['queues'][0]['address']}/v1/pop/p", "client",
@@ -308,16 +302,10 @@ async def test_handles_made_before_a_failover_are_refused_by_the_leader_elected_
         assert s == 200 and len(b["messages"]) == 10, (s, b)
         handles = [m["handle"] for m in b["messages"]]
         await asyncio.sleep(0.6)   # old enough for the journal to write them, and so for the copy to hold them
-        os.kill(c.pid(first), signal.SIGSTOP)
-        try:
-            await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"],
-                             timeout_s=WAIT_S)
-        finally:
-            os.kill(c.pid(first), signal.SIGCONT)
+        await paused_until_deposed(c, first)
         await wait_route(c, "p", lambda r: set(r["queues"][0]["in_sync"]) == {first, second}, timeout_s=60.0)
         lose(c, second)
-        await wait_route(c, "p", lambda r: r["queues"][0]["broker"] == first and r["queues"][0]["writable"],
-                         timeout_s=WAIT_S)
+        await led_by(c, first)
         deadline = time.monotonic() + WAIT_S
         while True:   # the first takes the state over with its first pop or ack after the route names it
             s, b, _ = await c.call("POST", f"{c.url(first)}/v1/ack", "client",
