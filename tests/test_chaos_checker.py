@@ -328,6 +328,11 @@ def test_an_ack_through_a_handle_the_broker_superseded_answered_ok_is_a_violatio
     # answered ok by the broker that had delivered it again: the newer delivery's consumer loses it
     bad = checker.stale_pop_acks([first, again, ack(6, "h4"), ack(7, "h4b", ok=False)])
     assert [v["check"] for v in bad] == ["stale_pop_acks"] and "0@4" in bad[0]["message"]
+    # ... and so is one answered while the newer delivery's own ack was still under way
+    late = checker.stale_pop_acks([first, again, ack(6, "h4"), ack(5.8, "h4b")])
+    assert [v["check"] for v in late] == ["stale_pop_acks"]
+    # once the newer delivery was acked, the message is done: the old handle's ok changes nothing
+    assert checker.stale_pop_acks([first, again, ack(5, "h4b"), ack(6, "h4")]) == []
     # ... but another broker (a head failed over) never saw the newer delivery: not judged
     moved = pop(4, (0, 4, "h4c"), address="b2")
     assert checker.stale_pop_acks([first, moved, ack(6, "h4")]) == []

@@ -149,6 +149,32 @@ async def test_a_dead_letter_interrupted_before_its_copy_is_made_once_after_a_re
             await again.stop()
 
 
+async def test_an_ack_through_a_superseded_handle_of_a_message_acked_since_changes_nothing(broker_node):
+    """Refused HANDLE_EXPIRED while the broker remembers which delivery was acked; after a restart it no longer
+    does, and answers ok: the message is done either way (the chaos runner's stale_pop_acks judges it so)."""
+    from broker.pop.service import PopService
+    node = broker_node
+    node.routes.update(one_head())
+    await node.pop.start()
+    await node.writer.send("t", 0, [{"body": "m"}])
+    [first] = await pop(node, 1, invisible_ms=50)
+    st = node.pop.states[KEY]
+    await until(lambda: 0 in st.ready)
+    [again] = await pop(node, 1)
+    assert await node.pop.ack("g", [again.handle]) == [{"handle": again.handle, "ok": True}]
+    assert (await node.pop.ack("g", [first.handle]))[0]["code"] == "HANDLE_EXPIRED"
+    await node.pop.stop()
+    restarted = PopService("b1", node.config.data_dir, node.routes, node.reader, lambda: True, node.pop.settings,
+                           node.pop.signals)
+    await restarted.start()
+    try:
+        assert await restarted.ack("g", [first.handle]) == [{"handle": first.handle, "ok": True}]
+        assert await restarted.pop("t", "g", 1, 60_000, 0, False, 0) == [], "and the message stays done"
+    finally:
+        async with asyncio.timeout(STOP_S):
+            await restarted.stop()
+
+
 # -- changes of invisible time --------------------------------------------------------------------------------------
 
 async def test_a_new_invisible_time_gives_a_new_handle_and_the_old_one_expires(node):

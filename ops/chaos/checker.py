@@ -421,15 +421,22 @@ def stale_pop_acks(ops: Iterable[Op]) -> list[dict[str, Any]]:
     """An ack through a superseded handle changes nothing: a broker that had already delivered the message again
     under a newer handle (a pop from the same address, invoked after the first pop completed and completed before
     the ack was invoked) must not answer the old handle's ack ok, or the newer delivery's consumer loses the
-    message it holds. (Another broker, after a failover, knows nothing of the newer delivery: not judged here.)"""
+    message it holds. (Another broker, after a failover, knows nothing of the newer delivery: not judged here.)
+    Once the newer delivery's own ack was answered ok, the message is done, and an ok to the old handle changes
+    nothing: a broker restarted since has no memory of which delivery was acked (PopService._verdict, DONE)."""
     ops = list(ops)
     delivered: dict[str, tuple[Op, tuple[int, int]]] = {}           # handle -> its pop, (queue, offset)
     by_message: dict[tuple[str, int, int], list[tuple[Op, str]]] = defaultdict(list)   # (address, q, off) -> pops
+    acked_at: dict[str, float] = {}                                  # handle -> when its first ok ack completed
     for o in ops:
         if o.kind == "pop" and o.outcome == OK:
             for m in o.output.get("messages", []):
                 delivered[m["handle"]] = (o, (m["queue"], m["offset"]))
                 by_message[(o.input["address"], m["queue"], m["offset"])].append((o, m["handle"]))
+        elif o.kind == "ack" and o.outcome == OK:
+            for r in o.output.get("results", []):
+                if r.get("ok"):
+                    acked_at[r["handle"]] = min(acked_at.get(r["handle"], math.inf), o.complete)
     out = []
     for a in ops:
         if a.kind != "ack" or a.outcome != OK:
@@ -439,7 +446,8 @@ def stale_pop_acks(ops: Iterable[Op]) -> list[dict[str, Any]]:
                 continue
             first, (queue, offset) = delivered[r["handle"]]
             newer = [(p, h) for p, h in by_message[(a.input["address"], queue, offset)]
-                     if h != r["handle"] and p.invoke > first.complete and p.complete < a.invoke]
+                     if h != r["handle"] and p.invoke > first.complete and p.complete < a.invoke
+                     and acked_at.get(h, math.inf) >= a.invoke]
             if newer:
                 out.append(violation("stale_pop_acks", f"queue {queue}@{offset}: an ack through a handle the broker "
                                      "had superseded by delivering the message again was answered ok",
