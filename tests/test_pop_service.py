@@ -289,6 +289,60 @@ async def test_an_older_head_s_own_answer_beats_a_copy_of_its_state_held_here(no
     assert st.next_offset == 30, "started from the copy, not from the leader's own answer"
 
 
+def deposed_and_back(sealer_of_gen1: str) -> dict:
+    """b1 led gen 0 until a failover sealed it (b2); b2 led gen 1 until ``sealer_of_gen1`` sealed it (b2 itself: a
+    remap; b1: a failover); b1 leads gen 2."""
+    both = ["b1", "b2"]
+    return route(9, [
+        route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                 physical_start=0, logic_start=0, logic_end=2, state="sealed", budget_end=10**6,
+                                 replicas=both, in_sync=["b2"], sealer="b2"),
+        route_model.segment_json(gen=1, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
+                                 physical_start=0, logic_start=2, logic_end=2, state="sealed", budget_end=10**6,
+                                 replicas=both, in_sync=both, sealer=sealer_of_gen1),
+        route_model.segment_json(gen=2, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g2",
+                                 physical_start=0, logic_start=2, logic_end=None, state="active", budget_end=10**6,
+                                 replicas=["b1"], in_sync=["b1"], sealer="b1")])
+
+
+async def restarted_state(node):
+    """The state of KEY as the journal replays it after a restart."""
+    from broker.pop.service import PopService
+    await node.pop.stop()
+    again = PopService("b1", node.config.data_dir, node.routes, node.reader, lambda: True, node.pop.settings,
+                       node.pop.signals)
+    try:
+        return again.states[KEY]
+    finally:
+        await again.journal.close()
+        again.dlq.close()
+
+
+@pytest.mark.parametrize("sealer_of_gen1", ["b2", "b1"])
+async def test_deliveries_of_a_leader_a_failover_deposed_are_gone_when_it_leads_again(node, monkeypatch,
+                                                                                      sealer_of_gen1):
+    """The copy the failover elected (b2) took b1's deliveries in flight over, and saw them acked: b1, leading
+    again, neither delivers them again nor keeps them in its journal, whether it starts from b2's answer (a remap
+    ended gen 1) or from its own copy of b2's state (a failover did). The chaos runner, seed 884: acked pops of a
+    deposed leader delivered again once a remap brought the queue back to it."""
+    from broker.pop.state import QueueState
+    await node.writer.send("t", 0, [{"body": "a"}, {"body": "b"}])
+    await pop(node, 1)
+    await until(lambda: node.pop.states[KEY].in_flight[0].written)   # first deliveries are written lazily
+    node.routes.update(deposed_and_back(sealer_of_gen1))
+    node.pop.replica.states[KEY] = QueueState(KEY, 2, 1)   # b1's copy of b2's state: everything acked
+
+    async def ask_freeze(seg, key):
+        return (1, 2) if seg.broker == "b2" else None
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert (st.gen, st.next_offset, dict(st.in_flight)) == (2, 2, {}), "b2 saw offset 0 acked"
+    assert await pop(node, 5) == [], "nothing to deliver: offset 0 is done"
+    replayed = await restarted_state(node)
+    assert (replayed.gen, replayed.next_offset, dict(replayed.in_flight)) == (2, 2, {}), "nor back after a restart"
+
+
 async def test_a_broker_whose_session_lapsed_pops_nothing_and_answers_no_ack(node):
     """Its routes may not show a failover yet: an ack answered from the state it holds could be one the new head
     took over (the chaos runner's fixed seed, stale_pop_acks, after a broker's power loss)."""

@@ -561,7 +561,12 @@ class PopService:
         if st is None:
             st = self.states[key] = QueueState(key, start, head.gen)
         else:
-            st.next_offset = max(start, st.next_offset) if best is not None and best[0] == st.gen else start
+            if best[0] > st.gen and not st.frozen:
+                # A failover deposed this broker (a remap would have frozen it): the copy elected took its deliveries
+                # in flight over, and the heads since hold what became of them (the chaos runner, seed 884: acked
+                # pops delivered again once a remap brought the queue back here)
+                st.drop_deliveries()
+            st.next_offset = max(start, st.next_offset) if best[0] == st.gen else start
             st.gen, st.frozen = head.gen, False
         self.journal.touch(key)
         await self.journal.durable()
@@ -626,9 +631,12 @@ class PopService:
         (the chaos runner, seed 9: a leader deposed, elected again later, delivered again what the heads between
         had delivered and seen acked)."""
         st = QueueState(copied.key, copied.next_offset, gen)
-        kept = own.in_flight.items() if own is not None and own.frozen else ()
-        for offset, d in kept:
-            st.in_flight[offset] = Delivery(d.seq, d.attempt, d.deadline_ms, False, d.dead)
+        if own is not None and own.frozen:
+            for offset, d in own.in_flight.items():
+                st.in_flight[offset] = Delivery(d.seq, d.attempt, d.deadline_ms, False, d.dead)
+        elif own is not None:
+            own.drop_deliveries()
+            st.removed = own.removed   # the journal's lines of own's deliveries precede this state's
         for offset, d in sorted(copied.in_flight.items()):
             st.in_flight[offset] = Delivery(self._next_seq(), d.attempt, d.deadline_ms, False, d.dead)
         for offset, d in sorted(st.in_flight.items()):

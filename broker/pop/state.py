@@ -96,6 +96,14 @@ class QueueState:
             # written now (acks of whole batches, the usual case, leave none: then nothing is written at all).
             self.ack_horizon = max(self.ack_horizon, offset + 1)
 
+    def drop_deliveries(self) -> None:
+        """Forget every delivery in flight: another head took them over (a failover deposed this one). The written
+        ones are removed by the next line, or a replay would bring them back."""
+        self.removed.update(o for o, d in self.in_flight.items() if d.written)
+        self.in_flight.clear()
+        self.ready.clear()
+        self.dirty.clear()
+
     def change_invisible(self, offset: int, seq: int, deadline_ms: int) -> Delivery:
         old = self.in_flight[offset]
         self.ready.pop(offset, None)
