@@ -454,6 +454,37 @@ async def test_a_takeover_from_an_older_head_that_does_not_answer_pops_nothing(n
     assert await pop(node, queue=None) == [], "a topic-wide pop skips it"
 
 
+async def test_a_takeover_waits_for_a_copy_that_does_not_answer_when_the_older_leader_holds_nothing(node,
+                                                                                                monkeypatch):
+    """b2 led gen 0 and holds no pop state now (back on an empty disk); b3, its copy in sync, does not answer: b1
+    pops nothing until it does (starting from the queue's start would deliver every acknowledged pop again), then
+    starts where b3's copy says."""
+    node.routes.update(route(6, [
+        route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                 physical_start=0, logic_start=0, logic_end=7, state="sealed", budget_end=10**6,
+                                 replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
+        route_model.segment_json(gen=1, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
+                                 physical_start=0, logic_start=7, logic_end=None, state="active", budget_end=10**6,
+                                 replicas=["b1"], in_sync=["b1"], sealer="b1")]))
+
+    async def ask_freeze(seg, key):
+        return None
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    with pytest.raises(ApiError) as e:
+        await pop(node)
+    assert (e.value.status, e.value.code) == (503, "BROKER_UNAVAILABLE") and "b3" in str(e.value)
+    assert KEY not in node.pop.states
+    assert await pop(node, queue=None) == [], "a topic-wide pop skips it"
+
+    async def call(method, broker, address, path, json=None):
+        assert broker == "b3"
+        return {"found": True, "gen": 0, "next_offset": 7}
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert (st.gen, st.next_offset) == (1, 7)
+
+
 async def test_a_takeover_on_the_same_broker_goes_on_from_its_own_pop_offset(node):
     await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(2)])
     assert [m.offset for m in await pop(node, 1)] == [0]
