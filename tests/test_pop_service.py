@@ -409,6 +409,26 @@ async def test_a_new_head_s_freeze_stops_pops_here_and_answers_the_pop_offset(no
                                                   "frozen": True, "gen": 0}]
 
 
+async def test_a_copy_becomes_this_broker_s_state_only_when_the_asker_asks_for_the_copy_s_gen(node):
+    """b1 led gen 0 (frozen since) and holds a copy of gen 1's state, led by b3, the head now (a topic's growth
+    moved it on to gen 2 there). b3 asking for b1's own state must get gen 0's, the copy left alone: taken over, its
+    deliveries in flight would come due here and go back to b3, which had since seen them acked (the chaos runner,
+    fixed seed 884). Asked for gen 1's state (its leader holds none), the copy answers."""
+    from broker.pop.state import Delivery, QueueState
+    await node.writer.send("t", 0, [{"body": "m"}])
+    await pop(node, 1)
+    node.routes.update(route(6, [seg(0, "b1", 0, 1, "sealed"), seg(1, "b3", 1, 9, "sealed", 1),
+                                 seg(2, "b3", 9, None, "active", 9)]))
+    copy = node.pop.replica.states[KEY] = QueueState(KEY, 9, 1)
+    copy.in_flight[5] = Delivery(77, 2, 0)
+    assert await node.pop.freeze(KEY, 6, caller="b3") == {"found": True, "gen": 0, "next_offset": 1, "in_flight": 1}
+    assert KEY in node.pop.replica.states and 5 not in node.pop.states[KEY].in_flight
+    assert await node.pop.freeze(KEY, 6, caller="b3", copy_of_gen=0) == {"found": True, "gen": 0, "next_offset": 1,
+                                                                         "in_flight": 1}, "a copy of another gen"
+    answer = await node.pop.freeze(KEY, 6, caller="b3", copy_of_gen=1)
+    assert (answer["gen"], answer["next_offset"]) == (1, 9) and 5 in node.pop.states[KEY].in_flight
+
+
 async def test_a_frozen_delivery_that_came_due_is_the_new_head_s_and_expires_here(node):
     await node.writer.send("t", 0, [{"body": "m"}])
     [a] = await pop(node, 1, invisible_ms=50)

@@ -144,7 +144,7 @@ SPEC: dict[str, Any] = {
         "/v1/pop-handover/{group}/{topic}/{queue}": {"post": _op(
             "A new head takes over this broker's pop state of a queue", M.Handover,
             roles="broker, the queue's head in the log only",
-            params=_p("group", "topic", "queue") + _q("route_version"))},
+            params=_p("group", "topic", "queue") + _q("route_version", "copy_of_gen"))},
         "/v1/pop-adopt/{group}/{topic}/{queue}": {"post": _op(
             "An old head hands over deliveries that came due", M.Adopted,
             roles="broker, an older head of the queue in the log only",

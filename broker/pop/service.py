@@ -663,10 +663,11 @@ class PopService:
         body = await self.reader.peers.request("POST", seg, self._handover_path(key))
         return (body["gen"], body["next_offset"]) if body.get("found") else None
 
-    def _handover_path(self, key: Key) -> str:
+    def _handover_path(self, key: Key, copy_of_gen: int | None = None) -> str:
         group, topic, queue = key
-        return (f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
+        path = (f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
                 f"?route_version={self.routes.version}")
+        return path if copy_of_gen is None else f"{path}&copy_of_gen={copy_of_gen}"
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str]) -> tuple[int, int] | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
@@ -676,7 +677,7 @@ class PopService:
         deliver them again (the chaos runner, seed 9: a head cut off from every broker while it took over started
         from offset 0, and 300 acknowledged pops came back)."""
         topic = key[1]
-        path = self._handover_path(key)
+        path = self._handover_path(key, seg.gen)
         unanswered: dict[str, str] = {}
         for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync) if b and b not in asked):
             asked.add(copy)
@@ -696,10 +697,15 @@ class PopService:
                                                                          sorted(unanswered.items())))
         return None
 
-    async def freeze(self, key: Key, route_version: int, caller: str | None = None) -> dict[str, Any]:
+    async def freeze(self, key: Key, route_version: int, caller: str | None = None,
+                     copy_of_gen: int | None = None) -> dict[str, Any]:
         """A new head asks for this broker's pop state of ``key``: once this broker's routes are as new as the
         asker's and it is no longer the head, no pop here can move the pop offset again; freeze it and answer.
-        A broker ``caller`` must be the head the log names (None: an admin)."""
+        A broker ``caller`` must be the head the log names (None: an admin). With ``copy_of_gen`` the asker wants
+        the state of that gen, whose leader holds none, and a copy of it held here becomes this broker's own;
+        without, only this broker's own state answers (a copy of a later gen, taken over when the asker asked for
+        this broker's own older state, would hand the asker back deliveries it had since seen acked: the chaos
+        runner, fixed seed 884)."""
         group, topic, queue = key
         deadline = time.monotonic() + HANDOVER_WAIT_S
         while self.routes.version < route_version:
@@ -714,8 +720,8 @@ class PopService:
         async with self.locks.hold(key):
             st = self.states.get(key)
             rep = self.replica.states.get(key)
-            if rep is not None and (st is None or rep.gen > st.gen):
-                # A copy of a newer head's state than any led here (asked because that head's leader holds none):
+            if rep is not None and rep.gen == copy_of_gen and (st is None or rep.gen > st.gen):
+                # A copy of a newer head's state than any led here, asked for because that head's leader holds none:
                 # it becomes this broker's own, frozen, so its deliveries in flight come due and go to the head
                 self.replica.take(key)
                 st = self.states[key] = self._from_copy(rep, st, rep.gen)
