@@ -505,6 +505,36 @@ async def test_a_takeover_waits_for_a_copy_that_does_not_answer_when_the_older_l
     assert (st.gen, st.next_offset) == (1, 7)
 
 
+async def test_a_copy_that_answers_with_its_own_older_state_is_where_a_takeover_starts(node, monkeypatch):
+    """b2 led gen 0 and popped to 15; remaps moved the queue to b3 (which never popped it) and on to b1. b3 holds
+    nothing; b2, asked as gen 1's copy, answers with its own gen 0 state: that is where b1 starts, not the queue's
+    start (b2 is not asked again as gen 0's leader)."""
+    node.routes.update(route(6, [
+        route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                 physical_start=0, logic_start=0, logic_end=15, state="sealed", budget_end=10**6,
+                                 replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
+        route_model.segment_json(gen=1, broker="b3", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
+                                 physical_start=0, logic_start=15, logic_end=15, state="sealed", budget_end=10**6,
+                                 replicas=["b3", "b2"], in_sync=["b3", "b2"], sealer="b3"),
+        route_model.segment_json(gen=2, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g2",
+                                 physical_start=0, logic_start=15, logic_end=None, state="active", budget_end=10**6,
+                                 replicas=["b1"], in_sync=["b1"], sealer="b1")]))
+    asked = []
+
+    async def ask_freeze(seg, key):
+        asked.append(seg.broker)
+        return None
+
+    async def call(method, broker, address, path, json=None):
+        asked.append(broker)
+        return {"found": True, "gen": 0, "next_offset": 15}
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert asked == ["b3", "b2"] and (st.gen, st.next_offset) == (2, 15)
+
+
 async def test_a_takeover_on_the_same_broker_goes_on_from_its_own_pop_offset(node):
     await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(2)])
     assert [m.offset for m in await pop(node, 1)] == [0]

@@ -671,14 +671,16 @@ class PopService:
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str]) -> tuple[int, int] | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
-        broker's own; None when every one answered that it holds none. One that does not answer, while none that
-        did holds it, stops the takeover (503 BROKER_UNAVAILABLE, retried at the next pop): each copy the leader
-        waited for holds every ack it answered, and starting from an older state, or from the queue's start, would
-        deliver them again (the chaos runner, seed 9: a head cut off from every broker while it took over started
-        from offset 0, and 300 acknowledged pops came back)."""
+        broker's own; else the newest older state a copy answered with, its own; None when every one answered that
+        it holds none. One that does not answer, while none that did holds it, stops the takeover (503
+        BROKER_UNAVAILABLE, retried at the next pop): each copy the leader waited for holds every ack it answered,
+        and starting from an older state, or from the queue's start, would deliver them again (the chaos runner,
+        seed 9: a head cut off from every broker while it took over started from offset 0, and 300 acknowledged
+        pops came back)."""
         topic = key[1]
         path = self._handover_path(key, seg.gen)
         unanswered: dict[str, str] = {}
+        older: tuple[int, int] | None = None   # a copy's own state of an older gen: it is not asked again
         for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync) if b and b not in asked):
             asked.add(copy)
             try:
@@ -689,13 +691,18 @@ class PopService:
                 continue
             if body.get("found") and body["gen"] >= seg.gen:
                 return body["gen"], body["next_offset"]
+            if body.get("found") and (older is None or body["gen"] > older[0]):
+                # The copy led an older gen (the chaos runner, seed 9: a queue remapped twice before the second
+                # head popped it; the first head, asked here as a copy, was then passed over as an older head
+                # already asked, and the third started the group from offset 0)
+                older = (body["gen"], body["next_offset"])
         if unanswered:
             raise rejection(503, "BROKER_UNAVAILABLE", f"the pop state of queue {key[2]} of {topic!r} under gen "
                             f"{seg.gen} is held by none that answered, and {sorted(unanswered)} did not: starting "
                             "without them could deliver acknowledged pops again", queue=key[2],
                             broker=sorted(unanswered)[0], reason="; ".join(f"{b}: {why}" for b, why in
                                                                          sorted(unanswered.items())))
-        return None
+        return older
 
     async def freeze(self, key: Key, route_version: int, caller: str | None = None,
                      copy_of_gen: int | None = None) -> dict[str, Any]:
