@@ -92,10 +92,6 @@ def _print_summary(s: dict, replay: str) -> None:
         click.echo(f"  evidence: {json.dumps(v['evidence'])[:2000]}")
     for e in s["nemesis_errors"]:
         click.echo(f"NEMESIS ERROR: {e}")
-    again = s["checks"].get("redelivered_after_ack", 0)
-    if again:
-        click.echo(f"note: {again} acked pop(s) delivered again (at-least-once allows it; examples in --json, "
-                   "the faults' times in history.json)")
     b = s.get("broker_faults") or {}
     if b.get("faults"):
         click.echo(f"broker faults: {b['faults']} ({b['hit_a_leader']} hit a broker leading {b['heads_led_when_hit']} "

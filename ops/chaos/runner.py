@@ -78,7 +78,7 @@ def run(seed: int, duration_s: float, kinds: tuple[str, ...], dir_: str | None =
         stop_cluster(t.dir)
     summary.update(seed=seed, duration_s=duration_s, faults=list(kinds), dir=dir_,
                    wall_s=round(time.monotonic() - started, 1))
-    found = summary["violations"] or summary["nemesis_errors"] or summary["checks"].get("redelivered_after_ack")
+    found = summary["violations"] or summary["nemesis_errors"]
     if not found and not keep:
         shutil.rmtree(dir_, ignore_errors=True)
         summary["dir"] = None
@@ -288,6 +288,7 @@ def _history_checks(ops: list[Any], initial: str, paused: dict[str, list[tuple[f
     leases, lease_stats = checker.leases_never_overlap(ops)
     violations = register + checker.monotonic_versions(ops) + checker.committed_offsets(ops)
     violations += checker.exclusive_commits(ops) + leases + checker.stale_pop_acks(ops) + sized
+    violations += checker.acked_pops_stay_acked(ops)
     violations += checker.answered_in_budget(ops, ANSWER_BUDGET_S, paused)
     return violations, {**register_stats, **sized_stats, **lease_stats, **_sized_classes(ops)}
 
