@@ -135,6 +135,38 @@ def test_a_garbled_line_changes_nothing(bad):
     assert states == {}
 
 
+async def test_a_copy_takes_a_new_leader_s_state_whole_and_drops_a_deposed_leader_s_late_lines(tmp_path):
+    """The chaos runner, seed 13: a copy merged a new leader's lines into the old leader's state it held, so a
+    delivery acked at the old leader (its line never reached the copy) stayed in flight there, and the copy, elected
+    later, delivered it again."""
+    from broker.pop.replica import ReplicaPopStore
+    old = popped(3, now=0)                                        # gen 0: offsets 0, 1, 2 in flight
+    store = ReplicaPopStore(str(tmp_path / "replica.log"))
+    await store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS)])
+    old.ack(1)                                                    # answered there; its line never reaches the copy
+    new = QueueState(KEY, 3, 1)                                   # the next head's own state under gen 1
+    new.adopt(2, 650, 1, 0)                                       # ... holding what it took over
+    new.deliver_new(3, 700, 0, 1000)
+    first = new.take_line(DELIVERY_WRITE_DELAY_MS)
+    assert sorted(o for o, *_ in first[6]) == [2, 3], "the first line under a gen is whole"
+    await store.apply("t", 0, False, [first])
+    assert (store.states[KEY].gen, sorted(store.states[KEY].in_flight)) == (1, [2, 3])
+    await store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS + 1)])   # the deposed one, late
+    assert (store.states[KEY].gen, sorted(store.states[KEY].in_flight)) == (1, [2, 3])
+    store.close()
+    again = ReplicaPopStore(str(tmp_path / "replica.log"))
+    assert (again.states[KEY].gen, sorted(again.states[KEY].in_flight)) == (1, [2, 3]), "and so on replay"
+    again.close()
+
+
+def test_a_state_taken_over_under_a_new_gen_writes_every_delivery_in_its_next_line():
+    st = popped(2, now=0)
+    st.take_line(DELIVERY_WRITE_DELAY_MS)
+    assert st.take_line(DELIVERY_WRITE_DELAY_MS + 1) is None
+    st.gen = 1
+    assert sorted(o for o, *_ in st.take_line(DELIVERY_WRITE_DELAY_MS + 2)[6]) == [0, 1]
+
+
 # -- the journal ---------------------------------------------------------------------------------------------------
 
 async def test_the_journal_writes_rounds_replays_them_and_cuts_a_torn_tail(tmp_path):

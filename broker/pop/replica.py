@@ -4,7 +4,8 @@ only when a failover makes this broker the queue's head (service.py ``_state_for
 
 The file ``pop/replica.log`` holds checked lines (storage/lines.py) of two kinds, applied in order:
 - ``["L", line]``: a pop journal line of the leader (state.py ``take_line`` / ``full_line``), applied as the
-  broker's own journal applies it (``replay_line``);
+  broker's own journal applies it (``replay_line``); a line of a newer gen than the key's state held replaces it
+  (a leader's first line of a key under its gen is whole), one of an older gen is dropped;
 - ``["R", topic, queue]``: every state of that queue is dropped: a snapshot follows, which replaces what was held
   (a delta line only adds and removes, so a stale delivery would otherwise outlive the snapshot, here and on
   replay).
@@ -37,7 +38,16 @@ def _apply(states: dict[Key, QueueState], entry: Any) -> None:
         for key in [k for k in states if k[1] == topic and k[2] == queue]:
             del states[key]
     elif entry[0] == "L":
-        replay_line(states, entry[1])
+        line = entry[1]
+        held = states.get(tuple(line[:3]))
+        if held is not None and type(line[4]) is int and line[4] != held.gen:
+            if line[4] < held.gen:
+                return    # a deposed leader's line, late: the newer leader's state is what is held
+            # A new leader's first line of the key, whole (state.py ``take_line``): it replaces the older leader's
+            # state instead of adding to it, or a delivery acked there and not here would outlive it (the chaos
+            # runner, seed 13: a copy elected later delivered again an ack the old leader had answered)
+            del states[held.key]
+        replay_line(states, line)
     else:
         raise ValueError(f"unknown kind {entry[0]!r}")
 

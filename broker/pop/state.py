@@ -147,6 +147,10 @@ class QueueState:
                 self.dirty.add(offset)
             else:
                 break
+        if self.written_meta is not None and self.written_meta[0] != self.gen:
+            # The first line under a gen is whole, every written delivery in it: a copy replaces what it held of the
+            # key with it (pop/replica.py)
+            self.dirty.update(o for o, d in self.in_flight.items() if d.written)
         durable_next = min(self.next_offset, self.fresh[0][1]) if self.fresh else self.next_offset
         meta = (self.gen, self.frozen)
         if not self.dirty and not self.removed and durable_next == self.written_next and meta == self.written_meta:
