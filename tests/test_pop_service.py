@@ -458,6 +458,26 @@ async def test_adopted_deliveries_go_out_again_first_with_their_attempts(node):
     assert [(m.offset, m.attempt) for m in again] == [(2, 5), (3, 1)], "the adopted one first, its attempts kept"
 
 
+async def test_a_copy_of_an_older_gen_may_hand_over_deliveries(node):
+    """b3 held a copy of gen 0 (led by b2) and, asked for that gen's state, made it its own: its deliveries in flight
+    are its to hand over (the chaos runner, seed 7: refused 403, they sat on b3's disk alone until it was wiped)."""
+    node.routes.update(route(6, [
+        route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                 physical_start=0, logic_start=0, logic_end=0, state="sealed", budget_end=10**6,
+                                 replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
+        seg(1, "b1", 0, None, "active", 0)]))
+
+    async def ask_freeze(seg, key):
+        return (0, 3)
+    node.pop._ask_freeze = ask_freeze
+    with pytest.raises(ApiError) as e:
+        await node.pop.adopt(KEY, [[1, 2]], caller="b4")
+    assert e.value.status == 403, "b4 never held any gen of the queue"
+    assert await node.pop.adopt(KEY, [[1, 2]], caller="b3") == 1
+    st = node.pop.states[KEY]
+    assert 1 in st.ready and st.in_flight[1].attempt == 2, "due here at once, its attempts kept"
+
+
 async def test_adopt_on_a_broker_that_is_not_the_head_is_refused(node):
     node.routes.update(route(6, [seg(0, "b1", 0, 0, "sealed"), seg(1, "b2", 0, None, "active")]))
     with pytest.raises(ApiError) as e:

@@ -785,15 +785,19 @@ class PopService:
 
     async def adopt(self, key: Key, deliveries: list[list[int]], caller: str | None = None) -> int:
         """Expired deliveries of an older head: delivered again from here, before anything new. A broker
-        ``caller`` must be one the log names as an older head of the queue, or this broker itself (None: an admin)."""
+        ``caller`` must be one the log names as a holder of an older gen of the queue (its leader, a copy, its
+        sealer), or this broker itself (None: an admin). A copy hands over too: asked for the state of a gen whose
+        leader held none, it made its copy its own (``freeze``); refused, its deliveries in flight sat on its disk
+        alone (the chaos runner, seed 7: 403, then that broker was wiped, and a popped message never came back)."""
         group, topic, queue = key
         head = self.routes.head(topic, queue)
         if head is None or head.broker != self.me:
             raise not_leader(topic, queue, head)
         if caller is not None:
-            older = {seg.broker for seg in await self.reader.history(topic, queue) if seg.gen < head.gen}
+            older = {b for seg in await self.reader.history(topic, queue) if seg.gen < head.gen
+                     for b in (seg.broker, seg.sealer, *seg.replicas) if b}
             require_broker(caller, older | {self.me},
-                           f"hand over deliveries of queue {queue} of {topic!r}: it never held the queue's head")
+                           f"hand over deliveries of queue {queue} of {topic!r}: it never held an older gen of it")
         async with self.locks.hold(key):
             st = await self._state_for(key)
             if st is None:
