@@ -403,9 +403,11 @@ async def test_a_new_head_s_freeze_stops_pops_here_and_answers_the_pop_offset(no
     assert await node.pop.freeze(("other", "t", 0), 6, caller="b2") == {"found": False}
     st = node.pop.states[KEY]
     assert st.frozen
-    assert await node.pop.ack("g", [a.handle]) == [{"handle": a.handle, "ok": True}], "in flight: still acked here"
+    assert await node.pop.ack("g", [a.handle]) == [{"handle": a.handle, "ok": False, "code": "HANDLE_EXPIRED"}], \
+        "in flight, yet the head's now: every delivery goes to it at once, due or not (one owner per delivery)"
+    assert sorted(st.ready) == [0, 1], "both to hand over (b2 does not answer here: kept to try again)"
     assert [r for r in node.pop.stats("g")] == [{"group": "g", "topic": "t", "queue": 0, "pop_offset": 2,
-                                                  "in_flight": 1, "invisible": 1, "revive_backlog": 0,
+                                                  "in_flight": 2, "invisible": 2, "revive_backlog": 2,
                                                   "frozen": True, "gen": 0}]
 
 
@@ -456,6 +458,13 @@ async def test_adopted_deliveries_go_out_again_first_with_their_attempts(node):
     assert (st.gen, st.next_offset) == (1, 3)
     again = await pop(node, 5)
     assert [(m.offset, m.attempt) for m in again] == [(2, 5), (3, 1)], "the adopted one first, its attempts kept"
+    # One not due yet is in flight here until its deadline (an old head hands over every delivery when frozen)
+    assert await node.pop.adopt(KEY, [[2, 1, int(time.time() * 1000) + 300]], caller="b1") == 0, "2 is in flight"
+    await node.pop.ack("g", [got[0].handle, got[1].handle, again[0].handle])
+    assert await node.pop.adopt(KEY, [[0, 1, int(time.time() * 1000) + 300]], caller="b1") == 1
+    assert 0 in st.in_flight and 0 not in st.ready
+    await until(lambda: 0 in st.ready)
+    assert [(m.offset, m.attempt) for m in await pop(node, 5)] == [(0, 2)]
 
 
 async def test_a_copy_of_an_older_gen_may_hand_over_deliveries(node):

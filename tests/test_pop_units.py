@@ -355,6 +355,9 @@ def test_ack_invisible_dlq_and_adopt_bodies_are_bounded():
     assert refusal(params.dlq_query, {"offset": "-1"})[2] == {"field": "offset"}
     assert params.adopt_request({"deliveries": [[0, 0], [2**62 - 1, 3]]}) == [[0, 0], [2**62 - 1, 3]]
     assert params.adopt_request({"deliveries": [[1, 1]] * 100_000}) == [[1, 1]] * 100_000
-    for bad in (None, [[1, 2**62]], [[-1, 0]], [[1]], [[1, 2, 3]], [(1, 2)], [[1, True]], [[1, 1]] * 100_001):
+    assert params.adopt_request({"deliveries": [[1, 2, 2**62 - 1]]}) == [[1, 2, 2**62 - 1]], "with its deadline"
+    for bad in (None, [[1, 2**62]], [[-1, 0]], [[1]], [[1, 2, 3, 4]], [[1, 2, -3]], [(1, 2)], [[1, True]],
+                [[1, 1]] * 100_001):
         assert refusal(params.adopt_request, {"deliveries": bad}) == (
-            400, "deliveries must be a list of [offset, attempt]", {}), str(bad)[:40]
+            400, "deliveries must be a list of [offset, attempt] or [offset, attempt, deadline_ms]", {}), \
+            str(bad)[:40]

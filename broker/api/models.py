@@ -122,7 +122,8 @@ class ChangeInvisible(TypedDict):
 
 @with_config(STRICT)
 class Adopt(TypedDict):
-    deliveries: Annotated[list[Annotated[list[Offset], Field(min_length=2, max_length=2)]],
+    # [offset, attempt] (due now) or [offset, attempt, deadline_ms]
+    deliveries: Annotated[list[Annotated[list[Offset], Field(min_length=2, max_length=3)]],
                           Field(max_length=100_000)]
 
 

@@ -72,10 +72,11 @@ def dlq_query(query: Any) -> tuple[int, int]:
 def adopt_request(body: dict[str, Any]) -> list[list[int]]:
     raw = body.get("deliveries")
     if not isinstance(raw, list) or len(raw) > 100_000:
-        raise invalid("deliveries must be a list of [offset, attempt]")
+        raise invalid("deliveries must be a list of [offset, attempt] or [offset, attempt, deadline_ms]")
     out = []
     for d in raw:
-        if (not isinstance(d, list) or len(d) != 2 or not all(type(v) is int and 0 <= v < 2**62 for v in d)):
-            raise invalid("deliveries must be a list of [offset, attempt]")
+        if (not isinstance(d, list) or len(d) not in (2, 3)
+                or not all(type(v) is int and 0 <= v < 2**62 for v in d)):
+            raise invalid("deliveries must be a list of [offset, attempt] or [offset, attempt, deadline_ms]")
         out.append(d)
     return out

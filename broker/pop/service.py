@@ -127,6 +127,9 @@ class PopService:
                     self._schedule(key, offset, st.in_flight[offset].seq, d.deadline_ms)
             if st.dirty:
                 self.journal.touch(key)
+            if st.frozen and st.in_flight:
+                st.hand_over_all()
+                self._hand_over_soon(key)
         self.journal.start()
         self.reviver.start()
 
@@ -368,8 +371,8 @@ class PopService:
         verdict = st.check(h.offset, h.seq)
         if verdict == LIVE:
             if st.frozen and h.offset in st.ready:
-                # It came due after the queue moved: it is the new head's to deliver again (handed over, or being
-                # handed over right now); an ok here could not stop that delivery.
+                # The queue moved: it is the new head's now (handed over, or being handed over right now, due or
+                # not: ``freeze``); an ok here could not stop the head from delivering it again.
                 return "HANDLE_EXPIRED", h, st
             if not st.frozen and self._deposed(st):
                 return "HANDLE_EXPIRED", h, st
@@ -739,7 +742,12 @@ class PopService:
                 st.frozen = True
                 self.journal.touch(key)
                 await self.journal.durable()
-            self._hand_over_soon(key)   # deliveries that came due before the freeze
+            # One owner per delivery: every one in flight goes to the head now, due or not, and its handle is
+            # refused here from now on. Kept here until due, they sat on this broker's disk alone: wiped before
+            # then, they were never delivered again (the chaos runner, seed 7); copies of this broker's state could
+            # not stand in, the head's own copies holding the head's state alone.
+            st.hand_over_all()
+            self._hand_over_soon(key)
             return {"found": True, "gen": st.gen, "next_offset": st.next_offset, "in_flight": len(st.in_flight)}
 
     def _hand_over_soon(self, key: Key) -> None:
@@ -756,8 +764,9 @@ class PopService:
 
     async def _push_expired(self, key: Key) -> bool:
         """One push of the ready deliveries; False when it should be tried again later."""
-        """A frozen key's deliveries that came due go to the current head, which delivers them again; this broker
-        removes them once the head has them durably (and keeps them, to try again, when it cannot)."""
+        """A frozen key's deliveries (``ready``: all of them once frozen, due or not) go to the current head with their
+        deadlines; this broker removes them once the head has them durably (and keeps them, to try again, when it
+        cannot)."""
         st = self.states.get(key)
         if st is None or not st.frozen or not st.ready:
             return True
@@ -771,7 +780,7 @@ class PopService:
         try:
             await self.reader.peers.request(
                 "POST", head, f"/v1/pop-adopt/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}",
-                {"deliveries": [[o, d.attempt] for o, d in batch.items()]})
+                {"deliveries": [[o, d.attempt, d.deadline_ms] for o, d in batch.items()]})
         except ApiError as e:
             log.info("pop_handover_failed", key=key, code=e.code)
             return False
@@ -804,10 +813,12 @@ class PopService:
                 raise not_leader(topic, queue, self.routes.head(topic, queue))
             now = now_ms()
             taken = 0
-            for offset, attempt in deliveries:
+            for offset, attempt, *deadline in deliveries:
                 if offset in st.in_flight or offset >= st.next_offset:
                     continue
-                st.adopt(offset, self._next_seq(), attempt, now)
+                d = st.adopt(offset, self._next_seq(), attempt, now, deadline[0] if deadline else 0)
+                if offset not in st.ready:
+                    self._schedule(key, offset, d.seq, d.deadline_ms)
                 taken += 1
             self.journal.touch(key)
             await self.journal.durable()

@@ -69,12 +69,21 @@ class QueueState:
         self.dirty.add(offset)
         return d
 
-    def adopt(self, offset: int, seq: int, attempt: int, now_ms: int) -> Delivery:
-        """An expired delivery handed over by an older head (pop across remaps): ready at once, written at once."""
-        d = self.in_flight[offset] = Delivery(seq, attempt, now_ms)
-        self.ready[offset] = None
+    def adopt(self, offset: int, seq: int, attempt: int, now_ms: int, deadline_ms: int = 0) -> Delivery:
+        """A delivery handed over by an older head (pop across remaps), written at once: in flight until
+        ``deadline_ms``, ready at once when that has passed."""
+        d = self.in_flight[offset] = Delivery(seq, attempt, max(now_ms, deadline_ms))
+        if deadline_ms <= now_ms:
+            self.ready[offset] = None
         self.dirty.add(offset)
         return d
+
+    def hand_over_all(self) -> None:
+        """Frozen: every delivery in flight here goes to the head now, due or not (``ready`` holds what is to be
+        handed over), and its handle is refused here from now on (service.py ``_verdict``)."""
+        for offset, d in self.in_flight.items():
+            if not d.dead:
+                self.ready[offset] = None
 
     # -- handles ---------------------------------------------------------------------------------------------------
     def check(self, offset: int, seq: int) -> str:
