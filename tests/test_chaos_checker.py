@@ -267,6 +267,12 @@ def test_a_committed_offset_read_never_goes_back_past_an_acknowledged_commit():
     assert checker.committed_offsets(h + [ocommit(8, None, 3, outcome=UNKNOWN), oread(20, 21, 3)]) == []
     # a refused commit changes nothing
     assert len(checker.committed_offsets(h + [ocommit(8, 8.5, 3, outcome=FAIL), oread(9, 9.5, 3)])) == 1
+    # two commits overlapping, acknowledged in either order: either may have taken effect last
+    both = h + [ocommit(8, 12.1, 11), ocommit(10, 12.0, 13)]
+    assert checker.committed_offsets(both + [oread(13, 14, 13), oread(13, 14, 11)]) == []
+    assert len(checker.committed_offsets(both + [oread(13, 14, 9)])) == 1, "9 ended before both began"
+    assert len(checker.committed_offsets(both + [ocommit(12.5, 12.6, 15), oread(13, 14, 13)])) == 1, \
+        "15 began after both ended"
 
 
 # -- exclusive commits ---------------------------------------------------------------------------------------------

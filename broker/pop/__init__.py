@@ -40,10 +40,11 @@ knows it lost the head and no pop of its own can move the pop offset again; it t
 answers its gen and pop offset. The new head continues from the pop offset of the newest gen found (the queue's min
 offset if none), so nothing is skipped and nothing handed out there is handed out again. A broker that cannot be
 reached stops the takeover with 503 BROKER_UNAVAILABLE: starting without its offset could deliver twice.
-A frozen state's in-flight deliveries stay on the old broker, ackable there with their handles. The ones that come
-due are pushed to the current head (``POST /v1/pop-adopt/...``), which records them durably as ready and delivers
-them again before new messages; the old broker removes them only after that answer (and pushes again later if it
-fails). Dead letters of a frozen state are written by the old broker itself (it reads the message by logic offset).
+A frozen state's in-flight deliveries all go to the current head at once, due or not (``POST /v1/pop-adopt/...``,
+each with its deadline), which records them durably, invisible until their deadline and then delivered again before
+new messages; the old broker refuses their handles from the freeze on (HANDLE_EXPIRED) and removes them only after
+the head's answer (and pushes again later if it fails). One owner per delivery: kept on the old broker until due,
+they sat on its disk alone, and a wipe lost them (the chaos runner, seed 7). Dead letters of a frozen state are written by the old broker itself (it reads the message by logic offset).
 Known window: if the old broker dies after the new head recorded an adopted delivery but before its own removal was
 fsynced, it pushes that delivery again after its restart, and the new head may deliver it once more.
 
