@@ -564,6 +564,27 @@ async def test_a_copy_that_answers_with_its_own_older_state_is_where_a_takeover_
     assert asked == ["b3", "b2"] and (st.gen, st.next_offset) == (2, 15)
 
 
+async def test_a_leader_back_on_an_empty_disk_takes_its_older_gen_s_state_from_its_copies(node, monkeypatch):
+    """b1 led gen 0 and lost its disk; no copy in sync took over, so it leads on in gen 1 (cause restart). Its own
+    state of gen 0 is gone: b2, the copy it waited for, holds it, and that is where it starts."""
+    node.routes.update(route(6, [
+        route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                 physical_start=0, logic_start=0, logic_end=9, state="sealed", budget_end=10**6,
+                                 replicas=["b1", "b2"], in_sync=["b1", "b2"], sealer="b1"),
+        route_model.segment_json(gen=1, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
+                                 physical_start=0, logic_start=9, logic_end=None, state="active", budget_end=10**6,
+                                 replicas=["b1", "b2"], in_sync=["b1"], sealer="b1")]))
+    asked = []
+
+    async def call(method, broker, address, path, json=None):
+        asked.append((broker, path.split("copy_of_gen=")[-1]))
+        return {"found": True, "gen": 0, "next_offset": 9}
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert asked == [("b2", "0")] and (st.gen, st.next_offset) == (1, 9)
+
+
 async def test_a_takeover_on_the_same_broker_goes_on_from_its_own_pop_offset(node):
     await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(2)])
     assert [m.offset for m in await pop(node, 1)] == [0]
