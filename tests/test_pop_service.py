@@ -585,6 +585,36 @@ async def test_a_leader_back_on_an_empty_disk_takes_its_older_gen_s_state_from_i
     assert asked == [("b2", "0")] and (st.gen, st.next_offset) == (1, 9)
 
 
+async def test_a_copy_asked_for_a_later_gen_is_asked_again_for_an_older_one(node, monkeypatch):
+    """b1 led gen 0 and lost its disk; b3 led gen 1 and never popped; b1 leads gen 2. b2 holds a copy of gen 0 only:
+    asked for gen 1's it has none, asked for gen 0's it answers, and that is where b1 starts."""
+    node.routes.update(route(6, [
+        route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                 physical_start=0, logic_start=0, logic_end=9, state="sealed", budget_end=10**6,
+                                 replicas=["b1", "b2"], in_sync=["b1", "b2"], sealer="b1"),
+        route_model.segment_json(gen=1, broker="b3", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
+                                 physical_start=0, logic_start=9, logic_end=9, state="sealed", budget_end=10**6,
+                                 replicas=["b3", "b2"], in_sync=["b3", "b2"], sealer="b3"),
+        route_model.segment_json(gen=2, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g2",
+                                 physical_start=0, logic_start=9, logic_end=None, state="active", budget_end=10**6,
+                                 replicas=["b1"], in_sync=["b1"], sealer="b1")]))
+    asked = []
+
+    async def ask_freeze(seg, key):
+        asked.append((seg.broker, "own"))
+        return None
+
+    async def call(method, broker, address, path, json=None):
+        gen = path.split("copy_of_gen=")[-1]
+        asked.append((broker, gen))
+        return {"found": True, "gen": 0, "next_offset": 9} if gen == "0" else {"found": False}
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert asked == [("b3", "own"), ("b2", "1"), ("b2", "0")] and (st.gen, st.next_offset) == (2, 9)
+
+
 async def test_a_takeover_on_the_same_broker_goes_on_from_its_own_pop_offset(node):
     await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(2)])
     assert [m.offset for m in await pop(node, 1)] == [0]

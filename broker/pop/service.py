@@ -524,7 +524,8 @@ class PopService:
                             "(group, topic, queue)", limit=POP_QUEUES_MAX)
         best: tuple[int, int] | None = (st.gen, st.next_offset) if st is not None else None
         copied: QueueState | None = None   # this broker's copy of a lost leader's state, when it is the newest
-        asked = {self.me}
+        asked = {self.me}                                 # brokers whose own state is known
+        asked_copies: set[tuple[str, int]] = set()        # (broker, gen) asked for a copy of that gen's state
         for seg in reversed(await self.reader.history(topic, queue)):
             if seg.gen >= head.gen or len(asked) > HANDOVER_PEERS_MAX:
                 continue
@@ -532,7 +533,7 @@ class PopService:
                 # This broker led that gen and holds nothing of it: back on an empty disk, it leads on (a restart
                 # with no copy in sync to take over); the copies it waited for hold what it acknowledged (the chaos
                 # runner, seed 9: two groups started over from offset 0)
-                got = await self._ask_copies(seg, key, asked)
+                got = await self._ask_copies(seg, key, asked, asked_copies)
                 if got is not None and (best is None or got[0] > best[0]):
                     best, copied = got, None
                 continue
@@ -556,7 +557,7 @@ class PopService:
                 if rep is not None and rep.gen == seg.gen and (best is None or rep.gen > best[0]):
                     best, copied = (rep.gen, rep.next_offset), rep
                     continue
-                got = await self._ask_copies(seg, key, asked)
+                got = await self._ask_copies(seg, key, asked, asked_copies)
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
             # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
             # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
@@ -682,7 +683,8 @@ class PopService:
                 f"?route_version={self.routes.version}")
         return path if copy_of_gen is None else f"{path}&copy_of_gen={copy_of_gen}"
 
-    async def _ask_copies(self, seg: Segment, key: Key, asked: set[str]) -> tuple[int, int] | None:
+    async def _ask_copies(self, seg: Segment, key: Key, asked: set[str],
+                          asked_copies: set[tuple[str, int]]) -> tuple[int, int] | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
         broker's own; else the newest older state a copy answered with, its own; None when every one answered that
         it holds none. One that does not answer, while none that did holds it, stops the takeover (503
@@ -694,8 +696,12 @@ class PopService:
         path = self._handover_path(key, seg.gen)
         unanswered: dict[str, str] = {}
         older: tuple[int, int] | None = None   # a copy's own state of an older gen: it is not asked again
-        for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync) if b and b not in asked):
-            asked.add(copy)
+        # A broker asked for a later gen's copy may hold a copy of this one: asked again (the chaos runner, seed 9:
+        # b2, asked for gen 2's state, held gen 0's copy and was never asked for it; the head started over from 0)
+        for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync)
+                                  if b and b not in (self.me, seg.broker) and (b, seg.gen) not in asked_copies):
+            asked_copies.add((copy, seg.gen))
+            asked.add(copy)   # its own state is in its answer: not asked again as an older gen's leader
             try:
                 body = await self.reader.peers.call("POST", copy, self.routes.address(topic, copy), path)
             except (ApiError, Unreachable) as e:
