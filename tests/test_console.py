@@ -400,7 +400,16 @@ async def test_topics_are_created_grown_configured_and_deleted_from_the_console(
     await page.click("#grow button[type=submit]")
     await expect(page.locator(".flash")).to_contain_text("grown to 3 queues")
     await expect(page.locator("#queues tbody tr")).to_have_count(3)
+    # What someone typed survives a live refresh, focused or not: a change the log applies while the text sits in
+    # the form (out of focus here) leaves it in place (it once came under the click and the form went out empty)
     await page.fill("#config-form textarea[name=set]", "retention=7d\nowner=billing")
+    await page.locator("h1").click()
+    drawn = await page.evaluate("document.body.dataset.refreshed || '0'")
+    status, _, _ = await c.call("PUT", url + "/v1/groups/console-typing/config", json={"max_attempts": 3})
+    assert status == 200
+    await page.wait_for_timeout(1500)   # the change event and the fetch it starts: milliseconds here
+    assert await page.evaluate("document.body.dataset.refreshed || '0'") == drawn, "the page was not drawn again"
+    await expect(page.locator("#config-form textarea[name=set]")).to_have_value("retention=7d\nowner=billing")
     await page.click("#config-form button[type=submit]")
     await expect(page.locator(".flash")).to_contain_text("config saved")
     await page.fill("#config-form input[name=unset]", "owner")

@@ -18,6 +18,22 @@
     return el && content.contains(el) && /^(INPUT|SELECT|TEXTAREA)$/.test(el.tagName);
   }
 
+  // A field whose value is not the one the page was drawn with: someone typed it, maybe while a fetch was on its way
+  function dirty() {
+    var fields = content.querySelectorAll("input, textarea, select");
+    for (var i = 0; i < fields.length; i++) {
+      var f = fields[i];
+      if (f.type === "hidden" || f.type === "submit") continue;
+      if (f.type === "checkbox" || f.type === "radio") { if (f.checked !== f.defaultChecked) return true; }
+      else if (f.tagName === "SELECT") {
+        var drawn = 0;   // the option drawn selected, else the first
+        for (var j = 0; j < f.options.length; j++) if (f.options[j].defaultSelected) { drawn = j; break; }
+        if (f.options.length && f.selectedIndex !== drawn) return true;
+      } else if (f.value !== f.defaultValue) return true;
+    }
+    return false;
+  }
+
   function refresh() {
     if (busy) { again = true; return; }
     if (editing()) { held = true; return; }   // never throw away what someone is typing: once they leave the form
@@ -28,10 +44,15 @@
       if (r.status === 401) { window.location.reload(); return null; }   // logged out: the server redirects
       return r.ok ? r.text() : null;
     }).then(function (html) {
-      if (html !== null && html !== undefined) {
-        content.innerHTML = html;
-        body.dataset.refreshed = String(Number(body.dataset.refreshed || 0) + 1);
+      if (html === null || html === undefined) return;
+      if (editing() || dirty()) {
+        // Typed into while the fetch was on its way (the check above ran before it): kept, and drawn again once
+        // the form is left (a console test's config form was submitted empty: its text replaced under the click)
+        held = true;
+        return;
       }
+      content.innerHTML = html;
+      body.dataset.refreshed = String(Number(body.dataset.refreshed || 0) + 1);
     }).catch(function () { /* the next event or poll tries again */ }).then(function () {
       busy = false;
       if (again) { again = false; refresh(); }
@@ -39,7 +60,7 @@
   }
 
   content.addEventListener("focusout", function () {
-    setTimeout(function () { if (held && !editing()) { held = false; refresh(); } }, 0);
+    setTimeout(function () { if (held && !editing() && !dirty()) { held = false; refresh(); } }, 0);
   });
 
   var source = new EventSource("/console/events?after=" + encodeURIComponent(body.dataset.version || "0"));
