@@ -369,17 +369,26 @@ def exclusive_commits(ops: Iterable[Op]) -> list[dict[str, Any]]:
 
 
 # -- pops ------------------------------------------------------------------------------------------------------------
+def _first_ok_acks(ops: Iterable[Op]) -> dict[str, Op]:
+    """Each handle the broker answered ok for, with the first ack (by completion) that got that answer."""
+    first: dict[str, Op] = {}
+    for o in ops:
+        if o.kind == "ack" and o.outcome == OK:
+            for r in o.output.get("results", []):
+                if r.get("ok") and (r["handle"] not in first or o.complete < first[r["handle"]].complete):
+                    first[r["handle"]] = o
+    return first
+
+
 def pops_acked_or_redelivered(ops: Iterable[Op], dead_lettered: set[tuple[str, int, int]],
                               pop_topic: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """``pop`` ops (ok) output ``messages``: [{"queue","offset","handle"}]; ``ack`` ops input ``handles`` and, when
     ok, output ``results``: [{"handle","ok"}]. An ack of unknown outcome counts as possibly acked.
     ``dead_lettered``: (topic, queue, origin offset) found in the group's dead-letter queues at the end."""
     ops = list(ops)
-    acked: set[str] = set()          # the broker answered ok: true, or the ack's outcome is unknown
+    acked = set(_first_ok_acks(ops))   # the broker answered ok, or (below) the ack's outcome is unknown
     for o in ops:
-        if o.kind == "ack" and o.outcome == OK:
-            acked |= {r["handle"] for r in o.output.get("results", []) if r.get("ok")}
-        elif o.kind == "ack" and o.outcome == UNKNOWN:
+        if o.kind == "ack" and o.outcome == UNKNOWN:
             acked |= set(o.input["handles"])
     deliveries: dict[tuple[int, int], list[tuple[Op, dict[str, Any]]]] = defaultdict(list)
     for o in ops:
@@ -412,12 +421,7 @@ def acked_pops_stay_acked(ops: Iterable[Op]) -> list[dict[str, Any]]:
     nor is a redelivery after an ack of unknown outcome. A late ack through a superseded handle answered ok once the
     newer delivery's own ack had been (stale_pop_acks) is judged from its own completion like any other."""
     ops = list(ops)
-    confirmed: dict[str, Op] = {}         # handle -> the first ack the broker answered ok for it
-    for o in ops:
-        if o.kind == "ack" and o.outcome == OK:
-            for r in o.output.get("results", []):
-                if r.get("ok") and (r["handle"] not in confirmed or o.complete < confirmed[r["handle"]].complete):
-                    confirmed[r["handle"]] = o
+    confirmed = _first_ok_acks(ops)
     deliveries: dict[tuple[int, int], list[tuple[Op, str]]] = defaultdict(list)
     for o in ops:
         if o.kind == "pop" and o.outcome == OK:
@@ -448,16 +452,12 @@ def stale_pop_acks(ops: Iterable[Op]) -> list[dict[str, Any]]:
     ops = list(ops)
     delivered: dict[str, tuple[Op, tuple[int, int]]] = {}           # handle -> its pop, (queue, offset)
     by_message: dict[tuple[str, int, int], list[tuple[Op, str]]] = defaultdict(list)   # (address, q, off) -> pops
-    acked_at: dict[str, float] = {}                                  # handle -> when its first ok ack completed
+    acked_at = {h: a.complete for h, a in _first_ok_acks(ops).items()}   # handle -> when its first ok ack ended
     for o in ops:
         if o.kind == "pop" and o.outcome == OK:
             for m in o.output.get("messages", []):
                 delivered[m["handle"]] = (o, (m["queue"], m["offset"]))
                 by_message[(o.input["address"], m["queue"], m["offset"])].append((o, m["handle"]))
-        elif o.kind == "ack" and o.outcome == OK:
-            for r in o.output.get("results", []):
-                if r.get("ok"):
-                    acked_at[r["handle"]] = min(acked_at.get(r["handle"], math.inf), o.complete)
     out = []
     for a in ops:
         if a.kind != "ack" or a.outcome != OK:
