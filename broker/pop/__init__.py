@@ -43,8 +43,9 @@ reached stops the takeover with 503 BROKER_UNAVAILABLE: starting without its off
 A frozen state's in-flight deliveries all go to the current head at once, due or not (``POST /v1/pop-adopt/...``,
 each with its deadline), which records them durably, invisible until their deadline and then delivered again before
 new messages; the old broker refuses their handles from the freeze on (HANDLE_EXPIRED) and removes them only after
-the head's answer (and pushes again later if it fails). One owner per delivery: kept on the old broker until due,
-they sat on its disk alone, and a wipe lost them (the chaos runner, seed 7). Dead letters of a frozen state are written by the old broker itself (it reads the message by logic offset).
+the head's answer (and pushes again later if it fails); a restart of the old broker starts that over. One owner
+per delivery: kept on the old broker until due, they sat on its disk alone, and a wipe lost them (the chaos runner,
+seed 7). Dead letters of a frozen state are written by the old broker itself (it reads the message by logic offset).
 Known window: if the old broker dies after the new head recorded an adopted delivery but before its own removal was
 fsynced, it pushes that delivery again after its restart, and the new head may deliver it once more.
 

@@ -46,9 +46,13 @@ log = structlog.get_logger("broker.pop")
 SEQ_BITS = 32                    # deliveries per incarnation; the incarnation sits above
 HEAP_CHECK_EVERY = 10_000        # deliveries scheduled between two looks at the revive heap's size
 HANDOVER_WAIT_S = 5.0            # how long an old head waits to see the route that moved the queue away
+TAKEOVER_RETRY_S = 1.0           # a takeover of copies that could not finish is tried again no sooner
 
 
-TAKEOVER_RETRY_S = 1.0   # a takeover of copies that could not finish is tried again no sooner
+def _queue_path(what: str, key: Key) -> str:
+    """A broker-to-broker path of one group's state of one queue (``pop-handover``, ``pop-adopt``)."""
+    group, topic, queue = key
+    return f"/v1/{what}/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
 
 
 def now_ms() -> int:
@@ -639,11 +643,11 @@ class PopService:
         come due here under new numbers, so every handle made for them before is refused, this broker's own among them
         (elected again, it held a copy of its own deliveries: the chaos runner's fixed seed saw an ack of a handle it
         had since superseded answered ok), and they are delivered again once due, at least once; the whole state is
-        written to this broker's journal. Deliveries of an older
-        state of its own stay in flight beside them when a remap froze it (they are this broker's to hand over);
-        not when a failover deposed it: the copy elected then took them over, and the copy holds what became of them
-        (the chaos runner, seed 9: a leader deposed, elected again later, delivered again what the heads between
-        had delivered and seen acked)."""
+        written to this broker's journal. Deliveries of an older state of its own stay in flight beside them when a
+        remap froze it (they are this broker's to hand over); not when a failover deposed it: the copy elected then
+        took them over, and the copy holds what became of them (the chaos runner, seed 9: a leader deposed, elected
+        again later, delivered again what the heads between had delivered and seen acked). Their journal lines
+        are removed with this state's first line."""
         st = QueueState(copied.key, copied.next_offset, gen)
         if own is not None and own.frozen:
             for offset, d in own.in_flight.items():
@@ -678,9 +682,7 @@ class PopService:
         return (body["gen"], body["next_offset"]) if body.get("found") else None
 
     def _handover_path(self, key: Key, copy_of_gen: int | None = None) -> str:
-        group, topic, queue = key
-        path = (f"/v1/pop-handover/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
-                f"?route_version={self.routes.version}")
+        path = f"{_queue_path('pop-handover', key)}?route_version={self.routes.version}"
         return path if copy_of_gen is None else f"{path}&copy_of_gen={copy_of_gen}"
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str],
@@ -748,7 +750,7 @@ class PopService:
             rep = self.replica.states.get(key)
             if rep is not None and rep.gen == copy_of_gen and (st is None or rep.gen > st.gen):
                 # A copy of a newer head's state than any led here, asked for because that head's leader holds none:
-                # it becomes this broker's own, frozen, so its deliveries in flight come due and go to the head
+                # it becomes this broker's own, frozen, and its deliveries in flight go to the head below
                 self.replica.take(key)
                 st = self.states[key] = self._from_copy(rep, st, rep.gen)
                 st.frozen = False
@@ -779,14 +781,13 @@ class PopService:
             self._handing.discard(key)
 
     async def _push_expired(self, key: Key) -> bool:
-        """One push of the ready deliveries; False when it should be tried again later."""
-        """A frozen key's deliveries (``ready``: all of them once frozen, due or not) go to the current head with their
-        deadlines; this broker removes them once the head has them durably (and keeps them, to try again, when it
-        cannot)."""
+        """One push of a frozen key's deliveries (``ready``: all of them once frozen, due or not) to the current head,
+        with their deadlines; this broker removes them once the head has them durably. False when it should be tried
+        again later."""
         st = self.states.get(key)
         if st is None or not st.frozen or not st.ready:
             return True
-        group, topic, queue = key
+        _, topic, queue = key
         head = self.routes.head(topic, queue)
         if head is not None and head.broker == self.me:
             return True            # the head came back here: the next pop takes the state over, ready ones first
@@ -794,9 +795,8 @@ class PopService:
             return False           # routes not followed yet after a restart, or no address: try again shortly
         batch = {o: st.in_flight[o] for o in list(st.ready)[:IN_FLIGHT_PER_QUEUE_MAX] if o in st.in_flight}
         try:
-            await self.reader.peers.request(
-                "POST", head, f"/v1/pop-adopt/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}",
-                {"deliveries": [[o, d.attempt, d.deadline_ms] for o, d in batch.items()]})
+            await self.reader.peers.request("POST", head, _queue_path("pop-adopt", key),
+                                            {"deliveries": [[o, d.attempt, d.deadline_ms] for o, d in batch.items()]})
         except ApiError as e:
             log.info("pop_handover_failed", key=key, code=e.code)
             return False
@@ -809,7 +809,8 @@ class PopService:
         return not st.ready
 
     async def adopt(self, key: Key, deliveries: list[list[int]], caller: str | None = None) -> int:
-        """Expired deliveries of an older head: delivered again from here, before anything new. A broker
+        """Deliveries of an older head ([offset, attempt] due now, or [offset, attempt, deadline_ms]): delivered
+        again from here once due, before anything new. A broker
         ``caller`` must be one the log names as a holder of an older gen of the queue (its leader, a copy, its
         sealer), or this broker itself (None: an admin). A copy hands over too: asked for the state of a gen whose
         leader held none, it made its copy its own (``freeze``); refused, its deliveries in flight sat on its disk

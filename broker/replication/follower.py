@@ -38,8 +38,8 @@ CATCH_UP_BACKOFF = Backoff(0.2, 10.0, jitter=False)   # a sealed copy no holder 
 CATCH_UPS_MAX = 10_000           # sealed copies catching up at once
 COPIES_HELD_PER_REPORT_MAX = 1_024   # meta's SEALS_PER_REPORT_MAX: copies one POST .../copies-held names
 LISTING_BACKOFF = Backoff(0.5, 30.0, jitter=False)   # asking meta again for the sealed copies after a failure
-LISTING_SLOT_WAIT_S = 0.5
-EPOCH_CHECK_S = 1.0              # an idle stream checks this often that it still streams under this registration        # a listed copy waits this long for one of the CATCH_UPS_MAX catch-ups to end
+LISTING_SLOT_WAIT_S = 0.5        # a listed copy waits this long for one of the CATCH_UPS_MAX catch-ups to end
+EPOCH_CHECK_S = 1.0              # an idle stream checks this often that it still streams under this registration
 
 
 class _Link:
