@@ -24,11 +24,12 @@ STOP_S = 10.0       # the pop service's stop: its tasks cancelled, its journal w
 
 
 def seg(gen: int, broker: str, logic_start: int | None, logic_end: int | None, state: str,
-        physical_start: int = 0) -> dict:
+        physical_start: int = 0, replicas: list[str] | None = None, in_sync: list[str] | None = None,
+        sealer: str | None = None) -> dict:
     return route_model.segment_json(gen=gen, broker=broker, address="http://127.0.0.1:1",
                                     physical_queue=f"t.q0.g{gen}", physical_start=physical_start,
                                     logic_start=logic_start, logic_end=logic_end, state=state,
-                                    budget_end=1_000_000)
+                                    budget_end=1_000_000, replicas=replicas, in_sync=in_sync, sealer=sealer)
 
 
 def route(version: int, segments: list[dict], queues: int = 1, writable: bool = True) -> dict:
@@ -41,6 +42,12 @@ def route(version: int, segments: list[dict], queues: int = 1, writable: bool = 
 
 def one_head(version: int = 5, broker: str = "b1") -> dict:
     return route(version, [seg(0, broker, 0, None, "active")])
+
+
+def restarted_service(node):
+    """The pop service b1 would start with after a restart: the same data directory, routes and settings."""
+    return service_mod.PopService("b1", node.config.data_dir, node.routes, node.reader, lambda: True,
+                                  node.pop.settings, node.pop.signals)
 
 
 @pytest.fixture
@@ -123,7 +130,6 @@ async def test_another_group_s_max_attempts_and_the_default_are_its_own(node):
 
 
 async def test_a_dead_letter_interrupted_before_its_copy_is_made_once_after_a_restart(broker_node):
-    from broker.pop.service import PopService
     node = broker_node
     node.routes.update(one_head())
     await node.pop.start()
@@ -138,8 +144,7 @@ async def test_a_dead_letter_interrupted_before_its_copy_is_made_once_after_a_re
     await node.pop.reviver.stop()
     await node.pop.journal.close()
     node.pop.dlq.close()
-    again = PopService("b1", node.config.data_dir, node.routes, node.reader, lambda: True, node.pop.settings,
-                       node.pop.signals)
+    again = restarted_service(node)
     await again.start()
     try:
         await until(lambda: not again.states[KEY].in_flight)
@@ -152,7 +157,6 @@ async def test_a_dead_letter_interrupted_before_its_copy_is_made_once_after_a_re
 async def test_an_ack_through_a_superseded_handle_of_a_message_acked_since_changes_nothing(broker_node):
     """Refused HANDLE_EXPIRED while the broker remembers which delivery was acked; after a restart it no longer
     does, and answers ok: the message is done either way (the chaos runner's stale_pop_acks judges it so)."""
-    from broker.pop.service import PopService
     node = broker_node
     node.routes.update(one_head())
     await node.pop.start()
@@ -164,8 +168,7 @@ async def test_an_ack_through_a_superseded_handle_of_a_message_acked_since_chang
     assert await node.pop.ack("g", [again.handle]) == [{"handle": again.handle, "ok": True}]
     assert (await node.pop.ack("g", [first.handle]))[0]["code"] == "HANDLE_EXPIRED"
     await node.pop.stop()
-    restarted = PopService("b1", node.config.data_dir, node.routes, node.reader, lambda: True, node.pop.settings,
-                           node.pop.signals)
+    restarted = restarted_service(node)
     await restarted.start()
     try:
         assert await restarted.ack("g", [first.handle]) == [{"handle": first.handle, "ok": True}]
@@ -270,15 +273,9 @@ async def test_an_older_head_s_own_answer_beats_a_copy_of_its_state_held_here(no
     from broker.pop.state import QueueState
     everyone = ["b1", "b2", "b3"]
     node.routes.update(route(9, [
-        route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
-                                 physical_start=0, logic_start=0, logic_end=40, state="sealed", budget_end=10**6,
-                                 replicas=everyone, in_sync=everyone, sealer="b2"),
-        route_model.segment_json(gen=1, broker="b3", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
-                                 physical_start=0, logic_start=40, logic_end=40, state="sealed", budget_end=10**6,
-                                 replicas=["b3", "b1"], in_sync=["b3", "b1"], sealer="b1"),
-        route_model.segment_json(gen=2, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g2",
-                                 physical_start=0, logic_start=40, logic_end=None, state="active", budget_end=10**6,
-                                 replicas=["b1"], in_sync=["b1"], sealer="b1")]))
+        seg(0, "b2", 0, 40, "sealed", replicas=everyone, in_sync=everyone, sealer="b2"),
+        seg(1, "b3", 40, 40, "sealed", replicas=["b3", "b1"], in_sync=["b3", "b1"], sealer="b1"),
+        seg(2, "b1", 40, None, "active")]))
     node.pop.replica.states[KEY] = QueueState(KEY, 10, 0)
 
     async def ask_freeze(seg, key):
@@ -294,23 +291,15 @@ def deposed_and_back(sealer_of_gen1: str) -> dict:
     remap; b1: a failover); b1 leads gen 2."""
     both = ["b1", "b2"]
     return route(9, [
-        route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
-                                 physical_start=0, logic_start=0, logic_end=2, state="sealed", budget_end=10**6,
-                                 replicas=both, in_sync=["b2"], sealer="b2"),
-        route_model.segment_json(gen=1, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
-                                 physical_start=0, logic_start=2, logic_end=2, state="sealed", budget_end=10**6,
-                                 replicas=both, in_sync=both, sealer=sealer_of_gen1),
-        route_model.segment_json(gen=2, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g2",
-                                 physical_start=0, logic_start=2, logic_end=None, state="active", budget_end=10**6,
-                                 replicas=["b1"], in_sync=["b1"], sealer="b1")])
+        seg(0, "b1", 0, 2, "sealed", replicas=both, in_sync=["b2"], sealer="b2"),
+        seg(1, "b2", 2, 2, "sealed", replicas=both, in_sync=both, sealer=sealer_of_gen1),
+        seg(2, "b1", 2, None, "active")])
 
 
 async def restarted_state(node):
     """The state of KEY as the journal replays it after a restart."""
-    from broker.pop.service import PopService
     await node.pop.stop()
-    again = PopService("b1", node.config.data_dir, node.routes, node.reader, lambda: True, node.pop.settings,
-                       node.pop.signals)
+    again = restarted_service(node)
     try:
         return again.states[KEY]
     finally:
@@ -431,6 +420,28 @@ async def test_a_copy_becomes_this_broker_s_state_only_when_the_asker_asks_for_t
     assert (answer["gen"], answer["next_offset"]) == (1, 9) and 5 in node.pop.states[KEY].in_flight
 
 
+async def test_a_frozen_state_s_deliveries_are_handed_over_again_after_a_restart(broker_node):
+    """The freeze hands every delivery in flight to the new head; the old head restarted before the head took them
+    starts that over, due or not, and keeps refusing their handles."""
+    node = broker_node
+    node.routes.update(one_head())
+    await node.pop.start()
+    await node.writer.send("t", 0, [{"body": "a"}, {"body": "b"}])
+    a, _ = await pop(node, 2)
+    node.routes.update(route(6, [seg(0, "b1", 0, 2, "sealed"), seg(1, "b2", 2, None, "active", 2)]))
+    await node.pop.freeze(KEY, 6, caller="b2")   # b2 does not answer here: both stay to hand over
+    await node.pop.stop()
+    again = restarted_service(node)
+    await again.start()
+    try:
+        st = again.states[KEY]
+        assert st.frozen and sorted(st.ready) == [0, 1], "both to hand over, though neither is due"
+        assert (await again.ack("g", [a.handle]))[0]["code"] == "HANDLE_EXPIRED"
+    finally:
+        async with asyncio.timeout(STOP_S):
+            await again.stop()
+
+
 async def test_a_frozen_delivery_that_came_due_is_the_new_head_s_and_expires_here(node):
     await node.writer.send("t", 0, [{"body": "m"}])
     [a] = await pop(node, 1, invisible_ms=50)
@@ -471,9 +482,7 @@ async def test_a_copy_of_an_older_gen_may_hand_over_deliveries(node):
     """b3 held a copy of gen 0 (led by b2) and, asked for that gen's state, made it its own: its deliveries in flight
     are its to hand over (the chaos runner, seed 7: refused 403, they sat on b3's disk alone until it was wiped)."""
     node.routes.update(route(6, [
-        route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
-                                 physical_start=0, logic_start=0, logic_end=0, state="sealed", budget_end=10**6,
-                                 replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
+        seg(0, "b2", 0, 0, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
         seg(1, "b1", 0, None, "active", 0)]))
 
     async def ask_freeze(seg, key):
@@ -509,12 +518,8 @@ async def test_a_takeover_waits_for_a_copy_that_does_not_answer_when_the_older_l
     pops nothing until it does (starting from the queue's start would deliver every acknowledged pop again), then
     starts where b3's copy says."""
     node.routes.update(route(6, [
-        route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
-                                 physical_start=0, logic_start=0, logic_end=7, state="sealed", budget_end=10**6,
-                                 replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
-        route_model.segment_json(gen=1, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
-                                 physical_start=0, logic_start=7, logic_end=None, state="active", budget_end=10**6,
-                                 replicas=["b1"], in_sync=["b1"], sealer="b1")]))
+        seg(0, "b2", 0, 7, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
+        seg(1, "b1", 7, None, "active")]))
 
     async def ask_freeze(seg, key):
         return None
@@ -539,15 +544,9 @@ async def test_a_copy_that_answers_with_its_own_older_state_is_where_a_takeover_
     nothing; b2, asked as gen 1's copy, answers with its own gen 0 state: that is where b1 starts, not the queue's
     start (b2 is not asked again as gen 0's leader)."""
     node.routes.update(route(6, [
-        route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
-                                 physical_start=0, logic_start=0, logic_end=15, state="sealed", budget_end=10**6,
-                                 replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
-        route_model.segment_json(gen=1, broker="b3", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
-                                 physical_start=0, logic_start=15, logic_end=15, state="sealed", budget_end=10**6,
-                                 replicas=["b3", "b2"], in_sync=["b3", "b2"], sealer="b3"),
-        route_model.segment_json(gen=2, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g2",
-                                 physical_start=0, logic_start=15, logic_end=None, state="active", budget_end=10**6,
-                                 replicas=["b1"], in_sync=["b1"], sealer="b1")]))
+        seg(0, "b2", 0, 15, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
+        seg(1, "b3", 15, 15, "sealed", replicas=["b3", "b2"], in_sync=["b3", "b2"], sealer="b3"),
+        seg(2, "b1", 15, None, "active")]))
     asked = []
 
     async def ask_freeze(seg, key):
@@ -568,12 +567,8 @@ async def test_a_leader_back_on_an_empty_disk_takes_its_older_gen_s_state_from_i
     """b1 led gen 0 and lost its disk; no copy in sync took over, so it leads on in gen 1 (cause restart). Its own
     state of gen 0 is gone: b2, the copy it waited for, holds it, and that is where it starts."""
     node.routes.update(route(6, [
-        route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
-                                 physical_start=0, logic_start=0, logic_end=9, state="sealed", budget_end=10**6,
-                                 replicas=["b1", "b2"], in_sync=["b1", "b2"], sealer="b1"),
-        route_model.segment_json(gen=1, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
-                                 physical_start=0, logic_start=9, logic_end=None, state="active", budget_end=10**6,
-                                 replicas=["b1", "b2"], in_sync=["b1"], sealer="b1")]))
+        seg(0, "b1", 0, 9, "sealed", replicas=["b1", "b2"], in_sync=["b1", "b2"], sealer="b1"),
+        seg(1, "b1", 9, None, "active", replicas=["b1", "b2"], in_sync=["b1"], sealer="b1")]))
     asked = []
 
     async def call(method, broker, address, path, json=None):
@@ -589,15 +584,9 @@ async def test_a_copy_asked_for_a_later_gen_is_asked_again_for_an_older_one(node
     """b1 led gen 0 and lost its disk; b3 led gen 1 and never popped; b1 leads gen 2. b2 holds a copy of gen 0 only:
     asked for gen 1's it has none, asked for gen 0's it answers, and that is where b1 starts."""
     node.routes.update(route(6, [
-        route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
-                                 physical_start=0, logic_start=0, logic_end=9, state="sealed", budget_end=10**6,
-                                 replicas=["b1", "b2"], in_sync=["b1", "b2"], sealer="b1"),
-        route_model.segment_json(gen=1, broker="b3", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
-                                 physical_start=0, logic_start=9, logic_end=9, state="sealed", budget_end=10**6,
-                                 replicas=["b3", "b2"], in_sync=["b3", "b2"], sealer="b3"),
-        route_model.segment_json(gen=2, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g2",
-                                 physical_start=0, logic_start=9, logic_end=None, state="active", budget_end=10**6,
-                                 replicas=["b1"], in_sync=["b1"], sealer="b1")]))
+        seg(0, "b1", 0, 9, "sealed", replicas=["b1", "b2"], in_sync=["b1", "b2"], sealer="b1"),
+        seg(1, "b3", 9, 9, "sealed", replicas=["b3", "b2"], in_sync=["b3", "b2"], sealer="b3"),
+        seg(2, "b1", 9, None, "active")]))
     asked = []
 
     async def ask_freeze(seg, key):
