@@ -61,12 +61,14 @@ SEAL_BACKOFF = Backoff(SEAL_RETRY_S, SEAL_RETRY_S_MAX, jitter=False)
 class MetaLink:
     def __init__(self, broker: str, address: str, zone: str | None, meta_urls: tuple[str, ...], token: str,
                  routes: RouteTable, session: MetaSession, writer: Writer, heartbeats: Counter, locks: LockTable,
-                 group_settings: GroupSettings | None = None, ssl_context: Any = None, cluster: str | None = None):
+                 group_settings: GroupSettings | None = None, ssl_context: Any = None, cluster: str | None = None,
+                 *, disk: str):
         self._ssl_context = ssl_context   # meta's https:// URLs (wire/tls.py)
         self.broker = broker
         self.address = address
         self.zone = zone
         self.cluster = cluster
+        self.disk = disk   # the data directory's id (wire/disk_identity.py): meta tells a restart from a lost disk
         self.meta_urls = list(meta_urls)
         self.routes = routes
         self.session = session
@@ -126,7 +128,8 @@ class MetaLink:
     # -- session -----------------------------------------------------------------------------------------------
     async def _register(self) -> None:
         answer = await self._call("PUT", f"/v1/brokers/{self.broker}",
-                                  {"address": self.address, "zone": self.zone, "cluster": self.cluster},
+                                  {"address": self.address, "zone": self.zone, "cluster": self.cluster,
+                                   "disk": self.disk},
                                   self._beat_http)
         status, body = answer.status, answer.body
         if status != 200:

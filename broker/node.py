@@ -11,6 +11,7 @@ import time
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from wire import disk_identity
 from wire.tls import client_context
 
 from .chores import Chores
@@ -46,7 +47,10 @@ class BrokerNode:
         self.registry = CollectorRegistry()
         tls_context = client_context(config.tls) if config.tls is not None else None
         self.metrics = BrokerMetrics(self.registry)
-        os.makedirs(config.data_dir, exist_ok=True)
+        # Before any file of the data directory is touched: what a directory without it holds is taken as lost.
+        self.disk, created = disk_identity.load_or_create(config.data_dir)
+        if created:
+            log.info("broker_disk_identity_created", disk=self.disk, data_dir=config.data_dir)
         qcfg = QueueConfig(flush_policy=_flush_policy(config),
                            flush_interval_ms=config.flush_interval_ms, retention_ms=config.retention_ms,
                            retention_bytes=config.retention_bytes, segment_bytes_max=config.segment_bytes_max,
@@ -65,7 +69,8 @@ class BrokerNode:
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
                              Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
-                             self.locks, self.group_settings, ssl_context=tls_context, cluster=config.cluster)
+                             self.locks, self.group_settings, ssl_context=tls_context, cluster=config.cluster,
+                             disk=self.disk)
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link,
                              self.metrics)
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,

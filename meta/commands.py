@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from . import limits
+from wire import disk_identity
 from wire.errors import invalid
 from wire.names import NAME_RE
 
@@ -68,6 +69,9 @@ def _v_register_broker(c):
         raise invalid("zone must be a string of at most 64 characters", field="zone")
     if c.get("cluster") is not None:
         _name(c["cluster"], "cluster", limits.BROKER_NAME_CHARS_MAX)
+    if c.get("disk") is not None and not disk_identity.is_disk_id(c["disk"]):
+        raise invalid(f"disk must be a disk id ({disk_identity.DISK_ID_HEX_CHARS} lowercase hex characters)",
+                      field="disk")
 
 
 def _scope(value) -> None:

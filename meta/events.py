@@ -15,13 +15,15 @@ from typing import Any
 
 # name -> (schema version, {field: documentation})
 EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
-    "BrokerRegistered": (2, {
+    "BrokerRegistered": (3, {
         "broker": "broker name",
         "address": "base URL of the broker's data API",
         "zone": "availability zone or null",
         "cluster": "the cluster it belongs to (its config's; 'DefaultCluster' when it names none): topics scoped to "
                    "that cluster place queues and copies on it",
         "epoch": "session epoch; grows with every registration of this broker",
+        "disk": "the id of the data directory it registered with (wire/disk_identity.py), or null when not told: "
+                "the one of its previous registration means it kept its copies; any other, that it lost them",
     }),
     "BrokerFenced": (1, {
         "broker": "broker name",
@@ -81,7 +83,8 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "broker": "broker hosting it",
         "physical_end": "physical offset (exclusive) of the last message + 1",
         "logic_end": "logic offset (exclusive) the segment ends at",
-        "by": "'broker' (reported end) or 'session_expired' (end of the granted budget)",
+        "by": "'broker' (reported end), 'session_expired' (end of the granted budget) or 'disk_lost' (its broker "
+              "came back on a new disk with no copy in sync to report the end: end of the granted budget)",
     }),
     "SegmentOpened": (2, {
         "topic": "topic name", "queue": "logic queue id", "gen": "new generation (the queue's new leader epoch)",
@@ -92,8 +95,11 @@ EVENT_SCHEMAS: dict[str, tuple[int, dict[str, str]]] = {
         "budget_end": "initial write budget (physical, exclusive)",
         "replicas": "brokers holding a copy, leader first",
         "in_sync": "replicas the leader waits for before it acknowledges (the leader among them)",
-        "cause": "'remap', 'grow', 'failover' (the previous leader was fenced; an in-sync replica leads), 'restart' "
-                 "(the leader registered again with no in-sync copy to take over: it leads on in a new gen) or "
+        "cause": "'remap', 'grow', 'failover' (the previous leader was fenced or lost its disk; an in-sync "
+                 "replica leads), 'restart' (the leader "
+                 "registered again on its disk: it leads on in a new gen from its copy's end), 'disk_lost' (the "
+                 "leader came back on a new disk with no copy in sync to take over: the old gen ends at its budget "
+                 "and the leader leads on from there) or "
                  "'unclean' (an operator elected an out-of-sync replica: what it missed is lost) or 'drain' (the "
                  "head's copies moved off a broker being drained)",
     }),

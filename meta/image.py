@@ -221,7 +221,7 @@ class Image:
         old = self.data["brokers"].get(e["broker"])
         self.data["brokers"][e["broker"]] = {
             "broker": e["broker"], "address": e["address"], "zone": e["zone"], "cluster": e["cluster"],
-            "epoch": e["epoch"], "draining": old["draining"] if old else False,
+            "epoch": e["epoch"], "disk": e["disk"], "draining": old["draining"] if old else False,
             "drain_to": old["drain_to"] if old else None, "copies_version": old["copies_version"] if old else 0,
             "state": "active", "registered_ms": ts, "last_seen_ms": ts}
         if old is not None and (old["address"] != e["address"] or old["state"] != "active"):

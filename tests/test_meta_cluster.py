@@ -442,6 +442,10 @@ def _bad_input_cases(tv: int, b1_epoch: int) -> list[tuple]:
          *INVALID),
         ("unknown field register", "PUT", "/v1/brokers/bz", "broker", {"address": SIM_ADDRESS, "colour": "red"},
          None, None, *INVALID),
+        ("not a disk id register", "PUT", "/v1/brokers/bz", "broker", {"address": SIM_ADDRESS, "disk": "ab" * 15},
+         None, None, *INVALID),
+        ("upper-case disk id register", "PUT", "/v1/brokers/bz", "broker", {"address": SIM_ADDRESS, "disk": "AB" * 16},
+         None, None, *INVALID),
         # negative / huge numbers
         ("negative queues", "POST", "/v1/topics", "admin", {**new, "queues": -1}, None, None, *INVALID),
         ("zero queues", "POST", "/v1/topics", "admin", {**new, "queues": 0}, None, None, *INVALID),

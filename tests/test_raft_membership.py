@@ -1,5 +1,5 @@
 """The membership's parts without a cluster: the disk identity file, the journal's trail of membership entries, and
-the state machine's membership apply (meta/disk_identity.py, meta/raft/membership.py). The cluster behaviour is in
+the state machine's membership apply (wire/disk_identity.py, meta/raft/membership.py). The cluster behaviour is in
 tests/test_meta_disk_loss.py and the chaos runner's ``wipe`` fault."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from meta import disk_identity
+from wire import disk_identity
 from meta.raft import membership as raft_membership
 from meta.image import Image
 from meta.raft.entry import encode_entry, encode_envelope, encode_stamp

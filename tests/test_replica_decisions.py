@@ -4,7 +4,7 @@ a model over random command sequences; these name the cases."""
 
 from __future__ import annotations
 
-from tests.support.state_machine_builders import Log
+from tests.support.state_machine_builders import Log, disk_id
 
 
 def cluster(*names: str, zones: dict[str, str] | None = None) -> Log:
@@ -12,6 +12,17 @@ def cluster(*names: str, zones: dict[str, str] | None = None) -> Log:
     for n in names:
         log.register(n, zone=(zones or {}).get(n))
     return log
+
+
+def opened_cause(log: Log, after: int) -> str:
+    """The cause of every segment opened since version ``after``, when they all name the same one."""
+    [cause] = {e["data"]["cause"] for e in log.events(after) if e["type"] == "SegmentOpened"}
+    return cause
+
+
+def restart(log: Log, broker: str) -> None:
+    """``broker`` registers again on the disk it had (``log.register`` names its own disk unless told another)."""
+    log.register(broker)
 
 
 def test_a_new_topic_has_three_copies_where_three_brokers_exist_and_one_where_one_does():
@@ -71,17 +82,49 @@ def test_a_fenced_follower_leaves_the_in_sync_set_and_nothing_else_changes():
     assert head["state"] == "active" and follower not in head["in_sync"] and follower in head["replicas"]
 
 
-def test_a_broker_registered_again_counts_as_lost_but_reports_its_own_seals_when_no_copy_can():
+def test_a_broker_back_on_a_new_disk_counts_as_lost_and_what_it_sealed_alone_ends_at_its_budget():
     log = cluster("a", "b")
     log.create("t", 1, brokers=["a"], replicas=2)
-    log.register("a")   # restarted, maybe on a new disk
+    log.register("a", disk=disk_id(9))   # a new disk
     old, new = log.segs("t", 0)
     assert old["sealer"] == "b" and new["broker"] == "b" and new["in_sync"] == ["b"]
     log.create("u", 1, brokers=["a"], replicas=1)
     log.remap("u", ["b"])
-    log.register("a")
+    log.register("a", disk=disk_id(10))
+    old, new = log.segs("u", 0)
+    assert (old["state"], old["sealed_by"], old["physical_end"]) == ("sealed", "disk_lost", old["budget_end"]), \
+        "its copy is empty: the end it would report would number new records with acknowledged offsets"
+    assert new["logic_start"] == old["logic_end"]
+
+
+def test_a_broker_back_on_its_disk_keeps_its_copies_and_still_reports_its_own_seals():
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["b"], replicas=3)
+    log.create("u", 1, brokers=["a"], replicas=1)
+    log.remap("u", ["b"])
+    before = log.segs("t", 0)
+    restart(log, "a")
+    assert log.segs("t", 0) == before, "a follower back on its disk stays in sync: nothing to decide"
     old, _ = log.segs("u", 0)
-    assert old["state"] == "sealing" and old["sealer"] == "a", "no copy to seal it: its leader still does"
+    assert old["state"] == "sealing" and old["sealer"] == "a", "its copy is whole: it reports its end"
+
+
+def test_a_leader_back_on_its_disk_leads_on_while_a_new_disk_elsewhere_moves_nothing_to_it():
+    """Found by the chaos runner (seed 21): meta, back after 8 s, took b3's registration (a power loss, its disk
+    kept) as a lost disk and elected b2 for b3's heads, in sync and active in the image, but back on a wiped disk
+    a moment later: b2 sealed the old gen at its empty copy's end, and acknowledged records were gone."""
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["c"], replicas=3)
+    v = log.version
+    restart(log, "c")
+    old, new = log.segs("t", 0)
+    assert (old["state"], old["sealer"], sorted(old["in_sync"])) == ("sealing", "c", ["a", "b", "c"])
+    assert (new["broker"], opened_cause(log, v), sorted(new["in_sync"])) == ("c", "restart", ["a", "b", "c"])
+    log.register("b", disk=disk_id(7))   # b was wiped: it leaves both in-sync sets, and seals nothing
+    old, new = log.segs("t", 0)
+    assert "b" not in old["in_sync"] and "b" not in new["in_sync"] and old["sealer"] == "c"
+    log.seal("t", 0, 0, 6, broker="c")
+    assert log.head("t", 0)["logic_start"] == 6
 
 
 def test_the_in_sync_set_changes_only_as_the_head_s_leader_asks_in_its_epoch():
@@ -103,7 +146,7 @@ def test_the_in_sync_set_changes_only_as_the_head_s_leader_asks_in_its_epoch():
     # the leader names no epoch of (KIP-903)
     third = head["replicas"][2]
     seen = log.epoch(third)
-    log.register(third)
+    log.register(third, disk=disk_id(3))
     stale = log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
         {"topic": "t", "queue": 0, "gen": 0, "in_sync": head["replicas"], "epochs": {third: seen}}]})["results"][0]
     assert (stale["ok"], stale["code"]) == (False, "STALE_BROKER_EPOCH"), stale
@@ -156,7 +199,7 @@ def test_a_copy_lost_while_its_segment_is_sealing_is_never_elected_to_seal_it():
     log = cluster("a", "b", "c")
     log.create("t", 1, brokers=["a"], replicas=3)
     log.remap("t", ["b"])   # gen 0 on a is sealing; a seals it
-    log.register(log.segs("t", 0)[0]["replicas"][1])   # a copy of it registers again: its disk may be new
+    log.register(log.segs("t", 0)[0]["replicas"][1], disk=disk_id(4))   # a copy of it is back on a new disk
     lost = log.segs("t", 0)[0]["replicas"][1]
     assert lost not in log.segs("t", 0)[0]["in_sync"]
     log.fence("a")
@@ -190,7 +233,7 @@ def test_a_leader_registered_again_with_no_copy_in_sync_leads_on_in_a_new_gen():
     log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
         {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["a"], "epochs": log.epochs(["a"])}]})   # both followers lag
     replicas = log.head("t", 0)["replicas"]
-    log.register("a")
+    restart(log, "a")
     old, new = log.segs("t", 0)
     assert (old["state"], old["sealer"]) == ("sealing", "a")
     assert (new["gen"], new["broker"], new["replicas"]) == (1, "a", replicas)
@@ -198,8 +241,27 @@ def test_a_leader_registered_again_with_no_copy_in_sync_leads_on_in_a_new_gen():
     log.seal("t", 0, 0, 7)
     assert log.head("t", 0)["logic_start"] == 7
     log.create("one", 1, brokers=["a"], replicas=1)
-    log.register("a")
+    restart(log, "a")
     assert len(log.segs("one", 0)) == 1 and log.head("one", 0)["state"] == "active"
+
+
+def test_a_leader_back_on_a_new_disk_with_no_copy_in_sync_leads_on_past_its_budget():
+    """Its copy is empty: leading on from its end (as one back on its disk does) would give new records the offsets
+    of acknowledged ones. Its budget's end is a safe end; what it alone held is lost (a single copy, or every
+    follower lagging), and the route says so: sealed by disk_lost."""
+    log = cluster("a", "b", "c")
+    log.create("t", 1, brokers=["a"], replicas=3)
+    log.ok({"type": "AlterInSync", "broker": "a", "epoch": log.epoch("a"), "changes": [
+        {"topic": "t", "queue": 0, "gen": 0, "in_sync": ["a"], "epochs": log.epochs(["a"])}]})
+    log.create("one", 1, brokers=["a"], replicas=1)
+    v = log.version
+    log.register("a", disk=disk_id(9))
+    for topic in ("t", "one"):
+        old, new = log.segs(topic, 0)
+        assert (old["state"], old["sealed_by"], old["physical_end"]) == ("sealed", "disk_lost", old["budget_end"])
+        assert (new["broker"], new["logic_start"]) == ("a", old["logic_end"]), new
+    assert opened_cause(log, v) == "disk_lost"
+    assert sorted(log.segs("t", 0)[1]["in_sync"]) == ["a", "b", "c"]
 
 
 def test_a_leader_lost_leaves_the_in_sync_set_of_the_segment_it_led_so_a_second_loss_never_elects_it():
@@ -208,10 +270,10 @@ def test_a_leader_lost_leaves_the_in_sync_set_of_the_segment_it_led_so_a_second_
     picked the old leader, still named in sync: its empty copy's end became the segment's end."""
     log = cluster("a", "b", "c")
     log.create("t", 1, brokers=["a"], replicas=3)
-    log.register("a")   # back, maybe on a new disk
+    log.register("a", disk=disk_id(5))   # back on a new disk
     old, new = log.segs("t", 0)
     assert "a" not in old["in_sync"] and old["sealer"] == new["broker"] != "a", old
-    log.register(old["sealer"])   # the elected copy is lost before it reports its end
+    log.register(old["sealer"], disk=disk_id(6))   # the elected copy is lost before it reports its end
     old = log.segs("t", 0)[0]
     assert old["sealer"] not in ("a", new["broker"]), old
 
@@ -322,8 +384,12 @@ def test_a_failover_s_new_gen_is_granted_the_envelope_s_budget_whether_fenced_or
     log.fence(heads[0]["broker"])
     assert (log.head("t", 0)["gen"], log.head("t", 0)["budget_end"]) == (1, 777)
     log.budget = 555
-    log.register(heads[1]["broker"])   # restarted: it counts as lost
+    log.register(heads[1]["broker"], disk=disk_id(8))   # a new disk: it counts as lost
     assert (log.head("t", 1)["gen"], log.head("t", 1)["budget_end"]) == (1, 555)
+    log.budget = 333
+    log.seal_all_sealing()
+    restart(log, log.head("t", 1)["broker"])   # its disk kept: it leads on in a new gen
+    assert (log.head("t", 1)["gen"], log.head("t", 1)["budget_end"]) == (2, 333)
 
 
 

@@ -13,6 +13,8 @@ import time
 
 import aiohttp
 
+from ops import devcluster
+
 from tests.support.broker_http import admin, read_all, route, wait_route
 from tests.support.cluster import running
 
@@ -304,3 +306,59 @@ async def test_a_broker_back_on_a_new_disk_catches_up_sealed_segments_older_than
             s, b, _ = await c.call("GET", f"{c.url(lost)}/v1/physical/{pq}?offset=0&max={n}", "broker")
             assert s == 200 and [m["payload"]["body"] for m in b["records"]] == [f"g{gen}-{i}" for i in range(n)], \
                 (pq, b)
+
+
+async def _epochs(c) -> dict[str, int]:
+    s, b, _ = await c.call("GET", c.meta_urls[0] + "/v1/brokers", "client")
+    assert s == 200, b
+    return {x["broker"]: x["epoch"] for x in b["brokers"]}
+
+
+async def test_a_leader_back_on_its_disk_leads_on_and_a_follower_back_on_a_new_disk_seals_nothing(tmp_path):
+    """Found by the chaos runner (seed 21): every meta node down for 8 s; meanwhile a queue's leader lost power (its
+    disk kept) and its only in-sync follower lost its disk. Meta, back, took the leader's registration as a lost
+    disk and elected the follower (in sync and active in the image); the follower then registered from its empty
+    disk, the only copy left in sync, and sealed the old gen at its end: acknowledged records were gone. Brokers
+    now register with their data directory's id: the leader kept its disk, so it leads on."""
+    # Long sessions, and a follower that leads nothing (no peer reports it down): meta, back, still counts it active
+    # when the leader registers again, as in the chaos run
+    extra_meta = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 500}
+    async with running(str(tmp_path), 3, 3, meta=extra_meta) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "r", "queues": QUEUES, "replicas": 2,
+                                                         "min_insync": 1, "brokers": ["b1"]})
+        assert s == 201, b
+        r = await wait_route(c, "r", lambda r: all(len(q["in_sync"]) == 2 and q["writable"] for q in r["queues"]))
+        kept, wiped = r["queues"][0]["replicas"]
+        acked: dict[tuple[int, int], str] = {}
+        for i in range(10):
+            for q in range(QUEUES):
+                head = r["queues"][q]
+                bodies = [f"q{q}-{i}-{j}" for j in range(BATCH)]
+                s, b, _ = await c.call("POST", f"{head['address']}/v1/messages/r/{q}", "client",
+                                       json={"messages": [{"body": x} for x in bodies]})
+                assert s == 200, b
+                acked.update({(q, off): body for off, body in zip(b["offsets"], bodies)})
+        before = await _epochs(c)
+
+        metas = [m["node"] for m in c.info["meta"]]
+        for m in metas:
+            c.kill9(m)
+        c.kill9(kept)
+        c.kill9(wiped)
+        shutil.rmtree(os.path.join(c.dir, wiped, "data"))
+        for m in metas:
+            devcluster.start(c.dir, m, wait=False)
+        devcluster.wait_ready(c.meta_urls)
+        c.start(kept)   # ready once registered: the leader's registration is decided first, as in the chaos run
+        assert (await _epochs(c))[kept] > before[kept]
+        c.start(wiped)
+        r = await wait_route(c, "r", lambda r: all(q["writable"] and len(q["in_sync"]) == 2 for q in r["queues"]),
+                             timeout_s=60.0)
+        for q in range(QUEUES):
+            messages = await read_all(c, "r", q)
+            at = {m["offset"]: m["body"] for m in messages}
+            offsets = [m["offset"] for m in messages]
+            assert offsets == list(range(len(offsets))), "offsets are not contiguous from 0"
+            lost = [(off, body) for (queue, off), body in acked.items() if queue == q and at.get(off) != body]
+            assert not lost, (q, lost[:5], len(lost))
+        assert r["queues"][0]["broker"] == kept, r["queues"][0]

@@ -50,7 +50,8 @@ def test_register_broker_and_register_again():
     assert (b["address"], b["zone"], b["epoch"], b["state"]) == ("http://a:1", "z1", 1, "active")
     [ev] = lg.events(0)
     assert ev["type"] == "BrokerRegistered" and ev["version"] == 1 and ev["topic"] is None
-    assert ev["data"] == {"broker": "a", "address": "http://a:1", "zone": "z1", "cluster": "DefaultCluster", "epoch": 1}
+    assert ev["data"] == {"broker": "a", "address": "http://a:1", "zone": "z1", "cluster": "DefaultCluster", "epoch": 1,
+                          "disk": None}
     r = lg.ok({"type": "RegisterBroker", "broker": "a", "address": "http://a:2"})
     assert r["epoch"] == 2
     assert lg.sm.image.brokers["a"]["zone"] is None
@@ -749,6 +750,9 @@ MALFORMED: list[tuple[str, Any]] = [
     ("register-address-long", {"type": "RegisterBroker", "broker": "x", "address": "h" * 257}),
     ("register-zone-int", {"type": "RegisterBroker", "broker": "x", "address": "http://x", "zone": 1}),
     ("register-zone-long", {"type": "RegisterBroker", "broker": "x", "address": "http://x", "zone": "z" * 65}),
+    ("register-disk-int", {"type": "RegisterBroker", "broker": "x", "address": "http://x", "disk": 5}),
+    ("register-disk-short", {"type": "RegisterBroker", "broker": "x", "address": "http://x", "disk": "ab" * 15}),
+    ("register-disk-upper", {"type": "RegisterBroker", "broker": "x", "address": "http://x", "disk": "AB" * 16}),
     # FenceBroker / UnfenceBroker
     ("fence-no-epoch", {"type": "FenceBroker", "broker": "a", "reason": "session_expired"}),
     ("fence-epoch-bool", {"type": "FenceBroker", "broker": "a", "epoch": True, "reason": "session_expired"}),

@@ -34,8 +34,8 @@ from meta.image import Image, group_key
 from meta.state_machine import StateMachine
 from tests.support.allocation_checks import minimal_moves
 from tests.support.group_checks import check_group_invariants, folded, lock_holders, replayed
-from tests.support.state_machine_builders import (CATCH_ALL, STATUS, chains_of, check_image_invariants, slot_owners,
-                                                  stable, table_of)
+from tests.support.state_machine_builders import (CATCH_ALL, STATUS, chains_of, check_image_invariants, disk_id,
+                                                  slot_owners, stable, table_of)
 
 BUDGET = 1000
 BROKERS = ["b0", "b1", "b2", "b3"]
@@ -62,7 +62,8 @@ class StateMachineVsModel(RuleBasedStateMachine):
         self.last_version = 0
         self.last_ts = 0
         # the model
-        self.brokers: dict[str, dict[str, Any]] = {}  # name -> {"epoch", "state"}
+        self.brokers: dict[str, dict[str, Any]] = {}  # name -> {"epoch", "state", "disk"}
+        self.disks = 0   # disks handed out so far: each registration on a new disk takes the next
         self.topics: dict[str, dict[str, Any]] = {}  # name -> {"queues", "slots", "config", "segs": [[seg]]}
         self.groups: dict[str, dict[str, list[str]]] = {}  # name -> {member: its topics}
         # the lock events seen so far, followed: (group, topic, queue) -> the current token; the last grant's token
@@ -150,8 +151,24 @@ class StateMachineVsModel(RuleBasedStateMachine):
         assert set(copies[1:live_first]) <= active and not set(copies[live_first:]) & active, (copies, active)
         return list(copies), [b for b in copies if b == leader or b in active]
 
+    def restarted(self, name: str) -> None:
+        """What the log must decide when broker ``name`` registers again on its disk: each head it leads with a
+        follower goes on in a new gen, from its own end (reported later), every live copy in sync with it."""
+        live = {n for n, b in self.brokers.items() if b["state"] == "active"} | {name}
+        for tname in sorted(self.topics):
+            for segs in self.topics[tname]["segs"]:
+                head = segs[-1]
+                if (head["state"] == "active" and head["broker"] == name and head["start"] is not None
+                        and len(head["replicas"]) > 1):
+                    head["state"], head["sealer"] = "sealing", None
+                    segs.append({"gen": head["gen"] + 1, "broker": name, "start": None, "end": None, "pend": None,
+                                 "budget": BUDGET, "state": "active", "replicas": list(head["replicas"]),
+                                 "in_sync": [b for b in head["replicas"] if b == name or b in live],
+                                 "sealer": None})
+
     def lost(self, name: str, fenced: bool) -> None:
-        """What the log must decide when broker ``name`` is fenced or registers again (``fenced`` False)."""
+        """What the log must decide when broker ``name`` is fenced or registers again on a new disk (``fenced``
+        False)."""
         live = {n for n, b in self.brokers.items() if b["state"] == "active"} - {name}
 
         def elected(seg):
@@ -169,7 +186,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
                     if (sealing["sealer"] or sealing["broker"]) == name:
                         if new is not None:
                             sealing["sealer"] = None if new == sealing["broker"] else new
-                        elif fenced:
+                        else:
                             self.seal_model(sealing, sealing["budget"])
                             head["start"] = sealing["end"]
                 if head["state"] == "active" and name in head["replicas"]:
@@ -178,10 +195,12 @@ class StateMachineVsModel(RuleBasedStateMachine):
                             head["in_sync"].remove(name)
                         continue
                     new = elected(head)
-                    if new is None and not fenced and len(head["replicas"]) > 1 and start_before is not None:
-                        # back with no copy in sync: it leads on in a new gen from its own copy's end
-                        head["state"], head["sealer"] = "sealing", None
-                        segs.append({"gen": head["gen"] + 1, "broker": name, "start": None, "end": None,
+                    if new is None and not fenced and start_before is not None:
+                        # back on a new disk with no copy in sync: its gen ends at its budget, it leads on from there
+                        if name in head["in_sync"] and len(head["in_sync"]) > 1:
+                            head["in_sync"] = [b for b in head["in_sync"] if b != name]
+                        self.seal_model(head, head["budget"])
+                        segs.append({"gen": head["gen"] + 1, "broker": name, "start": head["end"], "end": None,
                                      "pend": None, "budget": BUDGET, "state": "active",
                                      "replicas": list(head["replicas"]),
                                      "in_sync": [b for b in head["replicas"] if b == name or b in live],
@@ -241,14 +260,23 @@ class StateMachineVsModel(RuleBasedStateMachine):
             self.create(name, queues, slots, None, "best_tried")
 
     # -- brokers -------------------------------------------------------------------------------------------------
-    @rule(name=st.sampled_from(BROKERS), address=st.sampled_from(["http://first", "http://second"]))
-    def register(self, name, address):
-        out = self.submit({"type": "RegisterBroker", "broker": name, "address": address})
+    @rule(name=st.sampled_from(BROKERS), address=st.sampled_from(["http://first", "http://second"]),
+          kept=st.booleans())
+    def register(self, name, address, kept=False):
+        """``kept``: a broker known before comes back on the disk it had; else on a new one."""
         known = name in self.brokers
+        if known and kept:
+            disk = self.brokers[name]["disk"]
+        else:
+            self.disks += 1
+            disk = disk_id(self.disks)
+        out = self.submit({"type": "RegisterBroker", "broker": name, "address": address, "disk": disk})
         epoch = self.brokers.get(name, {"epoch": 0})["epoch"] + 1
         assert out["result"]["epoch"] == epoch
-        self.brokers[name] = {"epoch": epoch, "state": "active"}
-        if known:
+        self.brokers[name] = {"epoch": epoch, "state": "active", "disk": disk}
+        if known and kept:
+            self.restarted(name)
+        elif known:
             self.lost(name, fenced=False)
 
     @rule(name=st.sampled_from(BROKERS), stale=st.booleans())

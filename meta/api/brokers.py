@@ -34,7 +34,7 @@ async def register(request: web.Request) -> web.Response:
     broker = _broker(request)
     body = await body_of(request, models.RegisterBroker)
     cmd = {"type": "RegisterBroker", "broker": broker, "address": body.get("address"),
-           "zone": body.get("zone"), "cluster": body.get("cluster")}
+           "zone": body.get("zone"), "cluster": body.get("cluster"), "disk": body.get("disk")}
     return await submit(request, cmd)
 
 

@@ -45,6 +45,9 @@ class RegisterBroker(TypedDict):
     address: Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]+$", max_length=limits.ADDRESS_CHARS_MAX)]
     zone: NotRequired[Annotated[str, StringConstraints(max_length=64)] | None]
     cluster: NotRequired[Name | None]   # RocketMQ's brokerClusterName; none: limits.CLUSTER_DEFAULT
+    # Its data directory's id (wire/disk_identity.py): the one it had, it kept its copies; another (or none), it
+    # lost them. Stator's brokers always name it.
+    disk: NotRequired[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None]
 
 
 @with_config(STRICT)
@@ -222,7 +225,7 @@ class Cluster(TypedDict):
     commit_index: int
     applied_index: int            # the raft entries applied here: compare with commit_index, not applied_version
     applied_version: int
-    disk: str                     # this node's data directory id (meta/disk_identity.py)
+    disk: str                     # this node's data directory id (wire/disk_identity.py)
     voter: bool                   # False: a learner, catching up before it is promoted (meta/raft/membership.py)
     membership_index: int | None  # the log index of the membership in force on this node
     members: list[Member]
@@ -284,7 +287,8 @@ class StoredSegment(TypedDict):
     replicas: list[str]
     in_sync: list[str]
     sealer: str
-    sealed_by: str | None   # "broker" (its end reported), "session_expired" (sealed at its budget), None: not yet
+    # "broker" (its end reported), "session_expired" or "disk_lost" (sealed at its budget), None: not yet
+    sealed_by: str | None
 
 
 @with_config(OPEN)

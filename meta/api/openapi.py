@@ -65,7 +65,9 @@ SPEC: dict[str, Any] = {
         "/v1/brokers": {"get": _op("List brokers", params=[
             _q("include", "string", "heads: also how many logic queues each holds the head of (one pass over every "
                "queue)"), *_READ], answer=M.Brokers)},
-        "/v1/brokers/{broker}": {"put": _op("Register a broker (new epoch)", roles=_THIS_BROKER, params=[_p("broker")],
+        "/v1/brokers/{broker}": {"put": _op("Register a broker (new epoch), with the id of its data directory: "
+                                            "the one it had, it kept its copies; another, it lost them",
+                                            roles=_THIS_BROKER, params=[_p("broker")],
                                             body=M.RegisterBroker),
                                  "get": _op("Describe a broker: its heads, the heads it holds a copy of (what a drain "
                                             "still moves), its older segments' copies", params=[_p("broker"), *_READ],

@@ -1,10 +1,11 @@
 """Decisions about brokers: their registration (each one a new session epoch), the fence of an expired session and
 its end, and the offset budgets their heartbeats renew.
 
-A fence, and a registration of a broker known before (its disk may be new), lose the broker's copies: the heads it
-led fail over to in-sync replicas and it leaves every in-sync set (replicas.broker_lost). What it was sealing with
-no copy in sync to seal it instead ends at its budget's end, a safe end: it can write nothing past it
-(``lookups.seal_at_budget``, which topics.move uses too when the old broker is already fenced).
+A fence, and a registration of a broker known before on another disk (wire/disk_identity.py), lose the broker's
+copies: the heads it led fail over to in-sync replicas and it leaves every in-sync set (replicas.broker_lost). One
+back on the disk it had keeps them (replicas.broker_restarted). What a lost broker was sealing with no live copy in
+sync to seal it instead ends at its budget's end, a safe end: it can write nothing past it (``lookups.seal_at_budget``,
+which topics.move uses too when the old broker is already fenced).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..image import Image
 from wire.errors import rejection
 from . import Decider
 from .lookups import registered_broker
-from .replicas import broker_lost, heads_holding, placeable
+from .replicas import broker_lost, broker_restarted, heads_holding, placeable
 
 
 # -- the commands ------------------------------------------------------------------------------------------------
@@ -25,11 +26,16 @@ def register(image: Image, c, ts, budget):
     if old is None and len(image.brokers) >= limits.BROKERS_MAX:
         raise rejection(409, "TOO_MANY_BROKERS", f"at most {limits.BROKERS_MAX} brokers")
     epoch = (old["epoch"] if old else 0) + 1
+    disk = c.get("disk")
     ev = make("BrokerRegistered", broker=c["broker"], address=c["address"], zone=c.get("zone"),
-              cluster=c.get("cluster") or limits.CLUSTER_DEFAULT, epoch=epoch)
-    # Registered again: it restarted, maybe on a new disk; what it held counts only once it has caught up.
-    lost = broker_lost(image, c["broker"], budget, fenced=False) if old is not None else []
-    return [ev, *lost], {"broker": c["broker"], "epoch": epoch}
+              cluster=c.get("cluster") or limits.CLUSTER_DEFAULT, epoch=epoch, disk=disk)
+    if old is None:
+        after = []
+    elif disk is not None and disk == old["disk"]:
+        after = broker_restarted(image, c["broker"], budget)   # its copies are where they were
+    else:   # a new disk (or one it did not name): what it held counts only once it has caught up
+        after = broker_lost(image, c["broker"], budget, fenced=False)
+    return [ev, *after], {"broker": c["broker"], "epoch": epoch}
 
 
 def drain(image: Image, c, ts, budget):

@@ -30,11 +30,11 @@ def active_brokers(image: Image, names: list[str]) -> list[str]:
     return names
 
 
-def seal_at_budget(topic: str, queue: int, seg: dict[str, Any]) -> Events:
-    """The seal of a segment whose broker's session expired: at the end of its granted budget."""
+def seal_at_budget(topic: str, queue: int, seg: dict[str, Any], by: str = "session_expired") -> Events:
+    """The seal of a segment whose broker's session expired (or whose broker came back on a new disk, ``by``
+    "disk_lost"), with no copy in sync to report its end: at the end of its granted budget."""
     return [make("SegmentSealed", topic=topic, queue=queue, gen=seg["gen"], broker=seg["broker"],
-                 physical_end=seg["budget_end"], logic_end=chains.logic_end(seg, seg["budget_end"]),
-                 by="session_expired")]
+                 physical_end=seg["budget_end"], logic_end=chains.logic_end(seg, seg["budget_end"]), by=by)]
 
 
 def existing_topic(image: Image, cmd: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,8 @@ records past it were never acknowledged, and no reader reaches them (a sealed se
 Kafka's ISR and leader epoch in KRaft, RocketMQ 5's SyncStateSet and master epoch, decided in the one log.
 
 Who is in sync changes only here: the leader asks (``AlterInSync``, fenced by the gen it leads: Kafka's
-AlterPartition), or a broker is lost (fenced, or registered again: its disk may be new, so it must catch up
-before it counts again).
+AlterPartition), or a broker is lost (fenced, or registered again on a new disk: it must catch up before it counts
+again). A broker registered again on the disk it had kept its copies (``broker_restarted``).
 """
 
 from __future__ import annotations
@@ -114,10 +114,12 @@ def in_sync_of(image: Image, replicas: list[str]) -> list[str]:
 
 
 def broker_lost(image: Image, broker: str, budget: int, fenced: bool) -> Events:
-    """What the log decides when ``broker`` is fenced or registers again (``fenced`` False): each head it leads
-    moves to an elected in-sync replica; it leaves every in-sync set; a segment it was sealing is sealed by an
-    in-sync replica, or, when it was fenced and none is left, at its budget's end. A broker registered again with
-    no copy in sync to take over still reports its own seals: it lives."""
+    """What the log decides when ``broker`` is fenced, or registers again on a new disk (``fenced`` False): each
+    head it leads moves to an elected in-sync replica; it leaves every in-sync set; a segment it was sealing is
+    sealed by an in-sync replica, or, when none is live, at its budget's end (a safe end: it can write nothing past
+    it; a copy in sync that is down holds what was acknowledged and serves it once back). Back on a new disk with
+    no live copy in sync to take over a head it led, that head ends at its budget too, and it leads on from there:
+    no offset is ever used twice, whatever it held alone is lost (its only copy in sync was on the lost disk)."""
     live = set(active(image)) - {broker}
     events: Events = []
     for name in image.topics_on(broker):
@@ -134,6 +136,28 @@ def broker_lost(image: Image, broker: str, budget: int, fenced: bool) -> Events:
     return events
 
 
+def broker_restarted(image: Image, broker: str, budget: int) -> Events:
+    """What the log decides when ``broker`` registers again on the disk it had (wire/disk_identity.py): it kept
+    every copy, and its place in every in-sync set it had (a fence took it out of them; it catches up first). Each
+    head it leads goes on in a new gen from its own copy's end: a leader streams what it writes before its sync
+    (broker/replication/source.py), so back from a crash its followers may hold records it lost, never
+    acknowledged; they end the old gen's copies past its end, where no reader goes. A single copy carries on.
+    Before the disk id, every registration counted as a lost disk: in the chaos runner (seed 21) meta, back after
+    8 s, took b3's registration (power loss, its disk kept) as a loss and elected b2 for b3's heads, in sync and
+    active in the image but itself back on a wiped disk a moment later: the old gen was sealed at b2's empty end."""
+    live = set(active(image)) | {broker}
+    events: Events = []
+    for name in image.topics_on(broker):
+        t = image.topics[name]
+        for q, entry in enumerate(t["chains"]):
+            head = chains.head(entry)
+            if (head[chains.STATE] == "active" and head[chains.BROKER] == broker
+                    and head[chains.LOGIC_START] is not None and len(head[chains.REPLICAS]) > 1):
+                events += _fail_over(t, q, head, broker, broker,
+                                     [b for b in head[chains.REPLICAS] if b == broker or b in live], "restart", budget)
+    return events
+
+
 def _elected(seg: chains.Segment, lost: str, live: set[str]) -> str | None:
     """The in-sync replica that takes over from ``lost``: the first in replica order (leader preference, as
     Kafka elects the first of the assignment that is in sync)."""
@@ -144,44 +168,55 @@ def _without(seg: chains.Segment, lost: str) -> list[str]:
     return [b for b in seg[chains.IN_SYNC] if b != lost]
 
 
+def _left_in_sync(t: dict[str, Any], q: int, seg: chains.Segment, lost: str) -> Events:
+    """``lost`` leaves ``seg``'s in-sync set (never emptied: a set names at least its leader)."""
+    if lost not in seg[chains.IN_SYNC] or len(seg[chains.IN_SYNC]) == 1:
+        return []
+    return [make("InSyncChanged", topic=t["topic"], queue=q, gen=seg[chains.GEN], in_sync=_without(seg, lost),
+                 reason="fenced")]
+
+
 def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live: set[str], budget: int,
                fenced: bool) -> Events:
-    topic, gen = t["topic"], head[chains.GEN]
     if head[chains.BROKER] != lost:
-        if lost not in head[chains.IN_SYNC]:
-            return []
-        return [make("InSyncChanged", topic=topic, queue=q, gen=gen, in_sync=_without(head, lost), reason="fenced")]
+        return _left_in_sync(t, q, head, lost)
+    if head[chains.LOGIC_START] is None:
+        return []   # the segment it continues is still sealing: that seal is decided first (_sealing_lost)
     new = _elected(head, lost, live)
-    if new is None and not fenced and len(head[chains.REPLICAS]) > 1 and head[chains.LOGIC_START] is not None:
-        # Registered again with no copy in sync to take over: it leads on, but in a new gen from its own copy's
-        # end. Its followers may hold records it wrote and then lost in a crash before its sync (a leader streams
-        # what it writes, broker/replication/source.py); never acknowledged, they end the old gen's copies past
-        # its end, where no reader goes, and no offset of the new gen names one of them.
-        return _fail_over(t, q, head, lost, lost, [b for b in head[chains.REPLICAS] if b == lost or b in live],
-                          "restart", budget)
-    if new is None or head[chains.LOGIC_START] is None:
-        # No copy in sync to lead (replicas=1, or every follower lagged): the queue waits for its broker, or an
-        # operator's remap seals it at its budget (brokers.seal_at_budget), or elects an out-of-sync copy
-        # (``elect``). Before its logic start is decided the segment it continues is still sealing: that seal is
-        # decided first (_sealing_lost).
+    if new is not None:
+        return _fail_over(t, q, head, lost, new, [new, *(b for b in _without(head, lost) if b != new)], "failover",
+                          budget)
+    if fenced:
+        # No live copy in sync to lead (replicas=1, or every follower lagged or is down): the queue waits for its
+        # broker, or an operator's remap seals it at its budget (lookups.seal_at_budget), or elects a copy
+        # (``elect``; ``unclean`` for one out of sync).
         return []
-    return _fail_over(t, q, head, lost, new, [new, *(b for b in _without(head, lost) if b != new)], "failover",
-                      budget)
+    # Back on a new disk: its copy is empty, and leading on from its end would number new records with offsets
+    # already acknowledged. Its budget's end is a safe end (it wrote nothing past it).
+    topic, gen = t["topic"], head[chains.GEN]
+    seg = chains.as_dict(t, q, head)
+    replicas = list(head[chains.REPLICAS])
+    return [*_left_in_sync(t, q, head, lost), *seal_at_budget(topic, q, seg, by="disk_lost"),
+            make("SegmentOpened", topic=topic, queue=q, gen=gen + 1, broker=lost, from_broker=lost,
+                 physical_queue=allocation.physical_queue_name(topic, t["incarnation"], q, gen + 1),
+                 physical_start=0, budget_end=budget, replicas=replicas,
+                 in_sync=[b for b in replicas if b == lost or b in live], cause="disk_lost"),
+            make("LogicStartDecided", topic=topic, queue=q, gen=gen + 1,
+                 logic_start=chains.logic_end(seg, seg["budget_end"]))]
 
 
 def _fail_over(t: dict[str, Any], q: int, head: chains.Segment, lost: str, new: str, in_sync: list[str],
                cause: str, budget: int) -> Events:
     """``new`` seals the head at its copy's end and leads the next gen, which starts there (``new`` may be ``lost``
-    itself, back with no copy in sync: cause ``restart``)."""
+    itself, back on its disk: cause ``restart``; it stays in the old gen's in-sync set, its copy is whole)."""
     topic, gen = t["topic"], head[chains.GEN]
     replicas = [new, *(b for b in head[chains.REPLICAS] if b not in (new, lost))]
     if lost != new:
         replicas.append(lost)   # the lost one last
     # The lost leader leaves the in-sync set of the segment being sealed too: if the copy elected to seal it is lost
     # in turn, the next election must not pick a broker back on an empty disk (the chaos runner's broker_wipe,
-    # seed 9: its empty copy's end became the segment's end, and what the old leader acknowledged was gone).
-    left = ([make("InSyncChanged", topic=topic, queue=q, gen=gen, in_sync=_without(head, lost), reason="fenced")]
-            if lost in head[chains.IN_SYNC] and len(head[chains.IN_SYNC]) > 1 else [])
+    # seed 9: its empty copy's end became the segment's end).
+    left = _left_in_sync(t, q, head, lost) if lost != new else []
     return [*left, make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=new),
             make("SegmentOpened", topic=topic, queue=q, gen=gen + 1, broker=new, from_broker=lost,
                  physical_queue=allocation.physical_queue_name(topic, t["incarnation"], q, gen + 1),
@@ -190,24 +225,18 @@ def _fail_over(t: dict[str, Any], q: int, head: chains.Segment, lost: str, new: 
 
 def _sealing_lost(t: dict[str, Any], q: int, sealing: chains.Segment, head: chains.Segment, lost: str,
                   live: set[str], fenced: bool) -> Events:
-    """A segment being sealed that ``lost`` holds a copy of: it leaves its in-sync set; when it was the sealer, an
-    in-sync copy reports the end instead; with none, its budget's end is a safe end (its leader can write nothing
-    past it): the bounded jump of DESIGN.md invariant 5. A broker registered again with none to take over still
-    seals it itself."""
-    topic, gen = t["topic"], sealing[chains.GEN]
-    events: Events = []
-    if lost in sealing[chains.IN_SYNC] and len(sealing[chains.IN_SYNC]) > 1:
-        events.append(make("InSyncChanged", topic=topic, queue=q, gen=gen, in_sync=_without(sealing, lost),
-                           reason="fenced"))
+    """A segment being sealed that ``lost`` holds a copy of: it leaves its in-sync set; when it was the sealer, a
+    live in-sync copy reports the end instead; with none, its budget's end is a safe end (its leader can write
+    nothing past it): the bounded jump of DESIGN.md invariant 5."""
+    topic = t["topic"]
+    events = _left_in_sync(t, q, sealing, lost)
     if chains.sealer(sealing) != lost:
         return events
     new = _elected(sealing, lost, live)
     if new is not None:
-        return [*events, make("SegmentSealing", topic=topic, queue=q, gen=gen, broker=new)]
-    if not fenced:
-        return events
+        return [*events, make("SegmentSealing", topic=topic, queue=q, gen=sealing[chains.GEN], broker=new)]
     seg = chains.as_dict(t, q, sealing)
-    return [*events, *seal_at_budget(topic, q, seg),
+    return [*events, *seal_at_budget(topic, q, seg, by="session_expired" if fenced else "disk_lost"),
             make("LogicStartDecided", topic=topic, queue=q, gen=head[chains.GEN],
                  logic_start=chains.logic_end(seg, seg["budget_end"]))]
 

@@ -2,7 +2,7 @@
 
 A membership entry is an entry of its own (pysyncobj's MEMBERSHIP type byte, never batched with other proposals)
 holding one envelope whose command is ``SetMembership``: the whole member list, each a node name, its raft address
-(as the node that wrote the entry reaches it), its HTTP URL, the id of its disk (``meta/disk_identity.py``; none for
+(as the node that wrote the entry reaches it), its HTTP URL, the id of its disk (``wire/disk_identity.py``; none for
 a learner not heard from yet) and whether it votes. Raft takes a configuration from the newest membership entry in a
 node's log, committed or not, so the journal tracks them as they are appended, truncated and compacted
 (``MembershipTrail``); a snapshot carries the membership of its index in the image (``image["members"]``).
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import limits
-from ..disk_identity import is_disk_id
+from wire.disk_identity import is_disk_id
 from .entry import decode_entry
 
 MEMBERSHIP_COMMAND = 2          # pysyncobj's _COMMAND_TYPE.MEMBERSHIP (test_pysyncobj_pin holds the value)

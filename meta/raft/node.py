@@ -38,7 +38,8 @@ from typing import Any
 import structlog
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
-from .. import disk_identity, limits
+from wire import disk_identity
+from .. import limits
 from . import pysyncobj_shim as shim
 from wire.errors import ApiError, rejection
 from ..image import Image, restoring_pairs

@@ -33,7 +33,7 @@ import structlog
 from pysyncobj import FAIL_REASON
 from pysyncobj.node import TCPNode
 
-from .. import disk_identity
+from wire import disk_identity
 from . import pysyncobj_shim as shim
 from . import membership
 from wire.errors import ApiError, rejection

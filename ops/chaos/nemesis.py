@@ -499,7 +499,7 @@ class Nemesis:
         end = seg["physical_start"] + seg["logic_end"] - seg["logic_start"]
         if end <= seg["physical_start"]:
             return True   # sealed empty: every copy holds all of it, made or not
-        if seg.get("sealed_by") == "session_expired":
+        if seg.get("sealed_by") in ("session_expired", "disk_lost"):   # sealed at a budget: its copies end short
             return self._longest_elsewhere(seg, broker, token)
         for b in seg["replicas"]:
             if b == broker or b in self._down:

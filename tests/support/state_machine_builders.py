@@ -5,6 +5,7 @@ would and asserts on every outcome; ``check_image_invariants`` holds any image t
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections import Counter
 from typing import Any
@@ -28,6 +29,11 @@ STATUS = {
 # The state machine turns an unexpected exception in a decision into this INVALID_ARGUMENT message. It is a safety net
 # for bugs, so a test that sees it has found one, even when the status looks right.
 CATCH_ALL = "command could not be decided"
+
+
+def disk_id(n: int) -> str:
+    """The ``n``-th new disk of a test: a well-formed disk id (wire/disk_identity.py), never a broker's own."""
+    return f"{n:032x}"
 
 
 def stable(sm: StateMachine) -> dict[str, Any]:
@@ -186,12 +192,13 @@ class Log:
 
     # shorthands
     def register(self, broker: str, address: str | None = None, zone: str | None = None,
-                 cluster: str | None = None) -> int:
-        cmd = {"type": "RegisterBroker", "broker": broker, "address": address or f"http://{broker}:7000"}
-        if zone is not None:
-            cmd["zone"] = zone
-        if cluster is not None:
-            cmd["cluster"] = cluster
+                 cluster: str | None = None, disk: str | None = None) -> int:
+        """``disk``: a disk id (``disk_id``); none: the broker's own, the same at every registration (a restart)."""
+        cmd = {"type": "RegisterBroker", "broker": broker, "address": address or f"http://{broker}:7000",
+               "disk": disk or hashlib.md5(broker.encode()).hexdigest()}
+        for field, value in (("zone", zone), ("cluster", cluster)):
+            if value is not None:
+                cmd[field] = value
         return self.ok(cmd)["epoch"]
 
     def epoch(self, broker: str) -> int:

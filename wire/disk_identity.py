@@ -1,10 +1,13 @@
-"""A meta node's data directory has an identity: a random id written once, when the directory is first used.
+"""A data directory has an identity: a random id written once, when the directory is first used.
 
-Raft assumes a voter never forgets what it acknowledged or whom it voted for. A disk that was wiped or replaced
-forgets both, so the cluster's membership (in the log, ``meta/raft/membership.py``) records each voter's disk id,
-and a node whose disk id is not the recorded one is a learner until the log says otherwise (KRaft's directory
-ids, KIP-853). The file is written whole and synced (temp file, fsync, rename, directory fsync) before the node
-touches its journal: a directory that lost it gets a new id, which is always safe (a learner catches up first).
+A meta node and a broker each promise never to forget what they acknowledged. A disk that was wiped or replaced
+forgets everything, so the log records the disk id each one holds its data on:
+- a meta voter whose disk id is not the one the membership (``meta/raft/membership.py``) records is a learner until
+  the log says otherwise (KRaft's directory ids, KIP-853);
+- a broker registers with its disk id (``meta/deciders/brokers.py``): back on the disk it had, it keeps its copies
+  and its places in the in-sync sets; back on another, it lost them and catches up first (KIP-858's directory ids).
+The file is written whole and synced (temp file, fsync, rename, directory fsync) before the process touches its
+data: a directory that lost it gets a new id, which is always safe (what it held is taken as lost).
 """
 
 from __future__ import annotations
