@@ -20,6 +20,8 @@ from .fencing import FencingGate
 from .locks import Barriers, LockTable
 from .metrics import BrokerMetrics, ConsumerLagCollector, StateCollector
 from .meta_link import MetaLink
+from .offset_witness import FILE as WITNESS_FILE
+from .offset_witness import WitnessLog
 from .offsets import OffsetStore
 from .peers import Peers
 from .producer_journal import ProducerJournal
@@ -57,6 +59,7 @@ class BrokerNode:
                            observe_sync_s=self.metrics.fsync.observe)
         self.store = QueueStore(os.path.join(config.data_dir, "queues"), qcfg)
         self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"))
+        self.witness = WitnessLog(os.path.join(config.data_dir, WITNESS_FILE))
         self.routes = RouteTable(config.broker)
         self.session = MetaSession()
         self.pop_signals = TopicSignals()
@@ -71,8 +74,8 @@ class BrokerNode:
                              Counter("stator_broker_heartbeats_total", "heartbeats sent to meta", registry=self.registry),
                              self.locks, self.group_settings, ssl_context=tls_context, cluster=config.cluster,
                              disk=self.disk)
-        self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.peers, self.link,
-                             self.metrics)
+        self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.witness, self.peers,
+                             self.link, self.metrics)
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
                               lambda: self.session.writable(self.routes.version), self.group_settings,
                               self.pop_signals)
@@ -112,12 +115,25 @@ class BrokerNode:
             self.writer.replicas.check_writable(head, what)
 
     def _route_applied(self, topic: str) -> None:
+        self._witness(topic)
         self.writer.replicas.route_changed()
         self.writer.offset_copies.route_changed()
         self.pop_copies.route_changed()
         self.pop.take_over_copies_soon()   # a failover elected this broker: the groups' states it holds as a copy
         self.writer.forget_unkept_batches(topic)
         self.replicator.follow(topic)
+
+    def _witness(self, topic: str) -> None:
+        """Marks the heads of ``topic`` this broker leads or is an in-sync copy of: this disk holds every commit
+        made on them (broker/offset_witness.py). Only from routes that follow its registration: an older one may
+        name it in sync from before a lost disk."""
+        if not self.session.writable(self.routes.version):
+            return
+        me = self.config.broker
+        route = self.routes.routes.get(topic)
+        heads = [self.routes.head(topic, q["queue"]) for q in (route["queues"] if route is not None else ())]
+        self.witness.mark((h.topic, h.queue, h.physical_queue) for h in heads
+                          if h is not None and h.state == "active" and (h.broker == me or me in h.in_sync))
 
     async def start(self) -> None:
         await self.peers.start()
@@ -168,6 +184,7 @@ class BrokerNode:
         self.store.close()
         self.producer_log.close()
         self.offsets.close()
+        self.witness.close()
 
 
 def _flush_policy(config: BrokerConfig) -> str:

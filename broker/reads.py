@@ -21,6 +21,7 @@ from . import lag
 from .codec import RawRecord, run_of, stored_record
 from .meta_link import MetaLink
 from .metrics import BrokerMetrics
+from .offset_witness import WitnessLog
 from .offsets import OffsetStore
 from .peers import Peers, Unreachable, unavailable
 from .replication.follower import physical_end
@@ -43,13 +44,14 @@ def _physical_path(seg: Segment, **params: int) -> str:
 
 
 class Reader:
-    def __init__(self, me: str, routes: RouteTable, writer: Writer, offsets: OffsetStore, peers: Peers,
-                 link: MetaLink, metrics: BrokerMetrics | None = None):
+    def __init__(self, me: str, routes: RouteTable, writer: Writer, offsets: OffsetStore, witness: WitnessLog,
+                 peers: Peers, link: MetaLink, metrics: BrokerMetrics | None = None):
         self.me = me
         self.metrics = metrics
         self.routes = routes
         self.writer = writer
         self.offsets = offsets
+        self.witness = witness
         self.peers = peers
         self.link = link
         self._threads = StorageThreads(READER_THREADS, "read")
@@ -309,12 +311,13 @@ class Reader:
         left behind). A segment's commits are on its leader and on every copy of its in-sync set and its sealer
         (replication/offsets.py), so the segments are walked newest first and each one's holders not asked yet are
         asked at once, while the segment could beat what is known (a commit's gen is that of the segment it was made
-        on). A segment none of whose holders answers makes the read 503 BROKER_UNAVAILABLE (retry), never an older
-        value: after a power loss of the whole machine, a new head answered -1 for a queue whose commit of 761 sat
-        on the previous head, still starting (the chaos runner's committed_offsets check). Asking only its leader,
-        a read found nothing of a commit whose leader's disk was lost, though a copy held it (broker_wipe, seed 9).
-        This broker's own store answers for the segments it holds; if its disk was lost since, and no other holder
-        of such a segment answers, what it lost is not found."""
+        on). A segment is settled by the answer of a holder whose disk holds its commits (offset_witness.py: a
+        holder back on a new disk is still named, and holds none). None answering, while one is down, makes the read
+        503 BROKER_UNAVAILABLE (retry), never an older value: after a power loss of the whole machine, a new head
+        answered -1 for a queue whose commit of 761 sat on the previous head, still starting; and holders back on
+        empty disks answered -1 while the one copy holding a commit was down (the chaos runner's committed_offsets
+        check, seed 7). Every holder answering and none holding it: its commits went with every disk that held
+        them, and the walk goes on."""
         own = self.offsets.get_committed(group, topic, queue)
         best = (own.offset, own.gen) if own is not None else (-1, -1)
         if local_only:
@@ -322,37 +325,44 @@ class Reader:
         head = self.writer.offsets_head(topic, queue)
         if own is not None and own.gen >= head.gen:
             return best
-        answered, down = {self.me}, set()
+        # Holders that answered, and the segments whose commits they hold (every commit on the head is made here)
+        holds: dict[str, frozenset[str]] = {self.me: self.witness.held(topic, queue) | {head.physical_queue}}
+        down: set[str] = set()
         for seg in reversed(await self._chain(topic, queue)):
             if seg.gen <= best[1]:
                 break                          # no holder of this or an older segment can hold a newer commit
             holders = list(dict.fromkeys(b for b in (seg.broker, seg.sealer, *seg.in_sync) if b))
-            ask = [b for b in holders if b not in answered and b not in down]
-            values = await asyncio.gather(*(self._held_offset(topic, queue, group, b) for b in ask))
-            for broker, value in zip(ask, values):
-                if value is None:
+            ask = [b for b in holders if b not in holds and b not in down]
+            answers = await asyncio.gather(*(self._held_offset(topic, queue, group, b) for b in ask))
+            for broker, answer in zip(ask, answers):
+                if answer is None:
                     down.add(broker)
                     continue
-                answered.add(broker)
+                value, held = answer
+                holds[broker] = held
                 if value[0] >= 0 and value[1] > best[1]:
                     best = value
-            if not answered & set(holders):
+            if not any(seg.physical_queue in holds.get(b, ()) for b in holders) and down & set(holders):
                 raise rejection(503, "BROKER_UNAVAILABLE", f"the committed offset of {group!r} on {topic}/{queue} may "
                                 f"be newer on the brokers that held its segment of gen {seg.gen} "
-                                f"({', '.join(holders)}), none of which answers now; retry", broker=seg.broker,
-                                gen=seg.gen)
+                                f"({', '.join(holders)}), none of which answers now holding it; retry",
+                                broker=seg.broker, gen=seg.gen)
         self.writer.still_offsets_head(head, "its committed offset was read")
         return best
 
-    async def _held_offset(self, topic: str, queue: int, group: str, broker: str) -> tuple[int, int] | None:
-        """(offset, gen) of the commit ``broker`` holds ((-1, -1): none); None when it does not answer."""
+    async def _held_offset(self, topic: str, queue: int, group: str,
+                           broker: str) -> tuple[tuple[int, int], frozenset[str]] | None:
+        """(offset, gen) of the commit ``broker`` holds ((-1, -1): none), and the segments of the queue whose
+        commits its disk holds; None when it does not answer."""
         path = f"/v1/offsets/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}?local=1"
         try:
             body = await self.peers.call("GET", broker, self.routes.address(topic, broker), path)
         except (ApiError, Unreachable):
             return None
-        offset, gen = body.get("offset", -1), body.get("gen", -1)
-        return (offset, gen) if isinstance(offset, int) and isinstance(gen, int) else None
+        offset, gen, held = body.get("offset", -1), body.get("gen", -1), body.get("holds", [])
+        if not (isinstance(offset, int) and isinstance(gen, int) and isinstance(held, list)):
+            return None
+        return (offset, gen), frozenset(h for h in held if isinstance(h, str))
 
     async def min_offset(self, topic: str, queue: int) -> int:
         """A queue's min logic offset, wherever its head is (a barrier's old queue may be on another broker)."""

@@ -242,3 +242,33 @@ async def test_a_commit_is_found_on_a_copy_when_its_leader_lost_its_disk_after_t
             assert time.monotonic() < deadline, f"{first} not ready again"
             await asyncio.sleep(0.1)
         assert await committed(c, "o", "g", 0) == 50
+
+
+async def test_holders_back_on_empty_disks_never_settle_a_commit_whose_one_holder_is_down(tmp_path):
+    """Found by the chaos runner (seed 7): a read settled a segment on the first holder that answered; the two
+    named in its in-sync set were back on empty disks and answered "nothing" while the one holding the commit was
+    down, and the group read -1. A holder's answer now settles only the segments whose commits its disk holds
+    (broker/offset_witness.py); until one of those answers, the read is refused 503 (retry), and it answers the
+    commit once that broker is back."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "o", "queues": 1, "replicas": 3, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "o", lambda r: len(r["queues"][0]["in_sync"]) == 3 and r["queues"][0]["writable"])
+        first = r["queues"][0]["broker"]
+        second, third = r["queues"][0]["replicas"][1:]
+        assert await commit_at_head(c, "o", "g", 0, 50)   # on all three
+        s, b = await admin(c, "POST", 0, "/v1/topics/o/remap", {"brokers": [second]})
+        assert s == 200, b   # gen 0, sealed, names all three in sync
+        await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"])
+        c.kill9(first)   # down, its disk kept: the one holder left once the others lose theirs
+        await wait_route(c, "o", lambda r: first not in r["queues"][0]["in_sync"], timeout_s=ANSWER_WAIT_S)
+        for lost in (third, second):   # each back on an empty disk, the head's leader last
+            lose(c, lost)
+            c.start(lost)
+        await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == second and r["queues"][0]["writable"]
+                         and r["queues"][0]["gen"] >= 2, timeout_s=ANSWER_WAIT_S)
+        q = (await route(c, "o"))["queues"][0]
+        s, b, _ = await c.call("GET", f"{q['address']}/v1/offsets/g/o/0", "client", timeout_s=CALL_TIMEOUT_S)
+        assert (s, b["error"]["code"] if s != 200 else b) == (503, "BROKER_UNAVAILABLE"), (s, b)
+        c.start(first)
+        assert await committed(c, "o", "g", 0) == 50

@@ -229,8 +229,11 @@ async def read_offset(request: web.Request) -> web.Response:
     queue = int_in(request.match_info["queue"], "queue")
     local = request.query.get("local") == "1"
     offset, gen = await node.reader.read_committed(group, topic, queue, local)
-    # A broker asking for this one's own value (local=1) also learns the gen it was committed on: the newest wins.
-    return _respond({"offset": offset, "gen": gen} if local else {"offset": offset})
+    if not local:
+        return _respond({"offset": offset})
+    # A broker asking for this one's own value also learns the gen it was committed on (the newest wins) and the
+    # segments whose commits this disk holds (broker/offset_witness.py): only those this answer settles.
+    return _respond({"offset": offset, "gen": gen, "holds": sorted(node.witness.held(topic, queue))})
 
 
 @requires("client", "broker")

@@ -167,6 +167,7 @@ class PullFields(TypedDict):
 class CommittedOffset(TypedDict):
     offset: int
     gen: NotRequired[int]   # with local=1: the gen of the head segment it was committed on (-1: never)
+    holds: NotRequired[list[str]]   # with local=1: the segments (physical queues) whose commits this disk holds
 
 
 @with_config(OPEN)
