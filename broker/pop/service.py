@@ -528,6 +528,8 @@ class PopService:
                             "(group, topic, queue)", limit=POP_QUEUES_MAX)
         best: tuple[int, int] | None = (st.gen, st.next_offset) if st is not None else None
         copied: QueueState | None = None   # this broker's copy of a lost leader's state, when it is the newest
+        held = self.replica.states.get(key)
+        held_gen = held.gen if held is not None else None   # logged: what a takeover started from is told
         asked = {self.me}                                 # brokers whose own state is known
         asked_copies: set[tuple[str, int]] = set()        # (broker, gen) asked for a copy of that gen's state
         for seg in reversed(await self.reader.history(topic, queue)):
@@ -573,7 +575,7 @@ class PopService:
             self.journal.touch(key)
             await self.journal.durable()
             log.info("pop_state_taken_from_copy", key=key, gen=head.gen, start=st.next_offset,
-                     in_flight=len(st.in_flight))
+                     in_flight=len(st.in_flight), copy_gen=held_gen, asked=sorted(asked))
             return st
         start = best[1] if best is not None else await self.reader.min_offset(topic, queue)
         if st is None:
@@ -588,7 +590,8 @@ class PopService:
             st.gen, st.frozen = head.gen, False
         self.journal.touch(key)
         await self.journal.durable()
-        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset)
+        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset, from_gen=best[0] if best else None,
+                 copy_gen=held_gen, asked=sorted(asked))
         return st
 
     def copies_untaken(self, topic: str, queue: int) -> bool:
