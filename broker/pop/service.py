@@ -590,8 +590,8 @@ class PopService:
             st.gen, st.frozen = head.gen, False
         self.journal.touch(key)
         await self.journal.durable()
-        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset, from_gen=best[0] if best else None,
-                 copy_gen=held_gen, asked=sorted(asked))
+        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset,
+                 from_gen=best[0] if best else None, copy_gen=held_gen, asked=sorted(asked))
         return st
 
     def copies_untaken(self, topic: str, queue: int) -> bool:
