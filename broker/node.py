@@ -51,8 +51,6 @@ class BrokerNode:
         self.metrics = BrokerMetrics(self.registry)
         # Before any file of the data directory is touched: what a directory without it holds is taken as lost.
         self.disk, created = disk_identity.load_or_create(config.data_dir)
-        if created:
-            log.info("broker_disk_identity_created", disk=self.disk, data_dir=config.data_dir)
         qcfg = QueueConfig(flush_policy=_flush_policy(config),
                            flush_interval_ms=config.flush_interval_ms, retention_ms=config.retention_ms,
                            retention_bytes=config.retention_bytes, segment_bytes_max=config.segment_bytes_max,
@@ -98,6 +96,8 @@ class BrokerNode:
         self.replica_source = FetchSource(config.broker, self.routes, self.writer)   # what followers fetch here
         self.replicator = Replicator(config.broker, self.routes, self.writer, config.token, tls_context,
                                      self.link.peer_down)
+        if created:   # said once every store opened: a broker refusing a damaged file says that one line only
+            log.info("broker_disk_identity_created", disk=self.disk, data_dir=config.data_dir)
         self.link.on_route_applied = self._route_applied
         self.link.on_registered = lambda: self.replicator.recover(self.link.sealed_copies)
         self.link.on_copies_placed = self.link.on_registered

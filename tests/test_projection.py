@@ -304,7 +304,7 @@ class TestProjection:
 def throughput_events(n: int) -> list[dict[str, Any]]:
     """A 16-queue topic, then budget grants over its queues with a remap every 100 events."""
     log = Log()
-    log.add("BrokerRegistered", broker="b1", address="http://b1", zone=None, cluster="DefaultCluster", epoch=1)
+    log.add("BrokerRegistered", broker="b1", address="http://b1", zone=None, cluster="DefaultCluster", disk=None, epoch=1)
     log.add("TopicCreated", replicas=1, min_insync=1, scope="global", topic="t", incarnation=2, queues=16, slots=64, order="best_tried", config={},
             slot_table=[[q * 4, q * 4 + 3, q] for q in range(16)],
             segments=segments_of("t", 2, {q: "b1" for q in range(16)}))

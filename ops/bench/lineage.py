@@ -49,7 +49,8 @@ class Synthetic:
         """The events in lists that each fill one export range (CHUNK_VERSIONS versions), the last one partly."""
         h = self.history
         for b in BROKERS:
-            h.add("BrokerRegistered", broker=b, address=f"http://{b}:7150", zone=None, cluster="DefaultCluster", epoch=1)
+            h.add("BrokerRegistered", broker=b, address=f"http://{b}:7150", zone=None, cluster="DefaultCluster",
+                  disk=None, epoch=1)
         for t in range(self.topics):
             h.create_topic(f"topic{t}", BROKERS[t % len(BROKERS):] + BROKERS[:t % len(BROKERS)], self.queues)
         pending: list[dict[str, Any]] = []

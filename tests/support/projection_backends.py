@@ -72,8 +72,8 @@ def scenario() -> list[dict[str, Any]]:
     """A topic's life: created with 4 queues on 2 brokers, queue 1 remapped, grown to 6 with barriers, broker
     sessions fenced and renewed, config changed; then a second topic created and the first deleted (v22, v23)."""
     log = Log()
-    log.add("BrokerRegistered", broker="b1", address="http://b1:8080", zone="z1", cluster="DefaultCluster", epoch=1)            # 1
-    log.add("BrokerRegistered", broker="b2", address="http://b2:8080", zone="z2", cluster="DefaultCluster", epoch=1)            # 2
+    log.add("BrokerRegistered", broker="b1", address="http://b1:8080", zone="z1", cluster="DefaultCluster", disk=None, epoch=1)  # 1
+    log.add("BrokerRegistered", broker="b2", address="http://b2:8080", zone="z2", cluster="DefaultCluster", disk=None, epoch=1)  # 2
     log.add("TopicCreated", replicas=1, min_insync=1, scope="global", topic="orders", incarnation=3, queues=4, slots=16, order="strict",        # 3
             config={"retention_ms": 86_400_000},
             slot_table=[[0, 3, 0], [4, 7, 1], [8, 11, 2], [12, 15, 3]],
@@ -102,7 +102,7 @@ def scenario() -> list[dict[str, Any]]:
     log.add("LogicStartDecided", topic="orders", queue=1, gen=2, logic_start=1_800)                  # 15
     # broker sessions: b2 expires and comes back with epoch 2; a late fence of epoch 1 must not touch epoch 2
     log.add("BrokerFenced", broker="b2", epoch=1, reason="session_expired")                          # 16
-    log.add("BrokerRegistered", broker="b2", address="http://b2-new:8080", zone="z2", cluster="DefaultCluster", epoch=2)        # 17
+    log.add("BrokerRegistered", broker="b2", address="http://b2-new:8080", zone="z2", cluster="DefaultCluster", disk=None, epoch=2)  # 17
     log.add("BrokerFenced", broker="b2", epoch=1, reason="registered_again")                         # 18
     log.add("BrokerFenced", broker="b1", epoch=1, reason="session_expired")                          # 19
     log.add("BrokerUnfenced", broker="b1", epoch=1)                                                  # 20
