@@ -853,6 +853,29 @@ def test_kill_9_keeps_every_acknowledged_record(tmp_path):
     assert len(logs(path)) > 3
 
 
+def test_a_store_closes_its_queues_at_once_each_clean_and_raises_the_first_failure(tmp_path):
+    """QueueStore.close closes CLOSE_THREADS queues at a time: every queue is closed clean (its marker written, so
+    the next open skips the recovery scan), and one that fails does not keep the others from closing."""
+    store = QueueStore(str(tmp_path), SMALL)
+    queues = [store.create(f"q{i}") for i in range(40)]
+    for i, q in enumerate(queues):
+        q.append([b"x"] * (i + 1), 1)
+    bad = queues[7]
+    close = bad.close
+
+    def failing() -> None:
+        close()
+        raise OSError("the disk went away")
+
+    bad.close = failing
+    with pytest.raises(OSError, match="the disk went away"):
+        store.close()
+    assert all(q.closed for q in queues)
+    assert all((tmp_path / e / files.CLEAN_MARKER).is_file() for e in os.listdir(tmp_path) if not e.startswith("."))
+    with QueueStore(str(tmp_path), SMALL) as again:
+        assert [again.get(f"q{i}").max_offset for i in range(40)] == list(range(1, 41))
+
+
 def test_deleting_an_open_queue_closes_it_and_no_read_finds_it_again(tmp_path):
     with QueueStore(str(tmp_path), SMALL) as store:
         q = store.create("q")

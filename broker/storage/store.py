@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 from . import files, limits
@@ -30,6 +31,10 @@ FORMAT_FILE = ".format"   # a leading dot: no queue's directory is spelled so (n
 FORMAT_NAME = "stator-queues"
 FORMAT_VERSION = 2
 T = TypeVar("T")
+# Queues closed at once: each close syncs its active file, its index and its clean marker (four or five syncs), and
+# concurrent syncs share the file system's journal commits. One after the other, a broker with 4,000 physical queues
+# took 3.6 s to stop when idle, and over the 10 s stop bound under the test suite's load (then killed).
+CLOSE_THREADS = 16
 
 
 class QueueStore:
@@ -164,12 +169,20 @@ class QueueStore:
         return sum(self._each_open(lambda q: q.apply_retention(now_ms)))
 
     def close(self) -> None:
-        """Closes every queue, even when one fails to close cleanly; the first such error is raised at the end."""
+        """Closes every queue (CLOSE_THREADS at a time), even when one fails to close cleanly; the first such error is
+        raised at the end."""
         with self._lock:
             queues = list(self._open.values())
             self._open.clear()
         try:
-            self._each(queues, PhysicalQueue.close)
+            if len(queues) <= 1:
+                self._each(queues, PhysicalQueue.close)
+            else:
+                with ThreadPoolExecutor(min(CLOSE_THREADS, len(queues)), thread_name_prefix="queue-close") as pool:
+                    closing = [pool.submit(q.close) for q in queues]
+                first_error = next((e for f in closing if (e := f.exception()) is not None), None)
+                if first_error is not None:
+                    raise first_error
         finally:
             self._pool.close_all()
 
