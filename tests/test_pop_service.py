@@ -478,23 +478,6 @@ async def test_adopted_deliveries_go_out_again_first_with_their_attempts(node):
     assert [(m.offset, m.attempt) for m in await pop(node, 5)] == [(0, 2)]
 
 
-async def test_deliveries_of_a_state_the_head_s_state_superseded_are_not_taken_again(node):
-    """Found by the chaos runner's fixed seed 884: b1 led a queue on after a power loss and, taking its next gen over,
-    asked b3 for a copy of a gen it had led itself; b3 answered with (and froze) its own state of gen 0, older than
-    b1's own, and handed over its deliveries in flight, among them one b1 had since seen acked: delivered again. A
-    head takes deliveries only from the state its own was taken over from (``QueueState.origin``), or a newer one."""
-    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(4)])
-    got = await pop(node, 3)
-    assert (await node.pop.ack("g", [got[2].handle]))[0]["ok"]
-    node.routes.update(route(6, [seg(0, "b1", 0, 4, "sealed", replicas=["b1", "b3"], in_sync=["b1", "b3"]),
-                                 seg(1, "b1", 4, None, "active", 4, replicas=["b1", "b3"])]))
-    assert await node.pop.adopt(KEY, [[2, 1]], caller="b3", from_gen=0) == 0, "b3's gen 0 is not where this began"
-    st = node.pop.states[KEY]
-    assert st.origin == ("b1", 0) and 2 not in st.in_flight, "acked here: never handed out again"
-    assert await node.pop.adopt(KEY, [[2, 1]], caller="b3", from_gen=1) == 1, "a newer state: at least once"
-    assert await node.pop.adopt(KEY, [[1, 2]], caller="b1", from_gen=0) == 0, "1 is in flight here already"
-
-
 async def test_a_copy_of_an_older_gen_may_hand_over_deliveries(node):
     """b3 held a copy of gen 0 (led by b2) and, asked for that gen's state, made it its own: its deliveries in flight
     are its to hand over (the chaos runner, seed 7: refused 403, they sat on b3's disk alone until it was wiped)."""

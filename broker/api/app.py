@@ -386,8 +386,8 @@ async def pop_adopt(request: web.Request) -> web.Response:
     node = request.app[NODE]
     key = (_name(request.match_info["group"], "group"), _name(request.match_info["topic"], "topic"),
            int_in(request.match_info["queue"], "queue"))
-    deliveries, from_gen = pop_params.adopt_request(await _json(request, models.Adopt))
-    return _respond({"adopted": await node.pop.adopt(key, deliveries, caller_broker(request), from_gen)})
+    deliveries = pop_params.adopt_request(await _json(request, models.Adopt))
+    return _respond({"adopted": await node.pop.adopt(key, deliveries, caller_broker(request))})
 
 
 @public

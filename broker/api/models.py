@@ -125,7 +125,6 @@ class Adopt(TypedDict):
     # [offset, attempt] (due now) or [offset, attempt, deadline_ms]
     deliveries: Annotated[list[Annotated[list[Offset], Field(min_length=2, max_length=3)]],
                           Field(max_length=100_000)]
-    gen: NotRequired[Offset]   # of the frozen state they come from
 
 
 # -- answers ---------------------------------------------------------------------------------------------------

@@ -69,11 +69,7 @@ def dlq_query(query: Any) -> tuple[int, int]:
     return int_in(query.get("offset"), "offset", 0), int_in(query.get("max"), "max", 32, 1, DLQ_READ_MAX)
 
 
-def adopt_request(body: dict[str, Any]) -> tuple[list[list[int]], int | None]:
-    """(deliveries, the gen of the frozen state they come from or None)."""
-    gen = body.get("gen")
-    if gen is not None and (type(gen) is not int or not 0 <= gen < 2**62):
-        raise invalid("gen must be the gen of the frozen state the deliveries come from")
+def adopt_request(body: dict[str, Any]) -> list[list[int]]:
     raw = body.get("deliveries")
     if not isinstance(raw, list) or len(raw) > 100_000:
         raise invalid("deliveries must be a list of [offset, attempt] or [offset, attempt, deadline_ms]")
@@ -83,4 +79,4 @@ def adopt_request(body: dict[str, Any]) -> tuple[list[list[int]], int | None]:
                 or not all(type(v) is int and 0 <= v < 2**62 for v in d)):
             raise invalid("deliveries must be a list of [offset, attempt] or [offset, attempt, deadline_ms]")
         out.append(d)
-    return out, gen
+    return out

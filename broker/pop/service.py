@@ -527,7 +527,6 @@ class PopService:
             raise rejection(409, "TOO_MANY_POP_QUEUES", f"this broker keeps pop state of at most {POP_QUEUES_MAX} "
                             "(group, topic, queue)", limit=POP_QUEUES_MAX)
         best: tuple[int, int] | None = (st.gen, st.next_offset) if st is not None else None
-        origin: tuple[str, int] | None = (self.me, st.gen) if st is not None else None   # whose state best is
         copied: QueueState | None = None   # this broker's copy of a lost leader's state, when it is the newest
         held = self.replica.states.get(key)
         held_gen = held.gen if held is not None else None   # logged: what a takeover started from is told
@@ -542,7 +541,7 @@ class PopService:
                 # runner, seed 9: two groups started over from offset 0)
                 got = await self._ask_copies(seg, key, asked, asked_copies)
                 if got is not None and (best is None or got[0] > best[0]):
-                    best, origin, copied = got[:2], (got[2], got[0]), None
+                    best, copied = got, None
                 continue
             if seg.broker in asked:
                 continue
@@ -553,28 +552,26 @@ class PopService:
                 # answered (replication/pop_copies.py); the leader, lost, is not asked
                 rep = self.replica.states.get(key)
                 if rep is not None and rep.gen <= seg.gen and (best is None or rep.gen > best[0]):
-                    best, origin, copied = (rep.gen, rep.next_offset), (self.me, rep.gen), rep
+                    best, copied = (rep.gen, rep.next_offset), rep
                 continue
             asked.add(seg.broker)
             got = await self._ask_freeze(seg, key)
-            got = (*got, seg.broker) if got is not None else None
             if got is None:
                 # Its leader holds nothing (back on an empty disk, maybe): the copies it waited for hold what it
                 # acknowledged, this broker's own among them
                 rep = self.replica.states.get(key) if self.me in seg.in_sync else None
                 if rep is not None and rep.gen == seg.gen and (best is None or rep.gen > best[0]):
-                    best, origin, copied = (rep.gen, rep.next_offset), (self.me, rep.gen), rep
+                    best, copied = (rep.gen, rep.next_offset), rep
                     continue
                 got = await self._ask_copies(seg, key, asked, asked_copies)
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
             # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
             # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
             if got is not None and (best is None or got[0] > best[0] or (copied is not None and got[0] == best[0])):
-                best, origin, copied = got[:2], (got[2], got[0]), None
+                best, copied = got, None
         if copied is not None:
             self.replica.take(key)
             st = self.states[key] = self._from_copy(copied, st, head.gen)
-            st.origin = origin
             self.journal.touch(key)
             await self.journal.durable()
             log.info("pop_state_taken_from_copy", key=key, gen=head.gen, start=st.next_offset,
@@ -591,7 +588,6 @@ class PopService:
                 st.drop_deliveries()
             st.next_offset = max(start, st.next_offset) if best[0] == st.gen else start
             st.gen, st.frozen = head.gen, False
-        st.origin = origin
         self.journal.touch(key)
         await self.journal.durable()
         log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset,
@@ -693,7 +689,7 @@ class PopService:
         return path if copy_of_gen is None else f"{path}&copy_of_gen={copy_of_gen}"
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str],
-                          asked_copies: set[tuple[str, int]]) -> tuple[int, int, str] | None:
+                          asked_copies: set[tuple[str, int]]) -> tuple[int, int] | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
         broker's own; else the newest older state a copy answered with, its own; None when every one answered that
         it holds none. One that does not answer, while none that did holds it, stops the takeover (503
@@ -704,7 +700,7 @@ class PopService:
         topic = key[1]
         path = self._handover_path(key, seg.gen)
         unanswered: dict[str, str] = {}
-        older: tuple[int, int, str] | None = None   # a copy's own state of an older gen: it is not asked again
+        older: tuple[int, int] | None = None   # a copy's own state of an older gen: it is not asked again
         # A broker asked for a later gen's copy may hold a copy of this one: asked again (the chaos runner, seed 9:
         # b2, asked for gen 2's state, held gen 0's copy and was never asked for it; the head started over from 0)
         for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync)
@@ -718,12 +714,12 @@ class PopService:
                 log.info("pop_handover_copy_unanswered", key=key, copy=copy, why=unanswered[copy])
                 continue
             if body.get("found") and body["gen"] >= seg.gen:
-                return body["gen"], body["next_offset"], copy
+                return body["gen"], body["next_offset"]
             if body.get("found") and (older is None or body["gen"] > older[0]):
                 # The copy led an older gen (the chaos runner, seed 9: a queue remapped twice before the second
                 # head popped it; the first head, asked here as a copy, was then passed over as an older head
                 # already asked, and the third started the group from offset 0)
-                older = (body["gen"], body["next_offset"], copy)
+                older = (body["gen"], body["next_offset"])
         if unanswered:
             raise rejection(503, "BROKER_UNAVAILABLE", f"the pop state of queue {key[2]} of {topic!r} under gen "
                             f"{seg.gen} is held by none that answered, and {sorted(unanswered)} did not: starting "
@@ -803,8 +799,7 @@ class PopService:
         batch = {o: st.in_flight[o] for o in list(st.ready)[:IN_FLIGHT_PER_QUEUE_MAX] if o in st.in_flight}
         try:
             await self.reader.peers.request("POST", head, _queue_path("pop-adopt", key),
-                                            {"deliveries": [[o, d.attempt, d.deadline_ms] for o, d in batch.items()],
-                                             "gen": st.gen})
+                                            {"deliveries": [[o, d.attempt, d.deadline_ms] for o, d in batch.items()]})
         except ApiError as e:
             log.info("pop_handover_failed", key=key, code=e.code)
             return False
@@ -816,11 +811,9 @@ class PopService:
         await self.journal.durable()
         return not st.ready
 
-    async def adopt(self, key: Key, deliveries: list[list[int]], caller: str | None = None,
-                    from_gen: int | None = None) -> int:
-        """Deliveries of an older head ([offset, attempt] due now, or [offset, attempt, deadline_ms]) from its frozen
-        state of ``from_gen``: delivered again from here once due, before anything new; none when that state is not
-        the one this head's state was taken over from, nor newer (``QueueState.origin``). A broker
+    async def adopt(self, key: Key, deliveries: list[list[int]], caller: str | None = None) -> int:
+        """Deliveries of an older head ([offset, attempt] due now, or [offset, attempt, deadline_ms]): delivered
+        again from here once due, before anything new. A broker
         ``caller`` must be one the log names as a holder of an older gen of the queue (its leader, a copy, its
         sealer), or this broker itself (None: an admin). A copy hands over too: asked for the state of a gen whose
         leader held none, it made its copy its own (``freeze``); refused, its deliveries in flight sat on its disk
@@ -838,15 +831,6 @@ class PopService:
             st = await self._state_for(key)
             if st is None:
                 raise not_leader(topic, queue, self.routes.head(topic, queue))
-            if (caller is not None and from_gen is not None and st.origin is not None
-                    and (caller, from_gen) != st.origin and from_gen <= st.origin[1]):
-                # Not the state this one was taken over from, and no newer: what became of its deliveries is in the
-                # state that superseded it (the chaos runner's fixed seed 884: b1, leading on after a power loss,
-                # asked b3 for a later gen's copy; b3 froze its own gen-0 state and handed over deliveries b1 had
-                # since seen acked, and they were delivered again). The sender drops them: answered, 0 taken.
-                log.info("pop_adopt_superseded", key=key, caller=caller, from_gen=from_gen, origin=st.origin,
-                         deliveries=len(deliveries))
-                return 0
             now = now_ms()
             taken = 0
             for offset, attempt, *deadline in deliveries:

@@ -49,9 +49,6 @@ class QueueState:
     ack_horizon: int = 0                                       # an ack of an unwritten delivery below this
     written_next: int | None = None
     written_meta: tuple[int, bool] | None = None               # (gen, frozen) as last written
-    # (broker, gen) of the state this one was taken over from, when taken over since this broker started: only that
-    # state's deliveries are handed over here; an older head's frozen state is superseded (service.py ``adopt``)
-    origin: tuple[str, int] | None = None
 
     # -- handing out ---------------------------------------------------------------------------------------------
     def deliver_new(self, offset: int, seq: int, now_ms: int, invisible_ms: int) -> Delivery:
