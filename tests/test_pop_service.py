@@ -278,7 +278,7 @@ async def test_an_older_head_s_own_answer_beats_a_copy_of_its_state_held_here(no
         seg(2, "b1", 40, None, "active")]))
     node.pop.replica.states[KEY] = QueueState(KEY, 10, 0)
 
-    async def ask_freeze(seg, key):
+    async def ask_freeze(seg, key, best=None):
         return (0, 30) if seg.broker == "b2" else None
     monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
     async with node.pop.locks.hold(KEY):
@@ -321,7 +321,7 @@ async def test_deliveries_of_a_leader_a_failover_deposed_are_gone_when_it_leads_
     node.routes.update(deposed_and_back(sealer_of_gen1))
     node.pop.replica.states[KEY] = QueueState(KEY, 2, 1)   # b1's copy of b2's state: everything acked
 
-    async def ask_freeze(seg, key):
+    async def ask_freeze(seg, key, best=None):
         return (1, 2) if seg.broker == "b2" else None
     monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
     async with node.pop.locks.hold(KEY):
@@ -478,6 +478,23 @@ async def test_adopted_deliveries_go_out_again_first_with_their_attempts(node):
     assert [(m.offset, m.attempt) for m in await pop(node, 5)] == [(0, 2)]
 
 
+async def test_a_state_older_than_the_asker_s_is_neither_frozen_nor_handed_over(node):
+    """Found by the chaos runner's fixed seed 884: b1, leading on after a power loss, asked b3 (this broker) for a
+    copy of a gen b1 had led itself, holding a newer state of its own; b3 froze its own older state and handed over
+    its deliveries in flight, one of which b1 had since seen acked: delivered again. Asked with ``above_gen``, an
+    older state answers "none" and stays as it is."""
+    await node.writer.send("t", 0, [{"body": "m"}])
+    [a] = await pop(node, 1)
+    node.routes.update(route(6, [seg(0, "b1", 0, 1, "sealed", replicas=["b1", "b2"], in_sync=["b1", "b2"]),
+                                 seg(1, "b2", 1, 1, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
+                                 seg(2, "b2", 1, None, "active", 1, replicas=["b2", "b1"])]))
+    assert await node.pop.freeze(KEY, 6, caller="b2", copy_of_gen=1, above_gen=1) == {"found": False}
+    st = node.pop.states[KEY]
+    assert not st.frozen and not st.ready and 0 in st.in_flight, "kept as it was: nothing handed over"
+    answer = await node.pop.freeze(KEY, 6, caller="b2", copy_of_gen=1, above_gen=0)
+    assert answer["found"] and answer["gen"] == 0 and st.frozen, "as new as the asker's: it may start here"
+
+
 async def test_a_copy_of_an_older_gen_may_hand_over_deliveries(node):
     """b3 held a copy of gen 0 (led by b2) and, asked for that gen's state, made it its own: its deliveries in flight
     are its to hand over (the chaos runner, seed 7: refused 403, they sat on b3's disk alone until it was wiped)."""
@@ -485,7 +502,7 @@ async def test_a_copy_of_an_older_gen_may_hand_over_deliveries(node):
         seg(0, "b2", 0, 0, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
         seg(1, "b1", 0, None, "active", 0)]))
 
-    async def ask_freeze(seg, key):
+    async def ask_freeze(seg, key, best=None):
         return (0, 3)
     node.pop._ask_freeze = ask_freeze
     with pytest.raises(ApiError) as e:
@@ -521,7 +538,7 @@ async def test_a_takeover_waits_for_a_copy_that_does_not_answer_when_the_older_l
         seg(0, "b2", 0, 7, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
         seg(1, "b1", 7, None, "active")]))
 
-    async def ask_freeze(seg, key):
+    async def ask_freeze(seg, key, best=None):
         return None
     monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
     with pytest.raises(ApiError) as e:
@@ -549,7 +566,7 @@ async def test_a_copy_that_answers_with_its_own_older_state_is_where_a_takeover_
         seg(2, "b1", 15, None, "active")]))
     asked = []
 
-    async def ask_freeze(seg, key):
+    async def ask_freeze(seg, key, best=None):
         asked.append(seg.broker)
         return None
 
@@ -589,7 +606,7 @@ async def test_a_copy_asked_for_a_later_gen_is_asked_again_for_an_older_one(node
         seg(2, "b1", 9, None, "active")]))
     asked = []
 
-    async def ask_freeze(seg, key):
+    async def ask_freeze(seg, key, best=None):
         asked.append((seg.broker, "own"))
         return None
 

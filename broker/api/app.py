@@ -375,9 +375,10 @@ async def pop_handover(request: web.Request) -> web.Response:
     key = (_name(request.match_info["group"], "group"), _name(request.match_info["topic"], "topic"),
            int_in(request.match_info["queue"], "queue"))
     version = int_in(request.query.get("route_version"), "route_version", 0)
-    copy_of = request.query.get("copy_of_gen")
+    copy_of, above = request.query.get("copy_of_gen"), request.query.get("above_gen")
     copy_of_gen = None if copy_of is None else int_in(copy_of, "copy_of_gen", 0)
-    return _respond(await node.pop.freeze(key, version, caller_broker(request), copy_of_gen))
+    above_gen = None if above is None else int_in(above, "above_gen", 0)
+    return _respond(await node.pop.freeze(key, version, caller_broker(request), copy_of_gen, above_gen))
 
 
 @requires("broker")

@@ -539,7 +539,7 @@ class PopService:
                 # This broker led that gen and holds nothing of it: back on an empty disk, it leads on (a restart
                 # with no copy in sync to take over); the copies it waited for hold what it acknowledged (the chaos
                 # runner, seed 9: two groups started over from offset 0)
-                got = await self._ask_copies(seg, key, asked, asked_copies)
+                got = await self._ask_copies(seg, key, asked, asked_copies, best)
                 if got is not None and (best is None or got[0] > best[0]):
                     best, copied = got, None
                 continue
@@ -555,7 +555,7 @@ class PopService:
                     best, copied = (rep.gen, rep.next_offset), rep
                 continue
             asked.add(seg.broker)
-            got = await self._ask_freeze(seg, key)
+            got = await self._ask_freeze(seg, key, best)
             if got is None:
                 # Its leader holds nothing (back on an empty disk, maybe): the copies it waited for hold what it
                 # acknowledged, this broker's own among them
@@ -563,7 +563,7 @@ class PopService:
                 if rep is not None and rep.gen == seg.gen and (best is None or rep.gen > best[0]):
                     best, copied = (rep.gen, rep.next_offset), rep
                     continue
-                got = await self._ask_copies(seg, key, asked, asked_copies)
+                got = await self._ask_copies(seg, key, asked, asked_copies, best)
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
             # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
             # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
@@ -677,19 +677,24 @@ class PopService:
                             f"pushing leader's {leader_gen}", topic=topic, queue=queue, gen=head.gen)
         await self.replica.apply(topic, queue, reset, lines)
 
-    async def _ask_freeze(self, seg: Segment, key: Key) -> tuple[int, int] | None:
+    async def _ask_freeze(self, seg: Segment, key: Key, best: tuple[int, int] | None) -> tuple[int, int] | None:
         """An older head's pop state of ``key`` as (gen, next offset), frozen there first; None when it has none.
         A broker that cannot answer stops the takeover (503 BROKER_UNAVAILABLE): starting without its pop offset
         could deliver twice."""
-        body = await self.reader.peers.request("POST", seg, self._handover_path(key))
+        above = best[0] if best is not None else None
+        body = await self.reader.peers.request("POST", seg, self._handover_path(key, None, above))
         return (body["gen"], body["next_offset"]) if body.get("found") else None
 
-    def _handover_path(self, key: Key, copy_of_gen: int | None = None) -> str:
+    def _handover_path(self, key: Key, copy_of_gen: int | None = None, above_gen: int | None = None) -> str:
+        """``above_gen``: the gen of the state the asker holds already (an older one is neither frozen nor
+        answered)."""
         path = f"{_queue_path('pop-handover', key)}?route_version={self.routes.version}"
-        return path if copy_of_gen is None else f"{path}&copy_of_gen={copy_of_gen}"
+        if copy_of_gen is not None:
+            path += f"&copy_of_gen={copy_of_gen}"
+        return path if above_gen is None else f"{path}&above_gen={above_gen}"
 
-    async def _ask_copies(self, seg: Segment, key: Key, asked: set[str],
-                          asked_copies: set[tuple[str, int]]) -> tuple[int, int] | None:
+    async def _ask_copies(self, seg: Segment, key: Key, asked: set[str], asked_copies: set[tuple[str, int]],
+                          best: tuple[int, int] | None) -> tuple[int, int] | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
         broker's own; else the newest older state a copy answered with, its own; None when every one answered that
         it holds none. One that does not answer, while none that did holds it, stops the takeover (503
@@ -698,7 +703,7 @@ class PopService:
         seed 9: a head cut off from every broker while it took over started from offset 0, and 300 acknowledged
         pops came back)."""
         topic = key[1]
-        path = self._handover_path(key, seg.gen)
+        path = self._handover_path(key, seg.gen, best[0] if best is not None else None)
         unanswered: dict[str, str] = {}
         older: tuple[int, int] | None = None   # a copy's own state of an older gen: it is not asked again
         # A broker asked for a later gen's copy may hold a copy of this one: asked again (the chaos runner, seed 9:
@@ -729,7 +734,7 @@ class PopService:
         return older
 
     async def freeze(self, key: Key, route_version: int, caller: str | None = None,
-                     copy_of_gen: int | None = None) -> dict[str, Any]:
+                     copy_of_gen: int | None = None, above_gen: int | None = None) -> dict[str, Any]:
         """A new head asks for this broker's pop state of ``key``: once this broker's routes are as new as the
         asker's and it is no longer the head, no pop here can move the pop offset again; freeze it and answer.
         A broker ``caller`` must be the head the log names (None: an admin). With ``copy_of_gen`` the asker wants
@@ -757,7 +762,11 @@ class PopService:
                 self.replica.take(key)
                 st = self.states[key] = self._from_copy(rep, st, rep.gen)
                 st.frozen = False
-            if st is None:
+            if st is None or (above_gen is not None and st.gen < above_gen and not st.frozen):
+                # Older than the state the asker holds already: it will not start from this one, so this one is not
+                # frozen, nor are its deliveries handed over (the chaos runner's fixed seed 884: b1, leading on after
+                # a power loss, asked b3 for a copy of a gen it had led itself; b3 froze its own gen-0 state, older
+                # than b1's own, and handed over a delivery b1 had since seen acked: delivered again)
                 return {"found": False}
             if not st.frozen:
                 st.frozen = True
