@@ -286,6 +286,33 @@ async def test_an_older_head_s_own_answer_beats_a_copy_of_its_state_held_here(no
     assert st.next_offset == 30, "started from the copy, not from the leader's own answer"
 
 
+async def test_a_takeover_holding_a_state_already_asks_older_heads_and_copies_only_for_newer_ones(node, monkeypatch):
+    """The asker's half of ``freeze``'s ``above_gen`` (the chaos runner's fixed seed 884): b1 holds its own state of
+    gen 0 and takes gen 2 over; b2 (gen 1's leader) and b3 (gen 1's copy) are told so, and an older state of theirs
+    is neither frozen nor handed over here."""
+    from broker.pop.state import QueueState
+    node.routes.update(route(9, [
+        seg(0, "b1", 0, 5, "sealed", replicas=["b1", "b2"], in_sync=["b1", "b2"]),
+        seg(1, "b2", 5, 5, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"]),
+        seg(2, "b1", 5, None, "active", replicas=["b1", "b3"])]))
+    node.pop.states[KEY] = QueueState(KEY, 4, 0)
+    paths = []
+
+    async def request(method, seg, path, *a, **kw):
+        paths.append((seg.broker, path))
+        return {"found": False}
+
+    async def call(method, broker, address, path, *a, **kw):
+        paths.append((broker, path))
+        return {"found": False}
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    monkeypatch.setattr(node.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert [b for b, _ in paths] == ["b2", "b3"] and all("above_gen=0" in p for _, p in paths), paths
+    assert (st.gen, st.next_offset) == (2, 4), "its own state, carried on"
+
+
 def deposed_and_back(sealer_of_gen1: str) -> dict:
     """b1 led gen 0 until a failover sealed it (b2); b2 led gen 1 until ``sealer_of_gen1`` sealed it (b2 itself: a
     remap; b1: a failover); b1 leads gen 2."""

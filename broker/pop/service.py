@@ -681,17 +681,16 @@ class PopService:
         """An older head's pop state of ``key`` as (gen, next offset), frozen there first; None when it has none.
         A broker that cannot answer stops the takeover (503 BROKER_UNAVAILABLE): starting without its pop offset
         could deliver twice."""
-        above = best[0] if best is not None else None
-        body = await self.reader.peers.request("POST", seg, self._handover_path(key, None, above))
+        body = await self.reader.peers.request("POST", seg, self._handover_path(key, None, best))
         return (body["gen"], body["next_offset"]) if body.get("found") else None
 
-    def _handover_path(self, key: Key, copy_of_gen: int | None = None, above_gen: int | None = None) -> str:
-        """``above_gen``: the gen of the state the asker holds already (an older one is neither frozen nor
-        answered)."""
+    def _handover_path(self, key: Key, copy_of_gen: int | None = None, best: tuple[int, int] | None = None) -> str:
+        """``best``: the (gen, next offset) of the state the asker holds already; an older one is neither frozen
+        nor answered (``freeze``'s ``above_gen``)."""
         path = f"{_queue_path('pop-handover', key)}?route_version={self.routes.version}"
         if copy_of_gen is not None:
             path += f"&copy_of_gen={copy_of_gen}"
-        return path if above_gen is None else f"{path}&above_gen={above_gen}"
+        return path if best is None else f"{path}&above_gen={best[0]}"
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str], asked_copies: set[tuple[str, int]],
                           best: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -703,7 +702,7 @@ class PopService:
         seed 9: a head cut off from every broker while it took over started from offset 0, and 300 acknowledged
         pops came back)."""
         topic = key[1]
-        path = self._handover_path(key, seg.gen, best[0] if best is not None else None)
+        path = self._handover_path(key, seg.gen, best)
         unanswered: dict[str, str] = {}
         older: tuple[int, int] | None = None   # a copy's own state of an older gen: it is not asked again
         # A broker asked for a later gen's copy may hold a copy of this one: asked again (the chaos runner, seed 9:
