@@ -471,6 +471,35 @@ async def test_a_late_ack_on_the_old_head_never_answers_ok_for_a_delivery_the_ne
     assert [(m["offset"], m["attempt"]) for m in back] == [(0, 2)], "delivered again by the new head"
 
 
+async def test_an_old_head_restarted_after_handing_a_delivery_over_never_answers_its_ack_ok(cluster):
+    """A restart empties the broker's memory of what became of each delivery no longer in flight: acked here, or
+    handed over to the new head, which delivers it again once due. It used to answer such a handle's ack ok as done
+    (the chaos runner's acked_pops_stay_acked: an ok ack, then the message delivered again); now HANDLE_EXPIRED."""
+    c = cluster
+    await topic(c, "ackmoved", 1, messages=1, replicas=1)
+    b1, b2 = c.url("b1"), c.url("b2")
+    [first] = await pop_all(c, b1, "ackmoved", "gm", max=1, invisible_ms=3000)
+    await ok(c, "POST", "/v1/topics/ackmoved/remap", json={"brokers": ["b2"]})
+    await wait_route(c, "ackmoved", lambda r: all_writable(r) and r["queues"][0]["broker"] == "b2")
+    assert await pop_all(c, b2, "ackmoved", "gm", wait_ms=0) == []   # b2 takes over: b1 freezes and hands over
+
+    async def handed_over() -> bool:
+        old = [q for q in (await stats(c, b1, "gm"))["queues"] if q["topic"] == "ackmoved"]
+        return bool(old) and old[0]["frozen"] and old[0]["in_flight"] == 0
+
+    await wait_until(handed_over, 15, "b1 handed its delivery to b2")
+    c.kill9("b1")
+    c.start("b1")
+    await wait_until(lambda: _ready(c, b1), 30, "b1 ready again")
+    result = (await ack(c, b1, "gm", [first["handle"]]))[0]
+    back = []
+    deadline = time.monotonic() + 15.0
+    while not back and time.monotonic() < deadline:
+        back = await pop_all(c, b2, "ackmoved", "gm", wait_ms=2000, invisible_ms=60_000)
+    assert [(m["offset"], m["attempt"]) for m in back] == [(0, 2)], "the new head delivers it again once due"
+    assert not result.get("ok") and result["code"] == "HANDLE_EXPIRED", result
+
+
 async def test_a_pop_group_is_listed_and_described_by_meta(cluster):
     # A pop group keeps its state on brokers and never tells meta: meta finds it there, as it finds pull groups
     c = cluster

@@ -92,20 +92,20 @@ def test_a_pop_acked_within_the_write_delay_costs_no_delivery_record():
     st.ack(0)
     st.ack(1)
     line = st.take_line(10)
-    assert line is not None and line[3] == 2 and line[6] == [] and line[7] == [], \
+    assert line is not None and line[3] == 2 and line[7] == [] and line[8] == [], \
         "only the pop offset up to the first unacked, unwritten delivery"
     assert st.take_line(20) is None
     line = st.take_line(DELIVERY_WRITE_DELAY_MS)
-    assert line[3] == 3 and [u[0] for u in line[6]] == [2], "the unacked delivery is written once it is old enough"
+    assert line[3] == 3 and [u[0] for u in line[7]] == [2], "the unacked delivery is written once it is old enough"
     st.ack(2)
-    assert st.take_line(DELIVERY_WRITE_DELAY_MS + 1)[7] == [2], "a written delivery needs its removal written"
+    assert st.take_line(DELIVERY_WRITE_DELAY_MS + 1)[8] == [2], "a written delivery needs its removal written"
 
 
 def test_an_ack_above_unacked_fresh_deliveries_writes_them_so_the_pop_offset_can_pass_it():
     st = popped(4, now=0)
     st.ack(2)
     line = st.take_line(10)
-    assert line[3] == 3 and [u[0] for u in line[6]] == [0, 1], \
+    assert line[3] == 3 and [u[0] for u in line[7]] == [0, 1], \
         "the acked offset is below the written pop offset; the unacked ones below it are on disk"
     st.ack(3)
     assert st.take_line(20)[3] == 4 and st.take_line(30) is None
@@ -126,8 +126,31 @@ def test_replaying_the_lines_gives_the_written_state():
     assert back.in_flight[2].attempt == 2 and back.in_flight[2].seq == 500 and back.in_flight[2].written
 
 
-@pytest.mark.parametrize("bad", [[], ["g", "t", 0], ["g", "t", "0", 1, 0, False, [], []],
-                                 ["g", "t", 0, 1, 0, "no", [], []], ["g", "t", 0, 1, 0, False, [[1]], []]])
+@pytest.mark.parametrize("leave", ["hand_over_all", "drop_deliveries"])
+def test_deliveries_that_leave_unacked_raise_moved_below_and_the_lines_keep_it(leave):
+    """Offsets below moved_below may be delivered again by another head: a handle of one is never done here once
+    the service's memory of its ack is gone (service.py ``_verdict``); a restart replays the mark."""
+    st = popped(3, now=0)
+    st.ack(0)
+    lines = [st.take_line(DELIVERY_WRITE_DELAY_MS)]
+    assert st.moved_below == 0
+    getattr(st, leave)()
+    assert st.moved_below == 3
+    lines.append(st.take_line(DELIVERY_WRITE_DELAY_MS + 1))
+    assert lines[-1] is not None, "the mark alone is a change to write"
+    st.deliver_new(3, 200, 0, 1000)    # led again later: new deliveries above the mark are this state's own
+    lines.append(st.take_line(DELIVERY_WRITE_DELAY_MS + 2, force=True))
+    states = {}
+    for line in lines:
+        replay_line(states, json.loads(json.dumps(line)))
+    assert (states[KEY].moved_below, states[KEY].next_offset) == (3, 4)
+    assert QueueState(KEY, 9).full_line()[6] == 0
+
+
+@pytest.mark.parametrize("bad", [[], ["g", "t", 0], ["g", "t", "0", 1, 0, False, 0, [], []],
+                                 ["g", "t", 0, 1, 0, "no", 0, [], []], ["g", "t", 0, 1, 0, False, "0", [], []],
+                                 ["g", "t", 0, 1, 0, False, 0, [[1]], []],
+                                 ["g", "t", 0, 1, 0, False, [], []]])   # a line of 0.1's journal, without moved_below
 def test_a_garbled_line_changes_nothing(bad):
     states = {}
     with pytest.raises((ValueError, TypeError, KeyError)):
@@ -148,7 +171,7 @@ async def test_a_copy_takes_a_new_leader_s_state_whole_and_drops_a_deposed_leade
     new.adopt(2, 650, 1, 0)                                       # ... holding what it took over
     new.deliver_new(3, 700, 0, 1000)
     first = new.take_line(DELIVERY_WRITE_DELAY_MS)
-    assert sorted(o for o, *_ in first[6]) == [2, 3], "the first line under a gen is whole"
+    assert sorted(o for o, *_ in first[7]) == [2, 3], "the first line under a gen is whole"
     await store.apply("t", 0, False, [first])
     assert (store.states[KEY].gen, sorted(store.states[KEY].in_flight)) == (1, [2, 3])
     await store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS + 1)])   # the deposed one, late
@@ -164,7 +187,7 @@ def test_a_state_taken_over_under_a_new_gen_writes_every_delivery_in_its_next_li
     st.take_line(DELIVERY_WRITE_DELAY_MS)
     assert st.take_line(DELIVERY_WRITE_DELAY_MS + 1) is None
     st.gen = 1
-    assert sorted(o for o, *_ in st.take_line(DELIVERY_WRITE_DELAY_MS + 2)[6]) == [0, 1]
+    assert sorted(o for o, *_ in st.take_line(DELIVERY_WRITE_DELAY_MS + 2)[7]) == [0, 1]
 
 
 # -- the journal ---------------------------------------------------------------------------------------------------

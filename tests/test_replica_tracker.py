@@ -162,7 +162,7 @@ def test_a_compacted_pop_journal_sends_each_led_queue_whole_to_its_copies_at_the
     copies.resync()
     extra, pushes = copies.collect({st.key: st}, [], 0)
     assert [(p.copy, p.reset, p.waited) for p in pushes] == [("b2", True, True)]
-    assert pushes[0].lines == [st.full_line()] and st.full_line()[6] == [[7, 1, 1, 60_000, 0]]
+    assert pushes[0].lines == [st.full_line()] and st.full_line()[7] == [[7, 1, 1, 60_000, 0]]
     assert extra and extra[0][3] == 8, "the delivery is written here too before the snapshot shows it"
 
 

@@ -41,7 +41,7 @@ from broker.pop import journal as journal_mod
 from broker.pop.state import QueueState
 from broker.storage import CorruptData, PhysicalQueue, QueueConfig, StorageError, files
 from broker.storage import lines
-from broker.storage.errors import CorruptFile
+from broker.storage.errors import CorruptFile, UnsupportedFormat
 from meta.raft import pysyncobj_shim as shim
 from meta.raft import snapshot_file
 from meta.raft.journal import STATE_FILE, JournalDamaged, StatorJournal, journal_files, read_journal, segment_name
@@ -325,6 +325,17 @@ def test_an_offsets_file_from_before_replicated_offsets_is_refused_by_name(tmp_p
         OffsetStore(str(path))
 
 
+@pytest.mark.parametrize("name", ["journal.log", "replica.log"])
+def test_a_pop_journal_or_copy_of_stator_0_1_is_refused_by_name(tmp_path, name):
+    # Its lines have no moved_below (no deployed brokers: no conversion)
+    from broker.pop import replica
+    path = tmp_path / name
+    line = ["g", "t", 0, 5, 0, False, [], []]
+    path.write_bytes(lines.encode(line if name == "journal.log" else ["L", line]))
+    with pytest.raises(UnsupportedFormat, match="pop journal line of Stator 0.1"):
+        (journal_mod if name == "journal.log" else replica).load(str(path))
+
+
 # -- the meta snapshot ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -361,7 +372,7 @@ def test_a_damaged_meta_snapshot_is_refused_naming_it_or_reads_as_written(tmp_pa
 
 DAMAGED_FIRST_LINES = {   # a first line whose CRC does not match, followed by a good line: damage, not a torn tail
     "offsets.log": (b'v1 0badc0de ["g","t",0,9,0,1]\n', ["g", "t", 0, 1, 0, 2]),
-    "pop/journal.log": (b'v1 0badc0de ["g","t",0,9,0,false,[],[]]\n', ["g", "t", 1, 3, 0, False, [], []]),
+    "pop/journal.log": (b'v1 0badc0de ["g","t",0,9,0,false,0,[],[]]\n', ["g", "t", 1, 3, 0, False, 0, [], []]),
 }
 
 

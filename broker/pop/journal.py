@@ -26,9 +26,9 @@ from wire.errors import ApiError, rejection
 from wire.waits import wait_set
 
 from ..storage import files, lines
-from ..storage.errors import CorruptFile
+from ..storage.errors import CorruptFile, UnsupportedFormat
 from .limits import COMPACT_AFTER_LINES, FLUSH_TICK_MS, JOURNAL_WAIT_S, JOURNAL_WAITERS_MAX
-from .state import Key, QueueState, replay_line
+from .state import Key, OlderFormatLine, QueueState, replay_line
 
 if TYPE_CHECKING:
     from ..replication.pop_copies import PopCopies
@@ -51,6 +51,8 @@ def load(path: str) -> tuple[dict[Key, QueueState], int]:
     for number, value in enumerate(loaded.values, 1):
         try:
             replay_line(states, value)
+        except OlderFormatLine as e:
+            raise UnsupportedFormat(f"{path}: good line {number}: {e}", path=path) from None
         except (ValueError, TypeError, KeyError):
             raise CorruptFile(f"{path}: good line {number} that passed its check is not a pop journal line: "
                               f"{str(value)[:200]}", path=path) from None

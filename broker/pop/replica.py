@@ -24,9 +24,9 @@ import structlog
 from wire.errors import invalid, rejection
 
 from ..storage import files, lines
-from ..storage.errors import CorruptFile
+from ..storage.errors import CorruptFile, UnsupportedFormat
 from .limits import COMPACT_AFTER_LINES, POP_QUEUES_MAX
-from .state import Key, QueueState, replay_line
+from .state import Key, OlderFormatLine, QueueState, replay_line
 
 log = structlog.get_logger("broker.pop.replica")
 
@@ -59,6 +59,8 @@ def load(path: str) -> tuple[dict[Key, QueueState], int]:
     for number, value in enumerate(loaded.values, 1):
         try:
             _apply(states, value)
+        except OlderFormatLine as e:
+            raise UnsupportedFormat(f"{path}: good line {number}: {e}", path=path) from None
         except (ValueError, TypeError, KeyError, IndexError):
             raise CorruptFile(f"{path}: good line {number} that passed its check is not a replica pop line: "
                               f"{str(value)[:200]}", path=path) from None

@@ -385,8 +385,13 @@ class PopService:
             return "HANDLE_EXPIRED", h, st
         if verdict == DONE:
             seen = self._outcomes.get((st.key, h.offset))
+            if seen is None and h.offset < st.moved_below:
+                # Out of this broker's memory (restarted since, or evicted), and maybe handed to a newer head that
+                # delivers it again once due: never ok (an old head restarted after handing a delivery over answered
+                # its handle's ack ok, and the new head delivered the message again: tests/test_pop.py)
+                return "HANDLE_EXPIRED", h, st
             if seen is None:
-                return "DONE", h, st            # done for good before this broker's memory reaches: harmless
+                return "DONE", h, st            # acked or dead-lettered here before this broker's memory reaches
             seq, outcome = seen
             if outcome == "acked" and seq == h.seq:
                 return "DONE", h, st
@@ -658,6 +663,8 @@ class PopService:
         elif own is not None:
             own.drop_deliveries()
             st.removed = own.removed   # the journal's lines of own's deliveries precede this state's
+        if own is not None:
+            st.moved_below = own.moved_below   # own's handles of what it handed over or dropped stay refused
         for offset, d in sorted(copied.in_flight.items()):
             st.in_flight[offset] = Delivery(self._next_seq(), d.attempt, d.deadline_ms, False, d.dead)
         for offset, d in sorted(st.in_flight.items()):
@@ -767,15 +774,16 @@ class PopService:
                 # a power loss, asked b3 for a copy of a gen it had led itself; b3 froze its own gen-0 state, older
                 # than b1's own, and handed over a delivery b1 had since seen acked: delivered again)
                 return {"found": False}
-            if not st.frozen:
-                st.frozen = True
-                self.journal.touch(key)
-                await self.journal.durable()
             # One owner per delivery: every one in flight goes to the head now, due or not, and its handle is
             # refused here from now on. Kept here until due, they sat on this broker's disk alone: wiped before
             # then, they were never delivered again (the chaos runner, seed 7); copies of this broker's state could
             # not stand in, the head's own copies holding the head's state alone.
+            was = (st.frozen, st.moved_below)
+            st.frozen = True
             st.hand_over_all()
+            if (st.frozen, st.moved_below) != was:   # on disk before anything is handed over
+                self.journal.touch(key)
+                await self.journal.durable()
             self._hand_over_soon(key)
             return {"found": True, "gen": st.gen, "next_offset": st.next_offset, "in_flight": len(st.in_flight)}
 

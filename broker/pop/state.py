@@ -40,6 +40,9 @@ class QueueState:
     next_offset: int
     gen: int = 0               # the head segment's gen this state was popped under (pop across remaps)
     frozen: bool = False       # the head moved on: no more pops here, in-flight deliveries stay ackable
+    # Offsets below it may have left this state unacked: handed to a newer head (frozen), or dropped for the copy a
+    # failover elected. A handle of one no longer in flight is done here only if the service remembers its ack.
+    moved_below: int = 0
     in_flight: dict[int, Delivery] = field(default_factory=dict)
     ready: dict[int, None] = field(default_factory=dict)       # expired offsets in expiry order
     # Journal bookkeeping.
@@ -48,7 +51,7 @@ class QueueState:
     removed: set[int] = field(default_factory=set)             # written offsets acked or dead-lettered since
     ack_horizon: int = 0                                       # an ack of an unwritten delivery below this
     written_next: int | None = None
-    written_meta: tuple[int, bool] | None = None               # (gen, frozen) as last written
+    written_meta: tuple[int, bool, int] | None = None          # (gen, frozen, moved_below) as last written
 
     # -- handing out ---------------------------------------------------------------------------------------------
     def deliver_new(self, offset: int, seq: int, now_ms: int, invisible_ms: int) -> Delivery:
@@ -81,6 +84,7 @@ class QueueState:
     def hand_over_all(self) -> None:
         """Frozen: every delivery in flight here goes to the head now, due or not (``ready`` holds what is to be
         handed over), and its handle is refused here from now on (service.py ``_verdict``)."""
+        self.moved_below = max(self.moved_below, self.next_offset)
         for offset, d in self.in_flight.items():
             if not d.dead:
                 self.ready[offset] = None
@@ -108,6 +112,7 @@ class QueueState:
     def drop_deliveries(self) -> None:
         """Forget every delivery in flight: another head took them over (a failover deposed this one). The written
         ones are removed by the next line, or a replay would bring them back."""
+        self.moved_below = max(self.moved_below, self.next_offset)
         self.removed.update(o for o, d in self.in_flight.items() if d.written)
         self.in_flight.clear()
         self.ready.clear()
@@ -161,7 +166,7 @@ class QueueState:
             # key with it (pop/replica.py)
             self.dirty.update(o for o, d in self.in_flight.items() if d.written)
         durable_next = min(self.next_offset, self.fresh[0][1]) if self.fresh else self.next_offset
-        meta = (self.gen, self.frozen)
+        meta = (self.gen, self.frozen, self.moved_below)
         if not self.dirty and not self.removed and durable_next == self.written_next and meta == self.written_meta:
             return None
         upserts = []
@@ -169,7 +174,7 @@ class QueueState:
             d = self.in_flight[offset]
             d.written = True
             upserts.append([offset, d.seq, d.attempt, d.deadline_ms, 1 if d.dead else 0])
-        line = [*self.key, durable_next, self.gen, self.frozen, upserts, sorted(self.removed)]
+        line = [*self.key, durable_next, self.gen, self.frozen, self.moved_below, upserts, sorted(self.removed)]
         self.dirty.clear()
         self.removed.clear()
         self.written_next, self.written_meta = durable_next, meta
@@ -179,14 +184,21 @@ class QueueState:
         """Everything durable about this key, for a compacted journal (call right after ``take_line(force=True)``)."""
         upserts = [[o, d.seq, d.attempt, d.deadline_ms, 1 if d.dead else 0]
                    for o, d in sorted(self.in_flight.items()) if d.written]
-        return [*self.key, self.written_next, self.gen, self.frozen, upserts, []]
+        return [*self.key, self.written_next, self.gen, self.frozen, self.moved_below, upserts, []]
+
+
+class OlderFormatLine(ValueError):
+    """A line of Stator 0.1's pop journal: 8 fields, without moved_below. Before 1.0 there is no upgrade path; the
+    file is refused by name (storage/errors.py UnsupportedFormat), never read as damage."""
 
 
 def replay_line(states: dict[Key, QueueState], line: Any) -> QueueState:
     """Apply one journal line (ValueError/TypeError/KeyError for a garbled one, before changing anything)."""
-    g, t, q, next_offset, gen, frozen, upserts, removes = line
+    if isinstance(line, list) and len(line) == 8:
+        raise OlderFormatLine("a pop journal line of Stator 0.1 (8 fields; this build writes 9, with moved_below)")
+    g, t, q, next_offset, gen, frozen, moved_below, upserts, removes = line
     if not (isinstance(g, str) and isinstance(t, str) and type(q) is int and type(next_offset) is int
-            and type(gen) is int and isinstance(frozen, bool)):
+            and type(gen) is int and isinstance(frozen, bool) and type(moved_below) is int):
         raise ValueError("bad journal line")
     parsed = [(int(o), Delivery(int(s), int(a), int(dl), True, bool(dead))) for o, s, a, dl, dead in upserts]
     removes = [int(o) for o in removes]
@@ -194,8 +206,8 @@ def replay_line(states: dict[Key, QueueState], line: Any) -> QueueState:
     st = states.get(key)
     if st is None:
         st = states[key] = QueueState(key, next_offset)
-    st.next_offset, st.gen, st.frozen = next_offset, gen, frozen
-    st.written_next, st.written_meta = next_offset, (gen, frozen)
+    st.next_offset, st.gen, st.frozen, st.moved_below = next_offset, gen, frozen, moved_below
+    st.written_next, st.written_meta = next_offset, (gen, frozen, moved_below)
     for o, d in parsed:
         st.in_flight[o] = d
     for o in removes:
