@@ -224,7 +224,7 @@ async def test_live_broker_answers_match_the_broker_spec(tmp_path):
                                                                           "seq": 1}]}
         assert (await call("PUT", "/v1/replica/offsets", "broker", json_body=pushed)) == {"stored": 1}
         await call("PUT", "/v1/replica/offsets", "broker", json_body={**pushed, "leader_gen": -1}, expect=400)
-        line = ["pushed", "t", 0, 3, 0, False, [[1, 7, 1, 1, 0]], []]   # a pop journal line (broker/pop/state.py)
+        line = ["pushed", "t", 0, 3, 0, False, 0, [[1, 7, 1, 1, 0]], []]   # a pop journal line (broker/pop/state.py)
         copied = {"topic": "t", "queue": 0, "leader_gen": 0, "reset": True, "lines": [line]}
         assert (await call("PUT", "/v1/replica/pop", "broker", json_body=copied)) == {"stored": 1}
         await call("PUT", "/v1/replica/pop", "broker", json_body={**copied, "lines": [["x"]]}, expect=400)
