@@ -313,6 +313,32 @@ async def test_a_takeover_holding_a_state_already_asks_older_heads_and_copies_on
     assert (st.gen, st.next_offset) == (2, 4), "its own state, carried on"
 
 
+async def test_a_takeover_of_copies_waiting_on_one_key_holds_no_other_back(node, monkeypatch):
+    """Route changes start the takeover of every group's state held here as a copy of a queue this broker now
+    leads. Group g's older head does not answer (its request hangs until its timeout); group h's answers at once:
+    h is taken over meanwhile. One pass over every key held h behind g."""
+    from broker.pop.state import QueueState
+    node.routes.update(route(9, [seg(0, "b2", 0, 3, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
+                                 seg(1, "b1", 3, None, "active", 3)]))
+    g, h = ("g", "t", 0), ("h", "t", 0)
+    for key in (g, h):   # g first: the order a pass over them would take
+        node.pop.replica.states[key] = QueueState(key, 3, 0)
+    asked = []
+
+    async def request(method, segment, path, *a, **kw):
+        asked.append(path.split("?")[0])
+        if "/g/" in path:
+            await asyncio.sleep(60)    # cancelled when the service stops
+        return {"found": False}
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    node.pop.take_over_copies_soon()
+    await until(lambda: h not in node.pop.replica.states)
+    assert (node.pop.states[h].gen, node.pop.states[h].next_offset) == (1, 3), "h from its copy of gen 0"
+    assert g in node.pop.replica.states and g not in node.pop.states, "g still waits for its older head"
+    node.pop.take_over_copies_soon()
+    assert sum("/g/" in p for p in asked) == 1, "a key being taken over is not queued twice"
+
+
 def deposed_and_back(sealer_of_gen1: str) -> dict:
     """b1 led gen 0 until a failover sealed it (b2); b2 led gen 1 until ``sealer_of_gen1`` sealed it (b2 itself: a
     remap; b1: a failover); b1 leads gen 2."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -46,7 +46,8 @@ log = structlog.get_logger("broker.pop")
 SEQ_BITS = 32                    # deliveries per incarnation; the incarnation sits above
 HEAP_CHECK_EVERY = 10_000        # deliveries scheduled between two looks at the revive heap's size
 HANDOVER_WAIT_S = 5.0            # how long an old head waits to see the route that moved the queue away
-TAKEOVER_RETRY_S = 1.0           # a takeover of copies that could not finish is tried again no sooner
+TAKEOVER_RETRY_S = 1.0           # a key whose takeover could not finish is tried again no sooner
+TAKEOVER_WORKERS = 8             # keys taken over from copies at once: one waiting on a peer holds no other back
 
 
 def _queue_path(what: str, key: Key) -> str:
@@ -103,8 +104,10 @@ class PopService:
         self._outcomes: OrderedDict[tuple[Key, int], tuple[int, str]] = OrderedDict()
         self._chores = Chores("pop_chore_failed")
         self._handing: set[Key] = set()
-        self._taking_over = False   # a pass of take_over_copies_soon runs
-        self._takeover_not_before = 0.0   # monotonic: no pass before (one could not finish)
+        self._takeovers: deque[Key] = deque()       # keys held as copies, queued to be taken over
+        self._takeover_queued: set[Key] = set()      # ... those, and the ones being taken over now
+        self._takeover_retry_at: dict[Key, float] = {}   # monotonic: a key whose takeover could not finish
+        self._takeover_workers = 0
         # (topic, queue, what): 503 NOT_ENOUGH_REPLICAS when the queue is led here below its min_insync (node.py)
         self.check_copies: Callable[[str, int, str], None] = lambda topic, queue, what: None
         self._in_flight_total = 0
@@ -615,32 +618,43 @@ class PopService:
 
     def take_over_copies_soon(self) -> None:
         """Take over, now rather than at a group's next pop, every group's state held here as a copy of a queue
-        whose head this broker leads (a failover elected it; route changes call this). After a pass that could not
-        finish (an older head did not answer), the next starts TAKEOVER_RETRY_S later at the soonest."""
-        if not self._taking_over and time.monotonic() >= self._takeover_not_before:
-            self._taking_over = True
+        whose head this broker leads (a failover elected it; route changes call this). Up to TAKEOVER_WORKERS keys
+        at once, each on its own: a key whose older head does not answer (its requests take their timeout) holds no
+        other back. One pass over every key held them all behind the slowest: the likeliest reading of the chaos
+        runner's seed 7, where a queue remapped here was not taken over in the 0.7 s before its copies were wiped.
+        A key that could not finish is tried again TAKEOVER_RETRY_S later at the soonest."""
+        now = time.monotonic()
+        for key in [k for k in self._takeover_retry_at if k not in self.replica.states]:
+            del self._takeover_retry_at[key]   # its copy is gone (taken at a pop, or dropped): nothing to retry
+        for key in self.replica.states:
+            if key in self._takeover_queued or self._takeover_retry_at.get(key, 0.0) > now \
+                    or not self._leads(key[1], key[2]):
+                continue
+            self._takeover_queued.add(key)
+            self._takeovers.append(key)
+        while self._takeovers and self._takeover_workers < TAKEOVER_WORKERS:
+            self._takeover_workers += 1
             self._spawn(self._take_over_copies(), "take over copies")
 
     async def _take_over_copies(self) -> None:
         try:
-            done: set[Key] = set()
-            while True:
-                keys = [k for k in self.replica.states if k not in done and self._leads(k[1], k[2])]
-                if not keys:
-                    return
-                for key in keys:
-                    done.add(key)
-                    try:
+            while self._takeovers:
+                key = self._takeovers.popleft()
+                try:
+                    if key in self.replica.states and self._leads(key[1], key[2]):
                         async with self.locks.hold(key):
                             await self._state_for(key)
                             # Taken over, or this broker's own state decided: either way the copy has served
                             # (kept, it would hold every joining copy out of the in-sync set: copies_untaken)
                             self.replica.take(key)
-                    except ApiError as e:   # an older head to ask did not answer: the next route change or gate
-                        log.info("pop_takeover_deferred", key=key, code=e.code)
-                        self._takeover_not_before = time.monotonic() + TAKEOVER_RETRY_S
+                    self._takeover_retry_at.pop(key, None)
+                except ApiError as e:   # an older head to ask did not answer: the next route change or gate
+                    log.info("pop_takeover_deferred", key=key, code=e.code)
+                    self._takeover_retry_at[key] = time.monotonic() + TAKEOVER_RETRY_S
+                finally:
+                    self._takeover_queued.discard(key)
         finally:
-            self._taking_over = False
+            self._takeover_workers -= 1
 
     def _leads(self, topic: str, queue: int) -> bool:
         head = self.routes.head(topic, queue)
