@@ -422,9 +422,10 @@ async def meta_state(c, node: int) -> dict[str, Any]:
         assert s in (200, 404), (path, s, b)
         return b
 
+    paths = ("/v1/topics", f"/v1/topics/{TOPIC}", "/v1/brokers")
     for _ in range(20):
         first = (await get("/v1/cluster"))["applied_version"]
-        out = {path: await get(path) for path in ("/v1/topics", f"/v1/topics/{TOPIC}", "/v1/brokers")}
+        out = dict(zip(paths, await asyncio.gather(*(get(path) for path in paths))))   # at once: one per example
         if (await get("/v1/cluster"))["applied_version"] == first:
             break
     else:
@@ -438,16 +439,20 @@ async def meta_state(c, node: int) -> dict[str, Any]:
 async def broker_state(c) -> list[Any]:
     """What a refused broker write must leave as it was: the queues' ends, the group's offsets and pop state, on
     every broker."""
+    paths = (f"/v1/queues/{TOPIC}", f"/v1/offsets/{GROUP}/{TOPIC}/0", f"/v1/offsets/{GROUP}/{TOPIC}/1",
+             f"/v1/pop-stats/{GROUP}")
+    reads = [(u, path) for u in c.broker_urls for path in paths]
+    answers = await asyncio.gather(*(c.call("GET", u + path, role="client", timeout_s=REQUEST_TIMEOUT_S)
+                                     for u, path in reads))   # at once: two of these per refused example
     out = []
-    for u in c.broker_urls:
-        for path in (f"/v1/queues/{TOPIC}", f"/v1/offsets/{GROUP}/{TOPIC}/0", f"/v1/offsets/{GROUP}/{TOPIC}/1"):
-            s, b, _ = await c.call("GET", u + path, role="client", timeout_s=REQUEST_TIMEOUT_S)
+    for (u, path), (s, b, _) in zip(reads, answers):
+        if path.startswith("/v1/pop-stats/"):
+            # Pop state of the group: what a refused pop, ack or change of invisible time must leave (the counts
+            # that move with the clock alone, invisible and revive backlog, are left out).
+            out.append((u, "pop", s, [(q["topic"], q["queue"], q["pop_offset"], q["in_flight"], q["frozen"])
+                                      for q in b["queues"]] if s == 200 else b))
+        else:
             out.append((u, path, s, b))
-        # Pop state of the group: what a refused pop, ack or change of invisible time must leave (the counts that
-        # move with the clock alone, invisible and revive backlog, are left out).
-        s, b, _ = await c.call("GET", u + f"/v1/pop-stats/{GROUP}", role="client", timeout_s=REQUEST_TIMEOUT_S)
-        out.append((u, "pop", s, [(q["topic"], q["queue"], q["pop_offset"], q["in_flight"], q["frozen"])
-                                  for q in b["queues"]] if s == 200 else b))
     return out
 
 
