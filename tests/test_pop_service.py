@@ -16,7 +16,7 @@ import pytest
 from broker.pop import service as service_mod
 from broker.pop.metrics import PopCollector
 from wire import route as route_model
-from wire.errors import ApiError
+from wire.errors import ApiError, rejection
 
 KEY = ("g", "t", 0)
 WAIT_S = 10.0       # a delivery coming due, a dead letter landing: well within this on a loaded machine
@@ -493,6 +493,62 @@ async def test_a_frozen_state_s_deliveries_are_handed_over_again_after_a_restart
     finally:
         async with asyncio.timeout(STOP_S):
             await again.stop()
+
+
+async def test_a_frozen_head_hands_each_delivery_to_the_new_head_once_and_keeps_it_until_the_head_has_it(
+        node, tmp_path, monkeypatch):
+    """b1's queue moves to b2 (a second broker in this process; their HTTP calls to each other are the services'
+    own methods). b2's takeover freezes b1, which pushes its deliveries in flight, due or not, with their attempts
+    and deadlines (``_push_expired``): the first push is refused (b2 not ready), so b1 keeps them, refuses their
+    handles, and pushes again; once b2 has them durably b1 forgets them, and b2 holds each once."""
+    from broker.config import BrokerConfig
+    from broker.node import BrokerNode
+    b2 = BrokerNode(BrokerConfig(broker="b2", data_dir=str(tmp_path / "b2"), http_host="127.0.0.1", http_port=1,
+                                 meta_urls=("http://127.0.0.1:9",), token="bt", client_token="ct"))
+    b2.session.epoch, b2.session.state, b2.session.last_ack_sent = 1, "active", time.monotonic() + 3600
+    await node.writer.send("t", 0, [{"body": f"m{i}"} for i in range(3)])
+    a, b, c = await pop(node, 3, invisible_ms=60_000)
+    assert (await node.pop.ack("g", [b.handle]))[0]["ok"]
+    moved = route(6, [seg(0, "b1", 0, 3, "sealed"), seg(1, "b2", 3, None, "active", 3)])
+    node.routes.update(moved)
+    b2.routes.update(moved)
+    pushes = []
+
+    async def b1_asks(method, segment, path, json=None):
+        assert (method, segment.broker, path.split("?")[0]) == ("POST", "b2", "/v1/pop-adopt/g/t/0")
+        pushes.append([o for o, *_ in json["deliveries"]])
+        if len(pushes) == 1:
+            raise rejection(503, "CATCHING_UP", "not ready")
+        assert sorted(node.pop.states[KEY].in_flight) == [0, 2], "kept until the head has them"
+        return {"taken": await b2.pop.adopt(KEY, json["deliveries"], caller="b1")}
+
+    async def b2_asks(method, segment, path, json=None):
+        assert (method, segment.broker, path.split("?")[0]) == ("POST", "b1", "/v1/pop-handover/g/t/0")
+        return await node.pop.freeze(KEY, 6, caller="b2")
+
+    monkeypatch.setattr(node.reader.peers, "request", b1_asks)
+    monkeypatch.setattr(b2.reader.peers, "request", b2_asks)
+    await b2.pop.start()
+    try:
+        async with b2.pop.locks.hold(KEY):
+            taken = await b2.pop._state_for(KEY)
+        assert (taken.gen, taken.next_offset, dict(taken.in_flight)) == (1, 3, {}), "from b1's pop offset"
+        assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
+        await until(lambda: not node.pop.states[KEY].in_flight)
+        assert pushes[:2] == [[0, 2], [0, 2]], "refused once, pushed again: both, though neither is due"
+        held = b2.pop.states[KEY].in_flight
+        assert sorted(held) == [0, 2] and all(d.attempt == 1 for d in held.values()), "their attempts kept"
+        assert all(d.deadline_ms > time.time() * 1000 + 50_000 for d in held.values()), \
+            "not due: their invisible time goes on at b2"
+        assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
+        assert await b2.pop.adopt(KEY, [[0, 1], [2, 1]], caller="b1") == 0, "each once"
+    finally:
+        async with asyncio.timeout(STOP_S):
+            await b2.pop.stop()
+        b2.writer.stop()
+        b2.store.close()
+        b2.producer_log.close()
+        b2.offsets.close()
 
 
 async def test_a_frozen_delivery_that_came_due_is_the_new_head_s_and_expires_here(node):
