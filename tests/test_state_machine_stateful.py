@@ -153,7 +153,8 @@ class StateMachineVsModel(RuleBasedStateMachine):
 
     def restarted(self, name: str) -> None:
         """What the log must decide when broker ``name`` registers again on its disk: each head it leads with a
-        follower goes on in a new gen, from its own end (reported later), every live copy in sync with it."""
+        follower goes on in a new gen, from its own end (reported later), in sync with the old gen's live in-sync
+        copies (the others have not been sent the queue's consumer state: they join through the leader)."""
         live = {n for n, b in self.brokers.items() if b["state"] == "active"} | {name}
         for tname in sorted(self.topics):
             for segs in self.topics[tname]["segs"]:
@@ -163,7 +164,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
                     head["state"], head["sealer"] = "sealing", None
                     segs.append({"gen": head["gen"] + 1, "broker": name, "start": None, "end": None, "pend": None,
                                  "budget": BUDGET, "state": "active", "replicas": list(head["replicas"]),
-                                 "in_sync": [b for b in head["replicas"] if b == name or b in live],
+                                 "in_sync": [name, *(b for b in head["in_sync"] if b != name and b in live)],
                                  "sealer": None})
 
     def lost(self, name: str, fenced: bool) -> None:
@@ -203,8 +204,7 @@ class StateMachineVsModel(RuleBasedStateMachine):
                         segs.append({"gen": head["gen"] + 1, "broker": name, "start": head["end"], "end": None,
                                      "pend": None, "budget": BUDGET, "state": "active",
                                      "replicas": list(head["replicas"]),
-                                     "in_sync": [b for b in head["replicas"] if b == name or b in live],
-                                     "sealer": None})
+                                     "in_sync": [name], "sealer": None})   # no live copy was in sync
                         continue
                     if new is None or start_before is None:
                         continue

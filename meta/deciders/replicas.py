@@ -153,8 +153,14 @@ def broker_restarted(image: Image, broker: str, budget: int) -> Events:
             head = chains.head(entry)
             if (head[chains.STATE] == "active" and head[chains.BROKER] == broker
                     and head[chains.LOGIC_START] is not None and len(head[chains.REPLICAS]) > 1):
-                events += _fail_over(t, q, head, broker, broker,
-                                     [b for b in head[chains.REPLICAS] if b == broker or b in live], "restart", budget)
+                # The next gen is empty, so every live copy holds all of its records; but not every live copy
+                # holds the queue's consumer state (pop state, committed offsets), which only the old gen's
+                # in-sync copies were sent. An election trusts the in-sync set for both: the others join once
+                # caught up, through the leader, which sends them that state first (the chaos runner, seed 13: a
+                # copy back on a wiped disk, put in sync here, was elected at the next failover and started the
+                # pop group over from offset 0)
+                in_sync = [broker, *(b for b in head[chains.IN_SYNC] if b != broker and b in live)]
+                events += _fail_over(t, q, head, broker, broker, in_sync, "restart", budget)
     return events
 
 
@@ -200,7 +206,7 @@ def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live:
             make("SegmentOpened", topic=topic, queue=q, gen=gen + 1, broker=lost, from_broker=lost,
                  physical_queue=allocation.physical_queue_name(topic, t["incarnation"], q, gen + 1),
                  physical_start=0, budget_end=budget, replicas=replicas,
-                 in_sync=[b for b in replicas if b == lost or b in live], cause="disk_lost"),
+                 in_sync=[lost], cause="disk_lost"),   # no live copy in sync (else _elected): the others join later
             make("LogicStartDecided", topic=topic, queue=q, gen=gen + 1,
                  logic_start=chains.logic_end(seg, seg["budget_end"]))]
 
