@@ -339,6 +339,35 @@ async def test_a_takeover_of_copies_waiting_on_one_key_holds_no_other_back(node,
     assert sum("/g/" in p for p in asked) == 1, "a key being taken over is not queued twice"
 
 
+async def test_a_sealer_asked_for_another_gen_s_copy_is_asked_for_the_gen_it_sealed(node, monkeypatch):
+    """The chaos runner, seed 9: b3 led gen 0 until a failover had b2 seal it; b1, its disk wiped, led gens 1 and 2
+    (a remap, then a restart) and held nothing. Its takeover asked b2 for gen 1's copy (none), then passed gen 0 by,
+    b2 counting as asked, and started the group from offset 0; b2 held gen 0's state all along."""
+    node.routes.update(route(9, [
+        seg(0, "b3", 0, 30, "sealed", replicas=["b3", "b2", "b1"], in_sync=["b2"], sealer="b2"),
+        seg(1, "b1", 30, 30, "sealed", replicas=["b1", "b2", "b3"], in_sync=["b1", "b2"]),
+        seg(2, "b1", 30, None, "active", replicas=["b1", "b2", "b3"], in_sync=["b1", "b2"])]))
+    asked = []
+
+    async def request(method, segment, path, *a, **kw):   # an older leader asked for its own state
+        asked.append((segment.broker, path))
+        if method == "GET":
+            return {"min_offset": 0, "max_offset": 30}  # the queue's start, read where gen 0 lies
+        return {"found": False}                         # b3 is back on a new disk
+
+    async def call(method, broker, address, path, *a, **kw):   # a copy asked for a gen's state
+        asked.append((broker, path))
+        if broker == "b2" and "copy_of_gen=0" in path:
+            return {"found": True, "gen": 0, "next_offset": 30, "in_flight": 2}
+        return {"found": False}
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    monkeypatch.setattr(node.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert (st.gen, st.next_offset) == (2, 30), asked
+    assert ("b2", "copy_of_gen=0") in [(b, p.split("&")[1]) for b, p in asked if "&" in p], asked
+
+
 def deposed_and_back(sealer_of_gen1: str) -> dict:
     """b1 led gen 0 until a failover sealed it (b2); b2 led gen 1 until ``sealer_of_gen1`` sealed it (b2 itself: a
     remap; b1: a failover); b1 leads gen 2."""

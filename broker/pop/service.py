@@ -553,11 +553,14 @@ class PopService:
                 continue
             if seg.broker in asked:
                 continue
-            if seg.sealer in asked:
+            if seg.sealer == self.me or (seg.sealer in asked and best is not None and best[0] > seg.gen):
                 asked.add(seg.broker)
-                # A failover elected a copy held here (or by a broker whose state is held here) to seal it: that
-                # copy was in sync, so this broker's copy of its leader's pop state holds every ack the leader
-                # answered (replication/pop_copies.py); the leader, lost, is not asked
+                # A failover elected a copy held here (or by a broker asked already, whose state of a later gen is
+                # known) to seal it: that copy was in sync, so this broker's copy of its leader's pop state holds
+                # every ack the leader answered (replication/pop_copies.py); the leader, lost, is not asked. A
+                # sealer asked only for another gen's copy, with no later state known, proves nothing: it is asked
+                # for this gen's (the chaos runner, seed 9: b2, asked for gen 4's copy, held gen 3's; b3, wiped,
+                # started the group from offset 0 without asking anyone for gen 3)
                 rep = self.replica.states.get(key)
                 if rep is not None and rep.gen <= seg.gen and (best is None or rep.gen > best[0]):
                     best, copied = (rep.gen, rep.next_offset), rep
