@@ -368,6 +368,35 @@ async def test_a_sealer_asked_for_another_gen_s_copy_is_asked_for_the_gen_it_sea
     assert ("b2", "copy_of_gen=0") in [(b, p.split("&")[1]) for b, p in asked if "&" in p], asked
 
 
+async def test_a_leader_asked_for_another_gen_that_holds_nothing_has_its_own_gen_asked_of_its_copies(node, monkeypatch):
+    """The chaos runner, seed 21: b3 led gen 0 (b2 its copy); a remap moved the queue to b1, back on a wiped disk,
+    which restarted before it took the state over (gen 2). Its takeover asked b3, now wiped too, for gen 1's copy
+    (none), then passed gen 0 by since b3 counted as asked, and started the group from offset 0; b2 held gen 0's
+    state all along."""
+    node.routes.update(route(9, [
+        seg(0, "b3", 0, 30, "sealed", replicas=["b3", "b2", "b1"], in_sync=["b3", "b2"]),
+        seg(1, "b1", 30, 30, "sealed", replicas=["b1", "b3", "b2"], in_sync=["b1", "b3"]),
+        seg(2, "b1", 30, None, "active", replicas=["b1", "b3", "b2"], in_sync=["b1", "b3"])]))
+    asked = []
+
+    async def request(method, segment, path, *a, **kw):
+        asked.append((segment.broker, path))
+        if method == "GET":
+            return {"min_offset": 0, "max_offset": 30}  # the queue's start, read where gen 0 lies
+        return {"found": False}
+
+    async def call(method, broker, address, path, *a, **kw):   # a copy asked for a gen's state
+        asked.append((broker, path))
+        if broker == "b2" and "copy_of_gen=0" in path:
+            return {"found": True, "gen": 0, "next_offset": 30, "in_flight": 2}
+        return {"found": False}                         # b3, wiped, holds nothing
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    monkeypatch.setattr(node.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert (st.gen, st.next_offset) == (2, 30), asked
+
+
 def deposed_and_back(sealer_of_gen1: str) -> dict:
     """b1 led gen 0 until a failover sealed it (b2); b2 led gen 1 until ``sealer_of_gen1`` sealed it (b2 itself: a
     remap; b1: a failover); b1 leads gen 2."""

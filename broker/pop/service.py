@@ -540,6 +540,7 @@ class PopService:
         held_gen = held.gen if held is not None else None   # logged: what a takeover started from is told
         asked = {self.me}                                 # brokers whose own state is known
         asked_copies: set[tuple[str, int]] = set()        # (broker, gen) asked for a copy of that gen's state
+        empty: set[str] = set()                           # brokers that answered holding no state of their own
         for seg in reversed(await self.reader.history(topic, queue)):
             if seg.gen >= head.gen or len(asked) > HANDOVER_PEERS_MAX:
                 continue
@@ -547,11 +548,18 @@ class PopService:
                 # This broker led that gen and holds nothing of it: back on an empty disk, it leads on (a restart
                 # with no copy in sync to take over); the copies it waited for hold what it acknowledged (the chaos
                 # runner, seed 9: two groups started over from offset 0)
-                got = await self._ask_copies(seg, key, asked, asked_copies, best)
+                got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
                 if got is not None and (best is None or got[0] > best[0]):
                     best, copied = got, None
                 continue
             if seg.broker in asked:
+                if seg.broker in empty and (best is None or best[0] < seg.gen):
+                    # Its leader, asked already (for another gen's copy), holds nothing now: this gen's copies hold
+                    # what it acknowledged (the chaos runner, seed 21: b3, wiped, answered for gen 13; gen 12, which
+                    # it had led, was passed by, and b1's copy of it never asked: the group started from offset 0)
+                    got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
+                    if got is not None and (best is None or got[0] > best[0]):
+                        best, copied = got, None
                 continue
             if seg.sealer == self.me or (seg.sealer in asked and best is not None and best[0] > seg.gen):
                 asked.add(seg.broker)
@@ -568,13 +576,14 @@ class PopService:
             asked.add(seg.broker)
             got = await self._ask_freeze(seg, key, best)
             if got is None:
+                empty.add(seg.broker)
                 # Its leader holds nothing (back on an empty disk, maybe): the copies it waited for hold what it
                 # acknowledged, this broker's own among them
                 rep = self.replica.states.get(key) if self.me in seg.in_sync else None
                 if rep is not None and rep.gen == seg.gen and (best is None or rep.gen > best[0]):
                     best, copied = (rep.gen, rep.next_offset), rep
                     continue
-                got = await self._ask_copies(seg, key, asked, asked_copies, best)
+                got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
             # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
             # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
@@ -717,7 +726,7 @@ class PopService:
         return path if best is None else f"{path}&above_gen={best[0]}"
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str], asked_copies: set[tuple[str, int]],
-                          best: tuple[int, int] | None) -> tuple[int, int] | None:
+                          empty: set[str], best: tuple[int, int] | None) -> tuple[int, int] | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
         broker's own; else the newest older state a copy answered with, its own; None when every one answered that
         it holds none. One that does not answer, while none that did holds it, stops the takeover (503
@@ -741,6 +750,8 @@ class PopService:
                 unanswered[copy] = e.code if isinstance(e, ApiError) else e.reason
                 log.info("pop_handover_copy_unanswered", key=key, copy=copy, why=unanswered[copy])
                 continue
+            if not body.get("found"):
+                empty.add(copy)   # nothing of its own: a gen it led is asked of that gen's copies
             if body.get("found") and body["gen"] >= seg.gen:
                 return body["gen"], body["next_offset"]
             if body.get("found") and (older is None or body["gen"] > older[0]):
