@@ -397,6 +397,27 @@ async def test_a_leader_asked_for_another_gen_that_holds_nothing_has_its_own_gen
     assert (st.gen, st.next_offset) == (2, 30), asked
 
 
+async def test_a_copy_held_here_of_a_gen_this_broker_sealed_is_taken_though_its_leader_was_asked_already(
+        node, monkeypatch):
+    """The chaos runner, seed 7: a failover elected b1 to seal b2's gen 0; b1 restarted before any pop (gen 1, then
+    gen 2). Its takeover asked b2, wiped, for gen 1's copy (none), then passed gen 0 by as b2's, asked already, and
+    never used its own copy of gen 0: from an older state it delivered again 43 acknowledged pops."""
+    from broker.pop.state import QueueState
+    node.routes.update(route(9, [
+        seg(0, "b2", 0, 40, "sealed", replicas=["b2", "b1"], in_sync=["b1"], sealer="b1"),
+        seg(1, "b1", 40, 40, "sealed", replicas=["b1", "b2"], in_sync=["b1", "b2"]),
+        seg(2, "b1", 40, None, "active", replicas=["b1", "b2"], in_sync=["b1", "b2"])]))
+    node.pop.replica.states[KEY] = QueueState(KEY, 40, 0)   # the copy of b2's state that made b1 fit to seal
+
+    async def nothing(*a, **kw):   # b2, wiped, holds nothing; the queue's start, if read, is 0
+        return {"found": False, "min_offset": 0, "max_offset": 40}
+    monkeypatch.setattr(node.reader.peers, "request", nothing)
+    monkeypatch.setattr(node.reader.peers, "call", nothing)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert (st.gen, st.next_offset) == (2, 40) and KEY not in node.pop.replica.states
+
+
 def deposed_and_back(sealer_of_gen1: str) -> dict:
     """b1 led gen 0 until a failover sealed it (b2); b2 led gen 1 until ``sealer_of_gen1`` sealed it (b2 itself: a
     remap; b1: a failover); b1 leads gen 2."""

@@ -552,6 +552,21 @@ class PopService:
                 if got is not None and (best is None or got[0] > best[0]):
                     best, copied = got, None
                 continue
+            if seg.sealer == self.me or (seg.sealer in asked and best is not None and best[0] > seg.gen):
+                asked.add(seg.broker)
+                # A failover elected a copy held here (or by a broker asked already, whose state of a later gen is
+                # known) to seal it: that copy was in sync, so this broker's copy of its leader's pop state holds
+                # every ack the leader answered (replication/pop_copies.py); the leader, lost, is not asked. A
+                # sealer asked only for another gen's copy, with no later state known, proves nothing: it is asked
+                # for this gen's (the chaos runner, seed 9: b2, asked for gen 4's copy, held gen 3's; b3, wiped,
+                # started the group from offset 0 without asking anyone for gen 3). Before a leader asked already is
+                # passed by: b3, elected to seal b2's gen 8 and then restarted twice, had asked b2 (wiped) for gen
+                # 9's copy and passed gen 8 by, its own copy of it unused (seed 7: from its older gen 7 state, it
+                # delivered again 43 acknowledged pops)
+                rep = self.replica.states.get(key)
+                if rep is not None and rep.gen <= seg.gen and (best is None or rep.gen > best[0]):
+                    best, copied = (rep.gen, rep.next_offset), rep
+                continue
             if seg.broker in asked:
                 if seg.broker in empty and (best is None or best[0] < seg.gen):
                     # Its leader, asked already (for another gen's copy), holds nothing now: this gen's copies hold
@@ -560,18 +575,6 @@ class PopService:
                     got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
                     if got is not None and (best is None or got[0] > best[0]):
                         best, copied = got, None
-                continue
-            if seg.sealer == self.me or (seg.sealer in asked and best is not None and best[0] > seg.gen):
-                asked.add(seg.broker)
-                # A failover elected a copy held here (or by a broker asked already, whose state of a later gen is
-                # known) to seal it: that copy was in sync, so this broker's copy of its leader's pop state holds
-                # every ack the leader answered (replication/pop_copies.py); the leader, lost, is not asked. A
-                # sealer asked only for another gen's copy, with no later state known, proves nothing: it is asked
-                # for this gen's (the chaos runner, seed 9: b2, asked for gen 4's copy, held gen 3's; b3, wiped,
-                # started the group from offset 0 without asking anyone for gen 3)
-                rep = self.replica.states.get(key)
-                if rep is not None and rep.gen <= seg.gen and (best is None or rep.gen > best[0]):
-                    best, copied = (rep.gen, rep.next_offset), rep
                 continue
             asked.add(seg.broker)
             got = await self._ask_freeze(seg, key, best)
