@@ -418,6 +418,26 @@ async def test_a_copy_held_here_of_a_gen_this_broker_sealed_is_taken_though_its_
     assert (st.gen, st.next_offset) == (2, 40) and KEY not in node.pop.replica.states
 
 
+async def test_a_copy_held_here_of_an_older_gen_whose_leader_holds_nothing_now_is_taken(node, monkeypatch):
+    """The chaos runner, seed 21: b2 led gens 0 and 1 (a restart between, no pop under gen 1; b1 its copy), then a
+    remap moved the queue to b1, and b2 was wiped before b1 took the state over. b1 asked b2 for gen 1 (nothing)
+    and passed gen 0 by, b2 asked already, without its own copy of gen 0: it started the group from offset 0."""
+    from broker.pop.state import QueueState
+    node.routes.update(route(9, [
+        seg(0, "b2", 0, 40, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
+        seg(1, "b2", 40, 40, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
+        seg(2, "b1", 40, None, "active", replicas=["b1", "b2"], in_sync=["b1", "b2"])]))
+    node.pop.replica.states[KEY] = QueueState(KEY, 40, 0)   # b2's state under gen 0, as b1 was sent it
+
+    async def nothing(*a, **kw):   # b2, wiped, holds nothing; the queue's start, if read, is 0
+        return {"found": False, "min_offset": 0, "max_offset": 40}
+    monkeypatch.setattr(node.reader.peers, "request", nothing)
+    monkeypatch.setattr(node.reader.peers, "call", nothing)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert (st.gen, st.next_offset) == (2, 40) and KEY not in node.pop.replica.states
+
+
 def deposed_and_back(sealer_of_gen1: str) -> dict:
     """b1 led gen 0 until a failover sealed it (b2); b2 led gen 1 until ``sealer_of_gen1`` sealed it (b2 itself: a
     remap; b1: a failover); b1 leads gen 2."""

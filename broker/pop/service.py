@@ -570,8 +570,13 @@ class PopService:
             if seg.broker in asked:
                 if seg.broker in empty and (best is None or best[0] < seg.gen):
                     # Its leader, asked already (for another gen's copy), holds nothing now: this gen's copies hold
-                    # what it acknowledged (the chaos runner, seed 21: b3, wiped, answered for gen 13; gen 12, which
-                    # it had led, was passed by, and b1's copy of it never asked: the group started from offset 0)
+                    # what it acknowledged, this broker's own among them (the chaos runner, seed 21: b3, wiped,
+                    # answered for gen 13; gen 12, which it had led, was passed by, and b1's copy of it never asked;
+                    # then with its own copy of the gen unused: the group started from offset 0 both times)
+                    mine = self._copy_here(seg, key)
+                    if mine is not None:
+                        best, copied = (mine.gen, mine.next_offset), mine
+                        continue
                     got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
                     if got is not None and (best is None or got[0] > best[0]):
                         best, copied = got, None
@@ -582,9 +587,9 @@ class PopService:
                 empty.add(seg.broker)
                 # Its leader holds nothing (back on an empty disk, maybe): the copies it waited for hold what it
                 # acknowledged, this broker's own among them
-                rep = self.replica.states.get(key) if self.me in seg.in_sync else None
-                if rep is not None and rep.gen == seg.gen and (best is None or rep.gen > best[0]):
-                    best, copied = (rep.gen, rep.next_offset), rep
+                mine = self._copy_here(seg, key)
+                if mine is not None and (best is None or mine.gen > best[0]):
+                    best, copied = (mine.gen, mine.next_offset), mine
                     continue
                 got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
@@ -616,6 +621,14 @@ class PopService:
         log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset,
                  from_gen=best[0] if best else None, copy_gen=held_gen, asked=sorted(asked))
         return st
+
+    def _copy_here(self, seg: Segment, key: Key) -> QueueState | None:
+        """This broker's copy of ``seg``'s leader's state under ``seg``'s gen, when it held one as a copy the leader
+        waited for (in its in-sync set, or elected to seal it)."""
+        rep = self.replica.states.get(key)
+        if rep is None or rep.gen != seg.gen or (self.me not in seg.in_sync and seg.sealer != self.me):
+            return None
+        return rep
 
     def copies_untaken(self, topic: str, queue: int) -> bool:
         """True while this broker leads the queue's decided head and still holds, as a copy, some group's state of it
