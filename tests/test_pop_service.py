@@ -397,24 +397,30 @@ async def test_a_leader_asked_for_another_gen_that_holds_nothing_has_its_own_gen
     assert (st.gen, st.next_offset) == (2, 30), asked
 
 
+async def taken_over_from_a_copy_of_gen_0_while_b2_holds_nothing(node, monkeypatch):
+    """The takeover of KEY by b1, holding a copy of gen 0's state (pop offset 40), while b2, wiped, answers that it
+    holds nothing (and, read for the queue's start, 0)."""
+    from broker.pop.state import QueueState
+    node.pop.replica.states[KEY] = QueueState(KEY, 40, 0)
+
+    async def nothing(*a, **kw):
+        return {"found": False, "min_offset": 0, "max_offset": 40}
+    monkeypatch.setattr(node.reader.peers, "request", nothing)
+    monkeypatch.setattr(node.reader.peers, "call", nothing)
+    async with node.pop.locks.hold(KEY):
+        return await node.pop._state_for(KEY)
+
+
 async def test_a_copy_held_here_of_a_gen_this_broker_sealed_is_taken_though_its_leader_was_asked_already(
         node, monkeypatch):
     """The chaos runner, seed 7: a failover elected b1 to seal b2's gen 0; b1 restarted before any pop (gen 1, then
     gen 2). Its takeover asked b2, wiped, for gen 1's copy (none), then passed gen 0 by as b2's, asked already, and
     never used its own copy of gen 0: from an older state it delivered again 43 acknowledged pops."""
-    from broker.pop.state import QueueState
     node.routes.update(route(9, [
         seg(0, "b2", 0, 40, "sealed", replicas=["b2", "b1"], in_sync=["b1"], sealer="b1"),
         seg(1, "b1", 40, 40, "sealed", replicas=["b1", "b2"], in_sync=["b1", "b2"]),
         seg(2, "b1", 40, None, "active", replicas=["b1", "b2"], in_sync=["b1", "b2"])]))
-    node.pop.replica.states[KEY] = QueueState(KEY, 40, 0)   # the copy of b2's state that made b1 fit to seal
-
-    async def nothing(*a, **kw):   # b2, wiped, holds nothing; the queue's start, if read, is 0
-        return {"found": False, "min_offset": 0, "max_offset": 40}
-    monkeypatch.setattr(node.reader.peers, "request", nothing)
-    monkeypatch.setattr(node.reader.peers, "call", nothing)
-    async with node.pop.locks.hold(KEY):
-        st = await node.pop._state_for(KEY)
+    st = await taken_over_from_a_copy_of_gen_0_while_b2_holds_nothing(node, monkeypatch)
     assert (st.gen, st.next_offset) == (2, 40) and KEY not in node.pop.replica.states
 
 
@@ -422,19 +428,11 @@ async def test_a_copy_held_here_of_an_older_gen_whose_leader_holds_nothing_now_i
     """The chaos runner, seed 21: b2 led gens 0 and 1 (a restart between, no pop under gen 1; b1 its copy), then a
     remap moved the queue to b1, and b2 was wiped before b1 took the state over. b1 asked b2 for gen 1 (nothing)
     and passed gen 0 by, b2 asked already, without its own copy of gen 0: it started the group from offset 0."""
-    from broker.pop.state import QueueState
     node.routes.update(route(9, [
         seg(0, "b2", 0, 40, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
         seg(1, "b2", 40, 40, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
         seg(2, "b1", 40, None, "active", replicas=["b1", "b2"], in_sync=["b1", "b2"])]))
-    node.pop.replica.states[KEY] = QueueState(KEY, 40, 0)   # b2's state under gen 0, as b1 was sent it
-
-    async def nothing(*a, **kw):   # b2, wiped, holds nothing; the queue's start, if read, is 0
-        return {"found": False, "min_offset": 0, "max_offset": 40}
-    monkeypatch.setattr(node.reader.peers, "request", nothing)
-    monkeypatch.setattr(node.reader.peers, "call", nothing)
-    async with node.pop.locks.hold(KEY):
-        st = await node.pop._state_for(KEY)
+    st = await taken_over_from_a_copy_of_gen_0_while_b2_holds_nothing(node, monkeypatch)
     assert (st.gen, st.next_offset) == (2, 40) and KEY not in node.pop.replica.states
 
 
