@@ -182,3 +182,41 @@ async def test_a_journal_compaction_asks_the_copies_for_snapshots(tmp_path):
     assert Copies.resyncs == 1
     journal.copies = None
     await journal.close()
+
+
+async def test_a_pop_push_a_waited_copy_missed_is_in_doubt_when_the_head_moves_on_meanwhile(monkeypatch):
+    """broker/replication/pop_copies.py: b2, waited for, does not take the round's lines; while the push retries,
+    the head moves on (here a failover elects b2). The round (an ack in it) is answered REPLICATION_UNCONFIRMED, not
+    ok: it used to return as if stored (the chaos runner, seed 7, after a remap: the ack answered ok, the old head
+    wiped, and b2 delivered the message again from its copy)."""
+    from broker.peers import Unreachable
+    from broker.replication import pop_copies
+    from broker.replication.pop_copies import PopCopies, Push
+    from wire.errors import ApiError
+    monkeypatch.setattr(pop_copies, "PUSH_RETRY_S", 0.01)
+    lead = Leader(["b1", "b2"])
+    old = route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:9", physical_queue="t.q0.g0",
+                                   physical_start=0, logic_start=0, logic_end=None, state="sealing",
+                                   budget_end=10**9, replicas=["b1", "b2"], in_sync=["b2"], sealer="b2")
+    new = route_model.segment_json(gen=1, broker="b2", address="http://127.0.0.1:8", physical_queue="t.q0.g1",
+                                   physical_start=0, logic_start=None, logic_end=None, state="active",
+                                   budget_end=10**9, replicas=["b2", "b1"], in_sync=["b2"])
+    failed_over = route_model.route_json(topic="t", version=2, slots=16, order="best_tried", config={},
+                                         slot_table=[[0, 16, 0]], slot_table_version=1, barriers=[], replicas=2,
+                                         min_insync=1, queues=[route_model.queue_json(0, False, [old, new])])
+    calls = []
+
+    class Peers:
+        async def call(self, method, broker, address, path, body):
+            calls.append(broker)
+            if len(calls) == 2:
+                lead.routes.update(failed_over)
+            raise Unreachable("ConnectionRefusedError")
+
+    copies = PopCopies("b1", lead.routes, lead.tracker, Peers())
+    line = ["g", "t", 0, 5, 0, False, 0, [], [4]]   # offset 4 acked
+    with pytest.raises(ApiError) as e:
+        await copies.push([Push(lead.head, "b2", [line], False, True)])
+    assert e.value.code == "REPLICATION_UNCONFIRMED" and len(calls) == 2
+    stale = PopCopies("b1", lead.routes, lead.tracker, Peers())
+    await stale.push([Push(lead.routes.segments("t", 0)[0], "b3", [line], False, False)])   # not waited for: moot
