@@ -23,6 +23,11 @@ def int_in(raw: object, name: str, default: int | None = None, lo: int = 0, hi: 
     return v
 
 
+def optional_int(raw: object, name: str) -> int | None:
+    """``int_in``'s integer, or None when the parameter is absent (an optional field with no default)."""
+    return None if raw is None else int_in(raw, name)
+
+
 def nonneg_int(raw: str | None, name: str, default: int | None = None) -> int:
     """A non-negative integer; ``default`` when absent (absent and no default is an error)."""
     return int_in(raw, name, default)

@@ -15,7 +15,7 @@ from wire.errors import invalid, rejection
 from wire.shapes import validate
 from runtime.credentials import caller_broker
 from runtime.server import error_middleware, public, require_declared_roles, requires
-from wire.params import PULL_MESSAGES_MAX, int_in
+from wire.params import PULL_MESSAGES_MAX, int_in, optional_int
 
 from ..config import BrokerConfig
 from ..codec import TAG_RECORDS, binary_runs, dumps_with_raw, popped_batch
@@ -117,7 +117,7 @@ async def send(request: web.Request) -> web.Response:
                         supported=["application/json", batch.CONTENT_TYPE])
     raw = await request.read()
     raw_version = request.headers.get("X-Route-Version")
-    sender_version = None if raw_version is None else int_in(raw_version, "X-Route-Version")
+    sender_version = optional_int(raw_version, "X-Route-Version")
     producer = _producer(request)
     if kind == batch.CONTENT_TYPE:
         # The binary batch: its header, CRC and every record's lengths are checked before anything is appended;
@@ -154,7 +154,7 @@ def _offsets_format(count: int) -> bytes:
 
 def _token(raw: object) -> int | None:
     """A lock token (query string or JSON); None when absent."""
-    return None if raw is None else int_in(raw, "token")
+    return optional_int(raw, "token")
 
 
 @requires("client", "broker")
@@ -255,10 +255,9 @@ async def physical(request: web.Request) -> web.Response:
     node = request.app[NODE]
     offset = int_in(request.query.get("offset"), "offset", 0)
     max_n = int_in(request.query.get("max"), "max", 32, 0, PULL_MESSAGES_MAX)
-    ts, start = request.query.get("ts"), request.query.get("start")
     return _respond(await node.reader.physical_read(request.match_info["pq"], offset, max_n,
-                                                    None if ts is None else int_in(ts, "ts"),
-                                                    None if start is None else int_in(start, "start")))
+                                                    optional_int(request.query.get("ts"), "ts"),
+                                                    optional_int(request.query.get("start"), "start")))
 
 
 def _as_follower(request: web.Request, follower: str) -> str:
@@ -375,9 +374,8 @@ async def pop_handover(request: web.Request) -> web.Response:
     key = (_name(request.match_info["group"], "group"), _name(request.match_info["topic"], "topic"),
            int_in(request.match_info["queue"], "queue"))
     version = int_in(request.query.get("route_version"), "route_version", 0)
-    copy_of, above = request.query.get("copy_of_gen"), request.query.get("above_gen")
-    copy_of_gen = None if copy_of is None else int_in(copy_of, "copy_of_gen", 0)
-    above_gen = None if above is None else int_in(above, "above_gen", 0)
+    copy_of_gen = optional_int(request.query.get("copy_of_gen"), "copy_of_gen")
+    above_gen = optional_int(request.query.get("above_gen"), "above_gen")
     return _respond(await node.pop.freeze(key, version, caller_broker(request), copy_of_gen, above_gen))
 
 

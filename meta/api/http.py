@@ -9,7 +9,7 @@ from aiohttp import web
 from runtime.credentials import ROLE
 from wire import json_body
 from wire.errors import ApiError
-from wire.params import int_in
+from wire.params import optional_int
 from wire.headers import request_id_header
 from wire.shapes import validate
 from ..service import MetaService
@@ -70,7 +70,7 @@ async def submit(request: web.Request, cmd: dict[str, Any], ok_status: int = 200
 
 def expected_version(request: web.Request) -> int | None:
     raw = request.query.get("expected_version")
-    return None if raw is None else int_in(raw, "expected_version")
+    return optional_int(raw, "expected_version")
 
 
 def with_expected_version(request: web.Request, cmd: dict[str, Any]) -> dict[str, Any]:
