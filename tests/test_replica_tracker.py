@@ -23,6 +23,20 @@ def route(version: int, in_sync: list[str], min_insync: int = 2) -> dict:
                                   min_insync=min_insync, queues=[route_model.queue_json(0, True, [seg])])
 
 
+def failed_over(version: int, lost: str, elected: str) -> dict:
+    """Queue 0 of t between a failover and its seal report: gen 0, led by ``lost``, being sealed by ``elected``,
+    which leads gen 1 (its start not decided yet)."""
+    sealing = route_model.segment_json(gen=0, broker=lost, address="http://127.0.0.1:9", physical_queue="t.q0.g0",
+                                       physical_start=0, logic_start=0, logic_end=None, state="sealing",
+                                       budget_end=10**9, replicas=[lost, elected], in_sync=[elected], sealer=elected)
+    head = route_model.segment_json(gen=1, broker=elected, address="http://127.0.0.1:1", physical_queue="t.q0.g1",
+                                    physical_start=0, logic_start=None, logic_end=None, state="active",
+                                    budget_end=10**9, replicas=[elected, lost], in_sync=[elected])
+    return route_model.route_json(topic="t", version=version, slots=16, order="best_tried", config={},
+                                  slot_table=[[0, 16, 0]], slot_table_version=1, barriers=[],
+                                  queues=[route_model.queue_json(0, False, [sealing, head])])
+
+
 class Leader:
     def __init__(self, in_sync: list[str]):
         self.routes = RouteTable("b1")
@@ -97,15 +111,7 @@ async def test_a_pull_at_the_elected_copy_while_it_seals_answers_its_copy_s_end(
     """Between a failover and the elected copy's seal report, the queue's newest decided segment is the one being
     sealed, led by the lost broker and sealed here: a pull here answers from this copy (its end is the segment's
     end), never asks a holder list that leaves this broker out (it was empty: an IndexError, a 500)."""
-    sealing = route_model.segment_json(gen=0, broker="b2", address="http://127.0.0.1:9", physical_queue="t.q0.g0",
-                                       physical_start=0, logic_start=0, logic_end=None, state="sealing",
-                                       budget_end=10**6, replicas=["b2", "b1"], in_sync=["b1"], sealer="b1")
-    head = route_model.segment_json(gen=1, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g1",
-                                    physical_start=0, logic_start=None, logic_end=None, state="active",
-                                    budget_end=10**6, replicas=["b1", "b2"], in_sync=["b1"])
-    broker_node.routes.update(route_model.route_json(
-        topic="t", version=5, slots=16, order="best_tried", config={}, slot_table=[[0, 16, 0]],
-        slot_table_version=1, barriers=[], queues=[route_model.queue_json(0, False, [sealing, head])]))
+    broker_node.routes.update(failed_over(5, lost="b2", elected="b1"))
     copy = broker_node.store.open_or_create("t.q0.g0", 0)
     copy.append([b'{"body":"a"}', b'{"body":"b"}'], 1)
     copy.flush()   # durable: a copy's end is what it holds on disk
@@ -195,22 +201,13 @@ async def test_a_pop_push_a_waited_copy_missed_is_in_doubt_when_the_head_moves_o
     from wire.errors import ApiError
     monkeypatch.setattr(pop_copies, "PUSH_RETRY_S", 0.01)
     lead = Leader(["b1", "b2"])
-    old = route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:9", physical_queue="t.q0.g0",
-                                   physical_start=0, logic_start=0, logic_end=None, state="sealing",
-                                   budget_end=10**9, replicas=["b1", "b2"], in_sync=["b2"], sealer="b2")
-    new = route_model.segment_json(gen=1, broker="b2", address="http://127.0.0.1:8", physical_queue="t.q0.g1",
-                                   physical_start=0, logic_start=None, logic_end=None, state="active",
-                                   budget_end=10**9, replicas=["b2", "b1"], in_sync=["b2"])
-    failed_over = route_model.route_json(topic="t", version=2, slots=16, order="best_tried", config={},
-                                         slot_table=[[0, 16, 0]], slot_table_version=1, barriers=[], replicas=2,
-                                         min_insync=1, queues=[route_model.queue_json(0, False, [old, new])])
     calls = []
 
     class Peers:
         async def call(self, method, broker, address, path, body):
             calls.append(broker)
             if len(calls) == 2:
-                lead.routes.update(failed_over)
+                lead.routes.update(failed_over(2, lost="b1", elected="b2"))
             raise Unreachable("ConnectionRefusedError")
 
     copies = PopCopies("b1", lead.routes, lead.tracker, Peers())
