@@ -436,6 +436,33 @@ async def test_a_copy_held_here_of_an_older_gen_whose_leader_holds_nothing_now_i
     assert (st.gen, st.next_offset) == (2, 40) and KEY not in node.pop.replica.states
 
 
+async def test_a_takeover_of_a_copy_that_could_not_finish_is_tried_again_only_after_its_pause(node, monkeypatch):
+    """Each key on its own: one whose older head refused (503) is not asked again at every route change, but once
+    TAKEOVER_RETRY_S has passed, and then it is taken over."""
+    from broker.pop.state import QueueState
+    monkeypatch.setattr(service_mod, "TAKEOVER_RETRY_S", 0.3)
+    node.routes.update(route(9, [seg(0, "b2", 0, 3, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
+                                 seg(1, "b1", 3, None, "active", 3)]))
+    node.pop.replica.states[KEY] = QueueState(KEY, 3, 0)
+    asked = []
+
+    async def request(method, segment, path, *a, **kw):
+        asked.append(path)
+        if len(asked) == 1:
+            raise rejection(503, "BROKER_UNAVAILABLE", "b2 is down")
+        return {"found": False}
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    node.pop.take_over_copies_soon()
+    await until(lambda: KEY in node.pop._takeover_retry_at and KEY not in node.pop._takeover_queued)
+    node.pop.take_over_copies_soon()   # a route change within the pause
+    await asyncio.sleep(0.05)
+    assert len(asked) == 1 and KEY in node.pop.replica.states, "not asked again within the pause"
+    await asyncio.sleep(0.3)
+    node.pop.take_over_copies_soon()
+    await until(lambda: KEY not in node.pop.replica.states)
+    assert len(asked) == 2 and (node.pop.states[KEY].gen, node.pop.states[KEY].next_offset) == (1, 3)
+
+
 def deposed_and_back(sealer_of_gen1: str) -> dict:
     """b1 led gen 0 until a failover sealed it (b2); b2 led gen 1 until ``sealer_of_gen1`` sealed it (b2 itself: a
     remap; b1: a failover); b1 leads gen 2."""
