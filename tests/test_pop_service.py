@@ -14,6 +14,7 @@ import time
 import pytest
 
 from broker.pop import service as service_mod
+from broker.pop.service import Found
 from broker.pop.metrics import PopCollector
 from wire import route as route_model
 from wire.errors import ApiError, rejection
@@ -279,7 +280,7 @@ async def test_an_older_head_s_own_answer_beats_a_copy_of_its_state_held_here(no
     node.pop.replica.states[KEY] = QueueState(KEY, 10, 0)
 
     async def ask_freeze(seg, key, best=None):
-        return (0, 30) if seg.broker == "b2" else None
+        return Found(0, 30, []) if seg.broker == "b2" else None
     monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
     async with node.pop.locks.hold(KEY):
         st = await node.pop._state_for(KEY)
@@ -499,7 +500,7 @@ async def test_deliveries_of_a_leader_a_failover_deposed_are_gone_when_it_leads_
     node.pop.replica.states[KEY] = QueueState(KEY, 2, 1)   # b1's copy of b2's state: everything acked
 
     async def ask_freeze(seg, key, best=None):
-        return (1, 2) if seg.broker == "b2" else None
+        return Found(1, 2, []) if seg.broker == "b2" else None
     monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
     async with node.pop.locks.hold(KEY):
         st = await node.pop._state_for(KEY)
@@ -564,8 +565,9 @@ async def test_a_new_head_s_freeze_stops_pops_here_and_answers_the_pop_offset(no
     with pytest.raises(ApiError) as e:
         await node.pop.freeze(KEY, 6, caller="b3")
     assert e.value.status == 403, "only the head the log names takes the state"
-    assert await node.pop.freeze(("g", "t", 0), 6, caller="b2") == {"found": True, "gen": 0, "next_offset": 2,
-                                                                    "in_flight": 2}
+    answer = await node.pop.freeze(("g", "t", 0), 6, caller="b2")
+    assert [o for o, *_ in answer.pop("deliveries")] == [0, 1], "every delivery in flight, due or not"
+    assert answer == {"found": True, "gen": 0, "next_offset": 2, "in_flight": 2}
     assert await node.pop.freeze(("other", "t", 0), 6, caller="b2") == {"found": False}
     st = node.pop.states[KEY]
     assert st.frozen
@@ -589,12 +591,17 @@ async def test_a_copy_becomes_this_broker_s_state_only_when_the_asker_asks_for_t
                                  seg(2, "b3", 9, None, "active", 9)]))
     copy = node.pop.replica.states[KEY] = QueueState(KEY, 9, 1)
     copy.in_flight[5] = Delivery(77, 2, 0)
-    assert await node.pop.freeze(KEY, 6, caller="b3") == {"found": True, "gen": 0, "next_offset": 1, "in_flight": 1}
+    answer = await node.pop.freeze(KEY, 6, caller="b3")
+    assert [o for o, *_ in answer.pop("deliveries")] == [0]
+    assert answer == {"found": True, "gen": 0, "next_offset": 1, "in_flight": 1}
     assert KEY in node.pop.replica.states and 5 not in node.pop.states[KEY].in_flight
-    assert await node.pop.freeze(KEY, 6, caller="b3", copy_of_gen=0) == {"found": True, "gen": 0, "next_offset": 1,
-                                                                         "in_flight": 1}, "a copy of another gen"
+    answer = await node.pop.freeze(KEY, 6, caller="b3", copy_of_gen=0)
+    assert [o for o, *_ in answer.pop("deliveries")] == [0]
+    assert answer == {"found": True, "gen": 0, "next_offset": 1, "in_flight": 1}, "a copy of another gen"
     answer = await node.pop.freeze(KEY, 6, caller="b3", copy_of_gen=1)
     assert (answer["gen"], answer["next_offset"]) == (1, 9) and 5 in node.pop.states[KEY].in_flight
+    assert [o for o, *_ in answer["deliveries"]] == [5], \
+        "the copy's deliveries; this broker's own older one (0) went with its first answer: the copy's gen holds it"
 
 
 async def test_a_frozen_state_s_deliveries_are_handed_over_again_after_a_restart(broker_node):
@@ -622,9 +629,11 @@ async def test_a_frozen_state_s_deliveries_are_handed_over_again_after_a_restart
 async def test_a_frozen_head_hands_each_delivery_to_the_new_head_once_and_keeps_it_until_the_head_has_it(
         node, tmp_path, monkeypatch):
     """b1's queue moves to b2 (a second broker in this process; their HTTP calls to each other are the services'
-    own methods). b2's takeover freezes b1, which pushes its deliveries in flight, due or not, with their attempts
-    and deadlines (``_push_expired``): the first push is refused (b2 not ready), so b1 keeps them, refuses their
-    handles, and pushes again; once b2 has them durably b1 forgets them, and b2 holds each once."""
+    own methods). b2's takeover freezes b1, whose answer carries its deliveries in flight, due or not, with their
+    attempts and deadlines: b2 holds them, durably, before it pops anything. b1 keeps them until b2 confirms its
+    takeover (``_push_expired``): the first push is refused (b2 not ready), so b1 keeps them, refuses their
+    handles, and asks again; then forgets them. A push takes nothing at b2: one acked there since stays acked.
+    Handed over by the push alone, they sat on b1's disk alone until it got through (the chaos runner, seed 7)."""
     from broker.config import BrokerConfig
     from broker.node import BrokerNode
     b2 = BrokerNode(BrokerConfig(broker="b2", data_dir=str(tmp_path / "b2"), http_host="127.0.0.1", http_port=1,
@@ -656,16 +665,21 @@ async def test_a_frozen_head_hands_each_delivery_to_the_new_head_once_and_keeps_
     try:
         async with b2.pop.locks.hold(KEY):
             taken = await b2.pop._state_for(KEY)
-        assert (taken.gen, taken.next_offset, dict(taken.in_flight)) == (1, 3, {}), "from b1's pop offset"
-        assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
-        await until(lambda: not node.pop.states[KEY].in_flight)
-        assert pushes[:2] == [[0, 2], [0, 2]], "refused once, pushed again: both, though neither is due"
-        held = b2.pop.states[KEY].in_flight
-        assert sorted(held) == [0, 2] and all(d.attempt == 1 for d in held.values()), "their attempts kept"
+        assert (taken.gen, taken.next_offset) == (1, 3), "from b1's pop offset"
+        held = taken.in_flight
+        assert sorted(held) == [0, 2] and all(d.attempt == 1 for d in held.values()), \
+            "b1's deliveries in flight, from its answer, their attempts kept"
+        assert all(d.written for d in held.values()), "durable before b2 pops anything"
         assert all(d.deadline_ms > time.time() * 1000 + 50_000 for d in held.values()), \
             "not due: their invisible time goes on at b2"
         assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
+        await until(lambda: not node.pop.states[KEY].in_flight)
+        assert pushes[:2] == [[0, 2], [0, 2]], "refused once, asked again: both, though neither is due"
+        assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
+        async with b2.pop.locks.hold(KEY):
+            b2.pop.states[KEY].ack(0)
         assert await b2.pop.adopt(KEY, [[0, 1], [2, 1]], caller="b1") == 0, "each once"
+        assert sorted(b2.pop.states[KEY].in_flight) == [2], "0, acked at b2 since, is not brought back by a push"
     finally:
         async with asyncio.timeout(STOP_S):
             await b2.pop.stop()
@@ -696,16 +710,18 @@ async def test_adopted_deliveries_go_out_again_first_with_their_attempts(node):
     with pytest.raises(ApiError) as e:
         await node.pop.adopt(KEY, [[2, 3]], caller="b2")
     assert e.value.status == 403, "b2 never held the queue's head"
-    assert await node.pop.adopt(KEY, [[1, 3], [2, 4], [7, 1]], caller="b1") == 1, \
-        "1 is in flight here already; 7 was never handed out; 2 is taken"
+    assert await node.pop.adopt(KEY, [[2, 4]], caller="b1") == 0, \
+        "an older head's push only asks for the takeover, which took its deliveries with its answer"
+    assert await node.pop.adopt(KEY, [[1, 3], [2, 4], [7, 1]]) == 1, \
+        "an admin's: 1 is in flight here already; 7 was never handed out; 2 is taken"
     st = node.pop.states[KEY]
     assert (st.gen, st.next_offset) == (1, 3)
     again = await pop(node, 5)
     assert [(m.offset, m.attempt) for m in again] == [(2, 5), (3, 1)], "the adopted one first, its attempts kept"
     # One not due yet is in flight here until its deadline (an old head hands over every delivery when frozen)
-    assert await node.pop.adopt(KEY, [[2, 1, int(time.time() * 1000) + 300]], caller="b1") == 0, "2 is in flight"
+    assert await node.pop.adopt(KEY, [[2, 1, int(time.time() * 1000) + 300]]) == 0, "2 is in flight"
     await node.pop.ack("g", [got[0].handle, got[1].handle, again[0].handle])
-    assert await node.pop.adopt(KEY, [[0, 1, int(time.time() * 1000) + 300]], caller="b1") == 1
+    assert await node.pop.adopt(KEY, [[0, 1, int(time.time() * 1000) + 300]]) == 1
     assert 0 in st.in_flight and 0 not in st.ready
     await until(lambda: 0 in st.ready)
     assert [(m.offset, m.attempt) for m in await pop(node, 5)] == [(0, 2)]
@@ -730,18 +746,19 @@ async def test_a_state_older_than_the_asker_s_is_neither_frozen_nor_handed_over(
 
 async def test_a_copy_of_an_older_gen_may_hand_over_deliveries(node):
     """b3 held a copy of gen 0 (led by b2) and, asked for that gen's state, made it its own: its deliveries in flight
-    are its to hand over (the chaos runner, seed 7: refused 403, they sat on b3's disk alone until it was wiped)."""
+    are its to hand over, and it may ask whether the head holds them (the chaos runner, seed 7: refused 403, they
+    sat on b3's disk alone until it was wiped). The head took them with b3's answer."""
     node.routes.update(route(6, [
         seg(0, "b2", 0, 0, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
         seg(1, "b1", 0, None, "active", 0)]))
 
     async def ask_freeze(seg, key, best=None):
-        return (0, 3)
+        return Found(0, 3, [[1, 2, 0]])
     node.pop._ask_freeze = ask_freeze
     with pytest.raises(ApiError) as e:
         await node.pop.adopt(KEY, [[1, 2]], caller="b4")
     assert e.value.status == 403, "b4 never held any gen of the queue"
-    assert await node.pop.adopt(KEY, [[1, 2]], caller="b3") == 1
+    assert await node.pop.adopt(KEY, [[1, 2]], caller="b3") == 0
     st = node.pop.states[KEY]
     assert 1 in st.ready and st.in_flight[1].attempt == 2, "due here at once, its attempts kept"
 

@@ -13,7 +13,7 @@ import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import structlog
@@ -70,6 +70,21 @@ def invalid_handle(why: str) -> ApiError:
 
 def handle_expired(why: str) -> ApiError:
     return rejection(409, "HANDLE_EXPIRED", f"the handle no longer names a delivery in flight: {why}")
+
+
+class Found(NamedTuple):
+    """An older holder's pop state of a key as it answered a takeover: its gen, its pop offset, and the deliveries
+    it had in flight ([offset, attempt, deadline_ms]), which the asker adopts if it starts from this state."""
+    gen: int
+    next_offset: int
+    deliveries: list[list[int]]
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> "Found | None":
+        if not body.get("found"):
+            return None
+        return cls(int(body["gen"]), int(body["next_offset"]),
+                   [[int(o), int(attempt), int(deadline)] for o, attempt, deadline in body.get("deliveries", [])])
 
 
 def _next_incarnation(path: str) -> int:
@@ -536,6 +551,7 @@ class PopService:
                             "(group, topic, queue)", limit=POP_QUEUES_MAX)
         best: tuple[int, int] | None = (st.gen, st.next_offset) if st is not None else None
         copied: QueueState | None = None   # this broker's copy of a lost leader's state, when it is the newest
+        handed: list[list[int]] = []       # the deliveries in flight of best, when an older holder answered it
         held = self.replica.states.get(key)
         held_gen = held.gen if held is not None else None   # logged: what a takeover started from is told
         asked = {self.me}                                 # brokers whose own state is known
@@ -549,8 +565,8 @@ class PopService:
                 # with no copy in sync to take over); the copies it waited for hold what it acknowledged (the chaos
                 # runner, seed 9: two groups started over from offset 0)
                 got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
-                if got is not None and (best is None or got[0] > best[0]):
-                    best, copied = got, None
+                if got is not None and (best is None or got.gen > best[0]):
+                    best, copied, handed = (got.gen, got.next_offset), None, got.deliveries
                 continue
             if seg.sealer == self.me or (seg.sealer in asked and best is not None and best[0] > seg.gen):
                 asked.add(seg.broker)
@@ -578,8 +594,8 @@ class PopService:
                         best, copied = (mine.gen, mine.next_offset), mine
                         continue
                     got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
-                    if got is not None and (best is None or got[0] > best[0]):
-                        best, copied = got, None
+                    if got is not None and (best is None or got.gen > best[0]):
+                        best, copied, handed = (got.gen, got.next_offset), None, got.deliveries
                 continue
             asked.add(seg.broker)
             got = await self._ask_freeze(seg, key, best)
@@ -595,8 +611,8 @@ class PopService:
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
             # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
             # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
-            if got is not None and (best is None or got[0] > best[0] or (copied is not None and got[0] == best[0])):
-                best, copied = got, None
+            if got is not None and (best is None or got.gen > best[0] or (copied is not None and got.gen == best[0])):
+                best, copied, handed = (got.gen, got.next_offset), None, got.deliveries
         if copied is not None:
             self.replica.take(key)
             st = self.states[key] = self._from_copy(copied, st, head.gen)
@@ -609,16 +625,20 @@ class PopService:
         if st is None:
             st = self.states[key] = QueueState(key, start, head.gen)
         else:
-            if best[0] > st.gen and not st.frozen:
-                # A failover deposed this broker (a remap would have frozen it): the copy elected took its deliveries
-                # in flight over, and the heads since hold what became of them (the chaos runner, seed 884: acked
-                # pops delivered again once a remap brought the queue back here)
+            if best[0] > st.gen:
+                # A later state holds what became of this broker's deliveries in flight: a failover deposed it (the
+                # copy elected took them over; the chaos runner, seed 884: acked pops delivered again once a remap
+                # brought the queue back here), or a remap froze it (the head that froze it took them with its answer)
                 st.drop_deliveries()
             st.next_offset = max(start, st.next_offset) if best[0] == st.gen else start
             st.gen, st.frozen = head.gen, False
+        # The older head's deliveries in flight are this head's from now on, durable here (and on this head's
+        # copies) before anything is popped: the older head drops them only once this takeover is (``adopt``)
+        if self._adopt_into(st, handed):
+            self.signals.notify(topic)
         self.journal.touch(key)
         await self.journal.durable()
-        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset,
+        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset, adopted=len(handed),
                  from_gen=best[0] if best else None, copy_gen=held_gen, asked=sorted(asked))
         return st
 
@@ -693,19 +713,15 @@ class PopService:
         come due here under new numbers, so every handle made for them before is refused, this broker's own among them
         (elected again, it held a copy of its own deliveries: the chaos runner's fixed seed saw an ack of a handle it
         had since superseded answered ok), and they are delivered again once due, at least once; the whole state is
-        written to this broker's journal. Deliveries of an older state of its own stay in flight beside them when a
-        remap froze it (they are this broker's to hand over); not when a failover deposed it: the copy elected then
-        took them over, and the copy holds what became of them (the chaos runner, seed 9: a leader deposed, elected
-        again later, delivered again what the heads between had delivered and seen acked). Their journal lines
-        are removed with this state's first line."""
+        written to this broker's journal. Deliveries of an older state of its own are dropped: the copy, of a later
+        gen, holds what became of them, whether a failover deposed this broker (the copy elected took them over;
+        the chaos runner, seed 9: a leader deposed, elected again later, delivered again what the heads between had
+        delivered and seen acked) or a remap froze it (the head that froze it adopted them with its answer). Their
+        journal lines are removed with this state's first line."""
         st = QueueState(copied.key, copied.next_offset, gen)
-        if own is not None and own.frozen:
-            for offset, d in own.in_flight.items():
-                st.in_flight[offset] = Delivery(d.seq, d.attempt, d.deadline_ms, False, d.dead)
-        elif own is not None:
+        if own is not None:
             own.drop_deliveries()
             st.removed = own.removed   # the journal's lines of own's deliveries precede this state's
-        if own is not None:
             st.moved_below = own.moved_below   # own's handles of what it handed over or dropped stay refused
         for offset, d in sorted(copied.in_flight.items()):
             st.in_flight[offset] = Delivery(self._next_seq(), d.attempt, d.deadline_ms, False, d.dead)
@@ -726,12 +742,12 @@ class PopService:
                             f"pushing leader's {leader_gen}", topic=topic, queue=queue, gen=head.gen)
         await self.replica.apply(topic, queue, reset, lines)
 
-    async def _ask_freeze(self, seg: Segment, key: Key, best: tuple[int, int] | None) -> tuple[int, int] | None:
-        """An older head's pop state of ``key`` as (gen, next offset), frozen there first; None when it has none.
+    async def _ask_freeze(self, seg: Segment, key: Key, best: tuple[int, int] | None) -> Found | None:
+        """An older head's pop state of ``key``, frozen there first; None when it has none.
         A broker that cannot answer stops the takeover (503 BROKER_UNAVAILABLE): starting without its pop offset
         could deliver twice."""
         body = await self.reader.peers.request("POST", seg, self._handover_path(key, None, best))
-        return (body["gen"], body["next_offset"]) if body.get("found") else None
+        return Found.of(body)
 
     def _handover_path(self, key: Key, copy_of_gen: int | None = None, best: tuple[int, int] | None = None) -> str:
         """``best``: the (gen, next offset) of the state the asker holds already; an older one is neither frozen
@@ -742,7 +758,7 @@ class PopService:
         return path if best is None else f"{path}&above_gen={best[0]}"
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str], asked_copies: set[tuple[str, int]],
-                          empty: set[str], best: tuple[int, int] | None) -> tuple[int, int] | None:
+                          empty: set[str], best: tuple[int, int] | None) -> Found | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
         broker's own; else the newest older state a copy answered with, its own; None when every one answered that
         it holds none. One that does not answer, while none that did holds it, stops the takeover (503
@@ -753,7 +769,7 @@ class PopService:
         topic = key[1]
         path = self._handover_path(key, seg.gen, best)
         unanswered: dict[str, str] = {}
-        older: tuple[int, int] | None = None   # a copy's own state of an older gen: it is not asked again
+        older: Found | None = None   # a copy's own state of an older gen: it is not asked again
         # A broker asked for a later gen's copy may hold a copy of this one: asked again (the chaos runner, seed 9:
         # b2, asked for gen 2's state, held gen 0's copy and was never asked for it; the head started over from 0)
         for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync)
@@ -766,15 +782,16 @@ class PopService:
                 unanswered[copy] = e.code if isinstance(e, ApiError) else e.reason
                 log.info("pop_handover_copy_unanswered", key=key, copy=copy, why=unanswered[copy])
                 continue
-            if not body.get("found"):
+            found = Found.of(body)
+            if found is None:
                 empty.add(copy)   # nothing of its own: a gen it led is asked of that gen's copies
-            if body.get("found") and body["gen"] >= seg.gen:
-                return body["gen"], body["next_offset"]
-            if body.get("found") and (older is None or body["gen"] > older[0]):
+            elif found.gen >= seg.gen:
+                return found
+            elif older is None or found.gen > older.gen:
                 # The copy led an older gen (the chaos runner, seed 9: a queue remapped twice before the second
                 # head popped it; the first head, asked here as a copy, was then passed over as an older head
                 # already asked, and the third started the group from offset 0)
-                older = (body["gen"], body["next_offset"])
+                older = found
         if unanswered:
             raise rejection(503, "BROKER_UNAVAILABLE", f"the pop state of queue {key[2]} of {topic!r} under gen "
                             f"{seg.gen} is held by none that answered, and {sorted(unanswered)} did not: starting "
@@ -818,10 +835,12 @@ class PopService:
                 # a power loss, asked b3 for a copy of a gen it had led itself; b3 froze its own gen-0 state, older
                 # than b1's own, and handed over a delivery b1 had since seen acked: delivered again)
                 return {"found": False}
-            # One owner per delivery: every one in flight goes to the head now, due or not, and its handle is
-            # refused here from now on. Kept here until due, they sat on this broker's disk alone: wiped before
-            # then, they were never delivered again (the chaos runner, seed 7); copies of this broker's state could
-            # not stand in, the head's own copies holding the head's state alone.
+            # One owner per delivery: every one in flight goes to the head now, due or not, in this answer, and its
+            # handle is refused here from now on. Kept here until due, they sat on this broker's disk alone: wiped
+            # before then, they were never delivered again (the chaos runner, seed 7); copies of this broker's state
+            # could not stand in, the head's own copies holding the head's state alone. Handed over only by a push
+            # after this answer, they sat on this disk alone until the push got through (the same fault, narrower).
+            # They stay here until the head confirms its takeover durable (``_push_expired``).
             was = (st.frozen, st.moved_below)
             st.frozen = True
             st.hand_over_all()
@@ -829,7 +848,9 @@ class PopService:
                 self.journal.touch(key)
                 await self.journal.durable()
             self._hand_over_soon(key)
-            return {"found": True, "gen": st.gen, "next_offset": st.next_offset, "in_flight": len(st.in_flight)}
+            handed = [[o, st.in_flight[o].attempt, st.in_flight[o].deadline_ms] for o in st.ready if o in st.in_flight]
+            return {"found": True, "gen": st.gen, "next_offset": st.next_offset, "in_flight": len(st.in_flight),
+                    "deliveries": handed}
 
     def _hand_over_soon(self, key: Key) -> None:
         if key not in self._handing:
@@ -845,8 +866,9 @@ class PopService:
 
     async def _push_expired(self, key: Key) -> bool:
         """One push of a frozen key's deliveries (``ready``: all of them once frozen, due or not) to the current head,
-        with their deadlines; this broker removes them once the head has them durably. False when it should be tried
-        again later."""
+        with their deadlines; this broker removes them once the head answers that its takeover, which adopted them
+        from this broker's answer to ``freeze`` (or from a later state that did), is durable. False when it should be
+        tried again later."""
         st = self.states.get(key)
         if st is None or not st.frozen or not st.ready:
             return True
@@ -872,12 +894,15 @@ class PopService:
         return not st.ready
 
     async def adopt(self, key: Key, deliveries: list[list[int]], caller: str | None = None) -> int:
-        """Deliveries of an older head ([offset, attempt] due now, or [offset, attempt, deadline_ms]): delivered
-        again from here once due, before anything new. A broker
-        ``caller`` must be one the log names as a holder of an older gen of the queue (its leader, a copy, its
-        sealer), or this broker itself (None: an admin). A copy hands over too: asked for the state of a gen whose
-        leader held none, it made its copy its own (``freeze``); refused, its deliveries in flight sat on its disk
-        alone (the chaos runner, seed 7: 403, then that broker was wiped, and a popped message never came back)."""
+        """Deliveries of an older head ([offset, attempt] due now, or [offset, attempt, deadline_ms]). From an
+        admin (``caller`` None): delivered again from here once due, before anything new. From a broker, which must
+        be one the log names as a holder of an older gen of the queue (its leader, a copy, its sealer): a frozen
+        older head asking whether this head's takeover is durable; it is once this returns, and that takeover
+        adopted them already, from the older head's answer to ``freeze`` or from a later state that had, so none is
+        taken here (taken again, one acked here since would be delivered again). A copy hands over too: asked for
+        the state of a gen whose leader held none, it made its copy its own (``freeze``); refused, its deliveries in
+        flight sat on its disk alone (the chaos runner, seed 7: 403, then that broker was wiped, and a popped
+        message never came back)."""
         group, topic, queue = key
         head = self.routes.head(topic, queue)
         if head is None or head.broker != self.me:
@@ -891,18 +916,25 @@ class PopService:
             st = await self._state_for(key)
             if st is None:
                 raise not_leader(topic, queue, self.routes.head(topic, queue))
-            now = now_ms()
-            taken = 0
-            for offset, attempt, *deadline in deliveries:
-                if offset in st.in_flight or offset >= st.next_offset:
-                    continue
-                d = st.adopt(offset, self._next_seq(), attempt, now, deadline[0] if deadline else 0)
-                if offset not in st.ready:
-                    self._schedule(key, offset, d.seq, d.deadline_ms)
-                taken += 1
+            taken = self._adopt_into(st, deliveries if caller is None else [])
             self.journal.touch(key)
             await self.journal.durable()
-        self.signals.notify(topic)
+        if taken:
+            self.signals.notify(topic)
+        return taken
+
+    def _adopt_into(self, st: QueueState, deliveries: list[list[int]]) -> int:
+        """Older deliveries ([offset, attempt] due now, or [offset, attempt, deadline_ms]) in flight in ``st``,
+        scheduled; none already in flight here or at or past its pop offset. The caller makes the state durable."""
+        now = now_ms()
+        taken = 0
+        for offset, attempt, *deadline in deliveries:
+            if offset in st.in_flight or offset >= st.next_offset:
+                continue
+            d = st.adopt(offset, self._next_seq(), attempt, now, deadline[0] if deadline else 0)
+            if offset not in st.ready:
+                self._schedule(st.key, offset, d.seq, d.deadline_ms)
+            taken += 1
         return taken
 
     # -- what operators see --------------------------------------------------------------------------------------
