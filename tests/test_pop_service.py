@@ -287,6 +287,30 @@ async def test_an_older_head_s_own_answer_beats_a_copy_of_its_state_held_here(no
     assert st.next_offset == 30, "started from the copy, not from the leader's own answer"
 
 
+async def test_a_takeover_from_a_later_gen_s_state_asks_nobody_about_older_gens(node, monkeypatch):
+    """The chaos runner, seed 49: b1, elected to seal gen 1 (led by b3) with its copy of b3's state, leads gen 2.
+    b2, gen 0's leader, is fenced and does not answer; the copy of gen 1 holds what became of gen 0's pops, so the
+    takeover starts from it without asking b2 (asked, b2 held the takeover back until b1's disk, the copy's one
+    holder left, was lost, and the group started over from offset 0)."""
+    from broker.pop.state import Delivery, QueueState
+    node.routes.update(route(9, [
+        seg(0, "b2", 0, 40, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
+        seg(1, "b3", 40, 60, "sealed", replicas=["b3", "b1"], in_sync=["b1"], sealer="b1"),
+        seg(2, "b1", 60, None, "active")]))
+    copy = node.pop.replica.states[KEY] = QueueState(KEY, 55, 1)
+    copy.in_flight[50] = Delivery(7, 1, 0)
+    asked = []
+
+    async def ask_freeze(seg, key, best=None):
+        asked.append(seg.broker)
+        raise rejection(503, "BROKER_UNAVAILABLE", f"{seg.broker} does not answer")
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert asked == [], "nobody asked about gen 0"
+    assert (st.gen, st.next_offset, sorted(st.in_flight)) == (2, 55, [50]), "from the copy of gen 1"
+
+
 async def test_a_takeover_holding_a_state_already_asks_older_heads_and_copies_only_for_newer_ones(node, monkeypatch):
     """The asker's half of ``freeze``'s ``above_gen`` (the chaos runner's fixed seed 884): b1 holds its own state of
     gen 0 and takes gen 2 over; b2 (gen 1's leader) and b3 (gen 1's copy) are told so, and an older state of theirs

@@ -560,6 +560,13 @@ class PopService:
         for seg in reversed(await self.reader.history(topic, queue)):
             if seg.gen >= head.gen or len(asked) > HANDOVER_PEERS_MAX:
                 continue
+            if best is not None and seg.gen < best[0]:
+                # A later gen's state is known: it holds what became of this gen's pops (each takeover adopts the
+                # deliveries in flight of the state it starts from, with its answer), so nobody is asked about this
+                # one. Asked, an older head that did not answer stopped the takeover (the chaos runner, seed 49:
+                # b3, elected with its copy of gen 7, asked gen 5's leader, fenced, and never took over; when b3's
+                # disk was lost the copy went with it, and the group started over from offset 0)
+                continue
             if seg.broker == self.me and (st is None or st.gen < seg.gen) and (best is None or best[0] < seg.gen):
                 # This broker led that gen and holds nothing of it: back on an empty disk, it leads on (a restart
                 # with no copy in sync to take over); the copies it waited for hold what it acknowledged (the chaos
