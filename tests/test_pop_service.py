@@ -871,6 +871,32 @@ async def test_a_leader_back_on_an_empty_disk_takes_its_older_gen_s_state_from_i
     assert asked == [("b2", "0")] and (st.gen, st.next_offset) == (1, 9)
 
 
+async def test_a_sealer_without_a_copy_of_its_gen_asks_the_copies_of_the_gen_its_leader_popped_under(node, monkeypatch):
+    """The chaos runner, seed 49 (second run): b2 led gen 0 and grew the queue into gen 1 without popping under it;
+    b1 (this broker), in gen 1's in-sync set but never in gen 0's, is elected to seal gen 1 and leads gen 2. It
+    holds no copy of gen 1's state (there is none: b2 answered no pop under it), so b2's state is gen 0's, held by
+    gen 0's copy b3: asked for it, not b2 (lost), and that is where b1 starts. Taking its lack of a copy for the
+    answer, b1 started the group over from offset 0."""
+    node.routes.update(route(6, [
+        seg(0, "b2", 0, 9, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"], sealer="b2"),
+        seg(1, "b2", 9, 9, "sealed", replicas=["b2", "b1", "b3"], in_sync=["b1"], sealer="b1"),
+        seg(2, "b1", 9, None, "active", replicas=["b1", "b3"], in_sync=["b1"])]))
+    asked = []
+
+    async def ask_freeze(seg, key, best=None):
+        raise AssertionError(f"{seg.broker}, the lost leader, is asked")
+
+    async def call(method, broker, address, path, json=None):
+        asked.append((broker, path.split("copy_of_gen=")[-1].split("&")[0]))
+        return {"found": True, "gen": 0, "next_offset": 7, "deliveries": [[5, 1, 0]]}
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert asked == [("b3", "0")], "gen 0's copy, for gen 0's state"
+    assert (st.gen, st.next_offset, sorted(st.in_flight)) == (2, 7, [5]), "from it, its delivery in flight adopted"
+
+
 async def test_a_copy_asked_for_a_later_gen_is_asked_again_for_an_older_one(node, monkeypatch):
     """b1 led gen 0 and lost its disk; b3 led gen 1 and never popped; b1 leads gen 2. b2 holds a copy of gen 0 only:
     asked for gen 1's it has none, asked for gen 0's it answers, and that is where b1 starts."""

@@ -575,19 +575,19 @@ class PopService:
                 if got is not None and (best is None or got.gen > best[0]):
                     best, copied, handed = (got.gen, got.next_offset), None, got.deliveries
                 continue
-            if seg.sealer == self.me or (seg.sealer in asked and best is not None and best[0] > seg.gen):
+            if seg.sealer == self.me:
+                # A failover elected a copy held here to seal it: that copy was in sync, so this broker's copy of its
+                # leader's pop state under this gen holds every ack the leader answered under it (replication/
+                # pop_copies.py); the leader, lost, is not asked (the chaos runner, seed 7: b3, elected to seal b2's
+                # gen 8, passed it by and started from an older state of its own: 43 acknowledged pops again). With
+                # no copy of this gen here, the leader answered no pop under it: its state is of an older gen, and a
+                # gen it led is asked of that gen's copies (seed 49: b2, elected to seal b1's gen 3, which b1 had
+                # grown into without popping, took its lack of a copy for the answer; gen 2's copies, holding
+                # b1's state, were never asked, and the group started over from offset 0)
                 asked.add(seg.broker)
-                # A failover elected a copy held here (or by a broker asked already, whose state of a later gen is
-                # known) to seal it: that copy was in sync, so this broker's copy of its leader's pop state holds
-                # every ack the leader answered (replication/pop_copies.py); the leader, lost, is not asked. A
-                # sealer asked only for another gen's copy, with no later state known, proves nothing: it is asked
-                # for this gen's (the chaos runner, seed 9: b2, asked for gen 4's copy, held gen 3's; b3, wiped,
-                # started the group from offset 0 without asking anyone for gen 3). Before a leader asked already is
-                # passed by: b3, elected to seal b2's gen 8 and then restarted twice, had asked b2 (wiped) for gen
-                # 9's copy and passed gen 8 by, its own copy of it unused (seed 7: from its older gen 7 state, it
-                # delivered again 43 acknowledged pops)
+                empty.add(seg.broker)
                 rep = self.replica.states.get(key)
-                if rep is not None and rep.gen <= seg.gen and (best is None or rep.gen > best[0]):
+                if rep is not None and rep.gen == seg.gen and (best is None or rep.gen > best[0]):
                     best, copied = (rep.gen, rep.next_offset), rep
                 continue
             if seg.broker in asked:
