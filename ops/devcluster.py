@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ops import forkserver
 from runtime.credentials import token_hash
 
 PORTS_LOW = 20000
@@ -110,6 +111,8 @@ def _broker_port(base: int, i: int) -> int:
 
 def _spawn(dir_: str, name: str, argv: list[str]) -> int:
     os.makedirs(os.path.join(dir_, "logs"), exist_ok=True)
+    if forkserver.wanted():
+        return forkserver.CLIENT.spawn(argv, dir_, _log_path(dir_, name))
     log = open(_log_path(dir_, name), "ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, cwd=dir_)

@@ -90,7 +90,8 @@ def test_broker_serve_exits_at_once_naming_an_http_address_in_use(tmp_path):
 # -- stator dev up --------------------------------------------------------------------------------------------------
 
 def processes_of(dir_: str) -> list[int]:
-    """Live processes whose command line names the cluster's directory (every member's does: --config DIR/...)."""
+    """Live processes whose command line names the cluster's directory (every member's does: --config DIR/...) or
+    that run in it (every member does; one forked by ops/forkserver.py has the fork server's command line)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -98,11 +99,12 @@ def processes_of(dir_: str) -> list[int]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().decode(errors="replace")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
             with open(f"/proc/{entry}/stat") as f:
                 zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"  # dead, waiting for its parent to reap it
         except OSError:
             continue
-        if dir_ in cmdline and not zombie and int(entry) != os.getpid():
+        if (dir_ in cmdline or cwd.startswith(dir_)) and not zombie and int(entry) != os.getpid():
             found.append(int(entry))
     return found
 
