@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import weakref
 from dataclasses import dataclass
 
 import aiohttp
@@ -135,18 +134,28 @@ class ClosingConnector(aiohttp.TCPConnector):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._made: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()
+        # Not a WeakSet: uvloop's transports (the servers' loop) take no weak reference. Those whose socket is
+        # closed are dropped at each new connection, so this holds the open ones and the few closed since.
+        self._made: set[asyncio.BaseTransport] = set()
 
     async def _wrap_create_connection(self, *args, **kwargs):
         transport, protocol = await super()._wrap_create_connection(*args, **kwargs)
+        self._made = {t for t in self._made if _socket_open(t)}
         self._made.add(transport)
         return transport, protocol
 
     async def close(self, *args, **kwargs) -> None:
         await super().close(*args, **kwargs)
-        for transport in list(self._made):
-            transport.abort()   # harmless on one closed already
+        made, self._made = self._made, set()
+        for transport in made:
+            if _socket_open(transport):
+                transport.abort()
         await asyncio.sleep(0)  # the sockets close at the loop's next pass
+
+
+def _socket_open(transport: asyncio.BaseTransport) -> bool:
+    sock = transport.get_extra_info("socket")
+    return sock is not None and sock.fileno() != -1
 
 
 def connector(ctx: ssl.SSLContext | None) -> aiohttp.TCPConnector | None:
