@@ -641,11 +641,12 @@ class PopService:
             st.gen, st.frozen = head.gen, False
         # The older head's deliveries in flight are this head's from now on, durable here (and on this head's
         # copies) before anything is popped: the older head drops them only once this takeover is (``adopt``)
-        if self._adopt_into(st, handed):
+        adopted = self._adopt_into(st, handed)
+        if adopted:
             self.signals.notify(topic)
         self.journal.touch(key)
         await self.journal.durable()
-        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset, adopted=len(handed),
+        log.info("pop_state_taken_over", key=key, gen=head.gen, start=st.next_offset, adopted=adopted,
                  from_gen=best[0] if best else None, copy_gen=held_gen, asked=sorted(asked))
         return st
 
