@@ -897,6 +897,27 @@ async def test_a_sealer_without_a_copy_of_its_gen_asks_the_copies_of_the_gen_its
     assert (st.gen, st.next_offset, sorted(st.in_flight)) == (2, 7, [5]), "from it, its delivery in flight adopted"
 
 
+async def test_a_leader_back_on_an_empty_disk_asks_the_copies_a_fence_took_out_of_sync_last(node, monkeypatch):
+    """The chaos runner, seed 49 (third run): b1 led gen 0; b3 was fenced out of its in-sync set and came back on its
+    disk, its copy of b1's state kept; b1 lost its disk and leads on in gen 1 (cause disk_lost). Gen 0's in-sync
+    set is b1 alone: b3, out of sync, is asked after it, and b1 starts from b3's copy. b2, out of sync and not
+    answering, does not hold the takeover back (asking only the in-sync set, b1 started the group from 0)."""
+    node.routes.update(route(6, [
+        seg(0, "b1", 0, 9, "sealed", replicas=["b1", "b2", "b3"], in_sync=["b1"], sealer="b1"),
+        seg(1, "b1", 9, None, "active", replicas=["b1", "b2", "b3"], in_sync=["b1"], sealer="b1")]))
+    asked = []
+
+    async def call(method, broker, address, path, json=None):
+        asked.append((broker, path.split("copy_of_gen=")[-1].split("&")[0]))
+        if broker == "b2":
+            raise rejection(503, "BROKER_UNAVAILABLE", "b2 is down")
+        return {"found": True, "gen": 0, "next_offset": 8, "deliveries": []}
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert sorted(asked) == [("b2", "0"), ("b3", "0")] and (st.gen, st.next_offset) == (1, 8)
+
+
 async def test_a_copy_asked_for_a_later_gen_is_asked_again_for_an_older_one(node, monkeypatch):
     """b1 led gen 0 and lost its disk; b3 led gen 1 and never popped; b1 leads gen 2. b2 holds a copy of gen 0 only:
     asked for gen 1's it has none, asked for gen 0's it answers, and that is where b1 starts."""

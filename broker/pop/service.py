@@ -767,9 +767,10 @@ class PopService:
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str], asked_copies: set[tuple[str, int]],
                           empty: set[str], best: tuple[int, int] | None) -> Found | None:
-        """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set), frozen there as that
-        broker's own; else the newest older state a copy answered with, its own; None when every one answered that
-        it holds none. One that does not answer, while none that did holds it, stops the takeover (503
+        """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set, then its other replicas),
+        frozen there as that broker's own; else the newest older state a copy answered with, its own; None when every
+        one answered that it holds none. One of the sealer and the in-sync set that does not answer, while none that
+        did holds it, stops the takeover (503
         BROKER_UNAVAILABLE, retried at the next pop): each copy the leader waited for holds every ack it answered,
         and starting from an older state, or from the queue's start, would deliver them again (the chaos runner,
         seed 9: a head cut off from every broker while it took over started from offset 0, and 300 acknowledged
@@ -780,15 +781,21 @@ class PopService:
         older: Found | None = None   # a copy's own state of an older gen: it is not asked again
         # A broker asked for a later gen's copy may hold a copy of this one: asked again (the chaos runner, seed 9:
         # b2, asked for gen 2's state, held gen 0's copy and was never asked for it; the head started over from 0)
-        for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync)
+        # The replicas out of sync last: a fence takes a copy out of the in-sync set, not its copy of the state, and
+        # a copy held where the leader's acks were refused below min_insync (the chaos runner, seed 49, third run:
+        # b3, fenced out of gen 2's set and back on its disk, held b1's state; b1, back on an empty disk, asked
+        # gen 2's in-sync set, itself alone, and started the group over from offset 0)
+        for copy in dict.fromkeys(b for b in (seg.sealer, *seg.in_sync, *seg.replicas)
                                   if b and b not in (self.me, seg.broker) and (b, seg.gen) not in asked_copies):
             asked_copies.add((copy, seg.gen))
             asked.add(copy)   # its own state is in its answer: not asked again as an older gen's leader
             try:
                 body = await self.reader.peers.call("POST", copy, self.routes.address(topic, copy), path)
             except (ApiError, Unreachable) as e:
-                unanswered[copy] = e.code if isinstance(e, ApiError) else e.reason
-                log.info("pop_handover_copy_unanswered", key=key, copy=copy, why=unanswered[copy])
+                why = e.code if isinstance(e, ApiError) else e.reason
+                log.info("pop_handover_copy_unanswered", key=key, copy=copy, why=why)
+                if copy == seg.sealer or copy in seg.in_sync:   # one out of sync holds no more than they do
+                    unanswered[copy] = why
                 continue
             found = Found.of(body)
             if found is None:
