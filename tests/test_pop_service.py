@@ -473,8 +473,8 @@ async def test_a_takeover_of_a_copy_that_could_not_finish_is_tried_again_only_af
 
     async def request(method, segment, path, *a, **kw):
         asked.append(path)
-        if len(asked) == 1:
-            raise rejection(503, "BROKER_UNAVAILABLE", "b2 is down")
+        if len(asked) == 1:   # b2 alive but behind: the takeover waits for it (one that does not answer at all is
+            raise rejection(503, "CATCHING_UP", "b2 has not seen the route")   # passed for the copies it waited for)
         return {"found": False}
     monkeypatch.setattr(node.reader.peers, "request", request)
     node.pop.take_over_copies_soon()
@@ -916,6 +916,33 @@ async def test_a_leader_back_on_an_empty_disk_asks_the_copies_a_fence_took_out_o
     async with node.pop.locks.hold(KEY):
         st = await node.pop._state_for(KEY)
     assert sorted(asked) == [("b2", "0"), ("b3", "0")] and (st.gen, st.next_offset) == (1, 8)
+
+
+async def test_a_leader_that_does_not_answer_is_passed_for_the_copies_it_waited_for_and_only_for_them(node, monkeypatch):
+    """The chaos runner, seed 63: b2 led gen 0 and is cut off; b3, in its in-sync set, holds its state. b1 takes
+    gen 1 over from b3's copy rather than wait for b2 (it waited 29 s, until every holder had lost its disk). With
+    no copy holding it, the takeover waits for b2: its disk may be the only one that does."""
+    node.routes.update(route(6, [
+        seg(0, "b2", 0, 9, "sealed", replicas=["b2", "b3"], in_sync=["b2", "b3"]),
+        seg(1, "b1", 9, None, "active", replicas=["b1", "b3"], in_sync=["b1"])]))
+    held = {"found": False}   # what b3 answers
+
+    async def ask_freeze(seg, key, best=None):
+        raise rejection(503, "BROKER_UNAVAILABLE", "b2 does not answer")
+
+    async def call(method, broker, address, path, json=None):
+        assert broker == "b3"
+        return held
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    with pytest.raises(ApiError) as e:
+        async with node.pop.locks.hold(KEY):
+            await node.pop._state_for(KEY)
+    assert e.value.code == "BROKER_UNAVAILABLE" and KEY not in node.pop.states, "no copy holds it: wait for b2"
+    held = {"found": True, "gen": 0, "next_offset": 8, "deliveries": [[6, 2, 0]]}
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert (st.gen, st.next_offset, sorted(st.in_flight)) == (1, 8, [6]), "from b3's copy, its delivery adopted"
 
 
 async def test_a_copy_asked_for_a_later_gen_is_asked_again_for_an_older_one(node, monkeypatch):

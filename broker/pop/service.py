@@ -605,16 +605,28 @@ class PopService:
                         best, copied, handed = (got.gen, got.next_offset), None, got.deliveries
                 continue
             asked.add(seg.broker)
-            got = await self._ask_freeze(seg, key, best)
+            try:
+                got, lost = await self._ask_freeze(seg, key, best), None
+            except ApiError as e:
+                if e.code != "BROKER_UNAVAILABLE":
+                    raise
+                # Its leader does not answer (lost, or cut off): the copies it waited for hold every ack it answered,
+                # and a copy refuses a deposed leader's pushes once it knows a newer head, so no ack is answered ok
+                # there after this. Waiting for the leader held the takeover back while its copies lost their disks
+                # one by one (the chaos runner, seed 63: 29 s, until no holder of gen 7's state was left)
+                log.info("pop_handover_leader_unanswered", key=key, leader=seg.broker, gen=seg.gen)
+                got, lost = None, e
             if got is None:
                 empty.add(seg.broker)
-                # Its leader holds nothing (back on an empty disk, maybe): the copies it waited for hold what it
-                # acknowledged, this broker's own among them
+                # Its leader holds nothing (back on an empty disk, maybe) or does not answer: the copies it waited
+                # for hold what it acknowledged, this broker's own among them
                 mine = self._copy_here(seg, key)
                 if mine is not None and (best is None or mine.gen > best[0]):
                     best, copied = (mine.gen, mine.next_offset), mine
                     continue
                 got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
+                if got is None and lost is not None:
+                    raise lost   # no copy holds it: the leader's disk may be the only one that does
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
             # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
             # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
