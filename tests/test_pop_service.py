@@ -945,6 +945,32 @@ async def test_a_leader_that_does_not_answer_is_passed_for_the_copies_it_waited_
     assert (st.gen, st.next_offset, sorted(st.in_flight)) == (1, 8, [6]), "from b3's copy, its delivery adopted"
 
 
+async def test_a_copy_that_did_not_answer_is_still_asked_as_an_older_gen_s_leader(node, monkeypatch):
+    """The chaos runner, seed 49 (fourth run): b1 led gen 1 without popping and holds nothing; asked for gen 1's
+    copies, b2 holds none and b3, out of sync and cut off, does not answer. b3 led gen 0: it is asked for that as
+    its leader, and b1 starts from its answer (marked asked though it never answered, gen 0 was passed by and
+    the group started from an older state)."""
+    node.routes.update(route(6, [
+        seg(0, "b3", 0, 20, "sealed", replicas=["b3", "b1", "b2"], in_sync=["b3", "b2"]),
+        seg(1, "b1", 20, 20, "sealed", replicas=["b1", "b2", "b3"], in_sync=["b1", "b2"], sealer="b1"),
+        seg(2, "b1", 20, None, "active", replicas=["b1", "b2"], in_sync=["b1"])]))
+    frozen = []
+
+    async def call(method, broker, address, path, json=None):
+        if broker == "b3":
+            raise rejection(503, "BROKER_UNAVAILABLE", "b3 is cut off")
+        return {"found": False}
+
+    async def ask_freeze(seg, key, best=None):
+        frozen.append(seg.broker)
+        return Found(0, 17, [])
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert frozen == ["b3"] and (st.gen, st.next_offset) == (2, 17), "gen 0's state, from b3"
+
+
 async def test_a_copy_asked_for_a_later_gen_is_asked_again_for_an_older_one(node, monkeypatch):
     """b1 led gen 0 and lost its disk; b3 led gen 1 and never popped; b1 leads gen 2. b2 holds a copy of gen 0 only:
     asked for gen 1's it has none, asked for gen 0's it answers, and that is where b1 starts."""
