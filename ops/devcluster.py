@@ -368,23 +368,23 @@ def _group_alive(pgid: int) -> bool:
     if not os.path.isdir("/proc"):
         return True
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields is not None and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
             return True
     return False
 
 
 def _state(pid: int) -> str | None:
     """The process's state letter from /proc (Linux), None where there is no /proc."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...); None when unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+            return f.read().rsplit(b")", 1)[1].decode().split() or None
     except (OSError, IndexError):
         return None
 

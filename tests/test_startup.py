@@ -158,3 +158,34 @@ def test_dev_up_with_members_never_ready_stops_them_all_and_names_them(tmp_path)
     for name in ("m1", "m2"):
         assert f"{name} (pid " in str(e.value) and os.path.join(dir_, "logs", f"{name}.log") in str(e.value)
     assert "was not ready after 2.0 s" in str(e.value)
+
+
+GROUP_LEADER = """
+import os, signal, sys, time
+child = os.fork()
+if child == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # outlives its leader's SIGTERM, as a child mid-exec may
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_a_stopped_member_is_gone_only_once_its_whole_process_group_is(monkeypatch):
+    """A member leads its own process group, its children in it; a child that outlives the member a moment held the
+    member's sockets (its raft port, when a meta node was killed while it started its projection writer), and the
+    member started again at once found them in use. Stopping waits for the whole group: a child that ignores the
+    SIGTERM is killed after the stop timeout, and only then is the stop over."""
+    monkeypatch.setattr(devcluster, "STOP_TIMEOUT_S", 0.5)
+    leader = subprocess.Popen([sys.executable, "-c", GROUP_LEADER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        child = int(leader.stdout.readline())
+        devcluster._signal_and_wait([leader.pid], signal.SIGTERM)
+        leader.wait(5)
+        assert not devcluster._group_alive(leader.pid), "the child, in the member's group, is gone too"
+        assert devcluster._state(child) in (None, "Z", "X")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
