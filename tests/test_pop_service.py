@@ -698,7 +698,7 @@ async def test_a_frozen_head_hands_each_delivery_to_the_new_head_once_and_keeps_
             "not due: their invisible time goes on at b2"
         assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
         await until(lambda: not node.pop.states[KEY].in_flight)
-        assert pushes[:2] == [[0, 2], [0, 2]], "refused once, asked again: both, though neither is due"
+        assert pushes[:2] == [[], []], "refused once, asked again; the question names no delivery (b2 has them)"
         assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
         async with b2.pop.locks.hold(KEY):
             b2.pop.states[KEY].ack(0)

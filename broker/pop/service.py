@@ -895,10 +895,10 @@ class PopService:
             self._handing.discard(key)
 
     async def _push_expired(self, key: Key) -> bool:
-        """One push of a frozen key's deliveries (``ready``: all of them once frozen, due or not) to the current head,
-        with their deadlines; this broker removes them once the head answers that its takeover, which adopted them
-        from this broker's answer to ``freeze`` (or from a later state that did), is durable. False when it should be
-        tried again later."""
+        """Asks the current head (``pop-adopt``, with no deliveries) whether its takeover of a frozen key is durable;
+        once it answers, this broker drops every delivery it handed over (``ready``: all of them once frozen, due or
+        not). The head took them from this broker's answer to ``freeze``, or from a later state that had them, so
+        the question carries none. False when it should be asked again later."""
         st = self.states.get(key)
         if st is None or not st.frozen or not st.ready:
             return True
@@ -908,14 +908,13 @@ class PopService:
             return True            # the head came back here: the next pop takes the state over, ready ones first
         if head is None or not head.address:
             return False           # routes not followed yet after a restart, or no address: try again shortly
-        batch = {o: st.in_flight[o] for o in list(st.ready)[:IN_FLIGHT_PER_QUEUE_MAX] if o in st.in_flight}
+        handed = {o: st.in_flight[o] for o in st.ready if o in st.in_flight}
         try:
-            await self.reader.peers.request("POST", head, _queue_path("pop-adopt", key),
-                                            {"deliveries": [[o, d.attempt, d.deadline_ms] for o, d in batch.items()]})
+            await self.reader.peers.request("POST", head, _queue_path("pop-adopt", key), {"deliveries": []})
         except ApiError as e:
             log.info("pop_handover_failed", key=key, code=e.code)
             return False
-        for o, d in batch.items():
+        for o, d in handed.items():
             if st.in_flight.get(o) is d:
                 st.ack(o)
                 self._remember(key, o, d.seq, "moved")
