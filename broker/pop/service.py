@@ -73,8 +73,9 @@ def handle_expired(why: str) -> ApiError:
 
 
 class Found(NamedTuple):
-    """An older holder's pop state of a key as it answered a takeover: its gen, its pop offset, and the deliveries
-    it had in flight ([offset, attempt, deadline_ms]), which the asker adopts if it starts from this state."""
+    """An older holder's pop state of a key as it answered a takeover (``freeze`` writes it, ``of`` reads it): its
+    gen, its pop offset, and the deliveries it had in flight ([offset, attempt, deadline_ms]), which the asker
+    adopts if it starts from this state."""
     gen: int
     next_offset: int
     deliveries: list[list[int]]
@@ -879,8 +880,7 @@ class PopService:
                 await self.journal.durable()
             self._hand_over_soon(key)
             handed = [[o, st.in_flight[o].attempt, st.in_flight[o].deadline_ms] for o in st.ready if o in st.in_flight]
-            return {"found": True, "gen": st.gen, "next_offset": st.next_offset, "in_flight": len(st.in_flight),
-                    "deliveries": handed}
+            return {"found": True, "in_flight": len(st.in_flight), **Found(st.gen, st.next_offset, handed)._asdict()}
 
     def _hand_over_soon(self, key: Key) -> None:
         if key not in self._handing:
