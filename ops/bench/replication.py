@@ -32,6 +32,11 @@ stream's leader, from ``$JS.API.STREAM.INFO``) is killed with SIGKILL. The figur
 first acknowledgement of a probe sent after it (and, apart, from the last acknowledgement before it). A trial with no
 such acknowledgement within FAILOVER_TIMEOUT_S reports null and why. The killed member is started again between
 trials (Stator: what ``stator dev start --dir DIR NAME`` runs). Prints one JSON object; progress on stderr.
+
+First, unless ``--no-fill-page-cache``, the page cache is filled with one synced file (ops/bench/page_cache.py), so
+that every pass writes into reclaimed pages as a broker machine in steady state does, not into memory this VM's host
+must back again page by page: without it, replicas=3 (three times the bytes) paid that far more than replicas=1,
+and the ratio wandered 0.35-0.6 between runs of the same code. ``setup.page_cache_fill`` says what it wrote.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ import aiohttp
 
 from ops import devcluster
 from ops.bench import broker_throughput as bt
+from ops.bench import page_cache
 from ops.bench.common import call, cpu_seconds, emit, free_base_port, free_port, loadavg, say, session
 from wire import batch
 
@@ -841,7 +847,12 @@ async def _run(args: argparse.Namespace, tmp: str, binary: str | None, pool: Pro
 
 
 def run(args: argparse.Namespace, binary: str | None) -> dict:
-    with tempfile.TemporaryDirectory(prefix="stator-bench-replication-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stator-bench-replication-") as tmp, contextlib.ExitStack() as stack:
+        fill = None
+        if not args.no_fill_page_cache:
+            say(f"filling the page cache ({page_cache.fill_size_mib(tmp)} MiB; --no-fill-page-cache skips it)")
+            fill = stack.enter_context(page_cache.filled(tmp))
+            say(f"  -> {fill}")
         pool = ProcessPoolExecutor(max_workers=args.generators, initializer=_init_process,
                                    initargs=(os.path.join(tmp, "c"), os.path.join(tmp, "stop")))
         try:
@@ -857,6 +868,7 @@ def run(args: argparse.Namespace, binary: str | None) -> dict:
              "failover": f"probe every {PROBE_EVERY_S * 1000:.0f} ms (timeout {PROBE_TIMEOUT_S} s), kill after "
                          f"{PRE_KILL_S} s of load, wait up to {FAILOVER_TIMEOUT_S} s; Stator kills the broker "
                          f"heading queue 0 of r3, JetStream the stream's leader"}
+    setup["page_cache_fill"] = fill
     if binary is not None:
         setup["jetstream"] = (f"nats-server {_nats_version(binary)} x3, JetStream, one stream of 3 replicas, file "
                               f"storage, subjects {STREAM}.0..{QUEUES - 1}; per batch {bt.BATCH} publish_async then "
@@ -873,6 +885,8 @@ def main() -> None:
     p.add_argument("--failover-trials", type=int, default=5, help="kill -9 trials per side")
     p.add_argument("--skip-jetstream", action="store_true", help="Stator only: no nats-server needed")
     p.add_argument("--skip-failover", action="store_true")
+    p.add_argument("--no-fill-page-cache", action="store_true",
+                   help="measure with the page cache as it is (ops/bench/page_cache.py says why it is filled)")
     args = p.parse_args()
     if args.seconds <= 0 or args.generators < 1 or args.concurrency < 1 or args.failover_trials < 0:
         p.error("--seconds > 0, --generators >= 1, --concurrency >= 1, --failover-trials >= 0")
