@@ -166,7 +166,7 @@ def test_a_compacted_pop_journal_sends_each_led_queue_whole_to_its_copies_at_the
     st.deliver_new(7, 1, 0, 60_000)   # popped, not written yet
     assert copies.collect({st.key: st}, [], 0)[1] == [], "nothing changed: nothing to push"
     copies.resync()
-    extra, pushes = copies.collect({st.key: st}, [], 0)
+    extra, pushes, _ = copies.collect({st.key: st}, [], 0)
     assert [(p.copy, p.reset, p.waited) for p in pushes] == [("b2", True, True)]
     assert pushes[0].lines == [st.full_line()] and st.full_line()[7] == [[7, 1, 1, 60_000, 0]]
     assert extra and extra[0][3] == 8, "the delivery is written here too before the snapshot shows it"
@@ -217,3 +217,45 @@ async def test_a_pop_push_a_waited_copy_missed_is_in_doubt_when_the_head_moves_o
     assert e.value.code == "REPLICATION_UNCONFIRMED" and len(calls) == 2
     stale = PopCopies("b1", lead.routes, lead.tracker, Peers())
     await stale.push([Push(lead.routes.segments("t", 0)[0], "b3", [line], False, False)])   # not waited for: moot
+
+
+async def test_an_ack_whose_queue_moved_away_before_its_round_is_in_doubt_not_ok(tmp_path):
+    """broker/pop/journal.py with pop_copies.py: a round that finds the queue's head moved away from here writes the
+    ack's line on this disk only (the copies refuse a deposed gen's leader), so the ack is answered
+    REPLICATION_UNCONFIRMED, not ok. The chaos runner, seed 63: b1 answered acks ok just after a remap moved the
+    queue on, then lost its disk before any head took them over, and b2 delivered them again from its copy. A wait
+    that confirms nothing (a takeover, a dead letter) is answered ok; so is the same ack while b1 still leads."""
+    from broker.pop.journal import Journal
+    from broker.pop.state import QueueState
+    from broker.replication.pop_copies import PopCopies
+    from wire.errors import ApiError
+    lead = Leader(["b1", "b2"])
+    pushed = []
+
+    class Peers:
+        async def call(self, method, broker, address, path, body):
+            pushed.append((broker, body["lines"]))
+
+    st = QueueState(("g", "t", 0), 7, 0)
+    for offset in (7, 8):
+        st.deliver_new(offset, offset, 0, 60_000)
+    journal = Journal(str(tmp_path / "journal.log"), {st.key: st}, -1)
+    journal.copies = PopCopies("b1", lead.routes, lead.tracker, Peers())
+    journal.start()
+    try:
+        st.ack(7)
+        journal.touch(st.key)
+        await asyncio.wait_for(journal.durable(confirm={("t", 0)}), 5)   # led here: pushed to b2, ok
+        assert [b for b, _ in pushed] == ["b2"]
+        lead.routes.update(failed_over(2, lost="b1", elected="b2"))
+        st.ack(8)
+        journal.touch(st.key)   # and, with no await between (as PopService.ack), the wait: one round has both
+        with pytest.raises(ApiError) as e:
+            await journal.durable(confirm={("t", 0)})
+        assert e.value.code == "REPLICATION_UNCONFIRMED" and e.value.details["queue"] == 0
+        journal.touch(st.key)
+        await journal.durable()
+        assert len(pushed) == 1, "a deposed head's lines go to no copy"
+    finally:
+        journal.copies = None
+        await journal.close()

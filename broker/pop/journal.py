@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -27,6 +27,7 @@ from wire.waits import wait_set
 
 from ..storage import files, lines
 from ..storage.errors import CorruptFile, UnsupportedFormat
+from ..replication.leader import QueueRef, unconfirmed
 from .limits import COMPACT_AFTER_LINES, FLUSH_TICK_MS, JOURNAL_WAIT_S, JOURNAL_WAITERS_MAX
 from .state import Key, OlderFormatLine, QueueState, replay_line
 
@@ -68,7 +69,7 @@ class Journal:
         self._fd = files.open_lines(self.path, whole)
         self._lines = len(states)
         self._changed: set[Key] = set()
-        self._waiters: list[asyncio.Future] = []
+        self._waiters: list[tuple[asyncio.Future, frozenset[tuple[str, int]]]] = []   # (answer, confirm)
         self._wake = asyncio.Event()
         self._failed = False
         self._closed = False
@@ -90,15 +91,20 @@ class Journal:
     def kick(self) -> None:
         self._wake.set()
 
-    async def durable(self) -> None:
-        """Returns once a round that started after this call has been written and fsynced."""
+    async def durable(self, confirm: Iterable[tuple[str, int]] = ()) -> None:
+        """Returns once a round that started after this call has been written and fsynced. ``confirm``: the
+        (topic, queue)s whose lines must also be on their copies: REPLICATION_UNCONFIRMED when that round found
+        one's head moved away from here, its lines then on this disk alone (the chaos runner, seed 63: acks b1
+        answered ok just after a remap moved the queue on, stored on b1 only; b1 lost its disk before any head took
+        them over, and b2 delivered them again from its copy). The caller touches those keys and calls this with
+        no await between, so that their lines and this wait fall in one round."""
         if self._failed or self._closed:
             raise unavailable()
         if len(self._waiters) >= JOURNAL_WAITERS_MAX:
             raise rejection(503, "TOO_MANY_WAITERS", "too many pop acks wait for the disk; retry shortly",
                             limit=JOURNAL_WAITERS_MAX)
         future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+        self._waiters.append((future, frozenset(confirm)))
         self._wake.set()
         try:
             await asyncio.wait_for(asyncio.shield(future), JOURNAL_WAIT_S)
@@ -134,8 +140,9 @@ class Journal:
                 still.add(key)        # first deliveries still maturing: look again next round
         self._changed = still    # keys touched while this round writes join the next one
         pushes: list = []
+        stranded: set[tuple[str, int]] = set()
         if self.copies is not None and not self._failed:
-            extra, pushes = self.copies.collect(self.states, values, now)
+            extra, pushes, stranded = self.copies.collect(self.states, values, now)
             values += extra
         out = [lines.encode(v) for v in values]
         wrote, pushed = await asyncio.gather(self._write_round(out), self._push_round(pushes), return_exceptions=True)
@@ -148,8 +155,14 @@ class Journal:
             raise pushed
         error = unavailable() if self._failed else pushed if isinstance(pushed, ApiError) else None
         self.rounds += 1
-        for f in waiters:
-            if not f.done():
+        for f, confirm in waiters:
+            if f.done():
+                continue
+            moved = sorted(confirm & stranded) if error is None else ()
+            if moved:
+                f.set_exception(unconfirmed(QueueRef(*moved[0]), "the queue's head moved away from this broker "
+                                            "before its copies stored the pop state", "the pop state is"))
+            else:
                 f.set_exception(error) if error is not None else f.set_result(None)
         if not self._failed and self._lines > COMPACT_AFTER_LINES and self._lines > 2 * len(self.states):
             await self._compact()

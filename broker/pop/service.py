@@ -449,7 +449,7 @@ class PopService:
     async def ack(self, group: str, handles: list[Any]) -> list[dict[str, Any]]:
         self._require_ready("acks")
         results = []
-        changed = False
+        changed: set[tuple[str, int]] = set()
         topics = set()
         decoded = [self.codec.decode(group, raw) for raw in handles]   # each handle's MAC checked once
         self._check_copies([self._verdict(group, h) for h in decoded], "the ack")
@@ -460,13 +460,13 @@ class PopService:
                 self._remember(st.key, h.offset, h.seq, "acked")
                 self.journal.touch(st.key)
                 topics.add(h.topic)
-                changed = True
+                changed.add((h.topic, h.queue))
             if code in ("", "DONE"):
                 results.append({"handle": raw, "ok": True})
             else:
                 results.append(_code(code, raw))
         if changed:
-            await self.journal.durable()
+            await self.journal.durable(confirm=changed)
         for topic in topics:
             self.signals.notify(topic)          # an ordered queue may be free again
         return results
@@ -484,7 +484,7 @@ class PopService:
         self._schedule(st.key, h.offset, seq, d.deadline_ms)
         self._remember(st.key, h.offset, h.seq, "superseded")
         self.journal.touch(st.key)
-        await self.journal.durable()
+        await self.journal.durable(confirm=[(h.topic, h.queue)])
         return self.codec.encode(group, Handle(h.topic, h.queue, h.offset, seq))
 
     # -- revive and dead letters ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -33,7 +33,13 @@ MAINTAIN_S = 0.5              # how often the leader looks at its followers
 REPLICATION_WAIT_S = 30.0     # a send waits at most this long for its copies (the lag bound frees it well before)
 
 
-def unconfirmed(seg: Segment, why: str, what: str = "the records are") -> ApiError:
+class QueueRef(NamedTuple):
+    """A queue named without a segment: one whose head moved away from here."""
+    topic: str
+    queue: int
+
+
+def unconfirmed(seg: Segment | QueueRef, why: str, what: str = "the records are") -> ApiError:
     """After the append: the records (or a commit, a pop ack: ``what``) are stored here, but the copies did not
     confirm them; a failover may keep them or not. Not NOT_ENOUGH_REPLICAS, which says nothing was stored: a sender
     must count this one as in doubt (an idempotent producer's resend is stored once)."""

@@ -83,10 +83,12 @@ class PopCopies:
         return False
 
     # -- a round ------------------------------------------------------------------------------------------------
-    def collect(self, states: dict[Key, QueueState], written: list[Line], now_ms: int) -> tuple[list[Line],
-                                                                                              list[Push]]:
+    def collect(self, states: dict[Key, QueueState], written: list[Line],
+                now_ms: int) -> tuple[list[Line], list[Push], set[tuple[str, int]]]:
         """Called by the journal's round with the lines it is about to write, before any await: the lines a
-        snapshot adds to them (each key of a snapshot's queue brought up to date first), and the round's pushes."""
+        snapshot adds to them (each key of a snapshot's queue brought up to date first), the round's pushes, and
+        the queues whose lines go to no copy because their head moved away from here (``stranded``): an ack among
+        them is on this disk alone, and must not be answered ok (Journal.durable's ``confirm``)."""
         extra: list[Line] = []
         full: dict[str, list[Line]] = {}
         for pq, copies in list(self._snapshot.items()):
@@ -106,10 +108,12 @@ class PopCopies:
         for line in [*written, *extra]:
             by_queue.setdefault((line[1], line[2]), []).append(line)
         pushes = []
+        stranded: set[tuple[str, int]] = set()
         for (topic, queue), lines in by_queue.items():
             seg = self.routes.head(topic, queue)
             if seg is None or self._led(seg.physical_queue) is None:
-                continue   # a frozen state of a queue that moved on: its lines stay here
+                stranded.add((topic, queue))   # a frozen state of a queue that moved on: its lines stay here
+                continue
             pq = seg.physical_queue
             waited = self.tracker.waited_for(seg)
             for copy in sorted((waited | self._pushed.get(pq, set())) - snapshots.get(pq, set()) - {self.me}):
@@ -121,7 +125,7 @@ class PopCopies:
             waited = self.tracker.waited_for(seg)
             for copy in sorted(copies - {self.me}):
                 pushes.append(Push(seg, copy, full.get(pq, []), True, copy in waited))
-        return extra, pushes
+        return extra, pushes, stranded
 
     def _led(self, pq: str) -> Segment | None:
         seg = self.routes.hosted.get(pq)
