@@ -17,7 +17,7 @@ from broker.pop.handles import Handle, HandleCodec, load_secret
 from broker.pop.limits import DELIVERY_WRITE_DELAY_MS, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MIN, WAIT_MS_MAX
 from broker.pop.settings import GroupSettings
 from broker.pop.state import DONE, EXPIRED, LIVE, UNKNOWN, QueueState, replay_line
-from wire.errors import ApiError
+from wire.errors import ApiError, rejection
 
 KEY = ("g", "t", 0)
 
@@ -180,6 +180,34 @@ async def test_a_copy_takes_a_new_leader_s_state_whole_and_drops_a_deposed_leade
     again = ReplicaPopStore(str(tmp_path / "replica.log"))
     assert (again.states[KEY].gen, sorted(again.states[KEY].in_flight)) == (1, [2, 3]), "and so on replay"
     again.close()
+
+
+async def test_a_push_that_waited_for_the_store_while_a_failover_made_this_broker_the_head_is_refused(tmp_path):
+    """The chaos runner, seed 49: a push from the deposed leader passed the gen check, then waited for the store's
+    lock; meanwhile the route made this broker the head and its takeover took the copy's state. Applied after, the
+    acks it carried landed in a state nobody takes again, and the deposed leader answered them ok. The check runs
+    again under the lock (PopService.receive_copy passes it), so the push is refused and nothing is applied."""
+    from broker.pop.replica import ReplicaPopStore
+    old = popped(3, now=0)
+    store = ReplicaPopStore(str(tmp_path / "replica.log"))
+    await store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS)])
+    old.ack(1)
+    moved = []
+
+    def still_a_copy():
+        if moved:
+            raise rejection(409, "NOT_LEADER", "a newer head is known here")
+    async with store._lock:   # an earlier push still being written
+        late = asyncio.create_task(store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS + 1)],
+                                               still_a_copy))
+        await asyncio.sleep(0.01)
+        moved.append(True)      # the failover's route, then the takeover
+        taken = store.take(KEY)
+    with pytest.raises(ApiError) as e:
+        await late
+    assert e.value.code == "NOT_LEADER"
+    assert sorted(taken.in_flight) == [0, 1, 2] and KEY not in store.states, "the late line applied nowhere"
+    store.close()
 
 
 def test_a_state_taken_over_under_a_new_gen_writes_every_delivery_in_its_next_line():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -76,10 +77,15 @@ class ReplicaPopStore:
         self._lock = asyncio.Lock()
         self._failed = False
 
-    async def apply(self, topic: str, queue: int, reset: bool, pushed: list[Any]) -> None:
+    async def apply(self, topic: str, queue: int, reset: bool, pushed: list[Any],
+                    still_a_copy: Callable[[], None] = lambda: None) -> None:
         """Apply a leader's lines for one queue (``reset``: a snapshot, replacing what is held of the queue) and
         return once they are durable; 400 for lines that are not pop journal lines of that queue (nothing is
-        applied), 409 TOO_MANY_POP_QUEUES past the bound, 503 STORAGE_UNAVAILABLE when the file failed."""
+        applied), 409 TOO_MANY_POP_QUEUES past the bound, 503 STORAGE_UNAVAILABLE when the file failed.
+        ``still_a_copy`` raises when the pusher no longer leads the queue here: called under the lock, right before
+        the lines are applied, since a failover can make this broker the head (and take the state: ``take``) while
+        the push waits for the lock; applied after that, an ack would land in a state nobody takes again, and the
+        deposed leader would answer it ok (the chaos runner, seed 49)."""
         entries: list[Any] = [["R", topic, queue]] if reset else []
         entries += [["L", line] for line in pushed]
         trial: dict[Key, QueueState] = {}
@@ -97,6 +103,7 @@ class ReplicaPopStore:
         async with self._lock:
             if self._failed:
                 raise rejection(503, "STORAGE_UNAVAILABLE", "the replica pop state file failed; restart the broker")
+            still_a_copy()
             for entry in entries:
                 _apply(self.states, entry)
             try:

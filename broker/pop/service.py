@@ -757,11 +757,13 @@ class PopService:
     async def receive_copy(self, topic: str, queue: int, leader_gen: int, reset: bool, lines: list[Any]) -> None:
         """A queue's leader pushes its pop journal lines to this copy (replication/pop_copies.py); 409 NOT_LEADER
         when a newer head of the queue is known here (a failover deposed the pusher)."""
-        head = self.routes.head(topic, queue)
-        if head is not None and head.gen > leader_gen:
-            raise rejection(409, "NOT_LEADER", f"{topic}/{queue} has a head of gen {head.gen} here, newer than the "
-                            f"pushing leader's {leader_gen}", topic=topic, queue=queue, gen=head.gen)
-        await self.replica.apply(topic, queue, reset, lines)
+        def still_a_copy() -> None:
+            head = self.routes.head(topic, queue)
+            if head is not None and head.gen > leader_gen:
+                raise rejection(409, "NOT_LEADER", f"{topic}/{queue} has a head of gen {head.gen} here, newer than "
+                                f"the pushing leader's {leader_gen}", topic=topic, queue=queue, gen=head.gen)
+        still_a_copy()
+        await self.replica.apply(topic, queue, reset, lines, still_a_copy)
 
     async def _ask_freeze(self, seg: Segment, key: Key, best: tuple[int, int] | None) -> Found | None:
         """An older head's pop state of ``key``, frozen there first; None when it has none.
