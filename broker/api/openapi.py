@@ -134,8 +134,8 @@ SPEC: dict[str, Any] = {
         "/v1/pop/{topic}": {"post": _pop()},
         "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle; 503 NOT_ENOUGH_REPLICAS, "
                                 "nothing applied, when a queue is below its min_insync; 503 REPLICATION_UNCONFIRMED, "
-                                "stored here but in doubt, when its copies did not confirm or its head moved away)", M.Acked,
-                                body=M.Ack)},
+                                "stored here but in doubt, when its copies did not confirm or its head moved away)",
+                                M.Acked, body=M.Ack)},
         "/v1/invisible": {"post": _op("Change a delivery's invisible time: a new handle, the old one expires",
                                       M.NewHandle, body=M.ChangeInvisible)},
         "/v1/dlq/{group}": {"get": _op("The group's dead letters", M.DeadLetters, params=_p("group")

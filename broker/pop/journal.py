@@ -25,9 +25,9 @@ import structlog
 from wire.errors import ApiError, rejection
 from wire.waits import wait_set
 
+from ..replication.leader import QueueRef, unconfirmed
 from ..storage import files, lines
 from ..storage.errors import CorruptFile, UnsupportedFormat
-from ..replication.leader import QueueRef, unconfirmed
 from .limits import COMPACT_AFTER_LINES, FLUSH_TICK_MS, JOURNAL_WAIT_S, JOURNAL_WAITERS_MAX
 from .state import Key, OlderFormatLine, QueueState, replay_line
 
