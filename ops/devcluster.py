@@ -340,13 +340,21 @@ def load(dir_: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def _alive(pid: int) -> bool:
+def _exists(send_signal: Callable[[int, int], None], target: int) -> bool:
+    """Whether ``target`` exists, asked with signal 0 (nothing is sent) through ``send_signal``: os.kill for a
+    process, os.killpg for a process group. Another user's answers PermissionError: it exists."""
     try:
-        os.kill(pid, 0)
+        send_signal(target, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    return True
+
+
+def _alive(pid: int) -> bool:
+    if not _exists(os.kill, pid):
+        return False
     try:  # a zombie child of ours counts as dead
         done, _ = os.waitpid(pid, os.WNOHANG)
         return done == 0
@@ -359,12 +367,8 @@ def _alive(pid: int) -> bool:
 
 def _group_alive(pgid: int) -> bool:
     """Whether process group ``pgid`` holds a process that is not a zombie (Linux /proc; elsewhere, any process)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+    if not _exists(os.killpg, pgid):
         return False
-    except PermissionError:
-        return True
     if not os.path.isdir("/proc"):
         return True
     for entry in os.listdir("/proc"):
@@ -374,8 +378,8 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter from /proc (Linux), None where there is no /proc."""
+def _state(pid: int | str) -> str | None:
+    """The process's state letter from /proc (Linux), None where there is no /proc or no such process."""
     fields = _stat(pid)
     return fields[0] if fields else None
 

@@ -100,11 +100,11 @@ def processes_of(dir_: str) -> list[int]:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().decode(errors="replace")
             cwd = os.readlink(f"/proc/{entry}/cwd")
-            with open(f"/proc/{entry}/stat") as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"  # dead, waiting for its parent to reap it
         except OSError:
             continue
-        if (dir_ in cmdline or cwd.startswith(dir_)) and not zombie and int(entry) != os.getpid():
+        zombie = devcluster._state(entry) in (None, "Z")   # gone, or dead and waiting for its parent to reap it
+        inside = cwd == dir_ or cwd.startswith(dir_ + os.sep)
+        if (dir_ in cmdline or inside) and not zombie and int(entry) != os.getpid():
             found.append(int(entry))
     return found
 
