@@ -3,11 +3,12 @@
 A member started as ``python -m ops.cli meta serve ...`` spends ~0.5 s of CPU importing aiohttp, SQLAlchemy, click and
 Stator before it does anything; the test suite starts about 1,200 of them, which on two cores was a third of its
 time. Once ``enable()`` is called in a process (tests/conftest.py does; not inherited by the processes it starts, so
-``stator dev up`` run as a command starts its members as ever), ``ops.devcluster`` asks this server instead: it imports those modules once, then forks one child per member, which becomes exactly what the
-command line would have started (its own session, its log as stdout and stderr, stdin from /dev/null, its working
-directory, the caller's environment, a fresh random seed) and runs the same ``python -m`` module with the same
-arguments. The members are real processes: their own pid, killed with SIGKILL, restarted, each with its own
-event loop and threads (none exists in the server, so a fork copies none). One difference shows: a member's
+``stator dev up`` run as a command starts its members as ever), ``ops.devcluster`` asks this server instead: it
+imports those modules once, then forks one child per member, which becomes exactly what the command line would have
+started (its own session, its log as stdout and stderr, stdin from /dev/null, its working directory, the caller's
+environment, a fresh random seed) and runs the same ``python -m`` module with the same arguments. The members are
+real processes: their own pid, killed with SIGKILL, restarted, each with its own event loop and threads (none exists
+in the server, so a fork copies none). One difference shows: a member's
 /proc/PID/cmdline is the server's (``python -m ops.forkserver``); its working directory is its cluster's, as before.
 
 The server reads one JSON request per line on stdin and answers the child's pid (or an error) on stdout; stdin's end

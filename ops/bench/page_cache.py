@@ -49,18 +49,18 @@ def filled(directory: str, headroom_mib: int = HEADROOM_MIB) -> Iterator[dict]:
     path = os.path.join(directory, "page-cache-fill")
     chunk = os.urandom(CHUNK_BYTES)
     started = time.monotonic()
-    written = 0
+    written = 0   # bytes
     fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
     try:
         try:
-            while written < want and time.monotonic() - started < FILL_TIMEOUT_S:
-                written += os.write(fd, chunk) >> 20
+            while written < want << 20 and time.monotonic() - started < FILL_TIMEOUT_S:
+                written += os.write(fd, chunk)
             os.fsync(fd)
         finally:
             os.close(fd)
         seconds = time.monotonic() - started
-        yield {"mib": written, "seconds": round(seconds, 1),
-               "mb_per_s": round(written * CHUNK_BYTES / 1e6 / seconds) if seconds > 0 else None}
+        yield {"mib": written >> 20, "seconds": round(seconds, 1),
+               "mb_per_s": round(written / 1e6 / seconds) if seconds > 0 else None}
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -70,9 +70,9 @@ def first_touch(directory: str, mib: int = 2048) -> dict:
     """Writes ``mib`` into a new file twice (removed in between) and reports both rates: the first into whatever
     memory the page cache grows into, the second into the pages the first freed."""
     out = {}
+    path = os.path.join(directory, "page-cache-probe")
+    chunk = os.urandom(CHUNK_BYTES)
     for name in ("first", "second"):
-        path = os.path.join(directory, "page-cache-probe")
-        chunk = os.urandom(CHUNK_BYTES)
         fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
         t0, s0 = time.monotonic(), os.times().system
         try:
