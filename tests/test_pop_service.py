@@ -179,6 +179,58 @@ async def test_an_ack_through_a_superseded_handle_of_a_message_acked_since_chang
             await restarted.stop()
 
 
+# -- an ack while the queue moves away --------------------------------------------------------------------------------
+
+async def test_an_ack_or_a_new_invisible_time_made_as_the_queue_moves_away_is_in_doubt_not_ok(node, monkeypatch):
+    """PopService.ack and change_invisible name their queue to the journal's round (``confirm``): a round that
+    finds the head moved away from here writes their lines on this disk alone, so they are answered 503
+    REPLICATION_UNCONFIRMED (the chaos runner, seed 63: acks answered ok 0.2 s after a remap, the old head then
+    wiped, the messages delivered again). Here the route moves between the verdict and the round."""
+    await node.writer.send("t", 0, [{"body": "a"}, {"body": "b"}, {"body": "c"}])
+    a, b, c = await pop(node, 3)
+    durable = node.pop.journal.durable
+    version = iter(range(6, 100))
+
+    async def moved_first(confirm=()):
+        node.routes.update(route(next(version), [seg(0, "b1", 0, None, "sealing"),
+                                                 seg(1, "b2", None, None, "active", 1)]))
+        return await durable(confirm)
+    monkeypatch.setattr(node.pop.journal, "durable", moved_first)
+    with pytest.raises(ApiError) as e:
+        await node.pop.ack("g", [a.handle])
+    assert (e.value.status, e.value.code) == (503, "REPLICATION_UNCONFIRMED")
+    node.routes.update(route(next(version), [seg(0, "b1", 0, None, "active")]))
+    with pytest.raises(ApiError) as e:
+        await node.pop.change_invisible("g", b.handle, 60_000)
+    assert (e.value.status, e.value.code) == (503, "REPLICATION_UNCONFIRMED")
+    monkeypatch.setattr(node.pop.journal, "durable", durable)
+    node.routes.update(route(next(version), [seg(0, "b1", 0, None, "active")]))
+    assert [r["ok"] for r in await node.pop.ack("g", [c.handle])] == [True], "still the head: ok"
+
+
+async def test_a_copy_refuses_a_push_that_waited_while_a_failover_made_it_the_head(node):
+    """PopService.receive_copy checks the pusher's gen again under the replica store's lock: a push from b2 (gen 0)
+    that passed the first check and then waited behind another write is refused once the routes make b1 the head of
+    gen 1, and nothing of it is applied (the chaos runner, seed 49: acks b2 answered ok landed in a copy b1 had
+    already taken over, and b1 delivered them again)."""
+    from broker.pop.state import QueueState
+    everyone = ["b2", "b1"]
+    node.routes.update(route(6, [seg(0, "b2", 0, None, "active", replicas=everyone, in_sync=everyone)]))
+    st = QueueState(KEY, 0, 0)
+    st.deliver_new(0, 1, 0, 60_000)
+    line = st.take_line(10**13)
+    async with node.pop.replica._lock:   # an earlier push still being written
+        push = asyncio.create_task(node.pop.receive_copy("t", 0, 0, False, [line]))
+        await asyncio.sleep(0.05)
+        node.routes.update(route(7, [seg(0, "b2", 0, None, "sealing", replicas=everyone, in_sync=["b1"],
+                                         sealer="b1"),
+                                     seg(1, "b1", None, None, "active", 0, replicas=["b1", "b2"], in_sync=["b1"])]))
+    with pytest.raises(ApiError) as e:
+        await push
+    assert (e.value.status, e.value.code) == (409, "NOT_LEADER")
+    assert KEY not in node.pop.replica.states, "nothing of the deposed leader's push applied"
+
+
 # -- changes of invisible time --------------------------------------------------------------------------------------
 
 async def test_a_new_invisible_time_gives_a_new_handle_and_the_old_one_expires(node):
@@ -918,7 +970,8 @@ async def test_a_leader_back_on_an_empty_disk_asks_the_copies_a_fence_took_out_o
     assert sorted(asked) == [("b2", "0"), ("b3", "0")] and (st.gen, st.next_offset) == (1, 8)
 
 
-async def test_a_leader_that_does_not_answer_is_passed_for_the_copies_it_waited_for_and_only_for_them(node, monkeypatch):
+async def test_a_leader_that_does_not_answer_is_passed_for_the_copies_it_waited_for_and_only_for_them(
+        node, monkeypatch):
     """The chaos runner, seed 63: b2 led gen 0 and is cut off; b3, in its in-sync set, holds its state. b1 takes
     gen 1 over from b3's copy rather than wait for b2 (it waited 29 s, until every holder had lost its disk). With
     no copy holding it, the takeover waits for b2: its disk may be the only one that does."""
