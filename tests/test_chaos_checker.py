@@ -757,9 +757,19 @@ def test_exclusive_members_go_silent_one_at_a_time_and_only_while_holding_queues
     assert turns.is_silent("ex-0", first, True)
     assert not turns.is_silent("ex-1", first + 1, True)                    # one at a time
     assert turns.is_silent("ex-0", first + 1, False)                       # a silence runs its length
-    end = first + workloads.EX_SILENT_S
+    end = first + workloads.EX_SILENT_MAX_S
+    assert turns.is_silent("ex-0", end - 0.1, True)                        # not refused yet: still silent
     assert not turns.is_silent("ex-0", end, True)
     assert not turns.is_silent("ex-1", end + workloads.EX_SILENT_GAP_S - 0.1, True)
     assert turns.is_silent("ex-1", end + workloads.EX_SILENT_GAP_S, True)
-    # a silence outlasts the longest lease the operator sets, with a margin for the expiry to reach the broker
+    # a refusal of the silent member's commit ends its silence; another's refusal does not
+    refused = end + workloads.EX_SILENT_GAP_S + workloads.EX_SILENT_S
+    turns.fenced("ex-0", refused)
+    assert turns.is_silent("ex-1", refused, True)
+    turns.fenced("ex-1", refused)
+    assert not turns.is_silent("ex-1", refused, True)
+    assert not turns.is_silent("ex-0", refused + workloads.EX_SILENT_GAP_S - 0.1, True)
+    assert turns.is_silent("ex-0", refused + workloads.EX_SILENT_GAP_S, True)
+    # a silence may outlast the longest lease the operator sets, with a margin for the expiry to reach the broker
+    assert workloads.EX_SILENT_MAX_S >= workloads.EX_SILENT_S
     assert workloads.EX_SILENT_S >= max(operators.LEASES_MS) / 1000 + 5

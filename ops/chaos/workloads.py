@@ -10,7 +10,7 @@ checks need every request's own outcome. Each loop runs until ``stop`` is set; e
   port, around its front proxy: topology.py), recorded with that broker and the route's leader epoch.
 - ``exclusive``: a member of an exclusive group: heartbeats to meta for its queues and tokens, pulls with the token,
   commits with the token. It keeps using a token until a heartbeat answer takes the queue away, even through a
-  partition from meta or a silence of its own (EX_SILENT_S): the broker's fencing, not the client's caution, must
+  partition from meta or a silence of its own (SilenceTurns): the broker's fencing, not the client's caution, must
   keep two owners from committing.
 - ``pop``: pops from the brokers holding the topic's heads, acks most messages at once and some past their
   invisible time (when another popper may hold them under a newer handle), leaves some unacked to come back.
@@ -65,13 +65,17 @@ EX_HEARTBEAT_MS = 500
 # the tokens it holds, like a client in a long GC pause: meta gives its queues to the other member, and the broker
 # must refuse the silent one's commits (409 STALE_TOKEN). Only a member holding queues goes silent (meta does not
 # spread an exclusive group's queues: the first member often holds them all, and a silence of one holding nothing
-# shows nothing), one at a time (SilenceTurns), so that a live member takes the queues over. A silence outlasts the
-# longest lease the operator may set (EX_LEASE_MAX_MS, which operators.LEASES_MS keeps to) by EX_SILENT_MARGIN_S, for
-# the expiry to reach the log and the broker even through a leader election; every run longer than
-# EX_FIRST_SILENCE_S + EX_SILENT_S has one.
+# shows nothing), one at a time (SilenceTurns), so that a live member takes the queues over. A silence lasts until a
+# commit of the silent member is refused STALE_TOKEN (what it is there to show), and at most EX_SILENT_MAX_S. A silence
+# of a fixed EX_SILENT_S (the longest lease the operator may set, EX_LEASE_MAX_MS, which operators.LEASES_MS keeps
+# to, plus EX_SILENT_MARGIN_S) often showed no refusal in the CI run's 40 s: the meta faults of that seed held the
+# expiry back (a leader cut, an install, a wipe and a replace within 20 s), and the broker answered LOCKS_CATCHING_UP
+# or NOT_ENOUGH_REPLICAS meanwhile; once, neither of the run's two silences met a refusal (stop 53). Every run longer
+# than EX_FIRST_SILENCE_S + EX_SILENT_MAX_S has one silence that met it or ran its longest.
 EX_LEASE_MAX_MS = 4000
 EX_SILENT_MARGIN_S = 6.0
 EX_SILENT_S = EX_LEASE_MAX_MS / 1000 + EX_SILENT_MARGIN_S
+EX_SILENT_MAX_S = 6 * EX_SILENT_S
 EX_SILENT_GAP_S = 2.0        # between one silence and the next
 EX_FIRST_SILENCE_S = 6.0
 PULL_MAX = 50
@@ -243,7 +247,8 @@ async def send_once(env: Env, process: str, topic: str, queue: int, tag: str) ->
 
 class SilenceTurns:
     """Whose turn it is to go silent: one member at a time, the first EX_FIRST_SILENCE_S after the start, the next
-    EX_SILENT_GAP_S after the last one ended."""
+    EX_SILENT_GAP_S after the last one ended; a silence ends at its member's first commit refused STALE_TOKEN
+    (``fenced``), or EX_SILENT_MAX_S after it began."""
 
     def __init__(self, now: float):
         self.next_at = now + EX_FIRST_SILENCE_S
@@ -252,10 +257,19 @@ class SilenceTurns:
 
     def is_silent(self, process: str, now: float, holding: bool) -> bool:
         if self.silent == process and now >= self.until:
-            self.silent, self.next_at = None, now + EX_SILENT_GAP_S
+            self._end(now)
         if self.silent is None and holding and now >= self.next_at:
-            self.silent, self.until = process, now + EX_SILENT_S
+            self.silent, self.until = process, now + EX_SILENT_MAX_S
         return self.silent == process
+
+    def fenced(self, process: str, now: float) -> None:
+        """The broker refused a commit of ``process`` with a token meta took away: a silence of it has shown what
+        it was for."""
+        if self.silent == process:
+            self._end(now)
+
+    def _end(self, now: float) -> None:
+        self.silent, self.next_at = None, now + EX_SILENT_GAP_S
 
 
 async def exclusive(env: Env, process: str, turns: SilenceTurns) -> None:
@@ -292,6 +306,7 @@ async def exclusive(env: Env, process: str, turns: SilenceTurns) -> None:
                 positions.pop(queue, None)
                 if e.code == "STALE_TOKEN":
                     held.pop(queue, None)
+                    turns.fenced(process, env.rec.now())
                 await env.pause(ERROR_PAUSE_S / len(held or [1]))
         await env.pause(PACE_S if held else EX_HEARTBEAT_MS / 1000)
 
