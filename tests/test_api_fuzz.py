@@ -244,7 +244,7 @@ def broker_state(c, names: dict[str, Any]) -> list[tuple[str, int, Any]]:
 
 
 ROLE_OF = {"/v1/physical/{pq}": "broker", "/v1/pop-handover/{group}/{topic}/{queue}": "broker",
-           "/v1/pop-adopt/{group}/{topic}/{queue}": "broker"}
+           "/v1/pop-adopt/{group}/{topic}/{queue}": "broker", "/v1/pop-takeover/{group}/{topic}/{queue}": "broker"}
 
 
 def test_broker_api_keeps_the_contract_whatever_the_input(fuzz_cluster):

@@ -163,6 +163,7 @@ BROKER_OPS = [
     Op("broker", "GET", "/v1/pop-stats/{group}"),
     Op("broker", "POST", "/v1/pop-handover/{group}/{topic}/{queue}", ("route_version",), mutating=True),
     Op("broker", "POST", "/v1/pop-adopt/{group}/{topic}/{queue}", (), ("deliveries",), mutating=True),
+    Op("broker", "POST", "/v1/pop-takeover/{group}/{topic}/{queue}", mutating=True),
 ]
 ALL_OPS = META_OPS + CONSOLE_OPS + BROKER_OPS
 BODY_OPS = [op for op in ALL_OPS if op.fields is not None]

@@ -220,6 +220,8 @@ async def test_live_broker_answers_match_the_broker_spec(tmp_path):
                    group="none", topic="t", queue=0)
         await call("POST", "/v1/pop-adopt/{group}/{topic}/{queue}", "broker", json_body={"deliveries": []},
                    group="none", topic="t", queue=0)
+        assert (await call("POST", "/v1/pop-takeover/{group}/{topic}/{queue}", "broker", group="none", topic="t",
+                           queue=0)) == {"queued": True}
         pushed = {"topic": "t", "queue": 0, "leader_gen": 0, "commits": [{"group": "pushed", "offset": 1, "gen": 0,
                                                                           "seq": 1}]}
         assert (await call("PUT", "/v1/replica/offsets", "broker", json_body=pushed)) == {"stored": 1}

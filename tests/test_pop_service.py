@@ -16,6 +16,7 @@ import pytest
 from broker.pop import service as service_mod
 from broker.pop.service import Found
 from broker.pop.metrics import PopCollector
+from broker.peers import Unreachable
 from wire import route as route_model
 from wire.errors import ApiError, rejection
 
@@ -180,6 +181,30 @@ async def test_an_ack_through_a_superseded_handle_of_a_message_acked_since_chang
 
 
 # -- an ack while the queue moves away --------------------------------------------------------------------------------
+
+async def test_a_journal_wait_given_up_leaves_no_unretrieved_error(node):
+    """A request cancelled (its client gone) while its ack waits for the journal's round: the round's error for it
+    goes nowhere, and asyncio must not log it as "Future exception was never retrieved" (the chaos runner's brokers
+    did, for REPLICATION_UNCONFIRMED)."""
+    import gc
+    loop = asyncio.get_running_loop()
+    reported = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context.get("message")))
+    try:
+        waiter = asyncio.create_task(node.pop.journal.durable())
+        await asyncio.sleep(0)                     # registered with the round to come
+        node.pop.journal._failed = True            # that round answers every waiter with an error
+        waiter.cancel()
+        await until(lambda: not node.pop.journal._waiters)
+        await asyncio.sleep(0.05)
+        del waiter
+        gc.collect()
+        assert reported == [], reported
+    finally:
+        node.pop.journal._failed = False
+        loop.set_exception_handler(previous)
+
 
 async def test_an_ack_or_a_new_invisible_time_made_as_the_queue_moves_away_is_in_doubt_not_ok(node, monkeypatch):
     """PopService.ack and change_invisible name their queue to the journal's round (``confirm``): a round that
@@ -416,6 +441,71 @@ async def test_a_takeover_of_copies_waiting_on_one_key_holds_no_other_back(node,
     assert sum("/g/" in p for p in asked) == 1, "a key being taken over is not queued twice"
 
 
+async def test_a_head_told_of_a_group_s_state_held_elsewhere_takes_it_over_before_any_pop(node, monkeypatch):
+    """``pop-takeover``: b3 holds group g's state of queue 0, which b1 leads now and nobody pops here; b1 takes it
+    over at once from b3 rather than at g's first pop. An older head that does not answer is asked again after
+    TAKEOVER_RETRY_S, with no route change or pop to start it. A queue not led here is refused NOT_LEADER."""
+    monkeypatch.setattr(service_mod, "TAKEOVER_RETRY_S", 0.2)
+    node.routes.update(route(9, [seg(0, "b3", 0, 6, "sealed", replicas=["b3", "b1"], in_sync=["b3", "b1"]),
+                                 seg(1, "b1", 6, None, "active", 6)]))
+    answers = [rejection(503, "BROKER_UNAVAILABLE", "b3 is restarting"), {"found": True, "gen": 0, "next_offset": 4}]
+
+    async def request(method, segment, path, *a, **kw):
+        assert segment.broker == "b3" and "/v1/pop-handover/g/t/0" in path, path
+        answer = answers.pop(0)
+        if isinstance(answer, ApiError):
+            raise answer
+        return answer
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    node.pop.take_over_soon(KEY)
+    await until(lambda: KEY in node.pop.states)
+    assert answers == [] and (node.pop.states[KEY].gen, node.pop.states[KEY].next_offset) == (1, 4)
+    with pytest.raises(ApiError) as e:
+        node.pop.take_over_soon(("g", "other", 0))
+    assert e.value.code == "NOT_LEADER"
+
+
+async def test_a_holder_tells_each_new_head_once_of_the_states_it_holds_that_the_head_has_not_taken(node,
+                                                                                                 monkeypatch):
+    """b1 holds g's own state of gen 0 and a copy of h's gen-0 state; a remap makes b2 the head (gen 1). b1 tells
+    b2 of both, once for gen 1 however many routes follow; not of f's frozen state (a head took it already). A hint
+    b2 did not answer is sent again at the next route change; a later gen is told again."""
+    from broker.pop.state import QueueState
+    g, h, f = ("g", "t", 0), ("h", "t", 0), ("f", "t", 0)
+    node.pop.states[g] = QueueState(g, 4, 0)
+    node.pop.states[f] = QueueState(f, 2, 0)
+    node.pop.states[f].frozen = True
+    node.pop.replica.states[h] = QueueState(h, 3, 0)
+    told = []
+    refuse = {"h"}
+
+    async def request(method, segment, path, *a, **kw):
+        told.append((segment.broker, segment.gen, path))
+        if path.split("/")[3] in refuse:
+            raise rejection(503, "BROKER_UNAVAILABLE", "b2 is busy")
+        return {"queued": True}
+    monkeypatch.setattr(node.reader.peers, "request", request)
+
+    def moved(version: int, gen: int, to: str) -> None:
+        node.routes.update(route(version, [seg(0, "b1", 0, 5, "sealed"), *[
+            seg(i, "b2", 5, 5, "sealed") for i in range(1, gen)], seg(gen, to, 5, None, "active")]))
+        node.pop.hint_new_heads("t")
+    moved(9, 1, "b2")
+    await until(lambda: len(told) == 2)
+    assert sorted(told) == [("b2", 1, "/v1/pop-takeover/g/t/0"), ("b2", 1, "/v1/pop-takeover/h/t/0")], told
+    refuse.clear()
+    moved(10, 1, "b2")
+    await until(lambda: len(told) == 3)
+    await asyncio.sleep(0.1)
+    assert told[2] == ("b2", 1, "/v1/pop-takeover/h/t/0") and len(told) == 3, "h again (refused), g not"
+    moved(11, 2, "b2")
+    await until(lambda: len(told) == 5)
+    assert sorted(t[:2] for t in told[3:]) == [("b2", 2), ("b2", 2)], "a new gen: both again"
+    moved(12, 3, "b1")
+    await asyncio.sleep(0.1)
+    assert len(told) == 5, "led here: nobody to tell"
+
+
 async def test_a_sealer_asked_for_another_gen_s_copy_is_asked_for_the_gen_it_sealed(node, monkeypatch):
     """The chaos runner, seed 9: b3 led gen 0 until a failover had b2 seal it; b1, its disk wiped, led gens 1 and 2
     (a remap, then a restart) and held nothing. Its takeover asked b2 for gen 1's copy (none), then passed gen 0 by,
@@ -641,10 +731,12 @@ async def test_a_new_head_s_freeze_stops_pops_here_and_answers_the_pop_offset(no
     with pytest.raises(ApiError) as e:
         await node.pop.freeze(KEY, 6, caller="b3")
     assert e.value.status == 403, "only the head the log names takes the state"
+    node.witness.mark([("t", 0, "t.q0.g0")])   # this disk led gen 0 (the route marks it: broker/node.py)
     answer = await node.pop.freeze(("g", "t", 0), 6, caller="b2")
     assert [o for o, *_ in answer.pop("deliveries")] == [0, 1], "every delivery in flight, due or not"
-    assert answer == {"found": True, "gen": 0, "next_offset": 2, "in_flight": 2}
-    assert await node.pop.freeze(("other", "t", 0), 6, caller="b2") == {"found": False}
+    assert answer == {"found": True, "gen": 0, "next_offset": 2, "in_flight": 2, "holds": ["t.q0.g0"]}
+    assert await node.pop.freeze(("other", "t", 0), 6, caller="b2") == {"found": False, "holds": ["t.q0.g0"]}, \
+        "no state of the other group, and the segments this disk held: that settles gen 0 for the asker"
     st = node.pop.states[KEY]
     assert st.frozen
     assert await node.pop.ack("g", [a.handle]) == [{"handle": a.handle, "ok": False, "code": "HANDLE_EXPIRED"}], \
@@ -653,6 +745,35 @@ async def test_a_new_head_s_freeze_stops_pops_here_and_answers_the_pop_offset(no
     assert [r for r in node.pop.stats("g")] == [{"group": "g", "topic": "t", "queue": 0, "pop_offset": 2,
                                                   "in_flight": 2, "invisible": 2, "revive_backlog": 2,
                                                   "frozen": True, "gen": 0}]
+
+
+async def test_a_freeze_answers_busy_before_the_asker_s_timeout_while_the_key_is_held(node, monkeypatch):
+    """A pop or a journal round holding the key's lock past HANDOVER_LOCK_WAIT_S: the freeze answers 503 CATCHING_UP
+    then (the asker asks again), within the asker's PEER_REQUEST_TIMEOUT_S, and freezes nothing; a timeout there
+    would take this broker for down for every request. Once the lock is free, the freeze goes through."""
+    from broker import peers
+    from broker.pop.state import QueueState
+    assert service_mod.HANDOVER_WAIT_S + service_mod.HANDOVER_LOCK_WAIT_S < peers.PEER_REQUEST_TIMEOUT_S
+    monkeypatch.setattr(service_mod, "HANDOVER_LOCK_WAIT_S", 0.2)
+    node.routes.update(route(6, [seg(0, "b1", 0, 3, "sealed"), seg(1, "b2", 3, None, "active", 3)]))
+    node.pop.states[KEY] = QueueState(KEY, 2, 0)
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def a_long_round():
+        async with node.pop.locks.hold(KEY):
+            held.set()
+            await release.wait()
+    holder = asyncio.create_task(a_long_round())
+    await held.wait()
+    started = time.monotonic()
+    with pytest.raises(ApiError) as e:
+        await node.pop.freeze(KEY, 6, caller="b2")
+    assert (e.value.status, e.value.code) == (503, "CATCHING_UP") and time.monotonic() - started < 2.0
+    assert not node.pop.states[KEY].frozen and len(node.pop.locks) == 1, "nothing frozen; the waiter left no entry"
+    release.set()
+    await holder
+    assert (await node.pop.freeze(KEY, 6, caller="b2"))["found"] and node.pop.states[KEY].frozen
+    assert len(node.pop.locks) == 0
 
 
 async def test_a_copy_becomes_this_broker_s_state_only_when_the_asker_asks_for_the_copy_s_gen(node):
@@ -669,11 +790,11 @@ async def test_a_copy_becomes_this_broker_s_state_only_when_the_asker_asks_for_t
     copy.in_flight[5] = Delivery(77, 2, 0)
     answer = await node.pop.freeze(KEY, 6, caller="b3")
     assert [o for o, *_ in answer.pop("deliveries")] == [0]
-    assert answer == {"found": True, "gen": 0, "next_offset": 1, "in_flight": 1}
+    assert answer == {"found": True, "gen": 0, "next_offset": 1, "in_flight": 1, "holds": []}
     assert KEY in node.pop.replica.states and 5 not in node.pop.states[KEY].in_flight
     answer = await node.pop.freeze(KEY, 6, caller="b3", copy_of_gen=0)
     assert [o for o, *_ in answer.pop("deliveries")] == [0]
-    assert answer == {"found": True, "gen": 0, "next_offset": 1, "in_flight": 1}, "a copy of another gen"
+    assert answer == {"found": True, "gen": 0, "next_offset": 1, "in_flight": 1, "holds": []}, "a copy of another gen"
     answer = await node.pop.freeze(KEY, 6, caller="b3", copy_of_gen=1)
     assert (answer["gen"], answer["next_offset"]) == (1, 9) and 5 in node.pop.states[KEY].in_flight
     assert [o for o, *_ in answer["deliveries"]] == [5], \
@@ -813,7 +934,7 @@ async def test_a_state_older_than_the_asker_s_is_neither_frozen_nor_handed_over(
     node.routes.update(route(6, [seg(0, "b1", 0, 1, "sealed", replicas=["b1", "b2"], in_sync=["b1", "b2"]),
                                  seg(1, "b2", 1, 1, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
                                  seg(2, "b2", 1, None, "active", 1, replicas=["b2", "b1"])]))
-    assert await node.pop.freeze(KEY, 6, caller="b2", copy_of_gen=1, above_gen=1) == {"found": False}
+    assert await node.pop.freeze(KEY, 6, caller="b2", copy_of_gen=1, above_gen=1) == {"found": False, "holds": []}
     st = node.pop.states[KEY]
     assert not st.frozen and not st.ready and 0 in st.in_flight, "kept as it was: nothing handed over"
     answer = await node.pop.freeze(KEY, 6, caller="b2", copy_of_gen=1, above_gen=0)
@@ -996,6 +1117,47 @@ async def test_a_leader_that_does_not_answer_is_passed_for_the_copies_it_waited_
     async with node.pop.locks.hold(KEY):
         st = await node.pop._state_for(KEY)
     assert (st.gen, st.next_offset, sorted(st.in_flight)) == (1, 8, [6]), "from b3's copy, its delivery adopted"
+
+
+@pytest.mark.parametrize("b3_holds, b3_in_sync, settled", [
+    (["t.q0.g1"], True, True),      # b3's disk held gen 1 in sync, and holds no state of it: b2 acked nothing there
+    ([], True, False),              # b3 back on an empty disk: named by gen 1 still, its "nothing" settles nothing
+    (["t.q0.g1"], False, False),    # b3 fenced out of gen 1's set (and not its sealer): b2 may have acked without it
+])
+async def test_a_leader_lost_before_it_acked_anything_does_not_hold_the_takeover_back(node, monkeypatch, b3_holds,
+                                                                                      b3_in_sync, settled):
+    """The chaos runner, seed 49 (fifth run): b1 led gen 0 and holds its state; a remap gave gen 1 to b2, lost
+    before it popped; a failover elected b3 to seal it, and a remap brought the queue back to b1 in gen 2. b2 does
+    not answer; b3, the copy b2 would have waited for, holds no state of gen 1, and its disk held gen 1 in sync:
+    b2 acknowledged no pop under gen 1, and b1 goes on from its own gen-0 state. It waited for b2 instead, its own
+    state the group's only one, until it lost its disk too: the group started over from offset 0."""
+    from broker.pop.state import QueueState
+    node.routes.update(route(9, [
+        seg(0, "b1", 0, 5, "sealed", replicas=["b1", "b2", "b3"], in_sync=["b1", "b2"]),
+        seg(1, "b2", 5, 5, "sealed", replicas=["b2", "b3", "b1"], in_sync=["b3", "b1"] if b3_in_sync else ["b1"],
+            sealer="b3" if b3_in_sync else None),
+        seg(2, "b1", 5, None, "active", replicas=["b1", "b3", "b2"], in_sync=["b1", "b3"])]))
+    node.pop.states[KEY] = QueueState(KEY, 4, 0)
+
+    async def ask_freeze(seg, key, best=None):
+        assert seg.broker == "b2"
+        raise rejection(503, "BROKER_UNAVAILABLE", "b2 does not answer")
+
+    async def call(method, broker, address, path, json=None):
+        if broker == "b3":
+            return {"found": False, "holds": b3_holds}
+        raise Unreachable(f"{broker} is down")
+    monkeypatch.setattr(node.pop, "_ask_freeze", ask_freeze)
+    monkeypatch.setattr(node.pop.reader.peers, "call", call)
+    if not settled:
+        with pytest.raises(ApiError) as e:
+            async with node.pop.locks.hold(KEY):
+                await node.pop._state_for(KEY)
+        assert e.value.code == "BROKER_UNAVAILABLE" and node.pop.states[KEY].gen == 0, "b2's disk may hold acks"
+        return
+    async with node.pop.locks.hold(KEY):
+        st = await node.pop._state_for(KEY)
+    assert (st.gen, st.next_offset) == (2, 4), "its own gen-0 state, carried on"
 
 
 async def test_a_copy_that_did_not_answer_is_still_asked_as_an_older_gen_s_leader(node, monkeypatch):

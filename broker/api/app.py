@@ -389,6 +389,16 @@ async def pop_adopt(request: web.Request) -> web.Response:
     return _respond({"adopted": await node.pop.adopt(key, deliveries, caller_broker(request))})
 
 
+@requires("broker")
+async def pop_takeover(request: web.Request) -> web.Response:
+    """An older holder of a group's pop state of a queue led here says so: take it over now (PopService.take_over_soon)."""
+    node = request.app[NODE]
+    key = (_name(request.match_info["group"], "group"), _name(request.match_info["topic"], "topic"),
+           int_in(request.match_info["queue"], "queue"))
+    node.pop.take_over_soon(key)
+    return _respond({"queued": True})
+
+
 @public
 async def healthz(request: web.Request) -> web.Response:
     return _respond({"status": "ok", "broker": request.app[NODE].config.broker})
@@ -454,6 +464,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/pop-stats/{group}", pop_stats)
     r.add_post("/v1/pop-handover/{group}/{topic}/{queue}", pop_handover)
     r.add_post("/v1/pop-adopt/{group}/{topic}/{queue}", pop_adopt)
+    r.add_post("/v1/pop-takeover/{group}/{topic}/{queue}", pop_takeover)
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)

@@ -314,6 +314,12 @@ class Handover(TypedDict):
     gen: NotRequired[int]
     next_offset: NotRequired[int]
     in_flight: NotRequired[int]
+    holds: list[str]   # the queue's segments this disk held as their leader or an in-sync copy
+
+
+@with_config(OPEN)
+class TakeoverQueued(TypedDict):
+    queued: bool
 
 
 @with_config(OPEN)

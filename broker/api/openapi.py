@@ -150,6 +150,9 @@ SPEC: dict[str, Any] = {
             "An old head hands over deliveries that came due", M.Adopted,
             roles="broker, an older head of the queue in the log only",
             params=_p("group", "topic", "queue"), body=M.Adopt)},
+        "/v1/pop-takeover/{group}/{topic}/{queue}": {"post": _op(
+            "An older holder of a group's pop state of a queue led here asks the head to take it over now",
+            M.TakeoverQueued, roles="broker", params=_p("group", "topic", "queue"))},
         "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {
             "200": {"description": "ok", "content": _SPEC_SCHEMAS.content(M.Health)}}}},
         "/readyz": {"get": {"summary": "Registered and not fenced", "security": [], "responses": {

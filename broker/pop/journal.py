@@ -110,6 +110,11 @@ class Journal:
             await asyncio.wait_for(asyncio.shield(future), JOURNAL_WAIT_S)
         except asyncio.TimeoutError:
             raise unavailable() from None
+        finally:
+            if not future.done():
+                # Its waiter is gone (timed out, or its request cancelled): the round's answer goes nowhere, and
+                # an error left unretrieved would be logged as "Future exception was never retrieved"
+                future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _run(self) -> None:
         while True:

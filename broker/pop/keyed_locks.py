@@ -16,6 +16,10 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Hashable
 
 
+class LockWaitExpired(Exception):
+    """``hold``'s ``wait_s`` passed before the key's lock was free."""
+
+
 class _Entry:
     __slots__ = ("lock", "users", "wanted")
 
@@ -42,19 +46,25 @@ class KeyedLocks:
         return True
 
     @contextlib.asynccontextmanager
-    async def hold(self, key: Hashable) -> AsyncIterator[None]:
+    async def hold(self, key: Hashable, wait_s: float | None = None) -> AsyncIterator[None]:
+        """The key's lock, held for the block; LockWaitExpired when ``wait_s`` (None: no bound) passes first."""
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry()
         entry.users += 1
         try:
-            async with entry.lock:
-                try:
-                    yield
-                finally:
-                    if entry.wanted:
-                        entry.wanted = False
-                        self._on_freed(key)
+            try:
+                async with asyncio.timeout(wait_s):
+                    await entry.lock.acquire()
+            except TimeoutError:
+                raise LockWaitExpired(key) from None
+            try:
+                yield
+            finally:
+                entry.lock.release()
+                if entry.wanted:
+                    entry.wanted = False
+                    self._on_freed(key)
         finally:
             entry.users -= 1
             if entry.users == 0:

@@ -31,7 +31,7 @@ from ..writes import not_leader
 from . import journal as journal_mod
 from .dlq import DeadLetters
 from .handles import Handle, HandleCodec, load_secret
-from .keyed_locks import KeyedLocks
+from .keyed_locks import KeyedLocks, LockWaitExpired
 from .limits import (ACK_OUTCOMES_REMEMBERED_MAX, BUSY_QUEUE_WAIT_MS, DLQ_RETRY_MS, HANDOVER_PEERS_MAX, IN_FLIGHT_MAX,
                      IN_FLIGHT_PER_QUEUE_MAX, POP_QUEUES_MAX, POP_WAITERS_MAX)
 from .revive import Reviver
@@ -45,7 +45,14 @@ log = structlog.get_logger("broker.pop")
 
 SEQ_BITS = 32                    # deliveries per incarnation; the incarnation sits above
 HEAP_CHECK_EVERY = 10_000        # deliveries scheduled between two looks at the revive heap's size
-HANDOVER_WAIT_S = 5.0            # how long an old head waits to see the route that moved the queue away
+# How long an old head waits to see the route that moved the queue away, and then for the key's lock (a pop or a
+# journal round under way): both within the asker's PEER_REQUEST_TIMEOUT_S (5 s), so that it hears 503 CATCHING_UP
+# and asks again, rather than time out and take this broker for down (PEER_DOWN_S, for every request to it). Waiting
+# 5 s for the route alone, an old head holding the only copy of a group's state answered the new head's every ask
+# too late while a journal round held the key (the chaos runner, seed 49, seventh run: b2 took b3 for down for 10 s,
+# until b3 lost its disk, and started the group over from offset 0).
+HANDOVER_WAIT_S = 2.0
+HANDOVER_LOCK_WAIT_S = 2.0
 TAKEOVER_RETRY_S = 1.0           # a key whose takeover could not finish is tried again no sooner
 TAKEOVER_WORKERS = 8             # keys taken over from copies at once: one waiting on a peer holds no other back
 
@@ -120,10 +127,13 @@ class PopService:
         self._outcomes: OrderedDict[tuple[Key, int], tuple[int, str]] = OrderedDict()
         self._chores = Chores("pop_chore_failed")
         self._handing: set[Key] = set()
-        self._takeovers: deque[Key] = deque()       # keys held as copies, queued to be taken over
+        self._takeovers: deque[Key] = deque()       # keys held as copies or hinted, queued to be taken over
         self._takeover_queued: set[Key] = set()      # ... those, and the ones being taken over now
         self._takeover_retry_at: dict[Key, float] = {}   # monotonic: a key whose takeover could not finish
         self._takeover_workers = 0
+        self._takeover_retry_pending = False
+        self._hinted_here: set[Key] = set()          # keys of queues led here an older holder told of (take_over_soon)
+        self._hinted_heads: dict[Key, int] = {}      # key -> the gen of the head told of it (hint_new_heads)
         # (topic, queue, what): 503 NOT_ENOUGH_REPLICAS when the queue is led here below its min_insync (node.py)
         self.check_copies: Callable[[str, int, str], None] = lambda topic, queue, what: None
         self._in_flight_total = 0
@@ -558,6 +568,7 @@ class PopService:
         asked = {self.me}                                 # brokers whose own state is known
         asked_copies: set[tuple[str, int]] = set()        # (broker, gen) asked for a copy of that gen's state
         empty: set[str] = set()                           # brokers that answered holding no state of their own
+        settled: set[int] = set()                         # gens under which no pop was acknowledged (_ask_copies)
         for seg in reversed(await self.reader.history(topic, queue)):
             if seg.gen >= head.gen or len(asked) > HANDOVER_PEERS_MAX:
                 continue
@@ -572,7 +583,7 @@ class PopService:
                 # This broker led that gen and holds nothing of it: back on an empty disk, it leads on (a restart
                 # with no copy in sync to take over); the copies it waited for hold what it acknowledged (the chaos
                 # runner, seed 9: two groups started over from offset 0)
-                got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
+                got = await self._ask_copies(seg, key, asked, asked_copies, empty, settled, best)
                 if got is not None and (best is None or got.gen > best[0]):
                     best, copied, handed = (got.gen, got.next_offset), None, got.deliveries
                 continue
@@ -601,7 +612,7 @@ class PopService:
                     if mine is not None:
                         best, copied = (mine.gen, mine.next_offset), mine
                         continue
-                    got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
+                    got = await self._ask_copies(seg, key, asked, asked_copies, empty, settled, best)
                     if got is not None and (best is None or got.gen > best[0]):
                         best, copied, handed = (got.gen, got.next_offset), None, got.deliveries
                 continue
@@ -615,7 +626,8 @@ class PopService:
                 # and a copy refuses a deposed leader's pushes once it knows a newer head, so no ack is answered ok
                 # there after this. Waiting for the leader held the takeover back while its copies lost their disks
                 # one by one (the chaos runner, seed 63: 29 s, until no holder of gen 7's state was left)
-                log.info("pop_handover_leader_unanswered", key=key, leader=seg.broker, gen=seg.gen)
+                log.info("pop_handover_leader_unanswered", key=key, leader=seg.broker, gen=seg.gen,
+                         why=e.details.get("reason"))
                 got, lost = None, e
             if got is None:
                 empty.add(seg.broker)
@@ -625,9 +637,14 @@ class PopService:
                 if mine is not None and (best is None or mine.gen > best[0]):
                     best, copied = (mine.gen, mine.next_offset), mine
                     continue
-                got = await self._ask_copies(seg, key, asked, asked_copies, empty, best)
-                if got is None and lost is not None:
-                    raise lost   # no copy holds it: the leader's disk may be the only one that does
+                got = await self._ask_copies(seg, key, asked, asked_copies, empty, settled, best)
+                if got is None and lost is not None and seg.gen not in settled:
+                    # No copy holds it, and none the leader waited for says it held them all: the leader's disk may
+                    # be the only one that does. Settled, the leader answered no ack under this gen, and the gens
+                    # before it are asked (the chaos runner, seed 49, fifth run: b2 was lost before it popped under
+                    # gen 4; b1, leading gen 6, waited for it while b1's own gen-3 state was the group's only one
+                    # but for b2's copy, lost too, and then lost its own disk: the group started over from 0)
+                    raise lost
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
             # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
             # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
@@ -693,9 +710,11 @@ class PopService:
         runner's seed 7, where a queue remapped here was not taken over in the 0.7 s before its copies were wiped.
         A key that could not finish is tried again TAKEOVER_RETRY_S later at the soonest."""
         now = time.monotonic()
-        for key in [k for k in self._takeover_retry_at if k not in self.replica.states]:
+        for key in [k for k in self._hinted_here if not self._leads(k[1], k[2])]:
+            self._hinted_here.discard(key)     # led elsewhere now: that head is told of it (hint_new_heads)
+        for key in [k for k in self._takeover_retry_at if k not in self.replica.states and k not in self._hinted_here]:
             del self._takeover_retry_at[key]   # its copy is gone (taken at a pop, or dropped): nothing to retry
-        for key in self.replica.states:
+        for key in [*self.replica.states, *self._hinted_here]:
             if key in self._takeover_queued or self._takeover_retry_at.get(key, 0.0) > now \
                     or not self._leads(key[1], key[2]):
                 continue
@@ -710,20 +729,81 @@ class PopService:
             while self._takeovers:
                 key = self._takeovers.popleft()
                 try:
-                    if key in self.replica.states and self._leads(key[1], key[2]):
+                    if (key in self.replica.states or key in self._hinted_here) and self._leads(key[1], key[2]):
                         async with self.locks.hold(key):
                             await self._state_for(key)
                             # Taken over, or this broker's own state decided: either way the copy has served
                             # (kept, it would hold every joining copy out of the in-sync set: copies_untaken)
                             self.replica.take(key)
+                    self._hinted_here.discard(key)
                     self._takeover_retry_at.pop(key, None)
                 except ApiError as e:   # an older head to ask did not answer: the next route change or gate
                     log.info("pop_takeover_deferred", key=key, code=e.code)
+                    if e.code == "TOO_MANY_POP_QUEUES":
+                        self._hinted_here.discard(key)   # its first pop here is refused the same way
                     self._takeover_retry_at[key] = time.monotonic() + TAKEOVER_RETRY_S
+                    if key in self._hinted_here:
+                        self._retry_takeovers_later()   # no gate asks again for a key held as no copy here
                 finally:
                     self._takeover_queued.discard(key)
         finally:
             self._takeover_workers -= 1
+
+    def _retry_takeovers_later(self) -> None:
+        if not self._takeover_retry_pending:
+            self._takeover_retry_pending = True
+            self._spawn(self._retry_takeovers(), "retry takeovers")
+
+    async def _retry_takeovers(self) -> None:
+        try:
+            await asyncio.sleep(TAKEOVER_RETRY_S)
+        finally:
+            self._takeover_retry_pending = False
+        self.take_over_copies_soon()
+
+    def take_over_soon(self, key: Key) -> None:
+        """An older holder of a group's state of a queue this broker leads says it holds one not taken over
+        (``hint_new_heads``, ``POST /v1/pop-takeover``): take it over now, as a copy held here is, not at the
+        group's first pop here. 409 NOT_LEADER when the queue is not led here."""
+        _, topic, queue = key
+        if not self._leads(topic, queue):
+            raise not_leader(topic, queue, self.routes.head(topic, queue))
+        if key not in self._hinted_here and len(self._hinted_here) >= POP_QUEUES_MAX:
+            raise rejection(409, "TOO_MANY_POP_QUEUES", f"this broker keeps pop state of at most {POP_QUEUES_MAX} "
+                            "(group, topic, queue)", limit=POP_QUEUES_MAX)
+        self._hinted_here.add(key)
+        self.take_over_copies_soon()
+
+    def hint_new_heads(self, topic: str) -> None:
+        """Tell the head of each queue of ``topic`` led elsewhere, once per head gen, of every group whose state
+        this broker holds of an older gen (its own, not frozen yet, or a copy): the head takes it over at once
+        (``take_over_soon``). Taken over only at a group's first pop there, a state stayed on the older gens'
+        disks alone while the log moved on, and was lost with them (the chaos runner, seed 49, sixth run: b3, elected
+        with its copy of gen 8, was remapped away and failed over from before any pop reached the new heads; when
+        b3 lost its disk, the group started over from offset 0). A hint that is not answered is sent again at the
+        topic's next route change."""
+        for key in [k for k in self._hinted_heads if k not in self.states and k not in self.replica.states]:
+            del self._hinted_heads[key]
+        for key in dict.fromkeys([*self.states, *self.replica.states]):
+            if key[1] != topic:
+                continue
+            head = self.routes.head(topic, key[2])
+            if head is None or head.broker == self.me or head.logic_start is None or not head.address \
+                    or self._hinted_heads.get(key) == head.gen:
+                continue
+            own, copy = self.states.get(key), self.replica.states.get(key)
+            held = max(own.gen if own is not None and not own.frozen else -1, copy.gen if copy is not None else -1)
+            if 0 <= held < head.gen:
+                self._hinted_heads[key] = head.gen
+                self._spawn(self._hint_head(key, head), "hint a new head")
+
+    async def _hint_head(self, key: Key, head: Segment) -> None:
+        try:
+            await self.reader.peers.request("POST", head, _queue_path("pop-takeover", key))
+        except ApiError as e:
+            log.info("pop_takeover_hint_failed", key=key, head=head.broker, gen=head.gen, code=e.code)
+            if self._hinted_heads.get(key) == head.gen:
+                del self._hinted_heads[key]
 
     def _leads(self, topic: str, queue: int) -> bool:
         head = self.routes.head(topic, queue)
@@ -781,7 +861,7 @@ class PopService:
         return path if best is None else f"{path}&above_gen={best[0]}"
 
     async def _ask_copies(self, seg: Segment, key: Key, asked: set[str], asked_copies: set[tuple[str, int]],
-                          empty: set[str], best: tuple[int, int] | None) -> Found | None:
+                          empty: set[str], settled: set[int], best: tuple[int, int] | None) -> Found | None:
         """``seg``'s pop state of ``key`` from a copy of it (its sealer, its in-sync set, then its other replicas),
         frozen there as that broker's own; else the newest older state a copy answered with, its own; None when every
         one answered that it holds none. One of the sealer and the in-sync set that does not answer, while none that
@@ -789,7 +869,13 @@ class PopService:
         BROKER_UNAVAILABLE, retried at the next pop): each copy the leader waited for holds every ack it answered,
         and starting from an older state, or from the queue's start, would deliver them again (the chaos runner,
         seed 9: a head cut off from every broker while it took over started from offset 0, and 300 acknowledged
-        pops came back)."""
+        pops came back).
+
+        A copy of the sealer and the in-sync set whose disk held ``seg`` as its leader or an in-sync copy (its
+        answer's ``holds``: broker/offset_witness.py) and that holds no state of ``seg``'s gen settles it: the
+        leader answered no ack under it, for it would have waited for this copy. ``seg.gen`` goes into ``settled``,
+        and a copy that did not answer no longer stops the takeover. A copy back on an empty disk is named by the
+        segment still but holds no mark of it: its "nothing" settles nothing."""
         topic = key[1]
         path = self._handover_path(key, seg.gen, best)
         unanswered: dict[str, str] = {}
@@ -816,6 +902,11 @@ class PopService:
             # b3, out of sync for gen 3 and cut off, led gen 2; b2 started from gen 1's state, 127 acked pops again)
             asked.add(copy)
             found = Found.of(body)
+            if found is None or found.gen < seg.gen:
+                holds = body.get("holds")
+                if (copy == seg.sealer or copy in seg.in_sync) and isinstance(holds, list) \
+                        and seg.physical_queue in holds:
+                    settled.add(seg.gen)
             if found is None:
                 empty.add(copy)   # nothing of its own: a gen it led is asked of that gen's copies
             elif found.gen >= seg.gen:
@@ -825,7 +916,7 @@ class PopService:
                 # head popped it; the first head, asked here as a copy, was then passed over as an older head
                 # already asked, and the third started the group from offset 0)
                 older = found
-        if unanswered:
+        if unanswered and seg.gen not in settled:
             raise rejection(503, "BROKER_UNAVAILABLE", f"the pop state of queue {key[2]} of {topic!r} under gen "
                             f"{seg.gen} is held by none that answered, and {sorted(unanswered)} did not: starting "
                             "without them could deliver acknowledged pops again", queue=key[2],
@@ -853,36 +944,49 @@ class PopService:
                        f"take over the pop state of queue {queue} of {topic!r}: it is not the queue's head")
         if head is not None and head.broker == self.me:
             raise rejection(409, "NOT_LEADER", "this broker holds the queue's head: its pop state is current here")
-        async with self.locks.hold(key):
-            st = self.states.get(key)
-            rep = self.replica.states.get(key)
-            if rep is not None and rep.gen == copy_of_gen and (st is None or rep.gen > st.gen):
-                # A copy of a newer head's state than any led here, asked for because that head's leader holds none:
-                # it becomes this broker's own, frozen, and its deliveries in flight go to the head below
-                self.replica.take(key)
-                st = self.states[key] = self._from_copy(rep, st, rep.gen)
-                st.frozen = False
-            if st is None or (above_gen is not None and st.gen < above_gen and not st.frozen):
-                # Older than the state the asker holds already: it will not start from this one, so this one is not
-                # frozen, nor are its deliveries handed over (the chaos runner's fixed seed 884: b1, leading on after
-                # a power loss, asked b3 for a copy of a gen it had led itself; b3 froze its own gen-0 state, older
-                # than b1's own, and handed over a delivery b1 had since seen acked: delivered again)
-                return {"found": False}
-            # One owner per delivery: every one in flight goes to the head now, due or not, in this answer, and its
-            # handle is refused here from now on. Kept here until due, they sat on this broker's disk alone: wiped
-            # before then, they were never delivered again (the chaos runner, seed 7); copies of this broker's state
-            # could not stand in, the head's own copies holding the head's state alone. Handed over only by a push
-            # after this answer, they sat on this disk alone until the push got through (the same fault, narrower).
-            # They stay here until the head confirms its takeover durable (``_push_expired``).
-            was = (st.frozen, st.moved_below)
-            st.frozen = True
-            st.hand_over_all()
-            if (st.frozen, st.moved_below) != was:   # on disk before anything is handed over
-                self.journal.touch(key)
-                await self.journal.durable()
-            self._hand_over_soon(key)
-            handed = [[o, st.in_flight[o].attempt, st.in_flight[o].deadline_ms] for o in st.ready if o in st.in_flight]
-            return {"found": True, "in_flight": len(st.in_flight), **Found(st.gen, st.next_offset, handed)._asdict()}
+        # The segments of the queue this disk held as their leader or an in-sync copy: the asker's rule for an
+        # answer of no state (``_ask_copies``)
+        holds = sorted(self.reader.witness.held(topic, queue))
+        try:
+            async with self.locks.hold(key, HANDOVER_LOCK_WAIT_S):
+                return await self._freeze_held(key, copy_of_gen, above_gen, holds)
+        except LockWaitExpired:
+            raise rejection(503, "CATCHING_UP", "this broker's pop state of the queue is busy (a pop or a journal "
+                            "round); ask again shortly", queue=queue) from None
+
+    async def _freeze_held(self, key: Key, copy_of_gen: int | None, above_gen: int | None,
+                           holds: list[str]) -> dict[str, Any]:
+        """``freeze`` under the key's lock: this broker's own state of ``key``, frozen, as the answer says."""
+        st = self.states.get(key)
+        rep = self.replica.states.get(key)
+        if rep is not None and rep.gen == copy_of_gen and (st is None or rep.gen > st.gen):
+            # A copy of a newer head's state than any led here, asked for because that head's leader holds none:
+            # it becomes this broker's own, frozen, and its deliveries in flight go to the head below
+            self.replica.take(key)
+            st = self.states[key] = self._from_copy(rep, st, rep.gen)
+            st.frozen = False
+        if st is None or (above_gen is not None and st.gen < above_gen and not st.frozen):
+            # Older than the state the asker holds already: it will not start from this one, so this one is not
+            # frozen, nor are its deliveries handed over (the chaos runner's fixed seed 884: b1, leading on after
+            # a power loss, asked b3 for a copy of a gen it had led itself; b3 froze its own gen-0 state, older
+            # than b1's own, and handed over a delivery b1 had since seen acked: delivered again)
+            return {"found": False, "holds": holds}
+        # One owner per delivery: every one in flight goes to the head now, due or not, in this answer, and its
+        # handle is refused here from now on. Kept here until due, they sat on this broker's disk alone: wiped
+        # before then, they were never delivered again (the chaos runner, seed 7); copies of this broker's state
+        # could not stand in, the head's own copies holding the head's state alone. Handed over only by a push
+        # after this answer, they sat on this disk alone until the push got through (the same fault, narrower).
+        # They stay here until the head confirms its takeover durable (``_push_expired``).
+        was = (st.frozen, st.moved_below)
+        st.frozen = True
+        st.hand_over_all()
+        if (st.frozen, st.moved_below) != was:   # on disk before anything is handed over
+            self.journal.touch(key)
+            await self.journal.durable()
+        self._hand_over_soon(key)
+        handed = [[o, st.in_flight[o].attempt, st.in_flight[o].deadline_ms] for o in st.ready if o in st.in_flight]
+        return {"found": True, "in_flight": len(st.in_flight), "holds": holds,
+                **Found(st.gen, st.next_offset, handed)._asdict()}
 
     def _hand_over_soon(self, key: Key) -> None:
         if key not in self._handing:
