@@ -239,6 +239,35 @@ async def test_an_ack_below_min_insync_is_refused_and_applied_nowhere_like_a_sen
         assert s == 200 and all(x["ok"] for x in b["results"]), (s, b)
 
 
+async def test_an_ack_or_a_commit_whose_copy_leaves_the_set_below_min_insync_is_in_doubt_not_ok(tmp_path):
+    """An ack and a commit made while the one copy is down wait for it until a fence takes it out of the in-sync set;
+    the set is then below min_insync, so they are answered 503 REPLICATION_UNCONFIRMED (stored on the leader alone,
+    in doubt), never ok (the chaos runner, seed 49: b1 answered acks ok once b3, dead, was fenced out, and they were
+    delivered again after b1 lost its disk). Acked again once the copy is back in sync, they are ok."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 2})
+        address, copy = r["queues"][0]["address"], r["queues"][0]["replicas"][1]
+        await fill(c, "p", 10)
+        s, b, _ = await c.call("POST", f"{address}/v1/pop/p", "client", json={"group": GROUP, "max": 10,
+                                                                               "invisible_ms": 60_000})
+        assert s == 200 and len(b["messages"]) == 10, (s, b)
+        handles = [m["handle"] for m in b["messages"]]
+        c.kill9(copy)
+        ack, commit = await asyncio.gather(
+            c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles},
+                   timeout_s=WAIT_S),
+            c.call("PUT", f"{address}/v1/offsets/og/p/0", "client", json={"offset": 5}, timeout_s=WAIT_S))
+        for s, b, _ in (ack, commit):
+            assert s == 503 and b["error"]["code"] == "REPLICATION_UNCONFIRMED", (s, b)
+        assert len((await route(c, "p"))["queues"][0]["in_sync"]) == 1, "answered once the fence took the copy out"
+        c.start(copy)
+        await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2, timeout_s=60.0)
+        s, b, _ = await c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles})
+        assert s == 200 and all(x["ok"] for x in b["results"]), (s, b)
+        s, b, _ = await c.call("PUT", f"{address}/v1/offsets/og/p/0", "client", json={"offset": 5})
+        assert s == 200, (s, b)
+
+
 async def test_a_leader_deposed_by_a_failover_refuses_acks_of_what_it_handed_out(tmp_path):
     """The copy a failover elected delivers again what the lost leader had in flight; the old leader, back, must
     not answer an ack of one ok (the chaos runner: acked there, delivered again by the new head)."""

@@ -729,6 +729,11 @@ class PopService:
             while self._takeovers:
                 key = self._takeovers.popleft()
                 try:
+                    # Not before this broker's session and routes are current: back on an empty disk and not
+                    # registered yet, its routes still named it the head of its lost disk's gen; told by a hint, it
+                    # took a group over there from an older gen's copy and pushed that state to the gen's copies
+                    # over their own, newer one (the chaos runner, seed 49, eighth run: acked pops delivered again)
+                    self._require_ready("takes the pop state over")
                     if (key in self.replica.states or key in self._hinted_here) and self._leads(key[1], key[2]):
                         async with self.locks.hold(key):
                             await self._state_for(key)
@@ -766,6 +771,7 @@ class PopService:
         (``hint_new_heads``, ``POST /v1/pop-takeover``): take it over now, as a copy held here is, not at the
         group's first pop here. 409 NOT_LEADER when the queue is not led here."""
         _, topic, queue = key
+        self._require_ready("takes the pop state over")
         if not self._leads(topic, queue):
             raise not_leader(topic, queue, self.routes.head(topic, queue))
         if key not in self._hinted_here and len(self._hinted_here) >= POP_QUEUES_MAX:

@@ -133,9 +133,16 @@ class ReplicaTracker:
         now = self.routes.held(pq) or seg
         if (now.sealer or now.broker) != self.me:   # a failover: another copy's end is the segment's end
             raise unconfirmed(seg, "another copy was elected to lead meanwhile")
+        self.still_enough(now)
+
+    def still_enough(self, seg: Segment, what: str = "the records are") -> None:
+        """What was stored while ``seg``'s copies in sync were waited for (records, a commit, pop state: ``what``),
+        once they are as ``seg`` names them now: 503 REPLICATION_UNCONFIRMED when they fell below min_insync, a
+        copy waited for having left the set. Answered ok, it stood on fewer disks than the topic asks (the chaos
+        runner, seed 49: b1 answered pop acks ok once a fence took b3, dead, out of the set, on b1's disk alone)."""
         need = self.routes.min_insync(seg.topic)
-        if len(now.in_sync) < need:
-            raise unconfirmed(seg, f"{len(now.in_sync)} copies are in sync and the topic needs {need}")
+        if len(seg.in_sync) < need:
+            raise unconfirmed(seg, f"{len(seg.in_sync)} copies are in sync and the topic needs {need}", what)
 
     def _settle(self, pq: str) -> None:
         waiters = self._waiters.get(pq)

@@ -70,6 +70,7 @@ class OffsetCopies:
         self._in_flight: dict[str, dict[str, Committed]] = {}            # pq -> group -> commit not yet answered
         self._aside: dict[tuple[str, str], int] = {}   # (pq, copy) -> pushes out to a copy not waited for
         self._tasks: set[asyncio.Task] = set()
+        self._opened: set[str] = set()   # heads led here whose copies in sync were sent the queue's commits
 
     # -- the leader ---------------------------------------------------------------------------------------------
     async def commit(self, head: Segment, group: str, offset: int) -> None:
@@ -111,6 +112,7 @@ class OffsetCopies:
                 return   # the head moved on: the commit's caller refuses it (Writer.still_offsets_head)
             if copy not in self.tracker.waited_for(now):
                 self._unready(pq, copy)   # it may miss this commit: a snapshot first, before it is waited for
+                self.tracker.still_enough(now, "the commit is")
                 return
             if time.monotonic() > deadline:
                 raise unconfirmed(head, f"copy {copy} did not store the commit within {REPLICATION_WAIT_S:.0f} s "
@@ -148,7 +150,23 @@ class OffsetCopies:
             self._syncing[(pq, copy)] = asyncio.create_task(self._sync(seg, copy), name=f"offsets-snapshot-{pq}")
         return False
 
-    async def _sync(self, seg: Segment, copy: str) -> None:
+    def _send_to_copies_in_sync(self) -> None:
+        """Each head this broker has come to lead (a failover, a remap, a growth): its copies in sync get the queue's
+        whole commit table once, as a copy joining the set does. Meta names a new gen's copies in sync from its
+        opening, its records being none yet, but the queue's commits of older gens were only on the copies of those
+        gens (the chaos runner, seed 49: a commit b1 made under gen 4 was on b1 and b2; gen 5 opened with b3 in sync,
+        back on an empty disk, and gen 6 on b2 with b3; b1 and b2 lost their disks, and b3 read the group's
+        committed offset back at an older commit). One that failed is sent again at the next route change."""
+        for pq, seg in self.routes.hosted.items():
+            if seg.state != "active" or seg.broker != self.me or pq in self._opened:
+                continue
+            self._opened.add(pq)
+            for copy in sorted(self.tracker.waited_for(seg)):
+                if (pq, copy) not in self._syncing:
+                    self._syncing[(pq, copy)] = asyncio.create_task(self._sync(seg, copy, opened=True),
+                                                                    name=f"offsets-snapshot-{pq}")
+
+    async def _sync(self, seg: Segment, copy: str, opened: bool = False) -> None:
         pq = seg.physical_queue
         try:
             values = dict(self.store.queue_values(seg.topic, seg.queue))
@@ -166,6 +184,8 @@ class OffsetCopies:
         except (ApiError, Unreachable) as e:
             log.info("offsets_snapshot_failed", pq=pq, copy=copy, error=str(e))
             self._unready(pq, copy)
+            if opened:
+                self._opened.discard(pq)
         finally:
             self._syncing.pop((pq, copy), None)
 
@@ -179,12 +199,15 @@ class OffsetCopies:
         self._ready.get(pq, set()).discard(copy)
 
     def route_changed(self) -> None:
-        """What is kept of a head this broker no longer leads goes."""
-        for pq in {*self._pushed, *self._ready}:
+        """What is kept of a head this broker no longer leads goes; the copies of a head it has come to lead get the
+        queue's commits."""
+        for pq in {*self._pushed, *self._ready, *self._opened}:
             seg = self.routes.hosted.get(pq)
-            if seg is None or seg.state != "active":
+            if seg is None or seg.state != "active" or seg.broker != self.me:
                 self._pushed.pop(pq, None)
                 self._ready.pop(pq, None)
+                self._opened.discard(pq)
+        self._send_to_copies_in_sync()
 
     def stop(self) -> None:
         for task in [*self._syncing.values(), *self._tasks]:

@@ -161,6 +161,8 @@ class PopCopies:
                 return
             if p.copy not in self.tracker.waited_for(now):
                 self._unready(pq, p.copy)
+                if p.waited:
+                    self.tracker.still_enough(now, "the pop state is")
                 return
             if time.monotonic() > deadline:
                 self._snapshot.setdefault(pq, set()).add(p.copy)   # it may have missed this round
