@@ -362,7 +362,7 @@ def _alive(pid: int) -> bool:
         pass
     # Another process's zombie (a killed member whose parent, maybe init, has not reaped it yet) still answers
     # kill 0: `dev start` called such a member "already running" and started nothing
-    return _state(pid) not in ("Z", "X")
+    return not _exited(pid, _state(pid))
 
 
 def _group_alive(pgid: int) -> bool:
@@ -373,9 +373,22 @@ def _group_alive(pgid: int) -> bool:
         return True
     for entry in os.listdir("/proc"):
         fields = _stat(entry) if entry.isdigit() else None
-        if fields is not None and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+        if fields is not None and fields[2] == str(pgid) and not _exited(entry, fields[0]):
             return True
     return False
+
+
+def _exited(pid: int | str, state: str | None) -> bool:
+    """Whether a process whose state letter is ``state`` has let go of everything it held. A zombie's main thread
+    may show "Z" while its other threads are still exiting, and they share its open files: a broker killed with
+    -9 and taken for gone at its main thread's "Z" still accepted connections on its port for a moment (the
+    console test's peer-down probe was answered, once in a full run). Gone means no thread left but the zombie."""
+    if state not in ("Z", "X"):
+        return False
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except OSError:
+        return True   # no /proc entry any more: reaped
 
 
 def _state(pid: int | str) -> str | None:

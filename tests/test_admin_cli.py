@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -83,6 +84,39 @@ def test_another_process_zombie_is_not_taken_for_a_live_member():
             time.sleep(0.05)
         assert not devcluster._alive(zombie)
         assert devcluster._alive(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+
+
+def test_a_process_whose_main_thread_exited_while_another_holds_its_port_is_alive():
+    # A member killed with -9: its main thread may show "Z" while its other threads, which share its open files,
+    # are still exiting. Taken for gone then, its port still accepted connections (the console test's peer-down
+    # probe was answered). Here the main thread of another process's child exits on purpose (pthread_exit) while
+    # another thread keeps a listening socket.
+    port = devcluster.free_base_port()   # below the ephemeral range, like every port a test binds
+    code = ("import ctypes, os, socket, threading, time\n"
+            f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    threading.Thread(target=time.sleep, args=(60,)).start()\n"
+            "    ctypes.CDLL(None).pthread_exit(None)\n"
+            "s.close()\n"
+            "print(pid, flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while devcluster._state(child) != "Z":
+            assert time.monotonic() < deadline, "the child's main thread never exited"
+            time.sleep(0.05)
+        assert devcluster._alive(child), "a thread still runs and holds its files"
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()   # its port still accepts
+        os.kill(child, signal.SIGKILL)
+        while devcluster._alive(child):
+            assert time.monotonic() < deadline, "the killed child is still taken for alive"
+            time.sleep(0.05)
     finally:
         parent.kill()
         parent.wait(timeout=30)
