@@ -5,8 +5,11 @@ failover elects answers every commit the old leader acknowledged.
 - The leader stamps each commit ``(gen, seq)`` (broker/offsets.py) and PUTs it to every copy it waits for (the
   in-sync set of its route and the copies it asked meta to add: ``ReplicaTracker.waited_for``) while it syncs its
   own line; a copy keeps the newest stamp of each key, whatever order pushes and snapshots arrive in. Pushes are
-  retried until the copy holds the commit, leaves the set waited for (meta removed it: the lag bound), or
-  REPLICATION_WAIT_S passes (503 REPLICATION_UNCONFIRMED).
+  retried until the copy holds the commit, leaves the set waited for (meta removed it: the lag bound; 503
+  REPLICATION_UNCONFIRMED when that leaves fewer copies in sync than min_insync), or REPLICATION_WAIT_S passes (503
+  REPLICATION_UNCONFIRMED).
+- A broker that comes to lead a head sends each copy in sync the queue's whole commit table once: meta names a new
+  gen's copies in sync from its opening, and the queue's commits of older gens were on those gens' copies only.
 - A copy outside the in-sync set gets no pushes and falls behind. Before the leader asks meta to add it
   (``ready``, which the tracker asks first), the leader starts pushing to it (commits do not wait for those pushes)
   and sends it a snapshot of the queue's commits, its durable ones and those still being synced; only once that has

@@ -6,8 +6,9 @@ never delivers an acknowledged pop again (it takes the state over: broker/pop/se
 - Each round, the lines of each queue this broker leads go to its copies (``PUT /v1/replica/pop``; the copy keeps
   them apart, broker/pop/replica.py), one push per queue and copy, every push of a round awaited before the next
   round starts, so a copy applies them in order. A copy waited for (``ReplicaTracker.waited_for``) is asked again
-  until it holds them, leaves the set, or REPLICATION_WAIT_S passes (the round's acks are answered 503
-  REPLICATION_UNCONFIRMED); a copy that missed a round gets the queue's whole state (a *snapshot*) at the next one,
+  until it holds them, leaves the set (the round's acks are answered 503 REPLICATION_UNCONFIRMED when that leaves
+  fewer copies in sync than min_insync), or REPLICATION_WAIT_S passes (the same answer); a copy that missed a
+  round gets the queue's whole state (a *snapshot*) at the next one,
   before any other line, since a delta line only adds and removes.
 - A copy outside the in-sync set gets nothing. Before the leader asks meta to add it (``ready``, which the tracker
   asks first), it gets a snapshot at the next round and every round after; it is ready once the snapshot is stored
