@@ -59,24 +59,27 @@ async def test_a_head_this_broker_comes_to_lead_sends_its_copies_in_sync_the_que
         await store.store([(("g", "t", 0), Committed(325, 4, 1))])   # taken as gen 4's copy
         oc = OffsetCopies("b1", routes, ReplicaTracker("b1", routes, lambda seg: 0), store, copies)
         routes.update(route(1, 5, "b2", ["b2", "b1", "b3"]))   # a copy here: nothing to send
-        oc.route_changed()
+        oc.route_changed("t")
         await asyncio.sleep(0.05)
         assert copies.sent == []
         copies.down = {"b3"}
         routes.update(route(2, 6, "b1", ["b1", "b2", "b3"]))   # led here now (a failover)
-        oc.route_changed()
+        oc.route_changed("other")
+        await asyncio.sleep(0.05)
+        assert copies.sent == [], "another topic's route change looks at that topic's heads only"
+        oc.route_changed("t")
         await until(lambda: len(copies.sent) == 1 and not oc._syncing)
         assert copies.sent == [("b2", "t.q0.g6", [("g", 325)])]
         routes.update(route(3, 6, "b1", ["b1", "b2", "b3"]))
         copies.down = set()
-        oc.route_changed()   # b3 did not take it: sent again, to both
+        oc.route_changed("t")   # b3 did not take it: sent again, to both
         await until(lambda: len(copies.sent) == 3 and not oc._syncing)
         assert sorted(copies.sent[1:]) == [("b2", "t.q0.g6", [("g", 325)]), ("b3", "t.q0.g6", [("g", 325)])]
-        oc.route_changed()
+        oc.route_changed("t")
         await asyncio.sleep(0.05)
         assert len(copies.sent) == 3, "once per gen"
         routes.update(route(4, 7, "b1", ["b1", "b3"]))   # a new gen led here: again, to its copies in sync
-        oc.route_changed()
+        oc.route_changed("t")
         await until(lambda: len(copies.sent) == 4 and not oc._syncing)
         assert copies.sent[3] == ("b3", "t.q0.g7", [("g", 325)])
         oc.stop()

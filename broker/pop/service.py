@@ -9,6 +9,7 @@ design across remaps.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections import OrderedDict, deque
@@ -788,9 +789,11 @@ class PopService:
         with its copy of gen 8, was remapped away and failed over from before any pop reached the new heads; when
         b3 lost its disk, the group started over from offset 0). A hint that is not answered is sent again at the
         topic's next route change."""
-        for key in [k for k in self._hinted_heads if k not in self.states and k not in self.replica.states]:
-            del self._hinted_heads[key]
-        for key in dict.fromkeys([*self.states, *self.replica.states]):
+        if len(self._hinted_heads) > len(self.states) + len(self.replica.states):
+            # Keys held no more (taken, dropped): pruned once they could outnumber those held, not at every call
+            for key in [k for k in self._hinted_heads if k not in self.states and k not in self.replica.states]:
+                del self._hinted_heads[key]
+        for key in itertools.chain(self.states, self.replica.states):   # one held both ways is told once (gen)
             if key[1] != topic:
                 continue
             head = self.routes.head(topic, key[2])
