@@ -763,13 +763,13 @@ def test_exclusive_members_go_silent_one_at_a_time_and_only_while_holding_queues
     assert not turns.is_silent("ex-1", end + workloads.EX_SILENT_GAP_S - 0.1, True)
     assert turns.is_silent("ex-1", end + workloads.EX_SILENT_GAP_S, True)
     # a refusal of the silent member's commit ends its silence; another's refusal does not
-    refused = end + workloads.EX_SILENT_GAP_S + workloads.EX_SILENT_S
+    refused = end + workloads.EX_SILENT_GAP_S + 10.0
     turns.fenced("ex-0", refused)
     assert turns.is_silent("ex-1", refused, True)
     turns.fenced("ex-1", refused)
     assert not turns.is_silent("ex-1", refused, True)
     assert not turns.is_silent("ex-0", refused + workloads.EX_SILENT_GAP_S - 0.1, True)
     assert turns.is_silent("ex-0", refused + workloads.EX_SILENT_GAP_S, True)
-    # a silence may outlast the longest lease the operator sets, with a margin for the expiry to reach the broker
-    assert workloads.EX_SILENT_MAX_S >= workloads.EX_SILENT_S
-    assert workloads.EX_SILENT_S >= max(operators.LEASES_MS) / 1000 + 5
+    # a silence may outlast the longest lease the operator sets many times over: each new meta leader starts every
+    # lease afresh, and the CI run's meta faults come every few seconds for its first 30 s
+    assert workloads.EX_SILENT_MAX_S >= 3 * (max(operators.LEASES_MS) / 1000 + 5)
