@@ -465,12 +465,11 @@ async def test_a_head_told_of_a_group_s_state_held_elsewhere_takes_it_over_befor
     assert e.value.code == "NOT_LEADER"
 
 
-async def test_no_takeover_runs_before_the_session_and_routes_are_current(node, monkeypatch):
-    """Back on an empty disk and not registered yet, a broker's routes may still name it the head of its lost disk's
-    gen: neither a hint nor a copy held here starts a takeover then (the chaos runner, seed 49: b1 took a group over
-    there from an older copy and pushed it over the gen's copies' newer state). Once ready, the copy is taken."""
+def a_copy_of_gen_0_held_here(node, monkeypatch, refuse_first: bool = False) -> list[str]:
+    """b2 led gen 0 with this broker (b1) in sync; b1 leads gen 1 and holds a copy of KEY's gen-0 state (pop offset
+    3). b2 answers each ``pop-handover`` that it holds nothing of its own (``refuse_first``: the first one 503
+    CATCHING_UP, b2 alive but behind); the paths asked go into the list returned."""
     from broker.pop.state import QueueState
-    monkeypatch.setattr(service_mod, "TAKEOVER_RETRY_S", 0.1)
     node.routes.update(route(9, [seg(0, "b2", 0, 3, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
                                  seg(1, "b1", 3, None, "active", 3)]))
     node.pop.replica.states[KEY] = QueueState(KEY, 3, 0)
@@ -478,8 +477,19 @@ async def test_no_takeover_runs_before_the_session_and_routes_are_current(node, 
 
     async def request(method, segment, path, *a, **kw):
         asked.append(path)
+        if refuse_first and len(asked) == 1:
+            raise rejection(503, "CATCHING_UP", "b2 has not seen the route")
         return {"found": False}
     monkeypatch.setattr(node.reader.peers, "request", request)
+    return asked
+
+
+async def test_no_takeover_runs_before_the_session_and_routes_are_current(node, monkeypatch):
+    """Back on an empty disk and not registered yet, a broker's routes may still name it the head of its lost disk's
+    gen: neither a hint nor a copy held here starts a takeover then (the chaos runner, seed 49: b1 took a group over
+    there from an older copy and pushed it over the gen's copies' newer state). Once ready, the copy is taken."""
+    monkeypatch.setattr(service_mod, "TAKEOVER_RETRY_S", 0.1)
+    asked = a_copy_of_gen_0_held_here(node, monkeypatch)
     ready = False
     monkeypatch.setattr(node.pop, "_ready", lambda: ready)
     with pytest.raises(ApiError) as e:
@@ -634,20 +644,10 @@ async def test_a_copy_held_here_of_an_older_gen_whose_leader_holds_nothing_now_i
 
 async def test_a_takeover_of_a_copy_that_could_not_finish_is_tried_again_only_after_its_pause(node, monkeypatch):
     """Each key on its own: one whose older head refused (503) is not asked again at every route change, but once
-    TAKEOVER_RETRY_S has passed, and then it is taken over."""
-    from broker.pop.state import QueueState
+    TAKEOVER_RETRY_S has passed, and then it is taken over. (b2 alive but behind, 503, holds the takeover back; one
+    that does not answer at all is passed for the copies it waited for.)"""
     monkeypatch.setattr(service_mod, "TAKEOVER_RETRY_S", 0.3)
-    node.routes.update(route(9, [seg(0, "b2", 0, 3, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
-                                 seg(1, "b1", 3, None, "active", 3)]))
-    node.pop.replica.states[KEY] = QueueState(KEY, 3, 0)
-    asked = []
-
-    async def request(method, segment, path, *a, **kw):
-        asked.append(path)
-        if len(asked) == 1:   # b2 alive but behind: the takeover waits for it (one that does not answer at all is
-            raise rejection(503, "CATCHING_UP", "b2 has not seen the route")   # passed for the copies it waited for)
-        return {"found": False}
-    monkeypatch.setattr(node.reader.peers, "request", request)
+    asked = a_copy_of_gen_0_held_here(node, monkeypatch, refuse_first=True)
     node.pop.take_over_copies_soon()
     await until(lambda: KEY in node.pop._takeover_retry_at and KEY not in node.pop._takeover_queued)
     node.pop.take_over_copies_soon()   # a route change within the pause

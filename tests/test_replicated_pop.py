@@ -214,18 +214,24 @@ async def test_a_queue_remapped_off_a_leader_back_on_an_empty_disk_takes_the_pop
         assert log.delivered_after_ack() == [], "pops delivered again after their ack was answered"
 
 
+async def ten_popped_of_two_copies(c) -> tuple[str, str, list[str]]:
+    """Topic p of one queue, two copies, min_insync 2, ten messages, all popped by GROUP (invisible for a minute):
+    the head's address, its copy, and the ten handles."""
+    r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 2})
+    address, copy = r["queues"][0]["address"], r["queues"][0]["replicas"][1]
+    await fill(c, "p", 10)
+    s, b, _ = await c.call("POST", f"{address}/v1/pop/p", "client", json={"group": GROUP, "max": 10,
+                                                                           "invisible_ms": 60_000})
+    assert s == 200 and len(b["messages"]) == 10, (s, b)
+    return address, copy, [m["handle"] for m in b["messages"]]
+
+
 async def test_an_ack_below_min_insync_is_refused_and_applied_nowhere_like_a_send(tmp_path):
     """With fewer copies in sync than min_insync a send is refused; so is an ack and a change of invisible time
     (the chaos runner: acks answered on a lone leader's disk came back after it lost it). Nothing is applied: the
     handle still works once the copy is back in sync."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 2})
-        address, copy = r["queues"][0]["address"], r["queues"][0]["replicas"][1]
-        await fill(c, "p", 10)
-        s, b, _ = await c.call("POST", f"{address}/v1/pop/p", "client", json={"group": GROUP, "max": 10,
-                                                                               "invisible_ms": 60_000})
-        assert s == 200 and len(b["messages"]) == 10, (s, b)
-        handles = [m["handle"] for m in b["messages"]]
+        address, copy, handles = await ten_popped_of_two_copies(c)
         c.kill9(copy)
         await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 1, timeout_s=WAIT_S)
         s, b, _ = await c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles})
@@ -245,13 +251,7 @@ async def test_an_ack_or_a_commit_whose_copy_leaves_the_set_below_min_insync_is_
     in doubt), never ok (the chaos runner, seed 49: b1 answered acks ok once b3, dead, was fenced out, and they were
     delivered again after b1 lost its disk). Acked again once the copy is back in sync, they are ok."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        r = await one_queue(c, {"topic": "p", "queues": 1, "replicas": 2, "min_insync": 2})
-        address, copy = r["queues"][0]["address"], r["queues"][0]["replicas"][1]
-        await fill(c, "p", 10)
-        s, b, _ = await c.call("POST", f"{address}/v1/pop/p", "client", json={"group": GROUP, "max": 10,
-                                                                               "invisible_ms": 60_000})
-        assert s == 200 and len(b["messages"]) == 10, (s, b)
-        handles = [m["handle"] for m in b["messages"]]
+        address, copy, handles = await ten_popped_of_two_copies(c)
         c.kill9(copy)
         ack, commit = await asyncio.gather(
             c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles},
