@@ -118,6 +118,7 @@ class BrokerNode:
         self._witness(topic)
         self.writer.replicas.route_changed()
         self.writer.offset_copies.route_changed(topic)
+        self.writer.producer_handover.route_changed(topic)   # a remap's new head takes the old one's batches
         self.pop_copies.route_changed()
         self.pop.take_over_copies_soon()   # a failover elected this broker: the groups' states it holds as a copy
         self.pop.hint_new_heads(topic)     # the queue moved on from here: its new head takes what is held here

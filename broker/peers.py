@@ -72,9 +72,12 @@ class Peers:
         except Unreachable as e:
             raise unavailable(seg, e.reason) from None
 
-    async def call(self, method: str, broker: str, address: str | None, path: str, json: Any = None) -> dict[str, Any]:
+    async def call(self, method: str, broker: str, address: str | None, path: str, json: Any = None,
+                   remember_down: bool = True) -> dict[str, Any]:
         """``method path`` on ``broker`` at ``address``: its answer's body; its ApiError when it refused;
-        Unreachable when it could not be asked or did not answer (then it is not asked again for PEER_DOWN_S)."""
+        Unreachable when it could not be asked or did not answer (then it is not asked again for PEER_DOWN_S, unless
+        ``remember_down`` is False: a background retry loop, which must not keep a broker back from the dead
+        marked down for the reads that come next)."""
         if not address:
             raise Unreachable("no address")
         if self.is_down(broker):
@@ -83,7 +86,8 @@ class Peers:
             async with self._http.request(method, address + path, headers=self._headers, json=json) as r:
                 body = await r.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-            self._down_until[broker] = time.monotonic() + PEER_DOWN_S
+            if remember_down:
+                self._down_until[broker] = time.monotonic() + PEER_DOWN_S
             raise Unreachable(type(e).__name__) from None
         if r.status != 200:
             raise ApiError.from_dict(r.status, body)

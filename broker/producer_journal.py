@@ -17,7 +17,8 @@ for its records' sync, and the send is answered only once the line is durable to
 Loading keeps a line only if the physical queue it names still holds its records (its recovered end reaches
 ``physical_first + count``): a line may be durable while its records were not (two files, one syncfs, no order
 between them), and a batch whose records were lost must be stored again when it is resent, not answered with offsets
-another batch may now hold.
+another batch may now hold. A batch handed over from a holder of an older segment (replication/producer_handover.py)
+names no physical queue and is kept: its records are on that segment's holders, sealed.
 
 The file is rewritten from the table's live batches when it holds more than COMPACT_AFTER_LINES lines and twice the
 live ones. The rewrite runs on the event loop: it writes and fsyncs the live batches (at most
@@ -86,6 +87,9 @@ class ProducerJournal:
         known: dict[tuple[str, int], bool] = {}
         for e in loaded:
             batch = e[2]
+            if not batch.pq:   # handed over from an older segment's holder: its records were never here
+                yield e
+                continue
             key = (batch.pq, batch.physical + batch.count)
             if key not in known:
                 known[key] = holds(*key)

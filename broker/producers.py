@@ -5,7 +5,8 @@ A producer names itself (``X-Producer-Id``, a number it drew at random) and numb
 the logic offsets they were stored at: the leader as it appends, a follower as it copies (the leader's fetch answer
 names the batches of the records it carries: replication/frames.py). A batch seen again is answered with the offsets
 it was stored at and not appended again; so a producer that resends after a failover, to the new leader, gets the
-offsets the old leader gave, as long as the batch reached the copy that was elected.
+offsets the old leader gave, as long as the batch reached the copy that was elected. A remap's new head, which may
+hold nothing of the old one, takes the old segment's batches from its holders (replication/producer_handover.py).
 
 Entries are kept in logic offsets with the gen that stored them. When a gen is sealed, entries of that gen past its
 end are dropped (``sealed``): a copy may hold records past the end the elected replica reported, never kept.
@@ -18,6 +19,7 @@ only, the table was lost with a power loss of every copy, and the resend was sto
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -78,8 +80,21 @@ class ProducerTable:
             producers.move_to_end(batch.producer)
         if any(b.first == batch.first for b in batches):
             return False
-        batches.append(batch)
+        if not batches or batch.first > batches[-1].first:
+            batches.append(batch)   # the leader's and a copy's way: each batch after the last
+            return True
+        # A batch of an older segment, handed over after this head stored newer ones (replication/producer_handover.py):
+        # kept in offset order, so that the oldest is the one forgotten
+        if len(batches) == batches.maxlen:
+            if batch.first < batches[0].first:
+                return False
+            batches.popleft()
+        batches.insert(bisect.bisect([b.first for b in batches], batch.first), batch)
         return True
+
+    def batches(self, topic: str, queue: int) -> list[Batch]:
+        """Every batch remembered of a queue."""
+        return [b for batches in self._queues.get((topic, queue), {}).values() for b in batches]
 
     def sealed(self, topic: str, queue: int, gen: int, logic_end: int) -> None:
         """Gen ``gen`` of the queue ended at ``logic_end``: its batches past the end were never kept."""

@@ -23,6 +23,7 @@ from .producer_journal import ProducerJournal
 from .producers import Batch, ProducerTable
 from .replication.leader import ReplicaTracker
 from .replication.offsets import OffsetCopies
+from .replication.producer_handover import ProducerHandover
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
@@ -79,6 +80,8 @@ class Writer:
         self.replicas = ReplicaTracker(me, routes, self.max_physical)
         self.offset_copies = OffsetCopies(me, routes, self.replicas, offsets, peers) if peers is not None else None
         self.producers = ProducerTable()   # batches seen per producer: a resend is answered, not stored again
+        self.producer_handover = (ProducerHandover(me, routes, peers, self.holds_sealed, self.producers.batches,
+                                                   self.take_batches) if peers is not None else None)
         self._producer_log = producer_log
         self._flush_policy = store.config.flush_policy
         if producer_log is not None:
@@ -86,6 +89,8 @@ class Writer:
                 self.producers.record(topic, queue, b)
 
     def stop(self) -> None:
+        if self.producer_handover is not None:
+            self.producer_handover.stop()
         self._threads.stop()
         if self._commit is not None:
             self._commit.close()
@@ -124,9 +129,24 @@ class Writer:
         except StorageError:
             return False   # a queue that does not open answers nothing: its batches cannot be answered either
 
+    def holds_sealed(self, seg: Segment) -> bool:
+        """Whether this broker holds a sealed segment's records to its end (and so the producers' batches of them)."""
+        return (seg.state == "sealed" and seg.logic_start is not None and seg.logic_end is not None
+                and self._holds(seg.physical_queue, seg.physical(seg.logic_end)))
+
+    def take_batches(self, topic: str, queue: int, batches: list[Batch]) -> None:
+        """Batches of older segments of a queue, handed over by one of their holders (replication/producer_handover.py):
+        remembered here and in producers.log, naming no physical queue of this broker. Those a seal left out go."""
+        for b in batches:
+            try:
+                self._remember(topic, queue, b._replace(pq="", physical=-1))
+            except StorageError:
+                return   # the journal failed: idempotent sends are refused here until a restart anyway
+        self._forget_unkept(topic, queue)
+
     def _remember(self, topic: str, queue: int, batch: Batch) -> None:
         """Record a batch stored here, in the table and in producers.log (durable with the records: ``_durable``).
-        The caller holds the queue's lock."""
+        The caller holds the queue's lock, but for a batch handed over (``take_batches``), which has no records here."""
         if self.producers.record(topic, queue, batch) and self._producer_log is not None:
             self._producer_log.append(topic, queue, batch)
             self._producer_log.maybe_compact(self.producers.entries)
@@ -138,9 +158,12 @@ class Writer:
         if route is None or not self.producers.holds(topic):
             return
         for q in route["queues"]:
-            for seg in self.routes.segments(topic, q["queue"]) or ():
-                if seg.state == "sealed" and seg.logic_end is not None:
-                    self.producers.sealed(topic, q["queue"], seg.gen, seg.logic_end)
+            self._forget_unkept(topic, q["queue"])
+
+    def _forget_unkept(self, topic: str, queue: int) -> None:
+        for seg in self.routes.segments(topic, queue) or ():
+            if seg.state == "sealed" and seg.logic_end is not None:
+                self.producers.sealed(topic, queue, seg.gen, seg.logic_end)
 
     async def _resent(self, head: Segment, seen: Batch) -> list[int]:
         """A batch sent again: answered once it is on the copies in sync, like the first time, at its offsets."""
@@ -225,6 +248,10 @@ class Writer:
         if not 0 < send.count <= MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
         self._refuse_stale_slot_table(topic, queue, send.keyed, sender_route_version)
+        if producer is not None and self.producer_handover is not None:
+            # A resend of a batch stored before a remap is answered, not stored again, once the old segment's
+            # batches are here (bounded wait: replication/producer_handover.py)
+            await self.producer_handover.ready(self._writable_head(topic, queue))
         seen: Batch | None = None
         while True:
             head = self._writable_head(topic, queue)

@@ -102,3 +102,22 @@ def test_a_failed_journal_refuses_batches(tmp_path):
     with pytest.raises(producer_journal.QueueFailed):
         j.append("t", 0, batch(0, 0))
     j.close()
+
+
+def test_a_batch_handed_over_from_an_older_segment_is_loaded_though_no_queue_here_holds_its_records(tmp_path):
+    path = str(tmp_path / "producers.log")
+    j = ProducerJournal(path)
+    handed = ("t", 0, batch(0, 0, pq="", gen=1)._replace(physical=-1))   # replication/producer_handover.py
+    j.append(*handed)
+    j.close()
+    assert reopened(path, {}) == [handed]
+
+
+def test_a_batch_handed_over_late_keeps_the_table_in_offset_order_and_forgets_the_oldest():
+    table = ProducerTable()
+    for s in range(2, 10):   # this head's batches: BATCHES_PER_PRODUCER of them
+        assert table.record("t", 0, batch(s, s * 10))
+    assert table.record("t", 0, batch(1, 10)) is False, "older than every batch kept: nothing to forget for it"
+    assert table.record("t", 0, batch(25, 25, count=1)), "between two kept batches"
+    assert [b.first for b in table.batches("t", 0)] == [25, 30, 40, 50, 60, 70, 80, 90], "the oldest (20) forgotten"
+    assert table.find("t", 0, 7, 25, 1) is not None and table.find("t", 0, 7, 2, 10) is None

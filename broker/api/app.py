@@ -292,6 +292,15 @@ async def replica_offsets(request: web.Request) -> web.Response:
 
 
 @requires("broker")
+async def replica_producers(request: web.Request) -> web.Response:
+    """A new head's holder asks for the producers' batches of the segments its head continues
+    (broker/replication/producer_handover.py): answered for the queues whose previous segment this broker holds."""
+    node = request.app[NODE]
+    body = await _json(request, models.ReplicaProducersAsk)
+    return _respond(node.writer.producer_handover.answer(body["queues"]))
+
+
+@requires("broker")
 async def replica_pop(request: web.Request) -> web.Response:
     """A queue's leader pushes its pop journal lines to this copy (broker/replication/pop_copies.py): answered once
     they are durable here; 409 NOT_LEADER when this broker knows a newer head of the queue."""
@@ -457,6 +466,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_get("/v1/replica/stream", replica_stream)
     r.add_put("/v1/replica/offsets", replica_offsets)
     r.add_put("/v1/replica/pop", replica_pop)
+    r.add_post("/v1/replica/producers", replica_producers)
     r.add_post("/v1/pop/{topic}", pop)
     r.add_post("/v1/ack", ack)
     r.add_post("/v1/invisible", change_invisible)

@@ -14,6 +14,7 @@ from wire.shapes import OPEN, STRICT
 
 from ..replication.offsets import COMMITS_PER_PUSH_MAX
 from ..replication.pop_copies import LINES_PER_PUSH_MAX
+from ..replication.producer_handover import QUEUES_PER_ASK_MAX
 from ..replication.source import COPIES_PER_FETCH_MAX
 from ..writes import MESSAGES_PER_SEND_MAX
 from ..pop.limits import (DLQ_READ_MAX, HANDLES_PER_ACK_MAX, INVISIBLE_MS_MAX, INVISIBLE_MS_MIN, POP_MESSAGES_MAX,
@@ -75,6 +76,32 @@ class ReplicaOffsets(TypedDict):
     queue: Annotated[int, Field(ge=0, le=2**62)]
     leader_gen: Annotated[int, Field(ge=0, le=2**62)]   # of the head the pushing leader leads
     commits: Annotated[list[ReplicatedCommit], Field(min_length=1, max_length=COMMITS_PER_PUSH_MAX)]
+
+
+@with_config(STRICT)
+class ProducersAsked(TypedDict):
+    topic: Name
+    queue: Annotated[int, Field(ge=0, le=2**62)]
+    gen: Annotated[int, Field(ge=0, le=2**62)]   # of the head: the batches of older gens are asked
+    previous: Annotated[str, StringConstraints(min_length=1, max_length=1024)]   # the physical queue of the segment
+                                                                                # the head continues
+
+
+@with_config(STRICT)
+class ReplicaProducersAsk(TypedDict):
+    queues: Annotated[list[ProducersAsked], Field(min_length=1, max_length=QUEUES_PER_ASK_MAX)]
+
+
+@with_config(OPEN)
+class ProducersHeld(TypedDict):
+    topic: str
+    queue: int
+    batches: list[list[int]]   # [producer, seq, first, count, gen]
+
+
+@with_config(OPEN)
+class ReplicaProducers(TypedDict):
+    queues: list[ProducersHeld]   # only the queues whose previous segment this broker holds to its end
 
 
 @with_config(STRICT)

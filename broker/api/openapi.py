@@ -131,6 +131,9 @@ SPEC: dict[str, Any] = {
                                            M.ReplicaStored, roles="broker", body=M.ReplicaOffsets)},
         "/v1/replica/pop": {"put": _op("A queue's leader pushes its pop journal lines to one of its copies",
                                        M.ReplicaStored, roles="broker", body=M.ReplicaPop)},
+        "/v1/replica/producers": {"post": _op(
+            "A new head's holder asks for the producers' batches of the segments its head continues",
+            M.ReplicaProducers, roles="broker", body=M.ReplicaProducersAsk)},
         "/v1/pop/{topic}": {"post": _pop()},
         "/v1/ack": {"post": _op("Ack handles (ok, or INVALID_HANDLE / HANDLE_EXPIRED per handle; 503 NOT_ENOUGH_REPLICAS, "
                                 "nothing applied, when a queue is below its min_insync; 503 REPLICATION_UNCONFIRMED, "

@@ -1,0 +1,87 @@
+"""A resend is stored once across remaps (broker/replication/producer_handover.py), on real processes: the producers'
+batches of a queue follow its head from broker to broker, through a remap onto a broker that held nothing of it,
+through a second remap with no send between, and through a restart of the broker that took them over."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from tests.support.broker_http import admin, read_all, wait_route
+from tests.support.cluster import running
+
+PRODUCER = "4242"
+
+
+async def _send(c, address: str, seq: int, bodies: list[str]) -> tuple[int, dict]:
+    s, b, _ = await c.call("POST", f"{address}/v1/messages/h/0", "client",
+                           json={"messages": [{"body": x} for x in bodies]},
+                           headers={"X-Producer-Id": PRODUCER, "X-Producer-Seq": str(seq)})
+    return s, b
+
+
+async def _remap(c, onto: str) -> dict:
+    s, b = await admin(c, "POST", 0, "/v1/topics/h/remap", {"brokers": [onto]})
+    assert s == 200, b
+    return await wait_route(c, "h", lambda r: r["queues"][0]["broker"] == onto and r["queues"][0]["writable"])
+
+
+async def test_a_batch_resent_after_remaps_onto_brokers_that_never_held_it_is_stored_once(tmp_path):
+    async with running(str(tmp_path), 3, 3) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "h", "queues": 1, "replicas": 1})
+        assert s == 201, b
+        r = await wait_route(c, "h", lambda r: r["queues"][0]["writable"])
+        first = r["queues"][0]["broker"]
+        second, third = sorted({"b1", "b2", "b3"} - {first})
+        assert await _send(c, r["queues"][0]["address"], 0, ["a", "b"]) == (200, {"queue": 0, "offsets": [0, 1]})
+        assert await _send(c, r["queues"][0]["address"], 1, ["c"]) == (200, {"queue": 0, "offsets": [2]})
+
+        # The answer to seq 1 was lost: its producer resends it to the head the remap opened on a broker holding
+        # nothing of the queue
+        r = await _remap(c, second)
+        address = r["queues"][0]["address"]
+        assert await _send(c, address, 1, ["c"]) == (200, {"queue": 0, "offsets": [2]}), "stored again after a remap"
+        assert await _send(c, address, 2, ["d"]) == (200, {"queue": 0, "offsets": [3]})
+
+        # Two remaps with no send between: the third broker takes what the second took over
+        await _remap(c, first)
+        r = await _remap(c, third)
+        address = r["queues"][0]["address"]
+        assert await _send(c, address, 0, ["a", "b"]) == (200, {"queue": 0, "offsets": [0, 1]})
+        assert await _send(c, address, 2, ["d"]) == (200, {"queue": 0, "offsets": [3]})
+
+        # What it took over is in its producers.log: a restart on its disk keeps answering the resend, with no
+        # broker left to take the batches from again
+        for b in (first, second, third):
+            c.kill9(b)
+        c.start(third)
+        assert await _send_when_up(c, address, 1, ["c"]) == (200, {"queue": 0, "offsets": [2]}), \
+            "stored again after a restart"
+        assert await _send(c, address, 3, ["e"]) == (200, {"queue": 0, "offsets": [4]})
+        c.start(first)
+        c.start(second)
+        deadline = time.monotonic() + 30.0
+        while True:   # the older segments come back with their brokers
+            try:
+                bodies = [m["body"] for m in await read_all(c, "h", 0)]
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, "the older segments never came back"
+                await asyncio.sleep(0.2)
+        assert bodies == ["a", "b", "c", "d", "e"]
+
+
+async def _send_when_up(c, address: str, seq: int, bodies: list[str], timeout_s: float = 30.0) -> tuple[int, dict]:
+    """``_send`` to a broker starting again: retried while it is down or not registered yet (503)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            s, b = await _send(c, address, seq, bodies)
+            if s != 503:
+                return s, b
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        assert time.monotonic() < deadline, "the broker never took the send again"
+        await asyncio.sleep(0.2)
