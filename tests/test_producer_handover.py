@@ -9,23 +9,25 @@ import time
 
 import aiohttp
 
+from broker.replication.producer_handover import QUEUES_PER_ASK_MAX
 from tests.support.broker_http import admin, read_all, wait_route
 from tests.support.cluster import running
 
 PRODUCER = "4242"
 
 
-async def _send(c, address: str, seq: int, bodies: list[str]) -> tuple[int, dict]:
-    s, b, _ = await c.call("POST", f"{address}/v1/messages/h/0", "client",
+async def _send(c, address: str, seq: int, bodies: list[str], queue: int = 0) -> tuple[int, dict]:
+    s, b, _ = await c.call("POST", f"{address}/v1/messages/h/{queue}", "client",
                            json={"messages": [{"body": x} for x in bodies]},
                            headers={"X-Producer-Id": PRODUCER, "X-Producer-Seq": str(seq)})
     return s, b
 
 
-async def _remap(c, onto: str) -> dict:
+async def _remap(c, onto: str, queues: int = 1) -> dict:
     s, b = await admin(c, "POST", 0, "/v1/topics/h/remap", {"brokers": [onto]})
     assert s == 200, b
-    return await wait_route(c, "h", lambda r: r["queues"][0]["broker"] == onto and r["queues"][0]["writable"])
+    return await wait_route(c, "h", lambda r: len(r["queues"]) == queues
+                            and all(q["broker"] == onto and q["writable"] for q in r["queues"]))
 
 
 async def test_a_batch_resent_after_remaps_onto_brokers_that_never_held_it_is_stored_once(tmp_path):
@@ -85,3 +87,22 @@ async def _send_when_up(c, address: str, seq: int, bodies: list[str], timeout_s:
             pass
         assert time.monotonic() < deadline, "the broker never took the send again"
         await asyncio.sleep(0.2)
+
+
+async def test_every_queue_of_a_topic_larger_than_one_ask_takes_its_batches_over(tmp_path):
+    """A remap of more queues than one ask names (QUEUES_PER_ASK_MAX): each queue's resend is answered."""
+    queues = QUEUES_PER_ASK_MAX + 6
+    async with running(str(tmp_path), 3, 2) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "h", "queues": queues, "replicas": 1,
+                                                        "brokers": ["b1"]})
+        assert s == 201, b
+        r = await wait_route(c, "h", lambda r: all(q["writable"] for q in r["queues"]))
+        address = r["queues"][0]["address"]
+        for q in range(queues):
+            assert await _send(c, address, 0, [f"m{q}"], queue=q) == (200, {"queue": q, "offsets": [0]})
+        r = await _remap(c, "b2", queues=queues)
+        address = r["queues"][0]["address"]
+        for q in range(queues):
+            assert await _send(c, address, 0, [f"m{q}"], queue=q) == (200, {"queue": q, "offsets": [0]}), q
+        for q in range(queues):
+            assert [m["body"] for m in await read_all(c, "h", q)] == [f"m{q}"]
