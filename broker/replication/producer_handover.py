@@ -9,8 +9,10 @@ head whose answer was lost was stored again when its producer resent it there (t
 So every broker that holds a queue's open head, its leader and its copies, takes the batches of the segment the head
 continues (the *previous* segment) from a broker that held that segment in sync: its in-sync set at its seal, leader
 first. Each of them holds that segment's own batches, and by the same rule those it took for it, so a chain of remaps
-with no send between them hands them on. A broker that holds the previous segment's records itself has them already.
-Copies take them too, so that a failover to one soon after a remap keeps them.
+with no send between them hands them on; to keep that chain whole, a broker answers for a segment only once it has
+taken the batches of the one before (it goes on asking after its head is sealed, and after a restart for every
+segment it holds). A broker that holds the previous segment's records itself has them already. Copies take them too,
+so that a failover to one soon after a remap keeps them.
 
 The leader answers no idempotent send of the head until it holds them, for at most HANDOVER_WAIT_S after it began to
 take them: past that (every holder of the previous segment down or cut off) sends go on, logged as
@@ -94,24 +96,27 @@ class ProducerHandover:
     # -- a holder of a previous segment -----------------------------------------------------------------------------
     def answer(self, asks: list[dict[str, Any]]) -> dict[str, Any]:
         """The batches asked for (``encode_ask``), of each queue whose previous segment this broker holds to its end
-        and whose own batches it is not still taking (those it lacks: another holder may have them)."""
+        with the batches of the segment before it (a segment still taking them is no answer yet: what it lacks, a
+        broker asking would lack for good)."""
         found = []
         for a in asks:
             previous = self.routes.held(a["previous"])
             if (previous is not None and (previous.topic, previous.queue) == (a["topic"], a["queue"])
-                    and previous.physical_queue not in self._waiting and self._holds(previous)):
+                    and previous.physical_queue in self._taken and self._holds(previous)):
                 found.append((a["topic"], a["queue"],
                               [b for b in self._batches(a["topic"], a["queue"]) if b.gen < a["gen"]]))
         return encode_answer(found)
 
-    # -- a holder of a head --------------------------------------------------------------------------------------
+    # -- a holder of a segment -------------------------------------------------------------------------------------
     def route_changed(self, topic: str) -> None:
-        """Begin taking the batches for every open head of ``topic`` this broker leads or copies."""
+        """Begin taking the batches for every segment of ``topic`` this broker holds: the open heads it leads or
+        copies, and the sealed segments it holds to their end (which it may be asked for: ``answer``)."""
         route = self.routes.routes.get(topic)
         for q in route["queues"] if route is not None else ():
             segs = self.routes.segments(topic, q["queue"]) or []
-            if segs and segs[-1].state == "active" and (segs[-1].broker == self.me or self.me in segs[-1].replicas):
-                self._begin(segs)
+            for i, seg in enumerate(segs):
+                if seg.broker == self.me or self.me in seg.replicas:
+                    self._begin(segs, i)
         for done in (self._taken, self._gave_up):
             for pq in [pq for pq in done if self.routes.held(pq) is None]:
                 done.discard(pq)
@@ -121,7 +126,7 @@ class ProducerHandover:
         segs = self.routes.segments(head.topic, head.queue) or []
         if not segs or segs[-1].physical_queue != head.physical_queue:
             return
-        self._begin(segs)
+        self._begin(segs, len(segs) - 1)
         waiting = self._waiting.get(head.physical_queue)
         if waiting is None or head.physical_queue in self._gave_up:
             return
@@ -135,17 +140,22 @@ class ProducerHandover:
                 log.warning("producers_not_handed_over", topic=head.topic, queue=head.queue, gen=head.gen,
                             waited_s=HANDOVER_WAIT_S)
 
-    def _begin(self, segs: list[Segment]) -> None:
-        head = segs[-1]
-        if head.physical_queue in self._taken or head.physical_queue in self._waiting or self._stopped:
+    def _begin(self, segs: list[Segment], i: int) -> None:
+        """Begin taking the batches of the segment before ``segs[i]``, unless they are here."""
+        seg = segs[i]
+        if seg.physical_queue in self._taken or seg.physical_queue in self._waiting or self._stopped:
             return
-        previous = segs[-2] if len(segs) > 1 else None
+        if seg.state != "active" and not self._holds(seg):
+            return   # a sealed segment this broker does not hold whole: nobody asks it for that one
+        previous = segs[i - 1] if i > 0 else None
         if previous is None or self._holds(previous):
-            self._taken.add(head.physical_queue)   # the queue's first segment, or this broker held the one before
+            # The oldest segment the route carries (older ones are long past any resend), or this broker held the
+            # one before: the batches are here
+            self._taken.add(seg.physical_queue)
             return
         if previous.state != "sealed":
             return   # its end is not decided: nor is what it kept (the next route begins again)
-        self._waiting[head.physical_queue] = (head, asyncio.Event(), time.monotonic())
+        self._waiting[seg.physical_queue] = (seg, asyncio.Event(), time.monotonic())
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._run(), name="producer handover")
 
@@ -159,17 +169,18 @@ class ProducerHandover:
                 await asyncio.sleep(RETRY_S)
 
     async def _round(self) -> None:
-        """Ask every holder for the queues waiting on it, one request per holder; a queue is done at its first
-        answer."""
-        asks: dict[str, list[tuple[Segment, Segment]]] = defaultdict(list)   # holder -> (head, previous)
-        for pq, (head, _, _) in list(self._waiting.items()):
-            segs = self.routes.segments(head.topic, head.queue) or []
-            if not segs or segs[-1].physical_queue != pq or segs[-1].state != "active" or len(segs) < 2:
-                self._waiting.pop(pq)[1].set()   # no longer the open head: its sends are refused anyway
+        """Ask every holder for the queues waiting on it, one request per QUEUES_PER_ASK_MAX queues; a segment is
+        done at its first answer."""
+        asks: dict[str, list[tuple[Segment, Segment]]] = defaultdict(list)   # holder -> (segment, previous)
+        for pq, (seg, _, _) in list(self._waiting.items()):
+            segs = self.routes.segments(seg.topic, seg.queue) or []
+            i = next((i for i, s in enumerate(segs) if s.physical_queue == pq), 0)
+            if i == 0 or (segs[i].state != "active" and not self._holds(segs[i])):
+                self._waiting.pop(pq)[1].set()   # the route left it (or its records) behind: nobody needs it
                 continue
-            for holder in segs[-2].in_sync:
+            for holder in segs[i - 1].in_sync:
                 if holder != self.me:
-                    asks[holder].append((segs[-1], segs[-2]))
+                    asks[holder].append((segs[i], segs[i - 1]))
         await asyncio.gather(*(self._ask_all(holder, pairs) for holder, pairs in asks.items()))
 
     async def _ask_all(self, holder: str, pairs: list[tuple[Segment, Segment]]) -> None:
