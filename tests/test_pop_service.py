@@ -233,6 +233,32 @@ async def test_an_ack_or_a_new_invisible_time_made_as_the_queue_moves_away_is_in
     assert [r["ok"] for r in await node.pop.ack("g", [c.handle])] == [True], "still the head: ok"
 
 
+async def test_a_pop_that_delivers_a_message_again_is_answered_only_once_the_new_handle_is_durable(node, monkeypatch):
+    """A delivery again expires the handle out there, so the pop waits for the journal's round and its copies, as
+    a change of invisible time does (else a power loss or a failover brings the older delivery back and an ack
+    through the superseded handle is answered ok: the chaos runner's stale_pop_acks, seed 49). A first delivery
+    supersedes nothing and waits for nothing. Here the round finds the queue moved away: the pop is in doubt."""
+    await node.writer.send("t", 0, [{"body": "a"}, {"body": "b"}, {"body": "c"}])
+    [a] = await pop(node, 1, invisible_ms=50)   # the group's state is made (and written) here
+    durable = node.pop.journal.durable
+    waited: list[frozenset] = []
+
+    async def moved_first(confirm=()):
+        waited.append(frozenset(confirm))
+        node.routes.update(route(6, [seg(0, "b1", 0, None, "sealing"), seg(1, "b2", None, None, "active", 1)]))
+        return await durable(confirm)
+    monkeypatch.setattr(node.pop.journal, "durable", moved_first)
+    [b] = await pop(node, 1)
+    assert b.attempt == 1 and waited == [], "a first delivery waits for no round"
+    st = node.pop.states[KEY]
+    await until(lambda: 0 in st.ready)
+    with pytest.raises(ApiError) as e:
+        await pop(node, 2)
+    assert (e.value.status, e.value.code) == (503, "REPLICATION_UNCONFIRMED")
+    assert waited == [frozenset({("t", 0)})]
+    assert st.in_flight[0].attempt == 2, "delivered again, in doubt: it goes out once due"
+
+
 async def test_a_copy_refuses_a_push_that_waited_while_a_failover_made_it_the_head(node):
     """PopService.receive_copy checks the pusher's gen again under the replica store's lock: a push from b2 (gen 0)
     that passed the first check and then waited behind another write is refused once the routes make b1 the head of
