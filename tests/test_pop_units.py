@@ -165,21 +165,55 @@ async def test_a_copy_takes_a_new_leader_s_state_whole_and_drops_a_deposed_leade
     from broker.pop.replica import ReplicaPopStore
     old = popped(3, now=0)                                        # gen 0: offsets 0, 1, 2 in flight
     store = ReplicaPopStore(str(tmp_path / "replica.log"))
-    await store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS)])
+    await store.apply("t", 0, 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS)])
     old.ack(1)                                                    # answered there; its line never reaches the copy
     new = QueueState(KEY, 3, 1)                                   # the next head's own state under gen 1
     new.adopt(2, 650, 1, 0)                                       # ... holding what it took over
     new.deliver_new(3, 700, 0, 1000)
     first = new.take_line(DELIVERY_WRITE_DELAY_MS)
     assert sorted(o for o, *_ in first[7]) == [2, 3], "the first line under a gen is whole"
-    await store.apply("t", 0, False, [first])
+    await store.apply("t", 0, 1, False, [first])
     assert (store.states[KEY].gen, sorted(store.states[KEY].in_flight)) == (1, [2, 3])
-    await store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS + 1)])   # the deposed one, late
+    await store.apply("t", 0, 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS + 1)])   # the deposed one, late
     assert (store.states[KEY].gen, sorted(store.states[KEY].in_flight)) == (1, [2, 3])
     store.close()
     again = ReplicaPopStore(str(tmp_path / "replica.log"))
     assert (again.states[KEY].gen, sorted(again.states[KEY].in_flight)) == (1, [2, 3]), "and so on replay"
     again.close()
+
+
+async def test_a_snapshot_keeps_a_copy_of_an_older_head_s_state_its_leader_has_not_taken_over(tmp_path):
+    """The chaos runner, seed 884: b2 held the only copy of gen 10's state; b3, leading gen 12 and not yet holding
+    the group, sent b2 a snapshot as b2 joined its in-sync set, and the snapshot's reset dropped that copy. A reset
+    drops the queue's states under the pushing leader's gen (or newer) only; the leader's own line replaces the
+    older one once it has taken the group over."""
+    from broker.pop.replica import ReplicaPopStore
+    old = popped(3, now=0)                                        # gen 0's state, copied here
+    store = ReplicaPopStore(str(tmp_path / "replica.log"))
+    await store.apply("t", 0, 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS)])
+    other = QueueState(("g2", "t", 0), 5, 1)                      # another group, copied from gen 1's leader
+    other.deliver_new(5, 900, 0, 1000)
+    await store.apply("t", 0, 1, False, [other.take_line(DELIVERY_WRITE_DELAY_MS)])
+    await store.apply("t", 0, 1, True, [])                        # gen 1's leader holds nothing of the queue now
+    assert store.states[KEY].gen == 0 and ("g2", "t", 0) not in store.states, \
+        "the older head's copy kept, the pushing leader's own dropped"
+    store.close()
+    again = ReplicaPopStore(str(tmp_path / "replica.log"))
+    assert sorted(again.states) == [KEY], "and so on replay"
+    new = QueueState(KEY, 3, 1)                                   # gen 1's leader takes the group over
+    await again.apply("t", 0, 1, True, [new.take_line(DELIVERY_WRITE_DELAY_MS)])
+    assert (again.states[KEY].gen, again.states[KEY].next_offset) == (1, 3)
+    again.close()
+
+
+def test_a_reset_line_of_0_1_without_its_gen_is_refused_by_name(tmp_path):
+    from broker.pop.replica import ReplicaPopStore
+    from broker.storage import lines
+    from broker.storage.errors import UnsupportedFormat
+    path = tmp_path / "replica.log"
+    path.write_bytes(lines.encode(["R", "t", 0]))
+    with pytest.raises(UnsupportedFormat):
+        ReplicaPopStore(str(path))
 
 
 async def test_a_push_that_waited_for_the_store_while_a_failover_made_this_broker_the_head_is_refused(tmp_path):
@@ -190,7 +224,7 @@ async def test_a_push_that_waited_for_the_store_while_a_failover_made_this_broke
     from broker.pop.replica import ReplicaPopStore
     old = popped(3, now=0)
     store = ReplicaPopStore(str(tmp_path / "replica.log"))
-    await store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS)])
+    await store.apply("t", 0, 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS)])
     old.ack(1)
     moved = []
 
@@ -198,7 +232,7 @@ async def test_a_push_that_waited_for_the_store_while_a_failover_made_this_broke
         if moved:
             raise rejection(409, "NOT_LEADER", "a newer head is known here")
     async with store._lock:   # an earlier push still being written
-        late = asyncio.create_task(store.apply("t", 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS + 1)],
+        late = asyncio.create_task(store.apply("t", 0, 0, False, [old.take_line(DELIVERY_WRITE_DELAY_MS + 1)],
                                                still_a_copy))
         await asyncio.sleep(0.01)
         moved.append(True)      # the failover's route, then the takeover

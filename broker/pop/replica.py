@@ -6,9 +6,14 @@ The file ``pop/replica.log`` holds checked lines (storage/lines.py) of two kinds
 - ``["L", line]``: a pop journal line of the leader (state.py ``take_line`` / ``full_line``), applied as the
   broker's own journal applies it (``replay_line``); a line of a newer gen than the key's state held replaces it
   (a leader's first line of a key under its gen is whole), one of an older gen is dropped;
-- ``["R", topic, queue]``: every state of that queue is dropped: a snapshot follows, which replaces what was held
-  (a delta line only adds and removes, so a stale delivery would otherwise outlive the snapshot, here and on
-  replay).
+- ``["R", topic, queue, gen]``: the states of that queue under the pushing leader's ``gen`` (or a newer one) are
+  dropped: a snapshot follows, which replaces what was held (a delta line only adds and removes, so a stale delivery
+  would otherwise outlive the snapshot, here and on replay). A state of an older gen stays: it is a copy of an older
+  head's state that this leader has not taken over yet (its snapshot holds nothing of that key), maybe the last one,
+  and the leader's first line of the key under its gen replaces it. Dropped with the rest, it was gone before the
+  leader asked for it (the chaos runner, seed 884: b2 held the only copy of gen 10's state, b1's disk lost; b3,
+  leading gen 12, sent b2 a snapshot as b2 joined its in-sync set before b3 had taken the group over, b2's copy went
+  with it, and b3 then took the group over from gen 9's state: 79 acknowledged pops delivered again).
 A push is acknowledged once its lines are fsynced. The file is rewritten as one line per key once it holds many
 more lines than keys.
 """
@@ -35,8 +40,12 @@ log = structlog.get_logger("broker.pop.replica")
 def _apply(states: dict[Key, QueueState], entry: Any) -> None:
     """One line of the file (ValueError/TypeError/KeyError for a garbled one)."""
     if entry[0] == "R":
-        _, topic, queue = entry
-        for key in [k for k in states if k[1] == topic and k[2] == queue]:
+        if len(entry) == 3:
+            raise OlderFormatLine("a reset line of Stator 0.1 (no gen: it dropped every state of the queue)")
+        _, topic, queue, gen = entry
+        if type(gen) is not int:
+            raise TypeError("a reset line's gen is not an int")
+        for key in [k for k, st in states.items() if k[1] == topic and k[2] == queue and st.gen >= gen]:
             del states[key]
     elif entry[0] == "L":
         line = entry[1]
@@ -77,16 +86,17 @@ class ReplicaPopStore:
         self._lock = asyncio.Lock()
         self._failed = False
 
-    async def apply(self, topic: str, queue: int, reset: bool, pushed: list[Any],
+    async def apply(self, topic: str, queue: int, leader_gen: int, reset: bool, pushed: list[Any],
                     still_a_copy: Callable[[], None] = lambda: None) -> None:
-        """Apply a leader's lines for one queue (``reset``: a snapshot, replacing what is held of the queue) and
+        """Apply the lines of the leader of gen ``leader_gen`` for one queue (``reset``: a snapshot, replacing what is
+        held of the queue under that gen) and
         return once they are durable; 400 for lines that are not pop journal lines of that queue (nothing is
         applied), 409 TOO_MANY_POP_QUEUES past the bound, 503 STORAGE_UNAVAILABLE when the file failed.
         ``still_a_copy`` raises when the pusher no longer leads the queue here: called under the lock, right before
         the lines are applied, since a failover can make this broker the head (and take the state: ``take``) while
         the push waits for the lock; applied after that, an ack would land in a state nobody takes again, and the
         deposed leader would answer it ok (the chaos runner, seed 49)."""
-        entries: list[Any] = [["R", topic, queue]] if reset else []
+        entries: list[Any] = [["R", topic, queue, leader_gen]] if reset else []
         entries += [["L", line] for line in pushed]
         trial: dict[Key, QueueState] = {}
         for entry in entries[1:] if reset else entries:

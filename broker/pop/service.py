@@ -629,6 +629,9 @@ class PopService:
             asked.add(seg.broker)
             try:
                 got, lost = await self._ask_freeze(seg, key, best), None
+                log.info("pop_handover_leader_answered", key=key, leader=seg.broker, gen=seg.gen,
+                         found_gen=got.gen if got is not None else None,
+                         next_offset=got.next_offset if got is not None else None)
             except ApiError as e:
                 if e.code != "BROKER_UNAVAILABLE":
                     raise
@@ -668,6 +671,10 @@ class PopService:
             log.info("pop_state_taken_from_copy", key=key, gen=head.gen, start=st.next_offset,
                      in_flight=len(st.in_flight), copy_gen=held_gen, asked=sorted(asked))
             return st
+        if best is None:
+            log.info("pop_state_from_queue_start", key=key, gen=head.gen, asked=sorted(asked), empty=sorted(empty),
+                     settled=sorted(settled), asked_copies=sorted(asked_copies),
+                     walked=[s.gen for s in await self.reader.history(topic, queue)])
         start = best[1] if best is not None else await self.reader.min_offset(topic, queue)
         if st is None:
             st = self.states[key] = QueueState(key, start, head.gen)
@@ -861,7 +868,7 @@ class PopService:
                 raise rejection(409, "NOT_LEADER", f"{topic}/{queue} has a head of gen {head.gen} here, newer than "
                                 f"the pushing leader's {leader_gen}", topic=topic, queue=queue, gen=head.gen)
         still_a_copy()
-        await self.replica.apply(topic, queue, reset, lines, still_a_copy)
+        await self.replica.apply(topic, queue, leader_gen, reset, lines, still_a_copy)
 
     async def _ask_freeze(self, seg: Segment, key: Key, best: tuple[int, int] | None) -> Found | None:
         """An older head's pop state of ``key``, frozen there first; None when it has none.
@@ -920,6 +927,11 @@ class PopService:
             # b3, out of sync for gen 3 and cut off, led gen 2; b2 started from gen 1's state, 127 acked pops again)
             asked.add(copy)
             found = Found.of(body)
+            # What each holder answered is what a takeover that started over needs to be traced by (the chaos
+            # runner, seed 884: a group started over from offset 0 after four disks were wiped in 50 s)
+            log.info("pop_handover_copy_answered", key=key, copy=copy, gen=seg.gen,
+                     found_gen=found.gen if found is not None else None,
+                     next_offset=found.next_offset if found is not None else None, holds=body.get("holds"))
             if found is None or found.gen < seg.gen:
                 holds = body.get("holds")
                 if (copy == seg.sealer or copy in seg.in_sync) and isinstance(holds, list) \
