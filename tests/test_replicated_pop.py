@@ -352,16 +352,16 @@ async def test_a_snapshot_replaces_what_the_copy_held_of_the_queue_here_and_afte
     path = str(tmp_path / "replica.log")
     store = ReplicaPopStore(path)
     key = ("g", "t", 0)
-    await store.apply("t", 0, False, [["g", "t", 0, 10, 1, False, 0, [[4, 7, 1, 99, 0], [5, 8, 1, 99, 0]], []]])
-    await store.apply("t", 0, False, [["h", "t", 0, 3, 1, False, 0, [], []]])
-    await store.apply("t", 0, True, [["g", "t", 0, 12, 1, False, 0, [[5, 8, 1, 99, 0]], []]])   # 4 acked meanwhile
+    await store.apply("t", 0, 1, False, [["g", "t", 0, 10, 1, False, 0, [[4, 7, 1, 99, 0], [5, 8, 1, 99, 0]], []]])
+    await store.apply("t", 0, 1, False, [["h", "t", 0, 3, 1, False, 0, [], []]])
+    await store.apply("t", 0, 1, True, [["g", "t", 0, 12, 1, False, 0, [[5, 8, 1, 99, 0]], []]])   # 4 acked meanwhile
     assert sorted(store.states) == [key] and sorted(store.states[key].in_flight) == [5]
-    await store.apply("t", 1, False, [["g", "t", 1, 2, 1, False, 0, [], []]])   # another queue: no reset of it
+    await store.apply("t", 1, 1, False, [["g", "t", 1, 2, 1, False, 0, [], []]])   # another queue: no reset of it
     store.close()
     again = ReplicaPopStore(path)
     assert sorted(again.states) == [key, ("g", "t", 1)]
     assert sorted(again.states[key].in_flight) == [5] and again.states[key].next_offset == 12
     with pytest.raises(ApiError) as refused:
-        await again.apply("t", 0, False, [["g", "other", 0, 1, 1, False, 0, [], []]])
+        await again.apply("t", 0, 1, False, [["g", "other", 0, 1, 1, False, 0, [], []]])
     assert refused.value.status == 400 and sorted(again.states[key].in_flight) == [5], "nothing applied"
     again.close()
