@@ -674,7 +674,7 @@ class PopService:
         if best is None:
             log.info("pop_state_from_queue_start", key=key, gen=head.gen, asked=sorted(asked), empty=sorted(empty),
                      settled=sorted(settled), asked_copies=sorted(asked_copies),
-                     walked=[s.gen for s in await self.reader.history(topic, queue)])
+                     gens=[s.gen for s in await self.reader.history(topic, queue)])
         start = best[1] if best is not None else await self.reader.min_offset(topic, queue)
         if st is None:
             st = self.states[key] = QueueState(key, start, head.gen)
