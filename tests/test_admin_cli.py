@@ -7,6 +7,7 @@ the streams that end on Ctrl-C (`route --watch`, `history --follow`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -71,22 +72,30 @@ def test_version_names_the_installed_package():
     assert (done.returncode, done.stdout, done.stderr) == (0, f"stator {metadata.version('stator')}\n", "")
 
 
-def test_another_process_zombie_is_not_taken_for_a_live_member():
-    # `dev start` asks devcluster._alive whether a member still runs: a killed member that its parent (not this
-    # process) has not reaped yet is a zombie, which still answers kill 0
-    parent = subprocess.Popen([sys.executable, "-c", "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
-                               "print(pid, flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def _main_thread_exited_in_a_child(code: str):
+    """Runs ``code``, which forks a child, prints its pid and keeps the child unreaped; yields the pid once the
+    child's main thread shows "Z" (its parent, not this process, would reap it), and the parent's pid."""
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        zombie = int(parent.stdout.readline())
+        child = int(parent.stdout.readline())
         deadline = time.monotonic() + 30
-        while devcluster._state(zombie) != "Z":
-            assert time.monotonic() < deadline, "the child never became a zombie"
+        while devcluster._state(child) != "Z":
+            assert time.monotonic() < deadline, "the child's main thread never exited"
             time.sleep(0.05)
-        assert not devcluster._alive(zombie)
-        assert devcluster._alive(parent.pid)
+        yield child, parent.pid
     finally:
         parent.kill()
         parent.wait(timeout=30)
+
+
+def test_another_process_zombie_is_not_taken_for_a_live_member():
+    # `dev start` asks devcluster._alive whether a member still runs: a killed member that its parent (not this
+    # process) has not reaped yet is a zombie, which still answers kill 0
+    code = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(60)"
+    with _main_thread_exited_in_a_child(code) as (zombie, parent):
+        assert not devcluster._alive(zombie)
+        assert devcluster._alive(parent)
 
 
 def test_a_process_whose_main_thread_exited_while_another_holds_its_port_is_alive():
@@ -104,22 +113,14 @@ def test_a_process_whose_main_thread_exited_while_another_holds_its_port_is_aliv
             "s.close()\n"
             "print(pid, flush=True)\n"
             "time.sleep(60)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        child = int(parent.stdout.readline())
-        deadline = time.monotonic() + 30
-        while devcluster._state(child) != "Z":
-            assert time.monotonic() < deadline, "the child's main thread never exited"
-            time.sleep(0.05)
+    with _main_thread_exited_in_a_child(code) as (child, _):
         assert devcluster._alive(child), "a thread still runs and holds its files"
         socket.create_connection(("127.0.0.1", port), timeout=5).close()   # its port still accepts
         os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 30
         while devcluster._alive(child):
             assert time.monotonic() < deadline, "the killed child is still taken for alive"
             time.sleep(0.05)
-    finally:
-        parent.kill()
-        parent.wait(timeout=30)
 
 
 def test_cluster_status_and_members(dev):
