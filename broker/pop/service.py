@@ -579,7 +579,8 @@ class PopService:
         asked_copies: set[tuple[str, int]] = set()        # (broker, gen) asked for a copy of that gen's state
         empty: set[str] = set()                           # brokers that answered holding no state of their own
         settled: set[int] = set()                         # gens under which no pop was acknowledged (_ask_copies)
-        for seg in reversed(await self.reader.history(topic, queue)):
+        history = await self.reader.history(topic, queue)
+        for seg in reversed(history):
             if seg.gen >= head.gen or len(asked) > HANDOVER_PEERS_MAX:
                 continue
             if best is not None and seg.gen < best[0]:
@@ -674,7 +675,7 @@ class PopService:
         if best is None:
             log.info("pop_state_from_queue_start", key=key, gen=head.gen, asked=sorted(asked), empty=sorted(empty),
                      settled=sorted(settled), asked_copies=sorted(asked_copies),
-                     gens=[s.gen for s in await self.reader.history(topic, queue)])
+                     gens=[s.gen for s in history])
         start = best[1] if best is not None else await self.reader.min_offset(topic, queue)
         if st is None:
             st = self.states[key] = QueueState(key, start, head.gen)
