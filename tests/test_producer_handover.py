@@ -9,7 +9,7 @@ import time
 
 import aiohttp
 
-from broker.replication.producer_handover import QUEUES_PER_ASK_MAX
+from broker.replication.producer_handover import HANDOVER_WAIT_S, QUEUES_PER_ASK_MAX
 from tests.support.broker_http import admin, read_all, wait_route
 from tests.support.cluster import running
 
@@ -106,3 +106,20 @@ async def test_every_queue_of_a_topic_larger_than_one_ask_takes_its_batches_over
             assert await _send(c, address, 0, [f"m{q}"], queue=q) == (200, {"queue": q, "offsets": [0]}), q
         for q in range(queues):
             assert [m["body"] for m in await read_all(c, "h", q)] == [f"m{q}"]
+
+
+async def test_an_idempotent_send_waits_at_most_the_handover_bound_when_no_holder_of_the_old_segment_answers(tmp_path):
+    """The old segment's only holder is dead with its disk: the new head cannot take its batches, and holds an
+    idempotent send for HANDOVER_WAIT_S, then stores it (at-least-once for that window), never longer."""
+    async with running(str(tmp_path), 3, 2, meta={"session_timeout_ms": 3_000, "heartbeat_interval_ms": 500}) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "h", "queues": 1, "replicas": 1, "brokers": ["b1"]})
+        assert s == 201, b
+        r = await wait_route(c, "h", lambda r: r["queues"][0]["writable"])
+        assert (await _send(c, r["queues"][0]["address"], 0, ["a"]))[0] == 200
+        c.kill9("b1")
+        r = await _remap(c, "b2")
+        started = time.monotonic()
+        s, b = await _send(c, r["queues"][0]["address"], 1, ["b"])
+        waited = time.monotonic() - started
+        assert s == 200 and len(b["offsets"]) == 1, b
+        assert waited < HANDOVER_WAIT_S + 10.0, waited   # its wait began when the route reached b2: not bounded below
