@@ -61,12 +61,14 @@ class RouteTable:
 
     def delete(self, topic: str, version: int) -> set[str]:
         """Forget a deleted topic; returns the physical queues it hosted here."""
-        route = self.routes.pop(topic, None)
         self.version = max(self.version, version)
-        if route is None:
+        if topic not in self.routes:
             return set()
-        dropped = self._hosted_of(topic)
-        for pq in self._copies_of(topic):
+        # Both read the topic's route: before it goes (after, they found nothing, and the deleted topic's segments
+        # stayed in hosted and copies for good, their per-queue state never forgotten)
+        dropped, copies = self._hosted_of(topic), self._copies_of(topic)
+        route = self.routes.pop(topic)
+        for pq in copies:
             self.copies.pop(pq, None)
         for q in route["queues"]:
             self._segments.pop((topic, q["queue"]), None)

@@ -44,6 +44,7 @@ PATH = "/v1/replica/producers"
 HANDOVER_WAIT_S = 2.0      # how long the leader holds idempotent sends of a new head for the previous one's batches
 RETRY_S = 0.5              # between rounds of asks while some head still waits
 QUEUES_PER_ASK_MAX = 64    # queues named in one ask of one holder
+PRUNE_AFTER_MIN = 1_024    # segments remembered before the first scan for those the routes no longer name
 
 
 def encode_ask(asks: list[tuple[Segment, Segment]]) -> dict[str, Any]:
@@ -90,6 +91,7 @@ class ProducerHandover:
         self._taken: set[str] = set()            # heads' pqs whose batches are here
         self._gave_up: set[str] = set()          # heads' pqs whose sends stopped waiting (logged once)
         self._unanswered: set[str] = set()       # holders whose last ask failed (logged once)
+        self._kept_at_prune = 0                  # len(_taken) + len(_gave_up) after the last prune
         self._worker: asyncio.Task | None = None
         self._stopped = False
 
@@ -117,9 +119,18 @@ class ProducerHandover:
             for i, seg in enumerate(segs):
                 if seg.broker == self.me or self.me in seg.replicas:
                     self._begin(segs, i)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget segments the routes no longer name here: a scan of every one, so only once the sets have doubled
+        since the last (a route change of one topic must not cost a walk over every segment of the broker)."""
+        kept = len(self._taken) + len(self._gave_up)
+        if kept <= max(PRUNE_AFTER_MIN, 2 * self._kept_at_prune):
+            return
         for done in (self._taken, self._gave_up):
             for pq in [pq for pq in done if self.routes.held(pq) is None]:
                 done.discard(pq)
+        self._kept_at_prune = len(self._taken) + len(self._gave_up)
 
     async def ready(self, head: Segment) -> None:
         """Returns once ``head`` holds the previous segment's batches, or its wait (HANDOVER_WAIT_S) is over."""
