@@ -126,6 +126,25 @@ def test_replaying_the_lines_gives_the_written_state():
     assert back.in_flight[2].attempt == 2 and back.in_flight[2].seq == 500 and back.in_flight[2].written
 
 
+def test_deliveries_dropped_then_taken_back_under_a_new_gen_survive_the_replay():
+    """A head takes over a later state that adopted its own deliveries in flight: it drops its records of them and
+    adopts the same offsets from the answer, all before one line is taken. Written with both the upserts and the
+    removals of those offsets, the replay dropped them (the chaos runner, seed 6: b3 took back 8 deliveries of
+    queue 0 that way, lost power, and they were never delivered again)."""
+    st = popped(3, now=0)
+    lines = [st.take_line(DELIVERY_WRITE_DELAY_MS)]
+    st.drop_deliveries()
+    st.gen = 2
+    for offset in (0, 2):
+        st.adopt(offset, 900 + offset, 1, DELIVERY_WRITE_DELAY_MS + 1, deadline_ms=5000)
+    lines.append(st.take_line(DELIVERY_WRITE_DELAY_MS + 2))
+    states = {}
+    for line in lines:
+        replay_line(states, json.loads(json.dumps(line)))
+    assert sorted(states[KEY].in_flight) == sorted(st.in_flight) == [0, 2], "what memory holds, the replay holds"
+    assert states[KEY].in_flight[2].seq == 902
+
+
 @pytest.mark.parametrize("leave", ["hand_over_all", "drop_deliveries"])
 def test_deliveries_that_leave_unacked_raise_moved_below_and_the_lines_keep_it(leave):
     """Offsets below moved_below may be delivered again by another head: a handle of one is never done here once

@@ -165,6 +165,10 @@ class QueueState:
             # The first line under a gen is whole, every written delivery in it: a copy replaces what it held of the
             # key with it (pop/replica.py)
             self.dirty.update(o for o, d in self.in_flight.items() if d.written)
+        # An offset dropped and then taken in flight again before this line (a takeover of a later state that
+        # adopted this state's own deliveries, or a copy's) is written as its new record only: the replay applies
+        # removals after upserts, and with both it lost the delivery (the chaos runner, seed 6)
+        self.removed -= self.dirty
         durable_next = min(self.next_offset, self.fresh[0][1]) if self.fresh else self.next_offset
         meta = (self.gen, self.frozen, self.moved_below)
         if not self.dirty and not self.removed and durable_next == self.written_next and meta == self.written_meta:
