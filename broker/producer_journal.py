@@ -17,7 +17,11 @@ for its records' sync, and the send is answered only once the line is durable to
 Loading keeps a line only if the physical queue it names still holds its records (its recovered end reaches
 ``physical_first + count``): a line may be durable while its records were not (two files, one syncfs, no order
 between them), and a batch whose records were lost must be stored again when it is resent, not answered with offsets
-another batch may now hold. A batch handed over from a holder of an older segment (replication/producer_handover.py)
+another batch may now hold. The other way round (records durable, line lost: a sync of the records' file that began
+before the line was written, a torn tail kept, the kernel's own writeback) is covered by the frames themselves: each
+names its producer's batch (storage/record.py ``ProducerMark``), and a start walks the last frames of every queue not
+closed cleanly for them (Writer._recovered). A queue's active file is the one walked, so the lines are synced before
+an append seals it (Writer._before_roll), and this file is closed before the queues at a stop. A batch handed over from a holder of an older segment (replication/producer_handover.py)
 names no physical queue and is kept: its records are on that segment's holders, sealed.
 
 The file is rewritten from the table's live batches when it holds more than COMPACT_AFTER_LINES lines and twice the

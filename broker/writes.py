@@ -13,6 +13,7 @@ from typing import Any
 
 from wire import batch
 from wire.errors import ApiError, invalid, rejection
+from wire.names import parse_physical_queue_name
 
 from .codec import TAG_JSON, encode_message
 from .group_commit import GroupCommit
@@ -27,8 +28,8 @@ from .replication.producer_handover import ProducerHandover
 from .routing import RouteTable, Segment
 from .metrics import BrokerMetrics
 from .session import MetaSession
-from .storage import (FLUSH_FSYNC, FLUSH_GROUP, InvalidArgument, PhysicalQueue, QueueFailed, QueueStore, Run,
-                      StorageError)
+from .storage import (FLUSH_FSYNC, FLUSH_GROUP, InvalidArgument, PhysicalQueue, ProducerMark, QueueFailed,
+                      QueueStore, Run, StorageError)
 from .storage_threads import StorageThreads
 
 MESSAGES_PER_SEND_MAX = 10_000
@@ -87,6 +88,11 @@ class Writer:
         if producer_log is not None:
             for topic, queue, b in producer_log.load(self._holds):
                 self.producers.record(topic, queue, b)
+        # After a crash: a batch whose records outlived it while its line in producers.log did not (two files, no
+        # order between what reaches the disk of each) is known by the mark its frame carries (the chaos runner,
+        # seed 6: a keyed batch synced on b3, its line cut by the power loss, the resend stored again after it)
+        for name, marks in store.recover():
+            self._recovered(name, marks)
 
     def stop(self) -> None:
         if self.producer_handover is not None:
@@ -143,6 +149,18 @@ class Writer:
             except StorageError:
                 return   # the journal failed: idempotent sends are refused here until a restart anyway
         self._forget_unkept(topic, queue)
+
+    def _recovered(self, pq_name: str, marks: list[tuple[int, int, ProducerMark]]) -> None:
+        """The producers' batches a recovery found in ``pq_name``'s last frames, remembered as if just stored."""
+        parsed = parse_physical_queue_name(pq_name)
+        if parsed is None:
+            return
+        topic, queue, gen = parsed
+        try:
+            for offset, count, m in marks:
+                self._remember(topic, queue, Batch(m.producer, m.seq, m.logic, count, gen, pq_name, offset))
+        except StorageError:
+            return   # the journal failed: idempotent sends are refused here until a restart anyway
 
     def _remember(self, topic: str, queue: int, batch: Batch) -> None:
         """Record a batch stored here, in the table and in producers.log (durable with the records: ``_durable``).
@@ -267,7 +285,7 @@ class Writer:
                     if producer is not None and self._producer_log is not None and self._producer_log.failed:
                         raise _storage_unavailable(head, QueueFailed("the producers journal failed"))
                     started = time.perf_counter()
-                    pq, first = await self._append(head, send, tag, checked)
+                    pq, first = await self._append(head, send, tag, checked, producer)
                     written = stored_run(pq, first, send.records, send.count, tag)
                     if producer is not None:
                         try:
@@ -325,8 +343,10 @@ class Writer:
             except OSError as e:
                 raise QueueFailed(f"syncing the producers journal failed: {e}", path=log.path) from None
 
-    async def _append(self, head: Segment, send: batch.Send, tag: int, checked: bool) -> tuple[PhysicalQueue, int]:
-        """Append within the segment's offset budget; the caller holds the segment's lock."""
+    async def _append(self, head: Segment, send: batch.Send, tag: int, checked: bool,
+                      producer: tuple[int, int] | None = None) -> tuple[PhysicalQueue, int]:
+        """Append within the segment's offset budget; the caller holds the segment's lock. ``producer``: the
+        idempotent producer's (id, batch number), marked in the frame with the logic offset the batch gets."""
         pq = await self._create(head)
         budget = max(self.session.budgets.get(head.physical_queue, 0), head.budget_end)
         end = pq.next_offset + send.count
@@ -341,10 +361,14 @@ class Writer:
             # With group commit an append only writes to the page cache: on the loop it costs less than the hand-off
             # to a thread and back (0.08 ms against ~1.4 ms of latency and more CPU here, with 16 sends in flight).
             # What would wait (the queue's lock held elsewhere, a roll's syncs) still goes to a thread.
-            first = (pq.try_append_records(send.records, send.count, ts_ms, tag, checked)
+            # Under the queue's lock the batch lands at next_offset
+            mark = ProducerMark(producer[0], producer[1], head.logic(pq.next_offset)) if producer is not None else None
+            first = (pq.try_append_records(send.records, send.count, ts_ms, tag, checked, mark)
                      if self._commit is not None else None)
             if first is None:
-                first = await self._threads.run(pq.append_records, send.records, send.count, ts_ms, tag, checked)
+                await self._before_roll(pq, len(send.records))
+                first = await self._threads.run(pq.append_records, send.records, send.count, ts_ms, tag, checked,
+                                                mark)
         except InvalidArgument as e:  # too large a record or batch, in storage's terms
             raise ApiError(str(e), code=e.code, status=413 if e.code == "TOO_LARGE" else 400) from None
         except StorageError as e:  # a failed write or fsync: the queue refuses writes until reopened
@@ -362,16 +386,23 @@ class Writer:
                 return 0
             pq = await self._create(seg)
             taken = 0
+            # A run that is one batch whole is marked as the leader marked its frame (a read cut inside a frame
+            # brings its parts unmarked: their batch is known here by its line only)
+            by_first = {b.first: b for b in batches} if seg.logic_start is not None else {}
             for run in runs:
                 if run.offset + run.count <= pq.next_offset:
                     continue
                 if run.offset != pq.next_offset:
                     raise StorageError(f"a run at {run.offset} does not continue the copy at {pq.next_offset}")
+                b = by_first.get(seg.logic(run.offset)) if by_first else None
+                mark = ProducerMark(b.producer, b.seq, b.first) if b is not None and b.count == run.count else None
                 # As a leader's append: with group commit the write lands in the page cache, cheaper on the loop
-                first = (pq.try_append_records(run.records, run.count, run.ts_ms, run.tag, True)
+                first = (pq.try_append_records(run.records, run.count, run.ts_ms, run.tag, True, mark)
                          if self._commit is not None else None)
                 if first is None:
-                    await self._threads.run(pq.append_records, run.records, run.count, run.ts_ms, run.tag, True)
+                    await self._before_roll(pq, len(run.records))
+                    await self._threads.run(pq.append_records, run.records, run.count, run.ts_ms, run.tag, True,
+                                            mark)
                 taken += run.count
             for b in batches:   # of a sealed segment, only those within its end were kept
                 if seg.logic_end is None or b.first + b.count <= seg.logic_end:
@@ -382,6 +413,17 @@ class Writer:
         if taken and durable:
             await self._durable(pq, pq.next_offset)
         return taken
+
+    async def _before_roll(self, pq: PhysicalQueue, records_bytes: int) -> None:
+        """Before an append that seals ``pq``'s active file: the producers' lines written so far are synced first.
+        The roll syncs that file, and a recovery walks the new one only: a batch at the old file's end whose line
+        a crash then cut would be known by neither."""
+        log = self._producer_log
+        if log is not None and log.max_offset < log.next_offset and pq.would_roll(records_bytes):
+            try:
+                await self._threads.run(log.sync)
+            except OSError as e:
+                raise QueueFailed(f"syncing the producers journal failed: {e}", path=log.path) from None
 
     async def durable_copy(self, seg: Segment) -> None:
         """Returns once everything written to this broker's copy of ``seg`` is as durable as the flush policy

@@ -8,7 +8,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
+from wire import names
+
 from .limits import SLOTS_PER_TOPIC_MAX
+
+# The physical queue names meta hands out; brokers parse them too (a recovered frame names no topic): one rule, in
+# wire/names.py
+physical_queue_name = names.physical_queue_name
+parse_physical_queue_name = names.parse_physical_queue_name
 
 # Every number of a slot table (slot bounds, queue ids: queues <= slots) as one shared object, so that a packed
 # table costs a pointer per number, not an int object each.
@@ -111,20 +118,3 @@ def grow_slot_table(table: list[list[int]], new_queue_ids: Iterable[int]) -> tup
         splits.append((nq, origin))
     ranges.sort(key=lambda r: r[0])
     return [[lo, hi, q] for lo, hi, q, _ in ranges], splits
-
-
-def physical_queue_name(topic: str, incarnation: int, queue: int, gen: int) -> str:
-    """Unique on a broker across remaps and across a topic deleted and created again (incarnation)."""
-    return f"{topic}.q{queue}.g{gen}.i{incarnation}"
-
-
-def parse_physical_queue_name(name: str) -> tuple[str, int, int] | None:
-    """(topic, queue, gen) of a name made by ``physical_queue_name``, or None for anything else. Topic names hold
-    no dots (commands.NAME_RE), so the last three dot-separated parts are always the numbers."""
-    parts = name.rsplit(".", 3)
-    if len(parts) != 4 or parts[1][:1] != "q" or parts[2][:1] != "g" or parts[3][:1] != "i":
-        return None
-    try:
-        return parts[0], int(parts[1][1:]), int(parts[2][1:])
-    except ValueError:
-        return None

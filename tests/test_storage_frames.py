@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.storage import (BatchTooLarge, InvalidArgument, PhysicalQueue, QueueConfig, Record, RecordTooLarge, Run,
-                            files, limits)
+from broker.storage import (BatchTooLarge, InvalidArgument, PhysicalQueue, ProducerMark, QueueConfig, Record,
+                            RecordTooLarge, Run, files, limits)
 from broker.storage.record import HEADER_BYTES, SIZE, SIZE_BYTES
 from tests.support.storage_payloads import encode_frame, frame_bytes, framed_records, payloads
 
@@ -276,6 +276,34 @@ def test_the_tag_comes_back_with_every_run_of_its_frame(tmp_path):
         assert [run.tag for run in q.read_runs(0)] == [f.tag for f in model.frames]
 
 
+def test_a_recovery_hands_back_the_producer_marks_of_the_last_frames_and_a_clean_open_none(tmp_path, monkeypatch):
+    """A frame's mark (record.py: the idempotent producer's batch it holds) is the header's last three fields, the
+    producer stored + 1 so that producer 0 is one; an open that recovers the active file hands back the marks of
+    its last frames, once (the broker's producers.log may have lost their lines: broker/writes.py)."""
+    path = tmp_path / "q"
+    q = PhysicalQueue.create(str(path), 0, ONE_FILE)
+    expected, layout = [], b""
+    for i in range(6):
+        items = payloads(3 * i, 3)
+        mark = None if i == 3 else ProducerMark((2**63 - 1) if i % 2 else 0, 100 + i, 5_000 + 3 * i)
+        first = q.append_records(framed_records(items), 3, 10, 0, mark=mark)
+        layout += encode_frame(items, first, 10, mark=(0, 0, 0) if mark is None else (mark.producer + 1, *mark[1:]))
+        if mark is not None:
+            expected.append((first, 3, mark))
+    assert (path / files.log_name(0)).read_bytes() == layout
+    q.close()
+    with PhysicalQueue.open(str(path), ONE_FILE) as clean:
+        assert clean.take_recovered_marks() == [], "a queue closed cleanly is not walked: nothing to hand back"
+    (path / files.CLEAN_MARKER).unlink()   # as after a crash
+    with PhysicalQueue.open(str(path), ONE_FILE) as recovered:
+        assert recovered.take_recovered_marks() == expected
+        assert recovered.take_recovered_marks() == [], "handed back once"
+    (path / files.CLEAN_MARKER).unlink()
+    monkeypatch.setattr(limits, "RECOVERED_MARKS_MAX", 2)
+    with PhysicalQueue.open(str(path), ONE_FILE) as bounded:
+        assert bounded.take_recovered_marks() == expected[-2:], "only the last RECOVERED_MARKS_MAX"
+
+
 # append_records refuses what is not exactly `count` sized records.
 
 def _bad_records() -> dict[str, tuple[object, int, type]]:
@@ -421,19 +449,20 @@ def test_a_store_refuses_queues_of_another_storage_format_by_name(tmp_path):
     store = QueueStore(str(root))
     store.create("a.q0").append([b"x"], 1)
     store.close()
-    assert (root / FORMAT_FILE).read_bytes() == b"stator-queues 2\n"
+    assert (root / FORMAT_FILE).read_bytes() == b"stator-queues 3\n"
     QueueStore(str(root)).close()   # its own format opens
-    (root / FORMAT_FILE).write_bytes(b"stator-queues 3\n")
-    with pytest.raises(UnsupportedFormat, match="storage format b'stator-queues 3"):
-        QueueStore(str(root))
+    for other in (b"stator-queues 2\n", b"stator-queues 4\n"):   # 2: frames without their producer mark
+        (root / FORMAT_FILE).write_bytes(other)
+        with pytest.raises(UnsupportedFormat, match=f"storage format {other!r}"[:-3]):
+            QueueStore(str(root))
     (root / FORMAT_FILE).unlink()   # format 1 wrote no file: its queues are refused, not read as damaged and cut
     size = sum(f.stat().st_size for f in root.rglob("*.log"))
     with pytest.raises(UnsupportedFormat, match="storage format 1") as refused:
         QueueStore(str(root))
     assert refused.value.code == "UNSUPPORTED_FORMAT" and sum(f.stat().st_size for f in root.rglob("*.log")) == size
-    assert refused.value.details == {"path": str(root), "version": 1, "supported": [2]}
+    assert refused.value.details == {"path": str(root), "version": 1, "supported": [3]}
     assert refused.value.message == (f"{root}: 1 queues and no .format file: storage format 1 (a header per record); "
-                                     "this build reads format 2, and Stator keeps no upgrade path before 1.0: start "
+                                     "this build reads format 3, and Stator keeps no upgrade path before 1.0: start "
                                      "on an empty directory")
     QueueStore(str(tmp_path / "empty")).close()   # a root with no queues takes this build's format
     assert (tmp_path / "empty" / FORMAT_FILE).exists()

@@ -15,7 +15,7 @@ from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, 
 from .handles import HandlePool
 from .names import dir_name, queue_name
 from .queue import PhysicalQueue
-from .record import Record, Run
+from .record import ProducerMark, Record, Run
 from .store import QueueStore
 
 __all__ = [
@@ -23,5 +23,5 @@ __all__ = [
     "BatchTooLarge", "CorruptData", "CorruptQueue", "InvalidArgument", "InvalidQueueName", "OffsetOutOfRange",
     "QueueClosed", "QueueExists", "QueueFailed", "QueueNotFound", "RecordTooLarge", "StorageError", "TooManyQueues",
     "UnsupportedFormat",
-    "HandlePool", "dir_name", "queue_name", "PhysicalQueue", "Record", "Run", "QueueStore",
+    "HandlePool", "dir_name", "queue_name", "PhysicalQueue", "ProducerMark", "Record", "Run", "QueueStore",
 ]

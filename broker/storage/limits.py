@@ -11,8 +11,11 @@ RECORD_SIZE_BYTES = 4
 # One append call: a batch is one frame (record.py), written with one write, never split across files.
 BATCH_RECORDS_MAX = 10_000
 BATCH_BYTES_MAX = 16 * MIB
-FRAME_HEADER_BYTES = 32
+FRAME_HEADER_BYTES = 56
 FRAME_BYTES_MAX = BATCH_BYTES_MAX + BATCH_RECORDS_MAX * RECORD_SIZE_BYTES   # the records of one frame
+# A recovery scan hands back the producer marks of this many of the last frames it walked: the broker keeps 8
+# batches of each of at most 1,000 producers per queue (broker/producers.py)
+RECOVERED_MARKS_MAX = 8_192
 
 # One read call. A read returns at least one record when one exists, even if it alone exceeds its byte budget,
 # so that a consumer with a small budget is never stuck behind a large record.

@@ -24,7 +24,7 @@ from .config import FLUSH_FSYNC, FLUSH_GROUP, QueueConfig
 from .errors import (BatchTooLarge, CorruptData, CorruptQueue, InvalidArgument, OffsetOutOfRange, QueueClosed,
                      QueueExists, QueueFailed, RecordTooLarge)
 from .handles import HandlePool
-from .record import (HEADER_BYTES, SIZE_BYTES, Record, Run, check_records, frame_header, pack_records,
+from .record import (HEADER_BYTES, SIZE_BYTES, ProducerMark, Record, Run, check_records, frame_header, pack_records,
                      records_of)
 from .segment import Segment
 
@@ -133,6 +133,13 @@ class PhysicalQueue:
 
     # State.
 
+    def take_recovered_marks(self) -> list[tuple[int, int, ProducerMark]]:
+        """Once: (physical offset, records, mark) of the last marked frames of the active file, when this open had
+        to recover it (the queue was not closed cleanly); else nothing."""
+        active = self._segments[-1]
+        marks, active.recovered_marks = active.recovered_marks, []
+        return marks
+
     # The two bounds are read without the lock: an append holds it through its fsync, and the event loop asks for
     # them on every heartbeat and pull. Each is one read of a list item and an int, atomic under the GIL, and both
     # only move forward (a roll appends a segment starting at the old end; retention drops the first base).
@@ -212,16 +219,19 @@ class PhysicalQueue:
         _check_batch_bytes(total)
         return self._checked_append(pack_records(payloads), count, ts_ms, tag)
 
-    def append_records(self, records: bytes, count: int, ts_ms: int, tag: int = 0, checked: bool = False) -> int:
+    def append_records(self, records: bytes, count: int, ts_ms: int, tag: int = 0, checked: bool = False,
+                       mark: ProducerMark | None = None) -> int:
         """append() of `count` records already framed as a frame holds them (size u32, bytes; a ``wire.batch`` SEND
         batch's records are): written as they are, no copy per record. ``checked``: the caller has walked them
         already as ``record.check_records`` does (``wire.batch.check_send`` does more), so they are not walked
-        again; a frame's CRC guards the disk, not its writer's bugs."""
+        again; a frame's CRC guards the disk, not its writer's bugs. ``mark``: the idempotent producer's batch the
+        records are, kept in the frame's header (record.py) and handed back by a recovery scan
+        (``take_recovered_marks``)."""
         _check_framed(records, count, checked)
-        return self._checked_append(records, count, ts_ms, tag)
+        return self._checked_append(records, count, ts_ms, tag, mark)
 
     def try_append_records(self, records: bytes, count: int, ts_ms: int, tag: int = 0,
-                           checked: bool = False) -> int | None:
+                           checked: bool = False, mark: ProducerMark | None = None) -> int | None:
         """append_records() if it can run without waiting, else None and nothing done: the queue's lock is held
         elsewhere (a read, a sync's bookkeeping), or the append would roll to a new file or sync (flush policy
         "fsync"), which waits for the disk. For a caller that must not block, the broker's event loop with flush
@@ -231,28 +241,33 @@ class PhysicalQueue:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            end_pos = self._segments[-1].end_pos
-            if self._fsync_each or (end_pos and end_pos + HEADER_BYTES + len(records) > self.config.segment_bytes_max):
+            if self._fsync_each or self.would_roll(len(records)):
                 return None
-            return self._append(records, count, ts_ms, tag)
+            return self._append(records, count, ts_ms, tag, mark)
         finally:
             self._lock.release()
 
-    def _checked_append(self, records: bytes, count: int, ts_ms: int, tag: int) -> int:
+    def would_roll(self, records_bytes: int) -> bool:
+        """Whether an append of ``records_bytes`` of records would seal the active file (and sync it) first."""
+        end_pos = self._segments[-1].end_pos
+        return bool(end_pos) and end_pos + HEADER_BYTES + records_bytes > self.config.segment_bytes_max
+
+    def _checked_append(self, records: bytes, count: int, ts_ms: int, tag: int,
+                        mark: ProducerMark | None = None) -> int:
         _check_append_args(ts_ms, tag)
         with self._lock:
-            return self._append(records, count, ts_ms, tag)
+            return self._append(records, count, ts_ms, tag, mark)
 
-    def _append(self, records: bytes, count: int, ts_ms: int, tag: int) -> int:
+    def _append(self, records: bytes, count: int, ts_ms: int, tag: int, mark: ProducerMark | None = None) -> int:
         self._check_writable()
         active = self._segments[-1]
         first = active.end_offset
         if first + count > limits.OFFSET_MAX:
             raise InvalidArgument("the queue has run out of offsets", max_offset=first)
         ts = ts_ms if ts_ms > self._last_ts else self._last_ts
-        if active.end_pos and active.end_pos + HEADER_BYTES + len(records) > self.config.segment_bytes_max:
+        if self.would_roll(len(records)):
             active = self._roll()
-        header = frame_header(records, count, first, ts, tag)
+        header = frame_header(records, count, first, ts, tag, mark)
         try:
             active.append(header, records, ts, count)
         except QueueFailed:

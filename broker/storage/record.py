@@ -9,6 +9,10 @@ Each append writes one frame, as Kafka's log holds a producer's record batch and
     count   u32  records in the frame, at least 1
     tag     u32  the owner's: storage keeps it with the frame and hands it back (the broker says which form its
                  records are in)
+    mark    3 x u64  the owner's too (``ProducerMark``): the idempotent producer whose batch the frame holds, its
+                 batch number and the logic offset of its first record, or zeros; handed back by a recovery scan,
+                 so a batch whose records outlived a crash is known by its producer even when the broker's own
+                 account of it did not (broker/producer_journal.py)
     records      `count` times: size u32, then `size` opaque bytes
 
 All little-endian. The records are laid out as a ``wire.batch`` SEND batch lays out its own, so a broker appends a
@@ -30,10 +34,12 @@ import google_crc32c
 from . import limits
 from .errors import InvalidArgument, RecordTooLarge
 
-HEADER = struct.Struct("<IIQQII")
+HEADER = struct.Struct("<IIQQIIQQQ")
 HEADER_BYTES = HEADER.size
 _CRC_FROM = 8                         # the CRC covers the header from the offset field on
-_COVERED = struct.Struct("<QQII")     # offset, ts_ms, count, tag: the header fields the CRC covers
+_COVERED = struct.Struct("<QQIIQQQ")  # offset, ts_ms, count, tag, mark: the header fields the CRC covers
+_MARK = struct.Struct("<QQQ")
+_MARK_AT = HEADER_BYTES - _MARK.size
 SIZE = struct.Struct("<I")
 SIZE_BYTES = SIZE.size
 
@@ -50,6 +56,14 @@ class Record(NamedTuple):
     offset: int
     ts_ms: int
     payload: bytes
+
+
+class ProducerMark(NamedTuple):
+    """Which idempotent producer's batch a frame holds: stored as ``producer + 1`` (0: none, and 0 is an id a
+    producer may draw), ``seq`` and the logic offset of the frame's first record (storage knows no logic offsets)."""
+    producer: int
+    seq: int
+    logic: int
 
 
 class Run(NamedTuple):
@@ -84,11 +98,19 @@ def pack_records(payloads: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def frame_header(records: bytes, count: int, first_offset: int, ts_ms: int, tag: int) -> bytes:
+def frame_header(records: bytes, count: int, first_offset: int, ts_ms: int, tag: int,
+                 mark: ProducerMark | None = None) -> bytes:
     """The header of a frame of `count` records (as pack_records lays them out) at `first_offset`."""
-    covered = _COVERED.pack(first_offset, ts_ms, count, tag)
+    m = (mark.producer + 1, mark.seq, mark.logic) if mark is not None else (0, 0, 0)
+    covered = _COVERED.pack(first_offset, ts_ms, count, tag, *m)
     return HEADER.pack(len(records), google_crc32c.extend(google_crc32c.value(covered), records),
-                       first_offset, ts_ms, count, tag)
+                       first_offset, ts_ms, count, tag, *m)
+
+
+def mark_at(buf: bytes, pos: int) -> ProducerMark | None:
+    """The mark of the whole, valid frame at buf[pos] (``frame_at`` checked it), or None when it has none."""
+    producer1, seq, logic = _MARK.unpack_from(buf, pos + _MARK_AT)
+    return ProducerMark(producer1 - 1, seq, logic) if producer1 else None
 
 
 def check_records(records: bytes, count: int) -> None:
@@ -127,7 +149,7 @@ def frame_at(buf: bytes, pos: int, offset: int) -> tuple[int, int, int, int, int
     end position). Checks the bounds, the offset and the CRC; the records inside are the writer's."""
     if len(buf) - pos < HEADER_BYTES:
         return STOP_SHORT, 0, 0, 0, 0
-    length, said_crc, frame_offset, ts_ms, count, tag = HEADER.unpack_from(buf, pos)
+    length, said_crc, frame_offset, ts_ms, count, tag, _, _, _ = HEADER.unpack_from(buf, pos)
     if (length > limits.FRAME_BYTES_MAX or frame_offset != offset or not 0 < count <= limits.BATCH_RECORDS_MAX
             or length < SIZE_BYTES * count):
         return STOP_BAD, 0, 0, 0, 0

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from typing import NamedTuple
 
 from . import limits
 from .index import SparseIndex
-from .record import STOP_BAD, frame_at, frame_bytes_at
+from .record import STOP_BAD, ProducerMark, frame_at, frame_bytes_at, mark_at
+
+# (physical offset, records, mark) of a frame that names its producer's batch
+Marked = tuple[int, int, ProducerMark]
 
 
 class ScanResult(NamedTuple):
@@ -18,8 +22,9 @@ class ScanResult(NamedTuple):
 
 
 def scan(fd: int, file_bytes: int, index: SparseIndex, base: int, start_pos: int = 0,
-         start_offset: int | None = None) -> ScanResult:
-    """Checks every frame from start_pos on (length, offset, count, CRC), feeding each one to `index`.
+         start_offset: int | None = None, marks: deque[Marked] | None = None) -> ScanResult:
+    """Checks every frame from start_pos on (length, offset, count, CRC), feeding each one to `index`, and each
+    one's producer mark to ``marks`` (a bounded deque keeps the last ones).
 
     Stops at the first frame that is cut short by the end of the file or invalid; never raises on content."""
     pos = start_pos
@@ -36,6 +41,8 @@ def scan(fd: int, file_bytes: int, index: SparseIndex, base: int, start_pos: int
             if status >= 0:
                 break
             index.add_batch(offset - base, (pos + used,), 0, ts_ms)
+            if marks is not None and (mark := mark_at(buf, used)) is not None:
+                marks.append((offset, count, mark))
             last_ts = ts_ms
             offset += count
             used = end

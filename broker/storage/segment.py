@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import deque
 from bisect import bisect_right
 from contextlib import contextmanager
 from typing import Iterator
@@ -21,12 +22,12 @@ from .errors import CorruptData, QueueFailed
 from .handles import HandlePool
 from .index import ENTRY_BYTES, TRAILER, SparseIndex
 from .record import HEADER_BYTES, SIZE_BYTES, STOP_BAD, STOP_LIMIT, Run, frame_at, frame_bytes_at, parse
-from .scan import ScanResult, scan
+from .scan import Marked, ScanResult, scan
 
 
 class Segment:
     __slots__ = ("base", "path", "index_path", "index", "end_offset", "end_pos", "file_bytes", "last_ts",
-                 "fd", "_pool", "_hint_offset", "_hint_pos")
+                 "fd", "_pool", "_hint_offset", "_hint_pos", "recovered_marks")
 
     def __init__(self, directory: str, base: int, index: SparseIndex, pool: HandlePool):
         self.base = base
@@ -42,6 +43,8 @@ class Segment:
         # Where the previous read stopped, so that a consumer reading on sequentially skips the index lookup.
         self._hint_offset = -1
         self._hint_pos = 0
+        # The producer marks of the last frames a recovery scan walked (an active file not closed cleanly)
+        self.recovered_marks: list[Marked] = []
 
     @property
     def first_ts(self) -> int | None:
@@ -69,7 +72,9 @@ class Segment:
             result = segment._load_index(config, file_bytes) if clean_bytes == file_bytes else None
             if result is None:
                 segment.index = _new_index(config)
-                result = scan(segment.fd, file_bytes, segment.index, base)
+                marks: deque[Marked] = deque(maxlen=limits.RECOVERED_MARKS_MAX)
+                result = scan(segment.fd, file_bytes, segment.index, base, marks=marks)
+                segment.recovered_marks = list(marks)
                 if not result.whole:
                     os.ftruncate(segment.fd, result.end_pos)
             if result.end_pos:

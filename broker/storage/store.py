@@ -14,22 +14,25 @@ import secrets
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Callable, TypeVar
 
 from . import files, limits
 from .config import QueueConfig
-from .errors import QueueExists, QueueNotFound, TooManyQueues, UnsupportedFormat
+from .errors import QueueExists, QueueNotFound, StorageError, TooManyQueues, UnsupportedFormat
 from .handles import HandlePool
 from .names import dir_name, queue_name
 from .queue import CREATING_PREFIX, PhysicalQueue
+from .scan import Marked
 
 DELETING_PREFIX = ".deleting-"
-# The storage format of every queue under a store's root, in a file of its own: 2 is one frame per append
-# (record.py). Format 1 (a header per record) wrote no such file; read as format 2 its files would look damaged and
-# recovery would cut them, so a root with queues and no FORMAT file is refused by name too.
+# The storage format of every queue under a store's root, in a file of its own: 3 is one frame per append with its
+# producer mark (record.py). Format 2 (no mark: 32-byte headers) would read as damage, and is refused by name. Format 1
+# (a header per record) wrote no such file; read as this format its files would look damaged and recovery would cut
+# them, so a root with queues and no FORMAT file is refused by name too.
 FORMAT_FILE = ".format"   # a leading dot: no queue's directory is spelled so (names.dir_name escapes it)
 FORMAT_NAME = "stator-queues"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 T = TypeVar("T")
 U = TypeVar("U")
 # Queues closed at once: each close syncs its active file, its index and its clean marker (four or five syncs), and
@@ -138,6 +141,22 @@ class QueueStore:
         queue = PhysicalQueue.open(self._path(name), self.config, self._pool)
         self._open[name] = queue
         return queue
+
+    def recover(self) -> Iterator[tuple[str, list[Marked]]]:
+        """Opens now every queue that was not closed cleanly (its last file recovered) and yields, per queue, the
+        producer marks of the last frames its recovery walked (record.py ``ProducerMark``). At a start, before
+        anything is served: a batch whose records outlived a crash is known by its producer before its resend
+        comes. A queue opened already gives what its own recovery found."""
+        for name in self.names():
+            if name not in self._open and os.path.exists(os.path.join(self._path(name), files.CLEAN_MARKER)):
+                continue
+            try:
+                queue = self.get(name)
+            except StorageError:
+                continue   # a queue that does not open is refused by whoever asks for it, as before
+            marks = queue.take_recovered_marks()
+            if marks:
+                yield name, marks
 
     def open_all(self) -> int:
         """Opens every queue on disk (recovering those that did not close cleanly); returns how many."""

@@ -15,8 +15,9 @@ import google_crc32c
 
 from broker.storage.record import HEADER, SIZE
 
-# Where each header field starts, from the header's struct ("<IIQQII": little-endian, so no padding).
-HEADER_FIELDS = ("length", "crc", "offset", "ts_ms", "count", "tag")
+# Where each header field starts, from the header's struct ("<IIQQIIQQQ": little-endian, so no padding). The mark is
+# stored as (producer + 1, seq, logic offset), zeros when a frame has none.
+HEADER_FIELDS = ("length", "crc", "offset", "ts_ms", "count", "tag", "producer1", "seq", "logic")
 FIELD_AT = {name: struct.calcsize(HEADER.format[:1 + i]) for i, name in enumerate(HEADER_FIELDS)}
 assert len(HEADER.format) == 1 + len(HEADER_FIELDS) and HEADER.format[0] == "<"
 
@@ -41,11 +42,12 @@ def frame_bytes(items: Sequence[bytes]) -> int:
 
 
 def encode_frame(items: Sequence[bytes], first_offset: int, ts_ms: int, tag: int = 0, count: int | None = None,
-                 records: bytes | None = None) -> bytes:
+                 records: bytes | None = None, mark: tuple[int, int, int] = (0, 0, 0)) -> bytes:
     """A whole frame as the layout describes it, with a valid CRC. `count` and `records` override what is derived
-    from `items`, to build frames whose CRC is right but whose content is not (a zero count, say)."""
+    from `items`, to build frames whose CRC is right but whose content is not (a zero count, say). `mark`: the
+    header's last three fields as stored."""
     records = framed_records(items) if records is None else records
     count = len(items) if count is None else count
-    unsigned = HEADER.pack(len(records), 0, first_offset, ts_ms, count, tag)
+    unsigned = HEADER.pack(len(records), 0, first_offset, ts_ms, count, tag, *mark)
     crc = google_crc32c.value(unsigned[FIELD_AT["offset"]:] + records)   # the CRC covers the offset field on
-    return HEADER.pack(len(records), crc, first_offset, ts_ms, count, tag) + records
+    return HEADER.pack(len(records), crc, first_offset, ts_ms, count, tag, *mark) + records
