@@ -74,6 +74,8 @@ class BrokerNode:
                              disk=self.disk)
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.witness, self.peers,
                              self.link, self.metrics)
+        # A head this broker comes to lead takes its queue's commits from the brokers of its older segments
+        self.writer.offset_copies.older_commits = self.reader.older_commits
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
                               lambda: self.session.writable(self.routes.version), self.group_settings,
                               self.pop_signals)

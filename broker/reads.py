@@ -22,9 +22,10 @@ from .codec import RawRecord, run_of, stored_record
 from .meta_link import MetaLink
 from .metrics import BrokerMetrics
 from .offset_witness import WitnessLog
-from .offsets import OffsetStore
+from .offsets import Committed, Key, OffsetStore, newer
 from .peers import Peers, Unreachable, unavailable
 from .replication.follower import physical_end
+from .replication.offsets import TABLE_PAGES_MAX
 from .routing import RouteTable, Segment
 from .storage import OffsetOutOfRange, Run
 from .storage_threads import StorageThreads
@@ -349,6 +350,62 @@ class Reader:
                                 broker=seg.broker, gen=seg.gen)
         self.writer.still_offsets_head(head, "its committed offset was read")
         return best
+
+    async def older_commits(self, head: Segment) -> list[tuple[Key, Committed]]:
+        """Every group's newest commit of ``head``'s queue that the brokers of its older segments hold and this
+        broker does not: what a head this broker has come to lead takes over (replication/offsets.py), walked as
+        ``read_committed`` walks one group's, every older segment, since each group's newest may be on any. 503
+        BROKER_UNAVAILABLE when a segment none of whose answering holders holds its commits has a holder that does
+        not answer."""
+        topic, queue = head.topic, head.queue
+        own = dict(self.offsets.queue_values(topic, queue))
+        best: dict[Key, Committed] = dict(own)
+        holds: dict[str, frozenset[str]] = {self.me: self.witness.held(topic, queue) | {head.physical_queue}}
+        down: set[str] = set()
+        for seg in reversed(await self._chain(topic, queue)):
+            if seg.gen >= head.gen:
+                continue
+            holders = list(dict.fromkeys(b for b in (seg.broker, seg.sealer, *seg.in_sync) if b))
+            ask = [b for b in holders if b not in holds and b not in down]
+            answers = await asyncio.gather(*(self._held_table(topic, queue, b) for b in ask))
+            for broker, answer in zip(ask, answers):
+                if answer is None:
+                    down.add(broker)
+                    continue
+                values, held = answer
+                holds[broker] = held
+                for key, value in values:
+                    if newer(value, best.get(key)):
+                        best[key] = value
+            if not any(seg.physical_queue in holds.get(b, ()) for b in holders) and down & set(holders):
+                raise rejection(503, "BROKER_UNAVAILABLE", f"the commits of {topic}/{queue} made on its segment of "
+                                f"gen {seg.gen} are held by {', '.join(holders)}, none of which answers now holding "
+                                "them", broker=seg.broker, gen=seg.gen)
+        return sorted((k, v) for k, v in best.items() if newer(v, own.get(k)))
+
+    async def _held_table(self, topic: str, queue: int,
+                          broker: str) -> tuple[list[tuple[Key, Committed]], frozenset[str]] | None:
+        """Every commit of the queue ``broker`` holds, and the segments whose commits its disk holds; None when it
+        does not answer (or answers what is not that)."""
+        out: list[tuple[Key, Committed]] = []
+        after: str | None = None
+        held: list = []
+        for _ in range(TABLE_PAGES_MAX):
+            path = f"/v1/replica/offsets/{quote(topic, safe='')}/{queue}"
+            if after is not None:
+                path += f"?after={quote(after, safe='')}"
+            try:
+                # A background take-over's retries must not keep a broker back from the dead marked down
+                body = await self.peers.call("GET", broker, self.routes.address(topic, broker), path,
+                                             remember_down=False)
+                out += [((c["group"], topic, queue), Committed(c["offset"], c["gen"], c["seq"]))
+                        for c in body["commits"]]
+                held, after = body["holds"], body["next"]
+            except (ApiError, Unreachable, KeyError, TypeError):
+                return None
+            if after is None:
+                return out, frozenset(h for h in held if isinstance(h, str))
+        return None   # pages without end: not an answer
 
     async def _held_offset(self, topic: str, queue: int, group: str,
                            broker: str) -> tuple[tuple[int, int], frozenset[str]] | None:

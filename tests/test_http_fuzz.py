@@ -152,6 +152,7 @@ BROKER_OPS = [
     Op("broker", "POST", "/v1/replica", (), ("follower", "epoch", "queues"), mutating=True),
     Op("broker", "GET", "/v1/replica/stream", ("follower", "epoch")),   # without the Upgrade headers: a plain 400
     Op("broker", "PUT", "/v1/replica/offsets", (), ("topic", "queue", "leader_gen", "commits"), mutating=True),
+    Op("broker", "GET", "/v1/replica/offsets/{topic}/{queue}", ("after",)),
     Op("broker", "PUT", "/v1/replica/pop", (), ("topic", "queue", "leader_gen", "reset", "lines"), mutating=True),
     Op("broker", "POST", "/v1/replica/producers", (), ("queues",)),
     Op("broker", "GET", "/healthz"), Op("broker", "GET", "/readyz"), Op("broker", "GET", "/metrics"),

@@ -226,6 +226,10 @@ async def test_live_broker_answers_match_the_broker_spec(tmp_path):
                                                                           "seq": 1}]}
         assert (await call("PUT", "/v1/replica/offsets", "broker", json_body=pushed)) == {"stored": 1}
         await call("PUT", "/v1/replica/offsets", "broker", json_body={**pushed, "leader_gen": -1}, expect=400)
+        table = await call("GET", "/v1/replica/offsets/{topic}/{queue}", "broker", topic="t", queue=0)
+        assert {"group": "pushed", "offset": 1, "gen": 0, "seq": 1} in table["commits"] and table["next"] is None
+        assert (await call("GET", "/v1/replica/offsets/{topic}/{queue}?after=pushed", "broker", topic="t",
+                           queue=0))["commits"] == []
         line = ["pushed", "t", 0, 3, 0, False, 0, [[1, 7, 1, 1, 0]], []]   # a pop journal line (broker/pop/state.py)
         copied = {"topic": "t", "queue": 0, "leader_gen": 0, "reset": True, "lines": [line]}
         assert (await call("PUT", "/v1/replica/pop", "broker", json_body=copied)) == {"stored": 1}

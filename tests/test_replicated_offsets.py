@@ -250,6 +250,33 @@ async def test_a_commit_is_found_on_a_copy_when_its_leader_lost_its_disk_after_t
         assert await committed(c, "o", "g", 0) == 50
 
 
+async def test_a_head_takes_its_queue_s_commits_over_so_they_outlive_the_disks_they_were_made_on(tmp_path):
+    """Found by the chaos runner (seed 20): a commit made on b3 and b2 stayed on those two after the queue moved on,
+    the new head and its copies never holding it; b3 then b2 lost their disks, and the group read -1. A head this
+    broker comes to lead takes the queue's commits from its older segments' holders (replication/offsets.py), so
+    the disks of the segment a commit was made on may all go."""
+    async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
+        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "o", "queues": 1, "replicas": 2, "min_insync": 1})
+        assert s == 201, b
+        r = await wait_route(c, "o", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+        first, second = r["queues"][0]["replicas"]
+        third = next(b["broker"] for b in c.info["brokers"] if b["broker"] not in (first, second))
+        assert await commit_at_head(c, "o", "g", 0, 50)   # on first and second
+        s, b = await admin(c, "POST", 0, "/v1/topics/o/remap", {"brokers": [third]})
+        assert s == 200, b
+        await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == third and r["queues"][0]["writable"])
+
+        async def third_holds() -> bool:
+            s, b, _ = await c.call("GET", f"{c.url(third)}/v1/replica/offsets/o/0", "broker")
+            return s == 200 and any(x["group"] == "g" and x["offset"] == 50 for x in b["commits"])
+        await wait_until(third_holds, ANSWER_WAIT_S, f"{third} holding the commit made before the remap")
+        for lost in (first, second):   # every disk the commit was made on
+            lose(c, lost)
+        for lost in (first, second):
+            c.start(lost)
+        assert await committed(c, "o", "g", 0) == 50
+
+
 async def test_holders_back_on_empty_disks_never_settle_a_commit_whose_one_holder_is_down(tmp_path):
     """Found by the chaos runner (seed 7): a read settled a segment on the first holder that answered; the two
     named in its in-sync set were back on empty disks and answered "nothing" while the one holding the commit was

@@ -292,6 +292,22 @@ async def replica_offsets(request: web.Request) -> web.Response:
 
 
 @requires("broker")
+async def replica_offset_table(request: web.Request) -> web.Response:
+    """Every commit of a queue this broker holds, a page in group order (``after``: the last group of the page
+    before), and the segments whose commits its disk holds (broker/offset_witness.py): what a head that came to lead
+    the queue takes over (broker/replication/offsets.py)."""
+    node = request.app[NODE]
+    topic = _name(request.match_info["topic"], "topic")
+    queue = int_in(request.match_info["queue"], "queue")
+    after = _name(request.query["after"], "after") if "after" in request.query else None
+    values = sorted((k, v) for k, v in node.offsets.queue_values(topic, queue) if after is None or k[0] > after)
+    page = values[:offset_copies.TABLE_PAGE_MAX]
+    return _respond({"commits": [{"group": g, "offset": v.offset, "gen": v.gen, "seq": v.seq} for (g, _, _), v in page],
+                     "next": page[-1][0][0] if len(values) > len(page) else None,
+                     "holds": sorted(node.witness.held(topic, queue))})
+
+
+@requires("broker")
 async def replica_producers(request: web.Request) -> web.Response:
     """A new head's holder asks for the producers' batches of the segments its head continues
     (broker/replication/producer_handover.py): answered for the queues whose previous segment this broker holds."""
@@ -465,6 +481,7 @@ def make_app(config: BrokerConfig) -> web.Application:
     r.add_post("/v1/replica", replica_fetch)
     r.add_get("/v1/replica/stream", replica_stream)
     r.add_put("/v1/replica/offsets", replica_offsets)
+    r.add_get("/v1/replica/offsets/{topic}/{queue}", replica_offset_table)
     r.add_put("/v1/replica/pop", replica_pop)
     r.add_post("/v1/replica/producers", replica_producers)
     r.add_post("/v1/pop/{topic}", pop)

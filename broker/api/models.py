@@ -78,6 +78,13 @@ class ReplicaOffsets(TypedDict):
     commits: Annotated[list[ReplicatedCommit], Field(min_length=1, max_length=COMMITS_PER_PUSH_MAX)]
 
 
+@with_config(OPEN)
+class ReplicaOffsetTable(TypedDict):
+    commits: list[ReplicatedCommit]   # at most replication/offsets.py TABLE_PAGE_MAX, in group order
+    next: str | None                  # the last group of this page when more follow (ask again with ?after=)
+    holds: list[str]                  # the segments (physical queues) whose commits this disk holds
+
+
 @with_config(STRICT)
 class ProducersAsked(TypedDict):
     topic: Name

@@ -88,7 +88,7 @@ def _pop() -> dict[str, Any]:
 
 
 def _q(*names: str) -> list[dict]:
-    return [{"name": n, "in": "query", "required": False, "schema": _STR if n in ("group", "local") else _INT}
+    return [{"name": n, "in": "query", "required": False, "schema": _STR if n in ("group", "local", "after") else _INT}
             for n in names]
 
 
@@ -129,6 +129,10 @@ SPEC: dict[str, Any] = {
         "/v1/replica/stream": {"get": _stream_op()},
         "/v1/replica/offsets": {"put": _op("A queue's leader pushes committed offsets to one of its copies",
                                            M.ReplicaStored, roles="broker", body=M.ReplicaOffsets)},
+        "/v1/replica/offsets/{topic}/{queue}": {"get": _op(
+            "Every commit of a queue held here, a page in group order, and the segments whose commits this disk "
+            "holds: what a head that came to lead the queue takes over", M.ReplicaOffsetTable, roles="broker",
+            params=_p("topic", "queue") + _q("after"))},
         "/v1/replica/pop": {"put": _op("A queue's leader pushes its pop journal lines to one of its copies",
                                        M.ReplicaStored, roles="broker", body=M.ReplicaPop)},
         "/v1/replica/producers": {"post": _op(

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from wire.errors import ApiError, rejection
 
-from ..offsets import Committed, Key, OffsetStore, newer
+from wire.caller import Backoff
+
+from ..offsets import KEYS_MAX, Committed, Key, OffsetStore, newer
 from ..peers import Peers, Unreachable
 from ..routing import RouteTable, Segment
 from .leader import REPLICATION_WAIT_S, ReplicaTracker, unconfirmed
@@ -43,6 +46,9 @@ log = structlog.get_logger("broker.replication")
 PATH = "/v1/replica/offsets"
 PUSH_RETRY_S = 0.1          # between tries of a push to a copy waited for
 COMMITS_PER_PUSH_MAX = 1000  # a snapshot goes in pushes of at most this many commits
+TABLE_PAGE_MAX = 1000        # commits one answer of GET /v1/replica/offsets/{topic}/{queue} holds (in group order)
+TABLE_PAGES_MAX = KEYS_MAX // TABLE_PAGE_MAX + 1   # pages a table can take: more is not an answer
+TAKE_OVER_BACKOFF = Backoff(0.2, 5.0, jitter=False)   # a head taking over its queue's commits, while a holder is away
 
 
 def encode(head: Segment, values: list[tuple[Key, Committed]]) -> dict[str, Any]:
@@ -60,6 +66,10 @@ def decode(body: dict[str, Any]) -> tuple[str, int, int, list[tuple[Key, Committ
                                       for c in body["commits"]]
 
 
+async def _none_older(seg: Segment) -> list[tuple[Key, Committed]]:
+    return []
+
+
 class OffsetCopies:
     def __init__(self, me: str, routes: RouteTable, tracker: ReplicaTracker, store: OffsetStore, peers: Peers):
         self.me = me
@@ -74,6 +84,10 @@ class OffsetCopies:
         self._aside: dict[tuple[str, str], int] = {}   # (pq, copy) -> pushes out to a copy not waited for
         self._tasks: set[asyncio.Task] = set()
         self._opened: dict[str, set[str]] = {}   # topic -> heads led here whose copies in sync got its commits
+        self._taking: dict[str, asyncio.Task] = {}   # pq -> a head's take-over of its queue's older commits
+        # The queue's commits the brokers of a head's older segments hold (broker/reads.py ``older_commits``); none
+        # without a reader (a unit test)
+        self.older_commits: Callable[[Segment], Awaitable[list[tuple[Key, Committed]]]] = _none_older
 
     # -- the leader ---------------------------------------------------------------------------------------------
     async def commit(self, head: Segment, group: str, offset: int) -> None:
@@ -154,8 +168,9 @@ class OffsetCopies:
         return False
 
     def _send_to_copies_in_sync(self, topic: str) -> None:
-        """Each head of ``topic`` this broker has come to lead (a failover, a remap, a growth): its copies in sync get
-        the queue's whole commit table once, as a copy joining the set does. Meta names a new gen's copies in sync
+        """Each head of ``topic`` this broker has come to lead (a failover, a remap, a growth) takes over the queue's
+        commits of its older segments (``_take_over``), then its copies in sync get the queue's whole commit table
+        once, as a copy joining the set does. Meta names a new gen's copies in sync
         from its opening, its records being none yet, but the queue's commits of older gens were only on the copies
         of those gens (the chaos runner, seed 49: a commit b1 made under gen 4 was on b1 and b2; gen 5 opened with b3
         in sync, back on an empty disk, and gen 6 on b2 with b3; b1 and b2 lost their disks, and b3 read the group's
@@ -172,10 +187,39 @@ class OffsetCopies:
                 continue
             pq = seg.physical_queue
             opened.add(pq)
+            if pq not in self._taking:
+                self._taking[pq] = asyncio.create_task(self._take_over(seg), name=f"offsets-take-over-{pq}")
+
+    async def _take_over(self, seg: Segment) -> None:
+        """A head this broker has come to lead: first the queue's commits held by the brokers of its older segments
+        come here, durably (``older_commits``: broker/reads.py), then its copies in sync get the whole table. Left on
+        the older segments' holders, a commit had as many copies as the in-sync set it was made under, and lost them
+        when those disks went, though the head's own copies stood (the chaos runner, seed 20: a commit made on b3
+        and b2, b3 wiped, the queue remapped twice, b2 wiped ten seconds later: read back as -1). Asked again while
+        a holder is away, as long as this broker leads the head."""
+        pq = seg.physical_queue
+        failures = 0
+        try:
+            while True:
+                if not self._leads_active(pq):
+                    return
+                try:
+                    values = await self.older_commits(seg)
+                    for i in range(0, len(values), COMMITS_PER_PUSH_MAX):
+                        await self.store.store(values[i:i + COMMITS_PER_PUSH_MAX])
+                    break
+                except (ApiError, Unreachable) as e:
+                    if failures == 0:
+                        log.info("offsets_take_over_waits", pq=pq, error=str(e))
+                    failures += 1
+                    await asyncio.sleep(TAKE_OVER_BACKOFF.delay_s(failures))
+            log.info("offsets_taken_over", pq=pq, commits=len(values))
             for copy in sorted(self.tracker.waited_for(seg)):
                 if (pq, copy) not in self._syncing:
                     self._syncing[(pq, copy)] = asyncio.create_task(self._sync(seg, copy, opened=True),
                                                                     name=f"offsets-snapshot-{pq}")
+        finally:
+            self._taking.pop(pq, None)
 
     async def _sync(self, seg: Segment, copy: str, opened: bool = False) -> None:
         pq = seg.physical_queue
@@ -225,7 +269,7 @@ class OffsetCopies:
         return seg is not None and seg.state == "active" and seg.broker == self.me
 
     def stop(self) -> None:
-        for task in [*self._syncing.values(), *self._tasks]:
+        for task in [*self._syncing.values(), *self._taking.values(), *self._tasks]:
             task.cancel()
 
     # -- a copy -------------------------------------------------------------------------------------------------
