@@ -211,15 +211,21 @@ class OffsetCopies:
                 except (ApiError, Unreachable) as e:
                     if failures == 0:
                         log.info("offsets_take_over_waits", pq=pq, error=str(e))
+                        self._sync_copies(seg)   # what this broker holds goes to the copies meanwhile
                     failures += 1
                     await asyncio.sleep(TAKE_OVER_BACKOFF.delay_s(failures))
             log.info("offsets_taken_over", pq=pq, commits=len(values))
-            for copy in sorted(self.tracker.waited_for(seg)):
-                if (pq, copy) not in self._syncing:
-                    self._syncing[(pq, copy)] = asyncio.create_task(self._sync(seg, copy, opened=True),
-                                                                    name=f"offsets-snapshot-{pq}")
+            self._sync_copies(seg)
         finally:
             self._taking.pop(pq, None)
+
+    def _sync_copies(self, seg: Segment) -> None:
+        """The queue's whole commit table to each copy in sync of ``seg`` (a head led here) not being sent it now."""
+        pq = seg.physical_queue
+        for copy in sorted(self.tracker.waited_for(seg)):
+            if (pq, copy) not in self._syncing:
+                self._syncing[(pq, copy)] = asyncio.create_task(self._sync(seg, copy, opened=True),
+                                                                name=f"offsets-snapshot-{pq}")
 
     async def _sync(self, seg: Segment, copy: str, opened: bool = False) -> None:
         pq = seg.physical_queue
