@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -317,8 +318,7 @@ class Reader:
         503 BROKER_UNAVAILABLE (retry), never an older value: after a power loss of the whole machine, a new head
         answered -1 for a queue whose commit of 761 sat on the previous head, still starting; and holders back on
         empty disks answered -1 while the one copy holding a commit was down (the chaos runner's committed_offsets
-        check, seed 7). Every holder answering and none holding it: its commits went with every disk that held
-        them, and the walk goes on."""
+        check, seed 7). The walk: ``_ask_holders``."""
         own = self.offsets.get_committed(group, topic, queue)
         best = (own.offset, own.gen) if own is not None else (-1, -1)
         if local_only:
@@ -326,28 +326,20 @@ class Reader:
         head = self.writer.offsets_head(topic, queue)
         if own is not None and own.gen >= head.gen:
             return best
-        # Holders that answered, and the segments whose commits they hold (every commit on the head is made here)
-        holds: dict[str, frozenset[str]] = {self.me: self.witness.held(topic, queue) | {head.physical_queue}}
-        down: set[str] = set()
-        for seg in reversed(await self._chain(topic, queue)):
-            if seg.gen <= best[1]:
-                break                          # no holder of this or an older segment can hold a newer commit
-            holders = list(dict.fromkeys(b for b in (seg.broker, seg.sealer, *seg.in_sync) if b))
-            ask = [b for b in holders if b not in holds and b not in down]
-            answers = await asyncio.gather(*(self._held_offset(topic, queue, group, b) for b in ask))
-            for broker, answer in zip(ask, answers):
-                if answer is None:
-                    down.add(broker)
-                    continue
-                value, held = answer
-                holds[broker] = held
-                if value[0] >= 0 and value[1] > best[1]:
-                    best = value
-            if not any(seg.physical_queue in holds.get(b, ()) for b in holders) and down & set(holders):
-                raise rejection(503, "BROKER_UNAVAILABLE", f"the committed offset of {group!r} on {topic}/{queue} may "
-                                f"be newer on the brokers that held its segment of gen {seg.gen} "
-                                f"({', '.join(holders)}), none of which answers now holding it; retry",
-                                broker=seg.broker, gen=seg.gen)
+
+        def take(answer: tuple[int, int]) -> None:
+            nonlocal best
+            if answer[0] >= 0 and answer[1] > best[1]:
+                best = answer
+
+        def unavailable(seg: Segment, holders: list[str]) -> ApiError:
+            return rejection(503, "BROKER_UNAVAILABLE", f"the committed offset of {group!r} on {topic}/{queue} may be "
+                             f"newer on the brokers that held its segment of gen {seg.gen} ({', '.join(holders)}), "
+                             "none of which answers now holding it; retry", broker=seg.broker, gen=seg.gen)
+
+        # Walked while a segment could beat what is known: no holder of an older one can hold a newer commit
+        await self._ask_holders(head, lambda b: self._held_offset(topic, queue, group, b), take,
+                                lambda seg: seg.gen <= best[1], unavailable)
         self.writer.still_offsets_head(head, "its committed offset was read")
         return best
 
@@ -360,28 +352,51 @@ class Reader:
         topic, queue = head.topic, head.queue
         own = dict(self.offsets.queue_values(topic, queue))
         best: dict[Key, Committed] = dict(own)
+
+        def take(values: list[tuple[Key, Committed]]) -> None:
+            for key, value in values:
+                if newer(value, best.get(key)):
+                    best[key] = value
+
+        def unavailable(seg: Segment, holders: list[str]) -> ApiError:
+            return rejection(503, "BROKER_UNAVAILABLE", f"the commits of {topic}/{queue} made on its segment of gen "
+                             f"{seg.gen} are held by {', '.join(holders)}, none of which answers now holding them",
+                             broker=seg.broker, gen=seg.gen)
+
+        await self._ask_holders(head, lambda b: self._held_table(topic, queue, b), take, lambda seg: False,
+                                unavailable, older_only=True)
+        return sorted((k, v) for k, v in best.items() if newer(v, own.get(k)))
+
+    async def _ask_holders(self, head: Segment, ask: Callable[[str], Awaitable[tuple[Any, frozenset[str]] | None]],
+                           take: Callable[[Any], None], enough: Callable[[Segment], bool],
+                           unavailable: Callable[[Segment, list[str]], ApiError], older_only: bool = False) -> None:
+        """Walks the segments of ``head``'s queue newest first (``older_only``: those before the head) until
+        ``enough(seg)``, asking each one's holders (its leader, sealer and in-sync copies) not asked yet: ``ask(b)``
+        is (what ``b`` holds, the segments whose commits its disk holds), None when it did not answer; ``take``
+        keeps what each holds. A segment is settled by the answer of a holder whose disk holds its commits
+        (offset_witness.py: a holder back on a new disk is still named, and holds none); while none that answered
+        does and one is down, ``unavailable(seg, holders)`` is raised. Every holder answering and none holding it:
+        its commits went with every disk that held them, and the walk goes on."""
+        topic, queue = head.topic, head.queue
+        # Holders that answered, and the segments whose commits they hold (every commit on the head is made here)
         holds: dict[str, frozenset[str]] = {self.me: self.witness.held(topic, queue) | {head.physical_queue}}
         down: set[str] = set()
         for seg in reversed(await self._chain(topic, queue)):
-            if seg.gen >= head.gen:
+            if older_only and seg.gen >= head.gen:
                 continue
+            if enough(seg):
+                break
             holders = list(dict.fromkeys(b for b in (seg.broker, seg.sealer, *seg.in_sync) if b))
-            ask = [b for b in holders if b not in holds and b not in down]
-            answers = await asyncio.gather(*(self._held_table(topic, queue, b) for b in ask))
-            for broker, answer in zip(ask, answers):
+            asked = [b for b in holders if b not in holds and b not in down]
+            answers = await asyncio.gather(*(ask(b) for b in asked))
+            for broker, answer in zip(asked, answers):
                 if answer is None:
                     down.add(broker)
                     continue
-                values, held = answer
-                holds[broker] = held
-                for key, value in values:
-                    if newer(value, best.get(key)):
-                        best[key] = value
+                value, holds[broker] = answer
+                take(value)
             if not any(seg.physical_queue in holds.get(b, ()) for b in holders) and down & set(holders):
-                raise rejection(503, "BROKER_UNAVAILABLE", f"the commits of {topic}/{queue} made on its segment of "
-                                f"gen {seg.gen} are held by {', '.join(holders)}, none of which answers now holding "
-                                "them", broker=seg.broker, gen=seg.gen)
-        return sorted((k, v) for k, v in best.items() if newer(v, own.get(k)))
+                raise unavailable(seg, holders)
 
     async def _held_table(self, topic: str, queue: int,
                           broker: str) -> tuple[list[tuple[Key, Committed]], frozenset[str]] | None:

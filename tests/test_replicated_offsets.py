@@ -221,20 +221,27 @@ async def _handled_all(handled: list, sent: dict) -> bool:
     return set(sent) <= {body for _, _, _, body in handled}
 
 
+async def _committed_then_moved(c) -> tuple[str, str, str]:
+    """Topic "o" of one queue and two copies (first and second), group "g" committing 50 there, then the queue
+    remapped to the third broker: (first, second, third)."""
+    s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "o", "queues": 1, "replicas": 2, "min_insync": 1})
+    assert s == 201, b
+    r = await wait_route(c, "o", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
+    first, second = r["queues"][0]["replicas"]
+    third = next(b["broker"] for b in c.info["brokers"] if b["broker"] not in (first, second))
+    assert await commit_at_head(c, "o", "g", 0, 50)
+    s, b = await admin(c, "POST", 0, "/v1/topics/o/remap", {"brokers": [third]})
+    assert s == 200, b
+    await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == third and r["queues"][0]["writable"])
+    return first, second, third
+
+
 async def test_a_commit_is_found_on_a_copy_when_its_leader_lost_its_disk_after_the_queue_moved_on(tmp_path):
     """Found by the chaos runner (broker_wipe with remaps, seed 9): a read walked the queue's segments asking each
     one's leader only; the leader of the segment a commit was made on had lost its disk since, answered -1, and the
     copy that held the commit was never asked."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "o", "queues": 1, "replicas": 2, "min_insync": 1})
-        assert s == 201, b
-        r = await wait_route(c, "o", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
-        first, second = r["queues"][0]["replicas"]
-        third = next(b["broker"] for b in c.info["brokers"] if b["broker"] not in (first, second))
-        assert await commit_at_head(c, "o", "g", 0, 50)
-        s, b = await admin(c, "POST", 0, "/v1/topics/o/remap", {"brokers": [third]})
-        assert s == 200, b
-        await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == third and r["queues"][0]["writable"])
+        first, second, third = await _committed_then_moved(c)
         # Its leader down, gen 0 is settled by its copy, whose disk holds its commits (offset_witness.py): answered
         # at once, not refused 503 for want of a holder
         c.kill9(first)
@@ -256,15 +263,7 @@ async def test_a_head_takes_its_queue_s_commits_over_so_they_outlive_the_disks_t
     broker comes to lead takes the queue's commits from its older segments' holders (replication/offsets.py), so
     the disks of the segment a commit was made on may all go."""
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
-        s, b = await admin(c, "POST", 0, "/v1/topics", {"topic": "o", "queues": 1, "replicas": 2, "min_insync": 1})
-        assert s == 201, b
-        r = await wait_route(c, "o", lambda r: len(r["queues"][0]["in_sync"]) == 2 and r["queues"][0]["writable"])
-        first, second = r["queues"][0]["replicas"]
-        third = next(b["broker"] for b in c.info["brokers"] if b["broker"] not in (first, second))
-        assert await commit_at_head(c, "o", "g", 0, 50)   # on first and second
-        s, b = await admin(c, "POST", 0, "/v1/topics/o/remap", {"brokers": [third]})
-        assert s == 200, b
-        await wait_route(c, "o", lambda r: r["queues"][0]["broker"] == third and r["queues"][0]["writable"])
+        first, second, third = await _committed_then_moved(c)   # 50, on first and second
 
         async def third_holds() -> bool:
             s, b, _ = await c.call("GET", f"{c.url(third)}/v1/replica/offsets/o/0", "broker")
