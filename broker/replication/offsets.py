@@ -214,7 +214,8 @@ class OffsetCopies:
                         self._sync_copies(seg)   # what this broker holds goes to the copies meanwhile
                     failures += 1
                     await asyncio.sleep(TAKE_OVER_BACKOFF.delay_s(failures))
-            log.info("offsets_taken_over", pq=pq, commits=len(values))
+            if values or failures:   # not a line per head of a topic just created
+                log.info("offsets_taken_over", pq=pq, commits=len(values), tries=failures + 1)
             self._sync_copies(seg)
         finally:
             self._taking.pop(pq, None)
