@@ -114,12 +114,12 @@ MUTANTS = [
     # (Counted by offset, not by process: a chaos broker lives 10-30 s between faults, ~250 appends, so "every 500th
     # append of the process" was never reached in a 120 s run.)
     Mutant("broker_drops_the_append_past_every_500th_offset", "broker/storage/queue.py",
-           "        with self._lock:\n            return self._append(records, count, ts_ms, tag)",
+           "        with self._lock:\n            return self._append(records, count, ts_ms, tag, mark)",
            "        with self._lock:\n"
            "            end = self._segments[-1].end_offset\n"
            "            if end // 500 != (end + count) // 500:\n"
            "                return end\n"
-           "            return self._append(records, count, ts_ms, tag)"),
+           "            return self._append(records, count, ts_ms, tag, mark)"),
     # broker: sends acknowledged before (without) their fsync
     Mutant("broker_acks_without_fsync", "broker/storage/queue.py",
            "        if self._fsync_each:\n            self._sync()",
