@@ -24,7 +24,9 @@ each replicas value twice, in the order 1, 2, 3, 3, 2, 1, its figures over both 
   Stator's answer comes after its fsync.
 
 Per side: msg/s, batch latency p50/p99/max (ms), the servers' CPU (the three brokers', the three nats-servers')
-and the generators' as a share of one core; ``ratio_r3_to_r1`` and ``ratio_stator_r3_to_jetstream`` (msg/s above 1
+and the generators' as a share of one core; per Stator pass, ``storage``: the brokers' mean append of a batch (its
+write on the leader to its copies' acknowledgement), mean sync of a group commit and syncs per batch, from their
+/metrics (``broker_throughput._storage_figures``); ``ratio_r3_to_r1`` and ``ratio_stator_r3_to_jetstream`` (msg/s above 1
 is better, p99 below 1). Then, unless ``--skip-failover``, ``--failover-trials`` trials per side under the same load
 (on the R3 topic, on the stream): a probe in this process sends one batch (Stator) or one message (JetStream) every
 PROBE_EVERY_S, each given PROBE_TIMEOUT_S; once the probe is acknowledged, the broker that heads queue 0 (the
@@ -523,7 +525,8 @@ def _merged(passes: list[dict]) -> dict:
     return {"messages": count, "seconds": round(seconds, 2), "messages_per_s": round(count / seconds),
             "latency_ms": bt.percentiles([x for p in passes for x in p["_latencies_ms"]]),
             "cpu_cores": {"servers": cores("servers"), "generators": cores("generators")},
-            "passes": [{k: p[k] for k in ("messages_per_s", "latency_ms", "cpu_cores")} for p in passes]}
+            "passes": [{k: p[k] for k in ("messages_per_s", "latency_ms", "cpu_cores", "storage") if k in p}
+                       for p in passes]}
 
 
 def _cpu(pids: list[int]) -> float | None:
@@ -809,8 +812,13 @@ async def _run(args: argparse.Namespace, tmp: str, binary: str | None, pool: Pro
             say(f"stator: produce to {info['topic']} for {args.seconds} s, pass {len(passes[r]) + 1} of {PASSES.count(r)} "
                 f"(load {loadavg()})")
             parts = bt._split(_stator_slots(info, args.concurrency), args.generators)
+            broker_urls = [b["url"] for b in cluster["brokers"]]
+            storage0 = await asyncio.to_thread(bt._append_figures, broker_urls)
             got = await _phase(pool, _stator_submit(pool, client, info["topic"], args.seconds), parts, args.seconds,
                                broker_pids, keep_latencies=True)
+            # Where a send's time goes on the brokers: a batch's append on the leader (its write to the end of its
+            # copies' acknowledgement) and one sync of a group commit, over the three brokers (leaders and copies)
+            got["storage"] = bt._storage_figures(storage0, await asyncio.to_thread(bt._append_figures, broker_urls))
             passes[r].append(got)
             say(f"  -> {got['messages_per_s']} msg/s, p50 {got['latency_ms']['p50']} ms, "
                 f"p99 {got['latency_ms']['p99']} ms")
