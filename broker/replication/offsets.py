@@ -49,6 +49,7 @@ COMMITS_PER_PUSH_MAX = 1000  # a snapshot goes in pushes of at most this many co
 TABLE_PAGE_MAX = 1000        # commits one answer of GET /v1/replica/offsets/{topic}/{queue} holds (in group order)
 TABLE_PAGES_MAX = KEYS_MAX // TABLE_PAGE_MAX + 1   # pages a table can take: more is not an answer
 TAKE_OVER_BACKOFF = Backoff(0.2, 5.0, jitter=False)   # a head taking over its queue's commits, while a holder is away
+TAKE_OVERS_AT_ONCE = 64      # take-overs asking meta and the older holders at once (a failover may open thousands)
 
 
 def encode(head: Segment, values: list[tuple[Key, Committed]]) -> dict[str, Any]:
@@ -85,6 +86,7 @@ class OffsetCopies:
         self._tasks: set[asyncio.Task] = set()
         self._opened: dict[str, set[str]] = {}   # topic -> heads led here whose copies in sync got its commits
         self._taking: dict[str, asyncio.Task] = {}   # pq -> a head's take-over of its queue's older commits
+        self._take_over_slots = asyncio.Semaphore(TAKE_OVERS_AT_ONCE)
         # The queue's commits the brokers of a head's older segments hold (broker/reads.py ``older_commits``); none
         # without a reader (a unit test)
         self.older_commits: Callable[[Segment], Awaitable[list[tuple[Key, Committed]]]] = _none_older
@@ -204,9 +206,10 @@ class OffsetCopies:
                 if not self._leads_active(pq):
                     return
                 try:
-                    values = await self.older_commits(seg)
-                    for i in range(0, len(values), COMMITS_PER_PUSH_MAX):
-                        await self.store.store(values[i:i + COMMITS_PER_PUSH_MAX])
+                    async with self._take_over_slots:
+                        values = await self.older_commits(seg)
+                        for i in range(0, len(values), COMMITS_PER_PUSH_MAX):
+                            await self.store.store(values[i:i + COMMITS_PER_PUSH_MAX])
                     break
                 except (ApiError, Unreachable) as e:
                     if failures == 0:
