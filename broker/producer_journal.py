@@ -21,8 +21,9 @@ another batch may now hold. The other way round (records durable, line lost: a s
 before the line was written, a torn tail kept, the kernel's own writeback) is covered by the frames themselves: each
 names its producer's batch (storage/record.py ``ProducerMark``), and a start walks the last frames of every queue not
 closed cleanly for them (Writer._recovered). A queue's active file is the one walked, so the lines are synced before
-an append seals it (Writer._before_roll), and this file is closed before the queues at a stop. A batch handed over from a holder of an older segment (replication/producer_handover.py)
-names no physical queue and is kept: its records are on that segment's holders, sealed.
+an append seals it (Writer._before_roll), and this file is closed before the queues at a stop. A batch handed over
+from a holder of an older segment (replication/producer_handover.py) names no physical queue and is kept: its records
+are on that segment's holders, sealed.
 
 The file is rewritten from the table's live batches when it holds more than COMPACT_AFTER_LINES lines and twice the
 live ones. The rewrite runs on the event loop: it writes and fsyncs the live batches (at most

@@ -143,12 +143,8 @@ class Writer:
     def take_batches(self, topic: str, queue: int, batches: list[Batch]) -> None:
         """Batches of older segments of a queue, handed over by one of their holders (replication/producer_handover.py):
         remembered here and in producers.log, naming no physical queue of this broker. Those a seal left out go."""
-        for b in batches:
-            try:
-                self._remember(topic, queue, b._replace(pq="", physical=-1))
-            except StorageError:
-                return   # the journal failed: idempotent sends are refused here until a restart anyway
-        self._forget_unkept(topic, queue)
+        if self._remember_all(topic, queue, [b._replace(pq="", physical=-1) for b in batches]):
+            self._forget_unkept(topic, queue)
 
     def _recovered(self, pq_name: str, marks: list[tuple[int, int, ProducerMark]]) -> None:
         """The producers' batches a recovery found in ``pq_name``'s last frames, remembered as if just stored."""
@@ -156,11 +152,18 @@ class Writer:
         if parsed is None:
             return
         topic, queue, gen = parsed
+        self._remember_all(topic, queue, [Batch(m.producer, m.seq, m.logic, count, gen, pq_name, offset)
+                                          for offset, count, m in marks])
+
+    def _remember_all(self, topic: str, queue: int, batches: list[Batch]) -> bool:
+        """``_remember`` each batch; False once the journal failed (idempotent sends are refused here until a
+        restart anyway)."""
         try:
-            for offset, count, m in marks:
-                self._remember(topic, queue, Batch(m.producer, m.seq, m.logic, count, gen, pq_name, offset))
+            for b in batches:
+                self._remember(topic, queue, b)
         except StorageError:
-            return   # the journal failed: idempotent sends are refused here until a restart anyway
+            return False
+        return True
 
     def _remember(self, topic: str, queue: int, batch: Batch) -> None:
         """Record a batch stored here, in the table and in producers.log (durable with the records: ``_durable``).

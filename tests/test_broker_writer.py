@@ -57,3 +57,36 @@ async def test_a_send_cancelled_while_its_queue_is_created_does_not_fail_the_nex
             assert store.names() == [seg.physical_queue]
         finally:
             writer.stop()
+
+
+async def test_the_producers_lines_are_synced_before_an_append_seals_a_queue_s_active_file(tmp_path):
+    """A start walks only the active file of a queue for producer marks (writes.py ``_recovered``): a roll syncs the
+    old file, so the lines of the batches it holds must be durable before it, or a crash right after keeps their
+    records and loses their lines, and nothing names those batches any more."""
+    from broker.producer_journal import ProducerJournal
+    from broker.producers import Batch
+    from broker.storage import QueueConfig, Run
+    from broker.storage.record import pack_records
+
+    config = QueueConfig(segment_bytes_max=4096)
+    with QueueStore(str(tmp_path / "root"), config) as store:
+        log = ProducerJournal(str(tmp_path / "producers.log"))
+        writer = Writer("b1", store, None, None, None, producer_log=log)
+        seg = Segment("orders", 3, 1, "b2", None, "orders.q3.g1.i1", 0, 100, None, "active", 1_000_000)
+        records = pack_records([b"x" * 1000] * 3)
+        try:
+            def run(offset: int) -> Run:
+                return Run(offset, 1, 3, 0, records)
+
+            def batch(offset: int, seq: int) -> Batch:
+                return Batch(7, seq, seg.logic(offset), 3, seg.gen)
+
+            assert await writer.append_copy(seg, [run(0)], [batch(0, 0)], durable=False) == 3
+            assert log.next_offset > 0 and log.max_offset == 0, "a line is written, not synced, by a copy's append"
+            written = log.next_offset
+            await writer.append_copy(seg, [run(3)], [batch(3, 1)], durable=False)   # the file rolls
+            assert len(list((tmp_path / "root").rglob("*.log"))) == 2, "the second append rolled to a new file"
+            assert log.max_offset >= written, "the first batch's line was not durable when its file was sealed"
+        finally:
+            writer.stop()
+            log.close()

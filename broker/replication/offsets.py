@@ -32,9 +32,8 @@ from typing import Any
 
 import structlog
 
-from wire.errors import ApiError, rejection
-
 from wire.caller import Backoff
+from wire.errors import ApiError, rejection
 
 from ..offsets import KEYS_MAX, Committed, Key, OffsetStore, newer
 from ..peers import Peers, Unreachable
@@ -172,10 +171,10 @@ class OffsetCopies:
     def _send_to_copies_in_sync(self, topic: str) -> None:
         """Each head of ``topic`` this broker has come to lead (a failover, a remap, a growth) takes over the queue's
         commits of its older segments (``_take_over``), then its copies in sync get the queue's whole commit table
-        once, as a copy joining the set does. Meta names a new gen's copies in sync
-        from its opening, its records being none yet, but the queue's commits of older gens were only on the copies
-        of those gens (the chaos runner, seed 49: a commit b1 made under gen 4 was on b1 and b2; gen 5 opened with b3
-        in sync, back on an empty disk, and gen 6 on b2 with b3; b1 and b2 lost their disks, and b3 read the group's
+        once, as a copy joining the set does. Meta names a new gen's copies in sync from its opening, its records
+        being none yet, but the queue's commits of older gens were only on the copies of those gens (the chaos
+        runner, seed 49: a commit b1 made under gen 4 was on b1 and b2; gen 5 opened with b3 in sync, back on an
+        empty disk, and gen 6 on b2 with b3; b1 and b2 lost their disks, and b3 read the group's
         committed offset back at an older commit). One that failed is sent again at the topic's next route change.
         Only the topic's own heads are looked at: a route change of one topic costs nothing per head led elsewhere
         (a broker of the million-queue bench leads a third of them)."""
