@@ -74,6 +74,12 @@ class BrokerMetrics:
         self.fsync = Histogram("stator_broker_fsync_seconds", "One sync of queue data: a syncfs covering every queue "
                                "written meanwhile (sync_scope filesystem), or an fdatasync of one queue's file",
                                registry=r, buckets=LATENCY_BUCKETS_S)
+        self.copies_wait = Histogram("stator_broker_copies_wait_seconds", "A replicated batch's wait for its copies "
+                                     "after it was on this broker's disk (0 when they held it already)",
+                                     registry=r, buckets=LATENCY_BUCKETS_S)
+        self.copy_acknowledge = Histogram("stator_broker_copy_acknowledge_seconds", "On a copy: from the first "
+                                          "records a stream brought to the acknowledgement that covers them (their "
+                                          "write and sync here)", registry=r, buckets=LATENCY_BUCKETS_S)
         self.requests = Children(Counter("stator_broker_http_requests_total", "HTTP requests", ["status"],
                                          registry=r))
         self._messages_in, self._bytes_in = Children(self.messages_in), Children(self.bytes_in)

@@ -307,9 +307,13 @@ class Writer:
         except StorageError as e:
             raise _storage_unavailable(head, e) from None
         # On this disk: now on every copy in sync, as durably as their flush policy promises (DESIGN.md 12)
+        on_disk = time.perf_counter()
         await self.replicas.replicated(head, first + send.count)
         if self.metrics is not None:
-            self.metrics.append.observe(time.perf_counter() - started)
+            done = time.perf_counter()
+            self.metrics.append.observe(done - started)
+            if len(head.replicas) > 1:
+                self.metrics.copies_wait.observe(done - on_disk)
             self.metrics.stored(head.topic, send.count, send.record_bytes)
         if self._appended is not None:
             self._appended.notify(topic)

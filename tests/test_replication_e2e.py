@@ -17,6 +17,7 @@ from ops import devcluster
 
 from tests.support.broker_http import admin, read_all, route, wait_route
 from tests.support.cluster import running
+from tests.support.metrics import scrape, value
 
 SESSION_TIMEOUT_MS = 3_000
 QUEUES = 3
@@ -145,6 +146,16 @@ async def test_a_send_is_acknowledged_and_read_only_once_every_in_sync_copy_hold
         assert (s, b["offsets"]) == (200, [1]), b
         s, b, _ = await c.call("GET", f"{url}?offset=0&max=10", "client")
         assert [m["body"] for m in b["messages"]] == ["first", "second"], b
+        # Where the leader's time went shows in its metrics: the second send waited the copies' pause out after
+        # its own sync; each copy acknowledged what it took.
+        async with aiohttp.ClientSession() as http:
+            leader = await scrape(http, q["address"])
+            assert value(leader, "stator_broker_copies_wait_seconds_count") == 2
+            assert value(leader, "stator_broker_copies_wait_seconds_sum") >= 1.5
+            for f in followers:
+                copy = await scrape(http, c.url(f))
+                assert value(copy, "stator_broker_copy_acknowledge_seconds_count") >= 1
+                assert value(copy, "stator_broker_copies_wait_seconds_count") == 0   # it led nothing
 
 
 async def test_a_resent_batch_is_stored_once_by_its_leader_and_by_the_replica_elected_after_it(tmp_path):

@@ -16,6 +16,7 @@ of that broker's segments into physical queues of the same names (DESIGN.md inva
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -49,6 +50,7 @@ class _Link:
     def __init__(self) -> None:
         self.dirty = asyncio.Event()
         self.written: dict[str, Segment] = {}
+        self.written_since = 0.0   # perf_counter when the first of ``written`` arrived
         self.full = False
 
 
@@ -268,8 +270,11 @@ class Replicator:
                     async for msg in ws:
                         if msg.type != aiohttp.WSMsgType.BINARY:
                             break
+                        arrived = time.perf_counter()
                         for seg, n in await self._take(src, frames.decode(msg.data), durable=False):
                             if n:
+                                if not link.written:
+                                    link.written_since = arrived
                                 link.written[seg.physical_queue] = seg
                         link.dirty.set()
                         if acks.done():
@@ -307,7 +312,7 @@ class Replicator:
                 # Registered (again) since the stream opened: the leader must hear the registration it may add to
                 # the in-sync set (replication/leader.py), so the stream starts over under it
                 raise ConnectionResetError(f"registered with epoch {self._epoch()} since the stream opened")
-            synced = list(link.written.values())
+            synced, since = list(link.written.values()), link.written_since
             link.written.clear()
             for seg in synced:   # one after the other, no task each: one sync covers them all
                 await self.writer.durable_copy(seg)
@@ -316,6 +321,8 @@ class Replicator:
             # tests/test_broker_e2e.py: answered after 30 s, resent by then, stored twice)
             if synced:
                 await ws.send_bytes(self._positions(synced, full=False))
+                if self.writer.metrics is not None:
+                    self.writer.metrics.copy_acknowledge.observe(time.perf_counter() - since)
             if link.full:
                 link.full = False
                 copies = self._streamed_from(src)

@@ -114,8 +114,10 @@ def generate(kind: str, token: str, topic: str, work: list, start_at: float, sec
     return {"count": count, "lat": lat, "cpu_s": time.process_time() - cpu0}
 
 
-_STORAGE_SAMPLES = {f"stator_broker_{k}": k for k in ("append_seconds_count", "append_seconds_sum",
-                                                       "fsync_seconds_count", "fsync_seconds_sum")}
+_STORAGE_SAMPLES = {f"stator_broker_{k}": k for k in (
+    "append_seconds_count", "append_seconds_sum", "fsync_seconds_count", "fsync_seconds_sum",
+    "copies_wait_seconds_count", "copies_wait_seconds_sum",
+    "copy_acknowledge_seconds_count", "copy_acknowledge_seconds_sum")}
 
 
 def _append_figures(urls: list[str]) -> dict[str, float]:
@@ -131,14 +133,21 @@ def _append_figures(urls: list[str]) -> dict[str, float]:
 
 
 def _storage_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
-    """Per phase: mean time of one batch's append (from the write to the end of the sync that covered it), mean
-    sync (a syncfs of group commit, or an fdatasync with sync_scope file), and syncs per batch (below 1 when one
-    sync covered several batches)."""
+    """Per phase: mean time of one batch's append (from the write to the end of the sync that covered it, and
+    to its copies' acknowledgement when replicated), mean sync (a syncfs of group commit, or an fdatasync with
+    sync_scope file), and syncs per batch (below 1 when one sync covered several batches); replicated, the mean
+    wait for the copies after the leader's own sync and a copy's mean time from the records' arrival to its
+    acknowledgement (None without replication)."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+    def mean_ms(name: str) -> float | None:
+        n = d.get(f"{name}_count", 0)
+        return round(d[f"{name}_sum"] * 1000 / n, 2) if n else None
     appends, syncs = d.get("append_seconds_count", 0), d.get("fsync_seconds_count", 0)
-    return {"append_ms_mean": round(d["append_seconds_sum"] * 1000 / appends, 2) if appends else None,
-            "sync_ms_mean": round(d["fsync_seconds_sum"] * 1000 / syncs, 2) if syncs else None,
-            "syncs_per_batch": round(syncs / appends, 2) if appends else None}
+    return {"append_ms_mean": mean_ms("append_seconds"), "sync_ms_mean": mean_ms("fsync_seconds"),
+            "syncs_per_batch": round(syncs / appends, 2) if appends else None,
+            "copies_wait_ms_mean": mean_ms("copies_wait_seconds"),
+            "copy_acknowledge_ms_mean": mean_ms("copy_acknowledge_seconds")}
 
 
 def _split(items: list, parts: int) -> list[list]:

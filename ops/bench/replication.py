@@ -25,8 +25,9 @@ each replicas value twice, in the order 1, 2, 3, 3, 2, 1, its figures over both 
 
 Per side: msg/s, batch latency p50/p99/max (ms), the servers' CPU (the three brokers', the three nats-servers')
 and the generators' as a share of one core; per Stator pass, ``storage``: the brokers' mean append of a batch (its
-write on the leader to its copies' acknowledgement), mean sync of a group commit and syncs per batch, from their
-/metrics (``broker_throughput._storage_figures``); ``ratio_r3_to_r1`` and ``ratio_stator_r3_to_jetstream`` (msg/s above 1
+write on the leader to its copies' acknowledgement), mean sync of a group commit, syncs per batch, and, replicated,
+the leader's mean wait for the copies after its own sync and a copy's mean time from the records' arrival to its
+acknowledgement, from their /metrics (``broker_throughput._storage_figures``); ``ratio_r3_to_r1`` and ``ratio_stator_r3_to_jetstream`` (msg/s above 1
 is better, p99 below 1). Then, unless ``--skip-failover``, ``--failover-trials`` trials per side under the same load
 (on the R3 topic, on the stream): a probe in this process sends one batch (Stator) or one message (JetStream) every
 PROBE_EVERY_S, each given PROBE_TIMEOUT_S; once the probe is acknowledged, the broker that heads queue 0 (the
