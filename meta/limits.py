@@ -127,6 +127,10 @@ ROUTE_RENDER_OFFLOAD_QUEUES_MIN = 64
 # made each creation 2.4x slower), and a topic that keeps changing is rendered at most once per delay.
 ROUTE_WARM_QUIET_S = 0.25
 ROUTE_WARM_DELAY_MAX_S = 5.0
+# A starting node says it is ready once its routes are warm (meta/route_warmer.py), or this long after it caught up
+# with the leader, whichever comes first: ~5 s of warm-up at a million queues here, ~80 s at ten million, where a
+# restart must be ready within 60 s (ops/bench/scale.py).
+ROUTE_WARM_READY_WAIT_MAX_S = 20.0
 
 # Consumer groups (exclusive locks and shared members). A group's lock table goes to brokers as one watch event, so
 # its size is bounded by the topics a member may name times the queues of a topic.

@@ -60,6 +60,14 @@ class ReadFacade:
     def route_cache_bytes(self) -> dict[str, int]:
         return {"rendered": self._route_cache.bytes, "gzip": self._route_gzip_cache.bytes}
 
+    def route_gzipped(self, topic: str) -> bool:
+        """Whether the topic's route at its current version is in the gzip cache (what a reader taking gzip gets
+        without a render)."""
+        def look(image: Image) -> bool:
+            t = image.topic(topic)
+            return t is not None and self._route_gzip_cache.get(topic, t["version"]) is not None
+        return self.read(look)
+
     async def route_for(self, topic: str, gzip_ok: bool) -> tuple[int, bytes, bool] | None:
         """(version, body, gzipped) of the topic's route: gzip'd once per version for a reader that takes it when
         the route is big, else as rendered. A big route is rendered and compressed in a worker thread (encoding

@@ -89,7 +89,7 @@ class MetaService:
         self.brokers = BrokerSessions(config, self.reads, self.log)
         self.groups = GroupSessions(self.reads, self.log)
         self.drains = Drainer(self.reads, self.log)
-        self.route_warmer = RouteWarmer(self.reads, self.feed)
+        self.route_warmer = RouteWarmer(self.reads, self.feed, self.log.is_ready)
         peers = [m.url for m in config.members if m.node != config.node]
         self.projection = ProjectionFollower(config.projection_url, node=config.node, log_level=config.log_level,
                                              feed=self.feed, read=self.reads.read, peers=peers,
@@ -157,7 +157,9 @@ class MetaService:
         return "follower" if self.log.leader_address() else "candidate"
 
     def ready(self) -> bool:
-        return self.log.is_ready() and self.log.leader_address() is not None and not self.log.removed
+        # Routes warm too: a node that started serves its routes as fast as its peers from its first ready answer
+        return (self.log.is_ready() and self.log.leader_address() is not None and not self.log.removed
+                and self.route_warmer.ready())
 
     # -- writes ------------------------------------------------------------------------------------------------
     async def submit(self, cmd: dict[str, Any], *, actor: str, idempotency_key: str | None,

@@ -122,6 +122,15 @@ async def test_a_node_restarted_on_its_snapshot_prerenders_each_big_route_once_a
         c.kill9(follower)
         c.start(follower)
         url = c.url(follower)
+        # Ready only with its routes warm (meta/route_warmer.py): never a ready answer before the warm-up.
+        answers = []
+
+        async def ready():   # a refused connection while it starts: wait_until asks again
+            s, b, _ = await c.call("GET", url + "/readyz", None, timeout_s=2.0)
+            answers.append((s, b))
+            return b if s == 200 else None
+        assert (await wait_until(ready, WARM_WAIT_S, "the restarted node to be ready", interval_s=0.02))["routes_warm"]
+        assert all(b["routes_warm"] for s, b in answers if s == 200 or b["ready"]), answers
         # Reads that name the version the node restored are answered at once, not after the next write.
         s, b, _ = await c.call("GET", url + f"/v1/routes/big?min_version={version}&wait=2")
         assert s == 200, b

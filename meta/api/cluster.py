@@ -88,6 +88,7 @@ async def readyz(request: web.Request) -> web.Response:
     # old history is refused by name (HISTORY_UNAVAILABLE) until the gap is filled. It is reported here and in metrics.
     gap = svc.projection.gap_versions()
     return respond({"ready": ok, "role": svc.role(), "applied_version": svc.applied_version,
+                    "routes_warm": svc.route_warmer.warm,
                     "projection_position": svc.projection.position, "projection_gap_versions": gap,
                     "projection_complete": svc.projection.opened and gap == 0}, 200 if ok else 503)
 
