@@ -48,12 +48,18 @@ def move(image: Image, t: dict[str, Any], queue: int, to: str, cause: str, budge
 
 
 def placed(image: Image, t: dict[str, Any], leaders: dict[int, str], budget: int) -> list[dict[str, Any]]:
-    """Gen 0 of each of ``leaders``' queues, each with the topic's count of replicas (``replica_set``)."""
+    """Gen 0 of each of ``leaders``' queues, each with the topic's count of replicas (``replica_set``). With no
+    preferred brokers a queue's copies depend on its leader alone: worked out once per leader, not per queue (per
+    queue, they were three quarters of a 1,000-queue creation's apply, on every node, under the image lock)."""
+    by_leader: dict[str, tuple[list[str], list[str]]] = {}
     out = []
     for q, b in sorted(leaders.items()):
-        replicas = replica_set(image, t, b, [])
-        out.append({"queue": q, "broker": b, "budget_end": budget, "replicas": replicas,
-                    "in_sync": in_sync_of(image, replicas),
+        if b not in by_leader:
+            replicas = replica_set(image, t, b, [])
+            by_leader[b] = (replicas, in_sync_of(image, replicas))
+        replicas, in_sync = by_leader[b]
+        out.append({"queue": q, "broker": b, "budget_end": budget, "replicas": list(replicas),
+                    "in_sync": list(in_sync),
                     "physical_queue": allocation.physical_queue_name(t["topic"], t["incarnation"], q, 0)})
     return out
 
