@@ -17,7 +17,7 @@ from wire.errors import invalid, rejection
 from wire.params import int_in
 
 from . import models
-from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit
+from .http import body_of, on_the_leader, refuse_if_no_longer_leader, respond, service, submit
 
 HEARTBEATS_WAIT_S = 1.0   # a follower's listing asks the leader when it last heard each broker, this long at most
 
@@ -83,7 +83,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     async def here(_left_s: float):
         return 200, await svc.brokers.heartbeat(broker, body["epoch"], queues), None
 
-    status, data, _ = await svc.forwarder.to_leader(here, replay_on_leader(request, await request.read()))
+    status, data, _ = await on_the_leader(request, here, await request.read())
     return respond(data, status)
 
 
@@ -102,7 +102,7 @@ async def peer_down(request: web.Request) -> web.Response:
     async def here(_left_s: float):
         return 200, await svc.brokers.peer_down(broker, body["epoch"], body["peer"]), None
 
-    status, data, _ = await svc.forwarder.to_leader(here, replay_on_leader(request, await request.read()))
+    status, data, _ = await on_the_leader(request, here, await request.read())
     return respond(data, status)
 
 

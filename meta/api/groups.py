@@ -11,7 +11,7 @@ from wire.errors import invalid, rejection
 from runtime.server import requires
 
 from . import models
-from .http import (body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service, submit,
+from .http import (body_of, on_the_leader, refuse_if_no_longer_leader, respond, service, submit,
                    with_expected_version)
 
 
@@ -37,7 +37,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     async def here(_left_s: float):
         return 200, await svc.groups.heartbeat(group, body["member"], body["topics"], body["mode"], released), None
 
-    status, data, _ = await svc.forwarder.to_leader(here, replay_on_leader(request, raw))
+    status, data, _ = await on_the_leader(request, here, raw)
     return respond(data, status)
 
 
@@ -151,7 +151,7 @@ async def describe(request: web.Request) -> web.Response:
         detail["pop"] = await group_lag.pop_positions(http, svc.config.tokens.client, name, addresses)
         return 200, detail, None
 
-    status, data, _ = await svc.forwarder.to_leader(here, replay_on_leader(request, b""))
+    status, data, _ = await on_the_leader(request, here, b"")
     return respond(data, status)
 
 

@@ -22,7 +22,7 @@ from runtime.server import requires
 
 from . import models
 from .cluster import members_view
-from .http import body_of, refuse_if_no_longer_leader, replay_on_leader, respond, service
+from .http import body_of, on_the_leader, refuse_if_no_longer_leader, respond, service
 
 
 @requires("client", "broker")
@@ -74,7 +74,7 @@ async def _change(request: web.Request, raw: bytes, op: str, node: str, raft: st
                             "members to learn whether it was") from None
         return ok_status, {"members": members_view(svc, members)}, None
 
-    status, data, _ = await svc.forwarder.to_leader(here, replay_on_leader(request, raw))
+    status, data, _ = await on_the_leader(request, here, raw)
     return respond(data, status)
 
 
