@@ -429,6 +429,7 @@ async def _mode(s: aiohttp.ClientSession, c: common.BenchCluster, e: etcd_cluste
         rounds = []
         samples: list[float] = []
         by_node: dict[str, list[float]] = collections.defaultdict(list)
+        servers = list(side.urls)   # subscriber i waits on servers[i % len]: Subscribers.node_of, etcd_watch
         missing_total = 0
         for k in range(args.rounds):
             clients.tell("resume")
@@ -451,7 +452,7 @@ async def _mode(s: aiohttp.ClientSession, c: common.BenchCluster, e: etcd_cluste
                     missing += 1
                     continue
                 lat.append(t - t_send)
-                by_node[list(side.urls)[i % len(side.urls)]].append(t - t_send)
+                by_node[servers[i % len(servers)]].append(t - t_send)
             missing_total += missing
             samples.extend(lat)
             rs = common.latency_summary(lat)
