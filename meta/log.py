@@ -28,6 +28,8 @@ class Log:
     def __init__(self, node: MetaSyncObj, raft: RaftNode):
         self._node = node
         self._raft = raft
+        self._ready_at: int | None = None   # the commit index when pysyncobj first said ready
+        self._caught_up = False
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -49,7 +51,17 @@ class Log:
         return self._node.term()
 
     def is_ready(self) -> bool:
-        return self._node.isReady()
+        """Caught up with the leader: pysyncobj's onReady (the leader's commit index reached), and the image holds
+        that index. onReady counts entries queued to the apply thread, not applied: a restarted follower said it
+        was ready with its image at version 49 while the leader's stood at 301. Once true, stays true."""
+        if self._caught_up:
+            return True
+        if not self._node.isReady():
+            return False
+        if self._ready_at is None:
+            self._ready_at = self._node.raftCommitIndex
+        self._caught_up = self._node.applied_index >= self._ready_at
+        return self._caught_up
 
     # -- writes ------------------------------------------------------------------------------------------------
     async def propose(self, cmd: dict[str, Any], rid: str | None, actor: str,

@@ -13,6 +13,7 @@ from tests.support.meta_http import snapshot_or_none, wait_until
 from tests.support.metrics import scrape, value
 
 WARM_WAIT_S = 30.0
+STALE_TOPICS = 150   # big topics whose routes a restarted node restores stale (~1 s of renders)
 
 
 def test_route_cache_keeps_within_its_byte_bound_evicting_least_recently_used():
@@ -145,6 +146,41 @@ async def test_a_node_restarted_on_its_snapshot_prerenders_each_big_route_once_a
         assert await wait_until(prerendered, WARM_WAIT_S, "the big route to be prerendered after the restart") == 1
         await asyncio.sleep(3.0)   # past the warmer's settle window: a second pass would have run by now
         assert await prerendered() == 1
+
+
+async def test_a_node_back_after_its_big_routes_changed_is_ready_only_once_it_applied_and_rendered_them(tmp_path):
+    """The routes it restored are stale: it is ready only once its image holds what the leader had committed (Log.is_ready)
+    and its warm-up rendered them again (meta/service.py ready). Before, it said ready with its image 250 versions
+    behind and its routes those of its own journal."""
+    async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 600_000}) as c:
+        leader = await c.leader()
+        lead_url = c.url(leader)
+        follower = next(m["node"] for m in c.info["meta"] if m["node"] != leader)
+        s, b, _ = await c.call("PUT", lead_url + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
+        assert s == 200, b
+        topics = [f"big{i}" for i in range(STALE_TOPICS)]
+        for t in topics:
+            s, b, _ = await c.call("POST", lead_url + "/v1/topics", json={"topic": t, "queues": 1000})
+            assert s == 201, b
+        c.kill9(follower)
+        for t in topics:   # each big route the follower restores is now stale
+            s, b, _ = await c.call("PUT", lead_url + f"/v1/topics/{t}/config", json={"changed": "yes"})
+            assert s == 200, b
+        version = b["version"]
+        c.start(follower)
+        url = c.url(follower)
+        answers = []
+
+        async def ready():
+            s, b, _ = await c.call("GET", url + "/readyz", None, timeout_s=2.0)
+            answers.append((s, b))
+            return b if s == 200 else None
+        first = await wait_until(ready, WARM_WAIT_S, "the restarted node to be ready", interval_s=0.01)
+        assert first["routes_warm"] and first["applied_version"] >= version, first
+        assert all(b["routes_warm"] for s, b in answers if s == 200 or b["ready"]), \
+            [b for s, b in answers if s == 200 or b["ready"]][:3]
+        s, b, _ = await c.call("GET", url + f"/v1/routes/{topics[-1]}")
+        assert s == 200 and b["config"] == {"changed": "yes"}, b
 
 
 async def _watched_topics(c, url: str, after: int, want: set[str], timeout_s: float = 10.0) -> set[str]:
