@@ -12,19 +12,14 @@ within 5 s, a small write after the sweep must commit within 1 s, and the replic
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 import time
 
 import aiohttp
 import pytest
 
 from meta import limits
-from ops import devcluster
+from tests.support.raft_procs import leader, propose, raft_procs, status
 
-SECRET = "entry-sizes-test-secret"
 STEP_BYTES = 64 * 1024
 WINDOW_BYTES = 64
 ANSWER_S = 5.0
@@ -45,66 +40,25 @@ def sizes() -> list[int]:
 
 @pytest.fixture
 def nodes(tmp_path):
-    base = devcluster.free_base_port()
-    rafts = [f"127.0.0.1:{base + i}" for i in range(3)]
-    https = [base + 3 + i for i in range(3)]
-    procs = []
-    for i, raft in enumerate(rafts):
-        log = open(tmp_path / f"n{i}.log", "wb")
-        peers = ",".join(r for r in rafts if r != raft)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.support.raft_proc", raft, peers, str(tmp_path / f"n{i}"), SECRET, str(https[i]),
-             json.dumps(TUNING)], stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd()))
-        log.close()
-    try:
-        yield [f"http://127.0.0.1:{port}" for port in https]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(10)
-        for p in procs:
-            assert p.returncode is not None
-
-
-async def _status(session: aiohttp.ClientSession, url: str) -> dict | None:
-    try:
-        async with session.get(url + "/status", timeout=aiohttp.ClientTimeout(total=2.0)) as r:
-            return await r.json()
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-        return None
-
-
-async def _leader(session: aiohttp.ClientSession, urls: list[str]) -> str:
-    """The leader's URL, once every node process answers: two nodes elect a leader while the third may still be
-    importing, and a sweep sent to a follower that is not listening yet fails on connect, not on the log."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        statuses = [await _status(session, url) for url in urls]
-        leaders = [url for url, s in zip(urls, statuses) if s and s["leader"]]
-        if all(statuses) and leaders:
-            return leaders[0]
-        assert time.monotonic() < deadline, f"no leader among answering node processes: {statuses}"
-        await asyncio.sleep(0.1)
+    with raft_procs(tmp_path, TUNING) as cluster:
+        yield cluster.urls
 
 
 async def _propose(session: aiohttp.ClientSession, url: str, entry_bytes: int) -> tuple[dict, float]:
-    started = time.monotonic()
-    async with session.post(f"{url}/propose?entry_bytes={entry_bytes}",
-                            timeout=aiohttp.ClientTimeout(total=ANSWER_S + 5.0)) as r:
-        return await r.json(), time.monotonic() - started
+    return await propose(session, url, entry_bytes, ANSWER_S + 5.0)
 
 
 @pytest.mark.long(seconds=27)   # its module alone, measured on 2 cores (tests/conftest.py)
 async def test_every_entry_size_is_answered_and_the_log_keeps_going(nodes):
     async with aiohttp.ClientSession() as session:
-        leader = await _leader(session, nodes)
-        follower = next(u for u in nodes if u != leader)
+        leading = await leader(session, nodes, WAIT_S)
+        follower = next(u for u in nodes if u != leading)
         sem = asyncio.Semaphore(CONCURRENCY)
         answers: dict[int, tuple[dict, float]] = {}
 
         async def one(i: int, size: int) -> None:
             async with sem:
-                answers[size] = await _propose(session, follower if i % 2 else leader, size)
+                answers[size] = await _propose(session, follower if i % 2 else leading, size)
 
         swept = sizes()
         await asyncio.gather(*(one(i, size) for i, size in enumerate(swept)))
@@ -116,13 +70,13 @@ async def test_every_entry_size_is_answered_and_the_log_keeps_going(nodes):
         assert all(a["code"] in REFUSALS for a in failed.values()), list(failed.items())[:10]
         assert len(failed) <= len(swept) // 100, f"{len(failed)} of {len(swept)} refused: {list(failed.items())[:10]}"
 
-        leader = await _leader(session, nodes)
-        answer, took = await _propose(session, leader, 200)
+        leading = await leader(session, nodes, WAIT_S)
+        answer, took = await _propose(session, leading, 200)
         assert answer["ok"] and took < SMALL_WRITE_S, (answer, took)
         # Every replica applies the same log: the same image at the same applied index.
         deadline = time.monotonic() + WAIT_S
         while True:
-            statuses = [await _status(session, u) for u in nodes]
+            statuses = [await status(session, u) for u in nodes]
             if all(statuses) and len({(s["applied"], s["digest"]) for s in statuses}) == 1:
                 break
             assert time.monotonic() < deadline, statuses

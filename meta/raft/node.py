@@ -176,7 +176,7 @@ class _LocalState:
     read_index: ReadIndex | None = None   # linearizable reads without a log entry (meta/raft/read_index.py)
 
 
-class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
+class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.InFlightAnsweredOnLeaderChange, SyncObj):
     def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
                  on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge,
                  link: RaftLink | None = None, names: dict[str, str] | None = None,

@@ -1,0 +1,56 @@
+"""A proposal in flight when its leader steps down is answered at the step-down, not at its timeout.
+
+pysyncobj answered an appended proposal only once the log reached its index again; a leader cut off from both
+followers steps down after ``leader_fallback_timeout_s`` and, with nothing written after, its proposer waited the
+whole propose timeout for UNKNOWN_OUTCOME (CI: a 2 MiB entry appended just before a step-down at the end of the
+entry-size sweep). Three real MetaSyncObj processes (tests/support/raft_procs.py); the followers are frozen with
+SIGSTOP, so the leader appends but never commits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import aiohttp
+
+from tests.support.raft_procs import leader, propose, raft_procs
+from tests.support.raft_proc import PROPOSE_TIMEOUT_S
+
+WAIT_S = 30.0
+# The leader steps down after 0.5 s without a majority (RaftTuning.leader_fallback_timeout_s); the answer must come
+# well before the node's own timeout gives up on the proposal.
+ANSWERED_BY_S = PROPOSE_TIMEOUT_S - 1.5
+ENTRY_BYTES = 300
+STOPPED_WAIT_S = 5.0
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until the kernel shows the process stopped (state T in /proc/<pid>/stat): SIGSTOP is asynchronous."""
+    deadline = time.monotonic() + STOPPED_WAIT_S
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        assert time.monotonic() < deadline, f"process {pid} not stopped after {STOPPED_WAIT_S} s"
+        time.sleep(0.01)
+
+
+async def test_a_leader_that_steps_down_answers_its_appended_proposals_leader_changed(tmp_path):
+    with raft_procs(tmp_path, {}) as cluster:
+        async with aiohttp.ClientSession() as session:
+            leading = await leader(session, cluster.urls, WAIT_S)
+            answer, _ = await propose(session, leading, ENTRY_BYTES, PROPOSE_TIMEOUT_S + 5.0)
+            assert answer["ok"], answer   # the log works before the followers are frozen
+            followers = [p for url, p in zip(cluster.urls, cluster.procs) if url != leading]
+            try:
+                for p in followers:
+                    os.kill(p.pid, signal.SIGSTOP)
+                    _wait_stopped(p.pid)
+                answer, took = await propose(session, leading, ENTRY_BYTES, PROPOSE_TIMEOUT_S + 5.0)
+            finally:
+                for p in followers:
+                    os.kill(p.pid, signal.SIGCONT)
+            assert answer == {"ok": False, "code": "LEADER_CHANGED", "details": answer.get("details")}, answer
+            assert took < ANSWERED_BY_S, f"answered after {took:.2f} s"
