@@ -26,8 +26,9 @@ PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name py
 # 24 once the journal and transport were Stator's (25 before); membership changes (meta/raft/roles.py, shim.set_members)
 # need four more: pysyncobj's voters, read-only nodes, connected nodes and last response times; pre-votes
 # (meta/raft/prevote.py) two: whether the leader asked for this campaign (a transfer), and the leader known, cleared
-# when a newer term is heard. A new one needs a reason as good.
-PRIVATE_NAMES_MAX = 30
+# when a newer term is heard; answering the proposals in flight when the leader changes (shim.answer_in_flight) one:
+# the callbacks waiting for their commit. A new one needs a reason as good.
+PRIVATE_NAMES_MAX = 31
 
 
 def test_sync_obj_creates_its_journal_through_the_module_level_name_the_shim_swaps():

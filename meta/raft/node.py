@@ -174,9 +174,10 @@ class _LocalState:
     roles: Roles | None = None    # voter or learner, and the leader's membership changes (meta/raft/roles.py)
     prevote: PreVote | None = None   # no campaign without a majority's pre-vote (meta/raft/prevote.py)
     read_index: ReadIndex | None = None   # linearizable reads without a log entry (meta/raft/read_index.py)
+    leader_seen: Any = None       # the leader this node knew at the end of the last tick (pysyncobj's Node)
 
 
-class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.InFlightAnsweredOnLeaderChange, SyncObj):
+class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
                  on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge,
                  link: RaftLink | None = None, names: dict[str, str] | None = None,
@@ -398,6 +399,17 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.InFlightAnsw
         self._local.transport.flush()
         if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:
             journal.check_commit(self.raftCommitIndex, synced)
+        self._answer_in_flight_on_leader_change()
+
+    def _answer_in_flight_on_leader_change(self) -> None:
+        # A proposal in flight when the leader this node knows changes (itself stepping down included) is answered
+        # now, not at its timeout: a leader that stepped down with entries appended and nothing written after left
+        # its proposer waiting 5 s for UNKNOWN_OUTCOME (a 2 MiB entry at the end of tests/test_raft_entry_sizes.py).
+        leader = shim.leader(self)
+        if leader != self._local.leader_seen:
+            if self._local.leader_seen is not None:
+                shim.answer_in_flight(self)
+            self._local.leader_seen = leader
 
     def _leader_sync(self) -> None:
         """The leader's group commit. A follower syncs only before it acknowledges (GroupCommit.before_flush), which

@@ -289,29 +289,11 @@ class Acknowledgements(abc.ABC):
         """Tick thread: True if this acknowledgement was sent here (pysyncobj then sends none)."""
 
 
-class InFlightAnsweredOnLeaderChange:
-    """Mixin for a SyncObj subclass: a proposal in flight is answered LEADER_CHANGED (it may still commit) as soon
-    as its node stops leading or hears of another leader.
-
-    pysyncobj answers a proposal waiting for its commit only when the log reaches its index again: with the new
-    leader's term it answers DISCARDED, and if the new leader's log is shorter and nothing more is written, never,
-    so the proposer waited its whole timeout to learn UNKNOWN_OUTCOME (a 2 MiB entry appended just before a step-down
-    at the end of a write burst). Forwarded ones still waiting for the leader's reply pysyncobj answers itself."""
-
-    def _SyncObj__onLeaderChanged(self) -> None:  # noqa: N802 - the private name it extends
-        answer_in_flight(self)
-        SyncObj._SyncObj__onLeaderChanged(self)
-
-    def _SyncObj__setState(self, newState: int) -> None:  # noqa: N802,N803
-        leading = self._SyncObj__raftState == _RAFT_STATE.LEADER
-        SyncObj._SyncObj__setState(self, newState)
-        if leading and newState != _RAFT_STATE.LEADER:
-            answer_in_flight(self)
-
-
 def answer_in_flight(so: SyncObj) -> None:
-    """Tick thread: answer LEADER_CHANGED to every proposal of this node appended (or forwarded and appended) but
-    not applied yet; pysyncobj forgets them, so an entry that commits later answers no one twice."""
+    """Tick thread: answer LEADER_CHANGED (it may still commit) to every proposal of this node appended, or forwarded
+    and appended by the leader, and not applied yet. pysyncobj answers them only when the log reaches their index
+    again (DISCARDED under another term), and never if the new leader's log is shorter and nothing more is written;
+    it forgets them here, so an entry that commits later answers no one twice."""
     waiting = so._SyncObj__commandsWaitingCommit
     callbacks = [callback for index in sorted(waiting) for _term, callback in waiting[index]]
     waiting.clear()
