@@ -160,6 +160,17 @@ def test_a_wiped_node_that_votes_with_an_empty_log_is_caught(monkeypatch):
     assert seed, f"wiped_node_votes_with_an_empty_log not caught in {MUTANT_SEEDS_MAX + 2} seeds"
 
 
+def test_a_leader_that_never_promotes_a_rejoined_node_is_found(monkeypatch):
+    # meta/raft/roles.py: a wiped node's disk never replaces the one the membership names, so it stays a learner and
+    # the cluster runs on two voters for ever. Nothing is lost, so only the liveness check members_restored sees it
+    # (tests/test_sim_membership.py runs the same schedules unplanted, and mutation testing runs that file).
+    _plant(monkeypatch, roles.Roles, "leader_tick", "held[0] != m.disk and self._caught_up(held)",
+           "held[0] == m.disk and self._caught_up(held)")
+    found = {v["check"] for seed in range(1, MUTANT_SEEDS_MAX + 1)
+             for v in run_schedule(seed, duration_s=6.0, kinds=("wipe",))["liveness"]}
+    assert "members_restored" in found, found
+
+
 def test_a_leader_that_serves_reads_without_confirming_it_leads_is_caught(monkeypatch):
     # meta/raft/read_index.py without its probe: the leader answers a read index from its commit index at once. Cut
     # off, a deposed leader then serves reads that miss what the new leader acknowledged (stale reads: the register

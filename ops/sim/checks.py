@@ -69,10 +69,19 @@ def journal_counters(sim: Any) -> list[dict[str, Any]]:
 
 
 def converged(sim: Any) -> list[dict[str, Any]]:
-    """Liveness, not safety: after the heal and the quiet time every node is up and applied the same index."""
+    """Liveness, not safety: after the heal and the quiet time every node is up and applied the same index, and
+    every node votes under the disk it runs on, as the membership each one holds says (a node back on a wiped disk
+    rejoined as a learner and was promoted again: meta/raft/roles.py)."""
     indexes = {n.name: (n.applied_index if n.up else None) for n in sim.nodes.values()}
     if None in indexes.values() or len(set(indexes.values())) > 1:
         return [violation("converged", "the healed cluster did not converge", applied=indexes)]
+    statuses = {n.name: n.so.membership_status() for n in sim.nodes.values()}
+    wanted = sorted((name, s["disk"], True) for name, s in statuses.items())
+    for name, s in statuses.items():
+        held = sorted((m["name"], m["disk"], m["voter"]) for m in s["members"])
+        if not s["voter"] or held != wanted:
+            return [violation("members_restored", f"{name} does not hold every node as a voter on its disk",
+                              node=name, voter=s["voter"], members=held, disks=wanted)]
     return []
 
 
