@@ -1,0 +1,149 @@
+"""An operator's membership changes (meta/raft/roles.py ``Roles.request``: add, promote, remove), decided on the
+leader's tick, on three real MetaSyncObj nodes in this process (tests/support/raft_nodes.py: real pysyncobj, real TCP
+on loopback). tests/test_meta_members.py drives the same over HTTP on real processes; these run in the test's
+process, where a mutant of roles.py (bash ops/mutation.sh meta/raft/roles.py) is what runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from meta.raft import membership
+from meta.raft import roles as raft_roles
+from meta.raft.node import LoopBridge, MetaSyncObj, RaftTuning
+from ops import devcluster
+from tests.support.raft_nodes import leader_of, start_nodes
+from wire.errors import ApiError
+
+SECRET = "operator-changes-test-secret"
+WAIT_S = 20.0
+CHANGE_S = 10.0   # one change: the leader's next tick proposes it, a majority commits it
+
+
+async def change(leader: MetaSyncObj, op: str, name: str, raft: str | None = None,
+                 url: str | None = None) -> list[dict]:
+    return await asyncio.wait_for(asyncio.wrap_future(leader.roles.request(op, name, raft, url)), CHANGE_S)
+
+
+async def refused(leader: MetaSyncObj, op: str, name: str, raft: str | None = None) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        await change(leader, op, name, raft)
+    return e.value
+
+
+def members_of(node: MetaSyncObj) -> dict[str, tuple[str | None, bool]]:
+    return {m["name"]: (m["disk"], m["voter"]) for m in node.membership_status()["members"]}
+
+
+async def until(what, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, "not within the wait"
+        await asyncio.sleep(0.05)
+
+
+def unused_raft_address() -> str:
+    return f"127.0.0.1:{devcluster.free_base_port()}"
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    started = start_nodes(tmp_path, SECRET)
+    yield started
+    for n in started:
+        n.stop()
+
+
+async def test_refusals_name_what_is_wrong_and_change_nothing(nodes):
+    leader, _ = await leader_of(nodes, WAIT_S)
+    voter = next(n for n in nodes if n is not leader).roles.name
+    before = members_of(leader)
+    assert (await refused(leader, "add", voter, unused_raft_address())).code == "MEMBER_EXISTS"
+    taken = await refused(leader, "add", "another-name", voter)   # the names are the raft addresses here
+    assert taken.code == "MEMBER_EXISTS" and taken.details["raft"] == voter
+    for op in ("promote", "remove"):
+        missing = await refused(leader, op, "nobody")
+        assert missing.code == "MEMBER_NOT_FOUND" and missing.details["node"] == "nobody"
+    already = await refused(leader, "promote", voter)
+    assert already.code == "ALREADY_VOTER" and already.details["node"] == voter
+    assert members_of(leader) == before
+
+
+async def test_learners_are_added_and_removed_up_to_the_members_bound(nodes):
+    leader, _ = await leader_of(nodes, WAIT_S)
+    learners = [unused_raft_address() for _ in range(membership.MEMBERS_MAX - len(nodes))]
+    for name in learners:
+        after = await change(leader, "add", name, name, url=f"http://{name}")
+        added = next(m for m in after if m["name"] == name)
+        assert added == {"raft": name, "name": name, "disk": None, "url": f"http://{name}", "voter": False}
+    assert len(members_of(leader)) == membership.MEMBERS_MAX
+    assert (await refused(leader, "add", "one-more", unused_raft_address())).code == "TOO_MANY_MEMBERS"
+    # Nothing runs at a learner's address: it never reported, so it cannot be promoted
+    lagging = await refused(leader, "promote", learners[0])
+    assert lagging.code == "NOT_CAUGHT_UP" and lagging.details["holds"] is None
+    after = await change(leader, "remove", learners[0])
+    assert learners[0] not in {m["name"] for m in after} and len(after) == membership.MEMBERS_MAX - 1
+    # Every node holds the same membership once it applied the change
+    await until(lambda: all(members_of(n) == members_of(leader) for n in nodes))
+    voters = {n.roles.name for n in nodes}
+    assert {name for name, (_disk, voter) in members_of(leader).items() if voter} == voters
+
+
+async def test_a_learner_that_caught_up_is_promoted_with_the_disk_it_runs_on(nodes, tmp_path):
+    leader, raft = await leader_of(nodes, WAIT_S)
+    for i in range(20):
+        assert (await raft.propose({"type": "Barrier"}, f"rid-{i}", "system"))["ok"]
+    address = unused_raft_address()
+    await change(leader, "add", address, address)
+    learner = MetaSyncObj(address, [n.roles.name for n in nodes], str(tmp_path / "learner"), SECRET, RaftTuning(),
+                          lambda version, changed: None, LoopBridge())
+    learner.start()
+    try:
+        # It gets the log as a learner: it never votes, and the leader does not count it
+        await until(lambda: learner.applied_index >= leader.applied_index)
+        assert learner.membership_status()["voter"] is False
+        assert members_of(leader)[address] == (None, False)
+        # Promoted only once the leader heard it hold the log: a change that arrives early is refused, and retried
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                after = await change(leader, "promote", address)
+                break
+            except ApiError as e:
+                assert e.code == "NOT_CAUGHT_UP" and time.monotonic() < deadline, e
+                await asyncio.sleep(0.2)
+        promoted = next(m for m in after if m["name"] == address)
+        assert promoted["voter"] and promoted["disk"] == learner.membership_status()["disk"]
+        await until(lambda: learner.membership_status()["voter"] is True)
+        # Four voters: a write commits with three, so one stopped follower does not stop the log
+        assert (await raft.propose({"type": "Barrier"}, "rid-after", "system"))["ok"]
+    finally:
+        learner.stop()
+
+
+async def test_a_removal_that_would_leave_no_live_majority_is_refused(nodes):
+    leader, _ = await leader_of(nodes, WAIT_S)
+    stopped, live = [n for n in nodes if n is not leader]
+    stopped.stop()
+    nodes.remove(stopped)   # the fixture stops the rest
+    # Once the leader has not heard the stopped voter for LIVE_WITHIN_S, removing the live one would leave the leader
+    # and a dead voter: no majority could ever be elected again
+    await asyncio.sleep(raft_roles.LIVE_WITHIN_S + 1.0)
+    refusal = await refused(leader, "remove", live.roles.name)
+    assert refusal.code == "WOULD_LOSE_QUORUM" and refusal.details["not_live"] == [stopped.roles.name]
+    # Removing the dead one leaves two live voters of two: allowed
+    after = await change(leader, "remove", stopped.roles.name)
+    assert {m["name"] for m in after} == {leader.roles.name, live.roles.name}
+
+
+async def test_a_leader_asked_to_remove_itself_hands_over_first(nodes):
+    leader, _ = await leader_of(nodes, WAIT_S)
+    handing = await refused(leader, "remove", leader.roles.name)
+    assert isinstance(handing, raft_roles.HandingOver) and handing.details == {"node": leader.roles.name}
+    new_leader, _ = await leader_of([n for n in nodes if n is not leader], WAIT_S)
+    after = await change(new_leader, "remove", leader.roles.name)
+    assert leader.roles.name not in {m["name"] for m in after}
+    await until(lambda: leader.roles.removed)
