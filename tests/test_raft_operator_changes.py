@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import pytest
+from pysyncobj.node import TCPNode
 
 from meta.raft import membership
 from meta.raft import roles as raft_roles
@@ -57,19 +58,27 @@ def nodes(tmp_path):
         n.stop()
 
 
+def whole(e: ApiError) -> tuple[int, str, str, dict]:
+    """What an operator sees of a refusal (API.md's error body and its HTTP status)."""
+    return e.status, e.code, e.message, e.details
+
+
 async def test_refusals_name_what_is_wrong_and_change_nothing(nodes):
     leader, _ = await leader_of(nodes, WAIT_S)
     voter = next(n for n in nodes if n is not leader).roles.name
     before = members_of(leader)
-    assert (await refused(leader, "add", voter, unused_raft_address())).code == "MEMBER_EXISTS"
-    taken = await refused(leader, "add", "another-name", voter)   # the names are the raft addresses here
-    assert taken.code == "MEMBER_EXISTS" and taken.details["raft"] == voter
+    assert whole(await refused(leader, "add", voter, unused_raft_address())) == (
+        409, "MEMBER_EXISTS", f"{voter!r} is already a member", {"node": voter})
+    # the names are the raft addresses here
+    assert whole(await refused(leader, "add", "another-name", voter)) == (
+        409, "MEMBER_EXISTS", f"another member has raft address {voter}", {"raft": voter})
     for op in ("promote", "remove"):
-        missing = await refused(leader, op, "nobody")
-        assert missing.code == "MEMBER_NOT_FOUND" and missing.details["node"] == "nobody"
-    already = await refused(leader, "promote", voter)
-    assert already.code == "ALREADY_VOTER" and already.details["node"] == voter
+        assert whole(await refused(leader, op, "nobody")) == (
+            404, "MEMBER_NOT_FOUND", "'nobody' is not a member", {"node": "nobody"})
+    assert whole(await refused(leader, "promote", voter)) == (
+        409, "ALREADY_VOTER", f"{voter!r} is a voter already", {"node": voter})
     assert members_of(leader) == before
+    assert leader.roles.heard_from(voter) and not leader.roles.heard_from("nobody")
 
 
 async def test_learners_are_added_and_removed_up_to_the_members_bound(nodes):
@@ -80,10 +89,13 @@ async def test_learners_are_added_and_removed_up_to_the_members_bound(nodes):
         added = next(m for m in after if m["name"] == name)
         assert added == {"raft": name, "name": name, "disk": None, "url": f"http://{name}", "voter": False}
     assert len(members_of(leader)) == membership.MEMBERS_MAX
-    assert (await refused(leader, "add", "one-more", unused_raft_address())).code == "TOO_MANY_MEMBERS"
+    assert whole(await refused(leader, "add", "one-more", unused_raft_address())) == (
+        409, "TOO_MANY_MEMBERS", f"a cluster has at most {membership.MEMBERS_MAX} members", {})
     # Nothing runs at a learner's address: it never reported, so it cannot be promoted
-    lagging = await refused(leader, "promote", learners[0])
-    assert lagging.code == "NOT_CAUGHT_UP" and lagging.details["holds"] is None
+    status, code, message, details = whole(await refused(leader, "promote", learners[0]))
+    assert (status, code, details) == (409, "NOT_CAUGHT_UP", {"node": learners[0], "holds": None,
+                                                               "commit_index": leader.raftCommitIndex})
+    assert message == f"{learners[0]!r} has not caught up with the log yet (is it running?); retry once it has"
     after = await change(leader, "remove", learners[0])
     assert learners[0] not in {m["name"] for m in after} and len(after) == membership.MEMBERS_MAX - 1
     # Every node holds the same membership once it applied the change
@@ -124,6 +136,37 @@ async def test_a_learner_that_caught_up_is_promoted_with_the_disk_it_runs_on(nod
         learner.stop()
 
 
+async def test_a_learner_is_promoted_on_the_progress_it_reported_and_with_the_disk_it_named(nodes):
+    """The leader keeps, per learner, the disk it runs on and the last index it holds, from its learner_progress
+    messages (what Roles.acknowledge sends instead of pysyncobj's acknowledgement); reported here by hand for a
+    learner at an address where nothing runs."""
+    leader, _ = await leader_of(nodes, WAIT_S)
+    address = unused_raft_address()
+    after = await change(leader, "add", address, address, url="http://learner")
+    index = leader.membership_status()["membership_index"]
+    await until(lambda: leader.roles._learners_since == index)   # the leader's tick forgot older progress
+    disk, other_disk = "d" * 32, "e" * 32
+
+    def report(message: dict, to: MetaSyncObj = leader) -> tuple[str, int] | None:
+        assert to.roles.admit(TCPNode(address), {"type": "learner_progress", **message}) is False
+        return to.roles._learners.get(address)
+
+    assert report({"next": 0, "success": True, "disk": disk}) is None        # no index below 1
+    assert report({"next": "7", "success": True, "disk": disk}) is None      # not a number
+    assert report({"next": 7, "success": True, "disk": "not-a-disk"}) is None
+    assert report({"next": 7, "success": True, "disk": disk}, to=next(n for n in nodes if n is not leader)) is None
+    assert report({"next": 1, "success": True, "disk": disk}) == (disk, 0)
+    assert report({"next": 12, "success": True, "disk": disk}) == (disk, 11)
+    assert report({"next": 5, "success": False, "disk": disk}) == (disk, 11)   # a refused append: it holds as before
+    assert report({"next": 5, "disk": disk}) == (disk, 11)
+    assert report({"next": 5, "success": False, "disk": other_disk}) == (other_disk, 0)   # another disk: nothing
+    assert report({"next": leader.raftCommitIndex + 1, "success": True, "disk": disk}) == (
+        disk, leader.raftCommitIndex)
+    after = await change(leader, "promote", address)
+    assert next(m for m in after if m["name"] == address) == {"raft": address, "name": address, "disk": disk,
+                                                              "url": "http://learner", "voter": True}
+
+
 async def test_a_removal_that_would_leave_no_live_majority_is_refused(nodes):
     leader, _ = await leader_of(nodes, WAIT_S)
     stopped, live = [n for n in nodes if n is not leader]
@@ -132,8 +175,10 @@ async def test_a_removal_that_would_leave_no_live_majority_is_refused(nodes):
     # Once the leader has not heard the stopped voter for LIVE_WITHIN_S, removing the live one would leave the leader
     # and a dead voter: no majority could ever be elected again
     await asyncio.sleep(raft_roles.LIVE_WITHIN_S + 1.0)
-    refusal = await refused(leader, "remove", live.roles.name)
-    assert refusal.code == "WOULD_LOSE_QUORUM" and refusal.details["not_live"] == [stopped.roles.name]
+    assert whole(await refused(leader, "remove", live.roles.name)) == (
+        409, "WOULD_LOSE_QUORUM", f"after this change 2 voters would need 2, and {stopped.roles.name} did not "
+        "answer from the disk the log names: bring them back (or remove them) first",
+        {"node": live.roles.name, "not_live": [stopped.roles.name]})
     # Removing the dead one leaves two live voters of two: allowed
     after = await change(leader, "remove", stopped.roles.name)
     assert {m["name"] for m in after} == {leader.roles.name, live.roles.name}

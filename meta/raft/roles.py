@@ -301,6 +301,7 @@ class Roles:
                 return
 
     def _caught_up(self, held: tuple[str, int]) -> bool:
+        # Harmless mutant: > for >= (a lag bound one entry tighter: the bound is for liveness, see the module text)
         return held[1] >= self.so.raftCommitIndex - PROMOTION_LAG_ENTRIES_MAX
 
     def _operator_change(self, request: _Request, members: membership.Members) -> membership.Members:
@@ -358,6 +359,7 @@ class Roles:
             if m.name == name:
                 return True
             heard = self._heard.get(m.name)
+            # Harmless mutant: < for <= (a keepalive heard exactly LIVE_WITHIN_S ago, to the clock's last digit)
             return heard is not None and heard[0] == m.disk and now - heard[1] <= LIVE_WITHIN_S
         down = [m.name for m in voters if not live(m)]
         if len(voters) - len(down) < len(voters) // 2 + 1:
