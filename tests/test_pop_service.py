@@ -131,6 +131,69 @@ async def test_another_group_s_max_attempts_and_the_default_are_its_own(node):
     assert (await node.pop.dlq.read("h", 0, 10))["messages"] == []
 
 
+def answer_reads(node, monkeypatch, answers: list) -> list[int]:
+    """The dead letters' reads of message contents (``reader.read_history``) answered from ``answers`` in turn (an
+    ApiError is raised, None reads the real store), then by the real store; returns the offsets asked, in order."""
+    real = node.pop.reader.read_history
+    asked: list[int] = []
+
+    async def read_history(topic: str, queue: int, offset: int, max_n: int) -> dict:
+        asked.append(offset)
+        answer = answers.pop(0) if answers else None
+        if isinstance(answer, ApiError):
+            raise answer
+        return answer if answer is not None else await real(topic, queue, offset, max_n)
+
+    monkeypatch.setattr(node.pop.reader, "read_history", read_history)
+    return asked
+
+
+async def dead_letter_after_one_attempt(node, body: str = "m"):
+    """A message popped once under max_attempts 1, due again within 50 ms: its next step is the dead-letter queue."""
+    max_attempts(node, "g", 1)
+    await node.writer.send("t", 0, [{"body": body}])
+    [d] = await pop(node, 1, invisible_ms=50)
+    return d
+
+
+async def test_a_dead_letter_whose_read_fails_is_copied_once_a_read_succeeds(node, monkeypatch):
+    await dead_letter_after_one_attempt(node, "poison")
+    # a peer down, then a read that brought nothing (a budget or a broker unavailable: not a deletion)
+    nothing_read = {"messages": [], "next_offset": 0, "min_offset": 0, "max_offset": 1}
+    asked = answer_reads(node, monkeypatch, [rejection(503, "BROKER_UNAVAILABLE", "down"), nothing_read])
+    started = time.monotonic()
+    await until(lambda: node.pop.dead_lettered == 1, WAIT_S + 2 * service_mod.DLQ_RETRY_MS / 1000)
+    assert time.monotonic() - started >= 2 * service_mod.DLQ_RETRY_MS / 1000 * 0.9, "tried again after a pause"
+    assert asked == [0, 0, 0]
+    assert [m["body"] for m in (await node.pop.dlq.read("g", 0, 10))["messages"]] == ["poison"]
+    st = node.pop.states[KEY]
+    assert not st.in_flight and await pop(node, 1) == []
+
+
+@pytest.mark.parametrize("answer", ["below_oldest", "stepped_over"])
+async def test_a_dead_letter_whose_message_storage_no_longer_holds_is_dropped_without_a_copy(node, monkeypatch,
+                                                                                           answer):
+    await dead_letter_after_one_attempt(node)
+    gone = {"below_oldest": {"messages": [], "next_offset": 1, "min_offset": 1, "max_offset": 1},
+            # a dead broker's bounded gap, stepped over: the read answers where the queue goes on
+            "stepped_over": {"messages": [], "next_offset": 1, "min_offset": 0, "max_offset": 1}}[answer]
+    asked = answer_reads(node, monkeypatch, [gone])
+    st = node.pop.states[KEY]
+    await until(lambda: not st.in_flight)
+    assert asked == [0] and node.pop.dead_lettered == 0
+    assert (await node.pop.dlq.read("g", 0, 10))["messages"] == []
+    assert await pop(node, 1) == [], "neither copied nor delivered again"
+
+
+async def test_a_dead_letter_of_a_deleted_topic_is_dropped_once_the_broker_knows_the_routes(node, monkeypatch):
+    await dead_letter_after_one_attempt(node)
+    asked = answer_reads(node, monkeypatch, [rejection(404, "TOPIC_NOT_FOUND", "gone")])
+    st = node.pop.states[KEY]
+    await until(lambda: not st.in_flight)
+    assert asked == [0] and node.pop.dead_lettered == 0
+    assert (await node.pop.dlq.read("g", 0, 10))["messages"] == []
+
+
 async def test_a_dead_letter_interrupted_before_its_copy_is_made_once_after_a_restart(broker_node):
     node = broker_node
     node.routes.update(one_head())
