@@ -408,6 +408,70 @@ async def test_unordered_pops_go_on_past_an_invisible_delivery(node):
     assert [m.offset for m in await pop(node, 5)] == [2]
 
 
+# -- a pop over every queue of its topic ------------------------------------------------------------------------------
+
+def two_queues(node) -> None:
+    node.routes.update(route(6, [seg(0, "b1", 0, None, "active")], queues=2))
+
+
+async def test_a_topic_wide_pop_hands_out_what_came_due_on_any_queue_before_anything_new(node):
+    two_queues(node)
+    await node.writer.send("t", 1, [{"body": "due-1"}, {"body": "due-2"}])
+    assert len(await pop(node, 2, invisible_ms=50, queue=1)) == 2
+    await node.writer.send("t", 0, [{"body": f"new{i}"} for i in range(3)])
+    st = node.pop.states[("g", "t", 1)]
+    await until(lambda: len(st.ready) == 2)
+    # two pops of one: each starts at another queue (the rotation), and each takes a due delivery of queue 1
+    got = [await pop(node, 1, queue=None) for _ in range(2)]
+    assert sorted((m.queue, m.offset, m.attempt) for [m] in got) == [(1, 0, 2), (1, 1, 2)]
+    assert sorted((m.queue, m.offset) for m in await pop(node, 5, queue=None)) == [(0, 0), (0, 1), (0, 2)]
+
+
+async def test_a_topic_wide_pop_waits_a_bounded_time_for_a_queue_another_pop_holds(node, monkeypatch):
+    two_queues(node)
+    await node.writer.send("t", 0, [{"body": "m"}])
+    key = ("g", "t", 0)
+
+    async def hold_for(seconds: float) -> None:
+        async with node.pop.locks.hold(key):
+            await asyncio.sleep(seconds)
+
+    holder = asyncio.create_task(hold_for(0.3))
+    await asyncio.sleep(0)   # the holder has the lock
+    started = time.monotonic()
+    [m] = await pop(node, 1, queue=None)
+    assert (m.queue, m.offset) == (0, 0) and time.monotonic() - started >= 0.25, "waited for the holder"
+    await holder
+    # held past BUSY_QUEUE_WAIT_MS: answered without that queue, at the bound
+    monkeypatch.setattr(service_mod, "BUSY_QUEUE_WAIT_MS", 100)
+    await node.writer.send("t", 0, [{"body": "m2"}])
+    holder = asyncio.create_task(hold_for(2.0))
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    assert await pop(node, 1, queue=None) == []
+    assert 0.09 <= time.monotonic() - started < 1.5
+    holder.cancel()
+    await asyncio.gather(holder, return_exceptions=True)
+    [m] = await pop(node, 1, queue=None)
+    assert (m.queue, m.offset) == (0, 1)
+
+
+async def test_too_many_in_flight_only_once_every_queue_popped_is_full(node, monkeypatch):
+    two_queues(node)
+    monkeypatch.setattr(service_mod, "IN_FLIGHT_PER_QUEUE_MAX", 2)
+    for q in (0, 1):
+        await node.writer.send("t", q, [{"body": f"q{q}m{i}"} for i in range(3)])
+    assert len(await pop(node, 5, queue=0)) == 2
+    with pytest.raises(ApiError) as e:
+        await pop(node, 1, queue=0)
+    assert (e.value.status, e.value.code) == (409, "TOO_MANY_IN_FLIGHT")
+    assert e.value.details == {"in_flight_per_queue_max": 2, "in_flight_max": service_mod.IN_FLIGHT_MAX}
+    assert sorted((m.queue, m.offset) for m in await pop(node, 5, queue=None)) == [(1, 0), (1, 1)]
+    with pytest.raises(ApiError) as e:
+        await pop(node, 5, queue=None)
+    assert e.value.code == "TOO_MANY_IN_FLIGHT"
+
+
 # -- what a pop refuses ---------------------------------------------------------------------------------------------
 
 async def test_a_pop_names_its_topic_and_queue_or_is_refused(node):
