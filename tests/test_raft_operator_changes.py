@@ -46,8 +46,14 @@ async def until(what, timeout_s: float = WAIT_S) -> None:
         await asyncio.sleep(0.05)
 
 
+def unused_raft_addresses(n: int) -> list[str]:
+    """``n`` distinct raft addresses where nothing listens (n <= 14: a base port's free span)."""
+    base = devcluster.free_base_port()
+    return [f"127.0.0.1:{base + i}" for i in range(n)]
+
+
 def unused_raft_address() -> str:
-    return f"127.0.0.1:{devcluster.free_base_port()}"
+    return unused_raft_addresses(1)[0]
 
 
 @pytest.fixture
@@ -83,13 +89,13 @@ async def test_refusals_name_what_is_wrong_and_change_nothing(nodes):
 
 async def test_learners_are_added_and_removed_up_to_the_members_bound(nodes):
     leader, _ = await leader_of(nodes, WAIT_S)
-    learners = [unused_raft_address() for _ in range(membership.MEMBERS_MAX - len(nodes))]
+    *learners, one_more = unused_raft_addresses(membership.MEMBERS_MAX - len(nodes) + 1)
     for name in learners:
         after = await change(leader, "add", name, name, url=f"http://{name}")
         added = next(m for m in after if m["name"] == name)
         assert added == {"raft": name, "name": name, "disk": None, "url": f"http://{name}", "voter": False}
     assert len(members_of(leader)) == membership.MEMBERS_MAX
-    assert whole(await refused(leader, "add", "one-more", unused_raft_address())) == (
+    assert whole(await refused(leader, "add", "one-more", one_more)) == (
         409, "TOO_MANY_MEMBERS", f"a cluster has at most {membership.MEMBERS_MAX} members", {})
     # Nothing runs at a learner's address: it never reported, so it cannot be promoted
     status, code, message, details = whole(await refused(leader, "promote", learners[0]))
