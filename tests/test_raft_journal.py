@@ -337,6 +337,54 @@ def test_compaction_and_clear_never_copy_a_record(tmp_path):
     assert StatorJournal(d)[:] == []
 
 
+def test_compactions_in_a_row_each_drop_whole_segments_and_reopen_to_the_kept_entries(tmp_path):
+    """Each compaction finds the first kept segment from the list positions the one before renumbered."""
+    d = str(tmp_path)
+    j = StatorJournal(d, segment_bytes_max=4096)
+    fill(j, (entry(i) for i in range(1, 401)))
+    j.sync()
+    for dropped, first in ((100, 101), (100, 201), (150, 351)):
+        j.deleteEntriesTo(dropped)                       # positions < dropped of what is left
+        assert j.wait_for_unlinks(WAIT_S)
+        assert j[:] == [entry(i) for i in range(first, 401)]
+        kept = segments(tmp_path)
+        assert _first_index_in(kept[0]) <= first and (len(kept) == 1 or first < _first_index_in(kept[1]))
+    assert j.compactions == 3
+    j._destroy()
+    k = StatorJournal(d, segment_bytes_max=4096)
+    assert k[:] == [entry(i) for i in range(351, 401)]
+    k._destroy()
+
+
+def test_a_dead_segment_is_shrunk_in_steps_before_it_is_removed(tmp_path, monkeypatch):
+    cuts: list[int] = []
+    pauses: list[float] = []
+    real_ftruncate = os.ftruncate
+    monkeypatch.setattr(rj.os, "ftruncate", lambda fd, size: (cuts.append(size), real_ftruncate(fd, size))[1])
+    monkeypatch.setattr(rj.time, "sleep", pauses.append)
+    step = rj.DEAD_SHRINK_BYTES
+    io = OsJournalIO()
+    for size, expected in ((2 * step + 1, [step + 1, 1]), (step, []), (step + 1, [1]), (0, [])):
+        dead = tmp_path / f"dead-{size}"
+        with open(dead, "wb") as f:
+            f.truncate(size)                         # sparse: no bytes written
+        cuts.clear()
+        pauses.clear()
+        assert io.remove_dead(str(dead)) is True
+        assert not dead.exists() and cuts == expected and pauses == [rj.DEAD_SHRINK_PAUSE_S] * len(expected)
+    assert io.remove_dead(str(tmp_path / "never-there")) is False
+
+
+def test_pysyncobj_s_header_is_described_only_when_read_whole():
+    name = rj.PYSYNCOBJ_MAGIC.ljust(rj._PYSYNCOBJ_VERSION_AT, b"\0")
+    whole = name + b"0.3.17\0\0" + struct.pack("<I", 1)
+    assert len(whole) == rj._PYSYNCOBJ_VERSION_AT + 12
+    assert rj._pysyncobj_journal(whole) == "pysyncobj's own journal (format version 1, pysyncobj 0.3.17)"
+    assert rj._pysyncobj_journal(whole[:-1]) == "pysyncobj's own journal"
+    odd = name + b"0.3\xff\0\0\0\0" + struct.pack("<I", 7)   # a version string that is not ASCII
+    assert rj._pysyncobj_journal(odd) == "pysyncobj's own journal (format version 7, pysyncobj 0.3\ufffd)"
+
+
 def test_compaction_cost_measured(tmp_path, capsys):
     """A measurement, printed, not asserted: deleteEntriesTo keeping the last 10 MiB of a 50 MiB log of 1 MiB
     entries, as the single-file build did it (the kept records written to a new file, fsynced, renamed, directory

@@ -929,6 +929,8 @@ class StatorJournal(Journal):
         del self._offsets[:start]
         del self._segments[:first]
         for segment in self._segments:
+            # Harmless mutant: max(1, ...) (the first segment's start is looked up only for positions >= 1: a
+            # compaction drops at least one entry, and a truncation to position 0 is a clear)
             segment.start = max(0, segment.start - start)
         self._unlink_dead([segment.path for segment in dead])
         self.compactions += 1
