@@ -93,7 +93,12 @@ def ephemeral_low() -> int:
 
 
 def port_free(port: int) -> bool:
+    """Whether a server can bind ``port`` now. With SO_REUSEADDR, as every server of Stator binds (runtime/serve.py,
+    the raft transport): a port left in TIME_WAIT by a connection that ended is free, a listener's is not. Without
+    it, a machine that had just run many clusters (a mutation run) had TIME_WAIT ports in every range and found none
+    free (NoFreePorts)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True

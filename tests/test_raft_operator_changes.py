@@ -95,6 +95,8 @@ async def test_learners_are_added_and_removed_up_to_the_members_bound(nodes):
         added = next(m for m in after if m["name"] == name)
         assert added == {"raft": name, "name": name, "disk": None, "url": f"http://{name}", "voter": False}
     assert len(members_of(leader)) == membership.MEMBERS_MAX
+    # where the leader forwards to a member: the URL the membership records (the config names none here)
+    assert leader.roles.url_of(learners[1]) == f"http://{learners[1]}" and leader.roles.url_of(one_more) is None
     assert whole(await refused(leader, "add", "one-more", one_more)) == (
         409, "TOO_MANY_MEMBERS", f"a cluster has at most {membership.MEMBERS_MAX} members", {})
     # Nothing runs at a learner's address: it never reported, so it cannot be promoted
@@ -176,6 +178,8 @@ async def test_a_learner_is_promoted_on_the_progress_it_reported_and_with_the_di
 async def test_a_removal_that_would_leave_no_live_majority_is_refused(nodes):
     leader, _ = await leader_of(nodes, WAIT_S)
     stopped, live = [n for n in nodes if n is not leader]
+    learner = unused_raft_address()
+    await change(leader, "add", learner, learner)
     stopped.stop()
     nodes.remove(stopped)   # the fixture stops the rest
     # Once the leader has not heard the stopped voter for LIVE_WITHIN_S, removing the live one would leave the leader
@@ -185,8 +189,20 @@ async def test_a_removal_that_would_leave_no_live_majority_is_refused(nodes):
         409, "WOULD_LOSE_QUORUM", f"after this change 2 voters would need 2, and {stopped.roles.name} did not "
         "answer from the disk the log names: bring them back (or remove them) first",
         {"node": live.roles.name, "not_live": [stopped.roles.name]})
+    # A learner's removal leaves the three voters, two of them live: a majority
+    after = await change(leader, "remove", learner)
+    assert learner not in {m["name"] for m in after}
+    # A leader that has led for less than LIVE_WITHIN_S may not have heard every live voter yet: it answers that,
+    # not WOULD_LOSE_QUORUM (here the live one leads now, and the stopped voter is indeed down)
+    leader.transferLeadership()
+    new_leader, _ = await leader_of([live], WAIT_S)
+    status, code, message, details = whole(await refused(new_leader, "remove", leader.roles.name))
+    assert (status, code, details) == (503, "LEADER_CHANGED", {"node": leader.roles.name,
+                                                                "not_live": [stopped.roles.name]})
+    assert message.startswith("this node leads for ") and message.endswith(
+        f" s only and has not heard from {stopped.roles.name} yet; retry shortly")
     # Removing the dead one leaves two live voters of two: allowed
-    after = await change(leader, "remove", stopped.roles.name)
+    after = await change(new_leader, "remove", stopped.roles.name)
     assert {m["name"] for m in after} == {leader.roles.name, live.roles.name}
 
 
