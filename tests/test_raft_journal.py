@@ -375,6 +375,17 @@ def test_a_dead_segment_is_shrunk_in_steps_before_it_is_removed(tmp_path, monkey
     assert io.remove_dead(str(tmp_path / "never-there")) is False
 
 
+def test_an_empty_or_foreign_single_file_raft_log_is_refused_by_name(tmp_path):
+    single = tmp_path / JOURNAL_FILE
+    reads = "this code reads STATOR-RAFT-LOG version 1 in segment files raft.log.<seq> only;"
+    for content in (b"", b"SQLite format 3\0"):
+        single.write_bytes(content)
+        with pytest.raises(JournalFormatError) as caught:
+            StatorJournal(str(tmp_path))
+        assert str(caught.value).startswith(f"{single}: found a single-file raft.log of another format, {reads}")
+    assert segments(tmp_path) == []
+
+
 def test_pysyncobj_s_header_is_described_only_when_read_whole():
     name = rj.PYSYNCOBJ_MAGIC.ljust(rj._PYSYNCOBJ_VERSION_AT, b"\0")
     whole = name + b"0.3.17\0\0" + struct.pack("<I", 1)
@@ -1203,6 +1214,35 @@ def test_an_append_the_disk_cut_short_is_cut_off_so_the_next_record_follows_a_wh
     assert StatorJournal(str(tmp_path))[:] == [entry(i) for i in range(1, 5)]
 
 
+def _roll_at(tmp_path: Path) -> int:
+    """The index of entry() whose add opens the second segment of a SMALL_SEGMENT journal."""
+    probe = StatorJournal(str(tmp_path / "probe"), segment_bytes_max=SMALL_SEGMENT)
+    i = 1
+    while len(segments(tmp_path / "probe")) < 2:
+        probe.add(*entry(i))
+        i += 1
+    probe._destroy()
+    return i - 1
+
+
+def test_a_new_segment_whose_header_the_full_disk_refused_is_removed_and_the_log_goes_on(tmp_path):
+    roll = _roll_at(tmp_path)
+    d = tmp_path / "raft"
+    io = DiskFullIO()
+    j = StatorJournal(str(d), io, segment_bytes_max=SMALL_SEGMENT)
+    fill(j, [entry(i) for i in range(1, roll)])
+    before = segments(d)
+    io.full = True
+    with pytest.raises(OSError):
+        j.add(*entry(roll))
+    assert segments(d) == before, "the new segment's file is gone"
+    io.full = False
+    fill(j, [entry(i) for i in range(roll, roll + 3)])
+    assert len(segments(d)) == len(before) + 1
+    j._destroy()
+    assert StatorJournal(str(d))[:] == [entry(i) for i in range(1, roll + 3)]
+
+
 class SyncOrderIO(CountingIO):
     """Notes each directory fsync and file sync, in order."""
 
@@ -1217,6 +1257,22 @@ class SyncOrderIO(CountingIO):
     def sync_directory(self, path: str) -> None:
         self.syncs.append("directory")
         super().sync_directory(path)
+
+
+def test_a_new_segment_s_name_is_synced_before_its_first_record(tmp_path):
+    roll = _roll_at(tmp_path)
+    io = SyncOrderIO()
+    j = StatorJournal(str(tmp_path / "raft"), io, segment_bytes_max=SMALL_SEGMENT)
+    fill(j, [entry(i) for i in range(1, roll)])
+    assert j.sync()
+    io.syncs.clear()
+    j.add(*entry(roll))                          # rolls (the full segment, synced already, is not synced again)
+    new = segments(tmp_path / "raft")[-1].name
+    assert io.syncs == [] and j.dirty and new != rj.segment_name(1)
+    assert j.sync() and io.syncs == ["directory", new]
+    fill(j, [entry(roll + 1)])
+    io.syncs.clear()
+    assert j.sync() and io.syncs == [new], "the name is durable already"
 
 
 def test_a_sync_after_segments_were_removed_or_cleared_syncs_the_directory_first(tmp_path):
