@@ -465,3 +465,83 @@ def test_ack_invisible_dlq_and_adopt_bodies_are_bounded():
         assert refusal(params.adopt_request, {"deliveries": bad}) == (
             400, "deliveries must be a list of [offset, attempt] or [offset, attempt, deadline_ms]", {}), \
             str(bad)[:40]
+
+
+async def test_a_push_of_lines_that_are_not_its_queue_s_pop_lines_is_refused_whole(tmp_path):
+    from broker.pop.replica import ReplicaPopStore
+    path = tmp_path / "replica.log"
+    store = ReplicaPopStore(str(path))
+    good = popped(2).take_line(DELIVERY_WRITE_DELAY_MS)
+    other_queue = QueueState(("g", "t", 1), 0)
+    other_queue.deliver_new(0, 5, 0, 1000)
+    for pushed, message in (([good, ["g", "t", 0, "x"]], "a pushed line is not a pop journal line"),
+                            ([good, other_queue.take_line(DELIVERY_WRITE_DELAY_MS)],
+                             "a pushed line names t/1, not t/0")):
+        with pytest.raises(ApiError) as e:
+            await store.apply("t", 0, 0, False, pushed)
+        assert (e.value.status, e.value.code, e.value.message) == (400, "INVALID_ARGUMENT", message)
+        assert store.states == {} and path.stat().st_size == 0, "nothing applied, nothing written"
+    await store.apply("t", 0, 0, False, [good])
+    assert sorted(store.states[KEY].in_flight) == [0, 1]
+    store.close()
+
+
+async def test_copies_of_more_pop_queues_than_the_bound_are_refused(tmp_path, monkeypatch):
+    from broker.pop import replica
+    monkeypatch.setattr(replica, "POP_QUEUES_MAX", 2)
+    store = replica.ReplicaPopStore(str(tmp_path / "replica.log"))
+
+    def line(group: str) -> list:
+        st = QueueState((group, "t", 0), 0)
+        st.deliver_new(0, 7, 0, 1000)
+        return st.take_line(DELIVERY_WRITE_DELAY_MS)
+    await store.apply("t", 0, 0, False, [line("a"), line("b")])
+    with pytest.raises(ApiError) as e:
+        await store.apply("t", 0, 0, False, [line("a"), line("c")])
+    assert (e.value.status, e.value.code, e.value.details) == (409, "TOO_MANY_POP_QUEUES", {"limit": 2})
+    assert sorted(store.states) == [("a", "t", 0), ("b", "t", 0)]
+    await store.apply("t", 0, 0, False, [line("b")])   # a key held already needs no room
+    store.close()
+
+
+async def test_a_replica_pop_file_that_failed_refuses_every_later_push(tmp_path, monkeypatch):
+    from broker.pop.replica import ReplicaPopStore
+    store = ReplicaPopStore(str(tmp_path / "replica.log"))
+
+    def failing(data: bytes) -> None:
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(store, "_write", failing)
+    line = popped(1).take_line(DELIVERY_WRITE_DELAY_MS)
+    with pytest.raises(ApiError) as e:
+        await store.apply("t", 0, 0, False, [line])
+    assert (e.value.status, e.value.code, e.value.message) == (
+        503, "STORAGE_UNAVAILABLE", "the replica pop state file failed")
+    monkeypatch.undo()
+    with pytest.raises(ApiError) as e:
+        await store.apply("t", 0, 0, False, [line])
+    assert (e.value.status, e.value.code, e.value.message) == (
+        503, "STORAGE_UNAVAILABLE", "the replica pop state file failed; restart the broker")
+    store.close()
+
+
+async def test_the_replica_pop_file_is_rewritten_one_line_per_key_once_it_holds_many_more(tmp_path, monkeypatch):
+    from broker.pop import replica
+    from broker.storage import lines
+    monkeypatch.setattr(replica, "COMPACT_AFTER_LINES", 5)
+    path = tmp_path / "replica.log"
+    store = replica.ReplicaPopStore(str(path))
+    st = QueueState(KEY, 0)
+    for o in range(5):                     # one line each: 5 lines, not yet more than the bound
+        st.deliver_new(o, 100 + o, 0, 1000)
+        await store.apply("t", 0, 0, False, [st.take_line(DELIVERY_WRITE_DELAY_MS * (o + 1))])
+    assert len(lines.read(str(path)).values) == 5
+    st.ack(0)
+    await store.apply("t", 0, 0, False, [st.take_line(DELIVERY_WRITE_DELAY_MS * 10)])   # the sixth: compacted
+    assert len(lines.read(str(path)).values) == 1 and store._lines == 1
+    st.deliver_new(5, 200, 0, 1000)
+    await store.apply("t", 0, 0, False, [st.take_line(DELIVERY_WRITE_DELAY_MS * 20)])   # appended after it
+    store.close()
+    again = replica.ReplicaPopStore(str(path))
+    assert sorted(again.states[KEY].in_flight) == [1, 2, 3, 4, 5]
+    assert len(lines.read(str(path)).values) == 2
+    again.close()
