@@ -204,12 +204,19 @@ async def test_a_removal_that_would_leave_no_live_majority_is_refused(nodes):
     # Removing the dead one leaves two live voters of two: allowed
     after = await change(new_leader, "remove", stopped.roles.name)
     assert {m["name"] for m in after} == {leader.roles.name, live.roles.name}
+    # Down to one voter, which cannot be removed
+    after = await change(new_leader, "remove", leader.roles.name)
+    assert [m["name"] for m in after] == [live.roles.name]
+    assert whole(await refused(new_leader, "remove", live.roles.name)) == (
+        409, "LAST_VOTER", f"{live.roles.name!r} is the last voter", {"node": live.roles.name})
 
 
 async def test_a_leader_asked_to_remove_itself_hands_over_first(nodes):
     leader, _ = await leader_of(nodes, WAIT_S)
     handing = await refused(leader, "remove", leader.roles.name)
-    assert isinstance(handing, raft_roles.HandingOver) and handing.details == {"node": leader.roles.name}
+    assert isinstance(handing, raft_roles.HandingOver) and whole(handing) == (
+        503, "LEADER_CHANGED", "the leader hands its leadership over before it is removed; retry",
+        {"node": leader.roles.name})
     new_leader, _ = await leader_of([n for n in nodes if n is not leader], WAIT_S)
     after = await change(new_leader, "remove", leader.roles.name)
     assert leader.roles.name not in {m["name"] for m in after}

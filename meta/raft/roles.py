@@ -81,6 +81,8 @@ class Roles:
         self._names = dict(names)
         self._addresses = {n: a for a, n in names.items()}
         self._urls = dict(urls)
+        # Harmless mutants: True or None (decide() sets the role at the start of the first tick, before any message
+        # is read; a first role equal to this one only skips its log line)
         self.voter = False
         self._held = False     # held its elections as a learner since it last changed role
         self._peers: dict[str, tuple[str, bool]] = {}         # raft address -> (disk, log empty), from keepalives
@@ -363,6 +365,8 @@ class Roles:
             return heard is not None and heard[0] == m.disk and now - heard[1] <= LIVE_WITHIN_S
         down = [m.name for m in voters if not live(m)]
         if len(voters) - len(down) < len(voters) // 2 + 1:
+            # Harmless mutants: "or True" in the condition (only the leader decides changes, and its tick set _leading
+            # first) and <= for < (a leader that has led exactly LIVE_WITHIN_S, to the clock's last digit)
             led_s = now - self._leading[1] if self._leading is not None else LIVE_WITHIN_S
             if led_s < LIVE_WITHIN_S:
                 # Leading for less than that, it may not have heard every voter's keepalive yet (a leader handing
