@@ -386,6 +386,19 @@ def test_an_empty_or_foreign_single_file_raft_log_is_refused_by_name(tmp_path):
     assert segments(tmp_path) == []
 
 
+def test_a_segment_holding_pysyncobj_s_journal_is_refused_naming_it_and_what_it_is(tmp_path):
+    path = segment(tmp_path, 1)
+    path.write_bytes(rj.PYSYNCOBJ_MAGIC.ljust(rj._PYSYNCOBJ_VERSION_AT, b"\0") + b"0.3.17\0\0" + struct.pack("<I", 1)
+                     + b"entries")
+    with pytest.raises(JournalFormatError) as caught:
+        StatorJournal(str(tmp_path))
+    assert caught.value.path == str(path)
+    assert str(caught.value) == (
+        f"{path}: found pysyncobj's own journal (format version 1, pysyncobj 0.3.17), this code reads "
+        "STATOR-RAFT-LOG version 1 only; this node cannot trust its raft log: stop it, move its data directory aside "
+        "and restart it, so it rejoins the cluster from a peer")
+
+
 def test_pysyncobj_s_header_is_described_only_when_read_whole():
     name = rj.PYSYNCOBJ_MAGIC.ljust(rj._PYSYNCOBJ_VERSION_AT, b"\0")
     whole = name + b"0.3.17\0\0" + struct.pack("<I", 1)
