@@ -40,6 +40,7 @@ from wire.errors import ApiError, rejection
 from .entry import encode_entry, encode_envelope
 
 log = structlog.get_logger("meta.raft.roles")
+# Harmless mutants: the words and fields of the log calls (no code reads them).
 
 KEEPALIVE_INTERVAL_S = 0.5
 # Before the first membership entry a node hears every peer's keepalive before it may vote: sent each tick then, a
@@ -93,7 +94,7 @@ class Roles:
         self._leading: tuple[int, float] | None = None        # (term, monotonic time) this node started leading
         # the membership raft's view was set from, and the members it removes that still get the log
         self._applied: tuple[tuple[int, membership.Members], tuple[membership.Member, ...]] | None = None
-        self._last_keepalive = 0.0
+        self._last_keepalive = 0.0   # harmless mutant: 1.0 (the monotonic clock is far past either at start)
         self._requests: collections.deque[_Request] = collections.deque()
         self.current: tuple[int, membership.Members] | None = None   # as of this tick, for other threads
         self._removed = False   # current does not name this node
