@@ -105,7 +105,8 @@ def test_a_process_whose_main_thread_exited_while_another_holds_its_port_is_aliv
     # another thread keeps a listening socket.
     port = devcluster.free_base_port()   # below the ephemeral range, like every port a test binds
     code = ("import ctypes, os, socket, threading, time\n"
-            f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\n"
+            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(('127.0.0.1', {port})); s.listen()\n"
             "pid = os.fork()\n"
             "if pid == 0:\n"
             "    threading.Thread(target=time.sleep, args=(60,)).start()\n"

@@ -23,8 +23,10 @@ GONE_WITHIN_S = 5.0
 
 @contextlib.contextmanager
 def port_taken(port: int):
-    """Another process's listener on 127.0.0.1:port (a plain one, without SO_REUSEADDR)."""
+    """Another process's listener on 127.0.0.1:port. SO_REUSEADDR as free_base_port checks (a port it finds free may
+    be in TIME_WAIT); a listener holds its port against every other bind, SO_REUSEADDR or not."""
     holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("127.0.0.1", port))
     holder.listen()
     try:
