@@ -396,6 +396,23 @@ def _exited(pid: int | str, state: str | None) -> bool:
         return True   # no /proc entry any more: reaped
 
 
+def wait_frozen(pid: int, timeout_s: float) -> bool:
+    """Until every thread of ``pid`` is stopped after a SIGSTOP (delivered asynchronously: a frozen raft follower
+    still acknowledged an entry after ``kill`` returned), at most ``timeout_s``; a process gone meanwhile counts as
+    frozen. False if a thread still ran at the end."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            states = [_state(f"{pid}/task/{tid}") for tid in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return True
+        if all(s in ("T", "t", "Z", "X", None) for s in states):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0005)
+
+
 def _state(pid: int | str) -> str | None:
     """The process's state letter from /proc (Linux), None where there is no /proc or no such process."""
     fields = _stat(pid)

@@ -98,6 +98,41 @@ def test_another_process_zombie_is_not_taken_for_a_live_member():
         assert devcluster._alive(parent)
 
 
+def test_a_port_in_time_wait_is_free_for_a_server_and_a_listener_s_is_not():
+    port = devcluster.free_base_port()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    accepted, _ = listener.accept()
+    assert not devcluster.port_free(port)
+    accepted.close()            # the server's side closes first: its port goes to TIME_WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))   # held in TIME_WAIT: a bind without SO_REUSEADDR is refused
+    assert devcluster.port_free(port), "a server binds over TIME_WAIT (SO_REUSEADDR, runtime/serve.py)"
+
+
+def test_wait_frozen_waits_for_every_thread_of_a_stopped_process():
+    busy = ("import threading\n"
+            "def spin():\n    while True: pass\n"
+            "threading.Thread(target=spin, daemon=True).start()\nspin()\n")
+    p = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        time.sleep(0.3)
+        assert not devcluster.wait_frozen(p.pid, 0.2), "running threads are not frozen"
+        os.kill(p.pid, signal.SIGSTOP)
+        assert devcluster.wait_frozen(p.pid, 5.0)
+        assert {devcluster._state(f"{p.pid}/task/{t}") for t in os.listdir(f"/proc/{p.pid}/task")} == {"T"}
+    finally:
+        p.kill()
+        p.wait(timeout=30)
+    assert devcluster.wait_frozen(p.pid, 0.2), "a process gone counts as frozen"
+
+
 def test_a_process_whose_main_thread_exited_while_another_holds_its_port_is_alive():
     # A member killed with -9: its main thread may show "Z" while its other threads, which share its open files,
     # are still exiting. Taken for gone then, its port still accepted connections (the console test's peer-down

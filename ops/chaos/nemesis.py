@@ -374,7 +374,7 @@ class Nemesis:
                 for n in names:
                     self._signal(n, signal.SIGSTOP)
                 for n in names:
-                    _wait_frozen(_pid(self.t, n))
+                    devcluster.wait_frozen(_pid(self.t, n), FROZEN_WAIT_S)
                 found = any(power_loss.unsynced_bytes(self._data_dir(n)) for n in names)
                 if found or attempt == POWER_AIM_TRIES:
                     return {"tries": attempt, "found": found}
@@ -656,23 +656,6 @@ def _error_code(text: str) -> str | None:
         return json.loads(text)["error"]["code"]
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def _wait_frozen(pid: int) -> None:
-    """Until every thread of ``pid`` is stopped (SIGSTOP is delivered asynchronously), at most FROZEN_WAIT_S; a
-    process gone meanwhile counts as frozen."""
-    deadline = time.monotonic() + FROZEN_WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            states = []
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except OSError:
-            return
-        if all(s in ("T", "t", "Z", "X") for s in states):
-            return
-        time.sleep(0.0005)
 
 
 def _pid(t: Topology, name: str) -> int:
