@@ -13,6 +13,7 @@ from broker import offsets
 from broker.offsets import Committed, OffsetStore
 from broker.storage import files
 from broker.storage import lines as checked_lines
+from tests.support.disk_errors import eio
 from tests.support.held_syncs import WAIT_S, HeldSyncs
 from wire.errors import ApiError
 
@@ -107,10 +108,7 @@ async def test_waiting_commits_are_bounded(tmp_path, monkeypatch):
 async def test_failed_fsync_refuses_that_commit_and_every_later_one(tmp_path, monkeypatch):
     store = OffsetStore(str(tmp_path / "offsets.log"))
 
-    def failing_sync(fd: int) -> None:
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(files, "sync_data", failing_sync)
+    monkeypatch.setattr(files, "sync_data", eio)
     for _ in range(2):
         with pytest.raises(ApiError) as refused:
             await store.commit("g", "t", 0, 1, gen=0)

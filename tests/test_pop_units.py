@@ -18,6 +18,7 @@ from broker.pop.limits import DELIVERY_WRITE_DELAY_MS, HANDLES_PER_ACK_MAX, INVI
 from broker.pop.settings import GroupSettings
 from broker.pop.state import DONE, EXPIRED, LIVE, UNKNOWN, QueueState, replay_line
 from wire.errors import ApiError, rejection
+from tests.support.disk_errors import eio
 
 KEY = ("g", "t", 0)
 
@@ -319,10 +320,7 @@ async def test_a_failed_disk_fails_the_waiters_instead_of_acknowledging(tmp_path
     j = journal_mod.Journal(path, states, whole)
     states[KEY] = popped(1)
     j.touch(KEY)
-
-    def broken(data):
-        raise OSError("disk gone")
-    monkeypatch.setattr(j, "_write", broken)
+    monkeypatch.setattr(j, "_write", eio)
     j.start()
     with pytest.raises(ApiError) as e:
         await j.durable()
@@ -508,9 +506,7 @@ async def test_a_replica_pop_file_that_failed_refuses_every_later_push(tmp_path,
     from broker.pop.replica import ReplicaPopStore
     store = ReplicaPopStore(str(tmp_path / "replica.log"))
 
-    def failing(data: bytes) -> None:
-        raise OSError(5, "Input/output error")
-    monkeypatch.setattr(store, "_write", failing)
+    monkeypatch.setattr(store, "_write", eio)
     line = popped(1).take_line(DELIVERY_WRITE_DELAY_MS)
     with pytest.raises(ApiError) as e:
         await store.apply("t", 0, 0, False, [line])

@@ -27,6 +27,7 @@ from broker.storage import HandlePool, files, limits
 from broker.storage.index import ENTRY_BYTES, SparseIndex
 from broker.storage.record import HEADER_BYTES, SIZE_BYTES
 from broker.storage.store import FORMAT_FILE
+from tests.support.disk_errors import eio
 from tests.support.storage_payloads import FIELD_AT, encode_frame, frame_bytes, payload, payloads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -987,9 +988,6 @@ def test_a_failed_fsync_or_roll_fails_the_queue_until_it_is_opened_again(tmp_pat
     from broker.storage import files as files_mod
     from broker.storage import segment as segment_mod
 
-    def broken(*args, **kwargs):
-        raise OSError(5, "Input/output error")
-
     config = dataclasses.replace(SMALL, flush_policy="fsync")
     for what in ("fsync", "roll"):
         path = tmp_path / what
@@ -997,10 +995,10 @@ def test_a_failed_fsync_or_roll_fails_the_queue_until_it_is_opened_again(tmp_pat
         q.append([b"kept"], 1)
         with monkeypatch.context() as m:
             if what == "fsync":
-                m.setattr(segment_mod.Segment, "sync", broken)
+                m.setattr(segment_mod.Segment, "sync", eio)
                 message = "fsync failed; reopen the queue to recover"
             else:
-                m.setattr(files_mod, "sync_dir", broken)
+                m.setattr(files_mod, "sync_dir", eio)
                 q.append([b"x" * 900], 1)   # the next append rolls to a new file
                 message = "rolling to a new segment file failed; reopen the queue"
             with pytest.raises(QueueFailed) as e:
