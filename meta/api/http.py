@@ -42,6 +42,10 @@ def refuse_if_no_longer_leader(request: web.Request) -> None:
         raise ApiError("this node is no longer the leader", code="NO_LEADER", status=503)
 
 
+FORWARDED_APPLIED_HEADER = "X-Forwarded-Applied-Version"
+FORWARDED_CATCH_UP_S = 2.0   # the most a leader waits to apply what the forwarding node had applied
+
+
 def replay_on_leader(request: web.Request, body: bytes):
     """``forward(url)``: this request, replayed as it came (with its credentials and idempotency key) on the node at
     ``url``, marked as forwarded by this node, with the version this node had applied (FORWARDED_APPLIED_HEADER)."""
@@ -55,10 +59,6 @@ def replay_on_leader(request: web.Request, body: bytes):
         headers[FORWARDED_APPLIED_HEADER] = str(svc.applied_version)
         return await svc.forwarder.http(url, request.method, request.path_qs, body, headers)
     return forward
-
-
-FORWARDED_APPLIED_HEADER = "X-Forwarded-Applied-Version"
-FORWARDED_CATCH_UP_S = 2.0   # the most a leader waits to apply what the forwarding node had applied
 
 
 async def on_the_leader(request: web.Request, here, body: bytes):

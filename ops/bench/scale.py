@@ -12,9 +12,9 @@ per-node RSS (VmRSS) and the peak RSS of the forked snapshot writers, snapshot a
 of one follower (kill -9, start, until /readyz is 200 and its applied_version equals the leader's), and
 `GET /v1/routes/{t}` of random topics over the three nodes: first closed-loop at concurrency 16 for 10 s (the
 throughput a saturated machine gives; latency there is mostly queueing behind the client's own gunzip of ~340 KB per
-read), then, once every node says its routes are warm (/readyz routes_warm), paced (open loop, ``--read-rate`` per second,
-latency from each read's scheduled start, so a stall delays the reads behind it too). The route read target is
-checked on the paced reads. Prints one JSON object, which names the size that ran.
+read), then, once every node says its routes are warm (/readyz routes_warm), paced (open loop, ``--read-rate`` per
+second, latency from each read's scheduled start, so a stall delays the reads behind it too). The route read target
+is checked on the paced reads. Prints one JSON object, which names the size that ran.
 
 A node's memory is its own process and its projection writer (meta/projection/writer_process.py), both counted
 (``rss_mib_*`` give the two and their sum); pysyncobj's forked snapshot writers are reported apart. Targets
