@@ -1,5 +1,5 @@
 """The deterministic simulator (ops/sim): its stopgaps still fit the code, a seed replays exactly, a short batch of
-seeds finds nothing on the tree, and three planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
+seeds finds nothing on the tree, and four planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
 as that module plants them, by one exact text replacement, here recompiled in this process).
 
 Measured alone on 2 cores (2026-11-29, load ~2.7): 13 s, 8 of them the batch of BATCH_SEEDS schedules.
@@ -22,6 +22,7 @@ import pytest
 import meta.deciders as deciders
 import meta.deciders.groups as groups
 import meta.deciders.lookups as lookups
+import meta.deciders.segments as segments
 import meta.deciders.topics as topics
 import meta.raft.group_commit as group_commit
 import meta.raft.read_index as raft_read_index
@@ -67,6 +68,7 @@ def test_a_seed_runs_twice_to_the_same_trace_hash(l2):
     first, second = run_schedule(7, duration_s=duration_s, l2=l2), run_schedule(7, duration_s=duration_s, l2=l2)
     assert first["ok"], first["violations"]
     assert first["counts"]["ops_ok"] > 0 and first["counts"]["steps"] > 0
+    assert first["counts"]["chain_ops"].get("seal:ok", 0) > 0, first["counts"]["chain_ops"]   # chains were judged
     assert (first["counts"]["l2_messages"] > 0) == l2
     assert first["trace_hash"] == second["trace_hash"]
 
@@ -132,6 +134,17 @@ def test_a_cas_that_skips_a_stale_expected_version_is_caught(monkeypatch):
     assert faults and not run_schedule(seed, faults, SHORT_S)["ok"]
     smaller, runs = shrink(seed, faults, SHORT_S, runs_max=len(faults))
     assert smaller == [] and runs == len(faults)
+
+
+def test_a_seal_that_starts_the_next_segment_one_low_is_caught(monkeypatch):
+    # tests/test_chaos_mutants.py's seal_next_segment_one_low: the successor of a sealed segment starts one logic
+    # offset before the sealed one ends, so two records share an offset. Every answer looks right; only the chain
+    # the remapper's seals leave in the final images shows it (meta/invariants.py), in the first seed, with no fault.
+    _plant(monkeypatch, segments, "seal_one", "logic_start=logic_end))", "logic_start=logic_end - 1))")
+    seed, checks = _caught({"image_invariants"}, seeds=1)
+    assert seed == 1, "seal_next_segment_one_low not caught in the first seed"
+    problem = next(v for v in run_schedule(seed, [], SHORT_S)["violations"] if v["check"] == "image_invariants")
+    assert "starts at" in problem["evidence"]["problems"][0], problem
 
 
 def test_a_follower_that_acknowledges_before_its_sync_is_caught(monkeypatch):

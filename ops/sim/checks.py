@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from meta import invariants
 from meta.backup import image_digest
 from meta.raft.entry import decode_entry
 from ops.chaos.checker import cas_register, monotonic_versions, violation
@@ -56,6 +57,19 @@ def replicas_agree(sim: Any) -> list[dict[str, Any]]:
     return out
 
 
+def image_invariants(sim: Any) -> list[dict[str, Any]]:
+    """Every live node's final image keeps the state machine's structural rules (meta/invariants.py): the chains of
+    the remapper's topic above all, whose logic offsets must go on exactly where each sealed segment ended."""
+    out = []
+    for node in sim.nodes.values():
+        if node.up and node.so is not None:
+            found = invariants.problems(node.so.current_image())
+            if found:
+                out.append(violation("image_invariants", f"{node.name}'s final image breaks {len(found)} rules",
+                                     node=node.name, problems=found[:EVIDENCE_MAX]))
+    return out
+
+
 def journal_counters(sim: Any) -> list[dict[str, Any]]:
     out = []
     for node in sim.nodes.values():
@@ -89,7 +103,8 @@ def final(sim: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[st
     """(safety violations, liveness findings, stats)."""
     ops = sim.workload.ops
     cas, stats = cas_register(ops, INITIAL)
-    safety = cas + monotonic_versions(ops) + acknowledged_writes_kept(sim) + replicas_agree(sim) + journal_counters(sim)
+    safety = (cas + monotonic_versions(ops) + acknowledged_writes_kept(sim) + replicas_agree(sim) + image_invariants(sim)
+              + journal_counters(sim))
     if threading.active_count() != sim.threads_at_start:
         safety.append(violation("threads", f"{threading.active_count()} threads at the end, "
                                 f"{sim.threads_at_start} at the start"))

@@ -335,7 +335,8 @@ class Sim:
         except (RuntimeError, asyncio.TimeoutError):
             liveness.append(checks.violation("setup", "the workload's setup did not finish during the run"))
         else:
-            clients = [loop.create_task(self.workload.client(f"c{i}")) for i in range(CLIENTS)]
+            clients = [*(loop.create_task(self.workload.client(f"c{i}")) for i in range(CLIENTS)),
+                       loop.create_task(self.workload.remapper())]
         await asyncio.sleep(max(0.0, self.duration_s - loop.time()))
         self.heal_all()
         await asyncio.sleep(QUIET_S)
@@ -417,7 +418,7 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
                    "terms": max(sim.leaders, default=0), "last_index": max(sim.applied_at, default=0),
                    "boots": sum(n.incarnation for n in sim.nodes.values()),
                    "unsynced_bytes_lost": sum(n.disk.bytes_lost for n in sim.nodes.values()),
-                   "l2_messages": sim.l2_messages, "wiped": sim.wiped, "wipes_skipped": sim.skipped,
+                   "chain_ops": dict(sorted(sim.workload.chain_ops.items())), "l2_messages": sim.l2_messages, "wiped": sim.wiped, "wipes_skipped": sim.skipped,
                    "refused": dict(sorted(sum((collections.Counter(n.refusals()) for n in sim.nodes.values()),
                                               collections.Counter()).items())),
                    **out["stats"]},

@@ -1,4 +1,4 @@
-"""The workload of a schedule: compare-and-set on one topic's config, and linearizable reads by read index.
+"""The workload of a schedule: compare-and-set on one topic's config, linearizable reads by read index, and remaps.
 
 Setup (retried until it takes, bounded by SETUP_S): three brokers and the topic CAS_TOPIC. Then CLIENTS processes,
 each one operation at a time on a node it draws: "read" waits for that node's read index (meta/raft/read_index.py,
@@ -6,18 +6,28 @@ what ``consistency=linearizable`` waits for) and then reads the node's image (th
 version); "cas" writes a new unique value with
 ``expected_version`` the version its last read saw. Outcomes as ops/chaos/history.py: ok, fail (a refusal, or a
 proposal the log says was certainly not applied), unknown (a timeout, a change of leader, a node that crashed).
+One more process, the remapper, moves a queue of CHAIN_TOPIC to another broker and then, as the old broker would
+(no broker runs here), reports the segment left behind sealed at an end it draws: the chains of segments that
+meta/invariants.py holds every node's final image to (ops/sim/checks.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 from typing import Any
 
+from meta import chains
 from ops.chaos.history import FAIL, OK, UNKNOWN, Op
 from wire.errors import ApiError
 
 CAS_TOPIC = "sim-cas"
+CHAIN_TOPIC = "sim-chain"
+CHAIN_QUEUES = 2
+BROKERS = ("b1", "b2", "b3")
+REMAP_THINK_MAX_S = 0.3
+SEAL_RECORDS_MAX = 50       # a sealed segment ends this many offsets past its start at most
 CAS_KEY = "v"
 INITIAL = ""
 CLIENTS = 3
@@ -27,9 +37,7 @@ SETUP_S = 30.0
 SETUP_RETRY_S = 0.2
 CERTAINLY_NOT_APPLIED = {"NO_LEADER", "OVERLOADED"}
 SETUP_COMMANDS = [
-    {"type": "RegisterBroker", "broker": "b1", "address": "http://10.77.1.1:9001"},
-    {"type": "RegisterBroker", "broker": "b2", "address": "http://10.77.1.2:9001"},
-    {"type": "RegisterBroker", "broker": "b3", "address": "http://10.77.1.3:9001"},
+    *({"type": "RegisterBroker", "broker": b, "address": f"http://10.77.1.{i + 1}:9001"} for i, b in enumerate(BROKERS)),
     {"type": "CreateTopic", "topic": CAS_TOPIC, "queues": 1},
 ]
 
@@ -40,6 +48,7 @@ class Workload:
         self.ops: list[Op] = []
         self.ready = False
         self.stopping = False
+        self.chain_ops: collections.Counter[str] = collections.Counter()   # "remap:ok", "seal:unknown", ...
 
     def _up_nodes(self) -> list[Any]:
         return [n for n in self.sim.nodes.values() if n.up and n.raft is not None]
@@ -123,3 +132,44 @@ class Workload:
                     op.complete = loop.time()
                 version = None     # read again before the next write
             self.sim.trace("op", op.process, op.kind, f"{op.outcome}:{op.output}".encode())
+
+    async def remapper(self) -> None:
+        """Remaps and seals on CHAIN_TOPIC until the workload stops: a queue whose previous segment is being sealed
+        gets its seal report (from the broker meta names as its sealer, under that broker's epoch), any other is
+        moved to a broker other than its leader. What each answered goes to ``chain_ops``; the chains are judged
+        on the final images."""
+        rng = random.Random(f"{self.sim.seed}:remapper")
+        n = 0
+        while not self.stopping:
+            await asyncio.sleep(rng.uniform(0, REMAP_THINK_MAX_S))
+            nodes = self._up_nodes()
+            if not nodes:
+                continue
+            node = rng.choice(nodes)
+            if await self._read_index(node) != OK or node.so is None:
+                continue
+            image = node.so.current_image()
+            if CHAIN_TOPIC not in image.topics:
+                # Created here, not in the setup: a setup one step longer did not finish in some fault storms, and
+                # those schedules lost their register workload too
+                n += 1
+                outcome, _answer = await self._propose(node, {"type": "CreateTopic", "topic": CHAIN_TOPIC,
+                                                              "queues": CHAIN_QUEUES}, f"remapper-{n}")
+                self.chain_ops[f"create:{outcome}"] += 1
+                continue
+            q = rng.randrange(CHAIN_QUEUES)
+            segs = chains.chain(image.topics[CHAIN_TOPIC], q)
+            if len(segs) >= 2 and segs[-2]["state"] == "sealing":
+                seg, kind = segs[-2], "seal"
+                end = min(seg["budget_end"], seg["physical_start"] + rng.randrange(SEAL_RECORDS_MAX + 1))
+                cmd = {"type": "SealSegment", "broker": seg["sealer"], "epoch": image.brokers[seg["sealer"]]["epoch"],
+                       "topic": CHAIN_TOPIC, "queue": q, "gen": seg["gen"], "end_offset": end,
+                       "physical_queue": seg["physical_queue"]}
+            else:
+                kind = "remap"
+                to = rng.choice([b for b in BROKERS if b != segs[-1]["broker"]])
+                cmd = {"type": "RemapTopic", "topic": CHAIN_TOPIC, "brokers": [to], "queues": [q]}
+            n += 1
+            outcome, _answer = await self._propose(node, cmd, f"remapper-{n}")
+            self.chain_ops[f"{kind}:{outcome}"] += 1
+            self.sim.trace("op", "remapper", kind, outcome.encode())
