@@ -27,7 +27,9 @@ WAKE_SLICE = 32   # waiters woken per loop pass: each then writes its answer (~4
 class ChangeFeed:
     def __init__(self, change_log_entries_max: int = CHANGE_LOG_ENTRIES_MAX) -> None:
         self.version = 0
-        self._waiters: dict[str, set[asyncio.Future]] = {}
+        # Per key, in the order they began waiting (a dict, not a set: a set of futures iterates in address order,
+        # and publish would wake them in an order that differs from run to run, which the simulator cannot replay)
+        self._waiters: dict[str, dict[asyncio.Future, None]] = {}
         self._log: deque[tuple[int, str]] = deque(maxlen=change_log_entries_max)
         self._log_complete_after = 0   # every topic change with a version above this is in the log
         self._waking: deque[asyncio.Future] = deque()   # taken from _waiters by a publish, not woken yet
@@ -84,14 +86,14 @@ class ChangeFeed:
         fut = loop.create_future()
         waiters = self._waiters.get(key)
         if waiters is None:
-            waiters = self._waiters[key] = set()
-        waiters.add(fut)
+            waiters = self._waiters[key] = {}
+        waiters[fut] = None
         timer = loop.call_later(timeout_s, _expire, fut)
         try:
             return await fut
         finally:
             timer.cancel()
-            waiters.discard(fut)
+            waiters.pop(fut, None)
             if not waiters and self._waiters.get(key) is waiters:
                 del self._waiters[key]
 

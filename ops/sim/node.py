@@ -15,9 +15,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from meta.admission import Admission
+from meta.changefeed import ChangeFeed
+from meta.limits import VERSION_WAITERS_MAX
+from meta.log import Log
 from meta.raft import pysyncobj_shim as shim
 from meta.raft.applier import Applier
 from meta.raft.node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.reads import ReadFacade
 
 from .clock import NodeHalted
 from .disk import SimDisk
@@ -99,6 +104,7 @@ class SimMetaNode:
         self.incarnation = 0
         self.so: MetaSyncObj | None = None
         self.raft: RaftNode | None = None
+        self.reads: ReadFacade | None = None
         self.up = False
         self.halted = False
         self.busy_until = 0.0
@@ -124,8 +130,9 @@ class SimMetaNode:
         sim.booting = self
         try:
             with sim.clocks.running(self.name):
+                feed = ChangeFeed()
                 so = MetaSyncObj(self.address, self.partners, f"{DATA_ROOT}/{self.name}", SECRET, TUNING,
-                                 lambda version, changed: None, LoopBridge(), names=self.names)
+                                 feed.publish, LoopBridge(), names=self.names)
         except Exception:
             # JournalDamaged after a crash the journal claims to survive, or a bug on the start-up path: the node
             # stays down, and the seed fails (a refusal to start is not a safety violation, but never expected).
@@ -142,6 +149,11 @@ class SimMetaNode:
         so.bridge.loop = sim.loop
         self.so = so
         self.raft = RaftNode(so, sim.loop, offset_budget=OFFSET_BUDGET)
+        # What an HTTP read waits for (min_version, consistency), as meta/service.py builds it
+        log = Log(so, self.raft)
+        feed.publish(log.data_version(), None)
+        self.reads = ReadFacade(log, feed, Admission("version_waiters", VERSION_WAITERS_MAX, sim.metrics.version_waiters,
+                                                     sim.metrics.rejections, "too many reads wait for a min_version"))
         self.up = True
         self.busy_until = sim.loop.time()
         sim.trace("boot", self.name, str(self.incarnation), b"")
@@ -198,7 +210,7 @@ class SimMetaNode:
             self.journal_stats.append(self.so.journal_stats())
             self.refused.update(shim.transport(self.so).refused)
         self.up = False
-        self.so = self.raft = None
+        self.so = self.raft = self.reads = None
         for handle in (self._step_handle, self._apply_handle):
             if handle is not None:
                 handle.cancel()

@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from meta.api.metrics import MetaMetrics
 from meta.backup import image_digest
 
 from . import apply_hash, checks
@@ -86,6 +87,7 @@ class Sim:
         self._wipe_busy_until = 0.0
         self.threads_at_start = threading.active_count()
         self.events = 0
+        self.metrics = MetaMetrics()   # the gauges and counters the nodes' read admission reports to
         self.loop.set_exception_handler(self._loop_error)
 
     def _loop_error(self, _loop: Any, context: dict[str, Any]) -> None:
@@ -414,6 +416,7 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
         "trace_hash": sim.hash.hexdigest(), "duration_s": duration_s, "faults": [f.to_json() for f in faults],
         "counts": {"ops": len(ops), "ops_ok": sum(o.outcome == "ok" for o in ops),
                    "cas_ok": sum(o.kind == "cas" and o.outcome == "ok" for o in ops),
+                   "read_mv_ok": sum(o.kind == "read_mv" and o.outcome == "ok" for o in ops),
                    "steps": sum(n.steps for n in sim.nodes.values()), "events": sim.events,
                    "terms": max(sim.leaders, default=0), "last_index": max(sim.applied_at, default=0),
                    "boots": sum(n.incarnation for n in sim.nodes.values()),

@@ -6,7 +6,8 @@ what ``consistency=linearizable`` waits for) and then reads the node's image (th
 version); "cas" writes a new unique value with
 ``expected_version`` the version its last read saw. Outcomes as ops/chaos/history.py: ok, fail (a refusal, or a
 proposal the log says was certainly not applied), unknown (a timeout, a change of leader, a node that crashed).
-One more process, the remapper, moves a queue of CHAIN_TOPIC to another broker and then, as the old broker would
+A client also reads with ``min_version`` the highest version it saw, as a client of ``GET /v1/topics/{topic}``
+does on any node (meta/reads.py), which must never answer an older one. One more process, the remapper, moves a queue of CHAIN_TOPIC to another broker and then, as the old broker would
 (no broker runs here), reports the segment left behind sealed at an end it draws: the chains of segments that
 meta/invariants.py holds every node's final image to (ops/sim/checks.py).
 """
@@ -33,6 +34,7 @@ INITIAL = ""
 CLIENTS = 3
 OP_TIMEOUT_S = 2.0
 THINK_MAX_S = 0.05
+READ_MV_P = 0.2             # of a client's operations: a read with min_version (on any node, maybe one behind)
 SETUP_S = 30.0
 SETUP_RETRY_S = 0.2
 CERTAINLY_NOT_APPLIED = {"NO_LEADER", "OVERLOADED"}
@@ -77,6 +79,26 @@ class Workload:
             return UNKNOWN
         return OK if node.incarnation == incarnation and node.up else UNKNOWN
 
+    async def _read_min_version(self, process: str, node: Any, seen: int) -> Op:
+        """A read as ``GET /v1/topics/{topic}?min_version=`` serves it (meta/reads.py ``before_read``, then the
+        node's image): the topic's version must be at least ``seen`` (ops/chaos/checker.py monotonic_versions)."""
+        loop = self.sim.loop
+        op = Op(process, "read_mv", {"node": node.name, "min_version": seen}, loop.time())
+        self.ops.append(op)
+        incarnation, reads = node.incarnation, node.reads
+        try:
+            await reads.before_read({"min_version": str(seen), "wait": str(OP_TIMEOUT_S)})
+        except ApiError:
+            op.outcome = UNKNOWN
+        else:
+            t = reads.image.topic(CAS_TOPIC) if node.incarnation == incarnation and node.up else None
+            op.outcome = OK if t is not None else UNKNOWN
+            if t is not None:
+                op.output = {"value": t["config"].get(CAS_KEY, INITIAL), "version": t["version"]}
+        op.complete = loop.time()
+        self.sim.trace("op", op.process, op.kind, f"{op.outcome}:{op.output}".encode())
+        return op
+
     async def setup(self) -> None:
         loop = self.sim.loop
         deadline = loop.time() + SETUP_S
@@ -96,6 +118,7 @@ class Workload:
         rng = random.Random(f"{self.sim.seed}:client:{process}")
         loop = self.sim.loop
         value, version, n = INITIAL, None, 0
+        seen = 0   # the highest topic version this client saw answered
         while not self.stopping:
             await asyncio.sleep(rng.uniform(0, THINK_MAX_S))
             nodes = self._up_nodes()
@@ -103,7 +126,11 @@ class Workload:
                 await asyncio.sleep(SETUP_RETRY_S)
                 continue
             node = rng.choice(nodes)
-            if version is None or rng.random() < 0.5:
+            if seen and rng.random() < READ_MV_P:
+                op = await self._read_min_version(process, node, seen)
+                if op.outcome == OK:
+                    seen = max(seen, op.output["version"])
+            elif version is None or rng.random() < 0.5:
                 op = Op(process, "read", {"node": node.name}, loop.time())
                 self.ops.append(op)
                 outcome = await self._read_index(node)
@@ -114,6 +141,7 @@ class Workload:
                     else:
                         value, version = t["config"].get(CAS_KEY, INITIAL), t["version"]
                         op.output = {"value": value, "version": version}
+                        seen = max(seen, version)
                 op.outcome = outcome if outcome == OK else UNKNOWN
                 op.complete = loop.time()
             else:
