@@ -197,12 +197,16 @@ class GroupSessions:
         wall_ms = int(time.time() * 1000)
 
         def members(image: Image):
-            return [((g, m), groups.lease_still_promised_ms(v, wall_ms)) for g, v in image.groups.items()
-                    for m in v["members"]]
+            # At least the lease_ms of now, as promised: counted as silence only against the setting, a member
+            # whose last answer (from the old leader) carried it was expired as soon as an operator shortened
+            # lease_ms after this reset, seconds before that answer's lease ended (the simulator, 2026-12-01)
+            return [((g, m), max(groups.lease_still_promised_ms(v, wall_ms),
+                                 groups.effective_config(g, v)["lease_ms"]))
+                    for g, v in image.groups.items() for m in v["members"]]
         found = self.reads.read(members)
         self._seen = {k: now for k, _ in found}
         self._seen_wall = {k: wall_ms for k in self._seen}   # the lease ends shown are this leader's
-        self._promised_until = {k: now + promised / 1000 for k, promised in found if promised}
+        self._promised_until = {k: now + promised / 1000 for k, promised in found}
         self._release_at = {}
         self._answers = {}
 
@@ -228,6 +232,10 @@ class GroupSessions:
                 if (group, member) not in self._seen:
                     self._seen[(group, member)] = now
                     self._seen_wall[(group, member)] = wall_ms
+                    # promised like the members of a reset: the older leader may have answered it
+                    lease_s = groups.effective_config(group, g)["lease_ms"] / 1000
+                    self._promised_until[(group, member)] = max(self._promised_until.get((group, member), 0.0),
+                                                                now + lease_s)
         locks: dict[str, list[dict[str, Any]]] = {}
         current: set[LockKey] = set()
         for group in image.data["revoking"]:
