@@ -48,7 +48,7 @@ class ChangeFeed:
                     # The oldest entry falls out: from now on the log is complete only after its version.
                     self._log_complete_after = max(self._log_complete_after, self._log[0][0])
                 self._log.append((version, name))
-            keys = [ANY, TOPICS, *changed] if changed else [ANY]
+            keys = [ANY, TOPICS, *sorted(changed)] if changed else [ANY]   # sorted: the same wake order every run
         for key in keys:
             self._waking.extend(self._waiters.pop(key, ()))
         if not self._wake_scheduled:

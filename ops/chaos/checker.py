@@ -533,11 +533,19 @@ def leases_never_overlap(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[
     """A queue's lease is never granted before the lease promised to its previous holder ends, even after an
     operator shortened ``lease_ms``. ``heartbeat`` ops (ok) output ``answered_wall_ms`` and ``assignments``:
     [[queue, token, lease_expires_ms]]. Per queue, in token order: the first answer that gave a token must come no
-    earlier than LEASE_MARGIN_MS before the latest lease end any answer promised for a lower token. Stats: the
-    grants that followed another on their queue (``lease_handovers``)."""
+    earlier than LEASE_MARGIN_MS before the latest lease end any answer promised for a lower token. A holder that
+    gives a queue back ends its lease then: a heartbeat's (or a leave's) input may name ``released``
+    [[queue, token]] and ``sent_wall_ms`` (any outcome: a release the member sent may have been applied). Stats:
+    the grants that followed another on their queue (``lease_handovers``)."""
     promised: dict[tuple[int, int], tuple[int, Op]] = {}
     granted: dict[tuple[int, int], tuple[int, Op]] = {}
+    released: dict[tuple[int, int], int] = {}
     for o in ops:
+        if o.kind not in ("heartbeat", "leave"):
+            continue
+        for queue, token in o.input.get("released", ()):
+            key = (queue, token)
+            released[key] = min(released.get(key, o.input["sent_wall_ms"]), o.input["sent_wall_ms"])
         if o.kind != "heartbeat" or o.outcome != OK:
             continue
         at = o.output["answered_wall_ms"]
@@ -558,6 +566,7 @@ def leases_never_overlap(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[
                                      f"{before[0] - at} ms before the lease promised with token {before[1]} ended",
                                      grant=_brief(o), promise=_brief(before[2])))
             end, promise = promised[(queue, token)]
+            end = min(end, released.get((queue, token), end))
             if before is None or end > before[0]:
                 before = (end, token, promise)
     return out, {"lease_handovers": handovers}

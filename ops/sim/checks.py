@@ -10,7 +10,7 @@ from typing import Any
 from meta import invariants
 from meta.backup import image_digest
 from meta.raft.entry import decode_entry
-from ops.chaos.checker import cas_register, monotonic_versions, violation
+from ops.chaos.checker import cas_register, leases_never_overlap, monotonic_versions, violation
 from ops.chaos.history import OK
 
 from .workload import INITIAL
@@ -103,7 +103,9 @@ def final(sim: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[st
     """(safety violations, liveness findings, stats)."""
     ops = sim.workload.ops
     cas, stats = cas_register(ops, INITIAL)
-    safety = (cas + monotonic_versions(ops) + acknowledged_writes_kept(sim) + replicas_agree(sim) + image_invariants(sim)
+    leases, lease_stats = leases_never_overlap(ops)
+    stats.update(lease_stats)
+    safety = (cas + leases + monotonic_versions(ops) + acknowledged_writes_kept(sim) + replicas_agree(sim) + image_invariants(sim)
               + journal_counters(sim))
     if threading.active_count() != sim.threads_at_start:
         safety.append(violation("threads", f"{threading.active_count()} threads at the end, "

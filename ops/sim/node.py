@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meta.admission import Admission
+from meta.group_sessions import GroupSessions
 from meta.changefeed import ChangeFeed
 from meta.limits import VERSION_WAITERS_MAX
 from meta.log import Log
@@ -105,6 +106,8 @@ class SimMetaNode:
         self.so: MetaSyncObj | None = None
         self.raft: RaftNode | None = None
         self.reads: ReadFacade | None = None
+        self.groups: GroupSessions | None = None
+        self._groups_task: Any = None
         self.up = False
         self.halted = False
         self.busy_until = 0.0
@@ -154,6 +157,8 @@ class SimMetaNode:
         feed.publish(log.data_version(), None)
         self.reads = ReadFacade(log, feed, Admission("version_waiters", VERSION_WAITERS_MAX, sim.metrics.version_waiters,
                                                      sim.metrics.rejections, "too many reads wait for a min_version"))
+        self.groups = GroupSessions(self.reads, log)   # the leader's lease keeper, as meta/service.py runs it
+        self._groups_task = sim.loop.create_task(self.groups.run())
         self.up = True
         self.busy_until = sim.loop.time()
         sim.trace("boot", self.name, str(self.incarnation), b"")
@@ -210,7 +215,10 @@ class SimMetaNode:
             self.journal_stats.append(self.so.journal_stats())
             self.refused.update(shim.transport(self.so).refused)
         self.up = False
-        self.so = self.raft = self.reads = None
+        self.so = self.raft = self.reads = self.groups = None
+        if self._groups_task is not None:
+            self._groups_task.cancel()
+            self._groups_task = None
         for handle in (self._step_handle, self._apply_handle):
             if handle is not None:
                 handle.cancel()

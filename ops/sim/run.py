@@ -36,6 +36,7 @@ from .clock import NodeClocks, VirtualLoop, patched
 from .faults import (AIM_POLL_S, AIMED_LEADER_LOSS_P, KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S,
                      STALE_FOR_S, Fault, plan)
 from .net import SimNet, SimPoller
+from .leases import Leases
 from .node import DrivenApplier, SimMetaNode
 from .disk import SimJournalIO
 from .workload import CLIENTS, OP_TIMEOUT_S, THINK_MAX_S, Workload
@@ -53,11 +54,16 @@ VIOLATIONS_MAX = 50
 # spinning in virtual time, and the schedule stops with a violation instead of hanging its worker.
 EVENTS_MAX = 5_000_000
 LOG_RING_MAX = 200
+# The register (cas and linearizable reads) always runs; the others: reads with min_version, the remapper, the group
+# leases (ops/sim/workload.py, ops/sim/leases.py)
+WORKLOADS = ("register", "min_version", "remaps", "leases")
 
 
 class Sim:
-    def __init__(self, seed: int, faults: list[Fault], duration_s: float, l2: bool = False):
+    def __init__(self, seed: int, faults: list[Fault], duration_s: float, l2: bool = False,
+                 workloads: tuple[str, ...] = WORKLOADS):
         self.seed, self.faults, self.duration_s, self.l2 = seed, faults, duration_s, l2
+        self.workloads = workloads
         self.l2_messages = 0
         self.rng = random.Random(f"{seed}:sim")
         self.loop = VirtualLoop()
@@ -77,6 +83,7 @@ class Sim:
         self.booting: SimMetaNode | None = None
         self.applier_class = functools.partial(DrivenApplier, self)
         self.workload = Workload(self)
+        self.leases = Leases(self, self.workload.ops)
         self.healed = False
         self._cuts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._slow: collections.Counter[str] = collections.Counter()
@@ -337,12 +344,15 @@ class Sim:
         except (RuntimeError, asyncio.TimeoutError):
             liveness.append(checks.violation("setup", "the workload's setup did not finish during the run"))
         else:
-            clients = [*(loop.create_task(self.workload.client(f"c{i}")) for i in range(CLIENTS)),
-                       loop.create_task(self.workload.remapper())]
+            clients = [loop.create_task(self.workload.client(f"c{i}")) for i in range(CLIENTS)]
+            if "remaps" in self.workloads:
+                clients.append(loop.create_task(self.workload.remapper()))
+            if "leases" in self.workloads:
+                clients += self.leases.tasks()
         await asyncio.sleep(max(0.0, self.duration_s - loop.time()))
         self.heal_all()
         await asyncio.sleep(QUIET_S)
-        self.workload.stopping = True
+        self.workload.stopping = self.leases.stopping = True
         if clients:
             await asyncio.wait(clients, timeout=OP_TIMEOUT_S * 2 + THINK_MAX_S)
         deadline = loop.time() + CONVERGE_S
@@ -376,14 +386,16 @@ def quiet_logs() -> Iterator[collections.deque]:
 
 
 def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float = DURATION_S,
-                 kinds: tuple[str, ...] = KINDS, l2: bool = False, keep_log: bool = False) -> dict[str, Any]:
+                 kinds: tuple[str, ...] = KINDS, l2: bool = False, keep_log: bool = False,
+                 workloads: tuple[str, ...] = WORKLOADS) -> dict[str, Any]:
     """Run one schedule; returns its result (JSON-ready): ok (no safety violation), violations, liveness findings,
     the trace hash, the faults (replayable with --plan) and counts. ``l2``: the MessageTap duplicates and delays raft
-    messages (node.py); a failure found only so is labelled l2 (TCP never does it)."""
+    messages (node.py); a failure found only so is labelled l2 (TCP never does it). ``workloads``: which of
+    WORKLOADS run (the CLI runs them all; a test may pick the one its planted bug needs)."""
     if faults is None:
         faults = plan(seed, duration_s, list(NODES), kinds)
     started = time.perf_counter()
-    sim = Sim(seed, faults, duration_s, l2)
+    sim = Sim(seed, faults, duration_s, l2, workloads)
     gc_was = gc.isenabled()
     gc.disable()
     try:
@@ -417,6 +429,7 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
         "counts": {"ops": len(ops), "ops_ok": sum(o.outcome == "ok" for o in ops),
                    "cas_ok": sum(o.kind == "cas" and o.outcome == "ok" for o in ops),
                    "read_mv_ok": sum(o.kind == "read_mv" and o.outcome == "ok" for o in ops),
+                   "heartbeats_ok": sum(o.kind == "heartbeat" and o.outcome == "ok" for o in ops),
                    "steps": sum(n.steps for n in sim.nodes.values()), "events": sim.events,
                    "terms": max(sim.leaders, default=0), "last_index": max(sim.applied_at, default=0),
                    "boots": sum(n.incarnation for n in sim.nodes.values()),

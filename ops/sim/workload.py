@@ -126,7 +126,7 @@ class Workload:
                 await asyncio.sleep(SETUP_RETRY_S)
                 continue
             node = rng.choice(nodes)
-            if seen and rng.random() < READ_MV_P:
+            if seen and "min_version" in self.sim.workloads and rng.random() < READ_MV_P:
                 op = await self._read_min_version(process, node, seen)
                 if op.outcome == OK:
                     seen = max(seen, op.output["version"])
