@@ -829,16 +829,20 @@ def test_damage_that_is_not_a_torn_tail_is_refused(tmp_path):
     cases = {
         # the last record, damaged without a zeroed sector: a flipped bit, not a write that never happened
         "a byte of the last command": (raw[:last_at + 700] + bytes([raw[last_at + 700] ^ 0x10]) + raw[last_at + 701:],
-                                       last_at, 5, "fails its CRC"),
+                                       last_at, 5, "the record fails its CRC (the record before it holds index 4, "
+                                                   "term 1)"),
         "the last record's length": (raw[:last_at + 4] + bytes([raw[last_at + 4] ^ 1]) + raw[last_at + 5:],
-                                     last_at, 5, "header fails its CRC"),
+                                     last_at, 5, "the record header fails its CRC (the record before it holds "
+                                                 "index 4, term 1)"),
         # a zeroed piece in a record that is not the last: what follows it must never be dropped
-        "zeros in record 4": (_zero(raw, record_4_at + 24, record_4_at + 28), record_4_at, 4, "fails its CRC"),
-        "garbage after the last record": (raw + b"\x01" * 40, len(raw), 6, "header fails its CRC"),
+        "zeros in record 4": (_zero(raw, record_4_at + 24, record_4_at + 28), record_4_at, 4,
+                              "the record fails its CRC (the record before it holds index 3, term 1)"),
+        "garbage after the last record": (raw + b"\x01" * 40, len(raw), 6, "the record header fails its CRC (the "
+                                          "record before it holds index 5, term 1)"),
         # a damaged header, then a torn last record: the records in between must not go with the torn one
         "record 4's length, then a torn record 5": (
             _zero(raw[:record_4_at + 4] + bytes([raw[record_4_at + 4] ^ 2]) + raw[record_4_at + 5:], 1024, 1536),
-            record_4_at, 4, "header fails its CRC"),
+            record_4_at, 4, "the record header fails its CRC (the record before it holds index 3, term 1)"),
     }
     for name, (damaged, offset, number, why) in cases.items():
         path.write_bytes(damaged)
@@ -846,7 +850,7 @@ def test_damage_that_is_not_a_torn_tail_is_refused(tmp_path):
             StatorJournal(str(tmp_path))
         e = caught.value
         assert (e.path, e.offset, e.record_number) == (str(path), offset, number), name
-        assert why in e.why, name
+        assert e.why == why, (name, e.why)
         assert path.read_bytes() == damaged, name        # refused, never repaired
         text = str(e)
         assert "\n" not in text and str(path) in text and f"at byte {offset} (record {number})" in text, text
@@ -863,6 +867,9 @@ def _several_segments(directory: Path, last: int = 30) -> list[Path]:
     return files
 
 
+NOT_LAST = "and this is not the last segment (every other one was synced whole)"
+
+
 def test_damage_in_a_segment_that_is_not_the_last_is_refused_naming_it(tmp_path):
     """Every segment but the last was synced whole before the next began: a torn tail there is damage, and so is a
     record missing at its end (the next segment's first record does not follow)."""
@@ -873,18 +880,22 @@ def test_damage_in_a_segment_that_is_not_the_last_is_refused_naming_it(tmp_path)
     last_at = len(raw) - rj.RECORD_OVERHEAD_BYTES - len(entry(_first_index_in(third) - 1)[0])
     cases = {
         "a byte of its first record": (second, raw[:54] + bytes([raw[54] ^ 0x40]) + raw[55:], second, 24, 1,
-                                       "the record fails its CRC"),
+                                       "the record fails its CRC (the previous segment's last record holds index "
+                                       "5, term 1)"),
         "its second record's header": (second, raw[:first_len + 30] + bytes([raw[first_len + 30] ^ 1]) +
-                                       raw[first_len + 31:], second, 24 + first_len, 2, "header fails its CRC"),
-        "a torn tail": (second, raw[:-3], second, last_at, None, "the record runs past the end of the file, and "
-                                                                 "this is not the last segment"),
-        "a cut inside a record header": (second, raw[:last_at + 10], second, last_at, None, "inside a record header"),
+                                       raw[first_len + 31:], second, 24 + first_len, 2,
+                                       "the record header fails its CRC (the record before it holds index 6, term 1)"),
+        "a torn tail": (second, raw[:-3], second, last_at, None, f"the record runs past the end of the file, {NOT_LAST} "
+                                                                 "(the record before it holds index 8, term 1)"),
+        "a cut inside a record header": (second, raw[:last_at + 10], second, last_at, None,
+                                         f"the file ends inside a record header, {NOT_LAST} (the record before it "
+                                         "holds index 8, term 1)"),
         "its last sector zeroed": (second, _zero(raw, len(raw) - 8, len(raw)), second, last_at, None,
-                                   "fails its CRC"),
-        "its last record gone": (second, raw[:last_at], third, 24, 1, "does not follow the previous record's (the "
-                                                                      "previous segment's last record holds index"),
+                                   "the record fails its CRC (the record before it holds index 8, term 1)"),
+        "its last record gone": (second, raw[:last_at], third, 24, 1, "it holds index 10, which does not follow the "
+                                 "previous record's (the previous segment's last record holds index 8, term 1)"),
         "its file header": (second, raw[:20] + bytes([raw[20] ^ 1]) + raw[21:], second, 0, None,
-                            "file header fails its CRC"),
+                            "the file header fails its CRC"),
     }
     for name, (path, damaged, named, offset, number, why) in cases.items():
         path.write_bytes(damaged)
@@ -892,7 +903,7 @@ def test_damage_in_a_segment_that_is_not_the_last_is_refused_naming_it(tmp_path)
             with pytest.raises(JournalDamaged) as caught:
                 opener(str(tmp_path))
             e = caught.value
-            assert (e.path, e.offset) == (str(named), offset) and why in e.why, (name, str(e))
+            assert (e.path, e.offset) == (str(named), offset) and e.why == why, (name, e.why)
             if number is not None:
                 assert e.record_number == number, name
         assert path.read_bytes() == damaged, name        # refused, never repaired
@@ -1085,6 +1096,74 @@ def test_damaged_state_file_is_refused_by_name(tmp_path):
     k = StatorJournal(str(tmp_path))
     assert (k.getCurrentTerm(), k.getVotedForNodeId(), k.getRaftCommitIndex()) == (0, None, 1)
     k._destroy()
+
+
+_GOOD_STATE = b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segment":1,"first_index":null}'
+
+
+@pytest.mark.parametrize("raw, why", [
+    # the line itself
+    (_state_line(2, _GOOD_STATE) * 2, f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
+    (_state_line(2, _GOOD_STATE)[:-1].replace(b" ", b"\n", 1), f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
+    (_state_line(2, b'{"pad":"' + b"x" * rj.STATE_BYTES_MAX + b'"}'),
+     f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
+    (b"STATOR-RAFT-STATES 2 00000000 {}\n", "does not begin with STATOR-RAFT-STATE"),
+    (b"STATOR-RAFT-STATE 2 00000000\n", "does not begin with STATOR-RAFT-STATE"),
+    # its version and CRC
+    (b"STATOR-RAFT-STATE x2 00000000 {}\n", "has no version and CRC after its name"),
+    (b"STATOR-RAFT-STATE 0000000002 00000000 {}\n", "has no version and CRC after its name"),
+    (b"STATOR-RAFT-STATE 2 0000000 {}\n", "has no version and CRC after its name"),
+    (b"STATOR-RAFT-STATE 2 0000000g {}\n", "has no version and CRC after its name"),
+    (b"STATOR-RAFT-STATE 2 00000000 {}\n", "fails its CRC"),
+    # its body
+    (_state_line(2, b"[1, 2"), "holds no JSON after its CRC"),
+    (_state_line(2, b"[]"), "does not hold exactly current_term, voted_for, commit_index, first_segment and first_index"),
+    (_state_line(2, _GOOD_STATE.replace(b"}", b',"more":1}')),
+     "does not hold exactly current_term, voted_for, commit_index, first_segment and first_index"),
+    (_state_line(2, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":-1')),
+     "holds a term, vote or commit index of the wrong type"),
+    (_state_line(2, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":true')),
+     "holds a term, vote or commit index of the wrong type"),
+    (_state_line(2, _GOOD_STATE.replace(b'"commit_index":1', b'"commit_index":1.0')),
+     "holds a term, vote or commit index of the wrong type"),
+    (_state_line(2, _GOOD_STATE.replace(b'"a:1"', b"[]")), "holds a term, vote or commit index of the wrong type"),
+    (_state_line(2, _GOOD_STATE.replace(b'"a:1"', b"-2")), "holds a term, vote or commit index of the wrong type"),
+    (_state_line(2, _GOOD_STATE.replace(b'"first_segment":1', b'"first_segment":"1"')),
+     "holds a first segment or first index of the wrong type"),
+    (_state_line(2, _GOOD_STATE.replace(b'"first_index":null', b'"first_index":-3')),
+     "holds a first segment or first index of the wrong type"),
+])
+def test_every_refusal_of_the_state_file_says_what_is_wrong_in_whole(tmp_path, raw, why):
+    path = str(tmp_path / STATE_FILE)
+    with pytest.raises(JournalDamaged) as caught:
+        rj._decode_state(path, raw)
+    assert type(caught.value) is JournalDamaged
+    assert str(caught.value) == f"{path}: damaged: the raft state file {why}; {rj.REJOIN_ADVICE}"
+
+
+@pytest.mark.parametrize("body, state", [
+    (_GOOD_STATE, rj.RaftState(3, "a:1", 1, 1, None)),
+    (b'{"current_term":0,"voted_for":7,"commit_index":0,"first_segment":1,"first_index":0}',
+     rj.RaftState(0, 7, 0, 1, 0)),
+    (b'{"current_term":9,"voted_for":null,"commit_index":12,"first_segment":4,"first_index":300}',
+     rj.RaftState(9, None, 12, 4, 300)),
+])
+def test_the_state_file_reads_back_what_was_written_at_every_edge_of_its_fields(tmp_path, body, state):
+    # a vote may name a node by address (str) or by number; a term, a commit and a first index of 0 are whole numbers
+    assert rj._decode_state(str(tmp_path / STATE_FILE), _state_line(2, body)) == state
+    assert rj._decode_state("x", rj.encode_state(state)) == state
+
+
+def test_a_state_file_of_exactly_the_largest_size_is_read(tmp_path):
+    # STATE_BYTES_MAX is inclusive: one byte more is refused (above)
+    head = _state_line(2, _GOOD_STATE)
+    pad = rj.STATE_BYTES_MAX - len(head)
+    vote = "a:1" + " " * pad   # a vote with spaces: only the length matters here
+    raw = _state_line(2, _GOOD_STATE.replace(b'"a:1"', f'"{vote}"'.encode()))
+    assert len(raw) == rj.STATE_BYTES_MAX
+    assert rj._decode_state("x", raw).voted_for == vote
+    with pytest.raises(JournalDamaged):
+        rj._decode_state("x", _state_line(2, _GOOD_STATE.replace(b'"a:1"', f'"{vote} "'.encode())))
 
 
 def test_pysyncobj_journal_earlier_builds_and_other_versions_are_refused(tmp_path):
@@ -1302,3 +1381,70 @@ def test_a_sync_after_segments_were_removed_or_cleared_syncs_the_directory_first
     j.deleteEntriesFrom(0)   # every entry: a clear, into a new segment
     assert j.sync() is True and io.syncs[0] == "directory" and len(io.syncs) == 2
     assert j[:] == [] and StatorJournal(str(tmp_path))[:] == []
+
+
+def test_a_vote_that_is_no_node_id_is_refused_and_changes_nothing(tmp_path):
+    j = StatorJournal(str(tmp_path))
+    try:
+        j.setCurrentTerm(2, 7)                           # a node may be named by number, too
+        writes = j.state_writes
+        for bad in (1.5, b"a:1", ("a", 1)):
+            with pytest.raises(TypeError) as caught:
+                j.setCurrentTerm(3, bad)
+            assert str(caught.value) == (f"raft journal {j.directory}: a vote for {type(bad).__name__} cannot be "
+                                         "stored, only a node id (str or int) or None")
+        assert (j.getCurrentTerm(), j.getVotedForNodeId(), j.state_writes) == (2, 7, writes)
+        j.setCurrentTerm(3, None)
+        assert read_journal(str(tmp_path)).current_term == 3 and read_journal(str(tmp_path)).voted_for is None
+    finally:
+        j._destroy()
+
+
+@pytest.mark.parametrize("chunks, size, pieces", [
+    ([b"ab", b"cd", b"e"], 4, [b"abcd", b"e"]),      # a piece ends once it holds ``size`` bytes, not one more
+    ([b"ab", b"c"], 3, [b"abc"]),                     # counted from nothing
+    ([b"a", b"b", b"c"], 2, [b"ab", b"c"]),           # every chunk counts
+    ([b"aa", b"b", b"c"], 2, [b"aa", b"bc"]),         # and from nothing again after each piece
+    ([], 2, []),
+])
+def test_the_durable_writes_go_out_in_pieces_of_the_size_asked(chunks, size, pieces):
+    assert list(rj._batched(chunks, size)) == pieces
+
+
+def test_a_durable_write_of_many_chunks_holds_them_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(rj, "COMPACTION_WRITE_BYTES", 5)
+    chunks = [b"%d:" % n * (n % 4) for n in range(50)]
+    path = str(tmp_path / "f")
+    rj.OsJournalIO().write_durably(path, chunks, path + ".writing")
+    assert (tmp_path / "f").read_bytes() == b"".join(chunks) and not (tmp_path / "f.writing").exists()
+
+
+def test_the_segment_limit_is_exact_and_a_first_record_bigger_than_a_segment_takes_the_empty_one(tmp_path,
+                                                                                                   monkeypatch):
+    record = rj.RECORD_OVERHEAD_BYTES + 10
+    # two records fill a segment to its last byte: both stay in it; the third starts the next
+    j = StatorJournal(str(tmp_path / "exact"), segment_bytes_max=rj.FILE_HEADER_BYTES + 2 * record)
+    fill(j, [(b"x" * 10, i, 1) for i in (1, 2, 3)])
+    assert seqs(tmp_path / "exact") == [1, 2]
+    j._destroy()
+    # a journal whose first command is bigger than a segment writes it into segment 1 (empty till then), no new one
+    k = StatorJournal(str(tmp_path / "big"), segment_bytes_max=rj.FILE_HEADER_BYTES + 8)
+    fill(k, [(b"y" * 100, 1, 1)])
+    assert seqs(tmp_path / "big") == [1]
+    k._destroy()
+
+
+def test_a_command_is_stored_as_bytes_up_to_the_record_limit_and_refused_past_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(rj, "RECORD_BYTES_MAX", 100)
+    j = StatorJournal(str(tmp_path))
+    try:
+        j.add(bytearray(b"m" * 100), 1, 1)                # the largest, and handed over as a bytearray
+        assert j[0] == (b"m" * 100, 1, 1) and type(j[0][0]) is bytes
+        with pytest.raises(ValueError) as caught:
+            j.add(b"m" * 101, 2, 1)
+        assert str(caught.value) == (f"raft journal {j.directory}: a command of 101 bytes is more than "
+                                     "RECORD_BYTES_MAX (100)")
+        assert len(j) == 1
+    finally:
+        j._destroy()
+    assert read_journal(str(tmp_path)).entries == [(b"m" * 100, 1, 1)]

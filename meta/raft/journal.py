@@ -560,10 +560,13 @@ def _scan(path: str, raw: bytes, entries: list[Entry], offsets: list[int], *, la
     last_index, last_term = previous if previous is not None else (-1, -1)
     below = -1 if first_index is None else first_index   # indexes below it are dead: checked, not loaded
 
+    def tail() -> _Scan:   # the torn tail of the last segment: never synced, so never acknowledged
+        return _Scan(at, size - at, (last_index, last_term) if chained else None)
+
     def torn(why: str) -> _Scan:
         if not last_segment:
             raise damaged(f"{why}, and this is not the last segment (every other one was synced whole)")
-        return _Scan(at, size - at, (last_index, last_term) if chained else None)
+        return tail()
 
     def damaged(why: str) -> JournalDamaged:
         if chained:
@@ -578,7 +581,7 @@ def _scan(path: str, raw: bytes, entries: list[Entry], offsets: list[int], *, la
         head_crc, length, index, term = unpack_head(raw, at)
         if _crc32(view[at + 4:at + RECORD_HEAD_BYTES]) != head_crc:
             if last_segment and _zeroed_sector(view, at, size, at + RECORD_HEAD_BYTES):
-                return torn("")
+                return tail()
             raise damaged("the record header fails its CRC")
         if length > RECORD_BYTES_MAX:
             raise damaged(f"the record header claims {length} command bytes, more than RECORD_BYTES_MAX "
@@ -589,7 +592,7 @@ def _scan(path: str, raw: bytes, entries: list[Entry], offsets: list[int], *, la
             return torn("the record runs past the end of the file")
         if _crc32(view[at:crc_at]) != unpack_crc(raw, crc_at)[0]:
             if last_segment and end == size and _zeroed_sector(view, at, size, size):
-                return torn("")
+                return tail()
             raise damaged("the record fails its CRC")
         if chained and index != last_index + 1:
             raise damaged(f"it holds index {index}, which does not follow the previous record's")
