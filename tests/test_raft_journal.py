@@ -885,8 +885,9 @@ def test_damage_in_a_segment_that_is_not_the_last_is_refused_naming_it(tmp_path)
         "its second record's header": (second, raw[:first_len + 30] + bytes([raw[first_len + 30] ^ 1]) +
                                        raw[first_len + 31:], second, 24 + first_len, 2,
                                        "the record header fails its CRC (the record before it holds index 6, term 1)"),
-        "a torn tail": (second, raw[:-3], second, last_at, None, f"the record runs past the end of the file, {NOT_LAST} "
-                                                                 "(the record before it holds index 8, term 1)"),
+        "a torn tail": (second, raw[:-3], second, last_at, None,
+                        f"the record runs past the end of the file, {NOT_LAST} (the record before it holds index 8, "
+                        "term 1)"),
         "a cut inside a record header": (second, raw[:last_at + 10], second, last_at, None,
                                          f"the file ends inside a record header, {NOT_LAST} (the record before it "
                                          "holds index 8, term 1)"),
@@ -1104,7 +1105,8 @@ _GOOD_STATE = b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segm
 @pytest.mark.parametrize("raw, why", [
     # the line itself
     (_state_line(2, _GOOD_STATE) * 2, f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
-    (_state_line(2, _GOOD_STATE)[:-1].replace(b" ", b"\n", 1), f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
+    (_state_line(2, _GOOD_STATE)[:-1].replace(b" ", b"\n", 1),
+     f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
     (_state_line(2, b'{"pad":"' + b"x" * rj.STATE_BYTES_MAX + b'"}'),
      f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
     (b"STATOR-RAFT-STATES 2 00000000 {}\n", "does not begin with STATOR-RAFT-STATE"),
@@ -1117,7 +1119,8 @@ _GOOD_STATE = b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segm
     (b"STATOR-RAFT-STATE 2 00000000 {}\n", "fails its CRC"),
     # its body
     (_state_line(2, b"[1, 2"), "holds no JSON after its CRC"),
-    (_state_line(2, b"[]"), "does not hold exactly current_term, voted_for, commit_index, first_segment and first_index"),
+    (_state_line(2, b"[]"),
+     "does not hold exactly current_term, voted_for, commit_index, first_segment and first_index"),
     (_state_line(2, _GOOD_STATE.replace(b"}", b',"more":1}')),
      "does not hold exactly current_term, voted_for, commit_index, first_segment and first_index"),
     (_state_line(2, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":-1')),

@@ -105,8 +105,8 @@ def final(sim: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[st
     cas, stats = cas_register(ops, INITIAL)
     leases, lease_stats = leases_never_overlap(ops)
     stats.update(lease_stats)
-    safety = (cas + leases + monotonic_versions(ops) + acknowledged_writes_kept(sim) + replicas_agree(sim) + image_invariants(sim)
-              + journal_counters(sim))
+    safety = (cas + leases + monotonic_versions(ops) + acknowledged_writes_kept(sim) + replicas_agree(sim)
+              + image_invariants(sim) + journal_counters(sim))
     if threading.active_count() != sim.threads_at_start:
         safety.append(violation("threads", f"{threading.active_count()} threads at the end, "
                                 f"{sim.threads_at_start} at the start"))

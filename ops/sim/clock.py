@@ -178,7 +178,8 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("meta.raft.node", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, monotonic=sim.clocks.monotonic,
                                                            perf_counter=_time.perf_counter, sleep=_forbidden)),
     ("pysyncobj.syncobj", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, sleep=_forbidden)),
-    ("meta.group_sessions", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, monotonic=sim.clocks.monotonic)),
+    ("meta.group_sessions", "time",
+     lambda sim: SimpleNamespace(time=sim.clocks.wall_s, monotonic=sim.clocks.monotonic)),
     ("meta.reads", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
     # randomness (election timeouts: random.random in pysyncobj, random.uniform in the shim; HELLO nonces)
     ("pysyncobj.syncobj", "random", lambda sim: _Rng(sim)),

@@ -36,6 +36,7 @@ SILENT_GAP_S = 1.0
 LEAVE_P = 0.04                    # of a member's heartbeats while it holds queues: it leaves instead (and joins
                                   # again at its next one), which moves queues and revokes others' on the way back
 HEARTBEAT_TIMEOUT_S = 2.0
+SETUP_RETRY_S = 0.2
 
 
 class Leases:
@@ -43,7 +44,7 @@ class Leases:
         self.sim = sim
         self.ops = ops
         self.stopping = False
-        self.configured = False   # members wait for the group's lease_ms: a lease of the default would outlast a silence
+        self.configured = False   # members wait for the group's lease_ms (the default lease outlasts a silence)
         self.silent: str | None = None
         self._silent_until = 0.0
         self._next_silence = 0.0
@@ -52,6 +53,11 @@ class Leases:
         loop = self.sim.loop
         self._next_silence = loop.time() + FIRST_SILENCE_S
         return [loop.create_task(self.operator()), *(loop.create_task(self.member(m)) for m in MEMBERS)]
+
+    def _wall_ms(self) -> int:
+        """The members' wall clock: the one the lease keeper reads too (it runs outside every node's step, so with
+        none of their skews: ops/sim/clock.py NodeClocks)."""
+        return int((VIRTUAL_EPOCH_S + self.sim.loop.time()) * 1000)
 
     def _leader(self) -> Any | None:
         leaders = [n for n in self.sim.nodes.values() if n.up and n.so is not None and n.so.is_leader()]
@@ -78,17 +84,18 @@ class Leases:
     async def operator(self) -> None:
         """Creates the topic and the group's setting, then changes lease_ms every LEASE_CHANGE_EVERY_S."""
         rng = random.Random(f"{self.sim.seed}:leases:operator")
-        n, turn = 0, 0
-        for cmd in ({"type": "CreateTopic", "topic": TOPIC, "queues": QUEUES}, None):
+        setup = [{"type": "CreateTopic", "topic": TOPIC, "queues": QUEUES},
+                 {"type": "SetGroupConfig", "group": GROUP,
+                  "config": {"mode": "exclusive", "lease_ms": LEASES_MS[0], "heartbeat_interval_ms": HEARTBEAT_MS}}]
+        n = 0
+        for cmd in setup:
             while not self.stopping:
                 n += 1
-                lease = LEASES_MS[turn % len(LEASES_MS)]
-                cmd = cmd or {"type": "SetGroupConfig", "group": GROUP,
-                              "config": {"mode": "exclusive", "lease_ms": lease, "heartbeat_interval_ms": HEARTBEAT_MS}}
                 if await self._propose(cmd, f"lease-op-{n}"):
                     break
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(SETUP_RETRY_S)
         self.configured = True
+        turn = 0
         while not self.stopping:
             await asyncio.sleep(rng.uniform(*LEASE_CHANGE_EVERY_S))
             turn += 1
@@ -97,11 +104,11 @@ class Leases:
                                  "config": {"lease_ms": LEASES_MS[turn % len(LEASES_MS)]}}, f"lease-op-{n}")
 
     async def _leave(self, name: str, node: Any, holding: list[list[int]]) -> None:
-        """``LeaveGroup`` (what ``DELETE``-ing a membership proposes): its queues are given back at once, so the op
-        names them as released (leases_never_overlap)."""
+        """``LeaveGroup``, as a member's leave proposes it (meta/api/groups.py): its queues are given back at once, so
+        the op names them as released (leases_never_overlap)."""
         loop = self.sim.loop
         op = Op(name, "leave", {"node": node.name, "released": holding,
-                                "sent_wall_ms": int((VIRTUAL_EPOCH_S + loop.time()) * 1000)}, loop.time())
+                                "sent_wall_ms": self._wall_ms()}, loop.time())
         self.ops.append(op)
         try:
             r = await node.raft.propose({"type": "LeaveGroup", "group": GROUP, "member": name}, None, "sim",
@@ -134,7 +141,7 @@ class Leases:
                 held, revoking = [], []
                 continue
             op = Op(name, "heartbeat", {"node": node.name, "released": [[x["queue"], x["token"]] for x in released],
-                                        "sent_wall_ms": int((VIRTUAL_EPOCH_S + loop.time()) * 1000)}, loop.time())
+                                        "sent_wall_ms": self._wall_ms()}, loop.time())
             self.ops.append(op)
             incarnation = node.incarnation
             try:
@@ -147,7 +154,7 @@ class Leases:
                     op.outcome = UNKNOWN   # answered by a node that crashed meanwhile: its member never heard it
                 else:
                     op.outcome = OK
-                    op.output = {"answered_wall_ms": int((VIRTUAL_EPOCH_S + loop.time()) * 1000),
+                    op.output = {"answered_wall_ms": self._wall_ms(),
                                  "assignments": [[x["queue"], x["token"], x["lease_expires_ms"]]
                                                  for x in a["assignments"] if x["topic"] == TOPIC]}
                     revoking = [x for x in a["revoking"] if x["topic"] == TOPIC]

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from meta.admission import Admission
-from meta.group_sessions import GroupSessions
 from meta.changefeed import ChangeFeed
+from meta.group_sessions import GroupSessions
 from meta.limits import VERSION_WAITERS_MAX
 from meta.log import Log
 from meta.raft import pysyncobj_shim as shim
@@ -155,8 +155,9 @@ class SimMetaNode:
         # What an HTTP read waits for (min_version, consistency), as meta/service.py builds it
         log = Log(so, self.raft)
         feed.publish(log.data_version(), None)
-        self.reads = ReadFacade(log, feed, Admission("version_waiters", VERSION_WAITERS_MAX, sim.metrics.version_waiters,
-                                                     sim.metrics.rejections, "too many reads wait for a min_version"))
+        waiters = Admission("version_waiters", VERSION_WAITERS_MAX, sim.metrics.version_waiters, sim.metrics.rejections,
+                            "too many reads wait for a min_version")
+        self.reads = ReadFacade(log, feed, waiters)
         self.groups = GroupSessions(self.reads, log)   # the leader's lease keeper, as meta/service.py runs it
         self._groups_task = sim.loop.create_task(self.groups.run())
         self.up = True

@@ -7,9 +7,10 @@ version); "cas" writes a new unique value with
 ``expected_version`` the version its last read saw. Outcomes as ops/chaos/history.py: ok, fail (a refusal, or a
 proposal the log says was certainly not applied), unknown (a timeout, a change of leader, a node that crashed).
 A client also reads with ``min_version`` the highest version it saw, as a client of ``GET /v1/topics/{topic}``
-does on any node (meta/reads.py), which must never answer an older one. One more process, the remapper, moves a queue of CHAIN_TOPIC to another broker and then, as the old broker would
-(no broker runs here), reports the segment left behind sealed at an end it draws: the chains of segments that
-meta/invariants.py holds every node's final image to (ops/sim/checks.py).
+does on any node (meta/reads.py), which must never answer an older one. One more process, the remapper, moves a
+queue of CHAIN_TOPIC to another broker and then, as the old broker would (no broker runs here), reports the
+segment left behind sealed at an end it draws: the chains of segments that meta/invariants.py holds every node's
+final image to (ops/sim/checks.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ SETUP_S = 30.0
 SETUP_RETRY_S = 0.2
 CERTAINLY_NOT_APPLIED = {"NO_LEADER", "OVERLOADED"}
 SETUP_COMMANDS = [
-    *({"type": "RegisterBroker", "broker": b, "address": f"http://10.77.1.{i + 1}:9001"} for i, b in enumerate(BROKERS)),
+    *({"type": "RegisterBroker", "broker": b, "address": f"http://10.77.1.{i + 1}:9001"}
+      for i, b in enumerate(BROKERS)),
     {"type": "CreateTopic", "topic": CAS_TOPIC, "queues": 1},
 ]
 
