@@ -1451,3 +1451,62 @@ def test_a_command_is_stored_as_bytes_up_to_the_record_limit_and_refused_past_it
     finally:
         j._destroy()
     assert read_journal(str(tmp_path)).entries == [(b"m" * 100, 1, 1)]
+
+
+def test_a_journal_error_crosses_a_process_boundary_whole():
+    # a tool's worker raises it in another process: pickling rebuilds it from its args
+    for e in (JournalDamaged("/d/raft.log.3", 24, 2, "the record fails its CRC"),
+              JournalFormatError("/d/raft.log", "pysyncobj 0.3", "STATOR-RAFT-LOG version 1")):
+        again = pickle.loads(pickle.dumps(e))
+        assert type(again) is type(e) and str(again) == str(e)
+        assert (again.path, again.offset, again.record_number, again.why) == (e.path, e.offset, e.record_number, e.why)
+
+
+def test_the_os_calls_of_the_journal_io(tmp_path):
+    io = rj.OsJournalIO()
+    d = str(tmp_path / "a" / "b")
+    io.make_directory(d)
+    io.make_directory(d)                                 # there already: nothing to do
+    old = os.umask(0o022)
+    try:
+        handle = io.create(os.path.join(d, "seg"))
+        io.close(handle)
+        io.write_durably(os.path.join(d, "state"), [b"x"], os.path.join(d, "state.writing"))
+    finally:
+        os.umask(old)
+    for name in ("seg", "state"):                        # readable by the operator's tools, written by the node alone
+        assert os.stat(os.path.join(d, name)).st_mode & 0o777 == 0o644, name
+    assert io.remove(os.path.join(d, "seg")) is True and io.remove(os.path.join(d, "seg")) is False
+
+
+def test_closing_a_journal_twice_is_harmless_and_reading_one_that_is_not_there_names_it(tmp_path):
+    j = StatorJournal(str(tmp_path))
+    j.add(b"a", 1, 1)
+    j._destroy()
+    j._destroy()                                         # a second stop changes nothing
+    assert read_journal(str(tmp_path)).entries == [(b"a", 1, 1)]
+    with pytest.raises(FileNotFoundError) as caught:
+        read_journal(str(tmp_path / "none"))
+    assert str(caught.value) == f"{tmp_path / 'none' / JOURNAL_FILE}.<seq>: no raft journal"
+
+    class Counting(rj.OsJournalIO):
+        reads = 0
+
+        def read(self, path):
+            Counting.reads += 1
+            return super().read(path)
+    assert read_journal(str(tmp_path), Counting()).entries == [(b"a", 1, 1)] and Counting.reads >= 2   # its io
+
+
+def test_a_segment_that_vanishes_while_it_is_read_is_named(tmp_path):
+    class Vanishing(rj.OsJournalIO):
+        def read(self, path):
+            return None if path.endswith(rj.segment_name(1)) else super().read(path)
+    j = StatorJournal(str(tmp_path))
+    j.add(b"a", 1, 1)
+    j._destroy()
+    with pytest.raises(JournalDamaged) as caught:
+        read_journal(str(tmp_path), Vanishing())
+    e = caught.value
+    assert (e.path, e.offset, e.record_number) == (str(tmp_path), None, None)
+    assert e.why == f"segment {rj.segment_name(1)} vanished while it was read"
