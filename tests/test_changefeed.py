@@ -104,3 +104,20 @@ async def test_close_cancels_waiters_still_to_be_woken():
     assert feed.waiting() == 0
     assert all(r is True or isinstance(r, asyncio.CancelledError) for r in results)
     assert any(isinstance(r, asyncio.CancelledError) for r in results), "close left waiters to be woken later"
+
+
+async def test_waiters_wake_in_the_order_they_came_whatever_the_topic_names_hash_to():
+    # The simulator replays a schedule only if a publish wakes the same waiters in the same order every run: they
+    # wake in the order they began waiting, per key, and the keys of a change in name order (not a set's order)
+    feed = ChangeFeed()
+    woke: list[str] = []
+
+    async def waiter(key: str, name: str) -> None:
+        await feed.wait(key, 5.0)
+        woke.append(name)
+    names = [("t9", "a"), ("t1", "b"), ("t9", "c"), ("t5", "d"), ("t1", "e")]
+    tasks = [asyncio.create_task(waiter(key, name)) for key, name in names]
+    await asyncio.sleep(0)
+    feed.publish(1, {"t9", "t5", "t1"})
+    await asyncio.wait_for(asyncio.gather(*tasks), 5.0)
+    assert woke == ["b", "e", "d", "a", "c"]

@@ -773,3 +773,17 @@ def test_exclusive_members_go_silent_one_at_a_time_and_only_while_holding_queues
     # a silence may outlast the longest lease the operator sets many times over: each new meta leader starts every
     # lease afresh, and the CI run's meta faults come every few seconds for its first 30 s
     assert workloads.EX_SILENT_MAX_S >= 3 * (max(operators.LEASES_MS) / 1000 + 5)
+
+
+def test_a_queue_its_holder_gave_back_may_be_granted_at_once():
+    # ops/sim/leases.py's members give revoked queues back, and leave: their lease ends when they sent it
+    a = [beat("a", 1_000, (0, 1, 7_000))]
+    b = beat("b", 2_100, (0, 2, 8_100))
+    assert len(lease_violations(a + [b])) == 1, "not given back: granted 4.9 s early"
+    given = op("a", "heartbeat", 2.0, 2.01, OK, {"answered_wall_ms": 2_000, "assignments": []},
+               released=[[0, 1]], sent_wall_ms=2_000)
+    assert lease_violations(a + [given, b]) == []
+    left = op("a", "leave", 2.0, 2.01, UNKNOWN, {}, released=[[0, 1]], sent_wall_ms=2_000)   # in doubt: it was sent
+    assert lease_violations(a + [left, b]) == []
+    other = op("a", "leave", 2.0, 2.01, OK, {}, released=[[1, 1]], sent_wall_ms=2_000)      # another queue
+    assert len(lease_violations(a + [other, b])) == 1
