@@ -9,13 +9,19 @@ history); a queue whose first carried segment has gen > 0 has older ones, which 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from wire import route as route_model
 from wire.route import Segment
 from wire.route import segment as segment_of
+from wire.waits import wait_set
 
 __all__ = ["RouteTable", "Segment", "segment_of"]
+
+ROUTE_CATCH_UP_WAIT_S = 1.0   # how long a request whose sender read a newer route waits for the watch stream
+ROUTE_WAITERS_MAX = 10_000    # requests waiting so at once; one more decides at once on the routes held
 
 
 class RouteTable:
@@ -27,6 +33,8 @@ class RouteTable:
         self.hosted: dict[str, Segment] = {}   # physical queue -> newest view of a segment this broker hosts
         # physical queue -> newest view of a segment this broker holds a copy of and does not lead (its follower)
         self.copies: dict[str, Segment] = {}
+        self._advanced = asyncio.Event()   # set (and replaced) each time version grows
+        self._waiters = 0
 
     def update(self, route: dict[str, Any]) -> set[str] | None:
         """Take a newer route. None if it is not newer; else the physical queues this broker no longer hosts live
@@ -41,7 +49,7 @@ class RouteTable:
         before = self._hosted_of(topic)
         copies_before = self._copies_of(topic)
         self.routes[topic] = route
-        self.version = max(self.version, route["version"])
+        self._advance(route["version"])
         self._segments.update(parsed)  # a static topic never loses queues: every old key is replaced
         now, copies = set(), set()
         for segs in parsed.values():
@@ -61,7 +69,7 @@ class RouteTable:
 
     def delete(self, topic: str, version: int) -> set[str]:
         """Forget a deleted topic; returns the physical queues it hosted here."""
-        self.version = max(self.version, version)
+        self._advance(version)
         if topic not in self.routes:
             return set()
         # Both read the topic's route: before it goes (after, they found nothing, and the deleted topic's segments
@@ -78,7 +86,32 @@ class RouteTable:
 
     def caught_up(self, version: int) -> None:
         """The watch stream has sent every change up to ``version``."""
-        self.version = max(self.version, version)
+        self._advance(version)
+
+    def _advance(self, version: int) -> None:
+        if version > self.version:
+            self.version = version
+            # Waiters hold the event they wait on; a fresh one is for the next change.
+            self._advanced.set()
+            self._advanced = asyncio.Event()
+
+    async def reach(self, version: int, timeout_s: float = ROUTE_CATCH_UP_WAIT_S) -> bool:
+        """Wait until this table has followed the log to ``version``, at most ``timeout_s``; whether it has.
+
+        Meta's route reaches a client before the watch stream brings it here: a producer that read a queue's new
+        head writable and sends to it at once would otherwise be refused (SEALING, NOT_LEADER) by the very broker
+        the route names, and pause before its retry. Past ROUTE_WAITERS_MAX waiters, the answer is at once."""
+        deadline = time.monotonic() + timeout_s
+        while self.version < version:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._waiters >= ROUTE_WAITERS_MAX:
+                return False
+            self._waiters += 1
+            try:
+                await wait_set(self._advanced, left)
+            finally:
+                self._waiters -= 1
+        return True
 
     def _hosted_of(self, topic: str) -> set[str]:
         route = self.routes.get(topic)

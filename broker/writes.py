@@ -268,6 +268,9 @@ class Writer:
         producer: a batch this queue has seen is answered with the offsets it was stored at (producers.py)."""
         if not 0 < send.count <= MESSAGES_PER_SEND_MAX:
             raise invalid(f"messages must hold 1 to {MESSAGES_PER_SEND_MAX} messages")
+        if sender_route_version is not None and sender_route_version > self.routes.version:
+            # The sender read a route this broker has not: decide on it, not on the older one (a bounded wait)
+            await self.routes.reach(sender_route_version)
         self._refuse_stale_slot_table(topic, queue, send.keyed, sender_route_version)
         if producer is not None and self.producer_handover is not None:
             # A resend of a batch stored before a remap is answered, not stored again, once the old segment's

@@ -40,12 +40,13 @@ async def test_lag_does_not_count_the_budget_skipped_after_a_lapsed_session(full
     async def moved():
         route = await ok(c, "GET", f"/v1/routes/{TOPIC}", "client")
         q = route["queues"][0]
-        return q if q["broker"] == "b2" and q["writable"] and q["segments"][0]["state"] == "sealed" else None
-    head = await wait_until(moved, FENCE_WAIT_S, "queue 0 writable on b2")
-    old, new = head["segments"][0], head["segments"][-1]
+        return route if q["broker"] == "b2" and q["writable"] and q["segments"][0]["state"] == "sealed" else None
+    route = await wait_until(moved, FENCE_WAIT_S, "queue 0 writable on b2")
+    old, new = route["queues"][0]["segments"][0], route["queues"][0]["segments"][-1]
     assert new["logic_start"] == old["logic_end"] >= 1_000_000, "the old segment was sealed at its budget's end"
     await ok(c, "POST", f"/v1/messages/{TOPIC}/0", "client", url=c.url("b2"),
-             json={"messages": [{"body": f"n{i}"} for i in range(5)]})
+             json={"messages": [{"body": f"n{i}"} for i in range(5)]},
+             headers={"X-Route-Version": str(route["version"])})   # b2 decides on at least the route read
 
     # b1 comes back with its disk: the group's commit and the old segment's 40 messages are readable again
     c.start("b1")

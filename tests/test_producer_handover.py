@@ -16,10 +16,12 @@ from tests.support.cluster import running
 PRODUCER = "4242"
 
 
-async def _send(c, address: str, seq: int, bodies: list[str], queue: int = 0) -> tuple[int, dict]:
+async def _send(c, address: str, seq: int, bodies: list[str], queue: int = 0, version: int = 0) -> tuple[int, dict]:
+    """``version``: the route version the sender read (X-Route-Version): the broker decides on at least that one."""
     s, b, _ = await c.call("POST", f"{address}/v1/messages/h/{queue}", "client",
                            json={"messages": [{"body": x} for x in bodies]},
-                           headers={"X-Producer-Id": PRODUCER, "X-Producer-Seq": str(seq)})
+                           headers={"X-Producer-Id": PRODUCER, "X-Producer-Seq": str(seq),
+                                    "X-Route-Version": str(version)})
     return s, b
 
 
@@ -44,14 +46,15 @@ async def test_a_batch_resent_after_remaps_onto_brokers_that_never_held_it_is_st
         # nothing of the queue
         r = await _remap(c, second)
         address = r["queues"][0]["address"]
-        assert await _send(c, address, 1, ["c"]) == (200, {"queue": 0, "offsets": [2]}), "stored again after a remap"
+        assert await _send(c, address, 1, ["c"], version=r["version"]) == (200, {"queue": 0, "offsets": [2]}), \
+            "stored again after a remap"
         assert await _send(c, address, 2, ["d"]) == (200, {"queue": 0, "offsets": [3]})
 
         # Two remaps with no send between: the third broker takes what the second took over
         await _remap(c, first)
         r = await _remap(c, third)
         address = r["queues"][0]["address"]
-        assert await _send(c, address, 0, ["a", "b"]) == (200, {"queue": 0, "offsets": [0, 1]})
+        assert await _send(c, address, 0, ["a", "b"], version=r["version"]) == (200, {"queue": 0, "offsets": [0, 1]})
         assert await _send(c, address, 2, ["d"]) == (200, {"queue": 0, "offsets": [3]})
 
         # What it took over is in its producers.log: a restart on its disk keeps answering the resend, with no
@@ -103,7 +106,8 @@ async def test_every_queue_of_a_topic_larger_than_one_ask_takes_its_batches_over
         r = await _remap(c, "b2", queues=queues)
         address = r["queues"][0]["address"]
         for q in range(queues):
-            assert await _send(c, address, 0, [f"m{q}"], queue=q) == (200, {"queue": q, "offsets": [0]}), q
+            assert await _send(c, address, 0, [f"m{q}"], queue=q, version=r["version"]) == \
+                (200, {"queue": q, "offsets": [0]}), q
         for q in range(queues):
             assert [m["body"] for m in await read_all(c, "h", q)] == [f"m{q}"]
 
@@ -119,7 +123,7 @@ async def test_an_idempotent_send_waits_at_most_the_handover_bound_when_no_holde
         c.kill9("b1")
         r = await _remap(c, "b2")
         started = time.monotonic()
-        s, b = await _send(c, r["queues"][0]["address"], 1, ["b"])
+        s, b = await _send(c, r["queues"][0]["address"], 1, ["b"], version=r["version"])
         waited = time.monotonic() - started
         assert s == 200 and len(b["offsets"]) == 1, b
         assert waited < HANDOVER_WAIT_S + 10.0, waited   # its wait began when the route reached b2: not bounded below

@@ -59,8 +59,10 @@ async def send(c, topic: str, queue: int, bodies: list[str], deadline_s: float =
         q = r["queues"][queue]
         if q["writable"]:
             try:
+                # The route's version, as a producer sends it: the broker decides on at least that route
                 s, b, _ = await c.call("POST", f"{q['address']}/v1/messages/{topic}/{queue}", "client",
-                                       json={"messages": [{"body": x} for x in bodies]}, timeout_s=5.0)
+                                       json={"messages": [{"body": x} for x in bodies]}, timeout_s=5.0,
+                                       headers={"X-Route-Version": str(r["version"])})
                 if s == 200:
                     return b["offsets"]
                 assert s in (409, 503), (s, b)
