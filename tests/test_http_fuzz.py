@@ -154,7 +154,7 @@ BROKER_OPS = [
     Op("broker", "PUT", "/v1/replica/offsets", (), ("topic", "queue", "leader_gen", "commits"), mutating=True),
     Op("broker", "GET", "/v1/replica/offsets/{topic}/{queue}", ("after",)),
     Op("broker", "PUT", "/v1/replica/pop", (), ("topic", "queue", "leader_gen", "reset", "lines"), mutating=True),
-    Op("broker", "POST", "/v1/replica/producers", (), ("queues",)),
+    Op("broker", "POST", "/v1/replica/producers", (), ("queues", "route_version")),
     Op("broker", "GET", "/healthz"), Op("broker", "GET", "/readyz"), Op("broker", "GET", "/metrics"),
     Op("broker", "GET", "/v1/openapi.json"),
     Op("broker", "POST", "/v1/pop/{topic}", (), ("group", "max", "invisible_ms", "queue", "order", "wait_ms"),

@@ -234,9 +234,10 @@ async def test_live_broker_answers_match_the_broker_spec(tmp_path):
         copied = {"topic": "t", "queue": 0, "leader_gen": 0, "reset": True, "lines": [line]}
         assert (await call("PUT", "/v1/replica/pop", "broker", json_body=copied)) == {"stored": 1}
         await call("PUT", "/v1/replica/pop", "broker", json_body={**copied, "lines": [["x"]]}, expect=400)
-        asked = {"queues": [{"topic": "t", "queue": 0, "gen": 1, "previous": sent_queue}]}
+        asked = {"queues": [{"topic": "t", "queue": 0, "gen": 1, "previous": sent_queue}], "route_version": 0}
         assert (await call("POST", "/v1/replica/producers", "broker", json_body=asked)) == {"queues": []}
-        await call("POST", "/v1/replica/producers", "broker", json_body={"queues": []}, expect=400)
+        await call("POST", "/v1/replica/producers", "broker", json_body={**asked, "queues": []}, expect=400)
+        await call("POST", "/v1/replica/producers", "broker", json_body={"queues": asked["queues"]}, expect=400)
         await call("GET", "/healthz", None)
         await call("GET", "/readyz", None)
         _assert_every_json_operation_called(spec, checker, skip=set())

@@ -3,8 +3,11 @@ forgotten once the routes name them no more (bounded by the routes, not by the b
 
 from __future__ import annotations
 
-from broker.replication.producer_handover import PRUNE_AFTER_MIN, ProducerHandover
-from broker.routing import RouteTable
+import asyncio
+
+from broker.producers import Batch
+from broker.replication.producer_handover import PRUNE_AFTER_MIN, ProducerHandover, decode_answer, encode_ask
+from broker.routing import RouteTable, segment_of
 from wire import route as route_model
 
 
@@ -40,3 +43,34 @@ def test_a_deleted_topic_leaves_no_segment_hosted_or_copied():
     routes.update(topic_route("old", 3, 1))
     assert routes.delete("old", 2) == {"old.q0.g0", "old.q1.g0", "old.q2.g0"}
     assert routes.hosted == {} and routes.copies == {}
+
+
+def _remapped(version: int) -> dict:
+    """Topic t, one queue: gen 0 on b1 sealed at 3, gen 1 open on b2."""
+    segs = [route_model.segment_json(gen=0, broker="b1", address="http://127.0.0.1:1", physical_queue="t.q0.g0",
+                                     physical_start=0, logic_start=0, logic_end=3, state="sealed", budget_end=100),
+            route_model.segment_json(gen=1, broker="b2", address="http://127.0.0.1:2", physical_queue="t.q0.g1",
+                                     physical_start=0, logic_start=3, logic_end=None, state="active", budget_end=100)]
+    return route_model.route_json(topic="t", version=version, slots=16, order="best_tried", config={},
+                                  slot_table=[[0, 16, 0]], slot_table_version=1, barriers=[],
+                                  queues=[route_model.queue_json(0, True, segs)])
+
+
+async def test_a_holder_answers_on_routes_at_least_as_new_as_the_asker_s():
+    """The new head's broker learns of the previous segment's seal before its holder: asked then, the holder found
+    it still open, answered nothing, and the head's idempotent sends waited RETRY_S (0.5 s) for the next ask."""
+    routes = RouteTable("b1")
+    routes.update(topic_route("t", 1, 1))   # gen 0 open on b1: its own batches
+    stored = Batch(7, 0, 0, 3, 0)
+    holder = ProducerHandover("b1", routes, None, lambda seg: seg.state == "sealed", lambda t, q: [stored],
+                              lambda t, q, b: None)
+    holder.route_changed("t")
+    asked = _remapped(2)
+    head, previous = (segment_of("t", 0, s) for s in reversed(asked["queues"][0]["segments"]))
+    ask = encode_ask([(head, previous)], route_version=2)
+    answering = asyncio.create_task(holder.answer(ask["queues"], ask["route_version"]))
+    await asyncio.sleep(0.05)
+    assert not answering.done(), "answered on routes older than the asker's"
+    routes.update(asked)   # the seal reaches the holder
+    assert decode_answer(await asyncio.wait_for(answering, 5)) == {("t", 0): [stored]}
+    assert decode_answer(await holder.answer(ask["queues"], 0)) == {("t", 0): [stored]}, "an older asker: at once"

@@ -313,7 +313,7 @@ async def replica_producers(request: web.Request) -> web.Response:
     (broker/replication/producer_handover.py): answered for the queues whose previous segment this broker holds."""
     node = request.app[NODE]
     body = await _json(request, models.ReplicaProducersAsk)
-    return _respond(node.writer.producer_handover.answer(body["queues"]))
+    return _respond(await node.writer.producer_handover.answer(body["queues"], body["route_version"]))
 
 
 @requires("broker")

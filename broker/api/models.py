@@ -97,6 +97,7 @@ class ProducersAsked(TypedDict):
 @with_config(STRICT)
 class ReplicaProducersAsk(TypedDict):
     queues: Annotated[list[ProducersAsked], Field(min_length=1, max_length=QUEUES_PER_ASK_MAX)]
+    route_version: Annotated[int, Field(ge=0, le=2**62)]   # the asker's: the holder answers on at least those routes
 
 
 @with_config(OPEN)

@@ -47,11 +47,12 @@ QUEUES_PER_ASK_MAX = 64    # queues named in one ask of one holder
 PRUNE_AFTER_MIN = 1_024    # segments remembered before the first scan for those the routes no longer name
 
 
-def encode_ask(asks: list[tuple[Segment, Segment]]) -> dict[str, Any]:
+def encode_ask(asks: list[tuple[Segment, Segment]], route_version: int) -> dict[str, Any]:
     """What a holder of previous segments is asked, per (head, previous): the queue's batches stored before the
-    head's gen, if it holds the previous segment's records (``previous``: its physical queue)."""
+    head's gen, if it holds the previous segment's records (``previous``: its physical queue). ``route_version``: the
+    asker's routes, which name the previous segment sealed; the holder answers on at least those (``answer``)."""
     return {"queues": [{"topic": h.topic, "queue": h.queue, "gen": h.gen, "previous": p.physical_queue}
-                       for h, p in asks]}
+                       for h, p in asks], "route_version": route_version}
 
 
 def encode_answer(found: list[tuple[str, int, list[Batch]]]) -> dict[str, Any]:
@@ -96,10 +97,15 @@ class ProducerHandover:
         self._stopped = False
 
     # -- a holder of a previous segment -----------------------------------------------------------------------------
-    def answer(self, asks: list[dict[str, Any]]) -> dict[str, Any]:
+    async def answer(self, asks: list[dict[str, Any]], route_version: int) -> dict[str, Any]:
         """The batches asked for (``encode_ask``), of each queue whose previous segment this broker holds to its end
         with the batches of the segment before it (a segment still taking them is no answer yet: what it lacks, a
-        broker asking would lack for good)."""
+        broker asking would lack for good).
+
+        Decided on routes at least as new as the asker's (a bounded wait, ``RouteTable.reach``): the asker learnt of
+        the previous segment's seal first, and a holder that had not yet found nothing to answer, and the new head's
+        idempotent sends waited RETRY_S for the next ask (a 0.5 s write pause in 1 of ~50 remaps back and forth)."""
+        await self.routes.reach(route_version)
         found = []
         for a in asks:
             previous = self.routes.held(a["previous"])
@@ -206,7 +212,7 @@ class ProducerHandover:
             return True
         try:
             body = await self.peers.call("POST", holder, self.routes.address(pairs[0][0].topic, holder), PATH,
-                                         encode_ask(pairs), remember_down=False)
+                                         encode_ask(pairs, self.routes.version), remember_down=False)
             found = decode_answer(body)
         except (Unreachable, ApiError, ValueError) as e:
             if holder not in self._unanswered:   # once until it answers: the asks go on every RETRY_S

@@ -10,6 +10,11 @@ creates the queue and stores the first batch). Every other gap of the round is b
 the longest of those is reported apart as the round's stall (an fsync or the CPU held up by other work on the machine):
 counting it as the pause made one slow fsync of an ordinary send look like a slow remap. A round whose queue has not
 moved by the next remap counts the whole interval as its pause. Prints one JSON object.
+
+``--producer client``: the producer is client/producer.py's, as users run it (route by subscription, idempotent
+batches, X-Route-Version), not the bench's bare loop; ``refusals`` then counts its sends that took more than one
+attempt. Its pauses include what the bare loop never meets: a new head holds idempotent sends until it has taken the
+previous segment's producers' batches (broker/replication/producer_handover.py).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 
 import aiohttp
 
+from client.producer import Producer
 from ops import devcluster
 from ops.bench.common import free_base_port
 
@@ -84,6 +90,18 @@ async def run(args) -> dict:
                             return
                         await asyncio.sleep(0.002)
 
+                async def client_producer():
+                    p = Producer([m["url"] for m in cluster["meta"]], cluster["client_token"], "pause",
+                                 fault_avoidance=False)
+                    try:
+                        while not state["stop"]:
+                            sent = await p.send_batch([b"p"] * 10, queue=0)
+                            acks.append((time.monotonic(), sent.offsets, sent.broker))
+                            if sent.attempts > 1:
+                                errors["retried"] = errors.get("retried", 0) + 1
+                    finally:
+                        await p.close()
+
                 async def producer():
                     await resolve()
                     payload = {"messages": [{"body": "p"}] * 10}
@@ -97,7 +115,7 @@ async def run(args) -> dict:
                             errors[code] = errors.get(code, 0) + 1
                             await resolve()
 
-                task = asyncio.create_task(producer())
+                task = asyncio.create_task(client_producer() if args.producer == "client" else producer())
                 await asyncio.sleep(1.0)
                 marks: list[float] = []
                 for i in range(args.rounds):
@@ -126,6 +144,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between remaps")
+    ap.add_argument("--producer", choices=("raw", "client"), default="raw",
+                    help="the bench's bare send loop, or client/producer.py's Producer")
     args = ap.parse_args()
     print(json.dumps(asyncio.run(run(args))))
 
