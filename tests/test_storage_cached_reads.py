@@ -5,7 +5,10 @@ dropped from the cache with ``posix_fadvise(DONTNEED)`` after a sync, as memory 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import glob
+import mmap
 import os
 import time
 
@@ -16,12 +19,21 @@ from broker.storage.limits import CACHED_READ_CHUNK_BYTES_MAX
 DROP_TRIES = 100          # DONTNEED is advice: the kernel may keep a page a while (another CPU's LRU batch holds it)
 DROP_RETRY_S = 0.01
 
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
 
 def _drop_cached_pages(queue_path: str) -> None:
-    """Drop the queue's files from the page cache, and return once the kernel took the advice: some page of each
-    file no longer reads without waiting. Advised once, the kernel kept every page in 2 runs of 30 here (after a
-    19 GB page-cache fill); with this, 2 runs of 290 still found the records cached at the read: not explained yet
-    (the probe's own RWF_NOWAIT read may start a readahead)."""
+    """Drop the queue's files from the page cache, and return once the kernel took the advice: no page of any file
+    is cached any more.
+
+    Asked by mincore, which reads nothing. The probe this replaces read the file with RWF_NOWAIT: a read that finds a
+    page missing answers EAGAIN at once but starts a readahead of it, and when that landed before the test's own read
+    the records were cached again (2 runs of 290 failed so; tests/test_storage_cached_reads.py's history)."""
     for path in glob.glob(os.path.join(queue_path, "*.log")):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -29,20 +41,44 @@ def _drop_cached_pages(queue_path: str) -> None:
             size = os.fstat(fd).st_size
             for _ in range(DROP_TRIES):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                if not _all_cached(fd, size):
+                if _cached_pages(fd, size) == 0:
                     break
                 time.sleep(DROP_RETRY_S)
             else:
-                raise AssertionError(f"the kernel kept every page of {path} through {DROP_TRIES} DONTNEED advices")
+                raise AssertionError(f"the kernel kept pages of {path} through {DROP_TRIES} DONTNEED advices")
         finally:
             os.close(fd)
 
 
-def _all_cached(fd: int, size: int) -> bool:
+def _cached_pages(fd: int, size: int) -> int:
+    """How many pages of the file's first ``size`` bytes are in the page cache (mincore(2) of a mapping of it)."""
+    if size == 0:
+        return 0
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr == _MAP_FAILED:
+        raise OSError(ctypes.get_errno(), "mmap of the queue file failed")
     try:
-        return os.preadv(fd, [bytearray(size)], 0, os.RWF_NOWAIT) == size
-    except BlockingIOError:
-        return False
+        vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        if _libc.mincore(addr, size, vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        return sum(b & 1 for b in vec.raw)
+    finally:
+        _libc.munmap(addr, size)
+
+
+def test_the_probe_sees_pages_leave_the_cache_and_a_read_bring_them_back(tmp_path):
+    path = tmp_path / "probe.log"
+    path.write_bytes(b"p" * 40_000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        assert _cached_pages(fd, 40_000) == 10, "just written: every page cached"
+        _drop_cached_pages(str(tmp_path))
+        assert _cached_pages(fd, 40_000) == 0
+        assert os.pread(fd, 40_000, 0) == b"p" * 40_000
+        assert _cached_pages(fd, 40_000) == 10
+    finally:
+        os.close(fd)
 
 
 def test_a_cached_read_returns_what_a_read_returns(tmp_path):
