@@ -271,7 +271,8 @@ async def test_a_record_over_the_storage_limit_is_413_and_stores_nothing(full_cl
     r = await wait_route(c, "big", all_writable)
     addr = r["queues"][0]["address"]
     huge = "x" * (5 * 1024 * 1024)  # over storage's 4 MiB per record, under the broker's 32 MiB body limit
-    s, b, _ = await c.call("POST", f"{addr}/v1/messages/big/0", "client", json={"messages": [{"body": huge}]})
+    s, b, _ = await c.call("POST", f"{addr}/v1/messages/big/0", "client", json={"messages": [{"body": huge}]},
+                           headers={"X-Route-Version": str(r["version"])})   # b2 decides on the new topic's route
     assert (s, b["error"]["code"]) == (413, "TOO_LARGE"), (s, b)
     assert await send(c, "big", 0, ["small"]) == [0]
 

@@ -289,7 +289,8 @@ async def test_a_message_is_found_by_key_by_offset_and_by_time_and_a_test_messag
     for i in range(30):   # one at a time: each is stored in its own moment, in order
         key = "order-7" if i % 7 == 3 else f"other-{i}"
         status, body, _ = await c.call("POST", f"{b1}/v1/messages/{TOPIC}/{key_queue}", "client",
-                                       json={"messages": [{"body": f"message {i}", "key": key}]})
+                                       json={"messages": [{"body": f"message {i}", "key": key}]},
+                                       headers={"X-Route-Version": str(route["version"])})
         assert status == 200 and body["offsets"] == [i], body
     _, stored, _ = await c.call("GET", f"{b1}/v1/messages/{TOPIC}/{key_queue}?offset=0&max=100", "client")
     stored = stored["messages"]

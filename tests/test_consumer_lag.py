@@ -22,10 +22,11 @@ async def _describe(c) -> dict:
 
 async def test_lag_does_not_count_the_budget_skipped_after_a_lapsed_session(full_cluster):
     c = full_cluster
-    await ok(c, "POST", "/v1/topics", json={"topic": TOPIC, "queues": 1, "brokers": ["b1"], "replicas": 1},
-             expect=(201,))
+    created = await ok(c, "POST", "/v1/topics", json={"topic": TOPIC, "queues": 1, "brokers": ["b1"], "replicas": 1},
+                       expect=(201,))
     await ok(c, "POST", f"/v1/messages/{TOPIC}/0", "client", url=c.url("b1"),
-             json={"messages": [{"body": f"m{i}"} for i in range(40)]})
+             json={"messages": [{"body": f"m{i}"} for i in range(40)]},
+             headers={"X-Route-Version": str(created["version"])})   # b1 decides on at least the new topic
     await ok(c, "PUT", f"/v1/offsets/{GROUP}/{TOPIC}/0", "client", url=c.url("b1"), json={"offset": 32})
 
     # b1 dies; its session lapses and meta fences it; the operator moves the queue (the guide's steps)

@@ -33,7 +33,8 @@ async def _send(c, topic: str, queue: int, count: int) -> str:
     route = await ok(c, "GET", f"/v1/routes/{topic}", "client")
     address = route["queues"][queue]["address"]
     await ok(c, "POST", f"/v1/messages/{topic}/{queue}", "client", url=address,
-             json={"messages": [{"body": f"m{i}"} for i in range(count)]})
+             json={"messages": [{"body": f"m{i}"} for i in range(count)]},
+             headers={"X-Route-Version": str(route["version"])})   # the broker decides on at least this route
     return address
 
 

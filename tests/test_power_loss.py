@@ -52,7 +52,9 @@ async def send_batches(c, topic: str, batches: int, queue: int = 0, sender: int 
     acked: list[tuple[int, str]] = []
     for i in range(first, first + batches):
         bodies = [f"{queue}-{sender}-{i}-{k}-{BODY}" for k in range(BATCH)]
-        headers = {} if producer is None else {"X-Producer-Id": str(producer), "X-Producer-Seq": str(i)}
+        headers = {"X-Route-Version": str(r["version"])}   # the broker decides on at least the route read
+        if producer is not None:
+            headers |= {"X-Producer-Id": str(producer), "X-Producer-Seq": str(i)}
         s, b, _ = await c.call("POST", f"{addr}/v1/messages/{topic}/{queue}", "client",
                                json={"messages": [{"body": x} for x in bodies]}, headers=headers)
         assert s == 200, b

@@ -37,7 +37,8 @@ async def fill(c, topic: str, n: int) -> None:
     r = await route(c, topic)
     for i in range(0, n, 100):
         s, b, _ = await c.call("POST", f"{r['queues'][0]['address']}/v1/messages/{topic}/0", "client",
-                               json={"messages": [{"body": f"m{j}"} for j in range(i, min(n, i + 100))]})
+                               json={"messages": [{"body": f"m{j}"} for j in range(i, min(n, i + 100))]},
+                               headers={"X-Route-Version": str(r["version"])})
         assert s == 200, b
 
 

@@ -205,7 +205,8 @@ async def test_copies_lost_one_after_another_come_back_from_whichever_broker_sti
         first, second, third = r["queues"][0]["replicas"]
         bodies = [f"m{i}" for i in range(20)]
         s, b, _ = await c.call("POST", f"{r['queues'][0]['address']}/v1/messages/r/0", "client",
-                               json={"messages": [{"body": x} for x in bodies]})
+                               json={"messages": [{"body": x} for x in bodies]},
+                               headers={"X-Route-Version": str(r["version"])})
         assert s == 200 and b["offsets"] == list(range(20)), b
 
         def lose(broker: str) -> None:
@@ -347,7 +348,8 @@ async def test_a_leader_back_on_its_disk_leads_on_and_a_follower_back_on_a_new_d
                 head = r["queues"][q]
                 bodies = [f"q{q}-{i}-{j}" for j in range(BATCH)]
                 s, b, _ = await c.call("POST", f"{head['address']}/v1/messages/r/{q}", "client",
-                                       json={"messages": [{"body": x} for x in bodies]})
+                                       json={"messages": [{"body": x} for x in bodies]},
+                                       headers={"X-Route-Version": str(r["version"])})
                 assert s == 200, b
                 acked.update({(q, off): body for off, body in zip(b["offsets"], bodies)})
         before = await _epochs(c)
