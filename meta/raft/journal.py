@@ -772,6 +772,7 @@ class StatorJournal(Journal):
         for path in listing.leftovers:
             # Never renamed in, so never part of the journal: a write the process did not live to finish.
             if self._io.remove(path) and not path.endswith(STATE_WRITING_SUFFIX):
+                # Harmless mutants: this log line's name and fields (nothing reads them).
                 log.info("raft_journal_unfinished_write_removed", path=path)
         if loaded.dead:
             # Below the state file's first segment: dropped by a compaction or clear() whose unlinks a crash cut.
@@ -795,6 +796,8 @@ class StatorJournal(Journal):
             self._handle = self._io.open_append(last.path)
             self._end = loaded.end
             if loaded.end < FILE_HEADER_BYTES or loaded.torn_bytes:
+                # Harmless mutants: ``<=`` here or in the test above (a segment that ends at its header is
+                # truncated or rewritten to the same bytes, and synced once more).
                 if loaded.end < FILE_HEADER_BYTES:   # a creation no sync covered: nothing in it was acknowledged
                     self._io.truncate(self._handle, 0)
                     self._io.append(self._handle, file_header())
@@ -811,9 +814,13 @@ class StatorJournal(Journal):
         for command, idx, _term in self._entries:
             if command[:1] == _MEMBERSHIP_BYTE:
                 self.membership.appended(idx, command)
-        # Its thread starts at the first dead segment (see _unlink_dead).
+        # Its thread starts at the first dead segment (see _unlink_dead). Harmless mutants: another pool size or
+        # thread name (dead segments unlinked in any order: one a crash leaves is below the state file's first
+        # segment, removed at the next start).
         self._unlinker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raft-journal-unlink")
         self._unlinks: list[concurrent.futures.Future[None]] = []
+        # Harmless mutants: None for False below (as falsy), and a directory dirty from the start (one directory
+        # sync more, at the first sync).
         self._closed = False
         self._directory_dirty = False         # a segment created or removed since the last sync
         self.dirty = False                    # anything not durable yet: appends, truncations, the directory
