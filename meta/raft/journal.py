@@ -548,6 +548,8 @@ def _scan(path: str, raw: bytes, entries: list[Entry], offsets: list[int], *, la
     silently: a damaged record that is not the last is JournalDamaged, and so is any torn tail of a segment that is
     not the last (the journal syncs a segment whole before it starts the next)."""
     size = len(raw)
+    # Harmless mutants: the ``last`` of a scan of the last segment (here and in ``tail``): _load reads it only as
+    # the next segment's ``previous``, and there is none.
     if last_segment and _torn_file_header(raw):
         return _Scan(0, size, previous)
     _check_file_header(path, raw)
@@ -557,6 +559,8 @@ def _scan(path: str, raw: bytes, entries: list[Entry], offsets: list[int], *, la
     at = FILE_HEADER_BYTES
     number = 0
     chained = previous is not None
+    # Harmless mutants: other defaults before a chain starts (its index is read only once chained; a term is never
+    # negative), and below -2 for -1 (nor is an index).
     last_index, last_term = previous if previous is not None else (-1, -1)
     below = -1 if first_index is None else first_index   # indexes below it are dead: checked, not loaded
 
