@@ -95,13 +95,14 @@ class RouteTable:
             self._advanced.set()
             self._advanced = asyncio.Event()
 
-    async def reach(self, version: int, timeout_s: float = ROUTE_CATCH_UP_WAIT_S) -> bool:
-        """Wait until this table has followed the log to ``version``, at most ``timeout_s``; whether it has.
+    async def reach(self, version: int, timeout_s: float | None = None) -> bool:
+        """Wait until this table has followed the log to ``version``, at most ``timeout_s`` (ROUTE_CATCH_UP_WAIT_S);
+        whether it has.
 
         Meta's route reaches a client before the watch stream brings it here: a producer that read a queue's new
         head writable and sends to it at once would otherwise be refused (SEALING, NOT_LEADER) by the very broker
         the route names, and pause before its retry. Past ROUTE_WAITERS_MAX waiters, the answer is at once."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (ROUTE_CATCH_UP_WAIT_S if timeout_s is None else timeout_s)
         while self.version < version:
             left = deadline - time.monotonic()
             if left <= 0 or self._waiters >= ROUTE_WAITERS_MAX:
