@@ -385,14 +385,12 @@ class Writer:
             raise _storage_unavailable(head, e) from None
         return pq, first
 
-    async def append_copy(self, seg: Segment, runs: list, batches: list[Batch] = (), durable: bool = True,
-                          ask: bool = True) -> int:
+    async def append_copy(self, seg: Segment, runs: list, batches: list[Batch] = ()) -> int:
         """Append a leader's runs (``broker/replication``) to this broker's copy of ``seg``, at the offsets the leader
-        stored them at, and return once they are as durable as the flush policy promises (``durable`` False: once
-        written; ``durable_copy`` waits for the rest). Runs this copy holds already are skipped; a copy whose end was
-        read (``seal``) takes nothing more. ``batches``: the producers' batches those records belong to, remembered
-        here as the leader does. ``ask`` False: the sync is not asked for here (``ask_sync`` asks later, once every
-        copy a push brought is written). Returns the records taken."""
+        stored them at, and return once they are written: the caller asks for their sync (``ask_sync``) once it has
+        written every copy it was sent, and waits for it (``durable_copy``). Runs this copy holds already are
+        skipped; a copy whose end was read (``seal``) takes nothing more. ``batches``: the producers' batches those
+        records belong to, remembered here as the leader does. Returns the records taken."""
         async with self._lock(seg.physical_queue):
             if seg.physical_queue in self._sealed_here:
                 return 0
@@ -420,10 +418,6 @@ class Writer:
                 if seg.logic_end is None or b.first + b.count <= seg.logic_end:
                     self._remember(seg.topic, seg.queue, b._replace(pq=seg.physical_queue,
                                                                      physical=seg.physical(b.first)))
-        if taken and self._commit is not None and ask:
-            self._commit.ask(pq)   # synced from now on, though waited for later (durable_copy)
-        if taken and durable:
-            await self._durable(pq, pq.next_offset)
         return taken
 
     async def _before_roll(self, pq: PhysicalQueue, records_bytes: int) -> None:
@@ -438,8 +432,8 @@ class Writer:
                 raise QueueFailed(f"syncing the producers journal failed: {e}", path=log.path) from None
 
     def ask_sync(self, seg: Segment) -> None:
-        """The next group-commit round syncs what this broker's copy of ``seg`` has written (``append_copy`` with
-        ``ask`` False leaves it to this)."""
+        """The next group-commit round syncs what this broker's copy of ``seg`` has written, whether or not anything
+        waits for it yet (``GroupCommit.ask``)."""
         pq = self.local_queue(seg)
         if pq is not None and self._commit is not None:
             self._commit.ask(pq)

@@ -81,12 +81,38 @@ async def test_the_producers_lines_are_synced_before_an_append_seals_a_queue_s_a
             def batch(offset: int, seq: int) -> Batch:
                 return Batch(7, seq, seg.logic(offset), 3, seg.gen)
 
-            assert await writer.append_copy(seg, [run(0)], [batch(0, 0)], durable=False) == 3
+            assert await writer.append_copy(seg, [run(0)], [batch(0, 0)]) == 3
             assert log.next_offset > 0 and log.max_offset == 0, "a line is written, not synced, by a copy's append"
             written = log.next_offset
-            await writer.append_copy(seg, [run(3)], [batch(3, 1)], durable=False)   # the file rolls
+            await writer.append_copy(seg, [run(3)], [batch(3, 1)])   # the file rolls
             assert len(list((tmp_path / "root").rglob("*.log"))) == 2, "the second append rolled to a new file"
             assert log.max_offset >= written, "the first batch's line was not durable when its file was sealed"
         finally:
             writer.stop()
             log.close()
+
+
+async def test_a_copy_s_append_only_writes_and_its_sync_comes_when_asked(tmp_path):
+    """The follower writes every section a push brought, then asks for one sync round (replication/follower.py
+    ``_take``): an append that asked by itself woke the syncer, whose round could start before the next section was
+    written. With group commit, a copy's records stay unsynced (unreadable) until ``ask_sync``."""
+    from broker.storage import QueueConfig, Run
+    from broker.storage.config import FLUSH_GROUP
+    from broker.storage.record import pack_records
+
+    with QueueStore(str(tmp_path / "root"), QueueConfig(flush_policy=FLUSH_GROUP)) as store:
+        writer = Writer("b1", store, None, None, None)
+        segs = [Segment("orders", q, 1, "b2", None, f"orders.q{q}.g1.i1", 0, 0, None, "active", 1_000_000)
+                for q in (0, 1)]
+        try:
+            for seg in segs:
+                assert await writer.append_copy(seg, [Run(0, 1, 3, 0, pack_records([b"x" * 100] * 3))]) == 3
+            await asyncio.sleep(0.2)   # a round asked for would have run by now
+            queues = [writer.local_queue(seg) for seg in segs]
+            assert [(q.next_offset, q.max_offset) for q in queues] == [(3, 0), (3, 0)], "synced before it was asked"
+            for seg in segs:
+                writer.ask_sync(seg)
+            await _until(lambda: all(q.max_offset == 3 for q in queues))
+            await asyncio.wait_for(asyncio.gather(*(writer.durable_copy(seg) for seg in segs)), 10)
+        finally:
+            writer.stop()
