@@ -68,12 +68,8 @@ async def _create(c, url: str, topic: str, queues: int) -> int:
 
 @pytest.fixture
 async def node(tmp_path):
-    """One meta node with a broker registered: (cluster, its URL, the client's Authorization header)."""
-    async with cluster_mod.running(str(tmp_path), 1, 0, meta={"session_timeout_ms": 600_000}) as c:
-        m = c.meta_urls[0]
-        s, b, _ = await c.call("PUT", m + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
-        assert s == 200, b
-        yield c, m, c.headers("client")["Authorization"]
+    async with cluster_mod.one_meta_node(str(tmp_path)) as n:
+        yield n
 
 
 async def test_a_parked_poll_gets_the_handlers_answer_whole_and_its_connection_serves_the_next_request(node):

@@ -241,9 +241,8 @@ async def test_metrics_listen_serves_the_scrape_and_health_paths_only_and_asks_n
     await _refused(broker_url + "/metrics", ca_only)
 
 
-async def test_a_parked_long_poll_is_answered_whole_over_tls_and_its_connection_serves_the_next_request(tls_cluster):
-    """meta/api/parked_polls.py writes the answer to the TLS transport itself, beside aiohttp's writer."""
-    certs, meta_url, _ = tls_cluster
+def _metrics_of(meta_url: str, certs):
+    """A reader of one value of the node's metrics listener (its HTTP port + 2, TLS with a CA only)."""
     base = int(meta_url.rsplit(":", 1)[1])
     ca_only = client_context(TlsFiles(None, None, certs.ca))
 
@@ -251,6 +250,13 @@ async def test_a_parked_long_poll_is_answered_whole_over_tls_and_its_connection_
         status, text = await _get(f"https://127.0.0.1:{base + 2}/metrics", ca_only)
         assert status == 200
         return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+    return scraped
+
+
+async def test_a_parked_long_poll_is_answered_whole_over_tls_and_its_connection_serves_the_next_request(tls_cluster):
+    """meta/api/parked_polls.py writes the answer to the TLS transport itself, beside aiohttp's writer."""
+    certs, meta_url, _ = tls_cluster
+    scraped = _metrics_of(meta_url, certs)
 
     ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
     async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
@@ -283,6 +289,33 @@ async def test_a_parked_long_poll_is_answered_whole_over_tls_and_its_connection_
         assert await scraped("stator_meta_long_polls_answered_parked_total") == 1
         assert await poll(changed["version"], 0) == (304, b"")
         assert len(opened) == 1
+
+
+async def test_a_parked_watch_stream_is_written_over_tls(tls_cluster):
+    """meta/api/parked_watches.py writes a one-topic stream's events to the TLS transport itself, chunked as
+    aiohttp chunks the stream."""
+    certs, meta_url, _ = tls_cluster
+    scraped = _metrics_of(meta_url, certs)
+
+    ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
+    async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
+        created = await admin.create_topic("watched", queues=1)
+    auth = {"Authorization": f"Bearer {TOKENS['client']}"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx),
+                                     timeout=aiohttp.ClientTimeout(total=60)) as s:
+        async with s.get(f"{meta_url}/v1/watch", headers=auth,
+                         params={"topics": "watched", "after": str(created["version"])}) as r:
+            assert r.status == 200 and r.headers["Transfer-Encoding"] == "chunked"
+            deadline = time.monotonic() + 30
+            while await scraped("stator_meta_watch_streams_parked") != 1:
+                assert time.monotonic() < deadline, "the stream never parked"
+                await asyncio.sleep(0.1)
+            async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
+                changed = await admin.set_config("watched", {"k": "v"})
+            lines = [await asyncio.wait_for(r.content.readline(), 30) for _ in range(4)]
+            assert lines[:2] == [b"event: route\n", b"id: %d\n" % changed["version"]] and lines[3] == b"\n"
+            assert json.loads(lines[2][len(b"data: "):])["config"] == {"k": "v"}
+    assert await scraped("stator_meta_watch_events_written_parked_total") == 1
 
 
 def test_tls_config_keys_are_checked_by_name(tmp_path):

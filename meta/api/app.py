@@ -14,11 +14,13 @@ from ..console import messages as console_messages
 from ..console import pages as console
 from ..console import topic_forms as console_topic_forms
 from ..admission import Admission
-from .keys import ADMISSIONS, METRICS, PARKED_POLLS, SERVICE
+from .keys import ADMISSIONS, METRICS, PARKED_POLLS, PARKED_WATCHES, SERVICE
 from .metrics import MetaMetrics
 from runtime.server import require_declared_roles
 from .middleware import VERSION_HEADER, add_version_header, errors_and_auth, refuse_when_removed
 from .parked_polls import ParkedPolls
+from .parked_watches import ParkedWatches
+from .topic_changes import answer_changes
 
 
 def make_app(config: MetaConfig) -> web.Application:
@@ -39,17 +41,20 @@ def make_app(config: MetaConfig) -> web.Application:
         # Built as the app starts, not with the app: the node binds its raft port as it is built, after the HTTP
         # port (runtime/serve.py), and its parts belong to the running loop (meta/service.py).
         svc = app[SERVICE] = MetaService(config, version_waiters)
-        parked = app[PARKED_POLLS] = ParkedPolls(svc.reads, svc.feed, VERSION_HEADER,
-                                                 metrics.long_polls_answered_parked)
+        polls = app[PARKED_POLLS] = ParkedPolls(svc.reads, svc.feed, VERSION_HEADER,
+                                                metrics.long_polls_answered_parked)
+        watches = app[PARKED_WATCHES] = ParkedWatches(svc.reads, svc.feed, metrics.watch_events_written_parked,
+                                                      metrics.watch_streams_parked)
         await svc.start()
-        answering = asyncio.create_task(parked.run(), name="parked-polls")
+        answering = asyncio.create_task(answer_changes(svc.feed, [polls, watches]), name="parked-answers")
         metrics.watch_node(svc)
         try:
             yield
         finally:
             answering.cancel()
             await asyncio.gather(answering, return_exceptions=True)
-            parked.close()
+            polls.close()
+            watches.close()
             await svc.stop()
 
     app.cleanup_ctx.append(service_ctx)

@@ -55,6 +55,13 @@ class MetaMetrics:
             "stator_meta_long_polls_answered_parked_total", "Long polls answered whole by the parked-poll writer, "
             "one rendered answer per topic version (the rest answer from their own handler)", registry=r)
         self.watch_streams = Gauge("stator_meta_watch_streams", "Open SSE watch streams", registry=r)
+        self.watch_events_written_parked = Counter(
+            "stator_meta_watch_events_written_parked_total", "Route events written to parked one-topic watch streams by "
+            "the parked-watch writer, one framed event per topic version (the rest write from their own stream)",
+            registry=r)
+        self.watch_streams_parked = Gauge("stator_meta_watch_streams_parked", "One-topic watch streams parked "
+                                          "between their topic's changes (written by the parked-watch writer)",
+                                          registry=r)
         self.version_waiters = Gauge("stator_meta_version_waiters", "Reads waiting for a min_version", registry=r)
         self.topics = Gauge("stator_meta_topics", "Topics in the image", registry=r)
         self.refusals = Counter("stator_meta_http_refusals_total", "Error answers by API code; a limit's refusals "

@@ -17,19 +17,15 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import enum
+from collections.abc import Iterable
 
-import structlog
 from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
 from prometheus_client import Counter
 
-from ..changefeed import TOPICS
+from .topic_changes import answer_changes
 
-log = structlog.get_logger("meta.parked_polls")
-
-IDLE_WAIT_S = 60.0      # the answering task's wait for a change; it only bounds the wait, nothing is polled
 ANSWER_SLICE = 64       # answers written per loop pass (~12 µs each): the write's own answer is not queued behind
-FAILURE_PAUSE_S = 0.2
 
 
 class Outcome(enum.Enum):
@@ -96,24 +92,14 @@ class ParkedPolls:
                 del self._parked[topic]
 
     async def run(self) -> None:
-        """Until cancelled: after every topic change, answer the polls parked on the changed topics. A failure
-        wakes the polls concerned, whose handlers answer; the task goes on."""
-        scanned = self.feed.version
-        while True:
-            if self.feed.version == scanned:
-                await self.feed.wait(TOPICS, IDLE_WAIT_S)
-            changed = self.feed.changed_since(scanned)
-            scanned = self.feed.version
-            topics = list(self._parked) if changed is None else [t for t in changed if t in self._parked]
-            for topic in topics:
-                try:
-                    await self._answer(topic)
-                except Exception:  # noqa: BLE001 - one topic's failure must not leave every other poll parked
-                    log.exception("parked_polls_answer_failed", topic=topic)
-                    self._wake_all(topic)
-                    await asyncio.sleep(FAILURE_PAUSE_S)
+        """Until cancelled: after every topic change, answer the polls parked on the changed topics (alone; a node
+        runs topic_changes.answer_changes over this and its parked watches)."""
+        await answer_changes(self.feed, [self])
 
-    async def _answer(self, topic: str) -> None:
+    def topics(self) -> Iterable[str]:
+        return self._parked
+
+    async def answer(self, topic: str) -> None:
         polls = self._parked.get(topic)
         if not polls:
             return
@@ -156,7 +142,7 @@ class ParkedPolls:
             head += [b"Content-Encoding: gzip", b"Vary: Accept-Encoding"]
         return b"\r\n".join(head) + b"\r\n\r\n" + body
 
-    def _wake_all(self, topic: str) -> None:
+    def wake_all(self, topic: str) -> None:
         for poll in list(self._parked.get(topic, ())):
             _settle(poll.fut, Outcome.CHANGED)
 

@@ -1,8 +1,8 @@
 """Route subscriptions: long poll (``GET /v1/routes/{topic}?after=V&wait=S``) and SSE (``GET /v1/watch``).
 
 Both send the route rendered once per version. A parked long poll is answered by parked_polls.py, which writes the
-whole HTTP answer, built once, to every connection waiting on the topic; a watch stream waits on the change feed
-and writes the same event bytes as every other stream of its topic.
+whole HTTP answer, built once, to every connection waiting on the topic; a watch stream of one topic is written to
+the same way between its passes (parked_watches.py), and any other stream waits on the change feed.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from wire.params import nonneg_int, seconds
 from runtime.server import requires
 
 from .http import JSON, service
-from .keys import ADMISSIONS, PARKED_POLLS
+from .keys import ADMISSIONS, PARKED_POLLS, PARKED_WATCHES
 from .parked_polls import AnsweredResponse, Outcome
+from .parked_watches import sse
 
 SSE_KEEPALIVE_S = 15.0
 WATCH_HEALTH_CHECK_S = 1.0   # how often an idle stream checks that its node still follows the leader
@@ -78,7 +79,10 @@ async def watch(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(request)
-        await WatchStream(svc, resp, topics, after).run()
+        # The parked-watch writer writes to the connection beside aiohttp's writer, framed as aiohttp frames it
+        chunked = resp.headers.get("Transfer-Encoding") == "chunked"
+        parked = request.app[PARKED_WATCHES] if len(topics) == 1 else None
+        await WatchStream(svc, resp, topics, after, parked, request.transport, chunked).run()
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
@@ -100,9 +104,15 @@ class WatchStream:
 
     A node that has no leader, or lags its leader's commit by more than WATCH_LAG_ENTRIES_MAX, ends its streams so
     readers move to a node that follows the log (a cut-off node would otherwise keep streams alive with keepalives).
+
+
+    A stream of one topic parks between its passes (``parked``: parked_watches.py), which writes the changes of its
+    topic to its connection (``transport``, ``chunked``: framed as aiohttp frames this response) and advances
+    ``sent``, ``last_id``, ``scanned_to`` and ``quiet_since`` as a pass would.
     """
 
-    def __init__(self, svc, resp: web.StreamResponse, topics: list[str], after: int):
+    def __init__(self, svc, resp: web.StreamResponse, topics: list[str], after: int, parked=None, transport=None,
+                 chunked: bool = False):
         self.svc = svc
         self.resp = resp
         self.topics = topics
@@ -110,27 +120,35 @@ class WatchStream:
         self.sent: dict[str, int] = {}     # topic -> version sent (-1: deleted)
         self.scanned_to = after            # every change up to here has been sent
         self.last_id = after
+        self.quiet_since = 0.0             # loop time of the last bytes sent
+        self._parked = parked
+        self._transport = transport
+        self._chunked = chunked
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        quiet_since = loop.time()
+        self.quiet_since = loop.time()
         # All-topic streams (brokers) wake for any applied version: their caught_up is what lets a broker write again
         # after a registration or an unfence, which need not change any topic. A pass looks only at changed topics.
         key = ANY if not self.topics else TOPICS if len(self.topics) > 1 else self.topics[0]
         while True:
             if not self.svc.reads.follows_log():
-                await self.resp.write(_sse("unavailable", self.last_id,  # an id that promises nothing new
+                await self.resp.write(sse("unavailable", self.last_id,  # an id that promises nothing new
                                            b'{"reason":"this meta node does not follow the leader; reconnect elsewhere"}'))
                 return
             if await self._pass():
-                quiet_since = loop.time()
+                self.quiet_since = loop.time()
                 # Another pass finds something only if a version was published meanwhile (while a write waited);
                 # else it would read every watched route again for nothing, a second read per wake-up.
                 if self.svc.feed.version > self.scanned_to:
                     continue
-            if not await self.svc.feed.wait(key, WATCH_HEALTH_CHECK_S) and loop.time() - quiet_since >= SSE_KEEPALIVE_S:
+            if self._parked is not None:
+                changed = await self._parked.wait(self, self._transport, self._chunked, WATCH_HEALTH_CHECK_S)
+            else:
+                changed = await self.svc.feed.wait(key, WATCH_HEALTH_CHECK_S)
+            if not changed and loop.time() - self.quiet_since >= SSE_KEEPALIVE_S:
                 await self.resp.write(b": keepalive\n\n")
-                quiet_since = loop.time()
+                self.quiet_since = loop.time()
 
     def _candidates(self) -> tuple[list[str], bool]:
         """Names to look at, and whether they come from the change log (then a missing one was deleted since)."""
@@ -162,17 +180,17 @@ class WatchStream:
         wrote = False
         for version, name, body in listed:
             kind = "group" if name.startswith(GROUP_KEY_PREFIX) else "route"
-            await self.resp.write(_sse(kind, version, body))
+            await self.resp.write(sse(kind, version, body))
             self.sent[name] = self.last_id = version
             wrote = True
         for name in gone:
-            await self.resp.write(_sse("deleted", published, json.dumps({"topic": name, "version": published}).encode()))
+            await self.resp.write(sse("deleted", published, json.dumps({"topic": name, "version": published}).encode()))
             self.sent[name] = -1
             self.last_id = published
             wrote = True
         self.scanned_to = max(self.scanned_to, published)
         if not self.topics and published > self.last_id:
-            await self.resp.write(_sse("caught_up", published, b'{"version":%d}' % published))
+            await self.resp.write(sse("caught_up", published, b'{"version":%d}' % published))
             self.last_id = published
             wrote = True
         return wrote
@@ -183,10 +201,6 @@ class WatchStream:
         event = self.svc.reads.group_bytes(key)
         if event is not None and max(self.after, self.sent.get(key, -1)) < event[0] <= published:
             listed.append((event[0], key, event[1]))
-
-
-def _sse(event: str, version: int, data: bytes) -> bytes:
-    return b"event: " + event.encode() + b"\nid: " + str(version).encode() + b"\ndata: " + data + b"\n\n"
 
 
 def add_routes(app: web.Application) -> None:

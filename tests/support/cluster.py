@@ -131,6 +131,17 @@ async def running(tmp_dir: str, metas: int = 3, brokers: int = 0, **extra):
         devcluster.down(c.dir)
 
 
+@contextlib.asynccontextmanager
+async def one_meta_node(tmp_dir: str):
+    """One meta node with a broker b1 registered (at an address nothing serves) and sessions that do not lapse:
+    (cluster, its URL, the client's Authorization header)."""
+    async with running(tmp_dir, 1, 0, meta={"session_timeout_ms": 600_000}) as c:
+        m = c.meta_urls[0]
+        s, b, _ = await c.call("PUT", m + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
+        assert s == 200, b
+        yield c, m, c.headers("client")["Authorization"]
+
+
 def up(tmp_dir: str, metas: int = 3, brokers: int = 0, **extra) -> Cluster:
     base = free_base_port()
     info = devcluster.up(os.path.join(tmp_dir, "cluster"), metas, brokers, base,

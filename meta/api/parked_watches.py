@@ -1,0 +1,129 @@
+"""Watch streams of one topic parked between its changes, written together: the event is built once per version
+and written to every parked stream from one task.
+
+A watch stream used to wait on the change feed: a change woke each one, and each read the route, built its event
+and wrote it through aiohttp's writer, ~50 µs of a node's loop per subscriber (16 ms a round for the 333 streams a
+node holds in ``ops.bench.fanout``). Here a stream of one topic that has sent everything parks between passes;
+after a change of its topic one task reads the route once, frames the event once (as a chunk when the response is
+chunked, as aiohttp would frame it) and writes those bytes to each parked stream's connection in turn, advancing the
+stream as its own pass would have. The stream's handler stays parked: nothing wakes it but its health check.
+
+What the writer cannot do, the stream does itself, as before: a deleted topic, a route applied past the version
+published, a connection that is closing or holds more than WRITE_BUFFER_BYTES_MAX unsent wakes the stream, whose
+own pass then writes (and waits for its reader). Streams of several topics and all-topic streams (brokers) never
+park here. The parked-poll writer drives this one too (parked.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from prometheus_client import Counter, Gauge
+
+ANSWER_SLICE = 64                  # events written per loop pass (~10 µs each): a write's own answer is not queued behind
+WRITE_BUFFER_BYTES_MAX = 64 * 1024   # unsent bytes past which a stream writes its own events (and waits for its reader)
+
+
+class _Parked:
+    __slots__ = ("stream", "transport", "chunked", "fut")
+
+    def __init__(self, stream, transport: asyncio.Transport, chunked: bool, fut: asyncio.Future):
+        self.stream = stream
+        self.transport = transport
+        self.chunked = chunked
+        self.fut = fut
+
+
+class ParkedWatches:
+    def __init__(self, reads, feed, written: Counter, parked: Gauge):
+        self.reads = reads
+        self.feed = feed
+        self.written = written   # events written here
+        self.parked = parked     # streams parked here
+        self._parked: dict[str, dict[_Parked, None]] = {}   # topic -> its parked streams, in the order they parked
+
+    async def wait(self, stream, transport: asyncio.Transport | None, chunked: bool, timeout_s: float) -> bool:
+        """Park ``stream`` (a meta.api.watch.WatchStream of one topic) until it must run a pass itself (True) or
+        ``timeout_s`` passed (False). Meanwhile the changes of its topic are written to ``transport`` here, and
+        the stream's state advanced. A change published since the stream's last pass (its ``scanned_to``) found it
+        not parked: True at once."""
+        if self.feed.version != stream.scanned_to or transport is None:
+            return True
+        topic = stream.topics[0]
+        loop = asyncio.get_running_loop()
+        parked = _Parked(stream, transport, chunked, loop.create_future())
+        streams = self._parked.get(topic)
+        if streams is None:
+            streams = self._parked[topic] = {}
+        streams[parked] = None
+        self.parked.inc()
+        timer = loop.call_later(timeout_s, _settle, parked.fut, False)
+        try:
+            return await parked.fut
+        finally:
+            timer.cancel()
+            self.parked.dec()
+            streams.pop(parked, None)
+            if not streams and self._parked.get(topic) is streams:
+                del self._parked[topic]
+
+    def topics(self) -> Iterable[str]:
+        return self._parked
+
+    async def answer(self, topic: str) -> None:
+        streams = self._parked.get(topic)
+        if not streams:
+            return
+        # The tick thread hands the loop a command's changes and its proposer's answer together: yield once, so that
+        # the write's own answer leaves before its subscribers' (as the parked polls do)
+        await asyncio.sleep(0)
+        published = self.feed.version
+        route = self.reads.route_bytes(topic)
+        if route is None or route[0] > published:
+            # Deleted: each stream says so itself. Applied past what is published: the publish of it comes next,
+            # and writes it then (a stream never sends a version above the id it promises)
+            if route is None:
+                self.wake_all(topic)
+            return
+        version, body = route
+        event = sse("route", version, body)
+        chunk = b"%x\r\n%s\r\n" % (len(event), event)
+        now = asyncio.get_running_loop().time()
+        written = 0
+        for parked in list(self._parked.get(topic, ())):   # as parked now: each slice below yields the loop
+            stream = parked.stream
+            if parked.fut.done() or max(stream.after, stream.sent.get(topic, -1)) >= version:
+                continue   # woken already, or it has this version (it resumed after it)
+            transport = parked.transport
+            if transport.is_closing() or transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
+                _settle(parked.fut, True)
+                continue
+            transport.write(chunk if parked.chunked else event)
+            stream.sent[topic] = stream.last_id = version
+            stream.scanned_to = max(stream.scanned_to, published)
+            stream.quiet_since = now
+            self.written.inc()
+            written += 1
+            if written % ANSWER_SLICE == 0:
+                await asyncio.sleep(0)
+
+    def wake_all(self, topic: str) -> None:
+        for parked in list(self._parked.get(topic, ())):
+            _settle(parked.fut, True)
+
+    def close(self) -> None:
+        for streams in self._parked.values():
+            for parked in streams:
+                if not parked.fut.done():
+                    parked.fut.cancel()
+        self._parked.clear()
+
+
+def sse(event: str, version: int, data: bytes) -> bytes:
+    return b"event: " + event.encode() + b"\nid: " + str(version).encode() + b"\ndata: " + data + b"\n\n"
+
+
+def _settle(fut: asyncio.Future, value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)

@@ -1,0 +1,49 @@
+"""The one task of a meta node that writes what waits on a topic (parked long polls, parked watch streams) after each
+change of it: it follows the change feed and hands each changed topic to every writer with something parked on it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import structlog
+
+from ..changefeed import TOPICS, ChangeFeed
+
+log = structlog.get_logger("meta.topic_changes")
+
+IDLE_WAIT_S = 60.0      # the task's wait for a change; it only bounds the wait, nothing is polled
+FAILURE_PAUSE_S = 0.2
+
+
+class Parked(Protocol):
+    def topics(self) -> Iterable[str]:
+        """The topics something waits on here."""
+
+    async def answer(self, topic: str) -> None:
+        """Write what ``topic``'s change owes to whoever waits on it."""
+
+    def wake_all(self, topic: str) -> None:
+        """After a failed ``answer``: every waiter of ``topic`` answers for itself."""
+
+
+async def answer_changes(feed: ChangeFeed, writers: Sequence[Parked]) -> None:
+    """Until cancelled. A writer's failure on one topic wakes that topic's waiters, whose handlers answer; the task
+    goes on."""
+    scanned = feed.version
+    while True:
+        if feed.version == scanned:
+            await feed.wait(TOPICS, IDLE_WAIT_S)
+        changed = feed.changed_since(scanned)
+        scanned = feed.version
+        for writer in writers:
+            parked = writer.topics()
+            topics = list(parked) if changed is None else [t for t in changed if t in parked]
+            for topic in topics:
+                try:
+                    await writer.answer(topic)
+                except Exception:  # noqa: BLE001 - one topic's failure must not leave everything else parked
+                    log.exception("parked_answer_failed", writer=type(writer).__name__, topic=topic)
+                    writer.wake_all(topic)
+                    await asyncio.sleep(FAILURE_PAUSE_S)

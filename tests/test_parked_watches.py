@@ -1,0 +1,242 @@
+"""Watch streams of one topic written by the parked-watch writer (meta/api/parked_watches.py), on a real node, read
+byte for byte off their connections: each change arrives once, framed as aiohttp frames the stream (HTTP/1.1
+chunks, or bare bytes over HTTP/1.0), with the ids a resume needs; what the writer cannot do (a deleted topic, a
+reader that stopped reading, a stream of several topics) the stream does itself, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+import yarl
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from meta.api.parked_watches import WRITE_BUFFER_BYTES_MAX, ParkedWatches
+from meta.api.watch import WATCH_HEALTH_CHECK_S
+from meta.changefeed import ChangeFeed
+from tests.support import cluster as cluster_mod
+from tests.support.meta_http import wait_until
+from tests.support.metrics import scrape, value
+
+READ_TIMEOUT_S = 30
+PARKED = "stator_meta_watch_events_written_parked_total"
+
+
+class Stream:
+    """One ``GET /v1/watch`` on a connection of its own, its answer read byte for byte (chunked or not)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.chunked = False
+        self._body = b""
+
+    @classmethod
+    async def open(cls, url: str, auth: str, query: str, version: str = "HTTP/1.1") -> "Stream":
+        u = yarl.URL(url)
+        reader, writer = await asyncio.open_connection(u.host, u.port)
+        s = cls(reader, writer)
+        head = [f"GET /v1/watch?{query} {version}", f"Host: {u.host}:{u.port}", f"Authorization: {auth}"]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+        lines = raw.decode("latin-1").split("\r\n")
+        assert lines[0].split()[1] == "200", raw
+        headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:] if line)}
+        assert headers["content-type"] == "text/event-stream"
+        s.chunked = headers.get("transfer-encoding") == "chunked"
+        return s
+
+    async def _more(self) -> None:
+        if not self.chunked:
+            data = await asyncio.wait_for(self.reader.read(65536), READ_TIMEOUT_S)
+            assert data, "the stream ended"
+            self._body += data
+            return
+        size_line = await asyncio.wait_for(self.reader.readuntil(b"\r\n"), READ_TIMEOUT_S)
+        size = int(size_line, 16)   # a bad chunk header fails here
+        assert size > 0, "the stream ended"
+        chunk = await asyncio.wait_for(self.reader.readexactly(size + 2), READ_TIMEOUT_S)
+        assert chunk.endswith(b"\r\n"), chunk
+        self._body += chunk[:-2]
+
+    async def event(self) -> tuple[str, int, dict]:
+        """The next event that is not a comment: (event, id, data)."""
+        while True:
+            while b"\n\n" not in self._body:
+                await self._more()
+            raw, self._body = self._body.split(b"\n\n", 1)
+            fields = dict(line.split(": ", 1) for line in raw.decode().split("\n") if not line.startswith(":"))
+            if fields:
+                return fields["event"], int(fields["id"]), json.loads(fields["data"])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@pytest.fixture
+async def node(tmp_path):
+    async with cluster_mod.one_meta_node(str(tmp_path)) as n:
+        yield n
+
+
+async def _create(c, url: str, topic: str, queues: int = 2) -> int:
+    s, b, _ = await c.call("POST", url + "/v1/topics", json={"topic": topic, "queues": queues})
+    assert s == 201, b
+    return b["version"]
+
+
+async def _change(c, url: str, topic: str, value_: str) -> int:
+    s, b, _ = await c.call("PUT", url + f"/v1/topics/{topic}/config", json={"k": value_})
+    assert s == 200, b
+    return b["version"]
+
+
+async def _written(c, url: str) -> float:
+    return value(await scrape(c.session, url), PARKED)
+
+
+@pytest.mark.parametrize("http_version", ["HTTP/1.1", "HTTP/1.0"])
+async def test_each_change_reaches_a_parked_stream_once_framed_as_its_connection_is(node, http_version):
+    c, m, auth = node
+    v0 = await _create(c, m, "t")
+    stream = await Stream.open(m, auth, f"topics=t&after={v0}", http_version)
+    try:
+        assert stream.chunked == (http_version == "HTTP/1.1")
+        versions = []
+        for i in range(3):
+            before = await _written(c, m)
+            # parked again after each change (its own pass, or the writer's): the next one is the writer's
+            await wait_until(lambda: _parked_count(c, m, 1), READ_TIMEOUT_S, "the stream parked")
+            v = await _change(c, m, "t", f"v{i}")
+            event, id_, data = await stream.event()
+            assert (event, id_, data["version"], data["topic"]) == ("route", v, v, "t")
+            assert data["config"] == {"k": f"v{i}"}
+            versions.append(id_)
+            await wait_until(lambda: _grew(c, m, before), READ_TIMEOUT_S, "the writer wrote it")
+        assert versions == sorted(set(versions))
+        # the writer advanced the stream as its own pass would: the stream's health checks pass over what it wrote
+        # (each wakes it for a pass), then a change of another topic and one of t: t's is its next event
+        await asyncio.sleep(3 * WATCH_HEALTH_CHECK_S)
+        other = await _create(c, m, "other")
+        v = await _change(c, m, "t", "last")
+        assert v > other
+        assert (await stream.event())[1] == v
+        # the same bytes a stream's own first pass sends for that version
+        fresh = await Stream.open(m, auth, f"topics=t&after={v - 1}", http_version)
+        try:
+            assert await fresh.event() == ("route", v, (await _route(c, m, "t")))
+        finally:
+            fresh.close()
+    finally:
+        stream.close()
+
+
+async def _route(c, url: str, topic: str) -> dict:
+    async with c.session.get(url + f"/v1/routes/{topic}", headers=c.headers("client")) as r:
+        assert r.status == 200
+        return json.loads(await r.read())
+
+
+async def _parked_count(c, url: str, n: int) -> bool:
+    return value(await scrape(c.session, url), "stator_meta_watch_streams_parked") == n
+
+
+async def _grew(c, url: str, before: float) -> bool:
+    return await _written(c, url) > before
+
+
+async def test_a_deleted_topic_and_a_stream_of_two_topics_are_written_by_their_own_streams(node):
+    c, m, auth = node
+    v0 = await _create(c, m, "gone")
+    await _create(c, m, "kept")
+    one = await Stream.open(m, auth, f"topics=gone&after={v0}")
+    two = await Stream.open(m, auth, f"topics=gone,kept&after={v0}")
+    try:
+        assert (await two.event())[0] == "route"   # kept's creation, after v0
+        # the one-topic stream parks; the other never does (it waits on the change feed)
+        await wait_until(lambda: _parked_count(c, m, 1), READ_TIMEOUT_S, "the one-topic stream parked")
+        before = await _written(c, m)
+        v = await _change(c, m, "gone", "x")
+        assert (await one.event())[1] == v
+        assert (await two.event())[1] == v
+        await wait_until(lambda: _grew(c, m, before), READ_TIMEOUT_S, "the writer wrote one")
+        assert await _written(c, m) == before + 1   # the one-topic stream's; the other wrote its own
+        s, b, _ = await c.call("DELETE", m + "/v1/topics/gone")
+        assert s == 200, b
+        for stream in (one, two):
+            event, id_, data = await stream.event()
+            assert (event, data["topic"]) == ("deleted", "gone") and id_ >= data["version"] > v
+        assert await _written(c, m) == before + 1
+    finally:
+        one.close()
+        two.close()
+
+
+class _Transport:
+    def __init__(self, buffered: int = 0):
+        self.written = b""
+        self.buffered = buffered
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+
+def _stream(topic: str, after: int, scanned_to: int):
+    return SimpleNamespace(topics=[topic], after=after, sent={}, scanned_to=scanned_to, last_id=after,
+                           quiet_since=0.0)
+
+
+def _watches(feed: ChangeFeed, route: tuple[int, bytes] | None) -> ParkedWatches:
+    reads = SimpleNamespace(route_bytes=lambda topic: route)
+    registry = CollectorRegistry()
+    return ParkedWatches(reads, feed, Counter("w", "w", registry=registry), Gauge("p", "p", registry=registry))
+
+
+async def test_a_reader_that_stopped_reading_is_woken_and_nothing_is_written_for_it():
+    feed = ChangeFeed()
+    watches = _watches(feed, (2, b'{"version":2}'))
+    slow, quick = _Transport(WRITE_BUFFER_BYTES_MAX + 1), _Transport()
+    streams = [_stream("t", 1, 0), _stream("t", 1, 0)]
+    waits = [asyncio.create_task(watches.wait(s, t, True, READ_TIMEOUT_S)) for s, t in zip(streams, (slow, quick))]
+    await asyncio.sleep(0)   # both parked
+    feed.publish(2, {"t"})
+    await watches.answer("t")
+    assert await asyncio.wait_for(waits[0], 1.0) is True and slow.written == b""
+    assert not waits[1].done()
+    assert quick.written == b'28\r\nevent: route\nid: 2\ndata: {"version":2}\n\n\r\n'
+    assert (streams[1].sent, streams[1].last_id, streams[1].scanned_to) == ({"t": 2}, 2, 2)
+    assert streams[0].sent == {} and streams[0].scanned_to == 0
+    watches.close()
+    await asyncio.gather(waits[1], return_exceptions=True)
+
+
+async def test_a_change_published_before_the_stream_parks_is_not_waited_past():
+    feed = ChangeFeed()
+    watches = _watches(feed, (2, b'{"version":2}'))
+    stream = _stream("t", 1, 1)   # its last pass saw version 1
+    feed.publish(2, {"t"})        # published before it parks: the writer found nothing parked
+    assert await asyncio.wait_for(watches.wait(stream, _Transport(), True, READ_TIMEOUT_S), 1.0) is True
+
+
+async def test_a_route_applied_past_the_version_published_waits_for_its_publish():
+    feed = ChangeFeed()
+    feed.publish(2, {"t"})
+    watches = _watches(feed, (3, b'{"version":3}'))   # applied at 3, published up to 2
+    transport, stream = _Transport(), _stream("t", 2, 2)
+    waiting = asyncio.create_task(watches.wait(stream, transport, False, READ_TIMEOUT_S))
+    await asyncio.sleep(0)
+    await watches.answer("t")
+    assert transport.written == b"" and not waiting.done()
+    feed.publish(3, {"t"})
+    await watches.answer("t")
+    assert transport.written == b'event: route\nid: 3\ndata: {"version":3}\n\n'
+    assert stream.scanned_to == 3 and not waiting.done()
+    watches.close()
+    await asyncio.gather(waiting, return_exceptions=True)
