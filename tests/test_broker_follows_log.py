@@ -17,6 +17,8 @@ import pytest
 from wire.sse import SseParser
 from tests.support import cluster as cluster_mod
 from tests.support.broker_http import admin, all_writable, read_all, route, send, wait_route
+from tests.support.meta_http import wait_until
+from tests.support.metrics import scrape, value
 
 
 async def test_a_topic_whose_route_outgrew_the_old_line_bound_does_not_blind_the_brokers(full_cluster):
@@ -145,16 +147,27 @@ async def _resume_after_each_event(c, start: int) -> None:
     assert seen["a"] == latest
 
 
-async def test_a_meta_node_without_a_leader_ends_its_watch_streams(meta_cluster):
+@pytest.mark.parametrize("one_topic", [False, True])
+async def test_a_meta_node_without_a_leader_ends_its_watch_streams(meta_cluster, one_topic):
     """A node cut off from the leader once kept its streams alive with keepalives, so brokers attached to it never saw
-    a seal. It must end them so readers move to a node that follows the log."""
+    a seal. It must end them so readers move to a node that follows the log. A stream of one topic is parked
+    between changes (meta/api/parked_watches.py), and its node's writer checks for it."""
     c = meta_cluster
+    params = {}
+    if one_topic:
+        s, b, _ = await c.call("PUT", c.meta_urls[0] + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
+        assert s == 200, b
+        s, b, _ = await c.call("POST", c.meta_urls[0] + "/v1/topics", json={"topic": "t", "queues": 1})
+        assert s == 201, b
+        params = {"topics": "t", "after": str(b["version"]), "min_version": str(b["version"]), "wait": "10"}
     leader = await c.leader()
     others = [m["node"] for m in c.info["meta"] if m["node"] != leader]
     watched = others[0]
-    async with c.session.get(c.url(watched) + "/v1/watch", headers=c.headers("client"),
+    async with c.session.get(c.url(watched) + "/v1/watch", headers=c.headers("client"), params=params,
                              timeout=aiohttp.ClientTimeout(total=30)) as resp:
         assert resp.status == 200
+        if one_topic:
+            await wait_until(lambda: _parked_streams(c, watched, 1), 30, "the stream parked")
         stopped = [leader, others[1]]
         for n in stopped:
             os.kill(c.pid(n), signal.SIGSTOP)
@@ -170,6 +183,10 @@ async def test_a_meta_node_without_a_leader_ends_its_watch_streams(meta_cluster)
                 os.kill(c.pid(n), signal.SIGCONT)
     assert [e.event for e in events][-1:] == ["unavailable"], events
     print(f"stream ended {ended_after:.2f} s after the node lost its leader")
+
+
+async def _parked_streams(c, node: str, n: int) -> bool:
+    return value(await scrape(c.session, c.url(node)), "stator_meta_watch_streams_parked") == n
 
 
 @pytest.fixture

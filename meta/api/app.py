@@ -47,12 +47,14 @@ def make_app(config: MetaConfig) -> web.Application:
                                                       metrics.watch_streams_parked)
         await svc.start()
         answering = asyncio.create_task(answer_changes(svc.feed, [polls, watches]), name="parked-answers")
+        tending = asyncio.create_task(watches.tend(), name="parked-watches-tend")
         metrics.watch_node(svc)
         try:
             yield
         finally:
             answering.cancel()
-            await asyncio.gather(answering, return_exceptions=True)
+            tending.cancel()
+            await asyncio.gather(answering, tending, return_exceptions=True)
             polls.close()
             watches.close()
             await svc.stop()

@@ -22,10 +22,8 @@ from runtime.server import requires
 from .http import JSON, service
 from .keys import ADMISSIONS, PARKED_POLLS, PARKED_WATCHES
 from .parked_polls import AnsweredResponse, Outcome
-from .parked_watches import sse
+from .parked_watches import KEEPALIVE, SSE_KEEPALIVE_S, WATCH_HEALTH_CHECK_S, sse
 
-SSE_KEEPALIVE_S = 15.0
-WATCH_HEALTH_CHECK_S = 1.0   # how often an idle stream checks that its node still follows the leader
 
 
 
@@ -143,11 +141,11 @@ class WatchStream:
                 if self.svc.feed.version > self.scanned_to:
                     continue
             if self._parked is not None:
-                changed = await self._parked.wait(self, self._transport, self._chunked, WATCH_HEALTH_CHECK_S)
-            else:
-                changed = await self.svc.feed.wait(key, WATCH_HEALTH_CHECK_S)
-            if not changed and loop.time() - self.quiet_since >= SSE_KEEPALIVE_S:
-                await self.resp.write(b": keepalive\n\n")
+                # Parked, it is health-checked and kept alive by the writer (ParkedWatches.tend), not by a timer each
+                await self._parked.wait(self, self._transport, self._chunked)
+                continue
+            if not await self.svc.feed.wait(key, WATCH_HEALTH_CHECK_S) and loop.time() - self.quiet_since >= SSE_KEEPALIVE_S:
+                await self.resp.write(KEEPALIVE)
                 self.quiet_since = loop.time()
 
     def _candidates(self) -> tuple[list[str], bool]:
