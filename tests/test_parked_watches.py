@@ -171,6 +171,21 @@ async def test_a_deleted_topic_and_a_stream_of_two_topics_are_written_by_their_o
         two.close()
 
 
+async def test_a_parked_stream_whose_reader_went_away_ends_and_leaves_nothing_parked(node):
+    """The server cancels the handler of a closed connection (runtime/serve.py handler_cancellation): a parked
+    stream is unparked on the way out, not left for the writer to find."""
+    c, m, auth = node
+    v0 = await _create(c, m, "left")
+    stream = await Stream.open(m, auth, f"topics=left&after={v0}")
+    await wait_until(lambda: _parked_count(c, m, 1), READ_TIMEOUT_S, "the stream parked")
+    stream.close()
+
+    async def ended() -> bool:
+        return value(await scrape(c.session, m), "stator_meta_watch_streams") == 0
+    await wait_until(ended, READ_TIMEOUT_S, "the stream's handler ended")
+    assert value(await scrape(c.session, m), "stator_meta_watch_streams_parked") == 0
+
+
 class _Transport:
     def __init__(self, buffered: int = 0):
         self.written = b""

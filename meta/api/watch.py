@@ -141,10 +141,13 @@ class WatchStream:
                 if self.svc.feed.version > self.scanned_to:
                     continue
             if self._parked is not None:
-                # Parked, it is health-checked and kept alive by the writer (ParkedWatches.tend), not by a timer each
+                # Parked, it is health-checked and kept alive by the writer (ParkedWatches.tend), not by a timer each.
+                # Woken, it writes what the writer could not (a reader far behind): the next event, or its keepalive
                 await self._parked.wait(self, self._transport, self._chunked)
-                continue
-            if not await self.svc.feed.wait(key, WATCH_HEALTH_CHECK_S) and loop.time() - self.quiet_since >= SSE_KEEPALIVE_S:
+                changed = False
+            else:
+                changed = await self.svc.feed.wait(key, WATCH_HEALTH_CHECK_S)
+            if not changed and loop.time() - self.quiet_since >= SSE_KEEPALIVE_S:
                 await self.resp.write(KEEPALIVE)
                 self.quiet_since = loop.time()
 
