@@ -18,8 +18,6 @@ offset on the queue the slots came from has reached the split point, so every ke
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ import structlog
 
 from wire import group_event
 from wire.errors import ApiError, rejection
-from wire.waits import wait_set
+from wire.waits import Changes
 
 log = structlog.get_logger("broker.locks")
 
@@ -73,8 +71,7 @@ class LockTable:
         self._ready = ready
         self.groups: dict[str, GroupLocks] = {}
         self.max_token = 0                 # the largest token any event has carried: the broker's horizon
-        self._changed = asyncio.Event()
-        self._waiters = 0
+        self._changed = Changes()
 
     def apply(self, body: Any) -> bool:
         """Take one ``group`` event's data; False when it is not newer than what is held. Raises LockEventError
@@ -85,9 +82,7 @@ class LockTable:
             return False
         self.groups[group] = new
         self.max_token = max(self.max_token, new.tokens_through)
-        # Waiters hold the event they wait on; a fresh one is for the next change.
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._changed.changed()
         return True
 
     def exclusive(self, group: str) -> bool:
@@ -119,22 +114,13 @@ class LockTable:
         409 STALE_TOKEN or 503 LOCKS_CATCHING_UP."""
         if not self._ready():
             raise catching_up(group, "it has not followed the log up to its registration yet")
-        deadline = time.monotonic() + LOCK_CATCH_UP_WAIT_S
-        while True:
+        def granted() -> bool:
             verdict = self._verdict(group, topic, queue, token)
-            if verdict == "ok":
-                return
             if verdict == "stale":
                 raise stale_token(group, topic, queue, token)
-            left = deadline - time.monotonic()
-            # Harmless mutant: ``left < 0`` (at exactly 0 the wait below times out at once and the next turn refuses).
-            if left <= 0 or self._waiters >= LOCK_WAITERS_MAX:
-                raise catching_up(group, f"token {token} is newer than every token it has seen")
-            self._waiters += 1
-            try:
-                await wait_set(self._changed, left)
-            finally:
-                self._waiters -= 1
+            return verdict == "ok"
+        if not await self._changed.until(granted, LOCK_CATCH_UP_WAIT_S, LOCK_WAITERS_MAX):
+            raise catching_up(group, f"token {token} is newer than every token it has seen")
 
 
 Committed = Callable[[str, str, int], Awaitable[int]]   # (group, topic, queue) -> committed offset or -1

@@ -9,14 +9,12 @@ history); a queue whose first carried segment has gen > 0 has older ones, which 
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from wire import route as route_model
 from wire.route import Segment
 from wire.route import segment as segment_of
-from wire.waits import wait_set
+from wire.waits import Changes
 
 __all__ = ["RouteTable", "Segment", "segment_of"]
 
@@ -33,8 +31,7 @@ class RouteTable:
         self.hosted: dict[str, Segment] = {}   # physical queue -> newest view of a segment this broker hosts
         # physical queue -> newest view of a segment this broker holds a copy of and does not lead (its follower)
         self.copies: dict[str, Segment] = {}
-        self._advanced = asyncio.Event()   # set (and replaced) each time version grows
-        self._waiters = 0
+        self._advanced = Changes()   # each time version grows
 
     def update(self, route: dict[str, Any]) -> set[str] | None:
         """Take a newer route. None if it is not newer; else the physical queues this broker no longer hosts live
@@ -91,9 +88,7 @@ class RouteTable:
     def _advance(self, version: int) -> None:
         if version > self.version:
             self.version = version
-            # Waiters hold the event they wait on; a fresh one is for the next change.
-            self._advanced.set()
-            self._advanced = asyncio.Event()
+            self._advanced.changed()
 
     async def reach(self, version: int, timeout_s: float | None = None) -> bool:
         """Wait until this table has followed the log to ``version``, at most ``timeout_s`` (ROUTE_CATCH_UP_WAIT_S);
@@ -102,17 +97,8 @@ class RouteTable:
         Meta's route reaches a client before the watch stream brings it here: a producer that read a queue's new
         head writable and sends to it at once would otherwise be refused (SEALING, NOT_LEADER) by the very broker
         the route names, and pause before its retry. Past ROUTE_WAITERS_MAX waiters, the answer is at once."""
-        deadline = time.monotonic() + (ROUTE_CATCH_UP_WAIT_S if timeout_s is None else timeout_s)
-        while self.version < version:
-            left = deadline - time.monotonic()
-            if left <= 0 or self._waiters >= ROUTE_WAITERS_MAX:
-                return False
-            self._waiters += 1
-            try:
-                await wait_set(self._advanced, left)
-            finally:
-                self._waiters -= 1
-        return True
+        return await self._advanced.until(lambda: self.version >= version,
+                                          ROUTE_CATCH_UP_WAIT_S if timeout_s is None else timeout_s, ROUTE_WAITERS_MAX)
 
     def _hosted_of(self, topic: str) -> set[str]:
         route = self.routes.get(topic)

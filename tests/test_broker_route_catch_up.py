@@ -98,4 +98,4 @@ async def test_reach_counts_a_caught_up_and_a_deletion_as_followed_and_bounds_it
     assert time.monotonic() - started < 1
     routes.caught_up(6)
     assert await asyncio.wait_for(first, 5) is True
-    assert routes._waiters == 0
+    assert routes._advanced.waiting == 0

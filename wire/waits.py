@@ -1,4 +1,4 @@
-"""The one bounded wait on an asyncio event, for every part.
+"""The one bounded wait on an asyncio event, for every part, and the one bounded wait for a table to change.
 
 Not ``asyncio.wait_for(event.wait(), timeout)``: on Python 3.11 that runs the wait in a task of its own, and a cancel
 that arrives as the event is set can be lost, so the waiting task waits on and a stop that cancels it never returns
@@ -8,6 +8,8 @@ that arrives as the event is set can be lost, so the waiting task waits on and a
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 
 async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
@@ -18,3 +20,34 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+class Changes:
+    """Bounded waits for a condition that can turn true only when ``changed()`` is called (a table that follows a
+    stream: a broker's routes, its lock table). Each wait is bounded in time, and the waits at once in number: past
+    the bound a wait answers at once, so a flood of requests cannot pile up on a table that stopped following."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.waiting = 0
+
+    def changed(self) -> None:
+        # Waiters hold the event they wait on; a fresh one is for the next change
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def until(self, reached: Callable[[], bool], timeout_s: float, waiters_max: int) -> bool:
+        """Whether ``reached()`` holds within ``timeout_s``, asked again after each change; False at once when
+        ``waiters_max`` wait already. ``reached`` may raise, which ends the wait with its error."""
+        deadline = time.monotonic() + timeout_s
+        while not reached():
+            left = deadline - time.monotonic()
+            # Harmless mutant: ``left < 0`` (at exactly 0 the wait below times out at once and the next turn refuses)
+            if left <= 0 or self.waiting >= waiters_max:
+                return False
+            self.waiting += 1
+            try:
+                await wait_set(self._event, left)
+            finally:
+                self.waiting -= 1
+        return True
