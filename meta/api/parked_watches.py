@@ -14,7 +14,7 @@ and writes the keepalive of each stream quiet for SSE_KEEPALIVE_S (a timer per s
 What the writer cannot do, the stream does itself, as before: a deleted topic, a route applied past the version
 published, a connection that is closing or holds more than WRITE_BUFFER_BYTES_MAX unsent wakes the stream, whose
 own pass then writes (and waits for its reader). Streams of several topics and all-topic streams (brokers) never
-park here. The parked-poll writer drives this one too (parked.py).
+park here. One task drives this writer and the parked polls' (topic_changes.py).
 """
 
 from __future__ import annotations

@@ -25,8 +25,6 @@ from .parked_polls import AnsweredResponse, Outcome
 from .parked_watches import KEEPALIVE, SSE_KEEPALIVE_S, WATCH_HEALTH_CHECK_S, sse
 
 
-
-
 @requires("client", "broker")
 async def long_poll_route(request: web.Request) -> web.StreamResponse:
     svc = service(request)
@@ -102,7 +100,6 @@ class WatchStream:
 
     A node that has no leader, or lags its leader's commit by more than WATCH_LAG_ENTRIES_MAX, ends its streams so
     readers move to a node that follows the log (a cut-off node would otherwise keep streams alive with keepalives).
-
 
     A stream of one topic parks between its passes (``parked``: parked_watches.py), which writes the changes of its
     topic to its connection (``transport``, ``chunked``: framed as aiohttp frames this response) and advances
