@@ -14,6 +14,7 @@ import yarl
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from meta.api.parked_watches import SSE_KEEPALIVE_S, WATCH_HEALTH_CHECK_S, WRITE_BUFFER_BYTES_MAX, ParkedWatches
+from meta.api.topic_changes import answer_changes
 from meta.changefeed import ChangeFeed
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import wait_until
@@ -279,3 +280,38 @@ async def test_parked_streams_get_their_keepalives_and_are_woken_when_the_node_s
     finally:
         tending.cancel()
         await asyncio.gather(tending, return_exceptions=True)
+
+
+async def test_a_failed_route_read_wakes_the_topic_s_parked_streams_and_the_writer_goes_on():
+    """One task writes for every topic (meta/api/topic_changes.py): a topic it cannot write for is left to its
+    streams, and the next topic's change is still written."""
+    def route_bytes(topic: str):
+        if topic == "bad":
+            raise RuntimeError("render failed")
+        return 2, b'{"version":2}'
+
+    feed = ChangeFeed()
+    registry = CollectorRegistry()
+    watches = ParkedWatches(SimpleNamespace(route_bytes=route_bytes), feed, Counter("w", "w", registry=registry),
+                            Gauge("p", "p", registry=registry))
+    bad, good = _Transport(), _Transport()
+    streams = [_stream("bad", 1, 0), _stream("good", 1, 0)]
+    waits = [asyncio.create_task(watches.wait(s, tr, False)) for s, tr in zip(streams, (bad, good))]
+    writer = asyncio.create_task(answer_changes(feed, [watches]))
+    try:
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waits), "both parked"
+        feed.publish(2, {"bad", "good"})
+        await asyncio.wait_for(waits[0], READ_TIMEOUT_S)   # woken: its stream reads the route itself
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READ_TIMEOUT_S
+        while not good.written:
+            assert loop.time() < deadline, "the other topic's change was not written"
+            await asyncio.sleep(0.05)
+        assert good.written == b'event: route\nid: 2\ndata: {"version":2}\n\n' and bad.written == b""
+        assert streams[1].sent == {"good": 2} and streams[0].sent == {}
+        assert not writer.done() and not waits[1].done()
+    finally:
+        writer.cancel()
+        watches.close()
+        await asyncio.gather(writer, *waits, return_exceptions=True)
