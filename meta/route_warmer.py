@@ -4,7 +4,10 @@ A 1,000-queue route takes ~9 ms to render and encode; at a million queues the re
 few hundred of them, so a reader of a route nobody read lately waited for that render. This task renders each big
 topic's route once per version (coalesced: a topic that changes many times between two passes is rendered once,
 and a pass waits for changes to settle, meta/limits.py ROUTE_WARM_*) into the gzip cache, which holds every route at ten million queues (meta/limits.py). Small routes render in well
-under a millisecond and are left to the readers. Renders run in worker threads (meta/reads.py route_for).
+under a millisecond and are left to the readers. Renders run in worker threads (meta/reads.py route_for), one at a
+time; once warm, paced to limits.ROUTE_WARM_DUTY of the wall time, so that they never starve the raft tick thread
+of the GIL (at full speed, three nodes rendering a thousand routes each cost 3 to 6 term changes while a million
+queues were created).
 
 A node that starts says it is ready (/readyz) only once ``warm``: a pass that began after it had caught up with the
 leader rendered every big route. Ready straight after the catch-up, a restarted node rendered on demand what its
@@ -72,11 +75,17 @@ class RouteWarmer:
         return self.reads.read(pick)
 
     async def _render(self, names: list[str]) -> bool:
-        """Each of ``names`` not in the gzip cache at its current version into it; False when a render failed."""
+        """Each of ``names`` not in the gzip cache at its current version into it; False when a render failed.
+        Once warm, paced to limits.ROUTE_WARM_DUTY of the wall time."""
         try:
             for name in names:
-                if not self.reads.route_gzipped(name) and await self.reads.route_for(name, gzip_ok=True) is not None:
+                if self.reads.route_gzipped(name):
+                    continue
+                started = time.monotonic()
+                if await self.reads.route_for(name, gzip_ok=True) is not None:
                     self.rendered += 1
+                if self.warm:
+                    await asyncio.sleep((time.monotonic() - started) * (1 / limits.ROUTE_WARM_DUTY - 1))
                 if not self.warm:
                     self._note_catch_up()   # the hold's bound runs from the catch-up, even in a long first pass
             return True

@@ -5,6 +5,7 @@ against a table of topics it reads through the same calls as the node's ReadFaca
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -122,3 +123,30 @@ async def test_without_big_topics_a_caught_up_node_is_warm_at_once(running):
     warmer = running(topics, lambda: True)
     await _until(lambda: warmer.warm, "warm")
     assert topics.renders == []
+
+
+async def test_once_warm_renders_take_at_most_their_share_of_the_wall_time_and_the_warm_up_none(running):
+    """Renders back to back starved the raft tick thread of the GIL (limits.ROUTE_WARM_DUTY): once warm, each render
+    is followed by a wait of (1 / duty - 1) times its length. A starting node's warm-up is not held back."""
+    render_s = 0.1
+    topics = Topics(**{f"t{i}": BIG for i in range(4)})
+    slow = topics.route_for
+    started: list[float] = []
+
+    async def route_for(name, gzip_ok):
+        started.append(time.monotonic())
+        await asyncio.sleep(render_s)
+        return await slow(name, gzip_ok)
+    topics.route_for = route_for
+    warmer = running(topics, lambda: True)
+    await _until(lambda: warmer.warm, "warm")
+    warm_up = [b - a for a, b in zip(started, started[1:])]
+    assert len(warm_up) == 3 and max(warm_up) < render_s / limits.ROUTE_WARM_DUTY * 0.95, warm_up   # not paced
+    for t in topics.topics.values():
+        t["version"] = 2
+    warmer.feed.publish(2, set(topics.topics))
+    async with asyncio.timeout(WAIT_S * 4):
+        while len(topics.renders) < 8:
+            await asyncio.sleep(0.01)
+    gaps = [b - a for a, b in zip(started[4:], started[5:])]
+    assert min(gaps) >= render_s / limits.ROUTE_WARM_DUTY * 0.95, gaps
