@@ -130,7 +130,7 @@ ROUTE_WARM_DELAY_MAX_S = 5.0
 # Once warm, the renders of changed routes take at most this share of the wall time (after each render the warmer
 # waits out the rest): a thousand 1,000-queue routes rendered back to back on each node starved the raft tick
 # threads of the GIL past the election timeout (4 term changes in a scale run, none with the renders held back; at
-# full speed during the creation of a million queues, 3 to 6). The warm-up of a starting node runs at full speed.
+# full speed, 3 to 4 elections while a million queues were created). The warm-up of a starting node runs at full speed.
 ROUTE_WARM_DUTY = 0.25
 # A starting node says it is ready once its routes are warm (meta/route_warmer.py), or this long after it caught up
 # with the leader, whichever comes first: ~5 s of warm-up at a million queues here, ~80 s at ten million, where a
