@@ -86,7 +86,7 @@ class RouteWarmer:
                     self.rendered += 1
                 if self.warm:
                     await asyncio.sleep((time.monotonic() - started) * (1 / limits.ROUTE_WARM_DUTY - 1))
-                if not self.warm:
+                else:
                     self._note_catch_up()   # the hold's bound runs from the catch-up, even in a long first pass
             return True
         except Exception:  # noqa: BLE001 - a failed render must not end the task; readers render on demand

@@ -22,6 +22,7 @@ from runtime.credentials import token_hash
 from ops import devcluster
 from ops.cli import main
 from tests.support import tls_certs
+from tests.support.meta_http import wait_until
 from tests.support.tls_cluster import META_TOKENS, TOKENS, running_pair, start_process, stop_processes, wait_ready
 from tests.support.tls_cluster import tls_cluster  # noqa: F401  (the fixture: one meta node and one broker, mutual TLS)
 
@@ -278,10 +279,11 @@ async def test_a_parked_long_poll_is_answered_whole_over_tls_and_its_connection_
                 return r.status, await r.read()
 
         parked = asyncio.create_task(poll(created["version"], 30))
-        deadline = time.monotonic() + 30
-        while await scraped("stator_meta_long_poll_waiters") != 1:
-            assert time.monotonic() < deadline and not parked.done(), "the long poll never parked"
-            await asyncio.sleep(0.1)
+
+        async def waiting() -> bool:
+            assert not parked.done(), "the long poll was answered before it parked"
+            return await scraped("stator_meta_long_poll_waiters") == 1
+        await wait_until(waiting, 30, "the long poll parked")
         async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
             changed = await admin.set_config("parked", {"k": "v"})
         status, body = await asyncio.wait_for(parked, 30)
@@ -306,10 +308,9 @@ async def test_a_parked_watch_stream_is_written_over_tls(tls_cluster):
         async with s.get(f"{meta_url}/v1/watch", headers=auth,
                          params={"topics": "watched", "after": str(created["version"])}) as r:
             assert r.status == 200 and r.headers["Transfer-Encoding"] == "chunked"
-            deadline = time.monotonic() + 30
-            while await scraped("stator_meta_watch_streams_parked") != 1:
-                assert time.monotonic() < deadline, "the stream never parked"
-                await asyncio.sleep(0.1)
+            async def parked() -> bool:
+                return await scraped("stator_meta_watch_streams_parked") == 1
+            await wait_until(parked, 30, "the stream parked")
             async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
                 changed = await admin.set_config("watched", {"k": "v"})
             lines = [await asyncio.wait_for(r.content.readline(), 30) for _ in range(4)]
