@@ -16,6 +16,7 @@ from aiohttp.http import HttpVersion11
 from prometheus_client import CollectorRegistry, Counter
 
 from meta.api.parked_polls import Outcome, ParkedPolls
+from meta.api.topic_changes import answer_changes
 from meta.changefeed import ChangeFeed
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import wait_until
@@ -182,7 +183,7 @@ async def test_a_failed_render_wakes_its_polls_for_their_handlers_and_the_writer
 
     feed, reads, registry = ChangeFeed(), Reads(), CollectorRegistry()
     parked = ParkedPolls(reads, feed, "X-Meta-Version", Counter("answered", "answered", registry=registry))
-    writer = asyncio.create_task(parked.run())
+    writer = asyncio.create_task(answer_changes(feed, [parked]))
     try:
         request = SimpleNamespace(transport=_Transport(), method="GET", version=HttpVersion11, keep_alive=True)
         for version, outcome in ((1, Outcome.CHANGED), (2, Outcome.ANSWERED)):
@@ -210,7 +211,7 @@ async def test_a_change_published_while_the_route_was_read_is_not_waited_past():
 
     feed, registry = ChangeFeed(), CollectorRegistry()
     parked = ParkedPolls(Reads(), feed, "X-Meta-Version", Counter("answered", "answered", registry=registry))
-    writer = asyncio.create_task(parked.run())
+    writer = asyncio.create_task(answer_changes(feed, [parked]))
     try:
         seen = feed.version   # the handler's read of the route begins
         feed.publish(2, {"t"})

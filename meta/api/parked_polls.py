@@ -23,7 +23,7 @@ from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
 from prometheus_client import Counter
 
-from .topic_changes import answer_changes
+from .topic_changes import Waiters
 
 ANSWER_SLICE = 64       # answers written per loop pass (~12 µs each): the write's own answer is not queued behind
 
@@ -64,7 +64,7 @@ class ParkedPolls:
         self.feed = feed
         self.version_header = version_header
         self.answered = answered   # answers written here
-        self._parked: dict[str, set[_Poll]] = {}
+        self._parked = Waiters()
 
     async def wait(self, request: web.Request, topic: str, after: int, gzip_ok: bool, timeout_s: float,
                    seen_version: int) -> Outcome:
@@ -78,29 +78,18 @@ class ParkedPolls:
         direct = (transport is not None and request.method == "GET" and request.version == HttpVersion11
                   and request.keep_alive)
         poll = _Poll(transport, after, gzip_ok, direct, loop.create_future())
-        polls = self._parked.get(topic)
-        if polls is None:
-            polls = self._parked[topic] = set()
-        polls.add(poll)
         timer = loop.call_later(timeout_s, _settle, poll.fut, Outcome.TIMED_OUT)
         try:
-            return await poll.fut
+            with self._parked.parked(topic, poll):
+                return await poll.fut
         finally:
             timer.cancel()
-            polls.discard(poll)
-            if not polls and self._parked.get(topic) is polls:
-                del self._parked[topic]
-
-    async def run(self) -> None:
-        """Until cancelled: after every topic change, answer the polls parked on the changed topics (alone; a node
-        runs topic_changes.answer_changes over this and its parked watches)."""
-        await answer_changes(self.feed, [self])
 
     def topics(self) -> Iterable[str]:
-        return self._parked
+        return self._parked.topics()
 
     async def answer(self, topic: str) -> None:
-        polls = self._parked.get(topic)
+        polls = self._parked.of(topic)
         if not polls:
             return
         routes = {}
@@ -111,7 +100,7 @@ class ParkedPolls:
         await asyncio.sleep(0)
         wires: dict[bool, bytes] = {}
         written = 0
-        for poll in list(self._parked.get(topic, ())):   # as parked now: the render may have awaited a thread
+        for poll in self._parked.of(topic):   # as parked now: the render may have awaited a thread
             if poll.fut.done():
                 continue
             route = routes.get(poll.gzip_ok)
@@ -143,15 +132,11 @@ class ParkedPolls:
         return b"\r\n".join(head) + b"\r\n\r\n" + body
 
     def wake_all(self, topic: str) -> None:
-        for poll in list(self._parked.get(topic, ())):
+        for poll in self._parked.of(topic):
             _settle(poll.fut, Outcome.CHANGED)
 
     def close(self) -> None:
-        for polls in self._parked.values():
-            for poll in polls:
-                if not poll.fut.done():
-                    poll.fut.cancel()
-        self._parked.clear()
+        self._parked.cancel_all()
 
 
 def _settle(fut: asyncio.Future, outcome: Outcome) -> None:

@@ -24,6 +24,8 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge
 
+from .topic_changes import Waiters
+
 SSE_KEEPALIVE_S = 15.0
 WATCH_HEALTH_CHECK_S = 1.0   # how often idle streams check that their node still follows the leader
 ANSWER_SLICE = 64                  # events written per loop pass (~10 µs each): a write's own answer is not queued behind
@@ -42,11 +44,12 @@ class _Parked:
 
 class ParkedWatches:
     def __init__(self, reads, feed, written: Counter, parked: Gauge):
+        """``written``: counts the events written here; ``parked``: set to the streams parked here."""
         self.reads = reads
         self.feed = feed
-        self.written = written   # events written here
-        self.parked = parked     # streams parked here
-        self._parked: dict[str, dict[_Parked, None]] = {}   # topic -> its parked streams, in the order they parked
+        self.written = written
+        self._parked = Waiters()
+        parked.set_function(self._parked.count)
 
     async def wait(self, stream, transport: asyncio.Transport | None, chunked: bool) -> None:
         """Park ``stream`` (a meta.api.watch.WatchStream of one topic) until it must run a pass itself. Meanwhile
@@ -58,25 +61,14 @@ class ParkedWatches:
         topic = stream.topics[0]
         loop = asyncio.get_running_loop()
         parked = _Parked(stream, transport, chunked, loop.create_future())
-        streams = self._parked.get(topic)
-        if streams is None:
-            streams = self._parked[topic] = {}
-        streams[parked] = None
-        self.parked.inc()
-        try:
+        with self._parked.parked(topic, parked):
             await parked.fut
-        finally:
-            self.parked.dec()
-            streams.pop(parked, None)
-            if not streams and self._parked.get(topic) is streams:
-                del self._parked[topic]
 
     def topics(self) -> Iterable[str]:
-        return self._parked
+        return self._parked.topics()
 
     async def answer(self, topic: str) -> None:
-        streams = self._parked.get(topic)
-        if not streams:
+        if not self._parked.of(topic):
             return
         # The tick thread hands the loop a command's changes and its proposer's answer together: yield once, so that
         # the write's own answer leaves before its subscribers' (as the parked polls do)
@@ -94,7 +86,7 @@ class ParkedWatches:
         chunk = b"%x\r\n%s\r\n" % (len(event), event)
         now = asyncio.get_running_loop().time()
         written = 0
-        for parked in list(self._parked.get(topic, ())):   # as parked now: each slice below yields the loop
+        for parked in self._parked.of(topic):   # as parked now: each slice below yields the loop
             stream = parked.stream
             if parked.fut.done() or max(stream.after, stream.sent.get(topic, -1)) >= version:
                 continue   # woken already, or it has this version (it resumed after it)
@@ -110,7 +102,7 @@ class ParkedWatches:
                 await asyncio.sleep(0)
 
     def wake_all(self, topic: str) -> None:
-        for parked in list(self._parked.get(topic, ())):
+        for parked in self._parked.of(topic):
             _settle(parked.fut)
 
     async def tend(self) -> None:
@@ -121,11 +113,11 @@ class ParkedWatches:
             await asyncio.sleep(WATCH_HEALTH_CHECK_S)
             follows = self.reads.follows_log()
             now = loop.time()
-            for topic in list(self._parked):
+            for topic in list(self._parked.topics()):
                 if not follows:
                     self.wake_all(topic)
                     continue
-                for parked in list(self._parked.get(topic, ())):
+                for parked in self._parked.of(topic):
                     if not parked.fut.done() and now - parked.stream.quiet_since >= SSE_KEEPALIVE_S:
                         if self._writable(parked):
                             parked.transport.write(KEEPALIVE_CHUNK if parked.chunked else KEEPALIVE)
@@ -141,11 +133,7 @@ class ParkedWatches:
         return True
 
     def close(self) -> None:
-        for streams in self._parked.values():
-            for parked in streams:
-                if not parked.fut.done():
-                    parked.fut.cancel()
-        self._parked.clear()
+        self._parked.cancel_all()
 
 
 KEEPALIVE = b": keepalive\n\n"

@@ -1,11 +1,13 @@
 """The one task of a meta node that writes what waits on a topic (parked long polls, parked watch streams) after each
-change of it: it follows the change feed and hands each changed topic to every writer with something parked on it."""
+change of it: it follows the change feed and hands each changed topic to every writer with something parked on it.
+``Waiters`` is the writers' one record of what waits on which topic."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 import structlog
 
@@ -47,3 +49,42 @@ async def answer_changes(feed: ChangeFeed, writers: Sequence[Parked]) -> None:
                     log.exception("parked_answer_failed", writer=type(writer).__name__, topic=topic)
                     writer.wake_all(topic)
                     await asyncio.sleep(FAILURE_PAUSE_S)
+
+
+class Waiters:
+    """What waits on each topic, in the order it began waiting: the bookkeeping of both writers. A waiter has a
+    future ``fut``, which ``cancel_all`` cancels."""
+
+    def __init__(self) -> None:
+        self._by_topic: dict[str, dict[Any, None]] = {}
+
+    def topics(self) -> Iterable[str]:
+        return self._by_topic
+
+    def of(self, topic: str) -> list:
+        """The waiters of ``topic`` as they are now (a writer that yields the loop goes on over this list)."""
+        return list(self._by_topic.get(topic, ()))
+
+    def count(self) -> int:
+        return sum(len(w) for w in self._by_topic.values())
+
+    @contextlib.contextmanager
+    def parked(self, topic: str, waiter: Any) -> Iterator[None]:
+        """``waiter`` waits on ``topic`` while the block runs."""
+        waiters = self._by_topic.get(topic)
+        if waiters is None:
+            waiters = self._by_topic[topic] = {}
+        waiters[waiter] = None
+        try:
+            yield
+        finally:
+            waiters.pop(waiter, None)
+            if not waiters and self._by_topic.get(topic) is waiters:
+                del self._by_topic[topic]
+
+    def cancel_all(self) -> None:
+        for waiters in self._by_topic.values():
+            for waiter in waiters:
+                if not waiter.fut.done():
+                    waiter.fut.cancel()
+        self._by_topic.clear()
