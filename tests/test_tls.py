@@ -242,6 +242,14 @@ async def test_metrics_listen_serves_the_scrape_and_health_paths_only_and_asks_n
     await _refused(broker_url + "/metrics", ca_only)
 
 
+async def _client_with_topic(certs, meta_url: str, topic: str):
+    """A client's TLS context, a new topic of one queue (as the admin made it) and the client's auth header."""
+    ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
+    async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
+        created = await admin.create_topic(topic, queues=1)
+    return ctx, created, {"Authorization": f"Bearer {TOKENS['client']}"}
+
+
 def _metrics_of(meta_url: str, certs):
     """A reader of one value of the node's metrics listener (its HTTP port + 2, TLS with a CA only)."""
     base = int(meta_url.rsplit(":", 1)[1])
@@ -258,11 +266,7 @@ async def test_a_parked_long_poll_is_answered_whole_over_tls_and_its_connection_
     """meta/api/parked_polls.py writes the answer to the TLS transport itself, beside aiohttp's writer."""
     certs, meta_url, _ = tls_cluster
     scraped = _metrics_of(meta_url, certs)
-
-    ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
-    async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
-        created = await admin.create_topic("parked", queues=1)
-    auth = {"Authorization": f"Bearer {TOKENS['client']}"}
+    ctx, created, auth = await _client_with_topic(certs, meta_url, "parked")
     timeout = aiohttp.ClientTimeout(total=60)
     # The connections the session opens are counted: the second request must be answered on the first's.
     opened = []
@@ -298,11 +302,7 @@ async def test_a_parked_watch_stream_is_written_over_tls(tls_cluster):
     aiohttp chunks the stream."""
     certs, meta_url, _ = tls_cluster
     scraped = _metrics_of(meta_url, certs)
-
-    ctx = client_context(TlsFiles(certs.client.cert, certs.client.key, certs.ca))
-    async with AdminClient(meta_url, TOKENS["admin"], ssl_context=ctx) as admin:
-        created = await admin.create_topic("watched", queues=1)
-    auth = {"Authorization": f"Bearer {TOKENS['client']}"}
+    ctx, created, auth = await _client_with_topic(certs, meta_url, "watched")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx),
                                      timeout=aiohttp.ClientTimeout(total=60)) as s:
         async with s.get(f"{meta_url}/v1/watch", headers=auth,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import enum
+from dataclasses import dataclass
 from collections.abc import Iterable
 
 from aiohttp import web
@@ -47,15 +48,13 @@ class AnsweredResponse(web.StreamResponse):
         self._keep_alive = True
 
 
+@dataclass(slots=True, eq=False)   # eq=False: hashed by identity, a key of Waiters
 class _Poll:
-    __slots__ = ("transport", "after", "gzip_ok", "direct", "fut")
-
-    def __init__(self, transport, after: int, gzip_ok: bool, direct: bool, fut: asyncio.Future):
-        self.transport = transport
-        self.after = after
-        self.gzip_ok = gzip_ok
-        self.direct = direct
-        self.fut = fut
+    transport: asyncio.Transport | None
+    after: int
+    gzip_ok: bool
+    direct: bool
+    fut: asyncio.Future
 
 
 class ParkedPolls:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
@@ -32,14 +34,12 @@ ANSWER_SLICE = 64                  # events written per loop pass (~10 µs each)
 WRITE_BUFFER_BYTES_MAX = 64 * 1024   # unsent bytes past which a stream writes its own events (and waits for its reader)
 
 
+@dataclass(slots=True, eq=False)   # eq=False: hashed by identity, a key of Waiters
 class _Parked:
-    __slots__ = ("stream", "transport", "chunked", "fut")
-
-    def __init__(self, stream, transport: asyncio.Transport, chunked: bool, fut: asyncio.Future):
-        self.stream = stream
-        self.transport = transport
-        self.chunked = chunked
-        self.fut = fut
+    stream: Any   # meta.api.watch.WatchStream
+    transport: asyncio.Transport
+    chunked: bool
+    fut: asyncio.Future
 
 
 class ParkedWatches:
