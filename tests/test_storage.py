@@ -371,6 +371,8 @@ def test_damage_found_on_read_names_where_to_resume(tmp_path):
             with pytest.raises(CorruptData) as err:
                 q.read(offset, 20)
             assert (err.value.offset, err.value.next_offset) == (offset, resume)
+            # What the HTTP layer maps the error from: its details, not its text
+            assert err.value.details == {"offset": offset, "next_offset": resume} and err.value.message
         check_records(read_all(q, resume), resume, 50)
 
 

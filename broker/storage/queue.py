@@ -312,6 +312,8 @@ class PhysicalQueue:
     def synced(self, pending: PendingSync) -> None:
         """A sync that began after pending_sync() returned `pending` has returned: readers may see its records."""
         with self._lock:
+            # Harmless mutant: ``<`` for ``<=`` goes on with an end already flushed, which sets the same offset and
+            # clears a dirty time every sync that reached it cleared already.
             if pending.end_offset <= self._flushed_offset:
                 return   # a roll, close or flush synced past it meanwhile
             self._flushed_offset = pending.end_offset

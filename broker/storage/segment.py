@@ -268,6 +268,8 @@ class Segment:
             return self.base
         stop = self.end_pos if next_pos is None else next_pos
         with self._reading() as fd:
+            # Harmless mutant: reading past stop (``stop + pos``) only brings more frames; the first stamped at
+            # or after ts_ms still comes first, no later than the next entry's.
             buf = os.pread(fd, stop - pos, pos)
         at, offset = 0, self.base + self.index.rels[i]
         while True:

@@ -1,0 +1,122 @@
+"""What a queue under group commit (flush policy "group") says a sync may cover and what it marks readable, and
+the syncfs(2) that group commit calls: a record is readable only once a sync that began after its write returned,
+and never after a sync that failed."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+import pytest
+
+from broker.storage import PhysicalQueue, QueueConfig, files
+from broker.storage.config import FLUSH_GROUP, FLUSH_INTERVAL
+
+GROUP = QueueConfig(flush_policy=FLUSH_GROUP)
+
+
+@pytest.fixture
+def q(tmp_path):
+    queue = PhysicalQueue.create(str(tmp_path / "q"), 0, GROUP)
+    yield queue
+    queue.close()
+
+
+def test_a_sync_marks_readable_only_what_was_written_before_it_began_and_a_flush_takes_the_rest(q):
+    q.append([b"a", b"b"], 1)
+    pending = q.pending_sync()
+    assert pending is not None and pending.end_offset == 2
+    q.append([b"c"], 2)                     # written while the sync runs: not covered by it
+    q.synced(pending)
+    assert q.max_offset == 2 and q.next_offset == 3
+    # What the sync did not cover is still dirty: a flush (a seal, a close) syncs it
+    q.flush()
+    assert q.max_offset == 3
+    assert q.pending_sync() is None          # nothing left to sync
+    assert q.maybe_flush(10**9) is False     # and nothing dirty for a tick either
+
+
+def test_an_older_sync_ending_after_a_newer_one_marks_nothing_back(q):
+    q.append([b"a"], 1)
+    older = q.pending_sync()
+    q.append([b"b"], 1)
+    newer = q.pending_sync()
+    q.synced(newer)
+    q.synced(older)
+    assert q.max_offset == 2
+    assert q.maybe_flush(10**9) is False
+
+
+def test_a_failed_queue_offers_nothing_to_sync_and_never_marks_its_unsynced_records_readable(q):
+    q.append([b"a"], 1)
+    q.sync_failed()
+    assert q.pending_sync() is None
+    assert q.max_offset == 0
+
+
+def test_a_queue_whose_closing_sync_failed_offers_nothing_more_to_sync(tmp_path, monkeypatch):
+    queue = PhysicalQueue.create(str(tmp_path / "q"), 0, GROUP)
+    queue.append([b"a"], 1)
+
+    def fail(fd):
+        raise OSError(errno.EIO, "injected")
+    monkeypatch.setattr(files, "sync_data", fail)
+    with pytest.raises(OSError):
+        queue.close()
+    # Its pages may be gone: a group commit round that took it now would mark them readable after a sync
+    assert queue.pending_sync() is None
+    assert queue.max_offset == 0
+
+
+def test_syncfs_is_bound_with_its_c_signature_and_reports_errno():
+    fn = files._libc_syncfs()
+    assert fn is not None
+    assert fn.argtypes == [ctypes.c_int] and fn.restype is ctypes.c_int
+    ctypes.set_errno(0)
+    assert fn(-1) == -1
+    assert ctypes.get_errno() == errno.EBADF   # use_errno: the error is kept for the caller
+
+
+def test_a_failed_syncfs_raises_the_errno_it_set(tmp_path):
+    with pytest.raises(OSError) as e:
+        files._checked_syncfs(-1)
+    assert e.value.errno == errno.EBADF
+    assert e.value.strerror == f"syncfs: {os.strerror(errno.EBADF)}"
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        files._checked_syncfs(fd)   # a directory of a healthy file system: no error
+    finally:
+        os.close(fd)
+
+
+def test_syncfs_is_refused_where_it_cannot_report_write_back_errors(monkeypatch):
+    assert files.syncfs_unusable() is None   # this machine: Linux 5.8 or later
+    monkeypatch.setattr(files, "_syncfs", None)
+    assert files.syncfs_unusable() == "this system has no syncfs(2) (Linux only)"
+
+
+def test_an_interval_flush_comes_once_the_oldest_unflushed_append_has_waited_its_interval(tmp_path):
+    config = QueueConfig(flush_policy=FLUSH_INTERVAL, flush_interval_ms=100)
+    queue = PhysicalQueue.create(str(tmp_path / "q"), 0, config)
+    try:
+        assert queue.maybe_flush(5_000) is False      # nothing written
+        queue.append([b"a"], 1_000)
+        queue.append([b"b"], 1_050)                   # the oldest unflushed append sets the time
+        assert queue.maybe_flush(1_000) is False
+        assert queue.maybe_flush(1_099) is False
+        assert queue.maybe_flush(1_100) is True
+        assert queue.maybe_flush(1_200) is False      # flushed: clean until the next append
+        queue.append([b"c"], 2_000)
+        assert queue.maybe_flush(1_999) is True       # the clock stepped back: flushed rather than held
+    finally:
+        queue.close()
+
+
+def test_a_failed_queue_skips_the_interval_flush(tmp_path):
+    config = QueueConfig(flush_policy=FLUSH_INTERVAL, flush_interval_ms=100)
+    queue = PhysicalQueue.create(str(tmp_path / "q"), 0, config)
+    queue.append([b"a"], 1_000)
+    queue.sync_failed()
+    assert queue.maybe_flush(10**9) is False
+    queue.close()
