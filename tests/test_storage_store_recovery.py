@@ -127,3 +127,14 @@ def test_a_delete_cut_before_its_files_are_removed_leaves_a_hidden_directory_the
     with QueueStore(str(root), SMALL) as again:
         assert "gone" not in again.names()
         assert not [n for n in os.listdir(root) if n.startswith(store_module.DELETING_PREFIX)]
+
+
+def test_a_directory_that_is_not_the_canonical_spelling_of_a_name_is_no_queue(tmp_path):
+    root = tmp_path / "queues"
+    with QueueStore(str(root), SMALL) as store:
+        store.create("a")
+    # "%61" spells "a" too, escaped where it need not be: listed, it would be a second directory of queue "a"
+    for stray in ("%61", "%2e", "%4", "caf\u00e9"):
+        (root / stray).mkdir()
+    with QueueStore(str(root), SMALL) as store:
+        assert store.names() == ["a"]

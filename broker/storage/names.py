@@ -40,6 +40,7 @@ def queue_name(directory: str) -> str | None:
         ch = directory[i]
         if ch == "%":
             digits = directory[i + 1:i + 3]
+            # Harmless mutant: ``<`` for ``<=`` (two characters are never all sixteen of _HEX)
             if len(digits) != 2 or not set(digits) <= _HEX:
                 return None
             raw.append(int(digits, 16))
@@ -50,7 +51,7 @@ def queue_name(directory: str) -> str | None:
         else:
             return None
     try:
-        name = raw.decode("utf-8")
+        name = raw.decode("utf-8")   # harmless mutant: "UTF-8" (codec names are case-insensitive)
         return name if dir_name(name) == directory else None
     except (UnicodeDecodeError, InvalidQueueName):
         return None

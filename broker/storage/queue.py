@@ -468,7 +468,7 @@ class PhysicalQueue:
         with self._lock:
             if self._closed or self._failed:
                 return 0
-            deleted = 0
+            deleted = 0   # harmless mutant: ``=`` for the ``+=`` below (the first count added to 0)
             if self.config.retention_ms is not None:
                 deleted += self._truncate_before(self._offset_for_time(now_ms - self.config.retention_ms))
             if self.config.retention_bytes is not None:
