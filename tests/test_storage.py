@@ -376,6 +376,25 @@ def test_damage_found_on_read_names_where_to_resume(tmp_path):
         check_records(read_all(q, resume), resume, 50)
 
 
+def test_damage_past_a_file_s_last_index_entry_resumes_reading_at_its_end(tmp_path):
+    path = tmp_path / "q"
+    # One index entry (the file's first record): nothing indexed follows the damaged frame. An open scans from the
+    # last entry to the end, so this damage comes later, under a queue open already (a disk rotting meanwhile).
+    config = QueueConfig(segment_bytes_max=1 << 20, index_interval_bytes=1 << 20, index_interval_records=1000)
+    with PhysicalQueue.create(str(path), 0, config) as q:
+        fill(q, 30)
+        frame_start = sum(frame_bytes(payloads(first, 3)) for first in range(0, 9, 3))
+        with open(path / files.log_name(0), "r+b") as f:   # the payload of record 10
+            f.seek(frame_start + HEADER_BYTES + SIZE_BYTES + len(payload(9)) + SIZE_BYTES)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 1]))
+        check_records(q.read(0, 20), 0, 9)
+        with pytest.raises(CorruptData) as err:
+            q.read(9, 20)
+        assert (err.value.offset, err.value.next_offset) == (9, 30)
+
+
 def test_a_read_reaching_into_a_damaged_file_first_returns_the_good_records_before_it(tmp_path):
     path = tmp_path / "q"
     q = PhysicalQueue.create(str(path), 0, SMALL)

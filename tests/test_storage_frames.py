@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from broker.storage import (BatchTooLarge, InvalidArgument, PhysicalQueue, ProducerMark, QueueConfig, Record,
                             RecordTooLarge, Run, files, limits)
-from broker.storage.record import HEADER_BYTES, SIZE, SIZE_BYTES
-from tests.support.storage_payloads import encode_frame, frame_bytes, framed_records, payloads
+from broker.storage.record import HEADER_BYTES, SIZE, SIZE_BYTES, frame_bytes_at
+from tests.support.storage_payloads import encode_frame, framed_records, payloads
 
 # One file, the sparse index of a real queue's proportions (a read starting between entries skips frames).
 ONE_FILE = QueueConfig(segment_bytes_max=1 << 20, index_interval_bytes=256, index_interval_records=8,
@@ -466,3 +466,19 @@ def test_a_store_refuses_queues_of_another_storage_format_by_name(tmp_path):
                                      "on an empty directory")
     QueueStore(str(tmp_path / "empty")).close()   # a root with no queues takes this build's format
     assert (tmp_path / "empty" / FORMAT_FILE).exists()
+
+
+def test_the_bytes_a_frame_occupies_are_read_from_its_header_where_it_starts():
+    first = encode_frame(payloads(0, 2), 0, 1)
+    second = encode_frame(payloads(2, 5), 2, 1)
+    buf = first + second
+    assert frame_bytes_at(buf, 0) == len(first)
+    assert frame_bytes_at(buf, len(first)) == len(second)
+    # A header cut short tells nothing: a header's worth, wherever the cut falls
+    assert frame_bytes_at(buf[:len(first) + HEADER_BYTES - 1], len(first)) == HEADER_BYTES
+    # Exactly a header left: its length is read
+    assert frame_bytes_at(buf[:len(first) + HEADER_BYTES], len(first)) == len(second)
+    # A length past any frame's bound is taken at the bound: a damaged header never asks for more
+    huge = bytearray(second)
+    huge[0:4] = SIZE.pack(0xFFFFFFFF)
+    assert frame_bytes_at(bytes(huge), 0) == HEADER_BYTES + limits.FRAME_BYTES_MAX
