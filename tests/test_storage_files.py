@@ -10,7 +10,9 @@ import stat
 
 import pytest
 
-from broker.storage import InvalidQueueName, PhysicalQueue, QueueConfig, dir_name, files, limits, queue_name
+from broker.storage import (InvalidQueueName, PhysicalQueue, QueueConfig, QueueFailed, dir_name, files, limits,
+                            queue_name)
+from tests.support.storage_payloads import framed_records
 
 
 @pytest.fixture
@@ -25,12 +27,25 @@ def _mode(path) -> int:
 
 
 def test_a_queue_file_is_created_readable_by_all_writable_by_its_owner_and_closed_on_exec(tmp_path, umask_022):
-    q = PhysicalQueue.create(str(tmp_path / "q"), 0, QueueConfig())
-    q.append([b"x"], 1)
-    log = tmp_path / "q" / files.log_name(0)
-    assert _mode(log) == 0o644
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, QueueConfig(segment_bytes_max=1024))
+    while q.segment_count < 3:   # the first file is made with the queue, the others by rolls
+        q.append([b"x" * 200], 1)
+    for base in q._bases:
+        assert _mode(tmp_path / "q" / files.log_name(base)) == 0o644
     active = q._segments[-1]
     assert fcntl.fcntl(active.fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    q.close()
+
+
+def test_a_roll_onto_a_file_that_exists_already_fails_the_queue_and_leaves_that_file_alone(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, QueueConfig(segment_bytes_max=1024))
+    while not q.would_roll(len(framed_records([b"x" * 200]))):
+        q.append([b"x" * 200], 1)
+    stray = tmp_path / "q" / files.log_name(q.next_offset)   # where the roll's file would go
+    stray.write_bytes(b"not ours")
+    with pytest.raises(QueueFailed):
+        q.append([b"x" * 200], 1)
+    assert stray.read_bytes() == b"not ours"
     q.close()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import QueueConfig, QueueExists, QueueNotFound, QueueStore
+from broker.storage import CorruptQueue, QueueConfig, QueueExists, QueueNotFound, QueueStore, TooManyQueues, limits
 from broker.storage import store as store_module
 from broker.storage.record import ProducerMark
 from tests.support.storage_payloads import framed_records, payloads
@@ -39,12 +39,9 @@ def test_recovery_yields_the_marks_of_every_crashed_queue_past_clean_and_unopena
     store.get("a-clean").close()              # closed cleanly: nothing to recover
     store._open.pop("a-clean")
     _crash(store)
-    # A queue that cannot open (its directory is a file's place now): refused to whoever asks, not to recovery
-    broken = Path(store._path("c-broken"))
-    for f in broken.iterdir():
+    # A queue that cannot open (its files are gone, its directory left): refused to whoever asks, not to recovery
+    for f in Path(store._path("c-broken")).iterdir():
         f.unlink()
-    broken.rmdir()
-    broken.write_bytes(b"not a queue")
 
     again = QueueStore(root, SMALL)
     try:
@@ -56,8 +53,9 @@ def test_recovery_yields_the_marks_of_every_crashed_queue_past_clean_and_unopena
         assert again.get("a-clean").take_recovered_marks() == []
         # Marks are handed back once
         assert dict(again.recover()) == {}
+        with pytest.raises(CorruptQueue):
+            again.get("c-broken")
     finally:
-        again._open.pop("c-broken", None)
         again.close()
 
 
@@ -138,3 +136,30 @@ def test_a_directory_that_is_not_the_canonical_spelling_of_a_name_is_no_queue(tm
         (root / stray).mkdir()
     with QueueStore(str(root), SMALL) as store:
         assert store.names() == ["a"]
+
+
+def test_opening_every_queue_keeps_the_ones_open_already_and_a_queue_never_opened_deletes(tmp_path):
+    root = str(tmp_path / "queues")
+    with QueueStore(root, SMALL) as store:
+        for name in ("a", "b", "c"):
+            store.create(name).append([b"x"], 1_000)
+    with QueueStore(root, SMALL) as store:
+        a = store.get("a")
+        assert store.open_all() == 3
+        assert store.get("a") is a   # one object per queue: two would be two writers of one directory
+        store.delete("b")
+    with QueueStore(root, SMALL) as store:
+        store.delete("c")            # never opened in this store
+        assert store.names() == ["a"]
+
+
+def test_a_store_holds_at_most_its_bound_of_queues(tmp_path, monkeypatch):
+    monkeypatch.setattr(limits, "QUEUES_MAX", 2)
+    with QueueStore(str(tmp_path / "queues"), SMALL) as store:
+        store.create("a")
+        store.create("b")
+        with pytest.raises(TooManyQueues) as e:
+            store.create("c")
+        assert e.value.message == "a store holds at most 2 queues" and e.value.details == {"name": "c"}
+        store.delete("a")
+        store.create("c")

@@ -10,8 +10,10 @@ import os
 
 import pytest
 
-from broker.storage import PhysicalQueue, QueueConfig, files
+from broker.storage import InvalidArgument, PhysicalQueue, QueueConfig, files
+from broker.storage import ProducerMark
 from broker.storage.config import FLUSH_GROUP, FLUSH_INTERVAL
+from tests.support.storage_payloads import framed_records
 
 GROUP = QueueConfig(flush_policy=FLUSH_GROUP)
 
@@ -120,3 +122,35 @@ def test_a_failed_queue_skips_the_interval_flush(tmp_path):
     queue.sync_failed()
     assert queue.maybe_flush(10**9) is False
     queue.close()
+
+
+@pytest.mark.parametrize("release, unusable", [("5.4.0-150-generic", True), ("5.7.19", True), ("5.8.0", False),
+                                               ("6.2.1", False), ("6.18.3", False), ("not-a-release", True)])
+def test_syncfs_is_refused_on_a_kernel_before_5_8_by_its_release(monkeypatch, release, unusable):
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "h", release, "#1", "x86_64")))
+    why = files.syncfs_unusable()
+    if unusable:
+        assert why == f"Linux {release} does not report write-back errors to syncfs(2) (5.8 and later do)"
+    else:
+        assert why is None
+
+
+def test_an_append_that_need_not_wait_is_stored_untagged_and_unmarked_unless_told(q):
+    assert q.try_append_records(framed_records([b"a"]), 1, 5) == 0
+    assert q.try_append_records(framed_records([b"b"]), 1, 5, 3) == 1
+    q.flush()
+    runs = q.read_runs(0, 10)
+    assert [(r.offset, r.tag) for r in runs] == [(0, 0), (1, 3)]
+    with pytest.raises(InvalidArgument):   # not walked only when the caller says it walked them
+        q.try_append_records(framed_records([b"c"]), 2, 5)
+
+
+def test_an_append_that_need_not_wait_keeps_its_producer_mark_for_a_recovery(tmp_path):
+    path = str(tmp_path / "q")
+    queue = PhysicalQueue.create(path, 0, GROUP)
+    assert queue.try_append_records(framed_records([b"a", b"b"]), 2, 5, 0, False, ProducerMark(4, 9, 100)) == 0
+    queue.flush()
+    for segment in queue._segments:   # the process dies: no clean close
+        segment.close()
+    with PhysicalQueue.open(path, GROUP) as again:
+        assert again.take_recovered_marks() == [(0, 2, ProducerMark(4, 9, 100))]

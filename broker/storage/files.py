@@ -47,6 +47,7 @@ def sync_data(fd: int) -> None:
 def _libc_syncfs():
     if not sys.platform.startswith("linux"):
         return None
+    # Harmless mutant: the default None dropped (every Linux libc this runs on has syncfs since glibc 2.14)
     fn = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
     if fn is not None:
         fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
@@ -129,7 +130,7 @@ def open_lines(path: str, whole: int) -> int:
     try:
         if whole < 0:
             sync_dir(os.path.dirname(path))
-        elif whole < os.fstat(fd).st_size:
+        elif whole < os.fstat(fd).st_size:   # harmless mutant: <= (cuts nothing, syncs once more)
             os.ftruncate(fd, whole)
             sync_data(fd)
     except BaseException:

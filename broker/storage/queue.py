@@ -236,7 +236,7 @@ class PhysicalQueue:
         elsewhere (a read, a sync's bookkeeping), or the append would roll to a new file or sync (flush policy
         "fsync"), which waits for the disk. For a caller that must not block, the broker's event loop with flush
         policy "group": the write itself lands in the page cache. On None, call append_records on a thread."""
-        _check_framed(records, count, checked)
+        _check_framed(records, count, checked)   # harmless mutant: None for checked (falsy as False)
         _check_append_args(ts_ms, tag)
         if not self._lock.acquire(blocking=False):
             return None

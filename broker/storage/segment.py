@@ -266,6 +266,7 @@ class Segment:
         i, pos, next_rel, next_pos = self.index.span_before_time(ts_ms)
         if i < 0:
             return self.base
+        # Harmless mutant: stop at end_pos always (the answer lies before next_pos; the rest is read for nothing)
         stop = self.end_pos if next_pos is None else next_pos
         with self._reading() as fd:
             # Harmless mutant: reading past stop (``stop + pos``) only brings more frames; the first stamped at
@@ -274,6 +275,7 @@ class Segment:
         at, offset = 0, self.base + self.index.rels[i]
         while True:
             status, count, frame_ts, _tag, end = frame_at(buf, at, offset)
+            # Harmless mutant: ``> 0`` or ``>= 1`` (frame_at answers -1, STOP_SHORT or STOP_BAD, never 0)
             if status >= 0:
                 break
             if frame_ts >= ts_ms:
