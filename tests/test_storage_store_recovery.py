@@ -18,7 +18,11 @@ SMALL = QueueConfig(segment_bytes_max=1024, index_interval_bytes=64, index_inter
 
 
 def _crash(store: QueueStore) -> None:
-    """The store's process dies: no queue is closed (no clean marker, active indexes unwritten)."""
+    """The store's process dies: no queue is closed (no clean marker, active indexes unwritten); only the
+    descriptors go, as the kernel would close them."""
+    for queue in store._open.values():
+        for segment in queue._segments:
+            segment.close()
     store._open.clear()
 
 
