@@ -10,8 +10,7 @@ import os
 
 import pytest
 
-from broker.storage import InvalidArgument, PhysicalQueue, QueueConfig, files
-from broker.storage import ProducerMark
+from broker.storage import InvalidArgument, PhysicalQueue, ProducerMark, QueueConfig, files
 from broker.storage.config import FLUSH_GROUP, FLUSH_INTERVAL
 from tests.support.storage_payloads import framed_records
 
