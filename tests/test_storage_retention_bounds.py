@@ -45,21 +45,14 @@ def test_a_size_budget_that_fits_the_newest_files_keeps_exactly_them(tmp_path):
 
 def test_age_and_size_retention_in_one_tick_count_every_file_deleted(tmp_path):
     config = dataclasses.replace(SMALL, retention_ms=1_000)
-    q = _filled(tmp_path, config, 8, ts_ms=lambda i: 1_000 + i)
-    bases = list(q._bases)
+    q = _filled(tmp_path, config, 8, ts_ms=lambda i: 1_000 + i)   # record i stamped 1,000 + i
+    cut, budget = q._bases[2], sum(s.file_bytes for s in q._segments[-3:])
     q.close()
     # Age: the first two files hold only records older than now - retention_ms; size: then down to three files
-    cut = bases[2]
     now = 1_000 + cut + 1_000
-    budget = sum(s for s in _sizes_of_last(tmp_path, 3))
     with PhysicalQueue.open(str(tmp_path / "q"), dataclasses.replace(config, retention_bytes=budget)) as q:
         assert q.apply_retention(now) == 5
         assert q.segment_count == 3
-
-
-def _sizes_of_last(tmp_path, n: int) -> list[int]:
-    with PhysicalQueue.open(str(tmp_path / "q"), SMALL) as q:
-        return [s.file_bytes for s in q._segments][-n:]
 
 
 def test_a_closed_or_failed_queue_is_left_alone_by_retention(tmp_path):
