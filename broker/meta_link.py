@@ -191,10 +191,13 @@ class MetaLink:
     async def _heartbeat_loop(self) -> None:
         failures = 0
         while True:
+            started = time.monotonic()
             try:
                 await self._heartbeat()
                 failures = 0
-                wait = self.session.heartbeat_interval_ms / 1000
+                # The interval runs from send to send, as meta measures the session: an answer slow in coming (a
+                # loaded leader, a forward) must not be added to the silence meta sees before the next beat.
+                wait = max(0.0, self.session.heartbeat_interval_ms / 1000 - (time.monotonic() - started))
             except asyncio.CancelledError:
                 raise
             except Exception as e:

@@ -25,24 +25,40 @@ from .reads import ReadFacade
 
 log = structlog.get_logger("meta.sessions")
 SESSION_CHECK_INTERVAL_S = 0.25
+# A check later than its interval by more than this means the leader itself was not listening (its loop stalled, the
+# process paused): heartbeats sent meanwhile wait unread in its sockets, so the stall counts against no broker.
+CHECK_STALL_MS = 1_000
 
 
 class SessionTracker:
-    def __init__(self, timeout_ms: int):
+    def __init__(self, timeout_ms: int, check_interval_ms: int = int(SESSION_CHECK_INTERVAL_S * 1000)):
         self.timeout_ms = timeout_ms
+        self.check_interval_ms = check_interval_ms
+        self.stalls = 0                               # checks that found the leader had not been listening
         self._last: dict[str, tuple[int, int]] = {}   # broker -> (epoch, monotonic ms of last heartbeat)
         self._wall: dict[str, int] = {}               # broker -> wall ms of last heartbeat (for display)
+        self._looked_ms: int | None = None            # monotonic ms the last check ended
 
     def reset(self, active: Iterable[tuple[str, int]], now_ms: int) -> None:
         self._last = {b: (epoch, now_ms) for b, epoch in active}
         self._wall = {}
+        self._looked_ms = now_ms
+
+    def looked(self, now_ms: int) -> None:
+        """A check ended at ``now_ms``: the next is due an interval later."""
+        self._looked_ms = now_ms
 
     def heartbeat(self, broker: str, epoch: int, now_ms: int, wall_ms: int) -> None:
         self._last[broker] = (epoch, now_ms)
         self._wall[broker] = wall_ms
 
     def expired(self, active: Iterable[tuple[str, int]], now_ms: int) -> list[tuple[str, int]]:
-        """Active brokers whose current epoch has not been heard from within the timeout."""
+        """Active brokers whose current epoch has not been heard from within the timeout, not counting the time
+        this node was not listening (a check more than CHECK_STALL_MS late)."""
+        late = 0 if self._looked_ms is None else now_ms - self._looked_ms - self.check_interval_ms
+        if late > CHECK_STALL_MS:
+            self.stalls += 1
+            self._last = {b: (epoch, min(at + late, now_ms)) for b, (epoch, at) in self._last.items()}
         out = []
         for broker, epoch in active:
             seen = self._last.get(broker)
@@ -156,11 +172,18 @@ class BrokerSessions:
             self._led_term = term
             self.tracker.reset(active, _monotonic_ms())
             return
-        for broker, epoch in self.tracker.expired(active, _monotonic_ms()):
-            log.warning("broker_session_expired", broker=broker, epoch=epoch)
-            self.expiries += 1   # stator_meta_broker_session_expiries_total (meta/api/metrics.py)
-            await self.log.propose({"type": "FenceBroker", "broker": broker, "epoch": epoch,
-                                    "reason": "session_expired"}, None, "system")
+        stalls = self.tracker.stalls
+        try:
+            expired = self.tracker.expired(active, _monotonic_ms())
+            if self.tracker.stalls != stalls:
+                log.warning("broker_sessions_check_stalled", late_checks=self.tracker.stalls)
+            for broker, epoch in expired:
+                log.warning("broker_session_expired", broker=broker, epoch=epoch)
+                self.expiries += 1   # stator_meta_broker_session_expiries_total (meta/api/metrics.py)
+                await self.log.propose({"type": "FenceBroker", "broker": broker, "epoch": epoch,
+                                        "reason": "session_expired"}, None, "system")
+        finally:
+            self.tracker.looked(_monotonic_ms())
 
 
 def answer(outcome: dict[str, Any]) -> tuple[int, dict[str, Any]]:

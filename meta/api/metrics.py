@@ -119,6 +119,11 @@ class NodeStateCollector:
                                        "Broker sessions this node fenced for silence while it led")
         expiries.add_metric([], svc.brokers.expiries)
         yield expiries
+        stalls = CounterMetricFamily("stator_meta_broker_session_check_stalls",
+                                     "Session checks that found this leader had not been listening for over a second "
+                                     "(its loop stalled): the stall counted against no broker's session")
+        stalls.add_metric([], svc.brokers.tracker.stalls)
+        yield stalls
         refusals = CounterMetricFamily("stator_meta_broker_refusal_fences",
                                        "Brokers this node fenced while it led because a peer could not reach them and "
                                        "their address refused its connection")
