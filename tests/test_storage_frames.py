@@ -355,6 +355,23 @@ def test_append_records_refuses_records_that_are_not_count_sized_records(tmp_pat
             assert q.read_runs(offset) == model.runs(offset)
 
 
+def test_a_framed_batch_is_bounded_by_its_payload_bytes_not_its_framing(tmp_path):
+    """BATCH_BYTES_MAX counts the records' bytes, as append() does: the sizes framing them are not counted."""
+    path = tmp_path / "q"
+    with PhysicalQueue.create(str(path), 0, ONE_FILE) as q:
+        whole = [b"x" * limits.RECORD_BYTES_MAX] * (limits.BATCH_BYTES_MAX // limits.RECORD_BYTES_MAX)
+        assert sum(map(len, whole)) == limits.BATCH_BYTES_MAX
+        assert q.append_records(framed_records(whole), len(whole), 1) == 0
+        with pytest.raises(BatchTooLarge) as refused:
+            over = [*whole[1:], b"y" * (limits.RECORD_BYTES_MAX - 1), b"zz"]
+            q.append_records(framed_records(over), len(over), 2)
+        assert refused.value.details == {"batch_bytes": limits.BATCH_BYTES_MAX + 1}
+        with pytest.raises(InvalidArgument) as refused:
+            q.append_records(bytearray(framed_records([b"a"])), 1, 3)
+        assert (refused.value.message, refused.value.details) == ("records must be bytes", {"type": "bytearray"})
+        assert q.max_offset == len(whole)
+
+
 def test_append_refuses_a_record_past_the_limit_and_leaves_nothing(tmp_path):
     path = tmp_path / "q"
     q = PhysicalQueue.create(str(path), 0, ONE_FILE)
@@ -466,6 +483,21 @@ def test_a_store_refuses_queues_of_another_storage_format_by_name(tmp_path):
                                      "on an empty directory")
     QueueStore(str(tmp_path / "empty")).close()   # a root with no queues takes this build's format
     assert (tmp_path / "empty" / FORMAT_FILE).exists()
+
+
+@pytest.mark.parametrize("junk", [b"\xffstator-queues 3\n", "stator-queues \u00b3\n".encode(), b"stator-queues 3 4\n",
+                                  b"stator-queues-3\n" + b"x" * 100])
+def test_a_format_file_of_junk_is_refused_by_name_never_with_a_decoding_error(tmp_path, junk):
+    from broker.storage import QueueStore, UnsupportedFormat
+    from broker.storage.store import FORMAT_FILE
+    root = tmp_path / "queues"
+    QueueStore(str(root)).close()
+    (root / FORMAT_FILE).write_bytes(junk)
+    with pytest.raises(UnsupportedFormat) as refused:
+        QueueStore(str(root))
+    assert refused.value.details == {"path": str(root / FORMAT_FILE), "supported": [3]}
+    assert refused.value.message == (f"{root / FORMAT_FILE}: storage format {junk[:40]!r}; this build reads "
+                                     "'stator-queues 3', and Stator keeps no upgrade path before 1.0")
 
 
 def test_the_bytes_a_frame_occupies_are_read_from_its_header_where_it_starts():

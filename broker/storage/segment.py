@@ -106,6 +106,10 @@ class Segment:
 
     def _load_index(self, config: QueueConfig, file_bytes: int) -> ScanResult | None:
         """Loads the index file and checks the data after its last entry. None when a full scan is needed."""
+        # Harmless mutants: the size bound moved by a byte, a trailer or an entry (``>=``, ``- TRAILER.size``, ``/``,
+        # ``+ 2``): a valid index has at most one entry a frame, fewer than file_bytes // HEADER_BYTES, so every one
+        # passes either way (tests/test_storage_index_file.py reads the largest); the bound only keeps junk from
+        # being read whole. The empty index's ``whole`` (True): no caller reads it from here.
         try:
             if os.stat(self.index_path).st_size > (file_bytes // HEADER_BYTES + 1) * ENTRY_BYTES + TRAILER.size:
                 return None

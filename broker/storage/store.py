@@ -78,6 +78,8 @@ class QueueStore:
             files.write_atomic(path, f"{FORMAT_NAME} {FORMAT_VERSION}\n".encode())
             files.sync_dir(self.root)
             return
+        # Harmless mutants: ``rpartition`` (a name holds no space, so any second space is refused either way);
+        # "ASCII" for "ascii" (one codec).
         name, _, version = data.decode("ascii", "replace").strip().partition(" ")
         if name != FORMAT_NAME or version != str(FORMAT_VERSION):
             raise UnsupportedFormat(f"{path}: storage format {data[:40]!r}; this build reads "
