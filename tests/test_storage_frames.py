@@ -372,6 +372,27 @@ def test_a_framed_batch_is_bounded_by_its_payload_bytes_not_its_framing(tmp_path
         assert q.max_offset == len(whole)
 
 
+def test_refusals_of_payloads_and_framed_records_say_what_and_how_much(tmp_path):
+    """Each refusal names its cause and carries the numbers an API error passes on (storage errors map to HTTP by
+    code and details, never by parsing their text)."""
+    with PhysicalQueue.create(str(tmp_path / "q"), 0, ONE_FILE) as q:
+        assert q.append([bytearray(b"ab"), b"c"], 1) == 0    # a bytearray is bytes enough
+        for payload, kind in ((memoryview(b"x"), "memoryview"), ("x", "str")):
+            with pytest.raises(InvalidArgument) as refused:
+                q.append([b"ok", payload], 1)
+            assert (refused.value.message, refused.value.details) == ("payloads must be bytes", {"type": kind})
+        big = limits.RECORD_BYTES_MAX + 1
+        with pytest.raises(RecordTooLarge) as refused:
+            q.append_records(SIZE.pack(0) + SIZE.pack(big) + bytes(big), 2, 1)
+        assert (refused.value.message, refused.value.details) == (
+            f"a record holds at most {limits.RECORD_BYTES_MAX} bytes", {"record_bytes": big})
+        with pytest.raises(InvalidArgument) as refused:
+            q.append_records(framed_records([b"a", b"b"]) + b"\0", 2, 1)
+        assert refused.value.message == "records must be 2 records, each behind its u32 size, and nothing else"
+        assert q.max_offset == 2
+        assert [r.payload for r in q.read(0)] == [b"ab", b"c"]
+
+
 def test_append_refuses_a_record_past_the_limit_and_leaves_nothing(tmp_path):
     path = tmp_path / "q"
     q = PhysicalQueue.create(str(path), 0, ONE_FILE)

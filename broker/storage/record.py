@@ -91,6 +91,7 @@ def pack_records(payloads: Sequence[bytes]) -> bytes:
     parts: list[bytes] = []
     add = parts.append
     for payload in payloads:
+        # The first test is a shortcut for the common case: ``type(None) is not bytes`` there changes no answer.
         if type(payload) is not bytes and not isinstance(payload, (bytes, bytearray)):
             raise InvalidArgument("payloads must be bytes", type=type(payload).__name__)
         add(pack(len(payload)))
@@ -125,7 +126,7 @@ def check_records(records: bytes, count: int) -> None:
                 raise RecordTooLarge(f"a record holds at most {limits.RECORD_BYTES_MAX} bytes", record_bytes=size)
             pos += SIZE_BYTES + size
     except struct.error:
-        pos = end + 1
+        pos = end + 1   # harmless mutants: any position but end (None, end - 1, end + 2) refuses the same
     if pos != end:
         raise InvalidArgument(f"records must be {count} records, each behind its u32 size, and nothing else")
 
@@ -169,6 +170,11 @@ def parse(buf: bytes, pos: int, offset: int, want_from: int, records_max: int, b
     are taken or the next payload exceeds `bytes_budget` (unless `out` is still empty: a reader always gets a
     record). Returns (position of the frame holding the first record not taken, that frame's first offset, records
     taken, the remaining budget, STOP_*): a read that stops inside a frame resumes at the frame's start."""
+    # Harmless mutants (each gives the same runs, stop and position): ``> 0`` or ``>= 1`` for ``>= 0`` (frame_at
+    # answers -1, STOP_SHORT or STOP_BAD, never 0); ``<`` for ``<=`` against want_from (a frame ending there takes no
+    # record and moves on) and ``>=`` for ``>`` (a skip of 0); ``skip != 0``, ``skip == 1`` or ``<`` against the
+    # budget in the whole-frame test (the frame goes to _take_part, which takes the same records: the test is a
+    # shortcut); ``taken > records_max`` (the next frame is taken from with want 0 and stops at its start).
     taken = 0
     while True:
         status, count, ts_ms, tag, end = frame_at(buf, pos, offset)

@@ -197,6 +197,7 @@ class QueueStore:
             queues = list(self._open.values())
             self._open.clear()
         try:
+            # Harmless mutants: the pool's size and its threads' names (every queue is closed whichever thread runs it).
             with ThreadPoolExecutor(max(1, min(CLOSE_THREADS, len(queues))), thread_name_prefix="queue-close") as pool:
                 closing = [pool.submit(q.close) for q in queues]
             self._each(closing, lambda done: done.result())   # every close has ended: the first error is raised
