@@ -58,6 +58,7 @@ class SessionTracker:
         late = 0 if self._looked_ms is None else now_ms - self._looked_ms - self.check_interval_ms
         if late > CHECK_STALL_MS:
             self.stalls += 1
+            log.warning("broker_sessions_check_stalled", late_ms=late)
             self._last = {b: (epoch, min(at + late, now_ms)) for b, (epoch, at) in self._last.items()}
         out = []
         for broker, epoch in active:
@@ -172,12 +173,8 @@ class BrokerSessions:
             self._led_term = term
             self.tracker.reset(active, _monotonic_ms())
             return
-        stalls = self.tracker.stalls
         try:
-            expired = self.tracker.expired(active, _monotonic_ms())
-            if self.tracker.stalls != stalls:
-                log.warning("broker_sessions_check_stalled", late_checks=self.tracker.stalls)
-            for broker, epoch in expired:
+            for broker, epoch in self.tracker.expired(active, _monotonic_ms()):
                 log.warning("broker_session_expired", broker=broker, epoch=epoch)
                 self.expiries += 1   # stator_meta_broker_session_expiries_total (meta/api/metrics.py)
                 await self.log.propose({"type": "FenceBroker", "broker": broker, "epoch": epoch,
