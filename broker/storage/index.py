@@ -57,6 +57,8 @@ class SparseIndex:
     def floor_offset(self, rel: int) -> tuple[int, int]:
         """The last entry at or before relative offset `rel`, as (relative offset, position); (0, 0) if none."""
         i = bisect_right(self.rels, rel) - 1
+        # Harmless mutants: ``<= 0`` or ``< 1`` (entry 0 is (0, 0)); another answer than (0, 0) when there is no entry
+        # (only an empty file's index has none, and no read reaches an empty file).
         if i < 0:
             return 0, 0
         return self.rels[i], self.positions[i]

@@ -390,8 +390,8 @@ class PhysicalQueue:
         finally:
             self._lock.release()
 
-    def _read(self, offset: int, max_records: int, max_bytes: int, cached_only: bool = False,
-              written: bool = False) -> list[Run]:
+    def _read(self, offset: int, max_records: int, max_bytes: int, *, cached_only: bool = False,
+              written: bool) -> list[Run]:
         self._check_open()
         end = self._max_offset() if written else self._readable_end()
         if offset < self._bases[0]:

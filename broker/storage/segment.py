@@ -202,6 +202,8 @@ class Segment:
         reader always gets every good record before the damage and then learns where to resume."""
         rel, pos = self.index.floor_offset(offset - self.base)
         cursor = self.base + rel
+        # Harmless mutants: ``cursor < hint`` and ``hint_pos > pos`` (at equality the hint and the index entry are one
+        # place); no clamp of records_max below (``+ offset``: the loop ends at the file's end all the same).
         if cursor <= self._hint_offset <= offset and self._hint_pos >= pos:
             cursor, pos = self._hint_offset, self._hint_pos   # reading on from where the last read stopped
         records_max = min(records_max, self.end_offset - offset)
