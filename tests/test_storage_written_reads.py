@@ -10,12 +10,13 @@ where both answers are the same.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
-from broker.storage import CorruptData, PhysicalQueue, QueueConfig, QueueStore, files, limits
+from broker.storage import CorruptData, InvalidArgument, PhysicalQueue, QueueConfig, QueueStore, files, limits
 from broker.storage.config import FLUSH_GROUP
 from broker.storage.lines import encode
 from broker.storage.record import HEADER_BYTES, SIZE_BYTES
@@ -109,3 +110,37 @@ def test_a_line_is_compact_json_behind_its_checksum():
     writer and a line's size is what the limits count."""
     line = encode({"a": 1, "b": [2, 3]})
     assert line.endswith(b' {"a":1,"b":[2,3]}\n'), line
+
+
+@pytest.mark.parametrize("args, field, bounds", [
+    ((-1, 10, 100), "offset", f"[0, {limits.OFFSET_MAX}]"),
+    ((0, 0, 100), "max_records", f"[1, {limits.READ_RECORDS_MAX}]"),
+    ((0, 10, 0), "max_bytes", f"[1, {limits.READ_BYTES_MAX}]"),
+])
+def test_a_read_s_refusal_names_the_argument_and_its_bounds(tmp_path, args, field, bounds):
+    with PhysicalQueue.create(str(tmp_path / "q"), 0, GROUP) as q:
+        with pytest.raises(InvalidArgument) as refused:
+            q.read_runs(*args)
+        value = args[("offset", "max_records", "max_bytes").index(field)]
+        assert (refused.value.message, refused.value.details) == (f"{field} must be an integer in {bounds}",
+                                                                  {field: value})
+
+
+@pytest.mark.parametrize("code, waits", [(errno.EOPNOTSUPP, True), (errno.EINVAL, True), (errno.EIO, False)])
+def test_a_file_system_that_cannot_read_without_waiting_leaves_the_read_to_a_thread(tmp_path, monkeypatch, code,
+                                                                                     waits):
+    """preadv2's RWF_NOWAIT refused by the file system (EOPNOTSUPP, EINVAL) means "ask a thread"; any other error is
+    the disk's, and is raised."""
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+
+    def refused(*_args):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(os, "preadv", refused)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(files.WouldWait if waits else OSError) as err:
+            files.pread_cached(fd, 10, 0)
+        assert waits or err.value.errno == code
+    finally:
+        os.close(fd)

@@ -89,7 +89,7 @@ class SparseIndex:
         if zlib.crc32(entries) != TRAILER.unpack_from(data, len(entries))[0]:
             return None
         index = cls(interval_bytes, interval_records)
-        prev = (-1, -1, 0)
+        prev = (-1, -1, 0)   # harmless mutants: -2 for either -1 (entries are unsigned)
         for rel, pos, ts in ENTRY.iter_unpack(entries):
             if rel <= prev[0] or pos <= prev[1] or ts < prev[2] or pos >= file_bytes:
                 return None

@@ -227,7 +227,7 @@ class PhysicalQueue:
         again; a frame's CRC guards the disk, not its writer's bugs. ``mark``: the idempotent producer's batch the
         records are, kept in the frame's header (record.py) and handed back by a recovery scan
         (``take_recovered_marks``)."""
-        _check_framed(records, count, checked)
+        _check_framed(records, count, checked)   # harmless mutant: None for checked (falsy as False)
         return self._checked_append(records, count, ts_ms, tag, mark)
 
     def try_append_records(self, records: bytes, count: int, ts_ms: int, tag: int = 0,

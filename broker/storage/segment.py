@@ -91,7 +91,7 @@ class Segment:
                     pool: HandlePool) -> "Segment":
         """A file before the last one. Sealed files were synced with their index, so a bad index is rebuilt from
         the data, and damaged data is never cut: its unreadable range is reported to readers as CorruptData."""
-        segment = cls(directory, base, _new_index(config), pool)
+        segment = cls(directory, base, _new_index(config), pool)   # harmless mutant: None (replaced before any use)
         with segment._reading() as fd:
             file_bytes = os.fstat(fd).st_size
             result = segment._load_index(config, file_bytes)
@@ -260,6 +260,7 @@ class Segment:
         guess costs one more pread, a long one a useless copy), plus one frame header, plus one index interval when
         the read starts at an index entry before the wanted offset; bounded both ways, and never less than the next
         whole frame."""
+        # Harmless mutant: ``max(2, ...)`` (with one record the guess covers the file's end, where the chunk is cut)
         mean_record = self.end_pos // max(1, self.end_offset - self.base) + 1
         ahead = min(records_left * SIZE_BYTES + bytes_budget, (records_left + 1) * mean_record) + HEADER_BYTES
         if skipping:
