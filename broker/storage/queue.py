@@ -67,6 +67,8 @@ class PhysicalQueue:
         if os.path.lexists(path):
             raise QueueExists("queue directory already exists", path=path)
         parent = os.path.dirname(path)
+        # Harmless mutants: the token's length (9 bytes, or token_hex's default); O_EXCL and O_CLOEXEC lost from the
+        # file's flags (the directory is new, and the descriptor is closed at once).
         tmp = os.path.join(parent, CREATING_PREFIX + secrets.token_hex(8))
         os.mkdir(tmp)
         try:

@@ -149,7 +149,7 @@ def frame_at(buf: bytes, pos: int, offset: int) -> tuple[int, int, int, int, int
     """The frame at buf[pos], which must start at `offset`: (STOP_* or -1 when whole and valid, count, ts_ms, tag,
     end position). Checks the bounds, the offset and the CRC; the records inside are the writer's."""
     # Harmless mutants: ``<=`` (a header alone is short of its frame, found below all the same); the fields after
-    # STOP_SHORT, which no caller reads.
+    # STOP_SHORT or STOP_BAD, which no caller reads; -2 for -1 (callers test ``>= 0``).
     if len(buf) - pos < HEADER_BYTES:
         return STOP_SHORT, 0, 0, 0, 0
     length, said_crc, frame_offset, ts_ms, count, tag, _, _, _ = HEADER.unpack_from(buf, pos)

@@ -302,7 +302,7 @@ class Segment:
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
-            self.fd = None
+            self.fd = None   # harmless mutant: "" (a segment is closed once, by its queue's close or delete)
         self._pool.release(self.path)
 
     def delete(self) -> None:

@@ -1,0 +1,109 @@
+"""A physical queue's creation, closing and descriptors, and the frame check at its bounds (broker/storage/queue.py
+``create`` and ``_close``, segment.py ``close``, handles.py ``release``, record.py ``frame_at``): what mutation
+testing (issue 36) left alive there.
+
+A create that fails must leave nothing in the store's directory (its temporary directory is made there, beside the
+queue it becomes, so that one rename publishes it); a closed or deleted queue must give back every descriptor it
+held, its own and the shared pool's, or a broker moving queues for days runs out of them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from broker.storage import InvalidArgument, PhysicalQueue, QueueConfig, QueueExists, QueueStore, files, limits
+from broker.storage.record import HEADER_BYTES, STOP_BAD, SIZE, frame_at, frame_header
+
+SMALL = QueueConfig(segment_bytes_max=1024, flush_policy="interval")
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_create_refuses_a_bad_start_and_an_existing_queue_by_name(tmp_path):
+    with pytest.raises(InvalidArgument) as refused:
+        PhysicalQueue.create(str(tmp_path / "q"), -1)
+    assert (refused.value.message, refused.value.details) == (
+        f"start_offset must be an integer in [0, {limits.OFFSET_MAX}]", {"start_offset": -1})
+    PhysicalQueue.create(str(tmp_path / "q")).close()
+    with pytest.raises(QueueExists) as refused:
+        PhysicalQueue.create(str(tmp_path / "q"))
+    assert (refused.value.message, refused.value.details) == ("queue directory already exists",
+                                                              {"path": str(tmp_path / "q")})
+
+
+def test_a_create_that_fails_leaves_nothing_and_says_why(tmp_path, monkeypatch):
+    parent = tmp_path / "queues"
+    parent.mkdir()
+    made: list[str] = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        made.append(str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    def sync_dir(_path):
+        raise OSError(errno.EIO, "the disk failed")
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(files, "sync_dir", sync_dir)
+    with pytest.raises(OSError) as err:
+        PhysicalQueue.create(str(parent / "q"))
+    assert err.value.errno == errno.EIO, "the create's own error, not one of its clean-up"
+    assert [os.path.dirname(p) for p in made] == [str(parent)], "made beside the queue, for one rename to publish"
+    assert os.listdir(parent) == [], "nothing half made is left"
+
+
+def test_a_closed_queue_has_synced_and_says_so(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"), 0, QueueConfig(flush_policy="interval"))
+    q.append([b"a", b"b", b"c"], 1)
+    q.close()
+    assert q.flushed_offset == 3
+
+
+def test_closing_and_deleting_queues_gives_back_every_descriptor(tmp_path):
+    before = _open_fds()
+    with PhysicalQueue.create(str(tmp_path / "own"), 0, SMALL) as q:   # a pool of its own
+        for i in range(40):
+            q.append([bytes([i]) * 100], i)
+        assert len(list((tmp_path / "own").glob("*.log"))) > 3
+        assert len(q.read(0, 1_000)) == 40        # every sealed file leased from its pool
+    assert _open_fds() == before
+
+    store = QueueStore(str(tmp_path / "store"), SMALL)
+    try:
+        base = _open_fds()
+        q = store.create("a")
+        for i in range(40):
+            q.append([bytes([i]) * 100], i)
+        assert len(q.read(0, 1_000)) == 40        # the sealed files' descriptors, from the store's shared pool
+        assert _open_fds() > base
+        store.delete("a")
+        assert _open_fds() == base, "a deleted queue's files are closed in the shared pool too"
+    finally:
+        store.close()
+    assert _open_fds() == before
+
+
+def _frame(records: bytes, count: int) -> bytes:
+    return frame_header(records, count, 0, 1, 0) + records
+
+
+def test_a_frame_whose_count_needs_more_bytes_than_it_holds_is_bad_though_its_checksum_is_right():
+    records = SIZE.pack(4) + b"abcd"          # 8 bytes: room for two empty records at most
+    assert frame_at(_frame(records, 1), 0, 0)[0] == -1
+    assert frame_at(_frame(records, 2), 0, 0)[0] == -1      # 8 bytes hold two sizes (the records are the writer's)
+    assert frame_at(_frame(records, 3), 0, 0)[0] == STOP_BAD
+
+
+def test_the_largest_frame_is_whole():
+    count = limits.BATCH_RECORDS_MAX
+    sizes = [limits.BATCH_BYTES_MAX // count] * (count - 1)
+    sizes.append(limits.BATCH_BYTES_MAX - sum(sizes))
+    records = b"".join(SIZE.pack(n) + bytes(n) for n in sizes)
+    assert len(records) == limits.FRAME_BYTES_MAX
+    status, got, _, _, end = frame_at(_frame(records, count), 0, 0)
+    assert (status, got, end) == (-1, count, HEADER_BYTES + limits.FRAME_BYTES_MAX)
