@@ -14,7 +14,8 @@ import os
 
 import pytest
 
-from broker.storage import InvalidArgument, PhysicalQueue, QueueConfig, QueueExists, QueueStore, files, limits
+from broker.storage import (InvalidArgument, PhysicalQueue, QueueClosed, QueueConfig, QueueExists, QueueFailed,
+                            QueueStore, files, limits)
 from broker.storage.record import HEADER_BYTES, STOP_BAD, SIZE, frame_at, frame_header
 
 SMALL = QueueConfig(segment_bytes_max=1024, flush_policy="interval")
@@ -107,3 +108,75 @@ def test_the_largest_frame_is_whole():
     assert len(records) == limits.FRAME_BYTES_MAX
     status, got, _, _, end = frame_at(_frame(records, count), 0, 0)
     assert (status, got, end) == (-1, count, HEADER_BYTES + limits.FRAME_BYTES_MAX)
+
+
+def test_an_append_s_refusals_name_their_argument_and_bound(tmp_path):
+    with PhysicalQueue.create(str(tmp_path / "q")) as q:
+        for call, message, details in (
+                (lambda: q.append([b"x"], -1), f"ts_ms must be an integer in [0, {limits.TS_MS_MAX}]", {"ts_ms": -1}),
+                (lambda: q.append([b"x"], 1, 2**32), f"tag must be an integer in [0, {2**32 - 1}]", {"tag": 2**32}),
+                (lambda: q.append([], 1), f"a batch holds 1 to {limits.BATCH_RECORDS_MAX} records", {"records": 0}),
+                (lambda: q.append([b"x" * limits.RECORD_BYTES_MAX] * 5, 1),
+                 f"a batch holds at most {limits.BATCH_BYTES_MAX} bytes",
+                 {"batch_bytes": 5 * limits.RECORD_BYTES_MAX})):
+            with pytest.raises(InvalidArgument) as refused:
+                call()
+            assert (refused.value.message, refused.value.details) == (message, details)
+        assert q.max_offset == 0
+
+
+def test_the_last_offsets_fit_and_the_one_past_them_is_refused(tmp_path):
+    start = limits.OFFSET_MAX - 3
+    with PhysicalQueue.create(str(tmp_path / "q"), start) as q:
+        assert q.append([b"a", b"b", b"c"], 1) == start      # up to OFFSET_MAX exactly
+        with pytest.raises(InvalidArgument) as refused:
+            q.append([b"d"], 2)
+        assert (refused.value.message, refused.value.details) == ("the queue has run out of offsets",
+                                                                  {"max_offset": limits.OFFSET_MAX})
+        assert q.max_offset == limits.OFFSET_MAX and not q.failed
+
+
+def test_a_closed_queue_refuses_by_name(tmp_path):
+    q = PhysicalQueue.create(str(tmp_path / "q"))
+    q.close()
+    for call in (lambda: q.append([b"x"], 1), lambda: q.read(0)):
+        with pytest.raises(QueueClosed) as refused:
+            call()
+        assert (refused.value.message, refused.value.details) == ("queue is closed", {"path": str(tmp_path / "q")})
+
+
+def test_a_short_write_is_finished_from_where_it_stopped(tmp_path, monkeypatch):
+    """pwritev may write less than asked (a signal, a full pipe of the block layer): the rest is written after it."""
+    real = os.pwritev
+
+    def short(fd, buffers, pos):
+        return real(fd, [bytes(buffers[0])[:10]], pos)   # ten bytes of the header, no more
+    with PhysicalQueue.create(str(tmp_path / "q")) as q:
+        q.append([b"first"], 1)
+        monkeypatch.setattr(os, "pwritev", short)
+        assert q.append([b"second", b"third"], 2) == 1
+        monkeypatch.setattr(os, "pwritev", real)
+        assert [r.payload for r in q.read(0)] == [b"first", b"second", b"third"]
+    with PhysicalQueue.open(str(tmp_path / "q")) as q:
+        assert [r.payload for r in q.read(0)] == [b"first", b"second", b"third"]
+
+
+def test_a_write_that_cannot_be_undone_fails_the_queue_until_it_is_reopened(tmp_path, monkeypatch):
+    def fails(*_args):
+        raise OSError(errno.EIO, "the disk failed")
+    q = PhysicalQueue.create(str(tmp_path / "q"))
+    q.append([b"kept"], 1)
+    monkeypatch.setattr(os, "pwritev", fails)
+    monkeypatch.setattr(os, "ftruncate", fails)     # and the cut back to the last whole frame fails too
+    with pytest.raises(QueueFailed):
+        q.append([b"lost"], 2)
+    monkeypatch.undo()
+    assert q.failed
+    with pytest.raises(QueueFailed) as refused:
+        q.append([b"later"], 3)
+    assert (refused.value.message, refused.value.details) == (
+        "a write or fsync failed earlier; reopen the queue to recover", {"path": str(tmp_path / "q")})
+    q.close()
+    with PhysicalQueue.open(str(tmp_path / "q")) as q:
+        assert [r.payload for r in q.read(0)] == [b"kept"]
+        assert q.append([b"again"], 4) == 1

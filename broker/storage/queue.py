@@ -266,7 +266,7 @@ class PhysicalQueue:
         first = active.end_offset
         if first + count > limits.OFFSET_MAX:
             raise InvalidArgument("the queue has run out of offsets", max_offset=first)
-        ts = ts_ms if ts_ms > self._last_ts else self._last_ts
+        ts = ts_ms if ts_ms > self._last_ts else self._last_ts   # harmless mutant: >= (equal either way)
         if self.would_roll(len(records)):
             active = self._roll()
         header = frame_header(records, count, first, ts, tag, mark)

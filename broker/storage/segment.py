@@ -146,7 +146,8 @@ class Segment:
         size = len(header) + len(records)
         try:
             done = os.pwritev(self.fd, (header, records), pos)
-            if done < size:   # a short write: the rest from one joined buffer
+            # A short write: the rest from one joined buffer (harmless mutant: ``<=``, whose loop then writes nothing)
+            if done < size:
                 rest = memoryview(header + records)
                 try:
                     while done < size:
