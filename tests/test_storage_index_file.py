@@ -129,3 +129,14 @@ def test_an_index_gone_between_its_stat_and_its_read_means_a_scan(tmp_path, monk
                         lambda path: None if path.endswith(files.index_name(0)) else real(path))
     with PhysicalQueue.open(str(tmp_path / "q"), _config(DENSE)) as q:
         assert [r.offset for r in q.read(0, 10)] == list(range(6))
+
+
+def test_a_frame_gets_an_entry_when_it_is_the_first_or_an_interval_of_bytes_or_records_past_the_last():
+    index = SparseIndex(interval_bytes=100, interval_records=5)
+    for rel, pos in ((0, 0), (2, 40), (4, 99), (5, 120), (6, 219), (7, 220), (12, 230), (13, 240)):
+        index.add_frame(rel, pos, 7)
+    assert list(zip(index.rels, index.positions)) == [(0, 0), (5, 120), (7, 220), (12, 230)]
+    assert list(index.times) == [7] * 4
+    late = SparseIndex(interval_bytes=100, interval_records=5)
+    late.add_frame(3, 50, 1)                  # a file's first frame is always an entry, wherever it starts
+    assert list(zip(late.rels, late.positions)) == [(3, 50)]

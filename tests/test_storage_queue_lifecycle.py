@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from broker.storage import (InvalidArgument, PhysicalQueue, QueueClosed, QueueConfig, QueueExists, QueueFailed,
-                            QueueStore, files, limits)
+from broker.storage import (CorruptQueue, InvalidArgument, PhysicalQueue, QueueClosed, QueueConfig, QueueExists,
+                            QueueFailed, QueueStore, files, limits)
 from broker.storage.record import HEADER_BYTES, STOP_BAD, SIZE, frame_at, frame_header
 
 SMALL = QueueConfig(segment_bytes_max=1024, flush_policy="interval")
@@ -184,3 +184,41 @@ def test_a_write_that_cannot_be_undone_fails_the_queue_until_it_is_reopened(tmp_
     with PhysicalQueue.open(str(tmp_path / "q")) as q:
         assert [r.payload for r in q.read(0)] == [b"kept"]
         assert q.append([b"again"], 4) == 1
+
+
+def test_a_write_that_makes_no_progress_is_refused_and_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    """A short pwritev, then a pwrite that writes nothing (a full disk that says so by writing 0 bytes): ENOSPC, the
+    file cut back to its last whole frame, and the queue goes on."""
+    real = os.pwritev
+    with PhysicalQueue.create(str(tmp_path / "q")) as q:
+        q.append([b"kept"], 1)
+        size = os.path.getsize(tmp_path / "q" / files.log_name(0))
+        monkeypatch.setattr(os, "pwritev", lambda fd, buffers, pos: real(fd, [bytes(buffers[0])[:10]], pos))
+        monkeypatch.setattr(os, "pwrite", lambda fd, data, pos: 0)
+        with pytest.raises(OSError) as err:
+            q.append([b"lost"], 2)
+        assert (err.value.errno, err.value.strerror, err.value.filename) == (
+            errno.ENOSPC, "write made no progress", str(tmp_path / "q" / files.log_name(0)))
+        monkeypatch.undo()
+        assert os.path.getsize(tmp_path / "q" / files.log_name(0)) == size
+        assert not q.failed and q.append([b"next"], 3) == 1
+        assert [r.payload for r in q.read(0)] == [b"kept", b"next"]
+
+
+def test_a_queue_directory_without_its_files_is_refused_by_name(tmp_path):
+    missing = tmp_path / "missing"
+    with pytest.raises(CorruptQueue) as refused:
+        PhysicalQueue.open(str(missing))
+    assert (refused.value.message, refused.value.details) == ("queue directory is missing or not a directory",
+                                                              {"path": str(missing)})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorruptQueue) as refused:
+        PhysicalQueue.open(str(tmp_path / "empty"))
+    assert (refused.value.message, refused.value.details) == ("queue directory holds no segment file",
+                                                              {"path": str(tmp_path / "empty")})
+
+
+def test_a_queue_that_starts_at_the_last_offset_opens_again(tmp_path):
+    PhysicalQueue.create(str(tmp_path / "q"), limits.OFFSET_MAX).close()
+    with PhysicalQueue.open(str(tmp_path / "q")) as q:
+        assert q.min_offset == q.max_offset == limits.OFFSET_MAX

@@ -93,7 +93,7 @@ def test_a_time_out_of_range_is_refused_naming_ts_ms(tmp_path):
 def test_the_index_span_before_a_time_names_the_last_entry_before_it_and_the_next_one():
     index = SparseIndex(interval_bytes=1, interval_records=1)
     for rel, pos, ts in ((0, 0, 10), (5, 100, 20), (9, 180, 20), (14, 260, 30)):
-        index.add_batch(rel, [0], pos, ts)
+        index.add_frame(rel, pos, ts)
     assert index.span_before_time(5) == (-1, 0, None, None)
     assert index.span_before_time(10) == (-1, 0, None, None)
     assert index.span_before_time(11) == (0, 0, 5, 100)

@@ -16,7 +16,6 @@ import struct
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Sequence
 
 ENTRY = struct.Struct("<IIQ")
 ENTRY_BYTES = ENTRY.size
@@ -36,23 +35,15 @@ class SparseIndex:
     def __len__(self) -> int:
         return len(self.rels)
 
-    def add_batch(self, first_rel: int, starts: Sequence[int], base_pos: int, ts_ms: int) -> None:
-        """Notes records first_rel, first_rel + 1, ... starting at base_pos + starts[i], all stamped ts_ms."""
-        rels, positions = self.rels, self.positions
-        if rels:
-            last_rel, last_pos = rels[-1], positions[-1]
-        else:
-            last_rel, last_pos = -self.interval_records, -self.interval_bytes
-        every_bytes, every_records = self.interval_bytes, self.interval_records
-        rel = first_rel
-        for start in starts:
-            pos = base_pos + start
-            if pos - last_pos >= every_bytes or rel - last_rel >= every_records:
-                rels.append(rel)
-                positions.append(pos)
-                self.times.append(ts_ms)
-                last_rel, last_pos = rel, pos
-            rel += 1
+    def add_frame(self, rel: int, pos: int, ts_ms: int) -> None:
+        """Notes the frame whose first record is `rel`, at `pos`, stamped ts_ms: an entry when it is the file's first
+        or lies an interval (of bytes or of records) past the last entry."""
+        if self.rels and (pos - self.positions[-1] < self.interval_bytes
+                          and rel - self.rels[-1] < self.interval_records):
+            return
+        self.rels.append(rel)
+        self.positions.append(pos)
+        self.times.append(ts_ms)
 
     def floor_offset(self, rel: int) -> tuple[int, int]:
         """The last entry at or before relative offset `rel`, as (relative offset, position); (0, 0) if none."""

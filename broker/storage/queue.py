@@ -52,7 +52,7 @@ class PhysicalQueue:
         self._group = config.flush_policy == FLUSH_GROUP
         self._dirty_since_ms: int | None = None
         self._flushed_offset = segments[-1].end_offset
-        self._closed = False
+        self._closed = False   # harmless mutants: None for either False (read as truth values only)
         self._failed = False
         self._lock = threading.Lock()
 

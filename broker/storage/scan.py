@@ -40,7 +40,7 @@ def scan(fd: int, file_bytes: int, index: SparseIndex, base: int, start_pos: int
             status, count, ts_ms, _tag, end = frame_at(buf, used, offset)
             if status >= 0:
                 break
-            index.add_batch(offset - base, (pos + used,), 0, ts_ms)
+            index.add_frame(offset - base, pos + used, ts_ms)
             if marks is not None and (mark := mark_at(buf, used)) is not None:
                 marks.append((offset, count, mark))
             last_ts = ts_ms

@@ -160,7 +160,7 @@ class Segment:
         except OSError:
             self._undo(pos)
             raise
-        self.index.add_batch(self.end_offset - self.base, (0,), pos, ts_ms)
+        self.index.add_frame(self.end_offset - self.base, pos, ts_ms)
         self.end_pos = self.file_bytes = pos + size
         self.end_offset += count
         self.last_ts = ts_ms
