@@ -27,6 +27,13 @@ PAUSE_S = 7.0                   # more than twice the session timeout: without t
 SETTLE_S = 30.0
 
 
+def _started(active: list[tuple[str, int]]) -> tuple[SessionTracker, list[tuple[str, int]]]:
+    """A tracker whose leader began to lead at 0 ms, with these (broker, epoch) sessions active."""
+    t = SessionTracker(TIMEOUT_MS, CHECK_MS)
+    t.reset(active, 0)
+    return t, active
+
+
 def _checked_every(tracker: SessionTracker, active, start_ms: int, end_ms: int) -> dict[int, list]:
     """Checks on time from ``start_ms`` to ``end_ms``: when each found which brokers expired."""
     out = {}
@@ -37,9 +44,7 @@ def _checked_every(tracker: SessionTracker, active, start_ms: int, end_ms: int) 
 
 
 def test_a_silent_broker_expires_after_the_timeout_when_the_leader_checks_on_time():
-    t = SessionTracker(TIMEOUT_MS, CHECK_MS)
-    active = [("b1", 4)]
-    t.reset(active, 0)
+    t, active = _started([("b1", 4)])
     seen = _checked_every(t, active, CHECK_MS, 10_000)
     first = min(now for now, expired in seen.items() if expired)
     assert first == 9_250 and seen[first] == [("b1", 4)]   # the first check past 9,000 ms of silence
@@ -47,9 +52,7 @@ def test_a_silent_broker_expires_after_the_timeout_when_the_leader_checks_on_tim
 
 
 def test_a_stalled_check_counts_the_stall_against_no_session():
-    t = SessionTracker(TIMEOUT_MS, CHECK_MS)
-    active = [("b1", 4), ("b2", 7)]
-    t.reset(active, 0)
+    t, active = _started([("b1", 4), ("b2", 7)])
     t.heartbeat("b1", 4, 1_000, 0)
     t.heartbeat("b2", 7, 2_000, 0)
     t.looked(2_000)
@@ -65,24 +68,18 @@ def test_a_stalled_check_counts_the_stall_against_no_session():
 
 
 def test_a_check_late_by_less_than_the_stall_bound_forgives_nothing():
-    t = SessionTracker(TIMEOUT_MS, CHECK_MS)
-    active = [("b1", 4)]
-    t.reset(active, 0)
+    t, active = _started([("b1", 4)])
     t.looked(8_000)
     assert t.expired(active, 8_000 + CHECK_MS + CHECK_STALL_MS) == [("b1", 4)]   # 9,250 ms of silence
     assert t.stalls == 0
-    t = SessionTracker(TIMEOUT_MS, CHECK_MS)
-    t.reset(active, 0)
+    t, active = _started(active)
     t.looked(7_999)
     assert t.expired(active, 7_999 + CHECK_MS + CHECK_STALL_MS + 1) == [], "late enough to be a stall"
     assert t.stalls == 1
 
 
 def test_a_heartbeat_read_during_a_late_check_is_never_moved_past_now():
-    t = SessionTracker(TIMEOUT_MS, CHECK_MS)
-    active = [("b1", 4)]
-    t.reset(active, 0)
-    t.looked(0)
+    t, active = _started([("b1", 4)])      # its last check at 0
     t.heartbeat("b1", 4, 4_000, 0)      # read while the check was late: the loop ran, the checker did not
     assert t.expired(active, 5_000) == [] and t.stalls == 1
     t.looked(5_000)

@@ -17,6 +17,7 @@ import pytest
 from broker.storage import PhysicalQueue, QueueConfig, files, limits
 from broker.storage.index import ENTRY, TRAILER, SparseIndex
 from broker.storage.record import HEADER_BYTES, SIZE_BYTES
+from tests.support.preads import Preads
 
 INTERVAL_BYTES, INTERVAL_RECORDS = 64, 1
 
@@ -56,19 +57,6 @@ def test_an_index_that_fails_its_checksum_or_is_cut_is_refused():
     assert _parsed(data[:-2]) is None
 
 
-class Preads:
-    """Every os.pread of the test, as (file name, position)."""
-
-    def __init__(self, monkeypatch):
-        self.calls: list[tuple[str, int]] = []
-        real = os.pread
-
-        def counted(fd: int, n: int, pos: int) -> bytes:
-            self.calls.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), pos))
-            return real(fd, n, pos)
-        monkeypatch.setattr(os, "pread", counted)
-
-
 DENSE = (INTERVAL_BYTES, 1)
 SPARSE = (limits.INDEX_INTERVAL_BYTES_MAX, limits.INDEX_INTERVAL_RECORDS_MAX)   # the first frame's entry alone
 
@@ -97,7 +85,7 @@ def test_a_sealed_files_index_is_taken_so_opening_reads_only_its_last_frame(tmp_
     with PhysicalQueue.open(str(tmp_path / "q"), _config(DENSE)):
         pass
     frame = HEADER_BYTES + SIZE_BYTES
-    assert [pos for name, pos in preads.calls if name == files.log_name(0)] == [4 * frame], \
+    assert preads.positions(files.log_name(0)) == [4 * frame], \
         "the sealed file is checked from its last entry on, not scanned from its start"
     assert len(_parsed_file(index_path)) == 5
 

@@ -18,6 +18,7 @@ import pytest
 
 from broker.storage import CorruptData, PhysicalQueue, QueueConfig, files, limits
 from broker.storage.record import HEADER_BYTES, SIZE_BYTES
+from tests.support.preads import Preads
 
 RECORD = 200                      # bytes of payload per record
 BATCH = 10                        # records per append: one frame
@@ -25,27 +26,6 @@ FRAME = HEADER_BYTES + BATCH * (SIZE_BYTES + RECORD)
 INTERVAL = 2 * FRAME              # an index entry every second frame
 ONE_FILE = QueueConfig(segment_bytes_max=64 * 2**20, index_interval_bytes=INTERVAL,
                        index_interval_records=limits.INDEX_INTERVAL_RECORDS_MAX, flush_policy="interval")
-
-
-class Preads:
-    """Every os.pread of the test, as (bytes asked, position)."""
-
-    def __init__(self, monkeypatch):
-        self.calls: list[tuple[int, int]] = []
-        real = os.pread
-
-        def counted(fd: int, n: int, pos: int) -> bytes:
-            self.calls.append((n, pos))
-            return real(fd, n, pos)
-        monkeypatch.setattr(os, "pread", counted)
-
-    def during(self, read):
-        self.calls.clear()
-        return read()
-
-    @property
-    def asked(self) -> int:
-        return sum(n for n, _ in self.calls)
 
 
 def _filled(path: Path, start: int, frames: int, config: QueueConfig = ONE_FILE) -> PhysicalQueue:
@@ -91,7 +71,7 @@ def test_a_read_that_starts_between_index_entries_reads_the_skipped_frame_in_the
         offset = start + 3 * BATCH             # frame 3: its index entry is frame 2's
         got = preads.during(lambda: q.read(offset, 200, limits.READ_BYTES_MAX))
         assert [r.offset for r in got] == list(range(offset, offset + 200))
-        assert len(preads.calls) == 1 and preads.calls[0][1] == 2 * FRAME, preads.calls
+        assert len(preads.calls) == 1 and preads.calls[0].pos == 2 * FRAME, preads.calls
         needed = FRAME + 200 // BATCH * FRAME
         assert needed <= preads.asked <= needed + mean + HEADER_BYTES + 200 + INTERVAL, (preads.asked, needed)
 
@@ -102,7 +82,7 @@ def test_a_read_that_goes_on_from_the_last_stops_reads_from_there_without_an_int
         q.read(0, 150, limits.READ_BYTES_MAX)      # stops inside frame 15, between index entries
         got = preads.during(lambda: q.read(150, 300, limits.READ_BYTES_MAX))
         assert [r.offset for r in got] == list(range(150, 450))
-        assert len(preads.calls) == 1 and preads.calls[0][1] == 15 * FRAME, preads.calls
+        assert len(preads.calls) == 1 and preads.calls[0].pos == 15 * FRAME, preads.calls
         assert preads.asked <= 30 * FRAME + mean + HEADER_BYTES + 300, preads.asked
 
 
@@ -115,7 +95,7 @@ def test_a_byte_budget_that_binds_takes_one_pread_of_exactly_the_frame(tmp_path,
         q.append([b"y" * big], 2)
         got = preads.during(lambda: q.read(0, 1, big))
         assert [len(r.payload) for r in got] == [big]
-        assert preads.calls == [(HEADER_BYTES + SIZE_BYTES + big, 0)]
+        assert [(c.size, c.pos) for c in preads.calls] == [(HEADER_BYTES + SIZE_BYTES + big, 0)]
 
 
 LARGE = 64 * 1024                  # records of reads longer than one chunk (READ_CHUNK_BYTES_MAX, 4 MiB)
@@ -135,14 +115,14 @@ def test_a_read_longer_than_a_chunk_takes_exactly_what_it_asked_across_chunks_an
         got = preads.during(lambda: q.read(0, 80, limits.READ_BYTES_MAX))
         assert [r.offset for r in got] == list(range(80)), "no more records than asked, over two chunks"
         assert all(r.payload == r.offset.to_bytes(4, "big") * (LARGE // 4) for r in got)
-        assert len(preads.calls) == 2 and preads.calls[1][1] == chunk_records * LARGE_FRAME, preads.calls
+        assert len(preads.calls) == 2 and preads.calls[1].pos == chunk_records * LARGE_FRAME, preads.calls
         # the first chunk's torn last frame is read again by the second, which guesses from the 17 records left
         assert preads.asked <= 82 * LARGE_FRAME + HEADER_BYTES + 80, "the second chunk guessed from what was left"
 
         got = preads.during(lambda: q.read(80, 40, limits.READ_BYTES_MAX))   # on from the last read's stop
         assert [r.offset for r in got] == list(range(80, 120))
         assert all(r.payload == r.offset.to_bytes(4, "big") * (LARGE // 4) for r in got)
-        assert preads.calls[0][1] == 80 * LARGE_FRAME, preads.calls
+        assert preads.calls[0].pos == 80 * LARGE_FRAME, preads.calls
 
         got = q.read(0, 120, limits.READ_BYTES_MAX)   # two chunks of the first file, then the second file
         assert [r.offset for r in got] == list(range(120)), "the first file's records counted across its chunks"
