@@ -4,6 +4,8 @@
   promoted, and the old one, which leads, is removed (it hands its leadership over first); then the cluster grows to
   five voters and shrinks back to three. No acknowledged write is lost and the writer is never stopped for long.
 - An add of a node that never comes up leaves the majority alone and can be undone; bad changes are refused by name.
+- A member removed while it was down learns it when it comes back (the leader sends it the log until it holds its
+  removal).
 - A second change while one is in flight is refused with 409 (the followers are stopped so that the first change
   cannot commit).
 """
@@ -269,6 +271,31 @@ async def test_a_removal_that_would_leave_no_live_majority_is_refused(tmp_path):
         assert await _voters(c, lurl) == {"m1": True, "m2": True, "m3": True}
         answer = await _change(c, "DELETE", f"/{dead}")
         assert sorted(m["node"] for m in answer["members"]) == sorted([leader, healthy])
+
+
+async def test_a_member_removed_while_down_learns_it_when_it_comes_back(tmp_path):
+    # The removal commits on the two others while the removed node is down, so it never got the entry that removes
+    # it; its peers refuse it as an unknown node. The leader goes on sending it the log until it holds that entry,
+    # and it says so (NOT_A_MEMBER) instead of serving on as a member of a cluster that sends it nothing.
+    async with cluster_mod.running(str(tmp_path), 3, 0) as c:
+        leader, lurl, followers = await node_urls(c)
+        gone, gone_url = name_of(c, followers[0]), followers[0]
+        await asyncio.to_thread(c.kill9, gone)
+        answer = await _change(c, "DELETE", f"/{gone}")
+        assert gone not in {m["node"] for m in answer["members"]}, answer
+        await ok(c, "PUT", "/v1/brokers/bx", role="broker", json={"address": "http://127.0.0.1:1"})   # past it
+        await asyncio.to_thread(devcluster.start, c.dir, gone, False)   # never ready: it is no member
+        c.reload()
+
+        async def says_not_a_member():
+            try:
+                s, b, _ = await c.call("GET", f"{gone_url}/v1/topics", "client")
+            except NET_ERRORS:
+                return False
+            return s == 503 and b["error"]["code"] == "NOT_A_MEMBER"
+        await wait_until(says_not_a_member, CATCH_UP_S, f"{gone} to answer NOT_A_MEMBER")
+        live = [u for u in c.meta_urls if u != gone_url]
+        assert set(await _voters(c, live[0])) == {name_of(c, u) for u in live}
 
 
 async def test_a_second_change_while_one_is_in_flight_is_refused_with_409(tmp_path):

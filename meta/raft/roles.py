@@ -94,6 +94,7 @@ class Roles:
         self._leading: tuple[int, float] | None = None        # (term, monotonic time) this node started leading
         # the membership raft's view was set from, and the members it removes that still get the log
         self._applied: tuple[tuple[int, membership.Members], tuple[membership.Member, ...]] | None = None
+        self._departed: tuple[int, set[str]] = (0, set())   # leader: the removed members known to hold their removal
         self._last_keepalive = 0.0   # harmless mutant: 1.0 (the monotonic clock is far past either at start)
         self._requests: collections.deque[_Request] = collections.deque()
         self.current: tuple[int, membership.Members] | None = None   # as of this tick, for other threads
@@ -175,14 +176,29 @@ class Roles:
                  membership_index=current[0] if current else None)
 
     def _departing(self, current: tuple[int, membership.Members]) -> tuple[membership.Member, ...]:
-        """The members the newest membership removes, while it is not committed: the leader goes on sending them
-        the log (never counting them) so that they append the entry that removes them and know it (NOT_A_MEMBER).
-        Dropped at once, a removed node whose last append had not carried that entry never got it, and served on
-        as a member of a cluster that no longer sent it anything (tests/test_meta_members.py, 1 full suite run in 2)."""
-        if current[0] <= self.so.raftCommitIndex:
+        """The members the newest membership removes that may not hold it yet: every node sends them the log (never
+        counting them) until the entry commits, and the leader after that, until each one holds it (its match
+        index, or its learner progress, reaches the entry), so that they know they were removed (NOT_A_MEMBER).
+        Dropped at the commit, a removed node whose link was down then (a leader handing over; a node down when
+        it was removed, started again) never got the entry, and its peers refused it as unknown: it served on as
+        a member of a cluster that no longer sent it anything (tests/test_meta_members.py). One the leader never
+        reaches is sent to until the next membership (etcd: a removed member learns from its peers)."""
+        index = current[0]
+        before = self._trail().before(index) or ()
+        gone = tuple(m for m in before if m.name != self.name and membership.by_name(current[1], m.name) is None)
+        if not gone or index > self.so.raftCommitIndex:
+            return gone
+        if not shim.is_leader(self.so):
             return ()
-        before = self._trail().before(current[0]) or ()
-        return tuple(m for m in before if m.name != self.name and membership.by_name(current[1], m.name) is None)
+        if self._departed[0] != index:
+            self._departed = (index, set())
+        matches = shim.match_indexes(self.so)
+        for m in gone:
+            progress = self._learners.get(m.name)
+            if max(matches.get(self.address_of(m), 0), progress[1] if progress else 0) >= index:
+                # remembered: once raft's view drops it, its match index goes with it
+                self._departed[1].add(m.name)
+        return tuple(m for m in gone if m.name not in self._departed[1])
 
     def _set_raft_members(self, current: tuple[int, membership.Members],
                           departing: tuple[membership.Member, ...]) -> None:
