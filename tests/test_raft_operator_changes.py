@@ -221,3 +221,22 @@ async def test_a_leader_asked_to_remove_itself_hands_over_first(nodes):
     after = await change(new_leader, "remove", leader.roles.name)
     assert leader.roles.name not in {m["name"] for m in after}
     await until(lambda: leader.roles.removed)
+
+
+async def test_a_voter_removed_while_stopped_learns_it_when_it_starts_again(nodes, tmp_path):
+    # The removal commits on the two others while the removed node is down: it never got the entry. The leader goes
+    # on sending it the log until it holds that entry (the peers refuse it as unknown), and it knows it was removed.
+    leader, _ = await leader_of(nodes, WAIT_S)
+    gone = next(n for n in nodes if n is not leader)
+    i = nodes.index(gone)
+    address, partners = gone.selfNode.address, [n.address for n in gone.otherNodes]
+    gone.stop()
+    after = await change(leader, "remove", gone.roles.name)
+    assert gone.roles.name not in {m["name"] for m in after}
+    again = MetaSyncObj(address, partners, str(tmp_path / f"n{i}"), SECRET, RaftTuning(),
+                        lambda version, changed: None, LoopBridge())
+    again.start()
+    nodes[i] = again   # the fixture stops it
+    await until(lambda: again.roles.removed)
+    # and once it holds its removal, the leader stops sending to it
+    await until(lambda: address not in {n.address for n in leader.readonlyNodes})

@@ -89,6 +89,9 @@ async def test_a_broker_lost_with_its_disk_loses_no_acknowledged_message_and_its
         for q in led:
             assert writable_again[q] <= SESSION_TIMEOUT_MS / 1000 + 2.0, (q, writable_again)
         assert len(acked) > before_kill
+        print(f"\n[failover] {victim} killed and wiped; queues {led} led by it took writes again after "
+              f"{[round(writable_again[q], 2) for q in led]} s (bound {SESSION_TIMEOUT_MS / 1000 + 2.0} s); "
+              f"{len(acked)} messages acknowledged, {len(unknown)} sent with no known outcome")
 
         # 0 acknowledged messages lost: each is at its offset, read from each queue's new head
         after = await route(c, "r")
