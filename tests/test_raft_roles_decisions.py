@@ -1,0 +1,102 @@
+"""The leader's decisions in meta/raft/roles.py that need no running raft, at their edges: when a voter counts as
+live for the quorum check of an operator's change, what the refusal names, when a learner counts as caught up, and
+where a member's URL comes from. The clock is the module's own (``time.monotonic``), held still here so that an
+edge is exactly on its bound; the raft object is the few fields these decisions read.
+tests/test_raft_operator_changes.py drives the same on three real nodes; this is what pins the bounds.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from meta.raft import membership
+from meta.raft import roles as raft_roles
+from wire.errors import ApiError
+
+NOW = 1_000.0
+DISKS = {n: f"{i:032x}" for i, n in enumerate(("a", "b", "c", "d", "e"), start=1)}
+
+
+@pytest.fixture
+def still_clock(monkeypatch):
+    monkeypatch.setattr(raft_roles, "time", types.SimpleNamespace(monotonic=lambda: NOW))
+
+
+def voter(name: str) -> membership.Member:
+    return membership.Member(raft=f"127.0.0.1:{ord(name)}", name=name, disk=DISKS[name], url=None, voter=True)
+
+
+def leader_roles(commit_index: int = 0) -> raft_roles.Roles:
+    """The Roles of node "a", leading since long ago."""
+    so = types.SimpleNamespace(raftCommitIndex=commit_index)
+    roles = raft_roles.Roles(so, "a", {}, {}, DISKS["a"])
+    roles._leading = (1, NOW - 10 * raft_roles.LIVE_WITHIN_S)
+    return roles
+
+
+def refusal(roles: raft_roles.Roles, changed, name: str) -> tuple[int, str, str, dict] | None:
+    try:
+        roles._refuse_quorum_loss(tuple(changed), name)
+    except ApiError as e:
+        return e.status, e.code, e.message, e.details
+    return None
+
+
+def test_a_voter_heard_exactly_live_within_ago_counts_as_live_and_one_heard_before_does_not(still_clock):
+    roles = leader_roles()
+    members = [voter(n) for n in ("a", "b", "c")]
+    roles._heard["b"] = (DISKS["b"], NOW - raft_roles.LIVE_WITHIN_S)
+    assert refusal(roles, members, "x") is None   # a and b live of three
+    roles._heard["b"] = (DISKS["b"], NOW - raft_roles.LIVE_WITHIN_S - 0.001)
+    assert refusal(roles, members, "x")[:2] == (409, "WOULD_LOSE_QUORUM")
+    roles._heard["b"] = (DISKS["c"], NOW)   # heard, but from another disk than the log names
+    assert refusal(roles, members, "x")[:2] == (409, "WOULD_LOSE_QUORUM")
+
+
+def test_the_refusal_names_every_voter_not_heard_and_the_learner_being_promoted_counts_as_live(still_clock):
+    roles = leader_roles()
+    # a (the leader) and d (the learner promoted) live, b and c silent: 2 of 4, no majority
+    members = [voter(n) for n in ("a", "b", "c", "d")]
+    assert refusal(roles, members, "d") == (
+        409, "WOULD_LOSE_QUORUM", "after this change 4 voters would need 3, and b, c did not answer from the disk "
+        "the log names: bring them back (or remove them) first", {"node": "d", "not_live": ["b", "c"]})
+    # a and the promoted c of three: a majority, though c was never heard (it just reported its progress)
+    assert refusal(roles, [voter(n) for n in ("a", "b", "c")], "c") is None
+    # the leader itself is live only on the disk the log names for it
+    roles.disk = DISKS["e"]
+    assert refusal(roles, [voter(n) for n in ("a", "b", "c")], "c") == (
+        409, "WOULD_LOSE_QUORUM", "after this change 3 voters would need 2, and a, b did not answer from the disk "
+        "the log names: bring them back (or remove them) first", {"node": "c", "not_live": ["a", "b"]})
+
+
+def test_a_leader_of_less_than_live_within_says_it_has_not_heard_yet_and_one_of_exactly_that_refuses(still_clock):
+    roles = leader_roles()
+    members = [voter(n) for n in ("a", "b", "c", "d")]
+    roles._leading = (1, NOW - raft_roles.LIVE_WITHIN_S + 0.5)
+    assert refusal(roles, members, "x") == (
+        503, "LEADER_CHANGED", f"this node leads for {raft_roles.LIVE_WITHIN_S - 0.5:.1f} s only and has not heard "
+        "from b, c, d yet; retry shortly", {"node": "x", "not_live": ["b", "c", "d"]})
+    roles._leading = (1, NOW - raft_roles.LIVE_WITHIN_S)
+    assert refusal(roles, members, "x")[:2] == (409, "WOULD_LOSE_QUORUM")
+    roles._leading = None   # not leading (never asked so: the leader's tick sets it first), refused all the same
+    assert refusal(roles, members, "x")[:2] == (409, "WOULD_LOSE_QUORUM")
+
+
+def test_a_learner_exactly_the_lag_bound_behind_is_caught_up_and_one_more_is_not():
+    roles = leader_roles(commit_index=5_000)
+    bound = 5_000 - raft_roles.PROMOTION_LAG_ENTRIES_MAX
+    assert roles._caught_up((DISKS["d"], bound)) is True
+    assert roles._caught_up((DISKS["d"], bound - 1)) is False
+
+
+def test_a_member_s_url_comes_from_the_config_then_from_the_membership_and_is_none_before_any():
+    roles = raft_roles.Roles(None, "a", {"127.0.0.1:1": "a", "127.0.0.1:2": "b"}, {"b": "http://b.config"},
+                             DISKS["a"])
+    assert roles.url_of("127.0.0.1:2") == "http://b.config"
+    assert roles.url_of("127.0.0.1:9") is None   # no membership yet: nobody to ask
+    c = membership.Member(raft="127.0.0.1:9", name="c", disk=None, url="http://c.log", voter=False)
+    roles.current = (3, (c,))
+    assert roles.url_of("127.0.0.1:9") == "http://c.log"
+    assert roles.url_of("127.0.0.1:8") is None
