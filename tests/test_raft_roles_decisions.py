@@ -100,3 +100,31 @@ def test_a_member_s_url_comes_from_the_config_then_from_the_membership_and_is_no
     roles.current = (3, (c,))
     assert roles.url_of("127.0.0.1:9") == "http://c.log"
     assert roles.url_of("127.0.0.1:8") is None
+
+
+def test_requests_beyond_the_bound_are_refused_at_once_and_the_ones_within_wait_for_the_tick():
+    woken = []
+    roles = raft_roles.Roles(types.SimpleNamespace(wake=lambda: woken.append(1)), "a", {}, {}, DISKS["a"])
+    waiting = [roles.request("add", f"n{i}", f"127.0.0.1:{i + 1}", None) for i in range(raft_roles.REQUESTS_MAX)]
+    assert not any(f.done() for f in waiting) and len(woken) == raft_roles.REQUESTS_MAX
+    over = roles.request("add", "late", "127.0.0.1:99", None)
+    e = over.exception(timeout=0)
+    assert (e.status, e.code, e.message) == (
+        409, "MEMBERSHIP_CHANGE_IN_PROGRESS", f"{raft_roles.REQUESTS_MAX} membership changes are already waiting")
+    assert len(woken) == raft_roles.REQUESTS_MAX   # a refused one wakes nobody
+
+
+def test_a_learner_that_lags_is_not_promoted_and_the_refusal_says_where_it_stands():
+    roles = leader_roles(commit_index=5_000)
+    d = membership.Member(raft="127.0.0.1:100", name="d", disk=None, url=None, voter=False)
+    members = (voter("a"), voter("b"), voter("c"), d)
+    promote = raft_roles._Request("promote", "d", None, None, None)
+    roles._learners["d"] = (DISKS["d"], 5_000 - raft_roles.PROMOTION_LAG_ENTRIES_MAX - 1)
+    with pytest.raises(ApiError) as e:
+        roles._operator_change(promote, members)
+    assert (e.value.status, e.value.code, e.value.details) == (409, "NOT_CAUGHT_UP", {
+        "node": "d", "holds": 5_000 - raft_roles.PROMOTION_LAG_ENTRIES_MAX - 1, "commit_index": 5_000})
+    del roles._learners["d"]   # never heard
+    with pytest.raises(ApiError) as e:
+        roles._operator_change(promote, members)
+    assert e.value.details == {"node": "d", "holds": None, "commit_index": 5_000}
