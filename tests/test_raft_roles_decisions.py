@@ -13,6 +13,7 @@ import pytest
 
 from meta.raft import membership
 from meta.raft import roles as raft_roles
+from meta.raft.journal import StatorJournal
 from wire.errors import ApiError
 
 NOW = 1_000.0
@@ -128,3 +129,40 @@ def test_a_learner_that_lags_is_not_promoted_and_the_refusal_says_where_it_stand
     with pytest.raises(ApiError) as e:
         roles._operator_change(promote, members)
     assert e.value.details == {"node": "d", "holds": None, "commit_index": 5_000}
+
+
+def test_a_learner_promoted_counts_as_live_though_never_heard_by_keepalive():
+    # b is silent; a (the leader) and c, the learner being promoted, which reported its progress: two of three
+    roles = leader_roles(commit_index=100)
+    c = membership.Member(raft="127.0.0.1:99", name="c", disk=None, url=None, voter=False)
+    roles._learners["c"] = (DISKS["c"], 100)
+    changed = roles._operator_change(raft_roles._Request("promote", "c", None, None, None), (voter("a"), voter("b"), c))
+    assert membership.by_name(changed, "c") == membership.Member(raft="127.0.0.1:99", name="c", disk=DISKS["c"],
+                                                                 url=None, voter=True)
+
+
+def test_a_member_is_reached_at_the_address_its_config_names_then_at_the_one_the_log_records():
+    roles = raft_roles.Roles(None, "a", {"10.0.0.2:7001": "b"}, {}, DISKS["a"])
+    assert roles.address_of(voter("b")) == "10.0.0.2:7001"   # a proxy, NAT: the config's, not the log's
+    assert roles.address_of(voter("c")) == voter("c").raft
+    assert roles.name_of("10.0.0.2:7001") == "b"
+    assert roles.name_of(voter("c").raft) == voter("c").raft   # nobody knows it: named by its address
+    roles.current = (3, (voter("c"),))
+    assert roles.name_of(voter("c").raft) == "c"
+
+
+@pytest.mark.parametrize("membership_entry, last_index, empty", [
+    (False, 1, True),    # pysyncobj's first no-op only: a directory that never took part in a cluster
+    (False, 0, True),
+    (False, 2, False),   # an entry past it: it took part in a bootstrap whose membership it has not seen yet
+    (True, 1, False),    # a snapshot's membership (the base), installed with nothing after it
+])
+def test_a_log_is_empty_only_with_no_membership_and_nothing_past_the_first_no_op(membership_entry, last_index,
+                                                                                   empty):
+    trail = membership.MembershipTrail()
+    if membership_entry:
+        trail.set_base(1, (voter("a"),))
+    journal = StatorJournal.__new__(StatorJournal)   # only its trail is read
+    journal.membership = trail
+    so = types.SimpleNamespace(_SyncObj__raftLog=journal, _SyncObj__getCurrentLogIndex=lambda: last_index)
+    assert raft_roles.Roles(so, "a", {}, {}, DISKS["a"]).log_is_empty() is empty
