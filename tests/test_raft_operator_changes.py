@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import pytest
+import structlog
 from pysyncobj.node import TCPNode
 
 from meta.raft import membership
@@ -233,10 +234,18 @@ async def test_a_voter_removed_while_stopped_learns_it_when_it_starts_again(node
     gone.stop()
     after = await change(leader, "remove", gone.roles.name)
     assert gone.roles.name not in {m["name"] for m in after}
-    again = MetaSyncObj(address, partners, str(tmp_path / f"n{i}"), SECRET, RaftTuning(),
-                        lambda version, changed: None, LoopBridge())
-    again.start()
-    nodes[i] = again   # the fixture stops it
-    await until(lambda: again.roles.removed)
-    # and once it holds its removal, the leader stops sending to it
-    await until(lambda: address not in {n.address for n in leader.readonlyNodes})
+    removal_index = leader.roles.current[0]
+    with structlog.testing.capture_logs() as logs:
+        again = MetaSyncObj(address, partners, str(tmp_path / f"n{i}"), SECRET, RaftTuning(),
+                            lambda version, changed: None, LoopBridge())
+        again.start()
+        nodes[i] = again   # the fixture stops it
+        await until(lambda: again.roles.removed)
+        # and once it holds its removal, the leader stops sending to it
+        await until(lambda: address not in {n.address for n in leader.readonlyNodes})
+        await asyncio.sleep(0.5)   # many ticks: the warning is said once, when the node learns it
+    assert not any(n.roles.removed for n in nodes if n is not again)
+    removed = [e for e in logs if e["event"] == "raft_membership_removed"]
+    assert [{k: e.get(k) for k in ("log_level", "membership_index", "members", "hint")} for e in removed] == [{
+        "log_level": "warning", "membership_index": removal_index, "members": [m["name"] for m in after],
+        "hint": "the node no longer gets the log and refuses requests (NOT_A_MEMBER): stop it, or add it again"}]
