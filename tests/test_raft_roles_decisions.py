@@ -10,6 +10,7 @@ from __future__ import annotations
 import types
 
 import pytest
+import structlog
 
 from meta.raft import membership
 from meta.raft import roles as raft_roles
@@ -166,3 +167,127 @@ def test_a_log_is_empty_only_with_no_membership_and_nothing_past_the_first_no_op
     journal.membership = trail
     so = types.SimpleNamespace(_SyncObj__raftLog=journal, _SyncObj__getCurrentLogIndex=lambda: last_index)
     assert raft_roles.Roles(so, "a", {}, {}, DISKS["a"]).log_is_empty() is empty
+
+
+class RecordingShim:
+    """The few calls decide() makes into pysyncobj (meta/raft/pysyncobj_shim.py), answered from fields and recorded:
+    what a change of role does to raft is what these tests read."""
+
+    def __init__(self, trail: membership.MembershipTrail, so):
+        self.so = so
+        self.journal = types.SimpleNamespace(membership=trail)
+        self.leading = False
+        self.leader_id: str | None = None
+        self.vote: str | None = None
+        self.calls: list[tuple] = []
+
+    def journal_of(self, so):
+        return self.journal
+
+    def is_leader(self, so):
+        return self.leading
+
+    def leader(self, so):
+        return types.SimpleNamespace(id=self.leader_id) if self.leader_id else None
+
+    def voted_for(self, so):
+        return self.vote
+
+    def match_indexes(self, so):
+        return {}
+
+    def __getattr__(self, name):   # set_voted_for, step_down, restart_election_timer, postpone_election, set_members
+        return lambda so, *args: self.calls.append((name, *args) if so is self.so else (name, "another", so, *args))
+
+
+def learner(name: str) -> membership.Member:
+    return membership.Member(raft=f"127.0.0.1:{ord(name)}", name=name, disk=DISKS[name], url=None, voter=False)
+
+
+@pytest.fixture
+def raft(monkeypatch):
+    trail = membership.MembershipTrail()
+    so = types.SimpleNamespace(raftCommitIndex=100, otherNodes=())
+    shim = RecordingShim(trail, so)
+    monkeypatch.setattr(raft_roles, "shim", shim)
+    roles = raft_roles.Roles(so, "a", {}, {}, DISKS["a"])
+    return trail, shim, roles
+
+
+def changes(shim: RecordingShim) -> list[tuple]:
+    """The calls that change raft's state, not the members it sends to (set_members) nor the learner's hold."""
+    return [c for c in shim.calls if c[0] not in ("set_members", "postpone_election")]
+
+
+def test_a_node_promoted_to_voter_keeps_the_vote_its_term_s_leader_may_have_won_with(raft):
+    trail, shim, roles = raft
+    shim.leader_id, shim.vote = "b-id", None
+    trail.set_base(5, (voter("a"), voter("b")))
+    with structlog.testing.capture_logs() as logs:
+        roles.decide()
+        roles.decide()   # no change of role: nothing more
+    assert roles.voter is True and changes(shim) == [("set_voted_for", "b-id")]
+    assert [(e["event"], e["role"], e["membership_index"]) for e in logs] == [("raft_membership_role", "voter", 5)]
+
+
+def test_a_node_that_starts_a_voter_keeps_its_restart_grace(raft):
+    trail, shim, roles = raft
+    trail.set_base(5, (voter("a"), voter("b")))
+    roles.decide()   # no leader known yet: its election timer is the one node.py postponed at start
+    assert changes(shim) == []
+
+
+def test_a_voter_that_voted_in_this_term_keeps_its_vote_and_one_without_a_leader_keeps_its_own(raft):
+    trail, shim, roles = raft
+    shim.leader_id, shim.vote = "b-id", "c-id"
+    trail.set_base(5, (voter("a"), voter("b")))
+    roles.decide()
+    assert changes(shim) == []
+    trail.set_base(6, (learner("a"), voter("b")))
+    roles.decide()
+    shim.leader_id, shim.vote, shim.calls = None, None, []
+    trail.set_base(7, (voter("a"), voter("b")))
+    roles.decide()
+    # no leader to keep a vote for; the learner's hold is replaced by a voter's election timeout
+    assert changes(shim) == [("restart_election_timer",)]
+
+
+def test_a_learner_holds_its_elections_at_every_tick_and_a_new_voter_campaigns_on_a_voter_s_timeout(raft):
+    trail, shim, roles = raft
+    trail.set_base(5, (learner("a"), voter("b")))
+    roles.decide()
+    roles.decide()
+    assert roles.voter is False   # as it started: no change of role to log
+    assert shim.calls.count(("postpone_election", raft_roles.LEARNER_ELECTION_HOLD_S)) == 2
+    trail.set_base(6, (voter("a"), voter("b")))
+    shim.calls = []
+    roles.decide()
+    assert changes(shim) == [("restart_election_timer",)]
+    # a voter demoted again and promoted again, under a leader this time: its hold is not the timer's business
+    trail.set_base(7, (learner("a"), voter("b")))
+    roles.decide()
+    shim.leader_id, shim.vote, shim.calls = "b-id", "b-id", []
+    trail.set_base(8, (voter("a"), voter("b")))
+    roles.decide()
+    assert changes(shim) == []
+
+
+def test_a_leader_whose_disk_the_log_no_longer_names_as_a_voter_steps_down(raft):
+    trail, shim, roles = raft
+    trail.set_base(5, (voter("a"), voter("b"), voter("c")))
+    shim.leading, shim.leader_id, shim.vote = True, "a-id", "a-id"
+    roles.decide()
+    assert changes(shim) == []   # a leader that is a voter stays
+    replaced = membership.Member(raft=voter("a").raft, name="a", disk=DISKS["e"], url=None, voter=True)
+    trail.set_base(6, (replaced, voter("b"), voter("c")))   # its name votes on another disk: not this one
+    with structlog.testing.capture_logs() as logs:
+        roles.decide()
+    assert roles.voter is False and changes(shim) == [("step_down",)]
+    assert [(e["event"], e["role"], e["disk"], e["membership_index"]) for e in logs] == [
+        ("raft_membership_role", "learner", DISKS["a"], 6)]
+    shim.leading, shim.calls = False, []
+    trail.set_base(7, (voter("a"), voter("b"), voter("c")))
+    roles.decide()
+    trail.set_base(8, (learner("a"), voter("b"), voter("c")))
+    roles.decide()
+    assert ("step_down",) not in shim.calls   # a follower that becomes a learner has nothing to step down from
