@@ -11,9 +11,11 @@ import types
 
 import pytest
 import structlog
+from pysyncobj.node import TCPNode
 
 from meta.raft import membership
 from meta.raft import roles as raft_roles
+from meta.raft.entry import encode_entry, encode_envelope, encode_stamp
 from meta.raft.journal import StatorJournal
 from wire.errors import ApiError
 
@@ -179,6 +181,7 @@ class RecordingShim:
         self.leading = False
         self.leader_id: str | None = None
         self.vote: str | None = None
+        self.matches: dict[str, int] = {}
         self.calls: list[tuple] = []
 
     def journal_of(self, so):
@@ -194,7 +197,7 @@ class RecordingShim:
         return self.vote
 
     def match_indexes(self, so):
-        return {}
+        return dict(self.matches)
 
     def __getattr__(self, name):   # set_voted_for, step_down, restart_election_timer, postpone_election, set_members
         return lambda so, *args: self.calls.append((name, *args) if so is self.so else (name, "another", so, *args))
@@ -291,3 +294,38 @@ def test_a_leader_whose_disk_the_log_no_longer_names_as_a_voter_steps_down(raft)
     trail.set_base(8, (learner("a"), voter("b"), voter("c")))
     roles.decide()
     assert ("step_down",) not in shim.calls   # a follower that becomes a learner has nothing to step down from
+
+
+def membership_entry(members) -> bytes:
+    envelope = encode_envelope({"rid": None, "actor": "system", "cmd": membership.command(members, "remove")})
+    return bytes([membership.MEMBERSHIP_COMMAND]) + encode_entry(encode_stamp({"ts": 1}), [envelope])
+
+
+def test_a_removed_member_gets_the_log_until_the_removal_commits_and_from_the_leader_until_it_holds_it(raft):
+    trail, shim, roles = raft
+    trail.appended(3, membership_entry((voter("a"), voter("b"), voter("c"), voter("d"))))
+    trail.appended(9, membership_entry((voter("a"), voter("b"))))   # c and d removed
+    current = trail.current()
+    roles.so.raftCommitIndex = 8
+    assert set(roles._departing(current)) == {voter("c"), voter("d")}   # not committed: every node sends it them
+    roles.so.raftCommitIndex = 9
+    assert roles._departing(current) == ()   # committed: a follower forgets them
+    shim.leading = True
+    assert set(roles._departing(current)) == {voter("c"), voter("d")}   # the leader does not, until they hold it
+    shim.matches = {voter("c").raft: 8, voter("d").raft: 9}
+    assert roles._departing(current) == (voter("c"),)
+    roles._learners["c"] = (DISKS["c"], 9)   # progress reported as a learner counts the same
+    assert roles._departing(current) == ()
+    shim.matches, roles._learners = {}, {}   # raft's view dropped them, and their match indexes with them
+    assert roles._departing(current) == ()
+    # the next removal starts over
+    trail.appended(12, membership_entry((voter("a"),)))
+    roles.so.raftCommitIndex = 12
+    assert roles._departing(trail.current()) == (voter("b"),)
+    roles.decide()   # and raft's view sends to it as a learner
+    assert shim.calls[-1] == ("set_members", set(), {TCPNode(voter("b").raft)})
+    # c, added again and removed again, must hear of that removal too: what it held of the first proves nothing
+    trail.appended(13, membership_entry((voter("a"), voter("c"))))
+    trail.appended(15, membership_entry((voter("a"),)))
+    roles.so.raftCommitIndex = 15
+    assert roles._departing(trail.current()) == (voter("c"),)
