@@ -230,6 +230,8 @@ def test_a_node_promoted_to_voter_keeps_the_vote_its_term_s_leader_may_have_won_
         roles.decide()
         roles.decide()   # no change of role: nothing more
     assert roles.voter is True and changes(shim) == [("set_voted_for", "b-id")]
+    # raft's view is set once per membership, not at every tick (it drops and dials links)
+    assert [c for c in shim.calls if c[0] == "set_members"] == [("set_members", {TCPNode(voter("b").raft)}, set())]
     assert [(e["event"], e["role"], e["membership_index"]) for e in logs] == [("raft_membership_role", "voter", 5)]
 
 
