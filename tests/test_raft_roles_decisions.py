@@ -331,3 +331,36 @@ def test_a_removed_member_gets_the_log_until_the_removal_commits_and_from_the_le
     trail.appended(15, membership_entry((voter("a"),)))
     roles.so.raftCommitIndex = 15
     assert roles._departing(trail.current()) == (voter("c"),)
+
+
+def test_keepalives_are_taken_only_whole_and_never_reach_pysyncobj(raft, still_clock):
+    _, _, roles = raft
+    peer = types.SimpleNamespace(address=voter("b").raft)
+    assert roles.admit(peer, ["not", "a", "dict"]) is True   # pysyncobj's own messages pass
+    assert roles.admit(peer, {"type": "append_entries"}) is True
+    for bad in ({"disk": "not-a-disk-id", "fresh": True}, {"disk": DISKS["b"], "fresh": "yes"}, {"disk": DISKS["b"]}):
+        assert roles.admit(peer, {"type": "keepalive", **bad}) is False
+    assert roles._peers == {} and not roles.heard_from(voter("b").raft)
+    assert roles.admit(peer, {"type": "keepalive", "disk": DISKS["b"], "fresh": False}) is False
+    assert roles._peers == {voter("b").raft: (DISKS["b"], False)}
+    assert roles._heard == {voter("b").raft: (DISKS["b"], NOW)}   # named by its address: no config names it here
+
+
+def test_a_learner_drops_vote_requests_and_leadership_transfers_and_a_voter_takes_them(raft):
+    _, _, roles = raft
+    peer = types.SimpleNamespace(address=voter("b").raft)
+    for kind in ("request_vote", "timeout_now"):
+        assert roles.admit(peer, {"type": kind}) is False   # a learner (as Roles starts)
+    roles.voter = True
+    for kind in ("request_vote", "timeout_now"):
+        assert roles.admit(peer, {"type": kind}) is True
+
+
+def test_a_learner_acknowledges_with_its_progress_and_a_voter_as_pysyncobj_does(raft):
+    _, shim, roles = raft
+    leader = types.SimpleNamespace(address=voter("b").raft)
+    assert roles.acknowledge(leader, 42, True, False) is True
+    assert shim.calls == [("send_message", leader, {"type": "learner_progress", "next": 42, "reset": True,
+                                                    "success": False, "disk": DISKS["a"]})]
+    roles.voter, shim.calls = True, []
+    assert roles.acknowledge(leader, 43, False, True) is False and shim.calls == []
