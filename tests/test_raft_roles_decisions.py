@@ -182,6 +182,7 @@ class RecordingShim:
         self.leader_id: str | None = None
         self.vote: str | None = None
         self.matches: dict[str, int] = {}
+        self.last_index = 1
         self.calls: list[tuple] = []
 
     def journal_of(self, so):
@@ -199,6 +200,9 @@ class RecordingShim:
     def match_indexes(self, so):
         return dict(self.matches)
 
+    def current_log_index(self, so):
+        return self.last_index
+
     def __getattr__(self, name):   # set_voted_for, step_down, restart_election_timer, postpone_election, set_members
         return lambda so, *args: self.calls.append((name, *args) if so is self.so else (name, "another", so, *args))
 
@@ -210,7 +214,7 @@ def learner(name: str) -> membership.Member:
 @pytest.fixture
 def raft(monkeypatch):
     trail = membership.MembershipTrail()
-    so = types.SimpleNamespace(raftCommitIndex=100, otherNodes=())
+    so = types.SimpleNamespace(raftCommitIndex=100, raftCurrentTerm=1, otherNodes=())
     shim = RecordingShim(trail, so)
     monkeypatch.setattr(raft_roles, "shim", shim)
     roles = raft_roles.Roles(so, "a", {}, {}, DISKS["a"])
@@ -364,3 +368,57 @@ def test_a_learner_acknowledges_with_its_progress_and_a_voter_as_pysyncobj_does(
                                                     "success": False, "disk": DISKS["a"]})]
     roles.voter, shim.calls = True, []
     assert roles.acknowledge(leader, 43, False, True) is False and shim.calls == []
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The module's clock, moved by the test."""
+    now = types.SimpleNamespace(s=NOW)
+    monkeypatch.setattr(raft_roles, "time", types.SimpleNamespace(monotonic=lambda: now.s))
+    return now
+
+
+def test_keepalives_go_every_bootstrap_interval_before_a_membership_and_every_keepalive_interval_after(raft, clock):
+    trail, _, roles = raft
+    clock.s = 0.05   # times that are exact in binary: 0.1 - 0.05 is 0.05 to the last digit
+    assert roles.keepalive() == {"type": "keepalive", "disk": DISKS["a"], "fresh": True}
+    assert roles.keepalive() is None
+    clock.s = 0.1
+    assert roles.keepalive() is not None   # exactly one bootstrap interval later
+    trail.set_base(5, (voter("a"),))
+    roles.current = trail.current()   # as decide() sets it
+    clock.s = 0.1 + 0.25
+    assert roles.keepalive() is None   # a member's interval is the longer one
+    clock.s = 0.1 + 0.6
+    assert roles.keepalive() == {"type": "keepalive", "disk": DISKS["a"], "fresh": False}
+
+
+def answers(futures) -> list[tuple]:
+    return [(e.status, e.code, e.message) for e in (f.exception(timeout=0) for f in futures)]
+
+
+def test_requests_a_node_cannot_decide_are_refused_by_name_at_its_next_tick(raft, clock):
+    trail, shim, roles = raft
+    roles.so.wake = lambda: None
+    waiting = [roles.request("remove", "b")]
+    roles.leader_tick()   # not leading: whatever waited is refused, and its leadership's state forgotten
+    assert answers(waiting) == [(503, "LEADER_CHANGED", "this node no longer leads; retry")]
+    shim.leading = True
+    roles._proposed_at = clock.s
+    waiting = [roles.request("remove", "b")]
+    clock.s += raft_roles.PROPOSAL_TIMEOUT_S - 0.5
+    roles.leader_tick()   # its own membership entry in flight
+    assert answers(waiting)[0][:2] == (409, "MEMBERSHIP_CHANGE_IN_PROGRESS")
+    clock.s += 0.5   # exactly PROPOSAL_TIMEOUT_S: proposed again if still wanted, and nothing refused for it
+    roles._proposed_at, roles.so.selfNode = clock.s - raft_roles.PROPOSAL_TIMEOUT_S, types.SimpleNamespace(
+        address=voter("a").raft)
+    roles.so.stamp_bytes = lambda: encode_stamp({"ts": 1})
+    waiting = [roles.request("remove", "b")]
+    roles.leader_tick()   # no membership yet: the bootstrap is proposed (alone: no peers), requests refused
+    assert answers(waiting) == [(503, "NO_LEADER", "the cluster is still bootstrapping")]
+    assert [c[0] for c in shim.calls] == ["propose_membership"] and roles._proposed_at == clock.s
+    # a committed membership and nothing to change: a proposal given up on is forgotten
+    trail.set_base(5, (voter("a"),))
+    clock.s += raft_roles.PROPOSAL_TIMEOUT_S
+    roles.leader_tick()
+    assert roles._proposed_at is None and [c[0] for c in shim.calls] == ["propose_membership"]
