@@ -1,7 +1,13 @@
-"""The leader's decisions in meta/raft/roles.py that need no running raft, at their edges: when a voter counts as
-live for the quorum check of an operator's change, what the refusal names, when a learner counts as caught up, and
-where a member's URL comes from. The clock is the module's own (``time.monotonic``), held still here so that an
-edge is exactly on its bound; the raft object is the few fields these decisions read.
+"""meta/raft/roles.py's decisions at their edges, without a running raft (0.25 s for all; mutmut's harness of the
+module with tests/test_raft_operator_changes.py and the simulator, which reach every line but seldom an edge):
+
+- the leader's: when a voter counts as live for the quorum check of an operator's change (to the clock's last
+  digit, on a clock the test holds or moves), what each refusal says, when a learner counts as caught up, the bound
+  on waiting requests, which removed members still get the log;
+- a change of role, through ``RecordingShim``: the few pysyncobj calls ``Roles`` makes, answered from fields and
+  recorded (the vote a promoted node keeps, the learner's hold, the restart grace, the leader that steps down);
+- messages: keepalives taken only whole, a learner dropping vote requests, its progress acknowledgement, the
+  keepalive intervals.
 tests/test_raft_operator_changes.py drives the same on three real nodes; this is what pins the bounds.
 """
 
