@@ -22,7 +22,6 @@ from pysyncobj.node import TCPNode
 from meta.raft import membership
 from meta.raft import roles as raft_roles
 from meta.raft.entry import encode_entry, encode_envelope, encode_stamp
-from meta.raft.journal import StatorJournal
 from wire.errors import ApiError
 
 NOW = 1_000.0
@@ -166,15 +165,13 @@ def test_a_member_is_reached_at_the_address_its_config_names_then_at_the_one_the
     (False, 2, False),   # an entry past it: it took part in a bootstrap whose membership it has not seen yet
     (True, 1, False),    # a snapshot's membership (the base), installed with nothing after it
 ])
-def test_a_log_is_empty_only_with_no_membership_and_nothing_past_the_first_no_op(membership_entry, last_index,
+def test_a_log_is_empty_only_with_no_membership_and_nothing_past_the_first_no_op(raft, membership_entry, last_index,
                                                                                    empty):
-    trail = membership.MembershipTrail()
+    trail, shim, roles = raft
     if membership_entry:
         trail.set_base(1, (voter("a"),))
-    journal = StatorJournal.__new__(StatorJournal)   # only its trail is read
-    journal.membership = trail
-    so = types.SimpleNamespace(_SyncObj__raftLog=journal, _SyncObj__getCurrentLogIndex=lambda: last_index)
-    assert raft_roles.Roles(so, "a", {}, {}, DISKS["a"]).log_is_empty() is empty
+    shim.last_index = last_index
+    assert roles.log_is_empty() is empty
 
 
 class RecordingShim:
