@@ -40,7 +40,8 @@ from wire.errors import ApiError, rejection
 from .entry import encode_entry, encode_envelope
 
 log = structlog.get_logger("meta.raft.roles")
-# Harmless mutants: the words and fields of the log calls (no code reads them).
+# Harmless mutants: the words and fields of the log calls but raft_membership_removed's and raft_membership_role's
+# (tests pin those two: an operator acts on them), and of the membership envelope _propose writes.
 
 KEEPALIVE_INTERVAL_S = 0.5
 # Before the first membership entry a node hears every peer's keepalive before it may vote: sent each tick then, a
@@ -82,8 +83,11 @@ class Roles:
         self._names = dict(names)
         self._addresses = {n: a for a, n in names.items()}
         self._urls = dict(urls)
-        # Harmless mutants: True or None (decide() sets the role at the start of the first tick, before any message
-        # is read; a first role equal to this one only skips its log line)
+        # Harmless mutants of these defaults, each the same value or overwritten before any use: voter, _held and
+        # _removed None (falsy as False; _removed True only skips the log line of a node that was never a member),
+        # and "" or (1, ...) for _learners_since, _proposed_at, _leading, _applied, current and _departed
+        # (decide() sets current and _applied at the first tick, leader_tick() _proposed_at and _leading while not
+        # leading, and no membership entry is at index 1).
         self.voter = False
         self._held = False     # held its elections as a learner since it last changed role
         self._peers: dict[str, tuple[str, bool]] = {}         # raft address -> (disk, log empty), from keepalives
@@ -95,7 +99,7 @@ class Roles:
         # the membership raft's view was set from, and the members it removes that still get the log
         self._applied: tuple[tuple[int, membership.Members], tuple[membership.Member, ...]] | None = None
         self._departed: tuple[int, set[str]] = (0, set())   # leader: the removed members known to hold their removal
-        self._last_keepalive = 0.0   # harmless mutant: 1.0 (the monotonic clock is far past either at start)
+        self._last_keepalive = 0.0
         self._requests: collections.deque[_Request] = collections.deque()
         self.current: tuple[int, membership.Members] | None = None   # as of this tick, for other threads
         self._removed = False   # current does not name this node
@@ -320,7 +324,6 @@ class Roles:
                 return
 
     def _caught_up(self, held: tuple[str, int]) -> bool:
-        # Harmless mutant: > for >= (a lag bound one entry tighter: the bound is for liveness, see the module text)
         return held[1] >= self.so.raftCommitIndex - PROMOTION_LAG_ENTRIES_MAX
 
     def _operator_change(self, request: _Request, members: membership.Members) -> membership.Members:
@@ -378,12 +381,9 @@ class Roles:
             if m.name == name:
                 return True
             heard = self._heard.get(m.name)
-            # Harmless mutant: < for <= (a keepalive heard exactly LIVE_WITHIN_S ago, to the clock's last digit)
             return heard is not None and heard[0] == m.disk and now - heard[1] <= LIVE_WITHIN_S
         down = [m.name for m in voters if not live(m)]
         if len(voters) - len(down) < len(voters) // 2 + 1:
-            # Harmless mutants: "or True" in the condition (only the leader decides changes, and its tick set _leading
-            # first) and <= for < (a leader that has led exactly LIVE_WITHIN_S, to the clock's last digit)
             led_s = now - self._leading[1] if self._leading is not None else LIVE_WITHIN_S
             if led_s < LIVE_WITHIN_S:
                 # Leading for less than that, it may not have heard every voter's keepalive yet (a leader handing
