@@ -12,7 +12,7 @@ import pytest
 from wire import disk_identity
 from meta.raft import membership as raft_membership
 from meta.image import Image
-from meta.raft.entry import encode_entry, encode_envelope, encode_stamp
+from meta.raft.entry import encode_stamp
 from meta.raft.journal import StatorJournal
 from meta.raft.membership import MEMBERSHIP_COMMAND, Member, MembershipTrail
 from meta.state_machine import StateMachine
@@ -26,8 +26,7 @@ def _members(*disks: str) -> tuple[Member, ...]:
 
 
 def _entry(members: tuple[Member, ...], reason: str = "bootstrap") -> bytes:
-    envelope = encode_envelope({"rid": None, "actor": "system", "cmd": raft_membership.command(members, reason)})
-    return bytes([MEMBERSHIP_COMMAND]) + encode_entry(encode_stamp({"ts": 1}), [envelope])
+    return bytes([MEMBERSHIP_COMMAND]) + raft_membership.payload(members, reason, encode_stamp({"ts": 1}))
 
 
 # -- disk identity -------------------------------------------------------------------------------------------------

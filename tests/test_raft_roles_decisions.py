@@ -21,7 +21,7 @@ from pysyncobj.node import TCPNode
 
 from meta.raft import membership
 from meta.raft import roles as raft_roles
-from meta.raft.entry import encode_entry, encode_envelope, encode_stamp
+from meta.raft.entry import encode_stamp
 from wire.errors import ApiError
 
 NOW = 1_000.0
@@ -29,8 +29,11 @@ DISKS = {n: f"{i:032x}" for i, n in enumerate(("a", "b", "c", "d", "e"), start=1
 
 
 @pytest.fixture
-def still_clock(monkeypatch):
-    monkeypatch.setattr(raft_roles, "time", types.SimpleNamespace(monotonic=lambda: NOW))
+def clock(monkeypatch):
+    """The module's clock (``time.monotonic``): at NOW until the test moves it."""
+    now = types.SimpleNamespace(s=NOW)
+    monkeypatch.setattr(raft_roles, "time", types.SimpleNamespace(monotonic=lambda: now.s))
+    return now
 
 
 def voter(name: str) -> membership.Member:
@@ -53,7 +56,7 @@ def refusal(roles: raft_roles.Roles, changed, name: str) -> tuple[int, str, str,
     return None
 
 
-def test_a_voter_heard_exactly_live_within_ago_counts_as_live_and_one_heard_before_does_not(still_clock):
+def test_a_voter_heard_exactly_live_within_ago_counts_as_live_and_one_heard_before_does_not(clock):
     roles = leader_roles()
     members = [voter(n) for n in ("a", "b", "c")]
     roles._heard["b"] = (DISKS["b"], NOW - raft_roles.LIVE_WITHIN_S)
@@ -64,7 +67,7 @@ def test_a_voter_heard_exactly_live_within_ago_counts_as_live_and_one_heard_befo
     assert refusal(roles, members, "x")[:2] == (409, "WOULD_LOSE_QUORUM")
 
 
-def test_the_refusal_names_every_voter_not_heard_and_the_learner_being_promoted_counts_as_live(still_clock):
+def test_the_refusal_names_every_voter_not_heard_and_the_learner_being_promoted_counts_as_live(clock):
     roles = leader_roles()
     # a (the leader) and d (the learner promoted) live, b and c silent: 2 of 4, no majority
     members = [voter(n) for n in ("a", "b", "c", "d")]
@@ -80,7 +83,7 @@ def test_the_refusal_names_every_voter_not_heard_and_the_learner_being_promoted_
         "the log names: bring them back (or remove them) first", {"node": "c", "not_live": ["a", "b"]})
 
 
-def test_a_leader_of_less_than_live_within_says_it_has_not_heard_yet_and_one_of_exactly_that_refuses(still_clock):
+def test_a_leader_of_less_than_live_within_says_it_has_not_heard_yet_and_one_of_exactly_that_refuses(clock):
     roles = leader_roles()
     members = [voter(n) for n in ("a", "b", "c", "d")]
     roles._leading = (1, NOW - raft_roles.LIVE_WITHIN_S + 0.5)
@@ -306,8 +309,7 @@ def test_a_leader_whose_disk_the_log_no_longer_names_as_a_voter_steps_down(raft)
 
 
 def membership_entry(members) -> bytes:
-    envelope = encode_envelope({"rid": None, "actor": "system", "cmd": membership.command(members, "remove")})
-    return bytes([membership.MEMBERSHIP_COMMAND]) + encode_entry(encode_stamp({"ts": 1}), [envelope])
+    return bytes([membership.MEMBERSHIP_COMMAND]) + membership.payload(members, "remove", encode_stamp({"ts": 1}))
 
 
 def test_a_removed_member_gets_the_log_until_the_removal_commits_and_from_the_leader_until_it_holds_it(raft):
@@ -340,7 +342,7 @@ def test_a_removed_member_gets_the_log_until_the_removal_commits_and_from_the_le
     assert roles._departing(trail.current()) == (voter("c"),)
 
 
-def test_keepalives_are_taken_only_whole_and_never_reach_pysyncobj(raft, still_clock):
+def test_keepalives_are_taken_only_whole_and_never_reach_pysyncobj(raft, clock):
     _, _, roles = raft
     peer = types.SimpleNamespace(address=voter("b").raft)
     assert roles.admit(peer, ["not", "a", "dict"]) is True   # pysyncobj's own messages pass
@@ -371,14 +373,6 @@ def test_a_learner_acknowledges_with_its_progress_and_a_voter_as_pysyncobj_does(
                                                     "success": False, "disk": DISKS["a"]})]
     roles.voter, shim.calls = True, []
     assert roles.acknowledge(leader, 43, False, True) is False and shim.calls == []
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """The module's clock, moved by the test."""
-    now = types.SimpleNamespace(s=NOW)
-    monkeypatch.setattr(raft_roles, "time", types.SimpleNamespace(monotonic=lambda: now.s))
-    return now
 
 
 def test_keepalives_go_every_bootstrap_interval_before_a_membership_and_every_keepalive_interval_after(raft, clock):

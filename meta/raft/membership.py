@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import limits
 from wire.disk_identity import is_disk_id
-from .entry import decode_entry
+from .entry import decode_entry, encode_entry, encode_envelope
 
 MEMBERSHIP_COMMAND = 2          # pysyncobj's _COMMAND_TYPE.MEMBERSHIP (test_pysyncobj_pin holds the value)
 COMMAND_TYPE = "SetMembership"
@@ -85,6 +85,12 @@ def parse(cmd: Any) -> Members | None:
     if not any(m.voter for m in members):
         return None
     return tuple(sorted(members))
+
+
+def payload(members: Members, reason: str, stamp: bytes) -> bytes:
+    """The payload of a MEMBERSHIP entry (its type byte is pysyncobj's): what ``parse_entry`` reads back."""
+    envelope = encode_envelope({"rid": None, "actor": "system", "cmd": command(members, reason)})
+    return encode_entry(stamp, [envelope])
 
 
 def parse_entry(command_bytes: bytes) -> Members | None:

@@ -37,11 +37,10 @@ from wire import disk_identity
 from . import pysyncobj_shim as shim
 from . import membership
 from wire.errors import ApiError, rejection
-from .entry import encode_entry, encode_envelope
 
 log = structlog.get_logger("meta.raft.roles")
 # Harmless mutants: the words and fields of the log calls but raft_membership_removed's and raft_membership_role's
-# (tests pin those two: an operator acts on them), and of the membership envelope _propose writes.
+# (tests pin those two: an operator acts on them).
 
 KEEPALIVE_INTERVAL_S = 0.5
 # Before the first membership entry a node hears every peer's keepalive before it may vote: sent each tick then, a
@@ -188,12 +187,13 @@ class Roles:
         a member of a cluster that no longer sent it anything (tests/test_meta_members.py). One the leader never
         reaches is sent to until the next membership (etcd: a removed member learns from its peers)."""
         index = current[0]
+        committed = index <= self.so.raftCommitIndex
+        if committed and not shim.is_leader(self.so):
+            return ()   # a follower's every tick once the change is done: no scan of the trail
         before = self._trail().before(index) or ()
         gone = tuple(m for m in before if m.name != self.name and membership.by_name(current[1], m.name) is None)
-        if not gone or index > self.so.raftCommitIndex:
+        if not gone or not committed:
             return gone
-        if not shim.is_leader(self.so):
-            return ()
         if self._departed[0] != index:
             self._departed = (index, set())
         matches = shim.match_indexes(self.so)
@@ -413,7 +413,6 @@ class Roles:
 
     def _propose(self, members: membership.Members, reason: str,
                  answer: concurrent.futures.Future | None) -> None:
-        envelope = encode_envelope({"rid": None, "actor": "system", "cmd": membership.command(members, reason)})
         self._proposed_at = time.monotonic()
 
         def done(_result: Any, err: int) -> None:   # tick thread: committed, or failed
@@ -426,7 +425,7 @@ class Roles:
                 answer.set_exception(rejection(503, "LEADER_CHANGED", "leadership changed while the membership "
                                                "change was in flight; read the members and retry if it is not there"))
 
-        shim.propose_membership(self.so, encode_entry(self.so.stamp_bytes(), [envelope]), done)
+        shim.propose_membership(self.so, membership.payload(members, reason, self.so.stamp_bytes()), done)
         log.info("raft_membership_proposed", reason=reason, members=[m.to_json() for m in members])
 
     # -- status ----------------------------------------------------------------------------------------------------
