@@ -20,6 +20,7 @@ import structlog
 from pysyncobj.node import TCPNode
 
 from meta.raft import membership
+from meta.raft import pysyncobj_shim as real_shim
 from meta.raft import roles as raft_roles
 from meta.raft.entry import encode_stamp
 from wire.errors import ApiError
@@ -210,7 +211,16 @@ class RecordingShim:
         return self.last_index
 
     def __getattr__(self, name):   # set_voted_for, step_down, restart_election_timer, postpone_election, set_members
+        if not callable(getattr(real_shim, name, None)):   # the real shim's names only: a fake that drifts fails
+            raise AttributeError(f"meta/raft/pysyncobj_shim.py has no {name}")
         return lambda so, *args: self.calls.append((name, *args) if so is self.so else (name, "another", so, *args))
+
+
+def test_the_recording_shim_answers_only_for_functions_the_real_shim_has():
+    answered = [n for n in vars(RecordingShim) if not n.startswith("_")]
+    assert answered and all(callable(getattr(real_shim, n, None)) for n in answered), answered
+    with pytest.raises(AttributeError):
+        RecordingShim(membership.MembershipTrail(), None).no_such_call
 
 
 def learner(name: str) -> membership.Member:
