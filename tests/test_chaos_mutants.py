@@ -23,7 +23,9 @@ follower's last index + 1 or the index whose term differs, so it never goes belo
 follower's log leaves the leader's; a repeat ending before that entry is either a stale message (whose commit
 index was at most its own last entry) or a batch cut short by appendEntriesBatchSizeBytes, which a resend from
 that low never is. The cap stays as defence in depth. Tried and also not caught in 120 s at seed 9: the same +1 in
-the snapshot-piece cap (``_snapshot_piece_as_raft``) with half the leader_cuts held as long as an install.
+the snapshot-piece cap (``_snapshot_piece_as_raft``) with half the leader_cuts held as long as an install. The
+simulator reaches it (2026-12-02): its ``rewind`` fault sends from below that entry in batches cut just before it,
+and under ``--l2`` the next message comes late (tests/test_sim.py).
 
 Status of the replication mutant (2026-11-29, seed 9, broker_wipe and broker_partition): caught on cf627a1 by
 one_leader_per_epoch (24 leader epochs in which a broker cut off by a ``b|all`` partition had acknowledged sends over

@@ -301,6 +301,29 @@ def answer_in_flight(so: SyncObj) -> None:
         callback(None, FAIL_REASON.LEADER_CHANGED)
 
 
+def next_indexes(so: SyncObj) -> dict[Node, int]:
+    """Leader: the index it sends each node it replicates to from (pysyncobj's, moved by each answer)."""
+    return dict(so._SyncObj__raftNextIndex)
+
+
+def before_each_send(so: SyncObj, before: Callable[[], None]) -> None:
+    """``before()`` runs each time ``so`` is about to send its append messages, on the tick thread (the
+    simulator's rewind fault moves the leader's next indexes there). Set on the instance: pysyncobj would count it
+    replicated state in a snapshot, so never on a node that compacts."""
+    send = so._SyncObj__sendAppendEntries
+
+    def sending() -> None:
+        before()
+        send()
+
+    so._SyncObj__sendAppendEntries = sending
+
+
+def set_append_batch_bytes(so: SyncObj, size: int) -> None:
+    """How many bytes of entries one append message carries (the first entry past it included)."""
+    so._getConf().appendEntriesBatchSizeBytes = size
+
+
 def set_next_index(so: SyncObj, node: Node, index: int) -> bool:
     """Leader: send ``node`` entries from ``index`` on; False if the leader does not replicate to it."""
     next_index = so._SyncObj__raftNextIndex

@@ -24,13 +24,23 @@ from typing import Any
 # must not vote the stale one into a leadership that misses acknowledged writes.
 # corrupt: one bit flipped in the next bytes from one node to another (the link's AEAD refuses the frame; the
 # transport closes the connection and dials again).
+# rewind: the leader of the moment is cut off for the fault's duration (what its clients propose meanwhile is an
+# uncommitted tail of its term); once it is back, for REWIND_AFTER_S, every leader sends each node from an earlier
+# index than pysyncobj would (at most REWIND_BACK_MAX entries below its commit index) in batches of
+# REWIND_BATCH_BYTES, as etcd's leader probes from a reject's hint, which may land below where a follower's log
+# leaves the leader's: Raft's safety may not depend on the next index. A follower then meets repeats of entries it
+# holds, cut short before its tail of an older term, under a commit index past them (the cap of
+# pysyncobj_shim._append_as_raft). pysyncobj's own next index never goes below that point: no other fault gets there.
 KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset", "power_quorum",
-         "wipe", "rejoin_leader_loss", "corrupt")
+         "wipe", "rejoin_leader_loss", "corrupt", "rewind")
 POWER_QUORUM_ISOLATION_EXTRA_S = 3.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
 STALE_FOR_S = 1.5
 LEADER_LOST_AFTER_MAX_S = 1.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
 AIMED_LEADER_LOSS_P = 0.75     # rejoin_leader_loss: how often the leader goes at the wiped node's riskiest moment
 AIM_POLL_S = 0.005              # how often an aimed loss looks at the wiped node
+REWIND_AFTER_S = 1.0
+REWIND_BACK_MAX = 30
+REWIND_BATCH_BYTES = 1024       # > the simulator's largest entry (< 512 bytes measured): never sent in pieces
 FAULTS_START_S = 1.5
 WINDOW_GAP_MIN_S = 0.3
 WINDOW_GAP_MAX_S = 2.0

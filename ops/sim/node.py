@@ -43,6 +43,7 @@ DATA_ROOT = "/sim"                 # the journal's paths live on the SimDisk; no
 L2_DUPLICATE_P = 0.02
 L2_DELAY_P = 0.02
 L2_LATE_MAX_S = 0.5
+L2_REWIND_DELAY_P = 0.25   # while a rewind fault runs (faults.py): its cut batches arrive out of order often
 # Compaction (and so snapshots, which fork and write real files) is off in milestone 1.
 TUNING = RaftTuning(compaction_min_entries=10**9, compaction_min_time_s=10**9)
 
@@ -146,6 +147,7 @@ class SimMetaNode:
         finally:
             sim.booting = None
         so._tick_thread = DRIVEN
+        shim.before_each_send(so, lambda: sim.before_send(self))
         so._local.pipe = SimWake(self)
         if sim.l2:
             self._tap(so)
@@ -176,7 +178,8 @@ class SimMetaNode:
 
         def tapped(node: Any, message: Any) -> None:
             r = rng.random()
-            if r < L2_DUPLICATE_P + L2_DELAY_P:
+            delay_p = L2_REWIND_DELAY_P if self.sim.rewinding() else L2_DELAY_P
+            if r < L2_DUPLICATE_P + delay_p:
                 at = self.sim.loop.time() + rng.uniform(0, L2_LATE_MAX_S)
                 self.sim.loop.call_at(at, self._late, incarnation, inner, node, copy.deepcopy(message))
                 self.sim.l2_messages += 1

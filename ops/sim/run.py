@@ -30,11 +30,13 @@ import structlog
 
 from meta.api.metrics import MetaMetrics
 from meta.backup import image_digest
+from meta.raft import pysyncobj_shim as shim
+from meta.raft.node import APPEND_BATCH_BYTES
 
 from . import apply_hash, checks
 from .clock import NodeClocks, VirtualLoop, patched
 from .faults import (AIM_POLL_S, AIMED_LEADER_LOSS_P, KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S,
-                     STALE_FOR_S, Fault, plan)
+                     REWIND_AFTER_S, REWIND_BACK_MAX, REWIND_BATCH_BYTES, STALE_FOR_S, Fault, plan)
 from .net import SimNet, SimPoller
 from .leases import Leases
 from .node import DrivenApplier, SimMetaNode
@@ -92,6 +94,11 @@ class Sim:
         self.wiped = 0        # disks replaced (wipe, rejoin_leader_loss)
         self.skipped = 0      # wipes not made: some node was down or not a voter, or another wipe under way
         self._wipe_busy_until = 0.0
+        self._rewinds = 0     # rewind faults under way
+        self.skipped_rewinds = 0   # none made: no leader
+        self._rewind_rng = random.Random(f"{seed}:rewind")
+        self.rewound = 0      # next indexes moved back
+        self.rewound_aimed = 0   # of them, to just before where a follower's log leaves the leader's
         self.threads_at_start = threading.active_count()
         self.events = 0
         self.metrics = MetaMetrics()   # the gauges and counters the nodes' read admission reports to
@@ -143,6 +150,47 @@ class Sim:
                 if len(leaders) == 2:
                     self.violation("one_leader_per_term", f"term {term} has two leaders", leaders=sorted(leaders))
         self.trace("step", node.name, f"{term}:{so.raftCommitIndex}:{node.applied_index}", b"")
+
+    def before_send(self, node: SimMetaNode) -> None:
+        """The rewind fault (faults.py), run as a node is about to send its appends: while one is under way, a
+        leader's next index for each node it replicates to is moved back, and appends carry small batches. Aimed
+        where it can matter: a follower whose log leaves the leader's at a committed index ``d`` gets a batch that
+        ends at ``d - 1``, so that only the next message (held back, under --l2) tells it ``d`` is not its own."""
+        so = node.so
+        assert so is not None
+        rewinding = self.rewinding()
+        batch = REWIND_BATCH_BYTES if rewinding else APPEND_BATCH_BYTES
+        if rewinding and so.is_leader():
+            for peer, next_index in sorted(shim.next_indexes(so).items(), key=lambda p: p[0].address):
+                low = max(2, so.raftCommitIndex - REWIND_BACK_MAX)
+                if next_index <= low or shim.log_entry(so, low - 1) is None:
+                    continue
+                start = self._rewind_rng.randint(low, next_index - 1)
+                leaves = self._where_log_leaves(so, peer.address, low + 2)
+                if leaves is not None and leaves <= so.raftCommitIndex:
+                    start = self._rewind_rng.randint(max(low, leaves - REWIND_BACK_MAX), leaves - 2)
+                    batch = sum(len(shim.log_entry(so, i)[0]) for i in range(start, leaves))  # type: ignore[index]
+                    self.rewound_aimed += 1
+                shim.set_next_index(so, peer, start)
+                self.rewound += 1
+        shim.set_append_batch_bytes(so, batch)
+
+    def rewinding(self) -> bool:
+        return self._rewinds > 0 and not self.healed
+
+    def _where_log_leaves(self, so: Any, address: str, from_index: int) -> int | None:
+        """The first index from ``from_index`` on where the log of the node at ``address`` holds an entry of
+        another term than the leader's ``so``; None if none (or that node is down)."""
+        peer = next((n for n in self.nodes.values() if n.address == address and n.up and n.so is not None), None)
+        if peer is None:
+            return None
+        for index in range(from_index, min(shim.current_log_index(so), shim.current_log_index(peer.so)) + 1):
+            mine, theirs = shim.log_entry(so, index), shim.log_entry(peer.so, index)
+            if mine is None or theirs is None:
+                return None
+            if mine[2] != theirs[2]:
+                return index
+        return None
 
     def on_apply(self, node: SimMetaNode, index: int, payload: bytes | None) -> None:
         digest = hashlib.blake2b(b"\0noop" if payload is None else bytes(payload), digest_size=16).digest()
@@ -206,6 +254,9 @@ class Sim:
             self._wipe_busy_until = now + f.duration
         elif f.kind == "rejoin_leader_loss":
             self._rejoin_leader_loss(f)
+            return
+        elif f.kind == "rewind":
+            self._rewind(f)
             return
         self.loop.call_at(now + f.duration, self.end_fault, f)
 
@@ -271,6 +322,29 @@ class Sim:
             self.loop.call_at(self.loop.time() + f.duration, lambda: None if self.healed else self._cut(cut_leader, -1))
 
         self.loop.call_at(self.loop.time() + STALE_FOR_S, rejoin)
+
+    def _rewind(self, f: Fault) -> None:
+        """The leader of the moment is cut off for the fault's duration (what its clients propose meanwhile stays
+        an uncommitted tail of its term), then its peers' leader rewinds for REWIND_AFTER_S: while it reconciles
+        that tail."""
+        leader = self._leader()
+        if leader is None:
+            self.skipped_rewinds += 1
+            return
+        links = [p for o in NODES if o != leader for p in ((leader, o), (o, leader))]
+        self._cut(links, +1)
+
+        def heal() -> None:
+            if self.healed:
+                return
+            self._cut(links, -1)
+            self._rewinds += 1
+            self.loop.call_at(self.loop.time() + REWIND_AFTER_S, done)
+
+        def done() -> None:
+            self._rewinds -= 1
+
+        self.loop.call_at(self.loop.time() + f.duration, heal)
 
     def _power_quorum(self, f: Fault) -> None:
         up = [n for n in self.nodes.values() if n.up and n.so is not None]
@@ -435,7 +509,8 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
                    "boots": sum(n.incarnation for n in sim.nodes.values()),
                    "unsynced_bytes_lost": sum(n.disk.bytes_lost for n in sim.nodes.values()),
                    "chain_ops": dict(sorted(sim.workload.chain_ops.items())), "l2_messages": sim.l2_messages,
-                   "wiped": sim.wiped, "wipes_skipped": sim.skipped,
+                   "wiped": sim.wiped, "wipes_skipped": sim.skipped, "rewound": sim.rewound,
+                   "rewound_aimed": sim.rewound_aimed, "rewinds_skipped": sim.skipped_rewinds,
                    "refused": dict(sorted(sum((collections.Counter(n.refusals()) for n in sim.nodes.values()),
                                               collections.Counter()).items())),
                    **out["stats"]},
