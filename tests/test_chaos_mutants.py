@@ -171,8 +171,8 @@ MUTANTS = [
     # meta: a node on an empty disk that counts itself a voter once it has heard every peer, fresh or not (the
     # first start of a whole cluster needs every peer fresh): wiped, it votes with no log, and elects a stale node
     Mutant("wiped_node_votes_with_an_empty_log", "meta/raft/roles.py",
-           "            voter = all(p is not None and p[1] for p in heard)",
-           "            voter = all(p is not None for p in heard)", faults=("rejoin_leader_loss",)),
+           "voter = journal.founding_voter or all(p is not None and p[1] for p in heard)",
+           "voter = journal.founding_voter or all(p is not None for p in heard)", faults=("rejoin_leader_loss",)),
     Mutant("group_commit_wakes_without_syncing", "broker/group_commit.py",
            "            files.sync_filesystem(self._fd)", "            pass", faults=("power",)),
 ]

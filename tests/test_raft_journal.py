@@ -213,8 +213,29 @@ def test_sync_and_state_bookkeeping(tmp_path):
     j.setRaftCommitIndex(4)
     j._destroy()                                         # saves the commit index too
     assert read_journal(str(tmp_path)).commit_index == 4
-    assert (tmp_path / STATE_FILE).read_bytes().startswith(b"STATOR-RAFT-STATE 2 ")
-    assert (tmp_path / STATE_FILE).read_bytes().endswith(b',"first_segment":1,"first_index":null}\n')
+    assert (tmp_path / STATE_FILE).read_bytes().startswith(b"STATOR-RAFT-STATE 3 ")
+    assert (tmp_path / STATE_FILE).read_bytes().endswith(
+        b',"first_segment":1,"first_index":null,"founding_voter":false}\n')
+
+
+def test_a_founding_voter_mark_is_durable_at_once_written_once_and_kept_across_restarts(tmp_path):
+    j = StatorJournal(str(tmp_path))
+    assert j.founding_voter is False
+    writes = j.state_writes
+    j.mark_founding_voter()
+    assert j.founding_voter is True and j.state_writes == writes + 1
+    assert read_state_line(tmp_path).endswith(b',"founding_voter":true}\n')   # on disk before it returns
+    j.mark_founding_voter()
+    j.setCurrentTerm(5, None)   # a later term and vote keep it
+    assert j.state_writes == writes + 2
+    j._destroy()
+    k = StatorJournal(str(tmp_path))
+    assert k.founding_voter is True and k.getCurrentTerm() == 5
+    k._destroy()
+
+
+def read_state_line(directory) -> bytes:
+    return (directory / STATE_FILE).read_bytes()
 
 
 def test_add_refuses_what_start_up_would_refuse(tmp_path):
@@ -318,7 +339,7 @@ def test_compaction_and_clear_never_copy_a_record(tmp_path):
     assert _first_index_in(after[0]) <= 301 < _first_index_in(after[1])   # the one holding 301 is the first kept
     assert (j[0][1], j.last_index, j.compactions) == (301, 400, 1)
     state = (tmp_path / STATE_FILE).read_bytes()
-    assert state.endswith(b',"first_segment":%d,"first_index":301}\n' % seqs(tmp_path)[0])
+    assert state.endswith(b',"first_segment":%d,"first_index":301,"founding_voter":false}\n' % seqs(tmp_path)[0])
     j._destroy()
 
     k = StatorJournal(d, segment_bytes_max=4096)
@@ -1073,21 +1094,27 @@ def test_damaged_state_file_is_refused_by_name(tmp_path):
     path = tmp_path / STATE_FILE
     good = path.read_bytes()
     body = good.split(b" ", 3)[3][:-1]
-    assert good == _state_line(2, body)
-    assert body == b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segment":1,"first_index":null}'
+    assert good == _state_line(3, body)
+    assert body == (b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segment":1,"first_index":null,'
+                    b'"founding_voter":false}')
     for damaged, error, words in [
         (good[:-1], JournalDamaged, "one line"),
         (good.replace(b'"a:1"', b'"a:2"'), JournalDamaged, "fails its CRC"),
         (b"", JournalDamaged, "one line"),
-        (_state_line(3, body), JournalFormatError,
-         "found STATOR-RAFT-STATE version 3, this code reads STATOR-RAFT-STATE version 2"),
+        (_state_line(4, body), JournalFormatError,
+         "found STATOR-RAFT-STATE version 4, this code reads STATOR-RAFT-STATE version 3"),
+        (_state_line(2, body.replace(b',"founding_voter":false', b"")), JournalFormatError,
+         "found STATOR-RAFT-STATE version 2, this code reads STATOR-RAFT-STATE version 3"),
         (_state_line(1, b'{"current_term":3,"voted_for":"a:1","commit_index":1}'), JournalFormatError,
-         "found STATOR-RAFT-STATE version 1, this code reads STATOR-RAFT-STATE version 2"),
-        (_state_line(2, body.replace(b',"first_index":null', b"")), JournalDamaged, "does not hold exactly"),
-        (_state_line(2, body.replace(b'"first_segment":1', b'"first_segment":0')), JournalDamaged,
+         "found STATOR-RAFT-STATE version 1, this code reads STATOR-RAFT-STATE version 3"),
+        (_state_line(3, body.replace(b',"first_index":null', b"")), JournalDamaged, "does not hold exactly"),
+        (_state_line(3, body.replace(b',"founding_voter":false', b"")), JournalDamaged, "does not hold exactly"),
+        (_state_line(3, body.replace(b'"first_segment":1', b'"first_segment":0')), JournalDamaged,
          "first segment or first index of the wrong type"),
-        (_state_line(2, body.replace(b'"first_index":null', b'"first_index":"7"')), JournalDamaged,
+        (_state_line(3, body.replace(b'"first_index":null', b'"first_index":"7"')), JournalDamaged,
          "first segment or first index of the wrong type"),
+        (_state_line(3, body.replace(b'"founding_voter":false', b'"founding_voter":0')), JournalDamaged,
+         "holds a founding_voter that is not true or false"),
     ]:
         path.write_bytes(damaged)
         with pytest.raises(error) as caught:
@@ -1099,42 +1126,45 @@ def test_damaged_state_file_is_refused_by_name(tmp_path):
     k._destroy()
 
 
-_GOOD_STATE = b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segment":1,"first_index":null}'
+_GOOD_STATE = (b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segment":1,"first_index":null,'
+               b'"founding_voter":false}')
 
 
 @pytest.mark.parametrize("raw, why", [
     # the line itself
-    (_state_line(2, _GOOD_STATE) * 2, f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
-    (_state_line(2, _GOOD_STATE)[:-1].replace(b" ", b"\n", 1),
+    (_state_line(3, _GOOD_STATE) * 2, f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
+    (_state_line(3, _GOOD_STATE)[:-1].replace(b" ", b"\n", 1),
      f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
-    (_state_line(2, b'{"pad":"' + b"x" * rj.STATE_BYTES_MAX + b'"}'),
+    (_state_line(3, b'{"pad":"' + b"x" * rj.STATE_BYTES_MAX + b'"}'),
      f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
-    (b"STATOR-RAFT-STATES 2 00000000 {}\n", "does not begin with STATOR-RAFT-STATE"),
-    (b"STATOR-RAFT-STATE 2 00000000\n", "does not begin with STATOR-RAFT-STATE"),
+    (b"STATOR-RAFT-STATES 3 00000000 {}\n", "does not begin with STATOR-RAFT-STATE"),
+    (b"STATOR-RAFT-STATE 3 00000000\n", "does not begin with STATOR-RAFT-STATE"),
     # its version and CRC
-    (b"STATOR-RAFT-STATE x2 00000000 {}\n", "has no version and CRC after its name"),
-    (b"STATOR-RAFT-STATE 0000000002 00000000 {}\n", "has no version and CRC after its name"),
-    (b"STATOR-RAFT-STATE 2 0000000 {}\n", "has no version and CRC after its name"),
-    (b"STATOR-RAFT-STATE 2 0000000g {}\n", "has no version and CRC after its name"),
-    (b"STATOR-RAFT-STATE 2 00000000 {}\n", "fails its CRC"),
+    (b"STATOR-RAFT-STATE x3 00000000 {}\n", "has no version and CRC after its name"),
+    (b"STATOR-RAFT-STATE 0000000003 00000000 {}\n", "has no version and CRC after its name"),
+    (b"STATOR-RAFT-STATE 3 0000000 {}\n", "has no version and CRC after its name"),
+    (b"STATOR-RAFT-STATE 3 0000000g {}\n", "has no version and CRC after its name"),
+    (b"STATOR-RAFT-STATE 3 00000000 {}\n", "fails its CRC"),
     # its body
-    (_state_line(2, b"[1, 2"), "holds no JSON after its CRC"),
-    (_state_line(2, b"[]"),
-     "does not hold exactly current_term, voted_for, commit_index, first_segment and first_index"),
-    (_state_line(2, _GOOD_STATE.replace(b"}", b',"more":1}')),
-     "does not hold exactly current_term, voted_for, commit_index, first_segment and first_index"),
-    (_state_line(2, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":-1')),
+    (_state_line(3, b"[1, 2"), "holds no JSON after its CRC"),
+    (_state_line(3, b"[]"),
+     "does not hold exactly current_term, voted_for, commit_index, first_segment, first_index and founding_voter"),
+    (_state_line(3, _GOOD_STATE.replace(b"}", b',"more":1}')),
+     "does not hold exactly current_term, voted_for, commit_index, first_segment, first_index and founding_voter"),
+    (_state_line(3, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":-1')),
      "holds a term, vote or commit index of the wrong type"),
-    (_state_line(2, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":true')),
+    (_state_line(3, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":true')),
      "holds a term, vote or commit index of the wrong type"),
-    (_state_line(2, _GOOD_STATE.replace(b'"commit_index":1', b'"commit_index":1.0')),
+    (_state_line(3, _GOOD_STATE.replace(b'"commit_index":1', b'"commit_index":1.0')),
      "holds a term, vote or commit index of the wrong type"),
-    (_state_line(2, _GOOD_STATE.replace(b'"a:1"', b"[]")), "holds a term, vote or commit index of the wrong type"),
-    (_state_line(2, _GOOD_STATE.replace(b'"a:1"', b"-2")), "holds a term, vote or commit index of the wrong type"),
-    (_state_line(2, _GOOD_STATE.replace(b'"first_segment":1', b'"first_segment":"1"')),
+    (_state_line(3, _GOOD_STATE.replace(b'"a:1"', b"[]")), "holds a term, vote or commit index of the wrong type"),
+    (_state_line(3, _GOOD_STATE.replace(b'"a:1"', b"-2")), "holds a term, vote or commit index of the wrong type"),
+    (_state_line(3, _GOOD_STATE.replace(b'"first_segment":1', b'"first_segment":"1"')),
      "holds a first segment or first index of the wrong type"),
-    (_state_line(2, _GOOD_STATE.replace(b'"first_index":null', b'"first_index":-3')),
+    (_state_line(3, _GOOD_STATE.replace(b'"first_index":null', b'"first_index":-3')),
      "holds a first segment or first index of the wrong type"),
+    (_state_line(3, _GOOD_STATE.replace(b'"founding_voter":false', b'"founding_voter":null')),
+     "holds a founding_voter that is not true or false"),
 ])
 def test_every_refusal_of_the_state_file_says_what_is_wrong_in_whole(tmp_path, raw, why):
     path = str(tmp_path / STATE_FILE)
@@ -1146,27 +1176,27 @@ def test_every_refusal_of_the_state_file_says_what_is_wrong_in_whole(tmp_path, r
 
 @pytest.mark.parametrize("body, state", [
     (_GOOD_STATE, rj.RaftState(3, "a:1", 1, 1, None)),
-    (b'{"current_term":0,"voted_for":7,"commit_index":0,"first_segment":1,"first_index":0}',
-     rj.RaftState(0, 7, 0, 1, 0)),
-    (b'{"current_term":9,"voted_for":null,"commit_index":12,"first_segment":4,"first_index":300}',
-     rj.RaftState(9, None, 12, 4, 300)),
+    (b'{"current_term":0,"voted_for":7,"commit_index":0,"first_segment":1,"first_index":0,"founding_voter":true}',
+     rj.RaftState(0, 7, 0, 1, 0, True)),
+    (b'{"current_term":9,"voted_for":null,"commit_index":12,"first_segment":4,"first_index":300,'
+     b'"founding_voter":false}', rj.RaftState(9, None, 12, 4, 300, False)),
 ])
 def test_the_state_file_reads_back_what_was_written_at_every_edge_of_its_fields(tmp_path, body, state):
     # a vote may name a node by address (str) or by number; a term, a commit and a first index of 0 are whole numbers
-    assert rj._decode_state(str(tmp_path / STATE_FILE), _state_line(2, body)) == state
+    assert rj._decode_state(str(tmp_path / STATE_FILE), _state_line(3, body)) == state
     assert rj._decode_state("x", rj.encode_state(state)) == state
 
 
 def test_a_state_file_of_exactly_the_largest_size_is_read(tmp_path):
     # STATE_BYTES_MAX is inclusive: one byte more is refused (above)
-    head = _state_line(2, _GOOD_STATE)
+    head = _state_line(3, _GOOD_STATE)
     pad = rj.STATE_BYTES_MAX - len(head)
     vote = "a:1" + " " * pad   # a vote with spaces: only the length matters here
-    raw = _state_line(2, _GOOD_STATE.replace(b'"a:1"', f'"{vote}"'.encode()))
+    raw = _state_line(3, _GOOD_STATE.replace(b'"a:1"', f'"{vote}"'.encode()))
     assert len(raw) == rj.STATE_BYTES_MAX
     assert rj._decode_state("x", raw).voted_for == vote
     with pytest.raises(JournalDamaged):
-        rj._decode_state("x", _state_line(2, _GOOD_STATE.replace(b'"a:1"', f'"{vote} "'.encode())))
+        rj._decode_state("x", _state_line(3, _GOOD_STATE.replace(b'"a:1"', f'"{vote} "'.encode())))
 
 
 def test_pysyncobj_journal_earlier_builds_and_other_versions_are_refused(tmp_path):

@@ -5,7 +5,8 @@ module with tests/test_raft_operator_changes.py and the simulator, which reach e
   digit, on a clock the test holds or moves), what each refusal says, when a learner counts as caught up, the bound
   on waiting requests, which removed members still get the log;
 - a change of role, through ``RecordingShim``: the few pysyncobj calls ``Roles`` makes, answered from fields and
-  recorded (the vote a promoted node keeps, the learner's hold, the restart grace, the leader that steps down);
+  recorded (the vote a promoted node keeps, the learner's hold, the restart grace, the leader that steps down, a
+  first start's voter that keeps voting on its disk);
 - messages: keepalives taken only whole, a learner dropping vote requests, its progress acknowledgement, the
   keepalive intervals.
 tests/test_raft_operator_changes.py drives the same on three real nodes; this is what pins the bounds.
@@ -178,13 +179,27 @@ def test_a_log_is_empty_only_with_no_membership_and_nothing_past_the_first_no_op
     assert roles.log_is_empty() is empty
 
 
+class FoundingJournal:
+    """What Roles reads of the journal (meta/raft/journal.py StatorJournal): the membership trail, and the mark of a
+    voter at the cluster's first start, counted."""
+
+    def __init__(self, trail: membership.MembershipTrail):
+        self.membership = trail
+        self.founding_voter = False
+        self.marks = 0
+
+    def mark_founding_voter(self) -> None:
+        self.founding_voter = True
+        self.marks += 1
+
+
 class RecordingShim:
     """The few calls decide() makes into pysyncobj (meta/raft/pysyncobj_shim.py), answered from fields and recorded:
     what a change of role does to raft is what these tests read."""
 
     def __init__(self, trail: membership.MembershipTrail, so):
         self.so = so
-        self.journal = types.SimpleNamespace(membership=trail)
+        self.journal = FoundingJournal(trail)
         self.leading = False
         self.leader_id: str | None = None
         self.vote: str | None = None
@@ -295,6 +310,33 @@ def test_a_learner_holds_its_elections_at_every_tick_and_a_new_voter_campaigns_o
     trail.set_base(8, (voter("a"), voter("b")))
     roles.decide()
     assert changes(shim) == []
+
+
+def test_a_first_start_voter_stays_one_on_its_disk_once_a_peer_has_a_log_and_a_new_disk_does_not(raft):
+    # The simulator's seed 282 --l2 (no fault): the first leader won a term its peers had already left, appended,
+    # and never reached them; they heard it was no longer fresh and became learners, and no leader could ever be
+    # elected again. A disk that counted itself a voter at the first start keeps counting (journal.founding_voter).
+    trail, shim, roles = raft
+    b, c = TCPNode(voter("b").raft), TCPNode(voter("c").raft)
+    roles.so.otherNodes = (b, c)
+    roles._peers = {b.address: (DISKS["b"], True)}
+    roles.decide()
+    assert roles.voter is False and shim.journal.marks == 0   # c not heard yet
+    roles._peers[c.address] = (DISKS["c"], True)
+    roles.decide()
+    assert roles.voter is True and shim.journal.marks == 1   # every peer heard, every one fresh: a first start
+    roles._peers[b.address] = (DISKS["b"], False)
+    roles.decide()
+    assert roles.voter is True and shim.journal.marks == 1   # marked once, and still a voter
+    restarted = raft_roles.Roles(roles.so, "a", {}, {}, DISKS["a"])
+    restarted._peers = dict(roles._peers)
+    restarted.decide()
+    assert restarted.voter is True and shim.journal.marks == 1   # the same disk after a restart
+    shim.journal = FoundingJournal(trail)   # a new disk (wiped): it waits for a leader to promote it
+    wiped = raft_roles.Roles(roles.so, "a", {}, {}, DISKS["e"])
+    wiped._peers = dict(roles._peers)
+    wiped.decide()
+    assert wiped.voter is False and shim.journal.marks == 0
 
 
 def test_a_leader_whose_disk_the_log_no_longer_names_as_a_voter_steps_down(raft):

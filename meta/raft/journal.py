@@ -53,13 +53,14 @@ either end holds CRC bytes, which read as zeros only by chance (see TORN_ZEROS_M
 
     STATOR-RAFT-STATE <version> <CRC, 8 lowercase hex digits> <JSON>\\n
     JSON = {"current_term": int, "voted_for": str | int | null, "commit_index": int,
-            "first_segment": int, "first_index": int | null}
+            "first_segment": int, "first_index": int | null, "founding_voter": bool}
 
-where the CRC is over every byte before it and the JSON (``STATOR-RAFT-STATE 2 `` + JSON). ``first_segment`` is the
+where the CRC is over every byte before it and the JSON (``STATOR-RAFT-STATE 3 `` + JSON). ``first_segment`` is the
 seq of the first live segment: every segment below it is dead (left over by a crash, deleted at start-up).
 ``first_index`` is the index of the first live entry, set by a compaction: the records below it in the first live
 segment are dead (checked, not loaded); null means every record of the live segments is live (a journal never
-compacted, or emptied by ``clear`` since, after which the log may start at any index). A missing state file means
+compacted, or emptied by ``clear`` since, after which the log may start at any index). ``founding_voter``: this disk
+counted itself a voter at the cluster's first start (meta/raft/roles.py ``decide``), set once, never cleared. A missing state file means
 pysyncobj's defaults (term 0, no vote, commit index 1), first segment 1 and no first index.
 
 What each change writes, in this order, and what a crash (a power loss included) leaves:
@@ -126,7 +127,7 @@ FORMAT_NAME = "STATOR-RAFT-LOG"
 FORMAT_MAGIC = FORMAT_NAME.encode().ljust(16, b"\0")
 FORMAT_VERSION = 1                    # the segment header and record layout, unchanged since the single-file build
 STATE_FORMAT_NAME = "STATOR-RAFT-STATE"
-STATE_FORMAT_VERSION = 2              # 2: first_segment and first_index
+STATE_FORMAT_VERSION = 3              # 2: first_segment and first_index; 3: founding_voter
 PYSYNCOBJ_MAGIC = b"PYSYNCOBJ"        # how pysyncobj's own journal (FileJournal) begins
 
 RECORD_BYTES_MAX = 64 * 1024 * 1024   # most command bytes one record may hold; a header claiming more is damaged
@@ -617,17 +618,19 @@ class RaftState:
     commit_index: int = 1      # pysyncobj's default when it never saved one
     first_segment: int = 1     # the seq of the first live segment (a new journal's first is 1)
     first_index: int | None = None   # the first live entry's index after a compaction; None: every record is live
+    founding_voter: bool = False     # a voter at the cluster's first start, on this disk (never cleared)
 
 
 def encode_state(state: RaftState) -> bytes:
     body = json.dumps({"current_term": state.current_term, "voted_for": state.voted_for,
                        "commit_index": state.commit_index, "first_segment": state.first_segment,
-                       "first_index": state.first_index}, separators=(",", ":"), ensure_ascii=True).encode()
+                       "first_index": state.first_index, "founding_voter": state.founding_voter},
+                      separators=(",", ":"), ensure_ascii=True).encode()
     covered = f"{STATE_FORMAT_NAME} {STATE_FORMAT_VERSION} ".encode()
     return covered + f"{_crc32(body, _crc32(covered)):08x} ".encode() + body + b"\n"
 
 
-_STATE_FIELDS = {"current_term", "voted_for", "commit_index", "first_segment", "first_index"}
+_STATE_FIELDS = {"current_term", "voted_for", "commit_index", "first_segment", "first_index", "founding_voter"}
 
 
 def _decode_state(path: str, raw: bytes) -> RaftState:
@@ -652,14 +655,18 @@ def _decode_state(path: str, raw: bytes) -> RaftState:
     except ValueError:
         raise damaged("holds no JSON after its CRC") from None
     if not isinstance(doc, dict) or set(doc) != _STATE_FIELDS:
-        raise damaged("does not hold exactly current_term, voted_for, commit_index, first_segment and first_index")
+        raise damaged("does not hold exactly current_term, voted_for, commit_index, first_segment, first_index and "
+                      "founding_voter")
     term, voted, commit = doc["current_term"], doc["voted_for"], doc["commit_index"]
     if not (_is_count(term) and _is_count(commit) and (voted is None or isinstance(voted, str) or _is_count(voted))):
         raise damaged("holds a term, vote or commit index of the wrong type")
     first_segment, first_index = doc["first_segment"], doc["first_index"]
     if not (_is_count(first_segment) and first_segment >= 1 and (first_index is None or _is_count(first_index))):
         raise damaged("holds a first segment or first index of the wrong type")
-    return RaftState(term, voted, commit, first_segment, first_index)
+    founding_voter = doc["founding_voter"]
+    if not isinstance(founding_voter, bool):
+        raise damaged("holds a founding_voter that is not true or false")
+    return RaftState(term, voted, commit, first_segment, first_index, founding_voter)
 
 
 def _is_count(value: Any) -> bool:
@@ -1060,6 +1067,17 @@ class StatorJournal(Journal):
 
     def getRaftCommitIndex(self) -> int:
         return self._state.commit_index
+
+    @property
+    def founding_voter(self) -> bool:
+        return self._state.founding_voter
+
+    def mark_founding_voter(self) -> None:
+        """Durable on return: this disk counts itself a voter at the cluster's first start, from now on and after
+        any restart, until a membership entry names the members (meta/raft/roles.py ``decide``)."""
+        if not self._state.founding_voter:
+            self._state = dataclasses.replace(self._state, founding_voter=True)
+            self._save_state()
 
     def onOneSecondTimer(self) -> None:
         self._save_state()

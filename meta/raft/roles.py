@@ -153,8 +153,14 @@ class Roles:
         elif not self.log_is_empty():
             voter = True    # took part in a bootstrap whose membership entry is not in this log yet
         else:
+            journal = shim.journal_of(self.so)
             heard = [self._peers.get(node.address) for node in self.so.otherNodes]
-            voter = all(p is not None and p[1] for p in heard)   # a first start of the whole cluster
+            voter = journal.founding_voter or all(p is not None and p[1] for p in heard)   # a first start
+            if voter and not journal.founding_voter:
+                # Kept on its disk: a peer stops being fresh once it appends, perhaps as a leader its peers have
+                # already left for a later term, and then never reaches them; had they become learners for that,
+                # no leader could ever be elected again (found by the simulator: seed 282 --l2, no fault).
+                journal.mark_founding_voter()
         if not voter:
             shim.postpone_election(self.so, LEARNER_ELECTION_HOLD_S)
             self._held = True
