@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
+from . import vnet
+
 VIRTUAL_EPOCH_S = 1_800_000_000.0     # the wall clock every simulated node starts near (2027-01-15)
 
 
@@ -63,6 +65,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def __init__(self) -> None:
         self._now = 0.0
+        self.net: vnet.VirtualNet | None = None
         selector = FakeSelector()
         super().__init__(selector)
         selector.loop = self
@@ -78,6 +81,20 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def _write_to_self(self) -> None:
         pass
+
+    # -- the virtual net (ops/sim/vnet.py): aiohttp's connects and name lookups -----------------------------------
+    async def create_connection(self, protocol_factory: Callable[[], asyncio.Protocol], host: str | None = None,
+                                port: int | None = None, *, sock: Any = None, **_kw: Any) -> Any:
+        if self.net is None:
+            raise OSError("no virtual net on this loop: the simulator makes no real connection")
+        if sock is not None:   # the address vnet.happy_eyeballs returned for aiohttp
+            host, port = sock.host, sock.port
+        assert host is not None and port is not None
+        return await self.net.connect(vnet.HOST.get(), protocol_factory, host, int(port))
+
+    async def getaddrinfo(self, host: Any, port: Any, *, family: int = 0, type: int = 0, proto: int = 0,
+                          flags: int = 0) -> list[tuple[Any, ...]]:
+        return vnet.address_info(host, int(port))
 
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future:
         fut = self.create_future()
