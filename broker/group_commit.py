@@ -40,9 +40,13 @@ log = structlog.get_logger("group_commit")
 
 class GroupCommit:
     def __init__(self, root: str, observe_sync_s: Callable[[float], None] | None = None,
-                 wait_timeout_s: float = SYNC_WAIT_TIMEOUT_S):
+                 wait_timeout_s: float = SYNC_WAIT_TIMEOUT_S, driven: bool = False):
         """``root``: a directory on the file system of every queue synced here; ``observe_sync_s``: told the seconds
-        of each sync; ``wait_timeout_s``: how long ``durable`` waits. The syncer thread starts with the first wait."""
+        of each sync; ``wait_timeout_s``: how long ``durable`` waits. The syncer thread starts with the first wait.
+        ``driven``: no thread; each ask schedules ``run_round`` on the event loop instead, for a caller that drives
+        the broker on one loop in one thread (ops/sim)."""
+        self._driven = driven
+        self._round_soon = False   # driven: a run_round is scheduled and has not taken the queues yet
         self._wait_timeout_s = wait_timeout_s
         # One descriptor for the broker's life: syncfs reports a writeback error once per descriptor, so one opened
         # per round would miss an error that happened between rounds.
@@ -94,7 +98,11 @@ class GroupCommit:
         if queue not in self._asked:
             with self._wanted:
                 self._asked.add(queue)
-                if self._thread is None:
+                if self._driven:
+                    if not self._round_soon:
+                        self._round_soon = True
+                        self._loop.call_soon(self._driven_round)
+                elif self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
                     self._thread.start()
                 self._wanted.notify()
@@ -111,21 +119,34 @@ class GroupCommit:
             with self._wanted:
                 while not self._asked and not self._stopping:
                     self._wanted.wait()
-                if self._stopping:
-                    return
-                queues, self._asked = self._asked, set()
+            if not self.run_round():
+                return
+
+    def _driven_round(self) -> None:
+        self._round_soon = False   # before the round: an ask made after it took the queues schedules the next
+        self.run_round()
+
+    def run_round(self) -> bool:
+        """One round of the syncer, on the caller's thread: takes the queues asked so far, syncs them and has their
+        waiters woken by a callback on the event loop. False once it should stop: stopping (nothing taken), or the
+        loop is closed (nobody waits any more)."""
+        with self._wanted:
+            if self._stopping:
+                return False
+            queues, self._asked = self._asked, set()
+        try:
+            self._sync(queues)
+        except Exception:  # noqa: BLE001 - the thread must live on, or every later send would wait for ever
+            log.exception("sync_round_failed", queues=len(queues))
+            for queue in queues:
+                queue.sync_failed()
+        loop = self._loop
+        if loop is not None:
             try:
-                self._sync(queues)
-            except Exception:  # noqa: BLE001 - the thread must live on, or every later send would wait for ever
-                log.exception("sync_round_failed", queues=len(queues))
-                for queue in queues:
-                    queue.sync_failed()
-            loop = self._loop
-            if loop is not None:
-                try:
-                    loop.call_soon_threadsafe(self._wake)
-                except RuntimeError:
-                    return   # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:
+                return False
+        return True
 
     def _sync(self, queues: set[PhysicalQueue]) -> None:
         """One round: take what each queue has written, sync once, mark it readable."""

@@ -32,9 +32,10 @@ from .pop.wakeup import TopicSignals
 from .reads import Reader
 from .replication.follower import Replicator
 from .replication.pop_copies import PopCopies
-from .replication.source import FetchSource
+from .replication.source import READ_THREADS, FetchSource
 from .routing import RouteTable
 from .session import MetaSession
+from .storage_threads import StorageThreads
 from .writes import Writer
 from .storage import FLUSH_FSYNC, FLUSH_GROUP, FLUSH_INTERVAL, QueueConfig, QueueStore
 
@@ -44,8 +45,13 @@ RETENTION_CHECK_S = 30.0
 
 
 class BrokerNode:
-    def __init__(self, config: BrokerConfig):
+    def __init__(self, config: BrokerConfig, driven: bool = False):
+        """``driven``: the node starts no thread of its own. Each part's blocking work runs on the caller's event loop
+        instead, inline or as a callback it schedules there, so that a deterministic simulator (ops/sim, issue 36)
+        can run a real broker on its one-thread virtual-time loop. Work handed to the loop's executor (to_thread)
+        is the loop's to run: the simulator's runs it inline."""
         self.config = config
+        self.driven = driven
         self.registry = CollectorRegistry()
         tls_context = client_context(config.tls) if config.tls is not None else None
         self.metrics = BrokerMetrics(self.registry)
@@ -55,8 +61,8 @@ class BrokerNode:
                            flush_interval_ms=config.flush_interval_ms, retention_ms=config.retention_ms,
                            retention_bytes=config.retention_bytes, segment_bytes_max=config.segment_bytes_max,
                            observe_sync_s=self.metrics.fsync.observe)
-        self.store = QueueStore(os.path.join(config.data_dir, "queues"), qcfg)
-        self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"))
+        self.store = QueueStore(os.path.join(config.data_dir, "queues"), qcfg, driven=driven)
+        self.offsets = OffsetStore(os.path.join(config.data_dir, "offsets.log"), driven=driven)
         self.witness = WitnessLog(os.path.join(config.data_dir, WITNESS_FILE))
         self.routes = RouteTable(config.broker)
         self.session = MetaSession()
@@ -65,7 +71,7 @@ class BrokerNode:
         self.producer_log = ProducerJournal(os.path.join(config.data_dir, "producers.log"))
         self.peers = Peers(config.token, tls_context)
         self.writer = Writer(config.broker, self.store, self.routes, self.session, self.offsets, self.pop_signals,
-                             self.metrics, self.producer_log, self.peers)
+                             self.metrics, self.producer_log, self.peers, driven=driven)
         self.locks = LockTable(lambda: self.session.writable(self.routes.version))
         self.link = MetaLink(config.broker, config.url, config.zone, config.meta_urls, config.token, self.routes,
                              self.session, self.writer,
@@ -73,7 +79,7 @@ class BrokerNode:
                              self.locks, self.group_settings, ssl_context=tls_context, cluster=config.cluster,
                              disk=self.disk)
         self.reader = Reader(config.broker, self.routes, self.writer, self.offsets, self.witness, self.peers,
-                             self.link, self.metrics)
+                             self.link, self.metrics, driven=driven)
         # A head this broker comes to lead takes its queue's commits from the brokers of its older segments
         self.writer.offset_copies.older_commits = self.reader.older_commits
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
@@ -96,6 +102,8 @@ class BrokerNode:
         self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.segments,
                                                     self.writer.max_physical))
         self.replica_source = FetchSource(config.broker, self.routes, self.writer)   # what followers fetch here
+        if driven:   # a stopgap until FetchSource takes ``driven`` itself (broker/replication is not this change's)
+            self.replica_source._threads = StorageThreads(READ_THREADS, "replica-read", driven=True)
         self.replicator = Replicator(config.broker, self.routes, self.writer, config.token, tls_context,
                                      self.link.peer_down)
         if created:   # said once every store opened: a broker refusing a damaged file says that one line only

@@ -84,9 +84,11 @@ def _unavailable() -> ApiError:
 
 
 class OffsetStore:
-    def __init__(self, path: str):
+    def __init__(self, path: str, driven: bool = False):
+        """``driven``: no syncer thread; a commit schedules ``run_pending`` on its event loop instead, for a caller
+        that drives the broker on one loop in one thread (ops/sim)."""
         self.path = os.path.abspath(path)
-        self._offsets: dict[Key, Committed] = {}  # durable commits only; written by the syncer thread alone
+        self._offsets: dict[Key, Committed] = {}  # durable commits only; written by the syncer alone (run_pending)
         self._by_queue: dict[tuple[str, int], set[str]] = {}   # (topic, queue) -> groups: a queue's snapshot
         self._seq = itertools.count(time.time_ns() // 1000)
         self._lines = 0
@@ -96,8 +98,12 @@ class OffsetStore:
         self._waiting = 0
         self._closing = False
         self._failed = False
-        self._thread = threading.Thread(target=self._run, name="offsets-sync", daemon=True)
-        self._thread.start()
+        self._driven = driven
+        self._pending_soon = False   # driven: a run_pending is scheduled and has not taken the queue yet
+        self._thread: threading.Thread | None = None
+        if not driven:
+            self._thread = threading.Thread(target=self._run, name="offsets-sync", daemon=True)
+            self._thread.start()
 
     # Opening.
 
@@ -183,6 +189,9 @@ class OffsetStore:
                 self._queue.append(_Commit(key, value, futures[-1]))
             self._waiting += len(values)
             self._cond.notify()
+            if self._driven and not self._pending_soon:
+                self._pending_soon = True
+                loop.call_soon(self._driven_pending)
         try:
             await asyncio.wait_for(asyncio.gather(*futures), COMMIT_WAIT_S)
         except asyncio.TimeoutError:
@@ -195,14 +204,27 @@ class OffsetStore:
             with self._cond:
                 while not self._queue and not self._closing:
                     self._cond.wait(IDLE_WAKE_S)
-                batch, self._queue = self._queue, []
-            if not batch:
+            if not self.run_pending():
                 return  # closing, and every queued commit has been answered
-            refusals = self._store(batch)
-            with self._cond:
-                self._waiting -= len(batch)
-            _answer(batch, refusals)
-            self._maybe_compact()
+
+    def _driven_pending(self) -> None:
+        self._pending_soon = False   # before the batch: a commit queued after it took the queue schedules the next
+        self.run_pending()
+
+    def run_pending(self) -> bool:
+        """One batch of the syncer, on the caller's thread: stores every commit queued so far under one fsync, has
+        their waiters answered by a callback on their event loop, and compacts the file if it is due. False when
+        nothing was queued."""
+        with self._cond:
+            batch, self._queue = self._queue, []
+        if not batch:
+            return False
+        refusals = self._store(batch)
+        with self._cond:
+            self._waiting -= len(batch)
+        _answer(batch, refusals)
+        self._maybe_compact()
+        return True
 
     def _store(self, batch: list[_Commit]) -> list[Refusal | None]:
         """Writes the batch's admitted lines and fsyncs them once; returns each commit's refusal, or None."""
@@ -271,6 +293,11 @@ class OffsetStore:
                 return
             self._closing = True
             self._cond.notify()
+        if self._thread is None:
+            while self.run_pending():   # driven: what is queued is stored here, as the thread would before ending
+                pass
+            os.close(self._fd)
+            return
         self._thread.join(CLOSE_TIMEOUT_S)
         if self._thread.is_alive():
             # Stuck in a write or fsync: closing the descriptor under it could let a reused number take its writes.

@@ -47,7 +47,7 @@ def _physical_path(seg: Segment, **params: int) -> str:
 
 class Reader:
     def __init__(self, me: str, routes: RouteTable, writer: Writer, offsets: OffsetStore, witness: WitnessLog,
-                 peers: Peers, link: MetaLink, metrics: BrokerMetrics | None = None):
+                 peers: Peers, link: MetaLink, metrics: BrokerMetrics | None = None, driven: bool = False):
         self.me = me
         self.metrics = metrics
         self.routes = routes
@@ -56,7 +56,7 @@ class Reader:
         self.witness = witness
         self.peers = peers
         self.link = link
-        self._threads = StorageThreads(READER_THREADS, "read")
+        self._threads = StorageThreads(READER_THREADS, "read", driven)   # driven: no thread (BrokerNode's)
         self._remote_min: dict[str, tuple[int, float]] = {}        # physical queue -> (min offset, expires)
         self._older: OrderedDict[str, list[Segment]] = OrderedDict()  # first carried pq -> older segments (LRU)
 

@@ -22,9 +22,13 @@ STOP_TIMEOUT_S = 10.0   # for all the threads: an fsync in progress finishes fir
 class StorageThreads:
     """Up to ``threads`` threads: one more is started with each call until there are that many (a broker that never
     appends starts no append thread). Calls are taken in the order given, each by whichever thread is free; a
-    call's result or exception reaches its awaiting caller."""
+    call's result or exception reaches its awaiting caller.
 
-    def __init__(self, threads: int, name: str):
+    ``driven``: no thread ever starts and each call runs inline on the caller's thread, for a caller that drives the
+    broker on its own loop in one thread (ops/sim: its blocking calls complete at once on virtual time)."""
+
+    def __init__(self, threads: int, name: str, driven: bool = False):
+        self._driven = driven
         self._max = threads
         self._name = name
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
@@ -34,6 +38,8 @@ class StorageThreads:
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._stopped:
             raise RuntimeError(f"{self._name} threads stopped")
+        if self._driven:
+            return fn(*args)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if len(self._threads) < self._max:

@@ -59,10 +59,11 @@ def stored_run(pq: PhysicalQueue, first: int, records: bytes, count: int, tag: i
 class Writer:
     def __init__(self, me: str, store: QueueStore, routes: RouteTable, session: MetaSession, offsets: OffsetStore,
                  appended: TopicSignals | None = None, metrics: BrokerMetrics | None = None,
-                 producer_log: ProducerJournal | None = None, peers: Peers | None = None):
+                 producer_log: ProducerJournal | None = None, peers: Peers | None = None, driven: bool = False):
         """``producer_log``: where the producers' batches are kept across restarts (the broker's producers.log);
         without it (a writer alone in a unit test) they are kept in memory only. ``peers``: how committed offsets
-        reach the queue's copies (replication/offsets.py); without it (a unit test) they stay here."""
+        reach the queue's copies (replication/offsets.py); without it (a unit test) they stay here. ``driven``: no
+        thread of its own (BrokerNode's)."""
         self.me = me
         self.metrics = metrics
         self.store = store
@@ -73,9 +74,9 @@ class Writer:
         self._locks: dict[str, asyncio.Lock] = {}
         self._sealed_here: set[str] = set()
         # Appends block in write or fsync; queues are independent files, so they may sync in parallel.
-        self._threads = StorageThreads(WRITER_THREADS, "append")
+        self._threads = StorageThreads(WRITER_THREADS, "append", driven)
         # Storage's flush policy "group": appends only write, and one sync covers every queue's (group_commit.py).
-        self._commit = (GroupCommit(store.root, store.config.observe_sync_s)
+        self._commit = (GroupCommit(store.root, store.config.observe_sync_s, driven=driven)
                         if store.config.flush_policy == FLUSH_GROUP else None)
         # The copies of the heads this broker leads: sends wait for them, consumers read below their high watermark
         self.replicas = ReplicaTracker(me, routes, self.max_physical)

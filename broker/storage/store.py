@@ -43,7 +43,9 @@ CLOSE_THREADS = 16
 
 class QueueStore:
     def __init__(self, root: str, config: QueueConfig | None = None,
-                 read_handles_max: int = limits.READ_HANDLES_MAX_DEFAULT):
+                 read_handles_max: int = limits.READ_HANDLES_MAX_DEFAULT, driven: bool = False):
+        """``driven``: ``close`` starts no thread, for a caller that drives the broker in one thread (ops/sim)."""
+        self._driven = driven
         self.root = os.path.abspath(root)
         self.config = QueueConfig() if config is None else config
         self._pool = HandlePool(read_handles_max)
@@ -194,12 +196,15 @@ class QueueStore:
         return sum(self._each_open(lambda q: q.apply_retention(now_ms)))
 
     def close(self) -> None:
-        """Closes every queue (CLOSE_THREADS at a time), even when one fails to close cleanly; the first such error is
-        raised at the end."""
+        """Closes every queue (CLOSE_THREADS at a time; driven, one after another on this thread), even when one fails
+        to close cleanly; the first such error is raised at the end."""
         with self._lock:
             queues = list(self._open.values())
             self._open.clear()
         try:
+            if self._driven:
+                self._each(queues, lambda q: q.close())
+                return
             # Harmless mutants: the pool's size and its threads' names (every queue is closed whichever thread runs it).
             with ThreadPoolExecutor(max(1, min(CLOSE_THREADS, len(queues))), thread_name_prefix="queue-close") as pool:
                 closing = [pool.submit(q.close) for q in queues]
