@@ -85,9 +85,25 @@ class MetaService:
         # change log reaches back no further (a watch stream asking for an older version gets a full scan).
         self.feed.publish(self.log.data_version(), None)
         self.reads = ReadFacade(self.log, self.feed, self.version_waiters)
+        self._assemble(GroupSessions(self.reads, self.log), ssl_context)
+        self._driven = False
+
+    @classmethod
+    def around(cls, config: MetaConfig, version_waiters: Admission, feed: ChangeFeed, log: Log, reads: ReadFacade,
+               groups: GroupSessions) -> MetaService:
+        """A service around a log its caller built and drives (the simulator's meta nodes, ops/sim/node.py, whose
+        raft steps and applies run on its scheduler): ``start`` and ``stop`` leave the node's threads alone."""
+        svc = cls.__new__(cls)
+        svc.config, svc.feed, svc.version_waiters, svc.log, svc.reads = config, feed, version_waiters, log, reads
+        svc._assemble(groups, client_tls_context(config.tls))
+        svc._driven = True
+        return svc
+
+    def _assemble(self, groups: GroupSessions, ssl_context: Any) -> None:
+        config = self.config
         self.forwarder = LeaderForwarder(config, self.log)
         self.brokers = BrokerSessions(config, self.reads, self.log)
-        self.groups = GroupSessions(self.reads, self.log)
+        self.groups = groups
         self.drains = Drainer(self.reads, self.log)
         self.route_warmer = RouteWarmer(self.reads, self.feed, self.log.is_ready)
         peers = [m.url for m in config.members if m.node != config.node]
@@ -106,13 +122,15 @@ class MetaService:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.log.start()
+        if not self._driven:
+            self.log.start()
         set_position_provider(lambda: {"term": self.log.term(), "version": self.log.data_version()})
         self._tasks = [asyncio.create_task(self.brokers.run(), name="broker-sessions"),
                        asyncio.create_task(self.groups.run(), name="group-leases"),
                        asyncio.create_task(self.drains.run(), name="drains"),
-                       asyncio.create_task(self.projection.run(), name="projection"),
                        asyncio.create_task(self.route_warmer.run(), name="route-warmer")]
+        if not self._driven:   # the SQL projection runs a writer process: outside the simulator
+            self._tasks.append(asyncio.create_task(self.projection.run(), name="projection"))
         log.info("meta_started", node=self.config.node, raft=self.config.raft)
 
     async def stop(self) -> None:
@@ -121,7 +139,8 @@ class MetaService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.feed.close()
         await self.forwarder.stop()
-        await asyncio.get_running_loop().run_in_executor(None, self.log.stop)
+        if not self._driven:
+            await asyncio.get_running_loop().run_in_executor(None, self.log.stop)
         self.projection.close()
 
     # -- state, for handlers and the projection -----------------------------------------------------------------

@@ -48,7 +48,6 @@ async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
     connections beyond it are answered 503 TOO_MANY_CONNECTIONS (runtime/connection_limit.py). ``metrics``: the
     config's MetricsListener (runtime/config_file.py), a second listener for the scrape and health paths only."""
     from wire.tls import server_context, without_client_auth
-    from runtime.connection_limit import CONNECTION_LIMIT, ConnectionLimit
     ssl_context = server_context(tls) if tls is not None else None   # a bad file fails here, before the port
     metrics_ssl = server_context(without_client_auth(tls)) if metrics is not None and metrics.tls else None
     # The HTTP port is taken before the app starts (and so before a meta node joins Raft): a port in use fails at
@@ -64,17 +63,9 @@ async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
     if metrics_sock is not None:
         app.middlewares.insert(0, only_scrape_paths_on(metrics.port))   # outermost: before any token is asked for
     open_files_for(connections_max)
-    # handler_cancellation: a long poll or watch whose client went away stops at once instead of holding its
-    # waiter slot until its wait ends.
-    # The request line and header bounds are raised from aiohttp's 8,190 bytes: a watch of the 1,000 topics allowed
-    # per stream needs a long query, and an over-long request id should reach the app and get its coded 400.
-    limit = app[CONNECTION_LIMIT] = ConnectionLimit(connections_max)   # before setup: the app is frozen there
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S,
-                           handler_cancellation=True, max_line_size=HTTP_REQUEST_LINE_BYTES_MAX,
-                           max_field_size=HTTP_HEADER_BYTES_MAX)
+    runner = app_runner(app, connections_max)
     try:
-        await runner.setup()
-        limit.attach(runner.server)
+        await set_up(runner)
         await web.SockSite(runner, sock, backlog=HTTP_BACKLOG, ssl_context=ssl_context).start()
         if metrics_sock is not None:
             await web.SockSite(runner, metrics_sock, backlog=HTTP_BACKLOG, ssl_context=metrics_ssl).start()
@@ -88,6 +79,26 @@ async def serve_app(app: web.Application, host: str, port: int, tls: Any = None,
         sock.close()
         if metrics_sock is not None:
             metrics_sock.close()
+
+
+def app_runner(app: web.Application, connections_max: int = HTTP_CONNECTIONS_MAX_DEFAULT) -> web.AppRunner:
+    """The runner every node serves its app with (the simulator too, on its virtual net): set it up with set_up."""
+    from runtime.connection_limit import CONNECTION_LIMIT, ConnectionLimit
+    app[CONNECTION_LIMIT] = ConnectionLimit(connections_max)   # before setup: the app is frozen there
+    # handler_cancellation: a long poll or watch whose client went away stops at once instead of holding its
+    # waiter slot until its wait ends.
+    # The request line and header bounds are raised from aiohttp's 8,190 bytes: a watch of the 1,000 topics allowed
+    # per stream needs a long query, and an over-long request id should reach the app and get its coded 400.
+    return web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S,
+                         handler_cancellation=True, max_line_size=HTTP_REQUEST_LINE_BYTES_MAX,
+                         max_field_size=HTTP_HEADER_BYTES_MAX)
+
+
+async def set_up(runner: web.AppRunner) -> None:
+    """The app started (its cleanup contexts entered), its connection limit attached to the server."""
+    from runtime.connection_limit import CONNECTION_LIMIT
+    await runner.setup()
+    runner.app[CONNECTION_LIMIT].attach(runner.server)
 
 
 SCRAPE_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -23,7 +25,9 @@ from .parked_watches import ParkedWatches
 from .topic_changes import answer_changes
 
 
-def make_app(config: MetaConfig) -> web.Application:
+def make_app(config: MetaConfig, service: Callable[[Admission], MetaService] | None = None) -> web.Application:
+    """The meta node's HTTP API. ``service(version_waiters)`` builds its MetaService (default: one that builds and
+    starts its own raft node; the simulator's is ``MetaService.around`` its driven node)."""
     app = web.Application(middlewares=[errors_and_auth, refuse_when_removed],
                           client_max_size=limits.REQUEST_BODY_BYTES_MAX)
     metrics = app[METRICS] = MetaMetrics()
@@ -40,7 +44,7 @@ def make_app(config: MetaConfig) -> web.Application:
     async def service_ctx(app: web.Application):
         # Built as the app starts, not with the app: the node binds its raft port as it is built, after the HTTP
         # port (runtime/serve.py), and its parts belong to the running loop (meta/service.py).
-        svc = app[SERVICE] = MetaService(config, version_waiters)
+        svc = app[SERVICE] = (service or functools.partial(MetaService, config))(version_waiters)
         polls = app[PARKED_POLLS] = ParkedPolls(svc.reads, svc.feed, VERSION_HEADER,
                                                 metrics.long_polls_answered_parked)
         watches = app[PARKED_WATCHES] = ParkedWatches(svc.reads, svc.feed, metrics.watch_events_written_parked,

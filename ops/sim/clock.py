@@ -182,6 +182,17 @@ class _Nonces:
         return self._drawn.to_bytes(size, "big")
 
 
+class _Uuids:
+    """``uuid`` for ids that need only differ from one another: uuid4() from a counter (see _Nonces)."""
+
+    def __init__(self) -> None:
+        self._drawn = 0
+
+    def uuid4(self) -> Any:
+        self._drawn += 1
+        return SimpleNamespace(hex=f"{self._drawn:032x}")
+
+
 # (module, attribute, factory(sim) -> replacement). The single list of stopgaps: each is a seam to land later
 # (docs/testing.md, the simulator's seams), after which its row goes.
 PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
@@ -214,6 +225,13 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("meta.raft.node", "Applier", lambda sim: sim.applier_class),
     ("meta.raft.node", "os", lambda sim: _OsProxy()),
     ("meta.raft.node", "gc", lambda sim: SimpleNamespace(freeze=lambda: None)),
+    # the meta service behind the HTTP API (schedules with brokers, Sim.http), and aiohttp's connects on the vnet
+    ("meta.service", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s)),
+    ("meta.service", "uuid", lambda sim: _Uuids()),
+    ("meta.broker_sessions", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, monotonic=sim.clocks.monotonic)),
+    ("meta.route_warmer", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
+    ("meta.forwarder", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
+    ("aiohttp.connector", "aiohappyeyeballs", lambda sim: vnet.happy_eyeballs()),
 ]
 
 

@@ -16,6 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from meta.admission import Admission
+from meta.api.app import make_app
+from meta.config import Member, MetaConfig, Tokens
+from meta.service import MetaService
 from meta.changefeed import ChangeFeed
 from meta.group_sessions import GroupSessions
 from meta.limits import VERSION_WAITERS_MAX
@@ -24,11 +27,15 @@ from meta.raft import pysyncobj_shim as shim
 from meta.raft.applier import Applier
 from meta.raft.node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from meta.reads import ReadFacade
+from runtime.serve import app_runner, set_up
 
 from .clock import NodeHalted
 from .disk import SimDisk
+from .vnet import VirtualSite
 
 SECRET = "stator-sim-secret"
+HTTP_PORT = 8080
+TOKENS = Tokens(admin="stator-sim-admin", client="stator-sim-client")
 OFFSET_BUDGET = 1000
 TICK_PERIOD_S = 0.05               # MetaSyncObj._tick_period_s: the real tick thread's poll timeout
 STEP_COST_MIN_S = 0.0001
@@ -43,7 +50,7 @@ DATA_ROOT = "/sim"                 # the journal's paths live on the SimDisk; no
 L2_DUPLICATE_P = 0.02
 L2_DELAY_P = 0.02
 L2_LATE_MAX_S = 0.5
-L2_REWIND_DELAY_P = 0.25   # while a rewind fault runs (faults.py): its cut batches arrive out of order often
+L2_REWIND_DELAY_P = 0.5    # while a rewind fault runs (faults.py): its cut batches arrive out of order often
 # Compaction (and so snapshots, which fork and write real files) is off in milestone 1.
 TUNING = RaftTuning(compaction_min_entries=10**9, compaction_min_time_s=10**9)
 
@@ -109,6 +116,8 @@ class SimMetaNode:
         self.reads: ReadFacade | None = None
         self.groups: GroupSessions | None = None
         self._groups_task: Any = None
+        self._http_task: Any = None           # the HTTP API starting (Sim.http)
+        self._runner: Any = None              # ... and serving
         self.up = False
         self.halted = False
         self.busy_until = 0.0
@@ -161,12 +170,55 @@ class SimMetaNode:
                             "too many reads wait for a min_version")
         self.reads = ReadFacade(log, feed, waiters)
         self.groups = GroupSessions(self.reads, log)   # the leader's lease keeper, as meta/service.py runs it
-        self._groups_task = sim.loop.create_task(self.groups.run())
+        if sim.http:   # the whole service, its lease keeper among its tasks, behind the real HTTP API
+            self._http_task = sim.loop.create_task(self._serve(feed, log, self.incarnation))
+        else:
+            self._groups_task = sim.loop.create_task(self.groups.run())
         self.up = True
         self.busy_until = sim.loop.time()
         sim.trace("boot", self.name, str(self.incarnation), b"")
         self.wake()
         self.apply_soon()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address.rsplit(':', 1)[0]}:{HTTP_PORT}"
+
+    def config(self) -> MetaConfig:
+        members = tuple(Member(n.name, n.address, n.url) for n in self.sim.nodes.values())
+        return MetaConfig(node=self.name, data_dir=f"{DATA_ROOT}/{self.name}", http_host=self.url[7:].split(":")[0],
+                          http_port=HTTP_PORT, raft=self.address, secret=SECRET, tokens=TOKENS, members=members,
+                          projection_url="", broker_tokens=self.sim.broker_tokens, offset_budget=OFFSET_BUDGET,
+                          raft_tuning=TUNING)
+
+    async def _serve(self, feed: ChangeFeed, log: Log, incarnation: int) -> None:
+        """meta/api/app.py's app around this incarnation's driven node, listening on the virtual net: its routes,
+        its broker sessions, drains, lease keeper and parked watches run as in a process, its raft as steps."""
+        config = self.config()
+        assert self.reads is not None and self.groups is not None
+        reads, groups = self.reads, self.groups
+        app = make_app(config, service=lambda waiters: MetaService.around(config, waiters, feed, log, reads, groups))
+        runner = app_runner(app)
+        await set_up(runner)
+        if not self.up or incarnation != self.incarnation:   # crashed while the app started
+            await runner.cleanup()
+            return
+        host, port = config.http_host, config.http_port
+        await VirtualSite(runner, self.sim.vnet, host, port).start()
+        self._runner = runner
+
+    def _stop_serving(self) -> None:
+        """The process is gone: its port and connections at once, its app's tasks after (nothing it does reaches
+        anyone: the net no longer carries its bytes)."""
+        if self._http_task is not None:
+            self._http_task.cancel()
+            self._http_task = None
+        if self._runner is not None:
+            host = self.url[7:].split(":")[0]
+            self.sim.vnet.unlisten(host, HTTP_PORT)
+            self.sim.vnet.reset(host)
+            self.sim.loop.create_task(self._runner.cleanup())
+            self._runner = None
 
     def _tap(self, so: MetaSyncObj) -> None:
         """MessageTap: between the transport and pysyncobj (and the shim's handler), some messages are delivered
@@ -220,6 +272,7 @@ class SimMetaNode:
             self.refused.update(shim.transport(self.so).refused)
         self.up = False
         self.so = self.raft = self.reads = self.groups = None
+        self._stop_serving()
         if self._groups_task is not None:
             self._groups_task.cancel()
             self._groups_task = None

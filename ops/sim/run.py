@@ -38,6 +38,7 @@ from .clock import NodeClocks, VirtualLoop, patched
 from .faults import (AIM_POLL_S, AIMED_LEADER_LOSS_P, KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S,
                      REWIND_AFTER_S, REWIND_BACK_MAX, REWIND_BATCH_BYTES, STALE_FOR_S, Fault, plan)
 from .net import SimNet, SimPoller
+from .vnet import VirtualNet
 from .leases import Leases
 from .node import DrivenApplier, SimMetaNode
 from .disk import SimJournalIO
@@ -57,8 +58,9 @@ VIOLATIONS_MAX = 50
 EVENTS_MAX = 5_000_000
 LOG_RING_MAX = 200
 # The register (cas and linearizable reads) always runs; the others: reads with min_version, the remapper, the group
-# leases (ops/sim/workload.py, ops/sim/leases.py)
-WORKLOADS = ("register", "min_version", "remaps", "leases")
+# leases (ops/sim/workload.py, ops/sim/leases.py), and http: every meta node serves its HTTP API on the virtual net
+# (ops/sim/vnet.py) and the min_version reads are requests to it
+WORKLOADS = ("register", "min_version", "remaps", "leases", "http")
 
 
 class Sim:
@@ -73,6 +75,10 @@ class Sim:
         addresses = {name: f"10.77.0.{i + 1}:{RAFT_PORT}" for i, name in enumerate(NODES)}
         names = {a: n for n, a in addresses.items()}
         self.net = SimNet(self, seed, addresses)
+        # HTTP on its own virtual net (ops/sim/vnet.py): with the http workload, each meta node serves its API there
+        self.http = "http" in workloads
+        self.vnet = self.loop.net = VirtualNet(self.loop, seed)
+        self.broker_tokens: dict[str, str] = {}
         self.nodes = {name: SimMetaNode(self, name, addresses[name], [a for n, a in addresses.items() if n != name],
                                         names) for name in NODES}
         for name in NODES:
@@ -429,6 +435,7 @@ class Sim:
         self.workload.stopping = self.leases.stopping = True
         if clients:
             await asyncio.wait(clients, timeout=OP_TIMEOUT_S * 2 + THINK_MAX_S)
+        await self.workload.close()
         deadline = loop.time() + CONVERGE_S
         while loop.time() < deadline and checks.converged(self):
             await asyncio.sleep(CONVERGE_POLL_S)

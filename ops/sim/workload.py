@@ -20,9 +20,14 @@ import collections
 import random
 from typing import Any
 
+import aiohttp
+
 from meta import chains
 from ops.chaos.history import FAIL, OK, UNKNOWN, Op
-from wire.errors import ApiError
+from wire.caller import request_once
+from wire.errors import ApiError, StatorError
+
+from .node import TOKENS
 
 CAS_TOPIC = "sim-cas"
 CHAIN_TOPIC = "sim-chain"
@@ -53,6 +58,7 @@ class Workload:
         self.ready = False
         self.stopping = False
         self.chain_ops: collections.Counter[str] = collections.Counter()   # "remap:ok", "seal:unknown", ...
+        self._session: aiohttp.ClientSession | None = None   # the http workload's client
 
     def _up_nodes(self) -> list[Any]:
         return [n for n in self.sim.nodes.values() if n.up and n.raft is not None]
@@ -83,10 +89,14 @@ class Workload:
 
     async def _read_min_version(self, process: str, node: Any, seen: int) -> Op:
         """A read as ``GET /v1/topics/{topic}?min_version=`` serves it (meta/reads.py ``before_read``, then the
-        node's image): the topic's version must be at least ``seen`` (ops/chaos/checker.py monotonic_versions)."""
+        node's image; with the http workload, that request itself): the topic's version must be at least ``seen``
+        (ops/chaos/checker.py monotonic_versions)."""
         loop = self.sim.loop
         op = Op(process, "read_mv", {"node": node.name, "min_version": seen}, loop.time())
         self.ops.append(op)
+        if self.sim.http:
+            await self._read_min_version_over_http(op, node, seen)
+            return op
         incarnation, reads = node.incarnation, node.reads
         try:
             await reads.before_read({"min_version": str(seen), "wait": str(OP_TIMEOUT_S)})
@@ -100,6 +110,26 @@ class Workload:
         op.complete = loop.time()
         self.sim.trace("op", op.process, op.kind, f"{op.outcome}:{op.output}".encode())
         return op
+
+    async def _read_min_version_over_http(self, op: Op, node: Any, seen: int) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        try:
+            answer = await request_once(self._session, "GET", f"{node.url}/v1/topics/{CAS_TOPIC}",
+                                        token=TOKENS.client, timeout_s=OP_TIMEOUT_S,
+                                        params={"min_version": str(seen), "wait": str(OP_TIMEOUT_S)})
+        except StatorError:   # refused, or no answer (Unavailable): a read changes nothing either way
+            op.outcome = UNKNOWN
+        else:
+            t = answer.body
+            op.outcome = OK
+            op.output = {"value": t["config"].get(CAS_KEY, INITIAL), "version": t["version"]}
+        op.complete = self.sim.loop.time()
+        self.sim.trace("op", op.process, op.kind, f"{op.outcome}:{op.output}".encode())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     async def setup(self) -> None:
         loop = self.sim.loop
