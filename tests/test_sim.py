@@ -47,8 +47,14 @@ SIMULATED = ["meta.raft.node", "meta.raft.transport", "meta.raft.roles", "meta.r
              # behind the HTTP API (schedules with brokers)
              "meta.service", "meta.broker_sessions", "meta.route_warmer", "meta.forwarder", "meta.drains",
              "meta.api.app", "meta.api.brokers", "meta.api.topics", "meta.api.watch", "meta.api.cluster",
-             "meta.api.groups", "meta.api.parked_polls", "meta.api.parked_watches", "meta.api.middleware"]
-NOT_ON_THE_SIMULATED_PATH = {("meta.raft.journal", "time")}   # OsJournalIO.remove_dead; the simulator's IO has none
+             "meta.api.groups", "meta.api.parked_polls", "meta.api.parked_watches", "meta.api.middleware",
+             # the brokers (the brokers workload) and the chaos runner's parts that drive them
+             *clock.BROKER_CLOCK_MODULES, "broker.api.app", "broker.locks", "broker.fencing", "broker.group_commit",
+             "broker.storage.queue", "broker.storage.store", "broker.storage.segment", "broker.pop.handles",
+             "broker.pop.state", "broker.pop.dlq", "broker.replication.follower", "broker.replication.source",
+             "wire.disk_identity", "wire.caller"]
+NOT_ON_THE_SIMULATED_PATH = {("meta.raft.journal", "time"),   # OsJournalIO.remove_dead; the simulator's IO has none
+                             ("ops.chaos.workloads", "random")}  # Env's own generator, seeded by the schedule
 
 
 def test_every_swapped_name_still_exists():
@@ -233,6 +239,35 @@ def test_a_follower_whose_commit_passes_a_repeat_by_one_is_caught(monkeypatch):
            'heartbeat["commit_index"] = min(message["commit_index"], matched + 1)')
     seed, checks = _caught({"state_machine_safety"}, kinds=("rewind",), seeds=20, l2=True)
     assert seed, "follower_commit_cap_one_too_far not caught in 20 seeds of rewind faults with --l2"
+
+
+BROKER_WORKLOADS = ("register", "http", "brokers")
+
+
+def test_brokers_on_the_virtual_net_keep_every_acknowledged_send_and_replay_exactly():
+    # ops/sim/brokers.py: three real brokers (driven) register with the meta nodes' API, the chaos runner's senders
+    # send to a topic of four queues, and the read-back finds every acknowledged message, under the seed's meta faults
+    first, second = (run_schedule(5, workloads=BROKER_WORKLOADS) for _ in range(2))
+    assert first["ok"], first["violations"]
+    brokers = first["counts"]["brokers"]
+    assert brokers["sends_ok"] > 50 and brokers["messages_read_back"] > 1000, brokers
+    assert first["faults"] and first["trace_hash"] == second["trace_hash"]
+
+
+def test_a_broker_that_drops_the_append_past_every_500th_offset_is_caught(monkeypatch):
+    # tests/test_chaos_mutants.py's broker_drops_the_append_past_every_500th_offset: the append is answered with
+    # offsets but never written. Only a broker whose sync scope is "file" takes that path (the group-commit path
+    # appends without it), and each draws its scope from the seed: seeds 1, 2 and 4 of 1-4 catch it (no_lost_sends).
+    from broker.storage.queue import PhysicalQueue
+    _plant(monkeypatch, PhysicalQueue, "_checked_append",
+           "        with self._lock:\n            return self._append(records, count, ts_ms, tag, mark)",
+           "        with self._lock:\n"
+           "            end = self._segments[-1].end_offset\n"
+           "            if end // 500 != (end + count) // 500:\n"
+           "                return end\n"
+           "            return self._append(records, count, ts_ms, tag, mark)")
+    seed, checks = _caught({"no_lost_sends"}, workloads=BROKER_WORKLOADS)
+    assert seed, f"broker_drops_the_append_past_every_500th_offset not caught in {MUTANT_SEEDS_MAX} seeds"
 
 
 def test_a_leader_that_never_promotes_a_rejoined_node_is_found(monkeypatch):

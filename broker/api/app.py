@@ -450,9 +450,10 @@ async def metrics(request: web.Request) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_app(config: BrokerConfig) -> web.Application:
+def make_app(config: BrokerConfig, driven: bool = False) -> web.Application:
+    """The broker's HTTP API around its node; ``driven``: BrokerNode's mode without threads (the simulator's)."""
     app = web.Application(middlewares=[middleware], client_max_size=REQUEST_BODY_BYTES_MAX)
-    node = BrokerNode(config)
+    node = BrokerNode(config, driven=driven)
     app[NODE] = node
 
     async def node_ctx(app):

@@ -182,6 +182,59 @@ class _Nonces:
         return self._drawn.to_bytes(size, "big")
 
 
+BROKER_CLOCK_MODULES = (
+    "broker.meta_link", "broker.node", "broker.offsets", "broker.peers", "broker.rates", "broker.reads",
+    "broker.session", "broker.storage_threads", "broker.writes", "broker.pop.journal", "broker.pop.revive",
+    "broker.pop.service", "broker.replication.leader", "broker.replication.offsets", "broker.replication.pop_copies",
+    "broker.replication.producer_handover", "wire.waits", "ops.chaos.history", "ops.chaos.runner",
+    "ops.chaos.workloads")
+
+
+class _SimTime:
+    """``time`` for a module the simulator runs in tasks: the loop's clocks (no node offset: tasks run outside
+    the scheduler's node steps); perf_counter stays real (it only times work for metrics)."""
+
+    def __init__(self, sim: Any):
+        self._clocks = sim.clocks
+
+    def monotonic(self) -> float:
+        return self._clocks.monotonic()
+
+    def time(self) -> float:
+        return self._clocks.wall_s()
+
+    def time_ns(self) -> int:
+        return int(self._clocks.wall_s() * 1e9)
+
+    @staticmethod
+    def perf_counter() -> float:
+        return _time.perf_counter()
+
+    sleep = staticmethod(_forbidden)
+
+
+def _seeded_backoff(sim: Any, module: str, name: str) -> Any:
+    """A Backoff bound at import to ``random.random``, again with the schedule's generator."""
+    import copy
+    backoff = copy.copy(getattr(importlib.import_module(module), name))
+    backoff._rng = sim.rng.random
+    return backoff
+
+
+class _Secrets:
+    """``secrets`` for names and keys that need only differ (temporary names, disk ids, a handle key): counters."""
+
+    def __init__(self) -> None:
+        self._drawn = 0
+
+    def token_hex(self, nbytes: int = 16) -> str:
+        return self.token_bytes(nbytes).hex()
+
+    def token_bytes(self, nbytes: int = 32) -> bytes:
+        self._drawn += 1
+        return self._drawn.to_bytes(nbytes, "big")
+
+
 class _Uuids:
     """``uuid`` for ids that need only differ from one another: uuid4() from a counter (see _Nonces)."""
 
@@ -232,6 +285,13 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("meta.route_warmer", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
     ("meta.forwarder", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
     ("aiohttp.connector", "aiohappyeyeballs", lambda sim: vnet.happy_eyeballs()),
+    # the brokers (ops/sim/brokers.py) and the chaos runner's workloads and read-back that drive them
+    *((module, "time", lambda sim: _SimTime(sim)) for module in BROKER_CLOCK_MODULES),
+    ("broker.meta_link", "WATCH_BACKOFF", lambda sim: _seeded_backoff(sim, "broker.meta_link", "WATCH_BACKOFF")),
+    ("wire.disk_identity", "secrets", lambda sim: _Secrets()),
+    ("broker.storage.queue", "secrets", lambda sim: _Secrets()),
+    ("broker.storage.store", "secrets", lambda sim: _Secrets()),
+    ("broker.pop.handles", "secrets", lambda sim: _Secrets()),
 ]
 
 

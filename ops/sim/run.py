@@ -38,6 +38,7 @@ from .clock import NodeClocks, VirtualLoop, patched
 from .faults import (AIM_POLL_S, AIMED_LEADER_LOSS_P, KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S,
                      REWIND_AFTER_S, REWIND_BACK_MAX, REWIND_BATCH_BYTES, STALE_FOR_S, Fault, plan)
 from .net import SimNet, SimPoller
+from .brokers import BrokerWorkload, broker_tokens
 from .vnet import VirtualNet
 from .leases import Leases
 from .node import DrivenApplier, SimMetaNode
@@ -59,7 +60,8 @@ EVENTS_MAX = 5_000_000
 LOG_RING_MAX = 200
 # The register (cas and linearizable reads) always runs; the others: reads with min_version, the remapper, the group
 # leases (ops/sim/workload.py, ops/sim/leases.py), and http: every meta node serves its HTTP API on the virtual net
-# (ops/sim/vnet.py) and the min_version reads are requests to it
+# (ops/sim/vnet.py) and the min_version reads are requests to it; brokers (ops/sim/brokers.py, not in the default set
+# yet): real brokers on that net, the chaos runner's senders, read-back and checks
 WORKLOADS = ("register", "min_version", "remaps", "leases", "http")
 
 
@@ -76,9 +78,10 @@ class Sim:
         names = {a: n for n, a in addresses.items()}
         self.net = SimNet(self, seed, addresses)
         # HTTP on its own virtual net (ops/sim/vnet.py): with the http workload, each meta node serves its API there
-        self.http = "http" in workloads
+        self.http = "http" in workloads or "brokers" in workloads
         self.vnet = self.loop.net = VirtualNet(self.loop, seed)
-        self.broker_tokens: dict[str, str] = {}
+        self.broker_tokens: dict[str, str] = broker_tokens() if "brokers" in workloads else {}
+        self.brokers: BrokerWorkload | None = None   # made in main: its files are real (a temporary directory)
         self.nodes = {name: SimMetaNode(self, name, addresses[name], [a for n, a in addresses.items() if n != name],
                                         names) for name in NODES}
         for name in NODES:
@@ -415,24 +418,33 @@ class Sim:
         loop = self.loop
         for node in self.nodes.values():
             node.boot()
+        if "brokers" in self.workloads:
+            self.brokers = BrokerWorkload(self)
+            self.brokers.start()
         for f in self.faults:
             loop.call_at(f.at, self.start_fault, f)
         liveness: list[dict[str, Any]] = []
         clients: list[asyncio.Task] = []
         try:
             await asyncio.wait_for(self.workload.setup(), self.duration_s)
+            if self.brokers is not None:
+                await asyncio.wait_for(self.brokers.setup(), max(0.1, self.duration_s - loop.time()))
         except (RuntimeError, asyncio.TimeoutError):
             liveness.append(checks.violation("setup", "the workload's setup did not finish during the run"))
-        else:
+        if self.workload.ready:
             clients = [loop.create_task(self.workload.client(f"c{i}")) for i in range(CLIENTS)]
             if "remaps" in self.workloads:
                 clients.append(loop.create_task(self.workload.remapper()))
             if "leases" in self.workloads:
                 clients += self.leases.tasks()
+            if self.brokers is not None and self.brokers.ready:
+                clients += self.brokers.tasks()
         await asyncio.sleep(max(0.0, self.duration_s - loop.time()))
         self.heal_all()
         await asyncio.sleep(QUIET_S)
         self.workload.stopping = self.leases.stopping = True
+        if self.brokers is not None:
+            self.brokers.stop_clients()
         if clients:
             await asyncio.wait(clients, timeout=OP_TIMEOUT_S * 2 + THINK_MAX_S)
         await self.workload.close()
@@ -440,6 +452,12 @@ class Sim:
         while loop.time() < deadline and checks.converged(self):
             await asyncio.sleep(CONVERGE_POLL_S)
         safety, more, stats = checks.final(self)
+        if self.brokers is not None:
+            await self.brokers.read_back()
+            safety += self.brokers.violations()
+            self.trace("brokers", "", "", self.brokers.history())
+            stats["brokers"] = self.brokers.counts()
+            await self.brokers.close()
         return {"safety": self.violations + safety, "liveness": liveness + more, "stats": stats}
 
 
@@ -525,10 +543,10 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
     }
 
 
-def _one(args: tuple[int, float, tuple[str, ...], bool]) -> dict[str, Any]:
-    seed, duration_s, kinds, l2 = args
+def _one(args: tuple[int, float, tuple[str, ...], bool, tuple[str, ...]]) -> dict[str, Any]:
+    seed, duration_s, kinds, l2, workloads = args
     try:
-        return run_schedule(seed, duration_s=duration_s, kinds=kinds, l2=l2)
+        return run_schedule(seed, duration_s=duration_s, kinds=kinds, l2=l2, workloads=workloads)
     except Exception as e:   # noqa: BLE001 - a simulator bug must name its seed, not kill the batch
         return {"seed": seed, "ok": False, "violations": [{"check": "simulator_error", "message": repr(e),
                                                            "evidence": {"traceback": traceback.format_exc(limit=12)}}],
@@ -536,9 +554,10 @@ def _one(args: tuple[int, float, tuple[str, ...], bool]) -> dict[str, Any]:
 
 
 def run_seeds(first: int, count: int, workers: int, duration_s: float = DURATION_S,
-              kinds: tuple[str, ...] = KINDS, l2: bool = False) -> Iterator[dict[str, Any]]:
+              kinds: tuple[str, ...] = KINDS, l2: bool = False, workloads: tuple[str, ...] = WORKLOADS
+              ) -> Iterator[dict[str, Any]]:
     """Seeds first..first+count-1 on ``workers`` processes (forked: no thread runs here), results in seed order."""
-    jobs = [(seed, duration_s, kinds, l2) for seed in range(first, first + count)]
+    jobs = [(seed, duration_s, kinds, l2, workloads) for seed in range(first, first + count)]
     if workers <= 1:
         yield from map(_one, jobs)
         return
@@ -547,15 +566,15 @@ def run_seeds(first: int, count: int, workers: int, duration_s: float = DURATION
         yield from pool.map(_one, jobs, chunksize=1)
 
 
-def shrink(seed: int, faults: list[Fault], duration_s: float, runs_max: int, l2: bool = False
-           ) -> tuple[list[Fault], int]:
+def shrink(seed: int, faults: list[Fault], duration_s: float, runs_max: int, l2: bool = False,
+           workloads: tuple[str, ...] = WORKLOADS) -> tuple[list[Fault], int]:
     """Greedy: drop one fault at a time, keeping the drop whenever the schedule still fails (any safety violation),
     at most ``runs_max`` runs. Returns the smallest failing fault list found and the runs spent."""
     current, runs, i = list(faults), 0, 0
     while i < len(current) and runs < runs_max:
         candidate = current[:i] + current[i + 1:]
         runs += 1
-        if not run_schedule(seed, candidate, duration_s, l2=l2)["ok"]:
+        if not run_schedule(seed, candidate, duration_s, l2=l2, workloads=workloads)["ok"]:
             current = candidate
         else:
             i += 1

@@ -1,0 +1,186 @@
+"""Brokers in the simulator (the brokers workload): real broker nodes on the virtual net, and the chaos runner's
+workloads, read-back and checks over them.
+
+Each broker is broker/api/app.py's app around ``BrokerNode(config, driven=True)`` (no thread of its own: its
+storage work runs inline, group commit and offset syncs as loop callbacks), listening on the virtual net
+(ops/sim/vnet.py) and talking to the meta nodes' real API there: it registers, heartbeats, watches its routes. Its
+files are real, in a temporary directory of the schedule. Every task a broker starts runs under its host
+(vnet.HOST), so its connections leave from it. Each draws its sync scope from the seed: "file" (an fsync per
+append, the per-queue path) or "filesystem" (group commit's syncfs), so that both write paths run.
+
+The clients are ops/chaos/workloads.py's, unchanged, through an Env on the virtual net; at the end the chaos
+runner's read-back gives every queue's messages and ops/chaos/checker.py judges the history with them.
+
+Milestone 1 (issue 36): senders to a topic of one copy per queue, no broker fault. Not yet: replicas and
+failover, the consumers (exclusive leases, pop), broker crashes and power loss (the simulator's faults reach only the
+meta nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import random
+import shutil
+import tempfile
+from typing import Any
+
+import aiohttp
+
+from broker.api.app import make_app
+from broker.config import BrokerConfig
+from ops.chaos import checker, workloads
+from ops.chaos import runner as chaos_runner
+from ops.chaos.history import Recorder
+from runtime.credentials import token_hash
+from runtime.serve import app_runner, set_up
+from wire.caller import request_once
+from wire.errors import StatorError
+
+from . import vnet
+from .node import TOKENS
+
+BROKERS = ("r1", "r2", "r3")
+BROKER_PORT = 9001
+TOPIC = workloads.LOG_TOPIC      # its batch sizes are the chaos runner's (workloads.SEND_BATCH)
+QUEUES = 4
+SENDERS = 2
+SYNC_SCOPES = ("file", "filesystem")
+CLUSTER = "sim-brokers"          # the topic is scoped to these brokers: the remapper's are names only
+SETUP_RETRY_S = 0.5
+SETUP_S = 30.0                   # virtual seconds for the brokers to register and the topic to be created
+READ_BACK_S = 30.0
+
+
+def broker_token(name: str) -> str:
+    return f"stator-sim-broker-{name}"
+
+
+def broker_tokens() -> dict[str, str]:
+    """What meta and every broker know of the brokers' tokens (their hashes)."""
+    return {b: token_hash(broker_token(b)) for b in BROKERS}
+
+
+class SimBroker:
+    def __init__(self, sim: Any, name: str, index: int, root: str):
+        self.sim, self.name = sim, name
+        self.host = f"10.78.0.{index + 1}"
+        self.data_dir = os.path.join(root, name)
+        self.sync_scope = random.Random(f"{sim.seed}:broker:{name}").choice(SYNC_SCOPES)
+        self.runner: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{BROKER_PORT}"
+
+    def config(self) -> BrokerConfig:
+        return BrokerConfig(broker=self.name, data_dir=self.data_dir, http_host=self.host, http_port=BROKER_PORT,
+                            meta_urls=tuple(n.url for n in self.sim.nodes.values()), token=broker_token(self.name),
+                            client_token=TOKENS.client, admin_token=TOKENS.admin, sync_scope=self.sync_scope,
+                            cluster=CLUSTER,
+                            broker_tokens={b: h for b, h in broker_tokens().items() if b != self.name})
+
+    def start(self) -> asyncio.Task:
+        """Started as its own host: every task it creates inherits vnet.HOST."""
+        context = contextvars.copy_context()
+        context.run(vnet.HOST.set, self.host)
+        return self.sim.loop.create_task(self._serve(), context=context)
+
+    async def _serve(self) -> None:
+        runner = app_runner(make_app(self.config(), driven=True))
+        await set_up(runner)
+        await vnet.VirtualSite(runner, self.sim.vnet, self.host, BROKER_PORT).start()
+        self.runner = runner
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+class BrokerWorkload:
+    """The brokers, the senders, the read-back and the message checks of one schedule."""
+
+    def __init__(self, sim: Any):
+        self.sim = sim
+        self.root = tempfile.mkdtemp(prefix="stator-sim-brokers-")
+        self.brokers = [SimBroker(sim, b, i, self.root) for i, b in enumerate(BROKERS)]
+        self.rec = Recorder()
+        self.env: workloads.Env | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.ready = False
+        self.final: dict[tuple[str, int], dict[int, str]] | None = None
+        self._starts: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._starts = [b.start() for b in self.brokers]
+
+    async def setup(self) -> None:
+        """The topic, once the brokers have registered (its queues are placed over active brokers)."""
+        self.session = aiohttp.ClientSession()
+        meta_urls = [n.url for n in self.sim.nodes.values()]
+        self.env = workloads.Env(self.session, meta_urls, {"client": TOKENS.client, "admin": TOKENS.admin},
+                                 self.rec, self.sim.seed)
+        deadline = self.sim.loop.time() + SETUP_S
+        body = {"topic": TOPIC, "queues": QUEUES, "replicas": 1, "min_insync": 1, "scope": [CLUSTER]}
+        while True:
+            try:
+                await request_once(self.session, "POST", f"{self.env.meta()}/v1/topics", token=TOKENS.admin,
+                                   json=body, headers={"Idempotency-Key": f"sim-{TOPIC}"}, timeout_s=5.0,
+                                   ok=(200, 201))
+                route = await self.env.route(TOPIC, fresh=True)
+                if all(workloads.queue_address(route, q) for q in range(QUEUES)):
+                    break
+            except StatorError:
+                pass
+            if self.sim.loop.time() > deadline:
+                raise RuntimeError(f"the brokers' topic was not ready within {SETUP_S} s of virtual time")
+            await asyncio.sleep(SETUP_RETRY_S)
+        self.ready = True
+
+    def tasks(self) -> list[asyncio.Task]:
+        assert self.env is not None
+        return [self.sim.loop.create_task(workloads.send(self.env, f"send-{i}", TOPIC)) for i in range(SENDERS)]
+
+    def stop_clients(self) -> None:
+        if self.env is not None:
+            self.env.stop.set()
+
+    async def read_back(self) -> None:
+        """Every queue's messages, as the chaos runner reads them back (ops/chaos/runner.py _read_topic)."""
+        if not self.ready or self.env is None:
+            return
+        try:
+            self.final = await asyncio.wait_for(chaos_runner._read_topic(self.env, TOPIC), READ_BACK_S)
+        except (StatorError, chaos_runner.RunFailed, asyncio.TimeoutError):
+            self.final = None
+
+    def violations(self) -> list[dict[str, Any]]:
+        if not self.ready:
+            return []
+        if self.final is None:
+            return [checker.violation("read_back", f"{TOPIC} could not be read back within {READ_BACK_S} s")]
+        return checker.no_lost_sends(self.rec.ops, self.final)
+
+    def history(self) -> bytes:
+        """The clients' history and the read-back, for the schedule's trace hash (a replay must give the same)."""
+        ops = [(o.process, o.kind, o.outcome, o.error, o.output) for o in self.rec.ops]
+        final = sorted((k, sorted(v.items())) for k, v in (self.final or {}).items())
+        return repr((ops, final)).encode()
+
+    def counts(self) -> dict[str, Any]:
+        sends = [o for o in self.rec.ops if o.kind in checker.SEND_KINDS]
+        return {"sends": len(sends), "sends_ok": sum(o.outcome == "ok" for o in sends),
+                "messages_read_back": sum(len(v) for v in (self.final or {}).values()),
+                "sync_scopes": {b.name: b.sync_scope for b in self.brokers}}
+
+    async def close(self) -> None:
+        for t in self._starts:
+            t.cancel()
+        await asyncio.gather(*self._starts, return_exceptions=True)
+        for b in self.brokers:
+            await b.stop()
+        if self.session is not None:
+            await self.session.close()
+        shutil.rmtree(self.root, ignore_errors=True)
