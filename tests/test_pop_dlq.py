@@ -4,6 +4,7 @@ done before a crash. tests/test_pop_service.py covers how messages get there."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from broker.pop import dlq as dlq_mod
@@ -105,3 +106,17 @@ async def test_holds_finds_a_dead_letter_among_the_newest_records_only(tmp_path)
     # the first record lies one past the scanned tail: a dead letter that old was finished long ago
     assert not dlq.holds("g", "t", 0, 0)
     assert not dlq.holds("g", "t", 1, DLQ_TAIL_SCAN_MAX + 1)
+
+
+async def test_a_group_s_first_dead_letters_arriving_together_are_all_kept(tmp_path):
+    # Appends run on threads: a check for the group's queue then its creation lost to the other append (QueueExists
+    # ended the second dead letter's chore, and its message stayed in flight, copied nowhere). Twenty new groups,
+    # each with eight dead letters at once: every one is kept, once.
+    dlq = DeadLetters(str(tmp_path))
+    try:
+        for g in range(20):
+            await asyncio.gather(*(dlq.append(f"g{g}", [entry(o, json_message(f"m{o}"))], TS_MS) for o in range(8)))
+            page = await dlq.read(f"g{g}", 0, 100)
+            assert sorted(m["origin_offset"] for m in page["messages"]) == list(range(8))
+    finally:
+        dlq.close()

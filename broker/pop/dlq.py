@@ -36,9 +36,11 @@ class DeadLetters:
 
     def _queue(self, group: str, create: bool):
         name = queue_name(group)
-        if name in self.store:
-            return self.store.get(name)
-        return self.store.create(name, 0) if create else None
+        if create:
+            # One decision under the store's lock: appends run on threads, and a check then a create lost to the
+            # group's first two dead letters at once (QueueExists killed the second one's chore)
+            return self.store.open_or_create(name, 0)
+        return self.store.get(name) if name in self.store else None
 
     def _append(self, group: str, payloads: list[bytes], ts_ms: int) -> int:
         pq = self._queue(group, True)
