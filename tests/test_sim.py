@@ -1,5 +1,5 @@
 """The deterministic simulator (ops/sim): its stopgaps still fit the code, a seed replays exactly, a short batch of
-seeds finds nothing on the tree, and eight planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
+seeds finds nothing on the tree, and twelve planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
 as that module plants them, by one exact text replacement, here recompiled in this process).
 
 Measured alone on 2 cores (2026-11-29, load ~2.7): 13 s, 8 of them the batch of BATCH_SEEDS schedules.
@@ -247,10 +247,13 @@ BROKER_WORKLOADS = ("register", "http", "brokers")
 def test_brokers_on_the_virtual_net_keep_every_acknowledged_send_and_replay_exactly():
     # ops/sim/brokers.py: three real brokers (driven) register with the meta nodes' API, the chaos runner's senders
     # send to a topic of four queues, and the read-back finds every acknowledged message, under the seed's meta faults
+    # (the chaos runner's data topics), the exclusive group's consumers commit under their tokens, the pop group's
+    # poppers pop and ack (some late); the read-back and the chaos runner's checks find nothing wrong
     first, second = (run_schedule(5, workloads=BROKER_WORKLOADS) for _ in range(2))
     assert first["ok"], first["violations"]
     brokers = first["counts"]["brokers"]
     assert brokers["sends_ok"] > 50 and brokers["messages_read_back"] > 1000, brokers
+    assert all(brokers["ops"].get(f"{kind}:ok", 0) > 10 for kind in ("commit", "pop", "ack")), brokers["ops"]
     assert first["faults"] and first["trace_hash"] == second["trace_hash"]
 
 
@@ -268,6 +271,41 @@ def test_a_broker_that_drops_the_append_past_every_500th_offset_is_caught(monkey
            "            return self._append(records, count, ts_ms, tag, mark)")
     seed, checks = _caught({"no_lost_sends"}, workloads=BROKER_WORKLOADS)
     assert seed, f"broker_drops_the_append_past_every_500th_offset not caught in {MUTANT_SEEDS_MAX} seeds"
+
+
+def test_an_ack_through_a_superseded_pop_handle_is_caught(monkeypatch):
+    # tests/test_chaos_mutants.py's pop_ack_through_a_superseded_handle: an ack of an older delivery's handle counts
+    # while a newer delivery of the message is out. The poppers' late acks reach it: seeds 1-4 each catch it
+    # (stale_pop_acks, pops_acked_or_redelivered) under hash seed 0.
+    from broker.pop.state import QueueState
+    _plant(monkeypatch, QueueState, "check", "        if d.seq == seq:", "        if d.seq >= seq:")
+    seed, checks = _caught({"stale_pop_acks", "pops_acked_or_redelivered"}, workloads=BROKER_WORKLOADS)
+    assert seed, f"pop_ack_through_a_superseded_handle not caught in {MUTANT_SEEDS_MAX} seeds"
+
+
+def test_a_redelivery_that_skips_an_offset_is_caught(monkeypatch):
+    # tests/test_chaos_mutants.py's redelivery_skips_an_offset: a round of redeliveries leaves out the first due
+    # offset, which stays due: the pop service's redelivery runs again at once, for ever. In a process that is a
+    # hot loop beside the others; under the simulator virtual time stands still, which the loop's spin bound
+    # reports as runaway (ops/sim/clock.py SPINS_MAX), in the first seed.
+    from broker.pop.service import PopService
+    _plant(monkeypatch, PopService, "_redeliver", "        for offset in offsets:\n            if offset not in st.ready:",
+           "        for offset in offsets[1:]:\n            if offset not in st.ready:")
+    seed, checks = _caught({"runaway", "pops_acked_or_redelivered"}, workloads=BROKER_WORKLOADS, seeds=1)
+    assert seed == 1, "redelivery_skips_an_offset not caught in the first seed"
+
+
+def test_a_broker_that_takes_any_token_up_to_its_horizon_is_caught(monkeypatch):
+    # tests/test_chaos_mutants.py's stale_token_accepted: a commit under a token older than the queue's current one
+    # passes. It takes an exclusive consumer that was silent past its lease (workloads.SilenceTurns) and commits
+    # after its queue went to the other: seed 2 catches it (exclusive_commits) under hash seeds 0-2, the only one of
+    # seeds 1-8.
+    from broker.locks import LockTable
+    _plant(monkeypatch, LockTable, "_verdict",
+           'return "ok" if token is not None and token == self.current(group, topic, queue) else "stale"',
+           'return "ok" if token is not None and token <= horizon else "stale"')
+    seed, checks = _caught({"exclusive_commits"}, workloads=BROKER_WORKLOADS, seeds=2)
+    assert seed == 2, "stale_token_accepted not caught in seeds 1-2"
 
 
 def test_a_leader_that_never_promotes_a_rejoined_node_is_found(monkeypatch):

@@ -350,7 +350,8 @@ LateAcks = list[tuple[float, str, list[str]]]   # (when, address, handles): acks
 
 async def pop(env: Env, process: str, *, drain: bool = False, late: LateAcks | None = None) -> int:
     """One pop round against one head broker (every head when draining); returns how many messages came. ``late``:
-    where to put handles to ack later, (when, address, handles)."""
+    where to put handles to ack later, (when, address, handles). Draining, a head that refused raises its refusal
+    once the round is done (the others' messages acked)."""
     got = 0
     route = await env.route(POP_TOPIC, fresh=drain)
     heads = sorted({q["address"].rstrip("/") for q in route["queues"] if q.get("address")})
@@ -363,6 +364,7 @@ async def pop(env: Env, process: str, *, drain: bool = False, late: LateAcks | N
         targets, ask["queue"] = [q["address"].rstrip("/")], q["queue"]
     else:
         targets = [env.rng.choice(heads)] if heads else []
+    refused: StatorError | None = None
     for address in targets:
         try:
             async with env.rec.op(process, "pop", address=address, queue=ask.get("queue")) as op:
@@ -370,7 +372,8 @@ async def pop(env: Env, process: str, *, drain: bool = False, late: LateAcks | N
                                        json=ask, timeout_s=REQUEST_TIMEOUT_S)
                 op.output = {"messages": [{"queue": m["queue"], "offset": m["offset"], "handle": m["handle"],
                                            "attempt": m.get("attempt")} for m in a.body["messages"]]}
-        except StatorError:
+        except StatorError as e:
+            refused = e
             continue
         messages = op.output["messages"]
         got += len(messages)
@@ -386,6 +389,8 @@ async def pop(env: Env, process: str, *, drain: bool = False, late: LateAcks | N
         else:
             handles += later
         await ack(env, process, address, handles)
+    if drain and refused is not None:
+        raise refused   # the drain is over only once every head answers with nothing (runner._drain_pops)
     return got
 
 

@@ -11,19 +11,21 @@ append, the per-queue path) or "filesystem" (group commit's syncfs), so that bot
 The clients are ops/chaos/workloads.py's, unchanged, through an Env on the virtual net; at the end the chaos
 runner's read-back gives every queue's messages and ops/chaos/checker.py judges the history with them.
 
-Milestone 1 (issue 36): senders to a topic of one copy per queue, no broker fault. Not yet: replicas and
-failover, the consumers (exclusive leases, pop), broker crashes and power loss (the simulator's faults reach only the
-meta nodes).
+Milestone 1 (issue 36): the chaos runner's three data topics, one copy per queue, their senders, the exclusive
+group's consumers and the pop group's poppers; no broker fault. Not yet: replicas and failover, remaps of these
+topics, broker crashes and power loss (the simulator's faults reach only the meta nodes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import os
 import random
 import shutil
 import tempfile
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -43,14 +45,17 @@ from .node import TOKENS
 
 BROKERS = ("r1", "r2", "r3")
 BROKER_PORT = 9001
-TOPIC = workloads.LOG_TOPIC      # its batch sizes are the chaos runner's (workloads.SEND_BATCH)
-QUEUES = 4
-SENDERS = 2
+# The chaos runner's data topics (their batch sizes are workloads.SEND_BATCH's), each with a sender: the log, the
+# exclusive group's (two consumers with leases and fencing tokens, their committed offsets) and the pop group's
+# (two poppers, some acks late past the invisible time).
+TOPICS = chaos_runner.DATA_TOPICS
+QUEUES = workloads.QUEUES
+CONSUMERS = 2
 SYNC_SCOPES = ("file", "filesystem")
 CLUSTER = "sim-brokers"          # the topic is scoped to these brokers: the remapper's are names only
 SETUP_RETRY_S = 0.5
 SETUP_S = 30.0                   # virtual seconds for the brokers to register and the topic to be created
-READ_BACK_S = 30.0
+READ_BACK_S = 300.0                # virtual: the drain alone may take DRAIN_DEADLINE_S
 
 
 def broker_token(name: str) -> str:
@@ -111,6 +116,9 @@ class BrokerWorkload:
         self.session: aiohttp.ClientSession | None = None
         self.ready = False
         self.final: dict[tuple[str, int], dict[int, str]] | None = None
+        self.dead: set[tuple[str, int, int]] = set()
+        self.turns: workloads.SilenceTurns | None = None
+        self._attempts = 0
         self._starts: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -123,45 +131,85 @@ class BrokerWorkload:
         self.env = workloads.Env(self.session, meta_urls, {"client": TOKENS.client, "admin": TOKENS.admin},
                                  self.rec, self.sim.seed)
         deadline = self.sim.loop.time() + SETUP_S
-        body = {"topic": TOPIC, "queues": QUEUES, "replicas": 1, "min_insync": 1, "scope": [CLUSTER]}
-        while True:
-            try:
-                await request_once(self.session, "POST", f"{self.env.meta()}/v1/topics", token=TOKENS.admin,
-                                   json=body, headers={"Idempotency-Key": f"sim-{TOPIC}"}, timeout_s=5.0,
-                                   ok=(200, 201))
-                route = await self.env.route(TOPIC, fresh=True)
-                if all(workloads.queue_address(route, q) for q in range(QUEUES)):
-                    break
-            except StatorError:
-                pass
-            if self.sim.loop.time() > deadline:
-                raise RuntimeError(f"the brokers' topic was not ready within {SETUP_S} s of virtual time")
-            await asyncio.sleep(SETUP_RETRY_S)
+        group = {"mode": "exclusive", "lease_ms": workloads.EX_LEASE_MS,
+                 "heartbeat_interval_ms": workloads.EX_HEARTBEAT_MS}
+
+        async def create(kind: str, name: str) -> None:
+            while not await self._create(kind, name, group):
+                if self.sim.loop.time() > deadline:
+                    raise RuntimeError(f"{kind} {name} was not ready within {SETUP_S} s of virtual time")
+                await asyncio.sleep(SETUP_RETRY_S)
+
+        await asyncio.gather(*(create("topic", t) for t in TOPICS), create("group", workloads.EX_GROUP))
+        self.turns = workloads.SilenceTurns(self.rec.now())
         self.ready = True
 
+    async def _create(self, kind: str, what: str, group: dict[str, Any]) -> bool:
+        """A topic (True once its every queue has an address) or the exclusive group's settings."""
+        assert self.env is not None and self.session is not None
+        try:
+            if kind == "group":
+                await request_once(self.session, "PUT", f"{self.env.meta()}/v1/groups/{what}/config",
+                                   token=TOKENS.admin, json=group, timeout_s=5.0,
+                                   headers={"Idempotency-Key": f"sim-{what}"})
+                return True
+            body = {"topic": what, "queues": QUEUES, "replicas": 1, "min_insync": 1, "scope": [CLUSTER]}
+            self._attempts += 1   # a new key each time: a key replays its first answer (NO_BROKERS before they join)
+            try:
+                await request_once(self.session, "POST", f"{self.env.meta()}/v1/topics", token=TOKENS.admin,
+                                   json=body, headers={"Idempotency-Key": f"sim-{what}-{self._attempts}"},
+                                   timeout_s=5.0, ok=(200, 201))
+            except StatorError as e:
+                if e.code != "TOPIC_EXISTS":   # an earlier attempt's, whose answer was lost
+                    raise
+            route = await self.env.route(what, fresh=True)
+            return all(workloads.queue_address(route, q) for q in range(QUEUES))
+        except StatorError:
+            return False
+
     def tasks(self) -> list[asyncio.Task]:
-        assert self.env is not None
-        return [self.sim.loop.create_task(workloads.send(self.env, f"send-{i}", TOPIC)) for i in range(SENDERS)]
+        env, loop = self.env, self.sim.loop
+        assert env is not None and self.turns is not None
+        out = [loop.create_task(workloads.send(env, f"send-{topic}", topic)) for topic in TOPICS]
+        out += [loop.create_task(workloads.exclusive(env, f"ex-{i}", self.turns)) for i in range(CONSUMERS)]
+        out += [loop.create_task(workloads.popper(env, f"pop-{i}")) for i in range(CONSUMERS)]
+        return out
 
     def stop_clients(self) -> None:
         if self.env is not None:
             self.env.stop.set()
 
     async def read_back(self) -> None:
-        """Every queue's messages, as the chaos runner reads them back (ops/chaos/runner.py _read_topic)."""
+        """As the chaos runner reads back (ops/chaos/runner.py): every queue's messages, the pops left (drained),
+        the exclusive group's committed offsets (recorded), the dead letters."""
         if not self.ready or self.env is None:
             return
         try:
-            self.final = await asyncio.wait_for(chaos_runner._read_topic(self.env, TOPIC), READ_BACK_S)
+            self.final = await asyncio.wait_for(self._read_back(self.env), READ_BACK_S)
         except (StatorError, chaos_runner.RunFailed, asyncio.TimeoutError):
             self.final = None
 
+    async def _read_back(self, env: workloads.Env) -> dict[tuple[str, int], dict[int, str]]:
+        final: dict[tuple[str, int], dict[int, str]] = {}
+        for topic in TOPICS:
+            final.update(await chaos_runner._read_topic(env, topic))
+        await chaos_runner._drain_pops(env)
+        await chaos_runner._read_committed(env)
+        self.dead = await chaos_runner._dead_lettered(env, SimpleNamespace(broker_url=lambda b: self.brokers[b].url))
+        return final
+
     def violations(self) -> list[dict[str, Any]]:
+        """The chaos runner's checks of messages and consumers (ops/chaos/checker.py) over this history."""
         if not self.ready:
             return []
+        ops = self.rec.ops
+        out = checker.committed_offsets(ops) + checker.exclusive_commits(ops) + checker.stale_pop_acks(ops)
+        out += checker.acked_pops_stay_acked(ops)
         if self.final is None:
-            return [checker.violation("read_back", f"{TOPIC} could not be read back within {READ_BACK_S} s")]
-        return checker.no_lost_sends(self.rec.ops, self.final)
+            return out + [checker.violation("read_back", f"the data topics could not be read back within "
+                                                         f"{READ_BACK_S} s")]
+        pops, _stats = checker.pops_acked_or_redelivered(ops, self.dead, workloads.POP_TOPIC)
+        return out + checker.no_lost_sends(ops, self.final) + pops
 
     def history(self) -> bytes:
         """The clients' history and the read-back, for the schedule's trace hash (a replay must give the same)."""
@@ -171,7 +219,8 @@ class BrokerWorkload:
 
     def counts(self) -> dict[str, Any]:
         sends = [o for o in self.rec.ops if o.kind in checker.SEND_KINDS]
-        return {"sends": len(sends), "sends_ok": sum(o.outcome == "ok" for o in sends),
+        kinds = collections.Counter(f"{o.kind}:{o.outcome}" for o in self.rec.ops if o.kind not in checker.SEND_KINDS)
+        return {"sends": len(sends), "sends_ok": sum(o.outcome == "ok" for o in sends), "ops": dict(sorted(kinds.items())),
                 "messages_read_back": sum(len(v) for v in (self.final or {}).values()),
                 "sync_scopes": {b.name: b.sync_scope for b in self.brokers}}
 

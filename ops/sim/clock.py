@@ -20,6 +20,9 @@ from typing import Any
 from . import vnet
 
 VIRTUAL_EPOCH_S = 1_800_000_000.0     # the wall clock every simulated node starts near (2027-01-15)
+# Loop iterations at one virtual instant before the run is stopped as spinning: a task that never waits (a busy loop)
+# would otherwise hold virtual time still for ever. The busiest instant of a schedule with brokers ran 126.
+SPINS_MAX = 20_000
 
 
 class SimulationDeadlock(RuntimeError):
@@ -53,6 +56,11 @@ class FakeSelector:
             raise SimulationDeadlock("nothing is ready and nothing is scheduled")
         if timeout > 0:
             self.loop._now += timeout
+            self.loop.spins = 0
+        else:
+            self.loop.spins += 1
+            if self.loop.spins == SPINS_MAX:
+                self.loop.on_spinning()
         return []
 
     def close(self) -> None:
@@ -66,6 +74,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self._now = 0.0
         self.net: vnet.VirtualNet | None = None
+        self.spins = 0                     # loop iterations since virtual time last moved
+        self.on_spinning: Callable[[], None] = self.stop
         selector = FakeSelector()
         super().__init__(selector)
         selector.loop = self

@@ -34,7 +34,7 @@ from meta.raft import pysyncobj_shim as shim
 from meta.raft.node import APPEND_BATCH_BYTES
 
 from . import apply_hash, checks
-from .clock import NodeClocks, VirtualLoop, patched
+from .clock import SPINS_MAX, NodeClocks, VirtualLoop, patched
 from .faults import (AIM_POLL_S, AIMED_LEADER_LOSS_P, KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S,
                      REWIND_AFTER_S, REWIND_BACK_MAX, REWIND_BATCH_BYTES, STALE_FOR_S, Fault, plan)
 from .net import SimNet, SimPoller
@@ -112,6 +112,14 @@ class Sim:
         self.events = 0
         self.metrics = MetaMetrics()   # the gauges and counters the nodes' read admission reports to
         self.loop.set_exception_handler(self._loop_error)
+        self.loop.on_spinning = self._spinning
+
+    def _spinning(self) -> None:
+        """Some task runs again and again at one virtual instant (ops/sim/clock.py SPINS_MAX): a busy loop."""
+        self.violation("runaway", f"{SPINS_MAX} loop iterations at virtual time {self.loop.time():.3f} s without it "
+                       "moving: a task that never waits",
+                       tasks=sorted({repr(t.get_coro())[:120] for t in asyncio.all_tasks(self.loop)})[:10])
+        self.loop.stop()
 
     def _loop_error(self, _loop: Any, context: dict[str, Any]) -> None:
         """An exception no one caught in a loop callback (the simulator's own code, or a node's callback): fail the
@@ -418,17 +426,19 @@ class Sim:
         loop = self.loop
         for node in self.nodes.values():
             node.boot()
+        broker_setup: asyncio.Task | None = None
         if "brokers" in self.workloads:
             self.brokers = BrokerWorkload(self)
             self.brokers.start()
+            broker_setup = loop.create_task(self.brokers.setup())   # beside the register's: it takes seconds
         for f in self.faults:
             loop.call_at(f.at, self.start_fault, f)
         liveness: list[dict[str, Any]] = []
         clients: list[asyncio.Task] = []
         try:
             await asyncio.wait_for(self.workload.setup(), self.duration_s)
-            if self.brokers is not None:
-                await asyncio.wait_for(self.brokers.setup(), max(0.1, self.duration_s - loop.time()))
+            if broker_setup is not None:
+                await asyncio.wait_for(broker_setup, max(0.1, self.duration_s - loop.time()))
         except (RuntimeError, asyncio.TimeoutError):
             liveness.append(checks.violation("setup", "the workload's setup did not finish during the run"))
         if self.workload.ready:
