@@ -254,6 +254,7 @@ def test_brokers_on_the_virtual_net_keep_every_acknowledged_send_and_replay_exac
     brokers = first["counts"]["brokers"]
     assert brokers["sends_ok"] > 50 and brokers["messages_read_back"] > 1000, brokers
     assert all(brokers["ops"].get(f"{kind}:ok", 0) > 10 for kind in ("commit", "pop", "ack")), brokers["ops"]
+    assert brokers["ops"].get("remap:ok", 0) > 0, brokers["ops"]   # queues moved between the brokers meanwhile
     assert first["faults"] and first["trace_hash"] == second["trace_hash"]
 
 

@@ -12,8 +12,9 @@ The clients are ops/chaos/workloads.py's, unchanged, through an Env on the virtu
 runner's read-back gives every queue's messages and ops/chaos/checker.py judges the history with them.
 
 Milestone 1 (issue 36): the chaos runner's three data topics, one copy per queue, their senders, the exclusive
-group's consumers and the pop group's poppers; no broker fault. Not yet: replicas and failover, remaps of these
-topics, broker crashes and power loss (the simulator's faults reach only the meta nodes).
+group's consumers, the pop group's poppers and its remapper (queues moved between the brokers, with bursts of
+sends); no broker fault. Not yet: replicas and failover, broker crashes and power loss (the simulator's faults reach
+only the meta nodes).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import aiohttp
 
 from broker.api.app import make_app
 from broker.config import BrokerConfig
-from ops.chaos import checker, workloads
+from ops.chaos import checker, operators, workloads
 from ops.chaos import runner as chaos_runner
 from ops.chaos.history import Recorder
 from runtime.credentials import token_hash
@@ -41,7 +42,7 @@ from wire.caller import request_once
 from wire.errors import StatorError
 
 from . import vnet
-from .node import TOKENS
+from .node import OFFSET_BUDGET, TOKENS
 
 BROKERS = ("r1", "r2", "r3")
 BROKER_PORT = 9001
@@ -117,6 +118,8 @@ class BrokerWorkload:
         self.ready = False
         self.final: dict[tuple[str, int], dict[int, str]] | None = None
         self.dead: set[tuple[str, int, int]] = set()
+        self.segments: dict[tuple[str, int], list[tuple[int, int | None]]] = {}
+        self.epochs: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.turns: workloads.SilenceTurns | None = None
         self._attempts = 0
         self._starts: list[asyncio.Task] = []
@@ -173,6 +176,7 @@ class BrokerWorkload:
         out = [loop.create_task(workloads.send(env, f"send-{topic}", topic)) for topic in TOPICS]
         out += [loop.create_task(workloads.exclusive(env, f"ex-{i}", self.turns)) for i in range(CONSUMERS)]
         out += [loop.create_task(workloads.popper(env, f"pop-{i}")) for i in range(CONSUMERS)]
+        out.append(loop.create_task(operators.remapper(env, "remapper", [b.name for b in self.brokers])))
         return out
 
     def stop_clients(self) -> None:
@@ -193,6 +197,11 @@ class BrokerWorkload:
         final: dict[tuple[str, int], dict[int, str]] = {}
         for topic in TOPICS:
             final.update(await chaos_runner._read_topic(env, topic))
+            chains, epochs = await chaos_runner._retrying(f"the segments of {topic}",
+                                                          lambda: chaos_runner._segments(env, topic),
+                                                          chaos_runner.FINAL_DEADLINE_S)
+            self.segments.update(chains)
+            self.epochs.update(epochs)
         await chaos_runner._drain_pops(env)
         await chaos_runner._read_committed(env)
         self.dead = await chaos_runner._dead_lettered(env, SimpleNamespace(broker_url=lambda b: self.brokers[b].url))
@@ -209,7 +218,8 @@ class BrokerWorkload:
             return out + [checker.violation("read_back", f"the data topics could not be read back within "
                                                          f"{READ_BACK_S} s")]
         pops, _stats = checker.pops_acked_or_redelivered(ops, self.dead, workloads.POP_TOPIC)
-        return out + checker.no_lost_sends(ops, self.final) + pops
+        contiguous, _stats = checker.queues_contiguous(self.final, self.segments, OFFSET_BUDGET, self.epochs)
+        return out + checker.no_lost_sends(ops, self.final) + pops + contiguous
 
     def history(self) -> bytes:
         """The clients' history and the read-back, for the schedule's trace hash (a replay must give the same)."""
