@@ -146,35 +146,49 @@ class Ledger:
         os.close(self._fd)
 
 
-# The one switch every writer's hook checks: None (production, and tests that do not ask) costs one comparison.
-ledger: Ledger | None = None
+# The one switch every writer's hook checks: empty (production, and tests that do not ask) costs one test. A node's
+# ledger, by its data directory; several in one process are the simulator's brokers (ops/sim/brokers.py).
+_ledgers: dict[str, Ledger] = {}
 
 
 def enable(data_dir: str) -> Ledger:
-    global ledger
-    ledger = Ledger(data_dir)
-    return ledger
+    led = Ledger(data_dir)
+    _ledgers[led.root] = led
+    return led
 
 
-def disable() -> None:
-    global ledger
-    if ledger is not None:
-        ledger.close()
-    ledger = None
+def disable(data_dir: str | None = None) -> None:
+    """The ledger of ``data_dir`` (every one, by default) closed: its node's syncs are no longer recorded."""
+    roots = list(_ledgers) if data_dir is None else [os.path.abspath(data_dir)]
+    for root in roots:
+        led = _ledgers.pop(root, None)
+        if led is not None:
+            led.close()
+
+
+def ledger_for(path: str) -> Ledger | None:
+    """The ledger of the data directory ``path`` lies in, if the mode is on for it."""
+    if not _ledgers:
+        return None
+    path = os.path.abspath(path)
+    for root, led in _ledgers.items():
+        if path == root or path.startswith(root + os.sep):
+            return led
+    return None
 
 
 # Hooks for the writers. Each does nothing beyond the system call when the mode is off.
 
 def sync_fd(fd: int, sync: Callable[[int], None] = os.fdatasync) -> None:
     """``sync(fd)``, then, with the mode on, the record that the file is durable up to its size before the sync."""
-    current = ledger
-    if current is None:
+    if not _ledgers:
         sync(fd)
         return
     size = os.fstat(fd).st_size
     sync(fd)
     path = _fd_path(fd)
-    if path is not None:
+    current = ledger_for(path) if path is not None else None
+    if current is not None and path is not None:
         current.record(DURABLE, size, path)
 
 
@@ -183,7 +197,8 @@ def sync_filesystem(fd: int, syncfs: Callable[[int], None]) -> None:
     since the ledger last saw it durable: each is durable up to its size before the call began. Walking the
     directory rather than asking the caller which files it meant is the point: a file the code forgot, or wrote
     after the call began, is not covered."""
-    current = ledger
+    path = _fd_path(fd) if _ledgers else None
+    current = ledger_for(path) if path is not None else None
     if current is None:
         syncfs(fd)
         return
@@ -220,23 +235,25 @@ def synced_whole(path: str) -> None:
     power loss the path holds the old file or the new one, each synced whole; recorded by its length, a kill
     between the rename and this record cut the new file to the old one's length and tore it (a meta node then
     refused its damaged raft.state: a harness-made fault, found by the mutants' control run)."""
-    if ledger is not None:
-        ledger.record(DURABLE, WHOLE, path)
+    _record(DURABLE, WHOLE, path)
 
 
 def created(path: str) -> None:
-    if ledger is not None:
-        ledger.record(CREATED, 0, path)
+    _record(CREATED, 0, path)
 
 
 def dir_synced(path: str) -> None:
-    if ledger is not None:
-        ledger.record(DIR_SYNCED, 0, path)
+    _record(DIR_SYNCED, 0, path)
 
 
 def removed(path: str) -> None:
-    if ledger is not None:
-        ledger.record(REMOVED, 0, path)
+    _record(REMOVED, 0, path)
+
+
+def _record(kind: str, number: int, path: str) -> None:
+    current = ledger_for(path)
+    if current is not None:
+        current.record(kind, number, path)
 
 
 def _fd_path(fd: int) -> str | None:

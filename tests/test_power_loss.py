@@ -335,8 +335,8 @@ def test_a_syncfs_makes_durable_what_every_file_held_when_it_began_and_nothing_t
         # a syncfs never moves back what an fsync of the file itself made durable
         os.write(fds[unnamed], b"v" * 30)
         files.sync_data(fds[unnamed])
-        power_loss.ledger.record(power_loss.SYNCED_AT_LEAST, 70, unnamed)
-        assert power_loss.ledger.durable(unnamed) == 100
+        power_loss.ledger_for(unnamed).record(power_loss.SYNCED_AT_LEAST, 70, unnamed)
+        assert power_loss.ledger_for(unnamed).durable(unnamed) == 100
         for fd in fds.values():
             os.close(fd)
     finally:
@@ -346,3 +346,35 @@ def test_a_syncfs_makes_durable_what_every_file_held_when_it_began_and_nothing_t
     assert (os.path.getsize(named), os.path.getsize(unnamed), os.path.getsize(late)) == (300, 100, 0)
     assert (loss.files_cut, loss.bytes_lost, loss.torn) == (2, 540, 0), loss
     assert power_loss.unsynced_bytes(d) == 0
+
+
+def test_each_data_directory_has_its_own_ledger_and_a_disabled_one_records_nothing(tmp_path):
+    """Several nodes in one process (the simulator's brokers): a sync is recorded in the ledger of the directory its
+    file lies in, and only there; once that ledger is disabled (its node crashed) its files' syncs count for
+    nothing, while the other's still do."""
+    from broker.storage import files
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    power_loss.enable(a)
+    power_loss.enable(b)
+    try:
+        paths = {}
+        for d in (a, b):
+            paths[d] = os.path.join(d, "x.log")
+            fd = os.open(paths[d], os.O_RDWR | os.O_CREAT)
+            os.write(fd, b"s" * 10)
+            files.sync_data(fd)
+            os.write(fd, b"u" * 5)
+            os.close(fd)
+        assert power_loss.ledger_for(paths[a]).durable(paths[a]) == 10
+        assert power_loss.ledger_for(paths[a]).durable(paths[b]) is None   # not a's business
+        power_loss.disable(a)
+        assert power_loss.ledger_for(paths[a]) is None and power_loss.ledger_for(paths[b]) is not None
+        fd = os.open(paths[a], os.O_RDWR)
+        files.sync_data(fd)        # after the crash: not recorded
+        os.close(fd)
+    finally:
+        power_loss.disable()
+    assert power_loss.ledger_for(paths[b]) is None
+    assert power_loss.lose_unsynced(a, random.Random(1), tear=False).bytes_lost == 5
+    assert power_loss.lose_unsynced(b, random.Random(1), tear=False).bytes_lost == 5
+    assert os.path.getsize(paths[a]) == os.path.getsize(paths[b]) == 10

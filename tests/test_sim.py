@@ -1,5 +1,5 @@
 """The deterministic simulator (ops/sim): its stopgaps still fit the code, a seed replays exactly, a short batch of
-seeds finds nothing on the tree, and twelve planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
+seeds finds nothing on the tree, and thirteen planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
 as that module plants them, by one exact text replacement, here recompiled in this process).
 
 Measured alone on 2 cores (2026-11-29, load ~2.7): 13 s, 8 of them the batch of BATCH_SEEDS schedules.
@@ -31,7 +31,7 @@ import meta.raft.roles as roles
 from meta.group_sessions import GroupSessions
 from meta.reads import ReadFacade
 from ops.sim import clock
-from ops.sim.faults import KINDS, plan
+from ops.sim.faults import BROKER_KINDS, KINDS, plan
 from ops.sim.run import NODES, run_schedule, shrink
 
 REPO = Path(__file__).resolve().parent.parent
@@ -296,17 +296,32 @@ def test_a_redelivery_that_skips_an_offset_is_caught(monkeypatch):
     assert seed == 1, "redelivery_skips_an_offset not caught in the first seed"
 
 
-def test_a_broker_that_takes_any_token_up_to_its_horizon_is_caught(monkeypatch):
-    # tests/test_chaos_mutants.py's stale_token_accepted: a commit under a token older than the queue's current one
-    # passes. It takes an exclusive consumer that was silent past its lease (workloads.SilenceTurns) and commits
-    # after its queue went to the other: seed 2 catches it (exclusive_commits) under hash seeds 0-2, the only one of
-    # seeds 1-8.
-    from broker.locks import LockTable
-    _plant(monkeypatch, LockTable, "_verdict",
-           'return "ok" if token is not None and token == self.current(group, topic, queue) else "stale"',
-           'return "ok" if token is not None and token <= horizon else "stale"')
-    seed, checks = _caught({"exclusive_commits"}, workloads=BROKER_WORKLOADS, seeds=2)
-    assert seed == 2, "stale_token_accepted not caught in seeds 1-2"
+def test_brokers_that_are_killed_and_lose_power_keep_every_acknowledged_send():
+    # ops/sim/brokers.py's faults: a broker killed (its incarnation runs nothing more), or losing power (its files
+    # cut back to what its own syncs made durable, lost tails torn), then started again on its files
+    result = run_schedule(1, kinds=BROKER_KINDS, workloads=BROKER_WORKLOADS)
+    assert result["ok"], result["violations"]
+    brokers = result["counts"]["brokers"]
+    assert brokers["crashes"] >= 3 and brokers["sends_ok"] > 50, brokers
+
+
+@pytest.mark.parametrize("name, path, owner, old, new", [
+    # tests/test_chaos_mutants.py's broker_acks_without_fsync: a broker of file scope acknowledges its appends
+    # without their fsync; seeds 1, 2 and 4 of 1-4 catch it (the seed draws the scopes; seed 3's are all filesystem)
+    ("broker_acks_without_fsync", "broker.storage.queue", "PhysicalQueue._append",
+     "        if self._fsync_each:\n            self._sync()", "        if False and self._fsync_each:\n            self._sync()"),
+    # ... and group_commit_wakes_without_syncing: group commit wakes a round's sends without its syncfs; seeds 1, 3
+    # and 4 of 1-4 (seed 2's brokers are all of file scope)
+    ("group_commit_wakes_without_syncing", "broker.group_commit", "GroupCommit._sync",
+     "            files.sync_filesystem(self._fd)", "            pass"),
+])
+def test_a_broker_that_acknowledges_unsynced_appends_is_caught_by_a_power_loss(monkeypatch, name, path, owner, old,
+                                                                                  new):
+    import importlib
+    cls, method = owner.split(".")
+    _plant(monkeypatch, getattr(importlib.import_module(path), cls), method, old, new)
+    seed, checks = _caught({"no_lost_sends"}, kinds=("broker_power",), workloads=BROKER_WORKLOADS)
+    assert seed, f"{name} not caught in {MUTANT_SEEDS_MAX} seeds of broker power losses"
 
 
 def test_a_leader_that_never_promotes_a_rejoined_node_is_found(monkeypatch):

@@ -11,10 +11,11 @@ append, the per-queue path) or "filesystem" (group commit's syncfs), so that bot
 The clients are ops/chaos/workloads.py's, unchanged, through an Env on the virtual net; at the end the chaos
 runner's read-back gives every queue's messages and ops/chaos/checker.py judges the history with them.
 
-Milestone 1 (issue 36): the chaos runner's three data topics, one copy per queue, their senders, the exclusive
-group's consumers, the pop group's poppers and its remapper (queues moved between the brokers, with bursts of
-sends); no broker fault. Not yet: replicas and failover, broker crashes and power loss (the simulator's faults reach
-only the meta nodes).
+The chaos runner's three data topics, one copy per queue, their senders, the exclusive group's consumers, the pop
+group's poppers and its remapper (queues moved between the brokers, with bursts of sends). Broker faults
+(BROKER_KINDS in faults.py): a kill -9, or a power loss that cuts each file back to what the broker's own sync calls
+made durable (its ledger: runtime/power_loss.py). A crashed incarnation runs nothing more: every callback in its
+context (vnet.LIFE) is skipped. Not yet: replicas and failover, partitions and wipes of brokers.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from broker.config import BrokerConfig
 from ops.chaos import checker, operators, workloads
 from ops.chaos import runner as chaos_runner
 from ops.chaos.history import Recorder
+from runtime import power_loss
 from runtime.credentials import token_hash
 from runtime.serve import app_runner, set_up
 from wire.caller import request_once
@@ -74,7 +76,12 @@ class SimBroker:
         self.host = f"10.78.0.{index + 1}"
         self.data_dir = os.path.join(root, name)
         self.sync_scope = random.Random(f"{sim.seed}:broker:{name}").choice(SYNC_SCOPES)
+        self.rng = random.Random(f"{sim.seed}:broker-faults:{name}")
         self.runner: Any = None
+        self.life: vnet.Life | None = None
+        self.up = False
+        self.crashes = 0
+        self.bytes_lost = 0
 
     @property
     def url(self) -> str:
@@ -88,10 +95,31 @@ class SimBroker:
                             broker_tokens={b: h for b, h in broker_tokens().items() if b != self.name})
 
     def start(self) -> asyncio.Task:
-        """Started as its own host: every task it creates inherits vnet.HOST."""
+        """Started as its own host and incarnation: every task and callback it makes inherits vnet.HOST and
+        vnet.LIFE. Its syncs feed a power-loss ledger of its own (runtime/power_loss.py)."""
+        power_loss.enable(self.data_dir)
+        self.life = vnet.Life()
+        self.up = True
         context = contextvars.copy_context()
         context.run(vnet.HOST.set, self.host)
+        context.run(vnet.LIFE.set, self.life)
         return self.sim.loop.create_task(self._serve(), context=context)
+
+    def crash(self, power: bool) -> None:
+        """kill -9 (``power``: then a power loss): nothing of this incarnation runs again, its port and connections
+        go at once; a power loss cuts its files back to what its syncs made durable, tearing the lost tails."""
+        if not self.up:
+            return
+        assert self.life is not None
+        self.life.alive = False
+        self.up = False
+        self.crashes += 1
+        power_loss.disable(self.data_dir)   # what its dead code might still sync counts for nothing
+        self.sim.vnet.unlisten(self.host, BROKER_PORT)
+        self.sim.vnet.reset(self.host)
+        self.runner = None                   # never cleaned up: a crash closes nothing
+        if power:
+            self.bytes_lost += power_loss.lose_unsynced(self.data_dir, self.rng, tear=True).bytes_lost
 
     async def _serve(self) -> None:
         runner = app_runner(make_app(self.config(), driven=True))
@@ -103,6 +131,7 @@ class SimBroker:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+        power_loss.disable(self.data_dir)
 
 
 class BrokerWorkload:
@@ -123,9 +152,38 @@ class BrokerWorkload:
         self.turns: workloads.SilenceTurns | None = None
         self._attempts = 0
         self._starts: list[asyncio.Task] = []
+        self._lives: list[vnet.Life] = []   # each start's incarnation: a crashed one's start never finishes
 
     def start(self) -> None:
-        self._starts = [b.start() for b in self.brokers]
+        for b in self.brokers:
+            self._start(b)
+
+    def _start(self, broker: SimBroker) -> None:
+        self._starts.append(broker.start())
+        assert broker.life is not None
+        self._lives.append(broker.life)
+
+    def fault(self, name: str, power: bool, down_s: float) -> bool:
+        """The broker ``name`` crashes now (a power loss with ``power``) and starts again ``down_s`` later; False if
+        it is down already."""
+        broker = next(b for b in self.brokers if b.name == name)
+        if not broker.up:
+            return False
+        broker.crash(power)
+        self.sim.trace("broker_crash", name, "power" if power else "process", b"")
+
+        def restart() -> None:
+            if not broker.up:
+                self._start(broker)
+
+        self.sim.loop.call_at(self.sim.loop.time() + down_s, restart)
+        return True
+
+    def heal(self) -> None:
+        """Every broker down starts again."""
+        for b in self.brokers:
+            if not b.up:
+                self._start(b)
 
     async def setup(self) -> None:
         """The topic, once the brokers have registered (its queues are placed over active brokers)."""
@@ -231,15 +289,29 @@ class BrokerWorkload:
         sends = [o for o in self.rec.ops if o.kind in checker.SEND_KINDS]
         kinds = collections.Counter(f"{o.kind}:{o.outcome}" for o in self.rec.ops if o.kind not in checker.SEND_KINDS)
         return {"sends": len(sends), "sends_ok": sum(o.outcome == "ok" for o in sends), "ops": dict(sorted(kinds.items())),
+                "crashes": sum(b.crashes for b in self.brokers), "bytes_lost": sum(b.bytes_lost for b in self.brokers),
                 "messages_read_back": sum(len(v) for v in (self.final or {}).values()),
                 "sync_scopes": {b.name: b.sync_scope for b in self.brokers}}
 
     async def close(self) -> None:
-        for t in self._starts:
+        live = [t for life, t in zip(self._lives, self._starts) if life.alive]
+        for t in live:   # a crashed incarnation's start never finishes: nothing of it runs any more
             t.cancel()
-        await asyncio.gather(*self._starts, return_exceptions=True)
+        await asyncio.gather(*live, return_exceptions=True)
         for b in self.brokers:
-            await b.stop()
+            if b.up:
+                await b.stop()
+            power_loss.disable(b.data_dir)
         if self.session is not None:
             await self.session.close()
+        _close_descriptors_under(self.root)   # what crashed incarnations left open: nothing of theirs runs again
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _close_descriptors_under(root: str) -> None:
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith(root + os.sep):
+                os.close(int(name))
+        except OSError:
+            continue

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from .faults import KINDS, Fault
+from .faults import BROKER_KINDS, KINDS, Fault
 
 SEEDS_MAX = 1_000_000
 WORKERS_MAX = 64
@@ -75,8 +75,10 @@ def sim(seed: int | None, first: int, count: int, workers: int, duration_s: floa
     _reexec_with_fixed_hash_seed()
     from .run import WORKLOADS, run_schedule, run_seeds, shrink
     workloads = WORKLOADS + (("brokers",) if brokers else ())
+    if brokers and kinds_csv == ",".join(KINDS):   # the default: the brokers' faults too
+        kinds_csv += "," + ",".join(BROKER_KINDS)
     kinds = tuple(k for k in kinds_csv.split(",") if k)
-    unknown = [k for k in kinds if k not in KINDS]
+    unknown = [k for k in kinds if k not in KINDS + BROKER_KINDS]
     if unknown or not kinds:
         raise click.BadParameter(f"unknown fault kinds {unknown}; known: {','.join(KINDS)}", param_hint="--faults")
     if plan_json is not None and seed is None:

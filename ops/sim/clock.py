@@ -75,6 +75,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self._now = 0.0
         self.net: vnet.VirtualNet | None = None
         self.spins = 0                     # loop iterations since virtual time last moved
+        self._task_lives: dict[asyncio.Task, vnet.Life] = {}
         self.on_spinning: Callable[[], None] = self.stop
         selector = FakeSelector()
         super().__init__(selector)
@@ -106,6 +107,36 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                           flags: int = 0) -> list[tuple[Any, ...]]:
         return vnet.address_info(host, int(port))
 
+    # -- crashes of processes that run as tasks (the brokers): their callbacks end with them -----------------------
+    def create_task(self, coro: Any, *, name: str | None = None, context: Any = None) -> asyncio.Task:
+        task = super().create_task(coro, name=name, context=context)
+        life = context.get(vnet.LIFE) if context is not None else vnet.LIFE.get()
+        if life is not None:
+            # Held until done: a crashed incarnation's task never is, and is kept rather than destroyed pending
+            self._task_lives[task] = life
+            task.add_done_callback(self._forget_task)
+        return task
+
+    def revive_all(self) -> None:
+        """Every crashed incarnation's callbacks run again, the held ones first (only to cancel its tasks once a
+        schedule is over)."""
+        for life in dict.fromkeys(self._task_lives.values()):   # in order of their tasks: deterministic
+            if not life.alive:
+                life.alive = True
+                held, life.held = life.held, []
+                for callback, args in held:
+                    self.call_soon(callback, *args)
+
+    def _forget_task(self, task: asyncio.Task) -> None:
+        self._task_lives.pop(task, None)
+
+    def call_soon(self, callback: Callable[..., Any], *args: Any, context: Any = None) -> asyncio.Handle:
+        return super().call_soon(_unless_dead(callback, context), *args, context=context)
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any, context: Any = None
+                ) -> asyncio.TimerHandle:
+        return super().call_at(when, _unless_dead(callback, context), *args, context=context)
+
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future:
         fut = self.create_future()
         try:
@@ -113,6 +144,22 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         except Exception as e:   # noqa: BLE001 - handed to the awaiting coroutine, as an executor would
             fut.set_exception(e)
         return fut
+
+
+def _unless_dead(callback: Callable[..., Any], context: Any) -> Callable[..., Any]:
+    """``callback``, or, when it belongs to an incarnation that may crash (vnet.LIFE), one that runs it only while
+    that incarnation is alive."""
+    life = (context.get(vnet.LIFE) if context is not None else vnet.LIFE.get())
+    if life is None:
+        return callback
+
+    def if_alive(*args: Any) -> Any:
+        if life.alive:
+            return callback(*args)
+        life.held.append((callback, args))
+        return None
+
+    return if_alive
 
 
 class NodeClocks:

@@ -33,6 +33,8 @@ from typing import Any
 # pysyncobj_shim._append_as_raft). pysyncobj's own next index never goes below that point: no other fault gets there.
 KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset", "power_quorum",
          "wipe", "rejoin_leader_loss", "corrupt", "rewind")
+# The brokers' (with the brokers workload, ops/sim/brokers.py): a broker killed, or losing power, for the duration
+BROKER_KINDS = ("broker_kill", "broker_power")
 POWER_QUORUM_ISOLATION_EXTRA_S = 3.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
 STALE_FOR_S = 1.5
 LEADER_LOST_AFTER_MAX_S = 1.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
@@ -67,7 +69,8 @@ class Fault:
         return Fault(float(d["at"]), str(d["kind"]), list(d["target"]), float(d["duration"]), dict(d.get("params", {})))
 
 
-def plan(seed: int, duration_s: float, nodes: list[str], kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+def plan(seed: int, duration_s: float, nodes: list[str], kinds: tuple[str, ...] = KINDS,
+         brokers: tuple[str, ...] = ()) -> list[Fault]:
     rng = random.Random(f"{seed}:faults")
     out: list[Fault] = []
     t = FAULTS_START_S
@@ -77,6 +80,8 @@ def plan(seed: int, duration_s: float, nodes: list[str], kinds: tuple[str, ...] 
             duration = round(min(rng.uniform(FAULT_MIN_S, FAULT_MAX_S), duration_s - t), 4)
             a, b = rng.sample(nodes, 2)
             target = [a, b] if kind in ("cut_link", "one_way", "reset", "corrupt") else [a]
+            if kind in BROKER_KINDS:
+                target = [rng.choice(brokers)]
             params: dict[str, Any] = {}
             if kind == "slow":
                 params["extra_s"] = round(rng.uniform(0.01, SLOW_EXTRA_MAX_S), 4)

@@ -35,10 +35,10 @@ from meta.raft.node import APPEND_BATCH_BYTES
 
 from . import apply_hash, checks
 from .clock import SPINS_MAX, NodeClocks, VirtualLoop, patched
-from .faults import (AIM_POLL_S, AIMED_LEADER_LOSS_P, KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S,
+from .faults import (AIM_POLL_S, AIMED_LEADER_LOSS_P, BROKER_KINDS, KINDS, LEADER_LOST_AFTER_MAX_S, POWER_QUORUM_ISOLATION_EXTRA_S,
                      REWIND_AFTER_S, REWIND_BACK_MAX, REWIND_BATCH_BYTES, STALE_FOR_S, Fault, plan)
 from .net import SimNet, SimPoller
-from .brokers import BrokerWorkload, broker_tokens
+from .brokers import BROKERS, BrokerWorkload, broker_tokens
 from .vnet import VirtualNet
 from .leases import Leases
 from .node import DrivenApplier, SimMetaNode
@@ -58,6 +58,7 @@ VIOLATIONS_MAX = 50
 # spinning in virtual time, and the schedule stops with a violation instead of hanging its worker.
 EVENTS_MAX = 5_000_000
 LOG_RING_MAX = 200
+FINAL_CANCEL_S = 60.0       # virtual: the tasks left at the end, cancelled, to finish
 # The register (cas and linearizable reads) always runs; the others: reads with min_version, the remapper, the group
 # leases (ops/sim/workload.py, ops/sim/leases.py), and http: every meta node serves its HTTP API on the virtual net
 # (ops/sim/vnet.py) and the min_version reads are requests to it; brokers (ops/sim/brokers.py, not in the default set
@@ -238,6 +239,10 @@ class Sim:
             return
         now = self.loop.time()
         self.trace("fault", f.kind, ",".join(f.target), b"")
+        if f.kind in BROKER_KINDS:
+            if self.brokers is None or not self.brokers.fault(f.target[0], f.kind == "broker_power", f.duration):
+                self.skipped += 1
+            return
         node = self.nodes[f.target[0]]
         if f.kind in ("isolate", "cut_link", "one_way"):
             self._cuts.update(self._links(f))
@@ -420,6 +425,8 @@ class Sim:
             node.paused_until = min(node.paused_until, now)
             if not node.up and not node.halted:
                 node.boot()
+        if self.brokers is not None:
+            self.brokers.heal()
 
     # -- the schedule ------------------------------------------------------------------------------------------
     async def main(self) -> dict[str, Any]:
@@ -502,7 +509,9 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
     messages (node.py); a failure found only so is labelled l2 (TCP never does it). ``workloads``: which of
     WORKLOADS run (the CLI runs them all; a test may pick the one its planted bug needs)."""
     if faults is None:
-        faults = plan(seed, duration_s, list(NODES), kinds)
+        brokers = BROKERS if "brokers" in workloads else ()
+        faults = plan(seed, duration_s, list(NODES), tuple(k for k in kinds if brokers or k not in BROKER_KINDS),
+                      brokers)
     started = time.perf_counter()
     sim = Sim(seed, faults, duration_s, l2, workloads)
     gc_was = gc.isenabled()
@@ -519,11 +528,14 @@ def run_schedule(seed: int, faults: list[Fault] | None = None, duration_s: float
                 for node in sim.nodes.values():
                     node.digest = image_digest(node.so.image_data) if node.so is not None else None
                     node.up = False
+                # The schedule is over: crashed incarnations' tasks are woken to be cancelled with the rest, rather
+                # than left for the garbage collector to close outside any loop; none of it counts any more.
+                sim.loop.revive_all()
                 tasks = [t for t in asyncio.all_tasks(sim.loop) if not t.done()]
                 for t in tasks:
                     t.cancel()
                 if tasks:
-                    sim.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+                    sim.loop.run_until_complete(asyncio.wait(tasks, timeout=FINAL_CANCEL_S))
                 sim.loop.close()
     finally:
         if gc_was:

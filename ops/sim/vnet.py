@@ -30,6 +30,19 @@ from aiohttp import web
 # The host whose code runs now, for the connections it opens: a task inherits it from the context it was created in
 # (a broker's tasks, created under its name, connect from its host). Code outside any host connects as "client".
 HOST: contextvars.ContextVar[str] = contextvars.ContextVar("sim_host", default="client")
+
+
+class Life:
+    """One incarnation of a process on the net: once ``alive`` is False, nothing scheduled in its context runs again
+    (a crash, with no code of its own after it): VirtualLoop holds its callbacks in ``held`` instead, only so that
+    the end of a schedule can run them to cancel its tasks (a task whose wake-up was dropped could not be)."""
+
+    def __init__(self) -> None:
+        self.alive = True
+        self.held: list[tuple[Any, tuple[Any, ...]]] = []
+
+
+LIFE: contextvars.ContextVar[Life | None] = contextvars.ContextVar("sim_life", default=None)
 LATENCY_MIN_S = 0.0001
 LATENCY_MAX_S = 0.0005
 CONNECT_POLL_S = 0.05      # a connect across a cut link retries this often (the kernel's SYN retries, shortened)
@@ -88,7 +101,7 @@ class _Transport(asyncio.Transport):
     def resume_reading(self) -> None:
         if self._paused:
             self._paused = False
-            self.net.loop.call_soon(self._drain)
+            self.net.loop.call_soon(self._drain, context=self.net.wire)
 
     def is_reading(self) -> bool:
         return not self._paused
@@ -99,7 +112,7 @@ class _Transport(asyncio.Transport):
         self._closing = True
         if self.peer is not None:
             self.net.send(self, None)   # a FIN, after every byte written before it
-        self.net.loop.call_soon(self._connection_lost, None)
+        self.net.loop.call_soon(self._connection_lost, None, context=self.net.wire)
 
     def abort(self) -> None:
         self.close()
@@ -133,7 +146,11 @@ class VirtualNet:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, seed: int):
         self.loop, self.seed = loop, seed
-        self.listeners: dict[tuple[str, int], Callable[[], asyncio.Protocol]] = {}
+        # Each listener with the context it listens in: its connections' protocols are made and run as its own
+        # (vnet.HOST, vnet.LIFE), whoever dials; a crash of its process ends their tasks with it.
+        self.listeners: dict[tuple[str, int], tuple[Callable[[], asyncio.Protocol], contextvars.Context]] = {}
+        # Bytes on the wire belong to no process: a sender that crashes after writing does not take them back.
+        self.wire = contextvars.Context()
         self.cut: set[tuple[str, str]] = set()      # (source host, destination host): bytes held until healed
         self.held: list[tuple[_Transport, bytes | None]] = []
         self.connections = 0
@@ -146,7 +163,7 @@ class VirtualNet:
     def listen(self, host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> None:
         if (host, port) in self.listeners:
             raise OSError(98, f"address {host}:{port} already in use on the virtual net")
-        self.listeners[(host, port)] = factory
+        self.listeners[(host, port)] = (factory, contextvars.copy_context())
 
     def unlisten(self, host: str, port: int) -> None:
         self.listeners.pop((host, port), None)
@@ -155,18 +172,21 @@ class VirtualNet:
                       ) -> tuple[_Transport, asyncio.Protocol]:
         while self.blocked(client_host, host) or self.blocked(host, client_host):
             await asyncio.sleep(CONNECT_POLL_S)   # the caller's connect timeout ends it
-        listener = self.listeners.get((host, port))
-        if listener is None:
+        listening = self.listeners.get((host, port))
+        if listening is None:
             raise ConnectionRefusedError(111, f"connect to {host}:{port}: nothing listens on the virtual net")
+        listener, server_context = listening
         self.connections += 1
         local = (client_host, 40000 + self.connections)
         client, server = _Transport(self, local, (host, port)), _Transport(self, (host, port), local)
         client.peer, server.peer = server, client
         await asyncio.sleep(client.rng.uniform(LATENCY_MIN_S, LATENCY_MAX_S))   # the handshake's round trip
-        server.protocol = listener()
+        if self.listeners.get((host, port)) is not listening:   # it went away during the handshake
+            raise ConnectionRefusedError(111, f"connect to {host}:{port}: nothing listens on the virtual net")
+        server.protocol = server_context.run(listener)
         client.protocol = factory()
         self._open += [client, server]
-        server.protocol.connection_made(server)
+        server_context.run(server.protocol.connection_made, server)
         client.protocol.connection_made(client)
         return client, client.protocol
 
@@ -181,7 +201,7 @@ class VirtualNet:
         at = max(source._arrival, now + source.rng.uniform(LATENCY_MIN_S, LATENCY_MAX_S))
         source._arrival = at
         dest._in_flight += 1
-        self.loop.call_at(at, dest.arrive, data)
+        self.loop.call_at(at, dest.arrive, data, context=self.wire)
 
     def heal(self) -> None:
         """Every cut healed: held bytes go, in the order they were written."""
