@@ -1,7 +1,7 @@
 """One broker's deliveries (broker/pop/service.py): the revive heap kept in bounds, the in-flight bounds of a pop,
 deliveries again read run by run within a byte budget, the verdict on each handle acked (a failover that deposed
 this broker, a hand-over forgotten by a restart), what wakes a parked pop, and dead letters made once. A real broker
-node in this process (the ``node`` fixture of tests/test_pop_service.py), so a mutant of broker/pop is what runs.
+node in this process (the ``node`` fixture of tests/support/pop_node.py), so a mutant of broker/pop is what runs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from broker.pop import journal as journal_mod
 from broker.pop import service as service_mod
 from broker.pop.handles import Handle
 from broker.pop.state import Delivery, QueueState
-from tests import test_pop_service as base
+from tests.support import pop_node as base
 from wire.errors import ApiError
 
 node = base.node          # b1 heading queue 0 of topic t, its pop service started

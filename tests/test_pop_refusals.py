@@ -1,6 +1,6 @@
 """Every refusal of pop's service, as a client or another broker reads it: status, code, message and details, exactly
 (tests/test_pop_service.py checks mostly the codes), and the hand-over chores around a freeze. A real broker node in
-this process (the ``node`` fixture of tests/test_pop_service.py), so a mutant of broker/pop is what runs.
+this process (the ``node`` fixture of tests/support/pop_node.py), so a mutant of broker/pop is what runs.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from broker.pop import journal as journal_mod
 from broker.pop import service as service_mod
 from broker.pop.state import QueueState
-from tests import test_pop_service as base
+from tests.support import pop_node as base
 from wire.errors import ApiError
 
 node = base.node          # b1 heading queue 0 of topic t, its pop service started

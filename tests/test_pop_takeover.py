@@ -1,7 +1,7 @@
 """A new head taking a group's pop state over from the brokers that held its queue before (broker/pop/service.py
 ``_state_for``, ``_ask_copies``, ``freeze``, the takeovers started by route changes and hints): whom it asks, at which
 address, with which question, and what it starts from. One real broker node in this process (b1, the ``node``
-fixture of tests/test_pop_service.py); the other brokers' answers come through its client to them
+fixture of tests/support/pop_node.py); the other brokers' answers come through its client to them
 (``reader.peers``), as in tests/test_pop_service.py.
 """
 
@@ -11,7 +11,7 @@ import pytest
 
 from broker.peers import Unreachable
 from broker.pop.state import QueueState
-from tests import test_pop_service as base
+from tests.support import pop_node as base
 from wire.errors import ApiError, rejection
 
 node = base.node          # b1 heading queue 0 of topic t, its pop service started
