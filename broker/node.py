@@ -32,10 +32,9 @@ from .pop.wakeup import TopicSignals
 from .reads import Reader
 from .replication.follower import Replicator
 from .replication.pop_copies import PopCopies
-from .replication.source import READ_THREADS, FetchSource
+from .replication.source import FetchSource
 from .routing import RouteTable
 from .session import MetaSession
-from .storage_threads import StorageThreads
 from .writes import Writer
 from .storage import FLUSH_FSYNC, FLUSH_GROUP, FLUSH_INTERVAL, QueueConfig, QueueStore
 
@@ -84,7 +83,7 @@ class BrokerNode:
         self.writer.offset_copies.older_commits = self.reader.older_commits
         self.pop = PopService(config.broker, config.data_dir, self.routes, self.reader,
                               lambda: self.session.writable(self.routes.version), self.group_settings,
-                              self.pop_signals)
+                              self.pop_signals, driven)
         # A copy joins the in-sync set holding every commit and every pop ack of the queue (replication/offsets.py,
         # replication/pop_copies.py): both gates are asked, so both snapshots start at once
         self.pop_copies = PopCopies(config.broker, self.routes, self.writer.replicas, self.peers)
@@ -101,9 +100,7 @@ class BrokerNode:
                                               self.writer.max_physical))
         self.registry.register(ConsumerLagCollector(config.broker, self.offsets.snapshot, self.routes.segments,
                                                     self.writer.max_physical))
-        self.replica_source = FetchSource(config.broker, self.routes, self.writer)   # what followers fetch here
-        if driven:   # a stopgap until FetchSource takes ``driven`` itself (broker/replication is not this change's)
-            self.replica_source._threads = StorageThreads(READ_THREADS, "replica-read", driven=True)
+        self.replica_source = FetchSource(config.broker, self.routes, self.writer, driven)   # what followers fetch here
         self.replicator = Replicator(config.broker, self.routes, self.writer, config.token, tls_context,
                                      self.link.peer_down)
         if created:   # said once every store opened: a broker refusing a damaged file says that one line only

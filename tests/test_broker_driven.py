@@ -89,6 +89,9 @@ async def test_a_driven_node_sends_reads_pops_commits_and_stops_without_a_thread
             assert [r["ok"] for r in await node.pop.ack("p", [m.handle for m in popped])] == [True, True]
             assert await node.writer.commit_offset("g", "t", 0, 2) == 2
             assert node.offsets.get("g", "t", 0) == 2
+            # a dead letter: the dead-letter store has a queue open, which its close closes too
+            await node.pop.dlq.append("p", [{"topic": "t", "queue": 0, "origin_offset": 2, "attempts": 1,
+                                             "message": json.dumps({"body": "three"}).encode()}], 0)
             assert threads() == before
         finally:
             await node.stop()

@@ -25,8 +25,8 @@ def queue_name(group: str) -> str:
 
 
 class DeadLetters:
-    def __init__(self, root: str):
-        self.store = QueueStore(root, QueueConfig(flush_policy=FLUSH_FSYNC))
+    def __init__(self, root: str, driven: bool = False):
+        self.store = QueueStore(root, QueueConfig(flush_policy=FLUSH_FSYNC), driven=driven)
         self.sizes: dict[str, int] = {}
         for name in self.store.names():
             pq = self.store.get(name)

@@ -106,7 +106,8 @@ def _next_incarnation(path: str) -> int:
 
 class PopService:
     def __init__(self, me: str, data_dir: str, routes: RouteTable, reader: Reader, ready: Callable[[], bool],
-                 settings: GroupSettings, signals: TopicSignals):
+                 settings: GroupSettings, signals: TopicSignals, driven: bool = False):
+        """``driven``: no thread of its own (BrokerNode's): the dead-letter store closes its queues in series."""
         self.me = me
         self.routes = routes
         self.reader = reader
@@ -122,7 +123,7 @@ class PopService:
         self.states: dict[Key, QueueState] = states
         self.journal = journal_mod.Journal(os.path.join(root, "journal.log"), states, whole)
         self.replica = ReplicaPopStore(os.path.join(root, "replica.log"))   # copies of queues led elsewhere
-        self.dlq = DeadLetters(os.path.join(root, "dlq"))
+        self.dlq = DeadLetters(os.path.join(root, "dlq"), driven)
         self.reviver = Reviver(self._fire)
         self.locks = KeyedLocks(lambda key: self.signals.notify(key[1]))
         self._outcomes: OrderedDict[tuple[Key, int], tuple[int, str]] = OrderedDict()

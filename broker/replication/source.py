@@ -76,11 +76,11 @@ class _Recent:
 
 
 class FetchSource:
-    def __init__(self, me: str, routes: RouteTable, writer: Writer):
+    def __init__(self, me: str, routes: RouteTable, writer: Writer, driven: bool = False):
         self.me = me
         self.routes = routes
         self.writer = writer
-        self._threads = StorageThreads(READ_THREADS, "replica-read")
+        self._threads = StorageThreads(READ_THREADS, "replica-read", driven)   # driven: no thread (BrokerNode's)
         self._streams: set[web.WebSocketResponse] = set()
         self._subscribers: dict[str, set[_Stream]] = {}   # physical queue -> the streams that copy it
         self._recent: dict[str, _Recent] = {}
