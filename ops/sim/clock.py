@@ -227,16 +227,25 @@ class _Rng:
         return seq[0]   # dns_resolver: one numeric address per host here
 
 
-class _Nonces:
-    """``os.urandom`` for draws that need only differ from one another (ids), not be unpredictable: a counter, which
-    takes nothing from the schedule's generator (one draw there shifts every schedule drawn after it)."""
+class _Counter:
+    """``os``, ``secrets`` or ``uuid`` for draws that need only differ from one another (ids, nonces, temporary
+    names, disk ids, a handle key), not be unpredictable: a counter, which takes nothing from the schedule's
+    generator (one draw there shifts every schedule drawn after it)."""
 
     def __init__(self) -> None:
         self._drawn = 0
 
-    def urandom(self, size: int) -> bytes:
+    def token_bytes(self, nbytes: int = 32) -> bytes:
         self._drawn += 1
-        return self._drawn.to_bytes(size, "big")
+        return self._drawn.to_bytes(nbytes, "big")
+
+    urandom = token_bytes
+
+    def token_hex(self, nbytes: int = 16) -> str:
+        return self.token_bytes(nbytes).hex()
+
+    def uuid4(self) -> Any:
+        return SimpleNamespace(hex=self.token_hex(16))
 
 
 BROKER_CLOCK_MODULES = (
@@ -278,31 +287,6 @@ def _seeded_backoff(sim: Any, module: str, name: str) -> Any:
     return backoff
 
 
-class _Secrets:
-    """``secrets`` for names and keys that need only differ (temporary names, disk ids, a handle key): counters."""
-
-    def __init__(self) -> None:
-        self._drawn = 0
-
-    def token_hex(self, nbytes: int = 16) -> str:
-        return self.token_bytes(nbytes).hex()
-
-    def token_bytes(self, nbytes: int = 32) -> bytes:
-        self._drawn += 1
-        return self._drawn.to_bytes(nbytes, "big")
-
-
-class _Uuids:
-    """``uuid`` for ids that need only differ from one another: uuid4() from a counter (see _Nonces)."""
-
-    def __init__(self) -> None:
-        self._drawn = 0
-
-    def uuid4(self) -> Any:
-        self._drawn += 1
-        return SimpleNamespace(hex=f"{self._drawn:032x}")
-
-
 # (module, attribute, factory(sim) -> replacement). The single list of stopgaps: each is a seam to land later
 # (docs/testing.md, the simulator's seams), after which its row goes.
 PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
@@ -324,7 +308,7 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("pysyncobj.dns_resolver", "random", lambda sim: _Rng(sim)),
     ("meta.raft.pysyncobj_shim", "random", lambda sim: _Rng(sim)),
     ("meta.raft.transport", "os", lambda sim: SimpleNamespace(urandom=sim.rng.randbytes)),
-    ("meta.raft.read_index", "os", lambda sim: _Nonces()),
+    ("meta.raft.read_index", "os", lambda sim: _Counter()),
     # sockets, the poller and the pipe notifier
     ("meta.raft.transport", "socket", lambda sim: sim.net.socket_module),
     ("pysyncobj.syncobj", "createPoller", lambda sim: sim.new_poller),
@@ -337,7 +321,7 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("meta.raft.node", "gc", lambda sim: SimpleNamespace(freeze=lambda: None)),
     # the meta service behind the HTTP API (schedules with brokers, Sim.http), and aiohttp's connects on the vnet
     ("meta.service", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s)),
-    ("meta.service", "uuid", lambda sim: _Uuids()),
+    ("meta.service", "uuid", lambda sim: _Counter()),
     ("meta.broker_sessions", "time", lambda sim: SimpleNamespace(time=sim.clocks.wall_s, monotonic=sim.clocks.monotonic)),
     ("meta.route_warmer", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
     ("meta.forwarder", "time", lambda sim: SimpleNamespace(monotonic=sim.clocks.monotonic)),
@@ -345,10 +329,10 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     # the brokers (ops/sim/brokers.py) and the chaos runner's workloads and read-back that drive them
     *((module, "time", lambda sim: _SimTime(sim)) for module in BROKER_CLOCK_MODULES),
     ("broker.meta_link", "WATCH_BACKOFF", lambda sim: _seeded_backoff(sim, "broker.meta_link", "WATCH_BACKOFF")),
-    ("wire.disk_identity", "secrets", lambda sim: _Secrets()),
-    ("broker.storage.queue", "secrets", lambda sim: _Secrets()),
-    ("broker.storage.store", "secrets", lambda sim: _Secrets()),
-    ("broker.pop.handles", "secrets", lambda sim: _Secrets()),
+    ("wire.disk_identity", "secrets", lambda sim: _Counter()),
+    ("broker.storage.queue", "secrets", lambda sim: _Counter()),
+    ("broker.storage.store", "secrets", lambda sim: _Counter()),
+    ("broker.pop.handles", "secrets", lambda sim: _Counter()),
 ]
 
 
