@@ -7,9 +7,12 @@ fixture of tests/support/pop_node.py); the other brokers' answers come through i
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from broker.peers import Unreachable
+from broker.pop import service as service_mod
 from broker.pop.state import QueueState
 from tests.support import pop_node as base
 from wire.errors import ApiError, rejection
@@ -164,13 +167,7 @@ async def test_a_copy_asked_for_by_its_gen_becomes_this_broker_s_own_frozen_stat
     answer, its own older delivery gone from memory and from the journal (the copy's gen holds what became of it)."""
     from broker.pop import journal as journal_mod
     from broker.pop.state import Delivery
-
-    async def refuse(method, segment, path, json=None):
-        raise rejection(503, "CATCHING_UP", "b3 is not ready")
-    monkeypatch.setattr(node.reader.peers, "request", refuse)
-    await node.writer.send("t", 0, [{"body": "m"}])
-    await pop(node, 1)
-    await until(lambda: node.pop.states[KEY].in_flight[0].written and not node.pop.journal._changed)
+    await one_delivery_on_disk(node, monkeypatch, "b3")
     node.routes.update(route(6, [seg(0, "b1", 0, 1, "sealed"), seg(1, "b3", 1, 9, "sealed", 1),
                                  seg(2, "b3", 9, None, "active", 9)]))
     copy = node.pop.replica.states[KEY] = QueueState(KEY, 9, 1)
@@ -197,13 +194,7 @@ async def test_a_copy_asked_for_by_its_gen_where_this_broker_holds_no_state_of_i
 
 async def test_a_freeze_is_on_disk_before_it_is_answered(node, monkeypatch):
     from broker.pop import journal as journal_mod
-
-    async def refuse(method, segment, path, json=None):
-        raise rejection(503, "CATCHING_UP", "b2 is not ready")
-    monkeypatch.setattr(node.reader.peers, "request", refuse)
-    await node.writer.send("t", 0, [{"body": "m"}])
-    await pop(node, 1)
-    await until(lambda: node.pop.states[KEY].in_flight[0].written and not node.pop.journal._changed)
+    await one_delivery_on_disk(node, monkeypatch, "b2")
     node.routes.update(route(6, [seg(0, "b1", 0, 1, "sealed"), seg(1, "b2", 1, None, "active", 1)]))
     await node.pop.freeze(KEY, 6, caller="b2")
     written = journal_mod.load(node.pop.journal.path)[0][KEY]
@@ -241,21 +232,38 @@ def gen_0_led_by_b2_then_b1(version: int = 9) -> dict:
                            seg(1, "b1", 3, None, "active", 3)])
 
 
+async def one_delivery_on_disk(node, monkeypatch, peer: str) -> None:
+    """Queue 0 holds one message, delivered once and written to the journal; every question to another broker is
+    refused (``peer`` is not ready)."""
+    async def refuse(method, segment, path, json=None):
+        raise rejection(503, "CATCHING_UP", f"{peer} is not ready")
+    monkeypatch.setattr(node.reader.peers, "request", refuse)
+    await node.writer.send("t", 0, [{"body": "m"}])
+    await pop(node, 1)
+    await until(lambda: node.pop.states[KEY].in_flight[0].written and not node.pop.journal._changed)
+
+
+def held_questions(node, monkeypatch) -> tuple[list[str], asyncio.Event]:
+    """Every takeover's question to another broker recorded (its group) and held until the event is set; then each
+    is answered "not found"."""
+    asked: list[str] = []
+    release = asyncio.Event()
+
+    async def request(method, segment, path, json=None):
+        asked.append(path.split("/")[3])
+        await release.wait()
+        return {"found": False}
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    return asked, release
+
+
 async def test_at_most_takeover_workers_keys_are_taken_over_at_once_each_once_and_every_one_in_the_end(
         node, monkeypatch):
-    import asyncio
-    from broker.pop import service as service_mod
     node.routes.update(gen_0_led_by_b2_then_b1())
     keys = [(f"g{i:02}", "t", 0) for i in range(service_mod.TAKEOVER_WORKERS + 3)]
     for key in keys:
         node.pop.replica.states[key] = QueueState(key, 3, 0)
-    waiting, release = [], asyncio.Event()
-
-    async def request(method, segment, path, json=None):
-        waiting.append(path.split("/")[3])
-        await release.wait()
-        return {"found": False}
-    monkeypatch.setattr(node.reader.peers, "request", request)
+    waiting, release = held_questions(node, monkeypatch)
     node.pop.take_over_copies_soon()
     await until(lambda: len(waiting) == service_mod.TAKEOVER_WORKERS)
     await asyncio.sleep(0.1)
@@ -270,17 +278,10 @@ async def test_at_most_takeover_workers_keys_are_taken_over_at_once_each_once_an
 
 
 async def test_a_key_queued_already_does_not_keep_the_next_one_from_being_queued(node, monkeypatch):
-    import asyncio
     node.routes.update(gen_0_led_by_b2_then_b1())
     g, h = ("g", "t", 0), ("h", "t", 0)
     node.pop.replica.states[g] = QueueState(g, 3, 0)
-    asked, release = [], asyncio.Event()
-
-    async def request(method, segment, path, json=None):
-        asked.append(path.split("/")[3])
-        await release.wait()
-        return {"found": False}
-    monkeypatch.setattr(node.reader.peers, "request", request)
+    asked, release = held_questions(node, monkeypatch)
     node.pop.take_over_copies_soon()
     await until(lambda: asked == ["g"])
     node.pop.replica.states[h] = QueueState(h, 3, 0)
@@ -314,7 +315,6 @@ async def test_a_copy_an_older_head_s_own_answer_made_useless_is_dropped_once_ta
 
 
 async def test_a_hinted_takeover_forgets_the_hint_once_done_or_refused_for_the_bound(node, monkeypatch):
-    from broker.pop import service as service_mod
     node.routes.update(gen_0_led_by_b2_then_b1())
     Peers(node, monkeypatch)
     node.pop.take_over_soon(KEY)
@@ -327,7 +327,6 @@ async def test_a_hinted_takeover_forgets_the_hint_once_done_or_refused_for_the_b
 
 
 async def test_hints_past_the_bound_are_refused_by_name_but_a_key_hinted_already_is_taken(node, monkeypatch):
-    from broker.pop import service as service_mod
     monkeypatch.setattr(service_mod, "POP_QUEUES_MAX", 1)
     monkeypatch.setattr(service_mod, "TAKEOVER_RETRY_S", 60)
     node.routes.update(gen_0_led_by_b2_then_b1())
@@ -387,13 +386,11 @@ async def test_a_holder_hints_only_heads_of_its_topic_with_an_address_and_a_newe
 
 
 async def asyncio_sleep(seconds: float) -> None:
-    import asyncio
     await asyncio.sleep(seconds)
 
 
 async def test_a_hinted_key_that_moved_away_and_came_back_is_taken_over_at_once_not_after_its_old_pause(
         node, monkeypatch):
-    from broker.pop import service as service_mod
     monkeypatch.setattr(service_mod, "TAKEOVER_RETRY_S", 60)
     node.routes.update(gen_0_led_by_b2_then_b1())
     peers = Peers(node, monkeypatch, own={"b2": rejection(503, "CATCHING_UP", "behind")})
@@ -415,7 +412,6 @@ async def test_a_hinted_key_that_moved_away_and_came_back_is_taken_over_at_once_
 
 
 async def test_a_hinted_takeover_refused_again_after_its_retry_is_retried_again(node, monkeypatch):
-    from broker.pop import service as service_mod
     monkeypatch.setattr(service_mod, "TAKEOVER_RETRY_S", 0.1)
     node.routes.update(gen_0_led_by_b2_then_b1())
     refusals = [rejection(503, "CATCHING_UP", "behind")] * 3
