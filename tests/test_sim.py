@@ -1,5 +1,5 @@
 """The deterministic simulator (ops/sim): its stopgaps still fit the code, a seed replays exactly, a short batch of
-seeds finds nothing on the tree, and thirteen planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
+seeds finds nothing on the tree, and fourteen planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
 as that module plants them, by one exact text replacement, here recompiled in this process).
 
 Measured alone on 2 cores (2026-11-29, load ~2.7): 13 s, 8 of them the batch of BATCH_SEEDS schedules.
@@ -32,7 +32,7 @@ from meta.group_sessions import GroupSessions
 from meta.reads import ReadFacade
 from ops.sim import clock
 from ops.sim.faults import BROKER_KINDS, KINDS, plan
-from ops.sim.run import NODES, run_schedule, shrink
+from ops.sim.run import DURATION_S, NODES, run_schedule, shrink
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_S = 4.0                 # virtual seconds: enough for an election, a setup and a few faults
@@ -125,12 +125,14 @@ _MISSING = object()
 
 
 def _caught(checks: set[str] | None = None, kinds: tuple[str, ...] = KINDS, seeds: int = MUTANT_SEEDS_MAX,
-            workloads: tuple[str, ...] = ("register",), l2: bool = False) -> tuple[int, list[str]]:
+            workloads: tuple[str, ...] = ("register",), l2: bool = False,
+            duration_s: float = DURATION_S) -> tuple[int, list[str]]:
     """The first seed (1..``seeds``) whose schedule reports a violation (of ``checks``, if given), with the workloads
     the planted bug needs: each other one changes every schedule, and these tests run under whatever hash seed
     pytest has (the CLI's is 0), so each seed budget below was measured under several."""
     for seed in range(1, seeds + 1):
-        found = {v["check"] for v in run_schedule(seed, kinds=kinds, workloads=workloads, l2=l2)["violations"]}
+        found = {v["check"] for v in run_schedule(seed, kinds=kinds, workloads=workloads, l2=l2,
+                                                  duration_s=duration_s)["violations"]}
         wanted = found & checks if checks is not None else found - {"journal_counters"}
         if wanted:
             return seed, sorted(found)
@@ -294,6 +296,20 @@ def test_a_redelivery_that_skips_an_offset_is_caught(monkeypatch):
            "        for offset in offsets[1:]:\n            if offset not in st.ready:")
     seed, checks = _caught({"runaway", "pops_acked_or_redelivered"}, workloads=BROKER_WORKLOADS, seeds=1)
     assert seed == 1, "redelivery_skips_an_offset not caught in the first seed"
+
+
+def test_a_broker_that_accepts_a_stale_token_is_caught(monkeypatch):
+    # tests/test_chaos_mutants.py's stale_token_accepted: a commit with any token the broker has heard of passes.
+    # A member of the exclusive group goes silent holding its queues (workloads.SilenceTurns) and keeps committing;
+    # once its lease ran out and the other member committed under the newer token, its next commit must be refused.
+    # Only a calm meta cluster lets a lease run out (ops/sim/run.py CALM_SHARE); broker faults only, 18 virtual s:
+    # seeds 2, 3 and 5 of 1-6 catch it (1 and 4 are stormy), each in ~5 s.
+    from broker.locks import LockTable
+    _plant(monkeypatch, LockTable, "_verdict",
+           'return "ok" if token is not None and token == self.current(group, topic, queue) else "stale"',
+           'return "ok" if token is not None and token <= horizon else "stale"')
+    seed, checks = _caught({"exclusive_commits"}, kinds=BROKER_KINDS, workloads=BROKER_WORKLOADS, duration_s=18.0)
+    assert seed, f"stale_token_accepted not caught in {MUTANT_SEEDS_MAX} seeds"
 
 
 def test_brokers_that_are_killed_and_lose_power_keep_every_acknowledged_send():

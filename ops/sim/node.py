@@ -144,8 +144,12 @@ class SimMetaNode:
         try:
             with sim.clocks.running(self.name):
                 feed = ChangeFeed()
+                # urls as meta/service.py passes them: without them a follower knows no URL to forward an HTTP
+                # request to, and every write sent to a follower waited 5 s for NO_LEADER (found 2026-12-02: the
+                # exclusive group's heartbeats, two of three refused, never let a lease run out)
                 so = MetaSyncObj(self.address, self.partners, f"{DATA_ROOT}/{self.name}", SECRET, TUNING,
-                                 feed.publish, LoopBridge(), names=self.names)
+                                 feed.publish, LoopBridge(), names=self.names,
+                                 urls={n.name: n.url for n in self.sim.nodes.values()})
         except Exception:
             # JournalDamaged after a crash the journal claims to survive, or a bug on the start-up path: the node
             # stays down, and the seed fails (a refusal to start is not a safety violation, but never expected).
@@ -325,7 +329,7 @@ class SimMetaNode:
         # The step's CPU time is drawn first: what it sends leaves when it ends (net.py), and a crash aimed inside
         # it (crash_mid_step) lands before its syncs completed and its messages left.
         cost = self.rng.uniform(STEP_COST_MIN_S, STEP_COST_MAX_S)
-        if self.rng.random() < STALL_P:
+        if self.rng.random() < self.sim.stall_p:
             cost += self.rng.uniform(STALL_MIN_S, STALL_MAX_S)
         self.busy_until = now + cost
         self.disk.begin_step()
