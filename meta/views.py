@@ -44,7 +44,11 @@ def route(image: Image, t: dict[str, Any]) -> route_model.RouteJson:
         writable = (head[chains.STATE] == "active" and head[chains.LOGIC_START] is not None and active
                     and len(head[chains.IN_SYNC]) >= t["min_insync"])
         kept = segs[-limits.ROUTE_SEGMENTS_PER_QUEUE_MAX:]
-        for s in kept:
+        # Every segment's, not only the carried ones': a head walks the older segments (committed offsets, pop
+        # state, reads) and asks their holders at these addresses. Only the kept ones', a queue moved three times
+        # left its first broker without an address, and a read of its committed offset waited for that "down"
+        # holder for ever (the simulator, seed 1 under hash seed 5). At most every broker: bounded as it was.
+        for s in segs:
             named.update(s[chains.REPLICAS])
         queues.append(route_model.queue_json(q, writable, [segment_ref(brokers, t, q, s) for s in kept]))
     # Copies of the topic's config and slot table: the view holds nothing the apply thread may change, so it can be

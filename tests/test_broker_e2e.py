@@ -338,3 +338,26 @@ async def test_a_committed_offset_is_the_newest_whatever_path_the_queue_took(ful
     await commit(4)
     await asyncio.to_thread(c.kill9, "b1")
     assert await committed() == 4
+
+
+async def test_a_queue_moved_three_times_still_reaches_its_first_broker(full_cluster):
+    """A route carries a queue's newest ROUTE_SEGMENTS_PER_QUEUE_MAX segments, and the addresses of the brokers they
+    name were all it carried: moved b1 -> b2 -> b3 -> b2, the queue's first segment is on b1 alone, and its head
+    could not ask b1 whether a group committed there. A read of a group that never committed walks every segment,
+    and was refused 503 BROKER_UNAVAILABLE for ever (the simulator, seed 1 under hash seed 5)."""
+    c = full_cluster
+    s, b = await admin(c, "POST", 0, "/v1/topics", json={"topic": "far", "queues": 1, "brokers": ["b1"],
+                                                         "replicas": 1})
+    assert s == 201, b
+    await wait_route(c, "far", all_writable)
+    await send(c, "far", 0, ["m0", "m1"])
+    for to in ("b2", "b3", "b2"):
+        s, b = await admin(c, "POST", 1, "/v1/topics/far/remap", json={"brokers": [to]})
+        assert s == 200, b
+        r = await wait_route(c, "far", lambda r: all_writable(r) and r["queues"][0]["address"] == c.url(to))
+    assert [x["broker"] for x in r["queues"][0]["segments"]] == ["b2", "b3", "b2"]   # b1's is no longer carried
+    s, b, _ = await c.call("GET", f"{c.url('b2')}/v1/offsets/never/far/0", "client")
+    assert (s, b) == (200, {"offset": -1}), (s, b)
+    assert r["addresses"]["b1"] == c.url("b1")
+    got = await read_all(c, "far", 0)
+    assert [m["body"] for m in got] == ["m0", "m1"]

@@ -63,7 +63,7 @@ class RouteJson(TypedDict):
     replicas: int                 # copies of each head
     min_insync: int               # in-sync copies below which the leader refuses sends
     scope: list[str] | str        # the clusters its queues and copies stay in, or "global"
-    addresses: dict[str, str]     # broker -> address, of every replica the carried segments name
+    addresses: dict[str, str]     # broker -> address, of every replica any segment of the topic names
     barriers: list[BarrierJson]
     queues: list[QueueJson]
 
