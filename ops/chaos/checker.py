@@ -447,8 +447,10 @@ def stale_pop_acks(ops: Iterable[Op]) -> list[dict[str, Any]]:
     under a newer handle (a pop from the same address, invoked after the first pop completed and completed before
     the ack was invoked) must not answer the old handle's ack ok, or the newer delivery's consumer loses the
     message it holds. (Another broker, after a failover, knows nothing of the newer delivery: not judged here.)
-    Once the newer delivery's own ack was answered ok, the message is done, and an ok to the old handle changes
-    nothing: a broker restarted since has no memory of which delivery was acked (PopService._verdict, DONE)."""
+    Once any delivery's ack was answered ok, the message is done, and an ok to the old handle changes nothing: a
+    broker restarted since has no memory of which delivery was acked (PopService._verdict, DONE). Any, not only the
+    newer one's: a restart loses first deliveries not yet written (state.py), so the message may come a third time
+    and be acked through that handle while the second is still out."""
     ops = list(ops)
     delivered: dict[str, tuple[Op, tuple[int, int]]] = {}           # handle -> its pop, (queue, offset)
     by_message: dict[tuple[str, int, int], list[tuple[Op, str]]] = defaultdict(list)   # (address, q, off) -> pops
@@ -458,6 +460,8 @@ def stale_pop_acks(ops: Iterable[Op]) -> list[dict[str, Any]]:
             for m in o.output.get("messages", []):
                 delivered[m["handle"]] = (o, (m["queue"], m["offset"]))
                 by_message[(o.input["address"], m["queue"], m["offset"])].append((o, m["handle"]))
+    done_at = {message: min((acked_at.get(h, math.inf) for _, h in pops), default=math.inf)
+               for message, pops in by_message.items()}   # when the message's first ok ack ended
     out = []
     for a in ops:
         if a.kind != "ack" or a.outcome != OK:
@@ -466,9 +470,11 @@ def stale_pop_acks(ops: Iterable[Op]) -> list[dict[str, Any]]:
             if not r.get("ok") or r["handle"] not in delivered:
                 continue
             first, (queue, offset) = delivered[r["handle"]]
-            newer = [(p, h) for p, h in by_message[(a.input["address"], queue, offset)]
-                     if h != r["handle"] and p.invoke > first.complete and p.complete < a.invoke
-                     and acked_at.get(h, math.inf) >= a.invoke]
+            message = (a.input["address"], queue, offset)
+            if done_at.get(message, math.inf) < a.invoke:
+                continue
+            newer = [(p, h) for p, h in by_message[message]
+                     if h != r["handle"] and p.invoke > first.complete and p.complete < a.invoke]
             if newer:
                 out.append(violation("stale_pop_acks", f"queue {queue}@{offset}: an ack through a handle the broker "
                                      "had superseded by delivering the message again was answered ok",
