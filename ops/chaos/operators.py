@@ -1,9 +1,9 @@
 """What an operator does while the clients run, as workloads of their own, each recorded in the history:
 
 - ``remapper``: moves one queue of a data topic to another broker every REMAP_PACE_S, back and forth among the
-  brokers, while sends, exclusive commits and pops go on (each remap seals the queue's head and opens a segment on
-  the target: offsets must stay contiguous, commits must follow the queue, pops must leave no gap). A remap of the
-  log topic meets REMAP_BURST_SENDERS senders sending to its queue back to back, so the seal finds sends in flight.
+  brokers (often straight back to the broker it left: REMAP_BACK_SHARE), while sends, exclusive commits and pops go
+  on (each remap seals the queue's head and opens a segment on the target: offsets must stay contiguous, commits
+  must follow the queue, pops must leave no gap). A remap of the log topic meets REMAP_BURST_SENDERS senders sending to its queue back to back, so the seal finds sends in flight.
 - ``grower``: grows every data topic by one queue at GROW_AT of the run (a static topic only grows; the exclusive
   group gets barriers, meta/chains.py).
 - ``lease_changer``: sets the exclusive group's lease to the other end of LEASES_MS every LEASE_PACE_S while members hold
@@ -26,6 +26,10 @@ from .workloads import (ERROR_PAUSE_S, EX_GROUP, EX_HEARTBEAT_MS, EX_LEASE_MAX_M
 
 DATA_TOPICS = (LOG_TOPIC, EX_TOPIC, POP_TOPIC)
 REMAP_PACE_S = (1.5, 4.0)
+# Remaps that move the last queue moved back to the broker it left (an operator undoing a move): its old head holds
+# the queue's state as of when it left, older than the newer head's (committed offsets, pop state), and must not
+# read it as current. A random pick of queue and broker came back to a broker seldom in a short run.
+REMAP_BACK_SHARE = 0.5
 REMAP_BURST_SENDERS = 4         # remaps of the log topic meet this many senders sending to the queue back to back ...
 REMAP_BURST_AFTER_S = 1.0       # ... until this long after the remap was answered (the old head's seal follows it)
 BURST_ERROR_PAUSE_S = 0.05      # a burst sender refused (the queue is moving): the route is read again after this
@@ -40,18 +44,25 @@ assert min(LEASES_MS) > 2 * EX_HEARTBEAT_MS and max(LEASES_MS) <= EX_LEASE_MAX_M
 
 
 async def remapper(env: Env, process: str, brokers: list[str]) -> None:
+    moved: tuple[str, int, str] | None = None   # the last queue moved: (topic, queue, the broker it left)
     while not env.stop.is_set():
         await env.pause(env.rng.uniform(*REMAP_PACE_S))
         if env.stop.is_set():
             return
-        topic = env.rng.choice(DATA_TOPICS)
+        back = moved is not None and env.rng.random() < REMAP_BACK_SHARE
+        topic = moved[0] if back and moved is not None else env.rng.choice(DATA_TOPICS)
         try:
             route = await env.route(topic, fresh=True)
             queues = [q for q in route.get("queues", []) if q.get("broker")]
+            if back and moved is not None:
+                queues = [q for q in queues if q["queue"] == moved[1] and q["broker"] != moved[2]]
             if not queues:
                 continue
             q = env.rng.choice(queues)
-            target = env.rng.choice([b for b in brokers if b != q["broker"]])
+            if back and moved is not None:
+                target = moved[2]
+            else:
+                target = env.rng.choice([b for b in brokers if b != q["broker"]])
             remapped = asyncio.Event()
             bursts = [asyncio.create_task(_burst(env, topic, q["queue"], f"burst-{i}", remapped))
                       for i in range(REMAP_BURST_SENDERS if topic == LOG_TOPIC else 0)]
@@ -63,6 +74,7 @@ async def remapper(env: Env, process: str, brokers: list[str]) -> None:
                                            timeout_s=WRITE_TIMEOUT_S)
                     op.output = {"version": a.body["version"], "moved": a.body["moved"]}
                 env.forget_route(topic)
+                moved = (topic, q["queue"], q["broker"])
             finally:
                 remapped.set()
                 await asyncio.gather(*bursts)
