@@ -1,5 +1,5 @@
 """The deterministic simulator (ops/sim): its stopgaps still fit the code, a seed replays exactly, a short batch of
-seeds finds nothing on the tree, and fifteen planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
+seeds finds nothing on the tree, and sixteen planted bugs of tests/test_chaos_mutants.py are caught in-process (planted
 as that module plants them, by one exact text replacement, here recompiled in this process).
 
 Measured alone on 2 cores (2026-11-29, load ~2.7): 13 s, 8 of them the batch of BATCH_SEEDS schedules.
@@ -359,6 +359,20 @@ def test_a_broker_that_reads_its_own_committed_offset_left_behind_is_caught():
         "if own is not None:", {"committed_offsets"}, kinds=BROKER_KINDS, workloads=BROKER_WORKLOADS,
         duration_s=30.0, seeds=3)
     assert seed, "offset_keyed_without_gen not caught in 3 seeds under hash seed 0"
+
+
+def test_a_leader_that_acknowledges_before_its_copies_hold_the_record_is_caught(monkeypatch):
+    # tests/test_chaos_mutants.py's leader_acks_before_its_followers_have_the_record: a send acknowledged once on
+    # the leader's own disk. The log topic has three copies; a broker_partition cuts its leader off from meta and
+    # the other brokers while the senders still reach it: what it acknowledged meanwhile is on no copy when meta
+    # fails its heads over. Broker partitions alone, 18 virtual s: seeds 1, 2, 4 and 5 of 1-6 catch it under
+    # hash seed 0 (seeds 1 and 2 under hash seeds 1 and 2 too).
+    from broker.writes import Writer
+    _plant(monkeypatch, Writer, "send_records", "        await self.replicas.replicated(head, first + send.count)",
+           "        pass")
+    seed, checks = _caught({"no_lost_sends"}, kinds=("broker_partition",), workloads=BROKER_WORKLOADS,
+                           duration_s=18.0)
+    assert seed, f"leader_acks_before_its_followers_have_the_record not caught in {MUTANT_SEEDS_MAX} seeds"
 
 
 def test_brokers_that_are_killed_and_lose_power_keep_every_acknowledged_send():

@@ -152,6 +152,22 @@ def test_a_cut_link_holds_the_request_until_it_heals_and_a_timeout_ends_a_wait(o
     assert body == {"hello": "after"} and 10 <= waited < 10.1
 
 
+def test_mending_one_cut_link_releases_its_bytes_and_holds_the_others(on_vnet):
+    async def scenario(loop, net, session):
+        async with session.get(f"{URL}/hello") as r:   # the connection is open and kept
+            await r.read()
+        net.cut |= {("client", "10.9.0.1"), ("10.9.0.1", "client")}
+        loop.call_later(5, net.mend, {("client", "10.9.0.1")})    # the request goes at 5 s, the answer is held
+        loop.call_later(12, net.mend, {("10.9.0.1", "client")})
+        t0 = loop.time()
+        async with session.get(f"{URL}/hello", params={"name": "mended"}) as r:
+            return await r.json(), loop.time() - t0, set(net.cut)
+
+    (body, waited, cut), log = on_vnet(scenario)
+    assert body == {"hello": "mended"} and 12 <= waited < 12.1 and cut == set()
+    assert ("hello", "client") in log
+
+
 def test_a_reset_ends_a_streamed_response_with_a_connection_error(on_vnet):
     async def scenario(loop, net, session):
         got = []

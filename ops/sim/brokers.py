@@ -11,11 +11,13 @@ append, the per-queue path) or "filesystem" (group commit's syncfs), so that bot
 The clients are ops/chaos/workloads.py's, unchanged, through an Env on the virtual net; at the end the chaos
 runner's read-back gives every queue's messages and ops/chaos/checker.py judges the history with them.
 
-The chaos runner's three data topics, one copy per queue, their senders, the exclusive group's consumers, the pop
-group's poppers and its remapper (queues moved between the brokers, with bursts of sends). Broker faults
-(BROKER_KINDS in faults.py): a kill -9, or a power loss that cuts each file back to what the broker's own sync calls
-made durable (its ledger: runtime/power_loss.py). A crashed incarnation runs nothing more: every callback in its
-context (vnet.LIFE) is skipped. Not yet: replicas and failover, partitions and wipes of brokers.
+The chaos runner's three data topics (each with three copies or one, drawn from the seed: COPIES), their senders,
+the exclusive group's consumers, the pop group's poppers and its remapper (queues moved between the brokers, often
+straight back, with bursts of sends). Broker faults (BROKER_KINDS in faults.py): a kill -9, a power loss that cuts
+each file back to what the broker's own sync calls made durable (its ledger: runtime/power_loss.py), or a partition
+from meta and the other brokers (its clients still reach it) longer than its session, so that meta fails its heads
+over to a copy. A crashed incarnation runs nothing more: every callback in its context (vnet.LIFE) is skipped. Not
+yet: wipes of brokers.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ BROKER_PORT = 9001
 TOPICS = chaos_runner.DATA_TOPICS
 QUEUES = workloads.QUEUES
 CONSUMERS = 2
+# Each data topic draws its copies from the seed: as the chaos runner makes it (three, two in sync: its heads fail
+# over to a copy when a broker is lost or cut off), or one (a broker's power loss alone can lose what it
+# acknowledged unsynced, and only a remap moves the queue's state between brokers).
+COPIES = ((workloads.DATA_REPLICAS, workloads.DATA_MIN_INSYNC), (1, 1))
 SYNC_SCOPES = ("file", "filesystem")
 CLUSTER = "sim-brokers"          # the topic is scoped to these brokers: the remapper's are names only
 SETUP_RETRY_S = 0.5
@@ -153,6 +159,8 @@ class BrokerWorkload:
         self._attempts = 0
         self._starts: list[asyncio.Task] = []
         self._lives: list[vnet.Life] = []   # each start's incarnation: a crashed one's start never finishes
+        self._cuts: collections.Counter[tuple[str, str]] = collections.Counter()   # links broker_partition holds cut
+        self.copies = {t: random.Random(f"{sim.seed}:copies:{t}").choice(COPIES) for t in TOPICS}
 
     def start(self) -> None:
         for b in self.brokers:
@@ -179,8 +187,30 @@ class BrokerWorkload:
         self.sim.loop.call_at(self.sim.loop.time() + down_s, restart)
         return True
 
+    def partition(self, name: str, cut_s: float) -> bool:
+        """The broker ``name`` is cut off from every meta node and every other broker, both ways, for ``cut_s``;
+        its clients still reach it (they dial from the simulator's own host). False if it is down."""
+        broker = next(b for b in self.brokers if b.name == name)
+        if not broker.up:
+            return False
+        others = [n.url[7:].split(":")[0] for n in self.sim.nodes.values()]
+        others += [b.host for b in self.brokers if b is not broker]
+        links = collections.Counter(link for o in others for link in ((broker.host, o), (o, broker.host)))
+        self._cuts.update(links)
+        self.sim.vnet.cut |= set(links)
+        self.sim.trace("broker_partition", name, f"{cut_s:.3f}", b"")
+
+        def mend() -> None:
+            self._cuts.subtract(links)
+            self.sim.vnet.mend({link for link in links if self._cuts[link] <= 0})
+
+        self.sim.loop.call_at(self.sim.loop.time() + cut_s, mend)
+        return True
+
     def heal(self) -> None:
-        """Every broker down starts again."""
+        """Every broker cut off is back, every broker down starts again."""
+        self._cuts.clear()
+        self.sim.vnet.heal()
         for b in self.brokers:
             if not b.up:
                 self._start(b)
@@ -214,7 +244,9 @@ class BrokerWorkload:
                                    token=TOKENS.admin, json=group, timeout_s=5.0,
                                    headers={"Idempotency-Key": f"sim-{what}"})
                 return True
-            body = {"topic": what, "queues": QUEUES, "replicas": 1, "min_insync": 1, "scope": [CLUSTER]}
+            replicas, min_insync = self.copies[what]
+            body = {"topic": what, "queues": QUEUES, "replicas": replicas, "min_insync": min_insync,
+                    "scope": [CLUSTER]}
             self._attempts += 1   # a new key each time: a key replays its first answer (NO_BROKERS before they join)
             try:
                 await request_once(self.session, "POST", f"{self.env.meta()}/v1/topics", token=TOKENS.admin,
@@ -291,7 +323,8 @@ class BrokerWorkload:
         return {"sends": len(sends), "sends_ok": sum(o.outcome == "ok" for o in sends), "ops": dict(sorted(kinds.items())),
                 "crashes": sum(b.crashes for b in self.brokers), "bytes_lost": sum(b.bytes_lost for b in self.brokers),
                 "messages_read_back": sum(len(v) for v in (self.final or {}).values()),
-                "sync_scopes": {b.name: b.sync_scope for b in self.brokers}}
+                "sync_scopes": {b.name: b.sync_scope for b in self.brokers},
+                "copies": {t: c[0] for t, c in self.copies.items()}}
 
     async def close(self) -> None:
         live = [t for life, t in zip(self._lives, self._starts) if life.alive]

@@ -33,8 +33,12 @@ from typing import Any
 # pysyncobj_shim._append_as_raft). pysyncobj's own next index never goes below that point: no other fault gets there.
 KINDS = ("isolate", "cut_link", "one_way", "crash_process", "crash_power", "pause", "slow", "reset", "power_quorum",
          "wipe", "rejoin_leader_loss", "corrupt", "rewind")
-# The brokers' (with the brokers workload, ops/sim/brokers.py): a broker killed, or losing power, for the duration
-BROKER_KINDS = ("broker_kill", "broker_power")
+# The brokers' (with the brokers workload, ops/sim/brokers.py): a broker killed, or losing power, for the duration;
+# or cut off from the meta nodes and the other brokers (both ways) while its clients still reach it, for
+# BROKER_PARTITION_S: longer than its session (node.py SESSION_TIMEOUT_MS), so meta fences it and fails its heads
+# over to a copy, while it may still take sends it leads: none may be acknowledged unless a copy holds it.
+BROKER_KINDS = ("broker_kill", "broker_power", "broker_partition")
+BROKER_PARTITION_S = (2.0, 6.0)
 POWER_QUORUM_ISOLATION_EXTRA_S = 3.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
 STALE_FOR_S = 1.5
 LEADER_LOST_AFTER_MAX_S = 1.0   # > RESTART_ELECTION_GRACE_S + the longest election timeout
@@ -77,7 +81,8 @@ def plan(seed: int, duration_s: float, nodes: list[str], kinds: tuple[str, ...] 
     while t < duration_s:
         for _ in range(rng.randint(1, FAULTS_PER_WINDOW_MAX)):
             kind = rng.choice(kinds)
-            duration = round(min(rng.uniform(FAULT_MIN_S, FAULT_MAX_S), duration_s - t), 4)
+            shortest, longest = BROKER_PARTITION_S if kind == "broker_partition" else (FAULT_MIN_S, FAULT_MAX_S)
+            duration = round(min(rng.uniform(shortest, longest), duration_s - t), 4)
             a, b = rng.sample(nodes, 2)
             target = [a, b] if kind in ("cut_link", "one_way", "reset", "corrupt") else [a]
             if kind in BROKER_KINDS:

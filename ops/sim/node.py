@@ -37,6 +37,9 @@ SECRET = "stator-sim-secret"
 HTTP_PORT = 8080
 TOKENS = Tokens(admin="stator-sim-admin", client="stator-sim-client")
 OFFSET_BUDGET = 1000
+# The brokers' sessions as the chaos runner sets them (ops/chaos/topology.py META_EXTRA): a broker cut off is fenced,
+# and its heads failed over, within a broker_partition (faults.py BROKER_PARTITION_S)
+SESSION_TIMEOUT_MS, HEARTBEAT_INTERVAL_MS = 4000, 1000
 TICK_PERIOD_S = 0.05               # MetaSyncObj._tick_period_s: the real tick thread's poll timeout
 STEP_COST_MIN_S = 0.0001
 STEP_COST_MAX_S = 0.002
@@ -193,6 +196,7 @@ class SimMetaNode:
         return MetaConfig(node=self.name, data_dir=f"{DATA_ROOT}/{self.name}", http_host=self.url[7:].split(":")[0],
                           http_port=HTTP_PORT, raft=self.address, secret=SECRET, tokens=TOKENS, members=members,
                           projection_url="", broker_tokens=self.sim.broker_tokens, offset_budget=OFFSET_BUDGET,
+                          session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS,
                           raft_tuning=TUNING)
 
     async def _serve(self, feed: ChangeFeed, log: Log, incarnation: int) -> None:

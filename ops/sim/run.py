@@ -247,6 +247,10 @@ class Sim:
             return
         now = self.loop.time()
         self.trace("fault", f.kind, ",".join(f.target), b"")
+        if f.kind == "broker_partition":
+            if self.brokers is None or not self.brokers.partition(f.target[0], f.duration):
+                self.skipped += 1
+            return
         if f.kind in BROKER_KINDS:
             if self.brokers is None or not self.brokers.fault(f.target[0], f.kind == "broker_power", f.duration):
                 self.skipped += 1

@@ -205,10 +205,15 @@ class VirtualNet:
 
     def heal(self) -> None:
         """Every cut healed: held bytes go, in the order they were written."""
-        self.cut.clear()
+        self.mend(set(self.cut))
+
+    def mend(self, links: set[tuple[str, str]]) -> None:
+        """The cuts of ``links`` (source host, destination host) healed: their held bytes go, in the order they were
+        written."""
+        self.cut -= links
         held, self.held = self.held, []
         for source, data in held:
-            self.send(source, data)
+            self.send(source, data)   # held again if its link is still cut
 
     def reset(self, host: str) -> None:
         """Every connection of ``host`` ends at once on both sides (a crash, or the host's link reset)."""
