@@ -14,6 +14,7 @@ import time
 import pytest
 
 from broker.pop import service as service_mod
+from broker.pop.metrics import HELP, PopCollector
 from broker.pop.service import Found
 from broker.peers import Unreachable
 from wire.errors import ApiError, rejection
@@ -1321,3 +1322,5 @@ async def test_stats_and_metrics_count_what_is_in_flight_invisible_and_due(node)
     assert m[("stator_pop_revive_heap", ())] == len(node.pop.reviver) >= 1
     assert m[("stator_pop_locks", ())] == 0
     assert m[("stator_pop_journal_lines_written_total", ())] == node.pop.journal.lines_written
+    # each family with the help text a scrape shows an operator
+    assert {f.name: f.documentation for f in PopCollector(node.pop).collect()} == HELP
