@@ -12,6 +12,7 @@ import asyncio
 import time
 
 import pytest
+import structlog
 
 from broker.pop import service as service_mod
 from broker.pop.metrics import HELP, PopCollector
@@ -21,11 +22,22 @@ from wire.errors import ApiError, rejection
 
 from tests.support import pop_node
 from tests.support.pop_node import (KEY, STOP_S, WAIT_S, answer_reads, dead_letter_after_one_attempt, max_attempts,
-                                     metrics, one_head, pop, restarted_service, route, seg, two_queues, until)
+                                     metrics, one_head, pop, restarted_service, route, seg, told, two_queues, until)
 
 node = pop_node.node          # b1 heading queue 0 of topic t, its pop service started
 
 # -- dead letters ---------------------------------------------------------------------------------------------------
+
+async def test_a_queue_s_first_pop_starts_its_state_from_the_queue_s_start_and_says_so(node):
+    await node.writer.send("t", 0, [{"body": "m"}])
+    with structlog.testing.capture_logs() as logs:
+        assert [m.offset for m in await pop(node, 5)] == [0]
+    assert told(logs, "pop_state_from_queue_start", "pop_state_taken_over") == [
+        {"event": "pop_state_from_queue_start", "key": KEY, "gen": 0, "asked": ["b1"], "empty": [], "settled": [],
+         "asked_copies": [], "gens": [0]},
+        {"event": "pop_state_taken_over", "key": KEY, "gen": 0, "start": 0, "adopted": 0, "from_gen": None,
+         "copy_gen": None, "asked": ["b1"]}]
+
 
 async def test_a_message_past_its_max_attempts_goes_to_the_dlq_once_with_its_origin(node):
     max_attempts(node, "g", 2)
@@ -69,7 +81,13 @@ async def test_a_dead_letter_whose_read_fails_is_copied_once_a_read_succeeds(nod
     nothing_read = {"messages": [], "next_offset": 0, "min_offset": 0, "max_offset": 1}
     asked = answer_reads(node, monkeypatch, [rejection(503, "BROKER_UNAVAILABLE", "down"), nothing_read])
     started = time.monotonic()
-    await until(lambda: node.pop.dead_lettered == 1, WAIT_S + 2 * service_mod.DLQ_RETRY_MS / 1000)
+    with structlog.testing.capture_logs() as logs:
+        await until(lambda: node.pop.dead_lettered == 1, WAIT_S + 2 * service_mod.DLQ_RETRY_MS / 1000)
+    # a warning each time, naming why (the second read brought nothing: NOT_READ)
+    assert [(e["event"], e["log_level"], e["key"], e["offset"], e["code"]) for e in logs
+            if e["event"] == "dead_letter_read_failed"] == [
+        ("dead_letter_read_failed", "warning", KEY, 0, "BROKER_UNAVAILABLE"),
+        ("dead_letter_read_failed", "warning", KEY, 0, "NOT_READ")]
     assert time.monotonic() - started >= 2 * service_mod.DLQ_RETRY_MS / 1000 * 0.9, "tried again after a pause"
     assert asked == [0, 0, 0]
     assert [m["body"] for m in (await node.pop.dlq.read("g", 0, 10))["messages"]] == ["poison"]
@@ -351,8 +369,11 @@ async def test_a_topic_wide_pop_waits_a_bounded_time_for_a_queue_another_pop_hol
     holder = asyncio.create_task(hold_for(2.0))
     await asyncio.sleep(0)
     started = time.monotonic()
-    assert await pop(node, 1, queue=None) == []
+    with structlog.testing.capture_logs() as logs:
+        assert await pop(node, 1, queue=None) == []
     assert 0.09 <= time.monotonic() - started < 1.5
+    assert told(logs, "pop_busy_queue_skipped") == [{"event": "pop_busy_queue_skipped", "topic": "t", "queue": 0,
+                                                     "waited_ms": 100}]
     holder.cancel()
     await asyncio.gather(holder, return_exceptions=True)
     [m] = await pop(node, 1, queue=None)
@@ -513,9 +534,12 @@ async def test_a_head_told_of_a_group_s_state_held_elsewhere_takes_it_over_befor
             raise answer
         return answer
     monkeypatch.setattr(node.reader.peers, "request", request)
-    node.pop.take_over_soon(KEY)
-    await until(lambda: KEY in node.pop.states)
+    with structlog.testing.capture_logs() as logs:
+        node.pop.take_over_soon(KEY)
+        await until(lambda: KEY in node.pop.states)
     assert answers == [] and (node.pop.states[KEY].gen, node.pop.states[KEY].next_offset) == (1, 4)
+    assert told(logs, "pop_takeover_deferred") == [{"event": "pop_takeover_deferred", "key": KEY,
+                                                    "code": "BROKER_UNAVAILABLE"}]
     with pytest.raises(ApiError) as e:
         node.pop.take_over_soon(("g", "other", 0))
     assert e.value.code == "NOT_LEADER"
@@ -585,9 +609,13 @@ async def test_a_holder_tells_each_new_head_once_of_the_states_it_holds_that_the
         node.routes.update(route(version, [seg(0, "b1", 0, 5, "sealed"), *[
             seg(i, "b2", 5, 5, "sealed") for i in range(1, gen)], seg(gen, to, 5, None, "active")]))
         node.pop.hint_new_heads("t")
-    moved(9, 1, "b2")
-    await until(lambda: len(told) == 2)
+    with structlog.testing.capture_logs() as logs:
+        moved(9, 1, "b2")
+        await until(lambda: len(told) == 2)
     assert sorted(told) == [("b2", 1, "/v1/pop-takeover/g/t/0"), ("b2", 1, "/v1/pop-takeover/h/t/0")], told
+    assert [{k: e[k] for k in ("event", "key", "head", "gen", "code")} for e in logs
+            if e["event"] == "pop_takeover_hint_failed"] == [
+        {"event": "pop_takeover_hint_failed", "key": h, "head": "b2", "gen": 1, "code": "BROKER_UNAVAILABLE"}]
     refuse.clear()
     moved(10, 1, "b2")
     await until(lambda: len(told) == 3)
@@ -694,8 +722,12 @@ async def test_a_copy_held_here_of_an_older_gen_whose_leader_holds_nothing_now_i
         seg(0, "b2", 0, 40, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
         seg(1, "b2", 40, 40, "sealed", replicas=["b2", "b1"], in_sync=["b2", "b1"]),
         seg(2, "b1", 40, None, "active", replicas=["b1", "b2"], in_sync=["b1", "b2"])]))
-    st = await taken_over_from_a_copy_of_gen_0_while_b2_holds_nothing(node, monkeypatch)
+    with structlog.testing.capture_logs() as logs:
+        st = await taken_over_from_a_copy_of_gen_0_while_b2_holds_nothing(node, monkeypatch)
     assert (st.gen, st.next_offset) == (2, 40) and KEY not in node.pop.replica.states
+    assert told(logs, "pop_state_taken_from_copy") == [{"event": "pop_state_taken_from_copy", "key": KEY, "gen": 2,
+                                                        "start": 40, "in_flight": 0, "copy_gen": 0,
+                                                        "asked": ["b1", "b2"]}]
 
 
 async def test_a_takeover_of_a_copy_that_could_not_finish_is_tried_again_only_after_its_pause(node, monkeypatch):
@@ -944,31 +976,34 @@ async def test_a_frozen_head_hands_each_delivery_to_the_new_head_once_and_keeps_
     monkeypatch.setattr(node.reader.peers, "request", b1_asks)
     monkeypatch.setattr(b2.reader.peers, "request", b2_asks)
     await b2.pop.start()
-    try:
-        async with b2.pop.locks.hold(KEY):
-            taken = await b2.pop._state_for(KEY)
-        assert (taken.gen, taken.next_offset) == (1, 3), "from b1's pop offset"
-        held = taken.in_flight
-        assert sorted(held) == [0, 2] and all(d.attempt == 1 for d in held.values()), \
-            "b1's deliveries in flight, from its answer, their attempts kept"
-        assert all(d.written for d in held.values()), "durable before b2 pops anything"
-        assert all(d.deadline_ms > time.time() * 1000 + 50_000 for d in held.values()), \
-            "not due: their invisible time goes on at b2"
-        assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
-        await until(lambda: not node.pop.states[KEY].in_flight)
-        assert pushes[:2] == [[], []], "refused once, asked again; the question names no delivery (b2 has them)"
-        assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
-        async with b2.pop.locks.hold(KEY):
-            b2.pop.states[KEY].ack(0)
-        assert await b2.pop.adopt(KEY, [[0, 1], [2, 1]], caller="b1") == 0, "each once"
-        assert sorted(b2.pop.states[KEY].in_flight) == [2], "0, acked at b2 since, is not brought back by a push"
-    finally:
-        async with asyncio.timeout(STOP_S):
-            await b2.pop.stop()
-        b2.writer.stop()
-        b2.store.close()
-        b2.producer_log.close()
-        b2.offsets.close()
+    with structlog.testing.capture_logs() as captured:
+        try:
+            async with b2.pop.locks.hold(KEY):
+                taken = await b2.pop._state_for(KEY)
+            assert (taken.gen, taken.next_offset) == (1, 3), "from b1's pop offset"
+            held = taken.in_flight
+            assert sorted(held) == [0, 2] and all(d.attempt == 1 for d in held.values()), \
+                "b1's deliveries in flight, from its answer, their attempts kept"
+            assert all(d.written for d in held.values()), "durable before b2 pops anything"
+            assert all(d.deadline_ms > time.time() * 1000 + 50_000 for d in held.values()), \
+                "not due: their invisible time goes on at b2"
+            assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
+            await until(lambda: not node.pop.states[KEY].in_flight)
+            assert pushes[:2] == [[], []], "refused once, asked again; the question names no delivery (b2 has them)"
+            assert told(captured, "pop_handover_failed") == [{"event": "pop_handover_failed", "key": KEY,
+                                                              "code": "CATCHING_UP"}]
+            assert [r["code"] for r in await node.pop.ack("g", [a.handle, c.handle])] == ["HANDLE_EXPIRED"] * 2
+            async with b2.pop.locks.hold(KEY):
+                b2.pop.states[KEY].ack(0)
+            assert await b2.pop.adopt(KEY, [[0, 1], [2, 1]], caller="b1") == 0, "each once"
+            assert sorted(b2.pop.states[KEY].in_flight) == [2], "0, acked at b2 since, is not brought back by a push"
+        finally:
+            async with asyncio.timeout(STOP_S):
+                await b2.pop.stop()
+            b2.writer.stop()
+            b2.store.close()
+            b2.producer_log.close()
+            b2.offsets.close()
 
 
 async def test_a_frozen_delivery_that_came_due_is_the_new_head_s_and_expires_here(node):
@@ -1058,7 +1093,11 @@ async def test_a_takeover_from_an_older_head_that_does_not_answer_pops_nothing(n
         await pop(node)
     assert e.value.status == 503, "starting without its pop offset could deliver twice"
     assert KEY not in node.pop.states
-    assert await pop(node, queue=None) == [], "a topic-wide pop skips it"
+    with structlog.testing.capture_logs() as logs:
+        assert await pop(node, queue=None) == [], "a topic-wide pop skips it"
+    skipped = told(logs, "pop_queue_skipped")   # each phase of the pop (due again, new) skips it
+    assert skipped and all(e == {"event": "pop_queue_skipped", "topic": "t", "queue": 0, "code": "BROKER_UNAVAILABLE"}
+                           for e in skipped), skipped
 
 
 async def test_a_takeover_waits_for_a_copy_that_does_not_answer_when_the_older_leader_holds_nothing(node,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import structlog
 
 from broker.peers import Unreachable
 from broker.pop import service as service_mod
@@ -76,7 +77,8 @@ async def test_copies_are_asked_at_their_own_addresses_and_a_takeover_they_do_no
         seg(1, "b1", 7, None, "active", 7)])))
     peers = Peers(node, monkeypatch, copies={("b3", 0): Unreachable("connection refused"),
                                              ("b4", 0): rejection(503, "CATCHING_UP", "behind")})
-    e = await refused_takeover(node)
+    with structlog.testing.capture_logs() as logs:
+        e = await refused_takeover(node)
     assert (e.status, e.code, e.details) == (503, "BROKER_UNAVAILABLE", {
         "queue": 0, "broker": "b3", "reason": "b3: connection refused; b4: CATCHING_UP"})
     assert e.message == ("the pop state of queue 0 of 't' under gen 0 is held by none that answered, and "
@@ -87,6 +89,12 @@ async def test_copies_are_asked_at_their_own_addresses_and_a_takeover_they_do_no
         ("copy", "POST", "b4", "http://b4:1", f"/v1/pop-handover/g/t/0?route_version={version}&copy_of_gen=0"),
         ("copy", "POST", "b3", "http://b3:1", f"/v1/pop-handover/g/t/0?route_version={version}&copy_of_gen=0")]
     assert KEY not in node.pop.states
+    # what an operator reads of it: whom it asked, what each answered or why it did not
+    assert base.told(logs) == [
+        {"event": "pop_handover_leader_answered", "key": KEY, "leader": "b2", "gen": 0, "found_gen": None,
+         "next_offset": None},
+        {"event": "pop_handover_copy_unanswered", "key": KEY, "copy": "b4", "why": "CATCHING_UP"},
+        {"event": "pop_handover_copy_unanswered", "key": KEY, "copy": "b3", "why": "connection refused"}]
 
 
 async def test_the_first_copy_holding_the_gen_asked_is_where_the_takeover_starts_and_no_other_is_asked(
@@ -97,9 +105,15 @@ async def test_the_first_copy_holding_the_gen_asked_is_where_the_takeover_starts
     peers = Peers(node, monkeypatch, copies={("b3", 0): {"found": True, "gen": 0, "next_offset": 6,
                                                          "deliveries": [[4, 2, 0]]},
                                              ("b4", 0): Unreachable("down")})
-    st = await take_over(node)
+    with structlog.testing.capture_logs() as logs:
+        st = await take_over(node)
     assert (st.gen, st.next_offset, sorted(st.in_flight), st.in_flight[4].attempt) == (1, 6, [4], 2)
     assert [a[2] for a in peers.asked] == ["b2", "b3"], "b4 not asked: b3 held the gen's state"
+    assert base.told(logs)[1:] == [
+        {"event": "pop_handover_copy_answered", "key": KEY, "copy": "b3", "gen": 0, "found_gen": 0,
+         "next_offset": 6, "holds": None},
+        {"event": "pop_state_taken_over", "key": KEY, "gen": 1, "start": 6, "adopted": 1, "from_gen": 0,
+         "copy_gen": None, "asked": ["b1", "b2", "b3"]}]
 
 
 async def test_a_copy_in_the_in_sync_set_whose_disk_held_the_gen_and_holds_no_state_of_it_settles_it(
@@ -115,8 +129,15 @@ async def test_a_copy_in_the_in_sync_set_whose_disk_held_the_gen_and_holds_no_st
     Peers(node, monkeypatch, own={"b2": rejection(503, "BROKER_UNAVAILABLE", "b2 does not answer",
                                                   reason="down")},
           copies={("b3", 1): {"found": False, "holds": ["t.q0.g1"]}})
-    st = await take_over(node)
+    with structlog.testing.capture_logs() as logs:
+        st = await take_over(node)
     assert (st.gen, st.next_offset) == (2, 4)
+    assert base.told(logs) == [
+        {"event": "pop_handover_leader_unanswered", "key": KEY, "leader": "b2", "gen": 1, "why": "down"},
+        {"event": "pop_handover_copy_answered", "key": KEY, "copy": "b3", "gen": 1, "found_gen": None,
+         "next_offset": None, "holds": ["t.q0.g1"]},
+        {"event": "pop_state_taken_over", "key": KEY, "gen": 2, "start": 4, "adopted": 0, "from_gen": 0,
+         "copy_gen": None, "asked": ["b1", "b2", "b3"]}]
 
 
 async def test_a_copy_that_held_another_segment_settles_nothing(node, monkeypatch):

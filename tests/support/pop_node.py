@@ -74,6 +74,12 @@ def max_attempts(node, group: str, value: int, version: int = 1) -> None:
     node.pop.settings.apply({"group": group, "version": version, "config": {"max_attempts": value}})
 
 
+def told(logs: list[dict], *events: str) -> list[dict]:
+    """What pop told an operator (structlog events captured with ``structlog.testing.capture_logs``), without their
+    level; only ``events`` when named."""
+    return [{k: v for k, v in e.items() if k != "log_level"} for e in logs if not events or e["event"] in events]
+
+
 def metrics(node) -> dict[tuple[str, tuple], float]:
     out = {}
     for family in PopCollector(node.pop).collect():
