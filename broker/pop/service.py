@@ -126,7 +126,9 @@ class PopService:
         self.dlq = DeadLetters(os.path.join(root, "dlq"), driven)
         self.reviver = Reviver(self._fire)
         self.locks = KeyedLocks(lambda key: self.signals.notify(key[1]))
-        self._outcomes: OrderedDict[tuple[Key, int], tuple[int, str]] = OrderedDict()
+        # (key, offset) -> (seq, acked) of its last delivery that ended here: acked through that handle, or not
+        # (superseded, dead-lettered, moved to another head); a repeat of the ack is answered DONE
+        self._outcomes: OrderedDict[tuple[Key, int], tuple[int, bool]] = OrderedDict()
         self._chores = Chores("pop_chore_failed")
         self._handing: set[Key] = set()
         self._takeovers: deque[Key] = deque()       # keys held as copies or hinted, queued to be taken over
@@ -194,8 +196,8 @@ class PopService:
                 self.reviver.rebuild((d.deadline_ms, d.seq, k, o) for k, st in self.states.items()
                                      for o, d in st.in_flight.items() if not d.dead and o not in st.ready)
 
-    def _remember(self, key: Key, offset: int, seq: int, outcome: str) -> None:
-        self._outcomes[(key, offset)] = (seq, outcome)
+    def _remember(self, key: Key, offset: int, seq: int, acked: bool) -> None:
+        self._outcomes[(key, offset)] = (seq, acked)
         self._outcomes.move_to_end((key, offset))
         while len(self._outcomes) > ACK_OUTCOMES_REMEMBERED_MAX:
             self._outcomes.popitem(last=False)   # harmless mutant: last=None (falsy, as False)
@@ -432,8 +434,8 @@ class PopService:
                 return "HANDLE_EXPIRED", h, st
             if seen is None:
                 return "DONE", h, st            # acked or dead-lettered here before this broker's memory reaches
-            seq, outcome = seen
-            if outcome == "acked" and seq == h.seq:
+            seq, acked = seen
+            if acked and seq == h.seq:
                 return "DONE", h, st
             return ("HANDLE_EXPIRED", h, st) if seq >= h.seq else ("INVALID_HANDLE", h, st)
         return "INVALID_HANDLE", h, st
@@ -478,7 +480,7 @@ class PopService:
             code, h, st = self._verdict(group, handle)   # again: the same handle twice in one request is acked once
             if code == "":
                 st.ack(h.offset)
-                self._remember(st.key, h.offset, h.seq, "acked")
+                self._remember(st.key, h.offset, h.seq, acked=True)
                 self.journal.touch(st.key)
                 topics.add(h.topic)
                 changed.add((h.topic, h.queue))
@@ -503,7 +505,7 @@ class PopService:
         seq = self._next_seq()
         d = st.change_invisible(h.offset, seq, now_ms() + invisible_ms)
         self._schedule(st.key, h.offset, seq, d.deadline_ms)
-        self._remember(st.key, h.offset, h.seq, "superseded")
+        self._remember(st.key, h.offset, h.seq, acked=False)   # superseded
         self.journal.touch(st.key)
         await self.journal.durable(confirm=[(h.topic, h.queue)])
         return self.codec.encode(group, Handle(h.topic, h.queue, h.offset, seq))
@@ -552,7 +554,7 @@ class PopService:
                 self.dead_lettered += 1
         if st.in_flight.get(offset) is d:
             st.ack(offset)
-            self._remember(key, offset, d.seq, "dead")
+            self._remember(key, offset, d.seq, acked=False)   # dead-lettered
             self.journal.touch(key)
             self.journal.kick()
 
@@ -1055,7 +1057,7 @@ class PopService:
         for o, d in handed.items():
             if st.in_flight.get(o) is d:
                 st.ack(o)
-                self._remember(key, o, d.seq, "moved")
+                self._remember(key, o, d.seq, acked=False)   # moved to the head
         self.journal.touch(key)
         await self.journal.durable()
         return not st.ready
