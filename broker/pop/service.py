@@ -545,7 +545,7 @@ class PopService:
             if code is not None:
                 log.warning("dead_letter_read_failed", key=key, offset=offset, code=code)
                 await asyncio.sleep(DLQ_RETRY_MS / 1000)
-                self._spawn(self._dead_letter(key, offset, resumed=True), "dead letter again")
+                self._spawn(self._dead_letter(key, offset), "dead letter again")   # no copy made: not resumed
                 return
             m = found.get(offset)
             if m is not None:
