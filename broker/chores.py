@@ -16,7 +16,10 @@ class Chores:
         self._tasks: set[asyncio.Task] = set()
         self._log = structlog.get_logger("broker.chores")
 
-    def spawn(self, work: Coroutine[Any, Any, Any], what: str) -> None:
+    def spawn(self, work: Coroutine[Any, Any, Any], what: str | None = None) -> None:
+        """Run ``work`` as a task of its own, named ``what`` (by default its function's name, e.g.
+        "PopService._dead_letter"), in the failure's log event too."""
+        what = what or work.__qualname__
         task = asyncio.create_task(work, name=what)
         self._tasks.add(task)
 

@@ -153,7 +153,7 @@ class PopService:
         for key, st in self.states.items():
             for offset, d in list(st.in_flight.items()):
                 if d.dead:
-                    self._spawn(self._dead_letter(key, offset, resumed=True), "resume dead letter")
+                    self._spawn(self._dead_letter(key, offset, resumed=True))
                 else:
                     # A new number: the journal may have lost the line of a later delivery of it (a power loss: a
                     # delivery is not synced before the pop is answered), and the handle that delivery superseded
@@ -177,8 +177,8 @@ class PopService:
         self.replica.close()
         self.dlq.close()
 
-    def _spawn(self, work, what: str) -> None:
-        self._chores.spawn(work, what)
+    def _spawn(self, work) -> None:
+        self._chores.spawn(work)   # named by its function: "PopService._dead_letter" and so on
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -522,7 +522,7 @@ class PopService:
             self.signals.notify(key[1])
         elif verdict == "dead":
             self.journal.touch(key)
-            self._spawn(self._dead_letter(key, offset), "dead letter")
+            self._spawn(self._dead_letter(key, offset))
 
     async def _dead_letter(self, key: Key, offset: int, resumed: bool = False) -> None:
         """Mark (durably), copy to the DLQ (fsynced), remove: a crash between the two last steps is found again on
@@ -545,7 +545,7 @@ class PopService:
             if code is not None:
                 log.warning("dead_letter_read_failed", key=key, offset=offset, code=code)
                 await asyncio.sleep(DLQ_RETRY_MS / 1000)
-                self._spawn(self._dead_letter(key, offset), "dead letter again")   # no copy made: not resumed
+                self._spawn(self._dead_letter(key, offset, resumed=True))   # its mark is durable already
                 return
             m = found.get(offset)
             if m is not None:
@@ -743,7 +743,7 @@ class PopService:
             self._takeovers.append(key)
         while self._takeovers and self._takeover_workers < TAKEOVER_WORKERS:
             self._takeover_workers += 1
-            self._spawn(self._take_over_copies(), "take over copies")
+            self._spawn(self._take_over_copies())
 
     async def _take_over_copies(self) -> None:
         try:
@@ -778,7 +778,7 @@ class PopService:
     def _retry_takeovers_later(self) -> None:
         if not self._takeover_retry_pending:
             self._takeover_retry_pending = True
-            self._spawn(self._retry_takeovers(), "retry takeovers")
+            self._spawn(self._retry_takeovers())
 
     async def _retry_takeovers(self) -> None:
         try:
@@ -824,7 +824,7 @@ class PopService:
             held = max(own.gen if own is not None and not own.frozen else -1, copy.gen if copy is not None else -1)
             if 0 <= held < head.gen:
                 self._hinted_heads[key] = head.gen
-                self._spawn(self._hint_head(key, head), "hint a new head")
+                self._spawn(self._hint_head(key, head))
 
     async def _hint_head(self, key: Key, head: Segment) -> None:
         try:
@@ -858,7 +858,7 @@ class PopService:
         for offset, d in sorted(st.in_flight.items()):
             st.dirty.add(offset)
             if d.dead:
-                self._spawn(self._dead_letter(st.key, offset, resumed=True), "dead letter of a copy")
+                self._spawn(self._dead_letter(st.key, offset, resumed=True))
             else:
                 self._schedule(st.key, offset, d.seq, d.deadline_ms)
         return st
@@ -1025,7 +1025,7 @@ class PopService:
     def _hand_over_soon(self, key: Key) -> None:
         if key not in self._handing:
             self._handing.add(key)
-            self._spawn(self._hand_over_expired(key), "hand over expired")
+            self._spawn(self._hand_over_expired(key))
 
     async def _hand_over_expired(self, key: Key) -> None:
         try:
