@@ -12,13 +12,14 @@ import pytest
 
 from broker.pop import journal as journal_mod
 from broker.pop import replica as replica_mod
+from broker.pop import service as service_mod
 from broker.pop.limits import DELIVERY_WRITE_DELAY_MS
 from broker.pop.state import QueueState
 from broker.storage import lines
 from broker.storage.errors import UnsupportedFormat
 from tests.support import pop_node as base
 from tests.support.disk_errors import eio
-from wire.errors import ApiError
+from wire.errors import ApiError, rejection
 
 node = base.node          # b1 heading queue 0 of topic t, its pop service started
 KEY, seg, route, pop, until = base.KEY, base.seg, base.route, base.pop, base.until
@@ -257,6 +258,25 @@ async def test_the_dead_letter_chore_leaves_alone_a_delivery_that_is_gone_or_not
     assert sorted(st.in_flight) == [0] and not st.in_flight[0].dead and node.pop.dead_lettered == 0
     assert (await node.pop.dlq.read("g", 0, 10))["messages"] == []
     assert (await node.pop.ack("g", [a.handle]))[0]["ok"]
+
+
+async def test_a_dead_letter_whose_read_failed_is_copied_on_its_retry_after_the_journal_failed(node, monkeypatch):
+    """Its mark is on disk before the first read: the retry goes on without the journal, so the message reaches the
+    dead-letter queue even when the journal failed meanwhile (a restart then finds the copy, and makes no other)."""
+    monkeypatch.setattr(service_mod, "DLQ_RETRY_MS", 500)
+    await node.writer.send("t", 0, [{"body": "poison"}])
+    [h] = await pop(node, 1, group="h")                 # another group's delivery, to fail the journal with
+    await base.dead_letter_after_one_attempt(node)
+    asked = base.answer_reads(node, monkeypatch, [rejection(503, "BROKER_UNAVAILABLE", "down")])
+    await until(lambda: asked == [0])
+    monkeypatch.setattr(node.pop.journal, "_write", eio)
+    with pytest.raises(ApiError) as e:
+        await node.pop.change_invisible("h", h.handle, 60_000)
+    assert e.value.code == "STORAGE_UNAVAILABLE"
+    assert node.pop.dead_lettered == 0, "still waiting for its retry"
+    await until(lambda: node.pop.dead_lettered == 1, 5)
+    assert asked == [0, 0]
+    assert [m["origin_offset"] for m in (await node.pop.dlq.read("g", 0, 10))["messages"]] == [0]
 
 
 # -- a frozen head's hand-over ----------------------------------------------------------------------------------------
