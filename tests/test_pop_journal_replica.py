@@ -7,8 +7,10 @@ a frozen head (broker/pop/service.py ``_dead_letter``, ``_push_expired``): what 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
+import structlog
 
 from broker.pop import journal as journal_mod
 from broker.pop import replica as replica_mod
@@ -105,8 +107,11 @@ async def test_a_compaction_that_fails_leaves_the_old_file_and_the_journal_refus
     monkeypatch.setattr(j, "_replace", eio)
     st.ack(1)
     j.touch(KEY)
-    await j.round()                       # the third line, written; its compaction fails
+    with structlog.testing.capture_logs() as logs:
+        await j.round()                   # the third line, written; its compaction fails
     assert file_lines(path) == 3
+    assert [(e["event"], e["log_level"], e["path"]) for e in logs] == [
+        ("pop_journal_compaction_failed", "error", os.path.abspath(path))], "an operator is told, with the file"
     with pytest.raises(ApiError) as e:
         async with asyncio.timeout(2):
             await j.durable()
@@ -215,7 +220,10 @@ async def test_a_failed_rewrite_of_the_copy_s_file_keeps_what_it_acknowledged_an
     await store.apply("t", 0, 0, False, [st.take_line(LATER)])
     monkeypatch.setattr(store, "_replace", eio)
     st.ack(1)
-    await store.apply("t", 0, 0, False, [st.take_line(LATER)])   # durable; the rewrite after it fails
+    with structlog.testing.capture_logs() as logs:
+        await store.apply("t", 0, 0, False, [st.take_line(LATER)])   # durable; the rewrite after it fails
+    assert [(e["event"], e["log_level"], e["path"]) for e in logs] == [
+        ("replica_pop_compaction_failed", "error", os.path.abspath(path))], "an operator is told, with the file"
     st.ack(2)
     with pytest.raises(ApiError) as e:
         await store.apply("t", 0, 0, False, [st.take_line(LATER)])
@@ -225,6 +233,28 @@ async def test_a_failed_rewrite_of_the_copy_s_file_keeps_what_it_acknowledged_an
     again = replica_mod.ReplicaPopStore(str(path))
     assert held(again.states) == {KEY: (0, 3, {2: (1, False)})} and file_lines(path) == 3
     again.close()
+
+
+async def test_a_push_whose_write_fails_is_refused_and_so_is_every_later_one_and_an_operator_is_told(
+        tmp_path, monkeypatch):
+    path = tmp_path / "replica.log"
+    store = replica_mod.ReplicaPopStore(str(path))
+    st = popped(KEY, [0, 1])
+    await store.apply("t", 0, 0, False, [st.take_line(LATER)])
+    monkeypatch.setattr(store, "_write", eio)
+    st.ack(0)
+    with structlog.testing.capture_logs() as logs, pytest.raises(ApiError) as e:
+        await store.apply("t", 0, 0, False, [st.take_line(LATER)])
+    assert (e.value.status, e.value.code, e.value.message) == (
+        503, "STORAGE_UNAVAILABLE", "the replica pop state file failed")
+    assert [(x["event"], x["log_level"], x["path"]) for x in logs] == [
+        ("replica_pop_write_failed", "error", os.path.abspath(path))]
+    monkeypatch.undo()
+    st.ack(1)
+    with pytest.raises(ApiError) as e:
+        await store.apply("t", 0, 0, False, [st.take_line(LATER)])
+    assert (e.value.status, e.value.code) == (503, "STORAGE_UNAVAILABLE"), "nothing after a failed write is trusted"
+    store.close()
 
 
 # -- dead letters -------------------------------------------------------------------------------------------------------
