@@ -480,3 +480,33 @@ async def test_stats_of_one_group_count_due_and_dead_deliveries_as_the_revive_ba
     assert st.expire(0, 1, 1000, 16) == "ready" and st.expire(1, 2, 1000, 1) == "dead"
     assert node.pop.stats("b") == [{"group": "b", "topic": "t", "queue": 0, "pop_offset": 3, "in_flight": 3,
                                     "invisible": 1, "revive_backlog": 2, "frozen": False, "gen": 0}]
+
+
+async def test_a_frozen_state_s_delivery_coming_due_after_its_handover_ended_is_handed_to_the_head_now(
+        node, monkeypatch):
+    """b1 froze its state for b2, whose adopt failed; the queue came back to b1 (the handover ends: the next pop
+    here takes the state over), then moved on to b3 before any pop here. The delivery coming due is what hands it
+    to b3: nothing else would (hint_new_heads skips a frozen state)."""
+    monkeypatch.setattr(service_mod, "DLQ_RETRY_MS", 20)
+    asked = []
+
+    async def request(method, segment, path, json=None):
+        asked.append((segment.broker, path, json))
+        if segment.broker == "b2":
+            raise ApiError("b2 does not answer", {"reason": "down"}, code="BROKER_UNAVAILABLE", status=503)
+        return {"taken": 0}
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    await node.writer.send("t", 0, [{"body": "m"}])
+    await pop(node, 1, invisible_ms=800)
+    node.routes.update(route(6, [seg(0, "b1", 0, 1, "sealed"), seg(1, "b2", 1, None, "active", 1)]))
+    await node.pop.freeze(KEY, 6)
+    await until(lambda: asked)
+    node.routes.update(route(7, [seg(0, "b1", 0, 1, "sealed"), seg(1, "b2", 1, 1, "sealed", 1),
+                                 seg(2, "b1", 1, None, "active", 1)]))
+    await until(lambda: KEY not in node.pop._handing)
+    node.routes.update(route(8, [seg(0, "b1", 0, 1, "sealed"), seg(1, "b2", 1, 1, "sealed", 1),
+                                 seg(2, "b1", 1, 1, "sealed", 1), seg(3, "b3", 1, None, "active", 1)]))
+    st = node.pop.states[KEY]
+    assert sorted(st.in_flight) == [0], "still here, and due in under a second"
+    await until(lambda: not st.in_flight, 5)
+    assert asked[-1] == ("b3", "/v1/pop-adopt/g/t/0", {"deliveries": []})
