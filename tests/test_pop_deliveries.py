@@ -349,3 +349,26 @@ async def test_a_copy_taken_over_brings_its_deliveries_due_here_and_its_dead_one
     dead = (await node.pop.dlq.read("g", 0, 10))["messages"]
     assert [(m["origin_offset"], m["attempts"], m["body"]) for m in dead] == [(2, 5, "m2")]
     assert [(m.offset, m.attempt) for m in await pop(node, 5)] == [(1, 3)]
+
+
+async def test_a_delivery_handed_over_on_its_last_attempt_is_not_dead_lettered_by_the_old_head(node, monkeypatch):
+    """b1 handed its deliveries in flight to b2 (``freeze``: b2 adopted them with their attempts and deadlines) and
+    keeps them until b2 confirms; b2's first confirmation is refused. The message on its last attempt comes due at b1
+    meanwhile: it is b2's to dead-letter (b2 holds it with the same attempt and deadline), so b1 hands it over rather
+    than copy it to its own DLQ too: dead-lettered at both, the group's DLQ held it twice."""
+    base.max_attempts(node, "g", 1)
+    await node.writer.send("t", 0, [{"body": "last"}])
+    [m] = await pop(node, 1, invisible_ms=300)
+    pushes = []
+
+    async def request(method, segment, path, json=None):
+        pushes.append(path.split("?")[0])
+        raise base.ApiError("not ready", code="CATCHING_UP", status=503)
+    monkeypatch.setattr(node.reader.peers, "request", request)
+    node.routes.update(route(6, [seg(0, "b1", 0, 1, "sealed"), seg(1, "b2", 1, None, "active", 1)]))
+    answer = await node.pop.freeze(KEY, 6, caller="b2")
+    assert [o for o, *_ in answer["deliveries"]] == [0]
+    await asyncio.sleep(0.6)                     # past its deadline, while b2 has not confirmed
+    st = node.pop.states[KEY]
+    assert node.pop.dead_lettered == 0 and not st.in_flight[0].dead, "b2 decides, not b1"
+    assert 0 in st.ready and pushes, "due here means: hand it over"

@@ -515,7 +515,9 @@ class PopService:
         st = self.states.get(key)
         if st is None:
             return
-        verdict = st.expire(offset, seq, now_ms(), self.settings.max_attempts(key[0]))
+        # A frozen state's deliveries were handed to the head with their attempts: due here, they go to the head,
+        # which dead-letters them itself (dead-lettered here too, the group's DLQ held the message twice)
+        verdict = st.expire(offset, seq, now_ms(), None if st.frozen else self.settings.max_attempts(key[0]))
         if verdict == "ready":
             if st.frozen:
                 self._hand_over_soon(key)

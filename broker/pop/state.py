@@ -126,12 +126,13 @@ class QueueState:
         return d
 
     # -- the revive scanner ----------------------------------------------------------------------------------------
-    def expire(self, offset: int, seq: int, now_ms: int, max_attempts: int) -> str | None:
-        """At a deadline: "ready" (deliver again), "dead" (to the DLQ) or None (acked or superseded meanwhile)."""
+    def expire(self, offset: int, seq: int, now_ms: int, max_attempts: int | None) -> str | None:
+        """At a deadline: "ready" (deliver again), "dead" (to the DLQ) or None (acked or superseded meanwhile).
+        ``max_attempts`` None: never dead here (a frozen state's deliveries are the head's to dead-letter)."""
         d = self.in_flight.get(offset)
         if d is None or d.seq != seq or d.deadline_ms > now_ms or d.dead:
             return None
-        if d.attempt >= max_attempts:
+        if max_attempts is not None and d.attempt >= max_attempts:
             d.dead = True
             self.ready.pop(offset, None)
             self.dirty.add(offset)
