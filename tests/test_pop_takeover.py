@@ -15,49 +15,13 @@ import structlog
 from broker.peers import Unreachable
 from broker.pop import service as service_mod
 from broker.pop.state import QueueState
+from tests.support import pop_copies as peers_mod
 from tests.support import pop_node as base
 from wire.errors import ApiError, rejection
 
 node = base.node          # b1 heading queue 0 of topic t, its pop service started
 KEY, seg, route, pop, until = base.KEY, base.seg, base.route, base.pop, base.until
-ADDRESSES = {"b1": "http://b1:1", "b2": "http://b2:1", "b3": "http://b3:1", "b4": "http://b4:1"}
-
-
-def with_addresses(r: dict) -> dict:
-    r["addresses"] = dict(ADDRESSES)
-    return r
-
-
-class Peers:
-    """What the other brokers answer: ``own[broker]`` to ``pop-handover`` without ``copy_of_gen`` (a Found body, an
-    ApiError or Unreachable raised), ``copies[(broker, gen)]`` to one with it; every question is recorded."""
-
-    def __init__(self, node, monkeypatch, own: dict | None = None, copies: dict | None = None):
-        self.own, self.copies = own or {}, copies or {}
-        self.asked: list[tuple] = []
-        monkeypatch.setattr(node.reader.peers, "request", self.request)
-        monkeypatch.setattr(node.reader.peers, "call", self.call)
-
-    def _answer(self, answer):
-        if isinstance(answer, (ApiError, Unreachable)):
-            raise answer
-        return answer if answer is not None else {"found": False}
-
-    async def request(self, method, segment, path, json=None):
-        if method == "GET":    # the queue's start, read where its oldest segment lies
-            return {"min_offset": 0, "max_offset": 3}
-        self.asked.append(("own", method, segment.broker, segment.address, path))
-        return self._answer(self.own.get(segment.broker))
-
-    async def call(self, method, broker, address, path, json=None):
-        gen = int(path.split("copy_of_gen=")[1].split("&")[0])
-        self.asked.append(("copy", method, broker, address, path))
-        return self._answer(self.copies.get((broker, gen)))
-
-
-async def take_over(node) -> QueueState:
-    async with node.pop.locks.hold(KEY):
-        return await node.pop._state_for(KEY)
+Peers, take_over, with_addresses = peers_mod.Peers, peers_mod.take_over, peers_mod.with_addresses
 
 
 async def refused_takeover(node) -> ApiError:
