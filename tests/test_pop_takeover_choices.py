@@ -9,6 +9,7 @@ tests/support/pop_copies.py.
 from __future__ import annotations
 
 import pytest
+import structlog
 
 from broker.peers import Unreachable
 from broker.pop import service as service_mod
@@ -187,6 +188,22 @@ async def test_a_gen_led_here_whose_state_a_later_answer_holds_already_is_not_as
     assert (st.gen, st.next_offset) == (3, 8)
 
 
+async def test_a_lost_leader_s_gen_starts_from_the_copy_held_here_though_an_older_state_here_has_a_larger_offset(
+        node, monkeypatch):
+    """b1 holds gen 0's state at offset 9 and, as gen 1's in-sync copy, gen 1's at 12; gen 1's leader b2 holds
+    nothing: the copy, the newer state, is where b1 starts."""
+    node.routes.update(with_addresses(route(9, [seg(0, "b1", 0, 5, "sealed"),
+                                                seg(1, "b2", 5, 5, "sealed", 5, replicas=["b2", "b1"],
+                                                    in_sync=["b2", "b1"]),
+                                                seg(2, "b1", 5, None, "active", 5)])))
+    node.pop.states[KEY] = QueueState(KEY, 9, 0)
+    node.pop.replica.states[KEY] = QueueState(KEY, 12, 1)
+    Peers(node, monkeypatch)
+    st = await take_over(node)
+    assert (st.gen, st.next_offset) == (2, 12)
+    assert KEY not in node.pop.replica.states, "the copy is taken"
+
+
 # -- a gen whose leader was asked already --------------------------------------------------------------------------------
 
 def b2_led_gens_1_and_2(copies: list[str]) -> dict:
@@ -283,3 +300,18 @@ async def test_deliveries_adopted_from_an_older_head_wake_the_topic_s_waiting_po
     monkeypatch.setattr(node.pop.signals, "notify", woken.append)
     st = await take_over(node)
     assert sorted(st.in_flight) == [2] and woken == ["t"]
+
+
+async def test_an_operator_reads_what_the_older_head_answered_and_which_copy_was_held_here_when_it_was_not_used(
+        node, monkeypatch):
+    node.routes.update(with_addresses(route(9, [seg(0, "b2", 0, 5, "sealed"), seg(1, "b1", 5, None, "active", 5)])))
+    node.pop.replica.states[KEY] = QueueState(KEY, 2, 0)
+    Peers(node, monkeypatch, own={"b2": found(0, 5)})
+    with structlog.testing.capture_logs() as logs:
+        st = await take_over(node)
+    assert st.next_offset == 5
+    assert base.told(logs) == [
+        {"event": "pop_handover_leader_answered", "key": KEY, "leader": "b2", "gen": 0, "found_gen": 0,
+         "next_offset": 5},
+        {"event": "pop_state_taken_over", "key": KEY, "gen": 1, "start": 5, "adopted": 0, "from_gen": 0,
+         "copy_gen": 0, "asked": ["b1", "b2"]}]
