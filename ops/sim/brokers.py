@@ -193,7 +193,7 @@ class BrokerWorkload:
         broker = next(b for b in self.brokers if b.name == name)
         if not broker.up:
             return False
-        others = [n.url[7:].split(":")[0] for n in self.sim.nodes.values()]
+        others = [n.host for n in self.sim.nodes.values()]
         others += [b.host for b in self.brokers if b is not broker]
         links = collections.Counter(link for o in others for link in ((broker.host, o), (o, broker.host)))
         self._cuts.update(links)

@@ -188,12 +188,16 @@ class SimMetaNode:
         self.apply_soon()
 
     @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+    @property
     def url(self) -> str:
-        return f"http://{self.address.rsplit(':', 1)[0]}:{HTTP_PORT}"
+        return f"http://{self.host}:{HTTP_PORT}"
 
     def config(self) -> MetaConfig:
         members = tuple(Member(n.name, n.address, n.url) for n in self.sim.nodes.values())
-        return MetaConfig(node=self.name, data_dir=f"{DATA_ROOT}/{self.name}", http_host=self.url[7:].split(":")[0],
+        return MetaConfig(node=self.name, data_dir=f"{DATA_ROOT}/{self.name}", http_host=self.host,
                           http_port=HTTP_PORT, raft=self.address, secret=SECRET, tokens=TOKENS, members=members,
                           projection_url="", broker_tokens=self.sim.broker_tokens, offset_budget=OFFSET_BUDGET,
                           session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS,
@@ -222,9 +226,8 @@ class SimMetaNode:
             self._http_task.cancel()
             self._http_task = None
         if self._runner is not None:
-            host = self.url[7:].split(":")[0]
-            self.sim.vnet.unlisten(host, HTTP_PORT)
-            self.sim.vnet.reset(host)
+            self.sim.vnet.unlisten(self.host, HTTP_PORT)
+            self.sim.vnet.reset(self.host)
             self.sim.loop.create_task(self._runner.cleanup())
             self._runner = None
 
