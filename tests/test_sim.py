@@ -289,6 +289,15 @@ def test_brokers_on_the_virtual_net_keep_every_acknowledged_send_and_replay_exac
     assert first["faults"] and first["trace_hash"] == second["trace_hash"]
 
 
+def test_an_http_write_sent_to_a_follower_is_answered_through_the_leader():
+    # With no fault, every exclusive heartbeat (a write: POST /v1/groups/.../heartbeat, sent to any meta node) is
+    # answered: a follower forwards it to the leader's URL. Without the members' URLs (ops/sim/node.py boot), two in
+    # three waited 5 s for NO_LEADER, and no exclusive member's lease ever ran out.
+    result = run_schedule(2, faults=[], workloads=BROKER_WORKLOADS)
+    ops = result["counts"]["brokers"]["ops"]
+    assert ops.get("heartbeat:ok", 0) > 10 and not ops.get("heartbeat:unknown") and not ops.get("heartbeat:fail"), ops
+
+
 def test_a_broker_that_drops_the_append_past_every_500th_offset_is_caught(monkeypatch):
     # tests/test_chaos_mutants.py's broker_drops_the_append_past_every_500th_offset: the append is answered with
     # offsets but never written. Only a broker whose sync scope is "file" takes that path (the group-commit path
