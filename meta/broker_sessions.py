@@ -34,6 +34,7 @@ class SessionTracker:
     def __init__(self, timeout_ms: int, check_interval_ms: int = int(SESSION_CHECK_INTERVAL_S * 1000)):
         self.timeout_ms = timeout_ms
         self.check_interval_ms = check_interval_ms
+        self.checks = 0                               # checks made (a term's first only resets, and is not one)
         self.stalls = 0                               # checks that found the leader had not been listening
         self._last: dict[str, tuple[int, int]] = {}   # broker -> (epoch, monotonic ms of last heartbeat)
         self._wall: dict[str, int] = {}               # broker -> wall ms of last heartbeat (for display)
@@ -55,6 +56,7 @@ class SessionTracker:
     def expired(self, active: Iterable[tuple[str, int]], now_ms: int) -> list[tuple[str, int]]:
         """Active brokers whose current epoch has not been heard from within the timeout, not counting the time
         this node was not listening (a check more than CHECK_STALL_MS late)."""
+        self.checks += 1
         late = 0 if self._looked_ms is None else now_ms - self._looked_ms - self.check_interval_ms
         if late > CHECK_STALL_MS:
             self.stalls += 1

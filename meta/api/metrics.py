@@ -119,6 +119,11 @@ class NodeStateCollector:
                                        "Broker sessions this node fenced for silence while it led")
         expiries.add_metric([], svc.brokers.expiries)
         yield expiries
+        checks = CounterMetricFamily("stator_meta_broker_session_checks",
+                                     "Session checks this node made while it led (a term's first starts every "
+                                     "session afresh and is not counted)")
+        checks.add_metric([], svc.brokers.tracker.checks)
+        yield checks
         stalls = CounterMetricFamily("stator_meta_broker_session_check_stalls",
                                      "Session checks that found this leader had not been listening for over a second "
                                      "(its loop stalled): the stall counted against no broker's session")
