@@ -26,6 +26,7 @@ from ops.cli import main
 from client.slots import queue_for_key
 from wire.times import iso
 from tests.support import cluster as cluster_mod
+from tests.support.stator_cli import STATOR
 
 NO_ENV = {"STATOR_TOKEN": None, "STATOR_ENDPOINTS": None}
 STREAM_WAIT_S = 30.0
@@ -67,7 +68,7 @@ def error_line(result) -> str:
 def test_version_names_the_installed_package():
     from importlib import metadata
     assert cli("--version").stdout == f"stator {metadata.version('stator')}\n"
-    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "stator"), "--version"], capture_output=True,
+    done = subprocess.run([STATOR, "--version"], capture_output=True,
                           text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, f"stator {metadata.version('stator')}\n", "")
 

@@ -12,6 +12,7 @@ from ops.bench import drain as drain_bench
 from tests.support.broker_http import admin, wait_route
 from tests.support.cluster import running
 from tests.support.state_machine_builders import Log
+from tests.support.stator_cli import STATOR
 
 
 def brokers(*names: str) -> Log:
@@ -109,7 +110,7 @@ async def test_the_cli_drains_stops_and_describes(tmp_path):
 
 
 async def stator(*args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(".venv/bin/stator", *args, stdout=asyncio.subprocess.PIPE,
+    proc = await asyncio.create_subprocess_exec(STATOR, *args, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 90.0)
     assert proc.returncode == 0, err.decode()

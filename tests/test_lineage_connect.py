@@ -19,8 +19,8 @@ import pytest
 
 from ops.lineage import devspark, run
 from ops.lineage.errors import INSTALL
+from tests.support.stator_cli import STATOR
 
-STATOR = os.path.join(os.path.dirname(sys.executable), "stator")
 CLI_TIMEOUT_S = 300.0    # one command: a Python start and a few Spark jobs, on a loaded 2-core machine
 
 # A `sitecustomize` on PYTHONPATH, run by the child's interpreter at start-up: the modules named in STATOR_TEST_BLOCK

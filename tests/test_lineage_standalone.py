@@ -14,15 +14,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
 import pytest
 
 from ops.lineage import devspark
+from tests.support.stator_cli import STATOR
 
-STATOR = os.path.join(os.path.dirname(sys.executable), "stator")
 CLI_TIMEOUT_S = 300.0    # one application: a driver and an executor JVM, on a loaded 2-core machine
 JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ops", "lineage", "job.py")
 

@@ -13,6 +13,7 @@ import pytest
 from tests.support.broker_http import admin, wait_route
 from tests.support.cluster import running
 from tests.support.state_machine_builders import Log
+from tests.support.stator_cli import STATOR
 
 EAST, WEST = {"a", "b"}, {"c", "d"}
 
@@ -113,7 +114,7 @@ async def test_scopes_on_real_processes(tmp_path):
         s, b = await admin(c, "GET", 0, "/v1/brokers")
         assert {x["broker"]: x["cluster"] for x in b["brokers"]} == {k: v["cluster"] for k, v in per_broker.items()}
         proc = await asyncio.create_subprocess_exec(
-            ".venv/bin/stator", "topic", "create", "v", "--queues", "2", "--replicas", "2", "--scope", "west",
+            STATOR, "topic", "create", "v", "--queues", "2", "--replicas", "2", "--scope", "west",
             "--endpoints", c.meta_urls[0], "--token", c.token("admin"), "-w", "json",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 60.0)
