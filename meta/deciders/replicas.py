@@ -98,6 +98,9 @@ def replica_set(image: Image, t: dict[str, Any], leader: str, preferred: list[st
     live = set(placeable(image, t["scope"]))
     where = zones(image)
     chosen: list[str] = []
+    # Harmless mutants: another word for "active" below (held is read only once every live broker but the leader is
+    # chosen, and followers() never picks the leader, so the active ones it would add are all left out again);
+    # ``<=`` for ``<`` (with the count reached, the slice below takes nothing).
     held = sorted(b for b, v in image.brokers.items()
                   if v["state"] != "active" and not v["draining"] and in_scope(v, t["scope"]))
     for pool in ([b for b in preferred if b in live], sorted(live), held):
@@ -110,6 +113,8 @@ def replica_set(image: Image, t: dict[str, Any], leader: str, preferred: list[st
 def in_sync_of(image: Image, replicas: list[str]) -> list[str]:
     """The copies of a new, empty segment that are in sync from its start: its leader (``replicas[0]``, the first
     of every in-sync set, fenced or not: a growth splits a queue in place) and the active others."""
+    # Harmless mutants: ``get(b, None)`` or ``get(b)`` (every replica is a registered broker, and none ever leaves
+    # the image: no event removes one).
     return [b for b in replicas if b == replicas[0] or image.brokers.get(b, {}).get("state") == "active"]
 
 
@@ -131,6 +136,9 @@ def broker_lost(image: Image, broker: str, budget: int, fenced: bool) -> Events:
             # set of each, or a later election could pick it (the chaos runner's broker_wipe found that election).
             if len(raw) >= 2 and raw[-2][chains.STATE] == "sealing" and broker in raw[-2][chains.REPLICAS]:
                 events += _sealing_lost(t, q, raw[-2], head, broker, live, fenced)
+            # Harmless mutant: ``or`` (a head is always active: a SegmentSealing comes with the next gen's
+            # SegmentOpened; and an active head not held by ``broker`` has it in no in-sync set: _head_lost decides
+            # nothing).
             if head[chains.STATE] == "active" and broker in head[chains.REPLICAS]:
                 events += _head_lost(t, q, head, broker, live, budget, fenced)
     return events
@@ -188,7 +196,7 @@ def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live:
         return _left_in_sync(t, q, head, lost)
     if head[chains.LOGIC_START] is None:
         return []   # the segment it continues is still sealing: that seal is decided first (_sealing_lost)
-    new = _elected(head, lost, live)
+    new = _elected(head, lost, live)   # harmless mutant: None for lost (``live`` never holds the lost broker)
     if new is not None:
         return _fail_over(t, q, head, lost, new, [new, *(b for b in _without(head, lost) if b != new)], "failover",
                           budget)
@@ -199,6 +207,10 @@ def _head_lost(t: dict[str, Any], q: int, head: chains.Segment, lost: str, live:
         return []
     # Back on a new disk: its copy is empty, and leading on from its end would number new records with offsets
     # already acknowledged. Its budget's end is a safe end (it wrote nothing past it).
+    # Harmless mutants: None for q in as_dict (it changes only the dict's physical_queue, which seal_at_budget and
+    # logic_end never read); None for t, q or lost in _left_in_sync below (no live in-sync copy was elected, so the
+    # set is [lost] alone: a fence or a new disk takes a copy out of every set and only active ones are added, so
+    # every other copy in sync is live; a set of one is never changed, and _left_in_sync returns before reading them).
     topic, gen = t["topic"], head[chains.GEN]
     seg = chains.as_dict(t, q, head)
     replicas = list(head[chains.REPLICAS])
@@ -238,10 +250,10 @@ def _sealing_lost(t: dict[str, Any], q: int, sealing: chains.Segment, head: chai
     events = _left_in_sync(t, q, sealing, lost)
     if chains.sealer(sealing) != lost:
         return events
-    new = _elected(sealing, lost, live)
+    new = _elected(sealing, lost, live)   # harmless mutant: None for lost (``live`` never holds the lost broker)
     if new is not None:
         return [*events, make("SegmentSealing", topic=topic, queue=q, gen=sealing[chains.GEN], broker=new)]
-    seg = chains.as_dict(t, q, sealing)
+    seg = chains.as_dict(t, q, sealing)   # harmless mutant: None for q (only the dict's physical_queue, never read)
     return [*events, *seal_at_budget(topic, q, seg, by="session_expired" if fenced else "disk_lost"),
             make("LogicStartDecided", topic=topic, queue=q, gen=head[chains.GEN],
                  logic_start=chains.logic_end(seg, seg["budget_end"]))]
@@ -250,7 +262,9 @@ def _sealing_lost(t: dict[str, Any], q: int, sealing: chains.Segment, head: chai
 # -- the command ---------------------------------------------------------------------------------------------------
 def alter_one(image: Image, broker: str, change: dict[str, Any]) -> tuple[Events, dict[str, Any]]:
     # Harmless mutants: the message and details of the rejections below (decide_each keeps a refused item's code and
-    # status only); ``and`` for ``or`` in the epoch check (a head's gen is never sealing, an older gen never active).
+    # status only); ``and`` for ``or`` in the epoch check (a head's gen is never sealing, an older gen never active);
+    # ``or True`` in the test of t (Image.segment answers None for a topic that does not exist); ``get(b, None)`` or
+    # ``get(b)`` for ``get(b, {})`` (b is one of the segment's replicas, a registered broker: none leaves the image).
     t = image.topic(change["topic"])
     seg = image.segment(change["topic"], change["queue"], change["gen"]) if t is not None else None
     if seg is None or seg["broker"] != broker:
@@ -310,6 +324,7 @@ def elect(image: Image, c, ts, budget):
             result["outcome"] = "leader_active"
         elif head[chains.STATE] != "active" or head[chains.LOGIC_START] is None:
             result["outcome"] = "sealing"
+        # harmless mutant: None for leader in _elected (a leader in ``live`` was answered leader_active above)
         elif (new := _elected(head, leader, live)) is not None:
             events += _fail_over(t, q, head, leader, new, [new, *(b for b in _without(head, leader) if b != new)],
                                  "failover", budget)
