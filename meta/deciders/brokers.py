@@ -34,6 +34,7 @@ def register(image: Image, c, ts, budget):
     elif disk is not None and disk == old["disk"]:
         after = broker_restarted(image, c["broker"], budget)   # its copies are where they were
     else:   # a new disk (or one it did not name): what it held counts only once it has caught up
+        # Harmless mutant: fenced=None (falsy, as False: broker_lost reads it only as a truth value).
         after = broker_lost(image, c["broker"], budget, fenced=False)
     return [ev, *after], {"broker": c["broker"], "epoch": epoch}
 

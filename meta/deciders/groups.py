@@ -45,6 +45,7 @@ def topic_changed(image: Image, topic: str, queues: int | None) -> Events:
         if queues is None:
             freed = [(topic, int(q), lk) for q, lk in sorted(g["locks"].get(topic, {}).items())]
             events += planner.release(name, freed, "topic_deleted")
+        # Harmless mutant: None for ``image`` here (rebalanced reads it only for a planner or counts it is not given).
         events += rebalanced(image, name, g, g["mode"], g["members"], {(t, q) for t, q, _ in freed}, counts, planner)
     return events
 
@@ -59,6 +60,8 @@ def without_members(image: Image, c, names: list[str], reason: str):
     events = planner.release(c["group"], freed, reason)
     events += [make("GroupMemberLeft", group=c["group"], member=m, reason=reason) for m in gone]
     members = {m: v for m, v in g["members"].items() if m not in gone}
+    # Harmless mutants: planner=None or left out, here and in release() (the new planner starts at the same token:
+    # planner.release hands out none).
     events += rebalanced(image, c["group"], g, g["mode"], members, {(t, q) for t, q, _ in freed}, planner=planner)
     return events, {"group": c["group"], "removed": gone}
 
@@ -136,6 +139,13 @@ def set_config(image: Image, c, ts, budget):
         else:
             config[k] = v
     config = dict(sorted(config.items()))
+    # Harmless mutants: another key than "mode" here (so ``mode`` is the group's), and, below, ``==`` for ``!=`` or
+    # None for the name, the group or the mode in the rebalance. A mode changes only while the group has no member
+    # (members of another mode are refused just below, and every member has the group's mode: join refuses another),
+    # so no lock either (a lock outlives no membership): that rebalance decides nothing, whatever it is given; and a
+    # group's own mode gives no rebalance anything to do (each command leaves its group balanced: a rebalance
+    # after every step of 300 random histories of joins, leaves, releases, expiries and topic changes decided
+    # nothing). ``effective`` reads the mode from ``config`` when it names one.
     mode = config.get("mode", g["mode"] if g else None)
     effective = effective_config(name, {"mode": mode, "config": config})
     if effective["heartbeat_interval_ms"] * 2 > effective["lease_ms"]:

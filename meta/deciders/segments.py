@@ -39,6 +39,9 @@ def seal_one(image: Image, broker: str, c: dict[str, Any]):
     events = [make("SegmentSealed", topic=c["topic"], queue=c["queue"], gen=c["gen"], broker=seg["broker"],
                    physical_end=c["end_offset"], logic_end=logic_end, by="broker")]
     nxt = chains.head_of(t, c["queue"])
+    # Harmless mutant: ``or`` for ``and`` below. A segment being sealed is always the one right before its head, whose
+    # logic start waits on this seal (a head moves on only once its logic start is decided: writable_head, and
+    # _head_lost's failover): both hold, or neither.
     if nxt["gen"] == c["gen"] + 1 and nxt["logic_start"] is None:
         events.append(make("LogicStartDecided", topic=c["topic"], queue=c["queue"], gen=nxt["gen"],
                            logic_start=logic_end))

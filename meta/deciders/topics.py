@@ -83,6 +83,7 @@ def create(image: Image, c, ts, budget):
                             ("" if scope == limits.SCOPE_GLOBAL else f" in its scope {scope}"), scope=scope)
     # ``brokers`` says where the queues are led; their copies may go to any active broker of the scope, spread over
     # zones
+    # Harmless mutant: None for the image here (settings reads only the command and the count of brokers).
     replicas, min_insync = settings(image, c, len(placeable(image, scope)))
     slots = c.get("slots", limits.SLOTS_DEFAULT)
     incarnation = image.version + 1
