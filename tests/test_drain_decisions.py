@@ -109,7 +109,7 @@ def test_a_head_still_waiting_for_its_logic_start_waits_and_the_next_head_moves(
     assert log.head("t", 0)["gen"] == 1
 
 
-def test_a_head_whose_leader_is_fenced_waits_for_its_failover():
+def test_a_head_whose_leader_is_fenced_with_no_copy_in_sync_waits_for_it():
     log = brokers("a", "c", "d")
     log.create("t", 1, replicas=2, brokers=["d"])
     assert log.head("t", 0)["replicas"] == ["d", "a"]
