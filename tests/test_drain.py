@@ -11,15 +11,9 @@ import json
 from ops.bench import drain as drain_bench
 from tests.support.broker_http import admin, wait_route
 from tests.support.cluster import running
+from tests.support.decision_checks import brokers
 from tests.support.state_machine_builders import Log
 from tests.support.stator_cli import STATOR
-
-
-def brokers(*names: str) -> Log:
-    log = Log()
-    for n in names:
-        log.register(n)
-    return log
 
 
 def holders(log: Log, topic: str) -> set[str]:
