@@ -39,12 +39,14 @@ class DeadLetters:
         if create:
             # One decision under the store's lock: appends run on threads, and a check then a create lost to the
             # group's first two dead letters at once (QueueExists killed the second one's chore)
+            # Harmless mutants: the 0 left out (the default), and None for False where holds and read call this (falsy).
             return self.store.open_or_create(name, 0)
         return self.store.get(name) if name in self.store else None
 
     def _append(self, group: str, payloads: list[bytes], ts_ms: int) -> int:
         pq = self._queue(group, True)
         first = pq.append(payloads, ts_ms)
+        # Harmless mutant: + for - (a DLQ queue starts at 0 and keeps everything: no retention, so min_offset is 0).
         self.sizes[group] = pq.max_offset - pq.min_offset
         return first
 
@@ -62,6 +64,7 @@ class DeadLetters:
         if pq is None:
             return False
         start = max(pq.min_offset, pq.max_offset - DLQ_TAIL_SCAN_MAX)
+        # Harmless mutants: >= or an always-true test here, and <= in read's (a read at max_offset is empty).
         for r in pq.read(start, max_records=DLQ_TAIL_SCAN_MAX) if pq.max_offset > start else []:
             v = json.loads(r.payload)
             if (v["topic"], v["queue"], v["origin_offset"]) == (topic, queue, origin_offset):

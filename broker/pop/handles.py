@@ -63,6 +63,7 @@ class HandleCodec:
         if None in numbers:
             return None
         try:
+            # Harmless mutant: +len (too much padding is ignored by the decoder; a length of 1 mod 4 fails either way).
             name = base64.urlsafe_b64decode(topic + "=" * (-len(topic) % 4)).decode()
         except (ValueError, UnicodeError):
             return None

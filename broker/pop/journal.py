@@ -190,6 +190,7 @@ class Journal:
 
     async def _compact(self) -> None:
         """Rewrite the file as one line per key. Runs between rounds, so what it writes is what is durable."""
+        # Harmless mutants: None for now, or for take_line's now (force=True never reads it).
         now = self._now_ms()
         for st in self.states.values():   # bring every key up to date first: the new file replaces every line
             st.take_line(now, force=True)

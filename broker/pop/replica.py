@@ -44,6 +44,9 @@ def _apply(states: dict[Key, QueueState], entry: Any) -> None:
             raise OlderFormatLine("a reset line of Stator 0.1 (no gen: it dropped every state of the queue)")
         _, topic, queue, gen = entry
         if type(gen) is not int:
+            # Harmless mutants: the words of this error and of the unknown kind's, entry[1] there (load catches all of
+            # ValueError, TypeError, KeyError and IndexError and says it in words of its own; apply writes only R and
+            # L).
             raise TypeError("a reset line's gen is not an int")
         for key in [k for k, st in states.items() if k[1] == topic and k[2] == queue and st.gen >= gen]:
             del states[key]
@@ -51,6 +54,7 @@ def _apply(states: dict[Key, QueueState], entry: Any) -> None:
         line = entry[1]
         held = states.get(tuple(line[:3]))
         if held is not None and type(line[4]) is int and line[4] != held.gen:
+            # Harmless mutant: <= (equal gens do not reach here).
             if line[4] < held.gen:
                 return    # a deposed leader's line, late: the newer leader's state is what is held
             # A new leader's first line of the key, whole (state.py ``take_line``): it replaces the older leader's

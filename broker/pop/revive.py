@@ -36,6 +36,7 @@ class Reviver:
         return len(self._heap)
 
     def schedule(self, deadline_ms: int, key: Key, offset: int, seq: int) -> None:
+        # Harmless mutant: <= (a spurious wake-up: the loop works out its wait again).
         if self._heap and deadline_ms < self._heap[0][0]:
             self._wake.set()
         elif not self._heap:

@@ -61,6 +61,8 @@ TAKEOVER_WORKERS = 8             # keys taken over from copies at once: one wait
 def _queue_path(what: str, key: Key) -> str:
     """A broker-to-broker path of one group's state of one queue (``pop-handover``, ``pop-adopt``)."""
     group, topic, queue = key
+    # Harmless mutants: safe='XXXX' for either name (letters are always safe, '/' stays quoted) and the topic's default
+    # safe='/' (a topic name is [A-Za-z0-9_-]+: wire/names.py).
     return f"/v1/{what}/{quote(group, safe='')}/{quote(topic, safe='')}/{queue}"
 
 
@@ -73,6 +75,7 @@ def _code(code: str, handle: Any) -> dict[str, Any]:
 
 
 def invalid_handle(why: str) -> ApiError:
+    # Harmless mutant: status None (ApiError's default status is 400).
     return rejection(400, "INVALID_HANDLE", f"the handle is malformed or unknown to this broker: {why}")
 
 
@@ -189,6 +192,8 @@ class PopService:
         """Put a deadline on the revive heap; now and then drop the entries of deliveries acked or superseded
         meanwhile, so the heap stays proportional to what is in flight."""
         self.reviver.schedule(deadline_ms, key, offset, seq)
+        # Harmless mutant: -= 1 (-n % HEAP_CHECK_EVERY is 0 exactly when n % HEAP_CHECK_EVERY is; nothing else reads
+        # it).
         self._scheduled += 1
         if self._scheduled % HEAP_CHECK_EVERY == 0:
             live = self.in_flight_total()
@@ -274,6 +279,9 @@ class PopService:
             if len(out) >= max_n:
                 break
             try:
+                # Harmless mutants: / 1001 (999 ms for 1 s; the log names the constant); "new" misspelt in the phases
+                # below (the saturation check it skips only makes None of []: _deliver_new is bounded by the same
+                # limits); queue None in the call (busy keys are only those of a pop with queue None).
                 async with asyncio.timeout(BUSY_QUEUE_WAIT_MS / 1000):
                     for phase in ("retry", "new"):
                         out += await self._take_under_lock(key, phase, max_n - len(out), invisible_ms, order,
@@ -301,6 +309,8 @@ class PopService:
         try:
             async with self.locks.hold(key):
                 st = await self._state_for(key)
+                # Harmless mutant: n < 0 (n is 0 only in the busy-queue loop's second phase, where _take hands out
+                # nothing for 0: _redeliver of no offsets, _deliver_new bounded by n).
                 if st is None or n <= 0:
                     return []
                 if phase == "new" and (len(st.in_flight) >= IN_FLIGHT_PER_QUEUE_MAX
@@ -330,6 +340,8 @@ class PopService:
 
     async def _deliver_new(self, st: QueueState, n: int, invisible_ms: int) -> list[RawPopped]:
         group, topic, queue = st.key
+        # Harmless mutant: n < 0 below (n is at least 1 here: _take_under_lock answers n <= 0 and a saturated queue
+        # before, with no await between).
         n = min(n, IN_FLIGHT_PER_QUEUE_MAX - len(st.in_flight), IN_FLIGHT_MAX - self._in_flight_total)
         if n <= 0:
             return []
@@ -505,6 +517,7 @@ class PopService:
         seq = self._next_seq()
         d = st.change_invisible(h.offset, seq, now_ms() + invisible_ms)
         self._schedule(st.key, h.offset, seq, d.deadline_ms)
+        # Harmless mutant: acked=None (falsy, as False: _verdict reads it only as a truth value).
         self._remember(st.key, h.offset, h.seq, acked=False)   # superseded
         self.journal.touch(st.key)
         await self.journal.durable(confirm=[(h.topic, h.queue)])
@@ -546,6 +559,7 @@ class PopService:
                     found, gone, code = {}, {offset}, None   # the topic was deleted: no message left to keep
             if code is not None:
                 log.warning("dead_letter_read_failed", key=key, offset=offset, code=code)
+                # Harmless mutant: / 1001 (a retry 1 ms sooner).
                 await asyncio.sleep(DLQ_RETRY_MS / 1000)
                 self._spawn(self._dead_letter(key, offset, resumed=True))   # its mark is durable already
                 return
@@ -556,6 +570,7 @@ class PopService:
                 self.dead_lettered += 1
         if st.in_flight.get(offset) is d:
             st.ack(offset)
+            # Harmless mutant: acked=None (falsy, as False).
             self._remember(key, offset, d.seq, acked=False)   # dead-lettered
             self.journal.touch(key)
             self.journal.kick()
@@ -738,6 +753,8 @@ class PopService:
         for key in [k for k in self._takeover_retry_at if k not in self.replica.states and k not in self._hinted_here]:
             del self._takeover_retry_at[key]   # its copy is gone (taken at a pop, or dropped): nothing to retry
         for key in [*self.replica.states, *self._hinted_here]:
+            # Harmless mutants: a default of 1.0 (the monotonic clock is past 1 s on any running broker) and >= (a float
+            # boundary: now equal to a retry time to the last bit).
             if key in self._takeover_queued or self._takeover_retry_at.get(key, 0.0) > now \
                     or not self._leads(key[1], key[2]):
                 continue
@@ -756,6 +773,9 @@ class PopService:
                     # registered yet, its routes still named it the head of its lost disk's gen; told by a hint, it
                     # took a group over there from an older gen's copy and pushed that state to the gen's copies
                     # over their own, newer one (the chaos runner, seed 49, eighth run: acked pops delivered again)
+                    # Harmless mutants: this refusal's words (caught below, where only its code is logged); and the pop
+                    # of None for key further down (a retry time left behind is already past: a key is queued again only
+                    # once its retry time has come, and the entry is pruned once no copy or hint is left).
                     self._require_ready("takes the pop state over")
                     if (key in self.replica.states or key in self._hinted_here) and self._leads(key[1], key[2]):
                         async with self.locks.hold(key):
@@ -786,6 +806,7 @@ class PopService:
         try:
             await asyncio.sleep(TAKEOVER_RETRY_S)
         finally:
+            # Harmless mutant: None for False here (falsy, read only as a truth value).
             self._takeover_retry_pending = False
         self.take_over_copies_soon()
 
@@ -823,6 +844,7 @@ class PopService:
                     or self._hinted_heads.get(key) == head.gen:
                 continue
             own, copy = self.states.get(key), self.replica.states.get(key)
+            # Harmless mutants: -2 for either -1 (both fail 0 <= held alike).
             held = max(own.gen if own is not None and not own.frozen else -1, copy.gen if copy is not None else -1)
             if 0 <= held < head.gen:
                 self._hinted_heads[key] = head.gen
@@ -856,6 +878,10 @@ class PopService:
             st.removed = own.removed   # the journal's lines of own's deliveries precede this state's
             st.moved_below = own.moved_below   # own's handles of what it handed over or dropped stay refused
         for offset, d in sorted(copied.in_flight.items()):
+            # Harmless mutants: written None (falsy, as False: read only as a truth value) or True: every delivery is
+            # put in dirty below and written by the state's next line; True only adds to that line, for one acked before
+            # it (a dead letter of the copy: no handle of these new numbers is out), a removal of an offset no line
+            # holds, which a replay ignores (the state on disk is the same).
             st.in_flight[offset] = Delivery(self._next_seq(), d.attempt, d.deadline_ms, False, d.dead)
         for offset, d in sorted(st.in_flight.items()):
             st.dirty.add(offset)
@@ -938,6 +964,8 @@ class PopService:
             log.info("pop_handover_copy_answered", key=key, copy=copy, gen=seg.gen,
                      found_gen=found.gen if found is not None else None,
                      next_offset=found.next_offset if found is not None else None, holds=body.get("holds"))
+            # Harmless mutant: <= (a copy holding the gen's state is returned just below, and the settled mark of that
+            # gen is read by nothing after: each gen is asked once, and the state found passes every older gen by).
             if found is None or found.gen < seg.gen:
                 holds = body.get("holds")
                 if (copy == seg.sealer or copy in seg.in_sync) and isinstance(holds, list) \
@@ -972,6 +1000,7 @@ class PopService:
         group, topic, queue = key
         deadline = time.monotonic() + HANDOVER_WAIT_S
         while self.routes.version < route_version:
+            # Harmless mutant: >= (a float boundary: the clock equal to the deadline to the last bit).
             if time.monotonic() > deadline:
                 raise rejection(503, "CATCHING_UP", "this broker has not seen the route that moved the queue yet")
             await asyncio.sleep(0.02)
@@ -1032,6 +1061,7 @@ class PopService:
     async def _hand_over_expired(self, key: Key) -> None:
         try:
             while not await self._push_expired(key):
+                # Harmless mutant: / 1001 (asked again 1 ms sooner).
                 await asyncio.sleep(DLQ_RETRY_MS / 1000)
         finally:
             self._handing.discard(key)
@@ -1059,6 +1089,9 @@ class PopService:
         for o, d in handed.items():
             if st.in_flight.get(o) is d:
                 st.ack(o)
+                # Harmless mutants: None for key or for o, acked=None: a handle of a delivery handed over is
+                # HANDLE_EXPIRED without its remembered outcome (frozen, moved_below is at least the pop offset:
+                # _verdict), and None is falsy.
                 self._remember(key, o, d.seq, acked=False)   # moved to the head
         self.journal.touch(key)
         await self.journal.durable()
@@ -1102,6 +1135,7 @@ class PopService:
         for offset, attempt, *deadline in deliveries:
             if offset in st.in_flight or offset >= st.next_offset:
                 continue
+            # Harmless mutant: 1 for 0 (due now either way: the deadline becomes max(now, 1) = now and is ready).
             d = st.adopt(offset, self._next_seq(), attempt, now, deadline[0] if deadline else 0)
             if offset not in st.ready:
                 self._schedule(st.key, offset, d.seq, d.deadline_ms)

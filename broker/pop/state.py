@@ -55,6 +55,8 @@ class QueueState:
 
     # -- handing out ---------------------------------------------------------------------------------------------
     def deliver_new(self, offset: int, seq: int, now_ms: int, invisible_ms: int) -> Delivery:
+        # Harmless mutant: or for and (an assertion that holds on every reachable state: _adopt_into keeps in flight
+        # only offsets below the pop offset; weakened, it changes nothing).
         assert offset >= self.next_offset and offset not in self.in_flight
         d = self.in_flight[offset] = Delivery(seq, 1, now_ms + invisible_ms)
         self.fresh.append((now_ms, offset, seq))
@@ -66,12 +68,15 @@ class QueueState:
         self.next_offset = max(self.next_offset, offset)
 
     def redeliver(self, offset: int, seq: int, now_ms: int, invisible_ms: int) -> Delivery:
+        # Harmless mutant: pop without its default (_redeliver passes only offsets in ready).
         old = self.in_flight[offset]
         self.ready.pop(offset, None)
         d = self.in_flight[offset] = Delivery(seq, old.attempt + 1, now_ms + invisible_ms, old.written)
         self.dirty.add(offset)
         return d
 
+    # Harmless mutants: a default deadline of 1 (every caller passes one; 1 <= now_ms anyway), and "" for None as a
+    # value of ready here, in hand_over_all and in expire (ready is an ordered set: its values are never read).
     def adopt(self, offset: int, seq: int, attempt: int, now_ms: int, deadline_ms: int = 0) -> Delivery:
         """A delivery handed over by an older head (pop across remaps), written at once: in flight until
         ``deadline_ms``, ready at once when that has passed."""
@@ -96,6 +101,7 @@ class QueueState:
             return DONE if offset < self.next_offset else UNKNOWN
         if d.seq == seq:
             return EXPIRED if d.dead else LIVE
+        # Harmless mutant: >= (d.seq == seq returned above).
         return EXPIRED if d.seq > seq else UNKNOWN
 
     def ack(self, offset: int) -> None:
@@ -204,12 +210,14 @@ def replay_line(states: dict[Key, QueueState], line: Any) -> QueueState:
     g, t, q, next_offset, gen, frozen, moved_below, upserts, removes = line
     if not (isinstance(g, str) and isinstance(t, str) and type(q) is int and type(next_offset) is int
             and type(gen) is int and isinstance(frozen, bool) and type(moved_below) is int):
+        # Harmless mutants: this error's words (every caller catches it and says what it was told in words of its own).
         raise ValueError("bad journal line")
     parsed = [(int(o), Delivery(int(s), int(a), int(dl), True, bool(dead))) for o, s, a, dl, dead in upserts]
     removes = [int(o) for o in removes]
     key = (g, t, q)
     st = states.get(key)
     if st is None:
+        # Harmless mutant: None for next_offset (set on the next line).
         st = states[key] = QueueState(key, next_offset)
     st.next_offset, st.gen, st.frozen, st.moved_below = next_offset, gen, frozen, moved_below
     st.written_next, st.written_meta = next_offset, (gen, frozen, moved_below)
