@@ -28,7 +28,7 @@ RELEASE_FALLBACK_S = 5.0  # a lock the test holds is let go by then whatever hap
 
 # -- the counters the long polls park on ---------------------------------------------------------------------------
 
-def test_a_topic_s_counter_counts_its_notifications_from_zero():
+def test_a_notification_gives_its_topic_a_new_stamp_and_no_other_topic_s():
     signals = TopicSignals()
     assert signals.stamp("t") == 0, "a topic never notified is at zero"
     seen = []
@@ -37,12 +37,12 @@ def test_a_topic_s_counter_counts_its_notifications_from_zero():
         seen.append(signals.stamp("t"))
     assert seen == [1, 2, 3]
     signals.notify("u")
-    assert (signals.stamp("t"), signals.stamp("u")) == (3, 1), "each topic counts its own"
+    assert (signals.stamp("t"), signals.stamp("u")) == (3, 4), "one sequence for all: u's does not move t's"
 
 
-async def test_past_their_bound_only_the_counters_of_topics_nobody_waits_on_are_dropped(monkeypatch):
-    """At TOPICS_TRACKED_MAX topics a known one still counts on; a new one drops the counters of the topics no pop is
-    parked on (they read zero again) and keeps the one a pop waits on, so its notification is never lost."""
+async def test_past_their_bound_only_the_stamps_of_topics_nobody_waits_on_are_dropped(monkeypatch):
+    """At TOPICS_TRACKED_MAX topics a known one still gets new stamps; a new one drops the stamps of the topics no
+    pop is parked on (they read zero again) and keeps the one a pop waits on, so its notification is never lost."""
     monkeypatch.setattr(wakeup_mod, "TOPICS_TRACKED_MAX", 3)
     signals = TopicSignals()
     signals.notify("x")
@@ -50,15 +50,32 @@ async def test_past_their_bound_only_the_counters_of_topics_nobody_waits_on_are_
     await until(lambda: "x" in signals._events)     # the pop is parked on x
     signals.notify("a")
     signals.notify("b")                             # three topics: at the bound
-    signals.notify("a")                             # a known topic at the bound counts on
-    assert [signals.stamp(t) for t in "xab"] == [1, 2, 1]
+    signals.notify("a")                             # a known topic at the bound is stamped on
+    assert [signals.stamp(t) for t in "xab"] == [1, 4, 3]
     signals.notify("c")                             # a new one past the bound
-    assert [signals.stamp(t) for t in "xabc"] == [1, 0, 0, 1]
+    assert [signals.stamp(t) for t in "xabc"] == [1, 0, 0, 5]
     assert not parked.done()
     signals.notify("x")
     async with asyncio.timeout(base.WAIT_S):
         await parked
-    assert signals.stamp("x") == 2
+    assert signals.stamp("x") == 6
+
+
+async def test_a_pop_whose_stamp_was_dropped_while_it_looked_is_woken_by_the_next_send(monkeypatch):
+    """A pop reads t's stamp and looks; meanwhile other topics' notifications drop t's stamp (nobody was parked on
+    it yet) and a send notifies t again. The pop then parks with its old stamp: it must return at once, not sleep
+    its whole wait with the message there."""
+    monkeypatch.setattr(wakeup_mod, "TOPICS_TRACKED_MAX", 2)
+    signals = TopicSignals()
+    signals.notify("t")
+    stamp = signals.stamp("t")                      # the pop's look begins
+    signals.notify("a")
+    signals.notify("b")                             # past the bound: t's stamp is dropped
+    assert signals.stamp("t") == 0
+    signals.notify("t")                             # the send the pop's look missed
+    async with asyncio.timeout(base.WAIT_S):
+        await signals.wait("t", stamp, 60.0)        # returns at once
+    assert "t" not in signals._events, "the pop never parked"
 
 
 async def test_a_long_poll_past_the_bound_of_parked_pops_is_refused_at_once(node, monkeypatch):
