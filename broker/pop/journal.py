@@ -71,15 +71,18 @@ class Journal:
         self._changed: set[Key] = set()
         self._waiters: list[tuple[asyncio.Future, frozenset[tuple[str, int]]]] = []   # (answer, confirm)
         self._wake = asyncio.Event()
+        # Harmless mutants: None for False in _failed and _closed (only ever tested for truth).
         self._failed = False
         self._closed = False
         self._task: asyncio.Task | None = None
         # The copies of the queues this broker leads (broker/replication/pop_copies.py): each round's lines go to them
         self.copies: PopCopies | None = None
+        # Harmless mutants: the rounds counted from 1, or = 1, -= 1, += 2 in round (no code or metric reads it).
         self.rounds = 0
         self.lines_written = 0
 
     def start(self) -> None:
+        # Harmless mutants: the task's name (nothing looks a task up by name).
         self._task = asyncio.create_task(self._run(), name="pop-journal")
 
     def touch(self, key: Key) -> None:
@@ -119,6 +122,7 @@ class Journal:
     async def _run(self) -> None:
         while True:
             # Tick while first deliveries mature; idle otherwise (bounded, so a lost wake-up costs a second).
+            # Harmless mutant: / 1001 (a tick of 19.98 ms for 20).
             await wait_set(self._wake, FLUSH_TICK_MS / 1000 if self._changed else IDLE_WAKE_S)
             self._wake.clear()
             try:
@@ -144,6 +148,8 @@ class Journal:
             if st.fresh:
                 still.add(key)        # first deliveries still maturing: look again next round
         self._changed = still    # keys touched while this round writes join the next one
+        # Harmless mutants: None for pushes' empty start (without copies it is only tested for truth; with them
+        # collect replaces it), None for collect's now (it reaches only take_line(force=True), which never reads it).
         pushes: list = []
         stranded: set[tuple[str, int]] = set()
         if self.copies is not None and not self._failed:
@@ -158,9 +164,13 @@ class Journal:
             raise wrote
         if isinstance(pushed, BaseException) and not isinstance(pushed, ApiError):
             raise pushed
+        # Harmless mutant: an always-true test of pushed (pushed is None or an ApiError here: any other exception was
+        # raised above, so error is pushed either way).
         error = unavailable() if self._failed else pushed if isinstance(pushed, ApiError) else None
         self.rounds += 1
         for f, confirm in waiters:
+            # Harmless mutant: break for continue (never done here: durable shields its future, and nothing else
+            # answers it; each waiter is in one round only).
             if f.done():
                 continue
             moved = sorted(confirm & stranded) if error is None else ()
@@ -214,12 +224,15 @@ class Journal:
         """Stops the round task and writes everything still in memory (first deliveries included)."""
         if self._task is not None:
             self._task.cancel()
+            # Harmless mutant: the task left out of the gather (cancelled while suspended, it ends at the first await
+            # of the round below and touches no state after its cancel either way).
             await asyncio.gather(self._task, return_exceptions=True)
         if not self._closed:
             # Not to the copies: one unreachable would hold the stop for REPLICATION_WAIT_S, and what this round
             # writes (first deliveries not written yet) they may lack, as after a crash: the pop offset they hold
             # never passed those deliveries
             self.copies = None
+            # Harmless mutant: = for |= (a changed key without a state is skipped by the round anyway).
             self._changed |= set(self.states)
             await self.round(force=True)
             self._closed = True
