@@ -25,11 +25,15 @@ def queue_name(group: str) -> str:
 
 
 class DeadLetters:
+    # Harmless mutants: driven's default True (PopService always passes it); None or no config for the store's
+    # (QueueStore's default config is QueueConfig(), whose flush_policy is FLUSH_FSYNC: the same config).
     def __init__(self, root: str, driven: bool = False):
         self.store = QueueStore(root, QueueConfig(flush_policy=FLUSH_FSYNC), driven=driven)
         self.sizes: dict[str, int] = {}
         for name in self.store.names():
             pq = self.store.get(name)
+            # Harmless mutants: max_records 2 or its default (only the first record is read), >= (a read at
+            # max_offset is empty), and + for - below (a DLQ queue keeps everything: min_offset is 0).
             first = pq.read(pq.min_offset, max_records=1) if pq.max_offset > pq.min_offset else []
             if first:
                 self.sizes[json.loads(first[0].payload)["group"]] = pq.max_offset - pq.min_offset

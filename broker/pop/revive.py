@@ -49,6 +49,7 @@ class Reviver:
         self._wake.set()
 
     def start(self) -> None:
+        # Harmless mutants: the task's name (nothing looks a task up by name).
         self._task = asyncio.create_task(self._run(), name="pop-revive")
 
     async def stop(self) -> None:
@@ -70,6 +71,7 @@ class Reviver:
                     self._fire(key, offset, seq)
                 except Exception:
                     log.exception("pop_revive_failed", key=key, offset=offset)
+            # Harmless mutant: / 1001 (a wait 0.1% short: the loop looks again and waits the rest).
             wait_s = IDLE_WAKE_S if not self._heap else min(IDLE_WAKE_S, max(0.0, (self._heap[0][0] - now) / 1000))
             self._wake.clear()
             await wait_set(self._wake, wait_s)

@@ -111,6 +111,8 @@ class PopService:
     def __init__(self, me: str, data_dir: str, routes: RouteTable, reader: Reader, ready: Callable[[], bool],
                  settings: GroupSettings, signals: TopicSignals, driven: bool = False):
         """``driven``: no thread of its own (BrokerNode's): the dead-letter store closes its queues in series."""
+        # Harmless mutant: driven's default True (BrokerNode always passes it; it only picks threads or series for
+        # closing the dead-letter queues, which close either way).
         self.me = me
         self.routes = routes
         self.reader = reader
@@ -138,10 +140,14 @@ class PopService:
         self._takeover_queued: set[Key] = set()      # ... those, and the ones being taken over now
         self._takeover_retry_at: dict[Key, float] = {}   # monotonic: a key whose takeover could not finish
         self._takeover_workers = 0
+        # Harmless mutant: None for False (only tested for truth).
         self._takeover_retry_pending = False
         self._hinted_here: set[Key] = set()          # keys of queues led here an older holder told of (take_over_soon)
         self._hinted_heads: dict[Key, int] = {}      # key -> the gen of the head told of it (hint_new_heads)
         # (topic, queue, what): 503 NOT_ENOUGH_REPLICAS when the queue is led here below its min_insync (node.py)
+        # Harmless mutants: None for the default (BrokerNode sets its own before the service answers anything) and 0
+        # for its None (nobody reads what it returns); None or 1 for _in_flight_total (_pop_once sets it before any
+        # read: only the pop path reads it).
         self.check_copies: Callable[[str, int, str], None] = lambda topic, queue, what: None
         self._in_flight_total = 0
         self._scheduled = 0
@@ -162,6 +168,7 @@ class PopService:
                     # delivery is not synced before the pop is answered), and the handle that delivery superseded
                     # must not work again (the chaos runner's fixed seed, stale_pop_acks). Every handle of a
                     # delivery in flight before a restart is refused after it; the message comes back once due.
+                    # Harmless mutant: d.dead left out (False here, as its default).
                     st.in_flight[offset] = Delivery(self._next_seq(), d.attempt, d.deadline_ms, d.written, d.dead)
                     st.dirty.add(offset)
                     self._schedule(key, offset, st.in_flight[offset].seq, d.deadline_ms)
