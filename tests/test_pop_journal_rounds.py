@@ -359,7 +359,7 @@ async def test_a_failed_write_beats_a_moved_head_in_the_answer(tmp_path, monkeyp
     os.close(j._fd)
 
 
-# -- files that are not pop journals ------------------------------------------------------------------------------------
+# -- files that are not pop journals -----------------------------------------------------------------------------------
 
 def written(path, value) -> None:
     with open(path, "wb") as f:

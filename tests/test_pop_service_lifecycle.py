@@ -121,7 +121,7 @@ async def test_a_frozen_head_restarted_with_deliveries_in_flight_hands_them_over
             await again.stop()
 
 
-# -- the revive scheduler -----------------------------------------------------------------------------------------------
+# -- the revive scheduler ----------------------------------------------------------------------------------------------
 
 async def test_a_reviver_never_started_stops(tmp_path):
     await Reviver(lambda key, offset, seq: None).stop()
@@ -179,7 +179,7 @@ async def test_a_deadline_not_yet_due_is_looked_at_again_when_it_comes_not_a_sec
         await r.stop()
 
 
-# -- pops, chores, adopt --------------------------------------------------------------------------------------------------
+# -- pops, chores, adopt -----------------------------------------------------------------------------------------------
 
 async def test_a_pop_that_gave_up_on_a_busy_queue_is_woken_when_it_is_freed(node, monkeypatch):
     monkeypatch.setattr(service_mod, "BUSY_QUEUE_WAIT_MS", 100)
@@ -220,7 +220,7 @@ async def test_an_admin_adopt_answers_how_many_deliveries_it_took(node):
     assert await node.pop.adopt(KEY, [[0, 1], [1, 2], [2, 1]]) == 2, "offset 2 is in flight already"
 
 
-# -- journal lines ---------------------------------------------------------------------------------------------------------
+# -- journal lines -----------------------------------------------------------------------------------------------------
 
 def test_a_dead_delivery_s_record_says_1():
     st = QueueState(KEY, 0)

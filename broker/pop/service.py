@@ -616,7 +616,11 @@ class PopService:
                 # one. Asked, an older head that did not answer stopped the takeover (the chaos runner, seed 49:
                 # b3, elected with its copy of gen 7, asked gen 5's leader, fenced, and never took over; when b3's
                 # disk was lost the copy went with it, and the group started over from offset 0)
+                # Harmless mutant: break (gens fall along the reversed history: every segment after this one is
+                # older still, and skipped here too).
                 continue
+            # Harmless mutant: st.gen <= seg.gen (best starts at st's gen and only grows, so with st.gen == seg.gen
+            # best[0] < seg.gen fails anyway).
             if seg.broker == self.me and (st is None or st.gen < seg.gen) and (best is None or best[0] < seg.gen):
                 # This broker led that gen and holds nothing of it: back on an empty disk, it leads on (a restart
                 # with no copy in sync to take over); the copies it waited for hold what it acknowledged (the chaos
@@ -677,6 +681,7 @@ class PopService:
                 mine = self._copy_here(seg, key)
                 if mine is not None and (best is None or mine.gen > best[0]):
                     best, copied = (mine.gen, mine.next_offset), mine
+                    # Harmless mutant: break (best is this segment's gen now: every older one is skipped above).
                     continue
                 got = await self._ask_copies(seg, key, asked, asked_copies, empty, settled, best)
                 if got is None and lost is not None and seg.gen not in settled:
@@ -689,6 +694,9 @@ class PopService:
             # The leader's own answer beats a copy of the same gen's state: the copy is at most as new, and the
             # leader, frozen now, still owns its deliveries in flight (taken from the copy too, they would be
             # delivered again here while an ack there is answered ok: the chaos runner, seed 9)
+            # Harmless mutants: != for == and best[1] for best[0] in the last clause: copied is always None here (a
+            # copy taken sets best to its segment's gen, and every older segment after it is skipped above), so the
+            # clause is never true; it is a guard for an order of segments the history does not give.
             if got is not None and (best is None or got.gen > best[0] or (copied is not None and got.gen == best[0])):
                 best, copied, handed = (got.gen, got.next_offset), None, got.deliveries
         if copied is not None:
@@ -712,6 +720,8 @@ class PopService:
                 # copy elected took them over; the chaos runner, seed 884: acked pops delivered again once a remap
                 # brought the queue back here), or a remap froze it (the head that froze it took them with its answer)
                 st.drop_deliveries()
+            # Harmless mutant: start always (best[0] == st.gen only while best is still st's own (gen, next_offset),
+            # taken under the key's lock, which every move of st's pop offset holds: start is st.next_offset then).
             st.next_offset = max(start, st.next_offset) if best[0] == st.gen else start
             st.gen, st.frozen = head.gen, False
         # The older head's deliveries in flight are this head's from now on, durable here (and on this head's
