@@ -1,7 +1,7 @@
 """The pop journal's rounds and waits (broker/pop/journal.py), on the real Journal over a file in tmp_path: what a
 round writes and when the round task runs one, the refusals of a wait word for word, what a failed round or write
 tells an operator, the round's answers with copies (broker/replication/pop_copies.py, over the routes and tracker of
-tests/test_replica_tracker.py's Leader, their pushes answered by a stand-in of the other brokers), the compaction's
+tests/support/replica_leader.py's Leader, their pushes answered by a stand-in of the other brokers), the compaction's
 bounds, and the refusals of a file that is not a pop journal (the journal's and the copy's file, replica.py)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from broker.storage import lines
 from broker.storage.errors import CorruptFile, UnsupportedFormat
 from tests.support.disk_errors import eio
 from tests.support.pop_node import told
-from tests.test_replica_tracker import Leader, failed_over
+from tests.support.replica_leader import Leader, failed_over
 from wire.errors import ApiError
 
 KEY = ("g", "t", 0)
