@@ -193,6 +193,7 @@ class Segment:
 
     # Reading.
 
+    # Harmless mutant: cached_only's default True (the one caller, PhysicalQueue._read, always passes it).
     def read(self, offset: int, records_max: int, bytes_budget: int, out: list[Run],
              cached_only: bool = False) -> tuple[int, int]:
         """Appends runs of records from `offset` on (base <= offset < end_offset) to `out`; returns (records taken,
@@ -204,7 +205,8 @@ class Segment:
         rel, pos = self.index.floor_offset(offset - self.base)
         cursor = self.base + rel
         # Harmless mutants: ``cursor < hint`` and ``hint_pos > pos`` (at equality the hint and the index entry are one
-        # place); no clamp of records_max below (``+ offset``: the loop ends at the file's end all the same).
+        # place). The clamp of records_max below is not one: a sealed file may hold records past the next file's base
+        # (open_sealed), which only the clamp keeps from readers (tests/test_storage_store_edges.py).
         if cursor <= self._hint_offset <= offset and self._hint_pos >= pos:
             cursor, pos = self._hint_offset, self._hint_pos   # reading on from where the last read stopped
         records_max = min(records_max, self.end_offset - offset)

@@ -60,8 +60,8 @@ class QueueStore:
         names = set()
         for entry in os.listdir(self.root):
             if entry.startswith((CREATING_PREFIX, DELETING_PREFIX)):
-                # Untested: an rmtree that fails (no test run as root can make one fail) leaves the leftover to the
-                # next open rather than refusing this one; mutmut's ``ignore_errors`` mutants live on for that.
+                # An rmtree that fails leaves the leftover to the next open rather than refusing this one (a symlink,
+                # which rmtree refuses: tests/test_storage_store_edges.py).
                 shutil.rmtree(os.path.join(self.root, entry), ignore_errors=True)
                 continue
             name = queue_name(entry)
@@ -184,7 +184,7 @@ class QueueStore:
             os.rename(self._path(name), doomed)
             files.sync_dir(self.root)
             self._names.discard(name)
-        shutil.rmtree(doomed, ignore_errors=True)   # untested on failure, as in _scan_root: the next open retries
+        shutil.rmtree(doomed, ignore_errors=True)   # a failure is not the caller's: the next open retries
 
     def maybe_flush(self, now_ms: int) -> int:
         """Runs maybe_flush on every open queue (closed and failed ones skip themselves); returns how many synced.

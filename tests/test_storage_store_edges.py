@@ -1,0 +1,174 @@
+"""What mutation testing (issue 36) left alive at broker/storage's edges: a write that cannot be undone says which
+file and where, a store closes its queues on worker threads unless driven, a queue directory whose removal fails
+(a symlink: rmtree never follows one) neither fails the delete nor stops the next open, a directory name that is not
+the canonical spelling of a queue name is no queue, the power-loss ledger hears of every segment file made and
+removed (or a crash test would keep a deleted file's durable length, and lose a new file it never heard of), and a
+sealed file holding records past the next file's base serves none of them.
+
+Real files in tmp_path; where the disk has to fail, an OS call is replaced (as tests/test_storage_queue_lifecycle.py
+does), never the storage code under test.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import threading
+
+import pytest
+
+from broker.storage import PhysicalQueue, QueueConfig, QueueFailed, QueueStore, files, queue_name
+from broker.storage.store import DELETING_PREFIX
+from runtime import power_loss
+
+SMALL = QueueConfig(segment_bytes_max=1024, flush_policy="interval")
+
+
+def test_a_write_that_cannot_be_undone_names_the_file_and_the_position_it_could_not_cut_back_to(tmp_path,
+                                                                                                   monkeypatch):
+    def fails(*_args):
+        raise OSError(errno.EIO, "the disk failed")
+    q = PhysicalQueue.create(str(tmp_path / "q"))
+    q.append([b"kept"], 1)
+    log = str(tmp_path / "q" / files.log_name(0))
+    end = os.path.getsize(log)
+    monkeypatch.setattr(os, "pwritev", fails)
+    monkeypatch.setattr(os, "ftruncate", fails)
+    with pytest.raises(QueueFailed) as refused:
+        q.append([b"lost"], 2)
+    monkeypatch.undo()
+    assert (refused.value.code, refused.value.message, refused.value.details) == (
+        "QUEUE_FAILED", "a failed write could not be undone", {"path": log, "position": end})
+    assert str(refused.value) == "a failed write could not be undone"
+    assert isinstance(refused.value.__cause__, OSError) and refused.value.__cause__.errno == errno.EIO
+    q.close()
+
+
+def _closing_threads(store: QueueStore) -> list[str]:
+    """The names of the threads that ran a queue's close during ``store.close()`` (a profile hook on this thread
+    and on every thread started meanwhile: it observes, it replaces nothing)."""
+    names: list[str] = []
+    queue_file = sys.modules[PhysicalQueue.__module__].__file__
+
+    def hook(frame, event, _arg):
+        if event == "call" and frame.f_code.co_name == "close" and frame.f_code.co_filename == queue_file:
+            names.append(threading.current_thread().name)
+    threading.setprofile(hook)
+    sys.setprofile(hook)
+    try:
+        store.close()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return names
+
+
+def test_a_store_closes_its_queues_on_worker_threads_by_default_and_on_the_callers_thread_when_driven(tmp_path):
+    """Each close syncs several times: a broker with thousands of queues stops in time only when they close side by
+    side (store.py CLOSE_THREADS). A driven store (ops/sim) starts no thread."""
+    me = threading.current_thread().name
+    for driven, root in ((False, "threads"), (True, "driven")):
+        store = QueueStore(str(tmp_path / root), SMALL, **({"driven": True} if driven else {}))   # False by default
+        for name in ("a", "b", "c"):
+            store.create(name).append([name.encode()], 1)
+        names = _closing_threads(store)
+        assert len(names) == 3, names
+        if driven:
+            assert names == [me] * 3
+        else:
+            assert me not in names and all(n.startswith("queue-close") for n in names), names
+        with QueueStore(str(tmp_path / root), SMALL) as again:   # every queue was closed cleanly
+            assert [r.payload for r in again.get("b").read(0)] == [b"b"]
+
+
+def test_a_queue_directory_that_cannot_be_removed_neither_fails_its_delete_nor_stops_the_next_open(tmp_path):
+    """A queue directory that is a symlink (to another disk, say): the delete renames the link out of sight, and
+    rmtree refuses a symlink. The delete still succeeds, the target is never followed and emptied, and the next open
+    of the store leaves the leftover alone (it retries the removal) rather than refusing to open."""
+    root = tmp_path / "root"
+    QueueStore(str(root)).close()          # the root's format file
+    target = tmp_path / "elsewhere"
+    PhysicalQueue.create(str(target)).close()
+    kept = sorted(os.listdir(target))
+    os.symlink(target, root / "q")
+    store = QueueStore(str(root))
+    assert store.names() == ["q"]
+    store.delete("q")                      # rmtree of the renamed link fails: not the caller's error
+    assert store.names() == [] and "q" not in store
+    store.close()
+    leftovers = [e for e in os.listdir(root) if e.startswith(DELETING_PREFIX)]
+    assert len(leftovers) == 1 and os.path.islink(root / leftovers[0])
+    assert sorted(os.listdir(target)) == kept
+    with QueueStore(str(root)) as again:   # the removal fails again at open: the store opens all the same
+        assert again.names() == []
+        assert again.create("q").append([b"new"], 1) == 0
+    assert os.path.islink(root / leftovers[0]) and sorted(os.listdir(target)) == kept
+
+
+def test_a_directory_not_spelled_as_its_queue_name_is_spelled_is_no_queue(tmp_path):
+    """Only the one canonical spelling maps back: %71 decodes to "q" but "q" is spelled q, and %2E is how a leading
+    dot is spelled but an inner one is not escaped; a store lists neither."""
+    assert queue_name("q") == "q" and queue_name("%2Ex") == ".x" and queue_name("a.b") == "a.b"
+    assert queue_name("%71") is None
+    assert queue_name("a%2Eb") is None
+    root = tmp_path / "root"
+    os.makedirs(root / "%71")
+    os.makedirs(root / "a%2Eb")
+    with QueueStore(str(root)) as store:
+        assert store.names() == []
+        store.create("q").close()
+        assert store.names() == ["q"]
+
+
+def _ledger_lines(data_dir) -> list[str]:
+    with open(os.path.join(data_dir, power_loss.LEDGER_NAME)) as f:
+        return f.read().splitlines()
+
+
+def test_the_power_loss_ledger_hears_of_every_segment_file_made_and_removed(tmp_path):
+    data = str(tmp_path)
+    led = power_loss.enable(data)
+    try:
+        q = PhysicalQueue.create(os.path.join(data, "q"), 0, SMALL)
+        for i in range(6):
+            q.append([bytes([65 + i]) * 300], i + 1)
+        logs = sorted(os.path.join(data, "q", n) for n in os.listdir(os.path.join(data, "q"))
+                      if files.parse_log_name(n) is not None)
+        assert len(logs) >= 3
+        lines = _ledger_lines(data)
+        # The first file is made in the creation's temporary directory; the others by rolls, where they stay.
+        assert [f"N 0 {log}" in lines for log in logs] == [False] + [True] * (len(logs) - 1)
+        assert all(led.durable(log) is not None for log in logs[1:])
+        assert q.truncate_before(files.parse_log_name(os.path.basename(logs[2]))) == 2
+        lines = _ledger_lines(data)
+        assert f"R 0 {logs[0]}" in lines and f"R 0 {logs[1]}" in lines and f"R 0 {logs[2]}" not in lines
+        assert led.durable(logs[1]) is None and led.durable(logs[2]) is not None
+        q.close()
+    finally:
+        power_loss.disable()
+
+
+def test_a_sealed_file_holding_records_past_the_next_files_base_gives_those_offsets_from_the_next_file(tmp_path):
+    """Offsets belong to the next file from its base on (segment.py open_sealed): a sealed file that holds more (put
+    there by hand, or left by a roll gone wrong) serves its records only below that base, and a read across the base
+    goes on in the next file, whatever the records_max asked."""
+    other = tmp_path / "other"
+    with PhysicalQueue.create(str(other), 0, QueueConfig(flush_policy="interval")) as q:
+        for i in range(6):
+            q.append([b"other-%d" % i], i + 1)
+    path = tmp_path / "q"
+    with PhysicalQueue.create(str(path), 0, SMALL) as q:
+        for i in range(5):
+            q.append([b"%d" % i * 400], i + 1)
+    bases = sorted(b for b in map(files.parse_log_name, os.listdir(path)) if b is not None)
+    assert bases[:2] == [0, 2], bases
+    # The first file swapped for one of six records; its index goes with it, so it is rebuilt from the data.
+    os.replace(other / files.log_name(0), path / files.log_name(0))
+    os.remove(path / files.index_name(0))
+    with PhysicalQueue.open(str(path), SMALL) as q:
+        got = q.read(0, 10)
+        assert [(r.offset, r.payload) for r in got] == (
+            [(0, b"other-0"), (1, b"other-1")] + [(i, b"%d" % i * 400) for i in range(2, 5)])
+        got = q.read(1, 10)   # from inside the first file: its records up to the base, no more
+        assert [(r.offset, r.payload) for r in got] == [(1, b"other-1")] + [(i, b"%d" % i * 400) for i in range(2, 5)]
