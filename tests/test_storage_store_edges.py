@@ -152,11 +152,11 @@ def test_the_power_loss_ledger_hears_of_every_segment_file_made_and_removed(tmp_
 def test_a_sealed_file_holding_records_past_the_next_files_base_gives_those_offsets_from_the_next_file(tmp_path):
     """Offsets belong to the next file from its base on (segment.py open_sealed): a sealed file that holds more (put
     there by hand, or left by a roll gone wrong) serves its records only below that base, and a read across the base
-    goes on in the next file, whatever the records_max asked."""
+    goes on in the next file, whatever the records_max asked; a seek by time looks at no record past that base."""
     other = tmp_path / "other"
     with PhysicalQueue.create(str(other), 0, QueueConfig(flush_policy="interval")) as q:
         for i in range(6):
-            q.append([b"other-%d" % i], i + 1)
+            q.append([b"other-%d" % i], i + 1 if i < 2 else 9)   # stamped 9 past the base the next file will have
     path = tmp_path / "q"
     with PhysicalQueue.create(str(path), 0, SMALL) as q:
         for i in range(5):
@@ -172,3 +172,6 @@ def test_a_sealed_file_holding_records_past_the_next_files_base_gives_those_offs
             [(0, b"other-0"), (1, b"other-1")] + [(i, b"%d" % i * 400) for i in range(2, 5)])
         got = q.read(1, 10)   # from inside the first file: its records up to the base, no more
         assert [(r.offset, r.payload) for r in got] == [(1, b"other-1")] + [(i, b"%d" % i * 400) for i in range(2, 5)]
+        # A seek by time answers from the records readers get (stamped 1 to 5 at offsets 0 to 4), never from the
+        # first file's own records past the base (stamped 9).
+        assert [q.offset_for_time(t) for t in range(1, 7)] == [0, 1, 2, 3, 4, 5]

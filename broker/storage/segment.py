@@ -277,7 +277,8 @@ class Segment:
         return self.base + self.index.rels[i] if i < len(self.index) else self.end_offset
 
     def offset_for_time(self, ts_ms: int) -> int | None:
-        """First offset in this segment stamped at or after ts_ms; None when every record is older."""
+        """First offset in this segment stamped at or after ts_ms; None when every record is older. Only the records
+        it serves count: a sealed file's records from the next file's base on (open_sealed) are not this segment's."""
         if self.last_ts is None or self.last_ts < ts_ms:
             return None
         i, pos, next_rel, next_pos = self.index.span_before_time(ts_ms)
@@ -294,11 +295,13 @@ class Segment:
             status, count, frame_ts, _tag, end = frame_at(buf, at, offset)
             # Harmless mutant: ``> 0`` or ``>= 1`` (frame_at answers -1, STOP_SHORT or STOP_BAD, never 0)
             if status >= 0:
+                found = None if next_rel is None else self.base + next_rel
                 break
             if frame_ts >= ts_ms:
-                return offset
+                found = offset
+                break
             at, offset = end, offset + count
-        return None if next_rel is None else self.base + next_rel
+        return found if found is not None and found < self.end_offset else None
 
     # Closing.
 
