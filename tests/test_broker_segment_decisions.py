@@ -5,7 +5,7 @@ refused (a segment of another incarnation, a report from an earlier session)."""
 from __future__ import annotations
 
 from meta import allocation
-from tests.support.decision_checks import brokers, emitted, refusal
+from tests.support.decision_checks import brokers, emitted
 
 
 def test_an_unfence_records_the_session_epoch_that_heartbeats_again():
@@ -37,7 +37,7 @@ def test_a_seal_report_naming_another_physical_queue_is_refused_and_the_right_on
     log.remap("t", ["b"])
     own = allocation.physical_queue_name("t", log.topic("t")["incarnation"], 0, 0)
     other = allocation.physical_queue_name("t", log.topic("t")["incarnation"] - 1, 0, 0)
-    err = refusal(log, {**log.seal_cmd("t", 0, 0, 12), "physical_queue": other})
+    err = log.reject({**log.seal_cmd("t", 0, 0, 12), "physical_queue": other})
     assert err == {"status": 404, "code": "SEGMENT_NOT_FOUND", "message": "no such segment on this broker",
                    "details": {"topic": "t", "queue": 0, "gen": 0}}
     since = log.version
@@ -52,7 +52,7 @@ def test_seal_reports_of_an_earlier_session_are_refused_whole():
     log = brokers("a", "b")
     log.create("t", 1, replicas=1, brokers=["a"])
     log.remap("t", ["b"])
-    err = refusal(log, {"type": "SealSegments", "broker": "a", "epoch": log.epoch("a") + 1,
+    err = log.reject({"type": "SealSegments", "broker": "a", "epoch": log.epoch("a") + 1,
                         "seals": [{"topic": "t", "queue": 0, "gen": 0, "end_offset": 3}]})
     assert (err["code"], err["status"], err["details"]) == ("STALE_EPOCH", 409, {"broker": "a", "epoch": 1})
     ok = log.ok({"type": "SealSegments", "broker": "a", "epoch": log.epoch("a"),

@@ -6,7 +6,7 @@ reports. Results and events are compared whole: their keys and words are what br
 from __future__ import annotations
 
 from meta import allocation
-from tests.support.decision_checks import brokers, emitted, refusal
+from tests.support.decision_checks import brokers, emitted
 from tests.support.state_machine_builders import Log
 
 
@@ -31,7 +31,7 @@ def pq(log: Log, topic: str, queue: int, gen: int) -> str:
 def test_a_drain_is_refused_when_the_topic_s_scope_keeps_too_few_brokers_without_it():
     log = brokers("a", "b", "c", a="east", b="east", c="west")
     log.create("t", 1, replicas=2, scope=["east"], brokers=["a"])
-    err = refusal(log, {"type": "DrainBroker", "broker": "a", "draining": True})
+    err = log.reject({"type": "DrainBroker", "broker": "a", "draining": True})
     assert err == {"status": 409, "code": "NOT_ENOUGH_BROKERS",
                    "message": "'t' keeps 2 copies of each queue; without 'a' its scope has 1 brokers to place them on",
                    "details": {"topic": "t", "replicas": 2, "brokers": 1}}
@@ -219,7 +219,7 @@ def test_a_whole_copy_drops_only_the_draining_broker_s_copy():
 
 def test_a_report_of_copies_held_in_an_earlier_session_is_refused():
     log = gen_1_sealed_on_b()
-    err = refusal(log, {"type": "SealedCopiesHeld", "broker": "c", "epoch": log.epoch("c") + 1,
+    err = log.reject({"type": "SealedCopiesHeld", "broker": "c", "epoch": log.epoch("c") + 1,
                         "copies": [{"topic": "t", "queue": 0, "gen": 1, "end": 30}]})
     assert (err["code"], err["status"], err["details"]) == ("STALE_EPOCH", 409, {"broker": "c", "epoch": 1})
 

@@ -6,7 +6,7 @@ locks of the groups naming it (tokens in order across groups, revoked locks rele
 from __future__ import annotations
 
 from meta import limits
-from tests.support.decision_checks import brokers, emitted, refusal
+from tests.support.decision_checks import brokers, emitted
 from tests.support.state_machine_builders import Log
 
 
@@ -23,18 +23,18 @@ def test_creating_a_topic_again_is_refused_with_its_current_version():
     log = brokers("a")
     log.create("t", 1)
     version = log.topic("t")["version"]
-    err = refusal(log, {"type": "CreateTopic", "topic": "t", "queues": 1})
+    err = log.reject({"type": "CreateTopic", "topic": "t", "queues": 1})
     assert err == {"status": 409, "code": "TOPIC_EXISTS", "message": "topic 't' already exists",
                    "details": {"topic": "t", "current_version": version}}
 
 
 def test_a_topic_with_no_broker_to_go_to_is_refused_naming_its_scope():
     log = Log()
-    err = refusal(log, {"type": "CreateTopic", "topic": "t", "queues": 1})
+    err = log.reject({"type": "CreateTopic", "topic": "t", "queues": 1})
     assert err == {"status": 409, "code": "NO_BROKERS", "message": "no active broker to place the topic on",
                    "details": {"scope": "global"}}
     log.register("a", cluster="east")
-    err = refusal(log, {"type": "CreateTopic", "topic": "t", "queues": 1, "scope": ["west"]})
+    err = log.reject({"type": "CreateTopic", "topic": "t", "queues": 1, "scope": ["west"]})
     assert err == {"status": 409, "code": "NO_BROKERS",
                    "message": "no active broker to place the topic on in its scope ['west']",
                    "details": {"scope": ["west"]}}
@@ -43,10 +43,10 @@ def test_a_topic_with_no_broker_to_go_to_is_refused_naming_its_scope():
 def test_a_growth_is_refused_below_the_queues_or_above_the_slots_and_the_same_count_changes_nothing():
     log = brokers("a")
     log.create("t", 2, slots=4)
-    assert refusal(log, {"type": "GrowTopic", "topic": "t", "queues": 1}) == {
+    assert log.reject({"type": "GrowTopic", "topic": "t", "queues": 1}) == {
         "status": 400, "code": "INVALID_ARGUMENT", "message": "a static topic only grows: it has 2 queues",
         "details": {"queues": 2}}
-    assert refusal(log, {"type": "GrowTopic", "topic": "t", "queues": 5}) == {
+    assert log.reject({"type": "GrowTopic", "topic": "t", "queues": 5}) == {
         "status": 400, "code": "INVALID_ARGUMENT", "message": "queues cannot exceed slots (4)", "details": {"slots": 4}}
     version = log.version
     assert log.grow("t", 2) == {"topic": "t", "queues": 2, "version": version}
@@ -74,7 +74,7 @@ def test_a_growth_with_no_broker_left_in_its_scope_is_refused_naming_the_scope()
     log = brokers("a", "x", a="east", x="west")
     log.create("t", 1, replicas=1, scope=["east"], slots=4)
     log.fence("a")
-    err = refusal(log, {"type": "GrowTopic", "topic": "t", "queues": 2})
+    err = log.reject({"type": "GrowTopic", "topic": "t", "queues": 2})
     assert err == {"status": 409, "code": "NO_BROKERS", "message": "no active broker to place the new queues on",
                    "details": {"scope": ["east"]}}
 
@@ -82,7 +82,7 @@ def test_a_growth_with_no_broker_left_in_its_scope_is_refused_naming_the_scope()
 def test_a_remap_of_a_queue_the_topic_does_not_have_is_refused_naming_it():
     log = brokers("a", "b")
     log.create("t", 2)
-    err = refusal(log, {"type": "RemapTopic", "topic": "t", "brokers": ["b"], "queues": [5]})
+    err = log.reject({"type": "RemapTopic", "topic": "t", "brokers": ["b"], "queues": [5]})
     assert err == {"status": 400, "code": "INVALID_ARGUMENT",
                    "message": "queue 5 does not exist; the topic has 2 queues", "details": {"queue": 5}}
 
@@ -181,7 +181,7 @@ def test_removing_a_setting_the_group_never_had_is_a_change_of_nothing_but_the_k
 
 def test_a_heartbeat_interval_over_half_the_lease_is_refused_in_words():
     log = Log()
-    err = refusal(log, {"type": "SetGroupConfig", "group": "g",
+    err = log.reject({"type": "SetGroupConfig", "group": "g",
                         "config": {"lease_ms": 10_000, "heartbeat_interval_ms": 6_000}})
     assert err == {"status": 400, "code": "INVALID_ARGUMENT",
                    "message": "heartbeat_interval_ms must be at most half of lease_ms, so a lease outlives a lost "
@@ -192,7 +192,7 @@ def test_a_mode_change_is_refused_while_members_of_the_other_mode_are_in_and_nam
     log = Log()
     for i in range(6):
         join(log, f"m{i}", ["t"])
-    err = refusal(log, {"type": "SetGroupConfig", "group": "g", "config": {"mode": "shared"}})
+    err = log.reject({"type": "SetGroupConfig", "group": "g", "config": {"mode": "shared"}})
     assert err == {"status": 409, "code": "GROUP_MODE_MISMATCH",
                    "message": "members of another mode are in the group: ['m0', 'm1', 'm2', 'm3', 'm4']",
                    "details": {"group": "g", "mode": "shared"}}
