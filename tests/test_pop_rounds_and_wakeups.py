@@ -2,7 +2,7 @@
 broker/pop/wakeup.py): each topic-wide pop starts one queue further round, a queue another pop holds is waited for
 (its redeliveries first, then new messages, within the pop's max, an ordered one still blocked), a pop already full
 waits for nobody and touches no other queue, a queue led elsewhere is no queue of this pop's, the refusals word for
-word, the long poll's bound on waiters, and the per-topic counters the long polls park on, at their bound. Also a few
+word, the long poll's bound on waiters, and the per-topic stamps the long polls park on, at their bound. Also a few
 takeover promises (an admin adoption at the pop offset, the copies a takeover from the queue's start names, a hint to
 a new head sent once per gen). PopService on a real broker node in this process (tests/support/pop_node.py)."""
 
@@ -26,7 +26,7 @@ KEY, seg, route, pop, until, told = base.KEY, base.seg, base.route, base.pop, ba
 RELEASE_FALLBACK_S = 5.0  # a lock the test holds is let go by then whatever happens (a mutant that never frees it)
 
 
-# -- the counters the long polls park on ---------------------------------------------------------------------------
+# -- the stamps the long polls park on ---------------------------------------------------------------------------------
 
 def test_a_notification_gives_its_topic_a_new_stamp_and_no_other_topic_s():
     signals = TopicSignals()

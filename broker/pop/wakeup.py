@@ -15,7 +15,7 @@ import asyncio
 
 from wire.waits import wait_set
 
-TOPICS_TRACKED_MAX = 100_000   # counters of topics nobody waits on are dropped beyond this
+TOPICS_TRACKED_MAX = 100_000   # stamps of topics nobody waits on are dropped beyond this
 
 
 class TopicSignals:
