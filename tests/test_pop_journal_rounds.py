@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import pytest
 import structlog
@@ -22,14 +21,13 @@ from broker.replication.pop_copies import PopCopies
 from broker.storage import lines
 from broker.storage.errors import CorruptFile, UnsupportedFormat
 from tests.support.disk_errors import eio
-from tests.support.pop_node import told
+from tests.support.pop_node import WAIT_S, told, until
 from tests.support.replica_leader import Leader, failed_over
 from wire.errors import ApiError
 
 KEY = ("g", "t", 0)
 OTHER = ("h", "t", 0)
 LATER = DELIVERY_WRITE_DELAY_MS
-WAIT_S = 10.0
 
 
 def popped(key, offsets, now: int = 0) -> QueueState:
@@ -47,13 +45,6 @@ def journal(tmp_path, clock=None, name: str = "journal.log") -> journal_mod.Jour
     path = str(tmp_path / name)
     states, whole = journal_mod.load(path)
     return journal_mod.Journal(path, states, whole, now_ms=(lambda: clock[0]) if clock else (lambda: LATER))
-
-
-async def until(what, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not what():
-        assert time.monotonic() < deadline, "not within the wait"
-        await asyncio.sleep(0.01)
 
 
 async def stopped(j: journal_mod.Journal) -> None:
