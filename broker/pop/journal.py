@@ -34,7 +34,6 @@ from .state import Key, OlderFormatLine, QueueState, replay_line
 if TYPE_CHECKING:
     from ..replication.pop_copies import PopCopies
 
-# Harmless mutants: the words and fields of the log calls (no code reads them).
 log = structlog.get_logger("broker.pop.journal")
 IDLE_WAKE_S = 1.0
 

@@ -19,7 +19,6 @@ from wire.waits import wait_set
 
 from .state import Key
 
-# Harmless mutants: the words and fields of the log calls (no code reads them).
 log = structlog.get_logger("broker.pop.revive")
 IDLE_WAKE_S = 1.0
 
