@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 import structlog
@@ -178,6 +179,57 @@ async def test_a_round_that_fails_is_told_and_fails_every_later_wait_at_once(tmp
     j._task.cancel()
     await asyncio.gather(j._task, return_exceptions=True)
     os.close(j._fd)
+
+
+async def test_a_round_that_raises_answers_the_waits_it_took_at_once(tmp_path, monkeypatch):
+    """A bug in a round (not a disk error): the waits it took are refused now, not after JOURNAL_WAIT_S."""
+    j = journal(tmp_path)
+    j.states[KEY] = popped(KEY, [0])
+
+    def broken(data):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(j, "_write", broken)
+    j.touch(KEY)
+    wait = asyncio.create_task(j.durable())
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError):
+        await j.round()
+    async with asyncio.timeout(2):
+        with pytest.raises(ApiError) as e:
+            await wait
+    assert (e.value.status, e.value.code) == (503, "STORAGE_UNAVAILABLE")
+    os.close(j._fd)
+
+
+async def test_a_round_cancelled_while_it_writes_answers_the_waits_it_took_at_once(tmp_path, monkeypatch):
+    j = journal(tmp_path)
+    j.states[KEY] = popped(KEY, [0])
+    entered, release = threading.Event(), threading.Event()
+    real = j._write
+
+    def held(data):
+        entered.set()
+        release.wait(WAIT_S)
+        real(data)
+
+    monkeypatch.setattr(j, "_write", held)
+    j.touch(KEY)
+    wait = asyncio.create_task(j.durable())
+    await asyncio.sleep(0)
+    rnd = asyncio.create_task(j.round())
+    await until(entered.is_set)
+    rnd.cancel()
+    try:
+        async with asyncio.timeout(2):
+            with pytest.raises(ApiError) as e:
+                await wait
+        assert (e.value.status, e.value.code) == (503, "STORAGE_UNAVAILABLE")
+    finally:
+        release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await rnd
+    await stopped(j)
 
 
 async def test_a_failed_write_is_told_with_its_file_and_error(tmp_path, monkeypatch):

@@ -134,6 +134,17 @@ class Journal:
         """One group commit: every changed key's line, one write, one fsync, and the same lines on the copies of the
         queues this broker leads (``copies``, broker/replication/pop_copies.py), then the waiters are answered."""
         waiters, self._waiters = self._waiters, []
+        try:
+            await self._round(waiters, force)
+        except BaseException:
+            # A bug (not a disk error) or a cancel mid-round: the waits this round took learn it now, not after
+            # JOURNAL_WAIT_S; what the round wrote, if anything, is unknown to them
+            for f, _ in waiters:
+                if not f.done():
+                    f.set_exception(unavailable())
+            raise
+
+    async def _round(self, waiters: list[tuple[asyncio.Future, frozenset[tuple[str, int]]]], force: bool) -> None:
         now = self._now_ms()
         values: list[list] = []
         still: set[Key] = set()
