@@ -95,6 +95,29 @@ async def test_a_dead_letter_whose_read_fails_is_copied_once_a_read_succeeds(nod
     assert not st.in_flight and await pop(node, 1) == []
 
 
+async def test_a_dead_letter_whose_mark_the_journal_refused_is_tried_again_whole(node, monkeypatch):
+    """A refused wait (too many waits, or a disk slower than JOURNAL_WAIT_S) ended the chore for good once: the
+    delivery stayed dead in memory and never reached the DLQ until a restart."""
+    await dead_letter_after_one_attempt(node, "poison")
+    real = node.pop.journal.durable
+    refusals = [rejection(503, "TOO_MANY_WAITERS", "busy")]
+
+    async def durable(confirm=()):
+        if refusals:
+            raise refusals.pop()
+        await real(confirm)
+
+    monkeypatch.setattr(node.pop.journal, "durable", durable)
+    with structlog.testing.capture_logs() as logs:
+        await until(lambda: node.pop.dead_lettered == 1, WAIT_S + 2 * service_mod.DLQ_RETRY_MS / 1000)
+    assert not refusals
+    assert [(e["event"], e["log_level"], e["key"], e["offset"], e["code"]) for e in logs
+            if e["event"].startswith("dead_letter")] == [
+        ("dead_letter_mark_failed", "warning", KEY, 0, "TOO_MANY_WAITERS")]
+    assert [m["body"] for m in (await node.pop.dlq.read("g", 0, 10))["messages"]] == ["poison"]
+    assert not node.pop.states[KEY].in_flight and await pop(node, 1) == []
+
+
 @pytest.mark.parametrize("answer", ["below_oldest", "stepped_over"])
 async def test_a_dead_letter_whose_message_storage_no_longer_holds_is_dropped_without_a_copy(node, monkeypatch,
                                                                                            answer):

@@ -555,7 +555,13 @@ class PopService:
         if d is None or not d.dead:
             return
         if not resumed:
-            await self.journal.durable()
+            try:
+                await self.journal.durable()
+            except ApiError as e:
+                # The mark is not known durable (too many waits, or a disk slower than JOURNAL_WAIT_S): the whole
+                # chore again later, or this delivery stayed dead in memory, never dead-lettered until a restart
+                await self._dead_letter_later(key, offset, False, "dead_letter_mark_failed", e.code)
+                return
         if not (resumed and await asyncio.to_thread(self.dlq.holds, group, topic, queue, offset)):
             try:
                 found, gone = await self._read_offsets(topic, queue, [offset])
@@ -565,10 +571,7 @@ class PopService:
                 if e.code == "TOPIC_NOT_FOUND" and self._ready():
                     found, gone, code = {}, {offset}, None   # the topic was deleted: no message left to keep
             if code is not None:
-                log.warning("dead_letter_read_failed", key=key, offset=offset, code=code)
-                # Harmless mutant: / 1001 (a retry 1 ms sooner).
-                await asyncio.sleep(DLQ_RETRY_MS / 1000)
-                self._spawn(self._dead_letter(key, offset, resumed=True))   # its mark is durable already
+                await self._dead_letter_later(key, offset, True, "dead_letter_read_failed", code)   # marked durably
                 return
             m = found.get(offset)
             if m is not None:
@@ -581,6 +584,12 @@ class PopService:
             self._remember(key, offset, d.seq, acked=False)   # dead-lettered
             self.journal.touch(key)
             self.journal.kick()
+
+    async def _dead_letter_later(self, key: Key, offset: int, resumed: bool, event: str, code: str) -> None:
+        log.warning(event, key=key, offset=offset, code=code)
+        # Harmless mutant: / 1001 (a retry 1 ms sooner).
+        await asyncio.sleep(DLQ_RETRY_MS / 1000)
+        self._spawn(self._dead_letter(key, offset, resumed=resumed))
 
     # -- pop state across remaps ---------------------------------------------------------------------------------
     async def _state_for(self, key: Key) -> QueueState | None:
