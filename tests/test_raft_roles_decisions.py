@@ -14,10 +14,12 @@ tests/test_raft_operator_changes.py drives the same on three real nodes; this is
 
 from __future__ import annotations
 
+import concurrent.futures
 import types
 
 import pytest
 import structlog
+from pysyncobj import FAIL_REASON
 from pysyncobj.node import TCPNode
 
 from meta.raft import membership
@@ -207,22 +209,31 @@ class RecordingShim:
         self.last_index = 1
         self.calls: list[tuple] = []
 
+    def _asked(self, so) -> None:
+        assert so is self.so, f"asked about {so!r}, not this node's SyncObj"
+
     def journal_of(self, so):
+        self._asked(so)
         return self.journal
 
     def is_leader(self, so):
+        self._asked(so)
         return self.leading
 
     def leader(self, so):
+        self._asked(so)
         return types.SimpleNamespace(id=self.leader_id) if self.leader_id else None
 
     def voted_for(self, so):
+        self._asked(so)
         return self.vote
 
     def match_indexes(self, so):
+        self._asked(so)
         return dict(self.matches)
 
     def current_log_index(self, so):
+        self._asked(so)
         return self.last_index
 
     def __getattr__(self, name):   # set_voted_for, step_down, restart_election_timer, postpone_election, set_members
@@ -371,6 +382,9 @@ def test_a_removed_member_gets_the_log_until_the_removal_commits_and_from_the_le
     current = trail.current()
     roles.so.raftCommitIndex = 8
     assert set(roles._departing(current)) == {voter("c"), voter("d")}   # not committed: every node sends it them
+    shim.matches = {voter("c").raft: 9}   # c holds the removal, which may yet be cut: it still gets the log
+    assert set(roles._departing(current)) == {voter("c"), voter("d")}
+    shim.matches = {}
     roles.so.raftCommitIndex = 9
     assert roles._departing(current) == ()   # committed: a follower forgets them
     shim.leading = True
@@ -471,3 +485,75 @@ def test_requests_a_node_cannot_decide_are_refused_by_name_at_its_next_tick(raft
     clock.s += raft_roles.PROPOSAL_TIMEOUT_S
     roles.leader_tick()
     assert roles._proposed_at is None and [c[0] for c in shim.calls] == ["propose_membership"]
+
+
+def test_requests_wait_while_the_last_membership_is_not_committed_and_are_refused_word_for_word(raft, clock):
+    trail, shim, roles = raft
+    roles.so.wake = lambda: None
+    shim.leading = True
+    trail.set_base(5, (voter("a"), voter("b")))
+    roles.so.raftCommitIndex = 4
+    waiting = [roles.request("remove", "b")]
+    roles.leader_tick()
+    assert answers(waiting) == [(409, "MEMBERSHIP_CHANGE_IN_PROGRESS", "another membership change is not committed "
+                                 "yet; Raft changes the members one at a time: retry once it is")]
+    assert [c for c in shim.calls if c[0] == "propose_membership"] == []
+
+
+def proposed(shim: RecordingShim) -> list[tuple[membership.Members, object]]:
+    """The memberships proposed so far, read back from their entries, each with its done callback."""
+    return [(membership.parse_entry(bytes([membership.MEMBERSHIP_COMMAND]) + c[1]), c[2]) for c in shim.calls
+            if c[0] == "propose_membership"]
+
+
+def test_an_operator_change_is_answered_with_the_members_once_committed_and_refused_once_it_failed(raft, clock):
+    _, shim, roles = raft
+    roles.so.stamp_bytes = lambda: encode_stamp({"ts": 1})
+    members = (voter("a"), voter("b"))
+    committed, failed = concurrent.futures.Future(), concurrent.futures.Future()
+    roles._propose(members, "add", committed)
+    roles._propose(members, "remove", failed)
+    [(first, done_first), (second, done_second)] = proposed(shim)
+    assert first == second == members and roles._proposed_at == NOW
+    done_first(None, FAIL_REASON.SUCCESS)
+    assert committed.result(timeout=0) == [m.to_json() for m in members] and roles._proposed_at is None
+    roles._proposed_at = NOW
+    done_second(None, FAIL_REASON.LEADER_CHANGED)
+    e = failed.exception(timeout=0)
+    assert (e.status, e.code, e.message) == (503, "LEADER_CHANGED", "leadership changed while the membership change "
+                                             "was in flight; read the members and retry if it is not there")
+    assert roles._proposed_at is None
+
+
+def test_the_leader_promotes_a_voter_s_new_disk_once_it_caught_up_and_never_the_disk_the_log_names(raft, clock):
+    trail, shim, roles = raft
+    shim.leading = True
+    roles.so.stamp_bytes = lambda: encode_stamp({"ts": 1})
+    b = membership.Member(raft=voter("b").raft, name="b", disk=DISKS["b"], url="http://b.log", voter=True)
+    trail.set_base(5, (voter("a"), b))
+    roles.leader_tick()   # the learners' progress is heard under this membership from now on
+    # b on the disk the log names, acknowledging as a learner while its log lags behind its own promotion
+    roles._learners["b"] = (DISKS["b"], roles.so.raftCommitIndex)
+    roles.leader_tick()
+    assert proposed(shim) == []
+    roles._learners["b"] = (DISKS["e"], roles.so.raftCommitIndex)   # b wiped, back on a new disk, caught up
+    roles.leader_tick()
+    [(members, _)] = proposed(shim)
+    assert members == (voter("a"), membership.Member(raft=b.raft, name="b", disk=DISKS["e"], url="http://b.log",
+                                                     voter=True))
+
+
+def test_the_bootstrap_membership_names_every_voter_s_disk_and_the_url_the_config_gives_it(raft):
+    _, shim, _ = raft
+    so = shim.so
+    b, c = TCPNode(voter("b").raft), TCPNode(voter("c").raft)
+    so.selfNode, so.otherNodes = TCPNode(voter("a").raft), (b, c)
+    roles = raft_roles.Roles(so, "a", {b.address: "b", c.address: "c"}, {"a": "http://a.config",
+                                                                          "b": "http://b.config"}, DISKS["a"])
+    roles._peers = {b.address: (DISKS["b"], True)}
+    assert roles._bootstrap_members() is None   # c not heard: its disk is not known yet
+    roles._peers[c.address] = (DISKS["c"], True)
+    assert roles._bootstrap_members() == (
+        membership.Member(raft=voter("a").raft, name="a", disk=DISKS["a"], url="http://a.config", voter=True),
+        membership.Member(raft=b.address, name="b", disk=DISKS["b"], url="http://b.config", voter=True),
+        membership.Member(raft=c.address, name="c", disk=DISKS["c"], url=None, voter=True))

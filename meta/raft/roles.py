@@ -180,6 +180,8 @@ class Roles:
             # voter never held, and keeps its restart grace: node.RESTART_ELECTION_GRACE_S.)
             shim.restart_election_timer(self.so)
         if voter:
+            # Harmless mutants: None or True here (a voter becomes a learner, which sets _held, before it can become
+            # a voter again: the value set here is never read).
             self._held = False
         log.info("raft_membership_role", role="voter" if voter else "learner", disk=self.disk,
                  membership_index=current[0] if current else None)
@@ -205,6 +207,7 @@ class Roles:
         matches = shim.match_indexes(self.so)
         for m in gone:
             progress = self._learners.get(m.name)
+            # Harmless mutants: 1 for either 0 (a membership entry is never at index 1, pysyncobj's first no-op)
             if max(matches.get(self.address_of(m), 0), progress[1] if progress else 0) >= index:
                 # remembered: once raft's view drops it, its match index goes with it
                 self._departed[1].add(m.name)
@@ -343,6 +346,7 @@ class Roles:
                                 raft=request.raft)
             if len(members) >= membership.MEMBERS_MAX:
                 raise rejection(409, "TOO_MANY_MEMBERS", f"a cluster has at most {membership.MEMBERS_MAX} members")
+            # Harmless mutant: "XXXX" for "" (an add without a raft address: the API refuses it before it gets here)
             added = membership.Member(raft=request.raft or "", name=request.name, disk=None, url=request.url,
                                       voter=False)
             return membership.replaced(members, added)
