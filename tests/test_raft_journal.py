@@ -30,42 +30,11 @@ from meta.raft.journal import (JOURNAL_FILE, STATE_FILE, JournalDamaged, Journal
                                MemoryUntilSyncJournalIO, OsJournalIO, StatorJournal, journal_exists, journal_files,
                                journal_io, read_journal)
 from ops.devcluster import free_base_port
+from tests.support.raft_journal_files import (SMALL_SEGMENT, entry, fill, journal_with_last, log_bytes, segment,
+                                                 segments, seqs, state_line)
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT_S = 20.0
-SMALL_SEGMENT = 200     # four or five of entry()'s records per segment
-
-
-def entry(i: int, term: int = 1, size: int | None = None) -> tuple[bytes, int, int]:
-    """A recognisable command for index ``i`` (never long runs of zeros: a zeroed sector must mean a torn write)."""
-    unit = b"%08d;" % i
-    size = 1 + i % 97 if size is None else size
-    return (unit * (size // len(unit) + 1))[:size], i, term
-
-
-def fill(journal: StatorJournal, entries: Iterable[tuple[bytes, int, int]]) -> None:
-    for e in entries:
-        journal.add(*e)
-
-
-def segment(directory: Path | str, seq: int) -> Path:
-    return Path(directory) / rj.segment_name(seq)
-
-
-def segments(directory: Path | str) -> list[Path]:
-    """Every segment file in ``directory``, live or not, by seq."""
-    return sorted(p for p in Path(directory).iterdir() if rj._segment_seq(p.name) is not None)
-
-
-def seqs(directory: Path | str) -> list[int]:
-    return [int(p.name.rsplit(".", 1)[1]) for p in segments(directory)]
-
-
-def log_bytes(directory: Path) -> bytes:
-    """The last segment's bytes."""
-    return segments(directory)[-1].read_bytes()
-
-
 def run_child(script: str, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], cwd=REPO, env=_child_env(),
                           capture_output=True, timeout=60)
@@ -224,7 +193,7 @@ def test_a_founding_voter_mark_is_durable_at_once_written_once_and_kept_across_r
     writes = j.state_writes
     j.mark_founding_voter()
     assert j.founding_voter is True and j.state_writes == writes + 1
-    assert read_state_line(tmp_path).endswith(b',"founding_voter":true}\n')   # on disk before it returns
+    assert readstate_line(tmp_path).endswith(b',"founding_voter":true}\n')   # on disk before it returns
     j.mark_founding_voter()
     j.setCurrentTerm(5, None)   # a later term and vote keep it
     assert j.state_writes == writes + 2
@@ -234,7 +203,7 @@ def test_a_founding_voter_mark_is_durable_at_once_written_once_and_kept_across_r
     k._destroy()
 
 
-def read_state_line(directory) -> bytes:
+def readstate_line(directory) -> bytes:
     return (directory / STATE_FILE).read_bytes()
 
 
@@ -769,24 +738,8 @@ def test_journal_io_names():
 
 
 # -- torn tails ------------------------------------------------------------------------------------------------
-def _journal_with_last(tmp_path: Path, last_size: int, last_at: int | None = None
-                       ) -> tuple[bytes, int, list[tuple[bytes, int, int]]]:
-    """A synced journal of 1..5 (one segment) whose last record holds ``last_size`` command bytes and starts at byte
-    ``last_at`` (record 4 is sized for it): (segment file, last record's offset, entries)."""
-    entries = [entry(i) for i in range(1, 6)]
-    first_three = sum(rj.RECORD_OVERHEAD_BYTES + len(e[0]) for e in entries[:3])
-    if last_at is not None:
-        entries[3] = entry(4, size=last_at - rj.FILE_HEADER_BYTES - first_three - rj.RECORD_OVERHEAD_BYTES)
-    entries[4] = entry(5, size=last_size)
-    j = StatorJournal(str(tmp_path))
-    fill(j, entries)
-    j._destroy()
-    raw = log_bytes(tmp_path)
-    return raw, len(raw) - rj.RECORD_OVERHEAD_BYTES - last_size, entries
-
-
 def test_torn_tail_at_every_cut_is_truncated(tmp_path):
-    raw, last_at, entries = _journal_with_last(tmp_path, 600)
+    raw, last_at, entries = journal_with_last(tmp_path, 600)
     path = segment(tmp_path, 1)
     for cut in range(last_at + 1, len(raw)):
         _put_bytes(path, raw, last_at, cut)
@@ -825,7 +778,7 @@ def _zero(raw: bytes, start: int, end: int) -> bytes:
 def test_zeroed_sectors_of_the_last_record_are_a_torn_tail(tmp_path):
     """What a power loss leaves where the file grew but data blocks were never written: the last record (header
     straddling a sector boundary, 10 bytes before it) dropped, whichever of its sectors reads as zeros."""
-    raw, last_at, entries = _journal_with_last(tmp_path, 3000, last_at=502)
+    raw, last_at, entries = journal_with_last(tmp_path, 3000, last_at=502)
     assert last_at == 502 and len(raw) == 502 + 3028
     path = segment(tmp_path, 1)
     cases = {
@@ -844,7 +797,7 @@ def test_zeroed_sectors_of_the_last_record_are_a_torn_tail(tmp_path):
 
 
 def test_damage_that_is_not_a_torn_tail_is_refused(tmp_path):
-    raw, last_at, entries = _journal_with_last(tmp_path, 3000)
+    raw, last_at, entries = journal_with_last(tmp_path, 3000)
     path = segment(tmp_path, 1)
     record_4_at = last_at - rj.RECORD_OVERHEAD_BYTES - len(entries[3][0])
     cases = {
@@ -1082,9 +1035,7 @@ def _put_byte(path: Path, at: int, value: int) -> None:
         os.close(fd)
 
 
-def _state_line(version: int, body: bytes) -> bytes:
-    covered = b"STATOR-RAFT-STATE %d " % version
-    return covered + b"%08x " % zlib.crc32(body, zlib.crc32(covered)) + body + b"\n"
+
 
 
 def test_damaged_state_file_is_refused_by_name(tmp_path):
@@ -1094,26 +1045,26 @@ def test_damaged_state_file_is_refused_by_name(tmp_path):
     path = tmp_path / STATE_FILE
     good = path.read_bytes()
     body = good.split(b" ", 3)[3][:-1]
-    assert good == _state_line(3, body)
+    assert good == state_line(3, body)
     assert body == (b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_segment":1,"first_index":null,'
                     b'"founding_voter":false}')
     for damaged, error, words in [
         (good[:-1], JournalDamaged, "one line"),
         (good.replace(b'"a:1"', b'"a:2"'), JournalDamaged, "fails its CRC"),
         (b"", JournalDamaged, "one line"),
-        (_state_line(4, body), JournalFormatError,
+        (state_line(4, body), JournalFormatError,
          "found STATOR-RAFT-STATE version 4, this code reads STATOR-RAFT-STATE version 3"),
-        (_state_line(2, body.replace(b',"founding_voter":false', b"")), JournalFormatError,
+        (state_line(2, body.replace(b',"founding_voter":false', b"")), JournalFormatError,
          "found STATOR-RAFT-STATE version 2, this code reads STATOR-RAFT-STATE version 3"),
-        (_state_line(1, b'{"current_term":3,"voted_for":"a:1","commit_index":1}'), JournalFormatError,
+        (state_line(1, b'{"current_term":3,"voted_for":"a:1","commit_index":1}'), JournalFormatError,
          "found STATOR-RAFT-STATE version 1, this code reads STATOR-RAFT-STATE version 3"),
-        (_state_line(3, body.replace(b',"first_index":null', b"")), JournalDamaged, "does not hold exactly"),
-        (_state_line(3, body.replace(b',"founding_voter":false', b"")), JournalDamaged, "does not hold exactly"),
-        (_state_line(3, body.replace(b'"first_segment":1', b'"first_segment":0')), JournalDamaged,
+        (state_line(3, body.replace(b',"first_index":null', b"")), JournalDamaged, "does not hold exactly"),
+        (state_line(3, body.replace(b',"founding_voter":false', b"")), JournalDamaged, "does not hold exactly"),
+        (state_line(3, body.replace(b'"first_segment":1', b'"first_segment":0')), JournalDamaged,
          "first segment or first index of the wrong type"),
-        (_state_line(3, body.replace(b'"first_index":null', b'"first_index":"7"')), JournalDamaged,
+        (state_line(3, body.replace(b'"first_index":null', b'"first_index":"7"')), JournalDamaged,
          "first segment or first index of the wrong type"),
-        (_state_line(3, body.replace(b'"founding_voter":false', b'"founding_voter":0')), JournalDamaged,
+        (state_line(3, body.replace(b'"founding_voter":false', b'"founding_voter":0')), JournalDamaged,
          "holds a founding_voter that is not true or false"),
     ]:
         path.write_bytes(damaged)
@@ -1132,10 +1083,10 @@ _GOOD_STATE = (b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_seg
 
 @pytest.mark.parametrize("raw, why", [
     # the line itself
-    (_state_line(3, _GOOD_STATE) * 2, f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
-    (_state_line(3, _GOOD_STATE)[:-1].replace(b" ", b"\n", 1),
+    (state_line(3, _GOOD_STATE) * 2, f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
+    (state_line(3, _GOOD_STATE)[:-1].replace(b" ", b"\n", 1),
      f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
-    (_state_line(3, b'{"pad":"' + b"x" * rj.STATE_BYTES_MAX + b'"}'),
+    (state_line(3, b'{"pad":"' + b"x" * rj.STATE_BYTES_MAX + b'"}'),
      f"is not one line of at most {rj.STATE_BYTES_MAX} bytes"),
     (b"STATOR-RAFT-STATES 3 00000000 {}\n", "does not begin with STATOR-RAFT-STATE"),
     (b"STATOR-RAFT-STATE 3 00000000\n", "does not begin with STATOR-RAFT-STATE"),
@@ -1146,24 +1097,24 @@ _GOOD_STATE = (b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_seg
     (b"STATOR-RAFT-STATE 3 0000000g {}\n", "has no version and CRC after its name"),
     (b"STATOR-RAFT-STATE 3 00000000 {}\n", "fails its CRC"),
     # its body
-    (_state_line(3, b"[1, 2"), "holds no JSON after its CRC"),
-    (_state_line(3, b"[]"),
+    (state_line(3, b"[1, 2"), "holds no JSON after its CRC"),
+    (state_line(3, b"[]"),
      "does not hold exactly current_term, voted_for, commit_index, first_segment, first_index and founding_voter"),
-    (_state_line(3, _GOOD_STATE.replace(b"}", b',"more":1}')),
+    (state_line(3, _GOOD_STATE.replace(b"}", b',"more":1}')),
      "does not hold exactly current_term, voted_for, commit_index, first_segment, first_index and founding_voter"),
-    (_state_line(3, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":-1')),
+    (state_line(3, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":-1')),
      "holds a term, vote or commit index of the wrong type"),
-    (_state_line(3, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":true')),
+    (state_line(3, _GOOD_STATE.replace(b'"current_term":3', b'"current_term":true')),
      "holds a term, vote or commit index of the wrong type"),
-    (_state_line(3, _GOOD_STATE.replace(b'"commit_index":1', b'"commit_index":1.0')),
+    (state_line(3, _GOOD_STATE.replace(b'"commit_index":1', b'"commit_index":1.0')),
      "holds a term, vote or commit index of the wrong type"),
-    (_state_line(3, _GOOD_STATE.replace(b'"a:1"', b"[]")), "holds a term, vote or commit index of the wrong type"),
-    (_state_line(3, _GOOD_STATE.replace(b'"a:1"', b"-2")), "holds a term, vote or commit index of the wrong type"),
-    (_state_line(3, _GOOD_STATE.replace(b'"first_segment":1', b'"first_segment":"1"')),
+    (state_line(3, _GOOD_STATE.replace(b'"a:1"', b"[]")), "holds a term, vote or commit index of the wrong type"),
+    (state_line(3, _GOOD_STATE.replace(b'"a:1"', b"-2")), "holds a term, vote or commit index of the wrong type"),
+    (state_line(3, _GOOD_STATE.replace(b'"first_segment":1', b'"first_segment":"1"')),
      "holds a first segment or first index of the wrong type"),
-    (_state_line(3, _GOOD_STATE.replace(b'"first_index":null', b'"first_index":-3')),
+    (state_line(3, _GOOD_STATE.replace(b'"first_index":null', b'"first_index":-3')),
      "holds a first segment or first index of the wrong type"),
-    (_state_line(3, _GOOD_STATE.replace(b'"founding_voter":false', b'"founding_voter":null')),
+    (state_line(3, _GOOD_STATE.replace(b'"founding_voter":false', b'"founding_voter":null')),
      "holds a founding_voter that is not true or false"),
 ])
 def test_every_refusal_of_the_state_file_says_what_is_wrong_in_whole(tmp_path, raw, why):
@@ -1183,20 +1134,20 @@ def test_every_refusal_of_the_state_file_says_what_is_wrong_in_whole(tmp_path, r
 ])
 def test_the_state_file_reads_back_what_was_written_at_every_edge_of_its_fields(tmp_path, body, state):
     # a vote may name a node by address (str) or by number; a term, a commit and a first index of 0 are whole numbers
-    assert rj._decode_state(str(tmp_path / STATE_FILE), _state_line(3, body)) == state
+    assert rj._decode_state(str(tmp_path / STATE_FILE), state_line(3, body)) == state
     assert rj._decode_state("x", rj.encode_state(state)) == state
 
 
 def test_a_state_file_of_exactly_the_largest_size_is_read(tmp_path):
     # STATE_BYTES_MAX is inclusive: one byte more is refused (above)
-    head = _state_line(3, _GOOD_STATE)
+    head = state_line(3, _GOOD_STATE)
     pad = rj.STATE_BYTES_MAX - len(head)
     vote = "a:1" + " " * pad   # a vote with spaces: only the length matters here
-    raw = _state_line(3, _GOOD_STATE.replace(b'"a:1"', f'"{vote}"'.encode()))
+    raw = state_line(3, _GOOD_STATE.replace(b'"a:1"', f'"{vote}"'.encode()))
     assert len(raw) == rj.STATE_BYTES_MAX
     assert rj._decode_state("x", raw).voted_for == vote
     with pytest.raises(JournalDamaged):
-        rj._decode_state("x", _state_line(3, _GOOD_STATE.replace(b'"a:1"', f'"{vote} "'.encode())))
+        rj._decode_state("x", state_line(3, _GOOD_STATE.replace(b'"a:1"', f'"{vote} "'.encode())))
 
 
 def test_pysyncobj_journal_earlier_builds_and_other_versions_are_refused(tmp_path):

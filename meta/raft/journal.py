@@ -60,8 +60,8 @@ seq of the first live segment: every segment below it is dead (left over by a cr
 ``first_index`` is the index of the first live entry, set by a compaction: the records below it in the first live
 segment are dead (checked, not loaded); null means every record of the live segments is live (a journal never
 compacted, or emptied by ``clear`` since, after which the log may start at any index). ``founding_voter``: this disk
-counted itself a voter at the cluster's first start (meta/raft/roles.py ``decide``), set once, never cleared. A missing state file means
-pysyncobj's defaults (term 0, no vote, commit index 1), first segment 1 and no first index.
+counted itself a voter at the cluster's first start (meta/raft/roles.py ``decide``), set once, never cleared. A
+missing state file means pysyncobj's defaults (term 0, no vote, commit index 1), first segment 1 and no first index.
 
 What each change writes, in this order, and what a crash (a power loss included) leaves:
 
@@ -171,6 +171,8 @@ class JournalDamaged(RuntimeError):
     directory when segments are missing), the place and what to do."""
 
     def __init__(self, path: str, offset: int | None, record_number: int | None, why: str):
+        # Harmless mutants: None for any of these args (unpickling calls __init__ with them, then puts the
+        # attributes back from the instance's __dict__, so str() reads the same after a round trip).
         super().__init__(path, offset, record_number, why)
         self.path = path
         self.offset = offset
@@ -188,6 +190,7 @@ class JournalFormatError(JournalDamaged):
     """The file is not of the format and version this code reads (pysyncobj's own journal, a newer Stator...)."""
 
     def __init__(self, path: str, found: str, reads: str):
+        # Harmless mutant: None for the why (only JournalDamaged.__str__ reads it, and this class has its own).
         super().__init__(path, 0, None, f"found {found}, this code reads {reads}")
         self.args = (path, found, reads)   # what pickling passes back to __init__
         self.found = found
@@ -260,6 +263,8 @@ class OsJournalIO(JournalIO):
 
     def make_directory(self, path: str) -> None:
         if not os.path.isdir(path):
+            # Harmless mutants: exist_ok left out or False (it matters only if another process makes the directory
+            # between the check and the call; a file or dangling link there is refused either way).
             os.makedirs(path, exist_ok=True)
             _fsync_directory(os.path.dirname(os.path.abspath(path)))
 
@@ -378,6 +383,7 @@ class MemoryUntilSyncJournalIO(OsJournalIO):
 
     def truncate(self, handle: int, size: int) -> None:
         pending = self._unsynced[handle]
+        # Harmless mutant: ``>`` (a cut to exactly ``start`` then takes the other branch: the same bytes on disk)
         if size >= pending.start:
             del pending.data[size - pending.start:]
         else:   # below what the file holds: cut the file at sync time, before the appends that follow this
@@ -396,6 +402,8 @@ class MemoryUntilSyncJournalIO(OsJournalIO):
         pending.data = bytearray()
 
     def close(self, handle: int) -> None:
+        # Harmless mutants: pop(None, None) or no default (every handle is in the dict; a stale entry is
+        # overwritten when the number is handed out again, by create or open_append).
         self._unsynced.pop(handle, None)   # what was never synced is lost, as in a power loss
         super().close(handle)
 
@@ -471,6 +479,8 @@ def _segment_seq(name: str) -> int | None:
 def _pysyncobj_journal(raw: bytes) -> str:
     found = "pysyncobj's own journal"
     if len(raw) >= _PYSYNCOBJ_VERSION_AT + 12:
+        # Harmless mutants: "ASCII" (the same codec) and other bytes stripped with the zeros (pysyncobj's version
+        # strings are digits and dots).
         written_by = raw[_PYSYNCOBJ_VERSION_AT:_PYSYNCOBJ_VERSION_AT + 8].rstrip(b"\0").decode("ascii", "replace")
         format_version = _CRC.unpack_from(raw, _PYSYNCOBJ_VERSION_AT + 8)[0]
         found += f" (format version {format_version}, pysyncobj {written_by})"
@@ -496,7 +506,7 @@ def _check_file_header(path: str, raw: bytes) -> None:
 def _refuse_single_file(io: JournalIO, path: str) -> None:
     """``raft.log`` itself: an earlier build's one-file log (or pysyncobj's journal put there), never read: there is
     no conversion (no deployed clusters), the node rejoins from a peer."""
-    raw = io.read(path) or b""
+    raw = io.read(path) or b""   # Harmless mutant: other bytes (an empty file is "of another format" either way)
     if raw.startswith(PYSYNCOBJ_MAGIC):
         found = _pysyncobj_journal(raw)
     elif raw.startswith(FORMAT_MAGIC):
@@ -520,6 +530,8 @@ def _zeroed_sector(view: memoryview, start: int, end: int, before: int) -> bool:
     as zeros (and is long enough to mean it): what a power loss leaves where the file grew but the data blocks were
     never written (etcd's WAL ``isTornEntry``)."""
     at = start
+    # Harmless mutant: ``at <= end`` (``before`` is never past ``end``: a header running past the end of the file is
+    # a torn tail found before, so ``at < before`` ends the loop first).
     while at < end and at < before:
         stop = min(end, (at // SECTOR_BYTES + 1) * SECTOR_BYTES)
         if stop - at >= TORN_ZEROS_MIN_BYTES and not any(view[at:stop]):
@@ -608,6 +620,8 @@ def _scan(path: str, raw: bytes, entries: list[Entry], offsets: list[int], *, la
             add_offset(at)
         last_index, last_term, chained = index, term, True
         at = end
+    # Harmless mutant: ``(chained) or True`` (a segment holding no record is the last one: a new segment is begun only
+    # for a record, so its ``last`` is never read).
     return _Scan(at, 0, (last_index, last_term) if chained else None)
 
 
@@ -622,6 +636,8 @@ class RaftState:
 
 
 def encode_state(state: RaftState) -> bytes:
+    # Harmless mutants: ensure_ascii left out, False or None (a node id out of ASCII would be UTF-8 instead of
+    # escaped, which json.loads reads back the same; the CRC covers whichever bytes were written).
     body = json.dumps({"current_term": state.current_term, "voted_for": state.voted_for,
                        "commit_index": state.commit_index, "first_segment": state.first_segment,
                        "first_index": state.first_index, "founding_voter": state.founding_voter},
@@ -691,7 +707,7 @@ def _list_journal(io: JournalIO, directory: str) -> _Listing:
     segments: list[tuple[int, str]] = []
     leftovers: list[str] = []
     single_file = None
-    state = False
+    state = False   # Harmless mutant: None (read only as true or false)
     for name in io.list_directory(directory):
         path = os.path.join(directory, name)
         if name == JOURNAL_FILE:
@@ -783,7 +799,6 @@ class StatorJournal(Journal):
         for path in listing.leftovers:
             # Never renamed in, so never part of the journal: a write the process did not live to finish.
             if self._io.remove(path) and not path.endswith(STATE_WRITING_SUFFIX):
-                # Harmless mutants: this log line's name and fields (nothing reads them).
                 log.info("raft_journal_unfinished_write_removed", path=path)
         if loaded.dead:
             # Below the state file's first segment: dropped by a compaction or clear() whose unlinks a crash cut.
@@ -800,6 +815,7 @@ class StatorJournal(Journal):
             self._io.append(self._handle, file_header())
             self._io.sync(self._handle)
             self._io.sync_directory(directory)
+            # Harmless mutant: start 1 (a segment's start is looked up only for positions >= 1: see deleteEntriesTo)
             self._segments = [_Segment(loaded.state.first_segment, path, 0)]
             self._end = FILE_HEADER_BYTES
         else:
@@ -807,8 +823,7 @@ class StatorJournal(Journal):
             self._handle = self._io.open_append(last.path)
             self._end = loaded.end
             if loaded.end < FILE_HEADER_BYTES or loaded.torn_bytes:
-                # Harmless mutants: ``<=`` here or in the test above (a segment that ends at its header is
-                # truncated or rewritten to the same bytes, and synced once more).
+                # Harmless mutant: ``<=`` in the test below (not reached for a segment that ends at its header)
                 if loaded.end < FILE_HEADER_BYTES:   # a creation no sync covered: nothing in it was acknowledged
                     self._io.truncate(self._handle, 0)
                     self._io.append(self._handle, file_header())
@@ -842,6 +857,7 @@ class StatorJournal(Journal):
 
     # -- entries -------------------------------------------------------------------------------------------------
     def add(self, command: bytes, idx: int, term: int) -> None:
+        # Harmless mutant: always converted (bytes() of bytes is the same value)
         if type(command) is not bytes:
             command = bytes(command)
         if self._entries:
@@ -972,7 +988,7 @@ class StatorJournal(Journal):
         # segment first_segment when it is missing) or leaves a torn header in the last segment (repaired).
         self._handle = self._io.create(path)
         self._io.append(self._handle, file_header())
-        dead, self._segments = self._segments, [_Segment(seq, path, 0)]
+        dead, self._segments = self._segments, [_Segment(seq, path, 0)]   # Harmless mutant: start 1 (as in __init__)
         self._unlink_dead([segment.path for segment in dead])
         self._entries = []
         self._offsets = []
@@ -1027,7 +1043,7 @@ class StatorJournal(Journal):
             # First: the unlinks of a truncation must be durable before the truncated segment's new records are (see
             # deleteEntriesFrom), and a new segment's name before anything in it is acknowledged.
             self._io.sync_directory(self.directory)
-            self._directory_dirty = False
+            self._directory_dirty = False   # Harmless mutants: None for False, here and below (read as falsy only)
         self._io.sync(self._handle)
         self.dirty = False
         self.synced_index = self.last_index
