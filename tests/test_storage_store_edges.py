@@ -2,8 +2,10 @@
 file and where, a store closes its queues on worker threads unless driven, a queue directory whose removal fails
 (a symlink: rmtree never follows one) neither fails the delete nor stops the next open, a directory name that is not
 the canonical spelling of a queue name is no queue, the power-loss ledger hears of every segment file made and
-removed (or a crash test would keep a deleted file's durable length, and lose a new file it never heard of), and a
-sealed file holding records past the next file's base serves none of them.
+removed (or a crash test would keep a deleted file's durable length, and lose a new file it never heard of), a
+sealed file holding records past the next file's base serves none of them, a frame whose length a rotting disk
+raised under an open queue is refused at once, naming where to resume (not read again and again for bytes the file
+will never have), and a failed create whose clean-up fails too raises its own error, not the clean-up's.
 
 Real files in tmp_path; where the disk has to fail, an OS call is replaced (as tests/test_storage_queue_lifecycle.py
 does), never the storage code under test.
@@ -13,14 +15,17 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import sys
 import threading
 
 import pytest
 
-from broker.storage import PhysicalQueue, QueueConfig, QueueFailed, QueueStore, files, queue_name
+from broker.storage import CorruptData, PhysicalQueue, QueueConfig, QueueFailed, QueueStore, files, queue_name
+from broker.storage.queue import CREATING_PREFIX
 from broker.storage.store import DELETING_PREFIX
 from runtime import power_loss
+from tests.support.storage_payloads import frame_bytes, payloads
 
 SMALL = QueueConfig(segment_bytes_max=1024, flush_policy="interval")
 
@@ -175,3 +180,37 @@ def test_a_sealed_file_holding_records_past_the_next_files_base_gives_those_offs
         # A seek by time answers from the records readers get (stamped 1 to 5 at offsets 0 to 4), never from the
         # first file's own records past the base (stamped 9).
         assert [q.offset_for_time(t) for t in range(1, 7)] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_frame_whose_length_rotted_past_the_file_s_end_under_an_open_queue_is_refused_naming_where_to_resume(
+        tmp_path):
+    # One index entry (the file's first record), so the open trusted the file and only the read can find it.
+    config = QueueConfig(segment_bytes_max=1 << 20, index_interval_bytes=1 << 20, index_interval_records=1000)
+    with PhysicalQueue.create(str(tmp_path / "q"), 0, config) as q:
+        for first in range(0, 30, 3):
+            q.append(payloads(first, 3), 1_000)
+        log = tmp_path / "q" / files.log_name(0)
+        with open(log, "r+b") as f:   # the length field of the frame of records 9..11: the whole file's size
+            f.seek(sum(frame_bytes(payloads(first, 3)) for first in range(0, 9, 3)))
+            f.write(struct.pack("<I", log.stat().st_size))
+        assert [r.offset for r in q.read(0, 20)] == list(range(9))
+        with pytest.raises(CorruptData) as err:
+            q.read(9, 20)
+        assert (err.value.message, err.value.offset, err.value.next_offset) == (
+            "a record failed its check on read", 9, 30)
+
+
+def test_a_create_whose_clean_up_fails_too_raises_its_own_error(tmp_path, monkeypatch):
+    def sync_dir(_path):
+        raise OSError(errno.EIO, "the disk failed")
+
+    def rmdir(*_args, **_kwargs):
+        raise PermissionError(errno.EACCES, "held open elsewhere")
+    monkeypatch.setattr(files, "sync_dir", sync_dir)
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    with pytest.raises(OSError) as err:
+        PhysicalQueue.create(str(tmp_path / "q"))
+    monkeypatch.undo()
+    assert err.value.errno == errno.EIO
+    [left] = os.listdir(tmp_path)   # what the clean-up could not remove is named as a creation's leftover
+    assert left.startswith(CREATING_PREFIX) and os.listdir(tmp_path / left) == []

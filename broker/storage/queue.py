@@ -416,6 +416,10 @@ class PhysicalQueue:
             taken, budget = segment.read(offset, left, budget, out, cached_only)
             left -= taken
             offset = out[-1].offset + out[-1].count
+            # Harmless mutants: ``and`` for either of the first two ``or``, ``i - 1`` for ``i + 1`` (each test guards
+            # what the others cover: a read stops inside a file only for its budget, where offset < end_offset <= the
+            # next base; one that reaches the last file's end has taken all it may, left 0; a pass with left 0 reads
+            # nothing).
             if (not left or offset < segment.end_offset or i + 1 == len(self._segments)
                     or self._bases[i + 1] != offset):
                 return out

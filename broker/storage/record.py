@@ -91,7 +91,7 @@ def pack_records(payloads: Sequence[bytes]) -> bytes:
     parts: list[bytes] = []
     add = parts.append
     for payload in payloads:
-        # The first test is a shortcut for the common case: ``type(None) is not bytes`` there changes no answer.
+        # Harmless mutant: ``type(None) is not bytes`` (the first test is a shortcut for the common case).
         if type(payload) is not bytes and not isinstance(payload, (bytes, bytearray)):
             raise InvalidArgument("payloads must be bytes", type=type(payload).__name__)
         add(pack(len(payload)))

@@ -216,8 +216,9 @@ class Segment:
     def _read_from(self, fd: int, offset: int, cursor: int, pos: int, records_max: int, bytes_budget: int,
                    out: list[Run], cached_only: bool) -> tuple[int, int]:
         # Harmless mutants (tests/test_storage_read_chunks.py counts this loop's preads; these change none): ``need``
-        # starting at 1 (a chunk is never under READ_CHUNK_BYTES_MIN); ``taken <= records_max`` or ``or`` in the loop's
-        # test (parse stops with STOP_LIMIT at records_max, and read() never asks past the file's last record); the
+        # starting at 1 (a chunk is never under READ_CHUNK_BYTES_MIN); ``taken <= records_max``, ``pos <= end_pos``
+        # or ``or`` in the loop's test (parse stops with STOP_LIMIT at records_max, and read() never asks past the
+        # file's last record, so records_max is reached at end_pos at the latest); the
         # ``need`` after a chunk parsed to its end (``used <= len(buf)``, ``or True``, ``else 1``: frame_bytes_at of an
         # empty rest is a header, never past end_pos unless pos is there, when the loop ends anyway); ``>=`` for ``>``
         # against CACHED_READ_CHUNK_BYTES_MAX (a chunk of exactly that size waits for the disk instead: the same
