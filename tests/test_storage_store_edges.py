@@ -5,7 +5,10 @@ the canonical spelling of a queue name is no queue, the power-loss ledger hears 
 removed (or a crash test would keep a deleted file's durable length, and lose a new file it never heard of), a
 sealed file holding records past the next file's base serves none of them, a frame whose length a rotting disk
 raised under an open queue is refused at once, naming where to resume (not read again and again for bytes the file
-will never have), and a failed create whose clean-up fails too raises its own error, not the clean-up's.
+will never have), a failed create whose clean-up fails too raises its own error, not the clean-up's, a clean-close
+marker naming another file, or a size that is not an integer, is not trusted, a queue that closes or fails to open
+leaves the descriptors of the other queues of a shared pool open, a pool's size is held to its bound, a whole-file
+write over a longer leftover of an earlier one keeps none of its bytes, and a new segment file counts no bytes.
 
 Real files in tmp_path; where the disk has to fail, an OS call is replaced (as tests/test_storage_queue_lifecycle.py
 does), never the storage code under test.
@@ -14,6 +17,7 @@ does), never the storage code under test.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import struct
 import sys
@@ -21,8 +25,11 @@ import threading
 
 import pytest
 
-from broker.storage import CorruptData, PhysicalQueue, QueueConfig, QueueFailed, QueueStore, files, queue_name
+from broker.storage import (CorruptData, HandlePool, InvalidArgument, PhysicalQueue, QueueConfig, QueueFailed,
+                            QueueStore, files, limits, queue_name)
 from broker.storage.queue import CREATING_PREFIX
+from broker.storage.record import HEADER_BYTES, SIZE_BYTES
+from broker.storage.segment import Segment
 from broker.storage.store import DELETING_PREFIX
 from runtime import power_loss
 from tests.support.storage_payloads import frame_bytes, payloads
@@ -214,3 +221,83 @@ def test_a_create_whose_clean_up_fails_too_raises_its_own_error(tmp_path, monkey
     assert err.value.errno == errno.EIO
     [left] = os.listdir(tmp_path)   # what the clean-up could not remove is named as a creation's leftover
     assert left.startswith(CREATING_PREFIX) and os.listdir(tmp_path / left) == []
+
+
+@pytest.mark.parametrize("marker, records", [
+    (lambda size: {"base": 0, "file_bytes": size}, 30),           # trusted: the index is loaded, the damage unseen
+    (lambda size: {"base": 3, "file_bytes": size}, 0),            # another file's: a full scan, cut at the damage
+    (lambda size: {"base": 0, "file_bytes": float(size)}, 0),     # a size that only compares equal: not trusted
+])
+def test_a_clean_close_marker_is_trusted_only_for_the_active_file_and_an_integer_size(tmp_path, marker, records):
+    # A flipped byte in the first frame, before the index's last entry: only a full scan of the file finds it (and
+    # cuts the active file there), so the records served say whether the open trusted the marker.
+    config = QueueConfig(segment_bytes_max=1 << 20, index_interval_bytes=200, index_interval_records=1000)
+    path = tmp_path / "q"
+    with PhysicalQueue.create(str(path), 0, config) as q:
+        for first in range(0, 30, 3):
+            q.append(payloads(first, 3), 1_000)
+    log = path / files.log_name(0)
+    data = bytearray(log.read_bytes())
+    data[HEADER_BYTES + SIZE_BYTES] ^= 1
+    log.write_bytes(bytes(data))
+    (path / files.CLEAN_MARKER).write_bytes(json.dumps(marker(len(data))).encode())
+    with PhysicalQueue.open(str(path), config) as q:
+        assert q.max_offset == records
+
+
+def _queue_read_whole(path, pool: HandlePool) -> PhysicalQueue:
+    """A queue of 40 records in SMALL's files, all read once: its sealed files' descriptors are in ``pool``."""
+    q = PhysicalQueue.create(str(path), 0, SMALL, pool)
+    for i in range(40):
+        q.append([bytes([i]) * 100], i)
+    assert len(q.read(0, 1_000)) == 40
+    return q
+
+
+def test_a_queue_that_closes_or_fails_to_open_leaves_the_shared_pool_s_other_descriptors_open(tmp_path,
+                                                                                              monkeypatch):
+    pool = HandlePool(64)
+    kept = _queue_read_whole(tmp_path / "kept", pool)
+    held = len(pool)
+    assert held > 0
+    _queue_read_whole(tmp_path / "closed", pool).close()
+    assert len(pool) == held
+
+    failing = _queue_read_whole(tmp_path / "failing", pool)
+    failing.close()
+    os.unlink(tmp_path / "failing" / files.CLEAN_MARKER)    # the open recovers the last file, and its sync fails
+
+    def sync_data(_fd):
+        raise OSError(errno.EIO, "the disk failed")
+    monkeypatch.setattr(files, "sync_data", sync_data)
+    with pytest.raises(OSError) as err:
+        PhysicalQueue.open(str(tmp_path / "failing"), SMALL, pool)
+    monkeypatch.undo()
+    assert err.value.errno == errno.EIO
+    assert len(pool) == held
+    assert len(kept.read(0, 1_000)) == 40
+    kept.close()
+    pool.close_all()
+
+
+@pytest.mark.parametrize("handles_max", [limits.READ_HANDLES_MAX_MIN - 1, "8", 8.0])
+def test_a_handle_pool_s_size_is_an_integer_at_least_its_minimum(handles_max):
+    with pytest.raises(InvalidArgument) as refused:
+        HandlePool(handles_max)
+    assert (refused.value.message, refused.value.details) == (
+        f"handles_max must be an integer >= {limits.READ_HANDLES_MAX_MIN}", {"handles_max": handles_max})
+
+
+def test_a_whole_file_write_over_a_longer_leftover_keeps_none_of_its_bytes(tmp_path):
+    path = tmp_path / "clean-shutdown.json"
+    (tmp_path / ("clean-shutdown.json" + files.TMP_SUFFIX)).write_bytes(b"x" * 100)   # a crash's leftover
+    files.write_atomic(str(path), b"{}")
+    assert path.read_bytes() == b"{}"
+
+
+def test_a_new_segment_file_counts_no_bytes_toward_retention(tmp_path):
+    """A roll's new file: its size is what retention adds up until the append that rolled to it writes."""
+    pool = HandlePool(4)
+    segment = Segment.create(str(tmp_path), 10, SMALL, pool)
+    assert (segment.file_bytes, segment.end_pos, segment.end_offset) == (0, 0, 10)
+    segment.close()

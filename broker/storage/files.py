@@ -41,6 +41,7 @@ def parse_index_name(name: str) -> int | None:
 def sync_data(fd: int) -> None:
     # fdatasync skips metadata that reading the data back does not need (mtime); the size is still flushed.
     # Every fsync of storage's data goes through here: the power-loss ledger (tests only) records it.
+    # Harmless mutants: fsync always, or fdatasync always (durable either way; Linux has both, fsync is slower)
     power_loss.sync_fd(fd, os.fdatasync if hasattr(os, "fdatasync") else os.fsync)
 
 
@@ -107,6 +108,7 @@ def pread_cached(fd: int, size: int, pos: int) -> bytes:
 
 def sync_dir(path: str) -> None:
     """Makes creations, renames and deletions of entries in `path` durable."""
+    # Harmless mutant: ``&`` (O_CLOEXEC lost: the descriptor is closed before this returns)
     fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -152,6 +154,7 @@ def replace_lines(path: str, body: bytes, fd: int) -> int:
 def write_atomic(path: str, data: bytes) -> None:
     """Replaces `path` with `data`; a crash leaves the old or the new content. The caller syncs the directory."""
     tmp = path + TMP_SUFFIX
+    # Harmless mutants: another mode (the broker alone reads its files)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
     try:
         write_all(fd, data)

@@ -26,6 +26,7 @@ class SparseIndex:
     __slots__ = ("rels", "positions", "times", "interval_bytes", "interval_records")
 
     def __init__(self, interval_bytes: int, interval_records: int):
+        # Harmless mutants: "q" for "Q" (signed: every entry is below 2**63, offsets and positions both)
         self.rels = array("Q")
         self.positions = array("Q")
         self.times = array("Q")

@@ -44,6 +44,7 @@ class PhysicalQueue:
         self.path = path
         self.config = config
         self._pool = pool
+        # Harmless mutant: None (each segment's close releases its own descriptor: close_all finds the pool empty)
         self._own_pool = own_pool
         self._segments = segments
         self._bases = [s.base for s in segments]
@@ -101,7 +102,7 @@ class PhysicalQueue:
             if pool is None:
                 handles.close_all()
             raise
-        return cls(path, config, handles, pool is None, segments)
+        return cls(path, config, handles, pool is None, segments)   # Harmless mutant: None (see __init__)
 
     def close(self) -> None:
         """Syncs, stores the active index and marks the queue clean, so the next open skips the recovery scan."""

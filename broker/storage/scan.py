@@ -31,6 +31,9 @@ def scan(fd: int, file_bytes: int, index: SparseIndex, base: int, start_pos: int
     offset = base if start_offset is None else start_offset
     last_ts = None
     want = limits.SCAN_CHUNK_BYTES
+    # Harmless mutants: ``file_bytes + pos`` in the pread, and ``return`` for the ``break`` after it (every caller's
+    # file_bytes is the file's size by fstat, and no file of a queue shrinks under its open: a read past file_bytes
+    # brings no more, and an empty one never comes).
     while pos < file_bytes:
         buf = os.pread(fd, min(want, file_bytes - pos), pos)
         if not buf:
@@ -38,6 +41,7 @@ def scan(fd: int, file_bytes: int, index: SparseIndex, base: int, start_pos: int
         used = 0
         while True:
             status, count, ts_ms, _tag, end = frame_at(buf, used, offset)
+            # Harmless mutants: ``> 0``, ``>= 1`` (frame_at answers -1, STOP_SHORT or STOP_BAD: never 0)
             if status >= 0:
                 break
             index.add_frame(offset - base, pos + used, ts_ms)
@@ -51,6 +55,7 @@ def scan(fd: int, file_bytes: int, index: SparseIndex, base: int, start_pos: int
             break
         if used == 0:
             need = frame_bytes_at(buf, 0)
+            # Harmless mutant: ``need < len(buf)`` (frame_at answered STOP_SHORT at 0: need is more than buf holds)
             if need <= len(buf) or pos + need > file_bytes:
                 break  # a torn frame at the end of the file
             want = max(need, limits.SCAN_CHUNK_BYTES)

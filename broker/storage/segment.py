@@ -41,6 +41,8 @@ class Segment:
         self.fd: int | None = None  # read-write descriptor while active
         self._pool = pool
         # Where the previous read stopped, so that a consumer reading on sequentially skips the index lookup.
+        # Harmless mutants: -2, and another first position (no offset is below base >= 0, so read()'s test of the
+        # hint fails at its first comparison until a read sets both).
         self._hint_offset = -1
         self._hint_pos = 0
         # The producer marks of the last frames a recovery scan walked (an active file not closed cleanly)
