@@ -511,8 +511,11 @@ def test_an_operator_change_is_answered_with_the_members_once_committed_and_refu
     roles.so.stamp_bytes = lambda: encode_stamp({"ts": 1})
     members = (voter("a"), voter("b"))
     committed, failed = concurrent.futures.Future(), concurrent.futures.Future()
-    roles._propose(members, "add", committed)
+    with structlog.testing.capture_logs() as logs:
+        roles._propose(members, "add", committed)
     roles._propose(members, "remove", failed)
+    assert logs == [{"event": "raft_membership_proposed", "log_level": "info", "reason": "add",
+                     "members": [m.to_json() for m in members]}]   # what an operator reads of a change under way
     [(first, done_first), (second, done_second)] = proposed(shim)
     assert first == second == members and roles._proposed_at == NOW
     done_first(None, FAIL_REASON.SUCCESS)

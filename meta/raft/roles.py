@@ -39,8 +39,8 @@ from . import membership
 from wire.errors import ApiError, rejection
 
 log = structlog.get_logger("meta.raft.roles")
-# Harmless mutants: the words and fields of the log calls but raft_membership_removed's and raft_membership_role's
-# (tests pin those two: an operator acts on them).
+# Harmless mutants: the words and fields of the log calls but raft_membership_removed's, raft_membership_role's and
+# raft_membership_proposed's (tests pin those three: an operator acts on them).
 
 KEEPALIVE_INTERVAL_S = 0.5
 # Before the first membership entry a node hears every peer's keepalive before it may vote: sent each tick then, a
