@@ -101,16 +101,19 @@ async def test_a_dead_letter_whose_mark_the_journal_refused_is_tried_again_whole
     await dead_letter_after_one_attempt(node, "poison")
     real = node.pop.journal.durable
     refusals = [rejection(503, "TOO_MANY_WAITERS", "busy")]
+    granted: list[object] = []
 
     async def durable(confirm=()):
         if refusals:
             raise refusals.pop()
         await real(confirm)
+        granted.append(confirm)
 
     monkeypatch.setattr(node.pop.journal, "durable", durable)
     with structlog.testing.capture_logs() as logs:
         await until(lambda: node.pop.dead_lettered == 1, WAIT_S + 2 * service_mod.DLQ_RETRY_MS / 1000)
     assert not refusals
+    assert granted, "the retry waited for the mark to be durable before it copied the message"
     assert [(e["event"], e["log_level"], e["key"], e["offset"], e["code"]) for e in logs
             if e["event"].startswith("dead_letter")] == [
         ("dead_letter_mark_failed", "warning", KEY, 0, "TOO_MANY_WAITERS")]

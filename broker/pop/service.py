@@ -559,7 +559,8 @@ class PopService:
                 await self.journal.durable()
             except ApiError as e:
                 # The mark is not known durable (too many waits, or a disk slower than JOURNAL_WAIT_S): the whole
-                # chore again later, or this delivery stayed dead in memory, never dead-lettered until a restart
+                # chore again later, or this delivery stayed dead in memory, never dead-lettered until a restart.
+                # Harmless mutant: None for False (falsy). True is not: the retry would copy an unmarked message.
                 await self._dead_letter_later(key, offset, False, "dead_letter_mark_failed", e.code)
                 return
         if not (resumed and await asyncio.to_thread(self.dlq.holds, group, topic, queue, offset)):
