@@ -823,7 +823,8 @@ class StatorJournal(Journal):
             self._handle = self._io.open_append(last.path)
             self._end = loaded.end
             if loaded.end < FILE_HEADER_BYTES or loaded.torn_bytes:
-                # Harmless mutant: ``<=`` in the test below (not reached for a segment that ends at its header)
+                # Harmless mutant: ``<=`` in the test below (a segment holding its header and a torn record only
+                # is then cut to nothing and given its header again: the same bytes)
                 if loaded.end < FILE_HEADER_BYTES:   # a creation no sync covered: nothing in it was acknowledged
                     self._io.truncate(self._handle, 0)
                     self._io.append(self._handle, file_header())
