@@ -323,12 +323,13 @@ def test_a_failed_unlink_is_logged_with_its_path_and_error(tmp_path):
 
 
 # -- an I/O that is not the disk's -----------------------------------------------------------------------------
-def test_journal_exists_and_journal_files_look_through_the_io_they_are_given():
-    """The simulator's disk (ops/sim/disk.py): nothing of it is on the real one."""
+def test_journal_exists_and_journal_files_look_through_the_io_they_are_given(tmp_path):
+    """The simulator's disk (ops/sim/disk.py), at a path the real disk holds empty."""
     io = SimJournalIO(SimDisk(random.Random(1)))
-    j = StatorJournal("/sim/n1/raft", io)
+    d = str(tmp_path)
+    j = StatorJournal(d, io)
     fill(j, _entries(1, 3))
     j.setCurrentTerm(2, None)
     j._destroy()
-    assert journal_exists("/sim/n1/raft", io) and not journal_exists("/sim/n1/raft")
-    assert journal_files("/sim/n1/raft", io) == [f"/sim/n1/raft/{rj.segment_name(1)}", f"/sim/n1/raft/{rj.STATE_FILE}"]
+    assert journal_exists(d, io) and not journal_exists(d)
+    assert journal_files(d, io) == [f"{d}/{rj.segment_name(1)}", f"{d}/{rj.STATE_FILE}"] and journal_files(d) == []
