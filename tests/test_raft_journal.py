@@ -1116,6 +1116,10 @@ _GOOD_STATE = (b'{"current_term":3,"voted_for":"a:1","commit_index":1,"first_seg
      "holds a first segment or first index of the wrong type"),
     (state_line(3, _GOOD_STATE.replace(b'"founding_voter":false', b'"founding_voter":null')),
      "holds a founding_voter that is not true or false"),
+    # the header's fields at their bounds: one space only, at most 9 digits of version, 8 lower-case hex of CRC
+    (state_line(3, _GOOD_STATE).replace(b"STATE 3", b"STATE  3"), "has no version and CRC after its name"),
+    (state_line(1000000000, _GOOD_STATE), "has no version and CRC after its name"),
+    (state_line(3, _GOOD_STATE)[:26] + b"X" + state_line(3, _GOOD_STATE)[27:], "has no version and CRC after its name"),
 ])
 def test_every_refusal_of_the_state_file_says_what_is_wrong_in_whole(tmp_path, raw, why):
     path = str(tmp_path / STATE_FILE)
