@@ -76,8 +76,6 @@ class Journal:
         self._task: asyncio.Task | None = None
         # The copies of the queues this broker leads (broker/replication/pop_copies.py): each round's lines go to them
         self.copies: PopCopies | None = None
-        # Harmless mutants: the rounds counted from 1, or = 1, -= 1, += 2 in round (no code or metric reads it).
-        self.rounds = 0
         self.lines_written = 0
 
     def start(self) -> None:
@@ -177,7 +175,6 @@ class Journal:
         # Harmless mutant: an always-true test of pushed (pushed is None or an ApiError here: any other exception was
         # raised above, so error is pushed either way).
         error = unavailable() if self._failed else pushed if isinstance(pushed, ApiError) else None
-        self.rounds += 1
         for f, confirm in waiters:
             # Harmless mutant: break for continue (never done here: durable shields its future, and nothing else
             # answers it; each waiter is in one round only).
