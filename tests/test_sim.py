@@ -61,6 +61,7 @@ NOT_ON_THE_SIMULATED_PATH = {("meta.raft.journal", "time"),   # OsJournalIO.remo
                              ("ops.chaos.workloads", "random")}  # Env's own generator, seeded by the schedule
 
 
+@pytest.mark.long(seconds=140)   # its module alone, measured on 2 cores (tests/conftest.py)
 def test_every_swapped_name_still_exists():
     for module, attribute, _factory in clock.PATCHES:
         clock.target(module, attribute)
