@@ -255,14 +255,30 @@ class Image:
         self._place_first_segments(t, e["segments"], ts)
 
     def _place_first_segments(self, t: dict[str, Any], placed: list[dict[str, Any]], ts: int) -> None:
-        shared: dict[tuple, tuple] = {}  # queues placed alike share one segment (meta/chains.py)
+        # Every node applies a creation under the image lock, and a 1,000-queue one held the interpreter long enough
+        # (made by the dozen in ops.bench.scale) to starve the raft tick into elections: so queues placed alike
+        # share one segment made once (meta/chains.py), and each broker's load and hosting count change once per
+        # topic, not once per queue (the counts only grow here, so the sums are the same, in the same key order).
+        shared: dict[tuple, tuple] = {}
+        led: dict[str, int] = {}
+        hosted: dict[str, int] = {}
+        topic, incarnation = t["topic"], t["incarnation"]
         for s in placed:
-            seg = chains.new_segment(t, s["queue"], 0, s["broker"], s["physical_queue"], 0, 0, s["budget_end"], ts,
-                                     s["replicas"], s["in_sync"])
-            t["chains"][s["queue"]] = shared.setdefault(seg, seg)
-            self._load(s["broker"], 1)
+            broker, pq = s["broker"], s["physical_queue"]
+            key = (broker, None if pq == allocation.physical_queue_name(topic, incarnation, s["queue"], 0) else pq,
+                   s["budget_end"], tuple(s["replicas"]), tuple(s["in_sync"]))
+            seg = shared.get(key)
+            if seg is None:
+                seg = shared[key] = chains.new_segment(t, s["queue"], 0, broker, pq, 0, 0, s["budget_end"], ts,
+                                                       s["replicas"], s["in_sync"])
+            t["chains"][s["queue"]] = seg
+            led[broker] = led.get(broker, 0) + 1
             for b in s["replicas"]:
-                self._host(b, t["topic"], 1)
+                hosted[b] = hosted.get(b, 0) + 1
+        for broker, n in led.items():
+            self._load(broker, n)
+        for broker, n in hosted.items():
+            self._host(broker, topic, n)
 
     def _on_TopicGrown(self, e, ts):
         t = self.data["topics"][e["topic"]]

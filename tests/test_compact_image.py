@@ -13,7 +13,8 @@ from meta import allocation, chains, history_lines
 from meta.raft import snapshot_file
 from meta.image import Image, restoring_pairs
 from meta.state_machine import StateMachine
-from tests.support.state_machine_builders import Log, check_image_invariants
+from meta.deciders import topics
+from tests.support.state_machine_builders import Log, chains_of, check_image_invariants
 
 # Measured 55: a pointer to a shared segment, a packed slot range, a share of a packed history line (a dict per
 # segment and a list per slot range were about 800).
@@ -144,3 +145,25 @@ def test_a_malformed_topic_makes_the_snapshot_unreadable_not_a_crash(tmp_path):
                                                      snapshot_file.LogEntry(1, 1, b"\x01"), ()))
     with pytest.raises(snapshot_file.SnapshotFormatError, match="malformed"):
         snapshot_file.read(path, restoring_pairs)
+
+
+def test_queues_placed_alike_share_a_segment_but_never_one_that_differs_in_its_copies():
+    # A creation makes one segment per way of placing a queue (meta/image.py _place_first_segments): a queue whose
+    # in-sync copies differ from its neighbours' (any event the log holds is applied as written) keeps its own.
+    log = Log()
+    for b in ("a", "b", "c"):
+        log.register(b)
+    image = Image(json.loads(log.sm.image.canonical_bytes()))
+    events, _answer = topics.create(image, {"type": "CreateTopic", "topic": "t", "queues": 9}, 5_000, 1000)
+    event = next(e for e in events if e["type"] == "TopicCreated")
+    odd = event["segments"][0]
+    odd["in_sync"] = odd["in_sync"][:1]
+    for e in events:
+        image.replay(e, 5_000)
+    t = image.data["topics"]["t"]
+    alike = [s["queue"] for s in event["segments"] if s["broker"] == odd["broker"] and s is not odd]
+    assert len(alike) >= 2, "the test needs three queues on one broker"
+    assert [seg["in_sync"] for seg in chains_of(t)[odd["queue"]]] == [odd["in_sync"]]
+    assert all(chains_of(t)[q][0]["in_sync"] == event["segments"][q]["in_sync"] for q in alike)
+    assert t["chains"][alike[0]] is t["chains"][alike[-1]] and t["chains"][odd["queue"]] is not t["chains"][alike[0]]
+    check_image_invariants(image)
