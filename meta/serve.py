@@ -24,11 +24,14 @@ def run_meta(config_path: str, power_loss_ledger: bool = False) -> None:
     from pysyncobj import SyncObjException
 
     from .api.app import make_app
+    from .projection import writer_process, writer_zygote
     from .config import load
     from runtime.logging import configure
 
     config = load(config_path)
     configure(config.log_level, node=config.node)
+    # Before any thread exists (the ledger's, the loop's, raft's): the projection writers are forked from it
+    writer_zygote.start(writer_process.serve)
     if power_loss_ledger:
         start_power_loss_ledger(config.data_dir)
     # The Raft tick thread must get the interpreter promptly while the event loop is busy (heartbeats, commits):

@@ -89,25 +89,41 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _writer_children(pid: int) -> list[int]:
+def _children(pid: int) -> list[int]:
     out = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{tid}/children") as f:
-            for child in f.read().split():
-                with open(f"/proc/{child}/cmdline", "rb") as cmd:
-                    if b"meta.projection.writer_process" in cmd.read():
-                        out.append(int(child))
+            out += [int(child) for child in f.read().split()]
     return out
 
 
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def _zygote_and_writers(node_pid: int) -> tuple[int, list[int]] | None:
+    """The node's writer zygote (its one child, meta/projection/writer_zygote.py) and the writers it forked."""
+    children = _children(node_pid)
+    if len(children) != 1:
+        return None
+    return children[0], _children(children[0])
+
+
 async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node(tmp_path):
+    # The writer is forked by the node's zygote (meta/projection/writer_zygote.py), which the node forked first
+    # thing: node -> zygote -> writer. A writer killed is forked again by the next call; all of it ends with the node.
     async with cluster_mod.running(str(tmp_path), metas=1) as c:
         node = c.info["meta"][0]["node"]
         pid = c.pid(node)
+
         async def writers():
-            return _writer_children(pid)
-        children = await wait_until(writers, WAIT_S, "the projection writer")
+            found = _zygote_and_writers(pid)
+            return found if found is not None and found[1] else None
+        zygote, children = await wait_until(writers, WAIT_S, "the projection writer")
         assert len(children) == 1
+        os.kill(children[0], signal.SIGKILL)
+        killed = children[0]
         async with c.session.put(c.meta_urls[0] + "/v1/brokers/b1", json={"address": "http://127.0.0.1:1"},
                                  headers=c.headers("broker")) as r:
             assert r.status == 200, await r.text()
@@ -117,6 +133,8 @@ async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node
                 body = await r.json()
             return body["projection_position"] >= 1
         await wait_until(projected, WAIT_S, "the projection to take the registration")
+        again, children = _zygote_and_writers(pid)
+        assert again == zygote and len(children) == 1 and children[0] != killed and _gone(killed)
         # A big creation: its history line is kept packed by the image and must reach the projection whole.
         async with c.session.post(c.meta_urls[0] + "/v1/topics", json={"topic": "big", "queues": 400},
                                   headers=c.headers("admin")) as r:
@@ -133,8 +151,22 @@ async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node
         finally:
             reader.close()
         assert len(event["data"]["segments"]) == 400
+        # With its zygote gone too, the node starts its next writer afresh (python -m ...writer_process).
+        os.kill(zygote, signal.SIGKILL)
+        os.kill(children[0], signal.SIGKILL)
+        async with c.session.put(c.meta_urls[0] + "/v1/topics/big/config", json={"k": "v"},
+                                 headers=c.headers("admin")) as r:
+            assert r.status == 200, await r.text()
+            changed = (await r.json())["version"]
+
+        async def change_projected():
+            async with c.session.get(c.meta_urls[0] + "/readyz") as r:
+                return (await r.json())["projection_position"] >= changed
+        await wait_until(change_projected, WAIT_S, "the projection to take the change through a writer started afresh")
+        fresh = [p for p in _children(pid) if b"meta.projection.writer_process" in _cmdline(p)]
+        assert len(fresh) == 1 and _gone(zygote), fresh
         c.kill9(node)
 
         async def writer_gone():
-            return _gone(children[0])
+            return _gone(fresh[0]) and _gone(zygote)
         await wait_until(writer_gone, WAIT_S, "the writer to end with its node")

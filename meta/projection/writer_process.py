@@ -9,10 +9,12 @@ process of its own the projection's garbage is its own, and its CPU (7-11 % of a
 node's GIL. Reads of history stay in the node (``SqlProjection.history``): they are rare, and must not queue
 behind a batch being written.
 
-The child is ``python -m meta.projection.writer_process FD``, started with a socket of its own (not
-multiprocessing's spawn, which would import the node's whole ``__main__`` again); the database URL goes over the
-socket, never on a command line (it may hold a password). Calls are one at a time, each with a timeout. A child
-that died is started again by the next call; a node that dies closes the socket, and the child exits.
+In a node the child is forked by the node's writer zygote (``writer_zygote``: no imports to pay). Elsewhere (a node
+run in process, with threads already) it is ``python -m meta.projection.writer_process FD``, started with a socket
+of its own (not multiprocessing's spawn, which would import the node's whole ``__main__`` again). Either way the
+database URL goes over the socket, never on a command line (it may hold a password). Calls are one at a time, each
+with a timeout. A child that died is started again by the next call; a node that dies closes the socket, and the
+child exits.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import structlog
+
+from . import writer_zygote
 
 log = structlog.get_logger("meta.projection")
 
@@ -44,7 +48,7 @@ class WriterProcess:
         self._url = url
         self._logging = {"level": log_level, **identity, "process": "projection-writer"}
         self._lock = threading.Lock()   # one call at a time: calls come from executor threads
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | writer_zygote.Child | None = None
         self._conn: Connection | None = None
 
     @property
@@ -101,9 +105,17 @@ class WriterProcess:
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "meta.projection.writer_process",
-                                           str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                          stdin=subprocess.DEVNULL)
+            self._proc = None
+            zygote = writer_zygote.current()   # forked from it: no imports to pay (meta/projection/writer_zygote.py)
+            if zygote is not None:
+                try:
+                    self._proc = zygote.spawn(theirs.fileno())
+                except writer_zygote.ZygoteError as e:   # killed by hand, say: the writer still starts
+                    log.warning("projection_writer_zygote_failed", error=str(e))
+            if self._proc is None:
+                self._proc = subprocess.Popen([sys.executable, "-m", "meta.projection.writer_process",
+                                               str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                              stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
         self._conn = Connection(mine.detach())
