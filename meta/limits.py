@@ -54,6 +54,9 @@ HISTORY_WINDOW_MAX = 2_000_000   # events held in every replica's memory and in 
 HISTORY_PAGE_MAX = 10_000
 HISTORY_SCAN_EVENTS_MAX = 50_000  # events one /v1/history call may read past while filtering by topic
 
+# A projection writer that failed to open (killed while it started, its database away) is opened again after this.
+PROJECTION_OPEN_BACKOFF_S_MIN = 0.2
+PROJECTION_OPEN_BACKOFF_S_MAX = 10.0
 # Filling a projection's gap from peers (meta/projection_gap.py): events per page fetched and applied at once (a page
 # is held in memory: a topic of a thousand queues is an event of ~130 KB), the bounded backoff between failed
 # rounds, and the deadline of one page's call to the peers.

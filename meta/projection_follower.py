@@ -21,10 +21,11 @@ from typing import Any
 
 import structlog
 
+from wire.caller import Backoff
 from wire.errors import rejection
 from wire.waits import wait_set
 
-from . import history_lines
+from . import history_lines, limits
 from .changefeed import ANY, ChangeFeed
 from .projection_gap import GapFiller
 
@@ -64,15 +65,36 @@ class ProjectionFollower:
     def _open(self):
         from .projection.writer_process import WriterProcess
         store = WriterProcess(self.url, self.log_level, node=self.node)
-        store.migrate()
-        self.hole = store.first_hole()
-        if self.hole is not None:
+        try:
+            store.migrate()
+            hole = store.first_hole()
+            position = store.position()
+        except BaseException:
+            store.close()
+            raise
+        if hole is not None:
             # Written before apply refused holes: its state tables were folded over the hole. Nothing is dropped
             # (its events may be the last copy somewhere); history is served from it only below the hole, and the
             # operator rebuilds it from a peer or an export, which a running node cannot do under its own readers.
-            log.error("projection_has_holes", first=self.hole[0], last=self.hole[1], position=store.position(),
+            log.error("projection_has_holes", first=hole[0], last=hole[1], position=position,
                       fix="stop the node; stator meta rebuild-projection --from-peer URL (or --from-export DIR)")
-        return store
+        return store, hole, position
+
+    async def _open_until_open(self) -> None:
+        """Open the writer, again and again until it opens: a writer killed while it starts, or a database not
+        reachable yet, must not end the projection for the node's whole life (history past the image would never
+        be served again, and nothing would say why)."""
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(limits.PROJECTION_OPEN_BACKOFF_S_MIN, limits.PROJECTION_OPEN_BACKOFF_S_MAX)
+        for attempt in itertools.count():
+            try:
+                self.store, self.hole, self.position = await loop.run_in_executor(None, self._open)
+                return
+            except Exception as e:  # noqa: BLE001 - whatever stopped it, the next attempt may not meet it
+                delay_s = backoff.delay_s(attempt)
+                log.warning("projection_open_failed", attempt=attempt + 1, retry_in_s=round(delay_s, 2),
+                            error=f"{type(e).__name__}: {e}")
+                await asyncio.sleep(delay_s)
 
     async def wait_opened(self, timeout_s: float) -> bool:
         """Whether the projection is open (its position known) within ``timeout_s``: right after a start, history
@@ -121,8 +143,7 @@ class ProjectionFollower:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.store = await loop.run_in_executor(None, self._open)
-        self.position = await loop.run_in_executor(None, self.store.position)
+        await self._open_until_open()
         self.opened = True
         self._opened.set()
         while True:

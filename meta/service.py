@@ -131,6 +131,8 @@ class MetaService:
                        asyncio.create_task(self.route_warmer.run(), name="route-warmer")]
         if not self._driven:   # the SQL projection runs a writer process: outside the simulator
             self._tasks.append(asyncio.create_task(self.projection.run(), name="projection"))
+        for task in self._tasks:
+            task.add_done_callback(_log_if_failed)
         log.info("meta_started", node=self.config.node, raft=self.config.raft)
 
     async def stop(self) -> None:
@@ -205,3 +207,10 @@ class MetaService:
 
         status, body, _ = await self.forwarder.through_log(propose)
         return status, body
+
+
+def _log_if_failed(task: asyncio.Task) -> None:
+    # Each of these runs for the node's life: one that ends with an exception has stopped doing its job, and
+    # asyncio would say so only when the task is collected, if ever.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background_task_failed", task=task.get_name(), exc_info=task.exception())

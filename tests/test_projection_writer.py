@@ -170,3 +170,24 @@ async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node
         async def writer_gone():
             return _gone(fresh[0]) and _gone(zygote)
         await wait_until(writer_gone, WAIT_S, "the writer to end with its node")
+
+
+async def test_a_writer_that_cannot_open_is_opened_again_until_it_does(tmp_path):
+    # Its database's directory appears only after the node started: every open fails until then (SQLite cannot
+    # make the file), as a writer killed while it opens fails. The projection must not end there for the node's life.
+    late = tmp_path / "late"
+    async with cluster_mod.running(str(tmp_path), metas=1,
+                                   meta={"projection_url": f"sqlite:///{late / 'projection.db'}"}) as c:
+        async def open_failed():
+            with open(os.path.join(c.dir, "logs", f"{c.info['meta'][0]['node']}.log")) as f:
+                return "projection_open_failed" in f.read()
+        await wait_until(open_failed, WAIT_S, "an open of the projection to fail, and be logged")
+        late.mkdir()
+        async with c.session.put(c.meta_urls[0] + "/v1/brokers/b1", json={"address": "http://127.0.0.1:1"},
+                                 headers=c.headers("broker")) as r:
+            assert r.status == 200, await r.text()
+
+        async def projected():
+            async with c.session.get(c.meta_urls[0] + "/readyz") as r:
+                return (await r.json())["projection_position"] >= 1
+        await wait_until(projected, WAIT_S, "the projection to open and take the registration")
