@@ -41,7 +41,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Modules holding a test marked ``long(seconds=N)`` first, longest first, each keeping its own order: the parallel
-    workers (pytest -n 2 --dist loadscope) take modules in this order, and a two-minute test started last kept one
+    workers (pytest -n 3 --dist loadscope) take modules in this order, and a two-minute test started last kept one
     worker busy alone at the end. One process keeps the collection's order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
