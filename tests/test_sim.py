@@ -8,6 +8,7 @@ Measured alone on 2 cores (2026-11-29, load ~2.7): 13 s, 8 of them the batch of 
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import importlib
 import inspect
 import json
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 import meta.deciders as deciders
 import meta.deciders.groups as groups
@@ -90,6 +92,18 @@ def test_a_seed_runs_twice_to_the_same_trace_hash(l2):
     assert first["counts"]["read_mv_ok"] > 0 and first["counts"]["heartbeats_ok"] > 0
     assert (first["counts"]["l2_messages"] > 0) == l2
     assert first["trace_hash"] == second["trace_hash"]
+
+
+def test_no_application_of_a_finished_schedule_stays_in_memory():
+    # `stator sim` runs thousands of schedules in one process: whatever keeps a past schedule's nodes alive grows it
+    # and slows every later gc pass (aiohttp's middleware cache did: ops/sim/run.py _forget_served_apps).
+    def applications() -> int:
+        gc.collect()
+        return sum(isinstance(o, web.Application) for o in gc.get_objects())
+    before = applications()
+    result = run_schedule(7, duration_s=SHORT_S)
+    assert result["counts"]["boots"] >= 3, result["counts"]   # every node served an application
+    assert applications() <= before
 
 
 def _stator_sim(*args: str) -> tuple[int, dict]:
