@@ -391,9 +391,30 @@ async def send(c, req: Request) -> Answer:
                 return Answer(r.status, dict(r.headers), b"")   # a live stream: its headers are the answer
             return Answer(r.status, dict(r.headers), await r.read())
     except asyncio.TimeoutError:
-        raise AssertionError(f"no answer within {REQUEST_TIMEOUT_S} s: {req.describe()}") from None
+        raise AssertionError(f"no answer within {REQUEST_TIMEOUT_S} s: {req.describe()}; "
+                             f"the node then: {await _node_state(c, req)}") from None
     except aiohttp.ClientError as e:
         raise AssertionError(f"connection failed ({e!r}): {req.describe()}") from None
+
+
+async def _node_state(c, req: Request) -> dict[str, Any]:
+    """What the node that did not answer says right after, over a connection of its own: a rare hang of GET /v1/watch
+    (no headers within 15 s, 2026-12-02 and 2026-12-04, not reproduced alone) left nothing to go on."""
+    base = (c.meta_urls if req.op.service == "meta" else c.broker_urls)[req.target]
+    state: dict[str, Any] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as fresh:
+        for path in ("/healthz", "/metrics"):
+            started = time.monotonic()
+            try:
+                async with fresh.get(base + path, headers=auth_headers(c, "admin")) as r:
+                    text = await r.text()
+                    lines = [line for line in text.splitlines() if not line.startswith("#")
+                             and any(k in line for k in ("watch_streams", "connections", "open_fds"))]
+                    state[path] = {"status": r.status, "s": round(time.monotonic() - started, 3),
+                                   "lines": lines[:20] if path == "/metrics" else text[:200]}
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                state[path] = repr(e)
+    return state
 
 
 def check_answer(op: Op, a: Answer, what: str) -> None:
