@@ -307,6 +307,20 @@ def node_rss_mib(pid: int) -> float | None:
     return None
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it now: a meta node's projection writers run in processes of their own
+    (meta/projection/writer_zygote.py), and their CPU is the node's work as much as its own threads' is."""
+    out = [pid]
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                for child in f.read().split():
+                    out += process_tree(int(child))
+    except OSError:
+        pass   # gone meanwhile: what it spent is lost to the count, as for any process that ended
+    return out
+
+
 def cpu_seconds(pid: int) -> float | None:
     """utime + stime of a process from /proc (seconds)."""
     try:

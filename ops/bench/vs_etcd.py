@@ -53,7 +53,7 @@ class System:
     name: str
     urls: list[str]
     headers: dict[str, str]
-    pids: Any                      # () -> list of member pids, for CPU per write
+    pids: Any                      # () -> member pids and their children (projection writers), for CPU per write
     kind: str                      # "etcd" or "stator"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -101,12 +101,12 @@ async def _round(sysm: System, concurrency: int, warmup_s: float, duration_s: fl
                 if latency is not None:
                     by_entry["leader" if n % len(sysm.urls) == leader_idx else "followers"].append(latency)
 
-        pids = sysm.pids()
-        cpu0 = [common.cpu_seconds(p) for p in pids]
+        cpu0 = {p: common.cpu_seconds(p) for p in sysm.pids()}
         load0 = common.loadavg()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        cpu1 = [common.cpu_seconds(p) for p in pids]
-    cpu = sum(b - a for a, b in zip(cpu0, cpu1) if a is not None and b is not None)
+        cpu1 = {p: common.cpu_seconds(p) for p in sysm.pids()}
+    # A process that started during the round (a projection writer started again) counts from zero.
+    cpu = sum(b - (cpu0.get(p) or 0.0) for p, b in cpu1.items() if b is not None)
     lat = tally.latencies
     return {"writes_ok": len(lat), "writes_per_s": round(len(lat) / duration_s, 1), "latencies": lat,
             "latencies_by_entry": by_entry,
@@ -262,7 +262,7 @@ def _stator_system(c: common.BenchCluster, s: aiohttp.ClientSession) -> System:
         return max((t for t in (await common.terms(s, c)).values() if t is not None), default=0)
 
     return System("stator", [c.url(n) for n in c.nodes], {**c.headers("admin"), "Content-Type": "application/json"},
-                  lambda: [c.pid(n) for n in c.nodes], "stator",
+                  lambda: [p for n in c.nodes for p in common.process_tree(c.pid(n))], "stator",
                   {"members": c.nodes, "leader": leader, "term": term,
                    "kill": lambda n: devcluster.stop_member(c.dir, n, signal.SIGKILL),
                    "restart": lambda n: devcluster.start(c.dir, n), "recovered": recovered})
