@@ -11,7 +11,9 @@ import time
 import pytest
 
 from meta.projection import ProjectionGap, SqlProjection
+from meta.projection import writer_zygote
 from meta.projection.writer_process import WriterProcess
+from ops.bench import common, scale
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import wait_until
 from tests.support.state_machine_builders import Log
@@ -89,14 +91,6 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            out += [int(child) for child in f.read().split()]
-    return out
-
-
 def _cmdline(pid: int) -> bytes:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read()
@@ -104,10 +98,10 @@ def _cmdline(pid: int) -> bytes:
 
 def _zygote_and_writers(node_pid: int) -> tuple[int, list[int]] | None:
     """The node's writer zygote (its one child, meta/projection/writer_zygote.py) and the writers it forked."""
-    children = _children(node_pid)
+    children = common.children(node_pid)
     if len(children) != 1:
         return None
-    return children[0], _children(children[0])
+    return children[0], common.children(children[0])
 
 
 async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node(tmp_path):
@@ -117,11 +111,17 @@ async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node
         node = c.info["meta"][0]["node"]
         pid = c.pid(node)
 
+        # Named (a fork renames itself first thing), as they keep the node's command line: how ps and
+        # ops/bench/scale.py tell them from pysyncobj's snapshot writers
         async def writers():
             found = _zygote_and_writers(pid)
-            return found if found is not None and found[1] else None
-        zygote, children = await wait_until(writers, WAIT_S, "the projection writer")
+            named = found is not None and found[1] and common.process_name(found[1][0]) == writer_zygote.WRITER_NAME
+            return found if named else None
+        zygote, children = await wait_until(writers, WAIT_S,
+                                            f"the projection writer, named {writer_zygote.WRITER_NAME}")
         assert len(children) == 1
+        assert common.process_name(zygote) == writer_zygote.ZYGOTE_NAME
+        assert scale._snapshot_writers(pid) == [] and scale.node_memory(pid)["projection_writer"] > 0
         os.kill(children[0], signal.SIGKILL)
         killed = children[0]
         async with c.session.put(c.meta_urls[0] + "/v1/brokers/b1", json={"address": "http://127.0.0.1:1"},
@@ -163,8 +163,9 @@ async def test_a_node_writes_its_projection_from_a_child_that_ends_with_the_node
             async with c.session.get(c.meta_urls[0] + "/readyz") as r:
                 return (await r.json())["projection_position"] >= changed
         await wait_until(change_projected, WAIT_S, "the projection to take the change through a writer started afresh")
-        fresh = [p for p in _children(pid) if b"meta.projection.writer_process" in _cmdline(p)]
+        fresh = [p for p in common.children(pid) if b"meta.projection.writer_process" in _cmdline(p)]
         assert len(fresh) == 1 and _gone(zygote), fresh
+        assert common.process_name(fresh[0]) == writer_zygote.WRITER_NAME and scale._snapshot_writers(pid) == []
         c.kill9(node)
 
         async def writer_gone():

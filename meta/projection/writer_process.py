@@ -192,6 +192,7 @@ def serve(conn: Connection) -> None:
 
 
 def main() -> None:
+    writer_zygote.name_this_process(writer_zygote.WRITER_NAME)
     serve(Connection(int(sys.argv[1])))
 
 

@@ -16,6 +16,7 @@ started as before (``writer_process.WriterProcess`` falls back to ``subprocess``
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import select
@@ -34,6 +35,11 @@ log = structlog.get_logger("meta.projection")
 PID = struct.Struct("<q")       # the zygote's answer: the writer's pid, or -errno
 SPAWN_TIMEOUT_S = 10.0          # the zygote answers at once (a fork); longer means it is gone or stuck
 FD_LIMIT = 1 << 20             # closerange's end: above any descriptor a node opens (close_range(2) skips holes)
+# Process names (/proc/PID/comm, 15 bytes at most). The zygote and its writers are forks with the node's command line,
+# as pysyncobj's snapshot writers are: their names are how ps, top and ops/bench/scale.py tell them apart.
+ZYGOTE_NAME = "stator-zygote"
+WRITER_NAME = "stator-projwr"
+PR_SET_NAME = 15               # prctl(2)
 
 
 class ZygoteError(RuntimeError):
@@ -130,7 +136,16 @@ def current() -> Zygote | None:
     return _zygote if _owner_pid == os.getpid() else None
 
 
+def name_this_process(name: str) -> None:
+    """Set this (single-threaded) process's name; best effort: the node itself never goes by it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve_requests(sock: socket.socket, serve: Callable[[Connection], None]) -> int:
+    name_this_process(ZYGOTE_NAME)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # writers are reaped by the kernel
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # a ^C of the node's terminal is the node's to act on
@@ -156,6 +171,7 @@ def _serve_requests(sock: socket.socket, serve: Callable[[Connection], None]) ->
 def _run_writer(zygote_sock: socket.socket, conn_fd: int, serve: Callable[[Connection], None]) -> None:
     code = 1
     try:
+        name_this_process(WRITER_NAME)
         zygote_sock.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)

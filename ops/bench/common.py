@@ -307,18 +307,35 @@ def node_rss_mib(pid: int) -> float | None:
     return None
 
 
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process under it now: a meta node's projection writers run in processes of their own
-    (meta/projection/writer_zygote.py), and their CPU is the node's work as much as its own threads' is."""
-    out = [pid]
+def children(pid: int) -> list[int]:
+    """Child processes of ``pid``, whichever of its threads forked them (pysyncobj forks from its tick thread)."""
+    out: list[int] = []
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                for child in f.read().split():
-                    out += process_tree(int(child))
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        pass   # gone meanwhile: what it spent is lost to the count, as for any process that ended
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            continue   # the thread ended meanwhile
     return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it now: a meta node's projection writers are its zygote's children
+    (meta/projection/writer_zygote.py), and their CPU is the node's work as much as its own threads' is."""
+    return [pid, *(p for child in children(pid) for p in process_tree(child))]
+
+
+def process_name(pid: int) -> str | None:
+    """/proc/PID/comm: what meta/projection/writer_zygote.py names its zygote and writers."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def cpu_seconds(pid: int) -> float | None:

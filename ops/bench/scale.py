@@ -35,6 +35,7 @@ from typing import Any
 
 import aiohttp
 
+from meta.projection import writer_zygote
 from ops import devcluster
 
 from . import common
@@ -50,45 +51,24 @@ SNAPSHOT_WAIT_S = 600.0
 SAMPLE_EVERY_S = 2.0
 
 
-def _children(pid: int) -> list[int]:
-    """Child processes of ``pid``, whichever of its threads forked them (pysyncobj forks from its tick thread)."""
-    out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            continue
-    return out
-
-
-PROJECTION_WRITER_MARK = b"meta.projection.writer_process"
 QUEUE_BYTES_MAX = 400
 RESTART_S_MAX = 60
 ROUTE_P99_MS_MAX = 10
 FULL_SIZE_QUEUES = 10_000_000
 
 
-def _is_projection_writer(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return PROJECTION_WRITER_MARK in f.read()
-    except OSError:
-        return False
-
-
 def _snapshot_writers(pid: int) -> list[int]:
-    return [k for k in _children(pid) if not _is_projection_writer(k)]
+    """pysyncobj's forked snapshot writers: the node's children but the projection's (its writers' zygote, or a
+    writer started afresh where no zygote could be had)."""
+    projection = (writer_zygote.ZYGOTE_NAME, writer_zygote.WRITER_NAME)
+    return [k for k in common.children(pid) if common.process_name(k) not in projection]
 
 
 def node_memory(pid: int) -> dict[str, float | None]:
     """RSS (MiB) of a meta node's process, of its projection writer, and the two together."""
     own = common.node_rss_mib(pid)
-    writer = sum(common.node_rss_mib(k) or 0 for k in _children(pid) if _is_projection_writer(k))
+    writer = sum(common.node_rss_mib(k) or 0 for k in common.process_tree(pid)[1:]
+                 if common.process_name(k) == writer_zygote.WRITER_NAME)
     return {"node": own, "projection_writer": writer,
             "total": round(own + writer, 1) if own is not None else None}
 
