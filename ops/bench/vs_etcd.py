@@ -105,8 +105,9 @@ async def _round(sysm: System, concurrency: int, warmup_s: float, duration_s: fl
         load0 = common.loadavg()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         cpu1 = {p: common.cpu_seconds(p) for p in sysm.pids()}
-    # A process that started during the round (a projection writer started again) counts from zero.
-    cpu = sum(b - (cpu0.get(p) or 0.0) for p, b in cpu1.items() if b is not None)
+    # A process that started during the round (a projection writer started again) counts from zero; one that ended
+    # during it, or could not be read, counts nothing.
+    cpu = sum(b - cpu0.get(p, 0.0) for p, b in cpu1.items() if b is not None and cpu0.get(p, 0.0) is not None)
     lat = tally.latencies
     return {"writes_ok": len(lat), "writes_per_s": round(len(lat) / duration_s, 1), "latencies": lat,
             "latencies_by_entry": by_entry,
