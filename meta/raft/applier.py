@@ -7,6 +7,12 @@ etcd's raft leaves apply to the application for this reason (the application app
 while the node goes on ticking). Here pysyncobj's apply hook only queues each committed entry (``submit``) and
 hands pysyncobj a ``Pending`` as the command's result; a proposer's callback waits on it (``Pending.then``).
 
+Most entries are small commands whose apply costs tens of microseconds (a topic's config, a group's settings, an
+offset budget): handing each to the apply thread cost more than applying it, a thread wake-up and the GIL passed
+back and forth, on the path of every write. Those are queued ``inline``: the apply thread is not woken for them, and
+the tick thread applies them itself (``run_inline``) right after it sent the commit index on, unless the apply
+thread holds work already (then it takes them too, in order). An entry of another kind, or a call, wakes the thread.
+
 Entries are applied strictly in log order, one at a time. Work that must see the image exactly at an index (the
 snapshot writer's fork) is queued behind that index (``submit_call``). A snapshot installed from the leader replaces
 the image: the entries it covers that are still queued are dropped (``discard_through``) and their proposers learn
@@ -65,25 +71,50 @@ class Applier:
         self.lock = threading.Lock()       # the Pendings' state
         self._stopping = False
         self._busy = False
+        self._woken = False                # the apply thread was woken for what is queued: run_inline leaves it
         self.applied_index = 0             # the last index whose apply finished (or was dropped by an install)
         self._thread = threading.Thread(target=self._run, name="raft-apply", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, index: int, payload: bytes | None) -> Pending:
-        """Tick thread: queue committed entry ``index``; returns what its proposers wait on."""
+    def submit(self, index: int, payload: Any, inline: bool = False) -> Pending:
+        """Tick thread: queue committed entry ``index``; returns what its proposers wait on. ``inline``: its apply
+        is cheap, the tick thread's next ``run_inline`` may apply it."""
         pending = Pending(index)
         with self._cond:
             self._queue.append((pending, index, payload))
-            self._cond.notify()
+            if not inline:
+                self._wake()
         return pending
 
     def submit_call(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the apply thread after every entry queued so far was applied."""
         with self._cond:
             self._queue.append((None, 0, call))
-            self._cond.notify()
+            self._wake()
+
+    def _wake(self) -> None:   # under self._cond
+        self._woken = True
+        self._cond.notify()
+
+    def run_inline(self, image_lock: threading.RLock) -> None:
+        """Tick thread: apply what is queued now, if every item of it was queued ``inline`` and the apply thread is
+        not at work; else leave it to the thread, which was woken for it or takes it after its current batch.
+        ``image_lock`` (the one apply takes) is only tried: a reader holding it (a large route rendered on a worker
+        thread) must not hold the tick, so then the thread is woken for the batch instead."""
+        with self._cond:
+            if self._busy or self._woken or not self._queue:
+                return
+            if not image_lock.acquire(blocking=False):
+                self._wake()
+                return
+            batch, self._queue = self._queue, deque()
+            self._busy = True
+        try:
+            self._run_batch(batch)
+        finally:
+            image_lock.release()
 
     def discard_through(self, index: int) -> int:
         """Tick thread, before a snapshot of ``index`` replaces the image: drop the queued entries it covers."""
@@ -126,12 +157,13 @@ class Applier:
     def _take(self, wait: bool) -> deque[tuple[Pending | None, int, Any]] | None:
         """The queued batch, marked busy; None when there is none (``wait``: once stopping with nothing left)."""
         with self._cond:
-            while wait and not self._queue and not self._stopping:
+            # busy: the tick thread applies a batch of its own (run_inline); one apply at a time, in log order
+            while wait and (not self._queue or self._busy) and not self._stopping:
                 self._cond.wait()
             if not self._queue:
                 return None   # nothing queued (and, waiting, stopping)
             batch, self._queue = self._queue, deque()
-            self._busy = True
+            self._busy, self._woken = True, False
             return batch
 
     def _run_batch(self, batch: deque[tuple[Pending | None, int, Any]]) -> None:
@@ -150,4 +182,6 @@ class Applier:
         finally:
             with self._cond:
                 self._busy = False
+                if self._woken:   # queued for the thread while the tick thread applied
+                    self._cond.notify()
             self._after_batch()

@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
@@ -97,6 +97,19 @@ class RaftTuning:
 
 # Commands that add thousands of long-lived objects to the image (see MetaSyncObj._freeze_image).
 LARGE_COMMANDS = frozenset({"CreateTopic", "GrowTopic"})
+# Commands whose apply costs about as much as decoding them (one topic's or group's record, one segment, one broker),
+# whatever the image's size: an entry of these alone, up to INLINE_APPLY_BYTES_MAX, is applied on the tick thread
+# (meta/raft/applier.py). Every other kind (creations, deletions, remaps, drains, expiries: work that grows with the
+# topic or the cluster) keeps the apply thread, so that a tick never waits behind it.
+INLINE_APPLY = frozenset({"SetTopicConfig", "SetGroupConfig", "GrantOffsetBudget", "JoinGroup", "LeaveGroup",
+                          "RegisterBroker", "SealSegment", "AlterInSync", "Barrier"})
+INLINE_APPLY_BYTES_MAX = 16 * 1024
+
+
+class _Decoded(NamedTuple):
+    """A committed entry on its way to apply: its payload, and its envelopes if the tick thread decoded them."""
+    payload: bytes | None
+    envelopes: list[Any] | None
 
 
 class LoopBridge:
@@ -277,6 +290,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         conf.appendEntriesUseBatch = True             # no send per command inside the tick...
         self.addOnTickCallback(self._send_new_entries)  # ...one send per tick instead
         self.addOnTickCallback(self._local.transport.flush)   # one frame per peer with all of it
+        # Cheap committed entries, once the commit index left: their answers reach the loop while the leader syncs.
+        self.addOnTickCallback(functools.partial(self._applier.run_inline, self.image_lock))
         self.addOnTickCallback(self._leader_sync)  # the leader's disk works while the followers' do
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
@@ -534,13 +549,23 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         return self._machine.image
 
     def committed(self, index: int, payload: bytes | None) -> Pending:
-        """Tick thread (pysyncobj's apply hook): queue the entry for the apply thread; never apply here."""
-        return self._applier.submit(index, payload)
+        """Tick thread (pysyncobj's apply hook): queue the entry to be applied; never apply here. A small entry of
+        cheap commands only is applied by the tick thread itself once it sent the commit index on (applier.py)."""
+        if payload is None:
+            return self._applier.submit(index, _Decoded(None, []), inline=True)
+        if isinstance(payload, shim.MembershipPayload) or len(payload) > INLINE_APPLY_BYTES_MAX:
+            return self._applier.submit(index, _Decoded(payload, None))
+        envelopes = decode_entry(payload)
+        inline = all(isinstance(e, dict) and isinstance(e.get("cmd"), dict) and e["cmd"].get("type") in INLINE_APPLY
+                     for e in envelopes)
+        return self._applier.submit(index, _Decoded(payload, envelopes), inline=inline)
 
-    def _apply_entry(self, index: int, payload: bytes | None) -> Any:
-        """Apply thread: one committed entry, in log order, on every replica; the outcome of each of its
-        proposals, in order (None for a new term's no-op)."""
-        envelopes = decode_entry(payload) if payload is not None else []
+    def _apply_entry(self, index: int, entry: _Decoded) -> Any:
+        """Apply thread (or the tick thread, for a small entry of cheap commands): one committed entry, in log
+        order, on every replica; the outcome of each of its proposals, in order (None for a new term's no-op)."""
+        payload, envelopes = entry
+        if envelopes is None:
+            envelopes = decode_entry(payload) if payload is not None else []
         outcomes: list[dict[str, Any]] = []
         changed: set[str] = set()
         with self.image_lock:

@@ -86,7 +86,7 @@ class DrivenApplier(Applier):
         node: SimMetaNode = sim.booting
 
         def recorded(index: int, work: Any) -> Any:
-            node.applied(index, work)
+            node.applied(index, work.payload)   # work: the entry as MetaSyncObj.committed queued it
             return apply(index, work)
 
         super().__init__(recorded, after_batch)
@@ -98,8 +98,8 @@ class DrivenApplier(Applier):
     def stop(self) -> None:
         pass
 
-    def submit(self, index: int, payload: bytes | None) -> Any:
-        pending = super().submit(index, payload)
+    def submit(self, index: int, payload: Any, inline: bool = False) -> Any:
+        pending = super().submit(index, payload, inline)
         self._node.apply_soon()
         return pending
 

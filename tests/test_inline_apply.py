@@ -1,0 +1,96 @@
+"""Small entries applied on the raft tick thread (meta/raft/applier.py ``run_inline``), on three real raft nodes in
+the test's process (MetaSyncObj, pysyncobj, Stator's journal and transport over loopback TCP).
+
+- An entry of cheap commands only (node.INLINE_APPLY) is applied by the tick thread; any other kind by the apply
+  thread, on every node, in log order either way.
+- A reader holding the image lock (a large route rendered on a worker thread) never holds the tick: the entry goes
+  to the apply thread, which waits for the lock, while the tick goes on (no election, no slow tick).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from meta.raft.node import INLINE_APPLY, MetaSyncObj, RaftNode
+from tests.support.raft_nodes import all_applied, leader_of, start_nodes
+
+WAIT_S = 15.0
+HELD_S = 1.5   # three times the longest election timeout (RaftTuning): a held tick would cost the leader
+
+
+def _record_threads(nodes: list[MetaSyncObj]) -> dict[str, list[tuple[int, str]]]:
+    """Per node, (index, applying thread's name) of every entry applied from now on."""
+    seen: dict[str, list[tuple[int, str]]] = {}
+    for n in nodes:
+        applied = seen.setdefault(n.selfNode.address, [])
+        inner = n._applier._apply
+
+        def apply(index, entry, inner=inner, applied=applied):
+            applied.append((index, threading.current_thread().name))
+            return inner(index, entry)
+        n._applier._apply = apply
+    return seen
+
+
+def _face(node: MetaSyncObj, loop: asyncio.AbstractEventLoop) -> RaftNode:
+    node.bridge.loop = loop
+    return RaftNode(node, loop, offset_budget=1000)
+
+
+async def test_cheap_entries_are_applied_on_the_tick_thread_and_others_on_the_apply_thread(tmp_path):
+    assert "RegisterBroker" in INLINE_APPLY and "DeleteTopic" not in INLINE_APPLY
+    nodes = start_nodes(tmp_path, "inline-apply-test-secret")
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        await all_applied(nodes, leader, WAIT_S)
+        seen = _record_threads(nodes)
+        cheap = await raft.propose({"type": "RegisterBroker", "broker": "b1", "address": "http://10.0.0.1:1"},
+                                   None, "test")
+        assert cheap["ok"], cheap
+        # Not cheap by kind, whatever this one does (a topic that is not there: refused, the same on every node).
+        other = await raft.propose({"type": "DeleteTopic", "topic": "nope"}, None, "test")
+        assert not other["ok"], other
+        await all_applied(nodes, leader, WAIT_S)
+        for address, applied in seen.items():
+            threads = [name for _index, name in applied]
+            assert threads == ["raft-tick", "raft-apply"], (address, applied)
+            assert [i for i, _ in applied] == sorted(i for i, _ in applied), (address, applied)
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+async def test_a_reader_holding_the_image_lock_does_not_hold_the_tick(tmp_path):
+    nodes = start_nodes(tmp_path, "inline-apply-test-secret")
+    released = threading.Event()
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        await all_applied(nodes, leader, WAIT_S)
+        term, slow = leader.term(), leader.slow_ticks
+        seen = _record_threads([leader])
+        holding = threading.Event()
+
+        def reader() -> None:   # a route rendered under the lock, for longer than any election timeout
+            with leader.image_lock:
+                holding.set()
+                released.wait(WAIT_S)
+        threading.Thread(target=reader, name="long-reader", daemon=True).start()
+        assert holding.wait(WAIT_S)
+        write = asyncio.ensure_future(raft.propose({"type": "RegisterBroker", "broker": "b2",
+                                                    "address": "http://10.0.0.2:1"}, None, "test"))
+        await asyncio.sleep(HELD_S)
+        assert not write.done(), "applied while a reader held the image lock"
+        # A held leader cannot see its own fall (it does not tick): its followers' terms tell.
+        assert [n.term() for n in nodes] == [term] * 3, "the tick was held: the followers elected another leader"
+        assert leader.is_leader()
+        assert leader.slow_ticks == slow, "a tick waited for the image lock"
+        released.set()
+        out = await asyncio.wait_for(write, WAIT_S)
+        assert out["ok"], out
+        assert [name for _i, name in seen[leader.selfNode.address]] == ["raft-apply"], seen
+        assert all(n.term() == term for n in nodes), [n.term() for n in nodes]
+    finally:
+        released.set()
+        for n in nodes:
+            n.stop()
