@@ -7,7 +7,9 @@ skip, when it cannot start).
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -17,12 +19,14 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.dialects import sqlite
 
 from meta.events import EVENT_SCHEMAS, make, stored
-from meta.projection import SqlProjection, fold, migrate, rebuild, schema, store
+from meta.projection import SqlProjection, fold, migrate, rebuild, schema, statements, store
 from tests.support.pg import pg_url  # noqa: F401  (a fixture: new_url asks for it by name)
-from tests.support.projection_backends import Log, rows, scenario, segments_of, snapshot
+from tests.support.projection_backends import Log, edge_events, lines_of, rows, scenario, segments_of, snapshot
 from tests.support.projection_backends import new_url, projection, url  # noqa: F401  (fixtures)
+from wire.json_body import canonical
 
 
 BEFORE_DELETE = 21  # events[:21]: every fold applied, nothing deleted yet
@@ -75,6 +79,101 @@ class TestProjection:
         assert rows(url, schema.barriers) == []
         # the deleted topic's history stays
         assert projection.history(topic="orders") == [e for e in events if e["topic"] == "orders"]
+
+    def test_lines_fold_as_their_events_do(self, projection, url, new_url):
+        """The image's lines (apply_lines, the writer's call) make the state the same events given as dicts make,
+        whichever folds read their data and whichever do not."""
+        events = scenario()
+        by_dicts_url = new_url()
+        by_dicts = SqlProjection(by_dicts_url)
+        try:
+            by_dicts.migrate()
+            for part in (slice(0, BEFORE_DELETE), slice(BEFORE_DELETE, None)):
+                projection.apply_lines(lines_of(events[part]))
+                by_dicts.apply(events[part])
+                assert snapshot(url) == snapshot(by_dicts_url)
+        finally:
+            by_dicts.close()
+        assert projection.history() == events
+
+    def test_data_reads_back_as_sqlalchemys_insert_stored_it(self, projection, url, new_url):
+        """Data goes to the driver as JSON text (a line's own, or an event's data as canonical JSON): readers get back
+        what SQLAlchemy's insert of the parsed events (what this replaced) gave them, key order and number types
+        included, from events hard to carry as text and as large as the limits let them be."""
+        events = edge_events()
+        lines = lines_of(events)
+        parsed = [json.loads(line) for line in lines]   # what the writer parsed and SQLAlchemy inserted before
+        reference_url, by_dicts_url = new_url(), new_url()
+        reference, by_dicts = SqlProjection(reference_url), SqlProjection(by_dicts_url)
+        try:
+            reference.migrate()
+            engine = sa.create_engine(reference_url, poolclass=sa.NullPool)
+            with engine.begin() as conn:
+                conn.execute(sa.insert(schema.events), parsed)
+            engine.dispose()
+            by_dicts.migrate()
+            assert projection.apply_lines(lines) == by_dicts.apply(parsed) == len(events)
+            want = reference.history()
+            by_lines, by_dict = projection.history(), by_dicts.history()
+        finally:
+            reference.close()
+            by_dicts.close()
+        assert json.dumps(by_lines) == json.dumps(want) == json.dumps(by_dict)
+        assert by_lines == events
+        assert len(by_lines[1]["data"]["segments"]) == len(events[1]["data"]["segments"])
+        texts = _data_texts(url)
+        assert _data_texts(by_dicts_url) == texts
+        if url.startswith("sqlite"):
+            # stored as the line holds it, not dumped again
+            assert [line.startswith('{"data":' + text + ',"topic":') for line, text in zip(lines, texts)] == \
+                [True] * len(lines)
+        else:
+            assert _data_texts(reference_url) == texts   # jsonb: one value, one text
+
+    def test_a_line_not_in_canonical_form_is_refused(self, projection):
+        events = scenario()[:3]
+        good = lines_of(events[:2])
+        no_topic = {k: v for k, v in events[2].items() if k != "topic"}   # ',"topic":' found inside data instead
+        for bad in (json.dumps(events[2]), canonical({**events[2], "x": 1}).decode(), canonical(no_topic).decode()):
+            with pytest.raises(ValueError):
+                projection.apply_lines([*good, bad])
+        assert projection.position() == 0
+        assert projection.apply_lines(lines_of(events)) == 3
+
+    def test_repeated_updates_in_a_batch_equal_their_events_one_by_one(self, projection, url, new_url):
+        """Of a run of one update (statements.LAST_WINS) only the last per key is executed: config changes of one
+        topic, budget grants of a few queues, a broker session fenced and unfenced, in runs and interleaved."""
+        log = Log()
+        log.events = scenario()[:BEFORE_DELETE]
+        for i in range(30):
+            log.add("TopicConfigChanged", topic="orders", config={"k": f"run-{i}"}, changed=["k"])
+        for i in range(30):
+            log.add("OffsetBudgetGranted", topic="orders", queue=(0, 2, 4)[i % 3], gen=0, broker="b1",
+                    budget_end=10_000 + i)
+        for i in range(5):
+            log.add("BrokerFenced", broker="b1", epoch=1, reason="session_expired")
+            log.add("BrokerUnfenced", broker="b1", epoch=1)
+        log.add("BrokerFenced", broker="b1", epoch=1, reason="session_expired")
+        for i in range(10):
+            log.add("TopicConfigChanged", topic="orders", config={"k": f"mixed-{i}"}, changed=["k"])
+            log.add("OffsetBudgetGranted", topic="orders", queue=2, gen=0, broker="b1", budget_end=20_000 + i)
+        events = log.events
+        one_by_one_url = new_url()
+        one_by_one = SqlProjection(one_by_one_url)
+        try:
+            one_by_one.migrate()
+            for line in lines_of(events):
+                one_by_one.apply_lines([line])
+        finally:
+            one_by_one.close()
+        assert projection.apply_lines(lines_of(events)) == len(events)
+        assert snapshot(url) == snapshot(one_by_one_url)
+        last = len(events)
+        assert [(t["config"], t["version"]) for t in rows(url, schema.topics)] == [({"k": "mixed-9"}, last)]
+        budgets = {s["queue"]: s["budget_end"] for s in rows(url, schema.segments) if s["gen"] == 0}
+        assert (budgets[0], budgets[2], budgets[4]) == (10_027, 20_009, 10_029)
+        b1 = rows(url, schema.brokers)[0]
+        assert (b1["state"], b1["updated_ms"]) == ("fenced", 1_000 + last - 20)
 
     def test_barrier_on_an_already_decided_generation(self, projection, url):
         events = scenario()[:BEFORE_DELETE]
@@ -239,6 +338,8 @@ class TestProjection:
         monkeypatch.setattr(store, "APPLY_BATCH_MAX", 4)
         with pytest.raises(ValueError, match="APPLY_BATCH_MAX"):
             projection.apply(scenario()[:5])
+        with pytest.raises(ValueError, match="APPLY_BATCH_MAX"):
+            projection.apply_lines(lines_of(scenario()[:5]))
         assert projection.apply(scenario()[:4]) == 4
 
     def test_migrate_from_any_cwd_drop_and_migrate_again(self, url, tmp_path, monkeypatch):
@@ -323,6 +424,30 @@ def throughput_events(n: int) -> list[dict[str, Any]]:
         else:
             log.add("OffsetBudgetGranted", topic="t", queue=q, gen=gens[q], broker="b1", budget_end=v * 10)
     return log.events[:n]
+
+
+def _data_texts(url: str) -> list[str]:
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text("SELECT CAST(data AS TEXT) FROM events ORDER BY version")).scalars())
+    finally:
+        engine.dispose()
+
+
+def test_last_wins_updates_set_given_values_where_their_keys_match():
+    """Why executing only the last of a run per key is right (statements.LAST_WINS): each sets columns to its row's
+    parameters where columns equal its k_ parameters, and sets none of those columns, so the last decides the row."""
+    built = statements.build("sqlite")
+    for name in sorted(statements.LAST_WINS):
+        sql = str(built[name].compile(dialect=sqlite.dialect(paramstyle="named")))
+        update = re.fullmatch(r"UPDATE (\w+) SET (.+) WHERE (.+)", sql)
+        assert update, sql
+        sets = [re.fullmatch(r"(\w+)=:(\w+)", part) for part in update[2].split(", ")]
+        keys = [re.fullmatch(rf"{update[1]}\.(\w+) = :(k_\w+)", part) for part in update[3].split(" AND ")]
+        assert all(sets) and all(keys), sql
+        assert not any(s[2].startswith("k_") for s in sets), sql
+        assert {s[1] for s in sets}.isdisjoint(k[1] for k in keys), sql
 
 
 def test_every_event_type_has_a_fold():

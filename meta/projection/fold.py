@@ -132,6 +132,8 @@ FOLDS["InSyncChanged"] = _kept_in_history_only
 # A drain's mark matters only while it runs: the broker listing shows it, the history keeps every change.
 FOLDS["BrokerDrainChanged"] = _kept_in_history_only
 FOLDS["SegmentCopiesChanged"] = _kept_in_history_only
+# The types whose fold reads the event's data: the writer parses the data of no other (store.py apply_lines).
+READS_DATA = frozenset(name for name, f in FOLDS.items() if f is not _kept_in_history_only)
 
 
 @dataclass

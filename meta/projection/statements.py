@@ -48,21 +48,36 @@ def _barrier_insert() -> Executable:
                             after_gen=bindparam("after_gen"), after_offset=decided)
 
 
-# Inserts of many plain rows, a segment and a slot range per queue of a created topic, go to the driver as SQL text:
-# SQLAlchemy's per-row parameter processing cost more than SQLite's own insert (8 against 5.4 ms per 1,000 segments)
-# and was half of the projection writer's CPU during a burst of topic creations. Only tables whose columns need no
-# bind processing (no JSON) qualify.
-DRIVER_INSERTS = {"segment_insert": schema.segments, "slot_range_insert": schema.slot_ranges}
+# Inserts of many rows go to the driver as SQL text: SQLAlchemy's per-row parameter processing cost more than SQLite's
+# own insert (8 against 5.4 ms per 1,000 segments), half of the projection writer's CPU during a burst of topic
+# creations and 40% of it under small writes (the events insert, where re-dumping each event's data for its JSON
+# column took another 20%). The rows are dicts of the columns' plain values; the driver sees no Python JSON type.
+DRIVER_INSERTS = {
+    "segment_insert": insert(schema.segments),
+    "slot_range_insert": insert(schema.slot_ranges),
+    # data is bound as JSON text (the event's own, from its line: store.py), stored as it is on SQLite and cast by
+    # the compiled statement on PostgreSQL (%(data_json)s::JSONB, as SQLAlchemy casts its own). Named apart from
+    # ``data``, which holds the parsed data the fold reads, so that one dict per event serves both.
+    "event_insert": insert(schema.events).values({c.name: bindparam(c.name) for c in schema.events.c}
+                                                 | {"data": bindparam("data_json")}),
+}
+
+
+# Updates that set columns to values given with each row where the k_ parameters match, and set no k_ column: of a
+# run of one of them (fold.runs), only the last for each key leaves a trace, so store.py executes that one alone.
+# Small writes come as runs of hundreds (config changes of one topic, budget grants of a few queues), and each row
+# through SQLAlchemy's executemany cost more than its event's insert.
+LAST_WINS = frozenset({"broker_state", "topic_queues", "topic_config", "topic_version", "segment_sealing",
+                       "segment_sealed", "segment_logic_start", "segment_budget", "barrier_after_offset"})
 
 
 def driver_inserts(dialect: Dialect) -> dict[str, str]:
-    """The DRIVER_INSERTS as SQL text with named parameters, for rows given as dicts (empty if the driver takes
-    positional parameters only)."""
+    """The DRIVER_INSERTS as SQL text with named parameters, for rows given as dicts."""
     if dialect.name == "sqlite":
         dialect = sqlite.dialect(paramstyle="named")   # sqlite3 takes :name as well as its default ?
     elif dialect.positional:
-        return {}
-    return {name: str(insert(table).compile(dialect=dialect)) for name, table in DRIVER_INSERTS.items()}
+        raise ValueError(f"the projection needs a driver taking named parameters (psycopg), not {dialect.driver!r}")
+    return {name: str(stmt.compile(dialect=dialect)) for name, stmt in DRIVER_INSERTS.items()}
 
 
 def build(dialect: str) -> dict[str, Executable]:
@@ -71,7 +86,6 @@ def build(dialect: str) -> dict[str, Executable]:
         raise ValueError(f"the projection supports {sorted(DIALECT_INSERTS)}, not {dialect!r}")
     b, sr = schema.barriers.c, schema.brokers.c
     stmts: dict[str, Executable] = {
-        "event_insert": insert(schema.events),
         "position_set": update(schema.projection_position).where(schema.projection_position.c.id == 1)
                         .values(version=bindparam("version")),
         "broker_upsert": _broker_upsert(dialect),
@@ -82,13 +96,11 @@ def build(dialect: str) -> dict[str, Executable]:
         "topic_queues": _topic_update(queues=bindparam("queues")),
         "topic_config": _topic_update(config=bindparam("config")),
         "topic_version": _topic_update(version=bindparam("version")),
-        "segment_insert": insert(schema.segments),
         "segment_sealing": _segment_update(state="sealing"),
         "segment_sealed": _segment_update(state="sealed", logic_end=bindparam("logic_end"),
                                           sealed_ms=bindparam("sealed_ms")),
         "segment_logic_start": _segment_update(logic_start=bindparam("logic_start")),
         "segment_budget": _segment_update(budget_end=bindparam("budget_end")),
-        "slot_range_insert": insert(schema.slot_ranges),
         "barrier_insert": _barrier_insert(),
         "barrier_after_offset": update(schema.barriers)
                                 .where(b.topic == bindparam("k_topic"), b.after_queue == bindparam("k_queue"),

@@ -19,7 +19,6 @@ child exits.
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -177,9 +176,7 @@ def serve(conn: Connection) -> None:
                 return
             name, args = msg
             try:
-                if name == "apply_lines":
-                    value = store.apply([json.loads(line) for line in args[0]])
-                elif name in CALLS:
+                if name in CALLS:
                     value = getattr(store, name)(*args)
                 else:
                     raise ValueError(f"unknown call {name!r}")

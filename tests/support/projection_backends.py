@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from meta import limits
 from meta.events import make, stored
 from meta.projection import SqlProjection, schema
+from wire.json_body import canonical
 from tests.support.pg import create_database, drop_database
 
 
@@ -111,6 +113,42 @@ def scenario() -> list[dict[str, Any]]:
     log.add("TopicCreated", replicas=1, min_insync=1, scope="global", topic="audit", incarnation=22, queues=1, slots=4, order="best_tried",    # 22
             config={}, slot_table=[[0, 3, 0]], segments=segments_of("audit", 22, {0: "b1"}))
     log.add("TopicDeleted", topic="orders")                                                          # 23
+    return log.events
+
+
+def lines_of(events: list[dict[str, Any]]) -> list[str]:
+    """The events as the image's history keeps them (meta/image.py ``_record``): canonical JSON lines."""
+    return [canonical(e).decode() for e in events]
+
+
+# Text a parser of lines could mistake for structure: quotes, escapes, the keys of a stored event, JSON's own
+# punctuation, and characters outside ASCII (two, three and four UTF-8 bytes) and outside JSON's plain set.
+TRICKY = 'é中🎉 "q" \\ \n\t\x01\x1f \u2028 ,"topic":"x","ts":1,"type":"T","v":1,"version":9} {"data":'
+
+
+def edge_events() -> list[dict[str, Any]]:
+    """Stored events whose data is hard to carry as text: unicode and escapes everywhere (keys too), nested values of
+    every JSON kind, and the largest a topic's creation and config can be (meta/limits.py); every kind of fold
+    (a state change, a history-only lock event, a type this code does not know)."""
+    log = Log()
+    log.add("BrokerRegistered", broker="b1", address="http://b1:8080/é", zone=TRICKY, cluster="DefaultCluster",
+            disk=None, epoch=1)
+    # limits.CONFIG_KEYS_MAX keys and values of their largest size, each with the tricky text in it
+    config = {f"{i:03d}{TRICKY}".ljust(limits.CONFIG_KEY_CHARS_MAX, "k"): (TRICKY * 40)[:limits.CONFIG_VALUE_CHARS_MAX]
+              for i in range(limits.CONFIG_KEYS_MAX)}
+    topic = "t" * limits.TOPIC_NAME_CHARS_MAX
+    queues = limits.QUEUES_PER_TOPIC_MAX
+    log.add("TopicCreated", replicas=1, min_insync=1, scope="global", topic=topic, incarnation=2, queues=queues,
+            slots=queues, order="strict", config=config, slot_table=[[q, q, q] for q in range(queues)],
+            segments=segments_of(topic, 2, {q: "b1" for q in range(queues)}))
+    log.add("TopicConfigChanged", topic=topic, config={TRICKY: TRICKY, "topic": "not the event's"},
+            changed=[TRICKY, "topic"])
+    log.add("LockGranted", group=TRICKY, topic=topic, queue=7, member=TRICKY, token=2**63 - 1)
+    version = len(log.events) + 1
+    log.events.append({"version": version, "ts": 1_000 + version, "type": "TopicRenamed", "v": 2, "topic": None,
+                       "data": {TRICKY: [1, -1, 0, 2**63 - 1, -2**63, 1.5, -0.25, 1e16, 1e-7, True, False, None,
+                                         "", [], {}, [[[{"topic": TRICKY}]]]],
+                                "topic": {"topic": {"ts": 1}}, "nested": {"a": {"b": {"c": {"d": [TRICKY]}}}}}})
     return log.events
 
 
