@@ -1,13 +1,13 @@
 """Wakes asyncio waiters when applied versions advance, and remembers recently changed topics in version order.
 
-Published from the event loop only (the Raft tick thread hops here through meta/raft/node.py's LoopBridge). Waiters
+Published from the event loop only (the Raft tick hops here through meta/raft/node.py's LoopBridge). Waiters
 are kept per key: a change costs one wake-up per interested waiter, never a scan of all waiters. Keys: a topic name, TOPICS (any
 topic changed: all-topic watch streams) and ANY (any applied version: ``min_version`` reads, the projection).
 
 The change log (``changed_since``) lets an all-topic watch stream look only at the topics that changed since it last
 looked, instead of rescanning every topic on every applied command.
 
-Waking is sliced: a publish wakes at most WAKE_SLICE waiters per loop pass. The tick thread hands a command's
+Waking is sliced: a publish wakes at most WAKE_SLICE waiters per loop pass. The tick hands a command's
 changes and its proposer's answer to the loop in one batch, changes first; woken all at once, a thousand subscribers
 ran before the write's own answer (its ack took as long as the whole fan-out). With slices the answer is queued
 after the first slice or two, and the loop polls its sockets between slices.

@@ -33,8 +33,8 @@ class Log:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Starts the apply and tick threads."""
-        self._node.start()
+        """On the event loop: starts the apply thread, and the tick on the loop (meta/raft/loop_ticker.py)."""
+        self._node.start(self._raft.loop)
 
     def stop(self) -> None:
         """Blocking: run it in an executor."""

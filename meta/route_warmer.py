@@ -5,7 +5,7 @@ few hundred of them, so a reader of a route nobody read lately waited for that r
 topic's route once per version (coalesced: a topic that changes many times between two passes is rendered once,
 and a pass waits for changes to settle, meta/limits.py ROUTE_WARM_*) into the gzip cache, which holds every route at ten million queues (meta/limits.py). Small routes render in well
 under a millisecond and are left to the readers. Renders run in worker threads (meta/reads.py route_for), one at a
-time; once warm, paced to limits.ROUTE_WARM_DUTY of the wall time, so that they never starve the raft tick thread
+time; once warm, paced to limits.ROUTE_WARM_DUTY of the wall time, so that they never starve the raft tick
 of the GIL (at full speed, three nodes rendering a thousand routes each took the cluster through 3 to 4 elections,
 terms 1 to 7 and 1 to 9, while a million queues were created; 0, 1 and 0 elections in three runs paced).
 

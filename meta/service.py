@@ -73,7 +73,7 @@ class MetaService:
         bridge = LoopBridge()
         bridge.loop = loop
 
-        def on_applied(version: int, changed: set[str] | None) -> None:  # tick thread
+        def on_applied(version: int, changed: set[str] | None) -> None:  # the tick (on the loop, or its watchdog thread)
             bridge.post(self.feed.publish, version, changed)
 
         node = MetaSyncObj(config.raft, config.partners, config.data_dir, config.secret, config.raft_tuning,

@@ -27,14 +27,19 @@ PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name py
 # need four more: pysyncobj's voters, read-only nodes, connected nodes and last response times; pre-votes
 # (meta/raft/prevote.py) two: whether the leader asked for this campaign (a transfer), and the leader known, cleared
 # when a newer term is heard; answering the proposals in flight when the leader changes (shim.answer_in_flight) one:
-# the callbacks waiting for their commit. A new one needs a reason as good.
-PRIVATE_NAMES_MAX = 31
+# the callbacks waiting for their commit; the tick on the event loop (meta/raft/loop_ticker.py) one: the module-level
+# ``createPoller``, swapped like ``createJournal``. A new one needs a reason as good.
+PRIVATE_NAMES_MAX = 32
 
 
-def test_sync_obj_creates_its_journal_through_the_module_level_name_the_shim_swaps():
+def test_sync_obj_creates_its_journal_and_poller_through_the_module_level_names_the_shim_swaps():
     assert callable(getattr(syncobj_mod, "createJournal", None))
+    assert callable(getattr(syncobj_mod, "createPoller", None))
     source = inspect.getsource(SyncObj.__init__)
     assert "self.__raftLog = createJournal(self.__conf.journalFile)" in source
+    # meta/raft/loop_ticker.py: the event loop watches what this poller does, and each tick ends in its poll
+    assert "self._poller = createPoller(self.__conf.pollerType)" in source
+    assert "self._poller.poll(timeToWait)" in inspect.getsource(SyncObj._onTick)
 
 
 def test_learners_get_appends_and_only_voters_count_as_shim_set_members_relies_on():

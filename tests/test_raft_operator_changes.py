@@ -58,8 +58,8 @@ def unused_raft_address() -> str:
 
 
 @pytest.fixture
-def nodes(tmp_path):
-    started = start_nodes(tmp_path, SECRET)
+async def nodes(tmp_path):
+    started = start_nodes(tmp_path, SECRET)   # ticking on the test's loop
     yield started
     for n in started:
         n.stop()

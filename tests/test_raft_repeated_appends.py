@@ -40,9 +40,7 @@ class Follower:
     def __init__(self, node: MetaSyncObj):
         self.node = node
         self.leader = shim.leader(node)
-        node._stop.set()            # what stop() does first, without closing the node's journal and sockets
-        node._tick_thread.join(5)
-        assert not node._tick_thread.is_alive()
+        node._ticker.stop()         # what stop() does first, without closing the node's journal and sockets
         self.sent: list[dict[str, Any]] = []
         transport = shim.transport(node)
         send = transport.send

@@ -136,18 +136,21 @@ async def test_a_snapshot_is_gzipped_json_of_the_image_and_nothing_local(tmp_pat
 
 
 RESTORE = """
-import hashlib, json, sys, time
+import asyncio, hashlib, json, sys, time
 from meta.offline_log import image_from_data_dir
 from meta.raft.node import LoopBridge, MetaSyncObj, RaftTuning
 data_dir, raft, secret, commands = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 offline = image_from_data_dir(data_dir)
-node = MetaSyncObj(raft, [], data_dir, secret, RaftTuning(), lambda v, c: None, LoopBridge())
-node.start()
-deadline = time.monotonic() + 10
-while node.current_image().data["commands"] < commands and time.monotonic() < deadline:
-    time.sleep(0.05)
-image = node.current_image()
-node.stop()
+async def restored():
+    node = MetaSyncObj(raft, [], data_dir, secret, RaftTuning(), lambda v, c: None, LoopBridge())
+    node.start()
+    deadline = time.monotonic() + 10
+    while node.current_image().data["commands"] < commands and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    image = node.current_image()
+    node.stop()
+    return image
+image = asyncio.run(restored())
 print(json.dumps({"node": hashlib.sha256(image.canonical_bytes()).hexdigest(),
                   "offline": hashlib.sha256(offline.canonical_bytes()).hexdigest()}))
 """
@@ -225,11 +228,13 @@ def test_a_damaged_snapshot_is_refused_not_half_loaded(tmp_path):
 
 
 UNREADABLE = """
-import sys
+import asyncio, sys
 from meta.raft.node import LoopBridge, MetaSyncObj, RaftTuning
-node = MetaSyncObj(sys.argv[2], [], sys.argv[1], "secret", RaftTuning(), lambda v, c: None, LoopBridge())
-node.start()
-node._tick_thread.join(10)
+async def main():
+    node = MetaSyncObj(sys.argv[2], [], sys.argv[1], "secret", RaftTuning(), lambda v, c: None, LoopBridge())
+    node.start(asyncio.get_running_loop())
+    await asyncio.sleep(10)
+asyncio.run(main())
 """
 
 

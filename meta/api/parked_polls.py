@@ -94,7 +94,7 @@ class ParkedPolls:
         routes = {}
         for gzip_ok in {p.gzip_ok for p in polls}:
             routes[gzip_ok] = await self.reads.route_for(topic, gzip_ok)
-        # The tick thread hands the loop a command's changes and its proposer's answer together: yield once, so that
+        # The tick hands the loop a command's changes and its proposer's answer together: yield once, so that
         # the write's own answer leaves before its subscribers' (tests/test_fanout.py).
         await asyncio.sleep(0)
         wires: dict[bool, bytes] = {}

@@ -70,7 +70,7 @@ class ParkedWatches:
     async def answer(self, topic: str) -> None:
         if not self._parked.of(topic):
             return
-        # The tick thread hands the loop a command's changes and its proposer's answer together: yield once, so that
+        # The tick hands the loop a command's changes and its proposer's answer together: yield once, so that
         # the write's own answer leaves before its subscribers' (as the parked polls do)
         await asyncio.sleep(0)
         published = self.feed.version

@@ -1,4 +1,4 @@
-"""The state machine's own thread: the raft tick thread hands it committed entries and never waits for an apply.
+"""The state machine's own thread: the raft tick hands it committed entries and never waits for an apply.
 
 pysyncobj applies committed entries on its tick thread, the thread that also answers heartbeats and votes: a tick
 that applied a batch of large commands held heartbeats back past the election timeout (measured: ticks of 0.3-0.5 s
@@ -10,7 +10,7 @@ hands pysyncobj a ``Pending`` as the command's result; a proposer's callback wai
 Most entries are small commands whose apply costs tens of microseconds (a topic's config, a group's settings, an
 offset budget): handing each to the apply thread cost more than applying it, a thread wake-up and the GIL passed
 back and forth, on the path of every write. Those are queued ``inline``: the apply thread is not woken for them, and
-the tick thread applies them itself (``run_inline``) right after it sent the commit index on, unless the apply
+the tick applies them itself (``run_inline``) right after it sent the commit index on, unless the apply
 thread holds work already (then it takes them too, in order). An entry of another kind, or a call, wakes the thread.
 
 Entries are applied strictly in log order, one at a time. Work that must see the image exactly at an index (the
@@ -80,7 +80,7 @@ class Applier:
 
     def submit(self, index: int, payload: Any, inline: bool = False) -> Pending:
         """Tick thread: queue committed entry ``index``; returns what its proposers wait on. ``inline``: its apply
-        is cheap, the tick thread's next ``run_inline`` may apply it."""
+        is cheap, the tick's next ``run_inline`` may apply it."""
         pending = Pending(index)
         with self._cond:
             self._queue.append((pending, index, payload))
@@ -157,7 +157,7 @@ class Applier:
     def _take(self, wait: bool) -> deque[tuple[Pending | None, int, Any]] | None:
         """The queued batch, marked busy; None when there is none (``wait``: once stopping with nothing left)."""
         with self._cond:
-            # busy: the tick thread applies a batch of its own (run_inline); one apply at a time, in log order
+            # busy: the tick applies a batch of its own (run_inline); one apply at a time, in log order
             while wait and (not self._queue or self._busy) and not self._stopping:
                 self._cond.wait()
             if not self._queue:
@@ -182,6 +182,6 @@ class Applier:
         finally:
             with self._cond:
                 self._busy = False
-                if self._woken:   # queued for the thread while the tick thread applied
+                if self._woken:   # queued for the thread while the tick applied
                     self._cond.notify()
             self._after_batch()

@@ -8,7 +8,7 @@ An entry's payload (after pysyncobj's type byte) is lines of compact JSON, which
 
 Every proposal of a batch gets the same stamp and is decided on its own: one rejection does not touch its
 neighbours. The leader stamps a follower's batch by replacing the first line, without decoding and re-encoding
-envelopes of up to 8 MiB on its tick thread. A single proposal is a batch of one. This module is the one writer and
+envelopes of up to 8 MiB in its tick. A single proposal is a batch of one. This module is the one writer and
 the one parser of the format; apply (meta/raft/node.py), the offline tools (meta/offline_log.py) and tests use it.
 """
 

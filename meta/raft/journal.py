@@ -14,7 +14,7 @@ interface SyncObj calls (``pysyncobj.journal.Journal``) and these rules:
 - the log is a sequence of segment files (etcd's WAL): dropping a prefix (compaction) writes the new first index to
   the state file and unlinks the segments wholly below it, dropping everything (``clear``) moves the state file's
   first segment past every existing one. No record is ever copied: a compaction costs the same whatever the size of
-  the log (rewriting the kept tail, as an earlier build did, took 150-290 ms of the tick thread with megabyte
+  the log (rewriting the kept tail, as an earlier build did, took 150-290 ms of the tick with megabyte
   entries, long enough to miss heartbeats);
 - term and vote are on disk before ``setCurrentTerm`` returns; the commit index is saved lazily (once a second).
 
@@ -304,7 +304,7 @@ class OsJournalIO(JournalIO):
 
     def remove_dead(self, path: str) -> bool:
         # Freeing a file's blocks on ext4 mounted with discard trims them in the journal commit, which every
-        # fdatasync of the tick thread then waits for: unlinking two 64 MiB segments at once held a concurrent
+        # fdatasync of the tick then waits for: unlinking two 64 MiB segments at once held a concurrent
         # fdatasync for 100-145 ms; shrinking them 4 MiB at a time, 5 ms apart, for 15 ms at most.
         try:
             fd = os.open(path, os.O_WRONLY)

@@ -126,7 +126,7 @@ class MembershipTrail:
     """The membership entries of one node's log, newest last, fed by the journal as it changes.
 
     ``current()`` is the newest: of the entries still in the log, or the snapshot's (``base``) when the log holds
-    none after it. Not thread-safe: the tick thread feeds and reads it (the journal is only touched there)."""
+    none after it. Not thread-safe: the tick feeds and reads it (the journal is only touched there)."""
 
     def __init__(self) -> None:
         self._entries: list[tuple[int, Members | None]] = []

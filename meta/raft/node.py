@@ -1,6 +1,7 @@
 """The thin pysyncobj adapter: propose, commit, apply, answer.
 
-The driver loop, as pysyncobj runs it on its own tick thread:
+The driver loop. pysyncobj's tick runs on the node's event loop, between its other callbacks (``loop_ticker``: a
+proposal, a ready socket or a timer asks for one; a watchdog thread ticks while the loop is held elsewhere):
   1. ``propose`` (asyncio) encodes an envelope as JSON bytes and queues it (never a pickled object: the envelope is
      data the state machine validates; ``pysyncobj_shim.CommandsAsBytes``).
   2. The next tick puts every queued proposal of this node into one log entry under the leader's stamp (its time
@@ -8,7 +9,7 @@ The driver loop, as pysyncobj runs it on its own tick thread:
      majority has it, pysyncobj's apply hook queues it for the apply thread (``applier``).
   3. The apply thread runs the pure state machine on each envelope of the entry under ``image_lock`` (readers on
      the asyncio thread take the same lock, so they never see half of a command) and posts the changed topics to
-     the event loop.
+     the event loop; a small entry of cheap commands is applied by the tick itself (``INLINE_APPLY``).
   4. Each proposer's callback gets its own outcome and is hopped to the event loop, batched (``LoopBridge``).
 
 The replicated state is one attribute, ``image_data`` (plain data). A snapshot is that image written as JSON by
@@ -48,6 +49,7 @@ from .entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope,
 from .group_commit import GroupCommit
 from .journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
+from .loop_ticker import LoopPoller, LoopTicker
 from .prevote import PreVote, PreVoteCounts
 from .read_index import ReadIndex, ReadIndexCounts
 from .proposals import Proposals, batch_callback
@@ -98,7 +100,7 @@ class RaftTuning:
 # Commands that add thousands of long-lived objects to the image (see MetaSyncObj._freeze_image).
 LARGE_COMMANDS = frozenset({"CreateTopic", "GrowTopic"})
 # Commands whose apply costs about as much as decoding them (one topic's or group's record, one segment, one broker),
-# whatever the image's size: an entry of these alone, up to INLINE_APPLY_BYTES_MAX, is applied on the tick thread
+# whatever the image's size: an entry of these alone, up to INLINE_APPLY_BYTES_MAX, is applied on the tick
 # (meta/raft/applier.py). Every other kind (creations, deletions, remaps, drains, expiries: work that grows with the
 # topic or the cluster) keeps the apply thread, so that a tick never waits behind it.
 INLINE_APPLY = frozenset({"SetTopicConfig", "SetGroupConfig", "GrantOffsetBudget", "JoinGroup", "LeaveGroup",
@@ -107,13 +109,14 @@ INLINE_APPLY_BYTES_MAX = 16 * 1024
 
 
 class _Decoded(NamedTuple):
-    """A committed entry on its way to apply: its payload, and its envelopes if the tick thread decoded them."""
+    """A committed entry on its way to apply: its payload, and its envelopes if the tick decoded them."""
     payload: bytes | None
     envelopes: list[Any] | None
 
 
 class LoopBridge:
-    """Hops work from the tick thread to the event loop, once per tick rather than once per callback.
+    """Hops work from the tick (on the loop, or the watchdog thread) and the apply thread to the event loop, once per
+    tick rather than once per callback.
 
     Every ``call_soon_threadsafe`` writes to the loop's self-pipe; under load a tick resolves dozens of proposals
     and notifications, so they are queued here and run in one hop at the end of the tick (``flush``).
@@ -121,6 +124,7 @@ class LoopBridge:
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: int | None = None   # the loop's thread: a flush there needs no wake-up of the loop
         self._pending: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._lock = threading.Lock()
 
@@ -133,6 +137,9 @@ class LoopBridge:
             if not self._pending or self.loop is None:
                 return
             batch, self._pending = self._pending, []
+        if self.loop_thread == threading.get_ident():   # the tick, on the loop
+            self.loop.call_soon(_run_all, batch)
+            return
         try:
             self.loop.call_soon_threadsafe(_run_all, batch)
         except RuntimeError:  # the loop is closed: the node is stopping
@@ -165,7 +172,7 @@ EXIT_REPLICA_UNTRUSTED = 70  # this replica's image cannot be trusted: stop rath
 class _LocalState:
     """What a node changes while it runs, besides the image. One object, created before ``SyncObj.__init__``:
     pysyncobj counts it as local, whatever fields change later."""
-    pipe: Any = None              # pysyncobj's pipe notifier: wakes the tick thread
+    pipe: Any = None              # pysyncobj's pipe notifier: a thread other than the loop's asks for a tick
     sent_index: int = 0           # last log index and commit index sent to the followers
     sent_commit: int = 0
     wake_pending: bool = False
@@ -250,13 +257,14 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             dynamicMembershipChange=False,
             bindRetryTime=0.2,
             maxBindRetries=RAFT_BIND_ATTEMPTS_MAX,  # then pysyncobj raises and the node exits naming the address
-            autoTick=False,  # our own tick thread starts only once image_data exists (see start())
+            autoTick=False,  # our own ticker starts only once image_data exists (see start())
             onStateChanged=self._log_state_change,
         )
-        self._stop = threading.Event()
-        self._tick_thread: threading.Thread | None = None
+        self._poller = LoopPoller()
+        # The tick's driver once started (meta/raft/loop_ticker.py); the simulator puts its own stand-in here.
+        self._ticker: Any = None
         self._tick_period_s = 0.05
-        with shim.journal_of_our_own(journal):
+        with shim.journal_and_poller_of_our_own(journal, self._poller):
             super().__init__(self_raft, partners, conf,
                              transportClass=functools.partial(StatorTransport, link or RaftLink(secret=secret)))
         # A repeated append must not take back entries; keepalives, learners' progress, (to a learner) vote
@@ -282,7 +290,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     # -- one append message per tick ---------------------------------------------------------------------------
     # pysyncobj offers two modes: batching (entries wait for the next 50 ms period: slow single writes) or one
     # append message per command to every follower (each pickled and encrypted: CPU-bound under load). We take
-    # the middle: a command wakes the tick thread at once (pipe notifier), the tick appends every queued command
+    # the middle: a command wakes the tick at once (pipe notifier), the tick appends every queued command
     # to the log, and one message per follower carries them all. This relies on pysyncobj's internals (through
     # the shim, pinned to one version).
     def _batch_appends(self, conf: SyncObjConf) -> None:
@@ -316,8 +324,11 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         return self._local.roles.acknowledge(node, next_index, reset, success)
 
     def wake(self) -> None:
-        """Any thread: run the next tick now."""
-        if self._local.pipe is not None:
+        """Any thread: run the next tick now (on the event loop's own thread, without a write to the pipe)."""
+        ticker = self._ticker
+        if isinstance(ticker, LoopTicker) and ticker.on_loop_thread():
+            ticker.soon()
+        elif self._local.pipe is not None:
             self._local.pipe.notify()
 
     def stamp_bytes(self) -> bytes:
@@ -353,7 +364,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # so a proposal queued after that point always wakes the next tick.
         if self._local.pipe is not None and not self._local.wake_pending:
             self._local.wake_pending = True
-            self._local.pipe.notify()
+            self.wake()
 
     def _checkCommandsToApply(self):
         self._local.wake_pending = False
@@ -399,7 +410,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # meanwhile. After a long tick (a follower applying a batch of large entries) the leader's heartbeats are
         # already waiting in the socket: read them first, so being busy is never mistaken for a dead leader.
         self._local.roles.decide()
-        if self._tick_thread is not None:
+        if self._ticker is not None:
             shim.poll_sockets(self)
             self._local.transport.flush()   # what answering them queued (a follower's acknowledgements)
         # The leader counts itself toward the commit of every entry in its journal at the start of the tick: what
@@ -447,7 +458,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             local.sent_index, local.sent_commit = last, commit
             shim.send_append_entries(self)
 
-    # -- snapshots: pysyncobj's serializer hooks, all called on the tick thread ------------------------------------
+    # -- snapshots: pysyncobj's serializer hooks, all called on the tick ------------------------------------
     def _write_snapshot(self, rename_source: str, raft: tuple[Any, ...]) -> None:
         # pysyncobj renames rename_source over the snapshot as soon as this returns (see the shim); a stale file
         # of that name from an older run would be taken for the new snapshot, so it must not exist.
@@ -497,7 +508,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self._snapshots.note_on_disk(snapshot.last_applied.index)   # an older write in flight is dropped, not renamed
         # Entries the snapshot covers that still wait on the apply thread must not be applied on top of it.
         self._applier.discard_through(snapshot.last_applied.index)
-        if self._tick_thread is not None:   # not the start-up load: the leader's snapshot, just received
+        if self._ticker is not None:   # not the start-up load: the leader's snapshot, just received
             self._local.snapshots["installed"] += 1
             log.info("raft_snapshot_installed", index=snapshot.last_applied.index)
         if shim.finish_interrupted_compaction(self, snapshot):
@@ -510,29 +521,36 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self._local.freeze_pending = True
         return shim.raft_state_of(snapshot)
 
-    def start(self) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """On ``loop``'s thread (by default the running loop): the apply thread starts, and the tick runs on the
+        loop (meta/raft/loop_ticker.py)."""
+        loop = loop or asyncio.get_running_loop()
         self._applier.start()
-        self._tick_thread = threading.Thread(target=self._tick_loop, name="raft-tick", daemon=True)
-        self._tick_thread.start()
+        self.bridge.loop_thread = threading.get_ident()
+        ticker = LoopTicker(self._tick_once, self._poller, self._tick_period_s)
+        self._ticker = ticker
+        ticker.start(loop)
 
-    def _tick_loop(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self.doTick(self._tick_period_s)
-            except Exception:  # a bug in a tick must not silently stop the node's Raft: log it loudly and go on
-                log.exception("raft_tick_failed")
-                time.sleep(self._tick_period_s)
-            took = time.monotonic() - started
-            if took > SLOW_TICK_S:
-                # A tick this long held back heartbeats (or their answers) past the shortest election timeout.
-                self._local.slow_ticks += 1
-                log.warning("raft_tick_slow", seconds=round(took, 3), leader=shim.is_leader(self))
+    def _tick_once(self) -> bool:
+        """One tick; False if it raised (the ticker then waits a period before the next: no hot loop of failures)."""
+        started = time.monotonic()
+        ok = True
+        try:
+            self.doTick(0)
+        except Exception:  # a bug in a tick must not silently stop the node's Raft: log it loudly and go on
+            log.exception("raft_tick_failed")
+            ok = False
+        took = time.monotonic() - started
+        if took > SLOW_TICK_S:
+            # A tick this long held back heartbeats (or their answers) past the shortest election timeout.
+            self._local.slow_ticks += 1
+            log.warning("raft_tick_slow", seconds=round(took, 3), leader=shim.is_leader(self))
+        return ok
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._tick_thread is not None:
-            self._tick_thread.join(timeout_s)
+    def stop(self) -> None:
+        """Any thread."""
+        if isinstance(self._ticker, LoopTicker):
+            self._ticker.stop()
         self._applier.stop()   # applies what was queued, then ends
         # pysyncobj saves the commit index lazily (once a second); save it now so that the offline tools
         # (rebuild-projection) see every entry this node knew to be committed.
@@ -550,7 +568,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
 
     def committed(self, index: int, payload: bytes | None) -> Pending:
         """Tick thread (pysyncobj's apply hook): queue the entry to be applied; never apply here. A small entry of
-        cheap commands only is applied by the tick thread itself once it sent the commit index on (applier.py)."""
+        cheap commands only is applied by the tick itself once it sent the commit index on (applier.py)."""
         if payload is None:
             return self._applier.submit(index, _Decoded(None, []), inline=True)
         if isinstance(payload, shim.MembershipPayload) or len(payload) > INLINE_APPLY_BYTES_MAX:
@@ -561,7 +579,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         return self._applier.submit(index, _Decoded(payload, envelopes), inline=inline)
 
     def _apply_entry(self, index: int, entry: _Decoded) -> Any:
-        """Apply thread (or the tick thread, for a small entry of cheap commands): one committed entry, in log
+        """Apply thread (or the tick, for a small entry of cheap commands): one committed entry, in log
         order, on every replica; the outcome of each of its proposals, in order (None for a new term's no-op)."""
         payload, envelopes = entry
         if envelopes is None:

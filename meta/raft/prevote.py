@@ -18,7 +18,7 @@ node that hears appends from a leader of an older term answers with its term (``
 stale message, so that the old leader steps down (etcd answers such appends the same way); a pre-vote's answer
 names the answering node's term, and a candidate behind it takes that term (etcd's pre-candidate does the same).
 
-Everything here runs on the tick thread (the tick, the messages it reads, the transport's sends), as pysyncobj does.
+Everything here runs on the tick (the tick, the messages it reads, the transport's sends), as pysyncobj does.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ a hand-off to the apply thread and a commit callback, and every follower's propo
 leader and one back. Under 64 writers a tick used to append dozens of one-command entries; now each node hands the
 log at most one entry per tick (more only past the size or count bound), and a follower forwards one message.
 
-The event loop adds proposals (``add``); the tick thread takes them (``take``) before pysyncobj drains its command
+The event loop adds proposals (``add``); the tick takes them (``take``) before pysyncobj drains its command
 queue. ``batch_callback`` gives pysyncobj one callback per entry that answers each proposal with its own outcome.
 """
 
@@ -76,7 +76,7 @@ def batch_callback(callbacks: list[Callback], lock: threading.Lock) -> Callback:
     """pysyncobj's callback for one entry. On success it hands back the entry's ``Pending`` (meta/raft/applier.py),
     whose outcome is the list of the proposals' outcomes, in order; a failure (not appended, leadership lost) is
     the same for every proposal of the entry."""
-    def done(result: Any, err: int) -> None:   # tick thread
+    def done(result: Any, err: int) -> None:   # the tick (on the loop, or its watchdog thread)
         if err == FAIL_REASON.SUCCESS and isinstance(result, Pending):
             result.then(lambda outcomes: _each(callbacks, outcomes), lock)
         else:
@@ -85,7 +85,7 @@ def batch_callback(callbacks: list[Callback], lock: threading.Lock) -> Callback:
     return done
 
 
-def _each(callbacks: list[Callback], outcomes: Any) -> None:   # the apply thread, or the tick thread if applied
+def _each(callbacks: list[Callback], outcomes: Any) -> None:   # the apply thread, or the tick if applied
     if not isinstance(outcomes, list) or len(outcomes) != len(callbacks):
         # DISCARDED: a snapshot installed from the leader covered the entry before it was applied here.
         outcomes = [DISCARDED] * len(callbacks)

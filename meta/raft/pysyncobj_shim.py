@@ -8,7 +8,7 @@ version therefore fails at start-up, loudly, instead of letting a node misbehave
 
 Protected hooks MetaSyncObj overrides (same version pin): ``_applyCommand``, ``_checkCommandsToApply``, ``_onTick``,
 and the private ``__doApplyCommand`` (``CommandsAsBytes``: no pickle in the log). The journal is Stator's own
-(``journal_of_our_own``: one swap of a module-level name), the transport too (pysyncobj's public ``transportClass``).
+(``journal_and_poller_of_our_own``: swaps of module-level names), the transport too (pysyncobj's public ``transportClass``).
 ``keep_matching_entries`` puts a follower's incoming append messages in Raft's terms before pysyncobj sees them.
 """
 
@@ -307,7 +307,7 @@ def next_indexes(so: SyncObj) -> dict[Node, int]:
 
 
 def before_each_send(so: SyncObj, before: Callable[[], None]) -> None:
-    """``before()`` runs each time ``so`` is about to send its append messages, on the tick thread (the
+    """``before()`` runs each time ``so`` is about to send its append messages, on the tick (the
     simulator's rewind fault moves the leader's next indexes there). Set on the instance: pysyncobj would count it
     replicated state in a snapshot, so never on a node that compacts."""
     send = so._SyncObj__sendAppendEntries
@@ -385,7 +385,7 @@ def refuse_command(so: SyncObj, callback: Any) -> None:
 
 # -- snapshots -------------------------------------------------------------------------------------------------
 # With a custom ``serializer``, pysyncobj calls ``serializer(dump_file + ".tmp", (last, previous, cluster))`` on the
-# tick thread and then renames ``dump_file + ".tmp"`` over the dump file at once, assuming the write is done. Our
+# the tick (on the loop, or its watchdog thread) and then renames ``dump_file + ".tmp"`` over the dump file at once, assuming the write is done. Our
 # writer works in a forked child and never creates that name, so the rename fails, pysyncobj marks itself busy
 # (no second snapshot, no snapshot transmission) and from then on asks ``serializeChecker`` until it answers
 # SUCCESS or FAILED. ``deserializer(dump_file)`` must return ``(last, previous, cluster)``; pysyncobj then restores
@@ -438,14 +438,18 @@ _journal_swap = threading.Lock()
 
 
 @contextlib.contextmanager
-def journal_of_our_own(journal: StatorJournal) -> Iterator[None]:
+def journal_and_poller_of_our_own(journal: StatorJournal, poller: Any) -> Iterator[None]:
+    """Inside this block ``SyncObj.__init__`` gets ``journal`` and ``poller`` (meta/raft/loop_ticker.py LoopPoller,
+    which the event loop watches too): it builds its poller there as well, with ``createPoller``, and everything
+    subscribes to it before the constructor returns."""
     with _journal_swap:
-        original = _syncobj_mod.createJournal
+        journal_was, poller_was = _syncobj_mod.createJournal, _syncobj_mod.createPoller
         _syncobj_mod.createJournal = lambda _path: journal
+        _syncobj_mod.createPoller = lambda _kind: poller
         try:
             yield
         finally:
-            _syncobj_mod.createJournal = original
+            _syncobj_mod.createJournal, _syncobj_mod.createPoller = journal_was, poller_was
 
 
 def journal_of(so: SyncObj) -> StatorJournal:

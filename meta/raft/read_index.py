@@ -16,7 +16,7 @@ with its fsyncs, per read); here no entry is appended:
 
 A read that cannot be served (no leader known, leadership lost, the leader changed while a follower waited, its
 deadline passed) is answered at once with a reason; the caller (meta/reads.py) tries again within its own wait.
-Everything here runs on the tick thread except ``request`` (the event loop), which only appends to a queue.
+Everything here runs on the tick except ``request`` (the event loop), which only appends to a queue.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class ReadIndex:
     def request(self, done: Done, timeout_s: float) -> None:
         """Any thread: ``done`` (on the tick or the apply thread) says when a linearizable read may be served."""
         if len(self._incoming) >= READS_PENDING_MAX:
-            done(None, OVERLOADED)   # not counted: the counts belong to the tick thread
+            done(None, OVERLOADED)   # not counted: the counts belong to the tick
             return
         self._incoming.append(_Read(done, timeout_s))   # the tick reads the clock: it is the node's
         self._wake()

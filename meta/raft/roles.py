@@ -1,6 +1,6 @@
 """This node's place in the membership (meta/raft/membership.py): voter or learner, and, on the leader, the changes.
 
-Everything here runs on the tick thread, except ``request`` (an operator's change, from the event loop) and
+Everything here runs on the tick, except ``request`` (an operator's change, from the event loop) and
 ``status`` (any thread), which only hand over or read whole values.
 
 - **Role**, decided at the start of every tick from the newest membership in the log: a voter is named there as a
@@ -49,7 +49,7 @@ BOOTSTRAP_KEEPALIVE_INTERVAL_S = 0.05
 PROPOSAL_TIMEOUT_S = 5.0              # a membership entry neither committed nor failed by then is proposed again
 LEARNER_ELECTION_HOLD_S = 1.0         # a learner pushes its election deadline this far ahead at every tick
 PROMOTION_LAG_ENTRIES_MAX = 1000      # a learner this close to the commit index is promoted (see the module text)
-REQUESTS_MAX = 16                     # operators' changes waiting for the tick thread; more are refused
+REQUESTS_MAX = 16                     # operators' changes waiting for the tick; more are refused
 # A voter the leader heard a keepalive from this recently, from the disk the membership names, counts as live for
 # the quorum check of an operator's change (etcd's strict reconfiguration check): several keepalive periods, so that
 # a loaded machine's late keepalive does not refuse a change that is safe.
@@ -274,7 +274,7 @@ class Roles:
     # -- the leader's changes --------------------------------------------------------------------------------------
     def request(self, op: str, name: str, raft: str | None = None, url: str | None = None
                 ) -> concurrent.futures.Future:
-        """Event loop: an operator's change, decided on the tick thread; the future's result is the membership
+        """Event loop: an operator's change, decided on the tick; the future's result is the membership
         once the entry is committed, or an ApiError."""
         answer: concurrent.futures.Future = concurrent.futures.Future()
         if len(self._requests) >= REQUESTS_MAX:
@@ -425,7 +425,7 @@ class Roles:
                  answer: concurrent.futures.Future | None) -> None:
         self._proposed_at = time.monotonic()
 
-        def done(_result: Any, err: int) -> None:   # tick thread: committed, or failed
+        def done(_result: Any, err: int) -> None:   # the tick (on the loop, or its watchdog thread): committed, or failed
             self._proposed_at = None
             if answer is None or answer.done():
                 return

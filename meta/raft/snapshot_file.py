@@ -229,11 +229,11 @@ class WriterState(enum.Enum):
 class BackgroundWriter:
     """Writes one snapshot at a time from a forked child; the parent puts it in place.
 
-    Encoding a million-queue image takes seconds of CPU the tick thread must not spend (it would miss heartbeats
+    Encoding a million-queue image takes seconds of CPU the tick must not spend (it would miss heartbeats
     and cause elections); the child's copy-on-write view of memory is a consistent image at no cost.
 
-    The child only writes ``path + WRITING_SUFFIX``; ``poll``, on the tick thread, renames it over the snapshot. The
-    tick thread is also where a snapshot installed from the leader lands (``note_on_disk``), so the two never race:
+    The child only writes ``path + WRITING_SUFFIX``; ``poll``, on the tick, renames it over the snapshot. The
+    tick is also where a snapshot installed from the leader lands (``note_on_disk``), so the two never race:
     a write of index L that finishes after a newer snapshot (index L' > L) was installed is dropped, never renamed
     over it. Renamed from the child, it replaced the installed one while the journal already started at L': on
     restart the journal no longer followed the snapshot and every entry after L was lost from the node.

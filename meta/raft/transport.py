@@ -6,7 +6,7 @@ its port (remote code execution for anyone who can connect, before any password 
 Fernet-encrypts every message one by one (most of the CPU of a write).
 
 How it runs: every socket is non-blocking and registered with pysyncobj's own poller (``syncObj._poller``), so every
-callback here runs on the tick thread, inside the tick's ``poll``. Nothing here is thread-safe, nor needs to be.
+callback here runs on the tick, inside the tick's ``poll``. Nothing here is thread-safe, nor needs to be.
 
 - ``send(node, message)`` only queues the message for ``node`` (if its link is up) and returns whether it is.
 - ``flush()`` turns each node's queued messages into one sealed frame (several only past FRAME_BYTES_MAX), appends
@@ -260,7 +260,7 @@ class StatorTransport(Transport):
     def set_before_flush(self, callback: Callable[[list[dict[str, Any]]], None] | None,
                          sent: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         """``callback(messages)`` runs once per flush that has messages, with every queued message (all nodes), on
-        the tick thread, before any is framed. If it raises, those messages are dropped (Raft resends them) and
+        the tick, before any is framed. If it raises, those messages are dropped (Raft resends them) and
         the exception propagates to the caller of flush. ``sent(messages)`` runs with each node's messages once
         they are written to its link (what left, checked when it left: group commit's acknowledgement check)."""
         self._before_flush = callback

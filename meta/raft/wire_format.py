@@ -259,7 +259,7 @@ def session_keys(master: bytes, client_hello: bytes, server_hello: bytes) -> tup
 
 
 class Session:
-    """One connection's two AEAD directions, each with its frame counter. Not thread-safe (one tick thread)."""
+    """One connection's two AEAD directions, each with its frame counter. Not thread-safe (one tick at a time)."""
 
     __slots__ = ("_sealer", "_opener", "sent", "received")
 

@@ -311,7 +311,7 @@ PATCHES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("meta.raft.read_index", "os", lambda sim: _Counter()),
     # sockets, the poller and the pipe notifier
     ("meta.raft.transport", "socket", lambda sim: sim.net.socket_module),
-    ("pysyncobj.syncobj", "createPoller", lambda sim: sim.new_poller),
+    ("meta.raft.node", "LoopPoller", lambda sim: sim.new_poller),   # what the node hands pysyncobj as its poller
     ("pysyncobj.syncobj", "PIPE_NOTIFIER_ENABLED", lambda sim: False),
     # the node's files and process
     ("meta.raft.node", "journal_io", lambda sim: sim.journal_io_of_booting_node),

@@ -162,7 +162,7 @@ class SimMetaNode:
             return
         finally:
             sim.booting = None
-        so._tick_thread = DRIVEN
+        so._ticker = DRIVEN
         shim.before_each_send(so, lambda: sim.before_send(self))
         so._local.pipe = SimWake(self)
         if sim.l2:

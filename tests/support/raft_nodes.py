@@ -12,6 +12,8 @@ from ops import devcluster
 
 def start_nodes(base_dir, secret: str, journal_sync: str = "fsync",
                 tuning: RaftTuning | None = None) -> list[MetaSyncObj]:
+    """On the running loop (an async test's): each node ticks on it."""
+    loop = asyncio.get_running_loop()
     tuning = dataclasses.replace(tuning or RaftTuning(), journal_sync=journal_sync)
     base = devcluster.free_base_port()
     addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
@@ -19,7 +21,8 @@ def start_nodes(base_dir, secret: str, journal_sync: str = "fsync",
     for i, address in enumerate(addresses):
         node = MetaSyncObj(address, [a for a in addresses if a != address], str(base_dir / f"n{i}"), secret,
                            tuning, lambda version, changed: None, LoopBridge())
-        node.start()
+        node.bridge.loop = loop
+        node.start(loop)
         nodes.append(node)
     return nodes
 

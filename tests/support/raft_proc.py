@@ -40,7 +40,7 @@ async def main(address: str, peers: str, data_dir: str, secret: str, http_port: 
     bridge.loop = loop
     node = MetaSyncObj(address, [p for p in peers.split(",") if p], data_dir, secret,
                        RaftTuning(**json.loads(tuning)), lambda version, changed: None, bridge)
-    node.start()
+    node.start(loop)
     raft = RaftNode(node, loop, offset_budget=1000)
 
     async def propose(request: web.Request) -> web.Response:
