@@ -4,6 +4,7 @@ event loop, meta/raft/loop_ticker.py).
 
 - An entry of cheap commands only (node.INLINE_APPLY) is applied by the tick; any other kind by the apply thread,
   on every node, in log order either way.
+- A backlog (a node catching up) is the apply thread's, however cheap each entry.
 - A reader holding the image lock (a large route rendered on a worker thread) never holds the tick: the entry goes
   to the apply thread, which waits for the lock, while the tick goes on (no election, no slow tick).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from meta.raft.applier import INLINE_ENTRIES_MAX, Applier
 from meta.raft.entry import decode_entry
 from meta.raft.node import INLINE_APPLY, MetaSyncObj
 from tests.support.raft_nodes import all_applied, leader_of, start_nodes
@@ -95,3 +97,34 @@ async def test_a_reader_holding_the_image_lock_does_not_hold_the_tick(tmp_path):
         released.set()
         for n in nodes:
             n.stop()
+
+
+def test_a_backlog_of_cheap_entries_goes_to_the_apply_thread():
+    # A node catching up has thousands of entries committed at once: applied in one tick they held it (and the loop
+    # it runs on) for 1-2 s. Past INLINE_ENTRIES_MAX queued items the apply thread takes them, in order.
+    applied: list[tuple[int, str]] = []
+    done = threading.Event()
+    last = INLINE_ENTRIES_MAX + 1
+
+    def apply(index, _work):
+        applied.append((index, threading.current_thread().name))
+        if index == last:
+            done.set()
+    applier = Applier(apply, lambda: None)
+    applier.start()
+    lock = threading.RLock()
+    try:
+        for index in range(1, INLINE_ENTRIES_MAX + 1):
+            applier.submit(index, None, inline=True)
+        applier.run_inline(lock)   # a batch it may take: here
+        assert [name for _i, name in applied] == [threading.current_thread().name] * INLINE_ENTRIES_MAX
+        applier.submit(last, None, inline=True)
+        for index in range(last + 1, last + INLINE_ENTRIES_MAX + 1):
+            applier.submit(index, None, inline=True)
+        applier.run_inline(lock)   # one more than it may take: the thread's
+        assert done.wait(WAIT_S)
+        assert applier.idle() or done.is_set()
+    finally:
+        applier.stop()
+    assert [i for i, _ in applied] == list(range(1, last + INLINE_ENTRIES_MAX + 1))
+    assert {name for i, name in applied if i >= last} == {"raft-apply"}, applied[INLINE_ENTRIES_MAX:]

@@ -32,6 +32,10 @@ import structlog
 log = structlog.get_logger("meta.raft")
 
 STOP_WAIT_S = 10.0
+# The most entries the tick applies at once (run_inline). A node catching up (restarted, or back from a partition)
+# has thousands committed at once, and applying them all in one tick held it, and the event loop it runs on, for
+# 1-2 s (raft_tick_slow in the vs_etcd bench's failovers); past this many the apply thread takes the batch.
+INLINE_ENTRIES_MAX = 64
 DISCARDED = object()   # the outcome of an entry a snapshot install covered before it was applied here
 
 
@@ -79,7 +83,7 @@ class Applier:
         self._thread.start()
 
     def submit(self, index: int, payload: Any, inline: bool = False) -> Pending:
-        """Tick thread: queue committed entry ``index``; returns what its proposers wait on. ``inline``: its apply
+        """The tick: queue committed entry ``index``; returns what its proposers wait on. ``inline``: its apply
         is cheap, the tick's next ``run_inline`` may apply it."""
         pending = Pending(index)
         with self._cond:
@@ -99,14 +103,15 @@ class Applier:
         self._cond.notify()
 
     def run_inline(self, image_lock: threading.RLock) -> None:
-        """Tick thread: apply what is queued now, if every item of it was queued ``inline`` and the apply thread is
-        not at work; else leave it to the thread, which was woken for it or takes it after its current batch.
+        """The tick: apply what is queued now, if every item of it was queued ``inline`` and the apply thread is
+        not at work and there are at most INLINE_ENTRIES_MAX items; else leave it to the thread, which was woken for
+        it or takes it after its current batch.
         ``image_lock`` (the one apply takes) is only tried: a reader holding it (a large route rendered on a worker
         thread) must not hold the tick, so then the thread is woken for the batch instead."""
         with self._cond:
             if self._busy or self._woken or not self._queue:
                 return
-            if not image_lock.acquire(blocking=False):
+            if len(self._queue) > INLINE_ENTRIES_MAX or not image_lock.acquire(blocking=False):
                 self._wake()
                 return
             batch, self._queue = self._queue, deque()
@@ -117,7 +122,7 @@ class Applier:
             image_lock.release()
 
     def discard_through(self, index: int) -> int:
-        """Tick thread, before a snapshot of ``index`` replaces the image: drop the queued entries it covers."""
+        """The tick, before a snapshot of ``index`` replaces the image: drop the queued entries it covers."""
         dropped: list[Pending] = []
         with self._cond:
             kept: deque[tuple[Pending | None, int, Any]] = deque()

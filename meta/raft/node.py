@@ -567,7 +567,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         return self._machine.image
 
     def committed(self, index: int, payload: bytes | None) -> Pending:
-        """Tick thread (pysyncobj's apply hook): queue the entry to be applied; never apply here. A small entry of
+        """The tick (pysyncobj's apply hook): queue the entry to be applied; never apply here. A small entry of
         cheap commands only is applied by the tick itself once it sent the commit index on (applier.py)."""
         if payload is None:
             return self._applier.submit(index, _Decoded(None, []), inline=True)

@@ -57,7 +57,7 @@ class Proposals:
             return True
 
     def take(self) -> list[Batch]:
-        """Tick thread: everything waiting, in order, packed into as few entries as the bounds allow."""
+        """The tick: everything waiting, in order, packed into as few entries as the bounds allow."""
         with self._lock:
             waiting, self._waiting = self._waiting, []
         batches: list[Batch] = []

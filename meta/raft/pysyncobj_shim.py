@@ -286,11 +286,11 @@ class Acknowledgements(abc.ABC):
 
     @abc.abstractmethod
     def acknowledge(self, node: Node, next_index: int, reset: bool, success: bool) -> bool:
-        """Tick thread: True if this acknowledgement was sent here (pysyncobj then sends none)."""
+        """The tick: True if this acknowledgement was sent here (pysyncobj then sends none)."""
 
 
 def answer_in_flight(so: SyncObj) -> None:
-    """Tick thread: answer LEADER_CHANGED (it may still commit) to every proposal of this node appended, or forwarded
+    """The tick: answer LEADER_CHANGED (it may still commit) to every proposal of this node appended, or forwarded
     and appended by the leader, and not applied yet. pysyncobj answers them only when the log reaches their index
     again (DISCARDED under another term), and never if the new leader's log is shorter and nothing more is written;
     it forgets them here, so an entry that commits later answers no one twice."""
@@ -354,7 +354,7 @@ class CommandsAsBytes(abc.ABC):
 
     @abc.abstractmethod
     def committed(self, index: int, payload: bytes | None) -> Any:
-        """Tick thread: entry ``index`` is committed; what this returns reaches its proposers' callbacks."""
+        """The tick: entry ``index`` is committed; what this returns reaches its proposers' callbacks."""
 
 
 def propose(so: SyncObj, payload: bytes, callback: Callable[[Any, int], None]) -> None:
