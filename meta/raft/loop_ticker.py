@@ -163,9 +163,12 @@ class LoopTicker:
 
     def _run_on_loop(self) -> None:
         self._scheduled = False
+        # Said before trying: the watchdog reads it right after it lets go of the lock, and a request made between
+        # a failed try and the flag would be lost until the timer.
+        self._again = True
         if not self._lock.acquire(blocking=False):
-            self._again = True   # the watchdog is ticking: one more once it is done
-            return
+            return   # the watchdog is ticking: it asks the loop for one more once it is done
+        self._again = False
         try:
             self._run()
         finally:
