@@ -4,7 +4,7 @@ event loop, meta/raft/loop_ticker.py).
 
 - An entry of cheap commands only (node.INLINE_APPLY) is applied by the tick; any other kind by the apply thread,
   on every node, in log order either way.
-- A backlog (a node catching up) is the apply thread's, however cheap each entry.
+- A backlog (a node catching up) is the apply thread's, however cheap each entry, and is decoded there too.
 - A reader holding the image lock (a large route rendered on a worker thread) never holds the tick: the entry goes
   to the apply thread, which waits for the lock, while the tick goes on (no election, no slow tick).
 """
@@ -16,10 +16,12 @@ import threading
 
 from meta.raft.applier import INLINE_ENTRIES_MAX, Applier
 from meta.raft.entry import decode_entry
-from meta.raft.node import INLINE_APPLY, MetaSyncObj
+from meta.raft import node as node_module
+from meta.raft.node import INLINE_APPLY, LoopBridge, MetaSyncObj, RaftTuning
 from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
 WAIT_S = 15.0
+BACKLOG = 300   # entries a stopped follower misses, then gets at once
 HELD_S = 1.5   # three times the longest election timeout (RaftTuning): a held tick would cost the leader
 
 
@@ -128,3 +130,38 @@ def test_a_backlog_of_cheap_entries_goes_to_the_apply_thread():
         applier.stop()
     assert [i for i, _ in applied] == list(range(1, last + INLINE_ENTRIES_MAX + 1))
     assert {name for i, name in applied if i >= last} == {"raft-apply"}, applied[INLINE_ENTRIES_MAX:]
+
+
+async def test_a_node_catching_up_decodes_its_backlog_on_the_apply_thread(tmp_path, monkeypatch):
+    # A restarted node is handed thousands of committed entries in one tick; decoding each there (to see whether the
+    # tick may apply it) held its first tick, and its event loop, for 1.6-1.7 s in vs_etcd's failovers.
+    nodes = start_nodes(tmp_path, "inline-apply-test-secret")
+    again = None
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        await all_applied(nodes, leader, WAIT_S)
+        i, behind = next((i, n) for i, n in enumerate(nodes) if n is not leader)
+        address, partners = behind.selfNode.address, [n.selfNode.address for n in nodes if n is not behind]
+        behind.stop()
+        for k in range(BACKLOG):
+            assert (await raft.propose({"type": "RegisterBroker", "broker": f"b{k}",
+                                        "address": "http://10.0.0.1:1"}, None, "test"))["ok"]
+        decoded: list[str] = []
+
+        def recording(payload):
+            decoded.append(threading.current_thread().name)
+            return decode_entry(payload)
+        monkeypatch.setattr(node_module, "decode_entry", recording)
+        again = MetaSyncObj(address, partners, str(tmp_path / f"n{i}"), "inline-apply-test-secret", RaftTuning(),
+                            lambda version, changed: None, LoopBridge())
+        again.bridge.loop = asyncio.get_running_loop()
+        again.start()
+        await all_applied([again], leader, WAIT_S)
+        in_tick = [name for name in decoded if name != "raft-apply"]
+        assert len(decoded) >= BACKLOG and len(in_tick) <= INLINE_ENTRIES_MAX, (len(decoded), len(in_tick))
+    finally:
+        for n in nodes:
+            if n is not behind:
+                n.stop()
+        if again is not None:
+            again.stop()
