@@ -12,6 +12,9 @@ from __future__ import annotations
 import base64
 import zlib
 from collections.abc import Iterable
+from typing import Any
+
+from wire.json_body import decode
 
 PACK_MIN_CHARS = 4096
 PACK_LEVEL = 1       # the line is packed inside apply: most of the saving for the least CPU
@@ -42,3 +45,24 @@ def unpacked(kept: Iterable[str], chars_max: int | None = None) -> list[str]:
             break
         out.append(line)
     return out
+
+
+# An unpacked line is a stored event as canonical JSON (meta/image.py ``_record``: keys sorted), so it begins with
+# data and ends with topic, ts, type, v and version.
+_LINE_START = '{"data":'
+_LINE_TOPIC = ',"topic":'
+_LINE_TAIL_KEYS = {"topic", "ts", "type", "v", "version"}
+
+
+def split(line: str) -> tuple[dict[str, Any], str]:
+    """(the event's fields but data, data's own JSON text) of an unpacked line, parsing only the short tail: the
+    projection writer stores data's text as it is, and parses it only when its fold reads it."""
+    # The last ',"topic":' is the top-level key: only the event's topic (null or a string, in which a quote is
+    # escaped) and the four scalars follow it; a "topic" inside data comes before it.
+    cut = line.rfind(_LINE_TOPIC)
+    if cut < 0 or not line.startswith(_LINE_START):
+        raise ValueError(f"not a stored event's canonical line: {line[:100]!r}")
+    tail = decode("{" + line[cut + 1:])
+    if not isinstance(tail, dict) or tail.keys() != _LINE_TAIL_KEYS:
+        raise ValueError(f"not a stored event's canonical line: {line[:100]!r}")
+    return tail, line[len(_LINE_START):cut]

@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, text
 
-from meta import limits
+from meta import history_lines, limits
 from meta.projection import engine as engines
 from meta.projection import fold, migrate, schema, statements
 from wire.json_body import canonical, decode
@@ -45,26 +45,12 @@ def _event_row(e: dict[str, Any]) -> dict[str, Any]:
             "data": e["data"], "data_json": canonical(e["data"]).decode()}
 
 
-# A line of the image's history (meta/image.py) is a stored event as canonical JSON, keys sorted: it begins with data
-# and ends with topic, ts, type, v and version.
-_LINE_START = '{"data":'
-_LINE_TOPIC = ',"topic":'
-_LINE_TAIL_KEYS = {"topic", "ts", "type", "v", "version"}
-
-
 def _line_event(line: str) -> dict[str, Any]:
     """The stored event of a canonical line, with data's own text as ``data_json`` for the events row (dumping the
     parsed data again cost the writer a fifth of its CPU). Data is parsed only for a type whose fold reads it (None
     otherwise): it is most of the line, and a history-only event needs none of it."""
-    # The last ',"topic":' is the top-level key: only the event's topic (null or a string, in which a quote is
-    # escaped) and the four scalars follow it; a "topic" inside data comes before it.
-    cut = line.rfind(_LINE_TOPIC)
-    if cut < 0 or not line.startswith(_LINE_START):
-        raise ValueError(f"not a stored event's canonical line: {line[:100]!r}")
-    e = decode("{" + line[cut + 1:])
-    if e.keys() != _LINE_TAIL_KEYS:
-        raise ValueError(f"not a stored event's canonical line: {line[:100]!r}")
-    e["data_json"] = data_json = line[len(_LINE_START):cut]
+    e, data_json = history_lines.split(line)
+    e["data_json"] = data_json
     e["data"] = decode(data_json) if e["type"] in fold.READS_DATA else None
     return e
 
