@@ -48,6 +48,7 @@ class LoopPoller(Poller):
         self._callbacks: dict[int, Callable[[int, int], None]] = {}
         self._masks: dict[int, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self._ready: Callable[[], None] | None = None
         self.last_poll_handled = False   # the last poll found something ready (see LoopTicker._run)
 
@@ -85,7 +86,7 @@ class LoopPoller(Poller):
 
     def attach(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], None]) -> None:
         """On ``loop``'s thread: from now on ``ready()`` is called there whenever a watched descriptor is ready."""
-        self._loop, self._ready = loop, ready
+        self._loop, self._loop_thread, self._ready = loop, threading.get_ident(), ready
         for fd, mask in self._masks.items():
             self._watch(fd, mask)
 
@@ -101,7 +102,7 @@ class LoopPoller(Poller):
         # the loop, or on the watchdog thread while the loop is busy: the change then waits for the loop.
         loop, ready = self._loop, self._ready
         assert loop is not None and ready is not None
-        if not _on_loop_thread(loop):
+        if threading.get_ident() != self._loop_thread:
             loop.call_soon_threadsafe(self._watch_current, fd)
             return
         try:
@@ -253,9 +254,3 @@ class LoopTicker:
 def _fd(descr: Any) -> int:
     return descr if isinstance(descr, int) else descr.fileno()
 
-
-def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
