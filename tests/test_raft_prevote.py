@@ -27,7 +27,9 @@ ISOLATED_S = 10.0        # issue 38: a node partitioned from both peers for 10 s
 SETTLED_S = 5.0          # watched after the heal: dozens of election timeouts (0.25-0.5 s)
 FAILOVER_S = 30.0        # generous, for a loaded 2-core machine: an election takes about a second
 SAMPLE_S = 0.25
-STATUS_TIMEOUT_S = 2.0
+# What is watched is terms and leaders, not how fast a status is answered: a full suite on the 2 cores once kept the
+# leader's answer past 2 s, read as "its term moved". 5 s is generous; a node that still does not answer fails.
+STATUS_TIMEOUT_S = 5.0
 
 
 class Metas:
@@ -98,6 +100,7 @@ async def test_a_follower_cut_off_and_healed_changes_no_leader_and_no_term(metas
         while time.monotonic() < until:
             views = await metas.views()
             for n in others:
+                assert views[n][1] is not None, f"{n} did not answer its status in {STATUS_TIMEOUT_S} s: {views}"
                 assert views[n][1] == term, f"{n}'s term moved while {cut_off} was cut off: {views}"
             assert views[leader][0] == "leader", f"{leader} stopped leading while {cut_off} was cut off: {views}"
             # The cut-off node campaigns on its own side, as before, but never with a raised term
