@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import importlib
+import itertools
 import os as _os
 import time as _time
 from collections.abc import Callable, Iterator
@@ -67,12 +69,40 @@ class FakeSelector:
         pass
 
 
+class _OrderedTimer(asyncio.TimerHandle):
+    """A timer that sorts by its time, then by when it was set: two timers due at one instant (two faults planned
+    for one time, ``now + a constant`` from two callbacks) fire in the order they were set. asyncio's own timer
+    sorts by time alone, so which of a tie fires first followed the heap's shape, which every earlier push and pop
+    shapes: any harmless swap of two callbacks anywhere before changed a later outcome."""
+
+    __slots__ = ("_seq",)
+
+    def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], loop: VirtualLoop,
+                 context: Any, seq: int):
+        super().__init__(when, callback, args, loop, context)
+        self._seq = seq
+
+    def __lt__(self, other: Any) -> bool:
+        return (self._when, self._seq) < (other._when, other._seq)
+
+    def __le__(self, other: Any) -> bool:
+        return (self._when, self._seq) <= (other._when, other._seq)
+
+    def __gt__(self, other: Any) -> bool:
+        return (self._when, self._seq) > (other._when, other._seq)
+
+    def __ge__(self, other: Any) -> bool:
+        return (self._when, self._seq) >= (other._when, other._seq)
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
-    """An asyncio loop on virtual time, one thread, no I/O. Timers fire in heap order (deterministic); executors run
-    inline; ``call_soon_threadsafe`` needs no self-pipe (there is one thread)."""
+    """An asyncio loop on virtual time, one thread, no I/O. Timers fire in the order of their time, ties in the
+    order they were set (deterministic); executors run inline; ``call_soon_threadsafe`` needs no self-pipe (there
+    is one thread)."""
 
     def __init__(self) -> None:
         self._now = 0.0
+        self._timer_seq = itertools.count()
         self.net: vnet.VirtualNet | None = None
         self.spins = 0                     # loop iterations since virtual time last moved
         self._task_lives: dict[asyncio.Task, vnet.Life] = {}
@@ -135,7 +165,12 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def call_at(self, when: float, callback: Callable[..., Any], *args: Any, context: Any = None
                 ) -> asyncio.TimerHandle:
-        return super().call_at(when, _unless_dead(callback, context), *args, context=context)
+        # BaseEventLoop.call_at with _OrderedTimer (call_later comes here too)
+        self._check_closed()
+        timer = _OrderedTimer(when, _unless_dead(callback, context), args, self, context, next(self._timer_seq))
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True
+        return timer
 
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future:
         fut = self.create_future()
