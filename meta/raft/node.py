@@ -137,8 +137,11 @@ class LoopBridge:
             if not self._pending or self.loop is None:
                 return
             batch, self._pending = self._pending, []
-        if self.loop_thread == threading.get_ident():   # the tick, on the loop
-            self.loop.call_soon(_run_all, batch)
+        if self.loop_thread == threading.get_ident():
+            # The tick, on the loop: run them now. Through call_soon they ran after the tick that the loop queues
+            # behind this one (LoopTicker: the last poll read something), and the futures they resolve woke their
+            # writers later still: a 1-client write's answer waited for a whole tick more.
+            _run_all(batch)
             return
         try:
             self.loop.call_soon_threadsafe(_run_all, batch)
@@ -148,7 +151,10 @@ class LoopBridge:
 
 def _run_all(batch: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
     for fn, args in batch:
-        fn(*args)
+        try:
+            fn(*args)
+        except Exception:   # one failing callback must not cost the others theirs, nor fail the tick it runs in
+            log.exception("raft_loop_callback_failed", callback=getattr(fn, "__qualname__", repr(fn)))
 
 
 class ProposeFailed(ApiError):
@@ -750,7 +756,7 @@ class RaftNode:
 
         self.sync.propose(envelope, done)
         try:
-            result, err = await asyncio.wait_for(fut, timeout_s)
+            result, err = await _within(self.loop, fut, timeout_s)
         except asyncio.TimeoutError:
             self.failures["UNKNOWN_OUTCOME"] += 1
             raise rejection(503, "UNKNOWN_OUTCOME", "the log did not answer in time; retry with the same "
@@ -778,7 +784,7 @@ class RaftNode:
         fut: asyncio.Future = self.loop.create_future()
         self.sync.after_applied(index, lambda: self.sync.bridge.post(_resolve, fut, None, 0))
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            await _within(self.loop, fut, timeout_s)
         except asyncio.TimeoutError:
             return False
         return True
@@ -795,7 +801,7 @@ class RaftNode:
 
         self.sync.read_index(done, timeout_s)
         try:
-            _index, code = await asyncio.wait_for(fut, timeout_s)
+            _index, code = await _within(self.loop, fut, timeout_s)
         except asyncio.TimeoutError:
             raise ProposeFailed("no leader confirmed the read in time", code="NO_LEADER") from None
         if code is not None:
@@ -808,3 +814,19 @@ _FAILURE_CODES = {**{e: "LEADER_CHANGED" for e in MAYBE_APPLIED}, FAIL_REASON.QU
 def _resolve(fut: asyncio.Future, result: Any, err: int) -> None:
     if not fut.done():
         fut.set_result((result, err))
+
+
+async def _within(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, timeout_s: float) -> Any:
+    """``fut``'s result, or asyncio.TimeoutError after ``timeout_s``. Not asyncio.wait_for: it waits on a future
+    of its own that ``fut``'s done callback resolves, so the writer woke two loop callbacks after the tick answered,
+    behind the tick the loop queues meanwhile; here the tick's answer wakes it directly."""
+    timer = loop.call_later(timeout_s, _expire, fut)
+    try:
+        return await fut
+    finally:
+        timer.cancel()
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError())

@@ -1,0 +1,84 @@
+"""How an answer gets from the tick to the coroutine that waits for it (meta/raft/node.py LoopBridge, _within).
+
+The tick runs on the event loop. When its last poll read something, the loop queues another tick behind whatever
+the tick queued (meta/raft/loop_ticker.py). An answer that went through ``call_soon`` and then through
+``asyncio.wait_for``'s own future woke its writer two callbacks later, after that next tick: a 1-client write
+waited a whole tick more (seen in a timeline of one write across the three nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from meta.raft import node as node_module
+from meta.raft.node import LoopBridge
+
+
+async def test_a_flush_on_the_loop_thread_runs_what_was_posted_at_once():
+    bridge = LoopBridge()
+    bridge.loop, bridge.loop_thread = asyncio.get_running_loop(), threading.get_ident()
+    ran: list[int] = []
+    bridge.post(ran.append, 1)
+    bridge.post(ran.append, 2)
+    bridge.flush()
+    assert ran == [1, 2]
+
+
+async def test_a_failing_callback_costs_the_others_nothing_and_the_flush_does_not_raise():
+    bridge = LoopBridge()
+    bridge.loop, bridge.loop_thread = asyncio.get_running_loop(), threading.get_ident()
+    ran: list[int] = []
+    bridge.post(lambda: 1 / 0)
+    bridge.post(ran.append, 2)
+    bridge.flush()   # in the tick: an exception here would end the tick early
+    assert ran == [2]
+
+
+async def test_a_flush_from_another_thread_runs_on_the_loop():
+    loop = asyncio.get_running_loop()
+    bridge = LoopBridge()
+    bridge.loop, bridge.loop_thread = loop, threading.get_ident()
+    ran: list[int] = []
+    bridge.post(lambda: ran.append(threading.get_ident()))
+    thread = threading.Thread(target=bridge.flush)
+    thread.start()
+    thread.join(5)
+    for _ in range(100):
+        if ran:
+            break
+        await asyncio.sleep(0.01)
+    assert ran == [threading.get_ident()]
+
+
+async def test_an_answer_wakes_its_waiter_before_a_callback_queued_after_it():
+    # The tick resolves the future, then the loop queues the next tick: the waiter must run first
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+    fut = loop.create_future()
+
+    async def waiter() -> None:
+        assert await node_module._within(loop, fut, 5.0) == "answer"
+        order.append("answered")
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0)   # the waiter awaits the future now
+    fut.set_result("answer")
+    loop.call_soon(order.append, "next tick")
+    await task
+    assert order == ["answered", "next tick"]
+
+
+async def test_no_answer_in_time_is_a_timeout_and_leaves_no_timer():
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    with pytest.raises(asyncio.TimeoutError):
+        await node_module._within(loop, fut, 0.05)
+    assert fut.done()
+    answered = loop.create_future()
+    answered.set_result(1)
+    before = len(loop._scheduled)
+    assert await node_module._within(loop, answered, 60.0) == 1
+    assert len(loop._scheduled) <= before or all(h.cancelled() for h in loop._scheduled[before:])
