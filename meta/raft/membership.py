@@ -122,6 +122,9 @@ def replaced(members: Members, member: Member) -> Members:
     return tuple(sorted([m for m in members if m.name != member.name] + [member]))
 
 
+_UNKNOWN = object()
+
+
 class MembershipTrail:
     """The membership entries of one node's log, newest last, fed by the journal as it changes.
 
@@ -131,28 +134,37 @@ class MembershipTrail:
     def __init__(self) -> None:
         self._entries: list[tuple[int, Members | None]] = []
         self._base: tuple[int, Members] | None = None
+        # current()'s answer until the trail changes: the tick asks for it twice a tick (Roles), ~1% of a node's CPU
+        self._current: tuple[int, Members] | None | object = _UNKNOWN
 
     def appended(self, index: int, command_bytes: bytes) -> None:
         # A malformed one is kept as None: it is not a membership (apply rejects it the same way on every node).
-        self._entries.append((index, parse_entry(command_bytes)))
+        members = parse_entry(command_bytes)
+        self._entries.append((index, members))
+        if members is not None:
+            self._current = _UNKNOWN
 
     def truncated_from(self, index: int) -> None:
         """Entries at ``index`` and after left the log (a conflict with the leader's)."""
         kept = [(i, m) for i, m in self._entries if i < index]
         self._entries = kept
+        self._current = _UNKNOWN
 
     def compacted_before(self, index: int) -> None:
         """Entries before ``index`` left the log (compaction): the newest of them stays, it is still in force."""
         older = [e for e in self._entries if e[0] < index and e[1] is not None]
         newer = [e for e in self._entries if e[0] >= index]
         self._entries = older[-1:] + newer
+        self._current = _UNKNOWN
 
     def cleared(self) -> None:
         """Every entry left the log (a snapshot installed from the leader: ``set_base`` says what it held)."""
         self._entries = []
+        self._current = _UNKNOWN
 
     def set_base(self, index: int, members: Members | None) -> None:
         self._base = (index, members) if members else None
+        self._current = _UNKNOWN
 
     def before(self, index: int) -> Members | None:
         """The membership in force before the entry at ``index`` (the one it replaces), or None when unknown."""
@@ -164,6 +176,11 @@ class MembershipTrail:
 
     def current(self) -> tuple[int, Members] | None:
         """(log index, voters) of the membership in force on this node, or None before the first one."""
+        if self._current is _UNKNOWN:
+            self._current = self._newest()
+        return self._current   # type: ignore[return-value]
+
+    def _newest(self) -> tuple[int, Members] | None:
         newest = next(((i, m) for i, m in reversed(self._entries) if m is not None), None)
         base = self._base
         if newest is None or (base is not None and base[0] >= newest[0]):
