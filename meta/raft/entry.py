@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from wire import json_body
 
 from .. import limits
@@ -36,12 +38,28 @@ PROPOSALS_PER_ENTRY_MAX = 1024       # bounds the work of one entry's apply, wha
 compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
+def _compact_bytes(value: Any) -> bytes:
+    """``compact(value)``'s bytes. orjson writes the same compact JSON about ten times faster (the stdlib encoder
+    was ~3% of a node's CPU at 64 writers); its text is taken when it is ASCII and holds no null. Anything else goes
+    to the stdlib encoder, as before: text that is not ASCII (to be escaped), a lone surrogate or an integer past
+    64 bits (orjson refuses them), a non-finite float (orjson writes null where the stdlib writes NaN, which apply
+    refuses; a null may be one). A float may be spelled otherwise (1e16 for 1e+16): both read back the same value,
+    and an entry is written once, by its proposer."""
+    try:
+        text = orjson.dumps(value)
+    except TypeError:
+        return compact(value).encode()
+    if text.isascii() and b"null" not in text:
+        return text
+    return compact(value).encode()
+
+
 def encode_stamp(stamp: dict[str, Any]) -> bytes:
-    return compact(stamp).encode()
+    return _compact_bytes(stamp)
 
 
 def encode_envelope(envelope: dict[str, Any]) -> bytes:
-    return compact(envelope).encode()
+    return _compact_bytes(envelope)
 
 
 def encode_entry(stamp: bytes, envelopes: list[bytes]) -> bytes:
