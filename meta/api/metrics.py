@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Info, PlatformCollector,
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, PlatformCollector,
                                ProcessCollector)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -39,6 +39,7 @@ class MetaMetrics:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)     # process_* (CPU, memory, open files): not in a private registry by default
         PlatformCollector(registry=r)
+        GCCollector(registry=r)          # python_gc_*: full collections hold the node (meta/serve.py GC_THRESHOLDS)
         Info("stator_build", "Stator build", registry=r).info({"version": build_version(), "role": "meta"})
         self.requests = Counter("stator_meta_http_requests_total", "HTTP requests", ["route", "status"], registry=r)
         self.latency = Histogram("stator_meta_http_request_seconds",
