@@ -13,7 +13,7 @@ import structlog
 class Chores:
     def __init__(self, event: str):
         self._event = event                 # the log event of a failure, e.g. "broker_chore_failed"
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[asyncio.Task, None] = {}   # an ordered set: cancelled in the order spawned
         self._log = structlog.get_logger("broker.chores")
 
     def spawn(self, work: Coroutine[Any, Any, Any], what: str | None = None) -> None:
@@ -21,10 +21,10 @@ class Chores:
         "PopService._dead_letter"), in the failure's log event too."""
         what = what or work.__qualname__
         task = asyncio.create_task(work, name=what)
-        self._tasks.add(task)
+        self._tasks[task] = None
 
         def done(t: asyncio.Task) -> None:
-            self._tasks.discard(t)
+            self._tasks.pop(t, None)
             if not t.cancelled() and t.exception() is not None:
                 self._log.warning(self._event, what=what, error=repr(t.exception()))
         task.add_done_callback(done)

@@ -82,7 +82,7 @@ class OffsetCopies:
         self._syncing: dict[tuple[str, str], asyncio.Task] = {}          # (pq, copy) -> its snapshot
         self._in_flight: dict[str, dict[str, Committed]] = {}            # pq -> group -> commit not yet answered
         self._aside: dict[tuple[str, str], int] = {}   # (pq, copy) -> pushes out to a copy not waited for
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[asyncio.Task, None] = {}   # an ordered set: cancelled in the order started
         self._opened: dict[str, set[str]] = {}   # topic -> heads led here whose copies in sync got its commits
         self._taking: dict[str, asyncio.Task] = {}   # pq -> a head's take-over of its queue's older commits
         self._take_over_slots = asyncio.Semaphore(TAKE_OVERS_AT_ONCE)
@@ -154,8 +154,8 @@ class OffsetCopies:
                     self._aside[(pq, copy)] = left
 
         task = asyncio.create_task(push(), name=f"offsets-push-{pq}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(lambda t: self._tasks.pop(t, None))
 
     def ready(self, seg: Segment, copy: str) -> bool:
         """Whether ``copy`` holds every commit of ``seg``'s queue, so that the leader may wait for it (the

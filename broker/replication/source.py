@@ -81,8 +81,10 @@ class FetchSource:
         self.routes = routes
         self.writer = writer
         self._threads = StorageThreads(READ_THREADS, "replica-read", driven)   # driven: no thread (BrokerNode's)
-        self._streams: set[web.WebSocketResponse] = set()
-        self._subscribers: dict[str, set[_Stream]] = {}   # physical queue -> the streams that copy it
+        # Dicts as ordered sets: the streams are woken in the order they subscribed, not in their addresses' order
+        # (the simulator replays a schedule exactly only if every wake-up order is the same each run)
+        self._streams: dict[web.WebSocketResponse, None] = {}
+        self._subscribers: dict[str, dict[_Stream, None]] = {}   # physical queue -> the streams that copy it
         self._recent: dict[str, _Recent] = {}
         self._recent_bytes = 0   # over every queue
         writer.replicas.on_written = self.written
@@ -109,7 +111,7 @@ class FetchSource:
         closes. Its messages are binary positions (frames.decode_positions); anything else closes the stream."""
         stream = _Stream(ws, follower, epoch)
         sender = asyncio.create_task(self._push(stream), name=f"replica-push {follower}")
-        self._streams.add(ws)
+        self._streams[ws] = None
         try:
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.BINARY:
@@ -123,7 +125,7 @@ class FetchSource:
                 if sender.done():
                     break
         finally:
-            self._streams.discard(ws)
+            self._streams.pop(ws, None)
             for pq in stream.sent:
                 self._unsubscribe(pq, stream)
             sender.cancel()
@@ -144,7 +146,7 @@ class FetchSource:
                     continue
                 # from where the follower's copy ends: what it has written is not sent again
                 stream.sent[pq] = [written, offset]
-                self._subscribers.setdefault(pq, set()).add(stream)
+                self._subscribers.setdefault(pq, {})[stream] = None
                 stream.ready.add(pq)
             else:
                 if at[0] - at[1] >= WINDOW_RECORDS:   # its window was full: this acknowledgement may open it
@@ -160,7 +162,7 @@ class FetchSource:
     def _unsubscribe(self, pq: str, stream: _Stream) -> None:
         streams = self._subscribers.get(pq)
         if streams is not None:
-            streams.discard(stream)
+            streams.pop(stream, None)
             if not streams:
                 del self._subscribers[pq]
                 self._forget_recent(pq)

@@ -164,7 +164,8 @@ class StatorTransport(Transport):
         self._nodes: dict[str, Node] = {}                  # raft address -> node
         self._links: dict[Node, _Conn] = {}                # authenticated links only
         self._dialing: dict[Node, _Conn] = {}              # our outgoing connections still in their handshake
-        self._incoming: set[_Conn] = set()                 # accepted connections still in their handshake
+        self._incoming: dict[_Conn, None] = {}             # accepted connections still in their handshake (an
+                                                           # ordered set: handled in the order they came)
         self._last_dial: dict[Node, float] = {}
         self._pending: dict[Node, list[dict[str, Any]]] = {}
         self._outgoing: Callable[[Any], Any] | None = None   # set_outgoing
@@ -416,7 +417,7 @@ class StatorTransport(Transport):
             if tls is not None:
                 sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             conn = _Conn(sock, False, None, peer, _State.TLS if tls is not None else _State.HELLO, now)
-            self._incoming.add(conn)
+            self._incoming[conn] = None
             self._watch(conn, _READ | _ERROR)
 
     def _watch(self, conn: _Conn, mask: int) -> None:
@@ -667,7 +668,7 @@ class StatorTransport(Transport):
         old = self._links.get(node)
         if old is not None:
             self._close(old, "replaced")
-        self._incoming.discard(conn)
+        self._incoming.pop(conn, None)
         if self._dialing.get(node) is conn:
             del self._dialing[node]
         conn.state = _State.OPEN
@@ -740,7 +741,7 @@ class StatorTransport(Transport):
         conn.wbuf = bytearray()
         conn.reader = wire.FrameReader()
         conn.session = None
-        self._incoming.discard(conn)
+        self._incoming.pop(conn, None)
         node = conn.node
         if node is not None:
             if self._dialing.get(node) is conn:
