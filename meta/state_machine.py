@@ -12,6 +12,7 @@ No clock, randomness or I/O: the leader's time arrives in ``envelope["ts"]``.
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from typing import Any
 
 from . import limits
@@ -41,6 +42,10 @@ DECIDERS: dict[str, Decider] = {
 class StateMachine:
     def __init__(self, image: Image | None = None):
         self.image = image or Image()
+        # The remembered requests' ids, oldest first, for eviction (_remember): derived from the image's
+        # ``requests`` dict, never part of it, and rebuilt when the image's dict is another one (a snapshot).
+        self._request_order: deque[str] = deque()
+        self._request_order_of: dict[str, Any] | None = None
 
     # -- the entry point ---------------------------------------------------------------------------------------
     def apply_membership(self, envelope: Any) -> Outcome:
@@ -99,12 +104,20 @@ class StateMachine:
 
     def _remember(self, rid: str, fingerprint: str, ts: int, outcome: Outcome) -> None:
         requests = self.image.data["requests"]
-        requests[rid] = [fingerprint, ts, outcome]
+        if self._request_order_of is not requests:
+            self._request_order, self._request_order_of = deque(requests), requests
+        order = self._request_order
+        requests[rid] = [fingerprint, ts, outcome]   # a new id: a remembered one is answered before apply
+        order.append(rid)
         # Dicts keep insertion order, so the oldest request is first: evict by count and by age, deterministically.
-        while requests:
-            oldest = next(iter(requests))
+        # The oldest is taken from ``order``, not next(iter(requests)): a dict's iteration starts by stepping over
+        # the slots its deletions left until the next resize, so at the cap each apply stepped over tens of
+        # thousands (ops/bench/apply.py past 100,000 commands: 15 -> 26 -> 39 us a command, and climbing).
+        while order:
+            oldest = order[0]
             if len(requests) > limits.REQUEST_OUTCOMES_MAX or ts - requests[oldest][1] > limits.REQUEST_OUTCOME_AGE_MS_MAX:
                 del requests[oldest]
+                order.popleft()
             else:
                 break
 

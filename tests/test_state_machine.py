@@ -1008,6 +1008,24 @@ def test_request_outcomes_are_bounded_by_count(log, monkeypatch):
     assert list(log.sm.image.data["requests"]) == ["k2", "k3", "k4"]
 
 
+def test_request_outcomes_are_evicted_oldest_first_across_an_image_replaced_by_a_snapshot(log, monkeypatch):
+    # The eviction order is kept beside the image (StateMachine._remember): an image whose requests came from a
+    # snapshot (another dict, same order) must go on evicting its oldest, on every replica alike
+    monkeypatch.setattr(limits, "REQUEST_OUTCOMES_MAX", 3)
+    for i in range(3):
+        log.ok({"type": "Barrier"}, rid=f"k{i}")
+    leader = Log()   # a leader whose snapshot remembers other requests
+    for i in range(3):
+        leader.ok({"type": "Barrier"}, rid=f"j{i}")
+    log.sm.image = Image(copy.deepcopy(leader.sm.image.data))   # its own dict, as a snapshot install makes
+    log.ts = max(log.ts, leader.ts)
+    for i in range(3, 5):
+        log.ok({"type": "Barrier"}, rid=f"k{i}")
+    assert list(log.sm.image.data["requests"]) == ["j2", "k3", "k4"]
+    log.ok({"type": "Barrier"}, rid="k5", ts=log.ts + limits.REQUEST_OUTCOME_AGE_MS_MAX + 1)
+    assert list(log.sm.image.data["requests"]) == ["k5"]   # the rest aged out, oldest first
+
+
 # -- versions --------------------------------------------------------------------------------------------------------
 def _scenario(lg: Log) -> None:
     """A log that exercises every command and event, rejections included."""
