@@ -1,4 +1,5 @@
-"""The one bounded wait on an asyncio event, for every part, and the one bounded wait for a table to change.
+"""The one bounded wait on an asyncio event (or a future), for every part, and the one bounded wait for a table to
+change.
 
 Not ``asyncio.wait_for(event.wait(), timeout)``: on Python 3.11 that runs the wait in a task of its own, and a cancel
 that arrives as the event is set can be lost, so the waiting task waits on and a stop that cancels it never returns
@@ -20,6 +21,15 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+async def result_within(fut: asyncio.Future, timeout_s: float) -> object:
+    """``fut``'s result, or TimeoutError after ``timeout_s`` (``fut`` is then cancelled); a cancel of the caller
+    propagates. Awaited in the caller's task, so whoever resolves ``fut`` wakes the caller directly: through
+    ``asyncio.wait_for``'s own future a raft answer woke its writer two loop callbacks later, behind the tick the
+    loop had queued meanwhile (tests/test_loop_bridge.py)."""
+    async with asyncio.timeout(timeout_s):
+        return await fut
 
 
 class Changes:

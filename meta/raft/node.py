@@ -43,6 +43,7 @@ from wire import disk_identity
 from .. import limits
 from . import pysyncobj_shim as shim
 from wire.errors import ApiError, rejection
+from wire.waits import result_within
 from ..image import Image, restoring_pairs
 from .applier import DISCARDED, INLINE_ENTRIES_MAX, Applier, Pending
 from .entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope, encode_stamp, restamped
@@ -756,7 +757,7 @@ class RaftNode:
 
         self.sync.propose(envelope, done)
         try:
-            result, err = await _within(self.loop, fut, timeout_s)
+            result, err = await result_within(fut, timeout_s)
         except asyncio.TimeoutError:
             self.failures["UNKNOWN_OUTCOME"] += 1
             raise rejection(503, "UNKNOWN_OUTCOME", "the log did not answer in time; retry with the same "
@@ -784,7 +785,7 @@ class RaftNode:
         fut: asyncio.Future = self.loop.create_future()
         self.sync.after_applied(index, lambda: self.sync.bridge.post(_resolve, fut, None, 0))
         try:
-            await _within(self.loop, fut, timeout_s)
+            await result_within(fut, timeout_s)
         except asyncio.TimeoutError:
             return False
         return True
@@ -801,7 +802,7 @@ class RaftNode:
 
         self.sync.read_index(done, timeout_s)
         try:
-            _index, code = await _within(self.loop, fut, timeout_s)
+            _index, code = await result_within(fut, timeout_s)
         except asyncio.TimeoutError:
             raise ProposeFailed("no leader confirmed the read in time", code="NO_LEADER") from None
         if code is not None:
@@ -814,19 +815,3 @@ _FAILURE_CODES = {**{e: "LEADER_CHANGED" for e in MAYBE_APPLIED}, FAIL_REASON.QU
 def _resolve(fut: asyncio.Future, result: Any, err: int) -> None:
     if not fut.done():
         fut.set_result((result, err))
-
-
-async def _within(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, timeout_s: float) -> Any:
-    """``fut``'s result, or asyncio.TimeoutError after ``timeout_s``. Not asyncio.wait_for: it waits on a future
-    of its own that ``fut``'s done callback resolves, so the writer woke two loop callbacks after the tick answered,
-    behind the tick the loop queues meanwhile; here the tick's answer wakes it directly."""
-    timer = loop.call_later(timeout_s, _expire, fut)
-    try:
-        return await fut
-    finally:
-        timer.cancel()
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(asyncio.TimeoutError())
