@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import orjson
-
 from wire import json_body
 
 from .. import limits
@@ -39,14 +37,14 @@ compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _compact_bytes(value: Any) -> bytes:
-    """``compact(value)``'s bytes. orjson writes the same compact JSON about ten times faster (the stdlib encoder
-    was ~3% of a node's CPU at 64 writers); its text is taken when it is ASCII and holds no null. Anything else goes
-    to the stdlib encoder, as before: text that is not ASCII (to be escaped), a lone surrogate or an integer past
-    64 bits (orjson refuses them), a non-finite float (orjson writes null where the stdlib writes NaN, which apply
-    refuses; a null may be one). A float may be spelled otherwise (1e16 for 1e+16): both read back the same value,
-    and an entry is written once, by its proposer."""
+    """``compact(value)``'s bytes. json_body's orjson encoder writes the same compact JSON several times faster (the
+    stdlib encoder was ~3% of a node's CPU at 64 writers); its text is taken when it is ASCII and holds no null.
+    Anything else goes to the stdlib encoder, as before: text that is not ASCII (to be escaped), a lone surrogate or
+    an integer past 64 bits (orjson refuses them), a non-finite float (orjson writes null where the stdlib writes
+    NaN, which apply refuses; a null may be one). A float may be spelled otherwise (1e16 for 1e+16): both read back
+    the same value, and an entry is written once, by its proposer."""
     try:
-        text = orjson.dumps(value)
+        text = json_body.encode(value)
     except TypeError:
         return compact(value).encode()
     if text.isascii() and b"null" not in text:
