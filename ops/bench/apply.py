@@ -6,7 +6,8 @@ No cluster, no threads: log entries encoded as the proposing node encodes them (
 applied as ``MetaSyncObj._apply_entry`` does, one proposal per entry, each with an idempotency key (so the outcome
 is remembered, as for every HTTP write). Three kinds: ``set_config`` (one key, a distinct value each time: the
 write of ``ops.bench.vs_etcd``), ``set_config_retry`` (the same keys again: answered from the remembered outcome),
-and ``create`` (topics of ``--queues`` queues). Prints one JSON object: microseconds per command, the best and the
+``set_config_at_cap`` (set_config with REQUEST_OUTCOMES_MAX outcomes remembered already, as a busy node's image
+holds: each apply evicts the oldest) and ``create`` (topics of ``--queues`` queues). Prints one JSON object: microseconds per command, the best and the
 median of ``--rounds`` (the machine may be shared; the best is the code's cost, the median the machine's).
 """
 
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from meta import limits
 from meta.raft.entry import decode_entry, encode_entry, encode_envelope, encode_stamp
 from meta.state_machine import StateMachine
 
@@ -74,6 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     def set_config():
         return _machine(), configs("w")
 
+    def set_config_at_cap():
+        sm = _machine()
+        requests = sm.image.data["requests"]
+        seen = next(iter(requests.values()))   # a remembered outcome's shape; a snapshot's dict, as restored
+        for i in range(limits.REQUEST_OUTCOMES_MAX - len(requests)):
+            requests[f"earlier-{i:08d}"] = [seen[0], seen[1], seen[2]]
+        return sm, configs("w")
+
     def set_config_retry():
         sm = _machine()
         entries = configs("w")
@@ -84,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         return _machine(), [_entry(100 + i, {"type": "CreateTopic", "topic": f"t{i}", "queues": args.queues},
                                    f"c-{i}") for i in range(creates)]
 
-    kinds = {"set_config": set_config, "set_config_retry": set_config_retry, "create": create}
+    kinds = {"set_config": set_config, "set_config_retry": set_config_retry, "set_config_at_cap": set_config_at_cap,
+             "create": create}
     out: dict[str, Any] = {"benchmark": "apply", "commands": n, "creates": creates, "create_queues": args.queues,
                            "rounds": args.rounds, "loadavg_before": loadavg()}
     for name, prepare in kinds.items():
