@@ -144,23 +144,26 @@ async def call(s: aiohttp.ClientSession, method: str, url: str, headers: dict[st
             return r.status, raw.decode(errors="replace")
 
 
-def metric_sums(text: str, names: Iterable[str]) -> dict[str, float]:
-    """Per sample name in ``names``, the sum of its samples (labels summed over) in a /metrics text.
-    prometheus_client's own parser: the exposition format has escapes and comments a split on spaces gets wrong."""
+def metric_sums(text: str, names: Iterable[str], labels: dict[str, str] | None = None) -> dict[str, float]:
+    """Per sample name in ``names``, the sum of its samples (labels summed over, or only those carrying every label
+    of ``labels``) in a /metrics text. prometheus_client's own parser: the exposition format has escapes and comments
+    a split on spaces gets wrong."""
     sums = dict.fromkeys(names, 0.0)
+    wanted = (labels or {}).items()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in sums:
+            if sample.name in sums and all(sample.labels.get(k) == v for k, v in wanted):
                 sums[sample.name] += sample.value
     return sums
 
 
-async def metric_sum(s: aiohttp.ClientSession, url: str, name: str, timeout_s: float = 10.0) -> float | None:
+async def metric_sum(s: aiohttp.ClientSession, url: str, name: str, timeout_s: float = 10.0,
+                     labels: dict[str, str] | None = None) -> float | None:
     """The sum of every sample named ``name`` in ``url``'s /metrics (``metric_sums``); None if it does not answer."""
     try:
         async with s.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             text = await r.text()
-        return metric_sums(text, [name])[name]
+        return metric_sums(text, [name], labels)[name]
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
         return None
 

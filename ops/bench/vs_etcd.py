@@ -269,6 +269,11 @@ def _stator_system(c: common.BenchCluster, s: aiohttp.ClientSession) -> System:
                    "restart": lambda n: devcluster.start(c.dir, n), "recovered": recovered})
 
 
+async def _full_collections(s: aiohttp.ClientSession, c: common.BenchCluster) -> dict[str, float | None]:
+    return {n: await common.metric_sum(s, c.url(n), "python_gc_collections_total", labels={"generation": "2"})
+            for n in c.nodes}
+
+
 async def run(args: argparse.Namespace, binary: str) -> dict[str, Any]:
     load0 = common.loadavg()
     with etcd_cluster.temp_etcd(binary) as e, \
@@ -279,7 +284,9 @@ async def run(args: argparse.Namespace, binary: str) -> dict[str, Any]:
             try:
                 await common.create_topic(s, c, TOPIC, 4)
                 systems = {"etcd": _etcd_system(e), "stator": _stator_system(c, s)}
+                full0 = await _full_collections(s, c)
                 rows = await throughput(systems, args)
+                full1 = await _full_collections(s, c)
                 fo = await failovers(systems, args.failover_trials)
             finally:
                 await brokers.stop()
@@ -297,6 +304,9 @@ async def run(args: argparse.Namespace, binary: str) -> dict[str, Any]:
                               f"per-write timeout {FAILOVER_TIMEOUT_S} s",
                   "nproc": os.cpu_count()},
         "throughput": rows, "failover": fo, "stator_log_warning_lines": warnings,
+        # each full collection holds a node for ~0.1-0.2 s (meta/serve.py GC_THRESHOLDS): a p99 shows them
+        "stator_full_gc_collections_in_throughput": {n: None if full0[n] is None or full1[n] is None
+                                                     else round(full1[n] - full0[n]) for n in c.nodes},
         "stator_log_warning_examples": warning_examples,
         "loadavg_start": load0, "loadavg_end": common.loadavg(),
     }
