@@ -151,8 +151,8 @@ async def test_a_node_catching_up_decodes_its_backlog_on_the_apply_thread(tmp_pa
         def recording(payload):
             # pysyncobj hands entries over in order and counts each applied after the hook returns, so this is
             # the commit index less the entry's own index (None while the node is still being built)
-            behind = again.raftCommitIndex - again.raftLastApplied - 1 if again is not None else None
-            decoded.append((threading.current_thread().name, behind))
+            after = again.raftCommitIndex - again.raftLastApplied - 1 if again is not None else None
+            decoded.append((threading.current_thread().name, after))
             return decode_entry(payload)
         monkeypatch.setattr(node_module, "decode_entry", recording)
         again = MetaSyncObj(address, partners, str(tmp_path / f"n{i}"), "inline-apply-test-secret", RaftTuning(),
@@ -163,8 +163,8 @@ async def test_a_node_catching_up_decodes_its_backlog_on_the_apply_thread(tmp_pa
         # The rule, not a count: the tick decodes only an entry with fewer than INLINE_ENTRIES_MAX committed after
         # it (the backlog's last ones; and the node's own committed tail, if its first tick came before the
         # leader's: a count of 64 failed on that one entry more)
-        in_tick = [behind for name, behind in decoded if name != "raft-apply"]
-        on_thread = [behind for name, behind in decoded if name == "raft-apply"]
+        in_tick = [after for name, after in decoded if name != "raft-apply"]
+        on_thread = [after for name, after in decoded if name == "raft-apply"]
         assert len(decoded) >= BACKLOG and len(on_thread) >= BACKLOG - INLINE_ENTRIES_MAX, (len(decoded), len(on_thread))
         assert all(b is not None and b < INLINE_ENTRIES_MAX for b in in_tick), in_tick
     finally:
