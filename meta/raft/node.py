@@ -196,6 +196,7 @@ class _LocalState:
     journal: GroupCommit | None = None        # group commit of the journal (journal_sync)
     transport: StatorTransport | None = None
     held: shim.HeldEntries | None = None      # appends that repeated held entries (pysyncobj_shim.py)
+    notice: shim.CommitNotice = field(default_factory=shim.CommitNotice)   # a commit notice is being handled
     # The leader's stamp (its clock and settings) for the next entry (RaftNode.leader_fields); None: unstamped.
     stamp: Callable[[], dict[str, Any]] | None = None
     roles: Roles | None = None    # voter or learner, and the leader's membership changes (meta/raft/roles.py)
@@ -280,7 +281,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         prevote = self._local.prevote = PreVote(self, self_raft, lambda: roles.voter)
         reads = self._local.read_index = ReadIndex(self, self._applier.submit_call, self.wake)
         self._local.held = shim.keep_matching_entries(self, lambda node, m: roles.admit(node, m)
-                                                      and prevote.admit(node, m) and reads.admit(node, m))
+                                                      and prevote.admit(node, m) and reads.admit(node, m),
+                                                      self._local.notice)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
         self._local.journal = GroupCommit(shim.journal_of(self), tuning.journal_sync == "fsync")
@@ -328,6 +330,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
                 shim.send_message(self, node, keepalive)
 
     def acknowledge(self, node: Any, next_index: int, reset: bool, success: bool) -> bool:
+        if success and not reset and self._local.notice.handling:
+            return True   # a commit notice taken: the leader knows this node holds its log (shim.send_commit_notice)
         return self._local.roles.acknowledge(node, next_index, reset, success)
 
     def wake(self) -> None:
@@ -462,8 +466,10 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # New entries, or a commit index the followers have not heard of yet: without the latter a follower would
         # apply (and answer a read-your-write) only at the next heartbeat, up to a period later.
         if last > local.sent_index or commit > local.sent_commit:
+            entries = last > local.sent_index
             local.sent_index, local.sent_commit = last, commit
-            shim.send_append_entries(self)
+            if entries or not shim.send_commit_notice(self):
+                shim.send_append_entries(self)
 
     # -- snapshots: pysyncobj's serializer hooks, all called on the tick ------------------------------------
     def _write_snapshot(self, rename_source: str, raft: tuple[Any, ...]) -> None:

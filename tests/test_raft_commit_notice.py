@@ -1,0 +1,144 @@
+"""The leader sends the commit index alone in a commit notice, which a follower that takes it does not answer.
+
+Once an entry commits, the leader tells its followers at once (``shim.send_commit_notice``): an empty append marked
+QUIET. pysyncobj's followers answered every append, so each write cost the leader two answers that told it
+nothing (each follower's match index was already the last entry), each read in a tick of its own. A follower still
+answers a notice it refuses (its log does not hold the leader's last entry): the leader must learn where to send
+from. First a held follower of three in-process nodes is handed notices; then a live leader's received answers are
+counted over sequential writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from meta.raft import pysyncobj_shim as shim
+from meta.raft.group_commit import ACK_MESSAGE
+from tests.support import held_follower
+from tests.support.raft_nodes import leader_of, start_nodes
+
+SECRET = "commit-notice-test-secret"
+WAIT_S = 20.0
+WRITES = 8
+SEQUENTIAL_WRITES = 60
+
+
+@pytest.fixture
+async def follower(tmp_path):
+    async with held_follower.caught_up(tmp_path, SECRET, WRITES, WAIT_S) as f:
+        yield f
+
+
+async def test_a_commit_notice_taken_commits_and_is_not_answered(follower):
+    f = follower
+    last, term, commit, _ = f.uncommitted_tail()
+    assert f.node.raftCommitIndex == commit < last + 2
+    answers = f.answers_to(term, last + 2, [], last + 2, **{shim.QUIET: True})
+    assert answers == [], "a commit notice the follower took was answered"
+    assert f.node.raftCommitIndex == last + 2
+
+
+async def test_the_same_append_not_marked_quiet_is_answered(follower):
+    # The notice's one difference from pysyncobj's heartbeat: without the mark the answer still goes.
+    f = follower
+    last = f.last
+    answers = f.answers_to(f.term, last, [], f.node.raftCommitIndex)
+    assert len(answers) == 1 and answers[0]["success"] and answers[0]["next_node_idx"] == last + 1, answers
+
+
+async def test_a_commit_notice_past_the_followers_log_is_refused_aloud(follower):
+    f = follower
+    last, commit = f.last, f.node.raftCommitIndex
+    answers = f.answers_to(f.term, last + 3, [], last + 3, prev_term=f.term, **{shim.QUIET: True})
+    assert len(answers) == 1 and not answers[0]["success"], answers
+    assert f.node.raftCommitIndex == commit
+
+
+async def test_a_commit_notice_of_another_term_at_the_last_entry_is_refused_aloud(follower):
+    f = follower
+    last, _, commit, _ = f.uncommitted_tail()
+    answers = f.answers_to(f.term + 1, last + 2, [], last + 2, prev_term=f.term + 1, **{shim.QUIET: True})
+    assert len(answers) == 1 and not answers[0]["success"], answers
+    assert f.node.raftCommitIndex == commit, "committed entries the new leader's log does not hold"
+
+
+async def test_an_append_with_entries_is_answered_even_marked_quiet(follower):
+    f = follower
+    last, term, commit = f.last, f.term, f.node.raftCommitIndex
+    command = f.entry(last)[0]
+    answers = f.answers_to(term, last, [(command, last + 1, term)], commit, **{shim.QUIET: True})
+    assert len(answers) == 1 and answers[0]["success"] and answers[0]["next_node_idx"] == last + 2, answers
+
+
+async def test_followers_answer_each_write_once_not_its_commit_too(tmp_path):
+    nodes = start_nodes(tmp_path, SECRET)
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        transport = shim.transport(leader)
+        receive = transport._onMessageReceivedCallback
+        # Per follower: answers of success that moved nothing (the leader held that match index already)
+        idle = {n.address: 0 for n in leader.otherNodes}
+        moved = {n.address: 0 for n in leader.otherNodes}
+
+        def counting(node, message):
+            if isinstance(message, dict) and message.get("type") == ACK_MESSAGE and message.get("success"):
+                known = shim.match_indexes(leader).get(node.address, 0)
+                if message["next_node_idx"] - 1 > known:
+                    moved[node.address] += 1
+                else:
+                    idle[node.address] += 1
+            receive(node, message)
+
+        transport.setOnMessageReceivedCallback(counting)
+        for i in range(SEQUENTIAL_WRITES):
+            r = await raft.propose({"type": "Barrier"}, f"seq-{i}", "system", timeout_s=WAIT_S)
+            assert r["ok"], r
+        # Let the last commit reach the followers (a notice answered by mistake would arrive now)
+        deadline = time.monotonic() + WAIT_S
+        while any(n.raftCommitIndex < leader.raftCommitIndex for n in nodes):
+            assert time.monotonic() < deadline, "the followers did not learn the last commit"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.02)
+        transport.setOnMessageReceivedCallback(receive)
+        # Each write's entry is answered by each follower (its match index moves); its commit, sent at once after,
+        # is not. A heartbeat (every 50 ms without writes) is still answered: a loaded machine may stall between
+        # writes long enough for a few.
+        for address in idle:
+            assert moved[address] >= SEQUENTIAL_WRITES // 2, (moved, idle)
+            assert idle[address] <= SEQUENTIAL_WRITES // 4, f"answers that told the leader nothing: {idle}"
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+async def test_a_follower_behind_gets_entries_not_a_notice(tmp_path):
+    nodes = start_nodes(tmp_path, SECRET)
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        r = await raft.propose({"type": "Barrier"}, "behind", "system", timeout_s=WAIT_S)
+        assert r["ok"], r
+        transport = shim.transport(leader)
+        send = transport.send
+        sent: list[tuple[str, dict]] = []
+        transport.send = lambda node, message: (sent.append((node.address, message)), send(node, message))[1]
+        try:
+            # No await from here to the end: no tick of the leader runs in between (the nodes tick on this loop)
+            last = shim.current_log_index(leader)
+            assert shim.send_commit_notice(leader) is True
+            notices = [m for _, m in sent if m.get("type") == "append_entries"]
+            assert len(notices) == len(leader.otherNodes), sent
+            assert all(m[shim.QUIET] is True and m["entries"] == [] and m["prevLogIdx"] == last
+                       and m["commit_index"] == leader.raftCommitIndex for m in notices), notices
+            sent.clear()
+            behind = next(iter(leader.otherNodes))
+            assert shim.set_next_index(leader, behind, last)
+            assert shim.send_commit_notice(leader) is False
+            assert sent == [], "a notice went while a follower needed entries"
+        finally:
+            transport.send = send
+    finally:
+        for n in nodes:
+            n.stop()
