@@ -269,9 +269,21 @@ def _stator_system(c: common.BenchCluster, s: aiohttp.ClientSession) -> System:
                    "restart": lambda n: devcluster.start(c.dir, n), "recovered": recovered})
 
 
-async def _full_collections(s: aiohttp.ClientSession, c: common.BenchCluster) -> dict[str, float | None]:
-    return {n: await common.metric_sum(s, c.url(n), "python_gc_collections_total", labels={"generation": "2"})
-            for n in c.nodes}
+# Per node, what can hold it for a while during the throughput rounds: a full collection (~0.1-0.2 s,
+# meta/serve.py GC_THRESHOLDS) and a raft snapshot (a forked writer that serializes the whole image beside it).
+_HOLDERS = {"full_gc_collections": ("python_gc_collections_total", {"generation": "2"}),
+            "snapshots_written": ("stator_meta_raft_snapshots_total", {"kind": "written"})}
+
+
+async def _holders(s: aiohttp.ClientSession, c: common.BenchCluster) -> dict[str, dict[str, float | None]]:
+    return {what: {n: await common.metric_sum(s, c.url(n), name, labels=labels) for n in c.nodes}
+            for what, (name, labels) in _HOLDERS.items()}
+
+
+def _held(before: dict[str, dict[str, float | None]], after: dict[str, dict[str, float | None]]) -> dict[str, Any]:
+    return {f"stator_{what}_in_throughput": {n: None if before[what][n] is None or after[what][n] is None
+                                             else round(after[what][n] - before[what][n]) for n in nodes}
+            for what, nodes in before.items()}
 
 
 async def run(args: argparse.Namespace, binary: str) -> dict[str, Any]:
@@ -284,9 +296,9 @@ async def run(args: argparse.Namespace, binary: str) -> dict[str, Any]:
             try:
                 await common.create_topic(s, c, TOPIC, 4)
                 systems = {"etcd": _etcd_system(e), "stator": _stator_system(c, s)}
-                full0 = await _full_collections(s, c)
+                held0 = await _holders(s, c)
                 rows = await throughput(systems, args)
-                full1 = await _full_collections(s, c)
+                held = _held(held0, await _holders(s, c))
                 fo = await failovers(systems, args.failover_trials)
             finally:
                 await brokers.stop()
@@ -304,9 +316,7 @@ async def run(args: argparse.Namespace, binary: str) -> dict[str, Any]:
                               f"per-write timeout {FAILOVER_TIMEOUT_S} s",
                   "nproc": os.cpu_count()},
         "throughput": rows, "failover": fo, "stator_log_warning_lines": warnings,
-        # each full collection holds a node for ~0.1-0.2 s (meta/serve.py GC_THRESHOLDS): a p99 shows them
-        "stator_full_gc_collections_in_throughput": {n: None if full0[n] is None or full1[n] is None
-                                                     else round(full1[n] - full0[n]) for n in c.nodes},
+        **held,
         "stator_log_warning_examples": warning_examples,
         "loadavg_start": load0, "loadavg_end": common.loadavg(),
     }
