@@ -260,8 +260,9 @@ def test_a_follower_that_acknowledges_before_its_sync_is_caught(monkeypatch):
     # seeds in 28. Much of that spread was the simulator's own: which of two timers due at one instant fired first
     # was left to the heap's shape. Since ties fire in the order set, the register's schedules no longer depend on
     # the hash seed: seeds 10, 12, 14, 18, 22, 26 and 28 of 1-30 caught it under each of hash seeds 0-5. Since
-    # followers answer no commit notice (pysyncobj_shim.send_commit_notice), seeds 3, 4, 10, 13, 19, 21 and 24 of
-    # 1-30 catch it under each of hash seeds 0-5, 11 and 23. It gets 14 seeds (it stops at the first that catches it).
+    # followers answer no commit notice (pysyncobj_shim.send_commit_notice), seeds 4, 6, 10, 17, 20, 23, 27, 29 and 30
+    # of 1-30 catch it under hash seeds 0 and 1 (3 too under 0). It gets 14 seeds (it stops at the first that
+    # catches it).
     _plant(monkeypatch, group_commit.GroupCommit, "before_flush",
            '        if any(m.get("type") == ACK_MESSAGE and m.get("success") for m in messages):\n            self.sync()',
            '        if False:\n            self.sync()')
@@ -377,17 +378,17 @@ def test_a_broker_that_reads_its_own_committed_offset_left_behind_is_caught(monk
     # tests/test_chaos_mutants.py's offset_keyed_without_gen: a head answers the committed offset it holds itself,
     # whatever the gen it was committed under. It shows only when a queue of the exclusive group came back to a
     # broker that had held it (the remapper's moves back) and that broker answers a read before it took the newer
-    # commits over (their holder down). Under hash seed 0, with broker faults, 30 virtual s: seed 21 of 1-21
-    # catches it (each takes ~4-10 s alone; seed 3 did until the tick thread applied small entries itself, seed 19
-    # until timers due at one instant fired in the order set, seed 32 until followers stopped answering commit
-    # notices, each of which moved every schedule). Hash seed 0 makes the schedules the same in every run, so
-    # seeds 1-20, which do not catch it, are not run again (two minutes of a loaded suite). A change of the meta
-    # node's timing can move it again: then search 1-70 (or more) for the seed that catches it now.
+    # commits over (their holder down). Under hash seed 0, with broker faults, 30 virtual s: seed 3 of 1-3 catches
+    # it (each takes ~4-10 s alone; seed 3 did until the tick thread applied small entries itself, seed 19 until
+    # timers due at one instant fired in the order set, seed 32 until followers stopped answering commit notices,
+    # each of which moved every schedule). Hash seed 0 makes the schedules the same in every run, so seeds 1-2,
+    # which do not catch it, are not run again. A change of the meta node's timing can move it again: then search
+    # 1-70 (or more) for the seed that catches it now.
     seed, checks = _caught_under_hash_seed_0(
         monkeypatch, "broker.reads", "Reader", "read_committed", "if own is not None and own.gen >= head.gen:",
         "if own is not None:", {"committed_offsets"}, kinds=BROKER_KINDS, workloads=BROKER_WORKLOADS,
-        duration_s=30.0, first=21, seeds=21)
-    assert seed == 21, "offset_keyed_without_gen not caught at seed 21 under hash seed 0"
+        duration_s=30.0, first=3, seeds=3)
+    assert seed == 3, "offset_keyed_without_gen not caught at seed 3 under hash seed 0"
 
 
 def test_a_leader_that_acknowledges_before_its_copies_hold_the_record_is_caught(monkeypatch):
@@ -447,12 +448,14 @@ def test_a_leader_that_serves_reads_without_confirming_it_leads_is_caught(monkey
     # meta/raft/read_index.py without its probe: the leader answers a read index from its commit index at once. Cut
     # off, a deposed leader then serves reads that miss what the new leader acknowledged (stale reads: the register
     # history is not linearizable). Seeds 1 and 2 caught it with isolations alone under each of 11 hash seeds tried;
-    # since followers answer no commit notice (pysyncobj_shim.send_commit_notice), seeds 9, 11, 13, 26 and 37 of
-    # 1-40 catch it under each of hash seeds 0, 1, 5 and 7. It gets 14 seeds (it stops at the first that catches it).
+    # since followers answer no commit notice (pysyncobj_shim.send_commit_notice), seeds 17, 20, 41, 43, 44, 45 and
+    # 49 of 1-60 catch it under each of hash seeds 0, 1 and 5 (fewer than before; not traced, the likeliest reason:
+    # a deposed leader's last answer comes a hop earlier, an entry's and no longer its commit's, so it steps down
+    # sooner and serves stale reads in fewer schedules). It gets 20 seeds (it stops at the first that catches it).
     _plant(monkeypatch, raft_read_index.ReadIndex, "_lead", "        self._leading.unprobed.append(reply)",
            "        reply(so.raftCommitIndex)")
-    seed, checks = _caught({"cas_register"}, kinds=("isolate",), seeds=14)
-    assert seed, "reads served without a leadership check not caught in 14 seeds"
+    seed, checks = _caught({"cas_register"}, kinds=("isolate",), seeds=20)
+    assert seed, "reads served without a leadership check not caught in 20 seeds"
 
 
 def test_a_candidate_behind_its_peers_terms_takes_the_term_a_pre_vote_refusal_names():

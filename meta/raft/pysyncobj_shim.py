@@ -209,11 +209,11 @@ def send_commit_notice(so: SyncObj) -> bool:
     nodes = so._SyncObj__otherNodes | so._SyncObj__readonlyNodes
     if any(next_index.get(node) != last + 1 for node in nodes):
         return False
-    last_term = so._SyncObj__getCurrentLogTerm()
+    last_term = log_entry(so, last)[2]   # the log always holds its last entry (compaction keeps it)
     connected = so._SyncObj__connectedNodes
     link = transport(so)
-    # As __sendAppendEntries does: what leaves now counts as the leader's heartbeat.
-    so._SyncObj__newAppendEntriesTime = monotonic() + so._SyncObj__conf.appendEntriesPeriod
+    # The next heartbeat stays where the last answered append put it: a notice tells the leader nothing back, and
+    # its step-down (leaderFallbackTimeout) counts the answers.
     for node in nodes:
         if node in connected:
             link.send(node, {"type": _APPEND, "term": so.raftCurrentTerm, "commit_index": so.raftCommitIndex,
