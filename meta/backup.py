@@ -3,7 +3,7 @@ file (`stator snapshot save`), and seeding a new node's data directory from it (
 
 The file::
 
-    {"format": "stator-backup", "version": 2, "meta_version": V, "image_sha256": "...", "history_through": S,
+    {"format": "stator-backup", "version": 3, "meta_version": V, "image_sha256": "...", "history_through": S,
      "events": N, "payload_bytes": B, "payload_sha256": "..."}\\n
     <B bytes: gzip'd JSON {"image": {...}, "history": [events 1..S]}>
 
@@ -29,7 +29,8 @@ from .raft.journal import journal_exists
 from .raft.node import SNAPSHOT_FILE
 
 FORMAT = "stator-backup"
-FORMAT_VERSION = 2            # 2: each broker of the image names its disk (wire/disk_identity.py)
+FORMAT_VERSION = 3            # 2: each broker of the image names its disk (wire/disk_identity.py); 3: a remembered
+                              # request's outcome is its JSON text (meta/state_machine.py _remember)
 HEADER_BYTES_MAX = 4096
 PAGE_EVENTS = 1000            # history read per request while saving
 GZIP_LEVEL = 6

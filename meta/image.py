@@ -26,7 +26,7 @@ Layout of ``Image.data``::
     member_count   members of all groups
     subscriptions  {topic: {group: members of that group naming the topic}}: the groups a topic change concerns
     revoking       {group: locks of it being revoked}: where the leader looks for revocations whose lease ended
-    requests       {request id: [fingerprint, ts, outcome]} in arrival order (idempotency)
+    requests       {request id: (fingerprint, ts, the outcome's JSON text)} in arrival order (idempotency)
     history        [stored event as canonical JSON, big ones packed: meta/history_lines.py] newest last, bounded;
                    history_start = version of history[0]; read them through history_kept_after / history_lines
     history_window events the history keeps (trimmed in chunks of a tenth past it): set by the leader's stamp on a

@@ -30,8 +30,7 @@ def test_numbers_no_encoder_of_ours_carries_are_refused_by_name(raw, says):
 @pytest.mark.parametrize("value", [2**64 - 1, -2**63, 0, 1.5, -0.0, 1e308, 5e-324, True, None, "é😀", [], {}])
 def test_what_the_parser_accepts_encodes_and_reads_back_the_same(value):
     body = json_body.parse_object(json.dumps({"k": value}).encode())
-    assert json_body.decode(json_body.encode(body)) == body
-    assert json_body.copied(body) == body and json_body.copied(body) is not body
+    assert json_body.decode(json_body.encode(body)) == body   # a remembered outcome is kept as its text
 
 
 def test_canonical_text_sorts_keys_at_every_depth_and_keeps_unicode():

@@ -124,7 +124,7 @@ async def test_a_snapshot_is_gzipped_json_of_the_image_and_nothing_local(tmp_pat
     with gzip.open(os.path.join(data_dir, SNAPSHOT_FILE), "rb") as f:
         doc = json.loads(f.read())
     assert set(doc) == {"format", "version", "image", "raft"}
-    assert (doc["format"], doc["version"]) == ("stator-raft-snapshot", 2)
+    assert (doc["format"], doc["version"]) == ("stator-raft-snapshot", 3)
     assert set(doc["raft"]) == {"last_applied", "previous", "cluster"}
     assert doc["raft"]["last_applied"]["index"] == last_applied
     assert doc["raft"]["previous"]["index"] == last_applied - 1
@@ -213,7 +213,7 @@ def test_a_damaged_snapshot_is_refused_not_half_loaded(tmp_path):
     doc = json.loads(snapshot_file.encode(good))
     assert snapshot_file.decode(snapshot_file.encode(good)) == good
     for broken, message in (({**doc, "extra": 1}, "exactly"),
-                            ({**doc, "version": 1}, "version 2"),
+                            ({**doc, "version": 2}, f"version {snapshot_file.FORMAT_VERSION} file.*version .2."),
                             ({**doc, "image": []}, "image must be an object"),
                             ({**doc, "raft": {**doc["raft"], "previous": {"index": 5, "term": 2, "command": ""}}},
                              "directly precede"),

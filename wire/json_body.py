@@ -132,7 +132,3 @@ def decode(raw: bytes | str) -> Any:
     own numbers are bounded far below (meta/limits.py)."""
     return orjson.loads(raw)
 
-
-def copied(value: Any) -> Any:
-    """A deep copy of a JSON value, through its encoding: several times faster than copy.deepcopy."""
-    return orjson.loads(orjson.dumps(value, option=_ENCODE))

@@ -3,7 +3,7 @@
 Never a pickle: a follower installs the file the leader streams to it and the offline tools read it back, so it is
 data that gets parsed and checked, not objects that get revived (DESIGN.md invariant 10). The layout::
 
-    {"format": "stator-raft-snapshot", "version": 2,
+    {"format": "stator-raft-snapshot", "version": 3,
      "image": {... Image.data ...},
      "raft": {"last_applied": {"index": int, "term": int, "command": base64},
               "previous":     {"index": int, "term": int, "command": base64},
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 FORMAT = "stator-raft-snapshot"
-FORMAT_VERSION = 2   # 2: each broker of the image names its disk (wire/disk_identity.py)
+FORMAT_VERSION = 3   # 2: each broker of the image names its disk (wire/disk_identity.py); 3: a remembered
+                     # request's outcome is its JSON text (meta/state_machine.py _remember)
 GZIP_LEVEL = 6                # most of level 9's saving for a fraction of its CPU
 SNAPSHOT_WRITER_NICE = 19     # the writer must never compete with Raft for the CPU
 WRITING_SUFFIX = ".writing"   # the file being written; renamed over the snapshot only once complete and synced

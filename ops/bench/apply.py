@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         requests = sm.image.data["requests"]
         seen = next(iter(requests.values()))   # a remembered outcome's shape; a snapshot's dict, as restored
         for i in range(limits.REQUEST_OUTCOMES_MAX - len(requests)):
-            requests[f"earlier-{i:08d}"] = [seen[0], seen[1], seen[2]]
+            requests[f"earlier-{i:08d}"] = (seen[0], seen[1], seen[2])
         return sm, configs("w")
 
     def set_config_retry():
