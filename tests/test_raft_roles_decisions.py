@@ -375,9 +375,28 @@ def membership_entry(members) -> bytes:
     return bytes([membership.MEMBERSHIP_COMMAND]) + membership.payload(members, "remove", encode_stamp({"ts": 1}))
 
 
+def test_what_decide_reads_off_the_membership_follows_every_change_of_the_trail(raft):
+    # decide() reads the members a membership removes off the trail once, not at every tick: a change of the trail
+    # that leaves the newest membership the same object (the snapshot's base) must still be read again.
+    trail, shim, roles = raft
+    trail.appended(3, membership_entry((voter("a"), voter("b"), voter("c"))))
+    trail.set_base(9, (voter("a"), voter("b")))   # a snapshot's membership, which removed c; entry 3 still held
+    base = trail.current()
+    roles.so.raftCommitIndex = 9
+    shim.leading = True
+    roles.decide()
+    assert shim.calls[-1] == ("set_members", {TCPNode(voter("b").raft)}, {TCPNode(voter("c").raft)})
+    roles.decide()
+    assert [c for c in shim.calls if c[0] == "set_members"] == [shim.calls[-1]]   # nothing read again, nothing set
+    trail.cleared()   # the journal's entries gone, the base kept
+    assert trail.current() is base
+    roles.decide()
+    assert shim.calls[-1] == ("set_members", {TCPNode(voter("b").raft)}, set()), "c read off a trail that changed"
+
+
 def departing(roles, current):
     """What ``decide`` sends the log to besides the members, for ``current`` (it reads the removed ones off once)."""
-    return roles._departing(current, roles._read(current)[3])
+    return roles._departing(current, roles._read(current)[2])
 
 
 def test_a_removed_member_gets_the_log_until_the_removal_commits_and_from_the_leader_until_it_holds_it(raft):

@@ -136,35 +136,40 @@ class MembershipTrail:
         self._base: tuple[int, Members] | None = None
         # current()'s answer until the trail changes: the tick asks for it twice a tick (Roles), ~1% of a node's CPU
         self._current: tuple[int, Members] | None | object = _UNKNOWN
+        self.changes = 0   # counts the changes of what current() and before() answer (Roles reads them off once)
 
     def appended(self, index: int, command_bytes: bytes) -> None:
         # A malformed one is kept as None: it is not a membership (apply rejects it the same way on every node).
         members = parse_entry(command_bytes)
         self._entries.append((index, members))
         if members is not None:
-            self._current = _UNKNOWN
+            self._changed()
 
     def truncated_from(self, index: int) -> None:
         """Entries at ``index`` and after left the log (a conflict with the leader's)."""
         kept = [(i, m) for i, m in self._entries if i < index]
         self._entries = kept
-        self._current = _UNKNOWN
+        self._changed()
 
     def compacted_before(self, index: int) -> None:
         """Entries before ``index`` left the log (compaction): the newest of them stays, it is still in force."""
         older = [e for e in self._entries if e[0] < index and e[1] is not None]
         newer = [e for e in self._entries if e[0] >= index]
         self._entries = older[-1:] + newer
-        self._current = _UNKNOWN
+        self._changed()
 
     def cleared(self) -> None:
         """Every entry left the log (a snapshot installed from the leader: ``set_base`` says what it held)."""
         self._entries = []
-        self._current = _UNKNOWN
+        self._changed()
 
     def set_base(self, index: int, members: Members | None) -> None:
         self._base = (index, members) if members else None
+        self._changed()
+
+    def _changed(self) -> None:
         self._current = _UNKNOWN
+        self.changes += 1
 
     def before(self, index: int) -> Members | None:
         """The membership in force before the entry at ``index`` (the one it replaces), or None when unknown."""
