@@ -13,6 +13,7 @@ from broker.config import BrokerConfig
 from broker.node import BrokerNode
 from ops import devcluster, forkserver
 from tests.support import cluster as cluster_mod
+from tests.support import held_follower as held_follower_mod
 
 
 # Every JVM a test starts (Spark's drivers, executors, master, worker and Connect server) compiles with C1 only, on
@@ -58,6 +59,14 @@ async def meta_cluster(tmp_path):
     """Three meta nodes, no brokers; short broker sessions so expiry tests stay quick."""
     async with cluster_mod.running(str(tmp_path), 3, 0, meta={"session_timeout_ms": 3000}) as c:
         yield c
+
+
+@pytest.fixture
+async def held_follower(tmp_path):
+    """A caught-up follower of three in-process nodes whose ticks are held: the test hands it raft messages
+    (tests/support/held_follower.py)."""
+    async with held_follower_mod.caught_up(tmp_path) as f:
+        yield f
 
 
 @pytest.fixture

@@ -13,27 +13,17 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from meta.raft import pysyncobj_shim as shim
 from meta.raft.group_commit import ACK_MESSAGE
-from tests.support import held_follower
 from tests.support.raft_nodes import leader_of, start_nodes
 
 SECRET = "commit-notice-test-secret"
 WAIT_S = 20.0
-WRITES = 8
 SEQUENTIAL_WRITES = 60
 
 
-@pytest.fixture
-async def follower(tmp_path):
-    async with held_follower.caught_up(tmp_path, SECRET, WRITES, WAIT_S) as f:
-        yield f
-
-
-async def test_a_commit_notice_taken_commits_and_is_not_answered(follower):
-    f = follower
+async def test_a_commit_notice_taken_commits_and_is_not_answered(held_follower):
+    f = held_follower
     last, term, commit, _ = f.uncommitted_tail()
     assert f.node.raftCommitIndex == commit < last + 2
     answers = f.answers_to(term, last + 2, [], last + 2, **{shim.QUIET: True})
@@ -41,32 +31,32 @@ async def test_a_commit_notice_taken_commits_and_is_not_answered(follower):
     assert f.node.raftCommitIndex == last + 2
 
 
-async def test_the_same_append_not_marked_quiet_is_answered(follower):
+async def test_the_same_append_not_marked_quiet_is_answered(held_follower):
     # The notice's one difference from pysyncobj's heartbeat: without the mark the answer still goes.
-    f = follower
+    f = held_follower
     last = f.last
     answers = f.answers_to(f.term, last, [], f.node.raftCommitIndex)
     assert len(answers) == 1 and answers[0]["success"] and answers[0]["next_node_idx"] == last + 1, answers
 
 
-async def test_a_commit_notice_past_the_followers_log_is_refused_aloud(follower):
-    f = follower
+async def test_a_commit_notice_past_the_followers_log_is_refused_aloud(held_follower):
+    f = held_follower
     last, commit = f.last, f.node.raftCommitIndex
     answers = f.answers_to(f.term, last + 3, [], last + 3, prev_term=f.term, **{shim.QUIET: True})
     assert len(answers) == 1 and not answers[0]["success"], answers
     assert f.node.raftCommitIndex == commit
 
 
-async def test_a_commit_notice_of_another_term_at_the_last_entry_is_refused_aloud(follower):
-    f = follower
+async def test_a_commit_notice_of_another_term_at_the_last_entry_is_refused_aloud(held_follower):
+    f = held_follower
     last, _, commit, _ = f.uncommitted_tail()
     answers = f.answers_to(f.term + 1, last + 2, [], last + 2, prev_term=f.term + 1, **{shim.QUIET: True})
     assert len(answers) == 1 and not answers[0]["success"], answers
     assert f.node.raftCommitIndex == commit, "committed entries the new leader's log does not hold"
 
 
-async def test_an_append_with_entries_is_answered_even_marked_quiet(follower):
-    f = follower
+async def test_an_append_with_entries_is_answered_even_marked_quiet(held_follower):
+    f = held_follower
     last, term, commit = f.last, f.term, f.node.raftCommitIndex
     command = f.entry(last)[0]
     answers = f.answers_to(term, last, [(command, last + 1, term)], commit, **{shim.QUIET: True})

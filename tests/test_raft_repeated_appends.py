@@ -23,23 +23,15 @@ import pytest
 from meta.raft import pysyncobj_shim as shim
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import ok, write_configs_until
-from tests.support import held_follower
 from tests.support.raft_nodes import leader_of, start_nodes
 from tests.support.metrics import scrape
 
 SECRET = "repeated-appends-test-secret"
 WAIT_S = 20.0
-WRITES = 8
 
 
-@pytest.fixture
-async def follower(tmp_path):
-    async with held_follower.caught_up(tmp_path, SECRET, WRITES, WAIT_S) as f:
-        yield f
-
-
-async def test_a_repeated_entry_keeps_the_entries_after_it(follower):
-    f = follower
+async def test_a_repeated_entry_keeps_the_entries_after_it(held_follower):
+    f = held_follower
     last, term, commit = f.last, f.term, f.node.raftCommitIndex
     kept = [f.entry(i) for i in range(last - 3, last + 1)]
     repeats = f.node.held_entries().repeats   # the live cluster may have resent before: count from here
@@ -52,18 +44,18 @@ async def test_a_repeated_entry_keeps_the_entries_after_it(follower):
     assert f.node.held_entries().repeats == repeats + 1
 
 
-async def test_a_heartbeat_from_behind_keeps_the_log(follower):
-    f = follower
+async def test_a_heartbeat_from_behind_keeps_the_log(held_follower):
+    f = held_follower
     last = f.last
     answer = f.append(f.term, last - 3, [], f.node.raftCommitIndex)
     assert f.last == last
     assert answer["success"] and answer["next_node_idx"] == last - 2, answer
 
 
-async def test_an_entry_in_pieces_is_refused_and_changes_nothing(follower):
+async def test_an_entry_in_pieces_is_refused_and_changes_nothing(held_follower):
     # No node of ours sends pieces (the append batch is above the largest entry, meta/raft/node.py); pysyncobj's
     # own handling of them stalled the log for some sizes, so a piece is dropped unanswered.
-    f = follower
+    f = held_follower
     last, refused = f.last, f.node.held_entries().pieces_refused
     kept = [f.entry(i) for i in range(last - 3, last + 1)]
     answers = f.append_in_pieces(f.term, last - 3, f.entry(last - 2), f.node.raftCommitIndex)
@@ -72,8 +64,8 @@ async def test_an_entry_in_pieces_is_refused_and_changes_nothing(follower):
     assert f.node.held_entries().pieces_refused == refused + 2
 
 
-async def test_a_conflicting_entry_still_replaces_the_rest_from_there(follower):
-    f = follower
+async def test_a_conflicting_entry_still_replaces_the_rest_from_there(held_follower):
+    f = held_follower
     last, term, commit, command = f.uncommitted_tail()
     # Two entries this term's leader appended but did not commit, then a new leader whose log agrees on the first
     # and not the second: the first stays, the second goes.
@@ -85,8 +77,8 @@ async def test_a_conflicting_entry_still_replaces_the_rest_from_there(follower):
     assert f.node.held_entries().trimmed == trimmed + 1
 
 
-async def test_commit_stops_at_the_last_entry_the_message_showed_to_match(follower):
-    f = follower
+async def test_commit_stops_at_the_last_entry_the_message_showed_to_match(held_follower):
+    f = held_follower
     last, term, _, _ = f.uncommitted_tail()
     # A new leader repeats entry `last` and has committed two more entries of its own. The follower's two
     # uncommitted entries need not be those: they stay (no conflict was shown) but may not be committed.
@@ -96,12 +88,12 @@ async def test_commit_stops_at_the_last_entry_the_message_showed_to_match(follow
     assert answer["success"] and answer["next_node_idx"] == last + 1, answer
 
 
-async def test_a_snapshot_piece_commits_nothing_of_the_followers_own_tail(follower):
+async def test_a_snapshot_piece_commits_nothing_of_the_followers_own_tail(held_follower):
     # A leader cut off from its peers kept appending in its old term; the new leader, whose log went on without
     # those entries, sends it a snapshot. A piece of it shows nothing of the follower's log to match: pysyncobj
     # raised the commit index over the old tail and applied it, answering ok for a write no majority held (the
     # chaos runner's leader_cut fault found it: a compare-and-set acknowledged, then gone).
-    f = follower
+    f = held_follower
     last, term, commit, _ = f.uncommitted_tail()
     held = f.node.held_entries().snapshot_commits_held
     f.snapshot_piece(term + 1, commit=last + 10)

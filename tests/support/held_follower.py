@@ -89,8 +89,10 @@ class Follower:
 
 
 @contextlib.asynccontextmanager
-async def caught_up(base_dir, secret: str, writes: int, wait_s: float) -> AsyncIterator[Follower]:
-    """Three nodes in this process replicate ``writes`` barriers; then one follower, caught up, is held."""
+async def caught_up(base_dir, secret: str = "held-follower-test-secret", writes: int = 8,
+                    wait_s: float = 20.0) -> AsyncIterator[Follower]:
+    """Three nodes in this process replicate ``writes`` barriers; then one follower, caught up, is held (the
+    ``held_follower`` fixture of tests/conftest.py)."""
     nodes = start_nodes(base_dir, secret)
     try:
         leader, raft = await leader_of(nodes, wait_s)
