@@ -77,7 +77,7 @@ async def test_followers_answer_each_write_once_not_its_commit_too(tmp_path):
         notices = {n.address: 0 for n in leader.otherNodes}
 
         def sending(node, message):
-            if message.get("type") == "append_entries" and not message.get("entries") and node.address in notices:
+            if message.get("type") == shim.APPEND and not message.get("entries") and node.address in notices:
                 (notices if message.get(shim.QUIET) else heartbeats)[node.address] += 1
             return send(node, message)
 
@@ -131,7 +131,7 @@ async def test_a_follower_behind_gets_entries_not_a_notice(tmp_path):
             # No await from here to the end: no tick of the leader runs in between (the nodes tick on this loop)
             last = shim.current_log_index(leader)
             assert shim.send_commit_notice(leader) is True
-            notices = [m for _, m in sent if m.get("type") == "append_entries"]
+            notices = [m for _, m in sent if m.get("type") == shim.APPEND]
             assert len(notices) == len(leader.otherNodes), sent
             assert all(m[shim.QUIET] is True and m["entries"] == [] and m["prevLogIdx"] == last
                        and m["commit_index"] == leader.raftCommitIndex for m in notices), notices

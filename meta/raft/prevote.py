@@ -31,7 +31,6 @@ from . import pysyncobj_shim as shim
 PRE_VOTE = "pre_vote"
 PRE_VOTE_ANSWER = "pre_vote_answer"
 REQUEST_VOTE = "request_vote"
-APPEND_ENTRIES = "append_entries"
 TERM_NOTICE = "term_notice"   # Raft's answer to a message of an older term: the newer term
 
 
@@ -118,7 +117,7 @@ class PreVote:
         if not isinstance(message, dict):
             return True
         kind = message.get("type")
-        if kind == APPEND_ENTRIES:
+        if kind == shim.APPEND:
             term = message.get("term")
             if type(term) is int and term >= self.so.raftCurrentTerm:
                 self._leader_heard = shim.clock()

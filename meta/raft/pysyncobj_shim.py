@@ -187,6 +187,7 @@ def finish_interrupted_compaction(so: SyncObj, snapshot: Snapshot) -> bool:
 
 
 # -- transport -------------------------------------------------------------------------------------------------
+APPEND = "append_entries"   # pysyncobj's append message (its type field), heartbeats and commit notices included
 def send_append_entries(so: SyncObj) -> None:
     so._SyncObj__sendAppendEntries()
 
@@ -216,7 +217,7 @@ def send_commit_notice(so: SyncObj) -> bool:
     # its step-down (leaderFallbackTimeout) counts the answers.
     for node in nodes:
         if node in connected:
-            link.send(node, {"type": _APPEND, "term": so.raftCurrentTerm, "commit_index": so.raftCommitIndex,
+            link.send(node, {"type": APPEND, "term": so.raftCurrentTerm, "commit_index": so.raftCommitIndex,
                              "entries": [], "prevLogIdx": last, "prevLogTerm": last_term, QUIET: True})
     return True
 
@@ -507,7 +508,6 @@ def save_commit_index(so: SyncObj) -> None:
 # - a message whose entries are all held already, with more after them, changes no entry: pysyncobj gets it as a
 #   heartbeat (term, leader, election timer), the commit index it may take is bounded by the message's last entry
 #   (the entries after it are not known to match the leader's), and the acknowledgement covers only that entry.
-_APPEND = "append_entries"
 
 
 class HeldEntries:
@@ -538,7 +538,7 @@ def keep_matching_entries(so: SyncObj, admit: Callable[[Node, Any], bool], notic
     def received(node: Node, message: Any) -> None:
         if not admit(node, message):
             return
-        if isinstance(message, dict) and message.get("type") == _APPEND:
+        if isinstance(message, dict) and message.get("type") == APPEND:
             if "prevLogIdx" not in message:
                 _snapshot_piece_as_raft(so, node, message, handle, counts)
                 return
