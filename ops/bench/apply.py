@@ -4,11 +4,12 @@
 
 No cluster, no threads: log entries encoded as the proposing node encodes them (meta/raft/entry.py), decoded and
 applied as ``MetaSyncObj._apply_entry`` does, one proposal per entry, each with an idempotency key (so the outcome
-is remembered, as for every HTTP write). Three kinds: ``set_config`` (one key, a distinct value each time: the
+is remembered, as for every HTTP write). Four kinds: ``set_config`` (one key, a distinct value each time: the
 write of ``ops.bench.vs_etcd``), ``set_config_retry`` (the same keys again: answered from the remembered outcome),
 ``set_config_at_cap`` (set_config with REQUEST_OUTCOMES_MAX outcomes remembered already, as a busy node's image
-holds: each apply evicts the oldest) and ``create`` (topics of ``--queues`` queues). Prints one JSON object: microseconds per command, the best and the
-median of ``--rounds`` (the machine may be shared; the best is the code's cost, the median the machine's).
+holds: each apply evicts the oldest) and ``create`` (topics of ``--queues`` queues). Prints one JSON object:
+microseconds per command, the best and the median of ``--rounds`` (the machine may be shared; the best is the
+code's cost, the median the machine's).
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     def set_config_at_cap():
         sm = _machine()
         requests = sm.image.data["requests"]
-        seen = next(iter(requests.values()))   # a remembered outcome's shape; a snapshot's dict, as restored
+        seen = next(iter(requests.values()))   # a remembered outcome (a tuple of atoms: shared, never changed)
         for i in range(limits.REQUEST_OUTCOMES_MAX - len(requests)):
-            requests[f"earlier-{i:08d}"] = (seen[0], seen[1], seen[2])
+            requests[f"earlier-{i:08d}"] = seen
         return sm, configs("w")
 
     def set_config_retry():
