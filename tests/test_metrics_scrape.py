@@ -10,6 +10,7 @@ import time
 
 
 from client import AdminClient, Producer, PullConsumer, RouteSubscription
+from meta.serve import GC_THRESHOLDS
 from tests.support import cluster as cluster_mod
 from tests.support.metrics import scrape, value
 
@@ -52,8 +53,10 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
             (labels, one), = s["stator_build_info"]
             assert one == 1 and labels["role"] == "meta" and labels["version"]
             assert value(s, "process_cpu_seconds_total") > 0 and value(s, "process_resident_memory_bytes") > 0
-            # the collector's work by generation (a full one holds the node: meta/serve.py GC_THRESHOLDS)
-            assert all(value(s, "python_gc_collections_total", generation=g) >= 0 for g in "012")
+            # the collector's thresholds and work by generation (a full one holds the node: meta/serve.py)
+            assert [value(s, "stator_meta_gc_threshold", generation=g) for g in "012"] == list(GC_THRESHOLDS)
+            assert value(s, "python_gc_collections_total", generation="0") > 0
+            assert all(value(s, "python_gc_collections_total", generation=g) >= 0 for g in "12")
             assert value(s, "stator_meta_raft_commit_index") >= value(s, "stator_meta_applied_version") > 0
             assert value(s, "stator_meta_apply_seconds_count") > 0
             assert value(s, "stator_meta_brokers", state="active") == 1

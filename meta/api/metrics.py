@@ -8,6 +8,7 @@ the node's state when /metrics is scraped (``NodeStateCollector``), so nothing i
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
@@ -40,6 +41,10 @@ class MetaMetrics:
         ProcessCollector(registry=r)     # process_* (CPU, memory, open files): not in a private registry by default
         PlatformCollector(registry=r)
         GCCollector(registry=r)          # python_gc_*: full collections hold the node (meta/serve.py GC_THRESHOLDS)
+        gc_threshold = Gauge("stator_meta_gc_threshold", "The cyclic collector's threshold of each generation "
+                             "(meta/serve.py GC_THRESHOLDS)", ["generation"], registry=r)
+        for generation in range(3):
+            gc_threshold.labels(str(generation)).set_function(lambda g=generation: gc.get_threshold()[g])
         Info("stator_build", "Stator build", registry=r).info({"version": build_version(), "role": "meta"})
         self.requests = Counter("stator_meta_http_requests_total", "HTTP requests", ["route", "status"], registry=r)
         self.latency = Histogram("stator_meta_http_request_seconds",
