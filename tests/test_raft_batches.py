@@ -7,11 +7,12 @@ import asyncio
 import json
 import threading
 
+import pytest
 from pysyncobj import FAIL_REASON
 
 from meta.raft import pysyncobj_shim as shim
 from meta.raft.applier import DISCARDED, Pending
-from meta.raft.entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX, decode_entry,
+from meta.raft.entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX, compact, decode_entry,
                              encode_entry, encode_envelope, encode_stamp, restamped)
 from meta.raft.journal import read_journal
 from meta.raft.node import RaftNode
@@ -27,6 +28,15 @@ def envelope(i: int) -> bytes:
 
 
 # -- the format ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("note", ["plain ascii", "é😀", "\ud800", 2**70, float("nan"), float("inf"), None])
+def test_an_envelope_orjson_would_write_otherwise_is_written_as_the_stdlib_writes_it(note):
+    # meta/raft/entry.py writes an envelope through orjson only when its text is ASCII and holds no null: text out of
+    # ASCII is escaped, a lone surrogate and a 70-bit integer (orjson refuses them) and a non-finite float (orjson
+    # writes null, the stdlib NaN / Infinity, which apply refuses) are written by the stdlib encoder, as before.
+    env = {"rid": "r", "ts": 0, "budget": 1000, "actor": "system", "cmd": {"type": "Barrier", "note": note}}
+    assert encode_envelope(env) == compact(env).encode()
+
+
 def test_an_entry_holds_its_envelopes_in_order_each_under_the_stamp():
     payload = encode_entry(encode_stamp(STAMP), [envelope(i) for i in range(3)])
     decoded = decode_entry(payload)
