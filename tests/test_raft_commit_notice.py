@@ -126,7 +126,12 @@ async def test_a_follower_behind_gets_entries_not_a_notice(tmp_path):
         transport = shim.transport(leader)
         send = transport.send
         sent: list[tuple[str, dict]] = []
-        transport.send = lambda node, message: (sent.append((node.address, message)), send(node, message))[1]
+
+        def recording(node, message):
+            sent.append((node.address, message))
+            return send(node, message)
+
+        transport.send = recording
         try:
             # No await from here to the end: no tick of the leader runs in between (the nodes tick on this loop)
             last = shim.current_log_index(leader)
