@@ -82,3 +82,24 @@ async def test_no_answer_in_time_is_a_timeout_and_the_future_is_cancelled():
     answered = loop.create_future()
     answered.set_result(1)
     assert await result_within(answered, 60.0) == 1
+
+
+async def test_a_cancel_of_the_waiter_is_a_cancel_not_a_timeout():
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    task = asyncio.create_task(result_within(fut, 60.0))
+    await asyncio.sleep(0)   # it awaits the future now
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fut.cancelled()
+
+
+async def test_a_future_cancelled_by_another_is_a_cancel_not_a_timeout():
+    # Only the wait's own timer makes a TimeoutError; a proposal cancelled elsewhere stays a cancel
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    loop.call_soon(fut.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await result_within(fut, 60.0)
+

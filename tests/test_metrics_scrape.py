@@ -22,6 +22,10 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
                                                               "heartbeat_interval_ms": 500}) as c:
         async with AdminClient(c.meta_urls, c.token("admin")) as admin:
             await admin.create_topic("m", queues=2)
+            async with c.session.get(f"{c.meta_urls[0]}/v1/topics/m", headers=c.headers("admin")) as r:
+                assert r.status == 200
+            async with c.session.get(f"{c.meta_urls[0]}/v1/topics/absent", headers=c.headers("admin")) as r:
+                assert r.status == 404
             async with Producer(c.meta_urls, c.token("client"), "m") as producer:
                 for i in range(10):
                     await producer.send(f"message {i}")
@@ -99,6 +103,10 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
         routes_seen = sum(v for ls, v in metas["m1"]["stator_meta_http_requests_total"]
                           if ls["route"] == "/v1/routes/{topic}")
         assert routes_seen >= routes_timed + 1   # the long poll with wait= is counted, not timed
+        # Each status of a route is a series of its own (the children are cached by route and status)
+        statuses = {ls["status"] for s in metas.values() for ls, v in s["stator_meta_http_requests_total"]
+                    if ls["route"] == "/v1/topics/{topic}" and v > 0}
+        assert {"200", "404"} <= statuses, statuses
 
         b = await scrape(c.session, c.broker_urls[0])
         (labels, one), = b["stator_build_info"]

@@ -23,13 +23,26 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
         return False
 
 
+_EXPIRED = "result_within: timed out"   # the cancel message of a future whose wait ran out
+
+
 async def result_within(fut: asyncio.Future, timeout_s: float) -> object:
     """``fut``'s result, or TimeoutError after ``timeout_s`` (``fut`` is then cancelled); a cancel of the caller
     propagates. Awaited in the caller's task, so whoever resolves ``fut`` wakes the caller directly: through
     ``asyncio.wait_for``'s own future a raft answer woke its writer two loop callbacks later, behind the tick the
-    loop had queued meanwhile (tests/test_loop_bridge.py)."""
-    async with asyncio.timeout(timeout_s):
+    loop had queued meanwhile (tests/test_loop_bridge.py). The wait of every proposal: a timer that cancels ``fut``
+    itself costs ~0.5 us where ``asyncio.timeout`` (a context manager rescheduling a timer that cancels the task)
+    cost ~3 us, ~2-3% of a leader's CPU under 32 writers."""
+    timer = fut.get_loop().call_later(timeout_s, fut.cancel, _EXPIRED)
+    try:
         return await fut
+    except asyncio.CancelledError as e:
+        # The caller's own cancel reaches ``fut`` as another message (Task.cancel cancels what its task awaits).
+        if e.args and e.args[0] is _EXPIRED:
+            raise TimeoutError(f"no result within {timeout_s} s") from None
+        raise
+    finally:
+        timer.cancel()
 
 
 class Changes:

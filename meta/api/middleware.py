@@ -25,12 +25,10 @@ UNTIMED_ROUTES = frozenset({"/v1/watch"})
 
 
 def _observe(request: web.Request, status: int, seconds: float) -> None:
-    m = request.app[METRICS]
     route = route_name(request)
-    m.requests.labels(route, str(status)).inc()
     # A stream or a wait lasts as long as the client asked, not as long as the work: it would drown the latency.
-    if route not in UNTIMED_ROUTES and "wait" not in request.query:
-        m.latency.labels(route).observe(seconds)
+    timed = route not in UNTIMED_ROUTES and "wait" not in request.query
+    request.app[METRICS].observe_request(route, status, seconds if timed else None)
 
 
 def _refused(request: web.Request, code: str) -> None:
