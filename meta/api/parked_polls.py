@@ -18,7 +18,7 @@ import asyncio
 import email.utils
 import enum
 from dataclasses import dataclass
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
@@ -86,6 +86,9 @@ class ParkedPolls:
 
     def topics(self) -> Iterable[str]:
         return self._parked.topics()
+
+    def on_park(self, callback: Callable[[], None]) -> None:
+        self._parked.on_park = callback
 
     async def answer(self, topic: str) -> None:
         polls = self._parked.of(topic)

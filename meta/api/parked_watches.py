@@ -20,7 +20,7 @@ park here. One task drives this writer and the parked polls' (topic_changes.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,9 @@ class ParkedWatches:
 
     def topics(self) -> Iterable[str]:
         return self._parked.topics()
+
+    def on_park(self, callback: Callable[[], None]) -> None:
+        self._parked.on_park = callback
 
     async def answer(self, topic: str) -> None:
         if not self._parked.of(topic):
