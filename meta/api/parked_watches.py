@@ -89,20 +89,23 @@ class ParkedWatches:
         chunk = b"%x\r\n%s\r\n" % (len(event), event)
         now = asyncio.get_running_loop().time()
         written = 0
-        for parked in self._parked.of(topic):   # as parked now: each slice below yields the loop
-            stream = parked.stream
-            if parked.fut.done() or max(stream.after, stream.sent.get(topic, -1)) >= version:
-                continue   # woken already, or it has this version (it resumed after it)
-            if not self._writable(parked):
-                continue
-            parked.transport.write(chunk if parked.chunked else event)
-            stream.sent[topic] = stream.last_id = version
-            stream.scanned_to = max(stream.scanned_to, published)
-            stream.quiet_since = now
-            self.written.inc()
-            written += 1
-            if written % ANSWER_SLICE == 0:
-                await asyncio.sleep(0)
+        try:
+            for parked in self._parked.of(topic):   # as parked now: each slice below yields the loop
+                stream = parked.stream
+                if parked.fut.done() or max(stream.after, stream.sent.get(topic, -1)) >= version:
+                    continue   # woken already, or it has this version (it resumed after it)
+                if not self._writable(parked):
+                    continue
+                parked.transport.write(chunk if parked.chunked else event)
+                stream.sent[topic] = stream.last_id = version
+                stream.scanned_to = max(stream.scanned_to, published)
+                stream.quiet_since = now
+                written += 1
+                if written % ANSWER_SLICE == 0:
+                    await asyncio.sleep(0)
+        finally:
+            if written:   # once a pass, as the parked polls' answers
+                self.written.inc(written)
 
     def wake_all(self, topic: str) -> None:
         for parked in self._parked.of(topic):
