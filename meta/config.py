@@ -102,6 +102,7 @@ RAFT_COMPACTION_MIN_TIME_S_MAX = 86_400
 RAFT_SNAPSHOT_CHUNK_BYTES_MIN = 4 * 1024
 RAFT_SNAPSHOT_CHUNK_BYTES_MAX = 16 * 1024 * 1024  # one raft message: read, decrypted and parsed at once
 RAFT_COMMANDS_QUEUE_MAX = 10_000_000
+RAFT_PROPOSE_COALESCE_S_MAX = 0.05   # a proposal's wait for others: past it, latency a writer would notice
 RAFT_HEARTBEATS_PER_ELECTION_TIMEOUT_MIN = 3     # pysyncobj refuses a shorter election timeout (SyncObjConf.validate)
 
 
@@ -115,6 +116,9 @@ class _RaftTuningSchema(Schema):
     compaction_min_entries: int = Field(RaftTuning.compaction_min_entries, ge=2, le=RAFT_COMPACTION_MIN_ENTRIES_MAX)
     compaction_min_time_s: int = Field(RaftTuning.compaction_min_time_s, ge=1, le=RAFT_COMPACTION_MIN_TIME_S_MAX)
     commands_queue_max: int = Field(RaftTuning.commands_queue_max, ge=1, le=RAFT_COMMANDS_QUEUE_MAX)
+    # 0 turns the coalescing of proposals under load off (meta/raft/node.py RaftTuning says what it does).
+    propose_coalesce_s: float = Field(RaftTuning.propose_coalesce_s, ge=0, le=RAFT_PROPOSE_COALESCE_S_MAX)
+    propose_coalesce_min: int = Field(RaftTuning.propose_coalesce_min, ge=1, le=RAFT_COMMANDS_QUEUE_MAX)
     snapshot_chunk_bytes: int = Field(RaftTuning.snapshot_chunk_bytes, ge=RAFT_SNAPSHOT_CHUNK_BYTES_MIN,
                                       le=RAFT_SNAPSHOT_CHUNK_BYTES_MAX)
     # "fsync" (default): the journal is fdatasynced before a node acknowledges entries (group commit per tick), so

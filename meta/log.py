@@ -141,6 +141,10 @@ class Log:
     def slow_ticks(self) -> int:
         return self._node.slow_ticks
 
+    @property
+    def proposal_wakes_deferred(self) -> int:
+        return self._node.proposal_wakes_deferred
+
     def snapshot_counts(self) -> dict[str, int]:
         return self._node.snapshot_counts()
 

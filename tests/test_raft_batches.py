@@ -15,7 +15,7 @@ from meta.raft.applier import DISCARDED, Pending
 from meta.raft.entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX, compact, decode_entry,
                              encode_entry, encode_envelope, encode_stamp, restamped)
 from meta.raft.journal import read_journal
-from meta.raft.node import RaftNode
+from meta.raft.node import RaftNode, RaftTuning
 from meta.raft.proposals import Proposals, batch_callback
 from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
@@ -143,3 +143,43 @@ async def test_concurrent_proposals_share_entries_and_are_decided_one_by_one(tmp
         assert max(len(c.split(b"\n")) - 1 for c in regular) > 1
         assert all(e["ts"] > 0 for e in envelopes), "an entry reached the log without the leader's stamp"
         assert all(json.loads(c[1:].split(b"\n")[0]).keys() == {"ts", "budget", "history"} for c in regular)
+
+
+# -- coalescing under load (RaftTuning.propose_coalesce_s / _min) ---------------------------------------------------
+COALESCE_S = 0.3   # long enough that a deferred wake shows in a proposal's time, short of any timeout here
+
+
+async def test_a_lone_writer_never_waits_to_coalesce_and_a_loaded_node_does(tmp_path):
+    tuning = RaftTuning(propose_coalesce_s=COALESCE_S, propose_coalesce_min=2)
+    nodes = start_nodes(tmp_path, "coalesce-test-secret", tuning=tuning)
+    try:
+        leader, raft = await leader_of(nodes, WAIT_S)
+        # One at a time: every entry of the leader's own carries one proposal, under the minimum of two.
+        for i in range(20):
+            outcome = await raft.propose({"type": "Barrier"}, f"lone-{i}", "system", timeout_s=WAIT_S)
+            assert outcome["ok"], outcome
+        assert leader.proposal_wakes_deferred == 0
+        # Twenty at once, twice: the first round's entry carries several, so a proposal of the second may wait for
+        # others (up to COALESCE_S: a tick that runs meanwhile takes them at once). Every one is still answered.
+        for round_ in range(2):
+            outcomes = await asyncio.gather(*(raft.propose({"type": "Barrier"}, f"load-{round_}-{i}", "system",
+                                                           timeout_s=WAIT_S) for i in range(20)))
+            assert all(o["ok"] for o in outcomes), outcomes
+        assert leader.proposal_wakes_deferred >= 1
+        # And alone again: the next entry of the leader's own carries one, so the one after never waits.
+        deferred = leader.proposal_wakes_deferred
+        for i in range(2):
+            assert (await raft.propose({"type": "Barrier"}, f"after-{i}", "system", timeout_s=WAIT_S))["ok"]
+        assert leader.proposal_wakes_deferred <= deferred + 1
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_coalescing_is_off_at_zero_and_bounded_in_the_config():
+    from meta.config import RAFT_PROPOSE_COALESCE_S_MAX, _RaftTuningSchema
+    assert _RaftTuningSchema(propose_coalesce_s=0).propose_coalesce_s == 0
+    for bad in ({"propose_coalesce_s": RAFT_PROPOSE_COALESCE_S_MAX * 2}, {"propose_coalesce_s": -0.001},
+                {"propose_coalesce_min": 0}):
+        with pytest.raises(ValueError):
+            _RaftTuningSchema(**bad)

@@ -126,6 +126,10 @@ class NodeStateCollector:
         yield CounterMetricFamily("stator_meta_raft_ticks_slow", "Raft ticks longer than the shortest election "
                                   "timeout (meta/raft/node.py SLOW_TICK_S): heartbeats were held back",
                                   value=svc.log.slow_ticks)
+        yield CounterMetricFamily("stator_meta_raft_proposal_wakes_deferred", "Proposals that asked for the next "
+                                  "tick after raft_tuning.propose_coalesce_s rather than at once (the node was under "
+                                  "load: its last entry carried at least propose_coalesce_min proposals)",
+                                  value=svc.log.proposal_wakes_deferred)
         snapshots = CounterMetricFamily("stator_meta_raft_snapshots", "Snapshots since start: written by this node, "
                                         "installed from the leader, or written and dropped because an install was "
                                         "newer", labels=["kind"])

@@ -139,6 +139,7 @@ class LoopTicker:
         self._again = False                     # asked for while the watchdog ticked: the loop runs one after it
         self._stopping = threading.Event()
         self._timer: asyncio.TimerHandle | None = None
+        self._deferred: asyncio.TimerHandle | None = None   # wake_after's tick
         self._watchdog: threading.Thread | None = None
         self.last_tick = time.monotonic()       # when the last tick ended
         self._failed_until = 0.0                # a tick raised: asked-for ticks wait until then (timer, watchdog run)
@@ -161,6 +162,16 @@ class LoopTicker:
         if not self._scheduled and not self._stopping.is_set() and time.monotonic() >= self._failed_until:
             self._scheduled = True
             self._loop.call_soon(self._run_on_loop)
+
+    def wake_after(self, delay_s: float) -> None:
+        """On the loop's thread: a tick once ``delay_s`` has passed (one, however many ask before it runs); a tick
+        that runs meanwhile for another reason does not cancel it (it finds nothing, or what came since)."""
+        if self._deferred is None and not self._stopping.is_set():
+            self._deferred = self._loop.call_later(delay_s, self._deferred_wake)
+
+    def _deferred_wake(self) -> None:
+        self._deferred = None
+        self.soon()
 
     def _run_on_loop(self) -> None:
         self._scheduled = False
@@ -248,6 +259,8 @@ class LoopTicker:
     def _detach(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._deferred is not None:
+            self._deferred.cancel()
         self._poller.detach()
 
 

@@ -86,6 +86,14 @@ class RaftTuning:
     compaction_min_entries: int = 20_000
     compaction_min_time_s: int = 300
     commands_queue_max: int = 50_000
+    # Under load a proposal waits up to propose_coalesce_s for others before it wakes the tick, so that one entry
+    # carries more of them (one append, sync, acknowledgement and apply pass for more writes): only while this node's
+    # last entry of its own carried at least propose_coalesce_min proposals. A lone writer's entries carry one, so
+    # it never waits; a tick that runs meanwhile (a message, the timer) takes what is queued at once. 0 turns it off.
+    # 64 writers on this repo's 2-core VM (ops/bench/vs_etcd's load, interleaved): 8 -> 12 proposals an entry,
+    # CPU a write -7 to -15%, p99 lower, off versus 1.5 ms.
+    propose_coalesce_s: float = 0.0015
+    propose_coalesce_min: int = 4
     # A leader sends its snapshot to a follower behind its log this many bytes per heartbeat period (pysyncobj's
     # logCompactionBatchSize, 64 KiB by default: 1.3 MB/s, so a 10,000,000-queue snapshot of ~100 MB took over a
     # minute: a follower behind a leader that compacts more often than that never catches up).
@@ -183,6 +191,10 @@ class _LocalState:
     sent_index: int = 0           # last log index and commit index sent to the followers
     sent_commit: int = 0
     wake_pending: bool = False
+    coalesce_s: float = 0.0       # RaftTuning.propose_coalesce_s and _min
+    coalesce_min: int = 0
+    last_batch: int = 0           # proposals in this node's last entry of its own
+    wakes_deferred: int = 0       # proposals that asked for the tick after coalesce_s, not at once
     freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
     last_keepalive: float = 0.0   # monotonic
     slow_ticks: int = 0           # ticks longer than SLOW_TICK_S, waits included
@@ -222,7 +234,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self._on_applied = on_applied
         self.bridge = bridge
         self.commands_queue_max = tuning.commands_queue_max
-        self._local = _LocalState()
+        self._local = _LocalState(coalesce_s=tuning.propose_coalesce_s, coalesce_min=tuning.propose_coalesce_min)
         self._applier = Applier(self._apply_entry, bridge.flush)
         self._proposals = Proposals(tuning.commands_queue_max)
         os.makedirs(data_dir, exist_ok=True)
@@ -375,11 +387,18 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # so a proposal queued after that point always wakes the next tick.
         if self._local.pipe is not None and not self._local.wake_pending:
             self._local.wake_pending = True
-            self.wake()
+            local = self._local
+            if local.coalesce_s > 0 and local.last_batch >= local.coalesce_min and isinstance(self._ticker, LoopTicker):
+                local.wakes_deferred += 1
+                self._ticker.wake_after(local.coalesce_s)
+            else:
+                self.wake()
 
     def _checkCommandsToApply(self):
         self._local.wake_pending = False
         batches = self._proposals.take()
+        if batches:
+            self._local.last_batch = sum(len(batch.envelopes) for batch in batches)
         if batches:
             stamp = self._stamp() if self.is_leader() else encode_stamp({})
             for batch in batches:
@@ -668,6 +687,10 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     @property
     def slow_ticks(self) -> int:
         return self._local.slow_ticks
+
+    @property
+    def proposal_wakes_deferred(self) -> int:
+        return self._local.wakes_deferred
     def set_apply_observer(self, observe: Callable[[float], None]) -> None:
         self._local.observe_apply_s = observe
 
