@@ -45,7 +45,7 @@ async def answer_changes(feed: ChangeFeed, writers: Sequence[Parked]) -> None:
         writer.on_park(parking.set)
     scanned = feed.version
     while True:
-        if not any(writer.topics() for writer in writers):
+        if all(next(iter(writer.topics()), None) is None for writer in writers):
             parking.clear()
             await wait_set(parking, IDLE_WAIT_S)
             continue
