@@ -26,7 +26,9 @@ Layout of ``Image.data``::
     member_count   members of all groups
     subscriptions  {topic: {group: members of that group naming the topic}}: the groups a topic change concerns
     revoking       {group: locks of it being revoked}: where the leader looks for revocations whose lease ended
-    requests       {request id: (fingerprint, ts, the outcome's JSON text)} in arrival order (idempotency)
+    requests       {request id: (fingerprint, ts, the outcome's JSON text)} in arrival order (idempotency); read
+                   back from a snapshot each is a list (JSON has no tuple), read by position all the same, and frozen
+                   out of the collector's walks with the rest of the restored image (MetaSyncObj._freeze_image)
     history        [stored event as canonical JSON, big ones packed: meta/history_lines.py] newest last, bounded;
                    history_start = version of history[0]; read them through history_kept_after / history_lines
     history_window events the history keeps (trimmed in chunks of a tenth past it): set by the leader's stamp on a

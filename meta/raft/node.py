@@ -385,9 +385,9 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             return
         # One wake-up per tick is enough: the tick takes every waiting proposal. The flag is cleared before taking,
         # so a proposal queued after that point always wakes the next tick.
-        if self._local.pipe is not None and not self._local.wake_pending:
-            self._local.wake_pending = True
-            local = self._local
+        local = self._local
+        if local.pipe is not None and not local.wake_pending:
+            local.wake_pending = True
             if local.coalesce_s > 0 and local.last_batch >= local.coalesce_min and isinstance(self._ticker, LoopTicker):
                 local.wakes_deferred += 1
                 self._ticker.wake_after(local.coalesce_s)
