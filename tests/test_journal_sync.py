@@ -76,6 +76,9 @@ async def test_fsync_mode_syncs_before_every_acknowledgement_and_commit_in_group
     lead, followers = await _stats_after_load(tmp_path, "fsync")
     print(f"\n[journal fsync] leader {lead}\n  followers {followers}")
     assert lead["durable"] and lead["commits_checked"] > 0 and lead["commits_unsynced"] == 0, lead
+    # The leader's marks of its synced journal (meta/raft/local_commit.py), on which the followers commit
+    assert lead["marks_checked"] > 0 and lead["marks_unsynced"] == 0, lead
+    assert all(f["local_commits"] > 0 for f in followers), followers
     # Group commit: far fewer syncs than proposals, yet every entry was synced before it counted.
     assert 0 < lead["syncs"] < PROPOSALS / 2, lead
     for f in followers:
@@ -93,6 +96,7 @@ async def test_none_mode_acknowledges_what_no_msync_covered(tmp_path):
     # fsync test above are ones that can fail.
     lead, followers = await _stats_after_load(tmp_path, "none")
     assert not lead["durable"] and lead["syncs"] == 0 and lead["commits_unsynced"] > 0, lead
+    assert lead["marks_unsynced"] > 0, lead
     for f in followers:
         assert f["syncs"] == 0 and f["acks_unsynced"] > 0, f
 

@@ -72,6 +72,8 @@ async def test_meta_and_broker_metrics_from_real_processes(tmp_path):
             assert value(s, "stator_meta_journal_fsync_enabled") == 1 and value(s, "stator_meta_journal_syncs_total") > 0
             assert value(s, "stator_meta_journal_acks_unsynced_total") == 0
             assert value(s, "stator_meta_journal_commits_unsynced_total") == 0
+            assert value(s, "stator_meta_journal_marks_unsynced_total") == 0
+            assert value(s, "stator_meta_raft_local_commits_total") >= 0
             # The raft thread's health: counted on every node (tests/test_raft_entry_sizes.py reads them under load).
             assert value(s, "stator_meta_raft_ticks_slow_total") >= 0
             for kind in ("written", "installed", "superseded"):

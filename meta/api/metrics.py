@@ -187,7 +187,7 @@ class NodeStateCollector:
 
     @staticmethod
     def _journal_counters(stats: dict[str, Any]) -> Iterator[Metric]:
-        """The journal's group commit (raft_tuning.journal_sync): syncs, and acknowledgements or commits that got
+        """The journal's group commit (raft_tuning.journal_sync): syncs, and acknowledgements, commits or marks that got
         ahead of the disk (always 0 with fsync; counted with ``none`` too, so an operator sees what the mode risks)."""
         yield GaugeMetricFamily("stator_meta_journal_fsync_enabled", "1 when the journal is fsynced before acks",
                                 value=1 if stats["durable"] else 0)
@@ -198,8 +198,14 @@ class NodeStateCollector:
         yield CounterMetricFamily("stator_meta_journal_commits_unsynced",
                                   "Leader commits counting its own entries not yet on disk",
                                   value=stats["commits_unsynced"])
+        yield CounterMetricFamily("stator_meta_journal_marks_unsynced",
+                                  "Leader's marks of its synced journal covering entries not yet on disk",
+                                  value=stats["marks_unsynced"])
         yield CounterMetricFamily("stator_meta_journal_syncs_slow", "Journal syncs longer than 0.1 s "
                                   "(meta/raft/group_commit.py SLOW_SYNC_S)", value=stats["slow_syncs"])
+        yield CounterMetricFamily("stator_meta_raft_local_commits",
+                                  "Times this follower committed on the leader's mark (meta/raft/local_commit.py)",
+                                  value=stats["local_commits"])
 
     def _image_gauges(self) -> Iterator[Metric]:
         def look(image) -> tuple[dict[str, int], int, int, bool]:

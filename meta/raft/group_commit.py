@@ -10,9 +10,10 @@ Where a node promises durability in pysyncobj's flow:
   the followers' do) and once more before the commit computation if anything was appended since.
 
 With ``durable`` False nothing is synced but the same bookkeeping runs, so a test and an operator see the
-difference: ``acks_unsynced`` / ``commits_unsynced`` count acknowledgements and leader commits that covered entries
-no sync had covered yet (always 0 when durable). An acknowledgement is checked as it is written to its link
-(``sent``), not where the sync is, so one sent before its sync by any path is counted.
+difference: ``acks_unsynced`` / ``commits_unsynced`` / ``marks_unsynced`` count acknowledgements, leader commits and
+the leader's marks (meta/raft/local_commit.py) that covered entries no sync had covered yet (always 0 when durable).
+An acknowledgement or a mark is checked as it is written to its link (``sent``), not where the sync is, so one sent
+before its sync by any path is counted.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ log = structlog.get_logger("meta.raft")
 SLOW_SYNC_S = 0.1   # a sync this long is half the shortest election timeout
 
 ACK_MESSAGE = "next_node_idx"   # a follower's answer to append_entries; with success=True it acknowledges entries
+MARK_MESSAGE = "leader_synced"  # the leader's word of how far its journal is on disk (meta/raft/local_commit.py)
 
 
 class GroupCommit:
@@ -38,12 +40,20 @@ class GroupCommit:
         self.acks_unsynced = 0
         self.commits_checked = 0
         self.commits_unsynced = 0
+        self.marks_checked = 0
+        self.marks_unsynced = 0
         self.slow_syncs = 0
         self.sync_seconds_max = 0.0
 
     @property
     def synced_index(self) -> int:
         return self._journal.synced_index
+
+    @property
+    def durable_index(self) -> int:
+        """How far this node's log counts as on disk: the synced index, or with ``durable`` False the last index
+        (what its acknowledgements and commits count on then)."""
+        return self._journal.synced_index if self.durable else self._journal.last_index
 
     def sync(self) -> None:
         """fdatasync the journal if anything changed since the last time (no-op when not durable)."""
@@ -64,13 +74,19 @@ class GroupCommit:
             self.sync()
 
     def sent(self, messages: list[dict[str, Any]]) -> None:
-        """The transport's hook once messages are written to a link: an acknowledgement that left covering an
-        entry no sync had covered by then is counted (wherever it was sent from, whatever synced or not before)."""
+        """The transport's hook once messages are written to a link: an acknowledgement, or a leader's mark, that
+        left covering an entry no sync had covered by then is counted (wherever it was sent from, whatever synced
+        or not before)."""
         for m in messages:
-            if m.get("type") == ACK_MESSAGE and m.get("success"):
+            kind = m.get("type")
+            if kind == ACK_MESSAGE and m.get("success"):
                 self.acks_checked += 1
                 if m["next_node_idx"] - 1 > self._journal.synced_index:
                     self.acks_unsynced += 1
+            elif kind == MARK_MESSAGE:
+                self.marks_checked += 1
+                if m["index"] > self._journal.synced_index:
+                    self.marks_unsynced += 1
 
     def check_commit(self, commit_index: int, synced_before: int) -> None:
         """After a leader's tick that advanced its commit index: the index must not pass what was synced before
@@ -83,5 +99,6 @@ class GroupCommit:
         return {"durable": self.durable, "syncs": self._journal.syncs, "synced_index": self._journal.synced_index,
                 "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
                 "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
+                "marks_checked": self.marks_checked, "marks_unsynced": self.marks_unsynced,
                 "state_writes": self._journal.state_writes, "slow_syncs": self.slow_syncs,
                 "sync_seconds_max": self.sync_seconds_max}

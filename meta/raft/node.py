@@ -50,6 +50,7 @@ from .entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope,
 from .group_commit import GroupCommit
 from .journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
+from .local_commit import LocalCommit
 from .loop_ticker import LoopPoller, LoopTicker
 from .prevote import PreVote, PreVoteCounts
 from .read_index import ReadIndex, ReadIndexCounts
@@ -214,6 +215,7 @@ class _LocalState:
     roles: Roles | None = None    # voter or learner, and the leader's membership changes (meta/raft/roles.py)
     prevote: PreVote | None = None   # no campaign without a majority's pre-vote (meta/raft/prevote.py)
     read_index: ReadIndex | None = None   # linearizable reads without a log entry (meta/raft/read_index.py)
+    local_commit: LocalCommit | None = None   # followers commit on the leader's mark (meta/raft/local_commit.py)
     leader_seen: Any = None       # the leader this node knew at the end of the last tick (pysyncobj's Node)
 
 
@@ -291,15 +293,17 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # requests, pre-votes, vote requests in lease and the read index's messages are ours to handle.
         roles = self._local.roles
         prevote = self._local.prevote = PreVote(self, self_raft, lambda: roles.voter)
-        reads = self._local.read_index = ReadIndex(self, self._applier.submit_call, self.wake)
+        reads = self._local.read_index = ReadIndex(self, self._applier.submit_call, self.wake, self.commit_bound)
         self._local.held = shim.keep_matching_entries(self, lambda node, m: roles.admit(node, m)
-                                                      and prevote.admit(node, m) and reads.admit(node, m),
+                                                      and prevote.admit(node, m) and reads.admit(node, m)
+                                                      and self._local.local_commit.admit(node, m),
                                                       self._local.notice)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
         self._local.journal = GroupCommit(shim.journal_of(self), tuning.journal_sync == "fsync")
         self._local.transport = shim.transport(self)
         self._local.transport.set_before_flush(self._local.journal.before_flush, self._local.journal.sent)
+        self._local.local_commit = LocalCommit(self, self._local.journal, lambda: roles.voter)
         shim.load_snapshot_before_any_apply(self)
         # Bound to the restored image now, before anyone reads: a later rebind tells every reader that everything
         # changed (a snapshot installed from the leader), and at start-up that made the route warmer render every
@@ -322,6 +326,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # Cheap committed entries, once the commit index left: their answers reach the loop while the leader syncs.
         self.addOnTickCallback(functools.partial(self._applier.run_inline, self.image_lock))
         self.addOnTickCallback(self._leader_sync)  # the leader's disk works while the followers' do
+        self.addOnTickCallback(self._local.local_commit.send_mark)   # ...and they learn at once when it is done
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
         self.addOnTickCallback(self._keep_links_alive)
@@ -342,6 +347,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
                 shim.send_message(self, node, keepalive)
 
     def acknowledge(self, node: Any, next_index: int, reset: bool, success: bool) -> bool:
+        self._local.local_commit.acknowledged(node, next_index, success and not reset)
         if success and not reset and self._local.notice.handling:
             return True   # a commit notice taken: the leader knows this node holds its log (shim.send_commit_notice)
         return self._local.roles.acknowledge(node, next_index, reset, success)
@@ -442,6 +448,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         if self._ticker is not None:
             shim.poll_sockets(self)
             self._local.transport.flush()   # what answering them queued (a follower's acknowledgements)
+            self._local.local_commit.advance()   # once they left: what the leader's mark and this disk both hold
         # The leader counts itself toward the commit of every entry in its journal at the start of the tick: what
         # was appended since the last sync (a new term's no-op, read from the sockets) is synced first.
         journal = self._local.journal
@@ -449,6 +456,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         self._local.prevote.tick()   # a pre-vote first, where pysyncobj would campaign
         super()._onTick(timeToWait)
+        shim.ready_when_past_leader_commit(self)
         self._local.read_index.tick()   # after pysyncobj's: the entries it committed are handed over
         # The tick ends in a poll that handled what arrived: its answers leave now, not a tick later.
         self._local.transport.flush()
@@ -486,7 +494,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         if last > local.sent_index or commit > local.sent_commit:
             entries = last > local.sent_index
             local.sent_index, local.sent_commit = last, commit
-            if entries or not shim.send_commit_notice(self):
+            if entries or not shim.send_commit_notice(self, voters_too=not self._local.local_commit.marking()):
                 shim.send_append_entries(self)
 
     # -- snapshots: pysyncobj's serializer hooks, all called on the tick ------------------------------------
@@ -739,8 +747,15 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         return {kind: self._local.snapshots[kind] for kind in SNAPSHOT_KINDS}
 
     def journal_stats(self) -> dict[str, Any]:
-        """Group commit counters: syncs, and acknowledgements / commits checked against the synced index."""
-        return self._local.journal.stats()
+        """Group commit counters: syncs, and acknowledgements / commits / marks checked against the synced index;
+        marks sent (leader) and commits raised on a mark (follower)."""
+        counts = self._local.local_commit.counts
+        return {**self._local.journal.stats(), "marks_sent": counts.marks_sent, "local_commits": counts.commits}
+
+    def commit_bound(self) -> int:
+        """The largest index a node may have taken for committed (meta/raft/local_commit.py): what a linearizable
+        read on the leader, or a wait for what is committed, must wait for."""
+        return self._local.local_commit.commit_bound()
 
 
 class RaftNode:
@@ -804,10 +819,9 @@ class RaftNode:
 
     async def applied_commit(self, timeout_s: float) -> bool:
         """Returns once this node applied every entry it knew committed at the call; False after ``timeout_s``.
-        No message is sent: on the leader, whose commit index is the cluster's, the image then holds every write a
-        follower has acknowledged (a follower applies a committed entry as soon as it hears of it, and can be ahead
-        of the leader's apply thread)."""
-        index = self.sync.raftCommitIndex
+        No message is sent: on the leader the image then holds every write a follower has acknowledged (a follower
+        applies a committed entry as soon as it knows it, even before the leader counted it: ``commit_bound``)."""
+        index = self.sync.commit_bound()
         if self.sync.applied_index >= index:
             return True
         fut: asyncio.Future = self.loop.create_future()

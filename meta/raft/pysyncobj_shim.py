@@ -73,6 +73,28 @@ def leader(so: SyncObj) -> Node | None:
     return so._getLeader()
 
 
+def connected(so: SyncObj, node: Node) -> bool:
+    """Whether this node's link to ``node`` is up (pysyncobj sends nothing over one that is not)."""
+    return node in so._SyncObj__connectedNodes
+
+
+def ready_when_past_leader_commit(so: SyncObj) -> None:
+    """pysyncobj's node is ready (``isReady``) once, at a tick, its last applied index *equals* the leader's commit
+    index it last heard of. A follower that commits on the leader's mark (meta/raft/local_commit.py) applies ahead
+    of that index under a steady write load, and could stay unready for as long: past it counts as reached."""
+    heard = so._SyncObj__leaderCommitIndex
+    if not so._SyncObj__onReadyCalled and heard is not None and so.raftLastApplied >= heard:
+        so._SyncObj__onReadyCalled = True   # what pysyncobj sets (its onReady callback is not used here)
+
+
+def set_commit_index(so: SyncObj, index: int) -> None:
+    """Raise the commit index to ``index`` (a follower's own commit, meta/raft/local_commit.py); pysyncobj applies
+    up to it at its next apply pass and saves it with the journal's state, as one the leader sent."""
+    if index > so._SyncObj__raftCommitIndex:
+        so._SyncObj__raftCommitIndex = index
+        so._SyncObj__raftLog.setRaftCommitIndex(index)
+
+
 def is_leader(so: SyncObj) -> bool:
     return so._isLeader()
 
@@ -201,15 +223,18 @@ def send_append_entries(so: SyncObj) -> None:
 QUIET = "quiet"
 
 
-def send_commit_notice(so: SyncObj) -> bool:
+def send_commit_notice(so: SyncObj, voters_too: bool = True) -> bool:
     """Leader: send every follower the commit index in a quiet append, when the append pysyncobj would send each one
     carries no entry (its next index is past the log); False, and nothing sent, when one would (pysyncobj's
-    ``send_append_entries`` then sends them, each answered)."""
+    ``send_append_entries`` then sends them, each answered). ``voters_too`` False: to the learners alone (the voters
+    commit on their own, meta/raft/local_commit.py)."""
     last = current_log_index(so)
     next_index = so._SyncObj__raftNextIndex
     nodes = so._SyncObj__otherNodes | so._SyncObj__readonlyNodes
     if any(next_index.get(node) != last + 1 for node in nodes):
         return False
+    if not voters_too:
+        nodes = so._SyncObj__readonlyNodes
     last_term = log_entry(so, last)[2]   # the log always holds its last entry (compaction keeps it)
     connected = so._SyncObj__connectedNodes
     link = transport(so)

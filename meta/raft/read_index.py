@@ -5,7 +5,9 @@ began, and is then served from the node's image. Until now each one appended a b
 with its fsyncs, per read); here no entry is appended:
 
 - **On the leader**, once it has committed an entry of its own term (its no-op: until then its commit index may lag
-  what an earlier leader committed), the read index is its commit index. It then makes sure it still leads: it sends
+  what an earlier leader committed), the read index is its commit index, or the last index it told its followers
+  its disk holds, when larger: a follower may have committed up to there on its own (meta/raft/local_commit.py)
+  and answered a write the leader has not counted yet. It then makes sure it still leads: it sends
   its voters a read probe (``read_probe``, a sequence number) and waits until a majority, itself included, answered
   a probe sent after the read arrived. No newer leader can have committed anything before that moment, since a
   majority still took this node as leader after it. Reads arriving meanwhile share the next probe.
@@ -76,10 +78,14 @@ class _Leading:
 
 
 class ReadIndex:
-    def __init__(self, so: Any, submit_call: Callable[[Callable[[], None]], None], wake: Callable[[], None]):
+    def __init__(self, so: Any, submit_call: Callable[[Callable[[], None]], None], wake: Callable[[], None],
+                 commit_bound: Callable[[], int]):
         """``so``: the MetaSyncObj; ``submit_call(fn)``: run fn on the apply thread after every entry handed over so
-        far (Applier.submit_call); ``wake()``: run the next tick now (any thread)."""
+        far (Applier.submit_call); ``wake()``: run the next tick now (any thread); ``commit_bound()``: the leader's
+        read index, its commit index or, when larger, the last index a follower may have committed on its own
+        and answered for (meta/raft/local_commit.py)."""
         self.so = so
+        self._commit_bound = commit_bound
         self._submit_call = submit_call
         self._wake = wake
         self._incoming: collections.deque[_Read] = collections.deque()   # from the event loop
@@ -142,7 +148,7 @@ class ReadIndex:
             return
         so = self.so
         leading.seq += 1
-        index = so.raftCommitIndex
+        index = self._commit_bound()
         leading.probed += [(leading.seq, index, reply) for reply in leading.unprobed]
         leading.unprobed = []
         self.counts.probes += 1

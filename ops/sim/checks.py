@@ -76,9 +76,10 @@ def journal_counters(sim: Any) -> list[dict[str, Any]]:
         stats = list(node.journal_stats) + ([node.so.journal_stats()] if node.so is not None else [])
         acks = sum(s["acks_unsynced"] for s in stats)
         commits = sum(s["commits_unsynced"] for s in stats)
-        if acks or commits:
-            out.append(violation("journal_counters", f"{node.name}: {acks} acknowledgements and {commits} commits "
-                                 "covered entries no sync had covered", node=node.name))
+        marks = sum(s["marks_unsynced"] for s in stats)
+        if acks or commits or marks:
+            out.append(violation("journal_counters", f"{node.name}: {acks} acknowledgements, {commits} commits and "
+                                 f"{marks} leader's marks covered entries no sync had covered", node=node.name))
     return out
 
 
