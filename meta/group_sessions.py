@@ -108,8 +108,11 @@ class GroupSessions:
     async def applied(self) -> None:
         """Leader: once its image holds what it knows committed. A write a follower answered may not be in the
         leader's image yet (its apply thread can lag the commit): a leave there must show in the next heartbeat's
-        answer to any member, and in a describe. 503 OVERLOADED when the apply thread does not catch up in time."""
+        answer to any member, and in a describe. 503 OVERLOADED when the apply thread does not catch up in time,
+        NO_LEADER when this node stopped leading meanwhile."""
         if not await self.log.applied_commit(APPLY_WAIT_S):
+            if not self.log.is_leader():   # cut off: what it waited for (meta/raft/local_commit.py) may never commit
+                raise rejection(503, "NO_LEADER", "this node stopped leading while it caught up with its log; retry")
             raise rejection(503, "OVERLOADED", "the leader has not applied its committed log in time; retry")
 
     async def _decide(self, group: str, member: str, topics: list[str], mode: str,

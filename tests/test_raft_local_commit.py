@@ -12,7 +12,7 @@ import dataclasses
 
 from meta.raft import pysyncobj_shim as shim
 from meta.raft.group_commit import ACK_MESSAGE
-from meta.raft.local_commit import LEADER_SYNCED, committable
+from meta.raft.local_commit import LEADER_SYNCED, caught_up, committable
 from meta.raft.node import RaftNode, RaftTuning
 from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
@@ -141,15 +141,11 @@ async def test_a_write_a_follower_answered_on_its_own_is_in_the_leaders_next_lin
             n.stop()
 
 
-async def test_a_follower_that_applied_past_the_leaders_commit_it_heard_of_is_ready(held_follower):
+def test_a_follower_that_applied_past_the_leaders_commit_it_heard_of_is_ready():
     # pysyncobj's readiness wants the last applied index equal to the leader's commit index last heard of; under a
-    # steady write load a follower committing on marks is past it at most ticks (a restarted node said unready).
-    node = held_follower.node
-    node._SyncObj__onReadyCalled = False
-    node._SyncObj__leaderCommitIndex = node.raftLastApplied - 1
-    shim.ready_when_past_leader_commit(node)
-    assert node.isReady()
-    node._SyncObj__onReadyCalled = False
-    node._SyncObj__leaderCommitIndex = node.raftLastApplied + 1
-    shim.ready_when_past_leader_commit(node)
-    assert not node.isReady(), "ready before it applied what the leader had committed"
+    # steady write load a follower committing on marks is past it at most ticks (a restarted node stayed unready).
+    assert caught_up(False, applied=10, heard=9)
+    assert caught_up(False, applied=10, heard=10)
+    assert not caught_up(False, applied=9, heard=10), "ready before it applied what the leader had committed"
+    assert not caught_up(False, applied=9, heard=None), "ready before it heard of any leader"
+    assert caught_up(True, applied=0, heard=None)

@@ -52,6 +52,13 @@ def committable(*, mark: int, matched: int, durable: int, commit: int, term_at: 
     return index
 
 
+def caught_up(pysyncobj_ready: bool, applied: int, heard: int | None) -> bool:
+    """A node's readiness. pysyncobj's wants, at some tick, the last applied index *equal* to the leader's commit
+    index this node last heard of (``heard``); a follower committing on marks applies past it under a steady write
+    load, and could stay unready for as long: past it counts as reached."""
+    return pysyncobj_ready or (heard is not None and applied >= heard)
+
+
 @dataclass
 class LocalCommitCounts:
     marks_sent: int = 0        # leader: marks sent (one per voter)
@@ -139,7 +146,7 @@ class LocalCommit:
                             commit=so.raftCommitIndex, term_at=lambda i: _term_at(so, i), term=term,
                             voters=1 + len(shim.voters(so)))
         if index is not None:
-            shim.set_commit_index(so, index)
+            shim.take_commit_notice(so, self._follow[1], index)
             self.counts.commits += 1
 
 

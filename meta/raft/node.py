@@ -50,7 +50,7 @@ from .entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope,
 from .group_commit import GroupCommit
 from .journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
-from .local_commit import LocalCommit
+from .local_commit import LocalCommit, caught_up
 from .loop_ticker import LoopPoller, LoopTicker
 from .prevote import PreVote, PreVoteCounts
 from .read_index import ReadIndex, ReadIndexCounts
@@ -179,6 +179,7 @@ APPEND_BATCH_BYTES = ENTRY_BYTES_MAX + 1
 RAFT_BIND_ATTEMPTS_MAX = 10   # x bindRetryTime 0.2 s: a taken raft port stops the node in ~2 s, not a busy loop forever
 SLOW_TICK_S = 0.25   # the shortest election timeout: a tick longer than this can cost the cluster its leader
 RESTART_ELECTION_GRACE_S = 1.5
+LEADERSHIP_CHECK_S = 0.05    # a leader waiting for its apply looks this often whether it still leads
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
 SNAPSHOT_KINDS = ("written", "installed", "superseded")
 EXIT_REPLICA_UNTRUSTED = 70  # this replica's image cannot be trusted: stop rather than serve or spread it
@@ -217,6 +218,7 @@ class _LocalState:
     read_index: ReadIndex | None = None   # linearizable reads without a log entry (meta/raft/read_index.py)
     local_commit: LocalCommit | None = None   # followers commit on the leader's mark (meta/raft/local_commit.py)
     leader_seen: Any = None       # the leader this node knew at the end of the last tick (pysyncobj's Node)
+    caught_up: bool = False       # isReady once true
 
 
 class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
@@ -346,6 +348,13 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             for node in self.otherNodes | self.readonlyNodes:
                 shim.send_message(self, node, keepalive)
 
+    def isReady(self) -> bool:  # noqa: N802 - pysyncobj's name
+        """Caught up with the leader's commit index as this node heard of it (local_commit.caught_up); once true,
+        stays true, as pysyncobj's own."""
+        if not self._local.caught_up:
+            self._local.caught_up = caught_up(super().isReady(), self.raftLastApplied, shim.leader_commit_heard(self))
+        return self._local.caught_up
+
     def acknowledge(self, node: Any, next_index: int, reset: bool, success: bool) -> bool:
         self._local.local_commit.acknowledged(node, next_index, success and not reset)
         if success and not reset and self._local.notice.handling:
@@ -456,7 +465,6 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         self._local.prevote.tick()   # a pre-vote first, where pysyncobj would campaign
         super()._onTick(timeToWait)
-        shim.ready_when_past_leader_commit(self)
         self._local.read_index.tick()   # after pysyncobj's: the entries it committed are handed over
         # The tick ends in a poll that handled what arrived: its answers leave now, not a tick later.
         self._local.transport.flush()
@@ -818,19 +826,26 @@ class RaftNode:
 
 
     async def applied_commit(self, timeout_s: float) -> bool:
-        """Returns once this node applied every entry it knew committed at the call; False after ``timeout_s``.
-        No message is sent: on the leader the image then holds every write a follower has acknowledged (a follower
-        applies a committed entry as soon as it knows it, even before the leader counted it: ``commit_bound``)."""
+        """Returns once this node applied every entry it knew committed at the call; False after ``timeout_s``, or
+        as soon as a leader that called it no longer leads. No message is sent: on the leader the image then holds
+        every write a follower has acknowledged (a follower applies a committed entry as soon as it knows it, even
+        before the leader counted it: ``commit_bound``, which a leader cut off from its followers never commits)."""
         index = self.sync.commit_bound()
         if self.sync.applied_index >= index:
             return True
+        leading = self.sync.is_leader()
         fut: asyncio.Future = self.loop.create_future()
         self.sync.after_applied(index, lambda: self.sync.bridge.post(_resolve, fut, None, 0))
+        deadline = self.loop.time() + timeout_s
         try:
-            await result_within(fut, timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+            while not fut.done():
+                left = deadline - self.loop.time()
+                if left <= 0 or (leading and not self.sync.is_leader()):
+                    return False
+                await asyncio.wait((fut,), timeout=min(left, LEADERSHIP_CHECK_S))
+            return True
+        finally:
+            fut.cancel()   # the apply thread's answer, if it comes later, finds it done
 
     async def read_index(self, timeout_s: float) -> None:
         """Returns once this node's image holds every write the cluster acknowledged before the call (a

@@ -78,21 +78,9 @@ def connected(so: SyncObj, node: Node) -> bool:
     return node in so._SyncObj__connectedNodes
 
 
-def ready_when_past_leader_commit(so: SyncObj) -> None:
-    """pysyncobj's node is ready (``isReady``) once, at a tick, its last applied index *equals* the leader's commit
-    index it last heard of. A follower that commits on the leader's mark (meta/raft/local_commit.py) applies ahead
-    of that index under a steady write load, and could stay unready for as long: past it counts as reached."""
-    heard = so._SyncObj__leaderCommitIndex
-    if not so._SyncObj__onReadyCalled and heard is not None and so.raftLastApplied >= heard:
-        so._SyncObj__onReadyCalled = True   # what pysyncobj sets (its onReady callback is not used here)
-
-
-def set_commit_index(so: SyncObj, index: int) -> None:
-    """Raise the commit index to ``index`` (a follower's own commit, meta/raft/local_commit.py); pysyncobj applies
-    up to it at its next apply pass and saves it with the journal's state, as one the leader sent."""
-    if index > so._SyncObj__raftCommitIndex:
-        so._SyncObj__raftCommitIndex = index
-        so._SyncObj__raftLog.setRaftCommitIndex(index)
+def leader_commit_heard(so: SyncObj) -> int | None:
+    """The leader's commit index as this node last heard it (None before it heard any leader)."""
+    return so._SyncObj__leaderCommitIndex
 
 
 def is_leader(so: SyncObj) -> bool:
@@ -245,6 +233,16 @@ def send_commit_notice(so: SyncObj, voters_too: bool = True) -> bool:
             link.send(node, {"type": APPEND, "term": so.raftCurrentTerm, "commit_index": so.raftCommitIndex,
                              "entries": [], "prevLogIdx": last, "prevLogTerm": last_term, QUIET: True})
     return True
+
+
+def take_commit_notice(so: SyncObj, leader: Node, index: int) -> None:
+    """Raise this follower's commit index to ``index`` (at most its last) as ``leader``'s commit notice would
+    (``send_commit_notice``): that quiet append, handed to the node's own receive path, and answered by nothing.
+    pysyncobj only ever raises the commit index this way, and applies up to it at its next apply pass."""
+    last = current_log_index(so)
+    transport(so)._onMessageReceived(leader, {"type": APPEND, "term": so.raftCurrentTerm, "commit_index": index,
+                                              "entries": [], "prevLogIdx": last, "prevLogTerm": log_entry(so, last)[2],
+                                              QUIET: True})
 
 
 def send_message(so: SyncObj, node: Node, message: dict[str, Any]) -> None:
