@@ -10,12 +10,12 @@ follower that holds an entry on disk and knows that the leader does too knows it
   theirs), sends every voter a mark: ``{"type": "leader_synced", "term": T, "index": i}``, its journal durable up to
   ``i`` (``durable_index``: its last index when journal_sync is none, as its acknowledgements say then). It sends no
   commit notice to voters then; learners, which never commit on their own, still get them;
-- **a voter** commits up to the least of the newest mark of its leader in the current term, the index its own journal
-  is durable to, and the index its last successful acknowledgement to that leader in this term matched the leader's
-  log through, when the entry there is of the current term (Raft counts only entries of the current term; earlier
-  ones commit with it). A successful acknowledgement says the follower's log matches the leader's through its
-  index (Raft's log matching), whether or not it reaches the leader; what is on the follower's disk is what its own
-  sync covered, never what it acknowledged.
+- **a voter** commits up to the lesser of the newest mark of its leader in the current term and the index its own
+  journal is durable to (what its own sync covered, never what it acknowledged), when the entry there is of the
+  current term (Raft counts only entries of the current term; earlier ones commit with it). Such an entry came from
+  this term's leader, which never takes back its own entries, and a follower appends only after the entry before
+  matched: by Raft's log matching the leader's log holds it and everything before it, so the leader's mark covers
+  the very same entries. Nothing about what the follower acknowledged needs keeping.
 
 Safe by Raft's own argument: two of three voters hold the entry durably under the term of the leader that made it,
 so every future leader holds it (each needs a vote from one of the two, who grant it only to a log at least as
@@ -31,7 +31,6 @@ linearizable reads take as read index the largest of its commit index and the la
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from . import pysyncobj_shim as shim
@@ -40,13 +39,13 @@ from .group_commit import MARK_MESSAGE as LEADER_SYNCED, GroupCommit
 VOTERS_MAX = 3   # the leader and one follower are a majority of at most three
 
 
-def committable(*, mark: int, matched: int, durable: int, commit: int, term_at: Callable[[int], int | None],
-                term: int, voters: int) -> int | None:
+def committable(*, mark: int, durable: int, commit: int, term_at: Callable[[int], int | None], term: int,
+                voters: int) -> int | None:
     """The index a follower may raise its commit index to, or None. ``voters``: the voting members, this node and
     the leader among them; ``term_at(i)``: the term of this node's entry at i (None when its log does not hold it)."""
     if voters > VOTERS_MAX:
         return None
-    index = min(mark, matched, durable)
+    index = min(mark, durable)
     if index <= commit or term_at(index) != term:
         return None
     return index
@@ -59,25 +58,18 @@ def caught_up(pysyncobj_ready: bool, applied: int, heard: int | None) -> bool:
     return pysyncobj_ready or (heard is not None and applied >= heard)
 
 
-@dataclass
-class LocalCommitCounts:
-    marks_sent: int = 0        # leader: marks sent (one per voter)
-    commits: int = 0           # follower: times it raised its commit index on its own
-
-
 class LocalCommit:
     def __init__(self, so: Any, journal: GroupCommit, is_voter: Callable[[], bool]):
         self.so = so
         self._journal = journal
         self._is_voter = is_voter
-        self.counts = LocalCommitCounts()
+        self.commits = 0   # times this node (a follower) raised its commit index on its own
         # the leader: the term of its marks and the last index it marked
         self._lead_term = 0
         self._marked = 0
-        # a follower: the leader and term it heard from, its newest mark and the index its acknowledgements matched
+        # a follower: the term and leader of its newest mark, and that mark
         self._follow: tuple[int, Any] = (0, None)
         self._mark = 0
-        self._matched = 0
 
     # -- the leader --------------------------------------------------------------------------------------------
     def marking(self) -> bool:
@@ -96,10 +88,8 @@ class LocalCommit:
         if durable <= self._marked:
             return
         self._marked = durable
-        for node in shim.voters(so):
-            if shim.connected(so, node):
-                shim.send_message(so, node, {"type": LEADER_SYNCED, "term": term, "index": durable})
-                self.counts.marks_sent += 1
+        for node in shim.voters(so):   # a link that is down drops it: the next sync's mark covers this one's entries
+            shim.send_message(so, node, {"type": LEADER_SYNCED, "term": term, "index": durable})
         shim.transport(so).flush()
 
     def commit_bound(self) -> int:
@@ -119,21 +109,11 @@ class LocalCommit:
         so = self.so
         if (type(term) is int and type(index) is int and term == so.raftCurrentTerm and not shim.is_leader(so)
                 and node == shim.leader(so)):
-            self._following(term, node)
+            if self._follow != (term, node):
+                self._follow, self._mark = (term, node), 0
             self._mark = max(self._mark, index)
             self.advance()
         return False
-
-    def acknowledged(self, node: Any, next_index: int, success: bool) -> None:
-        """Each acknowledgement this node sends (queued: it leaves after the journal's sync)."""
-        so = self.so
-        if success and not shim.is_leader(so) and node == shim.leader(so):
-            self._following(so.raftCurrentTerm, node)
-            self._matched = max(self._matched, next_index - 1)
-
-    def _following(self, term: int, leader: Any) -> None:
-        if self._follow != (term, leader):
-            self._follow, self._mark, self._matched = (term, leader), 0, 0
 
     def advance(self) -> None:
         """The tick, once this node's acknowledgements left: commit what the leader and this node both hold."""
@@ -142,12 +122,11 @@ class LocalCommit:
         if (shim.is_leader(so) or self._follow != (term, shim.leader(so)) or not self._is_voter()
                 or self._follow[1] not in shim.voters(so)):
             return
-        index = committable(mark=self._mark, matched=self._matched, durable=self._journal.durable_index,
-                            commit=so.raftCommitIndex, term_at=lambda i: _term_at(so, i), term=term,
-                            voters=1 + len(shim.voters(so)))
+        index = committable(mark=self._mark, durable=self._journal.durable_index, commit=so.raftCommitIndex,
+                            term_at=lambda i: _term_at(so, i), term=term, voters=1 + len(shim.voters(so)))
         if index is not None:
             shim.take_commit_notice(so, self._follow[1], index)
-            self.counts.commits += 1
+            self.commits += 1
 
 
 def _term_at(so: Any, index: int) -> int | None:

@@ -356,7 +356,6 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         return self._local.caught_up
 
     def acknowledge(self, node: Any, next_index: int, reset: bool, success: bool) -> bool:
-        self._local.local_commit.acknowledged(node, next_index, success and not reset)
         if success and not reset and self._local.notice.handling:
             return True   # a commit notice taken: the leader knows this node holds its log (shim.send_commit_notice)
         return self._local.roles.acknowledge(node, next_index, reset, success)
@@ -756,9 +755,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
 
     def journal_stats(self) -> dict[str, Any]:
         """Group commit counters: syncs, and acknowledgements / commits / marks checked against the synced index;
-        marks sent (leader) and commits raised on a mark (follower)."""
-        counts = self._local.local_commit.counts
-        return {**self._local.journal.stats(), "marks_sent": counts.marks_sent, "local_commits": counts.commits}
+        commits a follower raised on the leader's mark."""
+        return {**self._local.journal.stats(), "local_commits": self._local.local_commit.commits}
 
     def commit_bound(self) -> int:
         """The largest index a node may have taken for committed (meta/raft/local_commit.py): what a linearizable

@@ -73,11 +73,6 @@ def leader(so: SyncObj) -> Node | None:
     return so._getLeader()
 
 
-def connected(so: SyncObj, node: Node) -> bool:
-    """Whether this node's link to ``node`` is up (pysyncobj sends nothing over one that is not)."""
-    return node in so._SyncObj__connectedNodes
-
-
 def leader_commit_heard(so: SyncObj) -> int | None:
     """The leader's commit index as this node last heard it (None before it heard any leader)."""
     return so._SyncObj__leaderCommitIndex
