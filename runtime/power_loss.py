@@ -29,7 +29,12 @@ Records, one line each (``<kind> <number> <path>``; path absolute, last on the l
   syncfs runs beside the fsyncs of single files, so it never moves a durable length back);
 - ``N 0 <path>``: created; until a ``C`` of its directory, a power loss may lose the file itself;
 - ``C 0 <dir>``: the directory was synced: files created in it so far are there to stay;
-- ``R 0 <path>``: removed (the path and everything under it are forgotten).
+- ``R 0 <path>``: removed (the path and everything under it are forgotten);
+- ``A <size> <path>``: space allocated ahead to size (meta's raft journal, meta/raft/journal.py OsJournalIO): the
+  file's size says nothing of its data, which ends where the bytes past it read as zeros; a power loss keeps the
+  size and zeros what it loses (``A 0``: nothing allocated ahead any more, the file was cut to its data). Its ``D``
+  records carry the data's length the writer gives (``sync_fd``'s ``written``): the one place the ledger takes a
+  writer's word, since a file's size cannot tell it.
 
 What the model leaves out, on purpose: an unsynced rename or unlink is taken as durable (the old content is gone, so
 a power loss that undoes a rename cannot be played); an unsynced truncation is never undone; a file is never made
@@ -54,8 +59,9 @@ LEDGER_COMPACT_BYTES = 4 * 1024 * 1024
 # A torn write keeps between 1 byte and this much of the lost tail (sector and page sizes are 512 B to 4 KiB).
 TEAR_BYTES_MAX = 8 * 1024
 
-DURABLE, SYNCED_AT_LEAST, CREATED, DIR_SYNCED, REMOVED = "D", "S", "N", "C", "R"
-KINDS = (DURABLE, SYNCED_AT_LEAST, CREATED, DIR_SYNCED, REMOVED)
+DURABLE, SYNCED_AT_LEAST, CREATED, DIR_SYNCED, REMOVED, ALLOCATED = "D", "S", "N", "C", "R", "A"
+KINDS = (DURABLE, SYNCED_AT_LEAST, CREATED, DIR_SYNCED, REMOVED, ALLOCATED)
+ZEROS_READ_BYTES = 1 << 20   # a file allocated ahead is read this much at a time for where its data ends
 WHOLE = 2**62   # the durable length of a file replaced whole by a rename: longer than any file, so never cut
 
 
@@ -63,6 +69,7 @@ WHOLE = 2**62   # the durable length of a file replaced whole by a rename: longe
 class _File:
     durable: int = 0
     created: bool = False      # made since its directory was last synced
+    allocated: int = 0         # the size space was allocated ahead to (0: none; the size is where the data ends)
 
 
 class _State:
@@ -79,6 +86,10 @@ class _State:
             f.durable = max(f.durable, number)
         elif kind == CREATED:
             self.files[path] = _File(0, True)
+        elif kind == ALLOCATED:
+            # A file the ledger never heard of counts as durable whole: allocating ahead in it says nothing new
+            if path in self.files:
+                self.files[path].allocated = number
         elif kind == DIR_SYNCED:
             for name, f in self.files.items():
                 if f.created and os.path.dirname(name) == path:
@@ -94,6 +105,8 @@ class _State:
             if f.created:
                 out.append(f"{CREATED} 0 {path}\n")
             out.append(f"{DURABLE} {f.durable} {path}\n")
+            if f.allocated:
+                out.append(f"{ALLOCATED} {f.allocated} {path}\n")
         return "".join(out).encode()
 
 
@@ -179,12 +192,13 @@ def ledger_for(path: str) -> Ledger | None:
 
 # Hooks for the writers. Each does nothing beyond the system call when the mode is off.
 
-def sync_fd(fd: int, sync: Callable[[int], None] = os.fdatasync) -> None:
-    """``sync(fd)``, then, with the mode on, the record that the file is durable up to its size before the sync."""
+def sync_fd(fd: int, sync: Callable[[int], None] = os.fdatasync, written: int | None = None) -> None:
+    """``sync(fd)``, then, with the mode on, the record that the file is durable up to its size before the sync, or
+    up to ``written`` for a file with space allocated ahead (``allocated``), whose size says nothing of its data."""
     if not _ledgers:
         sync(fd)
         return
-    size = os.fstat(fd).st_size
+    size = os.fstat(fd).st_size if written is None else written
     sync(fd)
     path = _fd_path(fd)
     current = ledger_for(path) if path is not None else None
@@ -228,6 +242,15 @@ def _sizes_under(root: str, skip: tuple[str, ...]) -> dict[str, int]:
             except OSError:
                 continue
     return sizes
+
+
+def allocated(fd: int, size: int) -> None:
+    """The file of ``fd`` has space allocated ahead up to ``size`` bytes, read as zeros past its data (0: none any
+    more, it was cut to its data). Durable with its next sync, as the size change it is."""
+    if _ledgers:
+        path = _fd_path(fd)
+        if path is not None:
+            _record(ALLOCATED, size, path)
 
 
 def synced_whole(path: str) -> None:
@@ -282,7 +305,7 @@ class Loss:
 def unsynced_bytes(data_dir: str) -> int:
     """What ``lose_unsynced`` would take from a *stopped* (or paused) node's data directory now, torn pieces aside:
     0 when every byte the node wrote is durable."""
-    return sum(size - (0 if created else durable) for _, size, durable, created in _at_risk(data_dir))
+    return sum(size - (0 if created else durable) for _, size, durable, created, _ in _at_risk(data_dir))
 
 
 def lose_unsynced(data_dir: str, rng: random.Random, tear: bool) -> Loss:
@@ -291,7 +314,7 @@ def lose_unsynced(data_dir: str, rng: random.Random, tear: bool) -> Loss:
     their directory's last sync, then reset the ledger. A directory without a ledger (the mode was off, or the node
     never started) loses nothing."""
     loss = Loss()
-    for name, size, durable, created in _at_risk(data_dir):
+    for name, size, durable, created, ahead in _at_risk(data_dir):
         if created:
             os.remove(name)
             loss.files_removed += 1
@@ -302,7 +325,10 @@ def lose_unsynced(data_dir: str, rng: random.Random, tear: bool) -> Loss:
         if tear and lost > 1:
             keep += rng.randint(1, min(lost - 1, TEAR_BYTES_MAX))
             loss.torn += 1
-        os.truncate(name, keep)
+        if ahead:
+            _zero(name, keep, size)   # its allocated size is durable: the blocks lost read as zeros
+        else:
+            os.truncate(name, keep)
         loss.files_cut += 1
         loss.bytes_lost += size - keep
     path = os.path.join(os.path.abspath(data_dir), LEDGER_NAME)
@@ -311,9 +337,10 @@ def lose_unsynced(data_dir: str, rng: random.Random, tear: bool) -> Loss:
     return loss
 
 
-def _at_risk(data_dir: str) -> list[tuple[str, int, int, bool]]:
+def _at_risk(data_dir: str) -> list[tuple[str, int, int, bool, bool]]:
     """Every file a power loss would change now, in path order: (path, size, durable length, created since its
-    directory's last sync)."""
+    directory's last sync, space allocated ahead). The size of a file with space allocated ahead is where its data
+    ends (its last byte that is not zero)."""
     path = os.path.join(os.path.abspath(data_dir), LEDGER_NAME)
     if not os.path.exists(path):
         return []
@@ -322,12 +349,36 @@ def _at_risk(data_dir: str) -> list[tuple[str, int, int, bool]]:
     for name in sorted(state.files):
         f = state.files[name]
         try:
-            size = os.stat(name).st_size
+            size = _data_end(name, f.durable) if f.allocated else os.stat(name).st_size
         except FileNotFoundError:
             continue
         if f.created or size > f.durable:
-            out.append((name, size, f.durable, f.created))
+            out.append((name, size, f.durable, f.created, bool(f.allocated)))
     return out
+
+
+def _data_end(path: str, durable: int) -> int:
+    """Where the data of a file with space allocated ahead ends: after its last byte that is not zero, at least
+    ``durable`` (its synced data may end in zeros)."""
+    end = durable
+    with open(path, "rb") as f:
+        at = durable
+        f.seek(at)
+        while chunk := f.read(ZEROS_READ_BYTES):
+            kept = len(chunk.rstrip(b"\0"))
+            if kept:
+                end = at + kept
+            at += len(chunk)
+    return end
+
+
+def _zero(path: str, start: int, end: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        while start < end:
+            start += os.pwrite(fd, bytes(min(end - start, ZEROS_READ_BYTES)), start)
+    finally:
+        os.close(fd)
 
 
 def _read_state(path: str) -> _State:

@@ -23,6 +23,13 @@ from tests.support.raft_journal_files import (SMALL_SEGMENT, entry, fill, journa
 
 WAIT_S = 20.0
 
+@pytest.fixture(autouse=True)
+def _segments_grow_with_their_records(monkeypatch):
+    """These tests read, cut and flip the segment files byte by byte as a file that grows with each record: no space
+    allocated ahead. The layout with it, and power losses in it, are tests/test_raft_journal_allocation.py's."""
+    monkeypatch.setattr(rj, "ALLOCATE_AHEAD_BYTES", 0)
+
+
 
 def _entries(first: int, last: int, term: int = 1) -> list[tuple[bytes, int, int]]:
     return [entry(i, term) for i in range(first, last + 1)]
@@ -167,6 +174,7 @@ class OpenHandlesIO(OsJournalIO):
     """The disk's calls, and the handles open now."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.open: set[int] = set()
 
     def create(self, path: str) -> int:
@@ -244,6 +252,7 @@ class HeldUnlinksIO(OsJournalIO):
     """Each dead segment's unlink waits for ``release`` (at most WAIT_S); ``failure``, if set, is raised instead."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.release = threading.Event()
         self.failure: OSError | None = None
 
