@@ -325,6 +325,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         conf.appendEntriesUseBatch = True             # no send per command inside the tick...
         self.addOnTickCallback(self._send_new_entries)  # ...one send per tick instead
         self.addOnTickCallback(self._local.transport.flush)   # one frame per peer with all of it
+        self._local.transport.flush_on_tick = False            # (the transport's own tick flush came first)
         # Cheap committed entries, once the commit index left: their answers reach the loop while the leader syncs.
         self.addOnTickCallback(functools.partial(self._applier.run_inline, self.image_lock))
         self.addOnTickCallback(self._leader_sync)  # the leader's disk works while the followers' do

@@ -187,6 +187,10 @@ class StatorTransport(Transport):
         self.bytes_sent = 0
         self.bytes_received = 0
         self.refused: dict[str, int] = {}
+        # Off for a node that flushes at a point of its own tick (MetaSyncObj._batch_appends): this tick callback
+        # runs before the node's others, and flushing here sent a forwarded command's answer in one frame and the
+        # entries that carry it in a second one, a second read and open on the follower's path.
+        self.flush_on_tick = True
         for node in otherNodes:
             self.addNode(node)
         syncObj.addOnTickCallback(self._onTick)
@@ -318,7 +322,8 @@ class StatorTransport(Transport):
         now = time.monotonic()
         self._dial_missing(now)
         self._expire(now)
-        self.flush()
+        if self.flush_on_tick:
+            self.flush()
 
     def _maybe_bind(self) -> None:
         if self._ready or self._destroyed:
