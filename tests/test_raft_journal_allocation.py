@@ -197,3 +197,18 @@ def test_a_ledger_started_on_an_existing_journal_takes_its_files_for_durable(tmp
         power_loss.disable(d)
     power_loss.lose_unsynced(d, random.Random(3), tear=True)
     assert StatorJournal(os.path.join(d, "raft"))[:][:len(entries)] == entries
+
+
+def test_no_room_to_allocate_ahead_leaves_the_appends_growing_the_file(tmp_path, monkeypatch):
+    def no_room(fd, offset, length):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(rj.os, "posix_fallocate", no_room)
+    entries = [entry(i, size=3000) for i in range(1, 41)]   # two steps' worth: tried once a step, not per append
+    with structlog.testing.capture_logs() as logs:
+        j = StatorJournal(str(tmp_path))
+        fill(j, entries)
+        j._destroy()
+    assert len([e for e in logs if e["event"] == "raft_journal_allocate_ahead_failed"]) == 2
+    (path,) = segments(tmp_path)
+    assert path.stat().st_size == data_end(entries)
+    assert StatorJournal(str(tmp_path))[:] == entries

@@ -378,12 +378,12 @@ class OsJournalIO(JournalIO):
         try:
             os.posix_fallocate(handle, segment.allocated, size - segment.allocated)
         except OSError as e:
-            # No room for the space ahead (or a file system without it): the append grows the file itself, and
-            # fails on its own if the disk is full.
-            log.info("raft_journal_allocate_ahead_failed", error=repr(e))
-            return
+            # No room for the space ahead: the appends grow the file themselves (and fail on their own if the disk
+            # is full); tried again a step further on, not at every append.
+            log.warning("raft_journal_allocate_ahead_failed", error=repr(e), size=size)
+        else:
+            power_loss.allocated(handle, size)
         segment.allocated = size
-        power_loss.allocated(handle, size)
 
     def truncate(self, handle: int, size: int) -> None:
         os.ftruncate(handle, size)
@@ -641,11 +641,11 @@ def _scan(path: str, raw: bytes, entries: list[Entry], offsets: list[int], *, la
     file ends in the middle of its last record, that is fewer bytes left than a record header, or a header whose CRC
     holds but whose record runs past the end, or a last record that fails its check and has a sector of zeros (a
     header that fails its CRC counts as a record running to the end of the file when its own sector is the zeroed
-    one); or its file header is torn (see _torn_file_header). In the last segment, zeros where a header would be
-    end the records: with zeros to the end of the file, the space allocated ahead (no torn bytes), else a torn tail;
-    and the end of the file there means where the zeros to its end begin. Anything after a damaged record is never dropped
-    silently: a damaged record that is not the last is JournalDamaged, and so is any torn tail of a segment that is
-    not the last (the journal syncs a segment whole before it starts the next)."""
+    one); or its file header is torn (see _torn_file_header). In the last segment the zeros that run to the end of
+    the file count as its end: where they begin at a record's start, the records end (the space allocated ahead, no
+    torn bytes); a record they cut is a torn tail. Anything after a damaged record is never dropped silently: a
+    damaged record that is not the last is JournalDamaged, and so is any torn tail of a segment that is not the last
+    (the journal syncs a segment whole before it starts the next)."""
     size = len(raw)
     # Harmless mutants: the ``last`` of a scan of the last segment (here and in ``tail``): _load reads it only as
     # the next segment's ``previous``, and there is none.
