@@ -61,7 +61,7 @@ TEAR_BYTES_MAX = 8 * 1024
 
 DURABLE, SYNCED_AT_LEAST, CREATED, DIR_SYNCED, REMOVED, ALLOCATED = "D", "S", "N", "C", "R", "A"
 KINDS = (DURABLE, SYNCED_AT_LEAST, CREATED, DIR_SYNCED, REMOVED, ALLOCATED)
-ZEROS_READ_BYTES = 1 << 20   # a file allocated ahead is read this much at a time for where its data ends
+ZEROS_CHUNK_BYTES = 1 << 20   # a file allocated ahead is read (for where its data ends) and zeroed this much at a time
 WHOLE = 2**62   # the durable length of a file replaced whole by a rename: longer than any file, so never cut
 
 
@@ -364,7 +364,7 @@ def _data_end(path: str, durable: int) -> int:
     with open(path, "rb") as f:
         at = durable
         f.seek(at)
-        while chunk := f.read(ZEROS_READ_BYTES):
+        while chunk := f.read(ZEROS_CHUNK_BYTES):
             kept = len(chunk.rstrip(b"\0"))
             if kept:
                 end = at + kept
@@ -376,7 +376,7 @@ def _zero(path: str, start: int, end: int) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
         while start < end:
-            start += os.pwrite(fd, bytes(min(end - start, ZEROS_READ_BYTES)), start)
+            start += os.pwrite(fd, bytes(min(end - start, ZEROS_CHUNK_BYTES)), start)
     finally:
         os.close(fd)
 

@@ -16,6 +16,7 @@ import time
 from meta.raft import pysyncobj_shim as shim
 from meta.raft.group_commit import ACK_MESSAGE
 from meta.raft.local_commit import LEADER_SYNCED
+from meta.raft.node import RaftNode
 from tests.support.raft_nodes import leader_of, start_nodes
 
 SECRET = "commit-notice-test-secret"
@@ -152,6 +153,40 @@ async def test_a_follower_behind_gets_entries_not_a_notice(tmp_path):
             assert sent == [], "a notice went while a follower needed entries"
         finally:
             transport.send = send
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+async def test_a_forwarded_command_s_answer_shares_the_frame_of_its_entries(tmp_path):
+    """A follower's proposal travels to the leader (apply_command); the leader's answer (its index and term) and the
+    append that carries the entry leave in one frame to that follower, not two (MetaSyncObj._batch_appends: the
+    transport's own tick flush, which runs first, is off)."""
+    nodes = start_nodes(tmp_path, SECRET)
+    try:
+        leader, _ = await leader_of(nodes, WAIT_S)
+        follower = next(n for n in nodes if n is not leader)
+        follower.bridge.loop = asyncio.get_running_loop()
+        raft = RaftNode(follower, asyncio.get_running_loop(), offset_budget=1000)
+        transport = shim.transport(leader)
+        send_frame = transport._send_messages
+        frames: list[set[str]] = []   # the message types of each frame the leader sent the follower
+
+        def framing(conn, messages):
+            if conn.node is not None and conn.node.address == follower.selfNode.address:
+                frames.append({m.get("type") for m in messages})
+            return send_frame(conn, messages)
+
+        transport._send_messages = framing
+        try:
+            for i in range(SEQUENTIAL_WRITES):
+                r = await raft.propose({"type": "Barrier"}, f"fwd-{i}", "system", timeout_s=WAIT_S)
+                assert r["ok"], r
+        finally:
+            transport._send_messages = send_frame
+        answers = [f for f in frames if "apply_command_response" in f]
+        assert len(answers) >= SEQUENTIAL_WRITES, frames
+        assert all(shim.APPEND in f for f in answers), [sorted(f) for f in answers if shim.APPEND not in f]
     finally:
         for n in nodes:
             n.stop()

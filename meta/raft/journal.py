@@ -316,8 +316,10 @@ class OsJournalIO(JournalIO):
     def write_durably(self, path: str, chunks: Iterable[bytes], tmp_path: str) -> None:
         fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
+            offset = 0
             for piece in _batched(chunks, COMPACTION_WRITE_BYTES):
-                _write_all(fd, piece)
+                _pwrite_all(fd, piece, offset)
+                offset += len(piece)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -439,7 +441,7 @@ class MemoryUntilSyncJournalIO(OsJournalIO):
 
     def open_append(self, path: str) -> int:
         handle = super().open_append(path)
-        self._unsynced[handle] = _Unsynced(os.fstat(handle).st_size)
+        self._unsynced[handle] = _Unsynced(self._open[handle].end)   # the file's size
         return handle
 
     def append(self, handle: int, data: bytes) -> None:
@@ -483,12 +485,6 @@ def journal_io(name: str = "os") -> JournalIO:
     if name == "memory_until_sync":
         return MemoryUntilSyncJournalIO()
     raise ValueError(f"unknown journal io {name!r}: use one of {', '.join(JOURNAL_IO_NAMES)}")
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
