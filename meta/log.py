@@ -145,6 +145,10 @@ class Log:
     def proposal_wakes_deferred(self) -> int:
         return self._node.proposal_wakes_deferred
 
+    @property
+    def proposals_forwarded_at_once(self) -> int:
+        return self._node.proposals_forwarded_at_once
+
     def snapshot_counts(self) -> dict[str, int]:
         return self._node.snapshot_counts()
 

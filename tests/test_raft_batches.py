@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
+import time
 
 import pytest
 from pysyncobj import FAIL_REASON
@@ -15,7 +17,8 @@ from meta.raft.applier import DISCARDED, Pending
 from meta.raft.entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX, compact, decode_entry,
                              encode_entry, encode_envelope, encode_stamp, restamped)
 from meta.raft.journal import read_journal
-from meta.raft.node import RaftNode, RaftTuning
+from meta.raft.node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from ops import devcluster
 from meta.raft.proposals import Proposals, batch_callback
 from tests.support.raft_nodes import all_applied, leader_of, start_nodes
 
@@ -183,3 +186,104 @@ def test_coalescing_is_off_at_zero_and_bounded_in_the_config():
                 {"propose_coalesce_min": 0}):
         with pytest.raises(ValueError):
             _RaftTuningSchema(**bad)
+
+
+# -- a follower's lone proposal leaves at once (MetaSyncObj._forward_at_once) ---------------------------------------
+async def test_a_follower_forwards_a_lone_proposal_at_once_and_packs_proposals_that_come_while_one_is_in_flight(
+        tmp_path):
+    # Coalescing off: what packs a follower's proposals into an entry here is only that one of its entries is in
+    # flight. Sent at once as they came, the burst below would have made an entry each.
+    nodes = start_nodes(tmp_path, "forward-test-secret", tuning=RaftTuning(propose_coalesce_s=0))
+    try:
+        leader, _ = await leader_of(nodes, WAIT_S)
+        follower = next(n for n in nodes if n is not leader)
+        follower.bridge.loop = asyncio.get_running_loop()
+        on_follower = RaftNode(follower, follower.bridge.loop, offset_budget=1000)
+        for i in range(20):
+            assert (await on_follower.propose({"type": "Barrier"}, f"lone-{i}", "system", timeout_s=WAIT_S))["ok"]
+        assert follower.proposals_forwarded_at_once == 20   # nothing of its own in flight each time
+        at_once, before = follower.proposals_forwarded_at_once, leader.raftCommitIndex
+        proposals = 100
+        outcomes = await asyncio.gather(*(on_follower.propose({"type": "Barrier"}, f"burst-{i}", "system",
+                                                              timeout_s=WAIT_S) for i in range(proposals)))
+        assert all(o["ok"] for o in outcomes), outcomes
+        entries = leader.raftCommitIndex - before
+        assert entries < proposals / 4, f"{proposals} proposals in {entries} entries"
+        assert follower.proposals_forwarded_at_once - at_once <= entries
+        # The leader never forwards: its own proposals wait for its tick (which appends and sends them).
+        assert leader.proposals_forwarded_at_once == 0
+        await all_applied(nodes, leader, WAIT_S)
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+
+def test_a_follower_applies_what_a_mark_in_its_ticks_last_poll_committed_before_the_tick_ends(tmp_path):
+    # pysyncobj's tick ends in a poll; a leader's mark read there commits entries on a follower (LocalCommit), which
+    # pysyncobj would hand to apply only at the next tick's start (MetaSyncObj._apply_marked). Each node ticks on a
+    # loop of its own thread, so that a mark can arrive while a follower ticks (on one loop it never does); checked
+    # after every tick of both followers while writes enter through one of them.
+    with threaded_nodes(tmp_path, "marked-test-secret") as nodes:
+        leader = _wait_for(lambda: next((n for n, _ in nodes if n.is_leader()
+                                         and n.membership_status()["membership_index"] is not None
+                                         and n.raftCommitIndex >= n.membership_status()["membership_index"]), None))
+        followers = [(n, loop) for n, loop in nodes if n is not leader]
+        left_unapplied: list[tuple[int, int]] = []
+        for f, _ in followers:
+            tick = f._ticker._tick
+
+            def checked(f=f, tick=tick) -> bool:
+                ok = tick()
+                if not f.is_leader() and f.raftCommitIndex > f.raftLastApplied:
+                    left_unapplied.append((f.raftCommitIndex, f.raftLastApplied))
+                return ok
+            f._ticker._tick = checked
+        entry, loop = followers[0]
+        on_follower = RaftNode(entry, loop, offset_budget=1000)
+        for i in range(200):
+            outcome = asyncio.run_coroutine_threadsafe(
+                on_follower.propose({"type": "Barrier"}, f"w-{i}", "system", timeout_s=WAIT_S), loop).result(WAIT_S)
+            assert outcome["ok"], outcome
+        assert sum(f.journal_stats()["local_commits"] for f, _ in followers) > 0, "no follower committed on a mark"
+        assert left_unapplied == []
+
+
+@contextlib.contextmanager
+def threaded_nodes(base_dir, secret: str):
+    """Three real nodes, each ticking on an event loop of its own thread: (node, its loop)."""
+    base = devcluster.free_base_port()
+    addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
+    loops = [asyncio.new_event_loop() for _ in addresses]
+    threads = [threading.Thread(target=loop.run_forever, daemon=True) for loop in loops]
+    for t in threads:
+        t.start()
+    nodes: list[MetaSyncObj] = []
+    try:
+        for i, (address, loop) in enumerate(zip(addresses, loops)):
+            node = MetaSyncObj(address, [a for a in addresses if a != address], str(base_dir / f"n{i}"), secret,
+                               RaftTuning(), lambda version, changed: None, LoopBridge())
+            node.bridge.loop = loop
+            asyncio.run_coroutine_threadsafe(_start(node, loop), loop).result(WAIT_S)
+            nodes.append(node)
+        yield list(zip(nodes, loops))
+    finally:
+        for node in nodes:
+            node.stop()
+        for loop, t in zip(loops, threads):
+            loop.call_soon_threadsafe(loop.stop)
+            t.join(WAIT_S)
+            assert not t.is_alive()
+            loop.close()
+
+
+async def _start(node: MetaSyncObj, loop: asyncio.AbstractEventLoop) -> None:
+    node.start(loop)
+
+
+def _wait_for(found):
+    deadline = time.monotonic() + WAIT_S
+    while (value := found()) is None:
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    return value

@@ -130,6 +130,9 @@ class NodeStateCollector:
                                   "tick after raft_tuning.propose_coalesce_s rather than at once (the node was under "
                                   "load: its last entry carried at least propose_coalesce_min proposals)",
                                   value=svc.log.proposal_wakes_deferred)
+        yield CounterMetricFamily("stator_meta_raft_proposals_forwarded_at_once", "Times this node, a follower "
+                                  "with no entry of its own in flight, sent its proposals to the leader at once "
+                                  "rather than from the next tick", value=svc.log.proposals_forwarded_at_once)
         snapshots = CounterMetricFamily("stator_meta_raft_snapshots", "Snapshots since start: written by this node, "
                                         "installed from the leader, or written and dropped because an install was "
                                         "newer", labels=["kind"])

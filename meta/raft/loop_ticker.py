@@ -157,6 +157,17 @@ class LoopTicker:
     def on_loop_thread(self) -> bool:
         return self._loop_thread == threading.get_ident()
 
+    def between_ticks(self, work: Callable[[], None]) -> bool:
+        """On the loop's thread: ``work()`` now, holding the tick's lock as a tick would (pysyncobj's state is the
+        tick's alone); False, with nothing run, while the watchdog ticks or once stopping."""
+        if self._stopping.is_set() or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            work()
+        finally:
+            self._lock.release()
+        return True
+
     def soon(self) -> None:
         """On the loop's thread: a tick as soon as the loop gets to it (one, however many ask before)."""
         if not self._scheduled and not self._stopping.is_set() and time.monotonic() >= self._failed_until:

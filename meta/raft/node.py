@@ -197,6 +197,7 @@ class _LocalState:
     coalesce_min: int = 0
     last_batch: int = 0           # proposals in this node's last entry of its own
     wakes_deferred: int = 0       # proposals that asked for the tick after coalesce_s, not at once
+    forwarded_at_once: int = 0    # times a follower sent its proposals to the leader between ticks
     freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
     last_keepalive: float = 0.0   # monotonic
     slow_ticks: int = 0           # ticks longer than SLOW_TICK_S, waits included
@@ -406,8 +407,26 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             if local.coalesce_s > 0 and local.last_batch >= local.coalesce_min and isinstance(self._ticker, LoopTicker):
                 local.wakes_deferred += 1
                 self._ticker.wake_after(local.coalesce_s)
-            else:
+            elif not self._forward_at_once():
                 self.wake()
+
+    def _forward_at_once(self) -> bool:
+        """Event loop: a follower with nothing of its own in flight sends the proposals to its leader now, between
+        two ticks, rather than from the tick it would wake: that tick's scheduling and its work before the send were
+        ~100 us of a follower-entered write at one writer. With entries of its own in flight (a load) proposals wait
+        for the tick, which packs them into one entry: sent one by one as they came, each would be an entry."""
+        ticker = self._ticker
+        if (not isinstance(ticker, LoopTicker) or not ticker.on_loop_thread() or shim.is_leader(self)
+                or shim.leader(self) is None or shim.proposals_in_flight(self)):
+            return False
+        if not ticker.between_ticks(self._forward_now):
+            return False
+        self._local.forwarded_at_once += 1
+        return True
+
+    def _forward_now(self) -> None:   # holding the tick's lock
+        self._checkCommandsToApply()
+        self._local.transport.flush()
 
     def _checkCommandsToApply(self):
         self._local.wake_pending = False
@@ -465,12 +484,23 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         self._local.prevote.tick()   # a pre-vote first, where pysyncobj would campaign
         super()._onTick(timeToWait)
+        self._apply_marked()
         self._local.read_index.tick()   # after pysyncobj's: the entries it committed are handed over
         # The tick ends in a poll that handled what arrived: its answers leave now, not a tick later.
         self._local.transport.flush()
         if was_leader and shim.is_leader(self) and self.raftCommitIndex > commit:
             journal.check_commit(self.raftCommitIndex, synced)
         self._answer_in_flight_on_leader_change()
+
+    def _apply_marked(self) -> None:
+        """pysyncobj's tick ends in a poll: on a follower, a leader's mark read there commits entries (LocalCommit)
+        that pysyncobj would apply at the next tick's start, after the callbacks of this one (run_inline among
+        them) and that tick's own start, ~35-70 us later on a follower-entered write: applied, and answered, now."""
+        if shim.is_leader(self) or self.raftCommitIndex <= self.raftLastApplied:
+            return
+        shim.apply_committed(self)
+        self._applier.run_inline(self.image_lock)
+        self.bridge.flush()
 
     def _answer_in_flight_on_leader_change(self) -> None:
         # A proposal in flight when the leader this node knows changes (itself stepping down included) is answered
@@ -706,6 +736,10 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     @property
     def proposal_wakes_deferred(self) -> int:
         return self._local.wakes_deferred
+
+    @property
+    def proposals_forwarded_at_once(self) -> int:
+        return self._local.forwarded_at_once
     def set_apply_observer(self, observe: Callable[[float], None]) -> None:
         self._local.observe_apply_s = observe
 

@@ -411,6 +411,17 @@ def propose(so: SyncObj, payload: bytes, callback: Callable[[Any, int], None]) -
     so._applyCommand(bytes([REGULAR_COMMAND]) + payload, callback)
 
 
+def proposals_in_flight(so: SyncObj) -> bool:
+    """Whether an entry this node proposed waits for its leader's answer (forwarded) or for its commit."""
+    return bool(so._SyncObj__commandsWaitingReply) or any(so._SyncObj__commandsWaitingCommit.values())
+
+
+def apply_committed(so: SyncObj) -> None:
+    """Apply up to the commit index now, as the start of pysyncobj's next tick would (a follower: it sends nothing)."""
+    if so.raftCommitIndex > so.raftLastApplied:
+        so._SyncObj__applyLogEntries()
+
+
 def is_forwarded(callback: Any) -> bool:
     """Whether ``_applyCommand`` got this command from a follower (pysyncobj's ``(node, request id)`` callback)."""
     return isinstance(callback, tuple)
