@@ -28,8 +28,10 @@ PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name py
 # (meta/raft/prevote.py) two: whether the leader asked for this campaign (a transfer), and the leader known, cleared
 # when a newer term is heard; answering the proposals in flight when the leader changes (shim.answer_in_flight) one:
 # the callbacks waiting for their commit; the tick on the event loop (meta/raft/loop_ticker.py) one: the module-level
-# ``createPoller``, swapped like ``createJournal``. A new one needs a reason as good.
-PRIVATE_NAMES_MAX = 32
+# ``createPoller``, swapped like ``createJournal``; a follower's proposals sent at once and a mark's entries applied in
+# its tick (MetaSyncObj._forward_at_once, _apply_marked) two: the forwarded commands waiting for the leader's answer,
+# and the apply pass pysyncobj runs only at a tick's start. A new one needs a reason as good.
+PRIVATE_NAMES_MAX = 34
 
 
 def test_sync_obj_creates_its_journal_and_poller_through_the_module_level_names_the_shim_swaps():
