@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 import time
 
 from collections.abc import AsyncIterator
@@ -20,47 +19,29 @@ from collections.abc import AsyncIterator
 from pysyncobj.poller import POLL_EVENT_TYPE
 
 from meta.raft import loop_ticker
-from meta.raft.node import LoopBridge, MetaSyncObj, RaftTuning
+from meta.raft.node import MetaSyncObj, RaftTuning
 from ops import devcluster
-from tests.support.raft_nodes import all_applied, leader_of
+from tests.support.raft_nodes import LoopThread, all_applied, leader_of, start_node
 
 WAIT_S = 15.0
+SECRET = "loop-ticker-test-secret"
 WRITES = 20
 WRITE_BOUND_S = 1.0     # a write waits milliseconds; one left for the timer would wait TIMER_S
 TIMER_S = 30.0
 HELD_S = 1.5            # three times the longest election timeout
 
 
-class _LoopThread:
-    """An event loop on a thread of its own, for nodes that must not share the test's loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="other-loop", daemon=True)
-        self._thread.start()
-
-    def call(self, fn, *args):
-        async def run():
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(WAIT_S)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(WAIT_S)
-        self.loop.close()
-
-
 @contextlib.asynccontextmanager
-async def _split_cluster(tmp_path) -> AsyncIterator[tuple[list[MetaSyncObj], _LoopThread]]:
+async def _split_cluster(tmp_path) -> AsyncIterator[tuple[list[MetaSyncObj], LoopThread]]:
     """Three nodes: the first on the test's loop, two on another loop in a thread of its own (so that a follower's
     answer can arrive while the leader ticks, as between processes)."""
-    other = _LoopThread()
+    other = LoopThread()
     base = devcluster.free_base_port()
     addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
     nodes: list[MetaSyncObj] = []
     try:
-        nodes.append(_start(tmp_path / "n0", addresses, 0))
-        nodes += [other.call(_start, tmp_path / f"n{i}", addresses, i) for i in (1, 2)]
+        nodes.append(start_node(tmp_path / "n0", addresses, 0, SECRET))
+        nodes += [other.call(start_node, tmp_path / f"n{i}", addresses, i, SECRET) for i in (1, 2)]
         yield nodes, other
     finally:
         for n in nodes[1:]:
@@ -104,15 +85,6 @@ async def test_a_held_loop_does_not_hold_the_tick(tmp_path):
         assert leader.slow_ticks == slow
 
 
-def _start(data_dir, addresses: list[str], i: int) -> MetaSyncObj:
-    """Node ``i`` of ``addresses``, ticking on the running loop."""
-    node = MetaSyncObj(addresses[i], [a for a in addresses if a != addresses[i]], str(data_dir),
-                       "loop-ticker-test-secret", RaftTuning(), lambda version, changed: None, LoopBridge())
-    node.bridge.loop = asyncio.get_running_loop()
-    node.start()
-    return node
-
-
 async def test_what_the_last_poll_of_a_tick_read_gets_a_tick_of_its_own(monkeypatch):
     # Between processes a follower's acknowledgement often arrives while the leader ticks (during its sync), and the
     # poll that ends the tick reads it; the commit index moves at the start of a tick. Nothing is left to read, so
@@ -147,3 +119,17 @@ async def test_what_the_last_poll_of_a_tick_read_gets_a_tick_of_its_own(monkeypa
 
 def test_the_watchdog_steps_in_well_inside_an_election_timeout():
     assert loop_ticker.STALL_S + loop_ticker.WATCHDOG_PERIOD_S < RaftTuning().election_timeout_min_s / 2
+
+
+def test_work_between_ticks_runs_only_while_no_tick_does():
+    # MetaSyncObj._forward_at_once sends a proposal from the loop between two ticks: never while the watchdog
+    # thread ticks (it holds the tick's lock), never once the ticker stops.
+    ticker = loop_ticker.LoopTicker(lambda: True, loop_ticker.LoopPoller(), TIMER_S)
+    ran: list[int] = []
+    assert ticker.between_ticks(lambda: ran.append(1) or True) is True
+    assert ticker.between_ticks(lambda: False) is False   # the work's own answer
+    with ticker._lock:   # a tick in progress
+        assert ticker.between_ticks(lambda: ran.append(2) or True) is False
+    ticker.stop()
+    assert ticker.between_ticks(lambda: ran.append(3) or True) is False
+    assert ran == [1]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
@@ -17,10 +16,10 @@ from meta.raft.applier import DISCARDED, Pending
 from meta.raft.entry import (ENVELOPE_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, STAMP_BYTES_MAX, compact, decode_entry,
                              encode_entry, encode_envelope, encode_stamp, restamped)
 from meta.raft.journal import read_journal
-from meta.raft.node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.raft.node import MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
 from meta.raft.proposals import Proposals, batch_callback
-from tests.support.raft_nodes import all_applied, leader_of, start_nodes
+from tests.support.raft_nodes import LoopThread, all_applied, leader_of, settled_leader, start_node, start_nodes
 
 STAMP = {"ts": 1_700_000_000_000, "budget": 1000, "history": 100_000}
 WAIT_S = 20.0
@@ -224,14 +223,18 @@ def test_a_follower_applies_what_a_mark_in_its_ticks_last_poll_committed_before_
     # pysyncobj would hand to apply only at the next tick's start (MetaSyncObj._apply_marked). Each node ticks on a
     # loop of its own thread, so that a mark can arrive while a follower ticks (on one loop it never does); checked
     # after every tick of both followers while writes enter through one of them.
-    with threaded_nodes(tmp_path, "marked-test-secret") as nodes:
-        leader = _wait_for(lambda: next((n for n, _ in nodes if n.is_leader()
-                                         and n.membership_status()["membership_index"] is not None
-                                         and n.raftCommitIndex >= n.membership_status()["membership_index"]), None))
-        followers = [(n, loop) for n, loop in nodes if n is not leader]
-        left_unapplied: list[tuple[int, int]] = []
-        for f, _ in followers:
-            tick = f._ticker._tick
+    base = devcluster.free_base_port()
+    addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
+    threads = [LoopThread() for _ in addresses]
+    nodes: list[MetaSyncObj] = []
+    left_unapplied: list[tuple[int, int]] = []
+    try:
+        for i, thread in enumerate(threads):
+            nodes.append(thread.call(start_node, tmp_path / f"n{i}", addresses, i, "marked-test-secret"))
+        leader = _wait_for(lambda: settled_leader(nodes))
+        followers = [i for i, n in enumerate(nodes) if n is not leader]
+        for i in followers:
+            f, tick = nodes[i], nodes[i]._ticker._tick
 
             def checked(f=f, tick=tick) -> bool:
                 ok = tick()
@@ -239,46 +242,19 @@ def test_a_follower_applies_what_a_mark_in_its_ticks_last_poll_committed_before_
                     left_unapplied.append((f.raftCommitIndex, f.raftLastApplied))
                 return ok
             f._ticker._tick = checked
-        entry, loop = followers[0]
+        entry, loop = nodes[followers[0]], threads[followers[0]].loop
         on_follower = RaftNode(entry, loop, offset_budget=1000)
         for i in range(200):
             outcome = asyncio.run_coroutine_threadsafe(
                 on_follower.propose({"type": "Barrier"}, f"w-{i}", "system", timeout_s=WAIT_S), loop).result(WAIT_S)
             assert outcome["ok"], outcome
-        assert sum(f.journal_stats()["local_commits"] for f, _ in followers) > 0, "no follower committed on a mark"
+        assert sum(nodes[i].journal_stats()["local_commits"] for i in followers) > 0, "no follower committed on a mark"
         assert left_unapplied == []
-
-
-@contextlib.contextmanager
-def threaded_nodes(base_dir, secret: str):
-    """Three real nodes, each ticking on an event loop of its own thread: (node, its loop)."""
-    base = devcluster.free_base_port()
-    addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
-    loops = [asyncio.new_event_loop() for _ in addresses]
-    threads = [threading.Thread(target=loop.run_forever, daemon=True) for loop in loops]
-    for t in threads:
-        t.start()
-    nodes: list[MetaSyncObj] = []
-    try:
-        for i, (address, loop) in enumerate(zip(addresses, loops)):
-            node = MetaSyncObj(address, [a for a in addresses if a != address], str(base_dir / f"n{i}"), secret,
-                               RaftTuning(), lambda version, changed: None, LoopBridge())
-            node.bridge.loop = loop
-            asyncio.run_coroutine_threadsafe(_start(node, loop), loop).result(WAIT_S)
-            nodes.append(node)
-        yield list(zip(nodes, loops))
     finally:
-        for node in nodes:
-            node.stop()
-        for loop, t in zip(loops, threads):
-            loop.call_soon_threadsafe(loop.stop)
-            t.join(WAIT_S)
-            assert not t.is_alive()
-            loop.close()
-
-
-async def _start(node: MetaSyncObj, loop: asyncio.AbstractEventLoop) -> None:
-    node.start(loop)
+        for node, thread in zip(nodes, threads):
+            thread.call(node.stop)
+        for thread in threads:
+            thread.close()
 
 
 def _wait_for(found):

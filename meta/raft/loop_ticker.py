@@ -157,16 +157,15 @@ class LoopTicker:
     def on_loop_thread(self) -> bool:
         return self._loop_thread == threading.get_ident()
 
-    def between_ticks(self, work: Callable[[], None]) -> bool:
+    def between_ticks(self, work: Callable[[], bool]) -> bool:
         """On the loop's thread: ``work()`` now, holding the tick's lock as a tick would (pysyncobj's state is the
-        tick's alone); False, with nothing run, while the watchdog ticks or once stopping."""
+        tick's alone), and its answer; False, with nothing run, while the watchdog ticks or once stopping."""
         if self._stopping.is_set() or not self._lock.acquire(blocking=False):
             return False
         try:
-            work()
+            return work()
         finally:
             self._lock.release()
-        return True
 
     def soon(self) -> None:
         """On the loop's thread: a tick as soon as the loop gets to it (one, however many ask before)."""

@@ -416,17 +416,15 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         ~100 us of a follower-entered write at one writer. With entries of its own in flight (a load) proposals wait
         for the tick, which packs them into one entry: sent one by one as they came, each would be an entry."""
         ticker = self._ticker
-        if (not isinstance(ticker, LoopTicker) or not ticker.on_loop_thread() or shim.is_leader(self)
-                or shim.leader(self) is None or shim.proposals_in_flight(self)):
-            return False
-        if not ticker.between_ticks(self._forward_now):
-            return False
-        self._local.forwarded_at_once += 1
-        return True
+        return isinstance(ticker, LoopTicker) and ticker.on_loop_thread() and ticker.between_ticks(self._forward_if_idle)
 
-    def _forward_now(self) -> None:   # holding the tick's lock
+    def _forward_if_idle(self) -> bool:   # holding the tick's lock: pysyncobj's state is read and changed here
+        if shim.is_leader(self) or shim.leader(self) is None or shim.proposals_in_flight(self):
+            return False
         self._checkCommandsToApply()
         self._local.transport.flush()
+        self._local.forwarded_at_once += 1
+        return True
 
     def _checkCommandsToApply(self):
         self._local.wake_pending = False
@@ -740,6 +738,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     @property
     def proposals_forwarded_at_once(self) -> int:
         return self._local.forwarded_at_once
+
     def set_apply_observer(self, observe: Callable[[float], None]) -> None:
         self._local.observe_apply_s = observe
 
