@@ -310,6 +310,11 @@ def test_popped_message_neither_acked_nor_redelivered_is_a_violation():
     never_back = sends + [pop(1, (0, 0, "h0"), (0, 1, "h1"), (0, 2, "h2")), ack(2, "h0", "h1")]
     violations, _ = checker.pops_acked_or_redelivered(never_back, set(), "tp")
     assert len(violations) == 1 and "tp/0@2" in violations[0]["message"]
+    # its evidence is that message's story alone: each delivery, and each ack that named one of its handles
+    story = checker.pops_acked_or_redelivered(never_back + [pop(3, (0, 2, "h2b")), ack(3.2, "h2", ok=False)],
+                                              set(), "tp")[0][0]["evidence"]
+    assert [(d["handle"], d["invoke"]) for d in story["deliveries"]] == [("h2", 1), ("h2b", 3)]
+    assert [(a["invoke"], a["handles"]) for a in story["acks"]] == [(3.2, {"h2": False})]
     # an acked message delivered again breaks no promise of this check (acked_pops_stay_acked judges it)
     again = good + [pop(7, (0, 0, "h0c")), ack(8, "h0c")]
     assert checker.pops_acked_or_redelivered(again, set(), "tp") == ([], {"deliveries": 5})

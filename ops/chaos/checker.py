@@ -403,7 +403,8 @@ def pops_acked_or_redelivered(ops: Iterable[Op], dead_lettered: set[tuple[str, i
                 continue
             if k + 1 == len(ds) and (pop_topic, queue, offset) not in dead_lettered:
                 out.append(violation("pops_acked_or_redelivered", f"{pop_topic}/{queue}@{offset} was popped and "
-                                     "neither acked, nor delivered again, nor dead-lettered", pop=_brief(o)))
+                                     "neither acked, nor delivered again, nor dead-lettered",
+                                     **_delivery_story(ops, ds)))
     for o in ops:
         if o.kind == "send" and o.outcome == OK and o.input["topic"] == pop_topic:
             for offset, tag, _ in sent_messages(o):
@@ -412,6 +413,24 @@ def pops_acked_or_redelivered(ops: Iterable[Op], dead_lettered: set[tuple[str, i
                     out.append(violation("pops_acked_or_redelivered", f"acknowledged message {tag!r} at "
                                          f"{pop_topic}/{key[0]}@{key[1]} was never popped", send=_brief(o)))
     return out, {"deliveries": sum(len(d) for d in deliveries.values())}
+
+
+def _delivery_story(ops: list[Op], deliveries: list[tuple[Op, dict[str, Any]]]) -> dict[str, Any]:
+    """One message's every delivery (its pop, compactly) and every ack that named one of its handles, with that
+    handle's result: the evidence a pop violation needs (a pop of eight messages said little of the one)."""
+    handles = {m["handle"] for _, m in deliveries}
+
+    def when(o: Op) -> dict[str, Any]:
+        return {"process": o.process, "address": o.input.get("address"), "outcome": o.outcome,
+                "invoke": round(o.invoke, 4), "complete": None if math.isinf(o.complete) else round(o.complete, 4)}
+    acks = []
+    for o in ops:
+        named = handles & set(o.input.get("handles") or ()) if o.kind == "ack" else set()
+        if named:
+            results = {r["handle"]: r["ok"] for r in (o.output or {}).get("results", [])}
+            acks.append({**when(o), "handles": {h: results.get(h) for h in sorted(named)}})
+    return {"deliveries": [{**when(o), "handle": m["handle"], "attempt": m.get("attempt")} for o, m in deliveries],
+            "acks": acks}
 
 
 def acked_pops_stay_acked(ops: Iterable[Op]) -> list[dict[str, Any]]:
