@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 
 import pytest
 from pysyncobj import FAIL_REASON
@@ -19,6 +18,7 @@ from meta.raft.journal import read_journal
 from meta.raft.node import MetaSyncObj, RaftNode, RaftTuning
 from ops import devcluster
 from meta.raft.proposals import Proposals, batch_callback
+from tests.support.raft_counter_cluster import wait_until
 from tests.support.raft_nodes import LoopThread, all_applied, leader_of, settled_leader, start_node, start_nodes
 
 STAMP = {"ts": 1_700_000_000_000, "budget": 1000, "history": 100_000}
@@ -231,7 +231,7 @@ def test_a_follower_applies_what_a_mark_in_its_ticks_last_poll_committed_before_
     try:
         for i, thread in enumerate(threads):
             nodes.append(thread.call(start_node, tmp_path / f"n{i}", addresses, i, "marked-test-secret"))
-        leader = _wait_for(lambda: settled_leader(nodes))
+        leader = wait_until(lambda: settled_leader(nodes), WAIT_S, "a leader with a committed membership")
         followers = [i for i, n in enumerate(nodes) if n is not leader]
         for i in followers:
             f, tick = nodes[i], nodes[i]._ticker._tick
@@ -255,11 +255,3 @@ def test_a_follower_applies_what_a_mark_in_its_ticks_last_poll_committed_before_
             thread.call(node.stop)
         for thread in threads:
             thread.close()
-
-
-def _wait_for(found):
-    deadline = time.monotonic() + WAIT_S
-    while (value := found()) is None:
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return value

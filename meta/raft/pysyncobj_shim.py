@@ -417,9 +417,9 @@ def proposals_in_flight(so: SyncObj) -> bool:
 
 
 def apply_committed(so: SyncObj) -> None:
-    """Apply up to the commit index now, as the start of pysyncobj's next tick would (a follower: it sends nothing)."""
-    if so.raftCommitIndex > so.raftLastApplied:
-        so._SyncObj__applyLogEntries()
+    """Apply up to the commit index now, as the start of pysyncobj's next tick would (a follower: it sends nothing);
+    nothing when the commit index is applied already."""
+    so._SyncObj__applyLogEntries()
 
 
 def is_forwarded(callback: Any) -> bool:

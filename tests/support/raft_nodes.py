@@ -48,18 +48,10 @@ def start_node(data_dir, addresses: list[str], i: int, secret: str, tuning: Raft
 def start_nodes(base_dir, secret: str, journal_sync: str = "fsync",
                 tuning: RaftTuning | None = None) -> list[MetaSyncObj]:
     """On the running loop (an async test's): each node ticks on it."""
-    loop = asyncio.get_running_loop()
     tuning = dataclasses.replace(tuning or RaftTuning(), journal_sync=journal_sync)
     base = devcluster.free_base_port()
     addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
-    nodes = []
-    for i, address in enumerate(addresses):
-        node = MetaSyncObj(address, [a for a in addresses if a != address], str(base_dir / f"n{i}"), secret,
-                           tuning, lambda version, changed: None, LoopBridge())
-        node.bridge.loop = loop
-        node.start(loop)
-        nodes.append(node)
-    return nodes
+    return [start_node(base_dir / f"n{i}", addresses, i, secret, tuning) for i in range(len(addresses))]
 
 
 async def leader_of(nodes: list[MetaSyncObj], timeout_s: float) -> tuple[MetaSyncObj, RaftNode]:
