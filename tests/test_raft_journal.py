@@ -194,6 +194,23 @@ def test_sync_and_state_bookkeeping(tmp_path):
         b',"first_segment":1,"first_index":null,"founding_voter":false}\n')
 
 
+def test_a_writeback_started_ahead_makes_nothing_durable_and_is_skipped_when_nothing_is_new(tmp_path):
+    # The leader has the disk start on its entries before it sends them (GroupCommit.start_writeback): only a sync
+    # may move what counts as durable, or the leader would count itself for entries a power loss can still take.
+    j = StatorJournal(str(tmp_path))
+    assert j.start_writeback() is False and j.writebacks == 0        # nothing appended
+    fill(j, (entry(i) for i in range(1, 4)))
+    assert j.start_writeback() is True and j.writebacks == 1          # sync_file_range(2) on Linux
+    assert j.dirty and j.synced_index == 0 and j.syncs == 0
+    assert j.sync() is True and j.synced_index == 3 and not j.dirty
+    assert j.start_writeback() is False and j.writebacks == 1         # synced: nothing to start
+    j._destroy()
+    m = StatorJournal(str(tmp_path / "m"), MemoryUntilSyncJournalIO())
+    m.add(*entry(1))
+    assert m.start_writeback() is False and m.writebacks == 0         # its appends are in memory until the sync
+    m._destroy()
+
+
 def test_a_founding_voter_mark_is_durable_at_once_written_once_and_kept_across_restarts(tmp_path):
     j = StatorJournal(str(tmp_path))
     assert j.founding_voter is False

@@ -12,6 +12,8 @@ import pytest
 
 from broker.storage import InvalidArgument, PhysicalQueue, ProducerMark, QueueConfig, files
 from broker.storage.config import FLUSH_GROUP, FLUSH_INTERVAL
+from meta.raft import journal as raft_journal
+from runtime import libc
 from tests.support.storage_payloads import framed_records
 
 GROUP = QueueConfig(flush_policy=FLUSH_GROUP)
@@ -70,13 +72,17 @@ def test_a_queue_whose_closing_sync_failed_offers_nothing_more_to_sync(tmp_path,
     assert queue.max_offset == 0
 
 
-def test_syncfs_is_bound_with_its_c_signature_and_reports_errno():
-    fn = files._libc_syncfs()
+@pytest.mark.parametrize("fn, argtypes, args", [
+    (files._syncfs, [ctypes.c_int], (-1,)),
+    (raft_journal._sync_file_range, [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint],
+     (-1, 0, 0, raft_journal.SYNC_FILE_RANGE_WRITE)),
+], ids=["syncfs", "sync_file_range"])
+def test_libc_calls_are_bound_with_their_c_signatures_and_report_errno(fn, argtypes, args):
     assert fn is not None
-    assert fn.argtypes == [ctypes.c_int] and fn.restype is ctypes.c_int
+    assert fn.argtypes == argtypes and fn.restype is ctypes.c_int
     ctypes.set_errno(0)
-    assert fn(-1) == -1
-    assert ctypes.get_errno() == errno.EBADF   # use_errno: the error is kept for the caller
+    assert fn(*args) == -1
+    assert libc.errno() == errno.EBADF   # use_errno: the error is kept for the caller
 
 
 def test_a_failed_syncfs_raises_the_errno_it_set(tmp_path):

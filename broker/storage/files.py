@@ -6,9 +6,8 @@ import ctypes
 import errno
 import os
 import re
-import sys
 
-from runtime import power_loss
+from runtime import libc, power_loss
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -45,17 +44,7 @@ def sync_data(fd: int) -> None:
     power_loss.sync_fd(fd, os.fdatasync if hasattr(os, "fdatasync") else os.fsync)
 
 
-def _libc_syncfs():
-    if not sys.platform.startswith("linux"):
-        return None
-    # Harmless mutant: the default None dropped (every Linux libc this runs on has syncfs since glibc 2.14)
-    fn = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
-    if fn is not None:
-        fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-    return fn
-
-
-_syncfs = _libc_syncfs()
+_syncfs = libc.function("syncfs", [ctypes.c_int])   # glibc 2.14 and later
 SYNCFS_ERRORS_SINCE = (5, 8)   # Linux reports write-back errors to syncfs from this release on
 
 
@@ -81,7 +70,7 @@ def sync_filesystem(fd: int) -> None:
 
 def _checked_syncfs(fd: int) -> None:
     if _syncfs(fd) != 0:
-        err = ctypes.get_errno()
+        err = libc.errno()
         raise OSError(err, f"syncfs: {os.strerror(err)}")
 
 

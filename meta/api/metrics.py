@@ -204,6 +204,9 @@ class NodeStateCollector:
         yield CounterMetricFamily("stator_meta_journal_marks_unsynced",
                                   "Leader's marks of its synced journal covering entries not yet on disk",
                                   value=stats["marks_unsynced"])
+        yield CounterMetricFamily("stator_meta_journal_writebacks", "Writebacks of the leader's new entries started "
+                                  "before it sends them, ahead of its sync (meta/raft/group_commit.py start_writeback)",
+                                  value=stats["writebacks"])
         yield CounterMetricFamily("stator_meta_journal_syncs_slow", "Journal syncs longer than 0.1 s "
                                   "(meta/raft/group_commit.py SLOW_SYNC_S)", value=stats["slow_syncs"])
         yield CounterMetricFamily("stator_meta_raft_local_commits",

@@ -6,8 +6,9 @@ Where a node promises durability in pysyncobj's flow:
   phase); ``before_flush`` syncs the journal once if any answer among them is an acknowledgement;
 - the leader counts itself (``count = 1``) for every entry of its own journal when it advances the commit index, at
   the start of a tick; its entries are appended in ``_checkCommandsToApply`` later in a tick (and the no-op of a new
-  term while messages are read). It syncs once per tick right after the tick's entries left (its disk works while
-  the followers' do) and once more before the commit computation if anything was appended since.
+  term while messages are read). It has the disk start on a tick's entries before it sends them (``start_writeback``),
+  syncs once per tick right after they left (its disk works while the followers' do) and once more before the
+  commit computation if anything was appended since.
 
 With ``durable`` False nothing is synced but the same bookkeeping runs, so a test and an operator see the
 difference: ``acks_unsynced`` / ``commits_unsynced`` / ``marks_unsynced`` count acknowledgements, leader commits and
@@ -68,6 +69,13 @@ class GroupCommit:
                 self.slow_syncs += 1
                 log.warning("raft_journal_sync_slow", seconds=round(took, 3), synced_index=self.synced_index)
 
+    def start_writeback(self) -> None:
+        """The leader, once a tick appended its entries and before it sends them: the disk starts on them while
+        they are encoded and sent, so the ``sync`` after the sends (the leader's group commit) waits for less.
+        Nothing counts as durable by it (no-op when not durable)."""
+        if self.durable:
+            self._journal.start_writeback()
+
     def before_flush(self, messages: list[dict[str, Any]]) -> None:
         """The transport's hook: acknowledgements about to leave must cover only entries on disk."""
         if any(m.get("type") == ACK_MESSAGE and m.get("success") for m in messages):
@@ -100,5 +108,5 @@ class GroupCommit:
                 "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
                 "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
                 "marks_checked": self.marks_checked, "marks_unsynced": self.marks_unsynced,
-                "state_writes": self._journal.state_writes, "slow_syncs": self.slow_syncs,
+                "state_writes": self._journal.state_writes, "writebacks": self._journal.writebacks, "slow_syncs": self.slow_syncs,
                 "sync_seconds_max": self.sync_seconds_max}

@@ -530,6 +530,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         if last > local.sent_index or commit > local.sent_commit:
             entries = last > local.sent_index
             local.sent_index, local.sent_commit = last, commit
+            if entries:
+                local.journal.start_writeback()   # the disk works on them while they are encoded and sent
             if entries or not shim.send_commit_notice(self, voters_too=not self._local.local_commit.marking()):
                 shim.send_append_entries(self)
 
