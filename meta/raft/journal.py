@@ -158,9 +158,9 @@ ALLOCATE_AHEAD_BYTES = 4 * 1024 * 1024
 # the disk works while the messages are encoded and sent. Measured on the machine of issue 38, three processes each
 # appending 300 bytes, working 100 us, then syncing: append to synced 215-252 us, 186-198 us with the writeback
 # started right after the append (its fdatasync 113-147 us, 61-75 us); with 30 us of work 5-15 us less, with none
-# no gain (the call itself costs ~15 us): hence the leader only, whose sends come between. Toggled every 0.5 s
-# inside one cluster: one writer's p50 1.265 / 1.302 ms and 1.851 / 1.875 ms (on / off); at 64 writers p99 34.9 /
-# 36.0 and 34.6 / 36.1 ms with the CPU a write within 2.5%.
+# no gain (the call itself costs ~15 us): hence the leader only, whose sends come between, and only lightly loaded
+# (meta/raft/node.py _send_new_entries). Toggled every 0.5 s inside one cluster: one writer's p50 1.265 / 1.302 ms
+# and 1.851 / 1.875 ms (on / off).
 SYNC_FILE_RANGE_WRITE = 2   # <linux/fs.h>
 _sync_file_range = libc.function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 ZEROS_SCAN_BYTES = 64 * 1024          # the last segment's trailing zeros are found reading back this much at a time
