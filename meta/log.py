@@ -149,6 +149,10 @@ class Log:
     def proposals_forwarded_at_once(self) -> int:
         return self._node.proposals_forwarded_at_once
 
+    @property
+    def entries_appended_at_once(self) -> int:
+        return self._node.entries_appended_at_once
+
     def snapshot_counts(self) -> dict[str, int]:
         return self._node.snapshot_counts()
 

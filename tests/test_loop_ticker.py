@@ -122,7 +122,7 @@ def test_the_watchdog_steps_in_well_inside_an_election_timeout():
 
 
 def test_work_between_ticks_runs_only_while_no_tick_does():
-    # MetaSyncObj._forward_at_once sends a proposal from the loop between two ticks: never while the watchdog
+    # MetaSyncObj._send_at_once sends a proposal from the loop between two ticks: never while the watchdog
     # thread ticks (it holds the tick's lock), never once the ticker stops.
     ticker = loop_ticker.LoopTicker(lambda: True, loop_ticker.LoopPoller(), TIMER_S)
     ran: list[int] = []

@@ -29,7 +29,7 @@ PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name py
 # when a newer term is heard; answering the proposals in flight when the leader changes (shim.answer_in_flight) one:
 # the callbacks waiting for their commit; the tick on the event loop (meta/raft/loop_ticker.py) one: the module-level
 # ``createPoller``, swapped like ``createJournal``; a follower's proposals sent at once and a mark's entries applied in
-# its tick (MetaSyncObj._forward_at_once, _apply_marked) two: the forwarded commands waiting for the leader's answer,
+# its tick (MetaSyncObj._send_at_once, _apply_marked) two: the forwarded commands waiting for the leader's answer,
 # and the apply pass pysyncobj runs only at a tick's start. A new one needs a reason as good.
 PRIVATE_NAMES_MAX = 34
 

@@ -187,7 +187,7 @@ def test_coalescing_is_off_at_zero_and_bounded_in_the_config():
             _RaftTuningSchema(**bad)
 
 
-# -- a follower's lone proposal leaves at once (MetaSyncObj._forward_at_once) ---------------------------------------
+# -- a follower's lone proposal leaves at once (MetaSyncObj._send_at_once) ---------------------------------------
 async def test_a_follower_forwards_a_lone_proposal_at_once_and_packs_proposals_that_come_while_one_is_in_flight(
         tmp_path):
     # Coalescing off: what packs a follower's proposals into an entry here is only that one of its entries is in
@@ -209,8 +209,40 @@ async def test_a_follower_forwards_a_lone_proposal_at_once_and_packs_proposals_t
         entries = leader.raftCommitIndex - before
         assert entries < proposals / 4, f"{proposals} proposals in {entries} entries"
         assert follower.proposals_forwarded_at_once - at_once <= entries
-        # The leader never forwards: its own proposals wait for its tick (which appends and sends them).
+        # The leader never forwards (its own proposals it appends: the test below).
         assert leader.proposals_forwarded_at_once == 0
+        await all_applied(nodes, leader, WAIT_S)
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+# -- a lightly loaded leader appends and sends at once (MetaSyncObj._append_at_once) ---------------------------------
+async def test_a_lightly_loaded_leader_appends_its_own_and_forwarded_proposals_at_once_and_packs_a_burst(tmp_path):
+    nodes = start_nodes(tmp_path, "append-test-secret", tuning=RaftTuning(propose_coalesce_s=0))
+    try:
+        leader, on_leader = await leader_of(nodes, WAIT_S)
+        follower = next(n for n in nodes if n is not leader)
+        follower.bridge.loop = asyncio.get_running_loop()
+        on_follower = RaftNode(follower, follower.bridge.loop, offset_budget=1000)
+        for i in range(20):
+            assert (await on_leader.propose({"type": "Barrier"}, f"own-{i}", "system", timeout_s=WAIT_S))["ok"]
+        assert leader.entries_appended_at_once == 20   # from propose, nothing of its own in flight each time
+        # A follower's lone proposals: appended by the leader right after the poll that read each of them.
+        for i in range(20):
+            assert (await on_follower.propose({"type": "Barrier"}, f"fwd-{i}", "system", timeout_s=WAIT_S))["ok"]
+        assert leader.entries_appended_at_once == 40
+        # A burst on the leader: the first goes at once, the rest wait for the tick while it is in flight, which
+        # packs them. Appended one by one as they came, each would have been an entry (and a sync).
+        appended, before = leader.entries_appended_at_once, leader.raftCommitIndex
+        proposals = 100
+        outcomes = await asyncio.gather(*(on_leader.propose({"type": "Barrier"}, f"burst-{i}", "system",
+                                                            timeout_s=WAIT_S) for i in range(proposals)))
+        assert all(o["ok"] for o in outcomes), outcomes
+        entries = leader.raftCommitIndex - before
+        assert entries < proposals / 4, f"{proposals} proposals in {entries} entries"
+        assert leader.entries_appended_at_once - appended <= entries
+        assert all(n.entries_appended_at_once == 0 for n in nodes if n is not leader)
         await all_applied(nodes, leader, WAIT_S)
     finally:
         for n in nodes:

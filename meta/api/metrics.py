@@ -133,6 +133,9 @@ class NodeStateCollector:
         yield CounterMetricFamily("stator_meta_raft_proposals_forwarded_at_once", "Times this node, a follower "
                                   "with no entry of its own in flight, sent its proposals to the leader at once "
                                   "rather than from the next tick", value=svc.log.proposals_forwarded_at_once)
+        yield CounterMetricFamily("stator_meta_raft_entries_appended_at_once", "Times this node, a lightly loaded "
+                                  "leader, appended and sent proposals (its own, or a follower's just read) at once "
+                                  "rather than in its tick's order", value=svc.log.entries_appended_at_once)
         snapshots = CounterMetricFamily("stator_meta_raft_snapshots", "Snapshots since start: written by this node, "
                                         "installed from the leader, or written and dropped because an install was "
                                         "newer", labels=["kind"])

@@ -198,6 +198,8 @@ class _LocalState:
     last_batch: int = 0           # proposals in this node's last entry of its own
     wakes_deferred: int = 0       # proposals that asked for the tick after coalesce_s, not at once
     forwarded_at_once: int = 0    # times a follower sent its proposals to the leader between ticks
+    appended_at_once: int = 0     # times a lightly loaded leader appended and sent entries ahead of its tick's order
+    forward_arrived: bool = False   # the last poll read a follower's forwarded proposals
     freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
     last_keepalive: float = 0.0   # monotonic
     slow_ticks: int = 0           # ticks longer than SLOW_TICK_S, waits included
@@ -299,7 +301,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         reads = self._local.read_index = ReadIndex(self, self._applier.submit_call, self.wake, self.commit_bound)
         self._local.held = shim.keep_matching_entries(self, lambda node, m: roles.admit(node, m)
                                                       and prevote.admit(node, m) and reads.admit(node, m)
-                                                      and self._local.local_commit.admit(node, m),
+                                                      and self._local.local_commit.admit(node, m)
+                                                      and self._note_forward(m),
                                                       self._local.notice)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
@@ -407,24 +410,55 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             if local.coalesce_s > 0 and local.last_batch >= local.coalesce_min and isinstance(self._ticker, LoopTicker):
                 local.wakes_deferred += 1
                 self._ticker.wake_after(local.coalesce_s)
-            elif not self._forward_at_once():
+            elif not self._send_at_once():
                 self.wake()
 
-    def _forward_at_once(self) -> bool:
-        """Event loop: a follower with nothing of its own in flight sends the proposals to its leader now, between
-        two ticks, rather than from the tick it would wake: that tick's scheduling and its work before the send were
-        ~100 us of a follower-entered write at one writer. With entries of its own in flight (a load) proposals wait
+    def _send_at_once(self) -> bool:
+        """Event loop: a node with nothing of its own in flight sends the proposals on now, between two ticks,
+        rather than from the tick it would wake: that tick's scheduling and its work before the send were ~100 us
+        of a write at one writer. A follower forwards them to its leader; a leader appends them, sends them to its
+        followers, syncs and marks (``_append_at_once``). With entries of its own in flight (a load) proposals wait
         for the tick, which packs them into one entry: sent one by one as they came, each would be an entry."""
         ticker = self._ticker
-        return isinstance(ticker, LoopTicker) and ticker.on_loop_thread() and ticker.between_ticks(self._forward_if_idle)
+        return isinstance(ticker, LoopTicker) and ticker.on_loop_thread() and ticker.between_ticks(self._send_if_idle)
 
-    def _forward_if_idle(self) -> bool:   # holding the tick's lock: pysyncobj's state is read and changed here
-        if shim.is_leader(self) or shim.leader(self) is None or shim.proposals_in_flight(self):
+    def _send_if_idle(self) -> bool:   # holding the tick's lock: pysyncobj's state is read and changed here
+        if shim.proposals_in_flight(self):
+            return False
+        if shim.is_leader(self):
+            self._append_at_once()
+            self._leader_sync()
+            self._local.local_commit.send_mark()
+            return True
+        if shim.leader(self) is None:
             return False
         self._checkCommandsToApply()
         self._local.transport.flush()
         self._local.forwarded_at_once += 1
         return True
+
+    def _note_forward(self, message: Any) -> bool:
+        if isinstance(message, dict) and message.get("type") == shim.FORWARD_MESSAGE:
+            self._local.forward_arrived = True
+        return True
+
+    def _append_forwarded_at_once(self) -> None:
+        """The tick, right after its first poll: a lightly loaded leader that read a follower's forwarded proposals
+        appends and sends them now, and syncs and marks them next (``_onTick``), rather than after the rest of
+        pysyncobj's tick (~100 us from the forward's arrival to the append's send at one writer, 130 more to the
+        mark). Under load (its last entry of its own carried at least propose_coalesce_min proposals) the tick's
+        order is kept: its own proposals still join the forwarded ones in one sync."""
+        local = self._local
+        if local.forward_arrived:
+            local.forward_arrived = False
+            if shim.is_leader(self) and local.last_batch < local.coalesce_min:
+                self._append_at_once()
+
+    def _append_at_once(self) -> None:   # the leader, holding the tick's lock
+        self._checkCommandsToApply()
+        self._send_new_entries()
+        self._local.transport.flush()
+        self._local.appended_at_once += 1
 
     def _checkCommandsToApply(self):
         self._local.wake_pending = False
@@ -473,12 +507,15 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self._local.roles.decide()
         if self._ticker is not None:
             shim.poll_sockets(self)
+            self._append_forwarded_at_once()
             self._local.transport.flush()   # what answering them queued (a follower's acknowledgements)
             self._local.local_commit.advance()   # once they left: what the leader's mark and this disk both hold
         # The leader counts itself toward the commit of every entry in its journal at the start of the tick: what
-        # was appended since the last sync (a new term's no-op, read from the sockets) is synced first.
+        # was appended since the last sync (a new term's no-op, read from the sockets; forwarded proposals appended
+        # at once) is synced first, and its voters hear of it at once.
         journal = self._local.journal
         self._leader_sync()
+        self._local.local_commit.send_mark()
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         self._local.prevote.tick()   # a pre-vote first, where pysyncobj would campaign
         super()._onTick(timeToWait)
@@ -743,6 +780,10 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     @property
     def proposals_forwarded_at_once(self) -> int:
         return self._local.forwarded_at_once
+
+    @property
+    def entries_appended_at_once(self) -> int:
+        return self._local.appended_at_once
 
     def set_apply_observer(self, observe: Callable[[float], None]) -> None:
         self._local.observe_apply_s = observe
