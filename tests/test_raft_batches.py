@@ -111,13 +111,30 @@ def test_each_proposal_gets_its_own_outcome_or_the_entrys_failure():
 
 
 # -- on real nodes -------------------------------------------------------------------------------------------------
+async def _leader_and_follower(nodes: list) -> tuple:
+    """(leader, its RaftNode, a follower, the follower's RaftNode) of nodes on this test's loop."""
+    leader, on_leader = await leader_of(nodes, WAIT_S)
+    follower = next(n for n in nodes if n is not leader)
+    follower.bridge.loop = asyncio.get_running_loop()
+    return leader, on_leader, follower, RaftNode(follower, follower.bridge.loop, offset_budget=1000)
+
+
+async def _packed_burst(raft: RaftNode, leader, proposals: int = 100) -> int:
+    """The entries ``proposals`` proposed at once through ``raft`` took, each answered ok: fewer than a quarter as
+    many (one entry each had they been sent as they came)."""
+    before = leader.raftCommitIndex
+    outcomes = await asyncio.gather(*(raft.propose({"type": "Barrier"}, f"burst-{i}", "system", timeout_s=WAIT_S)
+                                      for i in range(proposals)))
+    assert all(o["ok"] for o in outcomes), outcomes
+    entries = leader.raftCommitIndex - before
+    assert entries < proposals / 4, f"{proposals} proposals in {entries} entries"
+    return entries
+
+
 async def test_concurrent_proposals_share_entries_and_are_decided_one_by_one(tmp_path):
     nodes = start_nodes(tmp_path, "batches-test-secret")
     try:
-        leader, on_leader = await leader_of(nodes, WAIT_S)
-        follower = next(n for n in nodes if n is not leader)
-        follower.bridge.loop = asyncio.get_running_loop()
-        on_follower = RaftNode(follower, follower.bridge.loop, offset_budget=1000)
+        leader, on_leader, _, on_follower = await _leader_and_follower(nodes)
         before = leader.raftCommitIndex
         proposals = 120
 
@@ -194,20 +211,12 @@ async def test_a_follower_forwards_a_lone_proposal_at_once_and_packs_proposals_t
     # flight. Sent at once as they came, the burst below would have made an entry each.
     nodes = start_nodes(tmp_path, "forward-test-secret", tuning=RaftTuning(propose_coalesce_s=0))
     try:
-        leader, _ = await leader_of(nodes, WAIT_S)
-        follower = next(n for n in nodes if n is not leader)
-        follower.bridge.loop = asyncio.get_running_loop()
-        on_follower = RaftNode(follower, follower.bridge.loop, offset_budget=1000)
+        leader, _, follower, on_follower = await _leader_and_follower(nodes)
         for i in range(20):
             assert (await on_follower.propose({"type": "Barrier"}, f"lone-{i}", "system", timeout_s=WAIT_S))["ok"]
         assert follower.proposals_forwarded_at_once == 20   # nothing of its own in flight each time
-        at_once, before = follower.proposals_forwarded_at_once, leader.raftCommitIndex
-        proposals = 100
-        outcomes = await asyncio.gather(*(on_follower.propose({"type": "Barrier"}, f"burst-{i}", "system",
-                                                              timeout_s=WAIT_S) for i in range(proposals)))
-        assert all(o["ok"] for o in outcomes), outcomes
-        entries = leader.raftCommitIndex - before
-        assert entries < proposals / 4, f"{proposals} proposals in {entries} entries"
+        at_once = follower.proposals_forwarded_at_once
+        entries = await _packed_burst(on_follower, leader)
         assert follower.proposals_forwarded_at_once - at_once <= entries
         # The leader never forwards (its own proposals it appends: the test below).
         assert leader.proposals_forwarded_at_once == 0
@@ -221,10 +230,7 @@ async def test_a_follower_forwards_a_lone_proposal_at_once_and_packs_proposals_t
 async def test_a_lightly_loaded_leader_appends_its_own_and_forwarded_proposals_at_once_and_packs_a_burst(tmp_path):
     nodes = start_nodes(tmp_path, "append-test-secret", tuning=RaftTuning(propose_coalesce_s=0))
     try:
-        leader, on_leader = await leader_of(nodes, WAIT_S)
-        follower = next(n for n in nodes if n is not leader)
-        follower.bridge.loop = asyncio.get_running_loop()
-        on_follower = RaftNode(follower, follower.bridge.loop, offset_budget=1000)
+        leader, on_leader, _, on_follower = await _leader_and_follower(nodes)
         for i in range(20):
             assert (await on_leader.propose({"type": "Barrier"}, f"own-{i}", "system", timeout_s=WAIT_S))["ok"]
         assert leader.entries_appended_at_once == 20   # from propose, nothing of its own in flight each time
@@ -234,13 +240,8 @@ async def test_a_lightly_loaded_leader_appends_its_own_and_forwarded_proposals_a
         assert leader.entries_appended_at_once == 40
         # A burst on the leader: the first goes at once, the rest wait for the tick while it is in flight, which
         # packs them. Appended one by one as they came, each would have been an entry (and a sync).
-        appended, before = leader.entries_appended_at_once, leader.raftCommitIndex
-        proposals = 100
-        outcomes = await asyncio.gather(*(on_leader.propose({"type": "Barrier"}, f"burst-{i}", "system",
-                                                            timeout_s=WAIT_S) for i in range(proposals)))
-        assert all(o["ok"] for o in outcomes), outcomes
-        entries = leader.raftCommitIndex - before
-        assert entries < proposals / 4, f"{proposals} proposals in {entries} entries"
+        appended = leader.entries_appended_at_once
+        entries = await _packed_burst(on_leader, leader)
         assert leader.entries_appended_at_once - appended <= entries
         assert all(n.entries_appended_at_once == 0 for n in nodes if n is not leader)
         await all_applied(nodes, leader, WAIT_S)
