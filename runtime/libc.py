@@ -13,7 +13,7 @@ from typing import Any
 
 def function(name: str, argtypes: list[Any], restype: Any = ctypes.c_int) -> Callable[..., Any] | None:
     """The C library's ``name`` with its argument and result types, or None off Linux or when the library lacks it
-    (the caller then does without: every use here is an optimisation or has a fallback)."""
+    (each caller says what it does without: the journal skips its writeback ahead, the broker refuses syncfs)."""
     if not sys.platform.startswith("linux"):
         return None
     # Harmless mutant: the default None dropped (every Linux libc this runs on has the functions used here)

@@ -108,5 +108,5 @@ class GroupCommit:
                 "acks_checked": self.acks_checked, "acks_unsynced": self.acks_unsynced,
                 "commits_checked": self.commits_checked, "commits_unsynced": self.commits_unsynced,
                 "marks_checked": self.marks_checked, "marks_unsynced": self.marks_unsynced,
-                "state_writes": self._journal.state_writes, "writebacks": self._journal.writebacks, "slow_syncs": self.slow_syncs,
-                "sync_seconds_max": self.sync_seconds_max}
+                "state_writes": self._journal.state_writes, "writebacks": self._journal.writebacks,
+                "slow_syncs": self.slow_syncs, "sync_seconds_max": self.sync_seconds_max}
