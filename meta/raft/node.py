@@ -199,7 +199,7 @@ class _LocalState:
     wakes_deferred: int = 0       # proposals that asked for the tick after coalesce_s, not at once
     forwarded_at_once: int = 0    # times a follower sent its proposals to the leader between ticks
     appended_at_once: int = 0     # times a lightly loaded leader appended and sent entries ahead of its tick's order
-    forward_arrived: bool = False   # the last poll read a follower's forwarded proposals
+    forward_arrived: bool = False   # the leader queued a follower's forwarded proposals since its last tick began
     freeze_pending: bool = True   # the image restored from a snapshot or journal at start-up
     last_keepalive: float = 0.0   # monotonic
     slow_ticks: int = 0           # ticks longer than SLOW_TICK_S, waits included
@@ -301,8 +301,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         reads = self._local.read_index = ReadIndex(self, self._applier.submit_call, self.wake, self.commit_bound)
         self._local.held = shim.keep_matching_entries(self, lambda node, m: roles.admit(node, m)
                                                       and prevote.admit(node, m) and reads.admit(node, m)
-                                                      and self._local.local_commit.admit(node, m)
-                                                      and self._note_forward(m),
+                                                      and self._local.local_commit.admit(node, m),
                                                       self._local.notice)
         # Replicated state: the only attribute a snapshot holds.
         self.image_data = self._machine.image.data
@@ -332,8 +331,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         self._local.transport.flush_on_tick = False            # (the transport's own tick flush came first)
         # Cheap committed entries, once the commit index left: their answers reach the loop while the leader syncs.
         self.addOnTickCallback(functools.partial(self._applier.run_inline, self.image_lock))
-        self.addOnTickCallback(self._leader_sync)  # the leader's disk works while the followers' do
-        self.addOnTickCallback(self._local.local_commit.send_mark)   # ...and they learn at once when it is done
+        # The leader's disk works while the followers' do, and they learn at once when it is done
+        self.addOnTickCallback(self._leader_sync_and_mark)
         self.addOnTickCallback(self.bridge.flush)
         self.addOnTickCallback(self._freeze_image)
         self.addOnTickCallback(self._keep_links_alive)
@@ -407,11 +406,16 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         local = self._local
         if local.pipe is not None and not local.wake_pending:
             local.wake_pending = True
-            if local.coalesce_s > 0 and local.last_batch >= local.coalesce_min and isinstance(self._ticker, LoopTicker):
+            if local.coalesce_s > 0 and not self._lightly_loaded() and isinstance(self._ticker, LoopTicker):
                 local.wakes_deferred += 1
                 self._ticker.wake_after(local.coalesce_s)
             elif not self._send_at_once():
                 self.wake()
+
+    def _lightly_loaded(self) -> bool:
+        """The node's last entry of its own carried fewer than propose_coalesce_min proposals: a lone writer's
+        carry one. Under load its proposals wait to coalesce, and the leader keeps its tick's order."""
+        return self._local.last_batch < self._local.coalesce_min
 
     def _send_at_once(self) -> bool:
         """Event loop: a node with nothing of its own in flight sends the proposals on now, between two ticks,
@@ -427,19 +431,13 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             return False
         if shim.is_leader(self):
             self._append_at_once()
-            self._leader_sync()
-            self._local.local_commit.send_mark()
+            self._leader_sync_and_mark()
             return True
         if shim.leader(self) is None:
             return False
         self._checkCommandsToApply()
         self._local.transport.flush()
         self._local.forwarded_at_once += 1
-        return True
-
-    def _note_forward(self, message: Any) -> bool:
-        if isinstance(message, dict) and message.get("type") == shim.FORWARD_MESSAGE:
-            self._local.forward_arrived = True
         return True
 
     def _append_forwarded_at_once(self) -> None:
@@ -453,7 +451,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         local = self._local
         if local.forward_arrived:
             local.forward_arrived = False
-            if (shim.is_leader(self) and local.last_batch < local.coalesce_min and not len(self._proposals)
+            if (shim.is_leader(self) and self._lightly_loaded() and not len(self._proposals)
                     and not shim.proposals_in_flight(self)):
                 self._append_at_once()
 
@@ -477,7 +475,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
     def _applyCommand(self, command, callback, commandType=None):
         # Our own entries (shim.propose) and, on the leader, the entries a follower forwarded (pysyncobj's
         # apply_command message, with a ``(node, request id)`` callback).
-        if commandType is None and shim.is_forwarded(callback):
+        forwarded = commandType is None and shim.is_forwarded(callback)
+        if forwarded:
             command = self._stamped(command)
         if not isinstance(command, bytes) or len(command) > ENTRY_BYTES_MAX:
             # Never from an entry of ours (batches stay within the bound); an entry past the append batch would be
@@ -485,6 +484,8 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
             shim.refuse_command(self, callback)
             return
         super()._applyCommand(command, callback, commandType)
+        if forwarded:
+            self._local.forward_arrived = True   # appended at once after this poll (_append_forwarded_at_once)
 
     def _stamp(self) -> bytes:
         stamp = self._local.stamp
@@ -517,8 +518,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         # was appended since the last sync (a new term's no-op, read from the sockets; forwarded proposals appended
         # at once) is synced first, and its voters hear of it at once.
         journal = self._local.journal
-        self._leader_sync()
-        self._local.local_commit.send_mark()
+        self._leader_sync_and_mark()
         was_leader, synced, commit = shim.is_leader(self), journal.synced_index, self.raftCommitIndex
         self._local.prevote.tick()   # a pre-vote first, where pysyncobj would campaign
         super()._onTick(timeToWait)
@@ -550,13 +550,14 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
                 shim.answer_in_flight(self)
             self._local.leader_seen = leader
 
-    def _leader_sync(self) -> None:
-        """The leader's group commit. A follower syncs only before it acknowledges (GroupCommit.before_flush), which
-        is all Raft asks of it. Syncing on every tick too cost fdatasyncs of entries no acknowledgement needed yet, and
-        hid a follower that acknowledged before its sync from every test and from the chaos runner's power losses
-        (its entries were on disk a tick later anyway)."""
+    def _leader_sync_and_mark(self) -> None:
+        """The leader's group commit, then its voters learn how far its journal is durable (LocalCommit). A follower
+        syncs only before it acknowledges (GroupCommit.before_flush), which is all Raft asks of it. Syncing on every
+        tick too cost fdatasyncs of entries no acknowledgement needed yet, and hid a follower that acknowledged before
+        its sync from every test and from the chaos runner's power losses (its entries were on disk a tick later)."""
         if shim.is_leader(self):
             self._local.journal.sync()
+            self._local.local_commit.send_mark()
 
     def _send_new_entries(self) -> None:
         local = self._local
@@ -570,10 +571,9 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         if last > local.sent_index or commit > local.sent_commit:
             entries = last > local.sent_index
             local.sent_index, local.sent_commit = last, commit
-            if entries and local.last_batch < local.coalesce_min:
-                # The disk works on them while they are encoded and sent. Not under load (the node's last entry of
-                # its own carried many proposals, as for propose_coalesce_min): the call held the loop 15-70 us a
-                # tick there (the device's doorbell), where the loop's time is what limits the writes.
+            if entries and self._lightly_loaded():
+                # The disk works on them while they are encoded and sent. Not under load: the call held the loop
+                # 15-70 us a tick there (the device's doorbell), where the loop's time is what limits the writes.
                 local.journal.start_writeback()
             if entries or not shim.send_commit_notice(self, voters_too=not self._local.local_commit.marking()):
                 shim.send_append_entries(self)

@@ -193,7 +193,6 @@ def finish_interrupted_compaction(so: SyncObj, snapshot: Snapshot) -> bool:
 
 # -- transport -------------------------------------------------------------------------------------------------
 APPEND = "append_entries"   # pysyncobj's append message (its type field), heartbeats and commit notices included
-FORWARD_MESSAGE = "apply_command"   # a follower's proposal, forwarded to its leader
 def send_append_entries(so: SyncObj) -> None:
     so._SyncObj__sendAppendEntries()
 
