@@ -48,6 +48,7 @@ from ..image import Image, restoring_pairs
 from .applier import DISCARDED, INLINE_ENTRIES_MAX, Applier, Pending
 from .entry import ENTRY_BYTES_MAX, decode_entry, encode_entry, encode_envelope, encode_stamp, restamped
 from .group_commit import GroupCommit
+from .housekeeping import Housekeeping
 from .journal import FORMAT_VERSION as JOURNAL_FORMAT_VERSION
 from .journal import JOURNAL_FILE, JournalFormatError, StatorJournal, journal_io
 from .local_commit import LocalCommit, caught_up
@@ -224,7 +225,7 @@ class _LocalState:
     caught_up: bool = False       # isReady once true
 
 
-class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
+class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.CompactionChecks, SyncObj):
     def __init__(self, self_raft: str, partners: list[str], data_dir: str, secret: str, tuning: RaftTuning,
                  on_applied: Callable[[int, set[str] | None], None], bridge: LoopBridge,
                  link: RaftLink | None = None, names: dict[str, str] | None = None,
@@ -234,6 +235,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, SyncObj):
         node name, as the membership records them (meta/raft/roles.py); by default the raft addresses, none."""
         # Local, non-replicated attributes: set before SyncObj.__init__ so pysyncobj leaves them out of snapshots.
         self.image_lock = threading.RLock()
+        self.compaction_checks = Housekeeping()   # shim.CompactionChecks
         # What the image's window trims, kept for this node's projection (meta/image.py, trimmed_to).
         self.trimmed: deque[tuple[int, str]] = deque(maxlen=limits.HISTORY_TRIMMED_KEPT_EVENTS_MAX)
         self._machine = StateMachine(Image())

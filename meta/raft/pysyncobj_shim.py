@@ -29,6 +29,7 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.node import Node, TCPNode
 from pysyncobj.version import VERSION
 
+from .housekeeping import Housekeeping
 from .journal import StatorJournal
 from .membership import MEMBERSHIP_COMMAND
 from .snapshot_file import LogEntry, Snapshot, WriterState
@@ -336,6 +337,18 @@ class Acknowledgements(abc.ABC):
     @abc.abstractmethod
     def acknowledge(self, node: Node, next_index: int, reset: bool, success: bool) -> bool:
         """The tick: True if this acknowledgement was sent here (pysyncobj then sends none)."""
+
+
+class CompactionChecks(abc.ABC):
+    """Mixin for a SyncObj subclass: pysyncobj's compaction check (``__tryLogCompaction``, at the end of every tick:
+    is a snapshot due, has the writer finished) runs when ``compaction_checks`` says it is due (housekeeping.py),
+    not at every tick. What it looks at moves in seconds: a snapshot due, or written, is taken up to a period later."""
+
+    compaction_checks: Housekeeping
+
+    def _SyncObj__tryLogCompaction(self) -> None:   # noqa: N802 - the private name it replaces
+        if self.compaction_checks.due(monotonic()):
+            SyncObj._SyncObj__tryLogCompaction(self)
 
 
 def answer_in_flight(so: SyncObj) -> None:

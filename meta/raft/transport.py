@@ -64,6 +64,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.transport import Transport, TransportNotReadyError
 
 from . import wire_format as wire
+from .housekeeping import Housekeeping
 from .wire_format import Kind, Reason, WireError
 
 log = structlog.get_logger("meta.raft.transport")
@@ -176,6 +177,7 @@ class StatorTransport(Transport):
         self._destroyed = False
         self._bind_attempts = 0
         self._last_bind_attempt = float("-inf")
+        self.housekeeping = Housekeeping()   # dials and expiries: not at every tick (housekeeping.py)
         self._bind_over = threading.Event()
         self._scratch = bytearray(RECV_CHUNK_BYTES)
         self._scratch_view = memoryview(self._scratch)
@@ -320,8 +322,9 @@ class StatorTransport(Transport):
         if not self._ready:
             return
         now = time.monotonic()
-        self._dial_missing(now)
-        self._expire(now)
+        if self.housekeeping.due(now):
+            self._dial_missing(now)
+            self._expire(now)
         if self.flush_on_tick:
             self.flush()
 
