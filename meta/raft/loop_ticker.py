@@ -128,8 +128,11 @@ class LoopTicker:
     """Runs ``tick()`` (one ``doTick(0)``) on the loop when asked, on a timer, and on a watchdog thread while the
     loop is held elsewhere; ``stop`` from any thread."""
 
-    def __init__(self, tick: Callable[[], bool], poller: LoopPoller, period_s: float):
+    def __init__(self, tick: Callable[[], bool], poller: LoopPoller, period_s: float,
+                 follow_up: Callable[[], bool] = lambda: True):
+        """``follow_up()``: whether a tick whose last poll handled something needs another tick at once (see _run)."""
         self._tick = tick
+        self._follow_up = follow_up
         self._poller = poller
         self._period_s = period_s
         self._lock = threading.Lock()           # whoever ticks holds it: never two ticks at once
@@ -234,9 +237,10 @@ class LoopTicker:
                 self._failed_until = time.monotonic() + self._period_s
         finally:
             self.last_tick = time.monotonic()
-        if self._poller.last_poll_handled:
+        if self._poller.last_poll_handled and self._follow_up():
             # The tick ends in a poll, and what it read (a follower's acknowledgement) is acted on by the next
-            # tick's start (the commit index moves there): the tick thread went straight on to it; so does this.
+            # tick's start (the commit index moves there): the tick thread went straight on to it; so does this,
+            # unless the node says it acted on it already (a follower: MetaSyncObj._follow_up_tick).
             self._again = True
 
     def stop(self) -> None:

@@ -532,6 +532,15 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.CompactionCh
             journal.check_commit(self.raftCommitIndex, synced)
         self._answer_in_flight_on_leader_change()
 
+    def _follow_up_tick(self) -> bool:
+        """Whether a tick whose last poll read something needs another tick at once (LoopTicker). The leader does:
+        its commit index moves only at a tick's start. A follower of a known leader has acted on what it read
+        within the tick: its acknowledgements leave with the tick's last flush, a mark's entries are applied by
+        ``_apply_marked``, a read index by ``read_index.tick``; a tick more found nothing to do but cost a third of
+        a follower's ticks at one writer (1-2% of its writes a second, toggled inside one cluster). A node without
+        a leader (a candidate counting votes) keeps it."""
+        return shim.is_leader(self) or shim.leader(self) is None
+
     def _apply_marked(self) -> None:
         """pysyncobj's tick ends in a poll: on a follower, a leader's mark read there commits entries (LocalCommit)
         that pysyncobj would apply at the next tick's start, after the callbacks of this one (run_inline among
@@ -649,7 +658,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.CompactionCh
         loop = loop or asyncio.get_running_loop()
         self._applier.start()
         self.bridge.loop_thread = threading.get_ident()
-        ticker = LoopTicker(self._tick_once, self._poller, self._tick_period_s)
+        ticker = LoopTicker(self._tick_once, self._poller, self._tick_period_s, follow_up=self._follow_up_tick)
         self._ticker = ticker
         ticker.start(loop)
 
