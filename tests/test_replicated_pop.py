@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from broker.pop.replica import ReplicaPopStore
-from tests.support.broker_http import admin, route, wait_route
+from tests.support.broker_http import admin, broker_has_route, route, wait_route
 from tests.support.cluster import running
 from wire.errors import ApiError
 
@@ -234,14 +234,16 @@ async def test_an_ack_below_min_insync_is_refused_and_applied_nowhere_like_a_sen
     async with running(str(tmp_path), 3, 3, meta=EXTRA_META) as c:
         address, copy, handles = await ten_popped_of_two_copies(c)
         c.kill9(copy)
-        await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 1, timeout_s=WAIT_S)
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 1, timeout_s=WAIT_S)
+        await broker_has_route(c, address, r["version"])
         s, b, _ = await c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles})
         assert s == 503 and b["error"]["code"] == "NOT_ENOUGH_REPLICAS", (s, b)
         s, b, _ = await c.call("POST", f"{address}/v1/invisible", "client",
                                json={"group": GROUP, "handle": handles[0], "invisible_ms": 60_000})
         assert s == 503 and b["error"]["code"] == "NOT_ENOUGH_REPLICAS", (s, b)
         c.start(copy)
-        await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2, timeout_s=60.0)
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2, timeout_s=60.0)
+        await broker_has_route(c, address, r["version"])
         s, b, _ = await c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles})
         assert s == 200 and all(x["ok"] for x in b["results"]), (s, b)
 
@@ -262,7 +264,8 @@ async def test_an_ack_or_a_commit_whose_copy_leaves_the_set_below_min_insync_is_
             assert s == 503 and b["error"]["code"] == "REPLICATION_UNCONFIRMED", (s, b)
         assert len((await route(c, "p"))["queues"][0]["in_sync"]) == 1, "answered once the fence took the copy out"
         c.start(copy)
-        await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2, timeout_s=60.0)
+        r = await wait_route(c, "p", lambda r: len(r["queues"][0]["in_sync"]) == 2, timeout_s=60.0)
+        await broker_has_route(c, address, r["version"])
         s, b, _ = await c.call("POST", f"{address}/v1/ack", "client", json={"group": GROUP, "handles": handles})
         assert s == 200 and all(x["ok"] for x in b["results"]), (s, b)
         s, b, _ = await c.call("PUT", f"{address}/v1/offsets/og/p/0", "client", json={"offset": 5})

@@ -36,6 +36,19 @@ async def wait_route(c, topic: str, pred, timeout_s: float = 20.0) -> dict:
         await asyncio.sleep(0.05)
 
 
+async def broker_has_route(c, address: str, version: int, timeout_s: float = 20.0) -> None:
+    """Until the broker at ``address`` has read meta's routes up to ``version`` (its X-Route-Version, on every
+    answer). A route read from meta may be ahead of the broker's: a call that X-Route-Version does not hold back (an
+    ack, a change of invisible time, unlike a send) is answered from the broker's older view meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, _, headers = await c.call("GET", f"{address}/healthz", None)
+        if int(headers.get("X-Route-Version", -1)) >= version:
+            return
+        assert time.monotonic() < deadline, f"the broker at {address} never read route version {version}"
+        await asyncio.sleep(0.05)
+
+
 def all_writable(r: dict) -> bool:
     return all(q["writable"] for q in r["queues"])
 
