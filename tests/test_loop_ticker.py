@@ -30,6 +30,7 @@ WRITE_BOUND_S = 1.0     # a write waits milliseconds; one left for the timer wou
 TIMER_S = 30.0
 HELD_S = 1.5            # three times the longest election timeout
 NO_TICK_WAIT_S = 0.3    # a tick asked for at once runs within milliseconds
+MID_TICK_SLEEP_S = 0.005   # a follower's tick, held before its last poll: the leader's answers arrive meanwhile
 
 
 @contextlib.asynccontextmanager
@@ -73,24 +74,25 @@ async def test_every_write_commits_without_waiting_for_the_timer(tmp_path):
 async def test_every_write_through_a_follower_commits_without_waiting_for_the_timer(tmp_path):
     # A follower runs no second tick for what its tick's last poll read (MetaSyncObj._follow_up_tick): it acts on it
     # in that tick. Were anything left for a next tick (an acknowledgement unsent, a mark's entries unapplied), a
-    # write entered there would wait for the timer, here TIMER_S. The split cluster lets messages arrive while a node
-    # ticks, but in one process the GIL makes that rare: removing the tick's last flush, or _apply_marked, was not
-    # caught here in three runs (between processes it costs writes the timer's 50 ms, which ops/bench/vs_etcd.py
-    # would show). What is checked holds for every tick either way.
+    # write entered there would wait for the timer, here TIMER_S. The follower is on another thread than the leader,
+    # and each of its ticks sleeps (the GIL let go) before the poll that ends it: the leader's messages land there.
     async with _split_cluster(tmp_path) as (nodes, other):
         leader, _raft = await leader_of(nodes, WAIT_S)
         await all_applied(nodes, leader, WAIT_S)
         for n in nodes:
             n._ticker._period_s = TIMER_S
         await asyncio.sleep(0.2)   # the timers already set go off once more
-        follower = next(n for n in nodes if n is not leader)
+        follower = nodes[1] if leader is nodes[0] else nodes[0]   # a thread of its own: not the leader's loop
         assert leader._follow_up_tick() and not follower._follow_up_tick()
+        follower.addOnTickCallback(lambda: time.sleep(MID_TICK_SLEEP_S))   # the callbacks run before the last poll
         # After each of the follower's ticks: no message left unsent, no committed entry left unapplied.
         left: list[tuple[int, int]] = []
+        read_at_the_end = [0]   # ticks whose last poll read something: the case under test
         tick, transport = follower._ticker._tick, follower._local.transport
 
         def checked() -> bool:
             ok = tick()
+            read_at_the_end[0] += follower._poller.last_poll_handled
             unsent = sum(map(len, transport._pending.values()))
             left.append((unsent, follower.raftCommitIndex - follower.raftLastApplied))
             return ok
@@ -110,6 +112,7 @@ async def test_every_write_through_a_follower_commits_without_waiting_for_the_ti
             assert took < WRITE_BOUND_S, f"write {i} took {took:.3f} s: it waited for a timer tick"
         assert [n.term() for n in nodes] == [term] * 3
         assert len(left) >= WRITES and set(left) == {(0, 0)}, [x for x in left if x != (0, 0)][:5]
+        assert read_at_the_end[0] > 0, "no message arrived mid-tick: the case under test never happened"
 
 
 async def test_a_held_loop_does_not_hold_the_tick(tmp_path):
