@@ -29,3 +29,14 @@ def test_a_mode_with_no_receipt_fails_its_checks():
     vs = fanout._vs_etcd(results)
     assert vs == {"sse": {"median_ratio": None, "last_subscriber_ratio": None}}
     assert not any(fanout._checks(results, vs).values())
+
+
+def test_the_tiny_value_run_of_etcd_is_a_reference_beside_the_route_run_and_never_the_verdict():
+    # etcd-watch carries a route (the same bytes Stator sends), etcd-watch-tiny ~40 bytes: both in one run
+    results = [_result("longpoll", 40.0, 60.0), _result(fanout.ETCD_MODE, 80.0, 100.0),
+               _result(fanout.ETCD_TINY_MODE, 40.0, 50.0)]
+    vs = fanout._vs_etcd(results)
+    assert vs == {"longpoll": {"median_ratio": 0.5, "last_subscriber_ratio": 0.6}}
+    assert fanout._vs_etcd(results, fanout.ETCD_TINY_MODE) == {
+        "longpoll": {"median_ratio": 1.0, "last_subscriber_ratio": 1.2}}
+    assert fanout._checks(results, vs)["longpoll_median_le_0.8x_etcd"] is True
