@@ -40,3 +40,11 @@ def test_the_tiny_value_run_of_etcd_is_a_reference_beside_the_route_run_and_neve
     assert fanout._vs_etcd(results, fanout.ETCD_TINY_MODE) == {
         "longpoll": {"median_ratio": 1.0, "last_subscriber_ratio": 1.2}}
     assert fanout._checks(results, vs)["longpoll_median_le_0.8x_etcd"] is True
+
+
+def test_etcd_is_given_the_route_itself_changed_by_the_round_and_its_subscribers_read_it_back_whole():
+    route = {"topic": "t", "version": 4, "config": {}, "queues": [{"queue": q, "broker": "b1"} for q in range(8)]}
+    value = fanout._etcd_value(route, "round-1")
+    assert fanout._read_route(value.encode()) == {**route, "config": {"round": "round-1"}}
+    assert len(value) > len(str(route["queues"]))   # the route's bytes, not a token standing for them
+    assert fanout._read_route(fanout._etcd_value(None, "round-1").encode()) == {"round": "round-1"}

@@ -77,11 +77,23 @@ ETCD_MODE = "etcd-watch"              # the value is a route: the comparison
 ETCD_TINY_MODE = "etcd-watch-tiny"    # a ~40-byte value: a reference only
 ETCD_MODES = (ETCD_MODE, ETCD_TINY_MODE)
 MODES = (*TARGET_MEDIAN_MS, *ETCD_MODES)
-ETCD_ROUTE_QUEUES = 8                 # the queues of every topic here, so etcd's value is a route of the same size
+TOPIC_QUEUES = 8                      # every topic here, Stator's and the one etcd's value is the route of
 ETCD_KEY = "bench-fanout/config"
 ETCD_WATCHERS_GAUGE = "etcd_debugging_mvcc_watcher_total"
 # Issue 38: Stator's median against etcd's watch median, and the last subscriber no later than etcd's
 VS_ETCD_MEDIAN_MAX = {"sse": 0.5, "longpoll": 0.8}
+
+
+def _read_route(raw: bytes) -> dict[str, Any]:
+    """What every subscriber of every mode does with the route it received, after its receipt time is taken: parse
+    it, as any real subscriber must before using it. Its cost delays the other subscribers of the same process."""
+    return json.loads(raw)
+
+
+def _etcd_value(route: dict[str, Any] | None, value: str) -> str:
+    """etcd's value for a round: ``route`` with its ``config`` set to the round's value, as a system keeping routes in
+    etcd would put it (None: the round's value alone, ``etcd-watch-tiny``)."""
+    return json.dumps({**route, "config": {"round": value}} if route is not None else {"round": value})
 
 
 def _cpu_s(pid: int) -> float:
@@ -174,7 +186,7 @@ class Subscribers:
     async def _answered(self, k: int, status: int, raw: bytes, t: float, after: int) -> int:
         """A long poll's answer, read at ``t``: the version to poll after next."""
         if status == 200:
-            v = json.loads(raw)["version"]   # the route parsed, as every mode's subscriber does
+            v = _read_route(raw)["version"]
             self._got(k, v, t)
             if self.hold_repoll:
                 await self.resume.wait()
@@ -252,9 +264,9 @@ class Subscribers:
                             data = line[5:]
                         elif line in (b"\n", b"\r\n") and version is not None:
                             self._got(k, version, time.perf_counter())
-                            json.loads(data)   # the route parsed, as every mode's subscriber does
+                            _read_route(data)
                             after = max(after, version)
-                            version = None
+                            version, data = None, b""
                 finally:
                     r.release()
                 self.errors["stream_closed"] += 1
@@ -285,8 +297,7 @@ class Subscribers:
                         if result.get("events"):
                             revision = int(result["header"]["revision"])
                             self._got(k, revision, time.perf_counter())
-                            # the route parsed, as every mode's subscriber does
-                            json.loads(base64.b64decode(result["events"][-1]["kv"]["value"]))
+                            _read_route(base64.b64decode(result["events"][-1]["kv"]["value"]))
                             body["create_request"]["start_revision"] = str(revision + 1)
                 finally:
                     r.release()
@@ -402,7 +413,7 @@ class Side:
 
 
 async def _stator_side(s: aiohttp.ClientSession, c: common.BenchCluster, topic: str, mode: str) -> Side:
-    created = await common.create_topic(s, c, topic, ETCD_ROUTE_QUEUES)
+    created = await common.create_topic(s, c, topic, TOPIC_QUEUES)
     lead = await common.leader(s, c)
 
     async def change(value: str) -> int:
@@ -418,7 +429,7 @@ async def _stator_side(s: aiohttp.ClientSession, c: common.BenchCluster, topic: 
 
 async def _route_template(s: aiohttp.ClientSession, c: common.BenchCluster, topic: str) -> dict[str, Any]:
     """The route of a new Stator topic of the benchmark's shape: what etcd's value is made of."""
-    await common.create_topic(s, c, topic, ETCD_ROUTE_QUEUES)
+    await common.create_topic(s, c, topic, TOPIC_QUEUES)
     st, route = await common.call(s, "GET", f"{c.url(c.nodes[0])}/v1/routes/{topic}", c.headers("client"),
                                   timeout_s=10)
     if st != 200:
@@ -427,13 +438,13 @@ async def _route_template(s: aiohttp.ClientSession, c: common.BenchCluster, topi
 
 
 async def _etcd_side(s: aiohttp.ClientSession, e: etcd_cluster.EtcdCluster, route: dict[str, Any] | None) -> Side:
-    """``route``: each change puts it with ``config`` set to the round's value (None: the value alone, as JSON)."""
+    """A round puts ``_etcd_value(route, value)``."""
     lead = await asyncio.to_thread(e.leader)
 
     async def change(value: str) -> int:
-        text = json.dumps({**route, "config": {"round": value}} if route is not None else {"round": value})
         st, body = await common.call(s, "POST", f"{e.url(lead)}/v3/kv/put", None,
-                                     {"key": etcd_cluster.b64(ETCD_KEY), "value": etcd_cluster.b64(text)},
+                                     {"key": etcd_cluster.b64(ETCD_KEY),
+                                      "value": etcd_cluster.b64(_etcd_value(route, value))},
                                      timeout_s=10)
         if st != 200 or "header" not in body:
             raise RuntimeError(f"etcd put failed: {st} {body}")
