@@ -11,7 +11,7 @@ checks need every request's own outcome. Each loop runs until ``stop`` is set; e
 - ``exclusive``: a member of an exclusive group: heartbeats to meta for its queues and tokens, pulls with the token,
   commits with the token. It keeps using a token until a heartbeat answer takes the queue away, even through a
   partition from meta or a silence of its own (SilenceTurns): the broker's fencing, not the client's caution, must
-  keep two owners from committing.
+  keep two owners from committing. A queue an answer revokes it gives back in its next heartbeat (``released``).
 - ``pop``: pops from the brokers holding the topic's heads, acks most messages at once and some past their
   invisible time (when another popper may hold them under a newer handle), leaves some unacked to come back.
 - ``sizes``: meta commands of every size class, tiny to the largest the API takes, as topic config writes, each
@@ -63,16 +63,15 @@ EX_LEASE_MS = 3000
 EX_HEARTBEAT_MS = 500
 # A member goes silent (no heartbeats) for longer than its lease now and then, yet keeps pulling and committing with
 # the tokens it holds, like a client in a long GC pause: meta gives its queues to the other member, and the broker
-# must refuse the silent one's commits (409 STALE_TOKEN). Only a member holding queues goes silent (meta does not
-# spread an exclusive group's queues: the first member often holds them all, and a silence of one holding nothing
-# shows nothing), one at a time (SilenceTurns), so that a live member takes the queues over. A silence lasts until a
-# commit of the silent member is refused STALE_TOKEN (what it is there to show), and at most EX_SILENT_MAX_S, well
-# past the longest lease the operator may set (EX_LEASE_MAX_MS, which operators.LEASES_MS keeps to). A silence of a
-# fixed 10 s (that lease plus 6 s) often showed no refusal in the CI run's 40 s: the meta faults of that seed held the
-# expiry back (a leader cut, an install, a wipe and a replace within 20 s; each new leader starts every lease afresh),
-# and the broker answered LOCKS_CATCHING_UP or NOT_ENOUGH_REPLICAS meanwhile; once, neither of the run's two silences
-# met a refusal (stop 53). Every run longer than EX_FIRST_SILENCE_S + EX_SILENT_MAX_S has one silence that met it or
-# ran its longest.
+# must refuse the silent one's commits (409 STALE_TOKEN). Only a member holding queues goes silent (a silence of
+# one holding nothing shows nothing), one at a time (SilenceTurns), so that a live member takes the queues over.
+# A silence lasts until a commit of the silent member is refused STALE_TOKEN (what it is there to show), and at most
+# EX_SILENT_MAX_S, well past the longest lease the operator may set (EX_LEASE_MAX_MS, which operators.LEASES_MS keeps
+# to). A silence of a fixed 10 s (that lease plus 6 s) often showed no refusal in the CI run's 40 s: the meta faults
+# of that seed held the expiry back (a leader cut, an install, a wipe and a replace within 20 s; each new leader
+# starts every lease afresh), and the broker answered LOCKS_CATCHING_UP or NOT_ENOUGH_REPLICAS meanwhile; once,
+# neither of the run's two silences met a refusal (stop 53). Every run longer than EX_FIRST_SILENCE_S +
+# EX_SILENT_MAX_S has one silence that met it or ran its longest.
 EX_LEASE_MAX_MS = 4000
 EX_SILENT_MAX_S = 60.0
 EX_SILENT_GAP_S = 2.0        # between one silence and the next
@@ -274,26 +273,41 @@ class SilenceTurns:
 async def exclusive(env: Env, process: str, turns: SilenceTurns) -> None:
     held: dict[int, int] = {}          # queue -> token
     positions: dict[int, int] = {}     # queue -> next offset to read
+    releasing: list[list[int]] = []    # [queue, token] revoked here: given back with every heartbeat until one is ok
     next_heartbeat = 0.0
     while not env.stop.is_set():
         now = env.rec.now()
         silent = turns.is_silent(process, now, bool(held))
         if not silent and now >= next_heartbeat:
             next_heartbeat = env.rec.now() + EX_HEARTBEAT_MS / 1000
+            body: dict[str, Any] = {"member": process, "topics": [EX_TOPIC], "mode": "exclusive"}
+            sent = list(releasing)
+            if sent:
+                body["released"] = [{"topic": EX_TOPIC, "queue": q, "token": t} for q, t in sent]
             try:
-                async with env.rec.op(process, "heartbeat") as op:
+                # the release may take effect from when it is sent (checker.leases_never_overlap), whatever the answer
+                async with env.rec.op(process, "heartbeat", released=sent,
+                                      sent_wall_ms=int(time.time() * 1000)) as op:
                     a = await request_once(env.session, "POST", f"{env.meta()}/v1/groups/{EX_GROUP}/heartbeat",
-                                           token=env.client_token, timeout_s=REQUEST_TIMEOUT_S,
-                                           json={"member": process, "topics": [EX_TOPIC], "mode": "exclusive"})
+                                           token=env.client_token, timeout_s=REQUEST_TIMEOUT_S, json=body)
                     # when the grant reached the member, by the wall clock meta stamps lease ends with (one machine)
                     op.output = {"answered_wall_ms": int(time.time() * 1000),
                                  "assignments": [[x["queue"], x["token"], x["lease_expires_ms"]]
                                                  for x in a.body["assignments"]]}
+                releasing = [r for r in releasing if r not in sent]
                 now_held = {q: t for q, t, _ in op.output["assignments"]}
                 for q in list(held):
                     if q not in now_held or now_held[q] != held[q]:
                         positions.pop(q, None)
                 held = now_held
+                # Give a revoked queue back at once, as the client library does (KIP-848): its new owner gets it on
+                # its next heartbeat rather than a lease later. Leases then change hands in the run's first second,
+                # before any meta fault, where a handover by expiry alone could wait out every new leader's lease.
+                for r in a.body.get("revoking", []):
+                    ref = [int(r["queue"]), int(r["token"])]
+                    if r["topic"] == EX_TOPIC and ref not in releasing:
+                        releasing.append(ref)
+                        next_heartbeat = 0.0
             except StatorError:
                 pass    # keep the tokens: see the module doc
         for queue, token in list(held.items()):
