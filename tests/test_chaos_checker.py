@@ -425,7 +425,8 @@ def beat(member, at_ms, *assignments):
 def test_a_lease_granted_before_the_one_promised_to_the_previous_holder_ended_is_a_violation():
     # a held queue 0 with token 1 until 13_000 (renewed twice); b gets token 2 once that lease ended
     a = [beat("a", 1_000, (0, 1, 5_000), (1, 1, 5_000)), beat("a", 9_000, (0, 1, 13_000))]
-    assert checker.leases_never_overlap(a + [beat("b", 13_200, (0, 2, 17_000))]) == ([], {"lease_handovers": 1})
+    assert checker.leases_never_overlap(a + [beat("b", 13_200, (0, 2, 17_000))]) == (
+        [], {"lease_handovers": 1, "lease_handovers_released": 0})
     # within the margin a deposed leader's late renewal may cause: not judged
     assert lease_violations(a + [beat("b", 12_100, (0, 2, 16_000))]) == []
     early = lease_violations(a + [beat("b", 11_000, (0, 2, 15_000))])
@@ -797,3 +798,6 @@ def test_a_queue_its_holder_gave_back_may_be_granted_at_once():
     assert lease_violations(a + [left, b]) == []
     other = op("a", "leave", 2.0, 2.01, OK, {}, released=[[1, 1]], sent_wall_ms=2_000)      # another queue
     assert len(lease_violations(a + [other, b])) == 1
+    # counted apart from handovers at a lease's end: the chaos run must show both kinds (tests/test_chaos.py)
+    assert checker.leases_never_overlap(a + [given, b])[1] == {"lease_handovers": 1, "lease_handovers_released": 1}
+    assert checker.leases_never_overlap(a + [other, b])[1]["lease_handovers_released"] == 0

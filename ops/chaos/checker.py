@@ -561,7 +561,8 @@ def leases_never_overlap(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[
     earlier than LEASE_MARGIN_MS before the latest lease end any answer promised for a lower token. A holder that
     gives a queue back ends its lease then: a heartbeat's (or a leave's) input may name ``released``
     [[queue, token]] and ``sent_wall_ms`` (any outcome: a release the member sent may have been applied). Stats:
-    the grants that followed another on their queue (``lease_handovers``)."""
+    the grants that followed another on their queue (``lease_handovers``), and those of them whose previous token its
+    holder had given back (``lease_handovers_released``: the lease ended at the release, not at its expiry)."""
     promised: dict[tuple[int, int], tuple[int, Op]] = {}
     granted: dict[tuple[int, int], tuple[int, Op]] = {}
     released: dict[tuple[int, int], int] = {}
@@ -580,12 +581,15 @@ def leases_never_overlap(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[
                 promised[key] = (end, o)
             if key not in granted or at < granted[key][0]:
                 granted[key] = (at, o)
-    out, handovers = [], 0
+    out, handovers, after_release = [], 0, 0
     for queue in sorted({q for q, _ in granted}):
         before: tuple[int, int, Op] | None = None   # (latest lease end promised for a lower token, the token, the answer)
+        previous: int | None = None
         for token in sorted(t for q, t in granted if q == queue):
             at, o = granted[(queue, token)]
             handovers += before is not None
+            after_release += (queue, previous) in released
+            previous = token
             if before is not None and at < before[0] - LEASE_MARGIN_MS:
                 out.append(violation("leases_never_overlap", f"queue {queue}: token {token} was granted "
                                      f"{before[0] - at} ms before the lease promised with token {before[1]} ended",
@@ -594,7 +598,7 @@ def leases_never_overlap(ops: Iterable[Op]) -> tuple[list[dict[str, Any]], dict[
             end = min(end, released.get((queue, token), end))
             if before is None or end > before[0]:
                 before = (end, token, promise)
-    return out, {"lease_handovers": handovers}
+    return out, {"lease_handovers": handovers, "lease_handovers_released": after_release}
 
 
 # The operator's remap, grow and lease operations are recorded (and counted in the summary's operator_changes) but

@@ -294,7 +294,7 @@ async def exclusive(env: Env, process: str, turns: SilenceTurns) -> None:
                     op.output = {"answered_wall_ms": int(time.time() * 1000),
                                  "assignments": [[x["queue"], x["token"], x["lease_expires_ms"]]
                                                  for x in a.body["assignments"]]}
-                releasing = [r for r in releasing if r not in sent]
+                releasing = []   # every one was in this heartbeat's release
                 now_held = {q: t for q, t, _ in op.output["assignments"]}
                 for q in list(held):
                     if q not in now_held or now_held[q] != held[q]:
