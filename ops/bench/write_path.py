@@ -27,6 +27,7 @@ import signal
 import tempfile
 import time
 from typing import Any
+from unittest import mock
 
 from . import common, write_path_stamps
 from .common import say
@@ -75,11 +76,12 @@ def _dump(pids: dict[str, int], out_dir: str) -> dict[str, dict[str, list[int]]]
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = tempfile.mkdtemp(prefix="stator-write-path-")
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", write_path_stamps.DIR_ENV)}
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PROBES_DIR, saved["PYTHONPATH"]) if p)
-    os.environ[write_path_stamps.DIR_ENV] = out_dir
+    # The nodes inherit this process's environment (ops/devcluster.py); it is restored as the cluster stops.
+    probes = {"PYTHONPATH": os.pathsep.join(p for p in (PROBES_DIR, os.environ.get("PYTHONPATH")) if p),
+              write_path_stamps.DIR_ENV: out_dir}
     try:
-        with common.temp_cluster({"raft_tuning": {"journal_sync": args.journal_sync}}) as c:
+        with mock.patch.dict(os.environ, probes), \
+                common.temp_cluster({"raft_tuning": {"journal_sync": args.journal_sync}}) as c:
             async with common.session() as s:
                 brokers = common.SimBrokers(s, c)
                 await brokers.register()
@@ -94,11 +96,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 finally:
                     await brokers.stop()
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         shutil.rmtree(out_dir, ignore_errors=True)
     followers = [stamps[n] for n in sorted(stamps) if n != leader]
     steps, found = write_path_stamps.step_medians(writes, stamps[leader], followers)

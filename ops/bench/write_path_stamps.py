@@ -3,8 +3,8 @@ become one write's path.
 
 A node started with STATOR_WRITE_PATH_DIR set and ``write_path_probes/`` on its PYTHONPATH (its sitecustomize.py)
 calls ``install``: each function of PROBES is wrapped so that a call appends (``<probe>0``, time) on entry and
-(``<probe>1``, time) on exit to a list in memory (one ``append`` of a tuple: about a microsecond a call); SIGUSR1
-writes the list to ``<dir>/<pid>.stamps`` and empties it. Times are ``time.perf_counter_ns`` (CLOCK_MONOTONIC, one
+(``<probe>1``, time) on exit to a deque in memory (one ``append`` of a tuple: about a microsecond a call), which
+keeps the last STAMPS_MAX; SIGUSR1 writes them to ``<dir>/<pid>.stamps`` and empties it. Times are ``time.perf_counter_ns`` (CLOCK_MONOTONIC, one
 clock for every process of the machine), so the client's, the leader's and the followers' stamps line up. Nothing in
 meta/ knows of this: the wrapping is done from outside, by name, and ``missing_probes`` says which names no longer
 resolve (tests/test_bench_write_path.py fails then).
@@ -13,6 +13,7 @@ resolve (tests/test_bench_write_path.py fails then).
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import importlib
 import inspect
@@ -24,6 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 DIR_ENV = "STATOR_WRITE_PATH_DIR"
+# ~80 stamps a write at ~450 writes/s: the last ~50 s of a lone writer, ~150 MB. A longer run loses its oldest
+# (the warm-up's first); the writes matched are the last ones.
+STAMPS_MAX = 2_000_000
 SUFFIX = ".stamps"
 
 # (module, attribute path, probe name). Coroutine functions are stamped when they start and when they return.
@@ -68,7 +72,7 @@ def missing_probes() -> list[str]:
 
 def install(out_dir: str) -> None:
     """In a meta node, before its modules run: wrap every probe, and dump the stamps on SIGUSR1."""
-    stamps: list[tuple[str, int]] = []
+    stamps: collections.deque[tuple[str, int]] = collections.deque(maxlen=STAMPS_MAX)
     clock = time.perf_counter_ns
 
     def stamped(fn: Any, probe: str) -> Any:
@@ -99,8 +103,7 @@ def install(out_dir: str) -> None:
         setattr(owner, name, stamped(getattr(owner, name), probe))
 
     def dump(_signum: int, _frame: Any) -> None:
-        taken = stamps[:]
-        del stamps[:len(taken)]
+        taken = [stamps.popleft() for _ in range(len(stamps))]   # the apply thread may append meanwhile
         path = os.path.join(out_dir, f"{os.getpid()}{SUFFIX}")
         with open(path + ".tmp", "w") as f:
             f.writelines(f"{probe} {t}\n" for probe, t in taken)
