@@ -241,6 +241,14 @@ def take_commit_notice(so: SyncObj, leader: Node, index: int) -> None:
                                               QUIET: True})
 
 
+def commit_as_only_voter(so: SyncObj, index: int) -> None:
+    """Leader, the only voter: raise its commit index to ``index`` (an entry of its term, durable here) as the start
+    of pysyncobj's next tick would, its majority being itself."""
+    so._SyncObj__raftCommitIndex = index
+    so._SyncObj__raftLog.setRaftCommitIndex(index)
+    so._SyncObj__leaderCommitIndex = index
+
+
 def send_message(so: SyncObj, node: Node, message: dict[str, Any]) -> None:
     transport(so).send(node, message)
 
