@@ -23,6 +23,8 @@ live = pytest.mark.asyncio(loop_scope="module")
 pytestmark = live
 
 INVISIBLE_MS = 1500
+# A pop that waits this long (30 s) for a queue moved to its broker: answered long before its end, or never woken
+MOVED_POP_WAIT_MS = 30_000
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -334,7 +336,9 @@ async def test_pop_follows_a_queue_moved_away_and_back(cluster):
         await ok(c, "POST", "/v1/topics/roundtrip/remap", json={"brokers": [to]})
         await wait_route(c, "roundtrip", lambda r: all_writable(r) and r["queues"][0]["broker"] == to)
     await move("b2")
-    second = await pop_all(c, b2, "roundtrip", "g", max=2, invisible_ms=1500)
+    # The route says b2 leads once meta applied the remap; b2 itself may apply it a moment later (until then a pop
+    # there finds no queue of the topic): the pop waits for it (see the test below)
+    second = await pop_all(c, b2, "roundtrip", "g", max=2, invisible_ms=1500, wait_ms=10_000)
     assert offsets(second) == [3, 4]
     assert (await ack(c, b2, "g", [second[0]["handle"]]))[0]["ok"]
     await move("b1")
@@ -347,6 +351,23 @@ async def test_pop_follows_a_queue_moved_away_and_back(cluster):
     assert await pop_all(c, b1, "roundtrip", "g", wait_ms=300) == []
     on_b2 = [q for q in (await stats(c, b2, "g"))["queues"] if q["topic"] == "roundtrip"]
     assert on_b2 and on_b2[0]["frozen"] and on_b2[0]["in_flight"] == 0
+
+
+async def test_a_pop_waiting_where_a_queue_moves_is_answered_once_the_queue_is_there(cluster):
+    """A topic-wide pop long-polling on b2, which leads no queue of the topic, gets the messages as soon as a remap
+    moves the queue there: b2 applying the route wakes it. It used to wake only when its wait ended."""
+    c = cluster
+    await topic(c, "arrives", 1, messages=3)
+    b2 = c.url("b2")
+    waiting = asyncio.create_task(pop(c, b2, "arrives", "g", max=10, wait_ms=MOVED_POP_WAIT_MS))
+    await asyncio.sleep(0.5)
+    assert not waiting.done(), waiting.result()
+    started = time.monotonic()
+    await ok(c, "POST", "/v1/topics/arrives/remap", json={"brokers": ["b2"]})
+    got = (await asyncio.wait_for(waiting, MOVED_POP_WAIT_MS / 1000 + 10))["messages"]
+    took = time.monotonic() - started
+    assert offsets(got) == [0, 1, 2]
+    assert took < MOVED_POP_WAIT_MS / 1000 / 2, f"answered {took:.1f} s after the remap: at the end of its wait"
 
 
 async def test_a_redelivery_that_came_due_goes_out_before_new_messages_of_a_busy_topic(cluster):
