@@ -32,10 +32,7 @@ async def _write(c, m: str, value_: str) -> int:
 
 
 async def test_a_lone_voters_writes_commit_on_its_sync_and_share_syncs_under_load(tmp_path):
-    async with cluster_mod.running(str(tmp_path), 1, 0, meta={"session_timeout_ms": 600_000}) as c:
-        m = c.meta_urls[0]
-        s, b, _ = await c.call("PUT", m + "/v1/brokers/b1", "broker", json={"address": "http://127.0.0.1:1"})
-        assert s == 200, b
+    async with cluster_mod.one_meta_node(str(tmp_path)) as (c, m, _):
         s, b, _ = await c.call("POST", m + "/v1/topics", json={"topic": "t", "queues": 2})
         assert s == 201, b
 
