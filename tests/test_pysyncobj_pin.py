@@ -32,7 +32,7 @@ PRIVATE = "_SyncObj" + "__"   # spelled in two pieces: only the shim may name py
 # its tick (MetaSyncObj._send_at_once, _apply_marked) two: the forwarded commands waiting for the leader's answer,
 # and the apply pass pysyncobj runs only at a tick's start; its compaction check, run every few milliseconds instead
 # of at every tick (shim.CompactionChecks, meta/raft/housekeeping.py: ~2% of a lone writer's writes a second), one;
-# the only voter's commit on its own sync (MetaSyncObj._commit_alone, shim.commit_as_only_voter) one: the commit index,
+# the only voter's commit on its own sync (LocalCommit.commit_alone, shim.commit_as_only_voter) one: the commit index,
 # which pysyncobj moves only at a tick's start (a tick asked for instead cost one node at 64 writers 15-20% of its
 # writes a second, and a lone writer 15%).
 # A new one needs a reason as good.

@@ -26,6 +26,9 @@ more, or on a learner, nothing is committed here and the commit notices do it as
 A follower may now have committed (and answered its client) an entry the leader has not counted yet: the leader's
 linearizable reads take as read index the largest of its commit index and the last mark it sent in its term
 (``commit_bound``), and the leader's own waits for what is committed do the same.
+
+The only voter of a cluster is a majority by itself: right after its sync it commits what that sync covered
+(``commit_alone``), by the same rule (an entry of its term, durable here), where pysyncobj would wait for the next tick.
 """
 
 from __future__ import annotations
@@ -91,6 +94,22 @@ class LocalCommit:
         for node in shim.voters(so):   # a link that is down drops it: the next sync's mark covers this one's entries
             shim.send_message(so, node, {"type": LEADER_SYNCED, "term": term, "index": durable})
         shim.transport(so).flush()
+
+    def commit_alone(self) -> bool:
+        """Leader, right after its sync: the only voter (its learners never count) commits what its journal holds
+        durably, as Raft's majority of one allows. pysyncobj moves a leader's commit index only at a tick's start, and
+        with no acknowledgement to ask for that tick every write waited for the tick's timer (one writer: 20 writes a
+        second, 50 ms each; tests/test_raft_only_voter.py). True when the commit index moved."""
+        so = self.so
+        if not shim.is_leader(so) or shim.voters(so):
+            return False
+        durable = self._journal.durable_index
+        index = committable(mark=durable, durable=durable, commit=so.raftCommitIndex, term_at=lambda i: _term_at(so, i),
+                            term=so.raftCurrentTerm, voters=1)
+        if index is None:
+            return False
+        shim.commit_as_only_voter(so, index)
+        return True
 
     def commit_bound(self) -> int:
         """The largest index any node may have taken for committed: the commit index, or on the leader the last

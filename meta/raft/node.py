@@ -181,6 +181,7 @@ RAFT_BIND_ATTEMPTS_MAX = 10   # x bindRetryTime 0.2 s: a taken raft port stops t
 SLOW_TICK_S = 0.25   # the shortest election timeout: a tick longer than this can cost the cluster its leader
 RESTART_ELECTION_GRACE_S = 1.5
 LEADERSHIP_CHECK_S = 0.05    # a leader waiting for its apply looks this often whether it still leads
+TICK_PERIOD_S = 0.05   # the tick's timer: heartbeats, elections and timeouts are looked at at least this often
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's _RAFT_STATE
 SNAPSHOT_KINDS = ("written", "installed", "superseded")
 EXIT_REPLICA_UNTRUSTED = 70  # this replica's image cannot be trusted: stop rather than serve or spread it
@@ -292,7 +293,6 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.CompactionCh
         self._poller = LoopPoller()
         # The tick's driver once started (meta/raft/loop_ticker.py); the simulator puts its own stand-in here.
         self._ticker: Any = None
-        self._tick_period_s = 0.05
         with shim.journal_and_poller_of_our_own(journal, self._poller):
             super().__init__(self_raft, partners, conf,
                              transportClass=functools.partial(StatorTransport, link or RaftLink(secret=secret)))
@@ -429,9 +429,9 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.CompactionCh
         return isinstance(ticker, LoopTicker) and ticker.on_loop_thread() and ticker.between_ticks(self._send_if_idle)
 
     def _send_if_idle(self) -> bool:   # holding the tick's lock: pysyncobj's state is read and changed here
-        # The only voter commits on its own sync (_commit_alone), so nothing of its own is ever in flight for long:
-        # sent at once, every proposal of a load would take a sync of its own. Its tick, after the loop's other
-        # callbacks, packs what they proposed into one entry and one sync.
+        # The only voter commits on its own sync (LocalCommit.commit_alone), so nothing of its own is ever in flight
+        # for long: sent at once, every proposal of a load would take a sync of its own. Its tick, after the loop's
+        # other callbacks, packs what they proposed into one entry and one sync.
         if shim.proposals_in_flight(self) or (shim.is_leader(self) and not shim.voters(self)):
             return False
         if shim.is_leader(self):
@@ -550,6 +550,11 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.CompactionCh
         them) and that tick's own start, ~35-70 us later on a follower-entered write: applied, and answered, now."""
         if shim.is_leader(self) or self.raftCommitIndex <= self.raftLastApplied:
             return
+        self._apply_committed_now()
+
+    def _apply_committed_now(self) -> None:
+        """What the commit index covers, applied (the cheap entries on this tick) and answered now, not at the next
+        tick's start, where pysyncobj would."""
         shim.apply_committed(self)
         self._applier.run_inline(self.image_lock)
         self.bridge.flush()
@@ -572,22 +577,9 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.CompactionCh
         if shim.is_leader(self):
             self._local.journal.sync()
             self._local.local_commit.send_mark()
-            self._commit_alone()
-
-    def _commit_alone(self) -> None:
-        """The only voter is a majority by its own sync: it commits and applies what that sync covered now. pysyncobj
-        moves a leader's commit index only at a tick's start, and with no acknowledgement to ask for that tick every
-        write waited for the tick timer (one writer: 20 writes a second, 50 ms each; tests/test_raft_only_voter.py)."""
-        if shim.voters(self):
-            return
-        index = self._local.journal.durable_index
-        entry = shim.log_entry(self, index)
-        # Raft counts only an entry of the leader's own term; earlier ones commit with it.
-        if index > self.raftCommitIndex and entry is not None and entry[2] == self.raftCurrentTerm:
-            shim.commit_as_only_voter(self, index)
-            shim.apply_committed(self)
-            self._applier.run_inline(self.image_lock)
-            self.bridge.flush()
+            # The only voter is a majority by its own sync: what it covered is committed (LocalCommit.commit_alone)
+            if self._local.local_commit.commit_alone():
+                self._apply_committed_now()
 
     def _send_new_entries(self) -> None:
         local = self._local
@@ -677,7 +669,7 @@ class MetaSyncObj(shim.CommandsAsBytes, shim.Acknowledgements, shim.CompactionCh
         loop = loop or asyncio.get_running_loop()
         self._applier.start()
         self.bridge.loop_thread = threading.get_ident()
-        ticker = LoopTicker(self._tick_once, self._poller, self._tick_period_s, follow_up=self._follow_up_tick)
+        ticker = LoopTicker(self._tick_once, self._poller, TICK_PERIOD_S, follow_up=self._follow_up_tick)
         self._ticker = ticker
         ticker.start(loop)
 

@@ -4,10 +4,10 @@ become one write's path.
 A node started with STATOR_WRITE_PATH_DIR set and ``write_path_probes/`` on its PYTHONPATH (its sitecustomize.py)
 calls ``install``: each function of PROBES is wrapped so that a call appends (``<probe>0``, time) on entry and
 (``<probe>1``, time) on exit to a deque in memory (one ``append`` of a tuple: about a microsecond a call), which
-keeps the last STAMPS_MAX; SIGUSR1 writes them to ``<dir>/<pid>.stamps`` and empties it. Times are ``time.perf_counter_ns`` (CLOCK_MONOTONIC, one
-clock for every process of the machine), so the client's, the leader's and the followers' stamps line up. Nothing in
-meta/ knows of this: the wrapping is done from outside, by name, and ``missing_probes`` says which names no longer
-resolve (tests/test_bench_write_path.py fails then).
+keeps the last STAMPS_MAX; SIGUSR1 writes them to ``<dir>/<pid>.stamps`` and empties it. Times are
+``time.perf_counter_ns`` (CLOCK_MONOTONIC, one clock for every process of the machine), so the client's, the
+leader's and the followers' stamps line up. Nothing in meta/ knows of this: the wrapping is done from outside, by
+name, and ``missing_probes`` says which names no longer resolve (tests/test_bench_write_path.py fails then).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from meta.limits import VERSION_WAITERS_MAX
 from meta.log import Log
 from meta.raft import pysyncobj_shim as shim
 from meta.raft.applier import Applier
-from meta.raft.node import LoopBridge, MetaSyncObj, RaftNode, RaftTuning
+from meta.raft.node import TICK_PERIOD_S, LoopBridge, MetaSyncObj, RaftNode, RaftTuning
 from meta.reads import ReadFacade
 from runtime.serve import app_runner, set_up
 
@@ -40,7 +40,6 @@ OFFSET_BUDGET = 1000
 # The brokers' sessions as the chaos runner sets them (ops/chaos/topology.py META_EXTRA): a broker cut off is fenced,
 # and its heads failed over, within a broker_partition (faults.py BROKER_PARTITION_S)
 SESSION_TIMEOUT_MS, HEARTBEAT_INTERVAL_MS = 4000, 1000
-TICK_PERIOD_S = 0.05               # MetaSyncObj._tick_period_s: the real tick thread's poll timeout
 STEP_COST_MIN_S = 0.0001
 STEP_COST_MAX_S = 0.002
 STALL_P = 0.003                    # a GC pause or a slow disk: crosses the 0.25-0.5 s election timeout
