@@ -129,7 +129,7 @@ class BrokerNode:
         self.pop_copies.route_changed()
         self.pop.take_over_copies_soon()   # a failover elected this broker: the groups' states it holds as a copy
         self.pop.hint_new_heads(topic)     # the queue moved on from here: its new head takes what is held here
-        self.pop.signals.notify(topic)     # a queue moved here: a pop waiting on the topic looks again, now
+        self.pop.route_applied(topic)      # a queue moved here: a pop waiting on the topic looks again, now
         self.writer.forget_unkept_batches(topic)
         self.replicator.follow(topic)
 

@@ -153,6 +153,7 @@ class PopService:
         self._scheduled = 0
         self._waiters = 0
         self._rotation = 0
+        self._led: dict[str, frozenset[int]] = {}   # topic -> the queues this broker leads, as its last route said
         self.popped = 0
         self.redelivered = 0
         self.dead_lettered = 0
@@ -237,6 +238,24 @@ class PopService:
             finally:
                 self._waiters -= 1
 
+    def _heads_here(self, topic: str, count: int) -> list[tuple[int, Segment]]:
+        """The queues of ``topic`` whose head this broker leads, writable (its logic start decided)."""
+        heads = [(q, self.routes.head(topic, q)) for q in range(count)]
+        return [(q, h) for q, h in heads if h is not None and h.broker == self.me and h.logic_start is not None]
+
+    def route_applied(self, topic: str) -> None:
+        """A route of ``topic`` applied: when it made this broker the head of a queue it did not lead, the pops
+        waiting on the topic look again now (a remap moved a queue here with messages ready: they slept to the end of
+        their wait). Not at every route change: a topic's config writes change its route too."""
+        route = self.routes.routes.get(topic)
+        count = len(route["queues"]) if route is not None else 0
+        led = frozenset(q for q, _ in self._heads_here(topic, count))
+        before = self._led.pop(topic, frozenset())
+        if led:
+            self._led[topic] = led   # at most one entry per topic led here
+        if led - before:
+            self.signals.notify(topic)
+
     def _queues(self, topic: str, queue: int | None) -> list[tuple[int, Segment]]:
         route = self.routes.routes.get(topic)
         if route is None:
@@ -252,8 +271,7 @@ class PopService:
                 raise rejection(503, "SEALING", "the queue is being remapped; retry shortly", topic=topic,
                                 queue=queue)
             return [(queue, head)]
-        heads = [(q, self.routes.head(topic, q)) for q in range(count)]
-        mine = [(q, h) for q, h in heads if h is not None and h.broker == self.me and h.logic_start is not None]
+        mine = self._heads_here(topic, count)
         self._rotation += 1
         if mine:
             i = self._rotation % len(mine)
