@@ -19,6 +19,7 @@ child exits.
 
 from __future__ import annotations
 
+import gc
 import socket
 import subprocess
 import sys
@@ -36,6 +37,9 @@ START_TIMEOUT_S = 60.0        # the child's imports and its database connection
 CALL_TIMEOUT_S = 600.0        # one apply of APPLY_BATCH_MAX events of big topics on a slow disk
 STOP_TIMEOUT_S = 10.0
 CALLS = ("migrate", "position", "first_hole", "apply", "apply_lines", "history")
+# The writer's young generation (CPython's default: 700): a batch of hundreds of small events keeps ~15 objects each
+# alive until it is written, and young collections every 700 found them all alive and promoted them.
+GC_THRESHOLDS = (10_000, 20, 10)
 
 
 class WriterProcessError(RuntimeError):
@@ -71,6 +75,11 @@ class WriterProcess:
     def apply_lines(self, lines: list[str]) -> int:
         """``apply`` of stored events as the image keeps them (JSON text): parsed in the child."""
         return self._call("apply_lines", lines)
+
+    def gc_state(self) -> tuple[int, tuple[int, int, int]]:
+        """(objects kept out of the child's collections, its collection thresholds): how ``serve`` set them."""
+        frozen, thresholds = self._call("gc_state")
+        return frozen, tuple(thresholds)
 
     def history(self, after: int = 0, topic: str | None = None, limit: int = 1000,
                 through: int | None = None) -> list[dict[str, Any]]:
@@ -166,6 +175,11 @@ def serve(conn: Connection) -> None:
         _answer_error(conn, e)
         return
     conn.send((True, None))
+    # What the child holds now (its imports: ~56,000 objects; more in a fork of a node's zygote) lives as long as it
+    # does: out of the collector's sight, a full collection walks only what the writer made since (10 ms -> 0 for the
+    # imports alone). Collections were ~15% of a writer's samples under 64 writers (perf), and none after.
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         while True:
             try:
@@ -176,7 +190,9 @@ def serve(conn: Connection) -> None:
                 return
             name, args = msg
             try:
-                if name in CALLS:
+                if name == "gc_state":
+                    value = (gc.get_freeze_count(), gc.get_threshold())
+                elif name in CALLS:
                     value = getattr(store, name)(*args)
                 else:
                     raise ValueError(f"unknown call {name!r}")
