@@ -177,13 +177,15 @@ def make(event_type: str, **fields: Any) -> dict[str, Any]:
         version, schema = EVENT_SCHEMAS[event_type]
     except KeyError:
         raise UnknownEvent(event_type) from None
-    if set(fields) != set(schema):
+    if fields.keys() != schema.keys():
         raise ValueError(f"{event_type} fields {sorted(fields)} != schema {sorted(schema)}")
     return {"type": event_type, "v": version, **fields}
 
 
 def stored(version: int, ts: int, event: dict[str, Any]) -> dict[str, Any]:
     """The stored form of an event (history API, projection, export)."""
-    data = {k: v for k, v in event.items() if k not in ("type", "v")}
+    data = dict(event)
+    data.pop("type", None)
+    data.pop("v", None)
     return {"version": version, "ts": ts, "type": event["type"], "v": event["v"], "topic": event.get("topic"),
             "data": data}

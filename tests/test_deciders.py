@@ -52,6 +52,19 @@ def test_the_projection_folds_every_event():
     assert set(fold.FOLDS) == set(events.EVENT_SCHEMAS)
 
 
+def test_an_event_is_made_with_exactly_its_schemas_fields():
+    assert events.make("TopicDeleted", topic="t") == {"type": "TopicDeleted", "v": 1, "topic": "t"}
+    with pytest.raises(ValueError, match="schema"):
+        events.make("TopicDeleted", topic="t", queue=1)   # a field the schema does not name
+    with pytest.raises(ValueError, match="schema"):
+        events.make("TopicDeleted")                       # one it names, missing
+    # Stored, its fields but type and v are its data; the event itself is left as it was.
+    event = events.make("TopicDeleted", topic="t")
+    assert events.stored(7, 70, event) == {"version": 7, "ts": 70, "type": "TopicDeleted", "v": 1, "topic": "t",
+                                           "data": {"topic": "t"}}
+    assert event == {"type": "TopicDeleted", "v": 1, "topic": "t"}
+
+
 def test_an_unknown_event_is_refused_by_replay():
     with pytest.raises(events.UnknownEvent):
         image.Image().replay({"type": "NoSuchEvent", "v": 1}, 1000)

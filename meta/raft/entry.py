@@ -86,7 +86,7 @@ def decode_entry(payload: Any) -> list[Any]:
         stamp = json_body.decode(lines[0])
     except (ValueError, RecursionError):
         stamp = None
-    if not isinstance(stamp, dict) or not set(stamp) <= STAMP_FIELDS:
+    if not isinstance(stamp, dict) or not stamp.keys() <= STAMP_FIELDS:
         return [None] * (len(lines) - 1)
     return [_envelope(line, stamp) for line in lines[1:]]
 
