@@ -130,6 +130,7 @@ def _summary(rounds: list[dict[str, Any]], duration_s: float) -> dict[str, Any]:
             "p50_ms_by_entry": {k: common.latency_summary(v)["p50_ms"] for k, v in by_entry.items()},
             "cpu_ms_per_write": round(statistics.median(r["cpu_ms_per_write"] for r in rounds), 3),
             "rounds_writes_per_s": [r["writes_per_s"] for r in rounds],
+            "rounds_cpu_ms_per_write": [r["cpu_ms_per_write"] for r in rounds],
             "rounds_loadavg_before": [r["loadavg_before"][0] for r in rounds]}
 
 
@@ -154,7 +155,12 @@ async def throughput(systems: dict[str, System], args: argparse.Namespace) -> li
         e, s = row["etcd"], row["stator"]
         row["ratio_stator_to_etcd"] = {"writes_per_s": _ratio(s["writes_per_s"], e["writes_per_s"]),
                                        "p50_ms": _ratio(s["p50_ms"], e["p50_ms"]),
-                                       "p99_ms": _ratio(s["p99_ms"], e["p99_ms"])}
+                                       "p99_ms": _ratio(s["p99_ms"], e["p99_ms"]),
+                                       "cpu_ms_per_write": _ratio(s["cpu_ms_per_write"], e["cpu_ms_per_write"])}
+        # Round r of each system ran back to back: the spread of these pairs is the noise a verdict must clear.
+        row["ratio_by_round"] = {
+            k: [_ratio(sv, ev) for sv, ev in zip(s[f"rounds_{k}"], e[f"rounds_{k}"])]
+            for k in ("writes_per_s", "cpu_ms_per_write")}
         out.append(row)
     return out
 
