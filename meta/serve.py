@@ -46,7 +46,7 @@ def run_meta(config_path: str, power_loss_ledger: bool = False) -> None:
     # thread applies large entries: each must get the interpreter promptly (heartbeats, commits), so the GIL is
     # handed over every 1 ms instead of every 5 ms.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    gc.set_threshold(*GC_THRESHOLDS)   # after the zygote: projection writers keep the default
+    gc.set_threshold(*GC_THRESHOLDS)   # after the zygote: projection writers set their own (writer_process.serve)
     check_raft_address(config.raft)
     try:
         event_loop.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,

@@ -1,5 +1,6 @@
 """The projection's writes in a process of their own: ``WriterProcess`` answers the calls of ``SqlProjection`` that
-write (migrate, apply) and those that tell where it stands (position, first_hole, history), run by a child process.
+write (migrate, apply) and those that tell where it stands (position, first_hole, history), run by a child process;
+``gc_state`` says how the child set its cyclic collector (``serve``).
 
 Why: folding events into rows is a burst of short-lived Python objects per event (a 1,000-queue topic's creation is a
 row per segment), made by a worker thread while the apply thread makes the image's long-lived ones. Interleaved, the
@@ -38,7 +39,9 @@ CALL_TIMEOUT_S = 600.0        # one apply of APPLY_BATCH_MAX events of big topic
 STOP_TIMEOUT_S = 10.0
 CALLS = ("migrate", "position", "first_hole", "apply", "apply_lines", "history")
 # The writer's young generation (CPython's default: 700): a batch of hundreds of small events keeps ~15 objects each
-# alive until it is written, and young collections every 700 found them all alive and promoted them.
+# alive until it is written, and young collections every 700 found them all alive and promoted them. The node's own
+# (meta/serve.py GC_THRESHOLDS) are the same numbers for its own reason; the writer keeps its own so that a writer
+# started afresh does not import the node's server to read them.
 GC_THRESHOLDS = (10_000, 20, 10)
 
 
