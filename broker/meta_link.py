@@ -79,6 +79,8 @@ class MetaLink:
         self.route_changed = asyncio.Event()
         # what else follows each route applied (the node sets it: replication of this broker's copies)
         self.on_route_applied: Callable[[str], None] = lambda topic: None
+        # ... and each topic deleted (the node sets it: what pop keeps of the topic's queues goes)
+        self.on_route_deleted: Callable[[str], None] = lambda topic: None
         # told after each registration (the node sets it: the sealed copies this broker must catch up)
         self.on_registered: Callable[[], None] = lambda: None
         # A sealed copy was placed here (the heartbeat's copies_version grew): the node lists them again
@@ -244,7 +246,7 @@ class MetaLink:
             raise RuntimeError(f"topic list refused: {answer.status}")
         listed = {t["topic"] for t in answer.body["topics"]}
         for topic in [t for t in self.routes.routes if t not in listed]:
-            self._dropped(self.routes.delete(topic, self.routes.version))
+            self._delete_route(topic, self.routes.version)
 
     def _on_event(self, event: SseEvent) -> None:
         if event.event == "unavailable":
@@ -255,7 +257,7 @@ class MetaLink:
             if event.event == "route":
                 self._apply_route(body)
             elif event.event == "deleted":
-                self._dropped(self.routes.delete(body["topic"], body["version"]))
+                self._delete_route(body["topic"], body["version"])
             elif event.event == "caught_up":
                 self.routes.caught_up(body["version"])
             elif event.event == "group":
@@ -299,6 +301,10 @@ class MetaLink:
         """A short task of this link that stop() cancels; its failure is logged, never lost."""
         self._chores.spawn(work, what)
 
+    def _delete_route(self, topic: str, version: int) -> None:
+        self._dropped(self.routes.delete(topic, version))
+        self.on_route_deleted(topic)
+
     def _dropped(self, physical_queues: set[str]) -> None:
         self.writer.forget(physical_queues)
         self.route_changed.set()
@@ -317,7 +323,7 @@ class MetaLink:
                     answer = await self._call("GET", f"/v1/routes/{quote(topic, safe='')}")
                     status, body = answer.status, answer.body
                     if status == 404:
-                        self._dropped(self.routes.delete(topic, self.routes.version))
+                        self._delete_route(topic, self.routes.version)
                         return
                     if status == 200:
                         self._apply_route(body)

@@ -106,6 +106,7 @@ class BrokerNode:
         if created:   # said once every store opened: a broker refusing a damaged file says that one line only
             log.info("broker_disk_identity_created", disk=self.disk, data_dir=config.data_dir)
         self.link.on_route_applied = self._route_applied
+        self.link.on_route_deleted = self.pop.route_deleted
         self.link.on_registered = lambda: self.replicator.recover(self.link.sealed_copies)
         self.link.on_copies_placed = self.link.on_registered
         self.replicator.on_whole = lambda whole: self._chores.spawn(self.link.copies_held(

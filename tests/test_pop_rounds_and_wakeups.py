@@ -9,6 +9,7 @@ a new head sent once per gen). PopService on a real broker node in this process 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import structlog
@@ -20,6 +21,7 @@ from tests.support import pop_copies as peers_mod
 from tests.support import pop_node as base
 from wire import route as route_model
 from wire.errors import ApiError
+from wire.sse import SseEvent
 
 node = base.node          # b1 heading queue 0 of topic t, its pop service started
 KEY, seg, route, pop, until, told = base.KEY, base.seg, base.route, base.pop, base.until, base.told
@@ -76,6 +78,24 @@ async def test_a_pop_whose_stamp_was_dropped_while_it_looked_is_woken_by_the_nex
     async with asyncio.timeout(base.WAIT_S):
         await signals.wait("t", stamp, 60.0)        # returns at once
     assert "t" not in signals._events, "the pop never parked"
+
+
+def _stream(node, kind: str, body: dict) -> None:
+    """One event of meta's watch stream, handled as the broker's link handles it."""
+    node.link._on_event(SseEvent(kind, json.dumps(body), str(body["version"])))
+
+
+async def test_pops_on_a_topic_wake_when_a_route_makes_this_broker_a_head_and_a_deleted_topic_leaves_nothing(node):
+    # The fixture's route (b1 heads queue 0) went into the table directly: through the stream, b1 learns it leads.
+    _stream(node, "route", base.route(6, [seg(0, "b2", 0, None, "active")], queues=2))
+    stamp = node.pop.signals.stamp("t")
+    _stream(node, "route", base.route(7, [seg(0, "b1", 0, None, "active")], queues=2))
+    assert node.pop.signals.stamp("t") > stamp, "queue 0 moved here: the topic's pops look again"
+    stamp = node.pop.signals.stamp("t")
+    _stream(node, "route", base.route(8, [seg(0, "b1", 0, None, "active")], queues=2))
+    assert node.pop.signals.stamp("t") == stamp, "a route that moved nothing here (a config write) wakes nobody"
+    _stream(node, "deleted", {"topic": "t", "version": 9})
+    assert node.pop._led == {}, "what pop kept of a deleted topic's queues must go with it (one entry per topic)"
 
 
 async def test_a_long_poll_past_the_bound_of_parked_pops_is_refused_at_once(node, monkeypatch):

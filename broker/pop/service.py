@@ -256,6 +256,10 @@ class PopService:
         if led - before:
             self.signals.notify(topic)
 
+    def route_deleted(self, topic: str) -> None:
+        """``topic`` was deleted: nothing of it is led here any more (``_led`` holds only topics with a route)."""
+        self._led.pop(topic, None)
+
     def _queues(self, topic: str, queue: int | None) -> list[tuple[int, Segment]]:
         route = self.routes.routes.get(topic)
         if route is None:
