@@ -81,8 +81,7 @@ class WriterProcess:
 
     def gc_state(self) -> tuple[int, tuple[int, int, int]]:
         """(objects kept out of the child's collections, its collection thresholds): how ``serve`` set them."""
-        frozen, thresholds = self._call("gc_state")
-        return frozen, tuple(thresholds)
+        return self._call("gc_state")
 
     def history(self, after: int = 0, topic: str | None = None, limit: int = 1000,
                 through: int | None = None) -> list[dict[str, Any]]:
