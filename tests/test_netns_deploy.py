@@ -9,7 +9,6 @@ scrape example of docs/operations.md, scrapes all six nodes through metrics_list
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ipaddress
 import json
 import os
@@ -24,12 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import aiohttp
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from client import AdminClient, Producer, PullConsumer
+from tests.support import tls_certs
 from tests.support.tls_cluster import stop_processes
 from wire.tls import TlsFiles, client_context
 
@@ -41,7 +37,6 @@ IP_TIMEOUT_S = 10.0          # one `ip` command
 READY_TIMEOUT_S = 90.0       # six processes starting at once on a loaded machine
 CLI_TIMEOUT_S = 30.0
 POLL_S = 0.3
-CERT_VALID_DAYS = 2
 META_PORT, BROKER_PORT = 7100, 7200             # the example's ports, each in its own namespace
 PROMETHEUS_PORT = 9090                           # in host1's namespace
 PROMETHEUS_UP_TIMEOUT_S = 30.0
@@ -102,42 +97,15 @@ def three_hosts():
         assert not left, f"left behind: {left}"
 
 
-def _issue(subject: str, issuer: tuple | None, names: list[str] = (), ips: list[str] = ()) -> tuple:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer[0].subject if issuer else name)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=CERT_VALID_DAYS))
-               .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True))
-    if issuer is not None:
-        sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ips]
-        builder = (builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                         ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
-    return builder.sign(issuer[1] if issuer else key, hashes.SHA256()), key
-
-
-def _write_pair(directory: str, stem: str, cert, key) -> None:
-    for suffix, data in ((".pem", cert.public_bytes(serialization.Encoding.PEM)),
-                         (".key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                    serialization.NoEncryption()))):
-        path = os.path.join(directory, stem + suffix)
-        with open(path, "wb") as f:
-            f.write(data)
-        os.chmod(path, 0o600)
-
-
 def make_certs(directory: str, addresses: list[str]) -> None:
     """ca.pem; hostN.pem/.key for each host (its example name and its address); operator.pem/.key for the CLI."""
     os.makedirs(directory)
-    ca = _issue("stator netns test CA", None)
-    with open(os.path.join(directory, "ca.pem"), "wb") as f:
-        f.write(ca[0].public_bytes(serialization.Encoding.PEM))
+    ca = tls_certs.issue("stator netns test CA", None)
+    tls_certs.write_cert(directory, "ca", ca[0])
     for i, address in enumerate(addresses, 1):
-        _write_pair(directory, f"host{i}", *_issue(f"host{i}.example.com", ca, [f"host{i}.example.com"], [address]))
-    _write_pair(directory, "operator", *_issue("operator", ca))
+        tls_certs.write_pair(directory, f"host{i}",
+                             *tls_certs.issue(f"host{i}.example.com", ca, names=(f"host{i}.example.com",), ips=(address,)))
+    tls_certs.write_pair(directory, "operator", *tls_certs.issue("operator", ca))
 
 
 TLS_LINE = re.compile(r"^# ((?:tls|metrics_listen) = .*)$", re.MULTILINE)

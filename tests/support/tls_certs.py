@@ -42,31 +42,41 @@ def _write(path: str, data: bytes) -> str:
     return path
 
 
-def _issue(directory: str, name: str, cn: str, issuer: tuple | None, *, ca: bool = False) -> tuple:
+def issue(cn: str, issuer: tuple | None, *, names: tuple[str, ...] = (), ips: tuple[str, ...] = ()) -> tuple:
+    """(certificate, key): a CA when ``issuer`` is None, else a server/client certificate ``issuer`` signs for the
+    DNS ``names`` and ``ips`` given. With neither, it carries no subjectAltName at all: a client certificate names
+    nobody's address, and cryptography >= 51 refuses an empty one."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     builder = (x509.CertificateBuilder().subject_name(_name(cn))
                .issuer_name(issuer[0].subject if issuer else _name(cn)).public_key(key.public_key())
                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
                .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if not ca:
-        builder = (builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False))
-    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
-    cert_path = _write(os.path.join(directory, f"{name}.pem"),
-                       cert.public_bytes(serialization.Encoding.PEM))
-    key_path = _write(os.path.join(directory, f"{name}.key"), key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return cert, key, cert_path, key_path
+               .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True))
+    if issuer is not None:
+        sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ips]
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    return builder.sign(issuer[1] if issuer else key, hashes.SHA256()), key
+
+
+def write_cert(directory: str, stem: str, cert) -> str:
+    return _write(os.path.join(directory, f"{stem}.pem"), cert.public_bytes(serialization.Encoding.PEM))
+
+
+def write_pair(directory: str, stem: str, cert, key) -> Pair:
+    return Pair(write_cert(directory, stem, cert), _write(os.path.join(directory, f"{stem}.key"), key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())))
 
 
 def make(directory: str) -> Certs:
-    ca = _issue(directory, "ca", "stator test CA", None, ca=True)
-    node = _issue(directory, "node", "127.0.0.1", ca)
-    client = _issue(directory, "client", "operator", ca)
-    rogue_ca = _issue(directory, "rogue-ca", "someone else's CA", None, ca=True)
-    rogue = _issue(directory, "rogue", "intruder", rogue_ca)
-    return Certs(ca[2], Pair(node[2], node[3]), Pair(client[2], client[3]), rogue_ca[2], Pair(rogue[2], rogue[3]))
+    ca = issue("stator test CA", None)
+    local = {"names": ("localhost",), "ips": ("127.0.0.1",)}
+    rogue_ca = issue("someone else's CA", None)
+    return Certs(write_cert(directory, "ca", ca[0]),
+                 write_pair(directory, "node", *issue("127.0.0.1", ca, **local)),
+                 write_pair(directory, "client", *issue("operator", ca, **local)),
+                 write_cert(directory, "rogue-ca", rogue_ca[0]),
+                 write_pair(directory, "rogue", *issue("intruder", rogue_ca, **local)))
