@@ -384,17 +384,96 @@ async def send(c, req: Request) -> Answer:
     if req.content_type is not None and req.body is not None:
         headers["Content-Type"] = req.content_type
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    phases = RequestPhases()
     try:
         async with c.session.request(req.op.method, url_of(c, req), data=req.body, headers=headers,
-                                     timeout=timeout) as r:
+                                     timeout=timeout, trace_request_ctx=phases) as r:
             if req.op.stream and r.status == 200:
                 return Answer(r.status, dict(r.headers), b"")   # a live stream: its headers are the answer
             return Answer(r.status, dict(r.headers), await r.read())
     except asyncio.TimeoutError:
-        raise AssertionError(f"no answer within {REQUEST_TIMEOUT_S} s: {req.describe()}; "
+        stalls = c.loop_stalls.since(phases.started)
+        raise AssertionError(f"no answer within {REQUEST_TIMEOUT_S} s: {req.describe()}; the client's phases: "
+                             f"{phases}; its loop's stalls meanwhile (s): {stalls}; "
                              f"the node then: {await _node_state(c, req)}") from None
     except aiohttp.ClientError as e:
         raise AssertionError(f"connection failed ({e!r}): {req.describe()}") from None
+
+
+class RequestPhases:
+    """Where one request's time went, by the client's trace signals (the ``fuzzed`` session traces them): a request
+    that got no headers within 15 s (GET /v1/watch under the suite's load, 2026-12-02/04/05) left unknown whether it
+    waited for a pooled connection, for the connect, for its own loop, or for the node's answer."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.seen: dict[str, list] = {}   # phase -> [first s, last s, times]
+
+    def mark(self, phase: str) -> None:
+        at = round(time.monotonic() - self.started, 3)
+        first_last_times = self.seen.setdefault(phase, [at, at, 0])
+        first_last_times[1:] = [at, first_last_times[2] + 1]
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{phase} at {first}-{last} s ({times}x)" for phase, (first, last, times) in self.seen.items()) \
+            or "none"
+
+
+def _tracing() -> aiohttp.TraceConfig:
+    config = aiohttp.TraceConfig()
+    for signal in ("connection_queued_start", "connection_queued_end", "connection_create_start",
+                   "connection_create_end", "connection_reuseconn", "request_headers_sent", "request_chunk_sent",
+                   "response_chunk_received", "request_end", "request_exception"):
+        async def mark(session, ctx, params, phase=signal) -> None:
+            if isinstance(ctx.trace_request_ctx, RequestPhases):
+                ctx.trace_request_ctx.mark(phase)
+        getattr(config, f"on_{signal}").append(mark)
+    return config
+
+
+LAG_PROBE_S = 0.05
+
+
+class LoopStalls:
+    """The test loop's stalls, each longer than ``LAG_PROBE_S`` past its timer, with when they ended: a hang's report
+    says whether the client's own loop was held meanwhile."""
+
+    def __init__(self):
+        self.stalls: list[tuple[float, float]] = []   # (ended at, monotonic; seconds late)
+        self._task: asyncio.Task | None = None
+
+    async def _probe(self) -> None:
+        while True:
+            due = time.monotonic() + LAG_PROBE_S
+            await asyncio.sleep(LAG_PROBE_S)
+            late = time.monotonic() - due
+            if late > LAG_PROBE_S:
+                self.stalls = [*self.stalls[-99:], (time.monotonic(), round(late, 3))]
+
+    def since(self, started: float) -> list[float]:
+        return [late for ended, late in self.stalls if ended >= started]
+
+    def __enter__(self) -> "LoopStalls":
+        self._task = asyncio.get_running_loop().create_task(self._probe())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._task.cancel()
+
+
+@pytest.fixture
+async def fuzzed(full_cluster):
+    """full_cluster whose session traces each request's phases (``RequestPhases``), and whose loop's stalls are
+    watched (``LoopStalls``), for the report of a hang."""
+    c = full_cluster
+    own = c.session
+    with LoopStalls() as c.loop_stalls:
+        async with aiohttp.ClientSession(trace_configs=[_tracing()]) as traced:
+            c.session = traced
+            try:
+                yield c
+            finally:
+                c.session = own
 
 
 _REPORTED_METRICS = ("watch_streams", "open_fds", "stator_meta_raft_ticks_slow", "stator_meta_journal_syncs_slow")
@@ -627,8 +706,8 @@ class LoopRunner:
 
 @pytest.mark.long(seconds=65)   # its module alone, measured on 2 cores (tests/conftest.py)
 @pytest.mark.slow
-async def test_every_operation_keeps_the_contract_whatever_the_input(full_cluster):
-    c = full_cluster
+async def test_every_operation_keeps_the_contract_whatever_the_input(fuzzed):
+    c = fuzzed
     await prepare(c)
     run = LoopRunner(asyncio.get_running_loop())
     sent = []
@@ -703,11 +782,11 @@ def deterministic_requests() -> list[tuple[str, Request]]:
 
 
 @pytest.mark.slow
-async def test_big_and_malformed_bodies_keep_the_contract(full_cluster):
+async def test_big_and_malformed_bodies_keep_the_contract(fuzzed):
     """Every body-taking operation, each once with deep nesting, 100,000-item collections, bodies around its
     service's size limit and special numbers and surrogates in every field: all answers keep the contract and no
     refusal changes anything. Every violation is listed, not only the first."""
-    c = full_cluster
+    c = fuzzed
     await prepare(c)
     violations = []
     for label, req in deterministic_requests():
@@ -772,11 +851,11 @@ def raw_cases(c) -> list[tuple[Op, str, bytes, bytes, list[tuple[bytes, bytes]]]
 
 
 @pytest.mark.slow
-async def test_raw_header_and_path_bytes_keep_the_contract(full_cluster):
+async def test_raw_header_and_path_bytes_keep_the_contract(fuzzed):
     """Header values that are not ASCII or not UTF-8 or 10,000 bytes long, and paths and queries with invalid
     UTF-8 or 10,000-digit numbers: every answer keeps the contract (error shape, version header, no 5xx) and a
     refused write changes nothing. Every violation is listed."""
-    c = full_cluster
+    c = fuzzed
     await prepare(c)
     violations = []
     for op, url, method, target, headers in raw_cases(c):
@@ -802,10 +881,10 @@ async def test_raw_header_and_path_bytes_keep_the_contract(full_cluster):
     assert not violations, f"{len(violations)} violations:\n" + "\n".join(violations)
 
 
-async def test_a_group_name_with_url_characters_reads_only_its_own_offset(full_cluster):
+async def test_a_group_name_with_url_characters_reads_only_its_own_offset(fuzzed):
     """A broker asks the brokers of older segments for a group's offset it does not hold; the group name went into
     that request's path unescaped, so a group named "fzg/fz/0?" read group fzg's offset from the older broker."""
-    c = full_cluster
+    c = fuzzed
     await prepare(c)
     for group in (f"{GROUP}/{TOPIC}/0?", f"{GROUP}/{TOPIC}/0#", "never-committed"):
         a = await send(c, Request(op=op_named("GET", "/v1/offsets/{group}/{topic}/{queue}"), target=1,
