@@ -415,8 +415,8 @@ class RequestPhases:
         first_last_times[1:] = [at, first_last_times[2] + 1]
 
     def __repr__(self) -> str:
-        return ", ".join(f"{phase} at {first}-{last} s ({times}x)" for phase, (first, last, times) in self.seen.items()) \
-            or "none"
+        seen = [f"{phase} at {first}-{last} s ({times}x)" for phase, (first, last, times) in self.seen.items()]
+        return ", ".join(seen) or "none"
 
 
 def _tracing() -> aiohttp.TraceConfig:

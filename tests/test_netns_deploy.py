@@ -1,10 +1,11 @@
 """The three-host example of ops/deploy/hosts, run as written on three "hosts": one network namespace each, with an
 address of its own on a bridge (``ip netns`` + veth + bridge, made and removed here; root and Debian's iproute2
-needed). TLS is on as the example's commented lines say (certificates for the hosts' addresses, made here with
-`cryptography`), so meta nodes link raft over mutual TLS, brokers register over HTTPS with their certificates, and
-the operator in the root namespace needs one too: `stator cluster status` shows three ready nodes, a message sent
-through the client comes back to a consumer, and a real Prometheus server (in host1's namespace), configured with the
-scrape example of docs/operations.md, scrapes all six nodes through metrics_listen without a client certificate."""
+needed). TLS is on as the example's commented lines say (certificates for the hosts' addresses, made by
+tests/support/tls_certs.py), so meta nodes link raft over mutual TLS, brokers register over HTTPS with their
+certificates, and the operator in the root namespace needs one too: `stator cluster status` shows three ready
+nodes, a message sent through the client comes back to a consumer, and a real Prometheus server (in host1's
+namespace), configured with the scrape example of docs/operations.md, scrapes all six nodes through metrics_listen
+without a client certificate."""
 
 from __future__ import annotations
 
@@ -103,8 +104,8 @@ def make_certs(directory: str, addresses: list[str]) -> None:
     ca = tls_certs.issue("stator netns test CA", None)
     tls_certs.write_cert(directory, "ca", ca[0])
     for i, address in enumerate(addresses, 1):
-        tls_certs.write_pair(directory, f"host{i}",
-                             *tls_certs.issue(f"host{i}.example.com", ca, names=(f"host{i}.example.com",), ips=(address,)))
+        name = f"host{i}.example.com"
+        tls_certs.write_pair(directory, f"host{i}", *tls_certs.issue(name, ca, names=(name,), ips=(address,)))
     tls_certs.write_pair(directory, "operator", *tls_certs.issue("operator", ca))
 
 
