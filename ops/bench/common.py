@@ -380,11 +380,11 @@ class TermWatcher:
     def __init__(self, s: aiohttp.ClientSession, c: BenchCluster, every_s: float = 0.25):
         self.s, self.c, self.every_s = s, c, every_s
         self.phase = "start"
-        self.changes: list[dict[str, Any]] = []
+        self.first_view: dict[str, Any] | None = None
+        self.changes: list[dict[str, Any]] = []   # each later view that differs from the one before
         self._last: tuple | None = None
         self._t0 = time.perf_counter()
         self._task: asyncio.Task | None = None
-        self._first_term: dict[str, int] = {}
         self._phase_terms: dict[str, list[int]] = {}
 
     def start(self) -> None:
@@ -401,9 +401,13 @@ class TermWatcher:
                 lo_hi[0], lo_hi[1] = min(lo_hi[0], top), max(lo_hi[1], top)
             key = (tuple(sorted(terms_.items())), tuple(sorted(leaders.items())))
             if key != self._last:
+                view = {"t_s": round(time.perf_counter() - self._t0, 2), "phase": self.phase, "terms": terms_,
+                        "leaders": leaders}
+                if self._last is None:
+                    self.first_view = view   # what the others change from: not a change itself
+                else:
+                    self.changes.append(view)
                 self._last = key
-                self.changes.append({"t_s": round(time.perf_counter() - self._t0, 2), "phase": self.phase,
-                                     "terms": terms_, "leaders": leaders})
             await asyncio.sleep(self.every_s)
 
     async def stop(self) -> None:
@@ -412,6 +416,7 @@ class TermWatcher:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def summary(self, max_changes: int = 40) -> dict[str, Any]:
-        """Highest term seen at the start and end of each phase (a rise = elections), and the first changes."""
-        return {"highest_term_first_last_by_phase": self._phase_terms,
+        """Highest term seen at the start and end of each phase (a rise = elections), the first view, and the first
+        changes from it (a node that stops or starts answering is a change too, with no election)."""
+        return {"highest_term_first_last_by_phase": self._phase_terms, "first_view": self.first_view,
                 "changes_seen": len(self.changes), "changes": self.changes[:max_changes]}
