@@ -8,14 +8,9 @@ import sys
 from runtime import event_loop
 from runtime.serve import StartupError, listening_socket, serve_app, start_power_loss_ledger
 
+from .gc_tuning import GC_THRESHOLDS
+
 GIL_SWITCH_INTERVAL_S = 0.001
-# The cyclic collector's thresholds (CPython's default: 700, 10, 10). A node's heap grows with every write (the
-# image's remembered request outcomes, up to meta/limits.py REQUEST_OUTCOMES_MAX), and at 700 net new objects a
-# young collection ran every few milliseconds, found the 64 requests in flight alive, and promoted them: full
-# collections followed as the old generation grew by a quarter, each walking the whole image. vs_etcd's 64 writers
-# for 40 s (ops/bench, 2026-12-04): 2.2 s of collection a node, 13-15 full ones of 150-180 ms (p99 101-109 ms);
-# with 10,000 young objects: 0.3 s a node, no full one, p99 40 ms, 12% more writes/s.
-GC_THRESHOLDS = (10_000, 20, 10)
 
 
 def check_raft_address(raft: str) -> None:
@@ -46,7 +41,7 @@ def run_meta(config_path: str, power_loss_ledger: bool = False) -> None:
     # thread applies large entries: each must get the interpreter promptly (heartbeats, commits), so the GIL is
     # handed over every 1 ms instead of every 5 ms.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    gc.set_threshold(*GC_THRESHOLDS)   # after the zygote: projection writers set their own (writer_process.serve)
+    gc.set_threshold(*GC_THRESHOLDS)   # after the zygote starts; each projection writer sets them at its own start
     check_raft_address(config.raft)
     try:
         event_loop.run(serve_app(make_app(config), config.http_host, config.http_port, config.tls,

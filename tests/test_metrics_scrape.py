@@ -10,7 +10,7 @@ import time
 
 
 from client import AdminClient, Producer, PullConsumer, RouteSubscription
-from meta.serve import GC_THRESHOLDS
+from meta.gc_tuning import GC_THRESHOLDS
 from tests.support import cluster as cluster_mod
 from tests.support.metrics import scrape, value
 

@@ -12,7 +12,8 @@ import pytest
 
 from meta.projection import ProjectionGap, SqlProjection
 from meta.projection import writer_zygote
-from meta.projection.writer_process import GC_THRESHOLDS, WriterProcess
+from meta.gc_tuning import GC_THRESHOLDS
+from meta.projection.writer_process import WriterProcess
 from ops.bench import common, scale
 from tests.support import cluster as cluster_mod
 from tests.support.meta_http import wait_until

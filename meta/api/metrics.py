@@ -40,9 +40,9 @@ class MetaMetrics:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)     # process_* (CPU, memory, open files): not in a private registry by default
         PlatformCollector(registry=r)
-        GCCollector(registry=r)          # python_gc_*: full collections hold the node (meta/serve.py GC_THRESHOLDS)
+        GCCollector(registry=r)          # python_gc_*: full collections hold the node (meta/gc_tuning.py)
         gc_threshold = Gauge("stator_meta_gc_threshold", "The cyclic collector's threshold of each generation "
-                             "(meta/serve.py GC_THRESHOLDS)", ["generation"], registry=r)
+                             "(meta/gc_tuning.py)", ["generation"], registry=r)
         for generation in range(3):
             gc_threshold.labels(str(generation)).set_function(lambda g=generation: gc.get_threshold()[g])
         Info("stator_build", "Stator build", registry=r).info({"version": build_version(), "role": "meta"})

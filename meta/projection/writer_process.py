@@ -30,6 +30,7 @@ from typing import Any
 
 import structlog
 
+from ..gc_tuning import GC_THRESHOLDS
 from . import writer_zygote
 
 log = structlog.get_logger("meta.projection")
@@ -38,11 +39,6 @@ START_TIMEOUT_S = 60.0        # the child's imports and its database connection
 CALL_TIMEOUT_S = 600.0        # one apply of APPLY_BATCH_MAX events of big topics on a slow disk
 STOP_TIMEOUT_S = 10.0
 CALLS = ("migrate", "position", "first_hole", "apply", "apply_lines", "history")
-# The writer's young generation (CPython's default: 700): a batch of hundreds of small events keeps ~15 objects each
-# alive until it is written, and young collections every 700 found them all alive and promoted them. The node's own
-# (meta/serve.py GC_THRESHOLDS) are the same numbers for its own reason; the writer keeps its own so that a writer
-# started afresh does not import the node's server to read them.
-GC_THRESHOLDS = (10_000, 20, 10)
 
 
 class WriterProcessError(RuntimeError):

@@ -276,7 +276,7 @@ def _stator_system(c: common.BenchCluster, s: aiohttp.ClientSession) -> System:
 
 
 # Per node, what can hold it for a while during the throughput rounds: a full collection (~0.1-0.2 s,
-# meta/serve.py GC_THRESHOLDS) and a raft snapshot (a forked writer that serializes the whole image beside it).
+# meta/gc_tuning.py) and a raft snapshot (a forked writer that serializes the whole image beside it).
 _HOLDERS = {"full_gc_collections": ("python_gc_collections_total", {"generation": "2"}),
             "snapshots_written": ("stator_meta_raft_snapshots_total", {"kind": "written"})}
 
